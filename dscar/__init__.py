@@ -1,0 +1,22 @@
+"""dscar: iterative-convergent ML on Dask that keeps training through slow and lost workers."""
+from .algorithm import Algorithm, ClockContext, DataMeta, ShardContext, TableSpec
+from .cluster import Cluster, connect
+from .data import ArrayData, FileData
+from .driver import ClockRecord, FitResult, fit
+from .errors import (
+    ClusterError,
+    DscarError,
+    InvalidInputError,
+    JobFailedError,
+    ShardFailedError,
+    WorkerLostError,
+)
+from .estimator import EstimatorMixin
+from .xp import to_host
+
+__all__ = [
+    "Algorithm", "ArrayData", "ClockContext", "ClockRecord", "Cluster", "ClusterError", "DataMeta",
+    "DscarError", "EstimatorMixin", "FileData", "FitResult", "InvalidInputError", "JobFailedError",
+    "ShardContext", "ShardFailedError", "TableSpec", "WorkerLostError", "connect", "fit", "to_host",
+]
+__version__ = "0.1.0"

@@ -1,0 +1,122 @@
+"""The contract an iterative-convergent model implements to run on dscar.
+
+An algorithm is a small, picklable object holding only hyperparameters: every
+piece of state that changes while training lives in *tables* (named arrays
+partitioned by rows across the workers), so a copy of the object on every
+worker behaves the same. A clock runs in three steps:
+
+1. ``shard_step(ctx, data)`` once per data shard, on whichever worker pulled
+   the shard. It reads tables as of the clock's start (``ctx.pull``) and adds
+   its contributions (``ctx.add``). Contributions are staged at the partition
+   owners and applied only for the attempt that commits: exactly once.
+2. The engine applies the committed contributions. A ``param`` table adds them
+   to its value; a ``reduction`` table is set to their sum (it holds this
+   clock's reduction, e.g. a gradient or a Gram block).
+3. ``clock_end(ctx)`` once, on one worker: reads tables, writes new values
+   (``ctx.assign``) and returns this clock's metrics, ``objective`` among them.
+
+The driver stops when ``converged(history, tol)`` says so or at ``max_clocks``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from types import ModuleType
+from typing import Any, Literal, Protocol
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class TableSpec:
+    """A named parameter array: ``n_rows`` rows of shape ``trailing`` each."""
+
+    name: str
+    n_rows: int
+    trailing: tuple[int, ...] = ()
+    dtype: str = "float64"
+    kind: Literal["param", "reduction"] = "param"
+    n_parts: int | None = None  # None: one per worker at job start (at most n_rows)
+
+    def __post_init__(self):
+        if self.n_rows < 1:
+            raise ValueError(f"table {self.name!r} needs at least one row")
+        if self.kind not in ("param", "reduction"):
+            raise ValueError(f"table {self.name!r}: kind must be 'param' or 'reduction'")
+
+
+@dataclass(frozen=True)
+class DataMeta:
+    """What the driver knows of the training data without holding it all."""
+
+    n_rows: int
+    n_shards: int
+    shapes: dict[str, tuple[int, ...]]  # trailing shape per named array
+    dtypes: dict[str, str]
+    sparse: dict[str, bool] = field(default_factory=dict)
+    shard_bounds: tuple[tuple[int, int], ...] = ()
+
+
+class ShardContext(Protocol):
+    """What ``shard_step`` sees (implemented by the worker plugin)."""
+
+    xp: ModuleType
+    clock: int
+    shard: int
+    meta: DataMeta
+
+    def pull(self, table: str, start: int = 0, stop: int | None = None) -> Any: ...
+
+    def add(self, table: str, values: Any, start: int = 0) -> None: ...
+
+
+class ClockContext(Protocol):
+    """What ``clock_end`` sees (implemented by the worker plugin)."""
+
+    xp: ModuleType
+    clock: int
+    meta: DataMeta
+
+    def pull(self, table: str, start: int = 0, stop: int | None = None) -> Any: ...
+
+    def assign(self, table: str, values: Any, start: int = 0) -> None: ...
+
+
+class Algorithm:
+    """Base class; override ``tables``, ``shard_step`` and ``clock_end``."""
+
+    #: short name used in events, the CLI and checkpoints
+    name: str = "algorithm"
+    #: names of the row-aligned arrays the data must provide
+    data_names: tuple[str, ...] = ()
+
+    def validate(self, meta: DataMeta) -> None:
+        """Raise ``InvalidInputError`` for data or hyperparameters this model cannot fit."""
+
+    def tables(self, meta: DataMeta) -> list[TableSpec]:
+        raise NotImplementedError
+
+    def init_rows(self, table: TableSpec, start: int, stop: int, xp: ModuleType) -> Any:
+        """Initial value of rows ``[start, stop)``; deterministic (it counts as checkpoint 0)."""
+        return xp.zeros((stop - start, *table.trailing), dtype=table.dtype)
+
+    def prepare_shard(self, arrays: dict[str, Any], xp: ModuleType) -> dict[str, Any]:
+        """Turn a shard's host arrays into what ``shard_step`` wants (layout, device)."""
+        from .xp import to_device
+
+        return {k: to_device(v, xp) for k, v in arrays.items()}
+
+    def shard_step(self, ctx: ShardContext, data: dict[str, Any]) -> None:
+        raise NotImplementedError
+
+    def clock_end(self, ctx: ClockContext) -> dict[str, float]:
+        raise NotImplementedError
+
+    def converged(self, history: list[dict[str, float]], tol: float) -> bool:
+        """Default: the objective's relative change fell below ``tol``."""
+        if len(history) < 2:
+            return False
+        a, b = history[-2]["objective"], history[-1]["objective"]
+        return abs(a - b) <= tol * max(abs(a), abs(b), np.finfo(float).tiny)
+
+    def get_params(self) -> dict[str, Any]:
+        return {k: v for k, v in vars(self).items() if not k.startswith("_")}

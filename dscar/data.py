@@ -1,0 +1,220 @@
+"""Training data: validation, the shard layout, and where workers get shards from.
+
+Two sources:
+
+* ``ArrayData``: NumPy / SciPy sparse arrays in the driver. Each shard is sent
+  to one worker once; the driver keeps the arrays, so a shard whose holder is
+  lost is sent again (the data is never re-sent each clock).
+* ``FileData``: a directory (local path or fsspec URL) that workers read
+  themselves, so the dataset never has to fit in the driver. Either one
+  ``NAME.npy`` per array (C order; each shard reads its byte range), or
+  pre-cut ``*.npz`` files, one shard each, every file holding every array.
+"""
+from __future__ import annotations
+
+import posixpath
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+import numpy as np
+import scipy.sparse as sp
+
+from .algorithm import DataMeta
+from .errors import InvalidInputError
+from .partitions import row_bounds
+
+
+def _check_finite(name: str, a: Any, where: str = "") -> None:
+    values = a.data if sp.issparse(a) else a
+    if values.dtype.kind in "fc" and not np.isfinite(values).all():
+        bad = int(values.size - np.count_nonzero(np.isfinite(values)))
+        raise InvalidInputError(f"{name}{where} contains {bad} NaN or infinite value(s)")
+
+
+def _check_array(name: str, a: Any) -> Any:
+    if not (sp.issparse(a) or isinstance(a, np.ndarray)):
+        try:
+            a = np.asarray(a)
+        except Exception as e:  # ragged lists and the like
+            raise InvalidInputError(f"{name} is not an array: {e}") from None
+    if a.dtype.kind not in "biuf":
+        raise InvalidInputError(f"{name} has dtype {a.dtype}; dscar needs numbers")
+    if a.ndim == 0 or a.shape[0] == 0:
+        raise InvalidInputError(f"{name} is empty (shape {a.shape})")
+    if sp.issparse(a):
+        a = a.tocsr()
+    _check_finite(name, a)
+    return a
+
+
+def _check_layout(n_rows: int, n_shards: int) -> tuple[tuple[int, int], ...]:
+    if n_shards < 1:
+        raise InvalidInputError(f"n_shards must be >= 1, got {n_shards}")
+    if n_rows < n_shards:
+        raise InvalidInputError(f"the data has {n_rows} rows, fewer than the {n_shards} shards asked for")
+    return tuple(row_bounds(n_rows, n_shards))
+
+
+class ArrayData:
+    """Row-aligned arrays held by the driver, cut into ``n_shards`` row ranges."""
+
+    reloadable = False
+
+    def __init__(self, arrays: Mapping[str, Any], n_shards: int):
+        if not arrays:
+            raise InvalidInputError("no data arrays given")
+        self.arrays = {k: _check_array(k, v) for k, v in arrays.items()}
+        rows = {k: v.shape[0] for k, v in self.arrays.items()}
+        if len(set(rows.values())) != 1:
+            raise InvalidInputError(f"arrays have different numbers of rows: {rows}")
+        n_rows = next(iter(rows.values()))
+        self.meta = DataMeta(
+            n_rows=n_rows,
+            n_shards=n_shards,
+            shapes={k: tuple(v.shape[1:]) for k, v in self.arrays.items()},
+            dtypes={k: str(v.dtype) for k, v in self.arrays.items()},
+            sparse={k: sp.issparse(v) for k, v in self.arrays.items()},
+            shard_bounds=_check_layout(n_rows, n_shards),
+        )
+
+    def shard(self, i: int) -> dict[str, Any]:
+        a, b = self.meta.shard_bounds[i]
+        return {k: v[a:b] for k, v in self.arrays.items()}
+
+    def loader(self) -> None:
+        return None  # workers cannot read driver memory: shards are placed
+
+
+@dataclass(frozen=True)
+class _NpyArray:
+    path: str
+    shape: tuple[int, ...]
+    dtype: str
+    offset: int  # byte offset of the first row
+
+
+class FileData:
+    """A directory of ``.npy`` arrays or ``.npz`` shards, read by the workers."""
+
+    reloadable = True
+
+    def __init__(self, url: str, n_shards: int | None = None, storage_options: dict | None = None):
+        import fsspec
+
+        self.url = str(url)
+        self.storage_options = dict(storage_options or {})
+        try:
+            fs, root = fsspec.core.url_to_fs(self.url, **self.storage_options)
+            names = sorted(fs.ls(root, detail=False))
+        except (FileNotFoundError, NotADirectoryError, OSError) as e:
+            raise InvalidInputError(f"cannot list data directory {self.url!r}: {e}") from None
+        npy = [n for n in names if n.endswith(".npy")]
+        npz = [n for n in names if n.endswith(".npz")]
+        if npy and npz:
+            raise InvalidInputError(f"{self.url!r} mixes .npy and .npz files; use one kind")
+        if npy:
+            self._init_npy(fs, npy, n_shards)
+        elif npz:
+            self._init_npz(fs, npz, n_shards)
+        else:
+            raise InvalidInputError(f"{self.url!r} holds no .npy or .npz files")
+
+    def _init_npy(self, fs, paths: list[str], n_shards: int | None) -> None:
+        self.kind = "npy"
+        self.files: dict[str, _NpyArray] = {}
+        for p in paths:
+            name = posixpath.basename(p)[: -len(".npy")]
+            with fs.open(p, "rb") as f:
+                version = np.lib.format.read_magic(f)
+                read_header = (np.lib.format.read_array_header_1_0 if version == (1, 0)
+                               else np.lib.format.read_array_header_2_0)
+                shape, fortran, dtype = read_header(f)
+                if fortran and len(shape) > 1:
+                    raise InvalidInputError(f"{p} is in Fortran order; save it in C order to shard by rows")
+                if dtype.hasobject:
+                    raise InvalidInputError(f"{p} holds Python objects; dscar reads numbers only")
+                self.files[name] = _NpyArray(p, tuple(shape), dtype.str, f.tell())
+        rows = {k: v.shape[0] if v.shape else 0 for k, v in self.files.items()}
+        if len(set(rows.values())) != 1:
+            raise InvalidInputError(f"arrays in {self.url!r} have different numbers of rows: {rows}")
+        n_rows = next(iter(rows.values()))
+        if n_rows == 0:
+            raise InvalidInputError(f"arrays in {self.url!r} are empty")
+        if n_shards is None:
+            raise InvalidInputError("n_shards is required for a directory of .npy arrays")
+        self.meta = DataMeta(
+            n_rows=n_rows,
+            n_shards=n_shards,
+            shapes={k: v.shape[1:] for k, v in self.files.items()},
+            dtypes={k: np.dtype(v.dtype).name for k, v in self.files.items()},
+            sparse={k: False for k in self.files},
+            shard_bounds=_check_layout(n_rows, n_shards),
+        )
+
+    def _init_npz(self, fs, paths: list[str], n_shards: int | None) -> None:
+        self.kind = "npz"
+        self.paths = paths
+        if n_shards not in (None, len(paths)):
+            raise InvalidInputError(f"{self.url!r} holds {len(paths)} .npz shards, not {n_shards}")
+        bounds, start, shapes, dtypes = [], 0, None, None
+        for p in paths:
+            with fs.open(p, "rb") as f, np.load(f, allow_pickle=False) as z:
+                arrs = {k: z[k] for k in z.files}
+            s = {k: v.shape[1:] for k, v in arrs.items()}
+            d = {k: v.dtype.name for k, v in arrs.items()}
+            if shapes is not None and (s != shapes or d != dtypes):
+                raise InvalidInputError(f"{p} has arrays {s} {d}, unlike the first shard's {shapes} {dtypes}")
+            shapes, dtypes = s, d
+            n = {v.shape[0] for v in arrs.values()}
+            if len(n) != 1 or 0 in n:
+                raise InvalidInputError(f"{p}: arrays are empty or have different numbers of rows")
+            bounds.append((start, start + n.pop()))
+            start = bounds[-1][1]
+        self.meta = DataMeta(
+            n_rows=start,
+            n_shards=len(paths),
+            shapes=shapes,
+            dtypes=dtypes,
+            sparse={k: False for k in shapes},
+            shard_bounds=tuple(bounds),
+        )
+
+    def loader(self) -> "FileData":
+        return self
+
+    def load_shard(self, i: int) -> dict[str, np.ndarray]:
+        """Read shard ``i`` (runs on a worker); checks values like ``ArrayData`` does."""
+        import fsspec
+
+        fs, _ = fsspec.core.url_to_fs(self.url, **self.storage_options)
+        if self.kind == "npz":
+            with fs.open(self.paths[i], "rb") as f, np.load(f, allow_pickle=False) as z:
+                out = {k: z[k] for k in z.files}
+            where = f" in {self.paths[i]}"
+        else:
+            a, b = self.meta.shard_bounds[i]
+            out = {}
+            for name, info in self.files.items():
+                dt = np.dtype(info.dtype)
+                row_bytes = dt.itemsize * int(np.prod(info.shape[1:], dtype=np.int64))
+                with fs.open(info.path, "rb") as f:
+                    f.seek(info.offset + a * row_bytes)
+                    buf = f.read((b - a) * row_bytes)
+                out[name] = np.frombuffer(buf, dtype=dt).reshape((b - a, *info.shape[1:]))
+            where = f" (rows {a}:{b} of {self.url})"
+        for k, v in out.items():
+            _check_finite(k, v, where)
+        return out
+
+
+def as_data(data: Any, n_shards: int) -> ArrayData | FileData:
+    """Accept a mapping of arrays, a ``FileData``, or a path / URL string."""
+    if isinstance(data, (ArrayData, FileData)):
+        return data
+    if isinstance(data, str) or hasattr(data, "__fspath__"):
+        return FileData(str(data), n_shards)
+    if isinstance(data, Mapping):
+        return ArrayData(data, n_shards)
+    raise InvalidInputError(
+        f"data must be a dict of arrays, a FileData or a path/URL, not {type(data).__name__}"
+    )

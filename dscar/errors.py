@@ -1,0 +1,35 @@
+"""dscar's exceptions: one family, each naming the problem it reports."""
+from __future__ import annotations
+
+
+class DscarError(Exception):
+    """Base class of every error dscar raises on purpose."""
+
+
+class InvalidInputError(DscarError, ValueError):
+    """Bad data, shapes, hyperparameters or options, caught before work starts."""
+
+
+class ClusterError(DscarError, RuntimeError):
+    """The Dask cluster cannot be reached or cannot run the job."""
+
+
+class ShardFailedError(DscarError, RuntimeError):
+    """A shard failed more often than allowed; carries the shard id and every failure."""
+
+    def __init__(self, shard: int, clock: int, failures: list[str]):
+        self.shard = shard
+        self.clock = clock
+        self.failures = list(failures)
+        detail = "\n".join(f"  attempt {i + 1}: {f}" for i, f in enumerate(self.failures))
+        super().__init__(
+            f"shard {shard} failed {len(self.failures)} time(s) in clock {clock}:\n{detail}"
+        )
+
+
+class WorkerLostError(DscarError, RuntimeError):
+    """A worker that owned parameter partitions was lost and the job cannot go on."""
+
+
+class JobFailedError(DscarError, RuntimeError):
+    """The job stopped on the cluster; the message carries the cause."""

@@ -1,0 +1,244 @@
+"""The shard service: a per-clock state machine over data shards (no Dask here).
+
+Every clock, every shard goes ``TODO -> DOING -> DONE``. A shard in DOING has one
+or more *attempts* (a requeue after a worker loss, later a backup attempt for a
+tail straggler); the first attempt that asks to commit wins and the shard is
+DONE, later attempts are refused. This is what makes a shard's update applied
+exactly once per clock.
+
+Invariants (checked by ``check()`` and the tests):
+
+* a shard is in exactly one of TODO, DOING, DONE;
+* a DOING shard has at least one live attempt, a TODO or DONE shard none;
+* a DONE shard has exactly one committed attempt, and it is never replaced;
+* a shard whose data is held by no worker is only handed out when the data
+  can be re-read by any worker (``reloadable``), else it waits for placement.
+
+Locality: ``next_shard`` prefers a TODO shard whose data the asking worker
+already holds, then takes one from the worker with the largest TODO backlog
+(that worker is behind; its shard moves to the asking worker).
+"""
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Any
+
+from .errors import ShardFailedError
+
+
+class ShardStatus(str, enum.Enum):
+    TODO = "todo"
+    DOING = "doing"
+    DONE = "done"
+
+
+@dataclass(frozen=True)
+class Attempt:
+    shard: int
+    attempt: int
+    worker: str
+    started: float
+    fetch_from: str | None  # the worker holding the shard's data, if not the taker
+
+
+@dataclass
+class _Shard:
+    status: ShardStatus = ShardStatus.TODO
+    holder: str | None = None
+    attempts: dict[int, Attempt] = field(default_factory=dict)  # live attempts
+    committed: Attempt | None = None
+    next_attempt: int = 0
+    failures: list[str] = field(default_factory=list)
+
+
+class ShardQueue:
+    """Per-clock shard states, attempts, commits and data locality."""
+
+    def __init__(self, n_shards: int, *, reloadable: bool, max_failures: int = 3):
+        if n_shards < 1:
+            raise ValueError("n_shards must be >= 1")
+        self.n_shards = n_shards
+        self.reloadable = reloadable
+        self.max_failures = max_failures
+        self.clock = 0
+        self._shards = [_Shard() for _ in range(n_shards)]
+        self._todo: set[int] = set()
+
+    # ---------------------------------------------------------------- clocks
+    def begin_clock(self, clock: int) -> None:
+        """Put every shard in TODO for ``clock``; the previous clock must be complete."""
+        if self.clock and not self.complete:
+            raise RuntimeError(f"clock {self.clock} is not complete")
+        self.clock = clock
+        for s in self._shards:
+            s.status = ShardStatus.TODO
+            s.attempts.clear()
+            s.committed = None
+            s.next_attempt = 0
+            s.failures = []
+        self._todo = set(range(self.n_shards))
+
+    @property
+    def complete(self) -> bool:
+        return all(s.status is ShardStatus.DONE for s in self._shards)
+
+    def status(self, shard: int) -> ShardStatus:
+        return self._shards[shard].status
+
+    def counts(self) -> dict[str, int]:
+        out = {st.value: 0 for st in ShardStatus}
+        for s in self._shards:
+            out[s.status.value] += 1
+        return out
+
+    # -------------------------------------------------------------- locality
+    def set_holder(self, shard: int, worker: str | None) -> None:
+        self._shards[shard].holder = worker
+
+    def holder(self, shard: int) -> str | None:
+        return self._shards[shard].holder
+
+    def held_by(self, worker: str) -> list[int]:
+        return [i for i, s in enumerate(self._shards) if s.holder == worker]
+
+    def unplaced(self) -> list[int]:
+        """Shards whose data no worker holds (only meaningful when not reloadable)."""
+        return [i for i, s in enumerate(self._shards) if s.holder is None]
+
+    # ------------------------------------------------------------ hand-outs
+    def next_shard(self, worker: str, now: float) -> Attempt | None:
+        """Start an attempt of the best TODO shard for ``worker``, or None."""
+        if not self._todo:
+            return None
+        local = [i for i in self._todo if self._shards[i].holder == worker]
+        if local:
+            return self._start(min(local), worker, now)
+        backlog: dict[str | None, list[int]] = {}
+        for i in self._todo:
+            h = self._shards[i].holder
+            if h is None and not self.reloadable:
+                continue  # waits for the driver to place it
+            backlog.setdefault(h, []).append(i)
+        if not backlog:
+            return None
+        # unheld (reloadable) shards first, then the longest backlog, ties by name
+        victim = max(backlog, key=lambda h: (h is None, len(backlog[h]), h or ""))
+        return self._start(max(backlog[victim]), worker, now)
+
+    def _start(self, shard: int, worker: str, now: float) -> Attempt:
+        s = self._shards[shard]
+        fetch_from = s.holder if s.holder not in (None, worker) else None
+        a = Attempt(shard, s.next_attempt, worker, now, fetch_from)
+        s.next_attempt += 1
+        s.attempts[a.attempt] = a
+        s.status = ShardStatus.DOING
+        s.holder = worker  # the data moves with the attempt
+        self._todo.discard(shard)
+        return a
+
+    # --------------------------------------------------------------- results
+    def commit(self, shard: int, attempt: int, worker: str) -> bool:
+        """Grant the commit to the first live attempt that asks; refuse all others."""
+        s = self._shards[shard]
+        a = s.attempts.get(attempt)
+        if s.status is not ShardStatus.DOING or a is None or a.worker != worker:
+            return False
+        s.committed = a
+        s.attempts.clear()
+        s.status = ShardStatus.DONE
+        return True
+
+    def fail(self, shard: int, attempt: int, worker: str, reason: str) -> None:
+        """An attempt raised: back to TODO, or ShardFailedError past ``max_failures``."""
+        s = self._shards[shard]
+        a = s.attempts.get(attempt)
+        if a is None or a.worker != worker:
+            return  # a late report of an attempt already superseded
+        del s.attempts[attempt]
+        s.failures.append(f"{worker}: {reason}")
+        if len(s.failures) >= self.max_failures:
+            raise ShardFailedError(shard, self.clock, s.failures)
+        if not s.attempts:
+            s.status = ShardStatus.TODO
+            self._todo.add(shard)
+
+    def worker_lost(self, worker: str) -> list[Attempt]:
+        """Return every DOING attempt of ``worker`` to TODO and forget its data."""
+        requeued = []
+        for i, s in enumerate(self._shards):
+            if s.holder == worker:
+                s.holder = None
+            lost = [a for a in s.attempts.values() if a.worker == worker]
+            for a in lost:
+                del s.attempts[a.attempt]
+                requeued.append(a)
+            if lost and not s.attempts and s.status is ShardStatus.DOING:
+                s.status = ShardStatus.TODO
+                self._todo.add(i)
+        return requeued
+
+    def committed(self) -> list[tuple[int, int]]:
+        """(shard, attempt) of every committed attempt this clock, in shard order."""
+        return [(i, s.committed.attempt) for i, s in enumerate(self._shards) if s.committed]
+
+    def committed_by(self) -> dict[str, int]:
+        """How many shards each worker committed this clock."""
+        out: dict[str, int] = {}
+        for s in self._shards:
+            if s.committed:
+                out[s.committed.worker] = out.get(s.committed.worker, 0) + 1
+        return out
+
+    def running(self) -> list[Attempt]:
+        return [a for s in self._shards for a in s.attempts.values()]
+
+    # ------------------------------------------------------------ snapshots
+    def snapshot(self) -> dict[str, Any]:
+        """JSON-able state; attempts in flight are recorded but restore as TODO."""
+        return {
+            "clock": self.clock,
+            "reloadable": self.reloadable,
+            "max_failures": self.max_failures,
+            "shards": [
+                {
+                    "status": s.status.value,
+                    "holder": s.holder,
+                    "committed": None if s.committed is None else [s.committed.attempt, s.committed.worker],
+                    "next_attempt": s.next_attempt,
+                    "failures": list(s.failures),
+                }
+                for s in self._shards
+            ],
+        }
+
+    @classmethod
+    def restore(cls, snap: dict[str, Any]) -> "ShardQueue":
+        """Rebuild from ``snapshot()``: DONE stays DONE, DOING goes back to TODO."""
+        q = cls(len(snap["shards"]), reloadable=snap["reloadable"], max_failures=snap["max_failures"])
+        q.clock = snap["clock"]
+        q._todo = set()
+        for i, d in enumerate(snap["shards"]):
+            s = q._shards[i]
+            s.holder = d["holder"]
+            s.next_attempt = d["next_attempt"]
+            s.failures = list(d["failures"])
+            if d["status"] == ShardStatus.DONE.value:
+                att, w = d["committed"]
+                s.status = ShardStatus.DONE
+                s.committed = Attempt(i, att, w, 0.0, None)
+            else:
+                s.status = ShardStatus.TODO
+                q._todo.add(i)
+        return q
+
+    def check(self) -> None:
+        """Assert the invariants in the module docstring."""
+        for i, s in enumerate(self._shards):
+            assert (i in self._todo) == (s.status is ShardStatus.TODO), i
+            if s.status is ShardStatus.DOING:
+                assert s.attempts and s.committed is None, i
+            elif s.status is ShardStatus.DONE:
+                assert not s.attempts and s.committed is not None, i
+            else:
+                assert not s.attempts and s.committed is None, i

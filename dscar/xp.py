@@ -1,0 +1,50 @@
+"""The array namespace of a process: CuPy when a GPU is visible, NumPy otherwise.
+
+Kernels are written once against ``xp``; only the edges (wire, checkpoints,
+results) convert to host NumPy with ``to_host``.
+"""
+from __future__ import annotations
+
+import os
+from types import ModuleType
+
+import numpy as np
+import scipy.sparse as sp
+
+
+def select_namespace(prefer_gpu: bool = True) -> ModuleType:
+    """CuPy if it imports and sees a device (and ``DSCAR_DEVICE`` is not ``cpu``), else NumPy."""
+    if not prefer_gpu or os.environ.get("DSCAR_DEVICE", "").lower() == "cpu":
+        return np
+    try:
+        import cupy
+
+        if cupy.cuda.runtime.getDeviceCount() > 0:
+            return cupy
+    except Exception:  # no cupy, no driver, no device: all mean NumPy
+        pass
+    return np
+
+
+def is_gpu(xp: ModuleType) -> bool:
+    return xp.__name__ == "cupy"
+
+
+def to_host(a):
+    """A host NumPy (or SciPy sparse) copy-or-view of ``a``."""
+    if isinstance(a, np.ndarray) or sp.issparse(a):
+        return a
+    if hasattr(a, "get"):  # cupy arrays and cupyx sparse matrices
+        return a.get()
+    return np.asarray(a)
+
+
+def to_device(a, xp: ModuleType):
+    """``a`` in the namespace ``xp`` (sparse stays sparse)."""
+    if xp is np:
+        return to_host(a)
+    if sp.issparse(a):
+        import cupyx.scipy.sparse as csp
+
+        return csp.csr_matrix(a.tocsr())
+    return xp.asarray(a)

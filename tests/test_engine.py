@@ -1,0 +1,149 @@
+"""The engine on real clusters: placement, pull/push, commits, moves, loss of a worker."""
+import os
+import signal
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import dscar
+from algorithms.datasets import lasso_alpha_max, make_regression
+from algorithms.lasso import LassoCD
+from conftest import RowCounter, assert_exactly_once, row_data
+
+
+def scheduler_jobs(cl):
+    return cl.client.run_on_scheduler(lambda dask_scheduler: list(dask_scheduler.plugins["dscar-coordinator"].jobs))
+
+
+def test_every_row_is_applied_once_per_clock_inproc(inproc):
+    res = dscar.fit(RowCounter(), row_data(103), inproc, n_shards=7, max_clocks=5)
+    assert res.n_clocks == 5 and not res.converged
+    assert_exactly_once(res, 103)
+    assert sum(res.history[0].shards_per_worker.values()) == 7
+    assert scheduler_jobs(inproc) == []  # the job is forgotten when fit returns
+
+
+def test_a_fast_worker_takes_shards_from_a_slow_one_and_the_data_moves(inproc):
+    # shards 0-3 start on the first worker and are slow; 4-7 on the second are fast
+    res = dscar.fit(RowCounter(sleep=0.15, slow_shards=(0, 1, 2, 3)), row_data(80), inproc, n_shards=8, max_clocks=2)
+    assert_exactly_once(res, 80)
+    first, second = res.workers
+    assert res.history[0].shards_per_worker[second] > 4  # it stole from the backlog
+    moved = [e for e in res.events if e["kind"] == "shard-moved" and e["clock"] == 1]
+    assert moved and all(e["source"] == first and e["target"] == second and e["shard"] < 4 for e in moved)
+
+
+def test_file_data_is_read_by_the_workers(inproc, tmp_path):
+    X, y, _ = make_regression(1200, 30, 5, seed=2)
+    np.save(tmp_path / "X.npy", X)
+    np.save(tmp_path / "y.npy", y)
+    alpha = 0.05 * lasso_alpha_max(X, y)
+    from_files = dscar.fit(LassoCD(alpha, tol=1e-10), str(tmp_path), inproc, n_shards=4)
+    from_memory = dscar.fit(LassoCD(alpha, tol=1e-10), {"X": X, "y": y}, inproc, n_shards=4)
+    np.testing.assert_allclose(from_files.params["w"], from_memory.params["w"], atol=1e-10)
+
+
+def test_an_error_in_the_shard_step_is_reported_with_the_shard_and_failures(inproc):
+    class Broken(RowCounter):
+        def shard_step(self, ctx, data):
+            if ctx.shard == 2:
+                raise ZeroDivisionError("shard two is broken")
+            super().shard_step(ctx, data)
+
+    with pytest.raises(dscar.JobFailedError, match=r"(?s)shard 2 failed 3 time.*shard two is broken"):
+        dscar.fit(Broken(), row_data(40), inproc, n_shards=4, max_clocks=3)
+    assert scheduler_jobs(inproc) == []
+
+
+def test_processes_lasso_and_exactly_once_over_tcp(procs):
+    X, y, _ = make_regression(4000, 50, 8, seed=11)
+    alpha = 0.02 * lasso_alpha_max(X, y)
+    from sklearn.linear_model import Lasso as SkLasso
+
+    sk = SkLasso(alpha=alpha, tol=1e-12, max_iter=100000).fit(X, y)
+    res = dscar.fit(LassoCD(alpha, tol=1e-10), {"X": X, "y": y}, procs, n_shards=6)
+    np.testing.assert_allclose(res.params["w"], sk.coef_, atol=1e-6)
+    # every table has its partitions on both workers, and shard data went to both
+    assert len({w for rec in res.history for w in rec.shards_per_worker}) == 2
+    counted = dscar.fit(RowCounter(sleep=0.05, slow_shards=(0, 1)), row_data(60), procs, n_shards=6, max_clocks=3)
+    assert_exactly_once(counted, 60)
+
+
+def test_partitions_live_on_their_owners_and_pull_push_between_processes(procs):
+    """Drive the data plane directly: init, stage, apply and pull across processes."""
+    from distributed.protocol import to_serialize
+    from distributed.protocol.pickle import dumps
+
+    from dscar.algorithm import DataMeta, TableSpec
+
+    client = procs.client
+    meta = DataMeta(n_rows=10, n_shards=2, shapes={"row": ()}, dtypes={"row": "int64"})
+    tables = [TableSpec("count", 10, n_parts=2), TableSpec("seen", 10, kind="reduction", n_parts=2)]
+    spec = dumps({"algorithm": RowCounter(), "meta": meta, "tables": tables, "loader": None, "tol": 1e-6})
+    r = client.sync(client.scheduler.dscar_start_job, job_id="direct", spec=spec, n_shards=2, reloadable=False,
+                    tables=[["count", 10, 2], ["seen", 10, 2]])
+    try:
+        owners = {(t, p): w for t, p, w in r["owners"]}
+        assert len(set(owners.values())) == 2
+        for (t, p), w in owners.items():
+            client.sync(client.rpc(w).dscar_init, job_id="direct", parts=[[t, p]])
+        w0 = owners[("count", 0)]
+        stage = client.rpc(w0).dscar_stage
+        client.sync(stage, job_id="direct", key=[1, 0, 0], updates=[["count", 0, 1, to_serialize(np.array([2.0, 3.0]))]])
+        client.sync(stage, job_id="direct", key=[1, 1, 0], updates=[["count", 0, 0, to_serialize(np.array([7.0]))]])
+        client.sync(client.rpc(w0).dscar_apply, job_id="direct", clock=1, committed=[[0, 0]])  # only shard 0 committed
+        got = client.sync(client.rpc(w0).dscar_pull, job_id="direct", table="count", part=0, lo=0, hi=5)["data"]
+        np.testing.assert_array_equal(got, [0.0, 2.0, 3.0, 0.0, 0.0])
+        info = client.sync(client.rpc(w0).dscar_info, job_id="direct")
+        assert info["staged"] == 0 and info["device"] in ("cpu", "gpu")
+    finally:
+        client.sync(client.scheduler.dscar_end_job, job_id="direct")
+        for w in procs.workers:
+            client.sync(client.rpc(w).dscar_end_job, job_id="direct")
+
+
+@pytest.mark.timeout(180)
+def test_killed_worker_mid_clock_its_shards_are_resent_and_requeued():
+    """SIGKILL a worker that owns no partition while it runs shards: nothing lost, nothing doubled."""
+    with dscar.Cluster(n_workers=3) as cl:
+        workers = cl.workers
+        victim = workers[-1]  # partitions (n_parts=1) go to workers[0]
+        pids = cl.client.run(os.getpid)
+        state = {}
+
+        def kill_when_busy():
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline:
+                jobs = cl.client.run_on_scheduler(_clock_of_running_job)
+                if jobs and jobs[0] >= 2:
+                    os.kill(pids[victim], signal.SIGKILL)
+                    state["killed_at"] = jobs[0]
+                    return
+                time.sleep(0.02)
+
+        killer = threading.Thread(target=kill_when_busy)
+        killer.start()
+        res = dscar.fit(RowCounter(n_parts=1, sleep=0.1), row_data(90), cl, n_shards=9, max_clocks=4)
+        killer.join()
+        assert state.get("killed_at") >= 2
+        assert_exactly_once(res, 90)
+        kinds = [e["kind"] for e in res.events]
+        assert "worker-lost" in kinds and "shards-replaced" in kinds
+        lost = next(e for e in res.events if e["kind"] == "worker-lost")
+        assert lost["worker"] == victim and not lost["partitions"]
+
+
+def _clock_of_running_job(dask_scheduler):
+    return [j.clock for j in dask_scheduler.plugins["dscar-coordinator"].jobs.values()]
+
+
+@pytest.mark.timeout(120)
+def test_losing_a_partition_owner_fails_the_job_with_a_clear_error():
+    with dscar.Cluster(n_workers=2) as cl:
+        owner = cl.workers[0]
+        pids = cl.client.run(os.getpid)
+        threading.Timer(1.0, os.kill, (pids[owner], signal.SIGKILL)).start()
+        with pytest.raises(dscar.JobFailedError, match="owned partitions"):
+            dscar.fit(RowCounter(n_parts=1, sleep=0.1), row_data(40), cl, n_shards=4, max_clocks=50)

@@ -1,0 +1,121 @@
+"""Lasso on dscar reaches scikit-learn's optimum (objective to 1e-6 relative)."""
+import numpy as np
+import pytest
+import scipy.sparse as sp
+from sklearn.datasets import load_diabetes
+from sklearn.linear_model import Lasso as SkLasso
+
+import dscar
+from algorithms.datasets import lasso_alpha_max, make_regression
+from algorithms.lasso import Lasso, LassoCD, gram_cd, next_working_set
+
+
+def objective(X, y, w, b, alpha):
+    r = y - X @ w - b
+    return float(r @ r / (2 * len(y)) + alpha * np.abs(w).sum())
+
+
+def sklearn_reference(X, y, alpha, fit_intercept=True):
+    sk = SkLasso(alpha=alpha, fit_intercept=fit_intercept, tol=1e-12, max_iter=1_000_000).fit(X, y)
+    return sk, objective(X, y, sk.coef_, sk.intercept_, alpha)
+
+
+def intercept(res, n):
+    return float(res.params["moments"][0] / n - (res.params["colsum"] / n) @ res.params["w"])
+
+
+def test_gram_cd_solves_the_block_problem_exactly():
+    rng = np.random.default_rng(1)
+    X = rng.standard_normal((300, 12))
+    y = rng.standard_normal(300)
+    n, alpha = 300, 0.05
+    w = gram_cd(X.T @ X, X.T @ y, np.zeros(12), n * alpha)
+    sk = SkLasso(alpha=alpha, fit_intercept=False, tol=1e-14, max_iter=100000).fit(X, y)
+    np.testing.assert_allclose(w, sk.coef_, atol=1e-9)
+
+
+def test_next_working_set_keeps_support_then_worst_violators():
+    w = np.array([0.0, 1.0, 0.0, 0.0, 0.0])
+    c = np.array([5.0, 0.0, 0.5, 9.0, 2.0])  # lam = 1: violators 0, 3, 4
+    ws = next_working_set(w, c, 1.0, cap=5, start=2)
+    assert ws[0] == 2 and set(ws[1:3]) == {1, 3}
+    ws = next_working_set(w, c, 1.0, cap=5, start=10)
+    assert ws[0] == 4 and set(ws[1:5]) == {0, 1, 3, 4}
+
+
+@pytest.mark.parametrize("fit_intercept", [True, False])
+@pytest.mark.parametrize("rho", [0.0, 0.8])
+def test_synthetic_matches_sklearn(inproc, fit_intercept, rho):
+    X, y, _ = make_regression(3000, 80, 10, rho=rho, seed=3)
+    y = y + 2.5
+    alpha = 0.02 * lasso_alpha_max(X, y, fit_intercept)
+    _, ref = sklearn_reference(X, y, alpha, fit_intercept)
+    res = dscar.fit(LassoCD(alpha, fit_intercept=fit_intercept, tol=1e-9), {"X": X, "y": y}, inproc,
+                    n_shards=6, max_clocks=100)
+    assert res.converged
+    b = intercept(res, len(y)) if fit_intercept else 0.0
+    got = objective(X, y, res.params["w"], b, alpha)
+    assert abs(got - ref) <= 1e-6 * ref, (got, ref)
+
+
+def test_diabetes_matches_sklearn_through_the_estimator(inproc):
+    X, y = load_diabetes(return_X_y=True)
+    alpha = 0.01 * lasso_alpha_max(X, y)
+    sk, ref = sklearn_reference(X, y, alpha)
+    est = Lasso(alpha, tol=1e-10, cluster=inproc, n_shards=4).fit(X, y)
+    got = objective(X, y, est.coef_, est.intercept_, alpha)
+    assert abs(got - ref) <= 1e-6 * ref
+    np.testing.assert_allclose(est.coef_, sk.coef_, atol=1e-5 * np.abs(sk.coef_).max())
+    np.testing.assert_allclose(est.predict(X), sk.predict(X), rtol=1e-5, atol=1e-5)
+    assert est.get_params()["alpha"] == alpha and est.n_iter_ == est.result_.n_clocks
+    assert est.set_params(alpha=1.0).alpha == 1.0
+
+
+def test_sparse_input_matches_dense(inproc):
+    X, y, _ = make_regression(2000, 60, 8, seed=5)
+    X[np.abs(X) < 1.0] = 0.0
+    alpha = 0.02 * lasso_alpha_max(X, y)
+    dense = dscar.fit(LassoCD(alpha, tol=1e-10), {"X": X, "y": y}, inproc, n_shards=4)
+    sparse = dscar.fit(LassoCD(alpha, tol=1e-10), {"X": sp.csr_matrix(X), "y": y}, inproc, n_shards=4)
+    np.testing.assert_allclose(sparse.params["w"], dense.params["w"], atol=1e-8)
+
+
+def test_alpha_above_alpha_max_converges_to_zero_in_one_clock(inproc):
+    X, y, _ = make_regression(500, 20, 5, seed=1)
+    res = dscar.fit(LassoCD(2 * lasso_alpha_max(X, y)), {"X": X, "y": y}, inproc, n_shards=2)
+    assert res.converged and res.n_clocks == 1 and not res.params["w"].any()
+
+
+def test_failure_free_runs_are_deterministic(inproc):
+    X, y, _ = make_regression(1500, 40, 6, seed=7)
+    alpha = 0.05 * lasso_alpha_max(X, y)
+    a = dscar.fit(LassoCD(alpha, tol=1e-9), {"X": X, "y": y}, inproc, n_shards=5)
+    b = dscar.fit(LassoCD(alpha, tol=1e-9), {"X": X, "y": y}, inproc, n_shards=5)
+    np.testing.assert_array_equal(a.params["w"], b.params["w"])
+    assert [r.metrics for r in a.history] == [r.metrics for r in b.history]
+
+
+@pytest.mark.parametrize(
+    "make, match",
+    [
+        (lambda X, y: (LassoCD(-1.0), {"X": X, "y": y}, {}), "alpha"),
+        (lambda X, y: (LassoCD(0.1), {"X": np.where(X > 2, np.nan, X), "y": y}, {}), "NaN"),
+        (lambda X, y: (LassoCD(0.1), {"X": X, "y": np.where(y > 2, np.inf, y)}, {}), "y contains"),
+        (lambda X, y: (LassoCD(0.1), {"X": X, "y": y[:-1]}, {}), "different numbers of rows"),
+        (lambda X, y: (LassoCD(0.1), {"X": X[:0], "y": y[:0]}, {}), "empty"),
+        (lambda X, y: (LassoCD(0.1), {"X": X[:3], "y": y[:3]}, {"n_shards": 4}), "fewer than the 4 shards"),
+        (lambda X, y: (LassoCD(0.1), {"X": X, "y": y}, {"n_shards": 1}), "at least one shard per worker"),
+        (lambda X, y: (LassoCD(0.1), {"X": X[:, 0], "y": y}, {}), "X must be 2-D"),
+        (lambda X, y: (LassoCD(0.1), {"X": X, "y": X}, {}), "y must be 1-D"),
+        (lambda X, y: (LassoCD(0.1), {"X": X}, {}), "missing"),
+        (lambda X, y: (LassoCD(0.1, tol=0), {"X": X, "y": y}, {}), "tol"),
+    ],
+)
+def test_bad_input_raises_before_any_work(inproc, make, match):
+    X, y, _ = make_regression(50, 4, 2, seed=0)
+    events_before = inproc.client.run_on_scheduler(lambda dask_scheduler: len(dask_scheduler.plugins["dscar-coordinator"].jobs))
+    with pytest.raises(dscar.InvalidInputError, match=match):
+        algo, data, kw = make(X, y)
+        dscar.fit(algo, data, inproc, **kw)
+    after = inproc.client.run_on_scheduler(lambda dask_scheduler: len(dask_scheduler.plugins["dscar-coordinator"].jobs))
+    assert events_before == after == 0

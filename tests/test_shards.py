@@ -1,0 +1,139 @@
+"""The shard service state machine, every transition, without Dask."""
+import pytest
+
+from dscar.errors import ShardFailedError
+from dscar.shards import ShardQueue, ShardStatus
+
+
+def queue(n=4, reloadable=False, **kw):
+    q = ShardQueue(n, reloadable=reloadable, **kw)
+    for i in range(n):
+        q.set_holder(i, "a" if i < n // 2 else "b")
+    q.begin_clock(1)
+    return q
+
+
+def test_begin_clock_puts_every_shard_in_todo():
+    q = queue()
+    assert q.counts() == {"todo": 4, "doing": 0, "done": 0}
+    q.check()
+
+
+def test_todo_to_doing_to_done_and_clock_completes():
+    q = queue(2)
+    a = q.next_shard("a", 0.0)
+    assert q.status(a.shard) is ShardStatus.DOING
+    assert q.commit(a.shard, a.attempt, "a")
+    assert q.status(a.shard) is ShardStatus.DONE
+    assert not q.complete
+    b = q.next_shard("b", 0.0)
+    assert q.commit(b.shard, b.attempt, "b")
+    assert q.complete and q.next_shard("a", 0.0) is None
+    q.check()
+
+
+def test_next_shard_prefers_local_data():
+    q = queue(4)
+    assert q.next_shard("a", 0).shard in (0, 1)
+    assert q.next_shard("b", 0).shard in (2, 3)
+
+
+def test_a_worker_without_local_shards_steals_from_the_longest_backlog_and_the_data_moves():
+    q = ShardQueue(6, reloadable=False)
+    for i in range(6):
+        q.set_holder(i, "a" if i < 4 else "b")
+    q.begin_clock(1)
+    a = q.next_shard("c", 0)
+    assert q.holder(a.shard) == "c" and a.fetch_from == "a"
+    local = q.next_shard("a", 0)
+    assert local.fetch_from is None
+
+
+def test_unplaced_shards_wait_unless_reloadable():
+    q = ShardQueue(2, reloadable=False)
+    q.begin_clock(1)
+    assert q.next_shard("a", 0) is None and q.unplaced() == [0, 1]
+    r = ShardQueue(2, reloadable=True)
+    r.begin_clock(1)
+    got = r.next_shard("a", 0)
+    assert got is not None and got.fetch_from is None
+
+
+def test_only_the_first_commit_wins_and_late_attempts_are_refused():
+    q = queue(1, reloadable=True)
+    a = q.next_shard("a", 0)
+    q.worker_lost("a")  # the attempt goes back to TODO...
+    b = q.next_shard("b", 0)
+    assert b.attempt == a.attempt + 1
+    assert not q.commit(a.shard, a.attempt, "a")  # ...and its late commit is refused
+    assert q.commit(b.shard, b.attempt, "b")
+    assert not q.commit(b.shard, b.attempt, "b")  # a second commit of the winner too
+    assert q.committed() == [(0, b.attempt)]
+    q.check()
+
+
+def test_commit_of_an_unknown_attempt_or_wrong_worker_is_refused():
+    q = queue(1)
+    a = q.next_shard("a", 0)
+    assert not q.commit(a.shard, a.attempt + 5, "a")
+    assert not q.commit(a.shard, a.attempt, "b")
+    assert q.commit(a.shard, a.attempt, "a")
+
+
+def test_worker_lost_returns_doing_to_todo_and_forgets_its_data():
+    q = queue(4)
+    a = q.next_shard("a", 0)
+    done = q.next_shard("a", 0)
+    q.commit(done.shard, done.attempt, "a")
+    requeued = q.worker_lost("a")
+    assert [x.shard for x in requeued] == [a.shard]
+    assert q.status(a.shard) is ShardStatus.TODO
+    assert q.status(done.shard) is ShardStatus.DONE  # committed work is kept
+    assert q.holder(a.shard) is None and q.held_by("a") == []
+    q.check()
+
+
+def test_failure_requeues_then_raises_with_every_failure_past_the_limit():
+    q = queue(1, reloadable=True, max_failures=2)
+    a = q.next_shard("a", 0)
+    q.fail(a.shard, a.attempt, "a", "boom 1")
+    assert q.status(0) is ShardStatus.TODO
+    b = q.next_shard("a", 0)
+    with pytest.raises(ShardFailedError) as e:
+        q.fail(b.shard, b.attempt, "a", "boom 2")
+    assert e.value.shard == 0 and len(e.value.failures) == 2 and "boom 2" in str(e.value)
+
+
+def test_a_stale_failure_report_is_ignored():
+    q = queue(1)
+    a = q.next_shard("a", 0)
+    q.commit(a.shard, a.attempt, "a")
+    q.fail(a.shard, a.attempt, "a", "late")
+    assert q.status(0) is ShardStatus.DONE
+
+
+def test_begin_clock_refuses_an_incomplete_clock():
+    q = queue(2)
+    q.next_shard("a", 0)
+    with pytest.raises(RuntimeError):
+        q.begin_clock(2)
+
+
+def test_snapshot_restore_keeps_done_and_requeues_doing():
+    q = queue(3)
+    a = q.next_shard("a", 0)
+    b = q.next_shard("b", 0)
+    q.commit(b.shard, b.attempt, "b")
+    r = ShardQueue.restore(q.snapshot())
+    assert r.clock == 1
+    assert r.status(b.shard) is ShardStatus.DONE and r.status(a.shard) is ShardStatus.TODO
+    assert r.committed() == q.committed()
+    r.check()
+
+
+def test_committed_by_counts_per_worker():
+    q = queue(4)
+    for w in ("a", "a", "b", "b"):
+        x = q.next_shard(w, 0)
+        q.commit(x.shard, x.attempt, w)
+    assert q.committed_by() == {"a": 2, "b": 2}
