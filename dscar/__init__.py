@@ -1,4 +1,5 @@
 """dscar: iterative-convergent ML on Dask that keeps training through slow and lost workers."""
+from . import faults, policies
 from .algorithm import Algorithm, ClockContext, DataMeta, ShardContext, TableSpec
 from .cluster import Cluster, connect
 from .data import ArrayData, FileData
@@ -17,6 +18,6 @@ from .xp import to_host
 __all__ = [
     "Algorithm", "ArrayData", "ClockContext", "ClockRecord", "Cluster", "ClusterError", "DataMeta",
     "DscarError", "EstimatorMixin", "FileData", "FitResult", "InvalidInputError", "JobFailedError",
-    "ShardContext", "ShardFailedError", "TableSpec", "WorkerLostError", "connect", "fit", "to_host",
+    "ShardContext", "ShardFailedError", "TableSpec", "WorkerLostError", "connect", "faults", "fit", "policies", "to_host",
 ]
 __version__ = "0.1.0"

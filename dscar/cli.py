@@ -60,6 +60,17 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--alpha-ratio", type=float, default=0.01, help="alpha as a fraction of alpha_max (default 0.01)")
     g.add_argument("--tol", type=float, default=1e-6, help="stop at relative duality gap <= tol (default 1e-6)")
     g.add_argument("--max-clocks", type=int, default=100, help="stop after this many clocks (default 100)")
+    g = run.add_argument_group("stragglers and faults")
+    g.add_argument("--sharding", choices=("dynamic", "static"), default="dynamic",
+                   help="dynamic: workers pull shards (default); static: each keeps its own (BSP baseline)")
+    g.add_argument("--policies", default=None,
+                   help="comma-separated straggler policies: backup, adaptive, restart; 'none' for none "
+                        "(default: backup)")
+    g.add_argument("--slow", action="append", default=[], metavar="W:FACTOR[:FROM[:TO]]",
+                   help="slow worker W by FACTOR from clock FROM (default 1) to TO (default: the end)")
+    g.add_argument("--kill", action="append", default=[], metavar="W:CLOCK", help="kill worker W at clock CLOCK")
+    g.add_argument("--hang", action="append", default=[], metavar="W:CLOCK",
+                   help="hang worker W (SIGSTOP) at clock CLOCK; the scheduler's worker-ttl drops it")
     run.add_argument("--no-progress", action="store_true", help="do not show a progress bar")
     return p
 
@@ -68,13 +79,20 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     from .driver import fit
 
+    from . import faults as faults_mod
+
     try:
+        faults = [faults_mod.parse(kind, text) for kind in ("slow", "kill", "hang") for text in getattr(args, kind)]
+        policies = None
+        if args.policies is not None:
+            policies = [] if args.policies == "none" else [p.strip() for p in args.policies.split(",") if p.strip()]
         algo, data, desc = MODELS[args.model](args)
         where = args.scheduler or f"embedded LocalCluster, {args.workers} workers"
         print(f"dscar run {args.model}: {desc}; cluster: {where}", flush=True)
         t0 = time.perf_counter()
         res = fit(algo, data, args.scheduler, n_workers=args.workers, n_shards=args.shards,
-                  max_clocks=args.max_clocks, progress=not args.no_progress)
+                  max_clocks=args.max_clocks, progress=not args.no_progress, sharding=args.sharding,
+                  policies=policies, faults=faults)
     except DscarError as e:
         print(f"dscar: error: {e}", file=sys.stderr)
         return 2
@@ -82,6 +100,10 @@ def main(argv: list[str] | None = None) -> int:
         m = rec.metrics
         extra = " ".join(f"{k}={v:.3g}" for k, v in m.items() if k not in ("objective", "converged"))
         print(f"clock {rec.clock:3d}  objective={m['objective']:.10g}  {extra}  {rec.seconds * 1e3:.1f} ms")
+    for e in res.events:
+        if e["kind"] not in ("job-started", "shard-moved"):
+            info = " ".join(f"{k}={v}" for k, v in e.items() if k not in ("time", "kind", "clock"))
+            print(f"event clock {e.get('clock', '-')}: {e['kind']} {info}")
     print(f"dscar {args.model}: {res.summary()} (total {time.perf_counter() - t0:.2f}s)")
     return 0 if res.converged else 1
 

@@ -19,9 +19,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from distributed import SchedulerPlugin
+from distributed.protocol.pickle import loads
 
 from .errors import ShardFailedError
+from .monitor import ThroughputMonitor
 from .partitions import PartitionMap, TableLayout
+from .policies import Backup, ControllerView, Policy, Restart, Running, SetBatchScale
 from .shards import ShardQueue
 
 logger = logging.getLogger("dscar.coordinator")
@@ -44,6 +47,11 @@ class _Job:
     timings: dict[str, dict[str, float]] = field(default_factory=dict)  # worker -> sums
     phase_s: dict[str, float] = field(default_factory=dict)
     t_phase: float = 0.0
+    monitor: ThroughputMonitor = field(default_factory=ThroughputMonitor)
+    policies: list[Policy] = field(default_factory=list)
+    batch_scale: dict[str, float] = field(default_factory=dict)
+    stragglers: dict[str, str] = field(default_factory=dict)
+    pending_restarts: list[str] = field(default_factory=list)
 
 
 class Coordinator(SchedulerPlugin):
@@ -58,7 +66,7 @@ class Coordinator(SchedulerPlugin):
         self._changed = asyncio.Event()
         for op in (
             "start_job", "job_spec", "placed", "begin_clock", "next", "commit", "fail",
-            "clock_done", "clock_failed", "wait", "end_job", "owners",
+            "clock_done", "clock_failed", "wait", "end_job", "owners", "event",
         ):
             scheduler.handlers[f"dscar_{op}"] = getattr(self, f"_h_{op}")
 
@@ -92,7 +100,8 @@ class Coordinator(SchedulerPlugin):
 
     # ------------------------------------------------------------ the job
     def _h_start_job(self, job_id: str, spec: bytes, n_shards: int, reloadable: bool,
-                     tables: list, max_failures: int = 3) -> dict:
+                     tables: list, max_failures: int = 3, sharding: str = "dynamic",
+                     policies: bytes | None = None, monitor: dict | None = None) -> dict:
         busy = [j.id for j in self.jobs.values() if j.phase != "failed" and j.id != job_id]
         if busy:
             return {"status": "busy", "jobs": busy}
@@ -101,9 +110,12 @@ class Coordinator(SchedulerPlugin):
             return {"status": "no-workers"}
         pmap = PartitionMap(TableLayout(t, int(n), int(p)) for t, n, p in tables)
         pmap.assign(workers)
-        job = _Job(job_id, spec, ShardQueue(n_shards, reloadable=reloadable, max_failures=max_failures), pmap)
+        queue = ShardQueue(n_shards, reloadable=reloadable, max_failures=max_failures, sharding=sharding)
+        job = _Job(job_id, spec, queue, pmap, monitor=ThroughputMonitor(**(monitor or {})),
+                   policies=loads(policies) if policies else [])
         self.jobs[job_id] = job
-        self._event(job, "job-started", workers=workers, n_shards=n_shards)
+        self._event(job, "job-started", workers=workers, n_shards=n_shards, sharding=sharding,
+                    policies=[p.name for p in job.policies])
         return {"status": "OK", "owners": pmap.to_msg(), "workers": workers}
 
     def _h_job_spec(self, job_id: str) -> bytes:
@@ -120,14 +132,24 @@ class Coordinator(SchedulerPlugin):
         self._wake()
         return {"status": "OK"}
 
-    def _h_begin_clock(self, job_id: str, clock: int) -> dict:
+    async def _h_begin_clock(self, job_id: str, clock: int) -> dict:
         job = self.jobs[job_id]
         if job.phase == "failed":
             return {"status": "failed", "error": job.error}
+        while job.pending_restarts:  # between clocks nothing is staged: safe to move partitions
+            await self._restart(job, job.pending_restarts.pop(0))
         job.queue.begin_clock(clock)
         job.clock, job.metrics, job.clock_end_worker = clock, {}, None
         job.timings, job.phase_s = {}, {}
         self._set_phase(job, "shards")
+        return {"status": "OK"}
+
+    def _h_event(self, job_id: str, clock: int, kind: str, worker: str, info: dict | None = None) -> dict:
+        """A worker reports something that happened to it (an injected fault, ...)."""
+        job = self.jobs.get(job_id)
+        if job is not None:
+            job.events.append({"time": time.time(), "clock": clock, "kind": kind, "worker": worker, **(info or {})})
+            self._wake()
         return {"status": "OK"}
 
     def _h_end_job(self, job_id: str) -> dict:
@@ -139,18 +161,81 @@ class Coordinator(SchedulerPlugin):
     def _item_for(self, worker: str) -> dict | None:
         for job in self.jobs.values():
             if job.phase == "shards":
-                a = job.queue.next_shard(worker, time.time())
+                now = time.time()
+                a = job.queue.next_shard(worker, now)
+                if a is not None and a.fetch_from:
+                    self._event(job, "shard-moved", shard=a.shard, source=a.fetch_from, target=worker)
+                if a is None:
+                    a = self._idle_policies(job, worker, now)
                 if a is not None:
-                    if a.fetch_from:
-                        self._event(job, "shard-moved", shard=a.shard, source=a.fetch_from, target=worker)
                     return {
                         "op": "shard", "job": job.id, "clock": job.clock, "shard": a.shard,
-                        "attempt": a.attempt, "fetch_from": a.fetch_from, "owners": job.pmap.to_msg(),
+                        "attempt": a.attempt, "fetch_from": a.fetch_from, "backup": a.backup,
+                        "owners": job.pmap.to_msg(), "batch_scale": job.batch_scale.get(worker, 1.0),
                     }
             elif job.phase == "clock_end" and job.clock_end_worker is None:
                 job.clock_end_worker = worker
                 return {"op": "clock_end", "job": job.id, "clock": job.clock, "owners": job.pmap.to_msg()}
         return None
+
+    def _view(self, job: _Job, now: float, idle_worker: str | None = None) -> ControllerView:
+        running = []
+        for a in job.queue.running():
+            n = len(job.queue.running_attempts(a.shard))
+            running.append(Running(a.shard, a.worker, now - a.started, n))
+        return ControllerView(job.clock, sorted(self.scheduler.workers), job.queue.counts()["todo"], running,
+                              job.monitor, dict(job.stragglers), idle_worker)
+
+    def _idle_policies(self, job: _Job, worker: str, now: float):
+        """A worker found no TODO shard: the idle-time policies may give it a backup attempt."""
+        for policy in job.policies:
+            if policy.when != "idle":
+                continue
+            for action in policy.decide(self._view(job, now, worker)):
+                if isinstance(action, Backup):
+                    a = job.queue.start_backup(action.shard, action.worker, now)
+                    self._event(job, "backup-attempt", shard=a.shard, attempt=a.attempt, worker=worker,
+                                policy=policy.name)
+                    return a
+        return None
+
+    def _clock_policies(self, job: _Job) -> None:
+        now = time.time()
+        running = {a.worker: now - a.started for a in job.queue.running()}
+        stragglers = job.monitor.end_clock(running)
+        for w, kind in stragglers.items():
+            if job.stragglers.get(w) != kind:
+                self._event(job, "straggler", worker=w, straggler=kind)
+        for w in job.stragglers.keys() - stragglers.keys():
+            self._event(job, "straggler-recovered", worker=w)
+        job.stragglers = stragglers
+        for policy in job.policies:
+            if policy.when != "clock":
+                continue
+            for action in policy.decide(self._view(job, now)):
+                if isinstance(action, SetBatchScale):
+                    job.batch_scale = dict(action.scales)
+                    self._event(job, "batch-scale", scales=job.batch_scale, policy=policy.name)
+                elif isinstance(action, Restart) and action.worker not in job.pending_restarts:
+                    job.pending_restarts.append(action.worker)
+                    self._event(job, "restart-planned", worker=action.worker, reason=action.reason,
+                                policy=policy.name)
+
+    async def _restart(self, job: _Job, worker: str) -> None:
+        """Hand ``worker``'s partitions to the least loaded others, then restart it (kill-and-restart)."""
+        others = [w for w in sorted(self.scheduler.workers) if w != worker]
+        if worker not in self.scheduler.workers or not others:
+            return
+        for table, part in job.pmap.owned_by(worker):
+            new = job.pmap.least_loaded(others)
+            await self.scheduler.rpc(new).dscar_adopt(job_id=job.id, table=table, part=part, source=worker)
+            job.pmap.owners[(table, part)] = new
+            self._event(job, "partition-moved", table=table, part=part, source=worker, target=new)
+        job.monitor.forget(worker)
+        job.batch_scale.pop(worker, None)
+        self._event(job, "worker-restart", worker=worker)
+        await self.scheduler.restart_workers([worker], wait_for_workers=False, on_error="return",
+                                             stimulus_id=f"dscar-restart-{time.time()}")
 
     async def _h_next(self, worker: str, timeout: float = 1.0) -> dict:
         """Long poll: the next work item for ``worker``, or ``idle`` after ``timeout``."""
@@ -169,6 +254,9 @@ class Coordinator(SchedulerPlugin):
         job = self.jobs.get(job_id)
         if job is None or job.phase != "shards" or job.clock != clock:
             return {"granted": False}
+        started = next((a.started for a in job.queue.running_attempts(shard) if a.attempt == attempt), None)
+        if started is not None:
+            job.monitor.record(worker, time.time() - started)
         granted = job.queue.commit(shard, attempt, worker)
         if granted:
             sums = job.timings.setdefault(worker, {})
@@ -216,6 +304,7 @@ class Coordinator(SchedulerPlugin):
             return {"status": "ignored"}
         job.metrics = dict(metrics)
         job.phase_s["clock_end_compute"] = float(seconds)
+        self._clock_policies(job)
         self._set_phase(job, "done")
         return {"status": "OK"}
 
@@ -243,6 +332,11 @@ class Coordinator(SchedulerPlugin):
                     "shards_per_worker": job.queue.committed_by(),
                     "timings": job.timings,
                     "phase_s": job.phase_s,
+                    "workers": {
+                        st.worker: {"speed": st.speed, "mean_step_s": st.mean_step_s, "straggler": st.straggler,
+                                    "batch_scale": job.batch_scale.get(st.worker, 1.0)}
+                        for st in job.monitor.stats()
+                    },
                     "events": events,
                 }
             if not job.queue.reloadable:
@@ -257,6 +351,7 @@ class Coordinator(SchedulerPlugin):
     def remove_worker(self, scheduler, worker: str, **kwargs) -> None:
         for job in list(self.jobs.values()):
             requeued = job.queue.worker_lost(worker)
+            job.monitor.forget(worker)
             owned = job.pmap.owned_by(worker)
             self._event(job, "worker-lost", worker=worker, requeued=[a.shard for a in requeued],
                         partitions=[list(p) for p in owned])

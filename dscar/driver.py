@@ -23,7 +23,10 @@ from .algorithm import Algorithm, TableSpec
 from .cluster import Cluster
 from .data import ArrayData, FileData, as_data
 from .errors import ClusterError, InvalidInputError, JobFailedError
+from .faults import Fault, resolve
+from .monitor import ThroughputMonitor
 from .partitions import row_bounds
+from .policies import Policy, make_policies
 
 #: shards per worker when ``n_shards`` is not given
 SHARDS_PER_WORKER = 4
@@ -39,6 +42,7 @@ class ClockRecord:
     shards_per_worker: dict[str, int]
     timings: dict[str, dict[str, float]]  # per worker: data_s, pull_s, compute_s, push_s
     phase_s: dict[str, float]  # shards, apply, clock_end (wall, on the coordinator)
+    workers: dict[str, dict[str, Any]] = field(default_factory=dict)  # monitor: speed, straggler, batch_scale
 
     @property
     def objective(self) -> float:
@@ -86,6 +90,10 @@ def fit(
     max_clocks: int = 100,
     max_failures: int = 3,
     progress: bool | None = None,
+    sharding: str = "dynamic",
+    policies: "list[str | Policy] | None" = None,
+    faults: "list[Fault] | tuple[Fault, ...]" = (),
+    monitor: dict[str, Any] | None = None,
 ) -> FitResult:
     """Train ``algorithm`` on ``data`` on a Dask cluster.
 
@@ -94,6 +102,13 @@ def fit(
     of ``n_workers`` processes, closed afterwards), a scheduler address, a
     ``distributed.Client`` or a ``dscar.Cluster``. Stops when the algorithm's
     ``converged(history, tol)`` holds or after ``max_clocks`` clocks.
+
+    Stragglers: ``sharding="dynamic"`` (workers pull shards; the default) or
+    ``"static"`` (each worker keeps its own shards: the BSP baseline);
+    ``policies``: names or ``dscar.policies.Policy`` objects (``"backup"``,
+    ``"adaptive"``, ``"restart"``; None for the defaults, ``[]`` for none);
+    ``monitor``: ``ThroughputMonitor`` options (window, fraction,
+    persistent_after). ``faults``: ``dscar.faults.slow / kill / hang`` specs.
     """
     if not isinstance(algorithm, Algorithm):
         raise InvalidInputError(f"algorithm must be a dscar.Algorithm, not {type(algorithm).__name__}")
@@ -104,6 +119,14 @@ def fit(
         raise InvalidInputError(f"tol must be > 0, got {tol}")
     if cluster is None and n_workers < 1:
         raise InvalidInputError(f"n_workers must be >= 1, got {n_workers}")
+    if sharding not in ("dynamic", "static"):
+        raise InvalidInputError(f"sharding must be 'dynamic' or 'static', not {sharding!r}")
+    policy_objs = make_policies(policies)
+    try:
+        ThroughputMonitor(**(monitor or {}))
+    except (TypeError, ValueError) as e:
+        raise InvalidInputError(f"bad monitor options {monitor!r}: {e}") from None
+    faults = list(faults)
 
     owned = cluster is None
     cl = None if owned else Cluster(cluster)
@@ -121,10 +144,14 @@ def fit(
             )
         algorithm.validate(d.meta)
         tables = [_resolve_parts(t, n_live) for t in algorithm.tables(d.meta)]
+        if all(isinstance(f, Fault) and isinstance(f.worker, int) for f in faults):
+            resolve(faults, [f"worker {i}" for i in range(n_live)])  # checked before a cluster starts
         if owned:
             cl = Cluster(None, n_workers=n_workers)
             cl.wait_for_workers(n_workers)
-        return _Run(cl, algorithm, d, tables, tol, max_failures).run(max_clocks, progress)
+        run = _Run(cl, algorithm, d, tables, tol, max_failures)
+        run.options = {"sharding": sharding, "policies": policy_objs, "faults": faults, "monitor": dict(monitor or {})}
+        return run.run(max_clocks, progress)
     finally:
         if owned and cl is not None:
             cl.close()
@@ -147,6 +174,8 @@ def _resolve_parts(t: TableSpec, n_workers: int) -> TableSpec:
 class _Run:
     """One fit on a connected cluster."""
 
+    options: dict[str, Any] = {"sharding": "dynamic", "policies": [], "faults": [], "monitor": {}}
+
     def __init__(self, cl: Cluster, algorithm: Algorithm, data: ArrayData | FileData,
                  tables: list[TableSpec], tol: float, max_failures: int):
         self.cl, self.client = cl, cl.client
@@ -161,14 +190,17 @@ class _Run:
 
     def run(self, max_clocks: int, progress: bool | None) -> FitResult:
         t_start = time.perf_counter()
+        opts = self.options
+        faults = resolve(opts["faults"], self.cl.workers)
         spec = dumps({
             "algorithm": self.algorithm, "meta": self.data.meta, "tables": self.tables,
-            "loader": self.data.loader(), "tol": self.tol,
+            "loader": self.data.loader(), "tol": self.tol, "faults": faults,
         })
         r = self._sync(
             self.client.scheduler.dscar_start_job, job_id=self.job_id, spec=spec,
             n_shards=self.data.meta.n_shards, reloadable=self.data.reloadable,
             tables=[[t.name, t.n_rows, t.n_parts] for t in self.tables], max_failures=self.max_failures,
+            sharding=opts["sharding"], policies=dumps(opts["policies"]), monitor=opts["monitor"],
         )
         if r["status"] == "busy":
             raise ClusterError(f"the cluster is running another dscar job ({', '.join(r['jobs'])})")
@@ -177,9 +209,12 @@ class _Run:
         self.workers = list(r["workers"])
         try:
             self._sync(self._init_partitions, r["owners"])
+            n, w = self.data.meta.n_shards, self.workers
+            plan = [(i, w[i * len(w) // n]) for i in range(n)]  # contiguous blocks of shards
             if isinstance(self.data, ArrayData):
-                n, w = self.data.meta.n_shards, self.workers
-                self._sync(self._place, [(i, w[i * len(w) // n]) for i in range(n)])
+                self._sync(self._place, plan)
+            elif opts["sharding"] == "static":  # workers read their own shards' files
+                self._sync(self.client.scheduler.dscar_placed, job_id=self.job_id, placements=[list(p) for p in plan])
             setup_s = time.perf_counter() - t_start
             history, converged = self._clocks(max_clocks, progress)
             params = self._sync(self._gather)
@@ -259,7 +294,8 @@ class _Run:
                     if r["status"] == "place":
                         self._sync(self._replace, list(r["shards"]))
                 rec = ClockRecord(clock, time.perf_counter() - t0, dict(r["metrics"]),
-                                  dict(r["shards_per_worker"]), dict(r["timings"]), dict(r["phase_s"]))
+                                  dict(r["shards_per_worker"]), dict(r["timings"]), dict(r["phase_s"]),
+                                  dict(r.get("workers", {})))
                 history.append(rec)
                 metrics_hist.append(rec.metrics)
                 bar.update(1)

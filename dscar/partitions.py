@@ -64,6 +64,20 @@ class PartitionMap:
                 self.owners[(t.name, part)] = w
                 load[w] += b - a
 
+    def rows_by_worker(self) -> dict[str, int]:
+        load: dict[str, int] = {}
+        for (t, p), w in self.owners.items():
+            a, b = self.layouts[t].bounds[p]
+            load[w] = load.get(w, 0) + b - a
+        return load
+
+    def least_loaded(self, candidates: list[str]) -> str:
+        """The candidate owning the fewest rows (ties by name)."""
+        if not candidates:
+            raise ValueError("no candidate workers")
+        load = self.rows_by_worker()
+        return min(sorted(candidates), key=lambda w: load.get(w, 0))
+
     def owner(self, table: str, part: int) -> str:
         return self.owners[(table, part)]
 

@@ -16,7 +16,13 @@ Invariants (checked by ``check()`` and the tests):
 
 Locality: ``next_shard`` prefers a TODO shard whose data the asking worker
 already holds, then takes one from the worker with the largest TODO backlog
-(that worker is behind; its shard moves to the asking worker).
+(that worker is behind; its shard moves to the asking worker). With
+``sharding="static"`` (the BSP baseline) a worker only gets the shards it
+holds; shards whose holder was lost go to anyone.
+
+The data (and shard state) of a shard follows its commits: the worker whose
+attempt commits becomes the holder; a backup attempt copies the data instead
+of moving it, so both attempts can run.
 """
 from __future__ import annotations
 
@@ -40,6 +46,7 @@ class Attempt:
     worker: str
     started: float
     fetch_from: str | None  # the worker holding the shard's data, if not the taker
+    backup: bool = False  # a second attempt: it copies the data, the holder keeps it
 
 
 @dataclass
@@ -55,11 +62,15 @@ class _Shard:
 class ShardQueue:
     """Per-clock shard states, attempts, commits and data locality."""
 
-    def __init__(self, n_shards: int, *, reloadable: bool, max_failures: int = 3):
+    def __init__(self, n_shards: int, *, reloadable: bool, max_failures: int = 3,
+                 sharding: str = "dynamic"):
         if n_shards < 1:
             raise ValueError("n_shards must be >= 1")
+        if sharding not in ("dynamic", "static"):
+            raise ValueError(f"sharding must be 'dynamic' or 'static', not {sharding!r}")
         self.n_shards = n_shards
         self.reloadable = reloadable
+        self.sharding = sharding
         self.max_failures = max_failures
         self.clock = 0
         self._shards = [_Shard() for _ in range(n_shards)]
@@ -119,6 +130,8 @@ class ShardQueue:
             h = self._shards[i].holder
             if h is None and not self.reloadable:
                 continue  # waits for the driver to place it
+            if h is not None and self.sharding == "static":
+                continue  # pinned to its holder
             backlog.setdefault(h, []).append(i)
         if not backlog:
             return None
@@ -137,6 +150,22 @@ class ShardQueue:
         self._todo.discard(shard)
         return a
 
+    def start_backup(self, shard: int, worker: str, now: float) -> Attempt:
+        """A second attempt of a DOING shard on ``worker``; it copies the holder's data."""
+        s = self._shards[shard]
+        if s.status is not ShardStatus.DOING:
+            raise ValueError(f"shard {shard} is {s.status.value}, not doing: no backup")
+        if any(a.worker == worker for a in s.attempts.values()):
+            raise ValueError(f"shard {shard} already runs on {worker}")
+        fetch_from = s.holder if s.holder not in (None, worker) else None
+        a = Attempt(shard, s.next_attempt, worker, now, fetch_from, backup=True)
+        s.next_attempt += 1
+        s.attempts[a.attempt] = a
+        return a
+
+    def running_attempts(self, shard: int) -> list[Attempt]:
+        return list(self._shards[shard].attempts.values())
+
     # --------------------------------------------------------------- results
     def commit(self, shard: int, attempt: int, worker: str) -> bool:
         """Grant the commit to the first live attempt that asks; refuse all others."""
@@ -147,6 +176,7 @@ class ShardQueue:
         s.committed = a
         s.attempts.clear()
         s.status = ShardStatus.DONE
+        s.holder = worker  # the committed data and state live here now
         return True
 
     def fail(self, shard: int, attempt: int, worker: str, reason: str) -> None:
@@ -200,6 +230,7 @@ class ShardQueue:
             "clock": self.clock,
             "reloadable": self.reloadable,
             "max_failures": self.max_failures,
+            "sharding": self.sharding,
             "shards": [
                 {
                     "status": s.status.value,
@@ -215,7 +246,8 @@ class ShardQueue:
     @classmethod
     def restore(cls, snap: dict[str, Any]) -> "ShardQueue":
         """Rebuild from ``snapshot()``: DONE stays DONE, DOING goes back to TODO."""
-        q = cls(len(snap["shards"]), reloadable=snap["reloadable"], max_failures=snap["max_failures"])
+        q = cls(len(snap["shards"]), reloadable=snap["reloadable"], max_failures=snap["max_failures"],
+                sharding=snap.get("sharding", "dynamic"))
         q.clock = snap["clock"]
         q._todo = set()
         for i, d in enumerate(snap["shards"]):

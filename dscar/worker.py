@@ -16,6 +16,8 @@ the rest.
 from __future__ import annotations
 
 import logging
+import os
+import signal
 import threading
 import time
 import traceback
@@ -51,12 +53,22 @@ class Job:
     loader: Any  # FileData or None
     tol: float
     xp: ModuleType
+    faults: list = field(default_factory=list)  # this worker's, from dscar.faults
+    fired: set = field(default_factory=set)
     parts: dict[tuple[str, int], Any] = field(default_factory=dict)
     staged: dict[tuple[int, int, int], list] = field(default_factory=lambda: defaultdict(list))
-    shards: dict[int, dict[str, Any]] = field(default_factory=dict)
+    shards: dict[int, "ShardEntry"] = field(default_factory=dict)
     owners: dict[tuple[str, int], str] = field(default_factory=dict)
     pull_cache: dict[tuple, Any] = field(default_factory=dict)
     cache_clock: int = -1
+
+
+@dataclass
+class ShardEntry:
+    """A shard's data and its committed state (e.g. topic assignments), held together."""
+
+    data: dict[str, Any]
+    state: dict[str, Any] = field(default_factory=dict)
 
 
 class ParamServer(WorkerPlugin):
@@ -75,7 +87,7 @@ class ParamServer(WorkerPlugin):
         self.jobs: dict[str, Job] = {}
         self._lock = threading.RLock()
         self._stop = threading.Event()
-        for op in ("init", "pull", "stage", "apply", "assign", "put_shard", "take_shard", "end_job", "info"):
+        for op in ("init", "pull", "stage", "apply", "assign", "put_shard", "take_shard", "end_job", "info", "adopt"):
             worker.handlers[f"dscar_{op}"] = getattr(self, f"_h_{op}")
         self._thread = threading.Thread(target=self._loop, name="dscar-loop", daemon=True)
         self._thread.start()
@@ -105,6 +117,7 @@ class ParamServer(WorkerPlugin):
                     loader=d["loader"],
                     tol=d["tol"],
                     xp=self.xp,
+                    faults=[f for f in d.get("faults", ()) if f.worker == self.worker.address],
                 )
             return self.jobs[job_id]
 
@@ -122,6 +135,18 @@ class ParamServer(WorkerPlugin):
             with self._lock:
                 job.parts[(table, int(part))] = job.xp.asarray(arr, dtype=spec_.dtype)
         return {"status": "OK", "device": "gpu" if self.xp.__name__ == "cupy" else "cpu"}
+
+    async def _h_adopt(self, job_id: str, table: str, part: int, source: str) -> dict:
+        """Become the owner of a partition: copy it from its current owner."""
+        job = self.jobs.get(job_id)
+        if job is None:
+            spec = await self.worker.scheduler.dscar_job_spec(job_id=job_id)
+            job = self._install(job_id, spec)
+        a, b = job.layouts[table].bounds[part]
+        r = await self.worker.rpc(source).dscar_pull(job_id=job_id, table=table, part=part, lo=0, hi=b - a)
+        with self._lock:
+            job.parts[(table, int(part))] = job.xp.asarray(r["data"])
+        return {"status": "OK"}
 
     def _h_pull(self, job_id: str, table: str, part: int, lo: int, hi: int) -> dict:
         with self._lock:
@@ -178,17 +203,19 @@ class ParamServer(WorkerPlugin):
             job = self._install(job_id, spec)
         prepared = job.algorithm.prepare_shard(dict(arrays), job.xp)
         with self._lock:
-            job.shards[int(shard)] = prepared
+            job.shards[int(shard)] = ShardEntry(prepared)
         return {"status": "OK"}
 
-    def _h_take_shard(self, job_id: str, shard: int) -> dict:
-        """Hand a shard's data to the worker that now processes it (it moves)."""
+    def _h_take_shard(self, job_id: str, shard: int, keep: bool = False) -> dict:
+        """Hand a shard's data and state to the worker that now runs it: moved, or copied for a backup."""
         with self._lock:
             job = self.jobs.get(job_id)
-            arrays = None if job is None else job.shards.pop(int(shard), None)
-        if arrays is None:
+            entry = None if job is None else (job.shards.get(int(shard)) if keep else job.shards.pop(int(shard), None))
+        if entry is None:
             return {"status": "missing"}
-        return {"status": "OK", "arrays": to_serialize({k: to_host(v) for k, v in arrays.items()})}
+        host = {k: to_host(v) for k, v in entry.data.items()}
+        state = {k: to_host(v) for k, v in entry.state.items()}
+        return {"status": "OK", "arrays": to_serialize(host), "state": to_serialize(state)}
 
     def _h_end_job(self, job_id: str) -> dict:
         with self._lock:
@@ -203,6 +230,7 @@ class ParamServer(WorkerPlugin):
             return {
                 "known": True,
                 "shards": sorted(job.shards),
+                "shard_state": {int(k): sorted(e.state) for k, e in job.shards.items()},
                 "parts": sorted([t, p] for t, p in job.parts),
                 "staged": len(job.staged),
                 "device": "gpu" if self.xp.__name__ == "cupy" else "cpu",
@@ -243,18 +271,23 @@ class ParamServer(WorkerPlugin):
         try:
             job = self._job(job_id)
             self._prepare(job, item)
+            self._inject(job, clock, "start")
             t0 = time.perf_counter()
-            data = self._shard_data(job, shard, item.get("fetch_from"))
-            if data is None:
+            entry = self._shard_entry(job, shard, item.get("fetch_from"), item.get("backup", False))
+            if entry is None:
                 lost_data = True
                 raise LookupError(f"the data of shard {shard} is on no live worker")
-            ctx = ShardStep(self, job, clock, shard)
+            ctx = ShardStep(self, job, clock, shard, entry.state, item.get("batch_scale", 1.0))
             t1 = time.perf_counter()
-            job.algorithm.shard_step(ctx, data)
+            job.algorithm.shard_step(ctx, entry.data)
             t2 = time.perf_counter()
+            slow = self._slowdown(job, clock)
+            if slow > 1:
+                time.sleep((slow - 1) * (t2 - t1))
+                t2 = time.perf_counter()
             self._send_staged(job, (clock, shard, attempt), ctx.updates)
             t3 = time.perf_counter()
-            self._call(
+            r = self._call(
                 sched.dscar_commit,
                 job_id=job_id,
                 clock=clock,
@@ -263,6 +296,14 @@ class ParamServer(WorkerPlugin):
                 worker=self.worker.address,
                 timings={"data_s": t1 - t0, "pull_s": ctx.pull_s, "compute_s": t2 - t1 - ctx.pull_s, "push_s": t3 - t2},
             )
+            with self._lock:
+                if r["granted"]:
+                    entry.state.update(ctx.new_state)
+                    job.shards[shard] = entry
+                elif job.shards.get(shard) is entry:
+                    del job.shards[shard]  # another attempt won: its data and state are the shard's now
+        except _Stopped:
+            return
         except Exception as e:
             logger.warning("dscar shard %s clock %s failed: %r", shard, clock, e)
             try:
@@ -279,34 +320,84 @@ class ParamServer(WorkerPlugin):
             except Exception:
                 pass
 
-    def _shard_data(self, job: Job, shard: int, fetch_from: str | None):
+    def _shard_entry(self, job: Job, shard: int, fetch_from: str | None, backup: bool) -> ShardEntry | None:
+        """The shard's data and state: held here, taken from its holder, or read from the source."""
         with self._lock:
-            data = job.shards.get(shard)
-        if data is not None:
-            return data
-        arrays = None
+            entry = job.shards.get(shard)
+        if entry is not None:
+            return entry
+        arrays, state = None, {}
         if fetch_from:
             try:
-                r = self._call(self.worker.rpc(fetch_from).dscar_take_shard, job_id=job.id, shard=shard)
+                r = self._call(self.worker.rpc(fetch_from).dscar_take_shard, job_id=job.id, shard=shard, keep=backup)
                 if r["status"] == "OK":
-                    arrays = r["arrays"]
+                    arrays, state = r["arrays"], r["state"]
             except Exception as e:  # the holder is gone: fall back to the source
                 logger.info("could not take shard %s from %s: %r", shard, fetch_from, e)
         if arrays is None and job.loader is not None:
             arrays = job.loader.load_shard(shard)
         if arrays is None:
             return None
-        data = job.algorithm.prepare_shard(arrays, job.xp)
-        with self._lock:
-            job.shards[shard] = data
-        return data
+        entry = ShardEntry(job.algorithm.prepare_shard(arrays, job.xp), {k: job.xp.asarray(v) for k, v in state.items()})
+        if not backup:
+            with self._lock:
+                job.shards[shard] = entry
+        return entry
+
+    # -------------------------------------------------------------- faults
+    def _slowdown(self, job: Job, clock: int) -> float:
+        factor = 1.0
+        for f in job.faults:
+            if f.kind == "slow" and f.active(clock):
+                factor = max(factor, f.factor)
+                if f not in job.fired:
+                    job.fired.add(f)
+                    self._report(job, clock, "fault-slow", factor=f.factor, until=f.until)
+        return factor
+
+    def _inject(self, job: Job, clock: int, point: str) -> None:
+        for f in job.faults:
+            if f.kind in ("kill", "hang") and f.clock <= clock and f.point == point and f not in job.fired:
+                job.fired.add(f)
+                self._report(job, clock, f"fault-{f.kind}", point=point)
+                if f.kind == "kill":
+                    self._die()
+                else:
+                    self._hang()
+
+    def _report(self, job: Job, clock: int, kind: str, **info) -> None:
+        try:
+            self._call(self.worker.scheduler.dscar_event, job_id=job.id, clock=clock, kind=kind,
+                       worker=self.worker.address, info=info)
+        except Exception:
+            pass
+
+    def _in_process(self) -> bool:
+        return self.worker.address.startswith("inproc://")
+
+    def _die(self) -> None:
+        if not self._in_process():
+            os._exit(1)
+        self._stop.set()  # in-process cluster: close this worker, keep the process
+        self.worker.loop.add_callback(self.worker.close, nanny=False, executor_wait=False)
+        raise _Stopped
+
+    def _hang(self) -> None:
+        if not self._in_process():
+            os.kill(os.getpid(), signal.SIGSTOP)
+            return
+        while not self._stop.is_set():  # in-process: only this worker's loop stops
+            time.sleep(0.05)
+        raise _Stopped
 
     def _send_staged(self, job: Job, key: tuple, updates: list) -> None:
         by_owner: dict[str, list] = defaultdict(list)
         for table, part, lo, data in updates:
             by_owner[job.owners[(table, part)]].append([table, part, lo, data])
         me = self.worker.address
-        for owner, ups in by_owner.items():
+        for i, (owner, ups) in enumerate(by_owner.items()):
+            if i == 1:
+                self._inject(job, key[0], "mid-push")
             if owner == me:
                 self._stage_local(job, key, ups)
             else:
@@ -377,14 +468,25 @@ class ParamServer(WorkerPlugin):
                 self._call(self.worker.rpc(owner).dscar_assign, job_id=job.id, table=table, part=part, lo=lo - a, data=to_serialize(chunk))
 
 
-class ShardStep:
-    """The ``ShardContext`` of one attempt: cached pulls, staged adds."""
+class _Stopped(Exception):
+    """This worker was stopped by an injected fault."""
 
-    def __init__(self, server: ParamServer, job: Job, clock: int, shard: int):
+
+class ShardStep:
+    """The ``ShardContext`` of one attempt: cached pulls, staged adds, staged state."""
+
+    def __init__(self, server: ParamServer, job: Job, clock: int, shard: int, state: dict, batch_scale: float):
         self._server, self._job = server, job
         self.xp, self.clock, self.shard, self.meta, self.tol = job.xp, clock, shard, job.meta, job.tol
+        self.state = dict(state)  # the shard's state as of its last commit (read-only)
+        self.batch_scale = float(batch_scale)  # this worker's share of a fixed global batch
+        self.new_state: dict = {}
         self.updates: list = []
         self.pull_s = 0.0
+
+    def set_state(self, name: str, value) -> None:
+        """Replace the shard's state ``name``; kept only if this attempt commits."""
+        self.new_state[name] = value
 
     def pull(self, table: str, start: int = 0, stop: int | None = None):
         """Rows of ``table`` as of this clock's start (cached for the clock; do not mutate)."""

@@ -137,3 +137,73 @@ def test_committed_by_counts_per_worker():
         x = q.next_shard(w, 0)
         q.commit(x.shard, x.attempt, w)
     assert q.committed_by() == {"a": 2, "b": 2}
+
+
+# ------------------------------------------------------------- backups, static
+
+
+def test_a_backup_attempt_copies_and_the_first_commit_wins_and_holds_the_data():
+    q = queue(2)
+    primary = q.next_shard("a", 0)
+    backup = q.start_backup(primary.shard, "b", 1)
+    assert backup.backup and backup.fetch_from == "a" and q.holder(primary.shard) == "a"
+    assert q.commit(backup.shard, backup.attempt, "b")
+    assert q.holder(primary.shard) == "b"  # the winner holds the committed data and state
+    assert not q.commit(primary.shard, primary.attempt, "a")
+    q.check()
+
+
+def test_primary_wins_over_a_backup():
+    q = queue(2)
+    primary = q.next_shard("a", 0)
+    backup = q.start_backup(primary.shard, "b", 1)
+    assert q.commit(primary.shard, primary.attempt, "a")
+    assert not q.commit(backup.shard, backup.attempt, "b") and q.holder(primary.shard) == "a"
+
+
+def test_losing_the_primary_keeps_the_shard_doing_while_its_backup_runs():
+    q = queue(2)
+    primary = q.next_shard("a", 0)
+    backup = q.start_backup(primary.shard, "b", 1)
+    q.worker_lost("a")
+    assert q.status(primary.shard) is ShardStatus.DOING
+    assert q.commit(backup.shard, backup.attempt, "b")
+    q.check()
+
+
+def test_a_failed_backup_leaves_the_primary_running():
+    q = queue(2)
+    primary = q.next_shard("a", 0)
+    backup = q.start_backup(primary.shard, "b", 1)
+    q.fail(backup.shard, backup.attempt, "b", "oops")
+    assert q.status(primary.shard) is ShardStatus.DOING
+    assert q.commit(primary.shard, primary.attempt, "a")
+
+
+def test_backups_only_for_doing_shards_and_not_twice_on_one_worker():
+    q = queue(2)
+    with pytest.raises(ValueError):
+        q.start_backup(0, "b", 0)
+    a = q.next_shard("a", 0)
+    with pytest.raises(ValueError):
+        q.start_backup(a.shard, "a", 0)
+
+
+def test_static_sharding_never_moves_a_shard_but_serves_orphans():
+    q = ShardQueue(4, reloadable=False, sharding="static")
+    for i in range(4):
+        q.set_holder(i, "a" if i < 2 else "b")
+    q.begin_clock(1)
+    got = [q.next_shard("a", 0).shard, q.next_shard("a", 0).shard]
+    assert sorted(got) == [0, 1] and q.next_shard("a", 0) is None  # b's shards stay b's
+    q.worker_lost("b")
+    q.set_holder(2, "a")  # the driver placed b's orphans again
+    assert q.next_shard("a", 0).shard == 2
+    with pytest.raises(ValueError):
+        ShardQueue(2, reloadable=True, sharding="random")
+
+
+def test_snapshot_keeps_sharding_mode():
+    q = ShardQueue(2, reloadable=True, sharding="static")
+    q.begin_clock(3)
+    assert ShardQueue.restore(q.snapshot()).sharding == "static"

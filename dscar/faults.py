@@ -1,0 +1,90 @@
+"""Fault injection: slow, kill or hang a worker from a given clock (specs; no Dask here).
+
+Faults are reproducible on a small machine: a slowdown sleeps ``(factor - 1)``
+times the shard step's real duration after each step, so the slowed worker runs
+``factor`` times slower whatever the machine. A kill is a hard exit of the
+worker process (``os._exit``; on an in-process cluster the worker is closed);
+a hang stops the process (SIGSTOP) so only the scheduler's ``worker-ttl`` can
+notice (in-process it blocks the worker's loop instead). Targets are indices
+into the job's workers (sorted by address) or addresses, resolved when the job
+starts; every fault that fires is an event with its clock and time.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Iterable, Literal
+
+from .errors import InvalidInputError
+
+Kind = Literal["slow", "kill", "hang"]
+
+
+@dataclass(frozen=True)
+class Fault:
+    kind: Kind
+    worker: int | str  # index into the job's sorted workers, or an address
+    clock: int = 1
+    factor: float = 1.0  # slow: how many times slower
+    until: int | None = None  # slow: last slowed clock (None: to the end)
+    point: Literal["start", "mid-push"] = "start"  # kill: before the step, or between two pushes
+
+    def active(self, clock: int) -> bool:
+        return self.clock <= clock and (self.until is None or clock <= self.until)
+
+
+def slow(worker: int | str, factor: float, clock: int = 1, until: int | None = None) -> Fault:
+    return Fault("slow", worker, clock, factor=factor, until=until)
+
+
+def kill(worker: int | str, clock: int, point: str = "start") -> Fault:
+    return Fault("kill", worker, clock, point=point)
+
+
+def hang(worker: int | str, clock: int) -> Fault:
+    return Fault("hang", worker, clock)
+
+
+def resolve(faults: Iterable[Fault], workers: list[str]) -> list[Fault]:
+    """Check every fault and name its worker by address; raise ``InvalidInputError`` if wrong."""
+    out = []
+    for f in faults:
+        if not isinstance(f, Fault):
+            raise InvalidInputError(f"faults must be dscar.faults.Fault objects, not {type(f).__name__}")
+        if f.kind not in ("slow", "kill", "hang"):
+            raise InvalidInputError(f"unknown fault kind {f.kind!r}; use slow, kill or hang")
+        if f.clock < 1 or (f.until is not None and f.until < f.clock):
+            raise InvalidInputError(f"{f.kind} fault: clock must be >= 1 and until >= clock, got {f.clock}..{f.until}")
+        if f.kind == "slow" and not f.factor >= 1:
+            raise InvalidInputError(f"slowdown factor must be >= 1, got {f.factor}")
+        if f.point not in ("start", "mid-push"):
+            raise InvalidInputError(f"kill point must be 'start' or 'mid-push', got {f.point!r}")
+        if isinstance(f.worker, int) and not isinstance(f.worker, bool):
+            if not 0 <= f.worker < len(workers):
+                raise InvalidInputError(
+                    f"{f.kind} fault aimed at worker {f.worker}, but the cluster has {len(workers)} "
+                    f"worker(s) (0..{len(workers) - 1})"
+                )
+            f = replace(f, worker=workers[f.worker])
+        elif f.worker not in workers:
+            raise InvalidInputError(f"{f.kind} fault aimed at {f.worker!r}, which is not a worker of this cluster")
+        out.append(f)
+    return out
+
+
+def parse(kind: str, text: str) -> Fault:
+    """CLI form: slow ``W:FACTOR[:FROM[:TO]]``, kill ``W:CLOCK``, hang ``W:CLOCK`` (W an index)."""
+    parts = text.split(":")
+    try:
+        w = int(parts[0])
+        if kind == "slow":
+            if not 2 <= len(parts) <= 4:
+                raise ValueError
+            start = int(parts[2]) if len(parts) > 2 else 1
+            until = int(parts[3]) if len(parts) > 3 else None
+            return slow(w, float(parts[1]), start, until)
+        if len(parts) != 2:
+            raise ValueError
+        return kill(w, int(parts[1])) if kind == "kill" else hang(w, int(parts[1]))
+    except ValueError:
+        form = "W:FACTOR[:FROM[:TO]]" if kind == "slow" else "W:CLOCK"
+        raise InvalidInputError(f"--{kind} {text!r}: expected {form} with W a worker index") from None

@@ -1,0 +1,158 @@
+"""Straggler mitigation policies (no Dask here).
+
+Each policy is a small class with one decision method, in the shape of
+distributed's ``ActiveMemoryManagerPolicy``: the coordinator calls it with a
+read-only ``ControllerView`` and carries out what it returns. Dynamic sharding
+itself is not a policy: it is the pull model, always on.
+
+* ``BackupPolicy`` (``"backup"``): when the TODO queue is empty and an idle
+  worker asks for work, start a second attempt of a shard that has run longer
+  than ``k`` x the median shard time; the first attempt to commit wins.
+* ``AdaptiveBatchPolicy`` (``"adaptive"``, AntDT-DD): per-worker batch scale
+  proportional to measured speed, mean 1, so the global batch stays fixed.
+  Algorithms with minibatches read it as ``ctx.batch_scale``.
+* ``RestartPolicy`` (``"restart"``, AntDT-ND kill-and-restart): at a clock
+  boundary, a persistent straggler hands its partitions to others and is
+  restarted (or retired when it has no Nanny).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Iterable
+
+from .errors import InvalidInputError
+from .monitor import ThroughputMonitor
+
+
+@dataclass(frozen=True)
+class Running:
+    shard: int
+    worker: str
+    elapsed_s: float
+    n_attempts: int
+
+
+@dataclass
+class ControllerView:
+    """What a policy may look at."""
+
+    clock: int
+    workers: list[str]
+    todo: int
+    running: list[Running]
+    monitor: ThroughputMonitor
+    stragglers: dict[str, str] = field(default_factory=dict)  # at clock boundaries
+    idle_worker: str | None = None  # the worker asking for work, if any
+
+
+@dataclass(frozen=True)
+class Backup:
+    shard: int
+    worker: str
+
+
+@dataclass(frozen=True)
+class SetBatchScale:
+    scales: dict[str, float]
+
+
+@dataclass(frozen=True)
+class Restart:
+    worker: str
+    reason: str
+
+
+class Policy:
+    """Base class: ``when`` is ``"idle"`` (a worker asks for work) or ``"clock"`` (between clocks)."""
+
+    name = "policy"
+    when = "idle"
+
+    def decide(self, view: ControllerView) -> list:
+        raise NotImplementedError
+
+    def __repr__(self) -> str:
+        args = ", ".join(f"{k}={v!r}" for k, v in vars(self).items())
+        return f"{type(self).__name__}({args})"
+
+
+class BackupPolicy(Policy):
+    name = "backup"
+    when = "idle"
+
+    def __init__(self, k: float = 2.0, max_attempts: int = 2):
+        if k <= 0 or max_attempts < 2:
+            raise InvalidInputError("backup needs k > 0 and max_attempts >= 2")
+        self.k, self.max_attempts = k, max_attempts
+
+    def decide(self, view: ControllerView) -> list:
+        med = view.monitor.median_step()
+        if view.todo or view.idle_worker is None or med is None:
+            return []
+        late = [
+            r for r in view.running
+            if r.worker != view.idle_worker and r.n_attempts < self.max_attempts and r.elapsed_s > self.k * med
+        ]
+        if not late:
+            return []
+        worst = max(late, key=lambda r: r.elapsed_s)
+        return [Backup(worst.shard, view.idle_worker)]
+
+
+class AdaptiveBatchPolicy(Policy):
+    name = "adaptive"
+    when = "clock"
+
+    def __init__(self, min_scale: float = 0.05):
+        self.min_scale = min_scale
+
+    def decide(self, view: ControllerView) -> list:
+        speeds = view.monitor.speeds()
+        live = [w for w in view.workers if w in speeds]
+        if len(live) < 2:
+            return []
+        mean = sum(speeds[w] for w in live) / len(live)
+        raw = {w: max(self.min_scale, speeds[w] / mean) for w in live}
+        norm = sum(raw.values()) / len(raw)
+        return [SetBatchScale({w: s / norm for w, s in raw.items()})]
+
+
+class RestartPolicy(Policy):
+    name = "restart"
+    when = "clock"
+
+    def __init__(self, max_restarts: int = 1):
+        self.max_restarts = max_restarts
+        self._done = 0
+
+    def decide(self, view: ControllerView) -> list:
+        if self._done >= self.max_restarts or len(view.workers) < 2:
+            return []
+        for w, kind in sorted(view.stragglers.items()):
+            if kind == "persistent" and w in view.workers:
+                self._done += 1
+                return [Restart(w, "persistent straggler")]
+        return []
+
+
+POLICIES = {p.name: p for p in (BackupPolicy, AdaptiveBatchPolicy, RestartPolicy)}
+
+#: on unless turned off; chosen by measurement (bench/stragglers.py)
+DEFAULT_POLICIES = ("backup",)
+
+
+def make_policies(spec: "Iterable[str | Policy] | None") -> list[Policy]:
+    """Policies from names or instances; None gives the defaults, ``[]`` none."""
+    if spec is None:
+        spec = DEFAULT_POLICIES
+    if isinstance(spec, (str, Policy)):
+        spec = [spec]
+    out = []
+    for p in spec:
+        if isinstance(p, Policy):
+            out.append(p)
+        elif isinstance(p, str) and p in POLICIES:
+            out.append(POLICIES[p]())
+        else:
+            raise InvalidInputError(f"unknown policy {p!r}; known: {sorted(POLICIES)} or a dscar.policies.Policy")
+    return out

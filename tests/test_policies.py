@@ -1,0 +1,123 @@
+"""Monitor statistics, controller policies and fault specs, without Dask."""
+import pytest
+
+from dscar import InvalidInputError, faults
+from dscar.monitor import ThroughputMonitor
+from dscar.policies import (
+    AdaptiveBatchPolicy, Backup, BackupPolicy, ControllerView, Restart, RestartPolicy, Running,
+    SetBatchScale, make_policies,
+)
+
+
+def monitor_with(steps, **kw):
+    m = ThroughputMonitor(**kw)
+    for w, times in steps.items():
+        for t in times:
+            m.record(w, t)
+    return m
+
+
+def test_monitor_speeds_median_and_window():
+    m = monitor_with({"a": [1.0, 1.0], "b": [1.0], "c": [4.0]}, window=2)
+    assert m.speeds() == {"a": 1.0, "b": 1.0, "c": 0.25}
+    assert m.median_step() == 1.0
+    m.record("c", 1.0)
+    m.record("c", 1.0)  # the window forgets the slow steps
+    assert m.mean_step("c") == 1.0
+
+
+def test_monitor_classifies_transient_then_persistent_then_recovered():
+    m = monitor_with({"a": [1.0], "b": [1.0], "c": [3.0]}, window=1, fraction=0.5, persistent_after=2)
+    assert m.end_clock() == {"c": "transient"}
+    assert m.end_clock() == {"c": "persistent"}
+    assert [s.straggler for s in m.stats()] == [None, None, "persistent"]
+    m.record("c", 1.0)
+    assert m.end_clock() == {}
+
+
+def test_a_worker_stuck_in_a_long_attempt_counts_as_slow():
+    m = monitor_with({"a": [1.0], "b": [1.0], "c": [1.0]}, fraction=0.5)
+    assert not m.is_slow("c", running_s=1.5)
+    assert m.is_slow("c", running_s=2.5)
+
+
+def test_monitor_rejects_bad_options():
+    with pytest.raises(ValueError):
+        ThroughputMonitor(fraction=1.5)
+    with pytest.raises(ValueError):
+        ThroughputMonitor(window=0)
+
+
+def view(monitor, todo=0, running=(), idle="d", stragglers=None):
+    return ControllerView(5, ["a", "b", "c", "d"], todo, list(running), monitor, stragglers or {}, idle)
+
+
+def test_backup_only_when_the_queue_is_empty_and_an_attempt_is_late():
+    m = monitor_with({"a": [1.0], "b": [1.0]})
+    late = Running(shard=3, worker="c", elapsed_s=2.5, n_attempts=1)
+    p = BackupPolicy(k=2.0)
+    assert p.decide(view(m, running=[late])) == [Backup(3, "d")]
+    assert p.decide(view(m, todo=1, running=[late])) == []  # work left in the queue
+    assert p.decide(view(m, running=[Running(3, "c", 1.5, 1)])) == []  # not late yet
+    assert p.decide(view(m, running=[Running(3, "c", 9.0, 2)])) == []  # already backed up
+    assert p.decide(view(m, running=[Running(3, "d", 9.0, 1)])) == []  # never on its own worker
+    assert p.decide(view(ThroughputMonitor(), running=[late])) == []  # nothing measured yet
+
+
+def test_backup_picks_the_latest_attempt():
+    m = monitor_with({"a": [1.0]})
+    runs = [Running(1, "a", 3.0, 1), Running(2, "b", 5.0, 1)]
+    assert BackupPolicy().decide(view(m, running=runs)) == [Backup(2, "d")]
+
+
+def test_adaptive_batch_is_proportional_to_speed_with_mean_one():
+    m = monitor_with({"a": [1.0], "b": [1.0], "c": [1.0], "d": [4.0]})
+    (action,) = AdaptiveBatchPolicy().decide(view(m))
+    assert isinstance(action, SetBatchScale)
+    s = action.scales
+    assert sum(s.values()) / 4 == pytest.approx(1.0)
+    assert s["a"] == pytest.approx(4 * s["d"])
+
+
+def test_restart_only_persistent_stragglers_and_at_most_max_restarts():
+    p = RestartPolicy(max_restarts=1)
+    m = ThroughputMonitor()
+    assert p.decide(view(m, stragglers={"c": "transient"})) == []
+    assert p.decide(view(m, stragglers={"c": "persistent"})) == [Restart("c", "persistent straggler")]
+    assert p.decide(view(m, stragglers={"b": "persistent"})) == []
+
+
+def test_policies_by_name_instance_default_and_unknown():
+    assert [p.name for p in make_policies(None)] == ["backup"]
+    assert make_policies([]) == []
+    b = BackupPolicy(k=3)
+    assert make_policies(["adaptive", b])[1] is b
+    with pytest.raises(InvalidInputError, match="unknown policy 'fastest'"):
+        make_policies(["fastest"])
+    with pytest.raises(InvalidInputError):
+        BackupPolicy(k=0)
+
+
+def test_fault_specs_resolve_and_validate():
+    ws = ["tcp://a", "tcp://b"]
+    got = faults.resolve([faults.slow(1, 4.0, clock=2, until=3), faults.kill("tcp://a", 5)], ws)
+    assert got[0].worker == "tcp://b" and got[0].active(2) and got[0].active(3) and not got[0].active(4)
+    with pytest.raises(InvalidInputError, match="factor must be >= 1"):
+        faults.resolve([faults.slow(0, 0.5)], ws)
+    with pytest.raises(InvalidInputError, match="aimed at worker 2, but the cluster has 2"):
+        faults.resolve([faults.kill(2, 1)], ws)
+    with pytest.raises(InvalidInputError, match="not a worker"):
+        faults.resolve([faults.hang("tcp://zzz", 1)], ws)
+    with pytest.raises(InvalidInputError, match="clock must be >= 1"):
+        faults.resolve([faults.kill(0, 0)], ws)
+
+
+def test_fault_cli_forms():
+    assert faults.parse("slow", "1:4") == faults.slow(1, 4.0)
+    assert faults.parse("slow", "0:8:2:4") == faults.slow(0, 8.0, 2, 4)
+    assert faults.parse("kill", "2:3") == faults.kill(2, 3)
+    assert faults.parse("hang", "0:1") == faults.hang(0, 1)
+    with pytest.raises(InvalidInputError, match="W:CLOCK"):
+        faults.parse("kill", "x")
+    with pytest.raises(InvalidInputError, match="W:FACTOR"):
+        faults.parse("slow", "1")
