@@ -245,3 +245,38 @@ class Lasso(dscar.EstimatorMixin):
 
     def predict(self, X) -> np.ndarray:
         return X @ self.coef_ + self.intercept_
+
+
+class LassoCommand:
+    """``dscar run lasso``: a generated regression problem, or X.npy / y.npy files."""
+
+    help = "Lasso by data-parallel block coordinate descent (generated data unless --data is given)"
+
+    def add_arguments(self, g) -> None:
+        g.add_argument("--data", metavar="PATH_OR_URL", help="directory of X.npy and y.npy (or .npz shards)")
+        g.add_argument("--rows", type=int, default=20_000, help="rows of the generated dataset (default 20000)")
+        g.add_argument("--features", type=int, default=500, help="features of the generated dataset (default 500)")
+        g.add_argument("--informative", type=int, default=25, help="true non-zero coefficients (default 25)")
+        g.add_argument("--noise", type=float, default=1.0, help="noise standard deviation (default 1)")
+        g.add_argument("--rho", type=float, default=0.0, help="AR(1) correlation between features (default 0)")
+        g.add_argument("--alpha", type=float, help="L1 penalty (default: --alpha-ratio x alpha_max)")
+        g.add_argument("--alpha-ratio", type=float, default=0.01, help="alpha as a fraction of alpha_max (default 0.01)")
+
+    def build(self, args):
+        from .datasets import lasso_alpha_max, make_regression
+
+        tol = 1e-6 if args.tol is None else args.tol
+        if args.data:
+            data = dscar.FileData(args.data, n_shards=args.shards or 4 * args.workers)
+            alpha = args.alpha if args.alpha is not None else 0.1
+            desc = f"data {args.data}"
+        else:
+            X, y, _ = make_regression(args.rows, args.features, args.informative, noise=args.noise,
+                                      rho=args.rho, seed=args.seed)
+            data = {"X": X, "y": y}
+            alpha = args.alpha if args.alpha is not None else args.alpha_ratio * lasso_alpha_max(X, y)
+            desc = f"synthetic {args.rows} x {args.features}, {args.informative} informative, seed {args.seed}"
+        return LassoCD(alpha, tol=tol), data, f"{desc}, alpha={alpha:.4g}"
+
+
+CLI = LassoCommand()

@@ -4,61 +4,53 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from typing import Callable
+from typing import Any, Protocol
 
 from .errors import DscarError
 
-#: model name -> function(args) that returns (algorithm, data, description)
-MODELS: dict[str, Callable] = {}
+class CliModel(Protocol):
+    """What a model offers the ``dscar run`` command (registered under the ``dscar.models`` entry points)."""
+
+    help: str
+
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
+        """Model flags (data size, hyperparameters)."""
+
+    def build(self, args: argparse.Namespace) -> tuple[Any, Any, str]:
+        """``(algorithm, data, description)`` from the parsed flags."""
 
 
-def _lasso(args):
-    from algorithms.datasets import lasso_alpha_max, make_regression
-    from algorithms.lasso import LassoCD
+def load_models() -> dict[str, CliModel]:
+    """Every model installed under the ``dscar.models`` entry-point group."""
+    from importlib.metadata import entry_points
 
-    if args.data:
-        from .data import FileData
-
-        data = FileData(args.data, n_shards=args.shards or 4 * args.workers)
-        alpha = args.alpha if args.alpha is not None else 0.1
-        desc = f"data {args.data}"
-    else:
-        X, y, _ = make_regression(args.rows, args.features, args.informative, noise=args.noise,
-                                  rho=args.rho, seed=args.seed)
-        data = {"X": X, "y": y}
-        alpha = args.alpha if args.alpha is not None else args.alpha_ratio * lasso_alpha_max(X, y)
-        desc = f"synthetic {args.rows} x {args.features}, {args.informative} informative, seed {args.seed}"
-    algo = LassoCD(alpha, tol=args.tol)
-    return algo, data, f"{desc}, alpha={alpha:.4g}"
+    return {ep.name: ep.load() for ep in entry_points(group="dscar.models")}
 
 
-MODELS["lasso"] = _lasso
-
-
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(models: dict[str, CliModel] | None = None) -> argparse.ArgumentParser:
+    models = load_models() if models is None else models
     p = argparse.ArgumentParser(
         prog="dscar",
         description="Train iterative-convergent models on a Dask cluster, through slow and lost workers.",
     )
     sub = p.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="train a model (on an embedded LocalCluster unless --scheduler is given)")
-    run.add_argument("model", choices=sorted(MODELS), help="the model to train")
+    per_model = run.add_subparsers(dest="model", required=True, metavar="MODEL")
+    for name, model in sorted(models.items()):
+        mp = per_model.add_parser(name, help=model.help, description=model.help)
+        _add_common(mp)
+        model.add_arguments(mp.add_argument_group(f"{name} model and data"))
+    return p
+
+
+def _add_common(run: argparse.ArgumentParser) -> None:
     g = run.add_argument_group("cluster")
     g.add_argument("--workers", type=int, default=2, help="worker processes of the embedded cluster (default 2)")
     g.add_argument("--scheduler", metavar="ADDR", help="address of a running Dask scheduler, e.g. tcp://host:8786")
-    g = run.add_argument_group("data")
-    g.add_argument("--data", metavar="PATH_OR_URL", help="directory of .npy arrays (X.npy, y.npy) or .npz shards")
-    g.add_argument("--rows", type=int, default=20_000, help="rows of the generated dataset (default 20000)")
-    g.add_argument("--features", type=int, default=500, help="features of the generated dataset (default 500)")
-    g.add_argument("--informative", type=int, default=25, help="true non-zero coefficients (default 25)")
-    g.add_argument("--noise", type=float, default=1.0, help="noise standard deviation (default 1)")
-    g.add_argument("--rho", type=float, default=0.0, help="AR(1) correlation between features (default 0)")
+    g = run.add_argument_group("run")
     g.add_argument("--shards", type=int, help="data shards (default 4 per worker)")
     g.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
-    g = run.add_argument_group("model")
-    g.add_argument("--alpha", type=float, help="L1 penalty (default: --alpha-ratio x alpha_max)")
-    g.add_argument("--alpha-ratio", type=float, default=0.01, help="alpha as a fraction of alpha_max (default 0.01)")
-    g.add_argument("--tol", type=float, default=1e-6, help="stop at relative duality gap <= tol (default 1e-6)")
+    g.add_argument("--tol", type=float, default=None, help="convergence tolerance (default: the model's)")
     g.add_argument("--max-clocks", type=int, default=100, help="stop after this many clocks (default 100)")
     g = run.add_argument_group("stragglers and faults")
     g.add_argument("--sharding", choices=("dynamic", "static"), default="dynamic",
@@ -72,11 +64,11 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--hang", action="append", default=[], metavar="W:CLOCK",
                    help="hang worker W (SIGSTOP) at clock CLOCK; the scheduler's worker-ttl drops it")
     run.add_argument("--no-progress", action="store_true", help="do not show a progress bar")
-    return p
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    models = load_models()
+    args = build_parser(models).parse_args(argv)
     from .driver import fit
 
     from . import faults as faults_mod
@@ -86,12 +78,12 @@ def main(argv: list[str] | None = None) -> int:
         policies = None
         if args.policies is not None:
             policies = [] if args.policies == "none" else [p.strip() for p in args.policies.split(",") if p.strip()]
-        algo, data, desc = MODELS[args.model](args)
+        algo, data, desc = models[args.model].build(args)
         where = args.scheduler or f"embedded LocalCluster, {args.workers} workers"
         print(f"dscar run {args.model}: {desc}; cluster: {where}", flush=True)
         t0 = time.perf_counter()
         res = fit(algo, data, args.scheduler, n_workers=args.workers, n_shards=args.shards,
-                  max_clocks=args.max_clocks, progress=not args.no_progress, sharding=args.sharding,
+                  tol=args.tol, max_clocks=args.max_clocks, progress=not args.no_progress, sharding=args.sharding,
                   policies=policies, faults=faults)
     except DscarError as e:
         print(f"dscar: error: {e}", file=sys.stderr)

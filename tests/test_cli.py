@@ -18,7 +18,10 @@ def test_help():
     r = run(["--help"])
     assert r.returncode == 0 and "run" in r.stdout
     r = run(["run", "--help"])
-    assert r.returncode == 0 and "--scheduler" in r.stdout and "--workers" in r.stdout
+    assert r.returncode == 0 and "lasso" in r.stdout
+    r = run(["run", "lasso", "--help"])
+    assert r.returncode == 0 and "--scheduler" in r.stdout and "--workers" in r.stdout and "--alpha" in r.stdout
+    assert "--slow" in r.stdout and "--kill" in r.stdout and "--hang" in r.stdout
 
 
 @pytest.mark.timeout(120)
@@ -27,6 +30,26 @@ def test_run_lasso_on_the_embedded_cluster():
     assert r.returncode == 0, r.stderr
     last = r.stdout.strip().splitlines()[-1]
     assert last.startswith("dscar lasso: converged after") and "on 2 worker(s)" in last
+
+
+@pytest.mark.timeout(120)
+def test_run_with_injected_faults_prints_the_events():
+    r = run(["run", "lasso", "--workers", "3", "--rows", "6000", "--features", "60", "--shards", "12",
+             "--slow", "2:3", "--no-progress"])
+    assert r.returncode == 0, r.stderr
+    assert "fault-slow" in r.stdout
+    # every Lasso worker owns a partition of w: without checkpoints a lost owner ends the run, clearly
+    r = run(["run", "lasso", "--workers", "3", "--rows", "6000", "--features", "60", "--kill", "1:2", "--no-progress"])
+    assert r.returncode == 2 and "owned partitions" in r.stderr
+
+
+def test_bad_fault_flags():
+    r = run(["run", "lasso", "--slow", "0:0.5", "--no-progress"])
+    assert r.returncode == 2 and "factor must be >= 1" in r.stderr
+    r = run(["run", "lasso", "--workers", "2", "--kill", "5:1", "--no-progress"])
+    assert r.returncode == 2 and "aimed at worker 5" in r.stderr
+    r = run(["run", "lasso", "--policies", "fastest", "--no-progress"])
+    assert r.returncode == 2 and "unknown policy" in r.stderr
 
 
 def test_bad_flags_give_a_clear_error():
