@@ -6,9 +6,12 @@ partitioned by rows across the workers), so a copy of the object on every
 worker behaves the same. A clock runs in three steps:
 
 1. ``shard_step(ctx, data)`` once per data shard, on whichever worker pulled
-   the shard. It reads tables as of the clock's start (``ctx.pull``) and adds
-   its contributions (``ctx.add``). Contributions are staged at the partition
-   owners and applied only for the attempt that commits: exactly once.
+   the shard. It reads tables as of the clock's start (``ctx.pull``,
+   ``ctx.pull_rows``) and adds its contributions (``ctx.add`` for a row range,
+   ``ctx.add_rows`` for scattered rows). Contributions are staged at the
+   partition owners and applied only for the attempt that commits: exactly
+   once. Per-shard latent state (``ctx.state``, ``ctx.set_state``) travels
+   with the shard and is kept only when the attempt commits.
 2. The engine applies the committed contributions. A ``param`` table adds them
    to its value; a ``reduction`` table is set to their sum (it holds this
    clock's reduction, e.g. a gradient or a Gram block).
@@ -64,9 +67,19 @@ class ShardContext(Protocol):
     shard: int
     meta: DataMeta
 
+    tol: float
+    state: dict[str, Any]  # the shard's state as of its last commit
+    batch_scale: float  # this worker's share of a fixed global batch (adaptive-batch policy)
+
     def pull(self, table: str, start: int = 0, stop: int | None = None) -> Any: ...
 
+    def pull_rows(self, table: str, rows: Any) -> Any: ...
+
     def add(self, table: str, values: Any, start: int = 0) -> None: ...
+
+    def add_rows(self, table: str, rows: Any, values: Any) -> None: ...
+
+    def set_state(self, name: str, value: Any) -> None: ...
 
 
 class ClockContext(Protocol):
@@ -75,6 +88,7 @@ class ClockContext(Protocol):
     xp: ModuleType
     clock: int
     meta: DataMeta
+    tol: float
 
     def pull(self, table: str, start: int = 0, stop: int | None = None) -> Any: ...
 

@@ -148,11 +148,14 @@ class ParamServer(WorkerPlugin):
             job.parts[(table, int(part))] = job.xp.asarray(r["data"])
         return {"status": "OK"}
 
-    def _h_pull(self, job_id: str, table: str, part: int, lo: int, hi: int) -> dict:
+    def _h_pull(self, job_id: str, table: str, part: int, lo: int = 0, hi: int = 0, rows=None) -> dict:
         with self._lock:
             arr = self.jobs[job_id].parts[(table, part)]
-            out = to_host(arr[lo:hi]).copy()
-        return {"data": to_serialize(out)}
+            if rows is None:
+                out = to_host(arr[lo:hi]).copy()
+            else:
+                out = to_host(arr[self.jobs[job_id].xp.asarray(np.asarray(rows, dtype=np.int64))])
+        return {"data": to_serialize(np.ascontiguousarray(out))}
 
     def _h_stage(self, job_id: str, key: list, updates: list) -> dict:
         self._stage_local(self.jobs[job_id], tuple(key), updates)
@@ -160,8 +163,9 @@ class ParamServer(WorkerPlugin):
 
     def _stage_local(self, job: Job, key: tuple, updates: list) -> None:
         with self._lock:
-            for table, part, lo, data in updates:
-                job.staged[key].append((table, int(part), int(lo), np.array(data, copy=True)))
+            for table, part, lo, data, rows in updates:
+                rows = None if rows is None else np.asarray(rows, dtype=np.int64)
+                job.staged[key].append((table, int(part), int(lo), np.array(data, copy=True), rows))
 
     def _h_apply(self, job_id: str, clock: int, committed: list) -> dict:
         """Apply the committed attempts' staged updates of ``clock``; drop the rest."""
@@ -179,9 +183,12 @@ class ParamServer(WorkerPlugin):
                 ups = job.staged.pop(key)
                 if key not in wanted:
                     continue
-                for table, part, lo, data in ups:
+                for table, part, lo, data, rows in ups:
                     arr = job.parts[(table, part)]
-                    arr[lo : lo + data.shape[0]] += job.xp.asarray(data)
+                    if rows is None:
+                        arr[lo : lo + data.shape[0]] += job.xp.asarray(data)
+                    else:  # scatter-add: repeated rows add up
+                        job.xp.add.at(arr, job.xp.asarray(rows), job.xp.asarray(data))
                     applied += 1
             for key in [k for k in job.staged if k[0] < clock]:
                 del job.staged[key]  # leftovers of attempts that never committed
@@ -392,8 +399,8 @@ class ParamServer(WorkerPlugin):
 
     def _send_staged(self, job: Job, key: tuple, updates: list) -> None:
         by_owner: dict[str, list] = defaultdict(list)
-        for table, part, lo, data in updates:
-            by_owner[job.owners[(table, part)]].append([table, part, lo, data])
+        for table, part, lo, data, rows in updates:
+            by_owner[job.owners[(table, part)]].append([table, part, lo, data, rows])
         me = self.worker.address
         for i, (owner, ups) in enumerate(by_owner.items()):
             if i == 1:
@@ -401,7 +408,7 @@ class ParamServer(WorkerPlugin):
             if owner == me:
                 self._stage_local(job, key, ups)
             else:
-                ups = [[t, p, lo, to_serialize(d)] for t, p, lo, d in ups]
+                ups = [[t, p, lo, to_serialize(d), None if r is None else to_serialize(r)] for t, p, lo, d, r in ups]
                 self._call(self.worker.rpc(owner).dscar_stage, job_id=job.id, key=list(key), updates=ups)
 
     def _run_clock_end(self, item: dict) -> None:
@@ -455,6 +462,28 @@ class ParamServer(WorkerPlugin):
             return pieces[0]
         return job.xp.concatenate(pieces) if pieces else job.xp.zeros((0, *job.specs[table].trailing))
 
+    def read_row_set(self, job: Job, table: str, rows):
+        """Arbitrary rows of ``table`` (in the order given), gathered from their owners."""
+        layout, spec = job.layouts[table], job.specs[table]
+        rows = np.asarray(to_host(rows), dtype=np.int64)
+        if rows.size and (rows.min() < 0 or rows.max() >= layout.n_rows):
+            raise IndexError(f"rows outside table {table!r} of {layout.n_rows} rows")
+        out = job.xp.empty((rows.shape[0], *spec.trailing), dtype=spec.dtype)
+        part_of = np.searchsorted([b for _, b in layout.bounds], rows, side="right")
+        for part in np.unique(part_of):
+            sel = np.flatnonzero(part_of == part)
+            local = rows[sel] - layout.bounds[part][0]
+            owner = job.owners[(table, int(part))]
+            if owner == self.worker.address:
+                with self._lock:
+                    vals = job.parts[(table, int(part))][job.xp.asarray(local)]
+            else:
+                r = self._call(self.worker.rpc(owner).dscar_pull, job_id=job.id, table=table, part=int(part),
+                               rows=to_serialize(local))
+                vals = job.xp.asarray(r["data"])
+            out[job.xp.asarray(sel)] = vals
+        return out
+
     def write_rows(self, job: Job, table: str, values, start: int) -> None:
         layout = job.layouts[table]
         values = to_host(values)
@@ -506,7 +535,29 @@ class ShardStep:
             raise ValueError(f"add to {table!r}: rows of shape {values.shape[1:]}, table rows are {self._job.specs[table].trailing}")
         for part, lo, hi in layout.split(start, start + values.shape[0]):
             a = layout.bounds[part][0]
-            self.updates.append((table, part, lo - a, np.ascontiguousarray(values[lo - start : hi - start])))
+            self.updates.append((table, part, lo - a, np.ascontiguousarray(values[lo - start : hi - start]), None))
+
+    def pull_rows(self, table: str, rows):
+        """Rows ``rows`` (any order, repeats allowed) of ``table`` as of this clock's start."""
+        t0 = time.perf_counter()
+        out = self._server.read_row_set(self._job, table, rows)
+        self.pull_s += time.perf_counter() - t0
+        return out
+
+    def add_rows(self, table: str, rows, values) -> None:
+        """Add ``values[i]`` to row ``rows[i]`` of ``table`` if this attempt commits (repeats add up)."""
+        layout, spec = self._job.layouts[table], self._job.specs[table]
+        rows, values = np.asarray(to_host(rows), dtype=np.int64), to_host(values)
+        if rows.ndim != 1 or values.shape != (rows.shape[0], *spec.trailing):
+            raise ValueError(f"add_rows to {table!r}: {rows.shape[0]} rows need values of shape "
+                             f"{(rows.shape[0], *spec.trailing)}, got {values.shape}")
+        if rows.size and (rows.min() < 0 or rows.max() >= layout.n_rows):
+            raise IndexError(f"add_rows to {table!r}: rows outside 0..{layout.n_rows - 1}")
+        part_of = np.searchsorted([b for _, b in layout.bounds], rows, side="right")
+        for part in np.unique(part_of):
+            sel = part_of == part
+            a = layout.bounds[part][0]
+            self.updates.append((table, int(part), 0, np.ascontiguousarray(values[sel]), rows[sel] - a))
 
 
 class ClockEnd:
@@ -518,6 +569,9 @@ class ClockEnd:
 
     def pull(self, table: str, start: int = 0, stop: int | None = None):
         return self._server.read_rows(self._job, table, start, stop)
+
+    def pull_rows(self, table: str, rows):
+        return self._server.read_row_set(self._job, table, rows)
 
     def assign(self, table: str, values, start: int = 0) -> None:
         self._server.write_rows(self._job, table, values, start)

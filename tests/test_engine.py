@@ -11,6 +11,7 @@ import dscar
 from algorithms.datasets import lasso_alpha_max, make_regression
 from algorithms.lasso import LassoCD
 from conftest import RowCounter, assert_exactly_once, row_data
+from dscar import TableSpec
 
 
 def scheduler_jobs(cl):
@@ -91,8 +92,8 @@ def test_partitions_live_on_their_owners_and_pull_push_between_processes(procs):
             client.sync(client.rpc(w).dscar_init, job_id="direct", parts=[[t, p]])
         w0 = owners[("count", 0)]
         stage = client.rpc(w0).dscar_stage
-        client.sync(stage, job_id="direct", key=[1, 0, 0], updates=[["count", 0, 1, to_serialize(np.array([2.0, 3.0]))]])
-        client.sync(stage, job_id="direct", key=[1, 1, 0], updates=[["count", 0, 0, to_serialize(np.array([7.0]))]])
+        client.sync(stage, job_id="direct", key=[1, 0, 0], updates=[["count", 0, 1, to_serialize(np.array([2.0, 3.0])), None]])
+        client.sync(stage, job_id="direct", key=[1, 1, 0], updates=[["count", 0, 0, to_serialize(np.array([7.0])), None]])
         client.sync(client.rpc(w0).dscar_apply, job_id="direct", clock=1, committed=[[0, 0]])  # only shard 0 committed
         got = client.sync(client.rpc(w0).dscar_pull, job_id="direct", table="count", part=0, lo=0, hi=5)["data"]
         np.testing.assert_array_equal(got, [0.0, 2.0, 3.0, 0.0, 0.0])
@@ -147,3 +148,43 @@ def test_losing_a_partition_owner_fails_the_job_with_a_clear_error():
         threading.Timer(1.0, os.kill, (pids[owner], signal.SIGKILL)).start()
         with pytest.raises(dscar.JobFailedError, match="owned partitions"):
             dscar.fit(RowCounter(n_parts=1, sleep=0.1), row_data(40), cl, n_shards=4, max_clocks=50)
+
+
+class ScatterCounter(dscar.Algorithm):
+    """Each shard scatter-adds into rows spread over every partition, some rows twice."""
+
+    name = "scatter"
+
+    def tables(self, meta):
+        return [TableSpec("hits", 50, trailing=(2,), n_parts=3)]
+
+    def shard_step(self, ctx, data):
+        rows = (data["row"] * 7) % 50
+        rows = np.concatenate([rows, rows[::2]])
+        before = dscar.to_host(ctx.pull_rows("hits", rows))
+        assert before.shape == (rows.size, 2)
+        ctx.add_rows("hits", rows, np.ones((rows.size, 2)))
+
+    def clock_end(self, ctx):
+        return {"objective": float(dscar.to_host(ctx.pull("hits")).sum())}
+
+    def converged(self, history, tol):
+        return False
+
+
+def expected_hits(n_rows, n_shards, clocks):
+    from dscar.partitions import row_bounds
+
+    hits = np.zeros(50)
+    for a, b in row_bounds(n_rows, n_shards):
+        rows = (np.arange(a, b) * 7) % 50
+        np.add.at(hits, np.concatenate([rows, rows[::2]]), 1.0)
+    return clocks * hits
+
+
+@pytest.mark.parametrize("where", ["inproc", "procs"])
+def test_scattered_row_pulls_and_adds_across_partitions(where, request):
+    cl = request.getfixturevalue(where)
+    res = dscar.fit(ScatterCounter(), row_data(64), cl, n_shards=4, max_clocks=2)
+    np.testing.assert_array_equal(res.params["hits"][:, 0], expected_hits(64, 4, 2))
+    np.testing.assert_array_equal(res.params["hits"][:, 1], expected_hits(64, 4, 2))
