@@ -86,9 +86,7 @@ class LassoCD(Algorithm):
         xp, X, y = ctx.xp, data["X"], data["y"]
         if ctx.clock == 1:  # screening pass at w = 0: X^T y and the data's moments
             ctx.add("corr", X.T @ y)
-            ctx.add("moments", xp.stack([y.sum(), y @ y]))
-            if self.fit_intercept:
-                ctx.add("colsum", xp.asarray(X.sum(axis=0)).reshape(-1))
+            self.rebuild_step(ctx, data)
             return
         n = ctx.meta.n_rows
         w = ctx.pull("w")
@@ -155,6 +153,16 @@ class LassoCD(Algorithm):
             ctx.assign("w", w)
         ctx.assign("ws", next_working_set(w, c_next, lam, cap, self.working_set_start))
         return metrics
+
+    def rebuild_tables(self) -> list[str]:
+        """The data's moments (and column sums), computed in clock 1, are rebuilt after a restore."""
+        return ["moments", "colsum"] if self.fit_intercept else ["moments"]
+
+    def rebuild_step(self, ctx, data) -> None:
+        xp, X, y = ctx.xp, data["X"], data["y"]
+        ctx.add("moments", xp.stack([y.sum(), y @ y]))
+        if self.fit_intercept:
+            ctx.add("colsum", xp.asarray(X.sum(axis=0)).reshape(-1))
 
     def converged(self, history, tol) -> bool:
         return bool(history) and history[-1].get("converged", 0.0) == 1.0

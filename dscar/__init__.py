@@ -1,6 +1,7 @@
 """dscar: iterative-convergent ML on Dask that keeps training through slow and lost workers."""
 from . import faults, policies
 from .algorithm import Algorithm, ClockContext, DataMeta, ShardContext, TableSpec
+from .checkpoint import CheckpointConfig, CorruptCheckpointError
 from .cluster import Cluster, connect
 from .data import ArrayData, FileData
 from .driver import ClockRecord, FitResult, fit
@@ -16,7 +17,7 @@ from .estimator import EstimatorMixin
 from .xp import to_host
 
 __all__ = [
-    "Algorithm", "ArrayData", "ClockContext", "ClockRecord", "Cluster", "ClusterError", "DataMeta",
+    "Algorithm", "ArrayData", "CheckpointConfig", "CorruptCheckpointError", "ClockContext", "ClockRecord", "Cluster", "ClusterError", "DataMeta",
     "DscarError", "EstimatorMixin", "FileData", "FitResult", "InvalidInputError", "JobFailedError",
     "ShardContext", "ShardFailedError", "TableSpec", "WorkerLostError", "connect", "faults", "fit", "policies", "to_host",
 ]

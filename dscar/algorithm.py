@@ -125,6 +125,20 @@ class Algorithm:
     def clock_end(self, ctx: ClockContext) -> dict[str, float]:
         raise NotImplementedError
 
+    def rebuild_tables(self) -> list[str]:
+        """``param`` tables that ``rebuild_step`` recomputes from the data after a restore.
+
+        After a worker loss is recovered, the engine zeroes these tables and runs
+        ``rebuild_step`` once over every shard (one data pass, exactly once), so
+        tables derived from the data or from shard state (LDA's counts, Lasso's
+        column sums) agree with it again.
+        """
+        return []
+
+    def rebuild_step(self, ctx: ShardContext, data: dict[str, Any]) -> None:
+        """Add this shard's contribution to every table of ``rebuild_tables``."""
+        raise NotImplementedError(f"{type(self).__name__} names rebuild tables but has no rebuild_step")
+
     def converged(self, history: list[dict[str, float]], tol: float) -> bool:
         """Default: the objective's relative change fell below ``tol``."""
         if len(history) < 2:

@@ -1,19 +1,31 @@
 """The control plane: ``Coordinator``, a SchedulerPlugin.
 
 It owns, per job, the partition map (its own truth, not the scheduler's task
-state), the shard queue, the clock's phase and the event log. Its handlers move
-only ids, timings and scalar metrics, and never block the event loop: waiting
-is done with long polls on an ``asyncio.Event``.
+state), the shard queue, the clock's phase, the monitor and policies, the
+checkpoint bookkeeping, recovery, and the event log. Its handlers move only
+ids, timings, file names and scalar metrics, and never block the event loop:
+waiting is done with long polls on an ``asyncio.Event``.
 
-Phases of a clock: ``shards`` (workers pull attempts and commit) -> ``apply``
-(every owner applies the committed attempts' staged updates) -> ``clock_end``
-(one worker runs the algorithm's clock-end step) -> ``done`` (the driver
-collects the report and starts the next clock).
+Phases of a clock: [``rebuild`` (after a recovery: the algorithm's rebuild
+pass)] -> ``shards`` (workers pull attempts and commit) -> ``apply`` (every
+owner applies the committed attempts' staged updates) -> ``clock_end`` (one
+worker runs the algorithm's clock-end step) -> ``done`` (a checkpoint is
+snapshotted if due; the driver collects the report and starts the next clock).
+
+A lost worker (crash, ttl, or a simulated loss): its running attempts go back
+to TODO; with a checkpoint store, its partitions are restored onto the least
+loaded live workers from the newest published checkpoint (``partial``) or
+every table rolls back (``full``); without one, a lost owner ends the job.
+If the loss happened before the clock's updates were applied, the clock is
+run again from its start (staged updates discarded everywhere); if it happened
+while they were applied or in the clock-end step, the clock completes but its
+reductions may be incomplete, so its clock-end step is skipped (``skipped=1``).
 """
 from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -21,6 +33,7 @@ from typing import Any
 from distributed import SchedulerPlugin
 from distributed.protocol.pickle import loads
 
+from .checkpoint import CheckpointConfig, chain_key
 from .errors import ShardFailedError
 from .monitor import ThroughputMonitor
 from .partitions import PartitionMap, TableLayout
@@ -38,7 +51,8 @@ class _Job:
     spec: bytes
     queue: ShardQueue
     pmap: PartitionMap
-    phase: str = "idle"  # idle | shards | apply | clock_end | done | failed
+    kinds: dict[str, str]  # table -> "param" | "reduction"
+    phase: str = "idle"  # idle | rebuild | shards | apply | clock_end | done | failed
     clock: int = 0
     clock_end_worker: str | None = None
     metrics: dict[str, float] = field(default_factory=dict)
@@ -52,10 +66,25 @@ class _Job:
     batch_scale: dict[str, float] = field(default_factory=dict)
     stragglers: dict[str, str] = field(default_factory=dict)
     pending_restarts: list[str] = field(default_factory=list)
+    # checkpoints and recovery
+    ckpt: CheckpointConfig | None = None
+    rebuild: list[str] = field(default_factory=list)
+    version: int = 0  # last version started
+    pending: dict[int, dict] = field(default_factory=dict)  # version -> {clock, waiting, files, failed}
+    built: dict | None = None  # newest manifest built (the next priority chain extends it)
+    to_publish: list[dict] = field(default_factory=list)
+    published: list[dict] = field(default_factory=list)  # oldest first
+    recovering: int = 0
+    damaged: bool = False  # a loss in this clock: skip its clock-end step
+    needs_rebuild: bool = False
+    lost: set[str] = field(default_factory=set)
+    last_loss: float = 0.0
+    redo: bool = False  # a partition owner was lost before anything was applied: run the clock again
+    epoch: int = 0  # bumped by every recovery: workers drop values pulled before it
 
 
 class Coordinator(SchedulerPlugin):
-    """Shard service, ownership map and clock orchestration on the scheduler."""
+    """Shard service, ownership map, clock orchestration, checkpoints and recovery on the scheduler."""
 
     name = PLUGIN_NAME
     idempotent = True
@@ -65,8 +94,9 @@ class Coordinator(SchedulerPlugin):
         self.jobs: dict[str, _Job] = {}
         self._changed = asyncio.Event()
         for op in (
-            "start_job", "job_spec", "placed", "begin_clock", "next", "commit", "fail",
-            "clock_done", "clock_failed", "wait", "end_job", "owners", "event",
+            "start_job", "job_spec", "placed", "begin_clock", "next", "commit", "fail", "clock_done",
+            "clock_failed", "wait", "end_job", "owners", "event", "ckpt_written", "published",
+            "simulate_loss", "flush",
         ):
             scheduler.handlers[f"dscar_{op}"] = getattr(self, f"_h_{op}")
 
@@ -93,29 +123,47 @@ class Coordinator(SchedulerPlugin):
 
     def _set_phase(self, job: _Job, phase: str) -> None:
         now = time.perf_counter()
-        if job.phase in ("shards", "apply", "clock_end"):
+        if job.phase in ("rebuild", "shards", "apply", "clock_end"):
             job.phase_s[job.phase] = job.phase_s.get(job.phase, 0.0) + now - job.t_phase
         job.phase, job.t_phase = phase, now
         self._wake()
 
+    def _live(self, exclude: str | None = None) -> list[str]:
+        return [w for w in sorted(self.scheduler.workers) if w != exclude and w not in self._all_lost()]
+
+    def _all_lost(self) -> set[str]:
+        return set().union(*(j.lost for j in self.jobs.values())) if self.jobs else set()
+
+    async def _settled(self, job: _Job) -> None:
+        while job.recovering and job.phase != "failed":
+            await asyncio.sleep(0.005)
+
     # ------------------------------------------------------------ the job
-    def _h_start_job(self, job_id: str, spec: bytes, n_shards: int, reloadable: bool,
-                     tables: list, max_failures: int = 3, sharding: str = "dynamic",
-                     policies: bytes | None = None, monitor: dict | None = None) -> dict:
+    def _h_start_job(self, job_id: str, spec: bytes, n_shards: int, reloadable: bool, tables: list,
+                     max_failures: int = 3, sharding: str = "dynamic", policies: bytes | None = None,
+                     monitor: dict | None = None, checkpoint: dict | None = None, rebuild: list | None = None,
+                     resume: dict | None = None, owners: list | None = None) -> dict:
         busy = [j.id for j in self.jobs.values() if j.phase != "failed" and j.id != job_id]
         if busy:
             return {"status": "busy", "jobs": busy}
         workers = sorted(self.scheduler.workers)
         if not workers:
             return {"status": "no-workers"}
-        pmap = PartitionMap(TableLayout(t, int(n), int(p)) for t, n, p in tables)
+        pmap = PartitionMap(TableLayout(t[0], int(t[1]), int(t[2])) for t in tables)
         pmap.assign(workers)
         queue = ShardQueue(n_shards, reloadable=reloadable, max_failures=max_failures, sharding=sharding)
-        job = _Job(job_id, spec, queue, pmap, monitor=ThroughputMonitor(**(monitor or {})),
-                   policies=loads(policies) if policies else [])
+        job = _Job(job_id, spec, queue, pmap, {t[0]: t[3] for t in tables},
+                   monitor=ThroughputMonitor(**(monitor or {})), policies=loads(policies) if policies else [],
+                   ckpt=CheckpointConfig(**checkpoint) if checkpoint else None, rebuild=list(rebuild or ()))
+        if resume:
+            job.published = [resume]
+            job.built = resume
+            job.version = int(resume["version"])
+            job.clock = int(resume["clock"])
         self.jobs[job_id] = job
         self._event(job, "job-started", workers=workers, n_shards=n_shards, sharding=sharding,
-                    policies=[p.name for p in job.policies])
+                    policies=[p.name for p in job.policies],
+                    checkpoint=None if job.ckpt is None else f"{job.ckpt.policy}/{job.ckpt.recovery}")
         return {"status": "OK", "owners": pmap.to_msg(), "workers": workers}
 
     def _h_job_spec(self, job_id: str) -> bytes:
@@ -134,14 +182,22 @@ class Coordinator(SchedulerPlugin):
 
     async def _h_begin_clock(self, job_id: str, clock: int) -> dict:
         job = self.jobs[job_id]
+        await self._settled(job)
         if job.phase == "failed":
             return {"status": "failed", "error": job.error}
         while job.pending_restarts:  # between clocks nothing is staged: safe to move partitions
             await self._restart(job, job.pending_restarts.pop(0))
-        job.queue.begin_clock(clock)
         job.clock, job.metrics, job.clock_end_worker = clock, {}, None
-        job.timings, job.phase_s = {}, {}
-        self._set_phase(job, "shards")
+        job.timings, job.phase_s, job.damaged = {}, {}, False
+        if job.needs_rebuild and job.rebuild:
+            job.needs_rebuild = False
+            job.queue.begin_clock(clock)
+            self._event(job, "rebuild-started", tables=job.rebuild)
+            self._set_phase(job, "rebuild")
+        else:
+            job.needs_rebuild = False
+            job.queue.begin_clock(clock)
+            self._set_phase(job, "shards")
         return {"status": "OK"}
 
     def _h_event(self, job_id: str, clock: int, kind: str, worker: str, info: dict | None = None) -> dict:
@@ -160,22 +216,26 @@ class Coordinator(SchedulerPlugin):
     # ------------------------------------------------------- worker side
     def _item_for(self, worker: str) -> dict | None:
         for job in self.jobs.values():
-            if job.phase == "shards":
+            if job.recovering or worker in job.lost:
+                continue
+            if job.phase in ("shards", "rebuild"):
                 now = time.time()
                 a = job.queue.next_shard(worker, now)
                 if a is not None and a.fetch_from:
                     self._event(job, "shard-moved", shard=a.shard, source=a.fetch_from, target=worker)
-                if a is None:
+                if a is None and job.phase == "shards":
                     a = self._idle_policies(job, worker, now)
                 if a is not None:
                     return {
-                        "op": "shard", "job": job.id, "clock": job.clock, "shard": a.shard,
-                        "attempt": a.attempt, "fetch_from": a.fetch_from, "backup": a.backup,
+                        "op": "shard" if job.phase == "shards" else "rebuild", "job": job.id, "clock": job.clock,
+                        "shard": a.shard, "attempt": a.attempt, "fetch_from": a.fetch_from, "backup": a.backup,
                         "owners": job.pmap.to_msg(), "batch_scale": job.batch_scale.get(worker, 1.0),
+                        "epoch": job.epoch,
                     }
             elif job.phase == "clock_end" and job.clock_end_worker is None:
                 job.clock_end_worker = worker
-                return {"op": "clock_end", "job": job.id, "clock": job.clock, "owners": job.pmap.to_msg()}
+                return {"op": "clock_end", "job": job.id, "clock": job.clock, "owners": job.pmap.to_msg(),
+                        "epoch": job.epoch}
         return None
 
     def _view(self, job: _Job, now: float, idle_worker: str | None = None) -> ControllerView:
@@ -183,7 +243,7 @@ class Coordinator(SchedulerPlugin):
         for a in job.queue.running():
             n = len(job.queue.running_attempts(a.shard))
             running.append(Running(a.shard, a.worker, now - a.started, n))
-        return ControllerView(job.clock, sorted(self.scheduler.workers), job.queue.counts()["todo"], running,
+        return ControllerView(job.clock, self._live(), job.queue.counts()["todo"], running,
                               job.monitor, dict(job.stragglers), idle_worker)
 
     def _idle_policies(self, job: _Job, worker: str, now: float):
@@ -223,7 +283,7 @@ class Coordinator(SchedulerPlugin):
 
     async def _restart(self, job: _Job, worker: str) -> None:
         """Hand ``worker``'s partitions to the least loaded others, then restart it (kill-and-restart)."""
-        others = [w for w in sorted(self.scheduler.workers) if w != worker]
+        others = self._live(exclude=worker)
         if worker not in self.scheduler.workers or not others:
             return
         for table, part in job.pmap.owned_by(worker):
@@ -252,10 +312,10 @@ class Coordinator(SchedulerPlugin):
     def _h_commit(self, job_id: str, clock: int, shard: int, attempt: int, worker: str,
                   timings: dict | None = None) -> dict:
         job = self.jobs.get(job_id)
-        if job is None or job.phase != "shards" or job.clock != clock:
+        if job is None or job.phase not in ("shards", "rebuild") or job.clock != clock or worker in job.lost:
             return {"granted": False}
         started = next((a.started for a in job.queue.running_attempts(shard) if a.attempt == attempt), None)
-        if started is not None:
+        if started is not None and job.phase == "shards":
             job.monitor.record(worker, time.time() - started)
         granted = job.queue.commit(shard, attempt, worker)
         if granted:
@@ -265,54 +325,308 @@ class Coordinator(SchedulerPlugin):
         else:
             self._event(job, "commit-refused", shard=shard, attempt=attempt, worker=worker)
         if job.queue.complete:
+            rebuild = job.phase == "rebuild"
             self._set_phase(job, "apply")
-            asyncio.ensure_future(self._apply(job))
+            asyncio.ensure_future(self._apply(job, rebuild))
         return {"granted": granted}
 
     def _h_fail(self, job_id: str, clock: int, shard: int, attempt: int, worker: str,
                 error: str, lost_data: bool = False) -> dict:
         job = self.jobs.get(job_id)
-        if job is None or job.clock != clock or job.phase != "shards":
+        if job is None or job.clock != clock or job.phase not in ("shards", "rebuild"):
             return {"status": "ignored"}
         self._event(job, "shard-failed", shard=shard, attempt=attempt, worker=worker, error=error)
         if lost_data:
             job.queue.set_holder(shard, None)
+        started = next((a.started for a in job.queue.running_attempts(shard) if a.attempt == attempt), None)
+        innocent = started is not None and started <= job.last_loss  # a worker was lost under it
         try:
-            job.queue.fail(shard, attempt, worker, error)
+            job.queue.fail(shard, attempt, worker, error, count=not innocent)
         except ShardFailedError as e:
             self._fail(job, str(e))
         self._wake()
         return {"status": "OK"}
 
-    async def _apply(self, job: _Job) -> None:
+    async def _apply(self, job: _Job, rebuild: bool) -> None:
+        await self._settled(job)
+        if job.phase != "apply":
+            return  # the clock was restarted by a recovery
         committed = [list(c) for c in job.queue.committed()]
-        owners = sorted(job.pmap.workers())
-        try:
-            await asyncio.gather(*(
-                self.scheduler.rpc(w).dscar_apply(job_id=job.id, clock=job.clock, committed=committed)
-                for w in owners
-            ))
-        except Exception as e:
-            self._fail(job, f"applying clock {job.clock}'s updates failed: {e!r}")
+        reset = job.rebuild if rebuild else []
+        owners = sorted(w for w in job.pmap.workers() if w in self.scheduler.workers)
+        results = await asyncio.gather(*(
+            self.scheduler.rpc(w).dscar_apply(job_id=job.id, clock=job.clock, committed=committed, reset=reset)
+            for w in owners
+        ), return_exceptions=True)
+        for w, r in zip(owners, results):
+            if isinstance(r, Exception) and w in self.scheduler.workers and w not in job.lost:
+                self._fail(job, f"applying clock {job.clock}'s updates on {w} failed: {r!r}")
+                return
+        await self._settled(job)
+        if job.phase != "apply":
             return
-        if job.phase == "apply":
+        if rebuild:
+            self._event(job, "rebuild-done", damaged=job.damaged)
+            if job.damaged:  # a loss during the rebuild pass: run it again
+                job.damaged = False
+                job.queue.begin_clock(job.clock)
+                self._set_phase(job, "rebuild")
+                return
+            job.queue.begin_clock(job.clock)
+            self._set_phase(job, "shards")
+        elif job.damaged:
+            self._skip_clock_end(job)
+        else:
             self._set_phase(job, "clock_end")
 
-    def _h_clock_done(self, job_id: str, clock: int, worker: str, metrics: dict, seconds: float) -> dict:
+    def _skip_clock_end(self, job: _Job) -> None:
+        job.metrics = {"objective": math.nan, "skipped": 1.0}
+        self._event(job, "clock-end-skipped", reason="a worker was lost in this clock")
+        self._set_phase(job, "done")
+
+    async def _h_clock_done(self, job_id: str, clock: int, worker: str, metrics: dict, seconds: float) -> dict:
         job = self.jobs.get(job_id)
         if job is None or job.clock != clock or job.phase != "clock_end" or job.clock_end_worker != worker:
             return {"status": "ignored"}
+        await self._settled(job)
+        if job.damaged:
+            self._skip_clock_end(job)
+            return {"status": "OK"}
         job.metrics = dict(metrics)
         job.phase_s["clock_end_compute"] = float(seconds)
         self._clock_policies(job)
+        if job.ckpt is not None and job.ckpt.due(clock):
+            await self._checkpoint(job)
         self._set_phase(job, "done")
         return {"status": "OK"}
 
     def _h_clock_failed(self, job_id: str, clock: int, worker: str, error: str) -> dict:
         job = self.jobs.get(job_id)
-        if job is not None and job.clock == clock:
-            self._fail(job, f"clock_end of clock {clock} failed on {worker}:\n{error}")
+        if job is not None and job.clock == clock and job.phase == "clock_end":
+            if job.damaged or job.recovering:  # it failed because a worker was lost under it
+                asyncio.ensure_future(self._skip_after_recovery(job))
+            else:
+                self._fail(job, f"clock_end of clock {clock} failed on {worker}:\n{error}")
         return {"status": "OK"}
+
+    async def _skip_after_recovery(self, job: _Job) -> None:
+        await self._settled(job)
+        if job.phase == "clock_end":
+            self._skip_clock_end(job)
+
+    # -------------------------------------------------------- checkpoints
+    async def _checkpoint(self, job: _Job) -> None:
+        """Snapshot every owner's param partitions (they write in the background)."""
+        job.version += 1
+        v = job.version
+        owners = sorted({w for (t, p), w in job.pmap.owners.items() if job.kinds[t] == "param"})
+        job.pending[v] = {"clock": job.clock, "waiting": set(owners), "files": [], "failed": None}
+        cfg = job.ckpt
+        results = await asyncio.gather(*(
+            self.scheduler.rpc(w).dscar_checkpoint(job_id=job.id, version=v, url=cfg.url,
+                                                   fraction=cfg.save_fraction, storage_options=cfg.storage_options)
+            for w in owners
+        ), return_exceptions=True)
+        for w, r in zip(owners, results):
+            if isinstance(r, Exception):
+                job.pending[v]["failed"] = f"{w}: {r!r}"
+        self._event(job, "checkpoint-started", version=v, policy=cfg.policy, fraction=cfg.save_fraction)
+        self._build_manifests(job)
+
+    def _h_ckpt_written(self, job_id: str, version: int, worker: str, files: list, error: str | None = None) -> dict:
+        job = self.jobs.get(job_id)
+        if job is None or version not in job.pending:
+            return {"status": "ignored"}
+        p = job.pending[version]
+        p["files"].extend(files)
+        p["waiting"].discard(worker)
+        if error:
+            p["failed"] = f"{worker}: {error}"
+        self._build_manifests(job)
+        self._wake()
+        return {"status": "OK"}
+
+    def _build_manifests(self, job: _Job) -> None:
+        """Turn complete versions into manifests, oldest first (a priority chain extends the previous one)."""
+        while job.pending:
+            v = min(job.pending)
+            p = job.pending[v]
+            if p["failed"]:
+                self._event(job, "checkpoint-abandoned", version=v, reason=p["failed"])
+                del job.pending[v]
+                continue
+            if p["waiting"]:
+                return
+            del job.pending[v]
+            cfg = job.ckpt
+            chains = {}
+            prev = job.built["chains"] if job.built else {}
+            for t, layout in job.pmap.layouts.items():
+                if job.kinds[t] != "param":
+                    continue
+                for part in range(layout.n_parts):
+                    key = chain_key(t, part)
+                    new = [f for f in p["files"] if f["table"] == t and f["part"] == part]
+                    if cfg.policy == "priority" or not new:
+                        chains[key] = list(prev.get(key, [])) + new
+                    else:
+                        chains[key] = new
+            manifest = {
+                "version": v, "clock": p["clock"], "policy": cfg.policy, "fraction": cfg.save_fraction,
+                "job": job.id, "chains": chains, "bytes": sum(f["bytes"] for f in p["files"]),
+                "tables": [[t, l.n_rows, l.n_parts, job.kinds[t]] for t, l in job.pmap.layouts.items()],
+                "created": time.time(),
+            }
+            job.built = manifest
+            job.to_publish.append(manifest)
+
+    async def _h_flush(self, job_id: str, timeout: float = 30.0) -> dict:
+        """Wait until every started checkpoint is written (or abandoned); return what is left to publish."""
+        deadline = time.monotonic() + timeout
+        job = self.jobs.get(job_id)
+        while job is not None and job.pending and time.monotonic() < deadline:
+            await self._wait_change(min(0.1, max(deadline - time.monotonic(), 0.0)))
+        return {"publish": [] if job is None else list(job.to_publish),
+                "pending": 0 if job is None else len(job.pending)}
+
+    def _h_published(self, job_id: str, version: int) -> dict:
+        """The driver wrote the manifest: the version is now visible and used by recovery."""
+        job = self.jobs.get(job_id)
+        if job is None:
+            return {"status": "ignored"}
+        for m in list(job.to_publish):
+            if m["version"] == version:
+                job.to_publish.remove(m)
+                job.published.append(m)
+                job.published = job.published[-max(job.ckpt.keep, 1):]
+                self._event(job, "checkpoint-published", version=version, bytes=m["bytes"], clock=m["clock"])
+        return {"status": "OK"}
+
+    # ------------------------------------------------------------ recovery
+    def _lose(self, job: _Job, worker: str) -> None:
+        job.last_loss = time.time()
+        requeued = job.queue.worker_lost(worker)
+        job.monitor.forget(worker)
+        job.batch_scale.pop(worker, None)
+        owned = job.pmap.owned_by(worker)
+        self._event(job, "worker-lost", worker=worker, requeued=[a.shard for a in requeued],
+                    partitions=[list(p) for p in owned])
+        for v, p in job.pending.items():
+            if worker in p["waiting"]:
+                p["failed"] = f"{worker} was lost while writing"
+        self._build_manifests(job)
+        if job.phase in ("rebuild", "shards") and owned:
+            job.redo = True  # nothing applied yet: discard the clock's staged updates, run it again
+        elif job.phase in ("apply", "clock_end"):
+            job.damaged = job.damaged or bool(owned) or (job.phase == "clock_end" and job.clock_end_worker == worker)
+        if job.phase == "clock_end" and job.clock_end_worker == worker:
+            asyncio.ensure_future(self._skip_after_recovery(job))
+        if owned and job.phase != "failed":
+            if job.ckpt is None:
+                self._fail(job, (
+                    f"worker {worker} owned partitions {owned} and was lost; restoring partitions "
+                    "needs a checkpoint store (dscar.fit(..., checkpoint=...))"
+                ))
+            else:
+                job.recovering += 1
+                asyncio.ensure_future(self._recover(job, worker, owned))
+        self._wake()
+
+    async def _recover(self, job: _Job, worker: str, owned: list[tuple[str, int]]) -> None:
+        t0 = time.perf_counter()
+        try:
+            cfg = job.ckpt
+            full = cfg.recovery == "full"
+            manifests = list(reversed(job.published))  # newest first
+            restore = [k for k in sorted(job.pmap.owners) if job.kinds[k[0]] == "param"] if full else owned
+            restore = list(dict.fromkeys(list(restore) + [k for k in owned if job.kinds[k[0]] == "reduction"]))
+            self._event(job, "recovery-started", worker=worker, policy=cfg.recovery,
+                        partitions=[list(k) for k in restore],
+                        version=manifests[0]["version"] if manifests else 0)
+            for key in restore:
+                await self._restore_partition(job, key, manifests, lost=key in owned)
+            if full:
+                self._event(job, "rollback", to_clock=manifests[0]["clock"] if manifests else 0)
+            job.needs_rebuild = True
+            job.epoch += 1
+            if job.redo and job.recovering == 1:
+                await self._restart_clock(job)
+            self._event(job, "recovery-done", worker=worker, seconds=time.perf_counter() - t0)
+        except Exception as e:
+            self._fail(job, f"recovery from the loss of {worker} failed: {e!r}")
+        finally:
+            job.recovering -= 1
+            self._wake()
+
+    async def _restore_partition(self, job: _Job, key: tuple[str, int], manifests: list[dict], lost: bool) -> None:
+        """Restore one partition on its owner (or, if lost, on the least loaded live worker)."""
+        table, part = key
+        cfg = job.ckpt
+        while True:
+            live = self._live()
+            if not live:
+                raise RuntimeError("no live worker left")
+            owner = job.pmap.owners[key]
+            target = owner if (not lost and owner in live) else job.pmap.least_loaded([w for w in live if w != owner] or live)
+            candidates = manifests if job.kinds[table] == "param" else []
+            version, ok = 0, False
+            try:
+                for m in candidates + [None]:  # None: checkpoint 0, the initial values
+                    chain = [] if m is None else m["chains"].get(chain_key(table, part), [])
+                    r = await self.scheduler.rpc(target).dscar_restore(
+                        job_id=job.id, table=table, part=part, chain=chain, url=cfg.url,
+                        storage_options=cfg.storage_options)
+                    if r["status"] == "OK":
+                        version, ok = (0 if m is None else m["version"]), True
+                        break
+                    self._event(job, "checkpoint-corrupt", table=table, part=part,
+                                version=None if m is None else m["version"], error=r.get("error"))
+            except OSError:
+                continue  # the target died under us: pick another
+            if not ok:
+                raise RuntimeError(f"partition {table}/{part}: no readable checkpoint, not even the initial values")
+            job.pmap.owners[key] = target
+            if target not in self.scheduler.workers or target in job.lost:
+                continue  # lost right after: its own recovery may have missed this partition
+            self._event(job, "partition-restored", table=table, part=part, target=target, version=version)
+            return
+
+    async def _restart_clock(self, job: _Job) -> None:
+        """Discard the clock's staged updates on every owner and run the clock again (rebuild first if due)."""
+        job.redo = False
+        owners = [w for w in sorted(job.pmap.workers()) if w in self.scheduler.workers and w not in job.lost]
+        await asyncio.gather(*(self.scheduler.rpc(w).dscar_discard(job_id=job.id, clock=job.clock) for w in owners),
+                             return_exceptions=True)
+        job.queue.restart_clock()
+        job.timings, job.damaged = {}, False
+        phase = "rebuild" if job.needs_rebuild and job.rebuild else "shards"
+        job.needs_rebuild = False
+        self._event(job, "clock-restarted", phase=phase)
+        self._set_phase(job, phase)
+
+    def remove_worker(self, scheduler, worker: str, **kwargs) -> None:
+        for job in list(self.jobs.values()):
+            if worker not in job.lost:
+                self._lose(job, worker)
+        self._wake()
+
+    async def _h_simulate_loss(self, job_id: str, worker: str) -> dict:
+        """Recover from ``worker`` exactly as from a crash, but keep the process: it forgets the job."""
+        job = self.jobs.get(job_id)
+        if job is None:
+            return {"status": "ignored"}
+        job.lost.add(worker)
+        self._lose(job, worker)
+        try:
+            await self.scheduler.rpc(worker).dscar_forget(job_id=job_id)
+        except OSError:
+            pass
+        return {"status": "OK"}
+
+    def add_worker(self, scheduler, worker: str) -> None:
+        for job in self.jobs.values():
+            self._event(job, "worker-joined", worker=worker)
+        self._wake()
 
     # -------------------------------------------------------- driver side
     async def _h_wait(self, job_id: str, clock: int, timeout: float = 1.0, events_from: int = 0) -> dict:
@@ -323,9 +637,10 @@ class Coordinator(SchedulerPlugin):
             if job is None:
                 return {"status": "failed", "error": f"job {job_id} is unknown to the coordinator"}
             events = job.events[events_from:]
+            publish = list(job.to_publish)
             if job.phase == "failed":
                 return {"status": "failed", "error": job.error, "events": events}
-            if job.clock == clock and job.phase == "done":
+            if job.clock == clock and job.phase == "done" and not job.recovering:
                 return {
                     "status": "done",
                     "metrics": job.metrics,
@@ -337,34 +652,15 @@ class Coordinator(SchedulerPlugin):
                                     "batch_scale": job.batch_scale.get(st.worker, 1.0)}
                         for st in job.monitor.stats()
                     },
+                    "publish": publish,
                     "events": events,
                 }
             if not job.queue.reloadable:
                 missing = [s for s in job.queue.unplaced() if job.queue.status(s).value == "todo"]
                 if missing:
-                    return {"status": "place", "shards": missing, "events": events}
+                    return {"status": "place", "shards": missing, "events": events, "publish": publish}
+            if publish:
+                return {"status": "pending", "events": events, "publish": publish}
             left = deadline - time.monotonic()
             if left <= 0 or not await self._wait_change(left):
-                return {"status": "pending", "events": events}
-
-    # ------------------------------------------------------ worker loss
-    def remove_worker(self, scheduler, worker: str, **kwargs) -> None:
-        for job in list(self.jobs.values()):
-            requeued = job.queue.worker_lost(worker)
-            job.monitor.forget(worker)
-            owned = job.pmap.owned_by(worker)
-            self._event(job, "worker-lost", worker=worker, requeued=[a.shard for a in requeued],
-                        partitions=[list(p) for p in owned])
-            if owned and job.phase != "failed":
-                self._fail(job, (
-                    f"worker {worker} owned partitions {owned} and was lost; "
-                    "restoring partitions needs a checkpoint store (not configured)"
-                ))
-            if job.clock_end_worker == worker and job.phase == "clock_end":
-                job.clock_end_worker = None  # another worker runs the clock-end step
-        self._wake()
-
-    def add_worker(self, scheduler, worker: str) -> None:
-        for job in self.jobs.values():
-            self._event(job, "worker-joined", worker=worker)
-        self._wake()
+                return {"status": "pending", "events": events, "publish": publish}

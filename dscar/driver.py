@@ -19,6 +19,7 @@ import numpy as np
 from distributed.protocol import to_serialize
 from distributed.protocol.pickle import dumps
 
+from . import checkpoint as ckpt
 from .algorithm import Algorithm, TableSpec
 from .cluster import Cluster
 from .data import ArrayData, FileData, as_data
@@ -60,6 +61,11 @@ class FitResult:
     seconds: float
     setup_seconds: float  # partitions created and data placed, before clock 1
     workers: list[str] = field(default_factory=list)
+    checkpoints: list[dict[str, Any]] = field(default_factory=list)  # published: version, clock, bytes, path
+
+    @property
+    def checkpoint_bytes(self) -> int:
+        return sum(c["bytes"] for c in self.checkpoints)
 
     @property
     def n_clocks(self) -> int:
@@ -94,6 +100,8 @@ def fit(
     policies: "list[str | Policy] | None" = None,
     faults: "list[Fault] | tuple[Fault, ...]" = (),
     monitor: dict[str, Any] | None = None,
+    checkpoint: "ckpt.CheckpointConfig | str | None" = None,
+    resume: bool = False,
 ) -> FitResult:
     """Train ``algorithm`` on ``data`` on a Dask cluster.
 
@@ -108,7 +116,12 @@ def fit(
     ``policies``: names or ``dscar.policies.Policy`` objects (``"backup"``,
     ``"adaptive"``, ``"restart"``; None for the defaults, ``[]`` for none);
     ``monitor``: ``ThroughputMonitor`` options (window, fraction,
-    persistent_after). ``faults``: ``dscar.faults.slow / kill / hang`` specs.
+    persistent_after). ``faults``: ``dscar.faults.slow / kill / hang / lose`` specs.
+
+    Failures: ``checkpoint`` (a ``CheckpointConfig`` or a directory / URL with
+    the defaults: priority checkpoints, partial recovery) lets the job survive
+    the loss of workers that own partitions; ``resume=True`` continues from the
+    newest checkpoint in it (same model, same data).
     """
     if not isinstance(algorithm, Algorithm):
         raise InvalidInputError(f"algorithm must be a dscar.Algorithm, not {type(algorithm).__name__}")
@@ -127,6 +140,15 @@ def fit(
     except (TypeError, ValueError) as e:
         raise InvalidInputError(f"bad monitor options {monitor!r}: {e}") from None
     faults = list(faults)
+    if isinstance(checkpoint, str) or hasattr(checkpoint, "__fspath__"):
+        checkpoint = ckpt.CheckpointConfig(str(checkpoint))
+    if checkpoint is not None:
+        if not isinstance(checkpoint, ckpt.CheckpointConfig):
+            raise InvalidInputError(f"checkpoint must be a CheckpointConfig or a path/URL, not {type(checkpoint).__name__}")
+        checkpoint.validate()
+        ckpt.check_writable(checkpoint)
+    elif resume:
+        raise InvalidInputError("resume=True needs the checkpoint location to resume from")
 
     owned = cluster is None
     cl = None if owned else Cluster(cluster)
@@ -144,17 +166,68 @@ def fit(
             )
         algorithm.validate(d.meta)
         tables = [_resolve_parts(t, n_live) for t in algorithm.tables(d.meta)]
+        resume_from = _find_resume(checkpoint, algorithm, d.meta, tables) if resume else None
+        if resume_from is not None:
+            parts = {t: int(p) for t, _, p, _ in resume_from["tables"]}
+            tables = [replace(t, n_parts=parts[t.name]) for t in tables]
         if all(isinstance(f, Fault) and isinstance(f.worker, int) for f in faults):
             resolve(faults, [f"worker {i}" for i in range(n_live)])  # checked before a cluster starts
         if owned:
             cl = Cluster(None, n_workers=n_workers)
             cl.wait_for_workers(n_workers)
         run = _Run(cl, algorithm, d, tables, tol, max_failures)
-        run.options = {"sharding": sharding, "policies": policy_objs, "faults": faults, "monitor": dict(monitor or {})}
+        run.options = {"sharding": sharding, "policies": policy_objs, "faults": faults, "monitor": dict(monitor or {}),
+                       "checkpoint": checkpoint, "resume": resume_from}
         return run.run(max_clocks, progress)
     finally:
         if owned and cl is not None:
             cl.close()
+
+
+def _model_info(algorithm: Algorithm, meta) -> dict[str, Any]:
+    """What a checkpoint records to recognise its model on resume (JSON only)."""
+    import json
+
+    params = {}
+    for k, v in algorithm.get_params().items():
+        try:
+            json.dumps(v)
+            params[k] = v
+        except TypeError:
+            params[k] = repr(v)
+    return {"name": algorithm.name, "class": f"{type(algorithm).__module__}.{type(algorithm).__qualname__}",
+            "params": params, "n_rows": meta.n_rows, "shapes": {k: list(v) for k, v in meta.shapes.items()}}
+
+
+def _find_resume(cfg: "ckpt.CheckpointConfig", algorithm: Algorithm, meta, tables: list[TableSpec]) -> dict:
+    """The newest published manifest of this model in the store, or a clear error."""
+    fs, root = ckpt.fs_and_root(cfg.url, cfg.storage_options)
+    versions = ckpt.list_versions(fs, root)
+    if not versions:
+        raise InvalidInputError(f"nothing to resume: {cfg.url!r} holds no published checkpoint")
+    want = _model_info(algorithm, meta)
+    for v in reversed(versions):
+        try:
+            m = ckpt.load_manifest(fs, root, v)
+        except Exception:
+            continue  # an unreadable manifest: try an older one
+        got = m.get("model", {})
+        if got.get("name") != want["name"] or got.get("class") != want["class"]:
+            raise InvalidInputError(
+                f"{cfg.url!r} holds checkpoints of model {got.get('name')!r} ({got.get('class')}), "
+                f"not of {want['name']!r} ({want['class']})"
+            )
+        if got.get("params") != want["params"] or got.get("n_rows") != want["n_rows"] or got.get("shapes") != want["shapes"]:
+            raise InvalidInputError(
+                f"{cfg.url!r} holds a {want['name']} checkpoint of other hyperparameters or data: "
+                f"{got.get('params')} on {got.get('n_rows')} rows {got.get('shapes')}; "
+                f"this fit has {want['params']} on {want['n_rows']} rows {want['shapes']}"
+            )
+        names = {t.name: t.n_rows for t in tables}
+        if {t: int(n) for t, n, _, _ in m["tables"]} != names:
+            raise InvalidInputError(f"{cfg.url!r}: the checkpoint's tables {m['tables']} do not match {names}")
+        return m
+    raise InvalidInputError(f"nothing to resume: no readable manifest in {cfg.url!r}")
 
 
 def _n_rows(data: Any) -> int | None:
@@ -174,7 +247,8 @@ def _resolve_parts(t: TableSpec, n_workers: int) -> TableSpec:
 class _Run:
     """One fit on a connected cluster."""
 
-    options: dict[str, Any] = {"sharding": "dynamic", "policies": [], "faults": [], "monitor": {}}
+    options: dict[str, Any] = {"sharding": "dynamic", "policies": [], "faults": [], "monitor": {},
+                               "checkpoint": None, "resume": None}
 
     def __init__(self, cl: Cluster, algorithm: Algorithm, data: ArrayData | FileData,
                  tables: list[TableSpec], tol: float, max_failures: int):
@@ -184,6 +258,8 @@ class _Run:
         self.job_id = f"{algorithm.name}-{uuid.uuid4().hex[:10]}"
         self.events: list[dict[str, Any]] = []  # the coordinator's, then the driver's own
         self._seen = 0  # how many of the coordinator's events are in self.events
+        self.published: list[dict[str, Any]] = []
+        self.model = _model_info(algorithm, data.meta)
 
     def _sync(self, fn, *args, **kw):
         return self.client.sync(fn, *args, **kw)
@@ -196,11 +272,14 @@ class _Run:
             "algorithm": self.algorithm, "meta": self.data.meta, "tables": self.tables,
             "loader": self.data.loader(), "tol": self.tol, "faults": faults,
         })
+        cfg, resume = opts["checkpoint"], opts["resume"]
         r = self._sync(
             self.client.scheduler.dscar_start_job, job_id=self.job_id, spec=spec,
             n_shards=self.data.meta.n_shards, reloadable=self.data.reloadable,
-            tables=[[t.name, t.n_rows, t.n_parts] for t in self.tables], max_failures=self.max_failures,
+            tables=[[t.name, t.n_rows, t.n_parts, t.kind] for t in self.tables], max_failures=self.max_failures,
             sharding=opts["sharding"], policies=dumps(opts["policies"]), monitor=opts["monitor"],
+            checkpoint=None if cfg is None else cfg.to_msg(), rebuild=list(self.algorithm.rebuild_tables()),
+            resume=resume,
         )
         if r["status"] == "busy":
             raise ClusterError(f"the cluster is running another dscar job ({', '.join(r['jobs'])})")
@@ -208,7 +287,7 @@ class _Run:
             raise ClusterError("the cluster has no workers")
         self.workers = list(r["workers"])
         try:
-            self._sync(self._init_partitions, r["owners"])
+            self._sync(self._init_partitions, r["owners"], resume)
             n, w = self.data.meta.n_shards, self.workers
             plan = [(i, w[i * len(w) // n]) for i in range(n)]  # contiguous blocks of shards
             if isinstance(self.data, ArrayData):
@@ -216,8 +295,11 @@ class _Run:
             elif opts["sharding"] == "static":  # workers read their own shards' files
                 self._sync(self.client.scheduler.dscar_placed, job_id=self.job_id, placements=[list(p) for p in plan])
             setup_s = time.perf_counter() - t_start
-            history, converged = self._clocks(max_clocks, progress)
+            first = 1 if resume is None else int(resume["clock"]) + 1
+            history, converged = self._clocks(first, max_clocks, progress)
             params = self._sync(self._gather)
+            if cfg is not None:  # the last checkpoint's files may still be being written
+                self._publish(self._sync(self.client.scheduler.dscar_flush, job_id=self.job_id)["publish"])
         finally:
             try:
                 r = self._sync(self.client.scheduler.dscar_end_job, job_id=self.job_id)
@@ -231,7 +313,7 @@ class _Run:
                     pass
         self.events.sort(key=lambda e: e["time"])
         return FitResult(params, history, self.events, converged,
-                         time.perf_counter() - t_start, setup_s, self.workers)
+                         time.perf_counter() - t_start, setup_s, self.workers, self.published)
 
     def _take_events(self, reply: dict) -> None:
         new = list(reply.get("events", ()))
@@ -240,13 +322,48 @@ class _Run:
         self.events.extend(new)
         self._seen += len(new)
 
-    async def _init_partitions(self, owners_msg: list) -> None:
+    async def _init_partitions(self, owners_msg: list, resume: dict | None) -> None:
+        """Initial values on every owner, or, when resuming, the checkpoint's values."""
+        kinds = {t.name: t.kind for t in self.tables}
         by_owner: dict[str, list] = {}
+        restore = []
         for t, p, w in owners_msg:
-            by_owner.setdefault(w, []).append([t, p])
+            if resume is not None and kinds[t] == "param":
+                restore.append((t, p, w))
+            else:
+                by_owner.setdefault(w, []).append([t, p])
         await asyncio.gather(*(
             self.client.rpc(w).dscar_init(job_id=self.job_id, parts=parts) for w, parts in by_owner.items()
         ))
+        if restore:
+            cfg = self.options["checkpoint"]
+            results = await asyncio.gather(*(
+                self.client.rpc(w).dscar_restore(job_id=self.job_id, table=t, part=p,
+                                                 chain=resume["chains"].get(ckpt.chain_key(t, p), []),
+                                                 url=cfg.url, storage_options=cfg.storage_options)
+                for t, p, w in restore
+            ))
+            bad = [r.get("error") for r in results if r["status"] != "OK"]
+            if bad:
+                raise ckpt.CorruptCheckpointError(f"cannot resume from version {resume['version']}: {bad[0]}")
+            self.events.append({"time": time.time(), "clock": resume["clock"], "kind": "resumed",
+                                "version": resume["version"]})
+
+    def _publish(self, manifests: list[dict]) -> None:
+        """Make checkpoints visible: write each manifest atomically, apply retention, tell the coordinator."""
+        cfg = self.options["checkpoint"]
+        if not manifests or cfg is None:
+            return
+        fs, root = ckpt.fs_and_root(cfg.url, cfg.storage_options)
+        done = {c["version"] for c in self.published}
+        for m in sorted(manifests, key=lambda m: m["version"]):
+            if m["version"] in done:
+                continue
+            m = dict(m, model=self.model)
+            path = ckpt.publish(fs, root, m)
+            ckpt.retain(fs, root, cfg.keep)
+            self._sync(self.client.scheduler.dscar_published, job_id=self.job_id, version=m["version"])
+            self.published.append({"version": m["version"], "clock": m["clock"], "bytes": m["bytes"], "path": path})
 
     async def _place(self, placements: list[tuple[int, str]]) -> None:
         """Send shards from the driver's arrays to workers (a few at a time)."""
@@ -268,7 +385,7 @@ class _Run:
         self.events.append({"time": time.time(), "kind": "shards-replaced", "shards": list(shards)})
         await self._place([(s, live[i % len(live)]) for i, s in enumerate(shards)])
 
-    def _clocks(self, max_clocks: int, progress: bool | None) -> tuple[list[ClockRecord], bool]:
+    def _clocks(self, first: int, max_clocks: int, progress: bool | None) -> tuple[list[ClockRecord], bool]:
         from tqdm.auto import tqdm
 
         show = sys.stderr.isatty() if progress is None else progress
@@ -278,7 +395,8 @@ class _Run:
         converged = False
         sched = self.client.scheduler
         try:
-            for clock in range(1, max_clocks + 1):
+            bar.update(first - 1)
+            for clock in range(first, max_clocks + 1):
                 t0 = time.perf_counter()
                 r = self._sync(sched.dscar_begin_clock, job_id=self.job_id, clock=clock)
                 if r["status"] != "OK":
@@ -287,6 +405,7 @@ class _Run:
                     r = self._sync(sched.dscar_wait, job_id=self.job_id, clock=clock, timeout=1.0,
                                    events_from=self._seen)
                     self._take_events(r)
+                    self._publish(r.get("publish", []))
                     if r["status"] == "done":
                         break
                     if r["status"] == "failed":

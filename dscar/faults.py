@@ -16,7 +16,7 @@ from typing import Iterable, Literal
 
 from .errors import InvalidInputError
 
-Kind = Literal["slow", "kill", "hang"]
+Kind = Literal["slow", "kill", "hang", "lose"]
 
 
 @dataclass(frozen=True)
@@ -44,14 +44,21 @@ def hang(worker: int | str, clock: int) -> Fault:
     return Fault("hang", worker, clock)
 
 
+def lose(worker: int | str, clock: int) -> Fault:
+    """A simulated loss: the worker stays up, but the job recovers exactly as if it had crashed
+    (its partitions, shards and staged updates are dropped and restored elsewhere). Fast and
+    deterministic; for many-trial experiments and in-process clusters."""
+    return Fault("lose", worker, clock)
+
+
 def resolve(faults: Iterable[Fault], workers: list[str]) -> list[Fault]:
     """Check every fault and name its worker by address; raise ``InvalidInputError`` if wrong."""
     out = []
     for f in faults:
         if not isinstance(f, Fault):
             raise InvalidInputError(f"faults must be dscar.faults.Fault objects, not {type(f).__name__}")
-        if f.kind not in ("slow", "kill", "hang"):
-            raise InvalidInputError(f"unknown fault kind {f.kind!r}; use slow, kill or hang")
+        if f.kind not in ("slow", "kill", "hang", "lose"):
+            raise InvalidInputError(f"unknown fault kind {f.kind!r}; use slow, kill, hang or lose")
         if f.clock < 1 or (f.until is not None and f.until < f.clock):
             raise InvalidInputError(f"{f.kind} fault: clock must be >= 1 and until >= clock, got {f.clock}..{f.until}")
         if f.kind == "slow" and not f.factor >= 1:

@@ -90,6 +90,19 @@ class ShardQueue:
             s.failures = []
         self._todo = set(range(self.n_shards))
 
+    def restart_clock(self) -> None:
+        """Run the current clock again from TODO (its staged updates were discarded).
+
+        Attempt numbers keep counting up, so a stale attempt can never be taken
+        for a new one.
+        """
+        for s in self._shards:
+            s.status = ShardStatus.TODO
+            s.attempts.clear()
+            s.committed = None
+            s.failures = []
+        self._todo = set(range(self.n_shards))
+
     @property
     def complete(self) -> bool:
         return all(s.status is ShardStatus.DONE for s in self._shards)
@@ -179,14 +192,19 @@ class ShardQueue:
         s.holder = worker  # the committed data and state live here now
         return True
 
-    def fail(self, shard: int, attempt: int, worker: str, reason: str) -> None:
-        """An attempt raised: back to TODO, or ShardFailedError past ``max_failures``."""
+    def fail(self, shard: int, attempt: int, worker: str, reason: str, *, count: bool = True) -> None:
+        """An attempt raised: back to TODO, or ShardFailedError past ``max_failures``.
+
+        ``count=False``: the attempt failed because another worker was lost under it
+        (not the shard's fault); it is retried without counting.
+        """
         s = self._shards[shard]
         a = s.attempts.get(attempt)
         if a is None or a.worker != worker:
             return  # a late report of an attempt already superseded
         del s.attempts[attempt]
-        s.failures.append(f"{worker}: {reason}")
+        if count:
+            s.failures.append(f"{worker}: {reason}")
         if len(s.failures) >= self.max_failures:
             raise ShardFailedError(shard, self.clock, s.failures)
         if not s.attempts:

@@ -15,6 +15,7 @@ the rest.
 """
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import signal
@@ -32,6 +33,7 @@ from distributed.protocol import to_serialize
 from distributed.protocol.pickle import loads
 from distributed.utils import sync
 
+from . import checkpoint as ckpt
 from .algorithm import Algorithm, DataMeta, TableSpec
 from .partitions import TableLayout
 from .xp import select_namespace, to_device, to_host
@@ -55,12 +57,13 @@ class Job:
     xp: ModuleType
     faults: list = field(default_factory=list)  # this worker's, from dscar.faults
     fired: set = field(default_factory=set)
+    saved: dict[tuple[str, int], Any] = field(default_factory=dict)  # host copy: last checkpointed value
     parts: dict[tuple[str, int], Any] = field(default_factory=dict)
     staged: dict[tuple[int, int, int], list] = field(default_factory=lambda: defaultdict(list))
     shards: dict[int, "ShardEntry"] = field(default_factory=dict)
     owners: dict[tuple[str, int], str] = field(default_factory=dict)
     pull_cache: dict[tuple, Any] = field(default_factory=dict)
-    cache_clock: int = -1
+    cache_clock: tuple = (-1, -1)  # (clock, recovery epoch) the cached pulls belong to
 
 
 @dataclass
@@ -87,7 +90,8 @@ class ParamServer(WorkerPlugin):
         self.jobs: dict[str, Job] = {}
         self._lock = threading.RLock()
         self._stop = threading.Event()
-        for op in ("init", "pull", "stage", "apply", "assign", "put_shard", "take_shard", "end_job", "info", "adopt"):
+        for op in ("init", "pull", "stage", "apply", "assign", "put_shard", "take_shard", "end_job", "info", "adopt",
+                   "checkpoint", "restore", "forget", "discard"):
             worker.handlers[f"dscar_{op}"] = getattr(self, f"_h_{op}")
         self._thread = threading.Thread(target=self._loop, name="dscar-loop", daemon=True)
         self._thread.start()
@@ -131,9 +135,11 @@ class ParamServer(WorkerPlugin):
         for table, part in parts:
             spec_ = job.specs[table]
             a, b = job.layouts[table].bounds[part]
-            arr = job.algorithm.init_rows(spec_, a, b, job.xp)
+            arr = job.xp.asarray(job.algorithm.init_rows(spec_, a, b, job.xp), dtype=spec_.dtype)
             with self._lock:
-                job.parts[(table, int(part))] = job.xp.asarray(arr, dtype=spec_.dtype)
+                job.parts[(table, int(part))] = arr
+                if spec_.kind == "param":
+                    job.saved[(table, int(part))] = to_host(arr).copy()  # checkpoint 0
         return {"status": "OK", "device": "gpu" if self.xp.__name__ == "cupy" else "cpu"}
 
     async def _h_adopt(self, job_id: str, table: str, part: int, source: str) -> dict:
@@ -163,19 +169,26 @@ class ParamServer(WorkerPlugin):
 
     def _stage_local(self, job: Job, key: tuple, updates: list) -> None:
         with self._lock:
+            missing = [(t, p) for t, p, *_ in updates if (t, int(p)) not in job.parts]
+            if missing:
+                raise KeyError(f"{self.worker.address} does not own partitions {missing}")
             for table, part, lo, data, rows in updates:
                 rows = None if rows is None else np.asarray(rows, dtype=np.int64)
                 job.staged[key].append((table, int(part), int(lo), np.array(data, copy=True), rows))
 
-    def _h_apply(self, job_id: str, clock: int, committed: list) -> dict:
-        """Apply the committed attempts' staged updates of ``clock``; drop the rest."""
+    def _h_apply(self, job_id: str, clock: int, committed: list, reset: list | None = None) -> dict:
+        """Apply the committed attempts' staged updates of ``clock``; drop the rest.
+
+        Reduction tables, and the tables named in ``reset`` (a rebuild pass), start from zero.
+        """
         job = self.jobs.get(job_id)
         if job is None:
             return {"applied": 0}
         wanted = {(clock, int(s), int(a)) for s, a in committed}
+        reset = set(reset or ())
         with self._lock:
             for (table, part), arr in job.parts.items():
-                if job.specs[table].kind == "reduction":
+                if job.specs[table].kind == "reduction" or table in reset:
                     arr[...] = 0
             keys = sorted(k for k in job.staged if k[0] == clock)
             applied = 0
@@ -224,6 +237,102 @@ class ParamServer(WorkerPlugin):
         state = {k: to_host(v) for k, v in entry.state.items()}
         return {"status": "OK", "arrays": to_serialize(host), "state": to_serialize(state)}
 
+    def _h_checkpoint(self, job_id: str, version: int, url: str, fraction: float,
+                      storage_options: dict | None = None) -> dict:
+        """Snapshot this worker's param partitions now; write them in the background.
+
+        Each partition saves all its rows (``fraction == 1``) or the ``fraction``
+        that moved most since their last save. When every file is written and
+        fsynced, the coordinator is told (``dscar_ckpt_written``).
+        """
+        job = self.jobs.get(job_id)
+        if job is None:
+            return {"status": "unknown-job"}
+        snaps = []
+        with self._lock:
+            for (table, part), arr in sorted(job.parts.items()):
+                if job.specs[table].kind != "param":
+                    continue
+                current = to_host(arr)
+                saved = job.saved.get((table, part))
+                if fraction >= 1 or saved is None:
+                    rows, values = None, current.copy()
+                else:
+                    rows = ckpt.priority_rows(current, saved, fraction)
+                    values = current[rows].copy()
+                new_saved = current.copy() if saved is None else saved
+                new_saved[rows if rows is not None else slice(None)] = values
+                job.saved[(table, part)] = new_saved
+                snaps.append((table, part, rows, values))
+        threading.Thread(target=self._write_checkpoint, args=(job, version, url, storage_options, snaps),
+                         name=f"dscar-ckpt-{version}", daemon=True).start()
+        return {"status": "OK", "parts": len(snaps)}
+
+    def _write_checkpoint(self, job: Job, version: int, url: str, storage_options, snaps: list) -> None:
+        files, error = [], None
+        try:
+            fs, root = ckpt.fs_and_root(url, storage_options)
+            for table, part, rows, values in snaps:
+                path = f"{ckpt.data_dir(root, version)}/{table}.p{part}.npz"
+                entry = ckpt.write_file(fs, path, ckpt.encode(values, rows))
+                entry.update(table=table, part=int(part), rows=int(values.shape[0]), partial=rows is not None)
+                files.append(entry)
+        except Exception as e:
+            error = f"{type(e).__name__}: {e}"
+        try:
+            self._call(self.worker.scheduler.dscar_ckpt_written, job_id=job.id, version=version,
+                       worker=self.worker.address, files=files, error=error)
+        except Exception:
+            pass
+
+    async def _h_restore(self, job_id: str, table: str, part: int, chain: list, url: str,
+                         storage_options: dict | None = None) -> dict:
+        """Own a partition restored from a checkpoint chain (checksums verified); empty chain: initial values."""
+        job = self.jobs.get(job_id)
+        if job is None:
+            spec = await self.worker.scheduler.dscar_job_spec(job_id=job_id)
+            job = self._install(job_id, spec)
+        spec_ = job.specs[table]
+        a, b = job.layouts[table].bounds[part]
+
+        def load():
+            base = to_host(job.algorithm.init_rows(spec_, a, b, job.xp)).astype(spec_.dtype)
+            if not chain:
+                return base
+            fs, _ = ckpt.fs_and_root(url, storage_options)
+            return ckpt.apply_chain(fs, base, list(chain))
+
+        try:
+            values = await asyncio.to_thread(load)
+        except ckpt.CorruptCheckpointError as e:
+            return {"status": "corrupt", "error": str(e)}
+        with self._lock:
+            job.parts[(table, int(part))] = job.xp.asarray(values)
+            if spec_.kind == "param":
+                job.saved[(table, int(part))] = values.copy()
+        return {"status": "OK"}
+
+    def _h_discard(self, job_id: str, clock: int) -> dict:
+        """Drop every update staged for ``clock``: the clock runs again after a recovery."""
+        with self._lock:
+            job = self.jobs.get(job_id)
+            if job is not None:
+                for key in [k for k in job.staged if k[0] == clock]:
+                    del job.staged[key]
+        return {"status": "OK"}
+
+    def _h_forget(self, job_id: str) -> dict:
+        """A simulated loss: drop everything this worker held for the job, as a crash would."""
+        with self._lock:
+            job = self.jobs.get(job_id)
+            if job is not None:
+                job.parts.clear()
+                job.saved.clear()
+                job.staged.clear()
+                job.shards.clear()
+                job.pull_cache.clear()
+        return {"status": "OK"}
+
     def _h_end_job(self, job_id: str) -> dict:
         with self._lock:
             self.jobs.pop(job_id, None)
@@ -259,7 +368,7 @@ class ParamServer(WorkerPlugin):
                 time.sleep(0.2)
                 continue
             op = item.get("op")
-            if op == "shard":
+            if op in ("shard", "rebuild"):
                 self._run_shard(item)
             elif op == "clock_end":
                 self._run_clock_end(item)
@@ -267,9 +376,9 @@ class ParamServer(WorkerPlugin):
     def _prepare(self, job: Job, item: dict) -> None:
         with self._lock:
             job.owners = {(t, int(p)): w for t, p, w in item["owners"]}
-            if job.cache_clock != item["clock"]:
+            if job.cache_clock != (item["clock"], item.get("epoch", 0)):
                 job.pull_cache.clear()
-                job.cache_clock = item["clock"]
+                job.cache_clock = (item["clock"], item.get("epoch", 0))
 
     def _run_shard(self, item: dict) -> None:
         job_id, clock, shard, attempt = item["job"], item["clock"], item["shard"], item["attempt"]
@@ -286,7 +395,10 @@ class ParamServer(WorkerPlugin):
                 raise LookupError(f"the data of shard {shard} is on no live worker")
             ctx = ShardStep(self, job, clock, shard, entry.state, item.get("batch_scale", 1.0))
             t1 = time.perf_counter()
-            job.algorithm.shard_step(ctx, entry.data)
+            if item["op"] == "rebuild":
+                job.algorithm.rebuild_step(ctx, entry.data)
+            else:
+                job.algorithm.shard_step(ctx, entry.data)
             t2 = time.perf_counter()
             slow = self._slowdown(job, clock)
             if slow > 1:
@@ -364,11 +476,14 @@ class ParamServer(WorkerPlugin):
 
     def _inject(self, job: Job, clock: int, point: str) -> None:
         for f in job.faults:
-            if f.kind in ("kill", "hang") and f.clock <= clock and f.point == point and f not in job.fired:
+            if f.kind in ("kill", "hang", "lose") and f.clock <= clock and f.point == point and f not in job.fired:
                 job.fired.add(f)
                 self._report(job, clock, f"fault-{f.kind}", point=point)
                 if f.kind == "kill":
                     self._die()
+                elif f.kind == "lose":  # simulated loss: the coordinator recovers as from a crash
+                    self._call(self.worker.scheduler.dscar_simulate_loss, job_id=job.id, worker=self.worker.address)
+                    raise _Stopped
                 else:
                     self._hang()
 

@@ -84,7 +84,7 @@ def test_partitions_live_on_their_owners_and_pull_push_between_processes(procs):
     tables = [TableSpec("count", 10, n_parts=2), TableSpec("seen", 10, kind="reduction", n_parts=2)]
     spec = dumps({"algorithm": RowCounter(), "meta": meta, "tables": tables, "loader": None, "tol": 1e-6})
     r = client.sync(client.scheduler.dscar_start_job, job_id="direct", spec=spec, n_shards=2, reloadable=False,
-                    tables=[["count", 10, 2], ["seen", 10, 2]])
+                    tables=[["count", 10, 2, "param"], ["seen", 10, 2, "reduction"]])
     try:
         owners = {(t, p): w for t, p, w in r["owners"]}
         assert len(set(owners.values())) == 2

@@ -1,0 +1,252 @@
+"""Checkpoints: configuration, schedule, row priority, and the file format (no Dask here).
+
+Store layout under ``url`` (a local directory or any fsspec URL)::
+
+    manifest-00000007.json            one per published version (written atomically)
+    v00000007/w.p0.npz                a partition's saved rows: arrays only
+                                      (``values`` and, for a partial save, ``rows``)
+
+A version is *published* only when its manifest exists; the manifest is
+written (temp name, then rename) after every file it names is written,
+flushed and its SHA-256 recorded. A partition's value at a version is its
+*chain*: the initial values (checkpoint 0, deterministic from the seed), then
+each listed file in order: a full save replaces every row, a priority save
+(``rows`` + ``values``) replaces those rows. ``full`` checkpoints give chains
+of one file; ``priority`` checkpoints add one file per version.
+
+Priority (SCAR): with fraction ``r`` every ``r * C`` clocks, each partition
+saves the ``ceil(r * rows)`` rows whose value moved most (L2 norm of
+current - last saved): the same I/O budget as a full save every ``C`` clocks.
+"""
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import math
+import posixpath
+import re
+import uuid
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+
+from .errors import DscarError, InvalidInputError
+
+MANIFEST_RE = re.compile(r"manifest-(\d{8})\.json$")
+
+
+class CorruptCheckpointError(DscarError):
+    """A checkpoint file is missing, unreadable or does not match its checksum."""
+
+
+@dataclass(frozen=True)
+class CheckpointConfig:
+    """Where and how to checkpoint, and how to recover from a lost worker.
+
+    ``policy``: ``"full"`` (every table every ``every`` clocks) or ``"priority"``
+    (fraction ``fraction`` of the rows that moved most, every ``fraction * every``
+    clocks). ``recovery``: ``"partial"`` (restore only the lost partitions) or
+    ``"full"`` (roll every table and the clock counter back). ``keep``: how many
+    published versions to keep.
+    """
+
+    url: str
+    policy: str = "priority"
+    every: int = 10
+    fraction: float = 0.1
+    keep: int = 3
+    recovery: str = "partial"
+    storage_options: dict | None = None
+
+    def validate(self) -> "CheckpointConfig":
+        if self.policy not in ("full", "priority"):
+            raise InvalidInputError(f"checkpoint policy must be 'full' or 'priority', not {self.policy!r}")
+        if self.recovery not in ("partial", "full"):
+            raise InvalidInputError(f"recovery must be 'partial' or 'full', not {self.recovery!r}")
+        if not (isinstance(self.every, int) and self.every >= 1):
+            raise InvalidInputError(f"checkpoint interval C must be an integer >= 1, got {self.every!r}")
+        if not (0 < self.fraction <= 1):
+            raise InvalidInputError(f"checkpoint fraction r must be in (0, 1], got {self.fraction!r}")
+        if self.policy == "priority" and self.fraction * self.every < 1 - 1e-9:
+            raise InvalidInputError(
+                f"priority checkpoints every r*C = {self.fraction * self.every:g} clocks: need r*C >= 1"
+            )
+        if self.keep < 1:
+            raise InvalidInputError(f"keep must be >= 1, got {self.keep}")
+        return self
+
+    @property
+    def period(self) -> float:
+        """Clocks between two checkpoints."""
+        return self.every * (self.fraction if self.policy == "priority" else 1.0)
+
+    @property
+    def save_fraction(self) -> float:
+        return self.fraction if self.policy == "priority" else 1.0
+
+    def due(self, clock: int) -> bool:
+        """Checkpoint after ``clock``? (every ``period`` clocks, counted from 0)."""
+        p = self.period
+        return math.floor(clock / p + 1e-9) > math.floor((clock - 1) / p + 1e-9)
+
+    def to_msg(self) -> dict:
+        return asdict(self)
+
+
+def fs_and_root(url: str, storage_options: dict | None = None):
+    import fsspec
+
+    return fsspec.core.url_to_fs(url, **(storage_options or {}))
+
+
+def check_writable(cfg: CheckpointConfig) -> None:
+    """Create the store and write, read back and delete a probe file; ``InvalidInputError`` if not possible."""
+    try:
+        fs, root = fs_and_root(cfg.url, cfg.storage_options)
+        fs.makedirs(root, exist_ok=True)
+        probe = posixpath.join(root, f".probe-{uuid.uuid4().hex}")
+        with fs.open(probe, "wb") as f:
+            f.write(b"dscar")
+        with fs.open(probe, "rb") as f:
+            ok = f.read() == b"dscar"
+        fs.rm(probe)
+        if not ok:
+            raise OSError("read back different bytes")
+    except InvalidInputError:
+        raise
+    except Exception as e:
+        raise InvalidInputError(f"checkpoint location {cfg.url!r} is not writable: {e}") from None
+
+
+def priority_rows(current: np.ndarray, saved: np.ndarray, fraction: float) -> np.ndarray:
+    """Indices (sorted) of the ``ceil(fraction * rows)`` rows that moved most since saved."""
+    n = current.shape[0]
+    k = min(n, max(1, math.ceil(fraction * n)))
+    if k >= n:
+        return np.arange(n)
+    diff = (current - saved).reshape(n, -1).astype(np.float64)
+    moved = np.einsum("ij,ij->i", diff, diff)
+    return np.sort(np.argpartition(-moved, k - 1)[:k])
+
+
+def encode(values: np.ndarray, rows: np.ndarray | None) -> bytes:
+    """The ``.npz`` bytes of a saved partition (arrays only)."""
+    buf = io.BytesIO()
+    arrays = {"values": np.ascontiguousarray(values)}
+    if rows is not None:  # int32 indices when they fit: a partial save of a 1-D table is values + rows
+        rows = np.asarray(rows)
+        arrays["rows"] = rows.astype(np.int32 if rows.size == 0 or rows.max() < 2**31 else np.int64)
+    np.savez(buf, **arrays)
+    return buf.getvalue()
+
+
+def write_file(fs, path: str, data: bytes) -> dict:
+    """Write, flush and fsync ``data``; return its manifest entry (path, sha256, bytes)."""
+    fs.makedirs(posixpath.dirname(path), exist_ok=True)
+    with fs.open(path, "wb") as f:
+        f.write(data)
+        f.flush()
+        fileno = getattr(f, "fileno", None)
+        if fileno is not None:
+            try:
+                import os
+
+                os.fsync(fileno())
+            except (OSError, io.UnsupportedOperation, AttributeError):
+                pass  # object stores have no fsync: a completed put is durable
+    return {"path": path, "sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
+
+
+def read_file(fs, entry: dict) -> tuple[np.ndarray | None, np.ndarray]:
+    """``(rows or None, values)`` of a manifest entry; ``CorruptCheckpointError`` if it does not verify."""
+    try:
+        with fs.open(entry["path"], "rb") as f:
+            data = f.read()
+    except (FileNotFoundError, OSError) as e:
+        raise CorruptCheckpointError(f"{entry['path']}: cannot read ({e})") from None
+    if hashlib.sha256(data).hexdigest() != entry["sha256"]:
+        raise CorruptCheckpointError(f"{entry['path']}: checksum mismatch")
+    try:
+        with np.load(io.BytesIO(data), allow_pickle=False) as z:
+            values = z["values"]
+            rows = z["rows"] if "rows" in z.files else None
+    except Exception as e:
+        raise CorruptCheckpointError(f"{entry['path']}: not a dscar checkpoint file ({e})") from None
+    return rows, values
+
+
+def apply_chain(fs, base: np.ndarray, chain: list[dict]) -> np.ndarray:
+    """The partition's value: ``base`` (its initial values) with every file of ``chain`` applied in order."""
+    out = np.array(base, copy=True)
+    for entry in chain:
+        rows, values = read_file(fs, entry)
+        if rows is None:
+            if values.shape != out.shape:
+                raise CorruptCheckpointError(f"{entry['path']}: shape {values.shape}, expected {out.shape}")
+            out[...] = values
+        else:
+            if rows.size and (rows.min() < 0 or rows.max() >= out.shape[0]) or values.shape[1:] != out.shape[1:]:
+                raise CorruptCheckpointError(f"{entry['path']}: rows or shape do not fit the partition")
+            out[rows] = values
+    return out
+
+
+def manifest_path(root: str, version: int) -> str:
+    return posixpath.join(root, f"manifest-{version:08d}.json")
+
+
+def data_dir(root: str, version: int) -> str:
+    return posixpath.join(root, f"v{version:08d}")
+
+
+def publish(fs, root: str, manifest: dict) -> str:
+    """Write the manifest atomically: a temporary name, then a rename."""
+    path = manifest_path(root, manifest["version"])
+    tmp = posixpath.join(root, f".tmp-{uuid.uuid4().hex}.json")
+    with fs.open(tmp, "w") as f:
+        json.dump(manifest, f, indent=1, sort_keys=True)
+    fs.mv(tmp, path)
+    return path
+
+
+def list_versions(fs, root: str) -> list[int]:
+    try:
+        names = fs.ls(root, detail=False)
+    except FileNotFoundError:
+        return []
+    return sorted(int(m.group(1)) for n in names if (m := MANIFEST_RE.search(posixpath.basename(n))))
+
+
+def load_manifest(fs, root: str, version: int) -> dict:
+    with fs.open(manifest_path(root, version), "r") as f:
+        return json.load(f)
+
+
+def retain(fs, root: str, keep: int) -> list[str]:
+    """Delete manifests older than the ``keep`` newest, and files no kept manifest names."""
+    versions = list_versions(fs, root)
+    kept, dropped = versions[-keep:], versions[:-keep]
+    for v in dropped:
+        fs.rm(manifest_path(root, v))
+    referenced = set()
+    for v in kept:
+        m = load_manifest(fs, root, v)
+        referenced.update(e["path"] for chain in m["chains"].values() for e in chain)
+    removed = []
+    for v in dropped:
+        d = data_dir(root, v)
+        if not fs.exists(d):
+            continue
+        for p in fs.ls(d, detail=False):
+            if p not in referenced and posixpath.join("/", p) not in referenced:
+                fs.rm(p)
+                removed.append(p)
+        if not fs.ls(d, detail=False):
+            fs.rmdir(d)
+    return removed
+
+
+def chain_key(table: str, part: int) -> str:
+    return f"{table}/{part}"
