@@ -63,7 +63,39 @@ def _add_common(run: argparse.ArgumentParser) -> None:
     g.add_argument("--kill", action="append", default=[], metavar="W:CLOCK", help="kill worker W at clock CLOCK")
     g.add_argument("--hang", action="append", default=[], metavar="W:CLOCK",
                    help="hang worker W (SIGSTOP) at clock CLOCK; the scheduler's worker-ttl drops it")
+    g = run.add_argument_group("checkpoints and recovery")
+    g.add_argument("--checkpoint", metavar="DIR_OR_URL",
+                   help="checkpoint store (local directory or fsspec URL); needed to survive a lost worker "
+                        "(with --kill/--hang and no --checkpoint, a temporary directory is used)")
+    g.add_argument("--checkpoint-policy", choices=("priority", "full"), default="priority",
+                   help="priority: the fraction r of rows that moved most every r*C clocks (SCAR, default); "
+                        "full: everything every C clocks")
+    g.add_argument("--checkpoint-every", type=int, default=10, metavar="C", help="C, in clocks (default 10)")
+    g.add_argument("--checkpoint-fraction", type=float, default=0.1, metavar="R", help="r (default 0.1)")
+    g.add_argument("--keep", type=int, default=3, help="checkpoint versions kept (default 3)")
+    g.add_argument("--recovery", choices=("partial", "full"), default="partial",
+                   help="partial: restore only a lost worker's partitions (SCAR, default); full: roll back everything")
+    g.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in --checkpoint")
     run.add_argument("--no-progress", action="store_true", help="do not show a progress bar")
+
+
+def _checkpoint_config(args, faults: list):
+    from .checkpoint import CheckpointConfig
+
+    url = args.checkpoint
+    if url is None:
+        if args.resume:
+            from .errors import InvalidInputError
+
+            raise InvalidInputError("--resume needs --checkpoint DIR_OR_URL")
+        if not any(f.kind in ("kill", "hang") for f in faults):
+            return None
+        import tempfile
+
+        url = tempfile.mkdtemp(prefix="dscar-checkpoints-")
+        print(f"dscar: injected worker losses: keeping checkpoints in {url}", flush=True)
+    return CheckpointConfig(url, policy=args.checkpoint_policy, every=args.checkpoint_every,
+                            fraction=args.checkpoint_fraction, keep=args.keep, recovery=args.recovery)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -78,13 +110,14 @@ def main(argv: list[str] | None = None) -> int:
         policies = None
         if args.policies is not None:
             policies = [] if args.policies == "none" else [p.strip() for p in args.policies.split(",") if p.strip()]
+        checkpoint = _checkpoint_config(args, faults)
         algo, data, desc = models[args.model].build(args)
         where = args.scheduler or f"embedded LocalCluster, {args.workers} workers"
         print(f"dscar run {args.model}: {desc}; cluster: {where}", flush=True)
         t0 = time.perf_counter()
         res = fit(algo, data, args.scheduler, n_workers=args.workers, n_shards=args.shards,
                   tol=args.tol, max_clocks=args.max_clocks, progress=not args.no_progress, sharding=args.sharding,
-                  policies=policies, faults=faults)
+                  policies=policies, faults=faults, checkpoint=checkpoint, resume=args.resume)
     except DscarError as e:
         print(f"dscar: error: {e}", file=sys.stderr)
         return 2
@@ -95,7 +128,10 @@ def main(argv: list[str] | None = None) -> int:
     for e in res.events:
         if e["kind"] not in ("job-started", "shard-moved"):
             info = " ".join(f"{k}={v}" for k, v in e.items() if k not in ("time", "kind", "clock"))
-            print(f"event clock {e.get('clock', '-')}: {e['kind']} {info}")
+            print(f"event clock {e.get('clock', '-')}: {e['kind']} {info}"[:300])
+    if res.checkpoints:
+        print(f"checkpoints: {len(res.checkpoints)} published, {res.checkpoint_bytes / max(res.n_clocks, 1):.0f} "
+              f"bytes per clock, newest version {res.checkpoints[-1]['version']} (clock {res.checkpoints[-1]['clock']})")
     print(f"dscar {args.model}: {res.summary()} (total {time.perf_counter() - t0:.2f}s)")
     return 0 if res.converged else 1
 

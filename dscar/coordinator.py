@@ -96,7 +96,7 @@ class Coordinator(SchedulerPlugin):
         for op in (
             "start_job", "job_spec", "placed", "begin_clock", "next", "commit", "fail", "clock_done",
             "clock_failed", "wait", "end_job", "owners", "event", "ckpt_written", "published",
-            "simulate_loss", "flush",
+            "simulate_loss", "flush", "rebase",
         ):
             scheduler.handlers[f"dscar_{op}"] = getattr(self, f"_h_{op}")
 
@@ -479,6 +479,13 @@ class Coordinator(SchedulerPlugin):
             }
             job.built = manifest
             job.to_publish.append(manifest)
+
+    def _h_rebase(self, job_id: str, manifest: dict) -> dict:
+        """The job resumed from an older manifest than it was started with (a newer one did not verify)."""
+        job = self.jobs[job_id]
+        job.published, job.built = [manifest], manifest
+        job.clock = int(manifest["clock"])
+        return {"status": "OK"}
 
     async def _h_flush(self, job_id: str, timeout: float = 30.0) -> dict:
         """Wait until every started checkpoint is written (or abandoned); return what is left to publish."""

@@ -168,7 +168,7 @@ def fit(
         tables = [_resolve_parts(t, n_live) for t in algorithm.tables(d.meta)]
         resume_from = _find_resume(checkpoint, algorithm, d.meta, tables) if resume else None
         if resume_from is not None:
-            parts = {t: int(p) for t, _, p, _ in resume_from["tables"]}
+            parts = {t: int(p) for t, _, p, _ in resume_from[0]["tables"]}
             tables = [replace(t, n_parts=parts[t.name]) for t in tables]
         if all(isinstance(f, Fault) and isinstance(f.worker, int) for f in faults):
             resolve(faults, [f"worker {i}" for i in range(n_live)])  # checked before a cluster starts
@@ -196,17 +196,17 @@ def _model_info(algorithm: Algorithm, meta) -> dict[str, Any]:
         except TypeError:
             params[k] = repr(v)
     return {"name": algorithm.name, "class": f"{type(algorithm).__module__}.{type(algorithm).__qualname__}",
-            "params": params, "n_rows": meta.n_rows, "shapes": {k: list(v) for k, v in meta.shapes.items()}}
+            "params": json.loads(json.dumps(params)),  # as a manifest gives them back (tuples -> lists)
+            "n_rows": meta.n_rows, "shapes": {k: list(v) for k, v in meta.shapes.items()}}
 
 
-def _find_resume(cfg: "ckpt.CheckpointConfig", algorithm: Algorithm, meta, tables: list[TableSpec]) -> dict:
-    """The newest published manifest of this model in the store, or a clear error."""
+def _find_resume(cfg: "ckpt.CheckpointConfig", algorithm: Algorithm, meta, tables: list[TableSpec]) -> list[dict]:
+    """This model's published manifests in the store, newest first, or a clear error."""
     fs, root = ckpt.fs_and_root(cfg.url, cfg.storage_options)
-    versions = ckpt.list_versions(fs, root)
-    if not versions:
-        raise InvalidInputError(f"nothing to resume: {cfg.url!r} holds no published checkpoint")
     want = _model_info(algorithm, meta)
-    for v in reversed(versions):
+    names = {t.name: t.n_rows for t in tables}
+    found = []
+    for v in reversed(ckpt.list_versions(fs, root)):
         try:
             m = ckpt.load_manifest(fs, root, v)
         except Exception:
@@ -223,11 +223,12 @@ def _find_resume(cfg: "ckpt.CheckpointConfig", algorithm: Algorithm, meta, table
                 f"{got.get('params')} on {got.get('n_rows')} rows {got.get('shapes')}; "
                 f"this fit has {want['params']} on {want['n_rows']} rows {want['shapes']}"
             )
-        names = {t.name: t.n_rows for t in tables}
         if {t: int(n) for t, n, _, _ in m["tables"]} != names:
             raise InvalidInputError(f"{cfg.url!r}: the checkpoint's tables {m['tables']} do not match {names}")
-        return m
-    raise InvalidInputError(f"nothing to resume: no readable manifest in {cfg.url!r}")
+        found.append(m)
+    if not found:
+        raise InvalidInputError(f"nothing to resume: {cfg.url!r} holds no published checkpoint")
+    return found
 
 
 def _n_rows(data: Any) -> int | None:
@@ -272,14 +273,14 @@ class _Run:
             "algorithm": self.algorithm, "meta": self.data.meta, "tables": self.tables,
             "loader": self.data.loader(), "tol": self.tol, "faults": faults,
         })
-        cfg, resume = opts["checkpoint"], opts["resume"]
+        cfg, resume = opts["checkpoint"], opts["resume"]  # resume: candidate manifests, newest first
         r = self._sync(
             self.client.scheduler.dscar_start_job, job_id=self.job_id, spec=spec,
             n_shards=self.data.meta.n_shards, reloadable=self.data.reloadable,
             tables=[[t.name, t.n_rows, t.n_parts, t.kind] for t in self.tables], max_failures=self.max_failures,
             sharding=opts["sharding"], policies=dumps(opts["policies"]), monitor=opts["monitor"],
             checkpoint=None if cfg is None else cfg.to_msg(), rebuild=list(self.algorithm.rebuild_tables()),
-            resume=resume,
+            resume=None if resume is None else resume[0],
         )
         if r["status"] == "busy":
             raise ClusterError(f"the cluster is running another dscar job ({', '.join(r['jobs'])})")
@@ -287,7 +288,7 @@ class _Run:
             raise ClusterError("the cluster has no workers")
         self.workers = list(r["workers"])
         try:
-            self._sync(self._init_partitions, r["owners"], resume)
+            resume = self._sync(self._init_partitions, r["owners"], resume)
             n, w = self.data.meta.n_shards, self.workers
             plan = [(i, w[i * len(w) // n]) for i in range(n)]  # contiguous blocks of shards
             if isinstance(self.data, ArrayData):
@@ -322,8 +323,8 @@ class _Run:
         self.events.extend(new)
         self._seen += len(new)
 
-    async def _init_partitions(self, owners_msg: list, resume: dict | None) -> None:
-        """Initial values on every owner, or, when resuming, the checkpoint's values."""
+    async def _init_partitions(self, owners_msg: list, resume: list[dict] | None) -> dict | None:
+        """Initial values on every owner; when resuming, the newest checkpoint that verifies (returned)."""
         kinds = {t.name: t.kind for t in self.tables}
         by_owner: dict[str, list] = {}
         restore = []
@@ -335,19 +336,25 @@ class _Run:
         await asyncio.gather(*(
             self.client.rpc(w).dscar_init(job_id=self.job_id, parts=parts) for w, parts in by_owner.items()
         ))
-        if restore:
-            cfg = self.options["checkpoint"]
+        if resume is None:
+            return None
+        cfg = self.options["checkpoint"]
+        for m in resume:
             results = await asyncio.gather(*(
                 self.client.rpc(w).dscar_restore(job_id=self.job_id, table=t, part=p,
-                                                 chain=resume["chains"].get(ckpt.chain_key(t, p), []),
+                                                 chain=m["chains"].get(ckpt.chain_key(t, p), []),
                                                  url=cfg.url, storage_options=cfg.storage_options)
                 for t, p, w in restore
             ))
             bad = [r.get("error") for r in results if r["status"] != "OK"]
-            if bad:
-                raise ckpt.CorruptCheckpointError(f"cannot resume from version {resume['version']}: {bad[0]}")
-            self.events.append({"time": time.time(), "clock": resume["clock"], "kind": "resumed",
-                                "version": resume["version"]})
+            if not bad:
+                self.events.append({"time": time.time(), "clock": m["clock"], "kind": "resumed", "version": m["version"]})
+                if m is not resume[0]:  # the coordinator's chains continue from this one
+                    await self.client.scheduler.dscar_rebase(job_id=self.job_id, manifest=m)
+                return m
+            self.events.append({"time": time.time(), "clock": m["clock"], "kind": "checkpoint-corrupt",
+                                "version": m["version"], "error": bad[0]})
+        raise ckpt.CorruptCheckpointError(f"cannot resume from {cfg.url!r}: no checkpoint verifies")
 
     def _publish(self, manifests: list[dict]) -> None:
         """Make checkpoints visible: write each manifest atomically, apply retention, tell the coordinator."""

@@ -38,9 +38,27 @@ def test_run_with_injected_faults_prints_the_events():
              "--slow", "2:3", "--no-progress"])
     assert r.returncode == 0, r.stderr
     assert "fault-slow" in r.stdout
-    # every Lasso worker owns a partition of w: without checkpoints a lost owner ends the run, clearly
-    r = run(["run", "lasso", "--workers", "3", "--rows", "6000", "--features", "60", "--kill", "1:2", "--no-progress"])
-    assert r.returncode == 2 and "owned partitions" in r.stderr
+    # every Lasso worker owns a partition of w: the run recovers it from checkpoints (a temporary store)
+    r = run(["run", "lasso", "--workers", "3", "--rows", "6000", "--features", "60", "--kill", "1:3", "--no-progress"])
+    assert r.returncode == 0, r.stderr
+    for kind in ("fault-kill", "worker-lost", "partition-restored", "recovery-done"):
+        assert kind in r.stdout, kind
+    assert "keeping checkpoints in" in r.stdout and "dscar lasso: converged" in r.stdout
+
+
+def test_checkpoint_and_resume_flags(tmp_path):
+    store = str(tmp_path / "ckpt")
+    common = ["run", "lasso", "--rows", "3000", "--features", "60", "--no-progress", "--checkpoint", store,
+              "--checkpoint-policy", "full", "--checkpoint-every", "1"]
+    r = run(common + ["--max-clocks", "2"])
+    assert r.returncode == 1 and "checkpoints: 2 published" in r.stdout  # stopped before converging
+    r = run(common + ["--resume"])
+    assert r.returncode == 0, r.stderr
+    assert "resumed" in r.stdout and "clock   3" in r.stdout and "clock   1 " not in r.stdout
+    r = run(["run", "lasso", "--resume", "--no-progress"])
+    assert r.returncode == 2 and "--resume needs --checkpoint" in r.stderr
+    r = run(["run", "lasso", "--checkpoint", store, "--checkpoint-fraction", "2", "--no-progress"])
+    assert r.returncode == 2 and "fraction r must be in" in r.stderr
 
 
 def test_bad_fault_flags():

@@ -1,0 +1,181 @@
+"""Checkpoint format, schedule, priority selection, publication and retention (no cluster)."""
+import asyncio
+import json
+import os
+
+import fsspec
+import numpy as np
+import pytest
+
+from dscar import CheckpointConfig, InvalidInputError
+from dscar import checkpoint as ckpt
+
+
+@pytest.mark.parametrize(
+    "kw, match",
+    [
+        (dict(fraction=0.0), r"fraction r must be in \(0, 1\]"),
+        (dict(fraction=1.5), r"fraction r must be in \(0, 1\]"),
+        (dict(every=0), "interval C must be an integer >= 1"),
+        (dict(policy="priority", every=5, fraction=0.1), r"r\*C >= 1"),
+        (dict(policy="sometimes"), "policy"),
+        (dict(recovery="magic"), "recovery"),
+        (dict(keep=0), "keep"),
+    ],
+)
+def test_config_is_validated(kw, match):
+    with pytest.raises(InvalidInputError, match=match):
+        CheckpointConfig("x", **kw).validate()
+
+
+def test_schedule_has_the_same_budget_for_full_and_priority():
+    full = CheckpointConfig("x", policy="full", every=10)
+    prio = CheckpointConfig("x", policy="priority", every=10, fraction=0.2)
+    assert [c for c in range(1, 31) if full.due(c)] == [10, 20, 30]
+    assert [c for c in range(1, 31) if prio.due(c)] == [2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30]
+    # rows saved per clock are equal: 1.0 / 10 == 0.2 / 2
+    assert full.save_fraction / full.period == pytest.approx(prio.save_fraction / prio.period)
+    odd = CheckpointConfig("x", policy="priority", every=10, fraction=0.25)  # every 2.5 clocks
+    assert [c for c in range(1, 11) if odd.due(c)] == [3, 5, 8, 10]  # the first clock end past each multiple
+
+
+def test_priority_rows_are_the_ones_that_moved_most():
+    saved = np.zeros((6, 2))
+    current = saved.copy()
+    current[4] = [3, 0]
+    current[1] = [0, 2]
+    current[5] = [0.1, 0]
+    assert list(ckpt.priority_rows(current, saved, 0.3)) == [1, 4]  # ceil(0.3 * 6) = 2
+    assert list(ckpt.priority_rows(current, saved, 1.0)) == list(range(6))
+
+
+def test_files_round_trip_and_chains_layer_partial_saves(tmp_path):
+    fs = fsspec.filesystem("file")
+    base = np.zeros((5, 2))
+    full = ckpt.write_file(fs, str(tmp_path / "a.npz"), ckpt.encode(np.ones((5, 2)), None))
+    part = ckpt.write_file(fs, str(tmp_path / "b.npz"), ckpt.encode(np.full((2, 2), 7.0), np.array([1, 3])))
+    got = ckpt.apply_chain(fs, base, [full, part])
+    np.testing.assert_array_equal(got[:, 0], [1, 7, 1, 7, 1])
+    np.testing.assert_array_equal(ckpt.apply_chain(fs, base, [part])[:, 0], [0, 7, 0, 7, 0])
+    with np.load(tmp_path / "b.npz", allow_pickle=False) as z:  # arrays only: loads without pickle
+        assert set(z.files) == {"values", "rows"}
+
+
+def test_a_corrupt_or_missing_file_is_detected(tmp_path):
+    fs = fsspec.filesystem("file")
+    entry = ckpt.write_file(fs, str(tmp_path / "a.npz"), ckpt.encode(np.ones(4), None))
+    data = bytearray((tmp_path / "a.npz").read_bytes())
+    data[-5] ^= 0xFF
+    (tmp_path / "a.npz").write_bytes(bytes(data))
+    with pytest.raises(ckpt.CorruptCheckpointError, match="checksum"):
+        ckpt.read_file(fs, entry)
+    os.remove(tmp_path / "a.npz")
+    with pytest.raises(ckpt.CorruptCheckpointError, match="cannot read"):
+        ckpt.read_file(fs, entry)
+    wrong_shape = ckpt.write_file(fs, str(tmp_path / "c.npz"), ckpt.encode(np.ones(3), None))
+    with pytest.raises(ckpt.CorruptCheckpointError, match="shape"):
+        ckpt.apply_chain(fs, np.zeros(4), [wrong_shape])
+
+
+def test_manifests_are_published_atomically_and_retention_keeps_referenced_files(tmp_path):
+    fs = fsspec.filesystem("file")
+    root = str(tmp_path)
+    entries = []
+    for v in range(1, 5):
+        e = ckpt.write_file(fs, f"{ckpt.data_dir(root, v)}/w.p0.npz", ckpt.encode(np.full(3, v), np.array([0])))
+        entries.append(e)
+        # a priority chain: every version names all files so far
+        ckpt.publish(fs, root, {"version": v, "clock": v, "chains": {"w/0": list(entries)}})
+    assert ckpt.list_versions(fs, root) == [1, 2, 3, 4]
+    assert not [p for p in os.listdir(root) if p.startswith(".tmp")]  # no temporary file left
+    ckpt.retain(fs, root, keep=2)
+    assert ckpt.list_versions(fs, root) == [3, 4]
+    for e in entries:  # still named by manifest 4's chain
+        assert os.path.exists(e["path"])
+    m = ckpt.load_manifest(fs, root, 4)
+    assert json.loads(json.dumps(m)) == m
+
+
+def test_full_chains_let_retention_delete_old_files(tmp_path):
+    fs = fsspec.filesystem("file")
+    root = str(tmp_path)
+    for v in range(1, 4):
+        e = ckpt.write_file(fs, f"{ckpt.data_dir(root, v)}/w.p0.npz", ckpt.encode(np.full(3, v), None))
+        ckpt.publish(fs, root, {"version": v, "clock": v, "chains": {"w/0": [e]}})
+    ckpt.retain(fs, root, keep=1)
+    assert ckpt.list_versions(fs, root) == [3]
+    assert not os.path.exists(ckpt.data_dir(root, 1)) and os.path.exists(ckpt.data_dir(root, 3))
+
+
+def test_unwritable_location_is_refused(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    with pytest.raises(InvalidInputError, match="not writable"):
+        ckpt.check_writable(CheckpointConfig(str(blocker / "sub")))
+    ckpt.check_writable(CheckpointConfig(str(tmp_path / "new" / "dir")))  # created
+
+
+def test_memory_url_store(tmp_path):
+    cfg = CheckpointConfig("memory://dscar-test-store")
+    ckpt.check_writable(cfg)
+    fs, root = ckpt.fs_and_root(cfg.url)
+    e = ckpt.write_file(fs, f"{root}/v00000001/w.p0.npz", ckpt.encode(np.arange(3.0), None))
+    np.testing.assert_array_equal(ckpt.read_file(fs, e)[1], np.arange(3.0))
+
+
+# ------------------------------------------------ the coordinator's bookkeeping
+
+
+def coordinator_job(policy="priority"):
+    from dscar.coordinator import Coordinator, _Job
+    from dscar.partitions import PartitionMap, TableLayout
+    from dscar.shards import ShardQueue
+
+    c = Coordinator()
+    c._changed = asyncio.Event()
+    pm = PartitionMap([TableLayout("w", 10, 2), TableLayout("g", 4, 1)])
+    pm.owners = {("w", 0): "a", ("w", 1): "b", ("g", 0): "a"}
+    job = _Job("j", b"", ShardQueue(2, reloadable=True), pm, {"w": "param", "g": "reduction"},
+               ckpt=CheckpointConfig("x", policy=policy, every=2, fraction=0.5))
+    c.jobs = {"j": job}
+    return c, job
+
+
+def entry(part, v):
+    return {"table": "w", "part": part, "path": f"v{v}/w.p{part}", "sha256": "0", "bytes": 10, "rows": 3, "partial": True}
+
+
+def test_a_version_becomes_a_manifest_only_when_every_owner_has_written():
+    c, job = coordinator_job()
+    job.pending[1] = {"clock": 2, "waiting": {"a", "b"}, "files": [], "failed": None}
+    c._h_ckpt_written("j", 1, "a", [entry(0, 1)])
+    assert job.to_publish == []  # b has not finished writing: nothing visible
+    c._h_ckpt_written("j", 1, "b", [entry(1, 1)])
+    (m,) = job.to_publish
+    assert m["version"] == 1 and m["clock"] == 2 and set(m["chains"]) == {"w/0", "w/1"}  # reductions are not saved
+
+
+def test_versions_complete_in_order_and_priority_chains_extend():
+    c, job = coordinator_job("priority")
+    for v in (1, 2):
+        job.pending[v] = {"clock": 2 * v, "waiting": {"a", "b"}, "files": [], "failed": None}
+    c._h_ckpt_written("j", 2, "a", [entry(0, 2)])
+    c._h_ckpt_written("j", 2, "b", [entry(1, 2)])
+    assert job.to_publish == []  # version 1 is not complete yet
+    c._h_ckpt_written("j", 1, "a", [entry(0, 1)])
+    c._h_ckpt_written("j", 1, "b", [entry(1, 1)])
+    assert [m["version"] for m in job.to_publish] == [1, 2]
+    assert [e["path"] for e in job.to_publish[1]["chains"]["w/0"]] == ["v1/w.p0", "v2/w.p0"]
+
+
+def test_a_writer_lost_mid_checkpoint_abandons_that_version_only():
+    c, job = coordinator_job("full")
+    c.scheduler = type("S", (), {"workers": {"a": 1}})()
+    job.pending[1] = {"clock": 2, "waiting": {"a", "b"}, "files": [], "failed": None}
+    job.pending[2] = {"clock": 4, "waiting": {"a"}, "files": [], "failed": None}
+    c._h_ckpt_written("j", 1, "a", [entry(0, 1)])
+    job.pmap.owners = {("w", 0): "a", ("w", 1): "a", ("g", 0): "a"}  # b's partitions moved before it died
+    c._lose(job, "b")
+    c._h_ckpt_written("j", 2, "a", [entry(0, 2), entry(1, 2)])
+    assert [m["version"] for m in job.to_publish] == [2]
+    assert any(e["kind"] == "checkpoint-abandoned" and e["version"] == 1 for e in job.events)

@@ -1,0 +1,214 @@
+"""Losing workers that own partitions: checkpoints, partial and full recovery, resume."""
+import os
+import signal
+import threading
+import time
+
+import fsspec
+import numpy as np
+import pytest
+
+import dscar
+from algorithms.datasets import lasso_alpha_max, make_regression
+from algorithms.lasso import LassoCD
+from dscar import CheckpointConfig, faults
+from dscar import checkpoint as ckpt
+from conftest import RowCounter, row_data
+
+
+def kinds(res):
+    return [e["kind"] for e in res.events]
+
+
+def counts_by_partition(res, n_rows, n_parts):
+    from dscar.partitions import row_bounds
+
+    out = []
+    for a, b in row_bounds(n_rows, n_parts):
+        vals = np.unique(res.params["count"][a:b])
+        assert vals.size == 1, "a partition holds a torn mix of values"
+        out.append(int(vals[0]))
+    return out
+
+
+def checkpointed_clocks(res):
+    return {0} | {c["clock"] for c in res.checkpoints} | {
+        e["clock"] for e in res.events if e["kind"] == "checkpoint-started"}
+
+
+@pytest.mark.parametrize("recovery", ["partial", "full"])
+@pytest.mark.parametrize("policy", ["full", "priority"])
+@pytest.mark.parametrize("losses", [1, 2])
+def test_after_losses_every_partition_has_one_live_owner_with_a_pre_loss_or_checkpointed_value(
+        tmp_path, policy, recovery, losses):
+    """RowCounter adds 1 per clock to every row: a partition's count tells which value it holds."""
+    n_rows, n_parts, clocks = 80, 4, 8
+    plan = [faults.lose(1, 5)] + ([faults.lose(2, 5)] if losses == 2 else [])
+    cfg = CheckpointConfig(str(tmp_path), policy=policy, every=2, fraction=1.0 if policy == "full" else 0.5,
+                           recovery=recovery)
+    with dscar.Cluster(n_workers=4, processes=False) as cl:
+        res = dscar.fit(RowCounter(n_parts=n_parts, sleep=0.01), row_data(n_rows), cl, n_shards=8,
+                        max_clocks=clocks, checkpoint=cfg, faults=plan)
+        owners = cl.client.run_on_scheduler(lambda dask_scheduler: sorted(dask_scheduler.workers))
+    assert res.n_clocks == clocks
+    lost = {e["worker"] for e in res.events if e["kind"] == "worker-lost"}
+    assert len(lost) == losses
+    restored = [e for e in res.events if e["kind"] == "partition-restored"]
+    assert restored and all(e["target"] not in lost for e in restored)
+    assert {e["target"] for e in restored} <= set(owners)
+    assert "recovery-done" in kinds(res) and "clock-restarted" in kinds(res)
+    # every row holds a value it had: its pre-loss value, or a value it had when a checkpoint
+    # saved it (priority saves some rows per version, so rows of one partition may differ)
+    saved = checkpointed_clocks(res)
+    counts = res.params["count"]
+    assert np.all(counts == np.round(counts)) and counts.min() >= clocks - 5  # never zeros
+    for count in np.unique(counts):
+        lag = clocks - int(count)
+        assert lag == 0 or (5 - 1 - lag) in saved, (np.unique(counts), saved)
+    if policy == "full":
+        counts_by_partition(res, n_rows, n_parts)  # a full save restores a partition from one file
+    if recovery == "full":
+        assert "rollback" in kinds(res)
+    if recovery == "partial":
+        assert counts.max() == clocks  # live partitions kept their current values
+
+
+def test_published_manifests_only_name_durable_verified_files(tmp_path):
+    cfg = CheckpointConfig(str(tmp_path), policy="priority", every=4, fraction=0.5, keep=10)
+    with dscar.Cluster(n_workers=3, processes=False) as cl:
+        res = dscar.fit(RowCounter(sleep=0.005), row_data(60), cl, n_shards=6, max_clocks=8, checkpoint=cfg)
+    fs, root = ckpt.fs_and_root(str(tmp_path))
+    versions = ckpt.list_versions(fs, root)
+    assert versions == [c["version"] for c in res.checkpoints] and len(versions) == 4
+    for v in versions:
+        m = ckpt.load_manifest(fs, root, v)
+        assert m["model"]["name"] == "rowcounter"
+        for chain in m["chains"].values():
+            for e in chain:
+                ckpt.read_file(fs, e)  # raises if missing or not matching its checksum
+    # the newest manifest restores each row's newest saved value: with r = 0.5 every 2 clocks
+    # and every row moving alike, half the rows were saved at clock 8, the others at clock 6
+    last = ckpt.load_manifest(fs, root, versions[-1])
+    assert last["clock"] == 8
+    vals = np.concatenate([ckpt.apply_chain(fs, np.zeros(20), last["chains"][f"count/{p}"]) for p in range(3)])
+    assert sorted(np.unique(vals)) == [6.0, 8.0] and (vals == 8.0).sum() == 30
+
+
+def test_a_planted_corrupt_checkpoint_is_detected_and_an_older_one_used(tmp_path):
+    cfg = CheckpointConfig(str(tmp_path), policy="full", every=2, keep=5)
+    fs, root = ckpt.fs_and_root(str(tmp_path))
+    stop = threading.Event()
+
+    def corrupt_new_versions():  # every version after the first is damaged as soon as it is published
+        while not stop.is_set():
+            for v in ckpt.list_versions(fs, root):
+                if v >= 2:
+                    for chain in ckpt.load_manifest(fs, root, v)["chains"].values():
+                        for e in chain:
+                            with open(e["path"], "r+b") as f:
+                                f.seek(-3, os.SEEK_END)
+                                f.write(b"\x00\xff\x00")
+            time.sleep(0.005)
+
+    t = threading.Thread(target=corrupt_new_versions)
+    t.start()
+    try:
+        with dscar.Cluster(n_workers=3, processes=False) as cl:
+            res = dscar.fit(RowCounter(n_parts=3, sleep=0.03), row_data(60), cl, n_shards=6, max_clocks=10,
+                            checkpoint=cfg, faults=[faults.lose(1, 8)])
+    finally:
+        stop.set()
+        t.join()
+    corrupt = [e for e in res.events if e["kind"] == "checkpoint-corrupt"]
+    assert corrupt and all(e["version"] >= 2 for e in corrupt)
+    restored = [e for e in res.events if e["kind"] == "partition-restored" and e["table"] == "count"]
+    assert restored and all(e["version"] == 1 for e in restored)  # the clock-2 checkpoint
+    lagging = [c for c in counts_by_partition(res, 60, 3) if c != 10]
+    assert lagging == [10 - (8 - 1 - 2)]
+
+
+def test_resume_skips_a_corrupt_newest_checkpoint(tmp_path):
+    cfg = CheckpointConfig(str(tmp_path), policy="full", every=2, keep=5)
+    fs, root = ckpt.fs_and_root(str(tmp_path))
+    with dscar.Cluster(n_workers=2, processes=False) as cl:
+        dscar.fit(RowCounter(), row_data(40), cl, n_shards=4, max_clocks=6, checkpoint=cfg)
+        newest = ckpt.load_manifest(fs, root, ckpt.list_versions(fs, root)[-1])
+        assert newest["clock"] == 6
+        path = newest["chains"]["count/1"][0]["path"]
+        with open(path, "r+b") as f:  # plant a corrupt file in the newest version
+            f.seek(40)
+            f.write(b"garbage")
+        res = dscar.fit(RowCounter(), row_data(40), cl, n_shards=4, max_clocks=8, checkpoint=cfg, resume=True)
+    corrupt = [e for e in res.events if e["kind"] == "checkpoint-corrupt"]
+    assert corrupt and corrupt[0]["version"] == newest["version"]
+    resumed = next(e for e in res.events if e["kind"] == "resumed")
+    assert resumed["version"] == newest["version"] - 1 and res.history[0].clock == 5
+    np.testing.assert_array_equal(res.params["count"], np.full(40, 8.0))
+
+
+def lasso_problem():
+    X, y, _ = make_regression(3000, 80, 12, rho=0.5, seed=4)
+    return X, y, 0.01 * lasso_alpha_max(X, y)
+
+
+@pytest.mark.timeout(240)
+def test_real_kill_under_partial_recovery_reaches_the_same_objective(tmp_path):
+    X, y, alpha = lasso_problem()
+    algo = LassoCD(alpha, tol=1e-8, max_working_set=8, working_set_start=8)
+    with dscar.Cluster(n_workers=3) as cl:
+        base = dscar.fit(algo, {"X": X, "y": y}, cl, n_shards=6, max_clocks=300)
+    with dscar.Cluster(n_workers=3) as cl:
+        cfg = CheckpointConfig(str(tmp_path), policy="priority", every=4, fraction=0.25, recovery="partial")
+        res = dscar.fit(algo, {"X": X, "y": y}, cl, n_shards=6, max_clocks=300, checkpoint=cfg,
+                        faults=[faults.kill(1, base.n_clocks // 2)])
+    assert base.converged and res.converged
+    assert abs(res.objective - base.objective) <= 1e-7 * base.objective
+    k = kinds(res)
+    for kind in ("fault-kill", "worker-lost", "recovery-started", "partition-restored", "recovery-done",
+                 "rebuild-done"):
+        assert kind in k, kind
+    rework = res.n_clocks - base.n_clocks  # can be negative: a restored partition changes the block path
+    assert abs(rework) <= base.n_clocks // 2, (rework, base.n_clocks)
+
+
+def test_resume_continues_from_the_newest_checkpoint(tmp_path):
+    X, y, alpha = lasso_problem()
+    algo = LassoCD(alpha, tol=1e-9, max_working_set=8, working_set_start=8)
+    cfg = CheckpointConfig(str(tmp_path), policy="full", every=3)
+    with dscar.Cluster(n_workers=2, processes=False) as cl:
+        whole = dscar.fit(algo, {"X": X, "y": y}, cl, n_shards=4, max_clocks=300)
+        first = dscar.fit(algo, {"X": X, "y": y}, cl, n_shards=4, max_clocks=9, checkpoint=cfg)
+        assert not first.converged and first.checkpoints[-1]["clock"] == 9
+        second = dscar.fit(algo, {"X": X, "y": y}, cl, n_shards=4, max_clocks=300, checkpoint=cfg, resume=True)
+        assert second.converged and second.history[0].clock == 10 and "resumed" in kinds(second)
+        np.testing.assert_allclose(second.params["w"], whole.params["w"], atol=1e-8)
+        assert second.history[-1].clock == whole.n_clocks  # resuming costs no clock
+        with pytest.raises(dscar.InvalidInputError, match="other hyperparameters"):
+            dscar.fit(LassoCD(alpha * 2, max_working_set=8, working_set_start=8), {"X": X, "y": y}, cl,
+                      n_shards=4, checkpoint=cfg, resume=True)
+        with pytest.raises(dscar.InvalidInputError, match="holds checkpoints of model 'lasso'"):
+            dscar.fit(RowCounter(), row_data(40), cl, n_shards=4, checkpoint=cfg, resume=True)
+        with pytest.raises(dscar.InvalidInputError, match="nothing to resume"):
+            dscar.fit(algo, {"X": X, "y": y}, cl, n_shards=4, checkpoint=str(tmp_path / "empty"), resume=True)
+
+
+@pytest.mark.parametrize(
+    "cfg, match",
+    [
+        (lambda p: CheckpointConfig(str(p / "file" / "sub")), "not writable"),
+        (lambda p: CheckpointConfig(str(p), fraction=0.0), "fraction r"),
+        (lambda p: CheckpointConfig(str(p), fraction=1.01), "fraction r"),
+        (lambda p: CheckpointConfig(str(p), every=0), "interval C"),
+        (lambda p: 42, "checkpoint must be"),
+    ],
+)
+def test_bad_checkpoint_options_raise_before_training(inproc, tmp_path, cfg, match):
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(dscar.InvalidInputError, match=match):
+        dscar.fit(RowCounter(), row_data(20), inproc, n_shards=2, checkpoint=cfg(tmp_path))
+    assert inproc.client.run_on_scheduler(lambda dask_scheduler: len(dask_scheduler.plugins["dscar-coordinator"].jobs)) == 0
+
+
+def test_resume_needs_a_location(inproc):
+    with pytest.raises(dscar.InvalidInputError, match="resume=True needs"):
+        dscar.fit(RowCounter(), row_data(20), inproc, n_shards=2, resume=True)
