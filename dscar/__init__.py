@@ -11,7 +11,6 @@ from .errors import (
     InvalidInputError,
     JobFailedError,
     ShardFailedError,
-    WorkerLostError,
 )
 from .estimator import EstimatorMixin
 from .xp import to_host
@@ -19,6 +18,6 @@ from .xp import to_host
 __all__ = [
     "Algorithm", "ArrayData", "CheckpointConfig", "CorruptCheckpointError", "ClockContext", "ClockRecord", "Cluster", "ClusterError", "DataMeta",
     "DscarError", "EstimatorMixin", "FileData", "FitResult", "InvalidInputError", "JobFailedError",
-    "ShardContext", "ShardFailedError", "TableSpec", "WorkerLostError", "connect", "faults", "fit", "policies", "to_host",
+    "ShardContext", "ShardFailedError", "TableSpec", "connect", "faults", "fit", "policies", "to_host",
 ]
 __version__ = "0.1.0"

@@ -27,9 +27,5 @@ class ShardFailedError(DscarError, RuntimeError):
         )
 
 
-class WorkerLostError(DscarError, RuntimeError):
-    """A worker that owned parameter partitions was lost and the job cannot go on."""
-
-
 class JobFailedError(DscarError, RuntimeError):
     """The job stopped on the cluster; the message carries the cause."""

@@ -108,6 +108,13 @@ class ParamServer(WorkerPlugin):
         spec = sync(self.worker.loop, self.worker.scheduler.dscar_job_spec, job_id=job_id)
         return self._install(job_id, spec)
 
+    async def _ajob(self, job_id: str) -> Job:
+        """``_job`` for handlers on the event loop."""
+        job = self.jobs.get(job_id)
+        if job is None:
+            job = self._install(job_id, await self.worker.scheduler.dscar_job_spec(job_id=job_id))
+        return job
+
     def _install(self, job_id: str, spec: bytes) -> Job:
         d = loads(spec)
         with self._lock:
@@ -128,10 +135,7 @@ class ParamServer(WorkerPlugin):
     # ------------------------------------------------------------- handlers
     async def _h_init(self, job_id: str, parts: list) -> dict:
         """Create this worker's partitions from the algorithm's initial values."""
-        job = self.jobs.get(job_id)
-        if job is None:
-            spec = await self.worker.scheduler.dscar_job_spec(job_id=job_id)
-            job = self._install(job_id, spec)
+        job = await self._ajob(job_id)
         for table, part in parts:
             spec_ = job.specs[table]
             a, b = job.layouts[table].bounds[part]
@@ -140,14 +144,11 @@ class ParamServer(WorkerPlugin):
                 job.parts[(table, int(part))] = arr
                 if spec_.kind == "param":
                     job.saved[(table, int(part))] = to_host(arr).copy()  # checkpoint 0
-        return {"status": "OK", "device": "gpu" if self.xp.__name__ == "cupy" else "cpu"}
+        return {"status": "OK", "device": device_of(self.xp)}
 
     async def _h_adopt(self, job_id: str, table: str, part: int, source: str) -> dict:
         """Become the owner of a partition: copy it from its current owner."""
-        job = self.jobs.get(job_id)
-        if job is None:
-            spec = await self.worker.scheduler.dscar_job_spec(job_id=job_id)
-            job = self._install(job_id, spec)
+        job = await self._ajob(job_id)
         a, b = job.layouts[table].bounds[part]
         r = await self.worker.rpc(source).dscar_pull(job_id=job_id, table=table, part=part, lo=0, hi=b - a)
         with self._lock:
@@ -217,10 +218,7 @@ class ParamServer(WorkerPlugin):
             arr[lo : lo + data.shape[0]] = job.xp.asarray(data)
 
     async def _h_put_shard(self, job_id: str, shard: int, arrays: dict) -> dict:
-        job = self.jobs.get(job_id)
-        if job is None:
-            spec = await self.worker.scheduler.dscar_job_spec(job_id=job_id)
-            job = self._install(job_id, spec)
+        job = await self._ajob(job_id)
         prepared = job.algorithm.prepare_shard(dict(arrays), job.xp)
         with self._lock:
             job.shards[int(shard)] = ShardEntry(prepared)
@@ -288,10 +286,7 @@ class ParamServer(WorkerPlugin):
     async def _h_restore(self, job_id: str, table: str, part: int, chain: list, url: str,
                          storage_options: dict | None = None) -> dict:
         """Own a partition restored from a checkpoint chain (checksums verified); empty chain: initial values."""
-        job = self.jobs.get(job_id)
-        if job is None:
-            spec = await self.worker.scheduler.dscar_job_spec(job_id=job_id)
-            job = self._install(job_id, spec)
+        job = await self._ajob(job_id)
         spec_ = job.specs[table]
         a, b = job.layouts[table].bounds[part]
 
@@ -349,7 +344,7 @@ class ParamServer(WorkerPlugin):
                 "shard_state": {int(k): sorted(e.state) for k, e in job.shards.items()},
                 "parts": sorted([t, p] for t, p in job.parts),
                 "staged": len(job.staged),
-                "device": "gpu" if self.xp.__name__ == "cupy" else "cpu",
+                "device": device_of(self.xp),
             }
 
     # ------------------------------------------------------------ the loop
