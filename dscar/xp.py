@@ -26,10 +26,6 @@ def select_namespace(prefer_gpu: bool = True) -> ModuleType:
     return np
 
 
-def is_gpu(xp: ModuleType) -> bool:
-    return xp.__name__ == "cupy"
-
-
 def to_host(a):
     """A host NumPy (or SciPy sparse) copy-or-view of ``a``."""
     if isinstance(a, np.ndarray) or sp.issparse(a):
