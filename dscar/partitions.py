@@ -78,9 +78,6 @@ class PartitionMap:
         load = self.rows_by_worker()
         return min(sorted(candidates), key=lambda w: load.get(w, 0))
 
-    def owner(self, table: str, part: int) -> str:
-        return self.owners[(table, part)]
-
     def owned_by(self, worker: str) -> list[tuple[str, int]]:
         return sorted(k for k, w in self.owners.items() if w == worker)
 
