@@ -43,6 +43,7 @@ from .shards import ShardQueue
 logger = logging.getLogger("dscar.coordinator")
 
 PLUGIN_NAME = "dscar-coordinator"
+IDLE_RECHECK_S = 0.02  # how often an idle worker's long poll looks again while a backup may turn due
 
 
 @dataclass
@@ -306,8 +307,14 @@ class Coordinator(SchedulerPlugin):
                 if item is not None:
                     return item
             left = deadline - time.monotonic()
-            if left <= 0 or not await self._wait_change(left):
+            if left <= 0:
                 return {"op": "idle"}
+            # idle-time policies (backups) turn due with time, not with an event: look again soon
+            await self._wait_change(min(left, IDLE_RECHECK_S) if self._idle_work_possible() else left)
+
+    def _idle_work_possible(self) -> bool:
+        return any(job.phase == "shards" and any(p.when == "idle" for p in job.policies) and job.queue.running()
+                   for job in self.jobs.values())
 
     def _h_commit(self, job_id: str, clock: int, shard: int, attempt: int, worker: str,
                   timings: dict | None = None) -> dict:

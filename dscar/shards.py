@@ -196,14 +196,16 @@ class ShardQueue:
         """An attempt raised: back to TODO, or ShardFailedError past ``max_failures``.
 
         ``count=False``: the attempt failed because another worker was lost under it
-        (not the shard's fault); it is retried without counting.
+        (not the shard's fault); it is retried without counting. A failure that leaves
+        another attempt of the shard running is not counted either: that attempt may
+        still commit (a backup that could not copy the data yet is no fault of the shard).
         """
         s = self._shards[shard]
         a = s.attempts.get(attempt)
         if a is None or a.worker != worker:
             return  # a late report of an attempt already superseded
         del s.attempts[attempt]
-        if count:
+        if count and not s.attempts:
             s.failures.append(f"{worker}: {reason}")
         if len(s.failures) >= self.max_failures:
             raise ShardFailedError(shard, self.clock, s.failures)

@@ -41,6 +41,7 @@ from .xp import select_namespace, to_device, to_host
 logger = logging.getLogger("dscar.worker")
 
 PLUGIN_NAME = "dscar-paramserver"
+BACKUP_FETCH_WAIT_S = 30.0  # how long a backup waits for the new holder of its shard to receive the data
 
 
 @dataclass
@@ -224,11 +225,20 @@ class ParamServer(WorkerPlugin):
             job.shards[int(shard)] = ShardEntry(prepared)
         return {"status": "OK"}
 
-    def _h_take_shard(self, job_id: str, shard: int, keep: bool = False) -> dict:
-        """Hand a shard's data and state to the worker that now runs it: moved, or copied for a backup."""
-        with self._lock:
-            job = self.jobs.get(job_id)
-            entry = None if job is None else (job.shards.get(int(shard)) if keep else job.shards.pop(int(shard), None))
+    async def _h_take_shard(self, job_id: str, shard: int, keep: bool = False, wait: float = 0.0) -> dict:
+        """Hand a shard's data and state to the worker that now runs it: moved, or copied for a backup.
+
+        ``wait``: a backup copies from the shard's new holder, which may still be fetching the
+        data itself; wait up to that long for it to arrive before answering ``missing``.
+        """
+        deadline = time.monotonic() + wait
+        while True:
+            with self._lock:
+                job = self.jobs.get(job_id)
+                entry = None if job is None else (job.shards.get(int(shard)) if keep else job.shards.pop(int(shard), None))
+            if entry is not None or time.monotonic() >= deadline:
+                break
+            await asyncio.sleep(0.005)
         if entry is None:
             return {"status": "missing"}
         host = {k: to_host(v) for k, v in entry.data.items()}
@@ -386,7 +396,7 @@ class ParamServer(WorkerPlugin):
             t0 = time.perf_counter()
             entry = self._shard_entry(job, shard, item.get("fetch_from"), item.get("backup", False))
             if entry is None:
-                lost_data = True
+                lost_data = not item.get("backup", False)  # a backup's miss: the primary still holds the data
                 raise LookupError(f"the data of shard {shard} is on no live worker")
             ctx = ShardStep(self, job, clock, shard, entry.state, item.get("batch_scale", 1.0))
             t1 = time.perf_counter()
@@ -443,7 +453,8 @@ class ParamServer(WorkerPlugin):
         arrays, state = None, {}
         if fetch_from:
             try:
-                r = self._call(self.worker.rpc(fetch_from).dscar_take_shard, job_id=job.id, shard=shard, keep=backup)
+                r = self._call(self.worker.rpc(fetch_from).dscar_take_shard, job_id=job.id, shard=shard, keep=backup,
+                               wait=BACKUP_FETCH_WAIT_S if backup else 0.0)
                 if r["status"] == "OK":
                     arrays, state = r["arrays"], r["state"]
             except Exception as e:  # the holder is gone: fall back to the source

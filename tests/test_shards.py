@@ -180,6 +180,18 @@ def test_a_failed_backup_leaves_the_primary_running():
     assert q.commit(primary.shard, primary.attempt, "a")
 
 
+def test_failures_while_another_attempt_runs_are_not_counted_but_the_last_one_is():
+    q = queue(1, max_failures=1)
+    primary = q.next_shard("a", 0)
+    for worker in ("b", "c", "d"):  # backups that keep failing while the primary runs: no error
+        backup = q.start_backup(primary.shard, worker, 1)
+        q.fail(backup.shard, backup.attempt, worker, "could not copy the data yet")
+    assert q.status(0) is ShardStatus.DOING
+    with pytest.raises(ShardFailedError) as e:  # the shard's own failure, with no attempt left, counts
+        q.fail(primary.shard, primary.attempt, "a", "boom")
+    assert e.value.failures == ["a: boom"]
+
+
 def test_backups_only_for_doing_shards_and_not_twice_on_one_worker():
     q = queue(2)
     with pytest.raises(ValueError):
