@@ -1,0 +1,90 @@
+"""The rework benchmark runs end to end (``--quick``) and reports what it promises."""
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+POLICIES = ["traditional", "partial", "priority", "scar"]
+MODES = ["simulate", "real"]
+
+
+@pytest.fixture(scope="module")
+def quick_run(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("rework")
+    out, png = tmp / "rework.json", tmp / "rework.png"
+    r = subprocess.run(
+        [sys.executable, "-m", "bench.rework", "--quick", "--json", str(out), "--plot", str(png)],
+        cwd=ROOT, capture_output=True, text=True, timeout=580,
+    )
+    assert r.returncode == 0, f"stdout:\n{r.stdout[-3000:]}\nstderr:\n{r.stderr[-5000:]}"
+    return r.stdout, json.loads(out.read_text()), png
+
+
+@pytest.mark.timeout(600)
+def test_quick_benchmark_writes_json_with_every_policy_in_both_modes_and_a_plot(quick_run):
+    stdout, d, png = quick_run
+    assert png.exists() and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 5000
+    assert d["quick"] is True and d["n_workers"] == 4 and d["modes"] == MODES
+    assert d["checkpoint"]["every"] == 10 and d["checkpoint"]["fraction"] == 0.1
+    assert set(d["policies"]) == set(POLICIES)
+    lasso = d["algorithms"]["lasso"]
+    for mode in MODES:
+        m = lasso["modes"][mode]
+        assert "error" not in m, m.get("error")
+        assert m["T_star"] >= 10 and m["deterministic"] is True
+        assert m["trials"], f"{mode}: no trial"
+        for t in m["trials"]:
+            assert set(t["runs"]) == set(POLICIES)
+            assert 0 <= t["worker"] < 4 and 2 <= t["clock"] <= m["T_star"] - 1
+            for pol, r in t["runs"].items():
+                assert r["ok"], r.get("error")
+                # the fault fires when that worker starts a shard in that clock (or its next one)
+                assert r["fault_clock"] >= t["clock"], (mode, pol, r["fault_clock"], t["clock"])
+                assert r["events"]["worker-lost"] == 1 and r["events"]["recovery-done"] == 1
+                assert r["rework"] == r["clocks_to_threshold"] - m["T_star_by_policy"].get(pol, m["T_star"])
+                # the traditional policy rolls everything back: a rollback event, and only there or in priority
+                assert (r["events"]["rollback"] == 1) == (pol in ("traditional", "priority"))
+        for view in ("summary", "summary_objective"):
+            assert set(m[view]) == set(POLICIES)
+        for pol, s in m["summary"].items():
+            assert s["n"] == len(m["trials"]) and s["failed"] == 0
+            assert math.isfinite(s["mean"])
+            assert s["bytes_per_clock_trials"] > 0
+            assert pol == "traditional" or s["paired_n"] == len(m["trials"])
+        assert m["summary"]["traditional"]["reduction"] == 0.0 or m["summary"]["traditional"]["reduction"] is None
+    # paired draws: the real trials reuse the simulated (worker, clock) draws
+    sim, real = lasso["modes"]["simulate"], lasso["modes"]["real"]
+    for ts, tr in zip(sim["trials"], real["trials"]):
+        assert (ts["worker"], ts["clock"]) == (tr["worker"], tr["clock"])
+    assert set(lasso["agreement"]) == set(POLICIES)
+    assert {(t["mode"], t["metric"]) for t in lasso["targets"]} >= {("simulate", "stop"), ("real", "stop")}
+    for mode in MODES:
+        assert f"== lasso: {mode}" in stdout
+    assert stdout.count("target (") == len(lasso["targets"])
+    for pol in POLICIES:
+        assert pol in stdout
+
+
+@pytest.mark.timeout(600)
+def test_quick_benchmark_checkpoint_costs_and_policy_effects(quick_run):
+    _, d, _ = quick_run
+    lasso = d["algorithms"]["lasso"]
+    sim = lasso["modes"]["simulate"]
+    ff = sim["failure_free"]
+    # checkpointing does not change the trajectory: every policy has the same T*
+    assert len(set(sim["T_star_by_policy"].values())) == 1
+    # priority checkpoints run every r*C = 1 clock, full ones every C = 10: many more versions
+    assert ff["priority"]["n_checkpoints"] >= 5 * ff["traditional"]["n_checkpoints"] >= 5
+    for t in sim["trials"]:
+        runs = t["runs"]
+        # priority checkpoints every clock: the restored values lack at most a clock or two of progress
+        # (0, plus a clock when the newest one is not yet published; slack for a busy machine)
+        assert runs["scar"]["ckpt_age"] <= 3 and runs["priority"]["ckpt_age"] <= 3
+        # full checkpoints every 10 clocks: up to 9 clocks old, plus the publication lag
+        assert runs["traditional"]["ckpt_age"] <= 12
+        # full recovery of a consistent state C clocks old costs about those clocks
+        assert runs["traditional"]["rework"] >= 0
