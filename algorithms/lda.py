@@ -1,0 +1,987 @@
+"""Latent Dirichlet allocation by distributed collapsed Gibbs sampling (AD-LDA).
+
+Model: K topics ``phi_k ~ Dirichlet(beta)`` over a vocabulary of V words,
+document mixtures ``theta_d ~ Dirichlet(alpha)`` (symmetric, or one alpha per
+topic), every token a topic ``z ~ theta_d`` and a word ``w ~ phi_z``. The
+collapsed Gibbs sampler resamples each token's topic from
+
+    p(z = k | rest) ∝ (n_wk + beta) (n_dk + alpha_k) / (n_k + V beta)
+
+with the token's own assignment left out of the counts (Griffiths & Steyvers).
+
+On dscar (AD-LDA, Newman et al. 2009):
+
+* documents are the data rows; each shard keeps the topic of every one of its
+  tokens as its shard state ``z`` (it moves with the shard);
+* the partitioned ``param`` tables are ``word_topic`` (V x K counts n_wk),
+  ``topic_total`` (K counts n_k) and ``doc_topic`` (D x K counts n_dk, kept for
+  the result: the sampler itself recounts n_dk from ``z``);
+* clock 1 draws the initial assignments (uniform, seeded by (seed, shard, 1))
+  and adds their counts; every later clock is one Gibbs sweep of every shard
+  against the tables as of the clock's start plus the shard's own changes,
+  after which the shard pushes its count deltas (exact integers computed from
+  the old and new ``z``), applied at commit. So clock ``t`` is sweep ``t - 1``.
+
+The sampler (``gibbs_sweep``) is written once against the array namespace
+(NumPy or CuPy). It visits a shard's tokens in ``n_chunks`` chunks (at least
+``min_chunks``; at most ``max_chunk_elems / K`` tokens each, which bounds the
+memory) and samples each chunk's tokens at once, vectorized, then updates the
+counts. Tokens are laid out so that every chunk holds about ``1/n_chunks`` of
+every document (ordered by their relative position in their document), so a
+token only misses the moves of the few tokens of its own document that share
+its chunk. The random numbers come from ``numpy.random.default_rng((seed,
+shard, clock))``: a fixed seed and shard layout give the same run, on any
+workers, whichever worker ran which shard.
+
+On NumPy workers with numba installed (``backend="auto"``) a compiled twin of
+the sampler runs instead (``numba_sweep``): same chunks, same float32
+arithmetic, same assignments bit for bit (tested), about 3x faster, without
+the K x chunk temporaries; the bookkeeping after the sweep (count deltas,
+checks, the shard's log p(z)) is one compiled pass too. ``backend="xp"``
+forces the array-namespace reference (CuPy workers always use it).
+
+Quality is the complete-data log-likelihood log p(w, z) of the ``lda``
+package (``lda.LDA.loglikelihood``), reported per token each clock as
+``loglik`` (``objective`` is its negative, so smaller is better as for every
+dscar model). Each clock also checks that the count tables equal the counts
+implied by the assignments (``count_error`` is 0 unless a delta was lost or
+applied twice).
+"""
+from __future__ import annotations
+
+import math
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import scipy.sparse as sp
+
+import dscar
+from dscar import Algorithm, DataMeta, InvalidInputError, TableSpec
+
+#: counts are held exactly in float32 below this many tokens, in float64 above
+FLOAT32_TOKENS = 2**24
+
+
+# ---------------------------------------------------------------- input
+def lda_data(X: Any, vocab_size: int | None = None) -> dict[str, sp.csr_matrix]:
+    """The data dict for ``LDAGibbs`` from counts or token lists, checked.
+
+    ``X``: a document-term count matrix (SciPy sparse or dense, non-negative
+    integers), or a list of documents, each a sequence of token ids in
+    ``0 .. vocab_size - 1`` (``vocab_size`` defaults to the largest id + 1).
+    Raises ``dscar.InvalidInputError`` for negative or non-integer counts, ids
+    outside the vocabulary, or a corpus without a single token.
+    """
+    if isinstance(X, (list, tuple)):
+        X = _docs_to_matrix(X, vocab_size)
+    elif sp.issparse(X):
+        X = sp.csr_matrix(X)
+    else:
+        try:
+            X = np.asarray(X)
+        except Exception as e:
+            raise InvalidInputError(f"X is neither a count matrix nor a list of documents: {e}") from None
+        if X.dtype == object:
+            raise InvalidInputError("X is neither a count matrix nor a list of token-id lists")
+        if X.ndim != 2:
+            raise InvalidInputError(f"X must be a 2-D documents x vocabulary count matrix, got shape {X.shape}")
+        X = sp.csr_matrix(X)
+    if X.shape[0] < 1 or X.shape[1] < 1:
+        raise InvalidInputError(f"X has shape {X.shape}: need at least one document and one word")
+    if vocab_size is not None and X.shape[1] != vocab_size:
+        raise InvalidInputError(f"X has {X.shape[1]} vocabulary columns, but vocab_size is {vocab_size}")
+    v = X.data
+    if v.dtype.kind not in "biuf":
+        raise InvalidInputError(f"counts have dtype {v.dtype}; LDA needs non-negative integer counts")
+    if v.dtype.kind == "f":
+        if not np.isfinite(v).all():
+            raise InvalidInputError("counts contain NaN or infinite values")
+        if (v != np.round(v)).any():
+            raise InvalidInputError("counts must be whole numbers (got fractional values)")
+    if v.size and v.min() < 0:
+        raise InvalidInputError(f"counts must be >= 0 (found {v.min()})")
+    X = X.astype(np.int64)
+    X.eliminate_zeros()
+    X.sum_duplicates()
+    if X.nnz == 0:
+        raise InvalidInputError("every document is empty: the corpus has no tokens")
+    return {"X": X}
+
+
+def _docs_to_matrix(docs: Sequence, vocab_size: int | None) -> sp.csr_matrix:
+    rows, cols = [], []
+    for i, doc in enumerate(docs):
+        ids = np.asarray(doc)
+        if ids.size == 0:
+            continue
+        if ids.ndim != 1 or ids.dtype.kind not in "iu":
+            if ids.dtype.kind == "f" and ids.ndim == 1 and (ids == np.round(ids)).all():
+                ids = ids.astype(np.int64)
+            else:
+                raise InvalidInputError(f"document {i} is not a flat sequence of integer token ids")
+        rows.append(np.full(ids.size, i, dtype=np.int64))
+        cols.append(ids.astype(np.int64))
+    if not rows:
+        raise InvalidInputError("every document is empty: the corpus has no tokens")
+    r, c = np.concatenate(rows), np.concatenate(cols)
+    if c.min() < 0:
+        raise InvalidInputError(f"token ids must be >= 0 (found {c.min()})")
+    V = int(c.max()) + 1 if vocab_size is None else int(vocab_size)
+    if c.max() >= V:
+        raise InvalidInputError(f"token id {c.max()} is outside the vocabulary of {V} words")
+    X = sp.csr_matrix((np.ones(c.size, dtype=np.int64), (r, c)), shape=(len(docs), V))
+    X.sum_duplicates()
+    return X
+
+
+def token_layout(X: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(w, d, doc_len)``: a shard's tokens in sampling order.
+
+    ``w`` and ``d`` (int64) are each token's word and document (row within the
+    shard). Inside a document the tokens are put in a fixed pseudo-random order
+    (a hash of word and occurrence, so repeats of a word are spread out); then
+    all tokens are sorted by their relative position in their document, so any
+    contiguous slice of ``1/n`` of the tokens holds about ``1/n`` of every document.
+    """
+    X = sp.csr_matrix(X)
+    X.sum_duplicates()
+    counts = X.data.astype(np.int64)
+    if counts.size and counts.min() < 0:
+        raise InvalidInputError("counts must be >= 0")
+    n_docs = X.shape[0]
+    nnz_doc = np.repeat(np.arange(n_docs, dtype=np.int64), np.diff(X.indptr))
+    w = np.repeat(X.indices.astype(np.int64), counts)
+    d = np.repeat(nnz_doc, counts)
+    n = w.shape[0]
+    doc_len = np.bincount(d, minlength=n_docs).astype(np.int64)
+    if n == 0:
+        return w, d, doc_len
+    # occurrence number of each token within its (doc, word) run
+    run_start = np.repeat(np.cumsum(counts) - counts, counts)
+    occ = np.arange(n, dtype=np.int64) - run_start
+    key = _mix(w.astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15) + occ.astype(np.uint64))
+    order = np.lexsort((key, d))  # documents stay contiguous, tokens shuffled inside
+    w, d = w[order], d[order]
+    doc_start = np.cumsum(doc_len) - doc_len
+    rank = np.arange(n, dtype=np.int64) - doc_start[d]
+    pos = (2 * rank + 1) / (2.0 * doc_len[d])  # relative position in (0, 1)
+    order = np.lexsort((d, pos))
+    return w[order], d[order], doc_len
+
+
+def _mix(x: np.ndarray) -> np.ndarray:
+    """splitmix64's finalizer (uint64 in, uint64 out)."""
+    with np.errstate(over="ignore"):
+        x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        return x ^ (x >> np.uint64(31))
+
+
+# -------------------------------------------------------------- sampler
+def chunk_bounds(n_tokens: int, n_topics: int, min_chunks: int = 64, max_chunk_elems: int = 1 << 21) -> np.ndarray:
+    """Offsets of the chunks a sweep samples at once (host int64, ``n_chunks + 1`` values)."""
+    if n_tokens == 0:
+        return np.zeros(1, dtype=np.int64)
+    per = max(1, max_chunk_elems // max(n_topics, 1))
+    n_chunks = min(n_tokens, max(min_chunks, -(-n_tokens // per)))
+    return np.linspace(0, n_tokens, n_chunks + 1).round().astype(np.int64)
+
+
+def gibbs_sweep(xp, w, d, z, At, Dt, T, alpha, beta: float, u, bounds) -> None:
+    """One collapsed Gibbs sweep over a shard's tokens, chunk by chunk, in place.
+
+    ``At`` (K x V) holds the word-topic counts n_wk, ``Dt`` (K x n_docs) the
+    shard's doc-topic counts n_dk, ``T`` (K) the topic totals n_k, all as
+    floats of one dtype (exact integers); ``alpha`` (K), ``u`` (one uniform per
+    token) of the same dtype; ``z`` the assignments (updated). Every token of a
+    chunk is sampled against the counts as of the chunk's start with its own
+    assignment left out; then the chunk's moves update ``At``, ``Dt``, ``T``.
+    ``At`` and ``Dt`` must be C-contiguous (they are updated through flat views).
+    """
+    K, V = At.shape
+    n_docs = Dt.shape[1]
+    f = At.dtype.type
+    Af, Df = At.reshape(-1), Dt.reshape(-1)
+    if not (np.shares_memory(Af, At) if xp is np else Af.data.ptr == At.data.ptr):
+        raise ValueError("At must be C-contiguous")
+    one, fb, vb = f(1), f(beta), f(V * beta)
+    acol = alpha.reshape(K, 1)
+    numpy = xp is np
+    count_dtype = np.uint8 if K < 256 else np.int32
+    mask = None
+    for s, e in zip(bounds[:-1].tolist(), bounds[1:].tolist()):
+        if e == s:
+            continue
+        ws, ds, zo = w[s:e], d[s:e], z[s:e]
+        c = e - s
+        zoi = zo.astype(np.int64)
+        invT = one / (T + vb)
+        p = xp.take(At, ws, axis=1)  # (K, c): n_wk of each token's word
+        p += fb
+        q = xp.take(Dt, ds, axis=1)
+        q += acol
+        p *= q
+        p *= invT.reshape(K, 1)
+        # the token's own topic, with its own count left out
+        ia, idd = zoi * V + ws, zoi * n_docs + ds
+        own = (Af[ia] - one + fb) * (Df[idd] - one + alpha[zoi]) * (one / (T[zoi] - one + vb))
+        if bool((own < 0).any()):
+            raise ValueError("lda sweep: negative count (the tables do not match the assignments)")
+        p[zoi, xp.arange(c)] = own
+        if numpy:  # row-wise running sum: K vector adds (np.cumsum along axis 0 is strided and slow)
+            for k in range(1, K):
+                np.add(p[k - 1], p[k], out=p[k])
+        else:
+            xp.cumsum(p, axis=0, out=p)
+        thr = u[s:e] * p[K - 1]
+        if mask is None or mask.shape[1] < c:
+            mask = xp.empty((K, c), dtype=bool)
+        m = mask[:, :c]
+        xp.less(p, thr, out=m)
+        zn = m.view(np.uint8).sum(axis=0, dtype=count_dtype)
+        moved = xp.flatnonzero(zn != zo)
+        if moved.size == 0:
+            continue
+        a, b = zoi[moved], zn[moved].astype(np.int64)
+        wm, dm = ws[moved], ds[moved]
+        xp.add.at(Af, a * V + wm, -one)
+        xp.add.at(Af, b * V + wm, one)
+        xp.add.at(Df, a * n_docs + dm, -one)
+        xp.add.at(Df, b * n_docs + dm, one)
+        xp.add.at(T, a, -one)
+        xp.add.at(T, b, one)
+        zo[moved] = b.astype(z.dtype)
+
+
+_NUMBA_SWEEP = None
+_NUMBA_LOCK = threading.Lock()
+
+
+def numba_available() -> bool:
+    try:
+        import numba  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def numba_sweep():
+    """The compiled twin of ``gibbs_sweep`` (same chunks, same arithmetic, same result bit for bit).
+
+    It takes the counts in row layouts (``A``: V x K, ``D``: n_docs x K) and
+    samples token by token inside a chunk, without the K x chunk temporaries.
+    Compiled on first use (cached on disk by numba).
+    """
+    global _NUMBA_SWEEP
+    with _NUMBA_LOCK:  # workers of an in-process cluster are threads of one process
+        if _NUMBA_SWEEP is None:
+            _NUMBA_SWEEP = _compile_numba_sweep()
+    return _NUMBA_SWEEP
+
+
+def _compile_numba_sweep():
+    import numba
+
+    @numba.njit(cache=True, nogil=True)
+    def sweep(w, d, z, A, D, T, alpha, one, fb, vb, u, bounds, invT, cum, zn):  # pragma: no cover - compiled
+        # memory safety first: no index below is trusted without these checks
+        K, V, nD, n = T.shape[0], A.shape[0], D.shape[0], w.shape[0]
+        if (A.shape[1] != K or D.shape[1] != K or alpha.shape[0] != K or invT.shape[0] != K or cum.shape[0] != K
+                or d.shape[0] != n or z.shape[0] != n or u.shape[0] < n or bounds[0] < 0 or bounds[-1] > n):
+            raise ValueError("lda sweep: inconsistent array shapes")
+        zero = one - one
+        for ci in range(bounds.shape[0] - 1):
+            s, e = bounds[ci], bounds[ci + 1]
+            if e < s or e - s > zn.shape[0]:
+                raise ValueError("lda sweep: bad chunk bounds")
+            for k in range(K):
+                invT[k] = one / (T[k] + vb)
+            for i in range(s, e):
+                ww, dd, zo = w[i], d[i], z[i]
+                if ww < 0 or ww >= V or dd < 0 or dd >= nD or zo < 0 or zo >= K:
+                    raise ValueError("lda sweep: word, document or topic id out of range")
+                c = zero
+                for k in range(K):
+                    if k == zo:
+                        v = (A[ww, k] - one + fb) * (D[dd, k] - one + alpha[k]) * (one / (T[k] - one + vb))
+                    else:
+                        v = (A[ww, k] + fb) * (D[dd, k] + alpha[k]) * invT[k]
+                    if not v >= zero:
+                        raise ValueError("lda sweep: negative count (the tables do not match the assignments)")
+                    c += v
+                    cum[k] = c
+                thr = u[i] * c
+                n = 0
+                for k in range(K):
+                    if cum[k] < thr:
+                        n += 1
+                zn[i - s] = n
+            for i in range(s, e):
+                a, b = z[i], zn[i - s]
+                if a != b:
+                    ww, dd = w[i], d[i]
+                    A[ww, a] -= one
+                    A[ww, b] += one
+                    D[dd, a] -= one
+                    D[dd, b] += one
+                    T[a] -= one
+                    T[b] += one
+                    z[i] = b
+
+    return sweep
+
+
+_KERNELS = None
+
+
+def _numba_kernels():
+    """Compiled bookkeeping for the NumPy path (``fill_counts``, ``post_sweep``); compiled once per process."""
+    global _KERNELS
+    with _NUMBA_LOCK:
+        if _KERNELS is None:
+            _KERNELS = _compile_kernels()
+    return _KERNELS
+
+
+def _compile_kernels():
+    import math
+    from types import SimpleNamespace
+
+    import numba
+
+    @numba.njit(cache=True, nogil=True)
+    def fill_counts(d, z, D):  # pragma: no cover - compiled
+        """``D[doc, topic]`` = the counts of the assignments ``z`` (D zeroed first)."""
+        nD, K = D.shape
+        D[:] = 0
+        for i in range(d.shape[0]):
+            dd, k = d[i], z[i]
+            if dd < 0 or dd >= nD or k < 0 or k >= K:
+                raise ValueError("lda: document or topic id out of range")
+            D[dd, k] += 1
+
+    @numba.njit(cache=True, nogil=True)
+    def post_sweep(w, d, z_old, z_new, D, doc_len, alpha, mark, rows, delta, topic_delta, doc_delta, stats):  # pragma: no cover
+        """After a sweep: the word-topic delta rows (``rows[:n]``, ``delta[:n]``, returns n), the topic and
+        doc-topic deltas, and ``stats`` (per topic [count, sum of word id + 1]; row K: log p(z) of the
+        shard's documents from the doc-topic counts ``D``). ``mark`` (V, all -1) is left as it came."""
+        K, V, nD, n = alpha.shape[0], mark.shape[0], D.shape[0], w.shape[0]
+        if (D.shape[1] != K or doc_delta.shape[0] != nD or doc_delta.shape[1] != K or delta.shape[1] != K
+                or topic_delta.shape[0] != K or stats.shape[0] != K + 1 or doc_len.shape[0] != nD):
+            raise ValueError("lda: inconsistent array shapes")
+        n_rows = 0
+        for i in range(n):
+            a, b, ww, dd = z_old[i], z_new[i], w[i], d[i]
+            if a < 0 or a >= K or b < 0 or b >= K or ww < 0 or ww >= V or dd < 0 or dd >= nD:
+                raise ValueError("lda: word, document or topic id out of range")
+            stats[b, 0] += 1.0
+            stats[b, 1] += ww + 1.0
+            if a != b:
+                j = mark[ww]
+                if j < 0:
+                    if n_rows >= rows.shape[0]:
+                        raise ValueError("lda: too many moved words for the buffer")
+                    j = n_rows
+                    mark[ww] = j
+                    rows[j] = ww
+                    for k in range(K):
+                        delta[j, k] = 0
+                    n_rows += 1
+                delta[j, a] -= 1
+                delta[j, b] += 1
+                topic_delta[a] -= 1
+                topic_delta[b] += 1
+                doc_delta[dd, a] -= 1
+                doc_delta[dd, b] += 1
+        for j in range(n_rows):
+            mark[rows[j]] = -1
+        asum = 0.0
+        symmetric = True
+        for k in range(K):
+            asum += alpha[k]
+            symmetric = symmetric and alpha[k] == alpha[0]
+        lga = np.empty(K)
+        for k in range(K):
+            lga[k] = math.lgamma(alpha[k])
+        L = 0  # symmetric alpha: lgG(alpha + c) - lgG(alpha) from a table up to the longest document
+        if symmetric:
+            for dd in range(nD):
+                L = max(L, doc_len[dd] + 1)
+        table = np.empty(L)
+        for c in range(L):
+            table[c] = math.lgamma(alpha[0] + c) - lga[0]
+        ll = 0.0
+        lgs = math.lgamma(asum)
+        for dd in range(nD):
+            ll += lgs - math.lgamma(asum + doc_len[dd])
+            for k in range(K):
+                c = D[dd, k]
+                if c > 0:
+                    ll += table[int(c)] if symmetric else math.lgamma(alpha[k] + c) - lga[k]
+        stats[K, 0] += ll
+        return n_rows
+
+    @numba.njit(cache=True, nogil=True)
+    def load_table(wt, A, T):  # pragma: no cover - compiled
+        """``A`` = ``wt`` as floats and ``T`` = its column sums (the topic totals), in one pass."""
+        V, K = wt.shape
+        if A.shape[0] != V or A.shape[1] != K or T.shape[0] != K:
+            raise ValueError("lda: inconsistent array shapes")
+        for k in range(K):
+            T[k] = 0
+        for v in range(V):
+            for k in range(K):
+                c = wt[v, k]
+                A[v, k] = c
+                T[k] += c
+
+    @numba.njit(cache=True, nogil=True)
+    def word_stats(wt, beta, colsum, idsum):  # pragma: no cover - compiled
+        """Column sums, id-weighted column sums (ids from 1), the smallest count and
+        ``sum over entries of lgG(n + beta) - lgG(beta)`` of a V x K count table, in one pass."""
+        V, K = wt.shape
+        L = 4096
+        table = np.empty(L)
+        lgb = math.lgamma(beta)
+        for c in range(L):
+            table[c] = math.lgamma(c + beta) - lgb
+        for k in range(K):
+            colsum[k] = 0
+            idsum[k] = 0
+        low = 0
+        s = 0.0
+        for v in range(V):
+            for k in range(K):
+                c = wt[v, k]
+                colsum[k] += c
+                idsum[k] += (v + 1) * c
+                if c < low:
+                    low = c
+                if c > 0:
+                    s += table[c] if c < L else math.lgamma(c + beta) - lgb
+        return low, s
+
+    return SimpleNamespace(fill_counts=fill_counts, post_sweep=post_sweep, load_table=load_table, word_stats=word_stats)
+
+
+def doc_counts(xp, d, z, n_docs: int, K: int):
+    """n_dk (n_docs x K, int64) from the assignments."""
+    return xp.bincount(d * K + z.astype(np.int64), minlength=n_docs * K).reshape(n_docs, K)
+
+
+def loglikelihood(word_topic: np.ndarray, doc_topic: np.ndarray, alpha, beta: float) -> float:
+    """Complete-data log p(w, z) (Griffiths & Steyvers), as ``lda.LDA.loglikelihood()`` computes it.
+
+    ``word_topic``: V x K counts; ``doc_topic``: D x K counts; ``alpha`` scalar
+    or one per topic (the Dirichlet normaliser then uses their sum).
+    """
+    wt = np.asarray(word_topic)
+    return word_loglik(wt, wt.sum(axis=0), beta) + doc_loglik(np.asarray(doc_topic), alpha)
+
+
+def word_loglik(word_topic: np.ndarray, topic_total: np.ndarray, beta: float) -> float:
+    """log p(w | z): ``sum_k [lgG(V b) - lgG(V b + n_k) + sum_w (lgG(n_wk + b) - lgG(b))]``."""
+    from scipy.special import gammaln
+
+    V, K = word_topic.shape
+    ll = K * gammaln(V * beta) - gammaln(V * beta + np.asarray(topic_total, dtype=np.float64)).sum()
+    return float(ll + _lgamma_sum(word_topic, beta))
+
+
+def doc_loglik(doc_topic: np.ndarray, alpha) -> float:
+    """log p(z): ``sum_d [lgG(sum a) - lgG(sum a + n_d) + sum_k (lgG(n_dk + a_k) - lgG(a_k))]``."""
+    from scipy.special import gammaln
+
+    D, K = doc_topic.shape
+    a = np.broadcast_to(np.asarray(alpha, dtype=np.float64), (K,))
+    asum = float(a.sum())
+    nd = doc_topic.sum(axis=1)
+    ll = D * gammaln(asum) - gammaln(asum + nd).sum()
+    if np.all(a == a[0]):
+        ll += _lgamma_sum(doc_topic, float(a[0]))
+    else:
+        nz = doc_topic > 0
+        ll += (gammaln(doc_topic + a) - gammaln(a))[nz].sum()
+    return float(ll)
+
+
+def _lgamma_sum(counts: np.ndarray, prior: float) -> float:
+    """``sum over entries of lgG(n + prior) - lgG(prior)`` for integer counts n >= 0 (a table lookup)."""
+    from scipy.special import gammaln
+
+    counts = np.asarray(counts)
+    if counts.size == 0:
+        return 0.0
+    top = int(counts.max())
+    if top <= 1 << 22:
+        table = gammaln(np.arange(top + 1, dtype=np.float64) + prior) - gammaln(prior)
+        return float(table[counts].sum())
+    nz = counts[counts > 0].astype(np.float64)
+    return float((gammaln(nz + prior) - gammaln(prior)).sum())
+
+
+# ------------------------------------------------------------ algorithm
+class LDAGibbs(Algorithm):
+    """LDA by AD-LDA collapsed Gibbs sampling (tables ``word_topic``, ``topic_total``, ``doc_topic``).
+
+    ``n_topics`` K >= 1; ``alpha`` > 0, one number (symmetric) or K of them;
+    ``beta`` > 0 (symmetric); ``seed`` fixes the run. ``early_stop``: stop when
+    the mean log-likelihood of the last ``window`` clocks changed by less than
+    ``tol`` (relative) from the ``window`` before; off, it runs ``max_clocks``.
+    ``min_chunks`` / ``max_chunk_elems``: how a sweep is cut (see the module doc).
+    ``backend``: ``"auto"`` (compiled sampler on NumPy workers when numba is
+    installed), ``"xp"`` (the array-namespace sampler) or ``"numba"``.
+    Data: ``{"X": documents x vocabulary counts}``, best made by ``lda_data``.
+
+    Per clock a shard pulls ``word_topic`` (V x K) and ``topic_total`` once per
+    worker, and pushes its deltas: changed ``word_topic`` rows (one dense V x K
+    block when more than a quarter of the rows changed), ``topic_total`` and its
+    documents' ``doc_topic`` rows. A worker keeps scratch arrays between clocks
+    (the float copies of the counts, per shard shape).
+    """
+
+    name = "lda"
+    data_names = ("X",)
+
+    def __init__(self, n_topics: int = 20, alpha: float | Sequence[float] = 0.1, beta: float = 0.01, *,
+                 seed: int = 0, tol: float = 1e-4, window: int = 10, early_stop: bool = True,
+                 min_chunks: int = 64, max_chunk_elems: int = 1 << 21, backend: str = "auto"):
+        if isinstance(n_topics, bool) or not isinstance(n_topics, (int, np.integer)) or n_topics < 1:
+            raise InvalidInputError(f"n_topics (K) must be an integer >= 1, got {n_topics!r}")
+        self.n_topics = int(n_topics)
+        try:
+            a = np.asarray(alpha, dtype=np.float64)
+        except (TypeError, ValueError):
+            raise InvalidInputError(f"alpha must be a number or {n_topics} numbers, got {alpha!r}") from None
+        if a.ndim > 1 or (a.ndim == 1 and a.shape[0] != self.n_topics):
+            raise InvalidInputError(f"alpha must be one number or {self.n_topics} numbers (one per topic), got shape {a.shape}")
+        if not (np.isfinite(a).all() and (a > 0).all()):
+            raise InvalidInputError(f"alpha must be > 0 and finite, got {alpha!r}")
+        self.alpha = float(a) if a.ndim == 0 else tuple(float(x) for x in a)
+        try:
+            beta = float(beta)
+        except (TypeError, ValueError):
+            raise InvalidInputError(f"beta must be a number, got {beta!r}") from None
+        if not (math.isfinite(beta) and beta > 0):
+            raise InvalidInputError(f"beta must be > 0 and finite, got {beta!r}")
+        self.beta = beta
+        if not (np.isfinite(tol) and tol > 0):
+            raise InvalidInputError(f"tol must be > 0, got {tol}")
+        if window < 1 or min_chunks < 1 or max_chunk_elems < 1:
+            raise InvalidInputError("window, min_chunks and max_chunk_elems must be >= 1")
+        if backend not in ("auto", "xp", "numba"):
+            raise InvalidInputError(f"backend must be 'auto', 'xp' or 'numba', not {backend!r}")
+        if backend == "numba" and not numba_available():
+            raise InvalidInputError("backend='numba' needs numba installed (pip install numba)")
+        self.backend = backend
+        self.seed = int(seed)
+        self.tol = float(tol)
+        self.window = int(window)
+        self.early_stop = bool(early_stop)
+        self.min_chunks = int(min_chunks)
+        self.max_chunk_elems = int(max_chunk_elems)
+
+    # ----------------------------------------------------------- setup
+    def alphas(self) -> np.ndarray:
+        """alpha as K numbers."""
+        return np.broadcast_to(np.asarray(self.alpha, dtype=np.float64), (self.n_topics,)).copy()
+
+    def validate(self, meta: DataMeta) -> None:
+        if "X" not in meta.shapes:
+            raise InvalidInputError("LDA needs the array 'X' (documents x vocabulary counts); use algorithms.lda.lda_data")
+        if len(meta.shapes["X"]) != 1 or meta.shapes["X"][0] < 1:
+            raise InvalidInputError(f"X must be 2-D (documents x vocabulary); its rows have shape {meta.shapes['X']}")
+        if np.dtype(meta.dtypes["X"]).kind not in "iu":
+            raise InvalidInputError(
+                f"X must hold integer counts, not {meta.dtypes['X']}; convert with algorithms.lda.lda_data"
+            )
+
+    def tables(self, meta: DataMeta) -> list[TableSpec]:
+        V, K = meta.shapes["X"][0], self.n_topics
+        return [
+            TableSpec("word_topic", V, (K,), dtype="int64"),
+            TableSpec("topic_total", K, dtype="int64", n_parts=1),
+            TableSpec("doc_topic", meta.n_rows, (K,), dtype="int64"),
+            # this clock's checks, recomputed from the assignments by every shard: rows 0..K-1 are
+            # [tokens in topic k, sum of (word id + 1) over them]; row K is [the shards' log p(z), 0]
+            TableSpec("stats", K + 1, (2,), kind="reduction", n_parts=1),
+        ]
+
+    def prepare_shard(self, arrays, xp):
+        """Lay a shard's tokens out for the sampler (idempotent: a moved shard arrives prepared)."""
+        if "X" in arrays:
+            X = arrays["X"]
+            if not sp.issparse(X):
+                X = np.asarray(X)
+                if X.dtype.kind not in "iu" or (X.size and X.min() < 0):
+                    raise InvalidInputError("X must hold non-negative integer counts")
+            w, d, doc_len = token_layout(X)
+            arrays = {"w": w, "d": d, "doc_len": doc_len}
+        # owned copies: concurrent attempts of a shard (backups) never share a buffer
+        return {k: xp.array(v, copy=True) for k, v in arrays.items()}
+
+    def _rng(self, shard: int, clock: int) -> np.random.Generator:
+        return np.random.default_rng(np.random.SeedSequence([self.seed, int(shard), int(clock)]))
+
+    # ------------------------------------------------------- shard step
+    def shard_step(self, ctx, data) -> None:
+        xp, K = ctx.xp, self.n_topics
+        w, d = data["w"], data["d"]
+        n_docs, n = int(data["doc_len"].shape[0]), int(w.shape[0])
+        if ctx.clock == 1:
+            z = xp.asarray(self._rng(ctx.shard, 1).integers(0, K, n).astype(np.int32))
+            ctx.set_state("z", z)
+            self._add_counts(ctx, data, z)
+            self._add_checks(ctx, data, z, doc_counts(xp, d, z, n_docs, K))
+            return
+        if "z" not in ctx.state:
+            raise RuntimeError(f"shard {ctx.shard} has no topic assignments at clock {ctx.clock}")
+        z_old = ctx.state["z"]
+        if n == 0:
+            self._add_checks(ctx, data, z_old, xp.zeros((n_docs, K), dtype=np.int64))
+            return
+        wt = ctx.pull("word_topic")
+        z = z_old.copy()
+        if self.use_numba(xp):  # takes the topic totals from the column sums: one pull fewer
+            self._compiled_step(ctx, data, z_old, z, wt)
+            return
+        tt = ctx.pull("topic_total")
+        nd_old = doc_counts(xp, d, z_old, n_docs, K)
+        self.sweep(xp, w, d, z, wt, nd_old, tt, self._rng(ctx.shard, ctx.clock))
+        ctx.set_state("z", z)
+        nd_new = doc_counts(xp, d, z, n_docs, K)
+        self._push_deltas(ctx, data, z_old, z, nd_new - nd_old)
+        self._add_checks(ctx, data, z, nd_new)
+
+    def use_numba(self, xp) -> bool:
+        return xp is np and (self.backend == "numba" or (self.backend == "auto" and numba_available()))
+
+    def _float(self, topic_total) -> type:
+        return np.float32 if int(topic_total.sum()) < FLOAT32_TOKENS else np.float64
+
+    def sweep(self, xp, w, d, z, word_topic, doc_topic, topic_total, rng: np.random.Generator) -> None:
+        """One Gibbs sweep of a shard (``z`` updated in place) from its count tables, in the namespace ``xp``.
+
+        ``word_topic`` (V x K) and ``topic_total`` (K): the clock-start tables;
+        ``doc_topic`` (n_docs x K): the shard's counts. Counts are held as
+        float32 (exact below 2^24 tokens; float64 above). ``backend`` picks the
+        compiled twin of the sampler when the namespace is NumPy.
+        """
+        K, n = self.n_topics, w.shape[0]
+        f = self._float(topic_total)
+        u = xp.asarray(rng.random(n, dtype=f))
+        alpha = xp.asarray(self.alphas().astype(f))
+        T = topic_total.astype(f)
+        bounds = chunk_bounds(n, K, self.min_chunks, self.max_chunk_elems)
+        if self.use_numba(xp):
+            A = np.array(word_topic, dtype=f, order="C")
+            D = np.array(doc_topic, dtype=f, order="C")
+            self._numba_sweep(w, d, z, A, D, T, alpha, u, bounds)
+            return
+        At = xp.array(word_topic.T, dtype=f, order="C")
+        Dt = xp.array(doc_topic.T, dtype=f, order="C")
+        gibbs_sweep(xp, w, d, z, At, Dt, T, alpha, self.beta, u, bounds)
+
+    def _numba_sweep(self, w, d, z, A, D, T, alpha, u, bounds) -> None:
+        f = A.dtype.type
+        K = self.n_topics
+        zn = self._buf("zn", (int(np.diff(bounds).max()),), np.int64)
+        numba_sweep()(w, d, z, A, D, T, alpha, f(1), f(self.beta), f(A.shape[0] * self.beta), u, bounds,
+                      self._buf("invT", (K,), f), self._buf("cum", (K,), f), zn)
+
+    def _buf(self, name: str, shape: tuple, dtype, fill=None) -> np.ndarray:
+        """A scratch array kept between clocks on this worker (no page faults for fresh memory each clock)."""
+        bufs = self.__dict__.setdefault("_scratch", {})
+        key = (name, shape, np.dtype(dtype).str)
+        a = bufs.get(key)
+        if a is None:
+            a = np.empty(shape, dtype=dtype) if fill is None else np.full(shape, fill, dtype=dtype)
+            bufs[key] = a
+        return a
+
+    def _compiled_step(self, ctx, data, z_old, z, wt) -> None:
+        """The NumPy path with numba: the same sweep as ``sweep`` (bit for bit), and the bookkeeping
+        (count deltas, checks, the shard's log p(z)) in one compiled pass over the tokens."""
+        K, V = self.n_topics, wt.shape[0]
+        w, d, doc_len = data["w"], data["d"], data["doc_len"]
+        n, n_docs = w.shape[0], doc_len.shape[0]
+        kern = _numba_kernels()
+        f = np.float32
+        A, T = self._buf("A", (V, K), f), np.empty(K, dtype=f)
+        kern.load_table(wt, A, T)  # T: the column sums, equal to topic_total (checked every clock)
+        if float(T.astype(np.float64).sum()) >= FLOAT32_TOKENS / 2:  # (float32 sums are exact far below 2^24)
+            f = self._float(wt.sum(axis=0))
+            if f is not np.float32:
+                A, T = self._buf("A", (V, K), f), np.empty(K, dtype=f)
+                kern.load_table(wt, A, T)
+        D = self._buf("D", (n_docs, K), f)
+        kern.fill_counts(d, z_old, D)
+        alpha = self.alphas()
+        u = self._rng(ctx.shard, ctx.clock).random(n, dtype=f, out=self._buf("u", (n,), f))
+        bounds = chunk_bounds(n, K, self.min_chunks, self.max_chunk_elems)
+        self._numba_sweep(w, d, z, A, D, T, alpha.astype(f), u, bounds)
+        ctx.set_state("z", z)
+        cap = min(V, n)
+        rows, delta = self._buf("rows", (cap,), np.int64), self._buf("delta", (cap, K), np.int64)
+        topic_delta, doc_delta = np.zeros(K, dtype=np.int64), self._buf("doc_delta", (n_docs, K), np.int64)
+        doc_delta[:] = 0  # kept between clocks, like ``dense``: the engine copies what is added before the next step
+        stats = np.zeros((K + 1, 2))
+        n_rows = kern.post_sweep(w, d, z_old, z, D, doc_len, alpha, self._buf("mark", (V,), np.int64, -1),
+                                 rows, delta, topic_delta, doc_delta, stats)
+        if n_rows:
+            if n_rows > V // 4:  # most rows moved: one dense block is cheaper to send and to apply
+                dense = self._buf("dense", (V, K), np.int64)
+                dense[:] = 0
+                dense[rows[:n_rows]] = delta[:n_rows]
+                ctx.add("word_topic", dense)  # staged (copied) by the engine before this worker's next step
+            else:
+                ctx.add_rows("word_topic", rows[:n_rows], delta[:n_rows])
+            ctx.add("topic_total", topic_delta)
+            ctx.add("doc_topic", doc_delta, start=ctx.meta.shard_bounds[ctx.shard][0])
+        ctx.add("stats", stats)
+
+    def _push_deltas(self, ctx, data, z_old, z_new, nd_delta) -> None:
+        xp, K = ctx.xp, self.n_topics
+        moved = xp.flatnonzero(z_new != z_old)
+        if moved.size == 0:
+            return
+        w = data["w"][moved]
+        a, b = z_old[moved].astype(np.int64), z_new[moved].astype(np.int64)
+        words, inv = xp.unique(w, return_inverse=True)
+        inv = inv.reshape(-1)
+        delta = xp.zeros(words.shape[0] * K, dtype=np.int64)
+        xp.add.at(delta, inv * K + b, 1)
+        xp.add.at(delta, inv * K + a, -1)
+        ctx.add_rows("word_topic", words, delta.reshape(-1, K))
+        ctx.add("topic_total", xp.bincount(b, minlength=K) - xp.bincount(a, minlength=K))
+        ctx.add("doc_topic", nd_delta, start=ctx.meta.shard_bounds[ctx.shard][0])
+
+    def _add_counts(self, ctx, data, z) -> None:
+        """Add the counts implied by assignments ``z`` to the three count tables."""
+        xp, K = ctx.xp, self.n_topics
+        w, d = data["w"], data["d"]
+        n_docs = int(data["doc_len"].shape[0])
+        if w.shape[0] == 0:
+            return
+        zi = z.astype(np.int64)
+        words, inv = xp.unique(w, return_inverse=True)
+        counts = xp.bincount(inv.reshape(-1) * K + zi, minlength=words.shape[0] * K).reshape(-1, K)
+        ctx.add_rows("word_topic", words, counts)
+        ctx.add("topic_total", xp.bincount(zi, minlength=K))
+        ctx.add("doc_topic", doc_counts(xp, d, z, n_docs, K), start=ctx.meta.shard_bounds[ctx.shard][0])
+
+    def _add_checks(self, ctx, data, z, nd) -> None:
+        """This clock's checks from the assignments themselves: per-topic token counts and word-id sums,
+        and the shard's documents' part of log p(z)."""
+        xp, K = ctx.xp, self.n_topics
+        zi = z.astype(np.int64)
+        stats = xp.zeros((K + 1, 2))
+        stats[:K, 0] = xp.bincount(zi, minlength=K)
+        stats[:K, 1] = xp.bincount(zi, weights=(data["w"] + 1).astype(np.float64), minlength=K)
+        stats[K, 0] = doc_loglik(dscar.to_host(nd), self.alphas())
+        ctx.add("stats", stats)
+
+    # -------------------------------------------------------- clock end
+    def clock_end(self, ctx) -> dict[str, float]:
+        host = dscar.to_host
+        wt = host(ctx.pull("word_topic"))
+        tt = host(ctx.pull("topic_total"))
+        stats = host(ctx.pull("stats"))
+        zc = stats[:-1].astype(np.int64)  # exact: integer sums far below 2^53
+        n = int(zc[:, 0].sum())
+        V, K = wt.shape
+        if numba_available() and self.backend != "xp":
+            colsum, idsum = np.empty(K, dtype=np.int64), np.empty(K, dtype=np.int64)
+            low, lsum = _numba_kernels().word_stats(np.ascontiguousarray(wt, dtype=np.int64), self.beta, colsum, idsum)
+            from scipy.special import gammaln
+
+            word_ll = K * gammaln(V * self.beta) - gammaln(V * self.beta + tt.astype(np.float64)).sum() + lsum
+        else:
+            colsum, idsum, low = wt.sum(axis=0), np.arange(1, V + 1, dtype=np.int64) @ wt, wt.min()
+            word_ll = word_loglik(wt, tt, self.beta)
+        err = max(
+            int(np.abs(tt - zc[:, 0]).max()),  # topic totals vs the assignments
+            int(np.abs(colsum - zc[:, 0]).max()),  # word-topic column sums vs the assignments
+            int(np.abs(idsum - zc[:, 1]).max()),  # which words hold each topic's tokens
+            max(0, -int(low)), max(0, -int(tt.min())),  # no negative count
+        )
+        ll = word_ll + float(stats[-1, 0])
+        per_token = ll / max(n, 1)
+        return {"objective": -per_token, "loglik": per_token, "count_error": float(err),
+                "tokens": float(n), "iteration": float(ctx.clock - 1)}
+
+    def converged(self, history, tol) -> bool:
+        w = self.window
+        if not self.early_stop or len(history) < 2 * w + 1:
+            return False
+        ll = [h["loglik"] for h in history[-2 * w:]]
+        a, b = sum(ll[:w]) / w, sum(ll[w:]) / w
+        return abs(b - a) <= tol * abs(b)
+
+    # ---------------------------------------------------------- rebuild
+    def rebuild_tables(self) -> list[str]:
+        """The count tables, all derived from the assignments (``doc_topic`` too, for the result)."""
+        return ["word_topic", "topic_total", "doc_topic"]
+
+    def rebuild_step(self, ctx, data) -> None:
+        """Add the counts implied by this shard's assignments ``ctx.state["z"]`` to the count tables.
+
+        After a worker loss the engine zeroes ``rebuild_tables()`` and runs this
+        once over every shard, so the tables equal the assignments again. Cost:
+        one pass over the shard's tokens (a unique and three bincounts, no
+        sampling, no pull) and one push of its counts: the word rows it uses,
+        K totals and its documents' rows; about the cost of the bookkeeping
+        after a sweep, a small fraction of the sweep itself.
+        """
+        if "z" in ctx.state:
+            self._add_counts(ctx, data, ctx.state["z"])
+
+
+# ------------------------------------------------------------ estimator
+class LDA(dscar.EstimatorMixin):
+    """scikit-learn style LDA trained by dscar's collapsed Gibbs sampler.
+
+    ``fit(X)`` with a documents x vocabulary count matrix or a list of token-id
+    lists; then ``components_`` / ``topic_word_`` (K x V, rows sum to 1, as in
+    the ``lda`` package), ``doc_topic_`` (D x K), ``word_topic_`` (V x K
+    counts), ``loglikelihoods_`` (log p(w, z) per token after each sweep,
+    the first entry being the random initialisation), ``top_words(n)``,
+    ``transform(X)`` (fold-in of new documents against the fitted topics).
+    ``n_iter`` is the number of Gibbs sweeps (``n_iter + 1`` clocks).
+    ``n_shards`` defaults to one per worker: AD-LDA's approximation grows with
+    the number of shards sampled against the same clock-start counts.
+    """
+
+    def __init__(self, n_topics: int = 10, *, alpha: float | Sequence[float] = 0.1, beta: float = 0.01,
+                 n_iter: int = 200, seed: int = 0, early_stop: bool = False, tol: float = 1e-4,
+                 cluster=None, n_workers: int = 2, n_shards: int | None = None, progress: bool | None = False):
+        self.n_topics = n_topics
+        self.alpha = alpha
+        self.beta = beta
+        self.n_iter = n_iter
+        self.seed = seed
+        self.early_stop = early_stop
+        self.tol = tol
+        self.cluster = cluster
+        self.n_workers = n_workers
+        self.n_shards = n_shards
+        self.progress = progress
+
+    def _algorithm(self) -> LDAGibbs:
+        return LDAGibbs(self.n_topics, self.alpha, self.beta, seed=self.seed, tol=self.tol,
+                        early_stop=self.early_stop)
+
+    def fit(self, X, y=None, *, vocab: Sequence[str] | None = None) -> "LDA":
+        if not isinstance(self.n_iter, (int, np.integer)) or self.n_iter < 1:
+            raise InvalidInputError(f"n_iter must be an integer >= 1, got {self.n_iter!r}")
+        algo = self._algorithm()
+        data = lda_data(X)
+        if vocab is not None and len(vocab) != data["X"].shape[1]:
+            raise InvalidInputError(f"vocab has {len(vocab)} words, X has {data['X'].shape[1]} columns")
+        n_shards = self.n_shards
+        if n_shards is None:
+            n_shards = self.n_workers if self.cluster is None else _n_workers(self.cluster)
+            n_shards = max(1, min(n_shards, data["X"].shape[0]))
+        res = dscar.fit(algo, data, self.cluster, n_workers=self.n_workers, n_shards=n_shards,
+                        max_clocks=self.n_iter + 1, progress=self.progress)
+        self.word_topic_ = res.params["word_topic"]
+        self.doc_topic_counts_ = res.params["doc_topic"]
+        a, b = algo.alphas(), algo.beta
+        tw = self.word_topic_.T + b
+        self.components_ = tw / tw.sum(axis=1, keepdims=True)
+        self.topic_word_ = self.components_
+        dt = self.doc_topic_counts_ + a
+        self.doc_topic_ = dt / dt.sum(axis=1, keepdims=True)
+        self.loglikelihoods_ = [rec.metrics["loglik"] for rec in res.history]
+        self.n_iter_ = res.n_clocks - 1
+        self.vocab_ = None if vocab is None else tuple(vocab)
+        self.result_ = res
+        return self
+
+    def loglikelihood(self) -> float:
+        """log p(w, z) of the final assignments (total, like ``lda.LDA.loglikelihood()``)."""
+        return loglikelihood(self.word_topic_, self.doc_topic_counts_, self._algorithm().alphas(), self.beta)
+
+    def top_words(self, n: int = 10) -> list[list]:
+        """The ``n`` most probable words of every topic (vocabulary strings when fitted with ``vocab``)."""
+        idx = np.argsort(-self.components_, axis=1, kind="stable")[:, :n]
+        if self.vocab_ is None:
+            return idx.tolist()
+        return [[self.vocab_[i] for i in row] for row in idx]
+
+    def transform(self, X, max_iter: int = 50, tol: float = 1e-8) -> np.ndarray:
+        """Document-topic mixtures of new documents, the topics held fixed (EM fold-in)."""
+        Xc = lda_data(X, vocab_size=self.components_.shape[1])["X"].astype(np.float64)
+        phi = self.components_  # K x V
+        D, K = Xc.shape[0], phi.shape[0]
+        theta = np.full((D, K), 1.0 / K)
+        rows = np.repeat(np.arange(D), np.diff(Xc.indptr))
+        cols = Xc.indices
+        for _ in range(max_iter):
+            denom = np.einsum("ik,ki->i", theta[rows], phi[:, cols])
+            R = sp.csr_matrix((Xc.data / denom, cols, Xc.indptr), shape=Xc.shape)
+            new = theta * (R @ phi.T)
+            new /= np.maximum(new.sum(axis=1, keepdims=True), 1e-300)
+            done = np.abs(new - theta).max() < tol
+            theta = new
+            if done:
+                break
+        empty = np.diff(Xc.indptr) == 0
+        theta[empty] = 1.0 / K
+        return theta
+
+    def fit_transform(self, X, y=None, **kw) -> np.ndarray:
+        return self.fit(X, **kw).doc_topic_
+
+
+def _n_workers(cluster) -> int:
+    """Workers of a cluster given as a ``dscar.Cluster``, a Client, a LocalCluster or an address."""
+    if isinstance(cluster, dscar.Cluster):
+        return len(cluster.workers)
+    cl = dscar.Cluster(cluster)
+    try:
+        return len(cl.workers)
+    finally:
+        cl.close()
+
+
+# ------------------------------------------------------------------ CLI
+class LDACommand:
+    """``dscar run lda``: the ``lda`` package's Reuters corpus, or a synthetic one."""
+
+    help = "LDA by distributed collapsed Gibbs sampling (Reuters by default, or --synthetic)"
+
+    def add_arguments(self, g) -> None:
+        g.add_argument("--topics", "-K", type=int, default=20, help="number of topics K (default 20)")
+        g.add_argument("--alpha", type=float, default=0.1, help="document-topic Dirichlet prior (default 0.1)")
+        g.add_argument("--beta", type=float, default=0.01, help="topic-word Dirichlet prior (default 0.01)")
+        g.add_argument("--synthetic", action="store_true", help="a corpus drawn from the LDA model instead of Reuters")
+        g.add_argument("--docs", type=int, default=5000, help="synthetic: documents (default 5000)")
+        g.add_argument("--vocab", type=int, default=10_000, help="synthetic: vocabulary size (default 10000)")
+        g.add_argument("--doc-length", type=int, default=100, help="synthetic: tokens per document (default 100)")
+        g.add_argument("--true-topics", type=int, default=None, help="synthetic: topics of the generating model (default K)")
+        g.add_argument("--no-early-stop", action="store_true",
+                       help="run all --max-clocks (default: stop when the log-likelihood levels off)")
+
+    def build(self, args):
+        from . import corpora
+
+        if args.synthetic:
+            corpus = corpora.synthetic(args.docs, args.vocab, args.doc_length, args.true_topics or args.topics,
+                                       seed=args.seed)
+            name = "synthetic corpus"
+        else:
+            corpus = corpora.reuters()
+            name = "Reuters (lda package)"
+        algo = LDAGibbs(args.topics, args.alpha, args.beta, seed=args.seed,
+                        tol=1e-4 if args.tol is None else args.tol, early_stop=not args.no_early_stop)
+        if getattr(args, "shards", None) is None:  # AD-LDA is most exact with few shards
+            args.shards = max(1, args.workers)
+        desc = (f"{name}: {corpus.describe()}; K={args.topics}, alpha={args.alpha:g}, beta={args.beta:g}; "
+                f"clock 1 initialises, each later clock is one Gibbs sweep; objective = -log p(w,z) per token")
+        return algo, lda_data(corpus.X), desc
+
+
+CLI = LDACommand()

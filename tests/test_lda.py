@@ -1,0 +1,407 @@
+"""LDA by distributed collapsed Gibbs sampling (algorithms.lda): sampler, count invariants, rebuild, accuracy."""
+import logging
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+
+import dscar
+from algorithms import corpora
+from algorithms.lda import (
+    LDA,
+    LDAGibbs,
+    chunk_bounds,
+    doc_counts,
+    gibbs_sweep,
+    lda_data,
+    loglikelihood,
+    numba_available,
+    token_layout,
+)
+from dscar import InvalidInputError, TableSpec
+
+lda = pytest.importorskip("lda")
+logging.getLogger("lda").setLevel(logging.WARNING)
+
+
+@pytest.fixture(scope="module")
+def reuters():
+    return corpora.reuters()
+
+
+@pytest.fixture(scope="module")
+def small():
+    """A small corpus from the LDA model: 120 docs x 40 tokens, V = 150, K = 4."""
+    return corpora.synthetic(120, 150, 40, 4, seed=3)
+
+
+def fit(algo, X, cluster, clocks, n_shards=2, **kw):
+    return dscar.fit(algo, lda_data(X), cluster, n_shards=n_shards, max_clocks=clocks, progress=False, **kw)
+
+
+def assert_tables_match(res, X):
+    """The final tables are counts of one set of assignments of X's tokens."""
+    X = sp.csr_matrix(X)
+    wt, tt, dt = res.params["word_topic"], res.params["topic_total"], res.params["doc_topic"]
+    assert wt.min() >= 0 and tt.min() >= 0 and dt.min() >= 0
+    np.testing.assert_array_equal(wt.sum(axis=1), np.asarray(X.sum(axis=0)).ravel())  # every word's tokens
+    np.testing.assert_array_equal(dt.sum(axis=1), np.asarray(X.sum(axis=1)).ravel())  # every document's tokens
+    np.testing.assert_array_equal(wt.sum(axis=0), tt)
+    np.testing.assert_array_equal(dt.sum(axis=0), tt)
+
+
+# ------------------------------------------------------------------ input
+@pytest.mark.parametrize("X, kw, msg", [
+    (np.array([[1, -1], [2, 0]]), {}, ">= 0"),
+    (np.array([[1.5, 0], [2, 0]]), {}, "whole numbers"),
+    (np.zeros((3, 4), dtype=int), {}, "no tokens"),
+    (sp.csr_matrix((3, 4), dtype=np.int64), {}, "no tokens"),
+    ([[0, 1], [5]], {"vocab_size": 5}, "outside the vocabulary"),
+    ([[0, -1]], {}, ">= 0"),
+    ([[], []], {}, "no tokens"),
+    ([["a", "b"]], {}, "integer token ids"),
+    (np.array([1, 2, 3]), {}, "2-D"),
+    (np.ones((2, 3), dtype=int), {"vocab_size": 4}, "vocab_size"),
+])
+def test_bad_input_is_rejected_before_any_work(X, kw, msg):
+    with pytest.raises(InvalidInputError, match=msg):
+        lda_data(X, **kw)
+
+
+@pytest.mark.parametrize("kw, msg", [
+    ({"n_topics": 0}, "n_topics"), ({"n_topics": 2.5}, "n_topics"),
+    ({"alpha": 0.0}, "alpha"), ({"alpha": -1}, "alpha"), ({"alpha": [0.1, 0.2]}, "one per topic"),
+    ({"alpha": float("nan")}, "alpha"), ({"beta": 0}, "beta"), ({"beta": -0.5}, "beta"),
+    ({"backend": "gpu"}, "backend"),
+])
+def test_bad_hyperparameters(kw, msg):
+    args = {"n_topics": 3, **kw}
+    with pytest.raises(InvalidInputError, match=msg):
+        LDAGibbs(**args)
+
+
+def test_float_counts_go_through_lda_data(inproc):
+    with pytest.raises(InvalidInputError, match="integer counts"):  # validate(meta), before the job starts
+        dscar.fit(LDAGibbs(3), {"X": np.ones((4, 5))}, inproc, n_shards=2, max_clocks=2, progress=False)
+    d = lda_data(np.ones((4, 5)))  # whole-number floats are fine once converted
+    assert d["X"].dtype == np.int64 and d["X"].sum() == 20
+
+
+def test_token_lists_and_matrices_give_the_same_data():
+    docs = [[0, 3, 3, 1], [], [2, 2, 2]]
+    X = lda_data(docs, vocab_size=5)["X"]
+    np.testing.assert_array_equal(X.toarray(), [[1, 1, 0, 2, 0], [0, 0, 0, 0, 0], [0, 0, 3, 0, 0]])
+    np.testing.assert_array_equal(lda_data(X.toarray())["X"].toarray(), X.toarray())
+
+
+# ---------------------------------------------------------------- sampler
+def test_loglikelihood_is_the_lda_package_formula(reuters):
+    m = lda.LDA(n_topics=7, n_iter=5, alpha=0.3, eta=0.02, random_state=0).fit(np.asarray(reuters.X.toarray(), dtype=np.int32))
+    ours = loglikelihood(m.nzw_.T.astype(np.int64), m.ndz_.astype(np.int64), 0.3, 0.02)
+    assert ours == pytest.approx(m.loglikelihood(), rel=1e-12)
+    # an asymmetric alpha with equal entries is the symmetric one
+    assert loglikelihood(m.nzw_.T, m.ndz_, [0.3] * 7, 0.02) == pytest.approx(ours, rel=1e-12)
+
+
+def test_token_layout_keeps_every_token_and_spreads_documents_over_chunks(small):
+    X = small.X[:30]
+    w, d, doc_len = token_layout(X)
+    np.testing.assert_array_equal(doc_len, np.asarray(X.sum(axis=1)).ravel())
+    got = sp.csr_matrix((np.ones(w.size), (d, w)), shape=X.shape).toarray()
+    np.testing.assert_array_equal(got, X.toarray())
+    bounds = chunk_bounds(w.size, 4, min_chunks=8)
+    assert bounds[0] == 0 and bounds[-1] == w.size and len(bounds) == 9
+    for s, e in zip(bounds[:-1], bounds[1:]):  # each chunk holds about 1/8 of every document
+        per_doc = np.bincount(d[s:e], minlength=X.shape[0])
+        assert (per_doc <= np.ceil(doc_len / 8) + 1).all()
+
+
+def sequential_sweep(w, d, z, nwk, ndk, nk, alpha, beta, u):
+    """Textbook collapsed Gibbs, one token at a time (float64, the kernel's arithmetic order)."""
+    V, K = nwk.shape
+    for i in range(w.size):
+        wi, di, zi = w[i], d[i], z[i]
+        nwk[wi, zi] -= 1
+        ndk[di, zi] -= 1
+        nk[zi] -= 1
+        p = (nwk[wi] + beta) * (ndk[di] + alpha) * (1.0 / (nk + V * beta))
+        c = np.cumsum(p)
+        k = int((c < u[i] * c[-1]).sum())
+        z[i] = k
+        nwk[wi, k] += 1
+        ndk[di, k] += 1
+        nk[k] += 1
+
+
+def test_one_token_chunks_are_exactly_sequential_gibbs(small):
+    X = small.X[:12]
+    w, d, doc_len = token_layout(X)
+    V, K, n = X.shape[1], 5, w.size
+    rng = np.random.default_rng(0)
+    z = rng.integers(0, K, n).astype(np.int32)
+    u = rng.random(n)
+    nwk = np.zeros((V, K)); np.add.at(nwk, (w, z), 1)
+    ndk = doc_counts(np, d, z, doc_len.size, K).astype(np.float64)
+    z_seq = z.astype(np.int64)
+    sequential_sweep(w, d, z_seq, nwk.copy(), ndk.copy(), nwk.sum(axis=0), 0.1, 0.01, u)
+    At, Dt, T = np.ascontiguousarray(nwk.T), np.ascontiguousarray(ndk.T), nwk.sum(axis=0)
+    gibbs_sweep(np, w, d, z, At, Dt, T, np.full(K, 0.1), 0.01, u, np.arange(n + 1))
+    np.testing.assert_array_equal(z, z_seq)
+    # the counts were kept up to date along the way
+    np.testing.assert_array_equal(At.T, np.bincount(w * K + z, minlength=V * K).reshape(V, K))
+    np.testing.assert_array_equal(T, np.bincount(z, minlength=K))
+
+
+@pytest.mark.skipif(not numba_available(), reason="numba not installed")
+def test_compiled_sweep_equals_the_array_namespace_sweep_bit_for_bit(reuters):
+    X = reuters.X[:120]
+    runs = {}
+    for backend in ("xp", "numba"):
+        algo = LDAGibbs(30, alpha=[0.05 + 0.01 * k for k in range(30)], backend=backend)
+        data = algo.prepare_shard({"X": X}, np)
+        w, d, n_docs = data["w"], data["d"], data["doc_len"].size
+        z = np.random.default_rng(1).integers(0, 30, w.size).astype(np.int32)
+        out = []
+        for clock in range(3):
+            wt = np.bincount(w * 30 + z, minlength=X.shape[1] * 30).reshape(-1, 30)
+            z = z.copy()
+            algo.sweep(np, w, d, z, wt, doc_counts(np, d, z, n_docs, 30), wt.sum(axis=0), algo._rng(0, clock + 2))
+            out.append(z)
+        runs[backend] = out
+    for a, b in zip(runs["xp"], runs["numba"]):
+        np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.skipif(not numba_available(), reason="numba not installed")
+def test_compiled_and_array_namespace_fits_agree(inproc, small):
+    """The whole compiled step (sweep and bookkeeping) gives the array-namespace step's tables and metrics."""
+    a = fit(LDAGibbs(4, seed=4, early_stop=False, backend="xp"), small.X, inproc, 5)
+    b = fit(LDAGibbs(4, seed=4, early_stop=False, backend="numba"), small.X, inproc, 5)
+    for t in ("word_topic", "doc_topic", "topic_total"):
+        np.testing.assert_array_equal(a.params[t], b.params[t])
+    for ra, rb in zip(a.history, b.history):
+        assert ra.metrics["count_error"] == rb.metrics["count_error"] == 0
+        assert ra.metrics["loglik"] == pytest.approx(rb.metrics["loglik"], rel=1e-12)
+
+
+# --------------------------------------------------------- on the engine
+class RebuildCheck(LDAGibbs):
+    """In clock ``check_at`` every shard runs ``rebuild_step`` (no sweep) into ``check_*`` reductions, so
+    clock_end can compare the counts recomputed from the assignments with the trained tables."""
+
+    def __init__(self, *args, check_at: int, break_at: int = 0, break_how: str = "", **kw):
+        super().__init__(*args, **kw)
+        self.check_at, self.break_at, self.break_how = check_at, break_at, break_how
+
+    def tables(self, meta):
+        ts = super().tables(meta)
+        return ts + [TableSpec(f"check_{t.name}", t.n_rows, t.trailing, t.dtype, kind="reduction")
+                     for t in ts if t.name in self.rebuild_tables()]
+
+    def shard_step(self, ctx, data):
+        if ctx.clock == self.check_at:
+            self.rebuild_step(_Redirect(ctx), data)
+            z = ctx.state["z"]
+            self._add_checks(ctx, data, z, doc_counts(ctx.xp, data["d"], z, int(data["doc_len"].shape[0]), self.n_topics))
+            return
+        if ctx.clock == self.break_at and ctx.shard == 0:
+            if self.break_how == "lost":  # sample, but never push the deltas
+                z = ctx.state["z"].copy()
+                self.sweep(ctx.xp, data["w"], data["d"], z, ctx.pull("word_topic"),
+                           doc_counts(ctx.xp, data["d"], z, int(data["doc_len"].shape[0]), self.n_topics),
+                           ctx.pull("topic_total"), self._rng(ctx.shard, ctx.clock))
+                ctx.set_state("z", z)
+                self._add_checks(ctx, data, z, doc_counts(ctx.xp, data["d"], z, int(data["doc_len"].shape[0]), self.n_topics))
+                return
+            if self.break_how == "twice":  # every delta applied twice
+                super().shard_step(_Doubled(ctx), data)
+                return
+        super().shard_step(ctx, data)
+
+    def clock_end(self, ctx):
+        m = super().clock_end(ctx)
+        if ctx.clock == self.check_at:
+            err = 0
+            for t in self.rebuild_tables():
+                a, b = dscar.to_host(ctx.pull(t)), dscar.to_host(ctx.pull(f"check_{t}"))
+                err = max(err, int(np.abs(a - b).max()))
+            m["rebuild_error"] = float(err)
+        return m
+
+
+class _Redirect:
+    def __init__(self, ctx):
+        self._ctx, self.xp, self.state, self.meta, self.shard, self.clock = ctx, ctx.xp, ctx.state, ctx.meta, ctx.shard, ctx.clock
+
+    def add(self, table, values, start=0):
+        self._ctx.add(f"check_{table}", values, start)
+
+    def add_rows(self, table, rows, values):
+        self._ctx.add_rows(f"check_{table}", rows, values)
+
+
+class _Doubled:
+    def __init__(self, ctx):
+        self._ctx = ctx
+
+    def __getattr__(self, name):
+        return getattr(self._ctx, name)
+
+    def add(self, table, values, start=0):
+        for _ in range(2 if table != "stats" else 1):
+            self._ctx.add(table, values, start)
+
+    def add_rows(self, table, rows, values):
+        self._ctx.add_rows(table, rows, values)
+        self._ctx.add_rows(table, rows, values)
+
+
+def test_count_tables_equal_the_assignments_every_clock_and_rebuild_agrees(inproc, small):
+    res = fit(RebuildCheck(4, seed=5, early_stop=False, check_at=8), small.X, inproc, 8, n_shards=4)
+    assert [r.metrics["count_error"] for r in res.history] == [0.0] * 8
+    assert [r.metrics["tokens"] for r in res.history] == [small.n_tokens] * 8
+    assert res.history[-1].metrics["rebuild_error"] == 0.0
+    assert_tables_match(res, small.X)
+    ll = [r.metrics["loglik"] for r in res.history[:7]]
+    assert ll[-1] > ll[0] + 0.3  # the sampler learns
+    assert all(r.objective == -r.metrics["loglik"] for r in res.history)
+
+
+@pytest.mark.parametrize("how", ["lost", "twice"])
+def test_the_checks_catch_a_lost_or_double_applied_delta(inproc, small, how):
+    res = fit(RebuildCheck(4, seed=5, early_stop=False, check_at=4, break_at=3, break_how=how), small.X, inproc, 4,
+              n_shards=4)
+    err = [r.metrics["count_error"] for r in res.history]
+    assert err[:2] == [0.0, 0.0] and all(e > 0 for e in err[2:]), err
+    assert res.history[-1].metrics["rebuild_error"] > 0
+
+
+@pytest.mark.parametrize("backend", ["xp", "numba"])
+def test_the_sampler_refuses_tables_that_do_not_match_the_assignments(inproc, small, backend):
+    if backend == "numba" and not numba_available():
+        pytest.skip("numba not installed")
+    algo = RebuildCheck(4, seed=5, early_stop=False, check_at=0, break_at=2, break_how="lost", backend=backend)
+    with pytest.raises(dscar.JobFailedError, match="do not match the assignments"):
+        fit(algo, small.X, inproc, 6, n_shards=4)
+
+
+def test_counts_stay_exact_when_shards_move_between_workers(inproc, small):
+    res = fit(RebuildCheck(4, seed=2, early_stop=False, check_at=9), small.X, inproc, 9, n_shards=6,
+              faults=[dscar.faults.slow(0, 30.0, clock=3)])
+    moved = [e for e in res.events if e["kind"] == "shard-moved"]
+    assert moved, "the slowed worker kept all its shards"
+    assert all(r.metrics["count_error"] == 0.0 for r in res.history)
+    assert res.history[-1].metrics["rebuild_error"] == 0.0
+    assert_tables_match(res, small.X)
+    # the same seed and shards give the same model wherever the shards ran
+    ref = fit(RebuildCheck(4, seed=2, early_stop=False, check_at=9), small.X, inproc, 9, n_shards=6)
+    for t in ("word_topic", "doc_topic", "topic_total"):
+        np.testing.assert_array_equal(res.params[t], ref.params[t])
+
+
+def test_deterministic_for_a_seed_and_asymmetric_alpha_runs(inproc, small):
+    a = fit(LDAGibbs(4, [0.2, 0.1, 0.1, 0.05], seed=7, early_stop=False), small.X, inproc, 4)
+    b = fit(LDAGibbs(4, [0.2, 0.1, 0.1, 0.05], seed=7, early_stop=False), small.X, inproc, 4)
+    c = fit(LDAGibbs(4, [0.2, 0.1, 0.1, 0.05], seed=8, early_stop=False), small.X, inproc, 4)
+    np.testing.assert_array_equal(a.params["word_topic"], b.params["word_topic"])
+    assert [r.metrics for r in a.history] == [r.metrics for r in b.history]
+    assert not np.array_equal(a.params["word_topic"], c.params["word_topic"])
+    final = a.history[-1].metrics["loglik"] * small.n_tokens
+    assert final == pytest.approx(loglikelihood(a.params["word_topic"], a.params["doc_topic"],
+                                                [0.2, 0.1, 0.1, 0.05], 0.01), rel=1e-10)
+
+
+def test_worker_processes_give_the_in_process_result(procs, inproc, small):
+    a = fit(LDAGibbs(4, seed=1, early_stop=False), small.X, procs, 4)
+    b = fit(LDAGibbs(4, seed=1, early_stop=False), small.X, inproc, 4)
+    assert all(r.metrics["count_error"] == 0.0 for r in a.history)
+    for t in ("word_topic", "doc_topic", "topic_total"):
+        np.testing.assert_array_equal(a.params[t], b.params[t])
+
+
+def test_early_stop_when_the_loglikelihood_levels_off(inproc, small):
+    res = fit(LDAGibbs(4, seed=1, tol=1e-3, window=3), small.X, inproc, 200)
+    assert res.converged and res.n_clocks < 200
+
+
+@pytest.mark.timeout(90)
+def test_reuters_loglikelihood_close_to_the_lda_package(inproc, reuters):
+    """K = 20, 50 sweeps, seed 1: within 2% of lda's log-likelihood per token at 50 iterations.
+
+    (The 200-iteration, 3-seed, 1% check is ``python -m bench.lda --accuracy``.)"""
+    X = reuters.X
+    res = fit(LDAGibbs(20, 0.1, 0.01, seed=1, early_stop=False), X, inproc, 51)
+    ours = res.history[-1].metrics["loglik"]
+    m = lda.LDA(n_topics=20, n_iter=50, alpha=0.1, eta=0.01, random_state=1, refresh=1000).fit(
+        np.asarray(X.toarray(), dtype=np.int32))
+    theirs = m.loglikelihood() / reuters.n_tokens
+    assert abs(ours - theirs) <= 0.02 * abs(theirs), (ours, theirs)
+    assert ours > res.history[0].metrics["loglik"] + 3  # far above the random start (about -13)
+
+
+# -------------------------------------------------------- estimator and CLI
+def test_estimator(inproc, small):
+    est = LDA(4, n_iter=25, seed=3, cluster=inproc)
+    assert est.get_params()["n_topics"] == 4 and "LDA(n_topics=4" in repr(est)
+    vocab = [f"word{i}" for i in range(small.X.shape[1])]
+    est.fit(small.X, vocab=vocab)
+    assert est.components_.shape == (4, small.X.shape[1]) and np.allclose(est.components_.sum(axis=1), 1)
+    assert est.doc_topic_.shape == (small.X.shape[0], 4) and np.allclose(est.doc_topic_.sum(axis=1), 1)
+    assert est.n_iter_ == 25 and len(est.loglikelihoods_) == 26
+    assert est.loglikelihood() / small.n_tokens == pytest.approx(est.loglikelihoods_[-1])
+    top = est.top_words(5)
+    assert len(top) == 4 and all(len(t) == 5 and t[0].startswith("word") for t in top)
+    # the topics are found again: each true topic has a fitted topic close to it
+    sim = small.topic_word @ est.components_.T / np.outer(np.linalg.norm(small.topic_word, axis=1),
+                                                           np.linalg.norm(est.components_, axis=1))
+    assert sim.max(axis=1).min() > 0.9
+    theta = est.transform(small.X)
+    assert theta.shape == est.doc_topic_.shape and np.allclose(theta.sum(axis=1), 1)
+    assert (theta.argmax(axis=1) == est.doc_topic_.argmax(axis=1)).mean() > 0.8
+    est.set_params(n_topics=3)
+    assert est.n_topics == 3
+
+
+def test_synthetic_corpus(small):
+    again = corpora.synthetic(120, 150, 40, 4, seed=3)
+    assert (small.X != again.X).nnz == 0
+    assert small.X.shape == (120, 150) and (np.asarray(small.X.sum(axis=1)).ravel() == 40).all()
+    assert small.n_tokens == 4800 and small.tokens[0].size == 4800
+    assert np.allclose(small.topic_word.sum(axis=1), 1) and np.allclose(small.doc_topic.sum(axis=1), 1)
+    assert corpora.true_loglikelihood(small) < 0
+
+
+def test_cli_builds_reuters_and_synthetic_runs():
+    from dscar.cli import build_parser, load_models
+
+    models = load_models()
+    assert "lda" in models
+    args = build_parser(models).parse_args(["run", "lda", "--synthetic", "--docs", "40", "--vocab", "60",
+                                            "--doc-length", "10", "-K", "3", "--alpha", "0.2"])
+    algo, data, desc = models["lda"].build(args)
+    assert isinstance(algo, LDAGibbs) and algo.n_topics == 3 and algo.alpha == 0.2
+    assert data["X"].shape == (40, 60) and "synthetic" in desc and args.shards == args.workers
+    args = build_parser(models).parse_args(["run", "lda", "--tol", "1e-3"])
+    algo, data, desc = models["lda"].build(args)
+    assert data["X"].shape == (395, 4258) and algo.tol == 1e-3 and "Reuters" in desc
+
+
+@pytest.mark.timeout(120)
+def test_quick_benchmark_runs_and_reports_every_sampler(tmp_path):
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    out = tmp_path / "lda.json"
+    r = subprocess.run([sys.executable, "-m", "bench.lda", "--quick", "--json", str(out)],
+                       cwd=Path(__file__).resolve().parents[1], capture_output=True, text=True, timeout=110)
+    assert r.returncode == 0, r.stderr[-3000:]
+    d = json.loads(out.read_text())
+    assert d["quick"] and set(d["corpora"]) == {"reuters", "synthetic"}
+    for name, c in d["corpora"].items():
+        assert f"== {name}" in r.stdout
+        assert set(c["runs"]) == {"lda", "tomotopy-1t", "tomotopy-2t", "dscar-1w", "dscar-2w"}
+        for run in c["runs"].values():
+            assert run["tokens_per_s"] > 0 and -20 < run["loglik"] < 0 and run["sweeps"] == 10
+    assert "targets" in d and "== targets" in r.stdout
