@@ -34,3 +34,24 @@ def lasso_alpha_max(X, y, fit_intercept: bool = True) -> float:
     if fit_intercept:
         corr = corr - np.asarray(X.sum(axis=0)).ravel() * yc.mean()
     return float(np.max(np.abs(corr)) / X.shape[0])
+
+
+def make_classification(n_samples: int = 10_000, n_features: int = 100, n_classes: int = 10, seed: int = 0,
+                        *, class_sep: float = 3.0, dtype=np.float64) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``X, y, W_true``: a multinomial logistic model with Gaussian features.
+
+    ``X ~ N(0, I)``, ``W_true`` (features x classes) has i.i.d. ``N(0, class_sep^2 / n_features)``
+    entries (so each logit has standard deviation about ``class_sep``), and ``y`` (int64, in
+    ``0..n_classes-1``) is drawn from ``softmax(X W_true)`` (Gumbel-max trick): the model the
+    logistic regression fits is the true one, and the Bayes accuracy is below 1.
+    """
+    if n_samples < 1 or n_features < 1 or n_classes < 2:
+        raise ValueError("make_classification needs n_samples >= 1, n_features >= 1 and n_classes >= 2")
+    rng = np.random.default_rng(seed)
+    X = rng.standard_normal((n_samples, n_features)).astype(dtype, copy=False)
+    W = rng.standard_normal((n_features, n_classes)) * (class_sep / np.sqrt(n_features))
+    y = np.empty(n_samples, dtype=np.int64)
+    for a in range(0, n_samples, 65_536):  # blocks: the logits of 1e7 rows need not fit at once
+        b = min(n_samples, a + 65_536)
+        y[a:b] = np.argmax(X[a:b] @ W + rng.gumbel(size=(b - a, n_classes)), axis=1)
+    return X, y, W.astype(dtype, copy=False)
