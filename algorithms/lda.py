@@ -20,7 +20,11 @@ On dscar (AD-LDA, Newman et al. 2009):
   and adds their counts; every later clock is one Gibbs sweep of every shard
   against the tables as of the clock's start plus the shard's own changes,
   after which the shard pushes its count deltas (exact integers computed from
-  the old and new ``z``), applied at commit. So clock ``t`` is sweep ``t - 1``.
+  the old and new ``z``), applied at commit. So clock ``t`` is sweep ``t - 1``;
+* after a worker loss the count tables are rebuilt from the assignments
+  (``rebuild_step``); the shards that worker held lose their ``z`` with it
+  (shard state is not checkpointed) and draw it again from the tables
+  (``redraw``), a perturbation the following sweeps absorb.
 
 The sampler (``gibbs_sweep``) is written once against the array namespace
 (NumPy or CuPy). It visits a shard's tokens in ``n_chunks`` chunks (at least
@@ -62,6 +66,8 @@ from dscar import Algorithm, DataMeta, InvalidInputError, TableSpec
 
 #: counts are held exactly in float32 below this many tokens, in float64 above
 FLOAT32_TOKENS = 2**24
+#: the random stream of ``redraw`` (apart from the sweep's of the same shard and clock)
+REDRAW_STREAM = 1
 
 
 # ---------------------------------------------------------------- input
@@ -622,8 +628,9 @@ class LDAGibbs(Algorithm):
         # owned copies: concurrent attempts of a shard (backups) never share a buffer
         return {k: xp.array(v, copy=True) for k, v in arrays.items()}
 
-    def _rng(self, shard: int, clock: int) -> np.random.Generator:
-        return np.random.default_rng(np.random.SeedSequence([self.seed, int(shard), int(clock)]))
+    def _rng(self, shard: int, clock: int, *stream: int) -> np.random.Generator:
+        """The random numbers of ``(seed, shard, clock)``; ``stream`` keys another use in the same clock."""
+        return np.random.default_rng(np.random.SeedSequence([self.seed, int(shard), int(clock), *stream]))
 
     # ------------------------------------------------------- shard step
     def shard_step(self, ctx, data) -> None:
@@ -834,9 +841,55 @@ class LDAGibbs(Algorithm):
         sampling, no pull) and one push of its counts: the word rows it uses,
         K totals and its documents' rows; about the cost of the bookkeeping
         after a sweep, a small fraction of the sweep itself.
+
+        A shard whose assignments were lost with its worker (the engine keeps
+        shard state only on the worker holding the shard) gets new ones drawn
+        from the model as it stands (``redraw``) before its counts are added.
+        A rebuild in clock 1 adds nothing: clock 1 is run again and draws and
+        counts every shard's assignments itself.
         """
-        if "z" in ctx.state:
-            self._add_counts(ctx, data, ctx.state["z"])
+        if ctx.clock <= 1:
+            return
+        z = ctx.state.get("z")
+        if z is None:
+            z = self.redraw(ctx, data)
+            ctx.set_state("z", z)
+        self._add_counts(ctx, data, z)
+
+    def redraw(self, ctx, data):
+        """Topic assignments for a shard that lost its own: each token drawn once from the current tables,
+
+            p(z = k | w, d) ∝ (n_wk + beta) (n_dk + alpha_k) / (n_k + V beta),
+
+        a fold-in against the model the surviving shards (and the restored
+        partitions) still hold, so the shard restarts near where it was rather
+        than from the random start; the following sweeps correct the rest. The
+        counts are read with ``pull_rows`` (the shard's words and documents
+        only) and clipped at 0; the random numbers are their own stream of
+        ``(seed, shard, clock)``, so the redraw is reproducible.
+        """
+        xp, K, beta = ctx.xp, self.n_topics, self.beta
+        w, d = data["w"], data["d"]
+        n = int(w.shape[0])
+        if n == 0:
+            return xp.zeros(0, dtype=np.int32)
+        V = ctx.meta.shapes["X"][0]
+        lo, hi = ctx.meta.shard_bounds[ctx.shard]
+        words, inv = xp.unique(w, return_inverse=True)
+        inv = inv.reshape(-1)
+        nw = xp.maximum(ctx.pull_rows("word_topic", words), 0).astype(np.float64)
+        nk = xp.maximum(ctx.pull_rows("topic_total", xp.arange(K)), 0).astype(np.float64)
+        nd = xp.maximum(ctx.pull_rows("doc_topic", xp.arange(lo, hi)), 0).astype(np.float64)
+        word_p = (nw + beta) / (nk + V * beta)
+        doc_p = nd + xp.asarray(self.alphas())
+        u = xp.asarray(self._rng(ctx.shard, ctx.clock, REDRAW_STREAM).random(n))
+        z = xp.empty(n, dtype=np.int32)
+        step = max(1, self.max_chunk_elems // K)
+        for s in range(0, n, step):
+            e = min(n, s + step)
+            c = xp.cumsum(word_p[inv[s:e]] * doc_p[d[s:e]], axis=1)
+            z[s:e] = (c < u[s:e, None] * c[:, -1:]).sum(axis=1)
+        return z
 
 
 # ------------------------------------------------------------ estimator
