@@ -13,9 +13,11 @@ sleeps ``(s - 1)`` x the step's real duration) and in a *transient* variant
 * ``dynamic``        dynamic sharding (workers pull shards; a fast worker takes
                      shards from the longest backlog), no policies;
 * ``dynamic+backup`` dynamic sharding plus backup attempts (``policies=["backup"]``);
-* ``dynamic+adaptive`` is reported as n/a: the adaptive batch policy only
-  rescales a minibatch (``ctx.batch_scale``) and neither workload has one
-  (the reason is printed with the tables).
+* ``dynamic+adaptive`` dynamic sharding plus the adaptive batch policy
+                     (``policies=["adaptive"]``): each worker's minibatch follows
+                     its measured speed (``ctx.batch_scale``), the global batch
+                     fixed. Only MLR has a minibatch; for the other workloads it
+                     is reported as n/a (the reason is printed with the tables).
 
 Workloads
 ---------
@@ -33,6 +35,20 @@ Workloads
    ratios below 1 are possible and BSP is flattered); and the injected slowdown
    multiplies only the step itself (pulls + compute), not the push and commit
    of its contributions, so a slowed shard cycle is less than ``s`` times longer.
+3. ``lda`` (real compute, full mode or ``--only lda``): ``LDAGibbs`` (K = 50,
+   no early stop) on a corpus drawn from the LDA model (4000 documents of 200
+   tokens, V = 4000), 32 shards; clock 1 draws the assignments, every later
+   clock is one Gibbs sweep (the compiled sampler when numba is installed).
+   The same caveats as Lasso.
+4. ``mlr`` (real compute, full mode or ``--only mlr``): ``MLRSGD`` (local SGD,
+   32 steps of 512 rows per shard per clock, ``tol=1e-30``: it runs every
+   clock) on ``make_classification(16_384, 128, 10)``, 32 shards. The one
+   workload with a minibatch, so the one where ``dynamic+adaptive`` runs:
+   the slow worker's shards take smaller minibatches (same number of steps),
+   so they finish sooner, and the fast workers' take larger ones. Its time
+   per clock is compared with the same ideal, but it does less work on the
+   slowed worker than the other strategies (its ratio can fall below 1).
+   The same caveats as Lasso.
 
 Method
 ------
@@ -65,8 +81,9 @@ time per clock); with s = 8, dynamic at least 3x faster than BSP.
 
 Run
 ---
-    python -m bench.stragglers                 # full: ~12-15 min on 2 cores
+    python -m bench.stragglers                 # full: ~12-15 min on 2 cores before LDA and MLR; with them ~25-30 (estimate)
     python -m bench.stragglers --quick         # ~1-2 min: 1 repeat, fewer clocks, small Lasso
+    python -m bench.stragglers --quick --only lda,mlr   # small LDA and MLR only (~2 min)
     python -m bench.stragglers --json out.json --plot out.png
 
 ``--json`` writes every run's per-clock times, the medians, ratios, event counts
@@ -103,11 +120,15 @@ STRATEGIES: dict[str, dict[str, Any]] = {
     "dynamic+backup": {"sharding": "dynamic", "policies": ["backup"]},
 }
 ADAPTIVE = "dynamic+adaptive"
+ADAPTIVE_OPTS: dict[str, Any] = {"sharding": "dynamic", "policies": ["adaptive"]}
+ADAPTIVE_KINDS = ("mlr",)  # the workloads with a minibatch (they read ctx.batch_scale)
 ADAPTIVE_WHY = {
     "synthetic": "each shard step is one fixed unit of work with no minibatch, so there is no "
                  "batch for the adaptive policy (ctx.batch_scale) to shrink on the slow worker",
     "lasso": "block coordinate descent needs every row's exact contribution (X^T r, Gram, r.r) each "
              "clock; LassoCD has no minibatch and never reads ctx.batch_scale",
+    "lda": "a Gibbs sweep resamples every token of the shard each clock; LDAGibbs has no minibatch and "
+           "never reads ctx.batch_scale",
 }
 EVENT_KINDS = ("backup-attempt", "commit-refused", "shard-moved", "straggler", "fault-slow")
 
@@ -144,12 +165,24 @@ class SleepStep(dscar.Algorithm):
 @dataclass
 class Workload:
     name: str  # key in the results
-    kind: str  # "synthetic" | "lasso"
+    kind: str  # "synthetic" | "lasso" | "lda" | "mlr"
     make_algo: Callable[[], dscar.Algorithm]
     data: dict[str, Any]
     n_shards: int
     max_clocks: int  # every scenario, the transient one included
     info: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def strategies(self) -> list[str]:
+        return list(STRATEGIES) + ([ADAPTIVE] if self.kind in ADAPTIVE_KINDS else [])
+
+
+def strategy_options(strategy: str) -> dict[str, Any]:
+    return ADAPTIVE_OPTS if strategy == ADAPTIVE else STRATEGIES[strategy]
+
+
+#: workloads run by default in full mode only; with --quick only when named in --only (small sizes)
+OPTIONAL_KINDS = ("lda", "mlr")
 
 
 def make_workloads(quick: bool, only: set[str] | None) -> list[Workload]:
@@ -176,9 +209,39 @@ def make_workloads(quick: bool, only: set[str] | None) -> list[Workload]:
         32, clocks,
         {"n_samples": n, "n_features": p, "n_informative": k_inf, "alpha": alpha, "max_working_set": cap},
     ))
+    for kind in OPTIONAL_KINDS:
+        if not quick or (only and kind in only):
+            out.append(OPTIONAL_WORKLOADS[kind](quick, clocks))
     if only:
         out = [w for w in out if w.name in only or w.kind in only]
     return out
+
+
+def lda_workload(quick: bool, clocks: int) -> Workload:
+    from algorithms import corpora
+    from algorithms.lda import LDAGibbs, lda_data
+
+    docs, vocab, length, topics = (600, 1000, 100, 20) if quick else (4000, 4000, 200, 50)
+    corpus = corpora.synthetic(docs, vocab, length, topics, seed=0)
+    return Workload(
+        "lda", "lda", lambda: LDAGibbs(topics, seed=0, early_stop=False), lda_data(corpus.X), 32, clocks,
+        {"n_docs": docs, "vocab_size": vocab, "doc_length": length, "n_topics": topics, "n_tokens": corpus.n_tokens},
+    )
+
+
+def mlr_workload(quick: bool, clocks: int) -> Workload:
+    from algorithms.datasets import make_classification
+    from algorithms.mlr import MLRSGD
+
+    n, p, k, batch, steps = (8_192, 64, 10, 256, 16) if quick else (16_384, 128, 10, 512, 32)
+    X, y, _ = make_classification(n, p, k, seed=0)
+    return Workload(
+        "mlr", "mlr", lambda: MLRSGD(k, batch_size=batch, steps=steps, tol=1e-30), {"X": X, "y": y}, 32, clocks,
+        {"n_samples": n, "n_features": p, "n_classes": k, "batch_size": batch, "steps": steps},
+    )
+
+
+OPTIONAL_WORKLOADS: dict[str, Callable[[bool, int], Workload]] = {"lda": lda_workload, "mlr": mlr_workload}
 
 
 def scenario_faults(scenario) -> list:
@@ -194,7 +257,7 @@ def slowdown_at(scenario, clock: int) -> float:
 
 
 def run_one(cl, wl: Workload, scenario, strategy: str, repeat: int) -> dict[str, Any]:
-    opts = STRATEGIES[strategy]
+    opts = strategy_options(strategy)
     head = {"workload": wl.name, "scenario": scenario, "strategy": strategy, "repeat": repeat}
     try:
         res = dscar.fit(wl.make_algo(), wl.data, cl, n_shards=wl.n_shards, max_clocks=wl.max_clocks,
@@ -246,7 +309,7 @@ def analyse(runs: list[dict], wl: Workload) -> dict[str, Any]:
 
     # the base: the fastest strategy at s = 1 (its shard phase is what 4 equal workers achieve)
     base_t = {st: _med([r["time_per_clock_s"] for r in mine if r["scenario"] == 1 and r["strategy"] == st])
-              for st in STRATEGIES}
+              for st in wl.strategies}
     base_t = {k: v for k, v in base_t.items() if v == v}
     if not base_t:
         raise RuntimeError(f"{wl.name}: every s=1 run failed; no ideal to compare with")
@@ -275,7 +338,7 @@ def analyse(runs: list[dict], wl: Workload) -> dict[str, Any]:
     for scen in SCENARIOS:
         ideal = ideal_for(scen)
         row: dict[str, dict[str, Any]] = {}
-        for strat in STRATEGIES:
+        for strat in wl.strategies:
             rs = [r for r in mine if r["scenario"] == scen and r["strategy"] == strat]
             nfail = sum(1 for r in failed if r["scenario"] == scen and r["strategy"] == strat)
             if not rs:
@@ -296,9 +359,10 @@ def analyse(runs: list[dict], wl: Workload) -> dict[str, Any]:
             for cell in row.values():
                 if "time_per_clock_s" in cell:
                     cell["speedup_over_bsp"] = bsp / cell["time_per_clock_s"]
-        row[ADAPTIVE] = {"n/a": ADAPTIVE_WHY[wl.kind]}
+        if ADAPTIVE not in wl.strategies:
+            row[ADAPTIVE] = {"n/a": ADAPTIVE_WHY[wl.kind]}
         table[str(scen)] = row
-    out = {"base_strategy": base_strategy, "base_time_per_clock_s": base_t,
+    out = {"strategies": wl.strategies, "base_strategy": base_strategy, "base_time_per_clock_s": base_t,
            "S1_shard_phase_s": S1, "F1_rest_of_clock_s": F1, "table": table, "info": wl.info,
            "n_shards": wl.n_shards, "max_clocks": wl.max_clocks, "failed_runs": len(failed),
            "failures": [{k: r[k] for k in ("scenario", "strategy", "repeat", "error")} for r in failed]}
@@ -346,7 +410,8 @@ def targets(table: dict) -> list[dict[str, Any]]:
 
 
 def format_table(name: str, a: dict[str, Any]) -> str:
-    strats = list(STRATEGIES)
+    strats = a["strategies"]
+    adaptive_na = ADAPTIVE not in strats
     lines = []
     head = f"== {name}: {a['n_shards']} shards, {a['max_clocks']} clocks"
     if "t0_shard_cycle_s" in a:
@@ -364,8 +429,10 @@ def format_table(name: str, a: dict[str, Any]) -> str:
                      + "; ".join(f"s={f['scenario']} {f['strategy']} rep {f['repeat']}: {f['error'].splitlines()[0]}"
                                  for f in a["failures"]))
     col = 27
-    lines.append(f"{'s':>10} {'ideal ms':>9} | " + " | ".join(f"{s:^{col}}" for s in strats) + f" | {ADAPTIVE}")
-    lines.append(f"{'':>10} {'':>9} | " + " | ".join(f"{'ms/clk  ratio  vs BSP  bkp':^{col}}" for _ in strats) + " |")
+    na_head = f" | {ADAPTIVE}" if adaptive_na else ""
+    lines.append(f"{'s':>10} {'ideal ms':>9} | " + " | ".join(f"{s:^{col}}" for s in strats) + na_head)
+    lines.append(f"{'':>10} {'':>9} | " + " | ".join(f"{'ms/clk  ratio  vs BSP  bkp':^{col}}" for _ in strats)
+                 + (" |" if adaptive_na else ""))
     for scen in SCENARIOS:
         row = a["table"].get(str(scen), {})
         label = f"{TRANSIENT_FACTOR:.0f}x c{TRANSIENT_FROM}-{TRANSIENT_UNTIL}" if scen == TRANSIENT else str(scen)
@@ -378,8 +445,12 @@ def format_table(name: str, a: dict[str, Any]) -> str:
                 continue
             cells.append(f"{c['time_per_clock_s'] * 1e3:6.0f} {c['ratio_to_ideal']:6.2f}x {c.get('speedup_over_bsp', float('nan')):6.2f}x "
                          f"{c['backup_attempts']:4d}")
-        lines.append(f"{label:>10} {ideal * 1e3:9.0f} | " + " | ".join(cells) + " | n/a")
-    lines.append(f"   {ADAPTIVE}: n/a: {ADAPTIVE_WHY[a['kind']]}.")
+        lines.append(f"{label:>10} {ideal * 1e3:9.0f} | " + " | ".join(cells) + (" | n/a" if adaptive_na else ""))
+    if adaptive_na:
+        lines.append(f"   {ADAPTIVE}: n/a: {ADAPTIVE_WHY[a['kind']]}.")
+    else:
+        lines.append(f"   {ADAPTIVE}: the slowed worker's minibatches shrink with its measured speed (the global batch "
+                     "fixed), so it does less of the work than under the other strategies; its ratio can fall below 1.")
     lines.append("   (ms/clk: median time per clock over clocks 2..N, median over repeats; transient: mean over clocks 2..N;"
                  " bkp: backup attempts fired, all repeats)")
     for t in a["targets"]:
@@ -421,7 +492,7 @@ def plot(analyses: dict[str, dict], path: str) -> None:
     xt = 16  # where the transient point goes
     for ax, name in zip(axes[0], names):
         tab = analyses[name]["table"]
-        for strat, marker in zip(STRATEGIES, "osd"):
+        for strat, marker in zip(analyses[name]["strategies"], "osd^"):
             ys = [tab.get(str(s), {}).get(strat, {}).get("ratio_to_ideal", np.nan) for s in xs]
             line, = ax.plot(xs, ys, marker=marker, label=strat)
             yt = tab.get(TRANSIENT, {}).get(strat, {}).get("ratio_to_ideal", np.nan)
@@ -447,7 +518,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=None, help="repeats (default 3, 1 with --quick)")
     ap.add_argument("--json", metavar="PATH", help="write raw per-clock times, medians, ratios, events")
     ap.add_argument("--plot", metavar="PATH", default="stragglers.png", help="PNG plot (default stragglers.png)")
-    ap.add_argument("--only", metavar="NAMES", help="comma-separated workloads (synthetic, lasso, synthetic-32, ...)")
+    ap.add_argument("--only", metavar="NAMES",
+                    help="comma-separated workloads (synthetic, lasso, lda, mlr, synthetic-32, ...); "
+                         "lda and mlr run in full mode, or with --quick when named here")
     args = ap.parse_args(argv)
     repeats = args.repeats or (1 if args.quick else 3)
     only = set(args.only.split(",")) if args.only else None
@@ -459,9 +532,9 @@ def main(argv: list[str] | None = None) -> int:
     with dscar.Cluster(n_workers=4) as cl:
         cl.wait_for_workers(4)
         for rep in range(repeats):
-            order = list(STRATEGIES)
-            order = order[rep % len(order):] + order[: rep % len(order)]  # rotate: no strategy always first
             for wl in workloads:
+                order = wl.strategies
+                order = order[rep % len(order):] + order[: rep % len(order)]  # rotate: no strategy always first
                 for scen in SCENARIOS:
                     for strat in order:
                         r = run_one(cl, wl, scen, strat, rep)
@@ -484,7 +557,7 @@ def main(argv: list[str] | None = None) -> int:
     for name, a in analyses.items():
         print()
         print(format_table(name, a))
-        if a["kind"] == "lasso":
+        if a["kind"] != "synthetic":
             print("   caveat: 4 CPU-bound worker processes share this machine's cores; a sleeping slowed worker frees\n"
                   "   CPU for the others, so capacities are not independent (ratios < 1 possible, BSP flattered).")
     print(f"\ntotal {time.perf_counter() - t_start:.0f}s")
@@ -494,7 +567,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         out = {
             "quick": args.quick, "repeats": repeats, "n_workers": 4, "scenarios": [str(s) for s in SCENARIOS],
-            "strategies": {**STRATEGIES, ADAPTIVE: "n/a"},
+            "strategies": {**STRATEGIES, ADAPTIVE: {**ADAPTIVE_OPTS, "workloads": list(ADAPTIVE_KINDS)}},
             "transient": {"factor": TRANSIENT_FACTOR, "from": TRANSIENT_FROM, "until": TRANSIENT_UNTIL},
             "machine": {**info_before, "loadavg_after": os.getloadavg() if hasattr(os, "getloadavg") else None},
             "seconds": time.perf_counter() - t_start,

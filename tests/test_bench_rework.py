@@ -64,9 +64,39 @@ def test_quick_benchmark_writes_json_with_every_policy_in_both_modes_and_a_plot(
     assert {(t["mode"], t["metric"]) for t in lasso["targets"]} >= {("simulate", "stop"), ("real", "stop")}
     for mode in MODES:
         assert f"== lasso: {mode}" in stdout
-    assert stdout.count("target (") == len(lasso["targets"])
+    assert stdout.count("target (") == sum(len(a["targets"]) for a in d["algorithms"].values())
     for pol in POLICIES:
         assert pol in stdout
+
+
+@pytest.mark.timeout(600)
+def test_quick_benchmark_covers_lda_and_mlr_with_their_thresholds(quick_run):
+    stdout, d, _ = quick_run
+    assert set(d["algorithms"]) == {"lasso", "lda", "mlr"}
+    lda, mlr = d["algorithms"]["lda"], d["algorithms"]["mlr"]
+    # LDA: the threshold is eps below the failure-free plateau, which the reference run found
+    info = lda["problem"]
+    assert info["plateau"] < 0 and info["level"] == pytest.approx(info["plateau"] * (1 + info["eps"]))
+    # MLR: the threshold is (1 + eps) times scikit-learn's optimum of the same problem
+    assert mlr["problem"]["P_star_sklearn"] > 0 and f"(1 + {mlr['problem']['eps']:g}) P*" in mlr["problem"]["threshold"]
+    for name, res in (("lda", lda), ("mlr", mlr)):
+        for mode in MODES:
+            m = res["modes"][mode]
+            assert "error" not in m, (name, mode, m.get("error"))
+            assert m["T_star"] >= 10 and m["deterministic"] is True, (name, mode, m["T_star"])
+            ff = m["failure_free"]["traditional"]
+            level_reached = [v for v in ff["objective"] if v is not None]
+            if name == "lda":  # objective = -loglik: the run stops at the first clock at or below -level
+                assert level_reached[-1] <= -info["level"] < min(level_reached[:-1])
+            else:
+                assert level_reached[-1] <= (1 + mlr["problem"]["eps"]) * mlr["problem"]["P_star_sklearn"]
+            assert m["trials"], (name, mode)
+            for t in m["trials"]:
+                for pol, r in t["runs"].items():
+                    assert r["ok"], (name, mode, pol, r.get("error"))
+                    assert r["events"]["worker-lost"] == 1 and r["events"]["recovery-done"] == 1
+                    assert r["converged"] and r["rework"] == r["clocks_to_threshold"] - m["T_star_by_policy"].get(pol, m["T_star"])
+            assert f"== {name}: {mode}" in stdout
 
 
 @pytest.mark.timeout(600)

@@ -72,3 +72,13 @@ def test_quick_benchmark_shows_the_straggler_effect_on_the_sleep_workload(quick_
     assert a["table"]["8"]["bsp"]["slowed_worker_shards_median"] == 8
     assert a["table"]["8"]["dynamic"]["slowed_worker_shards_median"] < 8
     assert 0 < a["per_shard_overhead_s"] < a["t0_shard_cycle_s"]
+
+
+def test_lda_and_mlr_run_in_full_mode_or_when_named_and_only_mlr_gets_the_adaptive_batch():
+    from bench.stragglers import ADAPTIVE, STRATEGIES, make_workloads
+
+    assert {w.name for w in make_workloads(True, None)} == {"synthetic-32", "lasso"}  # --quick: as before
+    named = {w.name: w for w in make_workloads(True, {"lda", "mlr"})}
+    assert set(named) == {"lda", "mlr"}
+    assert named["mlr"].strategies == [*STRATEGIES, ADAPTIVE]
+    assert named["lda"].strategies == list(STRATEGIES)
