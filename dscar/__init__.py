@@ -3,7 +3,7 @@ from . import faults, policies
 from .algorithm import Algorithm, ClockContext, DataMeta, ShardContext, TableSpec
 from .checkpoint import CheckpointConfig, CorruptCheckpointError
 from .cluster import Cluster, connect
-from .data import ArrayData, FileData
+from .data import ArrayData, FileData, PhasedData
 from .driver import ClockRecord, FitResult, fit
 from .errors import (
     ClusterError,
@@ -17,7 +17,7 @@ from .xp import to_host
 
 __all__ = [
     "Algorithm", "ArrayData", "CheckpointConfig", "CorruptCheckpointError", "ClockContext", "ClockRecord", "Cluster", "ClusterError", "DataMeta",
-    "DscarError", "EstimatorMixin", "FileData", "FitResult", "InvalidInputError", "JobFailedError",
+    "DscarError", "EstimatorMixin", "FileData", "FitResult", "InvalidInputError", "JobFailedError", "PhasedData",
     "ShardContext", "ShardFailedError", "TableSpec", "connect", "faults", "fit", "policies", "to_host",
 ]
 __version__ = "0.1.0"

@@ -18,6 +18,15 @@ worker behaves the same. A clock runs in three steps:
 3. ``clock_end(ctx)`` once, on one worker: reads tables, writes new values
    (``ctx.assign``) and returns this clock's metrics, ``objective`` among them.
 
+Multi-phase clocks: an algorithm that names ``phases`` (e.g. ALS's
+``("user", "item")``) gets data with one set of shards per phase
+(``dscar.PhasedData``) and a clock runs steps 1-2 once per phase, in order —
+phase ``p + 1``'s shard steps see the tables with phase ``p``'s updates applied
+— then step 3. ``ctx.phase`` names the phase a shard step runs in. A
+``reduction`` table is zeroed when the clock's first phase is applied and sums
+the contributions of every phase of the clock, so per-clock metrics can be
+accumulated by the steps of whichever phase sees the values.
+
 The driver stops when ``converged(history, tol)`` says so or at ``max_clocks``.
 """
 from __future__ import annotations
@@ -57,6 +66,18 @@ class DataMeta:
     dtypes: dict[str, str]
     sparse: dict[str, bool] = field(default_factory=dict)
     shard_bounds: tuple[tuple[int, int], ...] = ()
+    #: (name, number of shards) of each data phase in clock order; () for one pass over all shards.
+    #: Shard ids are global: phase i's shards follow those of phases 0..i-1.
+    phases: tuple[tuple[str, int], ...] = ()
+
+    def phase_shards(self, name: str) -> range:
+        """The shard ids of data phase ``name``."""
+        start = 0
+        for n, k in self.phases:
+            if n == name:
+                return range(start, start + k)
+            start += k
+        raise KeyError(f"no data phase {name!r} (phases: {[n for n, _ in self.phases]})")
 
 
 class ShardContext(Protocol):
@@ -65,6 +86,7 @@ class ShardContext(Protocol):
     xp: ModuleType
     clock: int
     shard: int
+    phase: str | None  # the data phase this step runs in (None: the algorithm has no phases)
     meta: DataMeta
 
     tol: float
@@ -102,6 +124,9 @@ class Algorithm:
     name: str = "algorithm"
     #: names of the row-aligned arrays the data must provide
     data_names: tuple[str, ...] = ()
+    #: names of the data phases of a clock, in order (each its own shards, applied before the
+    #: next runs); () for one pass over all shards per clock
+    phases: tuple[str, ...] = ()
 
     def validate(self, meta: DataMeta) -> None:
         """Raise ``InvalidInputError`` for data or hyperparameters this model cannot fit."""
@@ -136,7 +161,11 @@ class Algorithm:
         return []
 
     def rebuild_step(self, ctx: ShardContext, data: dict[str, Any]) -> None:
-        """Add this shard's contribution to every table of ``rebuild_tables``."""
+        """Add this shard's contribution to every table of ``rebuild_tables``.
+
+        With ``phases``, the rebuild pass runs over the shards of every phase at once
+        (``ctx.phase`` says which phase a shard belongs to).
+        """
         raise NotImplementedError(f"{type(self).__name__} names rebuild tables but has no rebuild_step")
 
     def converged(self, history: list[dict[str, float]], tol: float) -> bool:

@@ -12,14 +12,27 @@ owner applies the committed attempts' staged updates) -> ``clock_end`` (one
 worker runs the algorithm's clock-end step) -> ``done`` (a checkpoint is
 snapshotted if due; the driver collects the report and starts the next clock).
 
+Data phases: an algorithm with ``phases`` (e.g. ALS: ``user`` then ``item``)
+runs ``shards -> apply`` once per data phase, each over that phase's own shards
+(the queue hands out only the active phase's), then ``clock_end``. Reduction
+tables are zeroed by the first data phase's apply and sum every phase's
+contributions of the clock.
+
 A lost worker (crash, ttl, or a simulated loss): its running attempts go back
 to TODO; with a checkpoint store, its partitions are restored onto the least
 loaded live workers from the newest published checkpoint (``partial``) or
 every table rolls back (``full``); without one, a lost owner ends the job.
-If the loss happened before the clock's updates were applied, the clock is
-run again from its start (staged updates discarded everywhere); if it happened
-while they were applied or in the clock-end step, the clock completes but its
-reductions may be incomplete, so its clock-end step is skipped (``skipped=1``).
+If the loss happened before the active data phase's updates were applied,
+that phase is run again from its start (its staged updates discarded
+everywhere); earlier phases of the clock, already applied, are not redone —
+their effect on the restored partitions is lost like any update since the
+checkpoint (partial recovery). With a single phase this is "the clock runs
+again". If the loss happened while a phase's updates were applied or in the
+clock-end step, the clock ends there: its later phases and its clock-end step
+are skipped (``skipped=1``), as its reductions may be incomplete; so is the
+clock-end step when a reduction partition was lost after an earlier phase of
+the clock had added to it. After a recovery, a rebuild pass (over the shards of
+every phase) runs before the active phase goes on.
 """
 from __future__ import annotations
 
@@ -82,6 +95,10 @@ class _Job:
     last_loss: float = 0.0
     redo: bool = False  # a partition owner was lost before anything was applied: run the clock again
     epoch: int = 0  # bumped by every recovery: workers drop values pulled before it
+    phase_names: list[str] = field(default_factory=lambda: [""])  # data phases of a clock ("" : unnamed)
+    data_phase: int = 0  # the data phase the clock is in
+    shards_done: dict[str, int] = field(default_factory=dict)  # worker -> shards committed this clock
+    reductions_lost: bool = False  # a reduction partition was lost after an earlier data phase added to it
 
 
 class Coordinator(SchedulerPlugin):
@@ -126,6 +143,9 @@ class Coordinator(SchedulerPlugin):
         now = time.perf_counter()
         if job.phase in ("rebuild", "shards", "apply", "clock_end"):
             job.phase_s[job.phase] = job.phase_s.get(job.phase, 0.0) + now - job.t_phase
+            if job.phase in ("shards", "apply") and len(job.phase_names) > 1:  # per data phase too
+                key = f"{job.phase}:{job.phase_names[job.data_phase]}"
+                job.phase_s[key] = job.phase_s.get(key, 0.0) + now - job.t_phase
         job.phase, job.t_phase = phase, now
         self._wake()
 
@@ -143,7 +163,7 @@ class Coordinator(SchedulerPlugin):
     def _h_start_job(self, job_id: str, spec: bytes, n_shards: int, reloadable: bool, tables: list,
                      max_failures: int = 3, sharding: str = "dynamic", policies: bytes | None = None,
                      monitor: dict | None = None, checkpoint: dict | None = None, rebuild: list | None = None,
-                     resume: dict | None = None, owners: list | None = None) -> dict:
+                     resume: dict | None = None, owners: list | None = None, phases: list | None = None) -> dict:
         busy = [j.id for j in self.jobs.values() if j.phase != "failed" and j.id != job_id]
         if busy:
             return {"status": "busy", "jobs": busy}
@@ -152,10 +172,13 @@ class Coordinator(SchedulerPlugin):
             return {"status": "no-workers"}
         pmap = PartitionMap(TableLayout(t[0], int(t[1]), int(t[2])) for t in tables)
         pmap.assign(workers)
-        queue = ShardQueue(n_shards, reloadable=reloadable, max_failures=max_failures, sharding=sharding)
+        phases = [(str(n), int(k)) for n, k in phases] if phases else [("", n_shards)]
+        queue = ShardQueue(n_shards, reloadable=reloadable, max_failures=max_failures, sharding=sharding,
+                           phases=[k for _, k in phases])
         job = _Job(job_id, spec, queue, pmap, {t[0]: t[3] for t in tables},
                    monitor=ThroughputMonitor(**(monitor or {})), policies=loads(policies) if policies else [],
-                   ckpt=CheckpointConfig(**checkpoint) if checkpoint else None, rebuild=list(rebuild or ()))
+                   ckpt=CheckpointConfig(**checkpoint) if checkpoint else None, rebuild=list(rebuild or ()),
+                   phase_names=[n for n, _ in phases])
         if resume:
             job.published = [resume]
             job.built = resume
@@ -190,14 +213,15 @@ class Coordinator(SchedulerPlugin):
             await self._restart(job, job.pending_restarts.pop(0))
         job.clock, job.metrics, job.clock_end_worker = clock, {}, None
         job.timings, job.phase_s, job.damaged = {}, {}, False
+        job.data_phase, job.shards_done, job.reductions_lost = 0, {}, False
         if job.needs_rebuild and job.rebuild:
             job.needs_rebuild = False
-            job.queue.begin_clock(clock)
+            job.queue.begin_clock(clock, None)  # the rebuild pass: every shard of every phase
             self._event(job, "rebuild-started", tables=job.rebuild)
             self._set_phase(job, "rebuild")
         else:
             job.needs_rebuild = False
-            job.queue.begin_clock(clock)
+            job.queue.begin_clock(clock, 0)
             self._set_phase(job, "shards")
         return {"status": "OK"}
 
@@ -227,11 +251,13 @@ class Coordinator(SchedulerPlugin):
                 if a is None and job.phase == "shards":
                     a = self._idle_policies(job, worker, now)
                 if a is not None:
+                    rebuild = job.phase == "rebuild"
                     return {
-                        "op": "shard" if job.phase == "shards" else "rebuild", "job": job.id, "clock": job.clock,
+                        "op": "rebuild" if rebuild else "shard", "job": job.id, "clock": job.clock,
                         "shard": a.shard, "attempt": a.attempt, "fetch_from": a.fetch_from, "backup": a.backup,
                         "owners": job.pmap.to_msg(), "batch_scale": job.batch_scale.get(worker, 1.0),
-                        "epoch": job.epoch,
+                        "epoch": job.epoch, "phase": job.phase_names[job.queue.phase_of(a.shard)] or None,
+                        "pass": "rebuild" if rebuild else job.data_phase,  # table values differ between passes
                     }
             elif job.phase == "clock_end" and job.clock_end_worker is None:
                 job.clock_end_worker = worker
@@ -359,7 +385,12 @@ class Coordinator(SchedulerPlugin):
         if job.phase != "apply":
             return  # the clock was restarted by a recovery
         committed = [list(c) for c in job.queue.committed()]
-        reset = job.rebuild if rebuild else []
+        if rebuild:
+            reset = list(job.rebuild)
+        elif job.data_phase == 0:  # reductions hold the sums of every data phase of the clock
+            reset = [t for t, k in job.kinds.items() if k == "reduction"]
+        else:
+            reset = []
         owners = sorted(w for w in job.pmap.workers() if w in self.scheduler.workers)
         results = await asyncio.gather(*(
             self.scheduler.rpc(w).dscar_apply(job_id=job.id, clock=job.clock, committed=committed, reset=reset)
@@ -376,19 +407,28 @@ class Coordinator(SchedulerPlugin):
             self._event(job, "rebuild-done", damaged=job.damaged)
             if job.damaged:  # a loss during the rebuild pass: run it again
                 job.damaged = False
-                job.queue.begin_clock(job.clock)
+                job.queue.begin_clock(job.clock, None)
                 self._set_phase(job, "rebuild")
                 return
-            job.queue.begin_clock(job.clock)
+            job.queue.begin_clock(job.clock, job.data_phase)  # go on with the phase the loss interrupted
             self._set_phase(job, "shards")
-        elif job.damaged:
+            return
+        for w, n in job.queue.committed_by().items():
+            job.shards_done[w] = job.shards_done.get(w, 0) + n
+        if job.damaged:
             self._skip_clock_end(job)
+        elif not job.queue.last_phase:
+            job.queue.next_phase()
+            self._set_phase(job, "shards")
+            job.data_phase = job.queue.phase  # after _set_phase: it books the time of the phase that ended
+        elif job.reductions_lost:
+            self._skip_clock_end(job, "a reduction partition was lost after an earlier phase of this clock")
         else:
             self._set_phase(job, "clock_end")
 
-    def _skip_clock_end(self, job: _Job) -> None:
+    def _skip_clock_end(self, job: _Job, reason: str = "a worker was lost in this clock") -> None:
         job.metrics = {"objective": math.nan, "skipped": 1.0}
-        self._event(job, "clock-end-skipped", reason="a worker was lost in this clock")
+        self._event(job, "clock-end-skipped", reason=reason)
         self._set_phase(job, "done")
 
     async def _h_clock_done(self, job_id: str, clock: int, worker: str, metrics: dict, seconds: float) -> dict:
@@ -530,7 +570,9 @@ class Coordinator(SchedulerPlugin):
                 p["failed"] = f"{worker} was lost while writing"
         self._build_manifests(job)
         if job.phase in ("rebuild", "shards") and owned:
-            job.redo = True  # nothing applied yet: discard the clock's staged updates, run it again
+            job.redo = True  # this phase applied nothing yet: discard its staged updates, run it again
+            if job.data_phase > 0 and any(job.kinds[t] == "reduction" for t, _ in owned):
+                job.reductions_lost = True
         elif job.phase in ("apply", "clock_end"):
             job.damaged = job.damaged or bool(owned) or (job.phase == "clock_end" and job.clock_end_worker == worker)
         if job.phase == "clock_end" and job.clock_end_worker == worker:
@@ -611,11 +653,14 @@ class Coordinator(SchedulerPlugin):
         owners = [w for w in sorted(job.pmap.workers()) if w in self.scheduler.workers and w not in job.lost]
         await asyncio.gather(*(self.scheduler.rpc(w).dscar_discard(job_id=job.id, clock=job.clock) for w in owners),
                              return_exceptions=True)
-        job.queue.restart_clock()
-        job.timings, job.damaged = {}, False
         phase = "rebuild" if job.needs_rebuild and job.rebuild else "shards"
+        if phase == "rebuild":
+            job.queue.begin_clock(job.clock, None)
+        else:
+            job.queue.restart_clock()  # the active data phase only: earlier ones are applied
+        job.timings, job.damaged = {}, False
         job.needs_rebuild = False
-        self._event(job, "clock-restarted", phase=phase)
+        self._event(job, "clock-restarted", phase=phase, data_phase=job.phase_names[job.data_phase] or None)
         self._set_phase(job, phase)
 
     def remove_worker(self, scheduler, worker: str, **kwargs) -> None:
@@ -658,7 +703,7 @@ class Coordinator(SchedulerPlugin):
                 return {
                     "status": "done",
                     "metrics": job.metrics,
-                    "shards_per_worker": job.queue.committed_by(),
+                    "shards_per_worker": dict(job.shards_done),
                     "timings": job.timings,
                     "phase_s": job.phase_s,
                     "workers": {

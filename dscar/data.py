@@ -9,6 +9,9 @@ Two sources:
   themselves, so the dataset never has to fit in the driver. Either one
   ``NAME.npy`` per array (C order; each shard reads its byte range), or
   pre-cut ``*.npz`` files, one shard each, every file holding every array.
+
+``PhasedData`` groups one ``ArrayData`` per data phase of an algorithm with
+multi-phase clocks (e.g. ratings grouped by user, then by item, for ALS).
 """
 from __future__ import annotations
 
@@ -47,6 +50,18 @@ def _check_array(name: str, a: Any) -> Any:
     return a
 
 
+def _check_bounds(n_rows: int, bounds) -> tuple[tuple[int, int], ...]:
+    bounds = tuple((int(a), int(b)) for a, b in bounds)
+    if not bounds:
+        raise InvalidInputError("shard bounds are empty")
+    ok = bounds[0][0] == 0 and bounds[-1][1] == n_rows and all(a < b for a, b in bounds)
+    ok = ok and all(b == a2 for (_, b), (a2, _) in zip(bounds, bounds[1:]))
+    if not ok:
+        raise InvalidInputError(f"shard bounds must be non-empty contiguous row ranges covering 0..{n_rows}, "
+                                f"got {list(bounds)[:6]}{'...' if len(bounds) > 6 else ''}")
+    return bounds
+
+
 def _check_layout(n_rows: int, n_shards: int) -> tuple[tuple[int, int], ...]:
     if n_shards < 1:
         raise InvalidInputError(f"n_shards must be >= 1, got {n_shards}")
@@ -56,11 +71,16 @@ def _check_layout(n_rows: int, n_shards: int) -> tuple[tuple[int, int], ...]:
 
 
 class ArrayData:
-    """Row-aligned arrays held by the driver, cut into ``n_shards`` row ranges."""
+    """Row-aligned arrays held by the driver, cut into ``n_shards`` row ranges.
+
+    ``bounds``: explicit ``(start, stop)`` row ranges instead of equal cuts (when
+    a shard must hold whole groups of rows, e.g. all ratings of a user).
+    """
 
     reloadable = False
 
-    def __init__(self, arrays: Mapping[str, Any], n_shards: int):
+    def __init__(self, arrays: Mapping[str, Any], n_shards: int | None = None,
+                 bounds: "list[tuple[int, int]] | None" = None):
         if not arrays:
             raise InvalidInputError("no data arrays given")
         self.arrays = {k: _check_array(k, v) for k, v in arrays.items()}
@@ -68,13 +88,16 @@ class ArrayData:
         if len(set(rows.values())) != 1:
             raise InvalidInputError(f"arrays have different numbers of rows: {rows}")
         n_rows = next(iter(rows.values()))
+        if bounds is None and n_shards is None:
+            raise InvalidInputError("give n_shards or shard bounds")
+        layout = _check_layout(n_rows, n_shards) if bounds is None else _check_bounds(n_rows, bounds)
         self.meta = DataMeta(
             n_rows=n_rows,
-            n_shards=n_shards,
+            n_shards=len(layout),
             shapes={k: tuple(v.shape[1:]) for k, v in self.arrays.items()},
             dtypes={k: str(v.dtype) for k, v in self.arrays.items()},
             sparse={k: sp.issparse(v) for k, v in self.arrays.items()},
-            shard_bounds=_check_layout(n_rows, n_shards),
+            shard_bounds=layout,
         )
 
     def shard(self, i: int) -> dict[str, Any]:
@@ -83,6 +106,61 @@ class ArrayData:
 
     def loader(self) -> None:
         return None  # workers cannot read driver memory: shards are placed
+
+
+class PhasedData:
+    """The data of an algorithm with multi-phase clocks: one ``ArrayData`` per phase.
+
+    ``phases`` maps each phase name (in clock order) to an ``ArrayData`` or a dict
+    of arrays (cut into ``n_shards`` equal shards). Shard ids are global: phase
+    ``i``'s shards follow those of the phases before it, and so do its rows in
+    ``meta.shard_bounds``. An array name present in several phases must have the
+    same trailing shape in each.
+    """
+
+    reloadable = False
+
+    def __init__(self, phases: Mapping[str, Any], n_shards: int | None = None):
+        if not phases:
+            raise InvalidInputError("PhasedData needs at least one phase")
+        self.parts: dict[str, ArrayData] = {}
+        for name, d in phases.items():
+            if not isinstance(name, str) or not name:
+                raise InvalidInputError(f"phase names must be non-empty strings, got {name!r}")
+            if isinstance(d, ArrayData):
+                self.parts[name] = d
+            elif isinstance(d, Mapping):
+                self.parts[name] = ArrayData(d, n_shards)
+            else:
+                raise InvalidInputError(f"phase {name!r}: data must be an ArrayData or a dict of arrays, "
+                                        f"not {type(d).__name__}")
+        shapes: dict[str, tuple] = {}
+        dtypes: dict[str, str] = {}
+        sparse: dict[str, bool] = {}
+        bounds: list[tuple[int, int]] = []
+        self._where: list[tuple[ArrayData, int]] = []  # global shard id -> (phase data, local id)
+        offset = 0
+        for name, d in self.parts.items():
+            for k, shape in d.meta.shapes.items():
+                if shapes.setdefault(k, shape) != shape:
+                    raise InvalidInputError(f"array {k!r} has rows of shape {shape} in phase {name!r} "
+                                            f"but {shapes[k]} in another phase")
+            dtypes.update(d.meta.dtypes)
+            sparse.update(d.meta.sparse)
+            bounds += [(a + offset, b + offset) for a, b in d.meta.shard_bounds]
+            self._where += [(d, i) for i in range(d.meta.n_shards)]
+            offset += d.meta.n_rows
+        self.meta = DataMeta(
+            n_rows=offset, n_shards=len(bounds), shapes=shapes, dtypes=dtypes, sparse=sparse,
+            shard_bounds=tuple(bounds), phases=tuple((n, d.meta.n_shards) for n, d in self.parts.items()),
+        )
+
+    def shard(self, i: int) -> dict[str, Any]:
+        d, local = self._where[i]
+        return d.shard(local)
+
+    def loader(self) -> None:
+        return None
 
 
 @dataclass(frozen=True)
@@ -207,12 +285,14 @@ class FileData:
         return out
 
 
-def as_data(data: Any, n_shards: int) -> ArrayData | FileData:
-    """Accept a mapping of arrays, a ``FileData``, or a path / URL string."""
-    if isinstance(data, (ArrayData, FileData)):
+def as_data(data: Any, n_shards: int) -> ArrayData | FileData | PhasedData:
+    """Accept a mapping of arrays, an ``ArrayData`` / ``FileData`` / ``PhasedData``, or a path / URL string."""
+    if isinstance(data, (ArrayData, FileData, PhasedData)):
         return data
     if isinstance(data, str) or hasattr(data, "__fspath__"):
         return FileData(str(data), n_shards)
+    if isinstance(data, Mapping) and data and all(isinstance(v, (Mapping, ArrayData)) for v in data.values()):
+        return PhasedData(data, n_shards)  # phase name -> arrays of that phase
     if isinstance(data, Mapping):
         return ArrayData(data, n_shards)
     raise InvalidInputError(

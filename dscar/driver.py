@@ -22,7 +22,7 @@ from distributed.protocol.pickle import dumps
 from . import checkpoint as ckpt
 from .algorithm import Algorithm, TableSpec
 from .cluster import Cluster
-from .data import ArrayData, FileData, as_data
+from .data import ArrayData, FileData, PhasedData, as_data
 from .errors import ClusterError, InvalidInputError, JobFailedError
 from .faults import Fault, resolve
 from .monitor import ThroughputMonitor
@@ -160,10 +160,11 @@ def fit(
             if rows is not None:
                 n_shards = max(n_live, min(n_shards, rows))
         d = as_data(data, n_shards)
-        if d.meta.n_shards < n_live:
-            raise InvalidInputError(
-                f"{d.meta.n_shards} shard(s) for {n_live} workers: give at least one shard per worker"
-            )
+        _check_phases(algorithm, d.meta)
+        for name, k in d.meta.phases or (("", d.meta.n_shards),):
+            if k < n_live:
+                where = f" in data phase {name!r}" if name else ""
+                raise InvalidInputError(f"{k} shard(s){where} for {n_live} workers: give at least one shard per worker")
         algorithm.validate(d.meta)
         tables = [_resolve_parts(t, n_live) for t in algorithm.tables(d.meta)]
         resume_from = _find_resume(checkpoint, algorithm, d.meta, tables) if resume else None
@@ -232,12 +233,38 @@ def _find_resume(cfg: "ckpt.CheckpointConfig", algorithm: Algorithm, meta, table
 
 
 def _n_rows(data: Any) -> int | None:
+    """Rows of a dict of arrays; of a dict of phases, the fewest rows of any phase."""
     if isinstance(data, dict) and data:
         first = next(iter(data.values()))
+        if isinstance(first, dict):
+            rows = [_n_rows(v) for v in data.values()]
+            return None if None in rows else min(rows)
         shape = getattr(first, "shape", None)
         if shape:
             return int(shape[0])
     return None
+
+
+def _check_phases(algorithm: Algorithm, meta) -> None:
+    """The data has exactly the data phases the algorithm runs, in its order."""
+    want = tuple(algorithm.phases)
+    have = tuple(n for n, _ in meta.phases)
+    if want != have:
+        raise InvalidInputError(
+            f"{algorithm.name} runs data phases {list(want) or 'none'} per clock, but the data has "
+            f"{list(have) or 'none'}: give " + (
+                "a dscar.PhasedData (or a dict of phase name -> dict of arrays) with one entry per phase, in order"
+                if want else "one set of shards (a dict of arrays, ArrayData or FileData)")
+        )
+
+
+def placement_plan(meta, workers: list[str]) -> list[tuple[int, str]]:
+    """(shard, worker): contiguous blocks of each data phase's shards, so every phase starts balanced."""
+    plan, start = [], 0
+    for _, n in meta.phases or (("", meta.n_shards),):
+        plan += [(start + i, workers[i * len(workers) // n]) for i in range(n)]
+        start += n
+    return plan
 
 
 def _resolve_parts(t: TableSpec, n_workers: int) -> TableSpec:
@@ -251,7 +278,7 @@ class _Run:
     options: dict[str, Any] = {"sharding": "dynamic", "policies": [], "faults": [], "monitor": {},
                                "checkpoint": None, "resume": None}
 
-    def __init__(self, cl: Cluster, algorithm: Algorithm, data: ArrayData | FileData,
+    def __init__(self, cl: Cluster, algorithm: Algorithm, data: ArrayData | FileData | PhasedData,
                  tables: list[TableSpec], tol: float, max_failures: int):
         self.cl, self.client = cl, cl.client
         self.algorithm, self.data, self.tables, self.tol = algorithm, data, tables, tol
@@ -280,7 +307,7 @@ class _Run:
             tables=[[t.name, t.n_rows, t.n_parts, t.kind] for t in self.tables], max_failures=self.max_failures,
             sharding=opts["sharding"], policies=dumps(opts["policies"]), monitor=opts["monitor"],
             checkpoint=None if cfg is None else cfg.to_msg(), rebuild=list(self.algorithm.rebuild_tables()),
-            resume=None if resume is None else resume[0],
+            resume=None if resume is None else resume[0], phases=[list(p) for p in self.data.meta.phases] or None,
         )
         if r["status"] == "busy":
             raise ClusterError(f"the cluster is running another dscar job ({', '.join(r['jobs'])})")
@@ -289,9 +316,8 @@ class _Run:
         self.workers = list(r["workers"])
         try:
             resume = self._sync(self._init_partitions, r["owners"], resume)
-            n, w = self.data.meta.n_shards, self.workers
-            plan = [(i, w[i * len(w) // n]) for i in range(n)]  # contiguous blocks of shards
-            if isinstance(self.data, ArrayData):
+            plan = placement_plan(self.data.meta, self.workers)
+            if isinstance(self.data, (ArrayData, PhasedData)):
                 self._sync(self._place, plan)
             elif opts["sharding"] == "static":  # workers read their own shards' files
                 self._sync(self.client.scheduler.dscar_placed, job_id=self.job_id, placements=[list(p) for p in plan])

@@ -27,6 +27,7 @@ class Fault:
     factor: float = 1.0  # slow: how many times slower
     until: int | None = None  # slow: last slowed clock (None: to the end)
     point: Literal["start", "mid-push"] = "start"  # kill: before the step, or between two pushes
+    phase: str | None = None  # kill / hang / lose: only in this data phase of the clock (None: any)
 
     def active(self, clock: int) -> bool:
         return self.clock <= clock and (self.until is None or clock <= self.until)
@@ -36,19 +37,19 @@ def slow(worker: int | str, factor: float, clock: int = 1, until: int | None = N
     return Fault("slow", worker, clock, factor=factor, until=until)
 
 
-def kill(worker: int | str, clock: int, point: str = "start") -> Fault:
-    return Fault("kill", worker, clock, point=point)
+def kill(worker: int | str, clock: int, point: str = "start", phase: str | None = None) -> Fault:
+    return Fault("kill", worker, clock, point=point, phase=phase)
 
 
-def hang(worker: int | str, clock: int) -> Fault:
-    return Fault("hang", worker, clock)
+def hang(worker: int | str, clock: int, phase: str | None = None) -> Fault:
+    return Fault("hang", worker, clock, phase=phase)
 
 
-def lose(worker: int | str, clock: int) -> Fault:
+def lose(worker: int | str, clock: int, phase: str | None = None) -> Fault:
     """A simulated loss: the worker stays up, but the job recovers exactly as if it had crashed
     (its partitions, shards and staged updates are dropped and restored elsewhere). Fast and
     deterministic; for many-trial experiments and in-process clusters."""
-    return Fault("lose", worker, clock)
+    return Fault("lose", worker, clock, phase=phase)
 
 
 def resolve(faults: Iterable[Fault], workers: list[str]) -> list[Fault]:

@@ -23,6 +23,14 @@ holds; shards whose holder was lost go to anyone.
 The data (and shard state) of a shard follows its commits: the worker whose
 attempt commits becomes the holder; a backup attempt copies the data instead
 of moving it, so both attempts can run.
+
+Phases: a clock may make several passes, each over its own contiguous range
+of shard ids (``phases``: the number of shards of each, in order; default one
+phase of all shards). Only the *active* phase's shards are handed out and
+counted by ``complete``; ``next_phase`` moves on once it is complete. Shards
+of later phases wait in TODO (not in the hand-out set), shards of earlier
+phases stay DONE. ``begin_clock(clock, phase=None)`` activates every shard at
+once (a rebuild pass over all the data).
 """
 from __future__ import annotations
 
@@ -63,57 +71,102 @@ class ShardQueue:
     """Per-clock shard states, attempts, commits and data locality."""
 
     def __init__(self, n_shards: int, *, reloadable: bool, max_failures: int = 3,
-                 sharding: str = "dynamic"):
+                 sharding: str = "dynamic", phases: "list[int] | tuple[int, ...] | None" = None):
         if n_shards < 1:
             raise ValueError("n_shards must be >= 1")
         if sharding not in ("dynamic", "static"):
             raise ValueError(f"sharding must be 'dynamic' or 'static', not {sharding!r}")
+        phases = [n_shards] if phases is None else [int(n) for n in phases]
+        if sum(phases) != n_shards or min(phases) < 1:
+            raise ValueError(f"phases {phases} must be shard counts >= 1 that add up to n_shards={n_shards}")
         self.n_shards = n_shards
         self.reloadable = reloadable
         self.sharding = sharding
         self.max_failures = max_failures
         self.clock = 0
+        self.phase_sizes = tuple(phases)
+        starts = [sum(phases[:i]) for i in range(len(phases))]
+        self.phase_ranges = tuple(range(a, a + n) for a, n in zip(starts, phases))
+        self.phase: int | None = 0  # the active phase; None: every shard is active (a rebuild pass)
         self._shards = [_Shard() for _ in range(n_shards)]
         self._todo: set[int] = set()
+        self._attempts_clock: int | None = None  # attempt numbers restart only with a new clock
 
     # ---------------------------------------------------------------- clocks
-    def begin_clock(self, clock: int) -> None:
-        """Put every shard in TODO for ``clock``; the previous clock must be complete."""
-        if self.clock and not self.complete:
+    @property
+    def n_phases(self) -> int:
+        return len(self.phase_sizes)
+
+    @property
+    def active(self) -> range:
+        """The shard ids of the active phase (all of them in a rebuild pass)."""
+        return range(self.n_shards) if self.phase is None else self.phase_ranges[self.phase]
+
+    def phase_of(self, shard: int) -> int:
+        return next(i for i, r in enumerate(self.phase_ranges) if shard in r)
+
+    def begin_clock(self, clock: int, phase: int | None = 0) -> None:
+        """Put every shard in TODO for ``clock`` and activate ``phase`` (None: all shards).
+
+        Between clocks the previous one must be complete; starting again in the
+        same clock (after a rebuild pass) is allowed at any phase.
+        """
+        if self.clock and clock != self.clock and not self.complete:
             raise RuntimeError(f"clock {self.clock} is not complete")
+        if phase is not None and not 0 <= phase < self.n_phases:
+            raise ValueError(f"phase {phase} outside 0..{self.n_phases - 1}")
         self.clock = clock
         for s in self._shards:
             s.status = ShardStatus.TODO
             s.attempts.clear()
             s.committed = None
-            s.next_attempt = 0
+            s.next_attempt = 0 if clock != self._attempts_clock else s.next_attempt
             s.failures = []
-        self._todo = set(range(self.n_shards))
+        self._attempts_clock = clock
+        self.phase = phase
+        self._todo = set(self.active)
+
+    def next_phase(self) -> int:
+        """Activate the next phase (the active one must be complete); returns its index."""
+        if self.phase is None or self.phase + 1 >= self.n_phases:
+            raise RuntimeError(f"no phase after {self.phase}")
+        if not self.complete:
+            raise RuntimeError(f"phase {self.phase} of clock {self.clock} is not complete")
+        self.phase += 1
+        self._todo = set(self.active)
+        return self.phase
+
+    @property
+    def last_phase(self) -> bool:
+        return self.phase is None or self.phase == self.n_phases - 1
 
     def restart_clock(self) -> None:
-        """Run the current clock again from TODO (its staged updates were discarded).
+        """Run the active phase again from TODO (its staged updates were discarded).
 
-        Attempt numbers keep counting up, so a stale attempt can never be taken
-        for a new one.
+        Earlier phases, already applied, stay DONE. Attempt numbers keep counting
+        up, so a stale attempt can never be taken for a new one.
         """
-        for s in self._shards:
+        for i in self.active:
+            s = self._shards[i]
             s.status = ShardStatus.TODO
             s.attempts.clear()
             s.committed = None
             s.failures = []
-        self._todo = set(range(self.n_shards))
+        self._todo = set(self.active)
 
     @property
     def complete(self) -> bool:
-        return all(s.status is ShardStatus.DONE for s in self._shards)
+        """Every shard of the active phase is DONE."""
+        return all(self._shards[i].status is ShardStatus.DONE for i in self.active)
 
     def status(self, shard: int) -> ShardStatus:
         return self._shards[shard].status
 
     def counts(self) -> dict[str, int]:
+        """Shards of the active phase per status."""
         out = {st.value: 0 for st in ShardStatus}
-        for s in self._shards:
-            out[s.status.value] += 1
+        for i in self.active:
+            out[self._shards[i].status.value] += 1
         return out
 
     # -------------------------------------------------------------- locality
@@ -223,19 +276,19 @@ class ShardQueue:
             for a in lost:
                 del s.attempts[a.attempt]
                 requeued.append(a)
-            if lost and not s.attempts and s.status is ShardStatus.DOING:
+            if lost and not s.attempts and s.status is ShardStatus.DOING:  # DOING: an active shard
                 s.status = ShardStatus.TODO
                 self._todo.add(i)
         return requeued
 
     def committed(self) -> list[tuple[int, int]]:
-        """(shard, attempt) of every committed attempt this clock, in shard order."""
-        return [(i, s.committed.attempt) for i, s in enumerate(self._shards) if s.committed]
+        """(shard, attempt) of every committed attempt of the active phase, in shard order."""
+        return [(i, self._shards[i].committed.attempt) for i in self.active if self._shards[i].committed]
 
     def committed_by(self) -> dict[str, int]:
-        """How many shards each worker committed this clock."""
+        """How many shards of the active phase each worker committed."""
         out: dict[str, int] = {}
-        for s in self._shards:
+        for s in (self._shards[i] for i in self.active):
             if s.committed:
                 out[s.committed.worker] = out.get(s.committed.worker, 0) + 1
         return out
@@ -251,6 +304,8 @@ class ShardQueue:
             "reloadable": self.reloadable,
             "max_failures": self.max_failures,
             "sharding": self.sharding,
+            "phases": list(self.phase_sizes),
+            "phase": self.phase,
             "shards": [
                 {
                     "status": s.status.value,
@@ -267,8 +322,9 @@ class ShardQueue:
     def restore(cls, snap: dict[str, Any]) -> "ShardQueue":
         """Rebuild from ``snapshot()``: DONE stays DONE, DOING goes back to TODO."""
         q = cls(len(snap["shards"]), reloadable=snap["reloadable"], max_failures=snap["max_failures"],
-                sharding=snap.get("sharding", "dynamic"))
-        q.clock = snap["clock"]
+                sharding=snap.get("sharding", "dynamic"), phases=snap.get("phases"))
+        q.clock = q._attempts_clock = snap["clock"]
+        q.phase = snap.get("phase", 0)
         q._todo = set()
         for i, d in enumerate(snap["shards"]):
             s = q._shards[i]
@@ -281,13 +337,18 @@ class ShardQueue:
                 s.committed = Attempt(i, att, w, 0.0, None)
             else:
                 s.status = ShardStatus.TODO
-                q._todo.add(i)
+                if i in q.active:
+                    q._todo.add(i)
         return q
 
     def check(self) -> None:
         """Assert the invariants in the module docstring."""
+        active = self.active
         for i, s in enumerate(self._shards):
-            assert (i in self._todo) == (s.status is ShardStatus.TODO), i
+            assert (i in self._todo) == (s.status is ShardStatus.TODO and i in active), i
+            if i not in active:  # an earlier phase (DONE, or TODO after a rebuild pass) or a later one (TODO)
+                assert s.status is not ShardStatus.DOING and not s.attempts, i
+                assert s.status is ShardStatus.TODO or i < active.start, i
             if s.status is ShardStatus.DOING:
                 assert s.attempts and s.committed is None, i
             elif s.status is ShardStatus.DONE:

@@ -64,7 +64,7 @@ class Job:
     shards: dict[int, "ShardEntry"] = field(default_factory=dict)
     owners: dict[tuple[str, int], str] = field(default_factory=dict)
     pull_cache: dict[tuple, Any] = field(default_factory=dict)
-    cache_clock: tuple = (-1, -1)  # (clock, recovery epoch) the cached pulls belong to
+    cache_clock: tuple = (-1, -1, None)  # (clock, recovery epoch, pass) the cached pulls belong to
 
 
 @dataclass
@@ -181,7 +181,8 @@ class ParamServer(WorkerPlugin):
     def _h_apply(self, job_id: str, clock: int, committed: list, reset: list | None = None) -> dict:
         """Apply the committed attempts' staged updates of ``clock``; drop the rest.
 
-        Reduction tables, and the tables named in ``reset`` (a rebuild pass), start from zero.
+        The tables named in ``reset`` start from zero (the coordinator names the reduction
+        tables at a clock's first data phase, the rebuild tables in a rebuild pass).
         """
         job = self.jobs.get(job_id)
         if job is None:
@@ -190,7 +191,7 @@ class ParamServer(WorkerPlugin):
         reset = set(reset or ())
         with self._lock:
             for (table, part), arr in job.parts.items():
-                if job.specs[table].kind == "reduction" or table in reset:
+                if table in reset:
                     arr[...] = 0
             keys = sorted(k for k in job.staged if k[0] == clock)
             applied = 0
@@ -381,9 +382,10 @@ class ParamServer(WorkerPlugin):
     def _prepare(self, job: Job, item: dict) -> None:
         with self._lock:
             job.owners = {(t, int(p)): w for t, p, w in item["owners"]}
-            if job.cache_clock != (item["clock"], item.get("epoch", 0)):
+            key = (item["clock"], item.get("epoch", 0), item.get("pass", "end"))
+            if job.cache_clock != key:  # a new clock, recovery or data phase: tables have changed
                 job.pull_cache.clear()
-                job.cache_clock = (item["clock"], item.get("epoch", 0))
+                job.cache_clock = key
 
     def _run_shard(self, item: dict) -> None:
         job_id, clock, shard, attempt = item["job"], item["clock"], item["shard"], item["attempt"]
@@ -392,13 +394,13 @@ class ParamServer(WorkerPlugin):
         try:
             job = self._job(job_id)
             self._prepare(job, item)
-            self._inject(job, clock, "start")
+            self._inject(job, clock, "start", item.get("phase"))
             t0 = time.perf_counter()
             entry = self._shard_entry(job, shard, item.get("fetch_from"), item.get("backup", False))
             if entry is None:
                 lost_data = not item.get("backup", False)  # a backup's miss: the primary still holds the data
                 raise LookupError(f"the data of shard {shard} is on no live worker")
-            ctx = ShardStep(self, job, clock, shard, entry.state, item.get("batch_scale", 1.0))
+            ctx = ShardStep(self, job, clock, shard, entry.state, item.get("batch_scale", 1.0), item.get("phase"))
             t1 = time.perf_counter()
             if item["op"] == "rebuild":
                 job.algorithm.rebuild_step(ctx, entry.data)
@@ -409,7 +411,7 @@ class ParamServer(WorkerPlugin):
             if slow > 1:
                 time.sleep((slow - 1) * (t2 - t1))
                 t2 = time.perf_counter()
-            self._send_staged(job, (clock, shard, attempt), ctx.updates)
+            self._send_staged(job, (clock, shard, attempt), ctx.updates, ctx.phase)
             t3 = time.perf_counter()
             r = self._call(
                 sched.dscar_commit,
@@ -480,9 +482,10 @@ class ParamServer(WorkerPlugin):
                     self._report(job, clock, "fault-slow", factor=f.factor, until=f.until)
         return factor
 
-    def _inject(self, job: Job, clock: int, point: str) -> None:
+    def _inject(self, job: Job, clock: int, point: str, phase: str | None = None) -> None:
         for f in job.faults:
-            if f.kind in ("kill", "hang", "lose") and f.clock <= clock and f.point == point and f not in job.fired:
+            if (f.kind in ("kill", "hang", "lose") and f.clock <= clock and f.point == point and f not in job.fired
+                    and f.phase in (None, phase)):
                 job.fired.add(f)
                 self._report(job, clock, f"fault-{f.kind}", point=point)
                 if f.kind == "kill":
@@ -518,14 +521,14 @@ class ParamServer(WorkerPlugin):
             time.sleep(0.05)
         raise _Stopped
 
-    def _send_staged(self, job: Job, key: tuple, updates: list) -> None:
+    def _send_staged(self, job: Job, key: tuple, updates: list, phase: str | None = None) -> None:
         by_owner: dict[str, list] = defaultdict(list)
         for table, part, lo, data, rows in updates:
             by_owner[job.owners[(table, part)]].append([table, part, lo, data, rows])
         me = self.worker.address
         for i, (owner, ups) in enumerate(by_owner.items()):
             if i == 1:
-                self._inject(job, key[0], "mid-push")
+                self._inject(job, key[0], "mid-push", phase)
             if owner == me:
                 self._stage_local(job, key, ups)
             else:
@@ -625,9 +628,11 @@ class _Stopped(Exception):
 class ShardStep:
     """The ``ShardContext`` of one attempt: cached pulls, staged adds, staged state."""
 
-    def __init__(self, server: ParamServer, job: Job, clock: int, shard: int, state: dict, batch_scale: float):
+    def __init__(self, server: ParamServer, job: Job, clock: int, shard: int, state: dict, batch_scale: float,
+                 phase: str | None = None):
         self._server, self._job = server, job
         self.xp, self.clock, self.shard, self.meta, self.tol = job.xp, clock, shard, job.meta, job.tol
+        self.phase = phase  # the data phase of the clock this step runs in (None: the algorithm has none)
         self.state = dict(state)  # the shard's state as of its last commit (read-only)
         self.batch_scale = float(batch_scale)  # this worker's share of a fixed global batch
         self.new_state: dict = {}
@@ -639,7 +644,7 @@ class ShardStep:
         self.new_state[name] = value
 
     def pull(self, table: str, start: int = 0, stop: int | None = None):
-        """Rows of ``table`` as of this clock's start (cached for the clock; do not mutate)."""
+        """Rows of ``table`` as of this clock's (data phase's) start (cached for it; do not mutate)."""
         key = (table, start, stop)
         cache = self._job.pull_cache
         if key not in cache:

@@ -219,3 +219,91 @@ def test_snapshot_keeps_sharding_mode():
     q = ShardQueue(2, reloadable=True, sharding="static")
     q.begin_clock(3)
     assert ShardQueue.restore(q.snapshot()).sharding == "static"
+
+
+# ------------------------------------------------------------- data phases
+def phased(sizes=(2, 3), reloadable=True):
+    q = ShardQueue(sum(sizes), reloadable=reloadable, phases=list(sizes))
+    q.begin_clock(1)
+    return q
+
+
+def drain(q, worker="a"):
+    """Run every shard the queue hands out to completion; return their ids in order."""
+    done = []
+    while (a := q.next_shard(worker, 0.0)) is not None:
+        assert q.commit(a.shard, a.attempt, worker)
+        done.append(a.shard)
+    return done
+
+
+def test_phases_hand_out_only_the_active_phases_shards_in_order():
+    q = phased()
+    assert q.active == range(0, 2) and q.counts() == {"todo": 2, "doing": 0, "done": 0}
+    assert sorted(drain(q)) == [0, 1] and q.complete and not q.last_phase
+    assert q.committed() == [(0, 0), (1, 0)]
+    q.check()
+    assert q.next_phase() == 1 and not q.complete and q.last_phase
+    q.check()
+    assert sorted(drain(q)) == [2, 3, 4] and q.complete
+    assert [s for s, _ in q.committed()] == [2, 3, 4]  # only the active phase's commits are applied
+    assert q.committed_by() == {"a": 3}
+    with pytest.raises(RuntimeError, match="no phase after"):
+        q.next_phase()
+    q.begin_clock(2)
+    assert q.phase == 0 and q.counts()["todo"] == 2
+    q.check()
+
+
+def test_next_phase_needs_the_active_phase_complete_and_sizes_must_add_up():
+    q = phased()
+    q.next_shard("a", 0.0)
+    with pytest.raises(RuntimeError, match="not complete"):
+        q.next_phase()
+    with pytest.raises(ValueError, match="add up"):
+        ShardQueue(4, reloadable=True, phases=[2, 3])
+    with pytest.raises(ValueError, match="add up"):
+        ShardQueue(4, reloadable=True, phases=[4, 0])
+
+
+def test_restart_redoes_only_the_active_phase_with_fresh_attempt_numbers():
+    q = phased()
+    drain(q)
+    q.next_phase()
+    a = q.next_shard("a", 0.0)
+    q.commit(a.shard, a.attempt, "a")
+    q.next_shard("b", 0.0)
+    q.restart_clock()
+    q.check()
+    assert [q.status(i).value for i in range(5)] == ["done", "done", "todo", "todo", "todo"]
+    again = q.next_shard("a", 0.0)
+    assert again.attempt >= 1  # the stale attempt 0 can never commit for the new one
+    assert not q.commit(a.shard, a.attempt, "a")
+
+
+def test_a_rebuild_pass_runs_every_phase_then_the_clock_goes_on_at_its_phase():
+    q = phased()
+    drain(q)
+    q.next_phase()
+    q.begin_clock(1, None)  # rebuild pass after a recovery in phase 1
+    assert q.active == range(5) and q.last_phase
+    assert sorted(drain(q)) == [0, 1, 2, 3, 4]
+    q.begin_clock(1, 1)  # the interrupted phase again
+    q.check()
+    assert sorted(drain(q)) == [2, 3, 4] and q.complete
+
+
+def test_worker_lost_requeues_only_active_attempts_and_snapshot_keeps_the_phase():
+    q = phased(reloadable=False)
+    for i in range(5):
+        q.set_holder(i, "a" if i % 2 else "b")
+    drain(q, "a")
+    q.next_phase()
+    a = q.next_shard("b", 0.0)
+    lost = q.worker_lost("b")
+    assert [x.shard for x in lost] == [a.shard] and q.status(a.shard) is ShardStatus.TODO
+    q.check()
+    r = ShardQueue.restore(q.snapshot())
+    r.check()
+    assert r.phase == 1 and r.phase_sizes == (2, 3) and r.counts() == q.counts()
+    assert [r.status(i) for i in range(5)] == [q.status(i) for i in range(5)]
