@@ -55,3 +55,35 @@ def make_classification(n_samples: int = 10_000, n_features: int = 100, n_classe
         b = min(n_samples, a + 65_536)
         y[a:b] = np.argmax(X[a:b] @ W + rng.gumbel(size=(b - a, n_classes)), axis=1)
     return X, y, W.astype(dtype, copy=False)
+
+
+def make_ratings(n_users: int = 1_000, n_items: int = 500, n_ratings: int = 10_000, rank: int = 10,
+                 noise: float = 0.5, *, mean: float = 3.0, bias_scale: float = 0.3, alpha: float = 0.5,
+                 seed: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray, dict[str, np.ndarray]]:
+    """``users, items, ratings, truth``: explicit ratings of a planted rank-``rank`` model.
+
+    ``r_ui = mean + b_u + c_i + U_u . V_i + noise * N(0, 1)`` with ``U, V`` entries
+    ``N(0, rank^-1/2)`` (so ``U_u . V_i`` has unit variance), biases ``N(0, bias_scale^2)``:
+    a model with this rank and biases can reach a test RMSE of ``noise``. Activity is a
+    power law: user (item) ``j`` of the popularity order is drawn with weight ``(j + 1)^-alpha``;
+    ids are shuffled so popularity is not sorted by id. ``n_ratings`` distinct (user, item)
+    pairs, in random order. ``truth``: ``U``, ``V``, ``user_bias``, ``item_bias``.
+    """
+    if min(n_users, n_items, n_ratings, rank) < 1 or n_ratings > n_users * n_items:
+        raise ValueError("make_ratings needs positive sizes and n_ratings <= n_users * n_items")
+    rng = np.random.default_rng(seed)
+    s = rank ** -0.25
+    U, V = rng.normal(0.0, s, (n_users, rank)), rng.normal(0.0, s, (n_items, rank))
+    bu, bi = rng.normal(0.0, bias_scale, n_users), rng.normal(0.0, bias_scale, n_items)
+    pu = (1.0 + np.arange(n_users)) ** -alpha
+    pi = (1.0 + np.arange(n_items)) ** -alpha
+    pu, pi = rng.permutation(pu / pu.sum()), rng.permutation(pi / pi.sum())
+    keys = np.empty(0, dtype=np.int64)
+    while keys.size < n_ratings:  # draw pairs until enough distinct ones (the popular head collides)
+        m = int(1.2 * (n_ratings - keys.size)) + 16
+        new = rng.choice(n_users, m, p=pu).astype(np.int64) * n_items + rng.choice(n_items, m, p=pi)
+        keys = np.unique(np.concatenate([keys, new]))
+    keys = rng.permutation(keys)[:n_ratings]
+    users, items = keys // n_items, keys % n_items
+    r = mean + bu[users] + bi[items] + np.einsum("ij,ij->i", U[users], V[items]) + noise * rng.standard_normal(n_ratings)
+    return users, items, r, {"U": U, "V": V, "user_bias": bu, "item_bias": bi}

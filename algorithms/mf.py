@@ -1,0 +1,516 @@
+"""Explicit matrix factorization by alternating least squares (ALS).
+
+Model: ``r_ui ~ mu + b_u + c_i + p_u . q_i`` (the biases optional; ``mu``, the
+training mean, is fixed). Objective over the training ratings ``R``::
+
+    L = sum_{(u,i) in R} (r_ui - mu - b_u - c_i - p_u . q_i)^2
+        + sum_u lam_u (||p_u||^2 + b_u^2) + sum_i lam_i (||q_i||^2 + c_i^2)
+
+with ``lam_u = reg * n_u`` (``reg_mode="weighted"``, weighted-lambda: ``n_u`` the
+user's number of ratings) or ``lam_u = reg`` (``"plain"``); likewise for items.
+Rows without training ratings are left out of ``L`` (they never change).
+
+One clock is two data phases (``phases = ("user", "item")``): every user row is
+solved exactly given the item factors, then every item row given the new user
+factors. Each phase is a pass over shards of the ratings grouped by user (resp.
+item): each user appears in exactly one by-user shard, so a shard owns its
+users' rows and pushes ``new - old`` for them (an exact update under the
+engine's additive, exactly-once apply). Each step is an exact block minimisation
+of ``L``, so ``L`` never increases from clock to clock.
+
+Solves are batched on the array namespace (NumPy / CuPy): a shard's rows are
+bucketed by rating count (padded to the next ``2^j`` or ``3 * 2^j``, at most
+``PAD_ELEMS`` padded ratings per batch); a batch gathers the other side's factors ``F`` (``b x L x d``,
+``d = rank + 1`` with biases), forms ``A = F^T F + lam I`` and ``F^T r`` with
+batched matmuls and solves all ``b`` systems at once. ``dtype="float32"`` forms ``F``, ``A`` and
+``F^T r`` in single precision (several times faster: the gathers and the
+matmuls are memory-bound; lenskit's ALS is float32 throughout) and still solves
+and scores in double; the default ``"float64"`` is exact to rounding, so the
+objective's monotone decrease holds to machine precision.
+
+Metrics per clock (reduction ``stats``, summed over both phases' shard steps):
+``objective`` (``L`` after the clock), ``train_rmse``, ``test_rmse`` (held-out
+ratings travel with the by-item shards and are scored there with the clock's
+final factors), ``reg``. The training squared error comes from the normal
+equations of the item solve (``||r||^2 - 2 x.b + x^T A x``): no second pass.
+
+Data: ``ratings_data`` builds the ``dscar.PhasedData`` (arrays ``row``: the id
+solved in that phase, ``col``: the other side's id, ``rating``; by-item shards
+also ``test``: 1 for a held-out rating). ``check_ratings`` / ``from_sparse`` /
+``train_test_split`` prepare COO arrays; ``MF`` is the scikit-learn style estimator.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import scipy.sparse as sp
+
+import dscar
+from dscar import Algorithm, DataMeta, InvalidInputError, TableSpec
+
+REG_MODES = ("weighted", "plain")
+DTYPES = ("float64", "float32")
+STATS = ("sse_train", "n_train", "sse_test", "n_test", "reg_user", "reg_item")
+PAD_ELEMS = 1 << 17  # padded ratings per batched solve (memory: PAD_ELEMS x d floats)
+SIDES = {"user": ("user", "item"), "item": ("item", "user")}  # phase -> (table solved, other table)
+
+
+# ------------------------------------------------------------------ input
+def check_ratings(users, items, ratings, n_users: int | None = None,
+                  n_items: int | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray, int, int]:
+    """``users, items, ratings, n_users, n_items`` as int64 / float64, or ``InvalidInputError``.
+
+    Ids must be integers in ``0..n-1`` (``n`` inferred as max id + 1 when not given);
+    ratings finite numbers; the three arrays 1-D, non-empty and of one length.
+    """
+    out = []
+    for name, a in (("user ids", users), ("item ids", items), ("ratings", ratings)):
+        try:
+            a = np.asarray(a)
+        except Exception as e:
+            raise InvalidInputError(f"{name} are not an array: {e}") from None
+        if a.ndim != 1 or a.size == 0:
+            raise InvalidInputError(f"{name} must be a non-empty 1-D array, got shape {a.shape}")
+        out.append(a)
+    u, i, r = out
+    if not len(u) == len(i) == len(r):
+        raise InvalidInputError(f"user ids, item ids and ratings differ in length: {len(u)}, {len(i)}, {len(r)}")
+    if r.dtype.kind not in "biuf":
+        raise InvalidInputError(f"ratings must be numbers, got dtype {r.dtype}")
+    r = r.astype(np.float64)
+    if not np.isfinite(r).all():
+        raise InvalidInputError(f"ratings contain {int((~np.isfinite(r)).sum())} NaN or infinite value(s)")
+    ids = []
+    for name, a, n in (("user", u, n_users), ("item", i, n_items)):
+        if a.dtype.kind == "f":
+            if not np.isfinite(a).all() or not (a == np.round(a)).all():
+                raise InvalidInputError(f"{name} ids must be integers, got values like {a[a != np.round(a)][:3]}")
+        elif a.dtype.kind not in "iu":
+            raise InvalidInputError(f"{name} ids must be integers, got dtype {a.dtype}")
+        a = a.astype(np.int64)
+        if a.min() < 0:
+            raise InvalidInputError(f"{name} ids must be >= 0, got {int(a.min())}")
+        if n is not None:
+            if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
+                raise InvalidInputError(f"n_{name}s must be an integer >= 1, got {n!r}")
+            if a.max() >= n:
+                raise InvalidInputError(f"{name} ids must be below n_{name}s={n}, got {int(a.max())}")
+        ids.append((a, int(a.max()) + 1 if n is None else int(n)))
+    (u, nu), (i, ni) = ids
+    return u, i, r, nu, ni
+
+
+def from_sparse(R) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """COO ``users, items, ratings`` of a SciPy sparse matrix (users x items; stored entries are ratings)."""
+    if not sp.issparse(R):
+        raise InvalidInputError(f"expected a SciPy sparse matrix, got {type(R).__name__}")
+    C = R.tocoo()
+    return C.row.astype(np.int64), C.col.astype(np.int64), C.data.astype(np.float64)
+
+
+def train_test_split(users, items, ratings, test_size: float = 0.2, seed: int = 0, *, warm: bool = True):
+    """``(train, test)``, each ``(users, items, ratings)``: a random split of the ratings.
+
+    ``warm=True`` keeps in ``test`` only ratings whose user and item have a training
+    rating (a factor model cannot score rows it never saw); the others go to train.
+    """
+    u, i, r, _, _ = check_ratings(users, items, ratings)
+    if not 0 < test_size < 1:
+        raise InvalidInputError(f"test_size must be in (0, 1), got {test_size}")
+    is_test = np.random.default_rng(seed).random(len(r)) < test_size
+    if warm:
+        seen_u = np.zeros(int(u.max()) + 1, bool)
+        seen_i = np.zeros(int(i.max()) + 1, bool)
+        seen_u[u[~is_test]] = True
+        seen_i[i[~is_test]] = True
+        is_test &= seen_u[u] & seen_i[i]
+    tr, te = ~is_test, is_test
+    return (u[tr], i[tr], r[tr]), (u[te], i[te], r[te])
+
+
+def group_bounds(keys: np.ndarray, n_shards: int) -> list[tuple[int, int]]:
+    """Row ranges of ``n_shards`` shards of the sorted ``keys``, cut only between keys, near-equal in rows."""
+    starts = np.flatnonzero(np.r_[True, keys[1:] != keys[:-1]])  # first row of each key
+    if len(starts) < n_shards:
+        raise InvalidInputError(f"{len(starts)} distinct ids cannot make {n_shards} shards; use fewer shards")
+    n = len(keys)
+    cut = np.searchsorted(starts, np.arange(1, n_shards) * n / n_shards)
+    cut = np.maximum.accumulate(np.maximum(cut, np.arange(1, n_shards)))  # at least one key per shard
+    cut = np.minimum(cut, len(starts) - n_shards + np.arange(1, n_shards))
+    edges = [0, *starts[cut].tolist(), n]
+    return list(zip(edges[:-1], edges[1:]))
+
+
+def ratings_data(train, test=None, *, n_users: int, n_items: int, n_shards: int = 8) -> dscar.PhasedData:
+    """The ALS data: by-user shards of ``train``, by-item shards of ``train`` and ``test`` (``n_shards`` each)."""
+    u, i, r, _, _ = check_ratings(*train, n_users, n_items)
+    phases = {}
+    for phase, row, col in (("user", u, i), ("item", i, u)):
+        arrays = {"row": row, "col": col, "rating": r}
+        if phase == "item":
+            arrays["test"] = np.zeros(len(r), np.int8)
+            if test is not None:
+                tu, ti, tr, _, _ = check_ratings(*test, n_users, n_items)
+                arrays = {"row": np.r_[row, ti], "col": np.r_[col, tu], "rating": np.r_[r, tr],
+                          "test": np.r_[arrays["test"], np.ones(len(tr), np.int8)]}
+        order = np.argsort(arrays["row"], kind="stable")
+        arrays = {k: v[order] for k, v in arrays.items()}
+        phases[phase] = dscar.ArrayData(arrays, bounds=group_bounds(arrays["row"], n_shards))
+    return dscar.PhasedData(phases)
+
+
+# ------------------------------------------------------------ the algorithm
+def _padded(counts: np.ndarray) -> np.ndarray:
+    """Each count rounded up to the next ``2^j`` or ``3 * 2^j``: few distinct batch shapes, <= 33 % padding."""
+    p2 = np.left_shift(1, np.ceil(np.log2(counts)).astype(np.int64))
+    p3 = (p2 // 4) * 3
+    return np.where((p3 >= counts) & (p3 > 0), p3, p2)
+
+
+def _number(name: str, v, *, minimum: float = 0.0, allow_equal: bool = True) -> float:
+    try:
+        v = float(v)
+    except (TypeError, ValueError):
+        raise InvalidInputError(f"{name} must be a number, got {v!r}") from None
+    if not math.isfinite(v) or v < minimum or (v == minimum and not allow_equal):
+        raise InvalidInputError(f"{name} must be a finite number {'>=' if allow_equal else '>'} {minimum}, got {v}")
+    return v
+
+
+def _int(name: str, v, minimum: int = 1) -> int:
+    if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < minimum:
+        raise InvalidInputError(f"{name} must be an integer >= {minimum}, got {v!r}")
+    return int(v)
+
+
+class ALS(Algorithm):
+    """Explicit MF by ALS as a dscar algorithm (tables ``user``, ``item``, [``user_bias``, ``item_bias``], ``stats``)."""
+
+    name = "mf"
+    data_names = ("row", "col", "rating")
+    phases = ("user", "item")
+
+    def __init__(self, n_users: int, n_items: int, rank: int = 20, *, reg: float = 0.1, reg_mode: str = "weighted",
+                 biases: bool = True, mean: float = 0.0, init_scale: float = 0.1, seed: int = 0, tol: float = 1e-4,
+                 dtype: str = "float64"):
+        self.n_users = _int("n_users", n_users)
+        self.n_items = _int("n_items", n_items)
+        self.rank = _int("rank", rank)
+        self.reg = _number("reg", reg)
+        if reg_mode not in REG_MODES:
+            raise InvalidInputError(f"reg_mode must be one of {REG_MODES}, got {reg_mode!r}")
+        self.reg_mode = reg_mode
+        if dtype not in DTYPES:
+            raise InvalidInputError(f"dtype must be one of {DTYPES}, got {dtype!r}")
+        self.dtype = dtype
+        self.biases = bool(biases)
+        self.mean = _number("mean", mean, minimum=-math.inf)
+        self.init_scale = _number("init_scale", init_scale, allow_equal=False)
+        self.seed = int(seed)
+        self.tol = _number("tol", tol, allow_equal=False)
+
+    # ----------------------------------------------------------- setup
+    def validate(self, meta: DataMeta) -> None:
+        missing = [k for k in self.data_names if k not in meta.shapes]
+        if missing:
+            raise InvalidInputError(f"ALS needs arrays {list(self.data_names)} in each phase; missing {missing} "
+                                    "(algorithms.mf.ratings_data builds them)")
+        bad = {k: meta.shapes[k] for k in (*self.data_names, "test") if meta.shapes.get(k, ()) != ()}
+        if bad:
+            raise InvalidInputError(f"ALS arrays must be 1-D; got rows of shape {bad}")
+
+    def tables(self, meta: DataMeta) -> list[TableSpec]:
+        out = [TableSpec("user", self.n_users, (self.rank,)), TableSpec("item", self.n_items, (self.rank,))]
+        if self.biases:
+            out += [TableSpec("user_bias", self.n_users), TableSpec("item_bias", self.n_items)]
+        return out + [TableSpec("stats", len(STATS), kind="reduction", n_parts=1)]
+
+    def init_rows(self, table: TableSpec, start: int, stop: int, xp):
+        """Items: ``N(0, init_scale^2)`` from ``seed`` (the same whatever the partitioning); the rest 0
+        (the first phase solves the users from the items, so their start value does not matter)."""
+        if table.name != "item":
+            return super().init_rows(table, start, stop, xp)
+        full = np.random.default_rng(self.seed).normal(0.0, self.init_scale, (table.n_rows, *table.trailing))
+        return xp.asarray(full[start:stop])
+
+    def prepare_shard(self, arrays: dict[str, Any], xp) -> dict[str, Any]:
+        """Index the shard once: its row range, the batches of rows bucketed by count, its test ratings.
+
+        The result keeps the raw arrays (host) next to the index (flat arrays, ``b{j}.*`` for
+        batch ``j``): a shard that moves to another worker is shipped as is and indexed again there.
+        """
+        row = dscar.to_host(arrays["row"]).astype(np.int64, copy=False)
+        col = dscar.to_host(arrays["col"]).astype(np.int64, copy=False)
+        rating = dscar.to_host(arrays["rating"]).astype(np.float64, copy=False)
+        raw = {"row": row, "col": col, "rating": rating}
+        if "test" in arrays:
+            raw["test"] = dscar.to_host(arrays["test"])
+        test = raw.get("test", np.zeros(len(row), np.int8)).astype(bool)
+        lo, hi = int(row.min()), int(row.max()) + 1
+        tr = ~test
+        batches = []
+        r_row, r_col, r_val = row[tr], col[tr], rating[tr]
+        if r_row.size:
+            ids, starts, counts = np.unique(r_row, return_index=True, return_counts=True)
+            pad = _padded(counts)
+            for L in np.unique(pad):
+                sel = np.flatnonzero(pad == L)
+                step = max(1, PAD_ELEMS // int(L))
+                for a in range(0, len(sel), step):
+                    s = sel[a:a + step]
+                    pos = starts[s][:, None] + np.arange(L)[None, :]
+                    valid = np.arange(L)[None, :] < counts[s][:, None]
+                    pos = np.where(valid, pos, 0)
+                    j = len(batches)
+                    batches.append(j)
+                    raw[f"b{j}.rows"] = xp.asarray(ids[s] - lo)  # local row index
+                    raw[f"b{j}.count"] = xp.asarray(counts[s].astype(np.float64))
+                    raw[f"b{j}.col"] = xp.asarray(np.where(valid, r_col[pos], -1))  # -1: padding (a zero row)
+                    raw[f"b{j}.rating"] = xp.asarray(np.where(valid, r_val[pos], 0.0))
+        return {**raw, "bounds": np.array([lo, hi, len(batches)]), "test_row": xp.asarray(row[test] - lo),
+                "test_col": xp.asarray(col[test]), "test_rating": xp.asarray(rating[test])}
+
+    @staticmethod
+    def _batches(data: dict[str, Any]):
+        for j in range(int(data["bounds"][2])):
+            yield {k: data[f"b{j}.{k}"] for k in ("rows", "count", "col", "rating")}
+
+    # ------------------------------------------------------- shard step
+    def _side(self, ctx, table: str, start: int = 0, stop: int | None = None):
+        """Factors of ``table`` rows ``[start, stop)`` with the bias as a last column (0 without biases)."""
+        xp = ctx.xp
+        f = ctx.pull(table, start, stop)
+        b = ctx.pull(f"{table}_bias", start, stop) if self.biases else xp.zeros(f.shape[0])
+        return f, b
+
+    def shard_step(self, ctx, data) -> None:
+        xp = ctx.xp
+        mine, other = SIDES[ctx.phase]
+        lo, hi, k = int(data["bounds"][0]), int(data["bounds"][1]), self.rank
+        F_other, b_other = self._side(ctx, other)
+        old_f, old_b = self._side(ctx, mine, lo, hi)
+        # design rows [q_i, 1] (bias column only with biases), a zero row at -1 for padding
+        d = k + 1 if self.biases else k
+        Z = xp.zeros((F_other.shape[0] + 1, d), dtype=self.dtype)
+        Z[:-1, :k] = F_other
+        if self.biases:
+            Z[:-1, k] = 1.0
+        off = xp.zeros(F_other.shape[0] + 1)  # what the other side explains of each rating: mu + its bias
+        off[:-1] = self.mean + b_other
+        new_f, new_b = old_f.copy(), old_b.copy()
+        sse = reg_sum = 0.0
+        eye = xp.eye(d)
+        last = ctx.phase == self.phases[-1]  # the model is final after this phase: score it
+        for bt in self._batches(data):
+            F = Z[bt["col"]]  # b x L x d
+            y = xp.where(bt["col"] >= 0, bt["rating"] - off[bt["col"]], 0.0)  # b x L (double)
+            A = xp.matmul(F.transpose(0, 2, 1), F).astype(np.float64)  # b x d x d
+            rhs = xp.matmul(F.transpose(0, 2, 1), y.astype(self.dtype)[:, :, None]).astype(np.float64)
+            lam = self.reg * (bt["count"] if self.reg_mode == "weighted" else xp.ones_like(bt["count"]))
+            x = xp.linalg.solve(A + lam[:, None, None] * eye, rhs)  # b x d x 1
+            if last:  # the squared error of these rows at the new x, from the normal equations
+                xAx = xp.matmul(x.transpose(0, 2, 1), xp.matmul(A, x))[:, 0, 0]
+                sse += float(((y * y).sum(axis=1) - 2.0 * (x * rhs)[:, :, 0].sum(axis=1) + xAx).sum())
+            reg_sum += float((lam * (x[:, :, 0] ** 2).sum(axis=1)).sum())
+            new_f[bt["rows"]] = x[:, :k, 0]
+            if self.biases:
+                new_b[bt["rows"]] = x[:, k, 0]
+        ctx.add(mine, new_f - old_f, start=lo)
+        if self.biases:
+            ctx.add(f"{mine}_bias", new_b - old_b, start=lo)
+        stats = xp.zeros(len(STATS))
+        stats[STATS.index(f"reg_{mine}")] = reg_sum
+        if last:
+            n = float(sum(float(bt["count"].sum()) for bt in self._batches(data)))
+            stats[0], stats[1] = sse, n
+            if data["test_row"].shape[0]:
+                tr, tc = data["test_row"], data["test_col"]
+                pred = self.mean + new_b[tr] + b_other[tc] + (new_f[tr] * F_other[tc]).sum(axis=1)
+                err = data["test_rating"] - pred
+                stats[2], stats[3] = float((err * err).sum()), float(tr.shape[0])
+        ctx.add("stats", stats)
+
+    # -------------------------------------------------------- clock end
+    def clock_end(self, ctx) -> dict[str, float]:
+        s = dict(zip(STATS, dscar.to_host(ctx.pull("stats")).tolist()))
+        reg = s["reg_user"] + s["reg_item"]
+        obj = s["sse_train"] + reg
+        if not math.isfinite(obj):
+            raise FloatingPointError(f"ALS diverged at clock {ctx.clock}: objective {obj}")
+        out = {"objective": obj, "train_rmse": math.sqrt(max(s["sse_train"], 0.0) / max(s["n_train"], 1.0)),
+               "reg": reg}
+        if s["n_test"]:
+            out["test_rmse"] = math.sqrt(s["sse_test"] / s["n_test"])
+        return out
+
+
+# ----------------------------------------------------------- reference
+def reference_als(train, n_users: int, n_items: int, algo: ALS, n_iter: int) -> dict[str, Any]:
+    """A plain NumPy ALS of the same model, one row at a time (for tests): factors and objectives."""
+    u, i, r, _, _ = check_ratings(*train, n_users, n_items)
+    k = algo.rank
+    P, Q = np.zeros((n_users, k)), np.random.default_rng(algo.seed).normal(0.0, algo.init_scale, (n_items, k))
+    bu, bi = np.zeros(n_users), np.zeros(n_items)
+    by_user = sp.csr_matrix((r, (u, i)), shape=(n_users, n_items))
+    by_item = by_user.T.tocsr()
+
+    def solve(R, F, fb, X, xb):
+        for row in range(R.shape[0]):
+            cols, vals = R.indices[R.indptr[row]:R.indptr[row + 1]], R.data[R.indptr[row]:R.indptr[row + 1]]
+            if cols.size == 0:
+                continue
+            D = np.c_[F[cols], np.ones(cols.size)] if algo.biases else F[cols]
+            y = vals - algo.mean - fb[cols]
+            lam = algo.reg * (cols.size if algo.reg_mode == "weighted" else 1.0)
+            x = np.linalg.solve(D.T @ D + lam * np.eye(D.shape[1]), D.T @ y)
+            X[row] = x[:k]
+            if algo.biases:
+                xb[row] = x[k]
+
+    objectives = []
+    for _ in range(n_iter):
+        solve(by_user, Q, bi, P, bu)
+        solve(by_item, P, bu, Q, bi)
+        err = r - algo.mean - bu[u] - bi[i] - np.einsum("ij,ij->i", P[u], Q[i])
+        nu, ni = np.bincount(u, minlength=n_users), np.bincount(i, minlength=n_items)
+        lu = algo.reg * (nu if algo.reg_mode == "weighted" else (nu > 0))
+        li = algo.reg * (ni if algo.reg_mode == "weighted" else (ni > 0))
+        objectives.append(float(err @ err + lu @ ((P * P).sum(1) + bu * bu) + li @ ((Q * Q).sum(1) + bi * bi)))
+    return {"user": P, "item": Q, "user_bias": bu, "item_bias": bi, "objectives": objectives}
+
+
+def predict(model: dict[str, Any], users, items, mean: float = 0.0) -> np.ndarray:
+    """Predicted ratings of ``(users[j], items[j])`` from fitted ``model`` tables."""
+    u, i = np.asarray(users, dtype=np.int64), np.asarray(items, dtype=np.int64)
+    out = mean + np.einsum("ij,ij->i", model["user"][u], model["item"][i])
+    if "user_bias" in model:
+        out += model["user_bias"][u] + model["item_bias"][i]
+    return out
+
+
+def rmse(model: dict[str, Any], ratings, mean: float = 0.0) -> float:
+    u, i, r = ratings
+    e = np.asarray(r) - predict(model, u, i, mean)
+    return float(np.sqrt(np.mean(e * e)))
+
+
+# ------------------------------------------------------------ estimator
+class MF(dscar.EstimatorMixin):
+    """scikit-learn style explicit matrix factorization by ALS, trained by dscar.
+
+    ``fit(X, test=None)``: ``X`` is ``(users, items, ratings)`` (COO arrays) or a SciPy
+    sparse users x items matrix; ``test`` optional held-out ratings in either form, scored
+    every clock. Fitted: ``user_factors_``, ``item_factors_``, ``user_bias_``, ``item_bias_``
+    (zeros without biases), ``global_mean_``, ``history_`` (per clock: objective, train_rmse,
+    test_rmse), ``n_iter_``. ``predict(users, items)``; ``score(X)``: RMSE (lower is better).
+    """
+
+    def __init__(self, rank: int = 20, *, reg: float = 0.1, reg_mode: str = "weighted", biases: bool = True,
+                 max_iter: int = 20, tol: float = 1e-4, seed: int = 0, n_users: int | None = None,
+                 n_items: int | None = None, dtype: str = "float64", cluster=None, n_workers: int = 2,
+                 n_shards: int = 8, checkpoint=None, faults=(), progress: bool | None = False):
+        self.rank = rank
+        self.reg = reg
+        self.reg_mode = reg_mode
+        self.biases = biases
+        self.max_iter = max_iter
+        self.tol = tol
+        self.seed = seed
+        self.n_users = n_users
+        self.n_items = n_items
+        self.dtype = dtype
+        self.cluster = cluster
+        self.n_workers = n_workers
+        self.n_shards = n_shards
+        self.checkpoint = checkpoint
+        self.faults = faults
+        self.progress = progress
+
+    @staticmethod
+    def _coo(X):
+        if sp.issparse(X):
+            return from_sparse(X)
+        try:
+            u, i, r = X
+        except (TypeError, ValueError):
+            raise InvalidInputError("ratings must be (users, items, ratings) arrays or a SciPy sparse matrix") from None
+        return u, i, r
+
+    def fit(self, X, test=None) -> "MF":
+        shape = X.shape if sp.issparse(X) else (None, None)
+        nu, ni = self.n_users or shape[0], self.n_items or shape[1]
+        u, i, r, nu, ni = check_ratings(*self._coo(X), nu, ni)
+        test_coo = None if test is None else check_ratings(*self._coo(test), nu, ni)[:3]
+        mean = float(r.mean()) if self.biases else 0.0
+        algo = ALS(nu, ni, self.rank, reg=self.reg, reg_mode=self.reg_mode, biases=self.biases, mean=mean,
+                   seed=self.seed, tol=self.tol, dtype=self.dtype)  # hyperparameters checked before any work
+        data = ratings_data((u, i, r), test_coo, n_users=nu, n_items=ni, n_shards=_int("n_shards", self.n_shards))
+        res = dscar.fit(algo, data, self.cluster, n_workers=self.n_workers, max_clocks=self.max_iter,
+                        progress=self.progress, checkpoint=self.checkpoint, faults=list(self.faults))
+        p = res.params
+        self.user_factors_, self.item_factors_ = p["user"], p["item"]
+        self.user_bias_ = p.get("user_bias", np.zeros(nu))
+        self.item_bias_ = p.get("item_bias", np.zeros(ni))
+        self.global_mean_ = mean
+        self.history_ = [dict(h.metrics) for h in res.history]
+        self.n_iter_ = res.n_clocks
+        self.converged_ = res.converged
+        self.result_ = res
+        return self
+
+    def _model(self) -> dict[str, np.ndarray]:
+        return {"user": self.user_factors_, "item": self.item_factors_, "user_bias": self.user_bias_,
+                "item_bias": self.item_bias_}
+
+    def predict(self, users, items) -> np.ndarray:
+        return predict(self._model(), users, items, self.global_mean_)
+
+    def score(self, X) -> float:
+        """RMSE on ``X`` (lower is better)."""
+        return rmse(self._model(), self._coo(X), self.global_mean_)
+
+
+# ------------------------------------------------------------------ CLI
+class MFCommand:
+    """``dscar run mf``: ALS on synthetic explicit ratings (``algorithms.datasets.make_ratings``)."""
+
+    help = "explicit matrix factorization by ALS (synthetic rank-k ratings with a held-out split)"
+
+    def add_arguments(self, g) -> None:
+        g.add_argument("--users", type=int, default=2_000, help="users of the generated data (default 2000)")
+        g.add_argument("--items", type=int, default=1_000, help="items (default 1000)")
+        g.add_argument("--ratings", type=int, default=50_000, help="ratings (default 50000)")
+        g.add_argument("--true-rank", type=int, default=10, help="rank of the planted model (default 10)")
+        g.add_argument("--noise", type=float, default=0.5, help="rating noise, the best reachable RMSE (default 0.5)")
+        g.add_argument("--rank", type=int, default=10, help="rank of the fitted factors (default 10)")
+        g.add_argument("--reg", type=float, default=0.05, help="L2 regularization (default 0.05)")
+        g.add_argument("--reg-mode", choices=REG_MODES, default="weighted",
+                       help="weighted: reg x the row's rating count (default); plain: reg")
+        g.add_argument("--no-biases", action="store_true", help="no user / item biases")
+        g.add_argument("--test-size", type=float, default=0.2, help="held-out fraction (default 0.2)")
+        g.add_argument("--dtype", choices=DTYPES, default="float64",
+                       help="precision of the Gram matrices: float64 (exact, default) or float32 (faster)")
+
+    def build(self, args):
+        from .datasets import make_ratings
+
+        try:
+            u, i, r, _ = make_ratings(args.users, args.items, args.ratings, args.true_rank, args.noise, seed=args.seed)
+        except ValueError as e:
+            raise InvalidInputError(str(e)) from None
+        train, test = train_test_split(u, i, r, args.test_size, seed=args.seed)
+        biases = not args.no_biases
+        algo = ALS(args.users, args.items, args.rank, reg=args.reg, reg_mode=args.reg_mode, biases=biases,
+                   mean=float(train[2].mean()) if biases else 0.0, seed=args.seed,
+                   tol=1e-4 if args.tol is None else args.tol, dtype=args.dtype)
+        data = ratings_data(train, test, n_users=args.users, n_items=args.items,
+                            n_shards=args.shards or 4 * args.workers)
+        desc = (f"synthetic ratings {args.users} users x {args.items} items, {len(train[2])} train / "
+                f"{len(test[2])} test, true rank {args.true_rank}, noise {args.noise:g}; rank {args.rank}, "
+                f"reg {args.reg:g} ({args.reg_mode}), biases {'on' if biases else 'off'}")
+        return algo, data, desc
+
+
+CLI = MFCommand()
