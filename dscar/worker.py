@@ -169,7 +169,10 @@ class ParamServer(WorkerPlugin):
         return {"data": to_serialize(np.ascontiguousarray(out))}
 
     def _h_stage(self, job_id: str, key: list, updates: list) -> dict:
-        self._stage_local(self.jobs[job_id], tuple(key), updates)
+        job = self.jobs.get(job_id)
+        if job is None:  # the job ended (a late attempt): nothing to stage into
+            return {"status": "ended"}
+        self._stage_local(job, tuple(key), updates)
         return {"status": "OK"}
 
     def _stage_local(self, job: Job, key: tuple, updates: list) -> None:
@@ -569,7 +572,9 @@ class ParamServer(WorkerPlugin):
                 self._stage_local(job, key, ups)
             else:
                 ups = [[t, p, lo, to_serialize(d), None if r is None else to_serialize(r)] for t, p, lo, d, r in ups]
-                self._call(self.worker.rpc(owner).dscar_stage, job_id=job.id, key=list(key), updates=ups)
+                r = self._call(self.worker.rpc(owner).dscar_stage, job_id=job.id, key=list(key), updates=ups)
+                if r.get("status") == "ended":
+                    raise _Stopped  # nothing to commit into: drop this late attempt quietly
 
     def _run_clock_end(self, item: dict) -> None:
         job_id, clock = item["job"], item["clock"]
@@ -658,7 +663,7 @@ class ParamServer(WorkerPlugin):
 
 
 class _Stopped(Exception):
-    """This worker was stopped by an injected fault."""
+    """This attempt stops quietly: the worker was stopped by an injected fault, or its job ended."""
 
 
 class ShardStep:
