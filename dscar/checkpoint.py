@@ -142,6 +142,49 @@ def encode(values: np.ndarray, rows: np.ndarray | None) -> bytes:
     return buf.getvalue()
 
 
+def state_shards(n_shards: int, fraction: float, last_saved: dict[int, int]) -> list[int]:
+    """The shards whose state a checkpoint saves: all (``fraction == 1``), or the
+    ``ceil(fraction * n_shards)`` saved longest ago (never saved first, ties by id).
+
+    Shard state (e.g. topic assignments) is saved whole per shard; rotating by age
+    keeps a priority checkpoint's state bytes at the same budget as a full one's.
+    """
+    if fraction >= 1:
+        return list(range(n_shards))
+    k = min(n_shards, max(1, math.ceil(fraction * n_shards)))
+    return sorted(sorted(range(n_shards), key=lambda s: (last_saved.get(s, -1), s))[:k])
+
+
+def encode_states(states: dict[int, dict[str, np.ndarray]]) -> bytes:
+    """The ``.npz`` bytes of several shards' states: array ``s{shard}.{name}`` per state entry."""
+    buf = io.BytesIO()
+    np.savez(buf, **{f"s{shard}.{name}": np.ascontiguousarray(v)
+                     for shard, st in states.items() for name, v in st.items()})
+    return buf.getvalue()
+
+
+def read_state(fs, entry: dict, shard: int) -> dict[str, np.ndarray]:
+    """Shard ``shard``'s state from a state file entry; ``CorruptCheckpointError`` if it does not verify."""
+    data = _read_verified(fs, entry)
+    prefix = f"s{shard}."
+    try:
+        with np.load(io.BytesIO(data), allow_pickle=False) as z:
+            return {k[len(prefix):]: z[k] for k in z.files if k.startswith(prefix)}
+    except Exception as e:
+        raise CorruptCheckpointError(f"{entry['path']}: not a dscar state file ({e})") from None
+
+
+def _read_verified(fs, entry: dict) -> bytes:
+    try:
+        with fs.open(entry["path"], "rb") as f:
+            data = f.read()
+    except (FileNotFoundError, OSError) as e:
+        raise CorruptCheckpointError(f"{entry['path']}: cannot read ({e})") from None
+    if hashlib.sha256(data).hexdigest() != entry["sha256"]:
+        raise CorruptCheckpointError(f"{entry['path']}: checksum mismatch")
+    return data
+
+
 def write_file(fs, path: str, data: bytes) -> dict:
     """Write, flush and fsync ``data``; return its manifest entry (path, sha256, bytes)."""
     fs.makedirs(posixpath.dirname(path), exist_ok=True)
@@ -161,13 +204,7 @@ def write_file(fs, path: str, data: bytes) -> dict:
 
 def read_file(fs, entry: dict) -> tuple[np.ndarray | None, np.ndarray]:
     """``(rows or None, values)`` of a manifest entry; ``CorruptCheckpointError`` if it does not verify."""
-    try:
-        with fs.open(entry["path"], "rb") as f:
-            data = f.read()
-    except (FileNotFoundError, OSError) as e:
-        raise CorruptCheckpointError(f"{entry['path']}: cannot read ({e})") from None
-    if hashlib.sha256(data).hexdigest() != entry["sha256"]:
-        raise CorruptCheckpointError(f"{entry['path']}: checksum mismatch")
+    data = _read_verified(fs, entry)
     try:
         with np.load(io.BytesIO(data), allow_pickle=False) as z:
             values = z["values"]
@@ -234,6 +271,7 @@ def retain(fs, root: str, keep: int) -> list[str]:
     for v in kept:
         m = load_manifest(fs, root, v)
         referenced.update(e["path"] for chain in m["chains"].values() for e in chain)
+        referenced.update(e["path"] for e in m.get("states", {}).values())
     removed = []
     for v in dropped:
         d = data_dir(root, v)

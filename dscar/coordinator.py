@@ -46,7 +46,7 @@ from typing import Any
 from distributed import SchedulerPlugin
 from distributed.protocol.pickle import loads
 
-from .checkpoint import CheckpointConfig, chain_key
+from .checkpoint import CheckpointConfig, chain_key, state_shards
 from .errors import ShardFailedError
 from .monitor import ThroughputMonitor
 from .partitions import PartitionMap, TableLayout
@@ -99,6 +99,8 @@ class _Job:
     data_phase: int = 0  # the data phase the clock is in
     shards_done: dict[str, int] = field(default_factory=dict)  # worker -> shards committed this clock
     reductions_lost: bool = False  # a reduction partition was lost after an earlier data phase added to it
+    state_saved: dict[int, int] = field(default_factory=dict)  # shard -> clock its state was last checkpointed
+    restore_state: dict[int, dict] = field(default_factory=dict)  # shard -> state file to restore before its next step
 
 
 class Coordinator(SchedulerPlugin):
@@ -184,6 +186,7 @@ class Coordinator(SchedulerPlugin):
             job.built = resume
             job.version = int(resume["version"])
             job.clock = int(resume["clock"])
+            self._plan_state_restore(job, range(n_shards), resume)
         self.jobs[job_id] = job
         self._event(job, "job-started", workers=workers, n_shards=n_shards, sharding=sharding,
                     policies=[p.name for p in job.policies],
@@ -258,6 +261,7 @@ class Coordinator(SchedulerPlugin):
                         "owners": job.pmap.to_msg(), "batch_scale": job.batch_scale.get(worker, 1.0),
                         "epoch": job.epoch, "phase": job.phase_names[job.queue.phase_of(a.shard)] or None,
                         "pass": "rebuild" if rebuild else job.data_phase,  # table values differ between passes
+                        **self._state_restore_msg(job, a.shard),
                     }
             elif job.phase == "clock_end" and job.clock_end_worker is None:
                 job.clock_end_worker = worker
@@ -352,6 +356,7 @@ class Coordinator(SchedulerPlugin):
             job.monitor.record(worker, time.time() - started)
         granted = job.queue.commit(shard, attempt, worker)
         if granted:
+            job.restore_state.pop(shard, None)  # the committed attempt restored it: it lives on its holder now
             sums = job.timings.setdefault(worker, {})
             for k, v in (timings or {}).items():
                 sums[k] = sums.get(k, 0.0) + float(v)
@@ -466,12 +471,19 @@ class Coordinator(SchedulerPlugin):
         """Snapshot every owner's param partitions (they write in the background)."""
         job.version += 1
         v = job.version
-        owners = sorted({w for (t, p), w in job.pmap.owners.items() if job.kinds[t] == "param"})
-        job.pending[v] = {"clock": job.clock, "waiting": set(owners), "files": [], "failed": None}
         cfg = job.ckpt
+        saving = state_shards(job.queue.n_shards, cfg.save_fraction, job.state_saved)
+        by_holder: dict[str, list[int]] = {}
+        for s in saving:
+            h = job.queue.holder(s)
+            if h is not None and h in self.scheduler.workers and h not in job.lost:
+                by_holder.setdefault(h, []).append(s)
+        owners = sorted({w for (t, p), w in job.pmap.owners.items() if job.kinds[t] == "param"} | set(by_holder))
+        job.pending[v] = {"clock": job.clock, "waiting": set(owners), "files": [], "failed": None}
         results = await asyncio.gather(*(
             self.scheduler.rpc(w).dscar_checkpoint(job_id=job.id, version=v, url=cfg.url,
-                                                   fraction=cfg.save_fraction, storage_options=cfg.storage_options)
+                                                   fraction=cfg.save_fraction, storage_options=cfg.storage_options,
+                                                   state_shards=by_holder.get(w, []))
             for w in owners
         ), return_exceptions=True)
         for w, r in zip(owners, results):
@@ -513,14 +525,19 @@ class Coordinator(SchedulerPlugin):
                     continue
                 for part in range(layout.n_parts):
                     key = chain_key(t, part)
-                    new = [f for f in p["files"] if f["table"] == t and f["part"] == part]
+                    new = [f for f in p["files"] if f.get("table") == t and f.get("part") == part]
                     if cfg.policy == "priority" or not new:
                         chains[key] = list(prev.get(key, [])) + new
                     else:
                         chains[key] = new
+            states = dict(job.built["states"]) if job.built else {}  # shard -> newest file with its state
+            for f in p["files"]:
+                for shard in f.get("shards", ()):
+                    states[str(shard)] = f
+                    job.state_saved[int(shard)] = p["clock"]
             manifest = {
                 "version": v, "clock": p["clock"], "policy": cfg.policy, "fraction": cfg.save_fraction,
-                "job": job.id, "chains": chains, "bytes": sum(f["bytes"] for f in p["files"]),
+                "job": job.id, "chains": chains, "states": states, "bytes": sum(f["bytes"] for f in p["files"]),
                 "tables": [[t, l.n_rows, l.n_parts, job.kinds[t]] for t, l in job.pmap.layouts.items()],
                 "created": time.time(),
             }
@@ -532,6 +549,7 @@ class Coordinator(SchedulerPlugin):
         job = self.jobs[job_id]
         job.published, job.built = [manifest], manifest
         job.clock = int(manifest["clock"])
+        self._plan_state_restore(job, range(job.queue.n_shards), manifest)
         return {"status": "OK"}
 
     async def _h_flush(self, job_id: str, timeout: float = 30.0) -> dict:
@@ -559,6 +577,8 @@ class Coordinator(SchedulerPlugin):
     # ------------------------------------------------------------ recovery
     def _lose(self, job: _Job, worker: str) -> None:
         job.last_loss = time.time()
+        held = job.queue.held_by(worker)
+        state_lost = bool(held) and bool(job.rebuild)  # shard state (if any) went with it: rebuild after
         requeued = job.queue.worker_lost(worker)
         job.monitor.forget(worker)
         job.batch_scale.pop(worker, None)
@@ -569,7 +589,7 @@ class Coordinator(SchedulerPlugin):
             if worker in p["waiting"]:
                 p["failed"] = f"{worker} was lost while writing"
         self._build_manifests(job)
-        if job.phase in ("rebuild", "shards") and owned:
+        if job.phase in ("rebuild", "shards") and (owned or state_lost):
             job.redo = True  # this phase applied nothing yet: discard its staged updates, run it again
             if job.data_phase > 0 and any(job.kinds[t] == "reduction" for t, _ in owned):
                 job.reductions_lost = True
@@ -577,26 +597,31 @@ class Coordinator(SchedulerPlugin):
             job.damaged = job.damaged or bool(owned) or (job.phase == "clock_end" and job.clock_end_worker == worker)
         if job.phase == "clock_end" and job.clock_end_worker == worker:
             asyncio.ensure_future(self._skip_after_recovery(job))
-        if owned and job.phase != "failed":
-            if job.ckpt is None:
+        if (owned or state_lost) and job.phase != "failed":
+            if owned and job.ckpt is None:
                 self._fail(job, (
                     f"worker {worker} owned partitions {owned} and was lost; restoring partitions "
                     "needs a checkpoint store (dscar.fit(..., checkpoint=...))"
                 ))
             else:
                 job.recovering += 1
-                asyncio.ensure_future(self._recover(job, worker, owned))
+                asyncio.ensure_future(self._recover(job, worker, owned, held))
         self._wake()
 
-    async def _recover(self, job: _Job, worker: str, owned: list[tuple[str, int]]) -> None:
+    async def _recover(self, job: _Job, worker: str, owned: list[tuple[str, int]], held: list[int]) -> None:
+        """Restore what ``worker`` took with it: its partitions (``partial``) or every table (``full``)
+        from the newest readable checkpoint, and its shards' states (every shard's, ``full``)."""
         t0 = time.perf_counter()
         try:
             cfg = job.ckpt
-            full = cfg.recovery == "full"
-            manifests = list(reversed(job.published))  # newest first
+            full = cfg is not None and cfg.recovery == "full"
+            manifests = list(reversed(job.published)) if cfg is not None else []  # newest first
+            self._plan_state_restore(job, range(job.queue.n_shards) if full else held,
+                                     manifests[0] if manifests else None)
             restore = [k for k in sorted(job.pmap.owners) if job.kinds[k[0]] == "param"] if full else owned
             restore = list(dict.fromkeys(list(restore) + [k for k in owned if job.kinds[k[0]] == "reduction"]))
-            self._event(job, "recovery-started", worker=worker, policy=cfg.recovery,
+            self._event(job, "recovery-started", worker=worker, policy=cfg.recovery if cfg else "rebuild",
+                        shard_states=sorted(s for s in job.restore_state),
                         partitions=[list(k) for k in restore],
                         version=manifests[0]["version"] if manifests else 0)
             for key in restore:
@@ -647,12 +672,29 @@ class Coordinator(SchedulerPlugin):
             self._event(job, "partition-restored", table=table, part=part, target=target, version=version)
             return
 
+    def _plan_state_restore(self, job: _Job, shards, manifest: dict | None) -> None:
+        """Before their next step, ``shards`` take their state from ``manifest`` (those it saved);
+        the algorithm's rebuild pass then makes the derived tables agree with it."""
+        saved = (manifest or {}).get("states", {})
+        for s in shards:
+            if str(s) in saved:
+                job.restore_state[int(s)] = saved[str(s)]
+        job.needs_rebuild = True
+
+    def _state_restore_msg(self, job: _Job, shard: int) -> dict:
+        entry = job.restore_state.get(shard)
+        if entry is None:
+            return {}
+        return {"state_file": entry, "ckpt_url": job.ckpt.url, "storage_options": job.ckpt.storage_options}
+
     async def _restart_clock(self, job: _Job) -> None:
         """Discard the clock's staged updates on every owner and run the clock again (rebuild first if due)."""
         job.redo = False
-        owners = [w for w in sorted(job.pmap.workers()) if w in self.scheduler.workers and w not in job.lost]
-        await asyncio.gather(*(self.scheduler.rpc(w).dscar_discard(job_id=job.id, clock=job.clock) for w in owners),
-                             return_exceptions=True)
+        live = [w for w in sorted(self.scheduler.workers) if w not in job.lost]  # owners and shard holders
+        redone = list(range(job.queue.n_shards)) if job.phase == "rebuild" else [
+            s for s in range(job.queue.n_shards) if job.queue.phase_of(s) == job.data_phase]
+        await asyncio.gather(*(self.scheduler.rpc(w).dscar_discard(job_id=job.id, clock=job.clock, shards=redone)
+                               for w in live), return_exceptions=True)
         phase = "rebuild" if job.needs_rebuild and job.rebuild else "shards"
         if phase == "rebuild":
             job.queue.begin_clock(job.clock, None)

@@ -65,6 +65,7 @@ class Job:
     owners: dict[tuple[str, int], str] = field(default_factory=dict)
     pull_cache: dict[tuple, Any] = field(default_factory=dict)
     cache_clock: tuple = (-1, -1, None)  # (clock, recovery epoch, pass) the cached pulls belong to
+    committing: set = field(default_factory=set)  # shards whose commit is in flight: state not installed yet
 
 
 @dataclass
@@ -73,6 +74,8 @@ class ShardEntry:
 
     data: dict[str, Any]
     state: dict[str, Any] = field(default_factory=dict)
+    prev_state: dict[str, Any] | None = None  # the state before the last commit, while its clock may be run again
+    state_clock: int = -1  # the clock whose commit installed ``state``
 
 
 class ParamServer(WorkerPlugin):
@@ -166,7 +169,10 @@ class ParamServer(WorkerPlugin):
         return {"data": to_serialize(np.ascontiguousarray(out))}
 
     def _h_stage(self, job_id: str, key: list, updates: list) -> dict:
-        self._stage_local(self.jobs[job_id], tuple(key), updates)
+        job = self.jobs.get(job_id)
+        if job is None:  # the job ended (a late attempt): nothing to stage into
+            return {"status": "ended"}
+        self._stage_local(job, tuple(key), updates)
         return {"status": "OK"}
 
     def _stage_local(self, job: Job, key: tuple, updates: list) -> None:
@@ -236,8 +242,10 @@ class ParamServer(WorkerPlugin):
         while True:
             with self._lock:
                 job = self.jobs.get(job_id)
-                entry = None if job is None else (job.shards.get(int(shard)) if keep else job.shards.pop(int(shard), None))
-            if entry is not None or time.monotonic() >= deadline:
+                busy = job is not None and int(shard) in job.committing  # its new state is on the way in
+                entry = None if job is None or busy else (
+                    job.shards.get(int(shard)) if keep else job.shards.pop(int(shard), None))
+            if entry is not None or (not busy and time.monotonic() >= deadline):
                 break
             await asyncio.sleep(0.005)
         if entry is None:
@@ -247,12 +255,13 @@ class ParamServer(WorkerPlugin):
         return {"status": "OK", "arrays": to_serialize(host), "state": to_serialize(state)}
 
     def _h_checkpoint(self, job_id: str, version: int, url: str, fraction: float,
-                      storage_options: dict | None = None) -> dict:
-        """Snapshot this worker's param partitions now; write them in the background.
+                      storage_options: dict | None = None, state_shards: list | None = None) -> dict:
+        """Snapshot this worker's param partitions and shard states now; write them in the background.
 
         Each partition saves all its rows (``fraction == 1``) or the ``fraction``
-        that moved most since their last save. When every file is written and
-        fsynced, the coordinator is told (``dscar_ckpt_written``).
+        that moved most since their last save; each shard of ``state_shards`` held
+        here saves its whole state. When every file is written and fsynced, the
+        coordinator is told (``dscar_ckpt_written``).
         """
         job = self.jobs.get(job_id)
         if job is None:
@@ -273,11 +282,13 @@ class ParamServer(WorkerPlugin):
                 new_saved[rows if rows is not None else slice(None)] = values
                 job.saved[(table, part)] = new_saved
                 snaps.append((table, part, rows, values))
-        threading.Thread(target=self._write_checkpoint, args=(job, version, url, storage_options, snaps),
+            states = {s: {k: to_host(v).copy() for k, v in job.shards[s].state.items()}
+                      for s in sorted(map(int, state_shards or ())) if s in job.shards and job.shards[s].state}
+        threading.Thread(target=self._write_checkpoint, args=(job, version, url, storage_options, snaps, states),
                          name=f"dscar-ckpt-{version}", daemon=True).start()
         return {"status": "OK", "parts": len(snaps)}
 
-    def _write_checkpoint(self, job: Job, version: int, url: str, storage_options, snaps: list) -> None:
+    def _write_checkpoint(self, job: Job, version: int, url: str, storage_options, snaps: list, states: dict) -> None:
         files, error = [], None
         try:
             fs, root = ckpt.fs_and_root(url, storage_options)
@@ -285,6 +296,11 @@ class ParamServer(WorkerPlugin):
                 path = f"{ckpt.data_dir(root, version)}/{table}.p{part}.npz"
                 entry = ckpt.write_file(fs, path, ckpt.encode(values, rows))
                 entry.update(table=table, part=int(part), rows=int(values.shape[0]), partial=rows is not None)
+                files.append(entry)
+            if states:
+                path = f"{ckpt.data_dir(root, version)}/state.s{min(states)}.npz"
+                entry = ckpt.write_file(fs, path, ckpt.encode_states(states))
+                entry.update(kind="state", shards=sorted(states))
                 files.append(entry)
         except Exception as e:
             error = f"{type(e).__name__}: {e}"
@@ -318,13 +334,18 @@ class ParamServer(WorkerPlugin):
                 job.saved[(table, int(part))] = values.copy()
         return {"status": "OK"}
 
-    def _h_discard(self, job_id: str, clock: int) -> dict:
-        """Drop every update staged for ``clock``: the clock runs again after a recovery."""
+    def _h_discard(self, job_id: str, clock: int, shards: list | None = None) -> dict:
+        """Drop every update staged for ``clock`` (its active pass runs again after a recovery), and
+        the state that pass's commits installed in ``shards`` (None: every shard)."""
         with self._lock:
             job = self.jobs.get(job_id)
             if job is not None:
                 for key in [k for k in job.staged if k[0] == clock]:
                     del job.staged[key]
+                redone = None if shards is None else set(map(int, shards))
+                for s, entry in job.shards.items():  # state committed in the re-run pass: back to before
+                    if (redone is None or s in redone) and entry.state_clock == clock and entry.prev_state is not None:
+                        entry.state, entry.prev_state, entry.state_clock = entry.prev_state, None, -1
         return {"status": "OK"}
 
     def _h_forget(self, job_id: str) -> dict:
@@ -400,6 +421,8 @@ class ParamServer(WorkerPlugin):
             if entry is None:
                 lost_data = not item.get("backup", False)  # a backup's miss: the primary still holds the data
                 raise LookupError(f"the data of shard {shard} is on no live worker")
+            if item.get("state_file"):  # a recovery restores this shard's state from a checkpoint
+                self._restore_state(job, shard, entry, item)
             ctx = ShardStep(self, job, clock, shard, entry.state, item.get("batch_scale", 1.0), item.get("phase"))
             t1 = time.perf_counter()
             if item["op"] == "rebuild":
@@ -413,21 +436,30 @@ class ParamServer(WorkerPlugin):
                 t2 = time.perf_counter()
             self._send_staged(job, (clock, shard, attempt), ctx.updates, ctx.phase)
             t3 = time.perf_counter()
-            r = self._call(
-                sched.dscar_commit,
-                job_id=job_id,
-                clock=clock,
-                shard=shard,
-                attempt=attempt,
-                worker=self.worker.address,
-                timings={"data_s": t1 - t0, "pull_s": ctx.pull_s, "compute_s": t2 - t1 - ctx.pull_s, "push_s": t3 - t2},
-            )
-            with self._lock:
-                if r["granted"]:
-                    entry.state.update(ctx.new_state)
-                    job.shards[shard] = entry
-                elif job.shards.get(shard) is entry:
-                    del job.shards[shard]  # another attempt won: its data and state are the shard's now
+            with self._lock:  # until the new state is installed, nobody may take the shard (take_shard waits)
+                job.committing.add(shard)
+            try:
+                r = self._call(
+                    sched.dscar_commit,
+                    job_id=job_id,
+                    clock=clock,
+                    shard=shard,
+                    attempt=attempt,
+                    worker=self.worker.address,
+                    timings={"data_s": t1 - t0, "pull_s": ctx.pull_s, "compute_s": t2 - t1 - ctx.pull_s,
+                             "push_s": t3 - t2},
+                )
+                with self._lock:
+                    if r["granted"]:
+                        if ctx.new_state:
+                            entry.prev_state, entry.state_clock = dict(entry.state), clock
+                            entry.state = {**entry.state, **ctx.new_state}
+                        job.shards[shard] = entry
+                    elif job.shards.get(shard) is entry:
+                        del job.shards[shard]  # another attempt won: its data and state are the shard's now
+            finally:
+                with self._lock:
+                    job.committing.discard(shard)
         except _Stopped:
             return
         except Exception as e:
@@ -445,6 +477,18 @@ class ParamServer(WorkerPlugin):
                 )
             except Exception:
                 pass
+
+    def _restore_state(self, job: Job, shard: int, entry: ShardEntry, item: dict) -> None:
+        """Replace the shard's state by its checkpointed one; a corrupt file leaves no state (the
+        algorithm's rebuild step then re-creates it) and says so in an event."""
+        try:
+            fs, _ = ckpt.fs_and_root(item["ckpt_url"], item.get("storage_options"))
+            state = ckpt.read_state(fs, item["state_file"], shard)
+        except ckpt.CorruptCheckpointError as e:
+            self._report(job, item["clock"], "checkpoint-corrupt", shard=shard, error=str(e))
+            state = {}
+        entry.state = {k: job.xp.asarray(v) for k, v in state.items()}
+        entry.prev_state, entry.state_clock = None, -1
 
     def _shard_entry(self, job: Job, shard: int, fetch_from: str | None, backup: bool) -> ShardEntry | None:
         """The shard's data and state: held here, taken from its holder, or read from the source."""
@@ -533,7 +577,9 @@ class ParamServer(WorkerPlugin):
                 self._stage_local(job, key, ups)
             else:
                 ups = [[t, p, lo, to_serialize(d), None if r is None else to_serialize(r)] for t, p, lo, d, r in ups]
-                self._call(self.worker.rpc(owner).dscar_stage, job_id=job.id, key=list(key), updates=ups)
+                r = self._call(self.worker.rpc(owner).dscar_stage, job_id=job.id, key=list(key), updates=ups)
+                if r.get("status") == "ended":
+                    raise _Stopped  # nothing to commit into: drop this late attempt quietly
 
     def _run_clock_end(self, item: dict) -> None:
         job_id, clock = item["job"], item["clock"]
@@ -622,7 +668,7 @@ class ParamServer(WorkerPlugin):
 
 
 class _Stopped(Exception):
-    """This worker was stopped by an injected fault."""
+    """This attempt stops quietly: the worker was stopped by an injected fault, or its job ended."""
 
 
 class ShardStep:

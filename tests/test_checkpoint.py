@@ -179,3 +179,30 @@ def test_a_writer_lost_mid_checkpoint_abandons_that_version_only():
     c._h_ckpt_written("j", 2, "a", [entry(0, 2), entry(1, 2)])
     assert [m["version"] for m in job.to_publish] == [2]
     assert any(e["kind"] == "checkpoint-abandoned" and e["version"] == 1 for e in job.events)
+
+
+def test_shard_states_rotate_oldest_first_at_the_priority_budget():
+    assert ckpt.state_shards(5, 1.0, {0: 3}) == [0, 1, 2, 3, 4]
+    saved: dict[int, int] = {}
+    seen = []
+    for clock in range(1, 6):  # r = 0.2 of 10 shards: 2 per checkpoint, every shard once in 5
+        pick = ckpt.state_shards(10, 0.2, saved)
+        assert len(pick) == 2
+        seen += pick
+        saved.update({s: clock for s in pick})
+    assert sorted(seen) == list(range(10))
+
+
+def test_shard_state_files_round_trip_and_detect_corruption(tmp_path):
+    fs = fsspec.filesystem("file")
+    states = {3: {"z": np.arange(5, dtype=np.int32)}, 7: {"z": np.zeros(2, np.int32), "n": np.ones(1)}}
+    entry = ckpt.write_file(fs, str(tmp_path / "state.s3.npz"), ckpt.encode_states(states))
+    got = ckpt.read_state(fs, entry, 7)
+    assert set(got) == {"z", "n"} and got["z"].dtype == np.int32
+    np.testing.assert_array_equal(ckpt.read_state(fs, entry, 3)["z"], np.arange(5))
+    assert ckpt.read_state(fs, entry, 4) == {}
+    raw = bytearray((tmp_path / "state.s3.npz").read_bytes())
+    raw[-10] ^= 0xFF
+    (tmp_path / "state.s3.npz").write_bytes(bytes(raw))
+    with pytest.raises(ckpt.CorruptCheckpointError, match="checksum"):
+        ckpt.read_state(fs, entry, 3)

@@ -54,8 +54,9 @@ def test_after_losses_every_partition_has_one_live_owner_with_a_pre_loss_or_chec
     lost = {e["worker"] for e in res.events if e["kind"] == "worker-lost"}
     assert len(lost) == losses
     restored = [e for e in res.events if e["kind"] == "partition-restored"]
-    assert restored and all(e["target"] not in lost for e in restored)
-    assert {e["target"] for e in restored} <= set(owners)
+    final = {(e["table"], e["part"]): e["target"] for e in restored}  # a later restore supersedes one onto
+    assert final and all(t not in lost for t in final.values())  # a worker lost right after it
+    assert set(final.values()) <= set(owners)
     assert "recovery-done" in kinds(res) and "clock-restarted" in kinds(res)
     # every row holds a value it had: its pre-loss value, or a value it had when a checkpoint
     # saved it (priority saves some rows per version, so rows of one partition may differ)
@@ -212,3 +213,65 @@ def test_bad_checkpoint_options_raise_before_training(inproc, tmp_path, cfg, mat
 def test_resume_needs_a_location(inproc):
     with pytest.raises(dscar.InvalidInputError, match="resume=True needs"):
         dscar.fit(RowCounter(), row_data(20), inproc, n_shards=2, resume=True)
+
+
+class ShardClock(dscar.Algorithm):
+    """Test model with shard state: each shard counts its own clocks in its state ``n``, and the
+    table ``seen`` holds, per shard, the sum the state implies. A step checks the two agree, so a
+    restored state the tables do not match (or the reverse) fails the job."""
+
+    name = "shardclock"
+    data_names = ("row",)
+
+    def tables(self, meta):
+        return [dscar.TableSpec("seen", meta.n_shards, n_parts=2)]
+
+    def _n(self, ctx):
+        return int(dscar.to_host(ctx.state["n"])[0]) if "n" in ctx.state else 0
+
+    def shard_step(self, ctx, data):
+        time.sleep(0.01)
+        n, seen = self._n(ctx), int(dscar.to_host(ctx.pull("seen"))[ctx.shard])
+        if n != seen:
+            raise AssertionError(f"shard {ctx.shard}: state n={n} but the table says {seen}")
+        ctx.set_state("n", np.array([n + 1]))
+        ctx.add("seen", np.ones(1), start=ctx.shard)
+
+    def rebuild_tables(self):
+        return ["seen"]
+
+    def rebuild_step(self, ctx, data):
+        ctx.add("seen", np.array([float(self._n(ctx))]), start=ctx.shard)
+
+    def clock_end(self, ctx):
+        return {"objective": float(dscar.to_host(ctx.pull("seen")).sum())}
+
+    def converged(self, history, tol):
+        return False
+
+
+@pytest.mark.parametrize("policy, recovery", [("priority", "partial"), ("full", "full")])
+def test_shard_states_are_checkpointed_and_restored_with_the_tables(tmp_path, policy, recovery):
+    n_shards, clocks, loss = 8, 9, 6
+    cfg = CheckpointConfig(str(tmp_path), policy=policy, every=2, fraction=0.5 if policy == "priority" else 1.0,
+                           recovery=recovery)
+    with dscar.Cluster(n_workers=3, processes=False) as cl:
+        res = dscar.fit(ShardClock(), row_data(4 * n_shards), cl, n_shards=n_shards, max_clocks=clocks,
+                        checkpoint=cfg, faults=[faults.lose(1, loss)])
+    assert res.n_clocks == clocks
+    kinds_ = kinds(res)
+    assert {"worker-lost", "recovery-done", "rebuild-done"} <= set(kinds_)
+    manifests = [ckpt.load_manifest(fsspec.filesystem("file"), str(tmp_path), v)
+                 for v in ckpt.list_versions(fsspec.filesystem("file"), str(tmp_path))]
+    assert manifests and all(len(m["states"]) == n_shards for m in manifests)  # every shard's state saved
+    restored = next(e for e in res.events if e["kind"] == "recovery-started")["shard_states"]
+    assert restored, "the lost worker's shards took their states from the checkpoint"
+    seen = res.params["seen"]
+    # every shard's count is the clocks it ran: all for the live ones (partial), fewer where a
+    # checkpointed state was restored -- never zero, never more than the clocks run
+    assert seen.min() >= 1 and seen.max() <= clocks
+    if recovery == "partial":
+        assert sorted(np.flatnonzero(seen < clocks)) == sorted(set(restored) & set(np.flatnonzero(seen < clocks)))
+        assert (seen == clocks).sum() >= n_shards - len(restored)
+    else:
+        assert "rollback" in kinds_ and (seen < clocks).all()  # every state rolled back with the tables
