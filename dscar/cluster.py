@@ -31,7 +31,7 @@ class Cluster:
         n_workers: int = 2,
         worker_ttl: str = DEFAULT_WORKER_TTL,
         processes: bool = True,
-        dashboard_address: str | None = None,
+        dashboard_address: str = ":0",  # a free port: embedded clusters never fight over 8787
         timeout: float | None = None,
     ):
         self._owned: list[Any] = []
