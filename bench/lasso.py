@@ -90,9 +90,6 @@ clock split (per clock, per fit); the reference; machine info including
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import platform
 import statistics
 import sys
 import time
@@ -101,6 +98,8 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 import numpy as np
+
+from bench.common import load_average, log, machine_info, usable_cpus, write_json
 
 TARGET = 1e-6  # relative objective gap to reach: P(w) <= P* (1 + TARGET)
 TARGET_RATIO = 3.0  # the issue: dscar with 2 workers within 3x of scikit-learn's time
@@ -416,42 +415,6 @@ def format_dataset(d: Dataset, res: dict[str, dict], rat: dict[str, Any]) -> str
     return "\n".join(lines)
 
 
-def machine_info() -> dict[str, Any]:
-    import dask
-    import distributed
-    import threadpoolctl
-
-    import dscar
-
-    info: dict[str, Any] = {
-        "platform": platform.platform(), "python": sys.version.split()[0], "machine": platform.machine(),
-        "cpu_count": os.cpu_count(), "numpy": np.__version__, "dask": dask.__version__,
-        "distributed": distributed.__version__, "dscar": dscar.__version__,
-        "env": {k: v for k, v in os.environ.items() if k.startswith(("OPENBLAS", "OMP_", "MKL_"))},
-        "threadpools": threadpoolctl.threadpool_info(),
-    }
-    for mod in ("sklearn", "celer", "skglm", "dask_glm", "scipy"):
-        try:
-            info[mod] = __import__(mod).__version__
-        except Exception as e:  # noqa: BLE001 - informational only
-            info[mod] = f"unavailable: {e}"
-    try:
-        info["cpus_usable"] = len(os.sched_getaffinity(0))
-    except AttributeError:
-        pass
-    try:
-        info["loadavg"] = os.getloadavg()
-        with open("/proc/meminfo") as f:
-            info["mem_total_kb"] = int(f.readline().split()[1])
-    except OSError:
-        pass
-    return info
-
-
-def _log(t0: float, msg: str) -> None:
-    print(f"[{time.perf_counter() - t0:6.1f}s] {msg}", file=sys.stderr, flush=True)
-
-
 # --------------------------------------------------------------------------- main
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.lasso", description=__doc__.split("\n")[0])
@@ -469,16 +432,16 @@ def main(argv: list[str] | None = None) -> int:
     from distributed import Client, LocalCluster
 
     t0 = time.perf_counter()
-    machine = machine_info()
+    machine = machine_info(versions=("sklearn", "celer", "skglm", "dask_glm", "scipy"), threadpools=True)
     datasets = make_datasets(args.quick)
     for d in datasets:
         reference(d)
-        _log(t0, f"{d.name}: reference P* = {d.ref['P_star']:.12g} in {d.ref['seconds']:.1f}s "
+        log(t0, f"{d.name}: reference P* = {d.ref['P_star']:.12g} in {d.ref['seconds']:.1f}s "
                  f"(certified rel gap {d.ref['certified_rel_gap']:.1e})")
 
     settings = {d.name: choose_settings(d) for d in datasets}
     for d in datasets:
-        _log(t0, f"{d.name}: settings " + ", ".join(f"{k} tol={v['tol']:.3g}" for k, v in settings[d.name].items()))
+        log(t0, f"{d.name}: settings " + ", ".join(f"{k} tol={v['tol']:.3g}" for k, v in settings[d.name].items()))
     fits: dict[str, dict[str, list[Fit]]] = {d.name: {s: [] for s in SOLVERS} for d in datasets}
     fails: dict[str, dict[str, list[str]]] = {d.name: {s: [] for s in SOLVERS} for d in datasets}
 
@@ -494,7 +457,7 @@ def main(argv: list[str] | None = None) -> int:
             return run_dscar(clusters[name], d, tol)
         except dscar.DscarError as e:  # an engine failure is recorded, the benchmark goes on
             fails[d.name][name].append(f"{type(e).__name__}: {str(e).splitlines()[0]}")
-            _log(t0, f"{d.name} {name} FAILED: {fails[d.name][name][-1]}")
+            log(t0, f"{d.name} {name} FAILED: {fails[d.name][name][-1]}")
             return None
 
     worker_threadpools: dict[str, Any] = {}
@@ -507,7 +470,7 @@ def main(argv: list[str] | None = None) -> int:
                 f = one(name, d, clusters)
                 if f is not None:
                     settings[d.name][name]["warmup_rel_gap"] = d.rel_gap(f.coef)
-                    _log(t0, f"{d.name} {name} warm-up: {f.seconds:.2f}s solve, {f.total_seconds:.2f}s total, "
+                    log(t0, f"{d.name} {name} warm-up: {f.seconds:.2f}s solve, {f.total_seconds:.2f}s total, "
                              f"{f.n_iter} clocks, rel gap {d.rel_gap(f.coef):.1e}")
         order = [*IN_PROCESS, *DSCAR]
         for rep in range(repeats):
@@ -522,7 +485,7 @@ def main(argv: list[str] | None = None) -> int:
                     if f is None:
                         continue
                     fits[d.name][name].append(f)
-                    _log(t0, f"rep {rep} {d.name:<9} {name:<12} solve {f.seconds:7.3f}s total {f.total_seconds:7.3f}s "
+                    log(t0, f"rep {rep} {d.name:<9} {name:<12} solve {f.seconds:7.3f}s total {f.total_seconds:7.3f}s "
                              f"iters {f.n_iter:4d} rel gap {d.rel_gap(f.coef, f.intercept):.1e}")
 
     n_chunks = 2
@@ -536,13 +499,13 @@ def main(argv: list[str] | None = None) -> int:
             for rep in range(repeats):
                 f = run_dask_glm(client, d, admm_iters, n_chunks)
                 fits[d.name]["dask-glm"].append(f)
-                _log(t0, f"rep {rep} {d.name:<9} dask-glm     solve {f.seconds:7.3f}s total {f.total_seconds:7.3f}s "
+                log(t0, f"rep {rep} {d.name:<9} dask-glm     solve {f.seconds:7.3f}s total {f.total_seconds:7.3f}s "
                          f"iters {f.n_iter:4d} rel gap {d.rel_gap(f.coef):.1e}")
 
     results: dict[str, Any] = {}
     print()
     print(f"Lasso: time to the reference objective (P <= P*(1 + {TARGET:g})); {repeats} repeat(s); "
-          f"{machine.get('cpus_usable', machine['cpu_count'])} usable CPU(s), load avg before "
+          f"{usable_cpus(machine)} usable CPU(s), load avg before "
           f"{', '.join(f'{x:.1f}' for x in machine.get('loadavg', ()))}")
     print("Data: X and y centred on the driver, every solver fits fit_intercept=False (intercept 0); "
           f"dask-glm: {admm_iters} ADMM iterations on {n_chunks} row chunks, 2 workers")
@@ -557,24 +520,13 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\ntotal {total:.0f}s")
     if args.json:
         machine["worker_threadpools"] = worker_threadpools
-        if hasattr(os, "getloadavg"):
-            machine["loadavg_after"] = os.getloadavg()
+        machine["loadavg_after"] = load_average()
         out = {"quick": args.quick, "repeats": repeats, "target_rel_gap": TARGET, "target_ratio": TARGET_RATIO,
                "data_handling": "X, y centred on the driver; fit_intercept=False for every solver",
                "solvers": list(SOLVERS), "dask_glm_iters": admm_iters, "machine": machine, "seconds": total,
                "datasets": results}
-        with open(args.json, "w") as f:
-            json.dump(out, f, indent=1, default=_json_default)
-        print(f"json: {args.json}")
+        write_json(args.json, out)
     return 0
-
-
-def _json_default(o):
-    if isinstance(o, np.generic):
-        return o.item()
-    if isinstance(o, np.ndarray):
-        return o.tolist()
-    return str(o)
 
 
 if __name__ == "__main__":

@@ -47,10 +47,7 @@ Usage: ``python -m bench.lda [--quick] [--accuracy] [--iters N] [--json PATH]``.
 from __future__ import annotations
 
 import argparse
-import json
 import logging
-import os
-import platform
 import statistics
 import sys
 import time
@@ -63,6 +60,7 @@ import scipy.sparse as sp
 import dscar
 from algorithms import corpora
 from algorithms.lda import LDAGibbs, lda_data, loglikelihood
+from bench.common import machine_info, write_json
 
 ALPHA, BETA = 0.1, 0.01
 SAMPLERS = ["lda", "tomotopy-1t", "tomotopy-2t", "dscar-1w", "dscar-2w"]
@@ -153,15 +151,8 @@ def clock_split(res) -> dict[str, float]:
 
 # ----------------------------------------------------------------- main
 def machine() -> dict[str, Any]:
-    import numba
-
-    info = {"python": platform.python_version(), "cpus": os.cpu_count(), "numpy": np.__version__,
-            "numba": numba.__version__, "loadavg": os.getloadavg()}
-    for mod in ("lda", "tomotopy"):
-        try:
-            info[mod] = __import__(mod).__version__
-        except Exception:
-            info[mod] = None
+    info = machine_info(versions=("numba", "lda", "tomotopy"))
+    info["cpus"] = info["cpu_count"]  # the key this script's JSON has always had
     return info
 
 
@@ -284,8 +275,7 @@ def main(argv: list[str] | None = None) -> int:
     out["wall_s"] = time.perf_counter() - t0
     print(f"(wall {out['wall_s']:.1f} s; load average before: {out['machine']['loadavg'][0]:.2f})")
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(out, f, indent=1, default=float)
+        write_json(args.json, out)
     return 0
 
 

@@ -46,9 +46,6 @@ Run
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import platform
 import statistics
 import sys
 import time
@@ -56,6 +53,8 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import numpy as np
+
+from bench.common import load_average, machine_info, write_json
 
 RANK = 20
 REG = 0.1  # lenskit's default
@@ -195,11 +194,6 @@ def format_table(d: Dataset, results: list[Result]) -> str:
     return "\n".join(lines)
 
 
-def machine_info() -> dict[str, Any]:
-    return {"python": platform.python_version(), "machine": platform.machine(), "cpus": os.cpu_count(),
-            "load": os.getloadavg(), "numpy": np.__version__}
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.mf", description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="one small dataset, few iterations")
@@ -213,7 +207,9 @@ def main(argv: list[str] | None = None) -> int:
 
     import dscar
 
-    out: dict[str, Any] = {"machine": machine_info(), "iters": iters, "rank": RANK, "reg": REG, "datasets": {}}
+    machine = machine_info()
+    machine.update(cpus=machine["cpu_count"], load=load_average())  # the keys this script's JSON has always had
+    out: dict[str, Any] = {"machine": machine, "iters": iters, "rank": RANK, "reg": REG, "datasets": {}}
     with dscar.Cluster(n_workers=2) as cl:
         for d in datasets:
             solvers: list[tuple[str, Callable[[], Result]]] = [
@@ -238,10 +234,9 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"  test RMSE by iteration, {x.solver}: " + " ".join(f"{v:.4f}" for v in x.rmse_curve))
             out["datasets"][d.name] = {"n_users": d.n_users, "n_items": d.n_items, "n_train": len(d.train[2]),
                                        "n_test": len(d.test[2]), "results": [vars(r) for r in results]}
-    out["machine"]["load_end"] = os.getloadavg()
+    out["machine"]["load_end"] = load_average()
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(out, f, indent=2)
+        write_json(args.json, out)
     return 0
 
 

@@ -62,9 +62,6 @@ Run
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import platform
 import statistics
 import sys
 import time
@@ -73,6 +70,8 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 import numpy as np
+
+from bench.common import load_average, log, machine_info, usable_cpus, write_json
 
 TARGET = 1e-2  # relative objective gap to reach: P <= P* (1 + TARGET)
 SK_TOLS = (1e-2, 1e-3, 1e-4, 1e-5, 1e-6, 1e-7, 1e-8)
@@ -269,33 +268,6 @@ def format_dataset(d: Dataset, res: dict[str, dict]) -> str:
     return "\n".join(lines)
 
 
-def machine_info() -> dict[str, Any]:
-    import dask
-    import distributed
-    import sklearn
-    import threadpoolctl
-
-    import dscar
-
-    info: dict[str, Any] = {
-        "platform": platform.platform(), "python": sys.version.split()[0], "cpu_count": os.cpu_count(),
-        "numpy": np.__version__, "sklearn": sklearn.__version__, "dask": dask.__version__,
-        "distributed": distributed.__version__, "dscar": dscar.__version__,
-        "env": {k: v for k, v in os.environ.items() if k.startswith(("OPENBLAS", "OMP_", "MKL_"))},
-        "threadpools": threadpoolctl.threadpool_info(),
-    }
-    try:
-        info["cpus_usable"] = len(os.sched_getaffinity(0))
-        info["loadavg"] = os.getloadavg()
-    except (AttributeError, OSError):
-        pass
-    return info
-
-
-def _log(t0: float, msg: str) -> None:
-    print(f"[{time.perf_counter() - t0:6.1f}s] {msg}", file=sys.stderr, flush=True)
-
-
 # --------------------------------------------------------------------------- main
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.mlr", description=__doc__.split("\n")[0])
@@ -311,12 +283,12 @@ def main(argv: list[str] | None = None) -> int:
     import dscar
 
     t0 = time.perf_counter()
-    machine = machine_info()
+    machine = machine_info(versions=("sklearn",), threadpools=True)
     blas = threadpoolctl.threadpool_limits(1, user_api="blas")  # in-process solvers: see the docstring
     datasets = make_datasets(args.quick)
     for d in datasets:
         reference(d)
-        _log(t0, f"{d.name}: P* = {d.ref['P_star']:.10g} in {d.ref['seconds']:.1f}s, |grad| {d.ref['grad_norm']:.1e}")
+        log(t0, f"{d.name}: P* = {d.ref['P_star']:.10g} in {d.ref['seconds']:.1f}s, |grad| {d.ref['grad_norm']:.1e}")
 
     settings: dict[str, dict[str, dict[str, Any]]] = {}
     for d in datasets:  # choosing runs = untimed warm-ups of the in-process solvers
@@ -337,7 +309,7 @@ def main(argv: list[str] | None = None) -> int:
             s[name] = {**d.dscar, "label": dk,
                        "n_shards": DSCAR_SHARDS, "target": d.ref["P_star"] * (1 + TARGET)}
         settings[d.name] = s
-        _log(t0, f"{d.name}: scikit-learn tol {s['scikit-learn']['tol']:g}")
+        log(t0, f"{d.name}: scikit-learn tol {s['scikit-learn']['tol']:g}")
 
     fits: dict[str, dict[str, list[Fit]]] = {d.name: {s: [] for s in SOLVERS} for d in datasets}
     fails: dict[str, dict[str, list[str]]] = {d.name: {s: [] for s in SOLVERS} for d in datasets}
@@ -351,7 +323,7 @@ def main(argv: list[str] | None = None) -> int:
             return run_dscar(clusters[name], d)
         except dscar.DscarError as e:  # an engine failure is recorded, the benchmark goes on
             fails[d.name][name].append(f"{type(e).__name__}: {str(e).splitlines()[0]}")
-            _log(t0, f"{d.name} {name} FAILED: {fails[d.name][name][-1]}")
+            log(t0, f"{d.name} {name} FAILED: {fails[d.name][name][-1]}")
             return None
 
     worker_threadpools: dict[str, Any] = {}
@@ -363,7 +335,7 @@ def main(argv: list[str] | None = None) -> int:
             for d in datasets:  # warm-up (untimed)
                 f = one(name, d, clusters)
                 if f is not None:
-                    _log(t0, f"{d.name} {name} warm-up: {f.total_seconds:.2f}s, {f.n_iter} clocks, "
+                    log(t0, f"{d.name} {name} warm-up: {f.total_seconds:.2f}s, {f.n_iter} clocks, "
                              f"rel gap {d.rel_gap(f.W, f.b):.1e}")
         order = list(SOLVERS)
         for rep in range(repeats):
@@ -378,14 +350,14 @@ def main(argv: list[str] | None = None) -> int:
                     if f is None:
                         continue
                     fits[d.name][name].append(f)
-                    _log(t0, f"rep {rep} {d.name:<9} {name:<12} solve {f.seconds:7.3f}s total {f.total_seconds:7.3f}s "
+                    log(t0, f"rep {rep} {d.name:<9} {name:<12} solve {f.seconds:7.3f}s total {f.total_seconds:7.3f}s "
                              f"iters {f.n_iter:4d} rel gap {d.rel_gap(f.W, f.b):.1e} test acc {d.accuracy(f.W, f.b):.4f}")
     blas.restore_original_limits()
 
     results: dict[str, Any] = {}
     print()
     print(f"Multinomial logistic regression: time to P <= P*(1 + {TARGET:g}) and test accuracy; {repeats} repeat(s); "
-          f"{machine.get('cpus_usable', machine['cpu_count'])} usable CPU(s), load avg before "
+          f"{usable_cpus(machine)} usable CPU(s), load avg before "
           f"{', '.join(f'{x:.1f}' for x in machine.get('loadavg', ()))}")
     print("P = mean cross-entropy + l2/2 ||W||^2 (bias free) = scikit-learn's objective / (C n) with C = 1/(n l2); "
           "in-process solvers: 1 BLAS thread")
@@ -399,22 +371,11 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\ntotal {total:.0f}s")
     if args.json:
         machine["worker_threadpools"] = worker_threadpools
-        if hasattr(os, "getloadavg"):
-            machine["loadavg_after"] = os.getloadavg()
+        machine["loadavg_after"] = load_average()
         out = {"quick": args.quick, "repeats": repeats, "target_rel_gap": TARGET, "solvers": list(SOLVERS),
                "machine": machine, "seconds": total, "datasets": results}
-        with open(args.json, "w") as f:
-            json.dump(out, f, indent=1, default=_json_default)
-        print(f"json: {args.json}")
+        write_json(args.json, out)
     return 0
-
-
-def _json_default(o):
-    if isinstance(o, np.generic):
-        return o.item()
-    if isinstance(o, np.ndarray):
-        return o.tolist()
-    return str(o)
 
 
 if __name__ == "__main__":

@@ -2,7 +2,8 @@
 
 What it measures
 ----------------
-For each algorithm (``ALGORITHMS``: Lasso, LDA, MLR; ``--algo`` picks some)
+For each algorithm (``ALGORITHMS``: Lasso, LDA, MLR, and MF when named in
+``--algo``, which picks some)
 a failure-free run finds ``T*``, the clocks the algorithm needs to reach its
 threshold (for Lasso: its own stopping rule, relative duality gap <= tol, so
 clocks to threshold = ``res.n_clocks``; the thresholds of the others are
@@ -65,6 +66,18 @@ also the stopping rule (``MLRSGD(target=...)``), so both views coincide and
 only the first is printed. Its tables ``W`` and ``V`` (momentum) have no
 rebuild: a rollback really rolls the model back.
 
+MF (matrix factorization by ALS, ``algorithms.mf``, on a small synthetic
+ratings problem, the same in both sizes; run only when named: ``--algo mf``):
+threshold = the training objective within ``eps`` (1e-5, relative) of the
+failure-free run's converged value, read from one failure-free run (in-process,
+same data and shards) stopped at a relative change of 1e-10; every run stops
+when it gets there (``ALSToTarget``), so both views coincide. A clock is a user
+phase then an item phase, and the user phase solves every user row from the
+item factors alone: the item tables (and their biases) are the state that
+carries from clock to clock; a lost user row is solved again in the next user
+phase, whatever it was restored to (an item phase redone before then uses the
+restored value).
+
 Two modes, and whether they agree:
 
 * ``--simulate``: one in-process cluster, ``faults.lose(worker, clock)``: the
@@ -105,6 +118,7 @@ Run
                                                  # ~20-25 min on 2 busy cores; LDA and MLR add ~25, estimated)
     python -m bench.rework --quick               # ~4-5 min: small problems, 3 simulated + 1 real trial each
     python -m bench.rework --quick --algo lasso  # ~1 min
+    python -m bench.rework --quick --algo mf     # ~2 min (MF runs only when named)
     python -m bench.rework --simulate --trials 60
     python -m bench.rework --real --real-trials 8
     python -m bench.rework --json rework.json --plot rework.png
@@ -116,7 +130,6 @@ import argparse
 import json
 import math
 import os
-import platform
 import shutil
 import statistics
 import sys
@@ -130,6 +143,8 @@ import numpy as np
 
 import dscar
 from algorithms.lda import LDAGibbs
+from algorithms.mf import ALS
+from bench.common import clean, load_average, log, machine_info, pyplot, write_json
 from dscar import faults
 
 #: policy name -> (checkpoint policy, recovery)
@@ -158,7 +173,7 @@ class Problem:
 
     name: str
     make_algo: Callable[[], dscar.Algorithm]  # a fresh algorithm object per run
-    data: dict[str, Any]
+    data: Any  # a dict of arrays, or a dscar.PhasedData (MF)
     threshold: Callable[[dict], "int | None"]
     threshold_rule: str  # in words, for the table
     n_shards: int = 16
@@ -279,8 +294,59 @@ def mlr_problem(quick: bool) -> Problem:
     )
 
 
-#: every algorithm dscar has; MF adds one function
-ALGORITHMS: dict[str, Callable[[bool], Problem]] = {"lasso": lasso_problem, "lda": lda_problem, "mlr": mlr_problem}
+class ALSToTarget(ALS):
+    """``ALS`` that stops once its training objective reaches ``target`` (the rework threshold)."""
+
+    def __init__(self, *args, target: float, **kw):
+        super().__init__(*args, **kw)
+        self.target = float(target)
+
+    def converged(self, history, tol) -> bool:
+        return bool(history) and history[-1]["objective"] <= self.target
+
+
+MF_REFERENCE_TOL = 1e-10  # relative change of the objective at which the converged value is read
+
+
+def mf_problem(quick: bool) -> Problem:
+    from algorithms.datasets import make_ratings
+    from algorithms.mf import ratings_data
+
+    # Sparse ratings (12 per user on average) of a planted rank-4 model, fitted at rank 4: from its small random
+    # start ALS leaves a saddle in ~10 clocks, then the objective falls geometrically to its converged value
+    # (~40 clocks to a relative change of 1e-10); within eps = 1e-5 of it at clock 21 (measured, 8 shards per phase).
+    users, items, rank, n_ratings, reg = 800, 300, 4, 9_600, 0.1
+    eps, shards = 1e-5, 8
+    u, i, r, _ = make_ratings(users, items, n_ratings, rank, noise=0.5, seed=0)
+    data = ratings_data((u, i, r), n_users=users, n_items=items, n_shards=shards)
+    hyper = dict(rank=rank, reg=reg, mean=float(r.mean()))
+    converged, ref_clocks = mf_converged(users, items, hyper, data)
+    level = converged * (1 + eps)
+    return Problem(
+        "mf", lambda: ALSToTarget(users, items, **hyper, target=level), data, converged_at,
+        f"training objective <= {level:.6g}: within {eps:g} of the failure-free converged value {converged:.6g} "
+        f"({ref_clocks} clocks of a failure-free run to a relative change of {MF_REFERENCE_TOL:g})",
+        n_shards=shards, max_clocks=200,
+        info={"n_users": users, "n_items": items, "n_ratings": n_ratings, "rank": rank, "reg": reg,
+              "reg_mode": "weighted", "n_shards_per_phase": shards, "converged": converged, "eps": eps,
+              "level": level},
+    )
+
+
+def mf_converged(n_users: int, n_items: int, hyper: dict, data: dscar.PhasedData) -> tuple[float, int]:
+    """The failure-free run's converged training objective: one run (in-process, same data and shards: the
+    trajectory every failure-free run follows) stopped by ``ALS``'s rule at ``MF_REFERENCE_TOL``."""
+    with dscar.Cluster(n_workers=2, processes=False) as cl:
+        res = dscar.fit(ALS(n_users, n_items, **hyper, tol=MF_REFERENCE_TOL), data, cl, max_clocks=500,
+                        progress=False, policies=[])
+    return res.history[-1].metrics["objective"], res.n_clocks
+
+
+#: every algorithm dscar has
+ALGORITHMS: dict[str, Callable[[bool], Problem]] = {"lasso": lasso_problem, "lda": lda_problem, "mlr": mlr_problem,
+                                                    "mf": mf_problem}
+#: what runs when ``--algo`` is not given (MF only when named, so the default ``--quick`` keeps its length)
+DEFAULT_ALGORITHMS = ("lasso", "lda", "mlr")
 
 
 # ------------------------------------------------------------------ one run
@@ -535,10 +601,6 @@ def draws(n: int, n_workers: int, t_star: int, seed: int) -> list[tuple[int, int
     return [(int(rng.integers(n_workers)), int(rng.integers(2, hi + 1))) for _ in range(n)]
 
 
-def log(t_start: float, msg: str) -> None:
-    print(f"[{time.perf_counter() - t_start:6.0f}s] {msg}", file=sys.stderr, flush=True)
-
-
 def describe(r: dict) -> str:
     if not r.get("ok"):
         return f"FAILED {r.get('error', '')[:300]}"
@@ -749,29 +811,9 @@ def targets(name: str, modes: dict[str, dict]) -> list[dict[str, Any]]:
     return out
 
 
-def machine_info() -> dict[str, Any]:
-    import dask
-    import distributed
-
-    info: dict[str, Any] = {
-        "platform": platform.platform(), "python": sys.version.split()[0], "cpu_count": os.cpu_count(),
-        "numpy": np.__version__, "dask": dask.__version__, "distributed": distributed.__version__,
-        "dscar": dscar.__version__,
-    }
-    try:
-        info["loadavg"] = os.getloadavg()
-    except OSError:
-        pass
-    return info
-
-
 def plot(results: dict[str, dict], path: str) -> None:
     """Objective - P* (log) vs clock for trial 0 of each mode, one line per policy, the loss marked."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     panels = [(a, m, mode, res.get("reference")) for a, res in results.items() for m, mode in res["modes"].items()]
     fig, axes = plt.subplots(1, max(1, len(panels)), figsize=(6.5 * max(1, len(panels)), 4.5), squeeze=False)
     colors = {"traditional": "tab:red", "partial": "tab:orange", "priority": "tab:blue", "scar": "tab:green"}
@@ -883,8 +925,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="priority fraction r: r of the rows every r*C clocks (default 0.1)")
     ap.add_argument("--keep", type=int, default=3, help="checkpoint versions kept (default 3)")
     ap.add_argument("--seed", type=int, default=0, help="seed of the (worker, clock) draws (default 0)")
-    ap.add_argument("--algo", "--algorithms", default=",".join(ALGORITHMS),
-                    help=f"comma-separated algorithms (default all: {','.join(ALGORITHMS)})")
+    ap.add_argument("--algo", "--algorithms", default=",".join(DEFAULT_ALGORITHMS),
+                    help=f"comma-separated algorithms of {','.join(ALGORITHMS)} "
+                         f"(default {','.join(DEFAULT_ALGORITHMS)})")
     ap.add_argument("--ckpt-dir", default=default_ckpt_dir(),
                     help="parent of the per-run checkpoint directories (default /dev/shm if writable, else TMPDIR)")
     ap.add_argument("--verbose", action="store_true", help="keep Dask's error logs of the expected failed pulls")
@@ -958,12 +1001,12 @@ def main(argv: list[str] | None = None) -> int:
                        "priority_every": st.every * st.fraction, "store": st.ckpt_dir or tempfile.gettempdir()},
         "trials": {"simulate": n_sim, "real": n_real}, "policies": {p: list(v) for p, v in POLICIES.items()},
         "targets": {"low": TARGET_LOW, "aim": TARGET_AIM}, "agree_sigmas": AGREE_SIGMAS,
-        "machine": {**info_before, "loadavg_after": os.getloadavg() if hasattr(os, "getloadavg") else None},
+        "machine": {**info_before, "loadavg_after": load_average()},
         "seconds": time.perf_counter() - t_start,
         "algorithms": results,
     }
     print()
-    report(_clean(d))
+    report(clean(d))
     print(f"\ntotal {d['seconds']:.0f}s")
     return _write(d, args)
 
@@ -973,29 +1016,8 @@ def _write(d: dict[str, Any], args) -> int:
         plot(d["algorithms"], args.plot)
         print(f"plot: {args.plot}")
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(_clean(d), f, indent=1, default=_json_default, allow_nan=False)
-        print(f"json: {args.json}")
+        write_json(args.json, d)
     return 0
-
-
-def _clean(o):
-    """NaN / inf -> None so the file is strict JSON."""
-    if isinstance(o, float):
-        return o if math.isfinite(o) else None
-    if isinstance(o, dict):
-        return {str(k): _clean(v) for k, v in o.items()}
-    if isinstance(o, (list, tuple)):
-        return [_clean(v) for v in o]
-    return o
-
-
-def _json_default(o):
-    if isinstance(o, np.integer):
-        return int(o)
-    if isinstance(o, np.floating):
-        return float(o)
-    return str(o)
 
 
 if __name__ == "__main__":

@@ -49,6 +49,12 @@ Workloads
    per clock is compared with the same ideal, but it does less work on the
    slowed worker than the other strategies (its ratio can fall below 1).
    The same caveats as Lasso.
+5. ``mf`` (real compute, full mode or ``--only mf``): ``ALS`` (matrix
+   factorization, rank 20, ``tol=1e-30``: it runs every clock) on
+   ``make_ratings(10_000, 2_000, 250_000)``, 16 shards per data phase: a clock
+   is a user phase then an item phase, each a barrier, so 32 shard steps per
+   clock and the shard phase time ``S1`` is the sum of both. The same caveats
+   as Lasso.
 
 Method
 ------
@@ -81,9 +87,10 @@ time per clock); with s = 8, dynamic at least 3x faster than BSP.
 
 Run
 ---
-    python -m bench.stragglers                 # full: ~12-15 min on 2 cores before LDA and MLR; with them ~25-30 (estimate)
+    python -m bench.stragglers                 # full: ~12-15 min on 2 cores before LDA, MLR and MF; with them ~30-40 (estimate)
     python -m bench.stragglers --quick         # ~1-2 min: 1 repeat, fewer clocks, small Lasso
     python -m bench.stragglers --quick --only lda,mlr   # small LDA and MLR only (~2 min)
+    python -m bench.stragglers --quick --only mf        # small MF only
     python -m bench.stragglers --json out.json --plot out.png
 
 ``--json`` writes every run's per-clock times, the medians, ratios, event counts
@@ -94,9 +101,6 @@ per workload.
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import platform
 import statistics
 import sys
 import time
@@ -107,6 +111,7 @@ from typing import Any, Callable
 import numpy as np
 
 import dscar
+from bench.common import load_average, machine_info, pyplot, usable_cpus, write_json
 from dscar import faults
 
 SLOWDOWNS = (1, 2, 4, 8)
@@ -129,6 +134,9 @@ ADAPTIVE_WHY = {
              "clock; LassoCD has no minibatch and never reads ctx.batch_scale",
     "lda": "a Gibbs sweep resamples every token of the shard each clock; LDAGibbs has no minibatch and "
            "never reads ctx.batch_scale",
+    "mf": "each ALS phase solves every row of the shard exactly from all of that row's ratings (an exact "
+          "block minimisation); a smaller batch would make the solve inexact, so ALS has no minibatch and "
+          "never reads ctx.batch_scale",
 }
 EVENT_KINDS = ("backup-attempt", "commit-refused", "shard-moved", "straggler", "fault-slow")
 
@@ -165,10 +173,10 @@ class SleepStep(dscar.Algorithm):
 @dataclass
 class Workload:
     name: str  # key in the results
-    kind: str  # "synthetic" | "lasso" | "lda" | "mlr"
+    kind: str  # "synthetic" | "lasso" | "lda" | "mlr" | "mf"
     make_algo: Callable[[], dscar.Algorithm]
-    data: dict[str, Any]
-    n_shards: int
+    data: Any  # a dict of arrays, or a dscar.PhasedData (MF)
+    n_shards: int  # shard steps per clock (for MF: both data phases)
     max_clocks: int  # every scenario, the transient one included
     info: dict[str, Any] = field(default_factory=dict)
 
@@ -182,7 +190,7 @@ def strategy_options(strategy: str) -> dict[str, Any]:
 
 
 #: workloads run by default in full mode only; with --quick only when named in --only (small sizes)
-OPTIONAL_KINDS = ("lda", "mlr")
+OPTIONAL_KINDS = ("lda", "mlr", "mf")
 
 
 def make_workloads(quick: bool, only: set[str] | None) -> list[Workload]:
@@ -241,7 +249,23 @@ def mlr_workload(quick: bool, clocks: int) -> Workload:
     )
 
 
-OPTIONAL_WORKLOADS: dict[str, Callable[[bool, int], Workload]] = {"lda": lda_workload, "mlr": mlr_workload}
+def mf_workload(quick: bool, clocks: int) -> Workload:
+    from algorithms.datasets import make_ratings
+    from algorithms.mf import ALS, ratings_data
+
+    users, items, n, rank = (4_000, 1_000, 80_000, 10) if quick else (10_000, 2_000, 250_000, 20)
+    per_phase = 16  # two data phases (users, then items): 2 x 16 shard steps per clock, as many as the others' 32
+    u, i, r, _ = make_ratings(users, items, n, rank, seed=0)
+    mean = float(r.mean())
+    return Workload(
+        "mf", "mf", lambda: ALS(users, items, rank, mean=mean, tol=1e-30),
+        ratings_data((u, i, r), n_users=users, n_items=items, n_shards=per_phase), 2 * per_phase, clocks,
+        {"n_users": users, "n_items": items, "n_ratings": n, "rank": rank, "n_shards_per_phase": per_phase},
+    )
+
+
+OPTIONAL_WORKLOADS: dict[str, Callable[[bool, int], Workload]] = {"lda": lda_workload, "mlr": mlr_workload,
+                                                                  "mf": mf_workload}
 
 
 def scenario_faults(scenario) -> list:
@@ -286,15 +310,9 @@ def run_one(cl, wl: Workload, scenario, strategy: str, repeat: int) -> dict[str,
         "time_per_clock_s": value,
         "events": {k: kinds.get(k, 0) for k in EVENT_KINDS},
         "objective": res.objective,
-        "loadavg_1m_after": _load1(),  # others' load on the machine skews timings: recorded per run
+        # others' load on the machine skews timings: recorded per run
+        "loadavg_1m_after": (load_average() or [None])[0],
     }
-
-
-def _load1() -> float | None:
-    try:
-        return os.getloadavg()[0]
-    except (AttributeError, OSError):
-        return None
 
 
 def _med(xs: list[float]) -> float:
@@ -458,34 +476,8 @@ def format_table(name: str, a: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def machine_info() -> dict[str, Any]:
-    import dask
-    import distributed
-
-    info: dict[str, Any] = {
-        "platform": platform.platform(), "python": sys.version.split()[0], "machine": platform.machine(),
-        "cpu_count": os.cpu_count(), "numpy": np.__version__, "dask": dask.__version__,
-        "distributed": distributed.__version__, "dscar": dscar.__version__,
-    }
-    try:
-        info["cpus_usable"] = len(os.sched_getaffinity(0))
-    except AttributeError:
-        pass
-    try:
-        with open("/proc/meminfo") as f:
-            info["mem_total_kb"] = int(f.readline().split()[1])
-        info["loadavg"] = os.getloadavg()
-    except OSError:
-        pass
-    return info
-
-
 def plot(analyses: dict[str, dict], path: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     names = list(analyses)
     fig, axes = plt.subplots(1, len(names), figsize=(5 * len(names), 4), squeeze=False)
     xs = list(SLOWDOWNS)
@@ -519,8 +511,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", metavar="PATH", help="write raw per-clock times, medians, ratios, events")
     ap.add_argument("--plot", metavar="PATH", default="stragglers.png", help="PNG plot (default stragglers.png)")
     ap.add_argument("--only", metavar="NAMES",
-                    help="comma-separated workloads (synthetic, lasso, lda, mlr, synthetic-32, ...); "
-                         "lda and mlr run in full mode, or with --quick when named here")
+                    help="comma-separated workloads (synthetic, lasso, lda, mlr, mf, synthetic-32, ...); "
+                         "lda, mlr and mf run in full mode, or with --quick when named here")
     args = ap.parse_args(argv)
     repeats = args.repeats or (1 if args.quick else 3)
     only = set(args.only.split(",")) if args.only else None
@@ -552,7 +544,7 @@ def main(argv: list[str] | None = None) -> int:
     print()
     loads = [r["loadavg_1m_after"] for r in runs if r.get("loadavg_1m_after") is not None]
     print(f"Stragglers: 4 workers, worker 0 slowed s x; {repeats} repeat(s); "
-          f"{info_before.get('cpus_usable', info_before['cpu_count'])} usable CPU(s); 1-min load average "
+          f"{usable_cpus(info_before)} usable CPU(s); 1-min load average "
           + (f"{min(loads):.1f}..{max(loads):.1f} (median {statistics.median(loads):.1f}) during the runs" if loads else "n/a"))
     for name, a in analyses.items():
         print()
@@ -569,13 +561,11 @@ def main(argv: list[str] | None = None) -> int:
             "quick": args.quick, "repeats": repeats, "n_workers": 4, "scenarios": [str(s) for s in SCENARIOS],
             "strategies": {**STRATEGIES, ADAPTIVE: {**ADAPTIVE_OPTS, "workloads": list(ADAPTIVE_KINDS)}},
             "transient": {"factor": TRANSIENT_FACTOR, "from": TRANSIENT_FROM, "until": TRANSIENT_UNTIL},
-            "machine": {**info_before, "loadavg_after": os.getloadavg() if hasattr(os, "getloadavg") else None},
+            "machine": {**info_before, "loadavg_after": load_average()},
             "seconds": time.perf_counter() - t_start,
             "workloads": analyses, "runs": runs,
         }
-        with open(args.json, "w") as f:
-            json.dump(out, f, indent=1, default=float)
-        print(f"json: {args.json}")
+        write_json(args.json, out)
     return 0
 
 

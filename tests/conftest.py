@@ -1,4 +1,8 @@
+import json
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -70,3 +74,22 @@ def procs():
     """Two worker processes over TCP: serialization and aliasing bugs show here."""
     with dscar.Cluster(n_workers=2) as cl:
         yield cl
+
+
+@pytest.fixture(scope="module")
+def quick_bench(tmp_path_factory):
+    """Runs ``python -m bench.<name> --quick --json ... --plot ...`` from the repository root in a fresh
+    temporary folder and returns its stdout, the JSON it wrote and the path of its plot."""
+    root = Path(__file__).resolve().parents[1]
+
+    def run(name: str) -> tuple[str, dict, Path]:
+        tmp = tmp_path_factory.mktemp(name)
+        out, png = tmp / f"{name}.json", tmp / f"{name}.png"
+        r = subprocess.run(
+            [sys.executable, "-m", f"bench.{name}", "--quick", "--json", str(out), "--plot", str(png)],
+            cwd=root, capture_output=True, text=True, timeout=580,
+        )
+        assert r.returncode == 0, f"stdout:\n{r.stdout[-3000:]}\nstderr:\n{r.stderr[-5000:]}"
+        return r.stdout, json.loads(out.read_text()), png
+
+    return run

@@ -1,27 +1,15 @@
 """The straggler benchmark runs end to end (``--quick``) and reports what it promises."""
-import json
 import math
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
 SCENARIOS = ["1", "2", "4", "8", "transient"]
 STRATEGIES = ["bsp", "dynamic", "dynamic+backup"]
 
 
 @pytest.fixture(scope="module")
-def quick_run(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("stragglers")
-    out, png = tmp / "stragglers.json", tmp / "stragglers.png"
-    r = subprocess.run(
-        [sys.executable, "-m", "bench.stragglers", "--quick", "--json", str(out), "--plot", str(png)],
-        cwd=ROOT, capture_output=True, text=True, timeout=580,
-    )
-    assert r.returncode == 0, f"stdout:\n{r.stdout[-3000:]}\nstderr:\n{r.stderr[-5000:]}"
-    return r.stdout, json.loads(out.read_text()), png
+def quick_run(quick_bench):
+    return quick_bench("stragglers")
 
 
 @pytest.mark.timeout(600)
@@ -74,11 +62,15 @@ def test_quick_benchmark_shows_the_straggler_effect_on_the_sleep_workload(quick_
     assert 0 < a["per_shard_overhead_s"] < a["t0_shard_cycle_s"]
 
 
-def test_lda_and_mlr_run_in_full_mode_or_when_named_and_only_mlr_gets_the_adaptive_batch():
-    from bench.stragglers import ADAPTIVE, STRATEGIES, make_workloads
+def test_lda_mlr_and_mf_run_in_full_mode_or_when_named_and_only_mlr_gets_the_adaptive_batch():
+    from bench.stragglers import ADAPTIVE, ADAPTIVE_WHY, OPTIONAL_KINDS, STRATEGIES, make_workloads
 
     assert {w.name for w in make_workloads(True, None)} == {"synthetic-32", "lasso"}  # --quick: as before
-    named = {w.name: w for w in make_workloads(True, {"lda", "mlr"})}
-    assert set(named) == {"lda", "mlr"}
+    assert set(OPTIONAL_KINDS) == {"lda", "mlr", "mf"}  # and so in full mode
+    named = {w.name: w for w in make_workloads(True, {"lda", "mlr", "mf"})}
+    assert set(named) == {"lda", "mlr", "mf"}
     assert named["mlr"].strategies == [*STRATEGIES, ADAPTIVE]
-    assert named["lda"].strategies == list(STRATEGIES)
+    assert named["lda"].strategies == named["mf"].strategies == list(STRATEGIES)
+    assert "minibatch" in ADAPTIVE_WHY["mf"]  # the reason printed in its adaptive column
+    mf = named["mf"]
+    assert mf.data.meta.n_shards == mf.n_shards == 2 * mf.info["n_shards_per_phase"]  # both phases' shard steps

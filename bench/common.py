@@ -1,0 +1,122 @@
+"""What every benchmark script shares: the machine it ran on, strict JSON output, timestamped log lines, a plot backend.
+
+* ``machine_info(versions=..., threadpools=...)``: platform, Python, CPUs (all and usable), memory, load
+  average and the versions of NumPy, Dask, distributed and dscar, plus any other modules named
+  (``"unavailable: ..."`` when one cannot be imported) and, with ``threadpools=True``, the BLAS / OpenMP
+  environment variables and ``threadpoolctl``'s view of the thread pools.
+* ``write_json(path, obj)``: NaN / inf become ``null`` (strict JSON), NumPy scalars and arrays plain numbers
+  and lists, anything else its ``str``; prints ``json: PATH``.
+* ``log(t0, msg)``: ``[  12.3s] msg`` on stderr, seconds since ``t0`` (a ``time.perf_counter()``).
+* ``pyplot()``: ``matplotlib.pyplot`` on the non-interactive Agg backend (the scripts only write PNGs).
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import platform
+import sys
+import time
+from typing import Any, Iterable
+
+import numpy as np
+
+BLAS_ENV_PREFIXES = ("OPENBLAS", "OMP_", "MKL_")
+
+
+def load_average() -> tuple[float, float, float] | None:
+    """``os.getloadavg()``, or None where the platform has none."""
+    try:
+        return os.getloadavg()
+    except (AttributeError, OSError):
+        return None
+
+
+def module_version(name: str) -> str:
+    try:
+        return __import__(name).__version__
+    except Exception as e:  # noqa: BLE001 - informational only
+        return f"unavailable: {e}"
+
+
+def machine_info(versions: Iterable[str] = (), threadpools: bool = False) -> dict[str, Any]:
+    """The machine and software a benchmark ran on (JSON-able): see the module docstring."""
+    import dask
+    import distributed
+
+    import dscar
+
+    info: dict[str, Any] = {
+        "platform": platform.platform(), "python": sys.version.split()[0], "machine": platform.machine(),
+        "cpu_count": os.cpu_count(), "numpy": np.__version__, "dask": dask.__version__,
+        "distributed": distributed.__version__, "dscar": dscar.__version__,
+    }
+    for name in versions:
+        info[name] = module_version(name)
+    if threadpools:
+        import threadpoolctl
+
+        info["env"] = {k: v for k, v in os.environ.items() if k.startswith(BLAS_ENV_PREFIXES)}
+        info["threadpools"] = threadpoolctl.threadpool_info()
+    try:
+        info["cpus_usable"] = len(os.sched_getaffinity(0))
+    except AttributeError:
+        pass
+    try:
+        with open("/proc/meminfo") as f:
+            info["mem_total_kb"] = int(f.readline().split()[1])
+    except (OSError, ValueError, IndexError):
+        pass
+    load = load_average()
+    if load is not None:
+        info["loadavg"] = load
+    return info
+
+
+def usable_cpus(info: dict[str, Any]) -> int | None:
+    """The CPUs this process may run on, from ``machine_info``'s figures."""
+    return info.get("cpus_usable", info["cpu_count"])
+
+
+def clean(o):
+    """NaN / inf -> None (recursively; dict keys as strings) so the file is strict JSON."""
+    if isinstance(o, (float, np.floating)):
+        return float(o) if math.isfinite(o) else None
+    if isinstance(o, dict):
+        return {str(k): clean(v) for k, v in o.items()}
+    if isinstance(o, (list, tuple)):
+        return [clean(v) for v in o]
+    if isinstance(o, np.ndarray):
+        return clean(o.tolist())
+    return o
+
+
+def json_default(o):
+    """``json.dump``'s fallback: NumPy scalars as plain numbers, arrays as lists, anything else its ``str``."""
+    if isinstance(o, np.generic):
+        return o.item()
+    if isinstance(o, np.ndarray):
+        return o.tolist()
+    return str(o)
+
+
+def write_json(path: str, obj: Any) -> None:
+    """``obj`` as strict JSON (see ``clean`` and ``json_default``) to ``path``; says where."""
+    with open(path, "w") as f:
+        json.dump(clean(obj), f, indent=1, default=json_default, allow_nan=False)
+    print(f"json: {path}")
+
+
+def log(t0: float, msg: str) -> None:
+    """A progress line on stderr: seconds since ``t0`` (``time.perf_counter()``), then ``msg``."""
+    print(f"[{time.perf_counter() - t0:6.1f}s] {msg}", file=sys.stderr, flush=True)
+
+
+def pyplot():
+    """``matplotlib.pyplot`` on the Agg backend (files only, no display)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
