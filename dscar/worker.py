@@ -491,9 +491,16 @@ class ParamServer(WorkerPlugin):
         entry.prev_state, entry.state_clock = None, -1
 
     def _shard_entry(self, job: Job, shard: int, fetch_from: str | None, backup: bool) -> ShardEntry | None:
-        """The shard's data and state: held here, taken from its holder, or read from the source."""
+        """The shard's data and state: held here, taken from its holder, or read from the source.
+
+        A copy held here while the coordinator names another holder is stale (an attempt of ours
+        lost the commit to a backup elsewhere): it is dropped, never used.
+        """
         with self._lock:
             entry = job.shards.get(shard)
+            if entry is not None and fetch_from:
+                del job.shards[shard]
+                entry = None
         if entry is not None:
             return entry
         arrays, state = None, {}

@@ -275,3 +275,17 @@ def test_shard_states_are_checkpointed_and_restored_with_the_tables(tmp_path, po
         assert (seen == clocks).sum() >= n_shards - len(restored)
     else:
         assert "rollback" in kinds_ and (seen < clocks).all()  # every state rolled back with the tables
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_shard_state_stays_with_the_winning_attempt_under_backups_and_steals(seed):
+    """A slowed worker loses commits to backups elsewhere and later steals those shards back:
+    it must fetch the winner's state, never reuse its own stale copy (ShardClock checks)."""
+    rng = np.random.default_rng(seed)
+    slow = [faults.slow(int(rng.integers(0, 3)), float(rng.choice([4.0, 8.0])))]
+    with dscar.Cluster(n_workers=3, processes=False) as cl:
+        res = dscar.fit(ShardClock(), row_data(48), cl, n_shards=12, max_clocks=10, faults=slow,
+                        policies=[dscar.policies.BackupPolicy(k=1.5)])
+    assert res.n_clocks == 10
+    assert "backup-attempt" in kinds(res)
+    np.testing.assert_array_equal(res.params["seen"], np.full(12, 10.0))
