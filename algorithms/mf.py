@@ -48,7 +48,7 @@ import numpy as np
 import scipy.sparse as sp
 
 import dscar
-from dscar import Algorithm, DataMeta, InvalidInputError, TableSpec
+from dscar import Algorithm, DataMeta, InvalidInputError, TableSpec, check_indices
 
 REG_MODES = ("weighted", "plain")
 DTYPES = ("float64", "float32")
@@ -84,19 +84,9 @@ def check_ratings(users, items, ratings, n_users: int | None = None,
         raise InvalidInputError(f"ratings contain {int((~np.isfinite(r)).sum())} NaN or infinite value(s)")
     ids = []
     for name, a, n in (("user", u, n_users), ("item", i, n_items)):
-        if a.dtype.kind == "f":
-            if not np.isfinite(a).all() or not (a == np.round(a)).all():
-                raise InvalidInputError(f"{name} ids must be integers, got values like {a[a != np.round(a)][:3]}")
-        elif a.dtype.kind not in "iu":
-            raise InvalidInputError(f"{name} ids must be integers, got dtype {a.dtype}")
-        a = a.astype(np.int64)
-        if a.min() < 0:
-            raise InvalidInputError(f"{name} ids must be >= 0, got {int(a.min())}")
-        if n is not None:
-            if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
-                raise InvalidInputError(f"n_{name}s must be an integer >= 1, got {n!r}")
-            if a.max() >= n:
-                raise InvalidInputError(f"{name} ids must be below n_{name}s={n}, got {int(a.max())}")
+        if n is not None and (isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1):
+            raise InvalidInputError(f"n_{name}s must be an integer >= 1, got {n!r}")
+        a = check_indices(f"{name} ids", a, n, f"n_{name}s")
         ids.append((a, int(a.max()) + 1 if n is None else int(n)))
     (u, nu), (i, ni) = ids
     return u, i, r, nu, ni

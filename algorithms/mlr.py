@@ -56,7 +56,7 @@ import math
 import numpy as np
 
 import dscar
-from dscar import Algorithm, DataMeta, InvalidInputError, TableSpec
+from dscar import Algorithm, DataMeta, InvalidInputError, TableSpec, check_indices
 
 SCHEDULES = ("constant", "inverse")
 MODES = ("local", "gradient")
@@ -95,19 +95,7 @@ def check_labels(y, n_classes: int | None = None) -> np.ndarray:
         a = a[:, 0]
     if a.ndim != 1 or a.shape[0] == 0:
         raise InvalidInputError(f"labels y must be a non-empty 1-D array, got shape {a.shape}")
-    if a.dtype.kind == "f":
-        if not np.isfinite(a).all():
-            raise InvalidInputError("labels y contain NaN or infinite values")
-        if not (a == np.round(a)).all():
-            bad = a[a != np.round(a)][:3]
-            raise InvalidInputError(f"labels y must be integers (class indices), got values like {bad.tolist()}")
-    elif a.dtype.kind not in "biu":
-        raise InvalidInputError(f"labels y must be integers (class indices), got dtype {a.dtype}")
-    a = a.astype(np.int64)
-    if a.min() < 0:
-        raise InvalidInputError(f"labels y must be >= 0, got {int(a.min())}")
-    if n_classes is not None and a.max() >= n_classes:
-        raise InvalidInputError(f"labels y must be below n_classes={n_classes}, got {int(a.max())}")
+    a = check_indices("labels y (class indices)", a, n_classes, "n_classes")
     if np.unique(a).size < 2:
         raise InvalidInputError(f"labels y hold a single class ({int(a[0])}); a classifier needs at least two")
     return a

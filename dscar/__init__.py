@@ -3,7 +3,7 @@ from . import faults, policies
 from .algorithm import Algorithm, ClockContext, DataMeta, ShardContext, TableSpec
 from .checkpoint import CheckpointConfig, CorruptCheckpointError
 from .cluster import Cluster, connect
-from .data import ArrayData, FileData, PhasedData
+from .data import ArrayData, FileData, PhasedData, check_indices
 from .driver import ClockRecord, FitResult, fit
 from .errors import (
     ClusterError,
@@ -18,6 +18,7 @@ from .xp import to_host
 __all__ = [
     "Algorithm", "ArrayData", "CheckpointConfig", "CorruptCheckpointError", "ClockContext", "ClockRecord", "Cluster", "ClusterError", "DataMeta",
     "DscarError", "EstimatorMixin", "FileData", "FitResult", "InvalidInputError", "JobFailedError", "PhasedData",
-    "ShardContext", "ShardFailedError", "TableSpec", "connect", "faults", "fit", "policies", "to_host",
+    "ShardContext", "ShardFailedError", "TableSpec", "check_indices", "connect", "faults", "fit", "policies",
+    "to_host",
 ]
 __version__ = "0.1.0"

@@ -50,6 +50,26 @@ def _check_array(name: str, a: Any) -> Any:
     return a
 
 
+def check_indices(name: str, a: Any, upper: int | None = None, upper_name: str | None = None) -> np.ndarray:
+    """``a`` as int64 indices (ids, class labels) in ``[0, upper)``, or ``InvalidInputError``
+    naming ``name``. Integer arrays, or floats with integral values, are accepted."""
+    a = np.asarray(a)
+    if a.dtype.kind == "f":
+        if not np.isfinite(a).all():
+            raise InvalidInputError(f"{name} contain NaN or infinite values")
+        if not (a == np.round(a)).all():
+            raise InvalidInputError(f"{name} must be integers, got values like {a[a != np.round(a)][:3].tolist()}")
+    elif a.dtype.kind not in "biu":
+        raise InvalidInputError(f"{name} must be integers, got dtype {a.dtype}")
+    a = a.astype(np.int64)
+    if a.size and a.min() < 0:
+        raise InvalidInputError(f"{name} must be >= 0, got {int(a.min())}")
+    if upper is not None and a.size and a.max() >= upper:
+        bound = f"{upper_name}={upper}" if upper_name else f"{upper}"
+        raise InvalidInputError(f"{name} must be below {bound}, got {int(a.max())}")
+    return a
+
+
 def _check_bounds(n_rows: int, bounds) -> tuple[tuple[int, int], ...]:
     bounds = tuple((int(a), int(b)) for a, b in bounds)
     if not bounds:
