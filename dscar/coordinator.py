@@ -20,7 +20,8 @@ contributions of the clock.
 
 A lost worker (crash, ttl, or a simulated loss): its running attempts go back
 to TODO; with a checkpoint store, its partitions are restored onto the least
-loaded live workers from the newest published checkpoint (``partial``) or
+loaded live workers from the newest complete checkpoint (``partial``; complete:
+every file durable and verified, published or about to be) or
 every table rolls back (``full``); without one, a lost owner ends the job.
 If the loss happened before the active data phase's updates were applied,
 that phase is run again from its start (its staged updates discarded
@@ -615,7 +616,9 @@ class Coordinator(SchedulerPlugin):
         try:
             cfg = job.ckpt
             full = cfg is not None and cfg.recovery == "full"
-            manifests = list(reversed(job.published)) if cfg is not None else []  # newest first
+            # newest first; a built manifest the driver has not yet published is usable here: every file
+            # it names is written, fsynced and checksummed (publication only makes it visible to resume)
+            manifests = list(reversed(job.published + job.to_publish)) if cfg is not None else []
             self._plan_state_restore(job, range(job.queue.n_shards) if full else held,
                                      manifests[0] if manifests else None)
             restore = [k for k in sorted(job.pmap.owners) if job.kinds[k[0]] == "param"] if full else owned
