@@ -94,7 +94,7 @@ class _Job:
     needs_rebuild: bool = False
     lost: set[str] = field(default_factory=set)
     last_loss: float = 0.0
-    redo: bool = False  # a partition owner was lost before anything was applied: run the clock again
+    redo: bool = False  # a partition owner or shard-state holder was lost before this pass applied: run it again
     epoch: int = 0  # bumped by every recovery: workers drop values pulled before it
     phase_names: list[str] = field(default_factory=lambda: [""])  # data phases of a clock ("" : unnamed)
     data_phase: int = 0  # the data phase the clock is in
@@ -188,6 +188,7 @@ class Coordinator(SchedulerPlugin):
             job.version = int(resume["version"])
             job.clock = int(resume["clock"])
             self._plan_state_restore(job, range(n_shards), resume)
+            job.state_saved = {int(sh): int(resume["clock"]) for sh in resume.get("states", {})}
         self.jobs[job_id] = job
         self._event(job, "job-started", workers=workers, n_shards=n_shards, sharding=sharding,
                     policies=[p.name for p in job.policies],
@@ -259,6 +260,7 @@ class Coordinator(SchedulerPlugin):
                     return {
                         "op": "rebuild" if rebuild else "shard", "job": job.id, "clock": job.clock,
                         "shard": a.shard, "attempt": a.attempt, "fetch_from": a.fetch_from, "backup": a.backup,
+                        "fetch_alt": a.fetch_alt,
                         "owners": job.pmap.to_msg(), "batch_scale": job.batch_scale.get(worker, 1.0),
                         "epoch": job.epoch, "phase": job.phase_names[job.queue.phase_of(a.shard)] or None,
                         "pass": "rebuild" if rebuild else job.data_phase,  # table values differ between passes
@@ -352,12 +354,14 @@ class Coordinator(SchedulerPlugin):
         job = self.jobs.get(job_id)
         if job is None or job.phase not in ("shards", "rebuild") or job.clock != clock or worker in job.lost:
             return {"granted": False}
+        if job.redo:  # a recovery will run this pass again: nothing of it may stick
+            return {"granted": False}
         started = next((a.started for a in job.queue.running_attempts(shard) if a.attempt == attempt), None)
         if started is not None and job.phase == "shards":
             job.monitor.record(worker, time.time() - started)
         granted = job.queue.commit(shard, attempt, worker)
         if granted:
-            job.restore_state.pop(shard, None)  # the committed attempt restored it: it lives on its holder now
+            job.restore_state.pop(shard, None)  # the attempt started from the restored state; it lives on now
             sums = job.timings.setdefault(worker, {})
             for k, v in (timings or {}).items():
                 sums[k] = sums.get(k, 0.0) + float(v)
@@ -550,6 +554,7 @@ class Coordinator(SchedulerPlugin):
         job = self.jobs[job_id]
         job.published, job.built = [manifest], manifest
         job.clock = int(manifest["clock"])
+        job.restore_state.clear()  # planned from the newer manifest, which did not verify
         self._plan_state_restore(job, range(job.queue.n_shards), manifest)
         return {"status": "OK"}
 
@@ -578,7 +583,8 @@ class Coordinator(SchedulerPlugin):
     # ------------------------------------------------------------ recovery
     def _lose(self, job: _Job, worker: str) -> None:
         job.last_loss = time.time()
-        held = job.queue.held_by(worker)
+        moving = {a.shard for a in job.queue.running() if a.fetch_from == worker and not a.backup}
+        held = sorted(set(job.queue.held_by(worker)) | moving)  # shards it held, or was handing over
         state_lost = bool(held) and bool(job.rebuild)  # shard state (if any) went with it: rebuild after
         requeued = job.queue.worker_lost(worker)
         job.monitor.forget(worker)
@@ -694,7 +700,7 @@ class Coordinator(SchedulerPlugin):
         """Discard the clock's staged updates on every owner and run the clock again (rebuild first if due)."""
         job.redo = False
         live = [w for w in sorted(self.scheduler.workers) if w not in job.lost]  # owners and shard holders
-        redone = list(range(job.queue.n_shards)) if job.phase == "rebuild" else [
+        redone = list(range(job.queue.n_shards)) if job.queue.phase is None else [
             s for s in range(job.queue.n_shards) if job.queue.phase_of(s) == job.data_phase]
         await asyncio.gather(*(self.scheduler.rpc(w).dscar_discard(job_id=job.id, clock=job.clock, shards=redone)
                                for w in live), return_exceptions=True)

@@ -55,6 +55,7 @@ class Attempt:
     started: float
     fetch_from: str | None  # the worker holding the shard's data, if not the taker
     backup: bool = False  # a second attempt: it copies the data, the holder keeps it
+    fetch_alt: str | None = None  # a backup's second source: where the primary is taking the data from
 
 
 @dataclass
@@ -224,7 +225,10 @@ class ShardQueue:
         if any(a.worker == worker for a in s.attempts.values()):
             raise ValueError(f"shard {shard} already runs on {worker}")
         fetch_from = s.holder if s.holder not in (None, worker) else None
-        a = Attempt(shard, s.next_attempt, worker, now, fetch_from, backup=True)
+        # the primary may not have the data yet (or never get it: a hung worker); its source still has it
+        alt = next((p.fetch_from for p in s.attempts.values() if not p.backup and p.fetch_from not in (None, worker)),
+                   None)
+        a = Attempt(shard, s.next_attempt, worker, now, fetch_from, backup=True, fetch_alt=alt)
         s.next_attempt += 1
         s.attempts[a.attempt] = a
         return a

@@ -41,7 +41,8 @@ from .xp import select_namespace, to_device, to_host
 logger = logging.getLogger("dscar.worker")
 
 PLUGIN_NAME = "dscar-paramserver"
-BACKUP_FETCH_WAIT_S = 30.0  # how long a backup waits for the new holder of its shard to receive the data
+BACKUP_FETCH_WAIT_S = 5.0  # how long a backup waits for the new holder of its shard to receive the data
+BACKUP_ALT_WAIT_S = 0.5  # the same, when the primary's source can be asked next
 
 
 @dataclass
@@ -254,8 +255,8 @@ class ParamServer(WorkerPlugin):
         state = {k: to_host(v) for k, v in entry.state.items()}
         return {"status": "OK", "arrays": to_serialize(host), "state": to_serialize(state)}
 
-    def _h_checkpoint(self, job_id: str, version: int, url: str, fraction: float,
-                      storage_options: dict | None = None, state_shards: list | None = None) -> dict:
+    async def _h_checkpoint(self, job_id: str, version: int, url: str, fraction: float,
+                            storage_options: dict | None = None, state_shards: list | None = None) -> dict:
         """Snapshot this worker's param partitions and shard states now; write them in the background.
 
         Each partition saves all its rows (``fraction == 1``) or the ``fraction``
@@ -266,6 +267,9 @@ class ParamServer(WorkerPlugin):
         job = self.jobs.get(job_id)
         if job is None:
             return {"status": "unknown-job"}
+        wanted = set(map(int, state_shards or ()))
+        while wanted & job.committing:  # a granted commit's state is on its way in: save that one
+            await asyncio.sleep(0.002)
         snaps = []
         with self._lock:
             for (table, part), arr in sorted(job.parts.items()):
@@ -417,7 +421,8 @@ class ParamServer(WorkerPlugin):
             self._prepare(job, item)
             self._inject(job, clock, "start", item.get("phase"))
             t0 = time.perf_counter()
-            entry = self._shard_entry(job, shard, item.get("fetch_from"), item.get("backup", False))
+            entry = self._shard_entry(job, shard, item.get("fetch_from"), item.get("backup", False),
+                                      item.get("fetch_alt"))
             if entry is None:
                 lost_data = not item.get("backup", False)  # a backup's miss: the primary still holds the data
                 raise LookupError(f"the data of shard {shard} is on no live worker")
@@ -455,8 +460,9 @@ class ParamServer(WorkerPlugin):
                             entry.prev_state, entry.state_clock = dict(entry.state), clock
                             entry.state = {**entry.state, **ctx.new_state}
                         job.shards[shard] = entry
-                    elif job.shards.get(shard) is entry:
-                        del job.shards[shard]  # another attempt won: its data and state are the shard's now
+                    # refused: another attempt won, or a recovery restarts the pass. The copy stays: if
+                    # this worker is still the holder it is the shard's; if not, it is dropped as stale
+                    # the next time this worker is sent to fetch the shard elsewhere (_shard_entry)
             finally:
                 with self._lock:
                     job.committing.discard(shard)
@@ -490,7 +496,8 @@ class ParamServer(WorkerPlugin):
         entry.state = {k: job.xp.asarray(v) for k, v in state.items()}
         entry.prev_state, entry.state_clock = None, -1
 
-    def _shard_entry(self, job: Job, shard: int, fetch_from: str | None, backup: bool) -> ShardEntry | None:
+    def _shard_entry(self, job: Job, shard: int, fetch_from: str | None, backup: bool,
+                     fetch_alt: str | None = None) -> ShardEntry | None:
         """The shard's data and state: held here, taken from its holder, or read from the source.
 
         A copy held here while the coordinator names another holder is stale (an attempt of ours
@@ -504,14 +511,18 @@ class ParamServer(WorkerPlugin):
         if entry is not None:
             return entry
         arrays, state = None, {}
-        if fetch_from:
+        sources = [(fetch_from, 0.0)] if not backup else [
+            (fetch_from, BACKUP_ALT_WAIT_S if fetch_alt else BACKUP_FETCH_WAIT_S), (fetch_alt, 0.0)]
+        for source, wait in sources:
+            if not source or arrays is not None:
+                continue
             try:
-                r = self._call(self.worker.rpc(fetch_from).dscar_take_shard, job_id=job.id, shard=shard, keep=backup,
-                               wait=BACKUP_FETCH_WAIT_S if backup else 0.0)
+                r = self._call(self.worker.rpc(source).dscar_take_shard, job_id=job.id, shard=shard, keep=backup,
+                               wait=wait)
                 if r["status"] == "OK":
                     arrays, state = r["arrays"], r["state"]
             except Exception as e:  # the holder is gone: fall back to the source
-                logger.info("could not take shard %s from %s: %r", shard, fetch_from, e)
+                logger.info("could not take shard %s from %s: %r", shard, source, e)
         if arrays is None and job.loader is not None:
             arrays = job.loader.load_shard(shard)
         if arrays is None:
@@ -595,7 +606,7 @@ class ParamServer(WorkerPlugin):
             job = self._job(job_id)
             self._prepare(job, item)
             t0 = time.perf_counter()
-            metrics = job.algorithm.clock_end(ClockEnd(self, job, clock), )
+            metrics = job.algorithm.clock_end(ClockEnd(self, job, clock))
             metrics = {str(k): float(v) for k, v in dict(metrics).items()}
             if "objective" not in metrics:
                 raise ValueError(f"{type(job.algorithm).__name__}.clock_end returned no 'objective'")

@@ -307,3 +307,14 @@ def test_worker_lost_requeues_only_active_attempts_and_snapshot_keeps_the_phase(
     r.check()
     assert r.phase == 1 and r.phase_sizes == (2, 3) and r.counts() == q.counts()
     assert [r.status(i) for i in range(5)] == [q.status(i) for i in range(5)]
+
+
+def test_a_backup_of_a_moving_shard_can_also_copy_from_the_primary_s_source():
+    q = queue(4)
+    primary = q.next_shard("c", 0)  # c steals from a: the data moves a -> c with the attempt
+    assert primary.fetch_from in ("a", "b")
+    source = primary.fetch_from
+    backup = q.start_backup(primary.shard, "d", 1)
+    assert backup.fetch_from == "c" and backup.fetch_alt == source  # c may never receive it (hung)
+    local = q.next_shard("a", 0) if source == "a" else q.next_shard("b", 0)
+    assert q.start_backup(local.shard, "d", 1).fetch_alt is None  # nothing in flight: one source
