@@ -166,7 +166,7 @@ class Coordinator(SchedulerPlugin):
     def _h_start_job(self, job_id: str, spec: bytes, n_shards: int, reloadable: bool, tables: list,
                      max_failures: int = 3, sharding: str = "dynamic", policies: bytes | None = None,
                      monitor: dict | None = None, checkpoint: dict | None = None, rebuild: list | None = None,
-                     resume: dict | None = None, owners: list | None = None, phases: list | None = None) -> dict:
+                     resume: dict | None = None, phases: list | None = None) -> dict:
         busy = [j.id for j in self.jobs.values() if j.phase != "failed" and j.id != job_id]
         if busy:
             return {"status": "busy", "jobs": busy}

@@ -93,3 +93,13 @@ def quick_bench(tmp_path_factory):
         return r.stdout, json.loads(out.read_text()), png
 
     return run
+
+
+@pytest.fixture(scope="module")
+def one_blas_thread():
+    """One BLAS thread for a test module: on a busy 2-core machine a second OpenBLAS thread only
+    spins on small matrices."""
+    from threadpoolctl import threadpool_limits
+
+    with threadpool_limits(1, user_api="blas"):
+        yield

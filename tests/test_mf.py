@@ -15,13 +15,7 @@ from dscar import faults
 NOISE = 0.5
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_blas_thread():
-    """Small batched solves: a second OpenBLAS thread only spins on a busy 2-core machine."""
-    from threadpoolctl import threadpool_limits
-
-    with threadpool_limits(1, user_api="blas"):
-        yield
+pytestmark = pytest.mark.usefixtures("one_blas_thread")  # small batched solves
 
 
 @pytest.fixture(scope="module")

@@ -17,13 +17,7 @@ L2 = 1e-3
 DIGITS = dict(l2=L2, lr=1.0, decay=0.05, momentum=0.7, batch_size=32, steps=24)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_blas_thread():
-    """Tiny matrices: OpenBLAS threads only spin on a busy 2-core machine (lbfgs on digits: 15 s vs 0.2 s)."""
-    from threadpoolctl import threadpool_limits
-
-    with threadpool_limits(1, user_api="blas"):
-        yield
+pytestmark = pytest.mark.usefixtures("one_blas_thread")  # tiny matrices (lbfgs on digits: 15 s vs 0.2 s)
 
 
 @pytest.fixture(scope="module")
