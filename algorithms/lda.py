@@ -596,12 +596,12 @@ class LDAGibbs(Algorithm):
 
     def validate(self, meta: DataMeta) -> None:
         if "X" not in meta.shapes:
-            raise InvalidInputError("LDA needs the array 'X' (documents x vocabulary counts); use algorithms.lda.lda_data")
+            raise InvalidInputError("LDA needs the array 'X' (documents x vocabulary counts); use dscar.algorithms.lda.lda_data")
         if len(meta.shapes["X"]) != 1 or meta.shapes["X"][0] < 1:
             raise InvalidInputError(f"X must be 2-D (documents x vocabulary); its rows have shape {meta.shapes['X']}")
         if np.dtype(meta.dtypes["X"]).kind not in "iu":
             raise InvalidInputError(
-                f"X must hold integer counts, not {meta.dtypes['X']}; convert with algorithms.lda.lda_data"
+                f"X must hold integer counts, not {meta.dtypes['X']}; convert with dscar.algorithms.lda.lda_data"
             )
 
     def tables(self, meta: DataMeta) -> list[TableSpec]:

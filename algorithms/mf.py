@@ -206,7 +206,7 @@ class ALS(Algorithm):
         missing = [k for k in self.data_names if k not in meta.shapes]
         if missing:
             raise InvalidInputError(f"ALS needs arrays {list(self.data_names)} in each phase; missing {missing} "
-                                    "(algorithms.mf.ratings_data builds them)")
+                                    "(dscar.algorithms.mf.ratings_data builds them)")
         bad = {k: meta.shapes[k] for k in (*self.data_names, "test") if meta.shapes.get(k, ()) != ()}
         if bad:
             raise InvalidInputError(f"ALS arrays must be 1-D; got rows of shape {bad}")
@@ -464,7 +464,7 @@ class MF(dscar.EstimatorMixin):
 
 # ------------------------------------------------------------------ CLI
 class MFCommand:
-    """``dscar run mf``: ALS on synthetic explicit ratings (``algorithms.datasets.make_ratings``)."""
+    """``dscar run mf``: ALS on synthetic explicit ratings (``dscar.algorithms.datasets.make_ratings``)."""
 
     help = "explicit matrix factorization by ALS (synthetic rank-k ratings with a held-out split)"
 

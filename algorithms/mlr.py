@@ -155,7 +155,7 @@ class MLRSGD(Algorithm):
             raise InvalidInputError(f"y must be 1-D with one label per row of X; its rows have shape {meta.shapes['y']}")
         if np.dtype(meta.dtypes["y"]).kind not in "iu":
             raise InvalidInputError(f"labels y must be integer class indices, got dtype {meta.dtypes['y']} "
-                                    "(algorithms.mlr.check_labels converts and checks them)")
+                                    "(dscar.algorithms.mlr.check_labels converts and checks them)")
 
     def tables(self, meta: DataMeta) -> list[TableSpec]:
         p, K = meta.shapes["X"][0], self.n_classes
@@ -374,7 +374,7 @@ class MLRCommand:
 
     def add_arguments(self, g) -> None:
         g.add_argument("--rows", type=int, default=0,
-                       help="rows of a generated problem (algorithms.datasets.make_classification); "
+                       help="rows of a generated problem (dscar.algorithms.datasets.make_classification); "
                             "0: scikit-learn's digits, standardised (default)")
         g.add_argument("--features", type=int, default=100, help="features of the generated problem (default 100)")
         g.add_argument("--classes", type=int, default=10, help="classes of the generated problem (default 10)")

@@ -12,7 +12,7 @@ the driver (outside every timing) and every solver fits with
 same Lasso as ``fit_intercept=True`` on the raw data, with intercept 0).
 Datasets:
 
-* ``synthetic``: ``algorithms.datasets.make_regression(100_000, 1000, 50,
+* ``synthetic``: ``dscar.algorithms.datasets.make_regression(100_000, 1000, 50,
   noise=1, rho=0, seed=0)``, ``alpha = 0.0045 alpha_max`` (84 non-zeros);
 * ``diabetes``: ``sklearn.datasets.load_diabetes`` (442 x 10),
   ``alpha = 0.01 alpha_max``.
@@ -151,7 +151,7 @@ def duality_gap(d: Dataset, coef: np.ndarray) -> tuple[float, float]:
 
 
 def centred(name: str, X: np.ndarray, y: np.ndarray, alpha_ratio: float, info: dict) -> Dataset:
-    from algorithms.datasets import lasso_alpha_max
+    from dscar.algorithms.datasets import lasso_alpha_max
 
     X = np.ascontiguousarray(X - X.mean(axis=0), dtype=np.float64)
     y = np.asarray(y - y.mean(), dtype=np.float64)
@@ -163,7 +163,7 @@ def centred(name: str, X: np.ndarray, y: np.ndarray, alpha_ratio: float, info: d
 def make_datasets(quick: bool) -> list[Dataset]:
     from sklearn.datasets import load_diabetes
 
-    from algorithms.datasets import make_regression
+    from dscar.algorithms.datasets import make_regression
 
     n, p, k = (5_000, 200, 20) if quick else (100_000, 1000, 50)
     X, y, _ = make_regression(n, p, k, noise=1.0, rho=0.0, seed=0)
@@ -233,7 +233,7 @@ def run_skglm(d: Dataset, tol: float) -> Fit:
 
 def run_dscar(cl, d: Dataset, tol: float) -> Fit:
     import dscar
-    from algorithms.lasso import LassoCD
+    from dscar.algorithms.lasso import LassoCD
 
     t = time.perf_counter()
     res = dscar.fit(LassoCD(d.alpha, tol=tol, fit_intercept=False), {"X": d.X, "y": d.y}, cl,

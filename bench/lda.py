@@ -9,7 +9,7 @@ from its own random start, seed 1:
 * tokens sampled per second: ``tokens x sweeps / sampling time``;
 * final log-likelihood per token: the complete-data log p(w, z) of the
   sampler's final assignments, computed here by ONE formula for every sampler
-  (``algorithms.lda.loglikelihood``; for ``lda`` it equals
+  (``dscar.algorithms.lda.loglikelihood``; for ``lda`` it equals
   ``lda.LDA.loglikelihood()``), with the corpus's vocabulary size V.
 
 Corpora: ``lda``'s Reuters (395 docs, 4,258 words, 84,010 tokens) and a
@@ -58,8 +58,8 @@ import numpy as np
 import scipy.sparse as sp
 
 import dscar
-from algorithms import corpora
-from algorithms.lda import LDAGibbs, lda_data, loglikelihood
+from dscar.algorithms import corpora
+from dscar.algorithms.lda import LDAGibbs, lda_data, loglikelihood
 from bench.common import machine_info, write_json
 
 ALPHA, BETA = 0.1, 0.01

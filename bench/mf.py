@@ -6,9 +6,9 @@ For every solver, in one run, side by side on the same data: the wall time per
 iteration (median over the iterations; an ALS iteration solves every user row
 then every item row) and the test RMSE after ``--iters`` iterations.
 
-Data: ``algorithms.datasets.make_ratings`` (a planted rank-20 model with user /
+Data: ``dscar.algorithms.datasets.make_ratings`` (a planted rank-20 model with user /
 item biases, power-law activity, rating noise ``N(0, 0.5^2)``: the best
-reachable test RMSE is 0.5), split by ``algorithms.mf.train_test_split`` (20 %
+reachable test RMSE is 0.5), split by ``dscar.algorithms.mf.train_test_split`` (20 %
 held out, warm users and items only):
 
 * ``small``: 20k users x 4k items x 500k ratings; ``--quick``: 2k x 500 x 20k;
@@ -17,7 +17,7 @@ held out, warm users and items only):
 Solvers (rank 20 everywhere; regularization ``REG`` weighted by each row's
 rating count, the weighted-lambda form both dscar's and lenskit's ALS use):
 
-* ``dscar-2w-64`` / ``dscar-2w-32``: ``algorithms.mf.ALS`` (biases learned jointly,
+* ``dscar-2w-64`` / ``dscar-2w-32``: ``dscar.algorithms.mf.ALS`` (biases learned jointly,
   weighted reg; ``dtype`` float64, or float32 for the Gram matrices as lenskit) on an
   embedded cluster of 2 worker processes (one BLAS thread each), 8 shards per
   phase. Time per iteration: the clock's wall time seen by the driver
@@ -88,8 +88,8 @@ class Result:
 
 
 def make_datasets(quick: bool) -> list[Dataset]:
-    from algorithms.datasets import make_ratings
-    from algorithms.mf import train_test_split
+    from dscar.algorithms.datasets import make_ratings
+    from dscar.algorithms.mf import train_test_split
 
     sizes = [("small", 2_000, 500, 20_000)] if quick else [("small", 20_000, 4_000, 500_000),
                                                             ("large", 100_000, 20_000, 5_000_000)]
@@ -107,7 +107,7 @@ def _rmse(pred: np.ndarray, r: np.ndarray) -> float:
 
 def run_dscar(cl, d: Dataset, iters: int, dtype: str) -> Result:
     import dscar
-    from algorithms.mf import ALS, ratings_data
+    from dscar.algorithms.mf import ALS, ratings_data
 
     mean = float(d.train[2].mean())
     algo = ALS(d.n_users, d.n_items, RANK, reg=REG, mean=mean, tol=1e-12, dtype=dtype)

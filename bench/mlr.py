@@ -18,7 +18,7 @@ Datasets (fixed train/test splits):
 * ``digits``: ``sklearn.datasets.load_digits``, stratified 75/25 split
   (``random_state=0``), standardised with the training split's mean and
   standard deviation (constant pixels: scale 1); 1347 x 64, 10 classes; ``l2 = 1e-3``.
-* ``synthetic``: ``algorithms.datasets.make_classification(250_000, 100, 10, seed=0)``
+* ``synthetic``: ``dscar.algorithms.datasets.make_classification(250_000, 100, 10, seed=0)``
   (a true multinomial logistic model, Gaussian features), rows 0..200k train,
   the last 50k test; ``l2 = 1e-4``. ``--quick``: 25k rows (20k train) x 50.
 
@@ -33,7 +33,7 @@ Solvers
   multinomial one: its objective is a different function, so "reached" does not
   apply; its multinomial ``P`` (softmax of its decision function) is shown for
   information, and its time is that of its own stopping rule.
-* ``dscar-1w`` / ``dscar-2w``: ``algorithms.mlr.MLRSGD`` on embedded clusters of
+* ``dscar-1w`` / ``dscar-2w``: ``dscar.algorithms.mlr.MLRSGD`` on embedded clusters of
   1 and 2 worker processes, 8 shards in both (so both run the same algorithm and,
   being deterministic, the same clocks), stopping at the first clock whose
   measured objective (of the clock-start model, over all rows) is <= the
@@ -106,7 +106,7 @@ class Dataset:
         return int(self.y.max()) + 1
 
     def objective(self, W: np.ndarray, b: np.ndarray) -> float:
-        from algorithms.mlr import objective
+        from dscar.algorithms.mlr import objective
 
         return objective(self.X, self.y, W, b, self.l2)
 
@@ -118,8 +118,8 @@ class Dataset:
 
 
 def make_datasets(quick: bool) -> list[Dataset]:
-    from algorithms.datasets import make_classification
-    from algorithms.mlr import load_digits_split
+    from dscar.algorithms.datasets import make_classification
+    from dscar.algorithms.mlr import load_digits_split
 
     Xtr, Xte, ytr, yte = load_digits_split(test_size=0.25, seed=0)
     digits = Dataset("digits", Xtr, ytr, Xte, yte, 1e-3,
@@ -143,7 +143,7 @@ def reference(d: Dataset) -> None:
     """``P*`` from a tight lbfgs solve, with the gradient norm of ``P`` there."""
     from sklearn.linear_model import LogisticRegression
 
-    from algorithms.mlr import MLRSGD
+    from dscar.algorithms.mlr import MLRSGD
 
     t = time.perf_counter()
     with warnings.catch_warnings():
@@ -193,7 +193,7 @@ def run_sgd(d: Dataset) -> Fit:
 
 def run_dscar(cl, d: Dataset) -> Fit:
     import dscar
-    from algorithms.mlr import MLRSGD
+    from dscar.algorithms.mlr import MLRSGD
 
     target = d.ref["P_star"] * (1 + TARGET)
     algo = MLRSGD(d.n_classes, l2=d.l2, target=target, **d.dscar)

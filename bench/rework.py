@@ -66,7 +66,7 @@ also the stopping rule (``MLRSGD(target=...)``), so both views coincide and
 only the first is printed. Its tables ``W`` and ``V`` (momentum) have no
 rebuild: a rollback really rolls the model back.
 
-MF (matrix factorization by ALS, ``algorithms.mf``, on a small synthetic
+MF (matrix factorization by ALS, ``dscar.algorithms.mf``, on a small synthetic
 ratings problem, the same in both sizes; run only when named: ``--algo mf``):
 threshold = the training objective within ``eps`` (1e-5, relative) of the
 failure-free run's converged value, read from one failure-free run (in-process,
@@ -142,8 +142,8 @@ from typing import Any, Callable
 import numpy as np
 
 import dscar
-from algorithms.lda import LDAGibbs
-from algorithms.mf import ALS
+from dscar.algorithms.lda import LDAGibbs
+from dscar.algorithms.mf import ALS
 from bench.common import clean, load_average, log, machine_info, pyplot, write_json
 from dscar import faults
 
@@ -197,8 +197,8 @@ def first_clock_below(objective: list, level: float) -> int | None:
 
 
 def lasso_problem(quick: bool) -> Problem:
-    from algorithms.datasets import lasso_alpha_max, make_regression
-    from algorithms.lasso import LassoCD
+    from dscar.algorithms.datasets import lasso_alpha_max, make_regression
+    from dscar.algorithms.lasso import LassoCD
 
     # A working set smaller than the support makes block CD take many clocks. The relative duality
     # gap falls ~1.3x per clock down to ~1e-4 and then stalls on rounding noise near 1e-8 (the gap
@@ -234,8 +234,8 @@ class LDAToTarget(LDAGibbs):
 
 
 def lda_problem(quick: bool) -> Problem:
-    from algorithms import corpora
-    from algorithms.lda import lda_data
+    from dscar.algorithms import corpora
+    from dscar.algorithms.lda import lda_data
 
     # A corpus drawn from the LDA model levels off within a few dozen sweeps (measured, 8 shards: quick
     # at clock ~25, full at ~40); on the plateau the log-likelihood wobbles by ~0.1 % from clock to clock.
@@ -273,7 +273,7 @@ def mlr_problem(quick: bool) -> Problem:
     from threadpoolctl import threadpool_limits
     from sklearn.linear_model import LogisticRegression
 
-    from algorithms.mlr import MLRSGD, load_digits_split, objective
+    from dscar.algorithms.mlr import MLRSGD, load_digits_split, objective
 
     Xtr, _, ytr, _ = load_digits_split()
     # local SGD as tests/test_mlr.py and bench/mlr.py run it: 8 shards, 24 steps of 32 rows, momentum 0.7;
@@ -309,8 +309,8 @@ MF_REFERENCE_TOL = 1e-10  # relative change of the objective at which the conver
 
 
 def mf_problem(quick: bool) -> Problem:
-    from algorithms.datasets import make_ratings
-    from algorithms.mf import ratings_data
+    from dscar.algorithms.datasets import make_ratings
+    from dscar.algorithms.mf import ratings_data
 
     # Sparse ratings (12 per user on average) of a planted rank-4 model, fitted at rank 4: from its small random
     # start ALS leaves a saddle in ~10 clocks, then the objective falls geometrically to its converged value

@@ -194,8 +194,8 @@ OPTIONAL_KINDS = ("lda", "mlr", "mf")
 
 
 def make_workloads(quick: bool, only: set[str] | None) -> list[Workload]:
-    from algorithms.datasets import lasso_alpha_max, make_regression
-    from algorithms.lasso import LassoCD
+    from dscar.algorithms.datasets import lasso_alpha_max, make_regression
+    from dscar.algorithms.lasso import LassoCD
 
     out = []
     n_rows = 3200
@@ -226,8 +226,8 @@ def make_workloads(quick: bool, only: set[str] | None) -> list[Workload]:
 
 
 def lda_workload(quick: bool, clocks: int) -> Workload:
-    from algorithms import corpora
-    from algorithms.lda import LDAGibbs, lda_data
+    from dscar.algorithms import corpora
+    from dscar.algorithms.lda import LDAGibbs, lda_data
 
     docs, vocab, length, topics = (600, 1000, 100, 20) if quick else (4000, 4000, 200, 50)
     corpus = corpora.synthetic(docs, vocab, length, topics, seed=0)
@@ -238,8 +238,8 @@ def lda_workload(quick: bool, clocks: int) -> Workload:
 
 
 def mlr_workload(quick: bool, clocks: int) -> Workload:
-    from algorithms.datasets import make_classification
-    from algorithms.mlr import MLRSGD
+    from dscar.algorithms.datasets import make_classification
+    from dscar.algorithms.mlr import MLRSGD
 
     n, p, k, batch, steps = (8_192, 64, 10, 256, 16) if quick else (16_384, 128, 10, 512, 32)
     X, y, _ = make_classification(n, p, k, seed=0)
@@ -250,8 +250,8 @@ def mlr_workload(quick: bool, clocks: int) -> Workload:
 
 
 def mf_workload(quick: bool, clocks: int) -> Workload:
-    from algorithms.datasets import make_ratings
-    from algorithms.mf import ALS, ratings_data
+    from dscar.algorithms.datasets import make_ratings
+    from dscar.algorithms.mf import ALS, ratings_data
 
     users, items, n, rank = (4_000, 1_000, 80_000, 10) if quick else (10_000, 2_000, 250_000, 20)
     per_phase = 16  # two data phases (users, then items): 2 x 16 shard steps per clock, as many as the others' 32

@@ -82,7 +82,7 @@ def test_bad_flags_give_a_clear_error():
 def test_run_lasso_against_a_separately_started_scheduler_and_workers(tmp_path):
     sched_file = tmp_path / "scheduler.json"
     env = dict(os.environ, DASK_DISTRIBUTED__SCHEDULER__WORKER_TTL="10s")
-    procs = [subprocess.Popen(["dask", "scheduler", "--scheduler-file", str(sched_file), "--port", "0",
+    procs = [subprocess.Popen([sys.executable, "-m", "dask", "scheduler", "--scheduler-file", str(sched_file), "--port", "0",
                                "--no-dashboard"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)]
     try:
         deadline = time.monotonic() + 60
@@ -91,7 +91,7 @@ def test_run_lasso_against_a_separately_started_scheduler_and_workers(tmp_path):
         time.sleep(0.2)
         address = json.loads(sched_file.read_text())["address"]
         for _ in range(2):
-            procs.append(subprocess.Popen(["dask", "worker", "--scheduler-file", str(sched_file), "--nthreads", "1",
+            procs.append(subprocess.Popen([sys.executable, "-m", "dask", "worker", "--scheduler-file", str(sched_file), "--nthreads", "1",
                                            "--no-dashboard"], env=env, stdout=subprocess.DEVNULL,
                                           stderr=subprocess.DEVNULL))
         from distributed import Client

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 import dscar
-from algorithms.datasets import lasso_alpha_max, make_regression
-from algorithms.lasso import LassoCD
+from dscar.algorithms.datasets import lasso_alpha_max, make_regression
+from dscar.algorithms.lasso import LassoCD
 from conftest import RowCounter, assert_exactly_once, row_data
 from dscar import TableSpec
 

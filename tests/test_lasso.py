@@ -6,8 +6,8 @@ from sklearn.datasets import load_diabetes
 from sklearn.linear_model import Lasso as SkLasso
 
 import dscar
-from algorithms.datasets import lasso_alpha_max, make_regression
-from algorithms.lasso import Lasso, LassoCD, gram_cd, next_working_set
+from dscar.algorithms.datasets import lasso_alpha_max, make_regression
+from dscar.algorithms.lasso import Lasso, LassoCD, gram_cd, next_working_set
 
 
 def objective(X, y, w, b, alpha):

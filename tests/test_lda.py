@@ -1,4 +1,4 @@
-"""LDA by distributed collapsed Gibbs sampling (algorithms.lda): sampler, count invariants, rebuild, accuracy."""
+"""LDA by distributed collapsed Gibbs sampling (dscar.algorithms.lda): sampler, count invariants, rebuild, accuracy."""
 import logging
 
 import numpy as np
@@ -6,8 +6,8 @@ import pytest
 import scipy.sparse as sp
 
 import dscar
-from algorithms import corpora
-from algorithms.lda import (
+from dscar.algorithms import corpora
+from dscar.algorithms.lda import (
     LDA,
     LDAGibbs,
     chunk_bounds,

@@ -8,8 +8,8 @@ import pytest
 import scipy.sparse as sp
 
 import dscar
-from algorithms.datasets import make_ratings
-from algorithms.mf import ALS, CLI, MF, group_bounds, ratings_data, reference_als, rmse, train_test_split
+from dscar.algorithms.datasets import make_ratings
+from dscar.algorithms.mf import ALS, CLI, MF, group_bounds, ratings_data, reference_als, rmse, train_test_split
 from dscar import faults
 
 NOISE = 0.5
@@ -155,7 +155,7 @@ def test_dscar_run_mf():
     r = subprocess.run([sys.executable, "-m", "dscar", "run", "mf", "--workers", "2", "--max-clocks", "6",
                         "--users", "500", "--items", "200", "--ratings", "20000", "--no-progress"],
                        capture_output=True, text=True, timeout=120)
-    if "ModuleNotFoundError" in r.stderr and "load_models" in r.stderr and "algorithms.mf" not in r.stderr:
+    if "ModuleNotFoundError" in r.stderr and "load_models" in r.stderr and "dscar.algorithms.mf" not in r.stderr:
         pytest.skip(f"another model's entry point does not load: {r.stderr.strip().splitlines()[-1]}")
     assert r.returncode in (0, 1), r.stderr  # 1: stopped at --max-clocks before converging
     assert "dscar run mf: synthetic ratings 500 users x 200 items" in r.stdout

@@ -8,8 +8,8 @@ import pytest
 from sklearn.linear_model import LogisticRegression
 
 import dscar
-from algorithms.datasets import make_classification
-from algorithms.mlr import MLR, CLI, MLRSGD, check_labels, load_digits_split, objective
+from dscar.algorithms.datasets import make_classification
+from dscar.algorithms.mlr import MLR, CLI, MLRSGD, check_labels, load_digits_split, objective
 from dscar import faults
 
 # digits settings (also bench/mlr.py's): 8 shards, 24 local steps of 32 rows, heavy-ball 0.7
@@ -227,7 +227,7 @@ def test_cli_builds_digits_and_synthetic():
 def test_dscar_run_mlr():
     r = subprocess.run([sys.executable, "-m", "dscar", "run", "mlr", "--workers", "2", "--max-clocks", "8",
                         "--no-progress"], capture_output=True, text=True, timeout=120)
-    if "ModuleNotFoundError" in r.stderr and "load_models" in r.stderr and "algorithms.mlr" not in r.stderr:
+    if "ModuleNotFoundError" in r.stderr and "load_models" in r.stderr and "dscar.algorithms.mlr" not in r.stderr:
         pytest.skip(f"another model's entry point does not load: {r.stderr.strip().splitlines()[-1]}")
     assert r.returncode in (0, 1), r.stderr  # 1: stopped at --max-clocks before converging
     assert "dscar run mlr: scikit-learn digits" in r.stdout

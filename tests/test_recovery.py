@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 import dscar
-from algorithms.datasets import lasso_alpha_max, make_regression
-from algorithms.lasso import LassoCD
+from dscar.algorithms.datasets import lasso_alpha_max, make_regression
+from dscar.algorithms.lasso import LassoCD
 from dscar import CheckpointConfig, faults
 from dscar import checkpoint as ckpt
 from conftest import RowCounter, row_data
