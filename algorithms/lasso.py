@@ -35,17 +35,13 @@ class LassoCD(Algorithm):
 
     def __init__(self, alpha: float = 1.0, *, fit_intercept: bool = True, tol: float = 1e-6,
                  max_working_set: int = 1024, working_set_start: int = 64):
-        if not np.isfinite(alpha) or alpha < 0:
-            raise InvalidInputError(f"alpha must be a finite number >= 0, got {alpha}")
-        if not (np.isfinite(tol) and tol > 0):
-            raise InvalidInputError(f"tol must be > 0, got {tol}")
-        if max_working_set < 1 or working_set_start < 1:
-            raise InvalidInputError("max_working_set and working_set_start must be >= 1")
-        self.alpha = float(alpha)
-        self.fit_intercept = bool(fit_intercept)
-        self.tol = float(tol)
-        self.max_working_set = int(max_working_set)
-        self.working_set_start = int(working_set_start)
+        from dscar import validation as v
+
+        self.alpha = v.number("alpha", alpha, 0.0)
+        self.fit_intercept = v.boolean("fit_intercept", fit_intercept)
+        self.tol = v.number("tol", tol, 0.0, strict_min=True)
+        self.max_working_set = v.integer("max_working_set", max_working_set, 1)
+        self.working_set_start = v.integer("working_set_start", working_set_start, 1)
 
     # ----------------------------------------------------------- setup
     def validate(self, meta: DataMeta) -> None:
@@ -238,7 +234,7 @@ class Lasso(dscar.EstimatorMixin):
 
     def __init__(self, alpha: float = 1.0, *, fit_intercept: bool = True, tol: float = 1e-6,
                  max_iter: int = 200, cluster=None, n_workers: int = 2, n_shards: int | None = None,
-                 progress: bool | None = False):
+                 progress: bool | None = None):
         self.alpha = alpha
         self.fit_intercept = fit_intercept
         self.tol = tol
@@ -250,8 +246,10 @@ class Lasso(dscar.EstimatorMixin):
 
     def fit(self, X, y) -> "Lasso":
         algo = LassoCD(self.alpha, fit_intercept=self.fit_intercept, tol=self.tol)
-        res = dscar.fit(algo, {"X": X, "y": y}, self.cluster, n_workers=self.n_workers,
-                        n_shards=self.n_shards, max_clocks=self.max_iter, progress=self.progress)
+        opts = self._engine_options()
+        res = dscar.fit(algo, {"X": X, "y": y}, self.cluster, n_workers=opts["n_workers"],
+                        n_shards=opts["n_shards"], max_clocks=opts["max_iter"], progress=opts["progress"])
+        self._warn_unconverged(res)
         self.coef_ = res.params["w"]
         moments, n_rows = res.params["moments"], np.shape(X)[0]
         if self.fit_intercept:
@@ -274,14 +272,16 @@ class LassoCommand:
     help = "Lasso by data-parallel block coordinate descent (generated data unless --data is given)"
 
     def add_arguments(self, g) -> None:
+        from dscar.validation import arg_float, arg_int
+
         g.add_argument("--data", metavar="PATH_OR_URL", help="directory of X.npy and y.npy (or .npz shards)")
-        g.add_argument("--rows", type=int, default=20_000, help="rows of the generated dataset (default 20000)")
-        g.add_argument("--features", type=int, default=500, help="features of the generated dataset (default 500)")
-        g.add_argument("--informative", type=int, default=25, help="true non-zero coefficients (default 25)")
-        g.add_argument("--noise", type=float, default=1.0, help="noise standard deviation (default 1)")
-        g.add_argument("--rho", type=float, default=0.0, help="AR(1) correlation between features (default 0)")
-        g.add_argument("--alpha", type=float, help="L1 penalty (default: --alpha-ratio x alpha_max)")
-        g.add_argument("--alpha-ratio", type=float, default=0.01, help="alpha as a fraction of alpha_max (default 0.01)")
+        g.add_argument("--rows", type=arg_int(1), default=20_000, help="rows of the generated dataset (default 20000)")
+        g.add_argument("--features", type=arg_int(1), default=500, help="features of the generated dataset (default 500)")
+        g.add_argument("--informative", type=arg_int(0), default=25, help="true non-zero coefficients (default 25)")
+        g.add_argument("--noise", type=arg_float(0), default=1.0, help="noise standard deviation (default 1)")
+        g.add_argument("--rho", type=arg_float(0, 0.999), default=0.0, help="AR(1) correlation between features (default 0)")
+        g.add_argument("--alpha", type=arg_float(0), help="L1 penalty (default: --alpha-ratio x alpha_max)")
+        g.add_argument("--alpha-ratio", type=arg_float(0, strict_min=True), default=0.01, help="alpha as a fraction of alpha_max (default 0.01)")
 
     def build(self, args):
         from .datasets import lasso_alpha_max, make_regression

@@ -909,7 +909,7 @@ class LDA(dscar.EstimatorMixin):
 
     def __init__(self, n_topics: int = 10, *, alpha: float | Sequence[float] = 0.1, beta: float = 0.01,
                  n_iter: int = 200, seed: int = 0, early_stop: bool = False, tol: float = 1e-4,
-                 cluster=None, n_workers: int = 2, n_shards: int | None = None, progress: bool | None = False):
+                 cluster=None, n_workers: int = 2, n_shards: int | None = None, progress: bool | None = None):
         self.n_topics = n_topics
         self.alpha = alpha
         self.beta = beta
@@ -927,8 +927,8 @@ class LDA(dscar.EstimatorMixin):
                         early_stop=self.early_stop)
 
     def fit(self, X, y=None, *, vocab: Sequence[str] | None = None) -> "LDA":
-        if not isinstance(self.n_iter, (int, np.integer)) or self.n_iter < 1:
-            raise InvalidInputError(f"n_iter must be an integer >= 1, got {self.n_iter!r}")
+        n_iter = dscar.validation.integer("n_iter", self.n_iter, 1)
+        opts = self._engine_options()
         algo = self._algorithm()
         data = lda_data(X)
         if vocab is not None and len(vocab) != data["X"].shape[1]:
@@ -937,8 +937,10 @@ class LDA(dscar.EstimatorMixin):
         if n_shards is None:
             n_shards = self.n_workers if self.cluster is None else _n_workers(self.cluster)
             n_shards = max(1, min(n_shards, data["X"].shape[0]))
-        res = dscar.fit(algo, data, self.cluster, n_workers=self.n_workers, n_shards=n_shards,
-                        max_clocks=self.n_iter + 1, progress=self.progress)
+        res = dscar.fit(algo, data, self.cluster, n_workers=opts["n_workers"], n_shards=n_shards,
+                        max_clocks=n_iter + 1, progress=opts["progress"])
+        if self.early_stop:  # without early stopping, n_iter sweeps is the plan, not a limit hit
+            self._warn_unconverged(res, "n_iter")
         self.word_topic_ = res.params["word_topic"]
         self.doc_topic_counts_ = res.params["doc_topic"]
         a, b = algo.alphas(), algo.beta
@@ -1007,14 +1009,16 @@ class LDACommand:
     help = "LDA by distributed collapsed Gibbs sampling (Reuters by default, or --synthetic)"
 
     def add_arguments(self, g) -> None:
-        g.add_argument("--topics", "-K", type=int, default=20, help="number of topics K (default 20)")
-        g.add_argument("--alpha", type=float, default=0.1, help="document-topic Dirichlet prior (default 0.1)")
-        g.add_argument("--beta", type=float, default=0.01, help="topic-word Dirichlet prior (default 0.01)")
+        from dscar.validation import arg_float, arg_int
+
+        g.add_argument("--topics", "-K", type=arg_int(1), default=20, help="number of topics K (default 20)")
+        g.add_argument("--alpha", type=arg_float(0, strict_min=True), default=0.1, help="document-topic Dirichlet prior (default 0.1)")
+        g.add_argument("--beta", type=arg_float(0, strict_min=True), default=0.01, help="topic-word Dirichlet prior (default 0.01)")
         g.add_argument("--synthetic", action="store_true", help="a corpus drawn from the LDA model instead of Reuters")
-        g.add_argument("--docs", type=int, default=5000, help="synthetic: documents (default 5000)")
-        g.add_argument("--vocab", type=int, default=10_000, help="synthetic: vocabulary size (default 10000)")
-        g.add_argument("--doc-length", type=int, default=100, help="synthetic: tokens per document (default 100)")
-        g.add_argument("--true-topics", type=int, default=None, help="synthetic: topics of the generating model (default K)")
+        g.add_argument("--docs", type=arg_int(1), default=5000, help="synthetic: documents (default 5000)")
+        g.add_argument("--vocab", type=arg_int(1), default=10_000, help="synthetic: vocabulary size (default 10000)")
+        g.add_argument("--doc-length", type=arg_int(1), default=100, help="synthetic: tokens per document (default 100)")
+        g.add_argument("--true-topics", type=arg_int(1), default=None, help="synthetic: topics of the generating model (default K)")
         g.add_argument("--no-early-stop", action="store_true",
                        help="run all --max-clocks (default: stop when the log-likelihood levels off)")
 

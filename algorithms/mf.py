@@ -160,19 +160,11 @@ def _padded(counts: np.ndarray) -> np.ndarray:
 
 
 def _number(name: str, v, *, minimum: float = 0.0, allow_equal: bool = True) -> float:
-    try:
-        v = float(v)
-    except (TypeError, ValueError):
-        raise InvalidInputError(f"{name} must be a number, got {v!r}") from None
-    if not math.isfinite(v) or v < minimum or (v == minimum and not allow_equal):
-        raise InvalidInputError(f"{name} must be a finite number {'>=' if allow_equal else '>'} {minimum}, got {v}")
-    return v
+    return dscar.validation.number(name, v, None if minimum == -math.inf else minimum, strict_min=not allow_equal)
 
 
 def _int(name: str, v, minimum: int = 1) -> int:
-    if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < minimum:
-        raise InvalidInputError(f"{name} must be an integer >= {minimum}, got {v!r}")
-    return int(v)
+    return dscar.validation.integer(name, v, minimum)
 
 
 class ALS(Algorithm):
@@ -400,7 +392,7 @@ class MF(dscar.EstimatorMixin):
     def __init__(self, rank: int = 20, *, reg: float = 0.1, reg_mode: str = "weighted", biases: bool = True,
                  max_iter: int = 20, tol: float = 1e-4, seed: int = 0, n_users: int | None = None,
                  n_items: int | None = None, dtype: str = "float64", cluster=None, n_workers: int = 2,
-                 n_shards: int = 8, checkpoint=None, faults=(), progress: bool | None = False):
+                 n_shards: int = 8, checkpoint=None, faults=(), progress: bool | None = None):
         self.rank = rank
         self.reg = reg
         self.reg_mode = reg_mode
@@ -437,8 +429,10 @@ class MF(dscar.EstimatorMixin):
         algo = ALS(nu, ni, self.rank, reg=self.reg, reg_mode=self.reg_mode, biases=self.biases, mean=mean,
                    seed=self.seed, tol=self.tol, dtype=self.dtype)  # hyperparameters checked before any work
         data = ratings_data((u, i, r), test_coo, n_users=nu, n_items=ni, n_shards=_int("n_shards", self.n_shards))
-        res = dscar.fit(algo, data, self.cluster, n_workers=self.n_workers, max_clocks=self.max_iter,
-                        progress=self.progress, checkpoint=self.checkpoint, faults=list(self.faults))
+        opts = self._engine_options()
+        res = dscar.fit(algo, data, self.cluster, n_workers=opts["n_workers"], max_clocks=opts["max_iter"],
+                        progress=opts["progress"], checkpoint=self.checkpoint, faults=list(self.faults))
+        self._warn_unconverged(res)
         p = res.params
         self.user_factors_, self.item_factors_ = p["user"], p["item"]
         self.user_bias_ = p.get("user_bias", np.zeros(nu))
@@ -469,17 +463,19 @@ class MFCommand:
     help = "explicit matrix factorization by ALS (synthetic rank-k ratings with a held-out split)"
 
     def add_arguments(self, g) -> None:
-        g.add_argument("--users", type=int, default=2_000, help="users of the generated data (default 2000)")
-        g.add_argument("--items", type=int, default=1_000, help="items (default 1000)")
-        g.add_argument("--ratings", type=int, default=50_000, help="ratings (default 50000)")
-        g.add_argument("--true-rank", type=int, default=10, help="rank of the planted model (default 10)")
-        g.add_argument("--noise", type=float, default=0.5, help="rating noise, the best reachable RMSE (default 0.5)")
-        g.add_argument("--rank", type=int, default=10, help="rank of the fitted factors (default 10)")
-        g.add_argument("--reg", type=float, default=0.05, help="L2 regularization (default 0.05)")
+        from dscar.validation import arg_float, arg_int
+
+        g.add_argument("--users", type=arg_int(1), default=2_000, help="users of the generated data (default 2000)")
+        g.add_argument("--items", type=arg_int(1), default=1_000, help="items (default 1000)")
+        g.add_argument("--ratings", type=arg_int(1), default=50_000, help="ratings (default 50000)")
+        g.add_argument("--true-rank", type=arg_int(1), default=10, help="rank of the planted model (default 10)")
+        g.add_argument("--noise", type=arg_float(0), default=0.5, help="rating noise, the best reachable RMSE (default 0.5)")
+        g.add_argument("--rank", type=arg_int(1), default=10, help="rank of the fitted factors (default 10)")
+        g.add_argument("--reg", type=arg_float(0), default=0.05, help="L2 regularization (default 0.05)")
         g.add_argument("--reg-mode", choices=REG_MODES, default="weighted",
                        help="weighted: reg x the row's rating count (default); plain: reg")
         g.add_argument("--no-biases", action="store_true", help="no user / item biases")
-        g.add_argument("--test-size", type=float, default=0.2, help="held-out fraction (default 0.2)")
+        g.add_argument("--test-size", type=arg_float(0, 0.99, strict_min=True), default=0.2, help="held-out fraction (default 0.2)")
         g.add_argument("--dtype", choices=DTYPES, default="float64",
                        help="precision of the Gram matrices: float64 (exact, default) or float32 (faster)")
 

@@ -64,21 +64,11 @@ STATS = ("ce_sum", "correct", "samples", "w_sq")  # rows of the per-clock ``stat
 
 
 def _positive(name: str, v, *, allow_zero: bool = False) -> float:
-    try:
-        v = float(v)
-    except (TypeError, ValueError):
-        raise InvalidInputError(f"{name} must be a number, got {v!r}") from None
-    if not math.isfinite(v) or v < 0 or (v == 0 and not allow_zero):
-        raise InvalidInputError(f"{name} must be a finite number {'>=' if allow_zero else '>'} 0, got {v}")
-    return v
+    return dscar.validation.positive(name, v, allow_zero=allow_zero)
 
 
 def _count(name: str, v, *, optional: bool = False) -> int | None:
-    if v is None and optional:
-        return None
-    if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
-        raise InvalidInputError(f"{name} must be an integer >= 1, got {v!r}")
-    return int(v)
+    return dscar.validation.integer(name, v, 1, optional=optional)
 
 
 def check_labels(y, n_classes: int | None = None) -> np.ndarray:
@@ -300,7 +290,7 @@ class MLR(dscar.EstimatorMixin):
     def __init__(self, l2: float = 1e-3, *, lr: float = 0.5, schedule: str = "inverse", decay: float = 0.05,
                  momentum: float = 0.0, batch_size: int = 32, steps: int | None = None, mode: str = "local",
                  tol: float = 1e-3, max_iter: int = 100, seed: int = 0, cluster=None, n_workers: int = 2,
-                 n_shards: int | None = None, policies=None, progress: bool | None = False):
+                 n_shards: int | None = None, policies=None, progress: bool | None = None):
         self.l2 = l2
         self.lr = lr
         self.schedule = schedule
@@ -327,9 +317,11 @@ class MLR(dscar.EstimatorMixin):
         labels = check_labels(y)
         self.classes_, codes = np.unique(labels, return_inverse=True)
         algo = self._algorithm(len(self.classes_))  # hyperparameters checked before any work
-        res = dscar.fit(algo, {"X": X, "y": codes.astype(np.int64)}, self.cluster, n_workers=self.n_workers,
-                        n_shards=self.n_shards, max_clocks=self.max_iter, progress=self.progress,
+        opts = self._engine_options()
+        res = dscar.fit(algo, {"X": X, "y": codes.astype(np.int64)}, self.cluster, n_workers=opts["n_workers"],
+                        n_shards=opts["n_shards"], max_clocks=opts["max_iter"], progress=opts["progress"],
                         policies=self.policies)
+        self._warn_unconverged(res)
         self.coef_ = np.ascontiguousarray(res.params["W"][:-1].T)
         self.intercept_ = res.params["W"][-1].copy()
         self.n_iter_ = res.n_clocks
@@ -373,20 +365,22 @@ class MLRCommand:
     help = "multinomial logistic regression by minibatch SGD (local SGD; digits unless --rows is given)"
 
     def add_arguments(self, g) -> None:
-        g.add_argument("--rows", type=int, default=0,
+        from dscar.validation import arg_float, arg_int
+
+        g.add_argument("--rows", type=arg_int(0), default=0,
                        help="rows of a generated problem (dscar.algorithms.datasets.make_classification); "
                             "0: scikit-learn's digits, standardised (default)")
-        g.add_argument("--features", type=int, default=100, help="features of the generated problem (default 100)")
-        g.add_argument("--classes", type=int, default=10, help="classes of the generated problem (default 10)")
-        g.add_argument("--lr", type=float, default=0.5, help="learning rate (default 0.5)")
+        g.add_argument("--features", type=arg_int(1), default=100, help="features of the generated problem (default 100)")
+        g.add_argument("--classes", type=arg_int(2), default=10, help="classes of the generated problem (default 10)")
+        g.add_argument("--lr", type=arg_float(0, strict_min=True), default=0.5, help="learning rate (default 0.5)")
         g.add_argument("--schedule", choices=SCHEDULES, default="inverse",
                        help="constant, or inverse: lr / (1 + decay (clock - 1)) (default)")
-        g.add_argument("--decay", type=float, default=0.05, help="decay of the inverse schedule (default 0.05)")
-        g.add_argument("--momentum", type=float, default=0.0,
+        g.add_argument("--decay", type=arg_float(0), default=0.05, help="decay of the inverse schedule (default 0.05)")
+        g.add_argument("--momentum", type=arg_float(0, 0.999), default=0.0,
                        help="heavy-ball momentum on the averaged model change, in [0, 1) (default 0)")
-        g.add_argument("--l2", type=float, default=1e-3, help="L2 penalty l2/2 ||W||^2 (default 1e-3)")
-        g.add_argument("--batch", type=int, default=32, help="base minibatch size per shard step (default 32)")
-        g.add_argument("--steps", type=int, default=None,
+        g.add_argument("--l2", type=arg_float(0), default=1e-3, help="L2 penalty l2/2 ||W||^2 (default 1e-3)")
+        g.add_argument("--batch", type=arg_int(1), default=32, help="base minibatch size per shard step (default 32)")
+        g.add_argument("--steps", type=arg_int(1), default=None,
                        help="SGD steps per shard per clock (default: one pass over the shard)")
         g.add_argument("--mode", choices=MODES, default="local",
                        help="local: local SGD + model averaging (default); gradient: one step per clock")

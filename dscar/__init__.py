@@ -1,5 +1,5 @@
 """dscar: iterative-convergent ML on Dask that keeps training through slow and lost workers."""
-from . import faults, policies
+from . import faults, policies, validation
 from .algorithm import Algorithm, ClockContext, DataMeta, ShardContext, TableSpec
 from .checkpoint import CheckpointConfig, CorruptCheckpointError
 from .cluster import Cluster, connect
@@ -7,6 +7,7 @@ from .data import ArrayData, FileData, PhasedData, check_indices
 from .driver import ClockRecord, FitResult, fit
 from .errors import (
     ClusterError,
+    ConvergenceWarning,
     DscarError,
     InvalidInputError,
     JobFailedError,
@@ -16,9 +17,9 @@ from .estimator import EstimatorMixin
 from .xp import to_host
 
 __all__ = [
-    "Algorithm", "ArrayData", "CheckpointConfig", "CorruptCheckpointError", "ClockContext", "ClockRecord", "Cluster", "ClusterError", "DataMeta",
+    "Algorithm", "ArrayData", "CheckpointConfig", "CorruptCheckpointError", "ClockContext", "ClockRecord", "Cluster", "ClusterError", "ConvergenceWarning", "DataMeta",
     "DscarError", "EstimatorMixin", "FileData", "FitResult", "InvalidInputError", "JobFailedError", "PhasedData",
     "ShardContext", "ShardFailedError", "TableSpec", "check_indices", "connect", "faults", "fit", "policies",
-    "to_host",
+    "to_host", "validation",
 ]
 __version__ = "0.1.0"

@@ -61,20 +61,23 @@ class CheckpointConfig:
     storage_options: dict | None = None
 
     def validate(self) -> "CheckpointConfig":
-        if self.policy not in ("full", "priority"):
-            raise InvalidInputError(f"checkpoint policy must be 'full' or 'priority', not {self.policy!r}")
-        if self.recovery not in ("partial", "full"):
-            raise InvalidInputError(f"recovery must be 'partial' or 'full', not {self.recovery!r}")
-        if not (isinstance(self.every, int) and self.every >= 1):
-            raise InvalidInputError(f"checkpoint interval C must be an integer >= 1, got {self.every!r}")
-        if not (0 < self.fraction <= 1):
+        from . import validation as v
+
+        v.instance("checkpoint url", self.url, str, "a directory path or an fsspec URL string")
+        if not self.url:
+            raise InvalidInputError("checkpoint url is empty")
+        v.choice("checkpoint policy", self.policy, ("full", "priority"))
+        v.choice("recovery", self.recovery, ("partial", "full"))
+        v.integer("checkpoint interval C", self.every, 1)
+        if not 0 < v.number("checkpoint fraction r", self.fraction) <= 1:
             raise InvalidInputError(f"checkpoint fraction r must be in (0, 1], got {self.fraction!r}")
         if self.policy == "priority" and self.fraction * self.every < 1 - 1e-9:
             raise InvalidInputError(
                 f"priority checkpoints every r*C = {self.fraction * self.every:g} clocks: need r*C >= 1"
             )
-        if self.keep < 1:
-            raise InvalidInputError(f"keep must be >= 1, got {self.keep}")
+        v.integer("keep", self.keep, 1)
+        if self.storage_options is not None:
+            v.instance("storage_options", self.storage_options, dict, "a dict of fsspec options or None")
         return self
 
     @property
@@ -118,6 +121,30 @@ def check_writable(cfg: CheckpointConfig) -> None:
         raise
     except Exception as e:
         raise InvalidInputError(f"checkpoint location {cfg.url!r} is not writable: {e}") from None
+
+
+TEMPORARY_PREFIX = "dscar-checkpoints-"
+
+
+def temporary_store() -> str:
+    """A new local directory for the checkpoints of a run that injects worker losses but names no
+    store (the API and the CLI alike); the caller removes it with ``remove_temporary``."""
+    import tempfile
+
+    return tempfile.mkdtemp(prefix=TEMPORARY_PREFIX)
+
+
+def remove_temporary(path: str | None) -> None:
+    import os
+    import shutil
+
+    if path and os.path.basename(path.rstrip("/")).startswith(TEMPORARY_PREFIX):
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def needs_store(faults) -> bool:
+    """Whether injected faults lose workers (kill / hang): recovery then needs checkpoints."""
+    return any(getattr(f, "kind", None) in ("kill", "hang") for f in faults)
 
 
 def priority_rows(current: np.ndarray, saved: np.ndarray, fraction: float) -> np.ndarray:
@@ -257,8 +284,73 @@ def list_versions(fs, root: str) -> list[int]:
 
 
 def load_manifest(fs, root: str, version: int) -> dict:
-    with fs.open(manifest_path(root, version), "r") as f:
-        return json.load(f)
+    """The manifest of ``version``; ``CorruptCheckpointError`` if it is not valid JSON of the
+    expected form or names a file outside the store (workers must never read elsewhere)."""
+    from .validation import confined
+
+    path = manifest_path(root, version)
+    try:
+        with fs.open(path, "r") as f:
+            m = json.load(f)
+    except (OSError, ValueError) as e:
+        raise CorruptCheckpointError(f"{path}: not a readable JSON manifest ({e})") from None
+    if not isinstance(m, dict) or not all(k in m for k in ("version", "clock", "chains")):
+        raise CorruptCheckpointError(f"{path}: not a dscar manifest (needs version, clock, chains)")
+    try:
+        entries = [e for chain in m["chains"].values() for e in chain] + list(m.get("states", {}).values())
+        paths = [e["path"] for e in entries]
+    except (AttributeError, KeyError, TypeError) as e:
+        raise CorruptCheckpointError(f"{path}: malformed file entries ({e!r})") from None
+    outside = [p for p in paths if not confined(p, root)]
+    if outside:
+        raise CorruptCheckpointError(f"{path}: names file(s) outside the checkpoint store {root!r}: {outside[:3]}")
+    return m
+
+
+#: options of the stopping rule and of execution, not of the model: a run may resume with other values
+RESUME_IGNORES = ("tol", "early_stop", "window", "patience", "backend", "min_chunks", "max_chunk_elems")
+
+
+def find_resume(cfg: CheckpointConfig, want: dict, tables: list, skipped: list[dict]) -> list[dict]:
+    """This model's published manifests in ``cfg``'s store, newest first, or ``InvalidInputError``.
+
+    ``want``: the fit's model record (name, class, params, n_rows, shapes). Only the model's
+    hyperparameters and the data are compared (not ``RESUME_IGNORES``), and a refusal names
+    the keys that differ. Every manifest passed over
+    (unreadable, malformed, pointing outside the store) is appended to ``skipped`` as an event.
+    """
+    import time
+
+    from .validation import param_differences
+
+    fs, root = fs_and_root(cfg.url, cfg.storage_options)
+    names = {t.name: t.n_rows for t in tables}
+    found = []
+    for v in reversed(list_versions(fs, root)):
+        try:
+            m = load_manifest(fs, root, v)
+        except CorruptCheckpointError as e:
+            skipped.append({"time": time.time(), "kind": "checkpoint-skipped", "version": v, "error": str(e)})
+            continue  # try an older one
+        got = m.get("model", {})
+        if got.get("name") != want["name"] or got.get("class") != want["class"]:
+            raise InvalidInputError(
+                f"{cfg.url!r} holds checkpoints of model {got.get('name')!r} ({got.get('class')}), "
+                f"not of {want['name']!r} ({want['class']})"
+            )
+        diff = param_differences(got.get("params", {}), want["params"], RESUME_IGNORES)
+        diff += param_differences({k: got.get(k) for k in ("n_rows", "shapes")},
+                                  {k: want[k] for k in ("n_rows", "shapes")})
+        if diff:
+            raise InvalidInputError(f"{cfg.url!r} holds a {want['name']} checkpoint of other hyperparameters "
+                                    f"or data; differing: {'; '.join(diff)}")
+        if {t: int(n) for t, n, _, _ in m.get("tables", [])} != names:
+            raise InvalidInputError(f"{cfg.url!r}: the checkpoint's tables {m.get('tables')} do not match {names}")
+        found.append(m)
+    if not found:
+        more = f" ({len(skipped)} unreadable manifest(s) skipped)" if skipped else ""
+        raise InvalidInputError(f"nothing to resume: {cfg.url!r} holds no published checkpoint{more}")
+    return found
 
 
 def retain(fs, root: str, keep: int) -> list[str]:

@@ -7,6 +7,17 @@ import time
 from typing import Any, Protocol
 
 from .errors import DscarError
+from .validation import arg_float, arg_int
+
+
+class _Parser(argparse.ArgumentParser):
+    """Every usage error is one line ``dscar: error: ...`` and exit status 2 (no usage dump)."""
+
+    def error(self, message: str):  # type: ignore[override]
+        where = self.prog.split(" ", 1)[1] + ": " if " " in self.prog else ""
+        print(f"dscar: error: {where}{message} (see {self.prog} --help)", file=sys.stderr)
+        sys.exit(2)
+
 
 class CliModel(Protocol):
     """What a model offers the ``dscar run`` command (registered under the ``dscar.models`` entry points)."""
@@ -29,9 +40,12 @@ def load_models() -> dict[str, CliModel]:
 
 def build_parser(models: dict[str, CliModel] | None = None) -> argparse.ArgumentParser:
     models = load_models() if models is None else models
-    p = argparse.ArgumentParser(
+    listing = "\n".join(f"  {name:<8} {model.help}" for name, model in sorted(models.items()))
+    p = _Parser(
         prog="dscar",
         description="Train iterative-convergent models on a Dask cluster, through slow and lost workers.",
+        epilog=f"models (dscar run MODEL --help for each one's flags):\n{listing}",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     sub = p.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="train a model (on an embedded LocalCluster unless --scheduler is given)")
@@ -45,13 +59,19 @@ def build_parser(models: dict[str, CliModel] | None = None) -> argparse.Argument
 
 def _add_common(run: argparse.ArgumentParser) -> None:
     g = run.add_argument_group("cluster")
-    g.add_argument("--workers", type=int, default=2, help="worker processes of the embedded cluster (default 2)")
+    g.add_argument("--workers", type=arg_int(1), default=2, help="worker processes of the embedded cluster (default 2)")
     g.add_argument("--scheduler", metavar="ADDR", help="address of a running Dask scheduler, e.g. tcp://host:8786")
+    g.add_argument("--timeout", type=arg_float(0, strict_min=True), default=None, metavar="SECONDS",
+                   help="seconds to reach --scheduler (default 10)")
+    g.add_argument("--tls-ca-file", metavar="PEM", help="TLS: CA certificate of a tls:// scheduler")
+    g.add_argument("--tls-cert", metavar="PEM", help="TLS: client certificate (with --tls-key)")
+    g.add_argument("--tls-key", metavar="PEM", help="TLS: client private key")
     g = run.add_argument_group("run")
-    g.add_argument("--shards", type=int, help="data shards (default 4 per worker)")
-    g.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
-    g.add_argument("--tol", type=float, default=None, help="convergence tolerance (default: the model's)")
-    g.add_argument("--max-clocks", type=int, default=100, help="stop after this many clocks (default 100)")
+    g.add_argument("--shards", type=arg_int(1), help="data shards (default 4 per worker)")
+    g.add_argument("--seed", type=arg_int(0), default=0, help="random seed (default 0)")
+    g.add_argument("--tol", type=arg_float(0, strict_min=True), default=None,
+                   help="convergence tolerance (default: the model's)")
+    g.add_argument("--max-clocks", type=arg_int(1), default=100, help="stop after this many clocks (default 100)")
     g = run.add_argument_group("stragglers and faults")
     g.add_argument("--sharding", choices=("dynamic", "static"), default="dynamic",
                    help="dynamic: workers pull shards (default); static: each keeps its own (BSP baseline)")
@@ -70,17 +90,20 @@ def _add_common(run: argparse.ArgumentParser) -> None:
     g.add_argument("--checkpoint-policy", choices=("priority", "full"), default="priority",
                    help="priority: the fraction r of rows that moved most every r*C clocks (SCAR, default); "
                         "full: everything every C clocks")
-    g.add_argument("--checkpoint-every", type=int, default=10, metavar="C", help="C, in clocks (default 10)")
+    g.add_argument("--checkpoint-every", type=arg_int(1), default=10, metavar="C", help="C, in clocks (default 10)")
     g.add_argument("--checkpoint-fraction", type=float, default=0.1, metavar="R", help="r (default 0.1)")
-    g.add_argument("--keep", type=int, default=3, help="checkpoint versions kept (default 3)")
+    g.add_argument("--keep", type=arg_int(1), default=3, help="checkpoint versions kept (default 3)")
     g.add_argument("--recovery", choices=("partial", "full"), default="partial",
                    help="partial: restore only a lost worker's partitions (SCAR, default); full: roll back everything")
     g.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in --checkpoint")
-    run.add_argument("--no-progress", action="store_true", help="do not show a progress bar")
+    run.add_argument("--no-progress", action="store_true",
+                     help="do not show a progress bar (shown by default when stderr is a terminal)")
 
 
 def _checkpoint_config(args, faults: list):
-    from .checkpoint import CheckpointConfig
+    """The run's ``CheckpointConfig`` (None without one); with injected worker losses and no
+    --checkpoint, a temporary store that ``main`` removes at the end (as ``dscar.fit`` does)."""
+    from .checkpoint import CheckpointConfig, needs_store, temporary_store
 
     url = args.checkpoint
     if url is None:
@@ -88,23 +111,47 @@ def _checkpoint_config(args, faults: list):
             from .errors import InvalidInputError
 
             raise InvalidInputError("--resume needs --checkpoint DIR_OR_URL")
-        if not any(f.kind in ("kill", "hang") for f in faults):
+        if not needs_store(faults):
             return None
-        import tempfile
-
-        url = tempfile.mkdtemp(prefix="dscar-checkpoints-")
-        print(f"dscar: injected worker losses: keeping checkpoints in {url}", flush=True)
+        url = temporary_store()
+        print(f"dscar: injected worker losses: keeping checkpoints in {url} (removed at the end)", flush=True)
     return CheckpointConfig(url, policy=args.checkpoint_policy, every=args.checkpoint_every,
                             fraction=args.checkpoint_fraction, keep=args.keep, recovery=args.recovery)
 
 
+def _cluster(args):
+    """``--scheduler`` (with its TLS files and timeout) as a ``dscar.Cluster``, or None (embedded)."""
+    tls = (args.tls_ca_file, args.tls_cert, args.tls_key)
+    if args.scheduler is None:
+        if any(tls) or args.timeout is not None:
+            from .errors import InvalidInputError
+
+            raise InvalidInputError("--tls-* and --timeout apply to --scheduler only")
+        return None
+    from .cluster import Cluster
+
+    security = None
+    if any(tls):
+        from distributed import Security
+
+        if not all(tls):
+            from .errors import InvalidInputError
+
+            raise InvalidInputError("TLS needs all of --tls-ca-file, --tls-cert and --tls-key")
+        security = Security(tls_ca_file=tls[0], tls_client_cert=tls[1], tls_client_key=tls[2], require_encryption=True)
+    return Cluster(args.scheduler, timeout=args.timeout, security=security)
+
+
 def main(argv: list[str] | None = None) -> int:
+    from .checkpoint import remove_temporary
+
     models = load_models()
     args = build_parser(models).parse_args(argv)
     from .driver import fit
 
     from . import faults as faults_mod
 
+    checkpoint = cluster = None
     try:
         faults = [faults_mod.parse(kind, text) for kind in ("slow", "kill", "hang") for text in getattr(args, kind)]
         policies = None
@@ -112,15 +159,21 @@ def main(argv: list[str] | None = None) -> int:
             policies = [] if args.policies == "none" else [p.strip() for p in args.policies.split(",") if p.strip()]
         checkpoint = _checkpoint_config(args, faults)
         algo, data, desc = models[args.model].build(args)
+        cluster = _cluster(args)
         where = args.scheduler or f"embedded LocalCluster, {args.workers} workers"
         print(f"dscar run {args.model}: {desc}; cluster: {where}", flush=True)
         t0 = time.perf_counter()
-        res = fit(algo, data, args.scheduler, n_workers=args.workers, n_shards=args.shards,
-                  tol=args.tol, max_clocks=args.max_clocks, progress=not args.no_progress, sharding=args.sharding,
-                  policies=policies, faults=faults, checkpoint=checkpoint, resume=args.resume)
+        res = fit(algo, data, cluster, n_workers=args.workers, n_shards=args.shards,
+                  tol=args.tol, max_clocks=args.max_clocks, progress=False if args.no_progress else None,
+                  sharding=args.sharding, policies=policies, faults=faults, checkpoint=checkpoint, resume=args.resume)
     except DscarError as e:
         print(f"dscar: error: {e}", file=sys.stderr)
         return 2
+    finally:
+        if cluster is not None:
+            cluster.close()
+        if checkpoint is not None and args.checkpoint is None:
+            remove_temporary(checkpoint.url)
     for rec in res.history:
         m = rec.metrics
         extra = " ".join(f"{k}={v:.3g}" for k, v in m.items() if k not in ("objective", "converged"))
@@ -133,7 +186,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"checkpoints: {len(res.checkpoints)} published, {res.checkpoint_bytes / max(res.n_clocks, 1):.0f} "
               f"bytes per clock, newest version {res.checkpoints[-1]['version']} (clock {res.checkpoints[-1]['clock']})")
     print(f"dscar {args.model}: {res.summary()} (total {time.perf_counter() - t0:.2f}s)")
-    return 0 if res.converged else 1
+    return 0  # a run that stops at --max-clocks ended normally too; errors exit 2
 
 
 if __name__ == "__main__":

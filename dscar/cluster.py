@@ -1,11 +1,13 @@
 """One entry point to a ready cluster: embedded LocalCluster, an address, or a Client."""
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import time
 from typing import Any
 
 import dask
-from distributed import Client, LocalCluster
+from distributed import Client, LocalCluster, Security
 
 from .coordinator import Coordinator
 from .errors import ClusterError, InvalidInputError
@@ -13,6 +15,65 @@ from .worker import ParamServer
 
 #: how long a silent (hung) worker may stay before the scheduler drops it
 DEFAULT_WORKER_TTL = "10s"
+#: seconds to reach a scheduler given by address (``timeout=`` overrides): an unreachable one
+#: is reported this fast, not after Dask's 30 s connect timeout (and its 60 s close on exit)
+DEFAULT_CONNECT_TIMEOUT = 10.0
+
+
+def default_memory_limit(n_workers: int) -> float:
+    """Memory per worker of the embedded LocalCluster (Dask's "auto": the machine's memory
+    shared by its one-thread workers), known before it starts."""
+    from distributed.system import MEMORY_LIMIT
+
+    return MEMORY_LIMIT / max(1, n_workers)
+
+
+def _security(security: "Security | bool | None") -> Security | None:
+    if security is None or security is False:
+        return None
+    if security is True:
+        return Security.temporary()  # self-signed, in memory: for an embedded cluster
+    if not isinstance(security, Security):
+        raise InvalidInputError(f"security must be a distributed.Security, True (temporary certificates) or None, "
+                                f"not {type(security).__name__}")
+    return security
+
+
+def check_address(address: str, security: Security | None, timeout: float) -> None:
+    """Reach the scheduler at ``address`` once (handshake) before a ``Client`` is built, so every
+    way of failing (malformed address, TLS settings missing or refused, nothing listening, too
+    slow) becomes one prompt ``ClusterError`` naming the address and the cause. A ``Client`` that
+    fails in its constructor instead waits twice its timeout when garbage-collected."""
+    from distributed.comm import connect, parse_address
+
+    try:
+        scheme, _ = parse_address(address, strict=True)
+        if ":" not in address.split("://", 1)[-1]:
+            raise ValueError("no port")
+    except (ValueError, TypeError) as e:
+        raise ClusterError(f"{address!r} is not a scheduler address like tcp://HOST:8786 ({e})") from None
+    sec = security or Security()  # Dask's configuration may hold TLS settings
+    args = sec.get_connection_args("client")
+    if scheme == "tls" and args.get("ssl_context") is None:
+        raise ClusterError(f"{address!r} is a TLS address but no TLS settings were given: pass "
+                           "security=distributed.Security(tls_ca_file=..., tls_client_cert=..., tls_client_key=...) "
+                           "(dscar run: --tls-ca-file, --tls-cert, --tls-key)")
+    if scheme == "tcp" and args.get("require_encryption"):
+        raise ClusterError(f"{address!r} is not encrypted, but the security settings require TLS (use tls://)")
+
+    async def probe() -> None:
+        comm = await connect(address, timeout=timeout, **args)
+        await comm.close()
+
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:  # its own event loop: callers may run one
+        try:
+            pool.submit(asyncio.run, probe()).result(timeout=timeout + 5)
+        except Exception as e:  # whatever answers there (or not), it is no scheduler we can use
+            cause = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
+            if isinstance(e, MemoryError):
+                cause = "what answers there does not speak Dask's protocol"
+            hint = " (a TLS scheduler? use tls:// and security=...)" if scheme == "tcp" and "Timed out" not in cause else ""
+            raise ClusterError(f"cannot reach the Dask scheduler at {address!r}: {cause}{hint}") from None
 
 
 class Cluster:
@@ -20,7 +81,9 @@ class Cluster:
 
     ``Cluster()`` starts an embedded LocalCluster (worker processes, one thread
     each); ``Cluster("tcp://host:8786")`` or ``Cluster(client)`` uses a running
-    cluster. Registration is idempotent: several ``Cluster`` objects on one
+    cluster. ``security``: a ``distributed.Security`` passed to the ``Client`` (and to
+    the embedded cluster, which then listens on TLS); ``timeout``: seconds to reach
+    a scheduler given by address (default ``DEFAULT_CONNECT_TIMEOUT``). Registration is idempotent: several ``Cluster`` objects on one
     Dask cluster share one coordinator and one ParamServer per worker.
     """
 
@@ -33,33 +96,39 @@ class Cluster:
         processes: bool = True,
         dashboard_address: str = ":0",  # a free port: embedded clusters never fight over 8787
         timeout: float | None = None,
+        security: "Security | bool | None" = None,
     ):
+        from .validation import integer, number
+
         self._owned: list[Any] = []
+        security = _security(security)
         if isinstance(address, Cluster):
             self.client = address.client
         elif isinstance(address, Client):
             self.client = address
         elif address is None or isinstance(address, LocalCluster):
             if address is None:
-                if n_workers < 1:
-                    raise InvalidInputError(f"n_workers must be >= 1, got {n_workers}")
+                n_workers = integer("n_workers", n_workers, 1)
+                extra = {} if security is None else {"security": security, "protocol": "tls://"}
                 with dask.config.set({"distributed.scheduler.worker-ttl": worker_ttl}):
                     address = LocalCluster(
                         n_workers=n_workers,
                         threads_per_worker=1,
                         processes=processes,
                         dashboard_address=dashboard_address,
+                        **extra,
                     )
                 self._owned.append(address)
-            self.client = Client(address, set_as_default=False)
+                security = security or getattr(address, "security", None)
+            self.client = Client(address, set_as_default=False, security=security)
             self._owned.insert(0, self.client)
         elif isinstance(address, str):
-            if timeout is None:  # Dask's own connect timeout (30 s unless configured)
-                timeout = dask.utils.parse_timedelta(dask.config.get("distributed.comm.timeouts.connect"))
+            timeout = number("timeout", DEFAULT_CONNECT_TIMEOUT if timeout is None else timeout, 0.0, strict_min=True)
+            check_address(address, security, timeout)
             try:
-                self.client = Client(address, timeout=timeout, set_as_default=False)
-            except (OSError, TimeoutError) as e:
-                raise ClusterError(f"cannot reach the Dask scheduler at {address!r}: {e}") from None
+                self.client = Client(address, timeout=timeout, set_as_default=False, security=security)
+            except (OSError, TimeoutError, ValueError, TypeError) as e:
+                raise ClusterError(f"cannot reach the Dask scheduler at {address!r}: {type(e).__name__}: {e}") from None
             self._owned.append(self.client)
         else:
             raise InvalidInputError(
@@ -80,6 +149,13 @@ class Cluster:
                 raise ClusterError(f"the cluster has {len(ws)} worker(s); needed {n} within {timeout:.0f}s")
             time.sleep(0.1)
         return ws
+
+    @property
+    def memory_limit(self) -> float | None:
+        """The smallest worker memory limit in bytes (None: no limit set on any worker)."""
+        info = self.client.scheduler_info(n_workers=-1)["workers"].values()
+        limits = [w.get("memory_limit") or 0 for w in info]
+        return min(limits) if limits and all(limits) else None
 
     @property
     def dashboard_link(self) -> str | None:
@@ -103,6 +179,11 @@ class Cluster:
         return f"<dscar.Cluster scheduler={self.client.scheduler.address} workers={len(self.workers)}>"
 
 
-def connect(cluster: "str | Client | LocalCluster | Cluster | None" = None, **kwargs: Any) -> Cluster:
-    """A ready ``Cluster`` (see its docstring for what ``cluster`` may be)."""
-    return Cluster(cluster, **kwargs)
+def connect(cluster: "str | Client | LocalCluster | Cluster | None" = None, *,
+            security: "Security | bool | None" = None, **kwargs: Any) -> Cluster:
+    """A ready ``Cluster`` (see its docstring for what ``cluster`` may be).
+
+    ``security``: a ``distributed.Security`` for a TLS scheduler (``tls://`` addresses), or
+    True for an embedded cluster on TLS with temporary certificates.
+    """
+    return Cluster(cluster, security=security, **kwargs)

@@ -25,6 +25,7 @@ import scipy.sparse as sp
 from .algorithm import DataMeta
 from .errors import InvalidInputError
 from .partitions import row_bounds
+from .validation import integer
 
 
 def _check_finite(name: str, a: Any, where: str = "") -> None:
@@ -83,8 +84,7 @@ def _check_bounds(n_rows: int, bounds) -> tuple[tuple[int, int], ...]:
 
 
 def _check_layout(n_rows: int, n_shards: int) -> tuple[tuple[int, int], ...]:
-    if n_shards < 1:
-        raise InvalidInputError(f"n_shards must be >= 1, got {n_shards}")
+    n_shards = integer("n_shards", n_shards, 1)
     if n_rows < n_shards:
         raise InvalidInputError(f"the data has {n_rows} rows, fewer than the {n_shards} shards asked for")
     return tuple(row_bounds(n_rows, n_shards))
@@ -203,6 +203,10 @@ class FileData:
         self.storage_options = dict(storage_options or {})
         try:
             fs, root = fsspec.core.url_to_fs(self.url, **self.storage_options)
+            if fs.isfile(root):
+                raise InvalidInputError(
+                    f"{self.url!r} is a file; FileData reads a directory of NAME.npy arrays (X.npy, y.npy, ...) "
+                    "or of .npz shards: give the directory that holds it")
             names = sorted(fs.ls(root, detail=False))
         except (FileNotFoundError, NotADirectoryError, OSError) as e:
             raise InvalidInputError(f"cannot list data directory {self.url!r}: {e}") from None
@@ -223,15 +227,26 @@ class FileData:
         for p in paths:
             name = posixpath.basename(p)[: -len(".npy")]
             with fs.open(p, "rb") as f:
-                version = np.lib.format.read_magic(f)
-                read_header = (np.lib.format.read_array_header_1_0 if version == (1, 0)
-                               else np.lib.format.read_array_header_2_0)
-                shape, fortran, dtype = read_header(f)
+                try:
+                    version = np.lib.format.read_magic(f)
+                    read_header = (np.lib.format.read_array_header_1_0 if version == (1, 0)
+                                   else np.lib.format.read_array_header_2_0)
+                    shape, fortran, dtype = read_header(f)
+                except (ValueError, OSError, EOFError, SyntaxError) as e:
+                    raise InvalidInputError(f"{p}: malformed .npy header ({e})") from None
                 if fortran and len(shape) > 1:
                     raise InvalidInputError(f"{p} is in Fortran order; save it in C order to shard by rows")
                 if dtype.hasobject:
                     raise InvalidInputError(f"{p} holds Python objects; dscar reads numbers only")
-                self.files[name] = _NpyArray(p, tuple(shape), dtype.str, f.tell())
+                if dtype.kind not in "biuf":
+                    raise InvalidInputError(f"{p} has dtype {dtype}; dscar needs numbers")
+                offset = f.tell()
+            need = offset + int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+            size = fs.size(p)
+            if size is not None and size < need:
+                raise InvalidInputError(f"{p} is truncated: its header says {tuple(shape)} {dtype} ({need} bytes "
+                                        f"with the header) but the file has {size} bytes")
+            self.files[name] = _NpyArray(p, tuple(shape), dtype.str, offset)
         rows = {k: v.shape[0] if v.shape else 0 for k, v in self.files.items()}
         if len(set(rows.values())) != 1:
             raise InvalidInputError(f"arrays in {self.url!r} have different numbers of rows: {rows}")
@@ -256,8 +271,15 @@ class FileData:
             raise InvalidInputError(f"{self.url!r} holds {len(paths)} .npz shards, not {n_shards}")
         bounds, start, shapes, dtypes = [], 0, None, None
         for p in paths:
-            with fs.open(p, "rb") as f, np.load(f, allow_pickle=False) as z:
-                arrs = {k: z[k] for k in z.files}
+            try:
+                with fs.open(p, "rb") as f, np.load(f, allow_pickle=False) as z:
+                    arrs = {k: z[k] for k in z.files}
+            except InvalidInputError:
+                raise
+            except Exception as e:  # a bad zip, a truncated member, a pickled object array
+                raise InvalidInputError(f"{p}: not a readable .npz file of arrays ({type(e).__name__}: {e})") from None
+            if not arrs:
+                raise InvalidInputError(f"{p} holds no arrays")
             s = {k: v.shape[1:] for k, v in arrs.items()}
             d = {k: v.dtype.name for k, v in arrs.items()}
             if shapes is not None and (s != shapes or d != dtypes):
@@ -298,6 +320,9 @@ class FileData:
                 with fs.open(info.path, "rb") as f:
                     f.seek(info.offset + a * row_bytes)
                     buf = f.read((b - a) * row_bytes)
+                if len(buf) != (b - a) * row_bytes:
+                    raise InvalidInputError(f"{info.path} is truncated: rows {a}:{b} need {(b - a) * row_bytes} "
+                                            f"bytes at offset {info.offset + a * row_bytes}, got {len(buf)}")
                 out[name] = np.frombuffer(buf, dtype=dt).reshape((b - a, *info.shape[1:]))
             where = f" (rows {a}:{b} of {self.url})"
         for k, v in out.items():

@@ -20,8 +20,9 @@ from distributed.protocol import to_serialize
 from distributed.protocol.pickle import dumps
 
 from . import checkpoint as ckpt
+from . import validation
 from .algorithm import Algorithm, TableSpec
-from .cluster import Cluster
+from .cluster import Cluster, default_memory_limit
 from .data import ArrayData, FileData, PhasedData, as_data
 from .errors import ClusterError, InvalidInputError, JobFailedError
 from .faults import Fault, resolve
@@ -125,21 +126,22 @@ def fit(
     """
     if not isinstance(algorithm, Algorithm):
         raise InvalidInputError(f"algorithm must be a dscar.Algorithm, not {type(algorithm).__name__}")
-    if max_clocks < 1:
-        raise InvalidInputError(f"max_clocks must be >= 1, got {max_clocks}")
-    tol = float(getattr(algorithm, "tol", 1e-6) if tol is None else tol)
-    if not tol > 0:
-        raise InvalidInputError(f"tol must be > 0, got {tol}")
-    if cluster is None and n_workers < 1:
-        raise InvalidInputError(f"n_workers must be >= 1, got {n_workers}")
-    if sharding not in ("dynamic", "static"):
-        raise InvalidInputError(f"sharding must be 'dynamic' or 'static', not {sharding!r}")
+    o = validation.fit_options(n_workers=n_workers, n_shards=n_shards, tol=tol, max_clocks=max_clocks,
+                               max_failures=max_failures, progress=progress, sharding=sharding, resume=resume)
+    n_workers, n_shards, max_clocks, max_failures = o["n_workers"], o["n_shards"], o["max_clocks"], o["max_failures"]
+    tol = validation.number("tol", getattr(algorithm, "tol", 1e-6) if tol is None else tol, 0.0, strict_min=True)
     policy_objs = make_policies(policies)
     try:
         ThroughputMonitor(**(monitor or {}))
     except (TypeError, ValueError) as e:
         raise InvalidInputError(f"bad monitor options {monitor!r}: {e}") from None
     faults = list(faults)
+    validation.fault_clocks(faults, max_clocks)
+    notes: list[dict] = []  # the driver's events from before the job starts
+    temporary = ckpt.temporary_store() if checkpoint is None and not resume and ckpt.needs_store(faults) else None
+    if temporary is not None:  # injected worker losses need checkpoints to recover from (removed at the end)
+        checkpoint = temporary
+        notes.append({"time": time.time(), "kind": "checkpoint-store-temporary", "path": temporary})
     if isinstance(checkpoint, str) or hasattr(checkpoint, "__fspath__"):
         checkpoint = ckpt.CheckpointConfig(str(checkpoint))
     if checkpoint is not None:
@@ -167,7 +169,8 @@ def fit(
                 raise InvalidInputError(f"{k} shard(s){where} for {n_live} workers: give at least one shard per worker")
         algorithm.validate(d.meta)
         tables = [_resolve_parts(t, n_live) for t in algorithm.tables(d.meta)]
-        resume_from = _find_resume(checkpoint, algorithm, d.meta, tables) if resume else None
+        validation.check_table_memory(tables, n_live, default_memory_limit(n_workers) if owned else cl.memory_limit)
+        resume_from = ckpt.find_resume(checkpoint, _model_info(algorithm, d.meta), tables, notes) if resume else None
         if resume_from is not None:
             parts = {t: int(p) for t, _, p, _ in resume_from[0]["tables"]}
             tables = [replace(t, n_parts=parts[t.name]) for t in tables]
@@ -177,12 +180,14 @@ def fit(
             cl = Cluster(None, n_workers=n_workers)
             cl.wait_for_workers(n_workers)
         run = _Run(cl, algorithm, d, tables, tol, max_failures)
+        run.events.extend(notes)
         run.options = {"sharding": sharding, "policies": policy_objs, "faults": faults, "monitor": dict(monitor or {}),
                        "checkpoint": checkpoint, "resume": resume_from}
         return run.run(max_clocks, progress)
     finally:
         if owned and cl is not None:
             cl.close()
+        ckpt.remove_temporary(temporary)
 
 
 def _model_info(algorithm: Algorithm, meta) -> dict[str, Any]:
@@ -199,37 +204,6 @@ def _model_info(algorithm: Algorithm, meta) -> dict[str, Any]:
     return {"name": algorithm.name, "class": f"{type(algorithm).__module__}.{type(algorithm).__qualname__}",
             "params": json.loads(json.dumps(params)),  # as a manifest gives them back (tuples -> lists)
             "n_rows": meta.n_rows, "shapes": {k: list(v) for k, v in meta.shapes.items()}}
-
-
-def _find_resume(cfg: "ckpt.CheckpointConfig", algorithm: Algorithm, meta, tables: list[TableSpec]) -> list[dict]:
-    """This model's published manifests in the store, newest first, or a clear error."""
-    fs, root = ckpt.fs_and_root(cfg.url, cfg.storage_options)
-    want = _model_info(algorithm, meta)
-    names = {t.name: t.n_rows for t in tables}
-    found = []
-    for v in reversed(ckpt.list_versions(fs, root)):
-        try:
-            m = ckpt.load_manifest(fs, root, v)
-        except Exception:
-            continue  # an unreadable manifest: try an older one
-        got = m.get("model", {})
-        if got.get("name") != want["name"] or got.get("class") != want["class"]:
-            raise InvalidInputError(
-                f"{cfg.url!r} holds checkpoints of model {got.get('name')!r} ({got.get('class')}), "
-                f"not of {want['name']!r} ({want['class']})"
-            )
-        if got.get("params") != want["params"] or got.get("n_rows") != want["n_rows"] or got.get("shapes") != want["shapes"]:
-            raise InvalidInputError(
-                f"{cfg.url!r} holds a {want['name']} checkpoint of other hyperparameters or data: "
-                f"{got.get('params')} on {got.get('n_rows')} rows {got.get('shapes')}; "
-                f"this fit has {want['params']} on {want['n_rows']} rows {want['shapes']}"
-            )
-        if {t: int(n) for t, n, _, _ in m["tables"]} != names:
-            raise InvalidInputError(f"{cfg.url!r}: the checkpoint's tables {m['tables']} do not match {names}")
-        found.append(m)
-    if not found:
-        raise InvalidInputError(f"nothing to resume: {cfg.url!r} holds no published checkpoint")
-    return found
 
 
 def _n_rows(data: Any) -> int | None:

@@ -29,3 +29,8 @@ class ShardFailedError(DscarError, RuntimeError):
 
 class JobFailedError(DscarError, RuntimeError):
     """The job stopped on the cluster; the message carries the cause."""
+
+
+class ConvergenceWarning(UserWarning):
+    """A fit stopped at its iteration limit before its stopping rule held (scikit-learn's
+    ``ConvergenceWarning`` has the same meaning; filter either by category)."""

@@ -2,7 +2,11 @@
 from __future__ import annotations
 
 import inspect
+import warnings
 from typing import Any
+
+from . import validation
+from .errors import ConvergenceWarning
 
 
 class EstimatorMixin:
@@ -27,3 +31,22 @@ class EstimatorMixin:
     def __repr__(self) -> str:
         args = ", ".join(f"{k}={v!r}" for k, v in self.get_params().items())
         return f"{type(self).__name__}({args})"
+
+    def _engine_options(self) -> dict[str, Any]:
+        """The estimator's engine options, checked like ``dscar.fit`` checks its own, but named
+        as the estimator names them (``max_iter``, not ``max_clocks``)."""
+        out = {}
+        if hasattr(self, "max_iter"):
+            out["max_iter"] = validation.integer("max_iter", self.max_iter, 1)
+        out["n_workers"] = validation.integer("n_workers", getattr(self, "n_workers", 2), 1)
+        out["n_shards"] = validation.integer("n_shards", getattr(self, "n_shards", None), 1, optional=True)
+        out["progress"] = validation.boolean("progress", getattr(self, "progress", None), optional=True)
+        return out
+
+    def _warn_unconverged(self, result: Any, limit: str = "max_iter") -> None:
+        """``ConvergenceWarning`` when the fit stopped at its iteration limit, as scikit-learn warns."""
+        if not result.converged:
+            warnings.warn(
+                f"{type(self).__name__} stopped after {result.n_clocks} iterations ({limit}={getattr(self, limit)}) "
+                f"before converging (objective {result.objective:.6g}); raise {limit} or tol",
+                ConvergenceWarning, stacklevel=3)

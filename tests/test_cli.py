@@ -51,7 +51,7 @@ def test_checkpoint_and_resume_flags(tmp_path):
     common = ["run", "lasso", "--rows", "3000", "--features", "60", "--no-progress", "--checkpoint", store,
               "--checkpoint-policy", "full", "--checkpoint-every", "1"]
     r = run(common + ["--max-clocks", "2"])
-    assert r.returncode == 1 and "checkpoints: 2 published" in r.stdout  # stopped before converging
+    assert r.returncode == 0 and "checkpoints: 2 published" in r.stdout  # stopped at --max-clocks: a normal end
     r = run(common + ["--resume"])
     assert r.returncode == 0, r.stderr
     assert "resumed" in r.stdout and "clock   3" in r.stdout and "clock   1 " not in r.stdout
