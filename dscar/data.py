@@ -232,8 +232,8 @@ class FileData:
                     read_header = (np.lib.format.read_array_header_1_0 if version == (1, 0)
                                    else np.lib.format.read_array_header_2_0)
                     shape, fortran, dtype = read_header(f)
-                except (ValueError, OSError, EOFError, SyntaxError) as e:
-                    raise InvalidInputError(f"{p}: malformed .npy header ({e})") from None
+                except Exception as e:  # NumPy raises ValueError, SyntaxError, tokenize errors...
+                    raise InvalidInputError(f"{p}: malformed .npy header ({type(e).__name__}: {e})") from None
                 if fortran and len(shape) > 1:
                     raise InvalidInputError(f"{p} is in Fortran order; save it in C order to shard by rows")
                 if dtype.hasobject:

@@ -17,6 +17,8 @@ def run(args, timeout=120, env=None):
 def test_help():
     r = run(["--help"])
     assert r.returncode == 0 and "run" in r.stdout
+    for model in ("lasso", "lda", "mlr", "mf"):  # the models are listed with what they do
+        assert f"\n  {model} " in r.stdout, model
     r = run(["run", "--help"])
     assert r.returncode == 0 and "lasso" in r.stdout
     r = run(["run", "lasso", "--help"])
@@ -44,6 +46,8 @@ def test_run_with_injected_faults_prints_the_events():
     for kind in ("fault-kill", "worker-lost", "partition-restored", "recovery-done"):
         assert kind in r.stdout, kind
     assert "keeping checkpoints in" in r.stdout and "dscar lasso: converged" in r.stdout
+    store = r.stdout.split("keeping checkpoints in ")[1].split()[0]
+    assert not os.path.exists(store)  # the temporary store is removed at the end
 
 
 def test_checkpoint_and_resume_flags(tmp_path):
@@ -112,3 +116,41 @@ def test_run_lasso_against_a_separately_started_scheduler_and_workers(tmp_path):
                 p.wait(timeout=20)
             except subprocess.TimeoutExpired:
                 p.kill()
+
+
+@pytest.mark.parametrize("argv", [
+    ["run", "lasso", "--rows", "0"], ["run", "lasso", "--features", "0"], ["run", "lasso", "--shards", "2.5"],
+    ["run", "lasso", "--workers", "1.5"], ["run", "lasso", "--max-clocks", "2.5"], ["run", "lasso", "--tol", "nan"],
+    ["run", "lda", "-K", "0"], ["run", "lda", "-K", "-3"], ["run", "lda", "--doc-length", "0"],
+    ["run", "lda", "--beta", "0"], ["run", "mlr", "--classes", "1"], ["run", "mlr", "--rows", "-1"],
+    ["run", "mf", "--rank", "0"], ["run", "mf", "--test-size", "1"], ["run", "lasso", "--bogus"], ["run", "nomodel"],
+    ["run", "lasso", "--scheduler", "nonsense"], ["run", "lasso", "--scheduler", "tls://127.0.0.1:1"],
+    ["run", "lasso", "--kill", "0:50", "--max-clocks", "3"], ["run", "lasso", "--tls-cert", "c.pem"],
+])
+def test_bad_options_of_any_model_are_one_line_errors(argv, capsys):
+    """Every bad flag, engine or model, is one line ``dscar: error: ...`` and exit status 2."""
+    from dscar.cli import main
+
+    try:
+        code = main(argv + ["--no-progress"])
+    except SystemExit as e:
+        code = e.code
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and err[0].startswith("dscar: error: "), (code, err)
+
+
+def test_errors_print_no_traceback():
+    for argv in (["run", "lda", "-K", "0"], ["run", "lasso", "--scheduler", "not-an-address:::"]):
+        r = run(argv + ["--no-progress"], timeout=60)
+        assert r.returncode == 2 and r.stderr.startswith("dscar: error: ") and "Traceback" not in r.stderr, r.stderr
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("argv", [
+    ["run", "lda", "--synthetic", "--docs", "200", "--vocab", "300", "--doc-length", "20", "-K", "5"],
+    ["run", "mlr", "--rows", "600", "--features", "10", "--classes", "3"],
+])
+def test_a_run_stopped_by_max_clocks_exits_0(argv):
+    r = run(argv + ["--max-clocks", "2", "--no-progress"], timeout=200)
+    assert r.returncode == 0, r.stderr
+    assert "stopped after 2 clocks" in r.stdout.strip().splitlines()[-1]
