@@ -15,6 +15,7 @@ multi-phase clocks (e.g. ratings grouped by user, then by item, for ALS).
 """
 from __future__ import annotations
 
+import math
 import posixpath
 from dataclasses import dataclass
 from typing import Any, Mapping
@@ -330,10 +331,20 @@ class FileData:
         return out
 
 
-def as_data(data: Any, n_shards: int) -> ArrayData | FileData | PhasedData:
-    """Accept a mapping of arrays, an ``ArrayData`` / ``FileData`` / ``PhasedData``, or a path / URL string."""
-    if isinstance(data, (ArrayData, FileData, PhasedData)):
+def as_data(data: Any, n_shards: int | None, client: Any = None) -> "ArrayData | FileData | PhasedData | DaskData":
+    """Accept a mapping of arrays (NumPy, SciPy or Dask), an ``ArrayData`` / ``FileData`` /
+    ``PhasedData`` / ``DaskData``, or a path / URL string. Dask collections need the ``client``
+    of the cluster they are computed on."""
+    if isinstance(data, (ArrayData, FileData, PhasedData, DaskData)):
         return data
+    if is_dask(data):
+        if client is None:
+            raise InvalidInputError("Dask collections train on the cluster they live on: pass cluster= "
+                                    "(a distributed.Client, its address or a dscar.Cluster)")
+        if not isinstance(data, Mapping):
+            raise InvalidInputError("give Dask collections as a dict of name -> array / DataFrame / Series, "
+                                    "e.g. {'X': X, 'y': y}")
+        return DaskData(data, n_shards, client=client)
     if isinstance(data, str) or hasattr(data, "__fspath__"):
         return FileData(str(data), n_shards)
     if isinstance(data, Mapping) and data and all(isinstance(v, (Mapping, ArrayData)) for v in data.values()):
@@ -343,3 +354,172 @@ def as_data(data: Any, n_shards: int) -> ArrayData | FileData | PhasedData:
     raise InvalidInputError(
         f"data must be a dict of arrays, a FileData or a path/URL, not {type(data).__name__}"
     )
+
+
+# ------------------------------------------------------------------ Dask collections
+def is_dask(data: Any) -> bool:
+    """Whether ``data`` is a Dask collection or a mapping holding one (no Dask import needed)."""
+    def one(v: Any) -> bool:
+        return hasattr(v, "__dask_graph__") and callable(getattr(v, "__dask_keys__", None))
+
+    if isinstance(data, Mapping):
+        return any(one(v) for v in data.values())
+    return one(data)
+
+
+def _dask_columns(name: str, v: Any, client: Any):
+    """A Dask array of ``v`` (an array, a DataFrame or Series, or a NumPy array) with known row chunks."""
+    import dask.array as da
+
+    if isinstance(v, da.Array):
+        a = v
+    elif hasattr(v, "to_dask_array"):  # dask.dataframe: row counts per partition, computed on the workers
+        lengths = tuple(int(n) for n in client.compute(v.map_partitions(len)).result())
+        a = v.to_dask_array(lengths=lengths)
+    elif isinstance(v, np.ndarray) or sp.issparse(v):
+        if sp.issparse(v):
+            raise InvalidInputError(f"{name}: mix SciPy sparse arrays with Dask collections through a dense "
+                                    "dask.array, or give every array as NumPy / SciPy")
+        a = da.from_array(v, chunks=(max(1, v.shape[0]),) + v.shape[1:]) if v.ndim else None
+    else:
+        raise InvalidInputError(f"{name}: a Dask array, DataFrame or Series (or a NumPy array) expected, "
+                                f"not {type(v).__name__}")
+    if a is None or a.ndim == 0 or a.shape[0] == 0:
+        raise InvalidInputError(f"{name} is empty or 0-d")
+    if any(math.isnan(c) for c in a.chunks[0]) or math.isnan(a.shape[0]):
+        raise InvalidInputError(f"{name}: unknown chunk sizes; call .compute_chunk_sizes() first")
+    if np.dtype(a.dtype).kind not in "biuf":
+        raise InvalidInputError(f"{name} has dtype {a.dtype}; dscar needs numbers")
+    return a
+
+
+class DaskData:
+    """Dask collections (arrays, DataFrames, Series; from Zarr, Parquet, generated...) as training
+    data, sharded where their chunks live.
+
+    The collections are persisted on the cluster (computed by the workers; nothing passes
+    through the driver), their row chunks become the shards (``n_shards`` re-cuts the rows
+    into equal shards, on the workers), and each worker reads a shard from the persisted chunk
+    itself: from its own memory when the chunk is there, else from the worker that holds it.
+    The driver keeps the persisted collections (so the chunks stay) and their metadata only.
+    """
+
+    reloadable = True
+
+    def __init__(self, arrays: Mapping[str, Any], n_shards: int | None = None, *, client: Any):
+        if not arrays:
+            raise InvalidInputError("no data arrays given")
+        cols = {k: _dask_columns(k, v, client) for k, v in arrays.items()}
+        rows = {k: a.shape[0] for k, a in cols.items()}
+        if len(set(rows.values())) != 1:
+            raise InvalidInputError(f"arrays have different numbers of rows: {rows}")
+        n_rows = next(iter(rows.values()))
+        if n_shards is not None:
+            layout = _check_layout(n_rows, n_shards)
+            chunks = tuple(b - a for a, b in layout)
+        else:
+            chunks = next(iter(cols.values())).chunks[0]  # the first array's row chunks are the shards
+        cols = {k: a.rechunk({0: chunks, **{i: -1 for i in range(1, a.ndim)}}) for k, a in cols.items()}
+        names = list(cols)
+        persisted = client.persist([cols[k] for k in names])
+        _wait_computed(client, persisted)
+        self._arrays = dict(zip(names, persisted))  # holds the chunks on the workers while this lives
+        bounds = tuple(zip(np.cumsum((0,) + chunks[:-1]).tolist(), np.cumsum(chunks).tolist()))
+        self.meta = DataMeta(
+            n_rows=int(n_rows),
+            n_shards=len(chunks),
+            shapes={k: tuple(int(s) for s in a.shape[1:]) for k, a in self._arrays.items()},
+            dtypes={k: np.dtype(a.dtype).name for k, a in self._arrays.items()},
+            sparse={k: False for k in self._arrays},
+            shard_bounds=_check_bounds(n_rows, bounds),
+        )
+        keys = {}
+        for k, a in self._arrays.items():  # one block per row chunk (the other axes are whole): its key
+            keys[k] = [_flat_key(row) for row in a.__dask_keys__()]
+        self._loader = DaskChunks(keys, self.meta.shard_bounds)
+
+    def loader(self) -> "DaskChunks":
+        return self._loader
+
+
+def _wait_computed(client: Any, collections: list) -> None:
+    """Wait until the workers hold every chunk; a chunk that failed (a missing file, a bad
+    graph) is an ``InvalidInputError`` before the job starts."""
+    from distributed import futures_of
+    from distributed.client import _wait
+
+    futures = futures_of(collections)
+    client.sync(_wait, futures)
+    bad = [f for f in futures if f.status == "error"]
+    if bad:
+        e = bad[0].exception()
+        raise InvalidInputError(f"computing the Dask data failed in {len(bad)} chunk(s), first {bad[0].key!r}: "
+                                f"{type(e).__name__}: {e}")
+
+
+def _flat_key(k: Any) -> Any:
+    while isinstance(k, list):  # the nested key lists of a block grid that is one block wide
+        (k,) = k
+    return k
+
+
+@dataclass(frozen=True)
+class DaskChunks:
+    """What a worker needs to read a shard of ``DaskData``: the persisted chunks' keys (picklable,
+    small: the job spec carries it to every worker)."""
+
+    keys: dict[str, list]
+    bounds: tuple[tuple[int, int], ...]
+
+    def load_shard(self, i: int) -> dict[str, np.ndarray]:
+        """Shard ``i``'s chunks (runs on a worker): from this worker's memory, else from their holder."""
+        worker = _this_worker()
+        out = {}
+        for name, keys in self.keys.items():
+            out[name] = np.asarray(_chunk(worker, keys[i]))
+        a, b = self.bounds[i]
+        for k, v in out.items():
+            if v.shape[0] != b - a:
+                raise InvalidInputError(f"chunk {self.keys[k][i]!r} of {k} has {v.shape[0]} rows, expected {b - a}")
+            _check_finite(k, v, f" (rows {a}:{b})")
+        return out
+
+
+def _this_worker():
+    """The Dask worker whose dscar thread runs this call (a process may hold several workers)."""
+    import threading
+
+    from distributed import Worker
+
+    workers = list(Worker._instances)
+    me = threading.current_thread()
+    for w in workers:
+        for p in getattr(w, "plugins", {}).values():
+            if getattr(p, "_thread", None) is me:
+                return w
+    try:
+        from distributed import get_worker
+
+        return get_worker()
+    except ValueError:
+        pass
+    if len(workers) == 1:
+        return workers[0]
+    raise RuntimeError("cannot tell which Dask worker runs this shard")
+
+
+def _chunk(worker, key) -> Any:
+    """A persisted chunk: in this worker's memory, or fetched from a worker that holds it."""
+    from distributed.utils import sync
+    from distributed.worker import get_data_from_worker
+
+    try:
+        return worker.data[key]
+    except KeyError:
+        pass
+    who = [a for holders in sync(worker.loop, worker.scheduler.who_has, keys=[key]).values() for a in holders]
+    for addr in who:
+        r = sync(worker.loop, get_data_from_worker, rpc=worker.rpc, keys=[key], worker=addr, who=worker.address)
+        if r.get("status") == "OK" and key in r["data"]:
+            return r["data"][key]
+    raise LookupError(f"chunk {key!r} is held by no live worker (was it released?)")

@@ -23,7 +23,7 @@ from . import checkpoint as ckpt
 from . import validation
 from .algorithm import Algorithm, TableSpec
 from .cluster import Cluster, default_memory_limit
-from .data import ArrayData, FileData, PhasedData, as_data
+from .data import ArrayData, FileData, PhasedData, as_data, is_dask
 from .errors import ClusterError, InvalidInputError, JobFailedError
 from .faults import Fault, resolve
 from .monitor import ThroughputMonitor
@@ -155,13 +155,16 @@ def fit(
     owned = cluster is None
     cl = None if owned else Cluster(cluster)
     try:
+        if owned and is_dask(data):  # Dask collections are computed by the cluster that trains on them
+            cl = Cluster(None, n_workers=n_workers)
+            cl.wait_for_workers(n_workers)
         n_live = n_workers if owned else len(cl.wait_for_workers(1))
-        if n_shards is None and not isinstance(data, FileData):
+        if n_shards is None and not isinstance(data, FileData) and not is_dask(data):
             n_shards = SHARDS_PER_WORKER * n_live
             rows = _n_rows(data)
             if rows is not None:
                 n_shards = max(n_live, min(n_shards, rows))
-        d = as_data(data, n_shards)
+        d = as_data(data, n_shards, None if cl is None else cl.client)
         _check_phases(algorithm, d.meta)
         for name, k in d.meta.phases or (("", d.meta.n_shards),):
             if k < n_live:
@@ -176,7 +179,7 @@ def fit(
             tables = [replace(t, n_parts=parts[t.name]) for t in tables]
         if all(isinstance(f, Fault) and isinstance(f.worker, int) for f in faults):
             resolve(faults, [f"worker {i}" for i in range(n_live)])  # checked before a cluster starts
-        if owned:
+        if owned and cl is None:
             cl = Cluster(None, n_workers=n_workers)
             cl.wait_for_workers(n_workers)
         run = _Run(cl, algorithm, d, tables, tol, max_failures)

@@ -125,7 +125,7 @@ def fault_clocks(faults: Iterable[Any], max_clocks: int) -> None:
         clock = integer(f"{kind} fault clock", getattr(f, "clock", None), 1)
         integer(f"{kind} fault until", getattr(f, "until", None), clock, optional=True)
         if kind == "slow":
-            number("slowdown factor", getattr(f, "factor", None), 1.0)
+            number("slowdown factor", f.factor)  # its range: faults.resolve
         if clock > max_clocks:
             raise InvalidInputError(
                 f"{kind} fault aimed at clock {clock}, but the run stops at max_clocks={max_clocks}: "
