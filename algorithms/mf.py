@@ -414,6 +414,13 @@ class MF(dscar.EstimatorMixin):
     def _coo(X):
         if sp.issparse(X):
             return from_sparse(X)
+        if dscar.data.is_dask(X) and hasattr(X, "columns"):
+            # a dask DataFrame (e.g. dd.read_parquet) of user, item, rating columns: ALS groups the
+            # ratings by user and by item, so the three columns come to the driver (24 bytes a rating)
+            if len(X.columns) < 3:
+                raise InvalidInputError(f"a ratings DataFrame needs user, item and rating columns, got {list(X.columns)}")
+            df = X[list(X.columns[:3])].compute()
+            return tuple(df.iloc[:, j].to_numpy() for j in range(3))
         try:
             u, i, r = X
         except (TypeError, ValueError):

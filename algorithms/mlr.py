@@ -314,8 +314,17 @@ class MLR(dscar.EstimatorMixin):
                       seed=self.seed, tol=self.tol)
 
     def fit(self, X, y) -> "MLR":
-        labels = check_labels(y)
-        self.classes_, codes = np.unique(labels, return_inverse=True)
+        if dscar.data.is_dask(y):  # the labels stay on the cluster: only their distinct values come here
+            import dask.array as da
+
+            y = y.to_dask_array(lengths=True) if hasattr(y, "to_dask_array") else y
+            self.classes_ = check_labels(self._compute_small(da.unique(y)))
+            classes = self.classes_
+            codes = y.map_blocks(lambda b: np.searchsorted(classes, np.asarray(b).reshape(-1)).astype(np.int64),
+                                 dtype=np.int64, chunks=(y.chunks[0],), drop_axis=list(range(1, y.ndim)))
+        else:
+            labels = check_labels(y)
+            self.classes_, codes = np.unique(labels, return_inverse=True)
         algo = self._algorithm(len(self.classes_))  # hyperparameters checked before any work
         opts = self._engine_options()
         res = dscar.fit(algo, {"X": X, "y": codes.astype(np.int64)}, self.cluster, n_workers=opts["n_workers"],

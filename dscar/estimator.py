@@ -43,6 +43,17 @@ class EstimatorMixin:
         out["progress"] = validation.boolean("progress", getattr(self, "progress", None), optional=True)
         return out
 
+    def _compute_small(self, collection: Any) -> Any:
+        """A small result of a Dask collection (e.g. the distinct labels), computed by the
+        estimator's cluster when it has one (else by Dask's default scheduler)."""
+        from .cluster import Cluster
+
+        client = getattr(self, "cluster", None)
+        client = client.client if isinstance(client, Cluster) else client
+        if hasattr(client, "compute") and hasattr(client, "scheduler"):
+            return client.compute(collection).result()
+        return collection.compute()
+
     def _warn_unconverged(self, result: Any, limit: str = "max_iter") -> None:
         """``ConvergenceWarning`` when the fit stopped at its iteration limit, as scikit-learn warns."""
         if not result.converged:
