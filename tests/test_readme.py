@@ -42,6 +42,11 @@ def _data_files(where: Path) -> None:
     rows = [f"{k % 3} " + " ".join(f"{j}:{((k * j) % 7) / 7 + (k % 3 == j % 3):.3f}" for j in range(1, 9)) + "\n"
             for k in range(120)]
     (where / "news20.svm").write_text("".join(rows))
+    import pandas as pd
+
+    users, items = zip(*[(u, i) for u in range(50) for i in range(30) if (u * i) % 4 != 1])
+    pd.DataFrame({"user": users, "item": items, "rating": [1.0 + (u + 2 * i) % 5 for u, i in zip(users, items)]}
+                 ).to_parquet(where / "ratings.parquet")
 
 
 def test_the_readme_has_the_blocks_this_test_expects():
