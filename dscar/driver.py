@@ -20,7 +20,7 @@ from distributed.protocol import to_serialize
 from distributed.protocol.pickle import dumps
 
 from . import checkpoint as ckpt
-from . import validation
+from . import results, validation
 from .algorithm import Algorithm, TableSpec
 from .cluster import Cluster, default_memory_limit
 from .data import ArrayData, FileData, PhasedData, as_data, is_dask
@@ -55,7 +55,7 @@ class ClockRecord:
 class FitResult:
     """Final parameters (host NumPy), per-clock history and the event log."""
 
-    params: dict[str, np.ndarray]
+    params: dict[str, np.ndarray]  # Dask arrays for tables over fit's result_budget (kept on the cluster)
     history: list[ClockRecord]
     events: list[dict[str, Any]]
     converged: bool
@@ -103,6 +103,7 @@ def fit(
     monitor: dict[str, Any] | None = None,
     checkpoint: "ckpt.CheckpointConfig | str | None" = None,
     resume: bool = False,
+    result_budget: float | None = None,
 ) -> FitResult:
     """Train ``algorithm`` on ``data`` on a Dask cluster.
 
@@ -123,6 +124,10 @@ def fit(
     the defaults: priority checkpoints, partial recovery) lets the job survive
     the loss of workers that own partitions; ``resume=True`` continues from the
     newest checkpoint in it (same model, same data).
+
+    Results: ``param`` tables come back as NumPy arrays; with ``result_budget`` (bytes), a
+    table larger than that stays on the cluster as a Dask array backed by its partitions
+    (on the workers that owned them; it needs a ``cluster`` that outlives the fit).
     """
     if not isinstance(algorithm, Algorithm):
         raise InvalidInputError(f"algorithm must be a dscar.Algorithm, not {type(algorithm).__name__}")
@@ -173,6 +178,10 @@ def fit(
         algorithm.validate(d.meta)
         tables = [_resolve_parts(t, n_live) for t in algorithm.tables(d.meta)]
         validation.check_table_memory(tables, n_live, default_memory_limit(n_workers) if owned else cl.memory_limit)
+        result_budget = validation.number("result_budget", result_budget, 0.0, optional=True)
+        if owned and any(results.over_budget(t, result_budget) for t in tables):
+            raise InvalidInputError("tables over result_budget stay on the cluster, so the cluster must outlive "
+                                    "the fit: pass cluster= (a dscar.Cluster, a Client or an address)")
         resume_from = ckpt.find_resume(checkpoint, _model_info(algorithm, d.meta), tables, notes) if resume else None
         if resume_from is not None:
             parts = {t: int(p) for t, _, p, _ in resume_from[0]["tables"]}
@@ -185,7 +194,7 @@ def fit(
         run = _Run(cl, algorithm, d, tables, tol, max_failures)
         run.events.extend(notes)
         run.options = {"sharding": sharding, "policies": policy_objs, "faults": faults, "monitor": dict(monitor or {}),
-                       "checkpoint": checkpoint, "resume": resume_from}
+                       "checkpoint": checkpoint, "resume": resume_from, "result_budget": result_budget}
         return run.run(max_clocks, progress)
     finally:
         if owned and cl is not None:
@@ -442,6 +451,9 @@ class _Run:
         out = {}
         for t in self.tables:
             if t.kind != "param":
+                continue
+            if results.over_budget(t, self.options.get("result_budget")):
+                out[t.name] = await results.keep_on_cluster(self.client, self.job_id, t, owner)
                 continue
             parts = await asyncio.gather(*(
                 self.client.rpc(owner[(t.name, p)]).dscar_pull(job_id=self.job_id, table=t.name, part=p, lo=0, hi=b - a)
