@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 import posixpath
+import time
 from dataclasses import dataclass
 from typing import Any, Mapping
 
@@ -508,6 +509,10 @@ def _this_worker():
     raise RuntimeError("cannot tell which Dask worker runs this shard")
 
 
+#: how long a worker waits for a persisted chunk whose holder was lost to be recomputed
+CHUNK_WAIT_S = 60.0
+
+
 def _chunk(worker, key) -> Any:
     """A persisted chunk: in this worker's memory, or fetched from a worker that holds it."""
     from distributed.utils import sync
@@ -517,9 +522,18 @@ def _chunk(worker, key) -> Any:
         return worker.data[key]
     except KeyError:
         pass
-    who = [a for holders in sync(worker.loop, worker.scheduler.who_has, keys=[key]).values() for a in holders]
-    for addr in who:
-        r = sync(worker.loop, get_data_from_worker, rpc=worker.rpc, keys=[key], worker=addr, who=worker.address)
-        if r.get("status") == "OK" and key in r["data"]:
-            return r["data"][key]
-    raise LookupError(f"chunk {key!r} is held by no live worker (was it released?)")
+    deadline = time.monotonic() + CHUNK_WAIT_S
+    while True:
+        who = [a for holders in sync(worker.loop, worker.scheduler.who_has, keys=[key]).values() for a in holders]
+        for addr in who:
+            try:
+                r = sync(worker.loop, get_data_from_worker, rpc=worker.rpc, keys=[key], worker=addr, who=worker.address)
+            except OSError:  # that holder just left
+                continue
+            if r.get("status") == "OK" and key in r["data"]:
+                return r["data"][key]
+        # no holder: a lost worker held it and the scheduler recomputes it (the driver's
+        # persisted collection still wants it), or it was released
+        if time.monotonic() > deadline:
+            raise LookupError(f"chunk {key!r} is held by no live worker after {CHUNK_WAIT_S:.0f}s")
+        time.sleep(0.2)

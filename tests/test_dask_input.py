@@ -115,3 +115,19 @@ def test_a_gigabyte_dask_array_trains_lasso_and_mlr_with_a_small_driver(tmp_path
     assert got["lasso_converged"] and 10 <= got["lasso_nnz"] and abs(got["lasso_w0"] - 1) < 0.05
     assert got["mlr_classes"] == [0, 1, 2] and got["mlr_clocks"] == 2
     assert got["driver_peak_rss_gib"] < 0.4 * got["data_gib"], got  # the data never passed through it
+
+
+@pytest.mark.timeout(240)
+def test_a_lost_worker_holding_chunks_is_survived():
+    """The chunks a killed worker held are recomputed by Dask; its shards are read again from them."""
+    from dscar import faults
+
+    with dscar.Cluster(n_workers=3) as cl:
+        rs = da.random.RandomState(1)
+        X = rs.standard_normal((12000, 40), chunks=(1000, 40))
+        y = X[:, :4].sum(axis=1) + 0.1 * rs.standard_normal(12000, chunks=1000)
+        ref = dscar.fit(LassoCD(0.001), {"X": X, "y": y}, cl)
+        res = dscar.fit(LassoCD(0.001), {"X": X, "y": y}, cl, faults=[faults.kill(1, 3)])
+    kinds = {e["kind"] for e in res.events}
+    assert {"fault-kill", "worker-lost", "recovery-done"} <= kinds
+    assert res.converged and abs(res.objective - ref.objective) <= 1e-8 * ref.objective
