@@ -6,8 +6,8 @@ import sys
 import time
 from typing import Any, Protocol
 
-from .errors import DscarError
-from .validation import arg_float, arg_int
+from .errors import DscarError, InvalidInputError
+from .validation import arg_float, arg_int, fault_clocks
 
 
 class _Parser(argparse.ArgumentParser):
@@ -108,8 +108,6 @@ def _checkpoint_config(args, faults: list):
     url = args.checkpoint
     if url is None:
         if args.resume:
-            from .errors import InvalidInputError
-
             raise InvalidInputError("--resume needs --checkpoint DIR_OR_URL")
         if not needs_store(faults):
             return None
@@ -124,8 +122,6 @@ def _cluster(args):
     tls = (args.tls_ca_file, args.tls_cert, args.tls_key)
     if args.scheduler is None:
         if any(tls) or args.timeout is not None:
-            from .errors import InvalidInputError
-
             raise InvalidInputError("--tls-* and --timeout apply to --scheduler only")
         return None
     from .cluster import Cluster
@@ -135,8 +131,6 @@ def _cluster(args):
         from distributed import Security
 
         if not all(tls):
-            from .errors import InvalidInputError
-
             raise InvalidInputError("TLS needs all of --tls-ca-file, --tls-cert and --tls-key")
         security = Security(tls_ca_file=tls[0], tls_client_cert=tls[1], tls_client_key=tls[2], require_encryption=True)
     return Cluster(args.scheduler, timeout=args.timeout, security=security)
@@ -154,6 +148,7 @@ def main(argv: list[str] | None = None) -> int:
     checkpoint = cluster = None
     try:
         faults = [faults_mod.parse(kind, text) for kind in ("slow", "kill", "hang") for text in getattr(args, kind)]
+        fault_clocks(faults, args.max_clocks)
         policies = None
         if args.policies is not None:
             policies = [] if args.policies == "none" else [p.strip() for p in args.policies.split(",") if p.strip()]

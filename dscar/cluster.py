@@ -15,8 +15,9 @@ from .worker import ParamServer
 
 #: how long a silent (hung) worker may stay before the scheduler drops it
 DEFAULT_WORKER_TTL = "10s"
-#: seconds to reach a scheduler given by address (``timeout=`` overrides): an unreachable one
-#: is reported this fast, not after Dask's 30 s connect timeout (and its 60 s close on exit)
+#: seconds to reach a scheduler given by address (``timeout=`` or a lower Dask connect timeout
+#: override it): an unreachable one is reported this fast, not after Dask's 30 s connect
+#: timeout (and a 60 s close on exit)
 DEFAULT_CONNECT_TIMEOUT = 10.0
 
 
@@ -123,7 +124,10 @@ class Cluster:
             self.client = Client(address, set_as_default=False, security=security)
             self._owned.insert(0, self.client)
         elif isinstance(address, str):
-            timeout = number("timeout", DEFAULT_CONNECT_TIMEOUT if timeout is None else timeout, 0.0, strict_min=True)
+            if timeout is None:  # Dask's connect timeout when set lower than dscar's default
+                timeout = min(DEFAULT_CONNECT_TIMEOUT,
+                              dask.utils.parse_timedelta(dask.config.get("distributed.comm.timeouts.connect")))
+            timeout = number("timeout", timeout, 0.0, strict_min=True)
             check_address(address, security, timeout)
             try:
                 self.client = Client(address, timeout=timeout, set_as_default=False, security=security)

@@ -108,7 +108,8 @@ def fit(
     """Train ``algorithm`` on ``data`` on a Dask cluster.
 
     ``data``: a dict of row-aligned NumPy / SciPy sparse arrays, a ``FileData``,
-    or a directory path / fsspec URL. ``cluster``: None (an embedded LocalCluster
+    a directory path / fsspec URL, or a dict of Dask arrays / DataFrames / Series
+    (persisted on the cluster; their row chunks are the shards, read by the workers). ``cluster``: None (an embedded LocalCluster
     of ``n_workers`` processes, closed afterwards), a scheduler address, a
     ``distributed.Client`` or a ``dscar.Cluster``. Stops when the algorithm's
     ``converged(history, tol)`` holds or after ``max_clocks`` clocks.

@@ -32,14 +32,18 @@ def _range_text(minimum: float | None, maximum: float | None, strict_min: bool) 
     return " and ".join(parts)
 
 
+def _want(what: str, minimum: float | None, maximum: float | None, strict_min: bool, optional: bool) -> str:
+    rng = _range_text(minimum, maximum, strict_min)
+    return f"{what}{' ' + rng if rng else ''}{' or None' if optional else ''}"
+
+
 def integer(name: str, v: Any, minimum: int | None = None, maximum: int | None = None, *,
             optional: bool = False) -> int | None:
     """``v`` as an ``int``, or ``InvalidInputError``: it must be an integer (not a bool, a
     float or a string) in ``[minimum, maximum]``. ``optional``: ``None`` passes through."""
     if v is None and optional:
         return None
-    rng = _range_text(minimum, maximum, False)
-    want = f"an integer{' ' + rng if rng else ''}{' or None' if optional else ''}"
+    want = _want("an integer", minimum, maximum, False, optional)
     if isinstance(v, bool) or not isinstance(v, numbers.Integral):
         raise InvalidInputError(f"{name} must be {want}, got {v!r} ({type(v).__name__})")
     if not _bound(int(v), minimum, maximum, False):
@@ -53,8 +57,7 @@ def number(name: str, v: Any, minimum: float | None = None, maximum: float | Non
     string) in range (``strict_min``: strictly above ``minimum``)."""
     if v is None and optional:
         return None
-    rng = _range_text(minimum, maximum, strict_min)
-    want = f"a finite number{' ' + rng if rng else ''}{' or None' if optional else ''}"
+    want = _want("a finite number", minimum, maximum, strict_min, optional)
     if isinstance(v, bool) or not isinstance(v, numbers.Real):
         raise InvalidInputError(f"{name} must be {want}, got {v!r} ({type(v).__name__})")
     f = float(v)

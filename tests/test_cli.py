@@ -154,3 +154,16 @@ def test_a_run_stopped_by_max_clocks_exits_0(argv):
     r = run(argv + ["--max-clocks", "2", "--no-progress"], timeout=200)
     assert r.returncode == 0, r.stderr
     assert "stopped after 2 clocks" in r.stdout.strip().splitlines()[-1]
+
+
+@pytest.mark.timeout(180)
+def test_resume_compares_the_model_not_the_stopping_rule(tmp_path):
+    store = str(tmp_path / "ckpt")
+    common = ["run", "lasso", "--rows", "3000", "--features", "60", "--no-progress", "--checkpoint", store,
+              "--checkpoint-policy", "full", "--checkpoint-every", "1", "--alpha", "0.01"]
+    r = run(common + ["--max-clocks", "2"])
+    assert r.returncode == 0, r.stderr
+    r = run(common + ["--alpha", "0.5", "--resume"])  # another model: refused, the key named
+    assert r.returncode == 2 and "differing: alpha: checkpoint 0.01, this fit 0.5" in r.stderr, r.stderr
+    r = run(common + ["--resume", "--tol", "1e-3"])  # another stopping rule: resumes
+    assert r.returncode == 0 and "resumed" in r.stdout, r.stderr
