@@ -92,9 +92,9 @@ def test_partitions_live_on_their_owners_and_pull_push_between_processes(procs):
             client.sync(client.rpc(w).dscar_init, job_id="direct", parts=[[t, p]])
         w0 = owners[("count", 0)]
         stage = client.rpc(w0).dscar_stage
-        client.sync(stage, job_id="direct", key=[1, 0, 0], updates=[["count", 0, 1, to_serialize(np.array([2.0, 3.0])), None]])
-        client.sync(stage, job_id="direct", key=[1, 1, 0], updates=[["count", 0, 0, to_serialize(np.array([7.0])), None]])
-        client.sync(client.rpc(w0).dscar_apply, job_id="direct", clock=1, committed=[[0, 0]])  # only shard 0 committed
+        client.sync(stage, job_id="direct", key=[1, 0, 0], run=1, updates=[["count", 0, 1, to_serialize(np.array([2.0, 3.0])), None]])
+        client.sync(stage, job_id="direct", key=[1, 1, 0], run=1, updates=[["count", 0, 0, to_serialize(np.array([7.0])), None]])
+        client.sync(client.rpc(w0).dscar_apply, job_id="direct", clock=1, run=1, committed=[[0, 0]])  # only shard 0 committed
         got = client.sync(client.rpc(w0).dscar_pull, job_id="direct", table="count", part=0, lo=0, hi=5)["data"]
         np.testing.assert_array_equal(got, [0.0, 2.0, 3.0, 0.0, 0.0])
         info = client.sync(client.rpc(w0).dscar_info, job_id="direct")
