@@ -203,7 +203,15 @@ class Coordinator(SchedulerPlugin):
         self._wake()
         return {"status": "OK"}
 
-    async def _h_begin_clock(self, job_id: str, clock: int) -> dict:
+    async def _h_begin_clock(self, job_id: str, clock: int, wait: float = 0.0, events_from: int = 0) -> dict:
+        """Begin ``clock``; with ``wait``, then long-poll for its report as ``dscar_wait`` does (one
+        round trip where a clock is quick)."""
+        r = await self._begin(job_id, clock)
+        if r["status"] != "OK" or wait <= 0:
+            return r
+        return await self._h_wait(job_id, clock, wait, events_from)
+
+    async def _begin(self, job_id: str, clock: int) -> dict:
         job = self.jobs[job_id]
         while job.machine.recovering and not job.failed:
             await self._wait_change(1.0)

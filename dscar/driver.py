@@ -473,20 +473,19 @@ class _Run:
             bar.update(first - 1)
             for clock in range(first, max_clocks + 1):
                 t0 = time.perf_counter()
-                r = self._sync(sched.dscar_begin_clock, job_id=self.job_id, clock=clock)
-                if r["status"] != "OK":
-                    raise JobFailedError(r.get("error") or "the job failed")
-                while True:
-                    r = self._sync(sched.dscar_wait, job_id=self.job_id, clock=clock, timeout=1.0,
-                                   events_from=self._seen)
+                r = self._sync(sched.dscar_begin_clock, job_id=self.job_id, clock=clock, wait=1.0,
+                               events_from=self._seen)
+                while True:  # the coordinator's answers until the clock's report
                     self._take_events(r)
                     self._publish(r.get("publish", []))
                     if r["status"] == "done":
                         break
                     if r["status"] == "failed":
-                        raise JobFailedError(r["error"])
+                        raise JobFailedError(r.get("error") or "the job failed")
                     if r["status"] == "place":
                         self._sync(self._replace, list(r["shards"]))
+                    r = self._sync(sched.dscar_wait, job_id=self.job_id, clock=clock, timeout=1.0,
+                                   events_from=self._seen)
                 rec = ClockRecord(clock, time.perf_counter() - t0, dict(r["metrics"]),
                                   dict(r["shards_per_worker"]), dict(r["timings"]), dict(r["stage_s"]),
                                   dict(r.get("workers", {})), bool(r.get("skipped")))
