@@ -19,12 +19,14 @@ Stages of clock ``t`` (``Stage``)::
   updates carry it, and a commit or a clock-end report of an older run id is
   refused. So nothing read, staged or computed before a loss or before the
   tables last changed is ever used after.
-* **Updates are staged before commit.** A shard attempt stages its update at
-  the partition owners first, then asks to commit; the first attempt to ask wins
+* **Updates are staged before commit.** A shard attempt stages its update on
+  its own worker, then asks to commit; the first attempt to ask wins
   (``dscar.shards``). When every shard of the pass has committed, ``APPLY``
-  tells every owner to apply exactly the committed attempts' staged updates of
-  this run id and drop the rest: each shard's update is applied exactly once
-  per completed clock.
+  tells every owner to collect and apply exactly the committed attempts'
+  updates of this run id; the rest are dropped: each shard's update is applied
+  exactly once per completed clock. A worker lost with committed, unapplied
+  attempts voids them: during the pass those shards simply run again; during
+  ``APPLY`` the clock is skipped (the rebuild pass runs again).
 * **A loss** that takes parameter partitions or shard state with it starts a
   recovery (``Recover``); the machine is then ``recovering`` until
   ``recovered()``, and nothing completes meanwhile. What the loss means for the
@@ -189,11 +191,19 @@ class ClockMachine:
         self.stage = Stage.DONE
         return True
 
-    def lose(self, *, restores: bool, reductions_lost: bool = False) -> list[Action]:
+    def lose(self, *, restores: bool, reductions_lost: bool = False, unapplied: bool = False) -> list[Action]:
         """A worker was lost. ``restores``: it took partitions or shard state with it (a recovery
-        is needed); ``reductions_lost``: one of them was a reduction partition."""
+        is needed); ``reductions_lost``: one of them was a reduction partition; ``unapplied``: it
+        took committed updates of the pass being applied with it."""
+        if unapplied and not restores and self.stage is Stage.APPLY:
+            self.run_id += 1  # the apply under way is stale: some owners may have applied, others not
+            if self.applying_rebuild:
+                self.applying_rebuild, self.needs_rebuild = False, True
+                return [self._start_pass(redo=True)]
+            self.skip_reason = self.skip_reason or "a worker was lost while the clock's updates were applied"
+            return [] if self.recovering else self._skip()
         if not restores:
-            return []  # its running attempts are requeued; every table keeps its value
+            return []  # its running attempts are requeued (and its unapplied commits, in a pass); tables keep their values
         self.run_id += 1  # whatever was pulled, staged or computed before is stale now
         self.needs_rebuild = self.needs_rebuild or self.has_rebuild
         if self.stage in (Stage.SHARDS, Stage.REBUILD):

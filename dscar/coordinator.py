@@ -303,6 +303,10 @@ class Coordinator(SchedulerPlugin):
             if isinstance(r, dict) and r.get("status") == "stopped":  # an injected kill
                 await self._remove(w, "stopped by an injected fault")
                 return
+            if isinstance(r, dict) and r.get("status") == "source-lost":  # a worker that ran attempts is gone
+                if r["worker"] in self.scheduler.workers and r["worker"] not in job.lost:
+                    await self._remove(r["worker"], f"its staged updates could not be collected: {r.get('error')}")
+                return
             if isinstance(r, Exception) and w in self.scheduler.workers and w not in job.lost:
                 if isinstance(r, (OSError, asyncio.TimeoutError)):
                     await self._remove(w, f"apply did not reach it: {r!r}")  # the loss skips the clock

@@ -35,7 +35,7 @@ class ApplyPass:
 
     run_id: int
     clock: int
-    committed: list[tuple[int, int]]  # (shard, attempt)
+    committed: list[tuple[int, int, str]]  # (shard, attempt, worker that ran it and holds its update)
     reset: list[str]  # tables that start from zero
     rebuild: bool = False  # the rebuild pass (its contributions rebuild tables, they are no clock's updates)
 
@@ -180,7 +180,8 @@ class JobState:
             elif isinstance(a, Apply):
                 reset = list(self.cfg.rebuild) if a.reset_rebuild else (
                     [t for t, k in self.cfg.kinds.items() if k == "reduction"] if a.reset_reductions else [])
-                effects.append(ApplyPass(a.run_id, self.machine.clock, self.queue.committed(), reset, a.reset_rebuild))
+                effects.append(ApplyPass(a.run_id, self.machine.clock, self.queue.committed_attempts(), reset,
+                                         a.reset_rebuild))
             elif isinstance(a, RunClockEnd):
                 self.clock_end_worker = None
             elif isinstance(a, Recover):
@@ -291,9 +292,11 @@ class JobState:
 
     def clock_end_done(self, worker: str, run_id: int, metrics: dict, seconds: float, now: float) -> list[Effect]:
         """The clock-end step reported: the clock is DONE (unless a loss made its report stale)."""
-        if worker != self.clock_end_worker or not self.machine.clock_end_done(run_id):
+        if worker != self.clock_end_worker or self.machine.stage is not Stage.CLOCK_END \
+                or not self.machine.accepts(run_id):
             return []
         self._book_stage(now)
+        self.machine.clock_end_done(run_id)
         self.metrics = dict(metrics)
         self.stage_s["clock_end_compute"] = float(seconds)
         effects: list[Effect] = self._clock_policies(now)
@@ -317,7 +320,7 @@ class JobState:
 
     # ------------------------------------------------------------- policies
     def view(self, workers: list[str], now: float, idle_worker: str | None = None) -> ControllerView:
-        running = [Running(a.shard, a.worker, now - a.started, len(self.queue.running_attempts(a.shard)))
+        running = [Running(a.shard, a.worker, now - a.started, self.queue.attempts_started(a.shard))
                    for a in self.queue.running()]
         return ControllerView(self.machine.clock, workers, self.queue.counts()["todo"], running, self.monitor,
                               dict(self.stragglers), idle_worker)
@@ -395,6 +398,10 @@ class JobState:
         self.lost.add(worker)
         moving = {a.shard for a in self.queue.running() if a.fetch_from == worker and not a.backup}
         held = sorted(set(self.queue.held_by(worker)) | moving)  # shards it held, or was handing over
+        applying = self.machine.stage is Stage.APPLY
+        unapplied = any(w == worker for _, _, w in self.queue.committed_attempts()) if applying else False
+        # its commits of a pass not yet applied went with it: those shards run again
+        voided = self.queue.uncommit(worker) if self.machine.stage in (Stage.SHARDS, Stage.REBUILD) else []
         # shard state lives with the data: with a rebuild pass, a lost holder's state must come back
         state_lost = bool(held) and bool(self.cfg.rebuild)
         requeued = self.queue.worker_lost(worker)
@@ -402,7 +409,7 @@ class JobState:
         self.batch_scale.pop(worker, None)
         self.stragglers.pop(worker, None)
         owned = self.pmap.owned_by(worker)
-        self.event(now, "worker-lost", worker=worker, requeued=[a.shard for a in requeued],
+        self.event(now, "worker-lost", worker=worker, requeued=sorted({a.shard for a in requeued} | set(voided)),
                    partitions=[list(p) for p in owned])
         if self.ledger is not None:
             self.ledger.writer_lost(worker)
@@ -414,12 +421,15 @@ class JobState:
                            "needs a checkpoint store (dscar.fit(..., checkpoint=...))")
             return []
         effects: list[Effect] = []
+        if unapplied and not (owned or state_lost):
+            effects += self._carry_out(self.machine.lose(restores=False, unapplied=True), now)
         if owned or state_lost:
             self.unrecovered.add(worker)
             if state_lost:
                 self.lost_shards |= set(held)
             reductions = any(self.cfg.kinds[t] == "reduction" for t, _ in owned)
-            effects += self._carry_out(self.machine.lose(restores=True, reductions_lost=reductions), now)
+            effects += self._carry_out(self.machine.lose(restores=True, reductions_lost=reductions,
+                                                         unapplied=unapplied), now)
         if self.machine.stage is Stage.CLOCK_END and self.clock_end_worker == worker:
             effects += self._carry_out(self.machine.clock_end_failed(), now)  # while recovering: skipped after it
         return effects

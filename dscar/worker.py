@@ -7,12 +7,15 @@ is ever pinned to this worker. Parameter and shard bytes move worker to worker
 through the ``dscar_*`` handlers below, as zero-copy frames; the scheduler only
 ever sees ids and small dicts.
 
-Exactly once: a shard attempt first stages its contributions at every owner
-(concurrently) and its new shard state here, then asks the coordinator to
-commit; the answer carries the next work item. When the pass is complete the
-coordinator tells every worker which ``(shard, attempt)`` pairs committed; owners
-apply exactly those updates, in shard order (deterministic sums), holders
-install exactly those shard states, and both drop the rest. So a shard's state
+Exactly once: a shard attempt stages its contributions and its new shard state
+here, then asks the coordinator to commit; the answer carries the next work
+item. When the pass is complete the coordinator tells every worker which
+``(shard, attempt, worker)`` committed; each owner collects those attempts'
+updates to its partitions from the workers that ran them (one message per
+worker and pass) and applies exactly those, in shard order (deterministic
+sums); holders install exactly those shard states; everything else is dropped.
+A worker lost with committed, unapplied attempts takes them with it: the
+coordinator runs those shards again (or skips the clock, if it was applying). So a shard's state
 is the state as of the pass's start until the pass is applied: a backup copies
 it, and a pass run again after a loss starts from it.
 
@@ -115,7 +118,7 @@ class ParamServer(WorkerPlugin):
         self.peers = ConnectionPool(limit=64, connection_args=worker.connection_args, timeout=CONNECT_TIMEOUT_S,
                                     server=worker)
         self._peers_started = asyncio.ensure_future(self.peers.start())
-        for op in ("init", "pull", "stage", "apply", "assign", "put_shard", "take_shard", "end_job", "info", "adopt",
+        for op in ("init", "pull", "fetch_staged", "apply", "assign", "put_shard", "take_shard", "end_job", "info", "adopt",
                    "checkpoint", "restore", "forget"):
             worker.handlers[f"dscar_{op}"] = getattr(self, f"_h_{op}")
         self._thread = threading.Thread(target=self._loop, name="dscar-loop", daemon=True)
@@ -190,66 +193,96 @@ class ParamServer(WorkerPlugin):
                 out = to_host(arr[self.jobs[job_id].xp.asarray(np.asarray(rows, dtype=np.int64))])
         return {"data": to_serialize(np.ascontiguousarray(out))}
 
-    def _h_stage(self, job_id: str, key: list, run: int, updates: list) -> dict:
+    def _h_fetch_staged(self, job_id: str, run: int, keys: list, parts: list) -> dict:
+        """The updates staged here by ``keys`` (committed attempts of pass ``run``) for the caller's
+        partitions ``parts``: an owner collects them when it applies the pass."""
         job = self.jobs.get(job_id)
-        if job is None:  # the job ended (a late attempt): nothing to stage into
+        if job is None:
             return {"status": "ended"}
-        self._stage_local(job, tuple(key), run, updates)
-        return {"status": "OK"}
-
-    def _stage_local(self, job: Job, key: tuple, run: int, updates: list) -> None:
+        want = {(t, int(p)) for t, p in parts}
+        out = []
         with self._lock:
-            missing = [(t, p) for t, p, *_ in updates if (t, int(p)) not in job.parts]
-            if missing:
-                raise KeyError(f"{self.worker.address} does not own partitions {missing}")
-            _, staged = job.staged.setdefault(key, (run, []))
-            for table, part, lo, data, rows in updates:
-                rows = None if rows is None else np.asarray(rows, dtype=np.int64)
-                staged.append((table, int(part), int(lo), np.asarray(data), rows))
+            for key in keys:
+                staged_run, ups = job.staged.get(tuple(key), (None, ()))
+                if staged_run != run:
+                    return {"status": "missing", "key": list(key)}
+                out.append([list(key), [[t, p, lo, to_serialize(d), None if r is None else to_serialize(r)]
+                                        for t, p, lo, d, r in ups if (t, p) in want]])
+        return {"status": "OK", "updates": out}
 
     async def _h_apply(self, job_id: str, clock: int, run: int, committed: list, reset: list | None = None) -> dict:
-        """Apply the pass of ``run``: the committed attempts' staged updates to the partitions owned
-        here and their new shard states to the shards held here; drop everything else of the clock.
+        """Apply the pass of ``run``: the committed attempts' updates to the partitions owned here
+        (collected from the workers that ran them, one message per worker) and their new shard
+        states to the shards held here; drop everything else of the clock.
 
-        The tables named in ``reset`` start from zero (the coordinator names the reduction
-        tables at a clock's first data phase, the rebuild tables in a rebuild pass). The array
-        work runs off the event loop.
+        ``committed``: ``[shard, attempt, worker]`` of every committed attempt. The tables named in
+        ``reset`` start from zero (the reduction tables at a clock's first data phase, the rebuild
+        tables in a rebuild pass). The array work runs off the event loop.
         """
         job = self.jobs.get(job_id)
         if job is None:
             return {"applied": 0}
         if await self._ainject(job, "apply"):
             return {"status": "stopped"}
-        return await asyncio.to_thread(self._apply, job, clock, run, committed, set(reset or ()))
+        me, parts = self.worker.address, [[t, p] for t, p in job.parts]
+        by_worker: dict[str, list] = defaultdict(list)
+        for shard, attempt, worker in committed:
+            by_worker[worker].append([clock, int(shard), int(attempt)])
+        updates: dict[tuple, list] = {}
+        remote = [w for w in by_worker if w != me]
+        if parts and remote:
+            await self._peers_started
+            replies = await asyncio.gather(*(asyncio.wait_for(
+                self.peers(w).dscar_fetch_staged(job_id=job_id, run=run, keys=by_worker[w], parts=parts),
+                rpc_timeout()) for w in remote), return_exceptions=True)
+            for w, r in zip(remote, replies):
+                if isinstance(r, Exception) or r.get("status") != "OK":
+                    return {"status": "source-lost", "worker": w, "error": repr(r)}
+                for key, ups in r["updates"]:
+                    updates[tuple(key)] = [(t, int(p), int(lo), np.asarray(d), None if rw is None else
+                                            np.asarray(rw, dtype=np.int64)) for t, p, lo, d, rw in ups]
+        return await asyncio.to_thread(self._apply, job, clock, run, committed, updates, set(reset or ()))
 
-    def _apply(self, job: Job, clock: int, run: int, committed: list, reset: set) -> dict:
-        wanted = {(clock, int(s), int(a)) for s, a in committed}
-        done_shards = {int(s) for s, _ in committed}
+    def _apply(self, job: Job, clock: int, run: int, committed: list, fetched: dict, reset: set) -> dict:
+        me = self.worker.address
+        wanted = {(clock, int(s), int(a)) for s, a, _ in committed}
         applied = 0
         with self._lock:
             for (table, part), arr in job.parts.items():
                 if table in reset:
                     arr[...] = 0
-            for key in sorted(k for k in job.staged if k in wanted):
-                staged_run, ups = job.staged.pop(key)
-                if staged_run != run:
-                    continue  # staged before a loss or a redo: never applied
+            for key in sorted(wanted):  # shard order: deterministic sums
+                if key in fetched:
+                    ups = fetched[key]
+                else:
+                    staged_run, ups = job.staged.get(key, (None, ()))
+                    if staged_run != run:
+                        continue  # not run here
                 for table, part, lo, data, rows in ups:
-                    arr = job.parts[(table, part)]
+                    arr = job.parts.get((table, part))
+                    if arr is None:
+                        continue  # another owner's partition
                     if rows is None:
                         arr[lo : lo + data.shape[0]] += job.xp.asarray(data)
                     else:  # scatter-add: repeated rows add up
                         job.xp.add.at(arr, job.xp.asarray(rows), job.xp.asarray(data))
                     applied += 1
-            for key in [k for k in job.staged if k[0] <= clock]:
-                del job.staged[key]  # attempts that did not commit (or of a run before a loss)
-            for key in sorted(k for k in job.pending_state if k[0] <= clock):
-                entry, new_state = job.pending_state.pop(key)
-                if key in wanted:  # this worker ran the winning attempt: it holds the shard now
-                    entry.state = {**entry.state, **new_state}
-                    job.shards[key[1]] = entry
-                elif key[1] in done_shards and job.shards.get(key[1]) is entry:
-                    del job.shards[key[1]]  # another worker's attempt won: this copy is stale
+            # this pass's updates stay until the next pass is applied: other owners may still collect them
+            for key in [k for k, (r, _) in job.staged.items() if r < run]:
+                del job.staged[key]
+            # a committed shard is held by the worker whose attempt won (as the coordinator records it):
+            # that worker installs the attempt's state, every other copy of the shard is stale
+            for shard, attempt, worker in committed:
+                key = (clock, int(shard), int(attempt))
+                if worker == me:
+                    if key in job.pending_state:  # (not after this worker forgot the job: a simulated loss)
+                        entry, new_state = job.pending_state[key]
+                        entry.state = {**entry.state, **new_state}
+                        job.shards[int(shard)] = entry
+                else:
+                    job.shards.pop(int(shard), None)
+            for key in [k for k in job.pending_state if k[0] <= clock]:
+                del job.pending_state[key]
         return {"applied": applied}
 
     def _h_assign(self, job_id: str, table: str, part: int, lo: int, data) -> dict:
@@ -481,7 +514,7 @@ class ParamServer(WorkerPlugin):
             key = (clock, shard, attempt)
             with self._lock:  # installed when the pass is applied, if this attempt commits
                 job.pending_state[key] = (entry, dict(ctx.new_state))
-            self._send_staged(job, key, run, ctx.updates, ctx.phase)
+            self._stage(job, key, run, ctx.updates, ctx.phase)
             t3 = time.perf_counter()
             r = self._call(sched.dscar_commit, job_id=job_id, clock=clock, run=run, shard=shard, attempt=attempt,
                            worker=self.worker.address,
@@ -515,28 +548,32 @@ class ParamServer(WorkerPlugin):
                      fetch_alt: str | None = None) -> ShardEntry | None:
         """The shard's data and state: held here, taken from its holder, or read from the source.
 
-        A copy held here while the coordinator names another holder is stale (an attempt of ours
-        lost the commit to a backup elsewhere): it is dropped, never used.
+        A primary attempt told to fetch the shard elsewhere drops a copy held here: it is stale
+        (an attempt of ours lost the commit to a backup). A backup copies, never takes: from the
+        holder, or — while the holder is still receiving the shard from here — from our own copy.
         """
+        me = self.worker.address
         with self._lock:
             entry = job.shards.get(shard)
-            if entry is not None and fetch_from:
+            if entry is not None and fetch_from and not backup:
                 del job.shards[shard]
                 entry = None
-        if entry is not None:
+        if entry is not None and not backup:
             return entry
+        if entry is not None and (not fetch_from or fetch_alt == me):
+            return ShardEntry(entry.data, dict(entry.state))
         arrays, state = None, {}
         sources = [(fetch_from, 0.0)] if not backup else [
             (fetch_from, BACKUP_ALT_WAIT_S if fetch_alt else BACKUP_FETCH_WAIT_S), (fetch_alt, 0.0)]
         for source, wait in sources:
-            if not source or arrays is not None:
+            if not source or source == me or arrays is not None:
                 continue
             try:
                 r = self._peer(source, "take_shard", job_id=job.id, shard=shard, keep=backup, wait=wait)
                 if r["status"] == "OK":
                     arrays, state = r["arrays"], r["state"]
             except Exception as e:  # the holder is gone: fall back to the source
-                logger.info("could not take shard %s from %s: %r", shard, source, e)
+                logger.warning("could not take shard %s from %s: %r", shard, source, e)
         if arrays is None and job.loader is not None:
             arrays = job.loader.load_shard(shard)
         if arrays is None:
@@ -631,35 +668,13 @@ class ParamServer(WorkerPlugin):
             self._stop.wait(0.05)
         raise _Stopped
 
-    def _send_staged(self, job: Job, key: tuple, run: int, updates: list, phase: str | None = None) -> None:
-        """Stage the attempt's updates at their owners: the first owner, then (a kill point between
-        two pushes) every other owner at once."""
-        by_owner: dict[str, list] = defaultdict(list)
-        for table, part, lo, data, rows in updates:
-            by_owner[job.owners[(table, part)]].append([table, part, lo, data, rows])
-        me = self.worker.address
-        owners = sorted(by_owner, key=lambda o: o != me)  # our own first: no message
-        if owners and owners[0] == me:
-            self._stage_local(job, key, run, by_owner.pop(me))
-            owners = owners[1:]
-        if not owners:
-            return
-
-        async def send(owner: str) -> dict:
-            await self._peers_started
-            ups = [[t, p, lo, to_serialize(d), None if r is None else to_serialize(r)] for t, p, lo, d, r in by_owner[owner]]
-            return await asyncio.wait_for(self.peers(owner).dscar_stage(job_id=job.id, key=list(key), run=run, updates=ups),
-                                          rpc_timeout())
-
-        async def send_all(batch: list[str]) -> list[dict]:
-            return await asyncio.gather(*(send(o) for o in batch))
-
-        replies = sync(self.worker.loop, send_all, owners[:1])
-        if len(owners) > 1:
-            self._inject(job, key[0], "mid-push", phase)
-            replies += sync(self.worker.loop, send_all, owners[1:])
-        if any(r.get("status") == "ended" for r in replies):
-            raise _Stopped  # nothing to commit into: drop this late attempt quietly
+    def _stage(self, job: Job, key: tuple, run: int, updates: list, phase: str | None = None) -> None:
+        """Keep the attempt's updates here until its pass is applied: the owners collect the
+        committed ones then (one message per worker and pass, not one per shard and owner)."""
+        with self._lock:
+            job.staged[key] = (run, [(t, int(p), int(lo), np.asarray(d), None if r is None else np.asarray(r, dtype=np.int64))
+                                     for t, p, lo, d, r in updates])
+        self._inject(job, key[0], "mid-push", phase)  # staged, not yet committed
 
     def _run_clock_end(self, item: dict) -> None:
         job_id, clock = item["job"], item["clock"]

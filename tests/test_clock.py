@@ -212,7 +212,9 @@ class JobFuzz(RuleBasedStateMachine):
     @rule()
     def owners_apply(self):
         e = self.applies.pop(0)
-        for shard, attempt in e.committed:
+        if any(w in self.job.lost for _, _, w in e.committed):
+            return  # an owner cannot collect a lost worker's updates: the apply fails (the loss decided)
+        for shard, attempt, _ in e.committed:
             run = self.staged.get((e.clock, shard, attempt))
             assert run == e.run_id, f"an attempt of run {run} applied in run {e.run_id}"
             if not e.rebuild:  # the rebuild pass's contributions are not the clock's updates
