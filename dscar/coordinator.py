@@ -239,6 +239,14 @@ class Coordinator(SchedulerPlugin):
         self._wake()
         return {"status": "OK", "events": [] if job is None else job.events, "all_events": True}
 
+    def snapshot(self) -> dict[str, Any]:
+        """The newest job's state as plain JSON-able data (``JobState.snapshot``); ``{"job": None}``
+        when no job runs. For the dashboard page."""
+        jobs = getattr(self, "jobs", None)
+        if not jobs:
+            return {"job": None, "time": time.time()}
+        return list(jobs.values())[-1].snapshot(set(self.scheduler.workers), time.time())
+
     # ------------------------------------------------------- worker side
     def _item_for(self, worker: str) -> dict | None:
         now = time.time()

@@ -483,6 +483,39 @@ class JobState:
         self._plan_states(range(self.queue.n_shards), [manifest])
 
     # ------------------------------------------------------------- reports
+    def snapshot(self, live: set[str], now: float) -> dict[str, Any]:
+        """The job's state as plain JSON-able data, for the dashboard page (``dscar.dashboard``).
+
+        Read-only and cheap (no I/O): clock, stage, per worker (live, shards done this clock,
+        speed, straggler flag), the active pass's queue counts (todo / doing / done, running
+        backups), this clock's metrics, the retained checkpoints and the newest 50 events
+        (``n_events`` counts them all). Called after every change: keep it O(workers).
+        """
+        stats = {st.worker: st for st in self.monitor.stats()}
+        live = set(live) - self.lost
+        done = dict(self.shards_done)  # the applied data phases, plus the active one while it runs
+        if self.machine.stage in (Stage.SHARDS, Stage.APPLY):
+            for w, n in self.queue.committed_by().items():
+                done[w] = done.get(w, 0) + n
+        workers = {}
+        for w in sorted(live | set(stats) | set(done) | self.lost):
+            st = stats.get(w)
+            workers[w] = {"live": w in live, "shards_done": int(done.get(w, 0)),
+                          "speed": float(st.speed) if st else 0.0, "mean_step_s": float(st.mean_step_s) if st else 0.0,
+                          "straggler": st.straggler if st else None, "batch_scale": float(self.batch_scale.get(w, 1.0))}
+        queue = dict(self.queue.counts())
+        queue["backups"] = sum(1 for a in self.queue.running() if a.backup)
+        published = self.ledger.published if self.ledger is not None else []
+        return {
+            "job": self.cfg.job_id, "time": now, "clock": self.clock, "stage": self.machine.stage.value,
+            "data_phase": self.cfg.phase_names[self.machine.data_phase] or None,
+            "recovering": self.machine.recovering, "run_id": self.machine.run_id, "error": self.error,
+            "metrics": {k: float(v) for k, v in self.metrics.items()}, "workers": workers, "queue": queue,
+            "checkpoints": [{"version": int(m["version"]), "clock": int(m["clock"]), "bytes": int(m.get("bytes", 0))}
+                            for m in published],
+            "events": self.events[-50:], "n_events": len(self.events),
+        }
+
     def report(self) -> dict:
         return {
             "status": "done", "metrics": dict(self.metrics), "skipped": self.machine.stage is Stage.SKIPPED,

@@ -94,10 +94,10 @@ class BackupPolicy(Policy):
         med = view.monitor.median_step()
         if view.todo or view.idle_worker is None or med is None:
             return []
+        mine = {r.shard for r in view.running if r.worker == view.idle_worker}
         late = [
             r for r in view.running
-            if r.worker != view.idle_worker and r.n_attempts < self.max_attempts
-            and r.elapsed_s > max(self.k * med, self.min_s)
+            if r.shard not in mine and r.n_attempts < self.max_attempts and r.elapsed_s > max(self.k * med, self.min_s)
         ]
         if not late:
             return []

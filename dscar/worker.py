@@ -671,9 +671,11 @@ class ParamServer(WorkerPlugin):
     def _stage(self, job: Job, key: tuple, run: int, updates: list, phase: str | None = None) -> None:
         """Keep the attempt's updates here until its pass is applied: the owners collect the
         committed ones then (one message per worker and pass, not one per shard and owner)."""
+        # copied: a step may reuse its buffers for the next step before this pass is applied
+        staged = [(t, int(p), int(lo), np.array(d, copy=True), None if r is None else np.array(r, dtype=np.int64))
+                  for t, p, lo, d, r in updates]
         with self._lock:
-            job.staged[key] = (run, [(t, int(p), int(lo), np.asarray(d), None if r is None else np.asarray(r, dtype=np.int64))
-                                     for t, p, lo, d, r in updates])
+            job.staged[key] = (run, staged)
         self._inject(job, key[0], "mid-push", phase)  # staged, not yet committed
 
     def _run_clock_end(self, item: dict) -> None:

@@ -76,7 +76,7 @@ def test_backup_only_when_the_queue_is_empty_and_an_attempt_is_late():
     assert p.decide(view(m, running=[late])) == [Backup(3, "d")]
     assert p.decide(view(m, todo=1, running=[late])) == []  # work left in the queue
     assert p.decide(view(m, running=[Running(3, "c", 1.5, 1)])) == []  # not late yet
-    assert p.decide(view(m, running=[Running(3, "c", 9.0, 2)])) == []  # already backed up
+    assert p.decide(view(m, running=[Running(3, "c", 9.0, 3)])) == []  # three attempts already this clock
     assert p.decide(view(m, running=[Running(3, "d", 9.0, 1)])) == []  # never on its own worker
     assert p.decide(view(ThroughputMonitor(), running=[late])) == []  # nothing measured yet
 
