@@ -26,12 +26,15 @@ from .cluster import Cluster, default_memory_limit
 from .data import ArrayData, FileData, PhasedData, as_data, is_dask
 from .errors import ClusterError, InvalidInputError, JobFailedError
 from .faults import Fault, resolve
+from .ledger import restore_candidates
 from .monitor import ThroughputMonitor
 from .partitions import row_bounds
 from .policies import Policy, make_policies
 
 #: shards per worker when ``n_shards`` is not given
 SHARDS_PER_WORKER = 4
+#: seconds one shard's placement on a worker may take before that worker is passed over
+PLACE_TIMEOUT_S = 60.0
 
 
 @dataclass
@@ -43,12 +46,21 @@ class ClockRecord:
     metrics: dict[str, float]
     shards_per_worker: dict[str, int]
     timings: dict[str, dict[str, float]]  # per worker: data_s, pull_s, compute_s, push_s
-    phase_s: dict[str, float]  # shards, apply, clock_end (wall, on the coordinator)
+    #: wall seconds per stage on the coordinator: rebuild, shards, apply, clock_end (and per data
+    #: phase: "shards:<phase>", "apply:<phase>"); clock_end_compute is the algorithm's own work
+    stage_s: dict[str, float]
     workers: dict[str, dict[str, Any]] = field(default_factory=dict)  # monitor: speed, straggler, batch_scale
+    #: a loss cut the clock short: no clock-end step ran, metrics are {"objective": nan, "skipped": 1}
+    skipped: bool = False
 
     @property
     def objective(self) -> float:
         return self.metrics["objective"]
+
+    @property
+    def phase_s(self) -> dict[str, float]:
+        """Old name of ``stage_s``."""
+        return self.stage_s
 
 
 @dataclass
@@ -203,6 +215,25 @@ def fit(
         ckpt.remove_temporary(temporary)
 
 
+def _undo_hangs(events: list[dict[str, Any]]) -> None:
+    """Injected hangs (SIGSTOP) end with the job, however it ends: SIGCONT every stopped worker process
+    of this machine (a worker process on another host is left to its Nanny)."""
+    import os
+    import signal
+    import socket
+
+    for e in events:
+        pid, host = e.get("pid"), str(e.get("worker", ""))
+        if e.get("kind") != "fault-hang" or not pid:
+            continue
+        local = any(h in host for h in ("127.0.0.1", "localhost", "inproc", socket.gethostname()))
+        if local:
+            try:
+                os.kill(int(pid), signal.SIGCONT)
+            except (OSError, ValueError):
+                pass
+
+
 def _model_info(algorithm: Algorithm, meta) -> dict[str, Any]:
     """What a checkpoint records to recognise its model on resume (JSON only)."""
     import json
@@ -325,6 +356,7 @@ class _Run:
                     self._sync(self.client.rpc(w).dscar_end_job, job_id=self.job_id)
                 except Exception:
                     pass
+            _undo_hangs(self.events)
         self.events.sort(key=lambda e: e["time"])
         return FitResult(params, history, self.events, converged,
                          time.perf_counter() - t_start, setup_s, self.workers, self.published)
@@ -355,7 +387,7 @@ class _Run:
         for m in resume:
             results = await asyncio.gather(*(
                 self.client.rpc(w).dscar_restore(job_id=self.job_id, table=t, part=p,
-                                                 chain=m["chains"].get(ckpt.chain_key(t, p), []),
+                                                 chain=restore_candidates([m], t, p)[0][1],
                                                  url=cfg.url, storage_options=cfg.storage_options)
                 for t, p, w in restore
             ))
@@ -386,16 +418,26 @@ class _Run:
             self.published.append({"version": m["version"], "clock": m["clock"], "bytes": m["bytes"], "path": path})
 
     async def _place(self, placements: list[tuple[int, str]]) -> None:
-        """Send shards from the driver's arrays to workers (a few at a time)."""
+        """Send shards from the driver's arrays to workers (a few at a time).
+
+        A worker that dies under a placement is skipped: its shards are reported to the
+        coordinator as unplaced and asked for again (``place``) like any lost worker's."""
         sem = asyncio.Semaphore(4)
 
-        async def send(shard: int, worker: str) -> None:
+        async def send(shard: int, worker: str) -> bool:
             async with sem:
                 arrays = {k: to_serialize(v) for k, v in self.data.shard(shard).items()}
-                await self.client.rpc(worker).dscar_put_shard(job_id=self.job_id, shard=shard, arrays=arrays)
+                try:
+                    await asyncio.wait_for(
+                        self.client.rpc(worker).dscar_put_shard(job_id=self.job_id, shard=shard, arrays=arrays),
+                        PLACE_TIMEOUT_S)
+                    return True
+                except (OSError, asyncio.TimeoutError):
+                    return False
 
-        await asyncio.gather(*(send(s, w) for s, w in placements))
-        await self.client.scheduler.dscar_placed(job_id=self.job_id, placements=[[s, w] for s, w in placements])
+        ok = await asyncio.gather(*(send(s, w) for s, w in placements))
+        await self.client.scheduler.dscar_placed(job_id=self.job_id,
+                                                 placements=[[s, w] for (s, w), k in zip(placements, ok) if k])
 
     async def _replace(self, shards: list[int]) -> None:
         info = await self.client.scheduler.identity()
@@ -418,28 +460,28 @@ class _Run:
             bar.update(first - 1)
             for clock in range(first, max_clocks + 1):
                 t0 = time.perf_counter()
-                r = self._sync(sched.dscar_begin_clock, job_id=self.job_id, clock=clock)
-                if r["status"] != "OK":
-                    raise JobFailedError(r.get("error") or "the job failed")
-                while True:
-                    r = self._sync(sched.dscar_wait, job_id=self.job_id, clock=clock, timeout=1.0,
-                                   events_from=self._seen)
+                r = self._sync(sched.dscar_begin_clock, job_id=self.job_id, clock=clock, wait=1.0,
+                               events_from=self._seen)
+                while True:  # the coordinator's answers until the clock's report
                     self._take_events(r)
                     self._publish(r.get("publish", []))
                     if r["status"] == "done":
                         break
                     if r["status"] == "failed":
-                        raise JobFailedError(r["error"])
+                        raise JobFailedError(r.get("error") or "the job failed")
                     if r["status"] == "place":
                         self._sync(self._replace, list(r["shards"]))
+                    r = self._sync(sched.dscar_wait, job_id=self.job_id, clock=clock, timeout=1.0,
+                                   events_from=self._seen)
                 rec = ClockRecord(clock, time.perf_counter() - t0, dict(r["metrics"]),
-                                  dict(r["shards_per_worker"]), dict(r["timings"]), dict(r["phase_s"]),
-                                  dict(r.get("workers", {})))
+                                  dict(r["shards_per_worker"]), dict(r["timings"]), dict(r["stage_s"]),
+                                  dict(r.get("workers", {})), bool(r.get("skipped")))
                 history.append(rec)
-                metrics_hist.append(rec.metrics)
+                if not rec.skipped:  # the stopping rule sees completed clocks only
+                    metrics_hist.append(rec.metrics)
                 bar.update(1)
                 bar.set_postfix(objective=f"{rec.objective:.6g}")
-                if self.algorithm.converged(metrics_hist, self.tol):
+                if not rec.skipped and self.algorithm.converged(metrics_hist, self.tol):
                     converged = True
                     break
         finally:

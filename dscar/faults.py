@@ -17,6 +17,8 @@ from typing import Iterable, Literal
 from .errors import InvalidInputError
 
 Kind = Literal["slow", "kill", "hang", "lose"]
+#: where a kill, hang or loss can fire
+POINTS = ("start", "mid-push", "apply", "clock-end", "checkpoint", "recovery")
 
 
 @dataclass(frozen=True)
@@ -26,7 +28,11 @@ class Fault:
     clock: int = 1
     factor: float = 1.0  # slow: how many times slower
     until: int | None = None  # slow: last slowed clock (None: to the end)
-    point: Literal["start", "mid-push"] = "start"  # kill: before the step, or between two pushes
+    #: kill / hang / lose: where it fires — before a shard step ("start"), between two pushes of a
+    #: step's updates ("mid-push"), when the pass is applied ("apply"), before the clock-end step
+    #: ("clock-end"), when a checkpoint is snapshotted ("checkpoint"), when a partition is restored
+    #: onto this worker during a recovery ("recovery")
+    point: str = "start"
     phase: str | None = None  # kill / hang / lose: only in this data phase of the clock (None: any)
 
     def active(self, clock: int) -> bool:
@@ -41,15 +47,15 @@ def kill(worker: int | str, clock: int, point: str = "start", phase: str | None 
     return Fault("kill", worker, clock, point=point, phase=phase)
 
 
-def hang(worker: int | str, clock: int, phase: str | None = None) -> Fault:
-    return Fault("hang", worker, clock, phase=phase)
+def hang(worker: int | str, clock: int, phase: str | None = None, point: str = "start") -> Fault:
+    return Fault("hang", worker, clock, point=point, phase=phase)
 
 
-def lose(worker: int | str, clock: int, phase: str | None = None) -> Fault:
+def lose(worker: int | str, clock: int, phase: str | None = None, point: str = "start") -> Fault:
     """A simulated loss: the worker stays up, but the job recovers exactly as if it had crashed
     (its partitions, shards and staged updates are dropped and restored elsewhere). Fast and
     deterministic; for many-trial experiments and in-process clusters."""
-    return Fault("lose", worker, clock, phase=phase)
+    return Fault("lose", worker, clock, point=point, phase=phase)
 
 
 def resolve(faults: Iterable[Fault], workers: list[str]) -> list[Fault]:
@@ -64,8 +70,8 @@ def resolve(faults: Iterable[Fault], workers: list[str]) -> list[Fault]:
             raise InvalidInputError(f"{f.kind} fault: clock must be >= 1 and until >= clock, got {f.clock}..{f.until}")
         if f.kind == "slow" and not f.factor >= 1:
             raise InvalidInputError(f"slowdown factor must be >= 1, got {f.factor}")
-        if f.point not in ("start", "mid-push"):
-            raise InvalidInputError(f"kill point must be 'start' or 'mid-push', got {f.point!r}")
+        if f.point not in POINTS:
+            raise InvalidInputError(f"fault point must be one of {POINTS}, got {f.point!r}")
         if isinstance(f.worker, int) and not isinstance(f.worker, bool):
             if not 0 <= f.worker < len(workers):
                 raise InvalidInputError(

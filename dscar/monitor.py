@@ -1,14 +1,22 @@
 """Per-worker speed over a sliding window, and straggler classification (no Dask here).
 
-The coordinator feeds it one ``record`` per committed attempt (the attempt's
-step time, injected slowdowns included) and asks it, at any time, who is slow.
+The coordinator feeds it one ``record`` per finished attempt — committed or not:
+a backup that wins a slow worker's shard must not hide how slow that worker is —
+with the attempt's step time (injected slowdowns included), and asks it at each
+clock's end who is slow.
 
-* speed of a worker = 1 / its mean step time over its last ``window`` commits;
-* a worker is a *straggler* while its speed is below ``fraction`` x the median
-  speed, or while its running attempt has lasted longer than 1 / (``fraction``
-  x median speed) (a worker that stopped committing is slow too);
+* a worker's *step time* is the median of its last ``window`` attempts (a median:
+  one garbage-collection pause or one cold cache is not a trend);
+* a worker is a *straggler* while its step time is more than ``1 / fraction``
+  times the median of the *other* workers' step times and longer by at least
+  ``min_gap_s`` (noise on millisecond steps is not a straggler), or while its
+  running attempt has lasted that long already (a worker that stopped
+  finishing is slow too);
 * a straggler is *persistent* once it has been one for ``persistent_after``
   consecutive clocks, else *transient*.
+
+Comparing with the others, not with a median that includes the worker itself,
+is what lets a 2x slower worker be seen among 2 workers as among 16.
 """
 from __future__ import annotations
 
@@ -20,19 +28,29 @@ from dataclasses import dataclass
 @dataclass(frozen=True)
 class WorkerStats:
     worker: str
-    shards: int  # commits in the window
-    mean_step_s: float
+    shards: int  # attempts in the window
+    mean_step_s: float  # the typical (median) step time over the window
     speed: float  # shards per second of busy time
     straggler: str | None  # None, "transient" or "persistent"
 
 
 class ThroughputMonitor:
-    def __init__(self, *, window: int = 8, fraction: float = 0.5, persistent_after: int = 3):
+    def __init__(self, *, window: int = 8, fraction: float = 0.6, persistent_after: int = 3,
+                 min_gap_s: float = 0.002):
         if not 0 < fraction < 1:
             raise ValueError(f"straggler fraction must be in (0, 1), got {fraction}")
         if window < 1 or persistent_after < 1:
             raise ValueError("window and persistent_after must be >= 1")
-        self.window, self.fraction, self.persistent_after = window, fraction, persistent_after
+        if min_gap_s < 0:
+            raise ValueError(f"min_gap_s must be >= 0, got {min_gap_s}")
+        #: attempts per worker the step time is taken over
+        self.window = window
+        #: a straggler's speed is below this fraction of the others'
+        self.fraction = fraction
+        #: consecutive slow clocks that make a straggler persistent
+        self.persistent_after = persistent_after
+        #: a straggler's step is at least this much longer than the others' (seconds)
+        self.min_gap_s = min_gap_s
         self._steps: dict[str, deque[float]] = defaultdict(lambda: deque(maxlen=self.window))
         self._slow_clocks: dict[str, int] = defaultdict(int)  # consecutive clocks as a straggler
 
@@ -44,24 +62,24 @@ class ThroughputMonitor:
         self._slow_clocks.pop(worker, None)
 
     def mean_step(self, worker: str) -> float | None:
+        """The worker's typical step time (median over the window), None before its first attempt."""
         s = self._steps.get(worker)
-        return sum(s) / len(s) if s else None
+        return statistics.median(s) if s else None
 
-    def median_step(self) -> float | None:
-        """Median over workers of their mean step time (the typical shard time)."""
-        means = [m for w in self._steps if (m := self.mean_step(w)) is not None]
-        return statistics.median(means) if means else None
+    def median_step(self, exclude: str | None = None) -> float | None:
+        """Median over workers (but ``exclude``) of their typical step time."""
+        steps = [m for w in self._steps if w != exclude and (m := self.mean_step(w)) is not None]
+        return statistics.median(steps) if steps else None
 
     def speeds(self) -> dict[str, float]:
         return {w: 1.0 / m for w in self._steps if (m := self.mean_step(w))}
 
     def is_slow(self, worker: str, running_s: float = 0.0) -> bool:
-        speeds = self.speeds()
-        if len(speeds) < 2:
+        others = self.median_step(exclude=worker)
+        if others is None:
             return False
-        med = statistics.median(speeds.values())
-        too_long = running_s * med * self.fraction > 1.0
-        return speeds.get(worker, med) < self.fraction * med or too_long
+        own = max(self.mean_step(worker) or 0.0, running_s)
+        return own * self.fraction > others and own - others >= self.min_gap_s
 
     def end_clock(self, running: dict[str, float] | None = None) -> dict[str, str]:
         """Close a clock: update the consecutive-slow counters; return the stragglers."""

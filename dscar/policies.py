@@ -29,7 +29,7 @@ class Running:
     shard: int
     worker: str
     elapsed_s: float
-    n_attempts: int
+    n_attempts: int  # attempts of the shard started this clock (running or failed), the first included
 
 
 @dataclass
@@ -80,18 +80,24 @@ class BackupPolicy(Policy):
     name = "backup"
     when = "idle"
 
-    def __init__(self, k: float = 2.0, max_attempts: int = 2):
-        if k <= 0 or max_attempts < 2:
-            raise InvalidInputError("backup needs k > 0 and max_attempts >= 2")
-        self.k, self.max_attempts = k, max_attempts
+    def __init__(self, k: float = 2.0, max_attempts: int = 3, min_s: float = 0.02):
+        if k <= 0 or max_attempts < 2 or min_s < 0:
+            raise InvalidInputError("backup needs k > 0, max_attempts >= 2 and min_s >= 0")
+        #: a shard is late once it has run k x the median step time ...
+        self.k = k
+        #: ... and at least min_s seconds (a backup moves data: not worth it for a millisecond)
+        self.min_s = min_s
+        #: attempts a shard may have in one clock, the first included (backups that failed count)
+        self.max_attempts = max_attempts
 
     def decide(self, view: ControllerView) -> list:
         med = view.monitor.median_step()
         if view.todo or view.idle_worker is None or med is None:
             return []
+        mine = {r.shard for r in view.running if r.worker == view.idle_worker}
         late = [
             r for r in view.running
-            if r.worker != view.idle_worker and r.n_attempts < self.max_attempts and r.elapsed_s > self.k * med
+            if r.shard not in mine and r.n_attempts < self.max_attempts and r.elapsed_s > max(self.k * med, self.min_s)
         ]
         if not late:
             return []

@@ -66,6 +66,7 @@ class _Shard:
     committed: Attempt | None = None
     next_attempt: int = 0
     failures: list[str] = field(default_factory=list)
+    started: int = 0  # attempts started in the active pass
 
 
 class ShardQueue:
@@ -123,6 +124,7 @@ class ShardQueue:
             s.committed = None
             s.next_attempt = 0 if clock != self._attempts_clock else s.next_attempt
             s.failures = []
+            s.started = 0
         self._attempts_clock = clock
         self.phase = phase
         self._todo = set(self.active)
@@ -153,6 +155,7 @@ class ShardQueue:
             s.attempts.clear()
             s.committed = None
             s.failures = []
+            s.started = 0
         self._todo = set(self.active)
 
     @property
@@ -211,6 +214,7 @@ class ShardQueue:
         fetch_from = s.holder if s.holder not in (None, worker) else None
         a = Attempt(shard, s.next_attempt, worker, now, fetch_from)
         s.next_attempt += 1
+        s.started += 1
         s.attempts[a.attempt] = a
         s.status = ShardStatus.DOING
         s.holder = worker  # the data moves with the attempt
@@ -230,8 +234,13 @@ class ShardQueue:
                    None)
         a = Attempt(shard, s.next_attempt, worker, now, fetch_from, backup=True, fetch_alt=alt)
         s.next_attempt += 1
+        s.started += 1
         s.attempts[a.attempt] = a
         return a
+
+    def attempts_started(self, shard: int) -> int:
+        """Attempts of ``shard`` started in this clock's active pass (running, failed or refused)."""
+        return self._shards[shard].started
 
     def running_attempts(self, shard: int) -> list[Attempt]:
         return list(self._shards[shard].attempts.values())
@@ -284,6 +293,22 @@ class ShardQueue:
                 s.status = ShardStatus.TODO
                 self._todo.add(i)
         return requeued
+
+    def uncommit(self, worker: str) -> list[int]:
+        """``worker`` was lost before the pass was applied: its committed attempts of the active
+        pass are void (their updates went with it). Those shards go back to TODO, unheld."""
+        undone = []
+        for i in self.active:
+            s = self._shards[i]
+            if s.status is ShardStatus.DONE and s.committed is not None and s.committed.worker == worker:
+                s.status, s.committed, s.holder = ShardStatus.TODO, None, None
+                self._todo.add(i)
+                undone.append(i)
+        return undone
+
+    def committed_attempts(self) -> list[tuple[int, int, str]]:
+        """(shard, attempt, worker) of every committed attempt of the active phase, in shard order."""
+        return [(i, c.attempt, c.worker) for i in self.active if (c := self._shards[i].committed)]
 
     def committed(self) -> list[tuple[int, int]]:
         """(shard, attempt) of every committed attempt of the active phase, in shard order."""

@@ -7,11 +7,21 @@ is ever pinned to this worker. Parameter and shard bytes move worker to worker
 through the ``dscar_*`` handlers below, as zero-copy frames; the scheduler only
 ever sees ids and small dicts.
 
-Exactly once: a shard attempt first stages its contributions at every owner,
-then asks the coordinator to commit. At the end of the shard phase the
-coordinator tells each owner which ``(shard, attempt)`` pairs committed; the
-owner applies exactly those, in shard order (deterministic sums), and drops
-the rest.
+Exactly once: a shard attempt stages its contributions and its new shard state
+here, then asks the coordinator to commit; the answer carries the next work
+item. When the pass is complete the coordinator tells every worker which
+``(shard, attempt, worker)`` committed; each owner collects those attempts'
+updates to its partitions from the workers that ran them (one message per
+worker and pass) and applies exactly those, in shard order (deterministic
+sums); holders install exactly those shard states; everything else is dropped.
+A worker lost with committed, unapplied attempts takes them with it: the
+coordinator runs those shards again (or skips the clock, if it was applying). So a shard's state
+is the state as of the pass's start until the pass is applied: a backup copies
+it, and a pass run again after a loss starts from it.
+
+Every message an attempt sends to another worker goes through a connection pool
+of its own with a short connect timeout and a deadline (``dscar.rpc-timeout``),
+so a dead or hung peer fails the attempt in seconds rather than blocking it.
 """
 from __future__ import annotations
 
@@ -28,7 +38,9 @@ from types import ModuleType
 from typing import Any
 
 import numpy as np
+import dask.config
 from distributed import WorkerPlugin
+from distributed.core import ConnectionPool
 from distributed.protocol import to_serialize
 from distributed.protocol.pickle import loads
 from distributed.utils import sync
@@ -43,6 +55,12 @@ logger = logging.getLogger("dscar.worker")
 PLUGIN_NAME = "dscar-paramserver"
 BACKUP_FETCH_WAIT_S = 5.0  # how long a backup waits for the new holder of its shard to receive the data
 BACKUP_ALT_WAIT_S = 0.5  # the same, when the primary's source can be asked next
+CONNECT_TIMEOUT_S = 3.0  # connecting to a peer: a dead one refuses at once, but distributed retries until this
+
+
+def rpc_timeout() -> float:
+    """Seconds a worker-to-worker message may take before the attempt fails over (``dscar.rpc-timeout``)."""
+    return float(dask.config.get("dscar.rpc-timeout", 20.0))
 
 
 @dataclass
@@ -61,22 +79,23 @@ class Job:
     fired: set = field(default_factory=set)
     saved: dict[tuple[str, int], Any] = field(default_factory=dict)  # host copy: last checkpointed value
     parts: dict[tuple[str, int], Any] = field(default_factory=dict)
-    staged: dict[tuple[int, int, int], list] = field(default_factory=lambda: defaultdict(list))
+    #: (clock, shard, attempt) -> (run id, updates) staged here by attempts, applied if they commit
+    staged: dict[tuple[int, int, int], tuple[int, list]] = field(default_factory=dict)
+    #: (clock, shard, attempt) -> (entry, new state) of attempts run here, installed if they commit
+    pending_state: dict[tuple[int, int, int], tuple["ShardEntry", dict]] = field(default_factory=dict)
     shards: dict[int, "ShardEntry"] = field(default_factory=dict)
     owners: dict[tuple[str, int], str] = field(default_factory=dict)
     pull_cache: dict[tuple, Any] = field(default_factory=dict)
-    cache_clock: tuple = (-1, -1, None)  # (clock, recovery epoch, pass) the cached pulls belong to
-    committing: set = field(default_factory=set)  # shards whose commit is in flight: state not installed yet
+    cache_run: int = -1  # the run id the cached pulls belong to (tables change only with a new run id)
+    clock_seen: int = 0  # the newest clock this worker was given work in (fault points outside attempts)
 
 
 @dataclass
 class ShardEntry:
-    """A shard's data and its committed state (e.g. topic assignments), held together."""
+    """A shard's data and its state as of its last applied commit (e.g. topic assignments)."""
 
     data: dict[str, Any]
     state: dict[str, Any] = field(default_factory=dict)
-    prev_state: dict[str, Any] | None = None  # the state before the last commit, while its clock may be run again
-    state_clock: int = -1  # the clock whose commit installed ``state``
 
 
 class ParamServer(WorkerPlugin):
@@ -95,14 +114,19 @@ class ParamServer(WorkerPlugin):
         self.jobs: dict[str, Job] = {}
         self._lock = threading.RLock()
         self._stop = threading.Event()
-        for op in ("init", "pull", "stage", "apply", "assign", "put_shard", "take_shard", "end_job", "info", "adopt",
-                   "checkpoint", "restore", "forget", "discard"):
+        #: worker-to-worker messages of attempts: a short connect timeout, so a dead peer fails fast
+        self.peers = ConnectionPool(limit=64, connection_args=worker.connection_args, timeout=CONNECT_TIMEOUT_S,
+                                    server=worker)
+        self._peers_started = asyncio.ensure_future(self.peers.start())
+        for op in ("init", "pull", "fetch_staged", "apply", "assign", "put_shard", "take_shard", "end_job", "info", "adopt",
+                   "checkpoint", "restore", "forget"):
             worker.handlers[f"dscar_{op}"] = getattr(self, f"_h_{op}")
         self._thread = threading.Thread(target=self._loop, name="dscar-loop", daemon=True)
         self._thread.start()
 
     def teardown(self, worker) -> None:
         self._stop.set()
+        worker.loop.add_callback(self.peers.close)
 
     # ---------------------------------------------------------------- jobs
     def _job(self, job_id: str) -> Job:
@@ -169,52 +193,96 @@ class ParamServer(WorkerPlugin):
                 out = to_host(arr[self.jobs[job_id].xp.asarray(np.asarray(rows, dtype=np.int64))])
         return {"data": to_serialize(np.ascontiguousarray(out))}
 
-    def _h_stage(self, job_id: str, key: list, updates: list) -> dict:
+    def _h_fetch_staged(self, job_id: str, run: int, keys: list, parts: list) -> dict:
+        """The updates staged here by ``keys`` (committed attempts of pass ``run``) for the caller's
+        partitions ``parts``: an owner collects them when it applies the pass."""
         job = self.jobs.get(job_id)
-        if job is None:  # the job ended (a late attempt): nothing to stage into
+        if job is None:
             return {"status": "ended"}
-        self._stage_local(job, tuple(key), updates)
-        return {"status": "OK"}
-
-    def _stage_local(self, job: Job, key: tuple, updates: list) -> None:
+        want = {(t, int(p)) for t, p in parts}
+        out = []
         with self._lock:
-            missing = [(t, p) for t, p, *_ in updates if (t, int(p)) not in job.parts]
-            if missing:
-                raise KeyError(f"{self.worker.address} does not own partitions {missing}")
-            for table, part, lo, data, rows in updates:
-                rows = None if rows is None else np.asarray(rows, dtype=np.int64)
-                job.staged[key].append((table, int(part), int(lo), np.array(data, copy=True), rows))
+            for key in keys:
+                staged_run, ups = job.staged.get(tuple(key), (None, ()))
+                if staged_run != run:
+                    return {"status": "missing", "key": list(key)}
+                out.append([list(key), [[t, p, lo, to_serialize(d), None if r is None else to_serialize(r)]
+                                        for t, p, lo, d, r in ups if (t, p) in want]])
+        return {"status": "OK", "updates": out}
 
-    def _h_apply(self, job_id: str, clock: int, committed: list, reset: list | None = None) -> dict:
-        """Apply the committed attempts' staged updates of ``clock``; drop the rest.
+    async def _h_apply(self, job_id: str, clock: int, run: int, committed: list, reset: list | None = None) -> dict:
+        """Apply the pass of ``run``: the committed attempts' updates to the partitions owned here
+        (collected from the workers that ran them, one message per worker) and their new shard
+        states to the shards held here; drop everything else of the clock.
 
-        The tables named in ``reset`` start from zero (the coordinator names the reduction
-        tables at a clock's first data phase, the rebuild tables in a rebuild pass).
+        ``committed``: ``[shard, attempt, worker]`` of every committed attempt. The tables named in
+        ``reset`` start from zero (the reduction tables at a clock's first data phase, the rebuild
+        tables in a rebuild pass). The array work runs off the event loop.
         """
         job = self.jobs.get(job_id)
         if job is None:
             return {"applied": 0}
-        wanted = {(clock, int(s), int(a)) for s, a in committed}
-        reset = set(reset or ())
+        if await self._ainject(job, "apply"):
+            return {"status": "stopped"}
+        me, parts = self.worker.address, [[t, p] for t, p in job.parts]
+        by_worker: dict[str, list] = defaultdict(list)
+        for shard, attempt, worker in committed:
+            by_worker[worker].append([clock, int(shard), int(attempt)])
+        updates: dict[tuple, list] = {}
+        remote = [w for w in by_worker if w != me]
+        if parts and remote:
+            await self._peers_started
+            replies = await asyncio.gather(*(asyncio.wait_for(
+                self.peers(w).dscar_fetch_staged(job_id=job_id, run=run, keys=by_worker[w], parts=parts),
+                rpc_timeout()) for w in remote), return_exceptions=True)
+            for w, r in zip(remote, replies):
+                if isinstance(r, Exception) or r.get("status") != "OK":
+                    return {"status": "source-lost", "worker": w, "error": repr(r)}
+                for key, ups in r["updates"]:
+                    updates[tuple(key)] = [(t, int(p), int(lo), np.asarray(d), None if rw is None else
+                                            np.asarray(rw, dtype=np.int64)) for t, p, lo, d, rw in ups]
+        return await asyncio.to_thread(self._apply, job, clock, run, committed, updates, set(reset or ()))
+
+    def _apply(self, job: Job, clock: int, run: int, committed: list, fetched: dict, reset: set) -> dict:
+        me = self.worker.address
+        wanted = {(clock, int(s), int(a)) for s, a, _ in committed}
+        applied = 0
         with self._lock:
             for (table, part), arr in job.parts.items():
                 if table in reset:
                     arr[...] = 0
-            keys = sorted(k for k in job.staged if k[0] == clock)
-            applied = 0
-            for key in keys:
-                ups = job.staged.pop(key)
-                if key not in wanted:
-                    continue
+            for key in sorted(wanted):  # shard order: deterministic sums
+                if key in fetched:
+                    ups = fetched[key]
+                else:
+                    staged_run, ups = job.staged.get(key, (None, ()))
+                    if staged_run != run:
+                        continue  # not run here
                 for table, part, lo, data, rows in ups:
-                    arr = job.parts[(table, part)]
+                    arr = job.parts.get((table, part))
+                    if arr is None:
+                        continue  # another owner's partition
                     if rows is None:
                         arr[lo : lo + data.shape[0]] += job.xp.asarray(data)
                     else:  # scatter-add: repeated rows add up
                         job.xp.add.at(arr, job.xp.asarray(rows), job.xp.asarray(data))
                     applied += 1
-            for key in [k for k in job.staged if k[0] < clock]:
-                del job.staged[key]  # leftovers of attempts that never committed
+            # this pass's updates stay until the next pass is applied: other owners may still collect them
+            for key in [k for k, (r, _) in job.staged.items() if r < run]:
+                del job.staged[key]
+            # a committed shard is held by the worker whose attempt won (as the coordinator records it):
+            # that worker installs the attempt's state, every other copy of the shard is stale
+            for shard, attempt, worker in committed:
+                key = (clock, int(shard), int(attempt))
+                if worker == me:
+                    if key in job.pending_state:  # (not after this worker forgot the job: a simulated loss)
+                        entry, new_state = job.pending_state[key]
+                        entry.state = {**entry.state, **new_state}
+                        job.shards[int(shard)] = entry
+                else:
+                    job.shards.pop(int(shard), None)
+            for key in [k for k in job.pending_state if k[0] <= clock]:
+                del job.pending_state[key]
         return {"applied": applied}
 
     def _h_assign(self, job_id: str, table: str, part: int, lo: int, data) -> dict:
@@ -243,10 +311,9 @@ class ParamServer(WorkerPlugin):
         while True:
             with self._lock:
                 job = self.jobs.get(job_id)
-                busy = job is not None and int(shard) in job.committing  # its new state is on the way in
-                entry = None if job is None or busy else (
+                entry = None if job is None else (
                     job.shards.get(int(shard)) if keep else job.shards.pop(int(shard), None))
-            if entry is not None or (not busy and time.monotonic() >= deadline):
+            if entry is not None or time.monotonic() >= deadline:
                 break
             await asyncio.sleep(0.005)
         if entry is None:
@@ -267,9 +334,14 @@ class ParamServer(WorkerPlugin):
         job = self.jobs.get(job_id)
         if job is None:
             return {"status": "unknown-job"}
-        wanted = set(map(int, state_shards or ()))
-        while wanted & job.committing:  # a granted commit's state is on its way in: save that one
-            await asyncio.sleep(0.002)
+        if await self._ainject(job, "checkpoint"):
+            return {"status": "stopped"}
+        snaps, states = await asyncio.to_thread(self._snapshot, job, fraction, state_shards)
+        threading.Thread(target=self._write_checkpoint, args=(job, version, url, storage_options, snaps, states),
+                         name=f"dscar-ckpt-{version}", daemon=True).start()
+        return {"status": "OK", "parts": len(snaps)}
+
+    def _snapshot(self, job: Job, fraction: float, state_shards: list | None) -> tuple[list, dict]:
         snaps = []
         with self._lock:
             for (table, part), arr in sorted(job.parts.items()):
@@ -288,9 +360,7 @@ class ParamServer(WorkerPlugin):
                 snaps.append((table, part, rows, values))
             states = {s: {k: to_host(v).copy() for k, v in job.shards[s].state.items()}
                       for s in sorted(map(int, state_shards or ())) if s in job.shards and job.shards[s].state}
-        threading.Thread(target=self._write_checkpoint, args=(job, version, url, storage_options, snaps, states),
-                         name=f"dscar-ckpt-{version}", daemon=True).start()
-        return {"status": "OK", "parts": len(snaps)}
+        return snaps, states
 
     def _write_checkpoint(self, job: Job, version: int, url: str, storage_options, snaps: list, states: dict) -> None:
         files, error = [], None
@@ -318,6 +388,8 @@ class ParamServer(WorkerPlugin):
                          storage_options: dict | None = None) -> dict:
         """Own a partition restored from a checkpoint chain (checksums verified); empty chain: initial values."""
         job = await self._ajob(job_id)
+        if await self._ainject(job, "recovery"):
+            return {"status": "stopped"}
         spec_ = job.specs[table]
         a, b = job.layouts[table].bounds[part]
 
@@ -338,20 +410,6 @@ class ParamServer(WorkerPlugin):
                 job.saved[(table, int(part))] = values.copy()
         return {"status": "OK"}
 
-    def _h_discard(self, job_id: str, clock: int, shards: list | None = None) -> dict:
-        """Drop every update staged for ``clock`` (its active pass runs again after a recovery), and
-        the state that pass's commits installed in ``shards`` (None: every shard)."""
-        with self._lock:
-            job = self.jobs.get(job_id)
-            if job is not None:
-                for key in [k for k in job.staged if k[0] == clock]:
-                    del job.staged[key]
-                redone = None if shards is None else set(map(int, shards))
-                for s, entry in job.shards.items():  # state committed in the re-run pass: back to before
-                    if (redone is None or s in redone) and entry.state_clock == clock and entry.prev_state is not None:
-                        entry.state, entry.prev_state, entry.state_clock = entry.prev_state, None, -1
-        return {"status": "OK"}
-
     def _h_forget(self, job_id: str) -> dict:
         """A simulated loss: drop everything this worker held for the job, as a crash would."""
         with self._lock:
@@ -360,6 +418,7 @@ class ParamServer(WorkerPlugin):
                 job.parts.clear()
                 job.saved.clear()
                 job.staged.clear()
+                job.pending_state.clear()
                 job.shards.clear()
                 job.pull_cache.clear()
         return {"status": "OK"}
@@ -387,33 +446,46 @@ class ParamServer(WorkerPlugin):
     def _call(self, method, **kw):
         return sync(self.worker.loop, method, **kw)
 
+    def _peer(self, address: str, op: str, **kw) -> dict:
+        """A message to another worker from the shard runner's thread, failing over in seconds."""
+        async def go():
+            await self._peers_started
+            return await asyncio.wait_for(getattr(self.peers(address), f"dscar_{op}")(**kw), rpc_timeout())
+        return sync(self.worker.loop, go)
+
     def _loop(self) -> None:
         addr = self.worker.address
+        item: dict | None = None
         while not self._stop.is_set():
-            try:
-                item = self._call(self.worker.scheduler.dscar_next, worker=addr, timeout=self.poll_timeout)
-            except Exception as e:  # scheduler not ready, closing, or no coordinator yet
-                if self._stop.is_set() or self.worker.status.name in ("closing", "closed", "closing_gracefully"):
-                    return
-                logger.debug("dscar_next failed: %r", e)
-                time.sleep(0.2)
-                continue
+            if item is None:
+                try:
+                    item = self._call(self.worker.scheduler.dscar_next, worker=addr, timeout=self.poll_timeout)
+                except Exception as e:  # scheduler not ready, closing, or no coordinator yet
+                    if self._stop.is_set() or self.worker.status.name in ("closing", "closed", "closing_gracefully"):
+                        return
+                    logger.debug("dscar_next failed: %r", e)
+                    self._stop.wait(0.2)
+                    continue
             op = item.get("op")
             if op in ("shard", "rebuild"):
-                self._run_shard(item)
+                item = self._run_shard(item)  # the commit's answer carries the next item
             elif op == "clock_end":
                 self._run_clock_end(item)
+                item = None
+            else:
+                item = None
 
     def _prepare(self, job: Job, item: dict) -> None:
         with self._lock:
             job.owners = {(t, int(p)): w for t, p, w in item["owners"]}
-            key = (item["clock"], item.get("epoch", 0), item.get("pass", "end"))
-            if job.cache_clock != key:  # a new clock, recovery or data phase: tables have changed
+            job.clock_seen = max(job.clock_seen, int(item["clock"]))
+            if job.cache_run != item["run"]:  # a new pass, a redo or a recovery: tables have changed
                 job.pull_cache.clear()
-                job.cache_clock = key
+                job.cache_run = item["run"]
 
-    def _run_shard(self, item: dict) -> None:
-        job_id, clock, shard, attempt = item["job"], item["clock"], item["shard"], item["attempt"]
+    def _run_shard(self, item: dict) -> dict | None:
+        """Run one attempt; return the next work item the commit's answer carried (None: ask)."""
+        job_id, clock, shard, attempt, run = item["job"], item["clock"], item["shard"], item["attempt"], item["run"]
         sched = self.worker.scheduler
         lost_data = False
         try:
@@ -437,52 +509,29 @@ class ParamServer(WorkerPlugin):
             t2 = time.perf_counter()
             slow = self._slowdown(job, clock)
             if slow > 1:
-                time.sleep((slow - 1) * (t2 - t1))
+                self._stop.wait((slow - 1) * (t2 - t1))
                 t2 = time.perf_counter()
-            self._send_staged(job, (clock, shard, attempt), ctx.updates, ctx.phase)
+            key = (clock, shard, attempt)
+            with self._lock:  # installed when the pass is applied, if this attempt commits
+                job.pending_state[key] = (entry, dict(ctx.new_state))
+            self._stage(job, key, run, ctx.updates, ctx.phase)
             t3 = time.perf_counter()
-            with self._lock:  # until the new state is installed, nobody may take the shard (take_shard waits)
-                job.committing.add(shard)
-            try:
-                r = self._call(
-                    sched.dscar_commit,
-                    job_id=job_id,
-                    clock=clock,
-                    shard=shard,
-                    attempt=attempt,
-                    worker=self.worker.address,
-                    timings={"data_s": t1 - t0, "pull_s": ctx.pull_s, "compute_s": t2 - t1 - ctx.pull_s,
-                             "push_s": t3 - t2},
-                )
-                with self._lock:
-                    if r["granted"]:
-                        if ctx.new_state:
-                            entry.prev_state, entry.state_clock = dict(entry.state), clock
-                            entry.state = {**entry.state, **ctx.new_state}
-                        job.shards[shard] = entry
-                    # refused: another attempt won, or a recovery restarts the pass. The copy stays: if
-                    # this worker is still the holder it is the shard's; if not, it is dropped as stale
-                    # the next time this worker is sent to fetch the shard elsewhere (_shard_entry)
-            finally:
-                with self._lock:
-                    job.committing.discard(shard)
+            r = self._call(sched.dscar_commit, job_id=job_id, clock=clock, run=run, shard=shard, attempt=attempt,
+                           worker=self.worker.address,
+                           timings={"data_s": t1 - t0, "pull_s": ctx.pull_s, "compute_s": t2 - t1 - ctx.pull_s,
+                                    "push_s": t3 - t2})
+            return r.get("next")
         except _Stopped:
-            return
+            return None
         except Exception as e:
-            logger.warning("dscar shard %s clock %s failed: %r", shard, clock, e)
+            logger.info("dscar shard %s clock %s failed: %r", shard, clock, e)
             try:
-                self._call(
-                    sched.dscar_fail,
-                    job_id=job_id,
-                    clock=clock,
-                    shard=shard,
-                    attempt=attempt,
-                    worker=self.worker.address,
-                    error="".join(traceback.format_exception_only(type(e), e)).strip(),
-                    lost_data=lost_data,
-                )
+                self._call(sched.dscar_fail, job_id=job_id, clock=clock, run=run, shard=shard, attempt=attempt,
+                           worker=self.worker.address, lost_data=lost_data,
+                           error="".join(traceback.format_exception_only(type(e), e)).strip())
             except Exception:
                 pass
+            return None
 
     def _restore_state(self, job: Job, shard: int, entry: ShardEntry, item: dict) -> None:
         """Replace the shard's state by its checkpointed one; a corrupt file leaves no state (the
@@ -494,35 +543,37 @@ class ParamServer(WorkerPlugin):
             self._report(job, item["clock"], "checkpoint-corrupt", shard=shard, error=str(e))
             state = {}
         entry.state = {k: job.xp.asarray(v) for k, v in state.items()}
-        entry.prev_state, entry.state_clock = None, -1
 
     def _shard_entry(self, job: Job, shard: int, fetch_from: str | None, backup: bool,
                      fetch_alt: str | None = None) -> ShardEntry | None:
         """The shard's data and state: held here, taken from its holder, or read from the source.
 
-        A copy held here while the coordinator names another holder is stale (an attempt of ours
-        lost the commit to a backup elsewhere): it is dropped, never used.
+        A primary attempt told to fetch the shard elsewhere drops a copy held here: it is stale
+        (an attempt of ours lost the commit to a backup). A backup copies, never takes: from the
+        holder, or — while the holder is still receiving the shard from here — from our own copy.
         """
+        me = self.worker.address
         with self._lock:
             entry = job.shards.get(shard)
-            if entry is not None and fetch_from:
+            if entry is not None and fetch_from and not backup:
                 del job.shards[shard]
                 entry = None
-        if entry is not None:
+        if entry is not None and not backup:
             return entry
+        if entry is not None and (not fetch_from or fetch_alt == me):
+            return ShardEntry(entry.data, dict(entry.state))
         arrays, state = None, {}
         sources = [(fetch_from, 0.0)] if not backup else [
             (fetch_from, BACKUP_ALT_WAIT_S if fetch_alt else BACKUP_FETCH_WAIT_S), (fetch_alt, 0.0)]
         for source, wait in sources:
-            if not source or arrays is not None:
+            if not source or source == me or arrays is not None:
                 continue
             try:
-                r = self._call(self.worker.rpc(source).dscar_take_shard, job_id=job.id, shard=shard, keep=backup,
-                               wait=wait)
+                r = self._peer(source, "take_shard", job_id=job.id, shard=shard, keep=backup, wait=wait)
                 if r["status"] == "OK":
                     arrays, state = r["arrays"], r["state"]
             except Exception as e:  # the holder is gone: fall back to the source
-                logger.info("could not take shard %s from %s: %r", shard, source, e)
+                logger.warning("could not take shard %s from %s: %r", shard, source, e)
         if arrays is None and job.loader is not None:
             arrays = job.loader.load_shard(shard)
         if arrays is None:
@@ -544,19 +595,53 @@ class ParamServer(WorkerPlugin):
                     self._report(job, clock, "fault-slow", factor=f.factor, until=f.until)
         return factor
 
+    def _due(self, job: Job, clock: int, point: str, phase: str | None = None) -> list:
+        clock = max(clock, job.clock_seen)
+        due = [f for f in job.faults if f.kind in ("kill", "hang", "lose") and f.clock <= clock and f.point == point
+               and f not in job.fired and f.phase in (None, phase)]
+        job.fired.update(due)
+        return due
+
     def _inject(self, job: Job, clock: int, point: str, phase: str | None = None) -> None:
-        for f in job.faults:
-            if (f.kind in ("kill", "hang", "lose") and f.clock <= clock and f.point == point and f not in job.fired
-                    and f.phase in (None, phase)):
-                job.fired.add(f)
-                self._report(job, clock, f"fault-{f.kind}", point=point)
-                if f.kind == "kill":
-                    self._die()
-                elif f.kind == "lose":  # simulated loss: the coordinator recovers as from a crash
-                    self._call(self.worker.scheduler.dscar_simulate_loss, job_id=job.id, worker=self.worker.address)
-                    raise _Stopped
-                else:
-                    self._hang()
+        """Injected faults due at ``point`` of the shard runner's thread (an attempt, a clock-end step)."""
+        for f in self._due(job, clock, point, phase):
+            info = {"point": point, **({"pid": os.getpid()} if f.kind == "hang" else {})}
+            self._report(job, clock, f"fault-{f.kind}", **info)
+            if f.kind == "kill":
+                self._die()
+            elif f.kind == "lose":  # simulated loss: the coordinator recovers as from a crash
+                self._call(self.worker.scheduler.dscar_simulate_loss, job_id=job.id, worker=self.worker.address)
+                raise _Stopped
+            else:
+                self._hang()
+
+    async def _ainject(self, job: Job, point: str) -> bool:
+        """Injected faults due at ``point`` of a handler (apply, checkpoint, restore); True: the
+        handler must stop (this worker is being killed or lost)."""
+        stop = False
+        for f in self._due(job, job.clock_seen, point):
+            info = {"point": point, **({"pid": os.getpid()} if f.kind == "hang" else {})}
+            await self._areport(job, job.clock_seen, f"fault-{f.kind}", info)
+            if f.kind == "kill":
+                if not self._in_process():
+                    os._exit(1)
+                self._stop.set()
+                self.worker.loop.add_callback(self.worker.close, nanny=False, executor_wait=False)
+                stop = True
+            elif f.kind == "lose":
+                self.worker.loop.add_callback(self.worker.scheduler.dscar_simulate_loss, job_id=job.id,
+                                              worker=self.worker.address)
+                stop = True
+            elif not self._in_process():  # in-process, a handler cannot hang without hanging every worker
+                os.kill(os.getpid(), signal.SIGSTOP)
+        return stop
+
+    async def _areport(self, job: Job, clock: int, kind: str, info: dict) -> None:
+        try:
+            await asyncio.wait_for(self.worker.scheduler.dscar_event(job_id=job.id, clock=clock, kind=kind,
+                                                                     worker=self.worker.address, info=info), 5)
+        except Exception:
+            pass
 
     def _report(self, job: Job, clock: int, kind: str, **info) -> None:
         try:
@@ -580,24 +665,18 @@ class ParamServer(WorkerPlugin):
             os.kill(os.getpid(), signal.SIGSTOP)
             return
         while not self._stop.is_set():  # in-process: only this worker's loop stops
-            time.sleep(0.05)
+            self._stop.wait(0.05)
         raise _Stopped
 
-    def _send_staged(self, job: Job, key: tuple, updates: list, phase: str | None = None) -> None:
-        by_owner: dict[str, list] = defaultdict(list)
-        for table, part, lo, data, rows in updates:
-            by_owner[job.owners[(table, part)]].append([table, part, lo, data, rows])
-        me = self.worker.address
-        for i, (owner, ups) in enumerate(by_owner.items()):
-            if i == 1:
-                self._inject(job, key[0], "mid-push", phase)
-            if owner == me:
-                self._stage_local(job, key, ups)
-            else:
-                ups = [[t, p, lo, to_serialize(d), None if r is None else to_serialize(r)] for t, p, lo, d, r in ups]
-                r = self._call(self.worker.rpc(owner).dscar_stage, job_id=job.id, key=list(key), updates=ups)
-                if r.get("status") == "ended":
-                    raise _Stopped  # nothing to commit into: drop this late attempt quietly
+    def _stage(self, job: Job, key: tuple, run: int, updates: list, phase: str | None = None) -> None:
+        """Keep the attempt's updates here until its pass is applied: the owners collect the
+        committed ones then (one message per worker and pass, not one per shard and owner)."""
+        # copied: a step may reuse its buffers for the next step before this pass is applied
+        staged = [(t, int(p), int(lo), np.array(d, copy=True), None if r is None else np.array(r, dtype=np.int64))
+                  for t, p, lo, d, r in updates]
+        with self._lock:
+            job.staged[key] = (run, staged)
+        self._inject(job, key[0], "mid-push", phase)  # staged, not yet committed
 
     def _run_clock_end(self, item: dict) -> None:
         job_id, clock = item["job"], item["clock"]
@@ -605,6 +684,7 @@ class ParamServer(WorkerPlugin):
         try:
             job = self._job(job_id)
             self._prepare(job, item)
+            self._inject(job, clock, "clock-end")
             t0 = time.perf_counter()
             metrics = job.algorithm.clock_end(ClockEnd(self, job, clock))
             metrics = {str(k): float(v) for k, v in dict(metrics).items()}
@@ -614,10 +694,13 @@ class ParamServer(WorkerPlugin):
                 sched.dscar_clock_done,
                 job_id=job_id,
                 clock=clock,
+                run=item["run"],
                 worker=self.worker.address,
                 metrics=metrics,
                 seconds=time.perf_counter() - t0,
             )
+        except _Stopped:
+            return
         except Exception as e:
             logger.warning("dscar clock_end of clock %s failed: %r", clock, e)
             try:
@@ -625,6 +708,7 @@ class ParamServer(WorkerPlugin):
                     sched.dscar_clock_failed,
                     job_id=job_id,
                     clock=clock,
+                    run=item["run"],
                     worker=self.worker.address,
                     error="".join(traceback.format_exception(type(e), e, e.__traceback__)[-3:]).strip(),
                 )
@@ -644,7 +728,7 @@ class ParamServer(WorkerPlugin):
                 with self._lock:
                     pieces.append(job.parts[(table, part)][lo - a : hi - a].copy())
             else:
-                r = self._call(self.worker.rpc(owner).dscar_pull, job_id=job.id, table=table, part=part, lo=lo - a, hi=hi - a)
+                r = self._peer(owner, "pull", job_id=job.id, table=table, part=part, lo=lo - a, hi=hi - a)
                 pieces.append(job.xp.asarray(r["data"]))
         if len(pieces) == 1:
             return pieces[0]
@@ -666,8 +750,7 @@ class ParamServer(WorkerPlugin):
                 with self._lock:
                     vals = job.parts[(table, int(part))][job.xp.asarray(local)]
             else:
-                r = self._call(self.worker.rpc(owner).dscar_pull, job_id=job.id, table=table, part=int(part),
-                               rows=to_serialize(local))
+                r = self._peer(owner, "pull", job_id=job.id, table=table, part=int(part), rows=to_serialize(local))
                 vals = job.xp.asarray(r["data"])
             out[job.xp.asarray(sel)] = vals
         return out
@@ -682,7 +765,7 @@ class ParamServer(WorkerPlugin):
             if owner == self.worker.address:
                 self._assign_local(job, table, part, lo - a, chunk)
             else:
-                self._call(self.worker.rpc(owner).dscar_assign, job_id=job.id, table=table, part=part, lo=lo - a, data=to_serialize(chunk))
+                self._peer(owner, "assign", job_id=job.id, table=table, part=part, lo=lo - a, data=to_serialize(chunk))
 
 
 class _Stopped(Exception):

@@ -123,22 +123,20 @@ def test_memory_url_store(tmp_path):
     np.testing.assert_array_equal(ckpt.read_file(fs, e)[1], np.arange(3.0))
 
 
-# ------------------------------------------------ the coordinator's bookkeeping
+# ------------------------------------------------ the checkpoint ledger (dscar.ledger, pure)
 
 
 def coordinator_job(policy="priority"):
-    from dscar.coordinator import Coordinator, _Job
+    """A job with table ``w`` (param, partitions on a and b) and ``g`` (reduction, on a)."""
+    from dscar.job import JobConfig, JobState
     from dscar.partitions import PartitionMap, TableLayout
     from dscar.shards import ShardQueue
 
-    c = Coordinator()
-    c._changed = asyncio.Event()
     pm = PartitionMap([TableLayout("w", 10, 2), TableLayout("g", 4, 1)])
     pm.owners = {("w", 0): "a", ("w", 1): "b", ("g", 0): "a"}
-    job = _Job("j", b"", ShardQueue(2, reloadable=True), pm, {"w": "param", "g": "reduction"},
-               ckpt=CheckpointConfig("x", policy=policy, every=2, fraction=0.5))
-    c.jobs = {"j": job}
-    return c, job
+    cfg = JobConfig("j", 2, {"w": "param", "g": "reduction"}, [], [""],
+                    CheckpointConfig("x", policy=policy, every=2, fraction=0.5))
+    return JobState(cfg, ShardQueue(2, reloadable=True), pm)
 
 
 def entry(part, v):
@@ -146,39 +144,56 @@ def entry(part, v):
 
 
 def test_a_version_becomes_a_manifest_only_when_every_owner_has_written():
-    c, job = coordinator_job()
-    job.pending[1] = {"clock": 2, "waiting": {"a", "b"}, "files": [], "failed": None}
-    c._h_ckpt_written("j", 1, "a", [entry(0, 1)])
-    assert job.to_publish == []  # b has not finished writing: nothing visible
-    c._h_ckpt_written("j", 1, "b", [entry(1, 1)])
-    (m,) = job.to_publish
+    job = coordinator_job()
+    v = job.ledger.start(2, {"a", "b"})
+    job.checkpoint_written(v, "a", [entry(0, 1)], None, 0.0)
+    assert job.ledger.to_publish == []  # b has not finished writing: nothing visible
+    job.checkpoint_written(v, "b", [entry(1, 1)], None, 0.0)
+    (m,) = job.ledger.to_publish
     assert m["version"] == 1 and m["clock"] == 2 and set(m["chains"]) == {"w/0", "w/1"}  # reductions are not saved
+    assert m["tables"] == [["w", 10, 2, "param"], ["g", 4, 1, "reduction"]]
 
 
 def test_versions_complete_in_order_and_priority_chains_extend():
-    c, job = coordinator_job("priority")
-    for v in (1, 2):
-        job.pending[v] = {"clock": 2 * v, "waiting": {"a", "b"}, "files": [], "failed": None}
-    c._h_ckpt_written("j", 2, "a", [entry(0, 2)])
-    c._h_ckpt_written("j", 2, "b", [entry(1, 2)])
-    assert job.to_publish == []  # version 1 is not complete yet
-    c._h_ckpt_written("j", 1, "a", [entry(0, 1)])
-    c._h_ckpt_written("j", 1, "b", [entry(1, 1)])
-    assert [m["version"] for m in job.to_publish] == [1, 2]
-    assert [e["path"] for e in job.to_publish[1]["chains"]["w/0"]] == ["v1/w.p0", "v2/w.p0"]
+    job = coordinator_job("priority")
+    v1, v2 = job.ledger.start(2, {"a", "b"}), job.ledger.start(4, {"a", "b"})
+    job.checkpoint_written(v2, "a", [entry(0, 2)], None, 0.0)
+    job.checkpoint_written(v2, "b", [entry(1, 2)], None, 0.0)
+    assert job.ledger.to_publish == []  # version 1 is not complete yet
+    job.checkpoint_written(v1, "a", [entry(0, 1)], None, 0.0)
+    job.checkpoint_written(v1, "b", [entry(1, 1)], None, 0.0)
+    assert [m["version"] for m in job.ledger.to_publish] == [1, 2]
+    assert [e["path"] for e in job.ledger.to_publish[1]["chains"]["w/0"]] == ["v1/w.p0", "v2/w.p0"]
+    assert job.published(1, 0.0) is None and [m["version"] for m in job.ledger.published] == [1]
+    assert [m["version"] for m in job.ledger.newest_first()] == [2, 1]
 
 
 def test_a_writer_lost_mid_checkpoint_abandons_that_version_only():
-    c, job = coordinator_job("full")
-    c.scheduler = type("S", (), {"workers": {"a": 1}})()
-    job.pending[1] = {"clock": 2, "waiting": {"a", "b"}, "files": [], "failed": None}
-    job.pending[2] = {"clock": 4, "waiting": {"a"}, "files": [], "failed": None}
-    c._h_ckpt_written("j", 1, "a", [entry(0, 1)])
+    job = coordinator_job("full")
+    v1, v2 = job.ledger.start(2, {"a", "b"}), job.ledger.start(4, {"a"})
+    job.checkpoint_written(v1, "a", [entry(0, 1)], None, 0.0)
     job.pmap.owners = {("w", 0): "a", ("w", 1): "a", ("g", 0): "a"}  # b's partitions moved before it died
-    c._lose(job, "b")
-    c._h_ckpt_written("j", 2, "a", [entry(0, 2), entry(1, 2)])
-    assert [m["version"] for m in job.to_publish] == [2]
+    job.lose("b", 0.0)
+    job.checkpoint_written(v2, "a", [entry(0, 2), entry(1, 2)], None, 0.0)
+    assert [m["version"] for m in job.ledger.to_publish] == [2]
     assert any(e["kind"] == "checkpoint-abandoned" and e["version"] == 1 for e in job.events)
+
+
+def test_recovery_plans_restore_only_lost_partitions_onto_the_least_loaded_and_full_rolls_back_all():
+    from dscar.ledger import plan_recovery, restore_candidates
+
+    owners = {("w", 0): "a", ("w", 1): "b", ("w", 2): "c", ("g", 0): "b"}
+    kinds = {"w": "param", "g": "reduction"}
+    rows = {("w", 0): 4, ("w", 1): 4, ("w", 2): 4, ("g", 0): 2}
+    m = {"version": 3, "chains": {"w/1": [{"path": "v3/w.p1"}]}, "states": {"5": {"path": "s"}}}
+    p = plan_recovery(owners=owners, kinds=kinds, rows=rows, lost={"b"}, live=["a", "c"], full=False,
+                      manifests=[m], lost_shards=[5, 6], n_shards=8)
+    assert p.restores == {("g", 0): "a", ("w", 1): "c"} and p.states == {5: {"path": "s"}} and p.version == 3
+    f = plan_recovery(owners=owners, kinds=kinds, rows=rows, lost={"b"}, live=["a", "c"], full=True,
+                      manifests=[m], lost_shards=[], n_shards=8)
+    assert f.restores[("w", 0)] == "a" and f.restores[("w", 2)] == "c" and set(f.restores) == set(owners)
+    assert restore_candidates([m], "w", 1) == [(3, [{"path": "v3/w.p1"}]), (0, [])]
+    assert restore_candidates([m], "w", 0) == [(3, []), (0, [])]
 
 
 def test_shard_states_rotate_oldest_first_at_the_priority_budget():

@@ -73,7 +73,7 @@ def test_processes_lasso_and_exactly_once_over_tcp(procs):
 
 
 def test_partitions_live_on_their_owners_and_pull_push_between_processes(procs):
-    """Drive the data plane directly: init, stage, apply and pull across processes."""
+    """Drive the data plane directly: init, stage, apply (collecting staged updates) and pull across processes."""
     from distributed.protocol import to_serialize
     from distributed.protocol.pickle import dumps
 
@@ -91,14 +91,23 @@ def test_partitions_live_on_their_owners_and_pull_push_between_processes(procs):
         for (t, p), w in owners.items():
             client.sync(client.rpc(w).dscar_init, job_id="direct", parts=[[t, p]])
         w0 = owners[("count", 0)]
-        stage = client.rpc(w0).dscar_stage
-        client.sync(stage, job_id="direct", key=[1, 0, 0], updates=[["count", 0, 1, to_serialize(np.array([2.0, 3.0])), None]])
-        client.sync(stage, job_id="direct", key=[1, 1, 0], updates=[["count", 0, 0, to_serialize(np.array([7.0])), None]])
-        client.sync(client.rpc(w0).dscar_apply, job_id="direct", clock=1, committed=[[0, 0]])  # only shard 0 committed
+        w1 = next(w for w in procs.workers if w != w0)
+
+        def stage(key, updates, dask_worker=None):  # what a shard attempt on w1 leaves behind
+            server = dask_worker.plugins["dscar-paramserver"]
+            server._stage(server.jobs["direct"], tuple(key), 1, updates)
+
+        client.run(stage, [1, 0, 0], [["count", 0, 1, np.array([2.0, 3.0]), None]], workers=[w1])
+        client.run(stage, [1, 1, 0], [["count", 0, 0, np.array([7.0]), None]], workers=[w1])
+        r = client.sync(client.rpc(w0).dscar_apply, job_id="direct", clock=1, run=1,
+                        committed=[[0, 0, w1]])  # only shard 0 committed: w0 collects it from w1
+        assert r["applied"] == 1, r
         got = client.sync(client.rpc(w0).dscar_pull, job_id="direct", table="count", part=0, lo=0, hi=5)["data"]
         np.testing.assert_array_equal(got, [0.0, 2.0, 3.0, 0.0, 0.0])
+        r = client.sync(client.rpc(w0).dscar_apply, job_id="direct", clock=1, run=2, committed=[[1, 0, w1]])
+        assert r["status"] == "source-lost"  # staged under run 1, asked for run 2: never applied
         info = client.sync(client.rpc(w0).dscar_info, job_id="direct")
-        assert info["staged"] == 0 and info["device"] in ("cpu", "gpu")
+        assert info["device"] in ("cpu", "gpu")
     finally:
         client.sync(client.scheduler.dscar_end_job, job_id="direct")
         for w in procs.workers:

@@ -41,6 +41,23 @@ def test_a_worker_stuck_in_a_long_attempt_counts_as_slow():
     assert m.is_slow("c", running_s=2.5)
 
 
+def test_a_2x_slower_worker_is_a_straggler_among_2_as_among_16():
+    for n in (2, 16):
+        steps = {f"w{i}": [0.02] * 8 for i in range(n - 1)}
+        steps["slow"] = [0.04] * 8
+        assert monitor_with(steps).end_clock() == {"slow": "transient"}, n
+
+
+def test_noise_is_no_straggler():
+    """Millisecond steps that vary 3x, one pause in a window, and a healthy spread are not stragglers."""
+    tiny = monitor_with({"a": [0.0005] * 8, "b": [0.0015] * 8})
+    assert tiny.end_clock() == {}  # 3x, but a millisecond apart: below min_gap_s
+    pause = monitor_with({"a": [0.02] * 7 + [0.5], "b": [0.02] * 8})
+    assert pause.end_clock() == {}  # the median ignores one outlier
+    spread = monitor_with({"a": [0.020] * 8, "b": [0.024] * 8, "c": [0.030] * 8})
+    assert spread.end_clock() == {}
+
+
 def test_monitor_rejects_bad_options():
     with pytest.raises(ValueError):
         ThroughputMonitor(fraction=1.5)
@@ -59,7 +76,7 @@ def test_backup_only_when_the_queue_is_empty_and_an_attempt_is_late():
     assert p.decide(view(m, running=[late])) == [Backup(3, "d")]
     assert p.decide(view(m, todo=1, running=[late])) == []  # work left in the queue
     assert p.decide(view(m, running=[Running(3, "c", 1.5, 1)])) == []  # not late yet
-    assert p.decide(view(m, running=[Running(3, "c", 9.0, 2)])) == []  # already backed up
+    assert p.decide(view(m, running=[Running(3, "c", 9.0, 3)])) == []  # three attempts already this clock
     assert p.decide(view(m, running=[Running(3, "d", 9.0, 1)])) == []  # never on its own worker
     assert p.decide(view(ThroughputMonitor(), running=[late])) == []  # nothing measured yet
 

@@ -1,0 +1,526 @@
+"""One fit's control state on the scheduler, and every decision about it (no Dask here).
+
+``JobState`` joins the pure pieces — the clock state machine (``dscar.clock``),
+the shard queue (``dscar.shards``), the ownership map (``dscar.partitions``),
+the checkpoint ledger (``dscar.ledger``), the monitor and the policies — and
+answers the coordinator's questions: which work item a worker gets next, whether
+a commit is granted, what a loss means, what to do when a pass is complete.
+It returns *effects* for the coordinator to carry out (``Apply``, ``Recover``,
+``Checkpoint``, ``Restart``); the coordinator only sends messages.
+
+Shard state (LDA's topic assignments) follows the same rule as table updates:
+a committed attempt's new state is staged on the worker that ran it and
+installed when its pass is applied. So a backup attempt, or a pass run again
+after a loss, always starts from the state as of the pass's start.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from .checkpoint import state_shards
+from .clock import Apply, ClockMachine, Recover, RunClockEnd, Skip, Stage, StartPass
+from .errors import ShardFailedError
+from .ledger import CheckpointLedger, RecoveryPlan, plan_recovery
+from .monitor import ThroughputMonitor
+from .partitions import PartitionMap
+from .policies import Backup, ControllerView, Policy, Restart, Running, SetBatchScale
+from .shards import Attempt, ShardQueue
+
+
+@dataclass(frozen=True)
+class ApplyPass:
+    """Every live worker applies the committed attempts of the pass (tables and shard state)."""
+
+    run_id: int
+    clock: int
+    committed: list[tuple[int, int, str]]  # (shard, attempt, worker that ran it and holds its update)
+    reset: list[str]  # tables that start from zero
+    rebuild: bool = False  # the rebuild pass (its contributions rebuild tables, they are no clock's updates)
+
+
+@dataclass(frozen=True)
+class StartRecovery:
+    """Restore what lost workers took with them; the coordinator loops until ``unrecovered`` is empty."""
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    version: int
+    writers: dict[str, list[int]]  # worker -> shards whose state it saves (every param owner writes)
+
+
+@dataclass(frozen=True)
+class RestartWorker:
+    worker: str
+
+
+Effect = ApplyPass | StartRecovery | Checkpoint | RestartWorker
+
+
+@dataclass
+class JobConfig:
+    """What a job was started with (fixed for its life)."""
+
+    job_id: str
+    n_shards: int
+    kinds: dict[str, str]  # table -> "param" | "reduction"
+    rebuild: list[str]  # tables the algorithm recomputes after a restore
+    phase_names: list[str]  # data phases of a clock ("" when the algorithm has none)
+    checkpoint: Any = None  # CheckpointConfig or None
+
+
+class JobState:
+    """The scheduler's truth of one fit. Every method is a pure decision."""
+
+    def __init__(self, cfg: JobConfig, queue: ShardQueue, pmap: PartitionMap, *,
+                 monitor: ThroughputMonitor | None = None, policies: list[Policy] | None = None,
+                 resume: dict | None = None):
+        #: the job's fixed settings
+        self.cfg = cfg
+        #: shard states, attempts, commits, holders
+        self.queue = queue
+        #: partition -> owner: the coordinator's truth, not the scheduler's task state
+        self.pmap = pmap
+        #: the clock state machine: stage, run id, what a loss left to do
+        self.machine = ClockMachine(n_phases=len(cfg.phase_names), has_rebuild=bool(cfg.rebuild))
+        #: per-worker speed from attempts (committed or still running)
+        self.monitor = monitor or ThroughputMonitor()
+        #: straggler policies (backup at idle time; adaptive batch and restart at clock ends)
+        self.policies = list(policies or ())
+        #: checkpoint versions (None without a store)
+        self.ledger = None if cfg.checkpoint is None else CheckpointLedger(
+            cfg.checkpoint.policy, cfg.checkpoint.keep, resume)
+        #: the job's event log (dicts with time, clock, kind, ...)
+        self.events: list[dict[str, Any]] = []
+        #: workers lost to this job (a restarted worker comes back under a new address)
+        self.lost: set[str] = set()
+        #: lost workers whose partitions and shard states are not restored yet
+        self.unrecovered: set[str] = set()
+        #: shards whose state went with a lost worker, not restored yet
+        self.lost_shards: set[int] = set()
+        #: shard -> checkpoint file its state is restored from before its next step
+        self.restore_state: dict[int, dict] = {}
+        #: worker -> batch scale (adaptive-batch policy)
+        self.batch_scale: dict[str, float] = {}
+        #: worker -> "transient" | "persistent"
+        self.stragglers: dict[str, str] = {}
+        #: workers a policy decided to restart at the next clock boundary
+        self.pending_restarts: list[str] = []
+        #: the worker running the clock-end step, once handed out
+        self.clock_end_worker: str | None = None
+        #: this clock's metrics (when DONE)
+        self.metrics: dict[str, float] = {}
+        #: worker -> shards committed this clock
+        self.shards_done: dict[str, int] = {}
+        #: worker -> summed attempt timings this clock
+        self.timings: dict[str, dict[str, float]] = {}
+        #: wall seconds per stage this clock ("shards", "apply", "clock_end", "rebuild", "shards:<phase>", ...)
+        self.stage_s: dict[str, float] = {}
+        self._stage_t0 = 0.0
+        #: why the job failed (None while it runs)
+        self.error: str | None = None
+        #: the live workers, refreshed by the coordinator before it asks for decisions
+        self.workers: list[str] = []
+        if resume is not None:
+            self.machine.clock = int(resume["clock"])
+            self.machine.stage = Stage.DONE
+            self.machine.needs_rebuild = bool(cfg.rebuild)
+            self._plan_states(range(cfg.n_shards), [resume])
+
+    # ----------------------------------------------------------------- util
+    @property
+    def clock(self) -> int:
+        """The clock being run."""
+        return self.machine.clock
+
+    def event(self, now: float, kind: str, **info: Any) -> None:
+        self.events.append({"time": now, "clock": self.machine.clock, "kind": kind, **info})
+
+    def fail(self, now: float, error: str) -> None:
+        if self.error is None:
+            self.error = error
+            self.event(now, "job-failed", error=error)
+
+    @property
+    def failed(self) -> bool:
+        return self.error is not None
+
+    def live(self, workers: list[str]) -> list[str]:
+        """``workers`` (the scheduler's) less those this job lost."""
+        return [w for w in sorted(workers) if w not in self.lost]
+
+    def _book_stage(self, now: float) -> None:
+        stage = self.machine.stage
+        if stage in (Stage.REBUILD, Stage.SHARDS, Stage.APPLY, Stage.CLOCK_END) and self._stage_t0:
+            name = {Stage.CLOCK_END: "clock_end"}.get(stage, stage.value)
+            dt = now - self._stage_t0
+            self.stage_s[name] = self.stage_s.get(name, 0.0) + dt
+            if stage in (Stage.SHARDS, Stage.APPLY) and len(self.cfg.phase_names) > 1 and not self.machine.applying_rebuild:
+                key = f"{name}:{self.cfg.phase_names[self.machine.data_phase]}"
+                self.stage_s[key] = self.stage_s.get(key, 0.0) + dt
+        self._stage_t0 = now
+
+    def _carry_out(self, actions: list, now: float) -> list[Effect]:
+        """Turn the clock machine's actions into queue changes and effects."""
+        effects: list[Effect] = []
+        for a in actions:
+            if isinstance(a, StartPass):
+                if a.data_phase is None:
+                    self.queue.begin_clock(self.machine.clock, None)
+                    self.event(now, "rebuild-started", tables=list(self.cfg.rebuild))
+                elif a.redo and self.queue.phase == a.data_phase:
+                    self.queue.restart_clock()
+                else:
+                    self.queue.begin_clock(self.machine.clock, a.data_phase)
+                if a.redo:
+                    self.event(now, "clock-restarted", stage=self.machine.stage.value,
+                               data_phase=self.cfg.phase_names[self.machine.data_phase] or None)
+            elif isinstance(a, Apply):
+                reset = list(self.cfg.rebuild) if a.reset_rebuild else (
+                    [t for t, k in self.cfg.kinds.items() if k == "reduction"] if a.reset_reductions else [])
+                effects.append(ApplyPass(a.run_id, self.machine.clock, self.queue.committed_attempts(), reset,
+                                         a.reset_rebuild))
+            elif isinstance(a, RunClockEnd):
+                self.clock_end_worker = None
+            elif isinstance(a, Recover):
+                effects.append(StartRecovery())
+            elif isinstance(a, Skip):
+                self.metrics = {"objective": math.nan, "skipped": 1.0}
+                self.event(now, "clock-end-skipped", reason=a.reason)
+        return effects
+
+    # ---------------------------------------------------------------- clocks
+    def begin(self, clock: int, now: float) -> list[Effect]:
+        """Start ``clock`` (the previous one finished and no recovery is under way)."""
+        effects: list[Effect] = [RestartWorker(w) for w in self.pending_restarts]
+        self.pending_restarts = []
+        self.metrics, self.shards_done, self.timings, self.stage_s = {}, {}, {}, {}
+        self.clock_end_worker = None
+        self._stage_t0 = now
+        actions = self.machine.begin(clock)
+        return effects + self._carry_out(actions, now)
+
+    def next_item(self, worker: str, now: float) -> dict | None:
+        """The next work item for ``worker``: a shard attempt, the clock-end step, or None."""
+        if self.failed or worker in self.lost or self.machine.recovering:
+            return None
+        if self.machine.handing_out:
+            a = self.queue.next_shard(worker, now)
+            if a is None and self.machine.stage is Stage.SHARDS:
+                a = self._idle_policies(worker, now)
+            elif a is not None and a.fetch_from:
+                self.event(now, "shard-moved", shard=a.shard, source=a.fetch_from, target=worker)
+            return None if a is None else self._item(a)
+        if self.machine.stage is Stage.CLOCK_END and self.clock_end_worker is None:
+            self.clock_end_worker = worker
+            return {"op": "clock_end", "job": self.cfg.job_id, "clock": self.machine.clock, "run": self.machine.run_id,
+                    "owners": self.pmap.to_msg()}
+        return None
+
+    def _item(self, a: Attempt) -> dict:
+        rebuild = self.machine.stage is Stage.REBUILD
+        item = {
+            "op": "rebuild" if rebuild else "shard", "job": self.cfg.job_id, "clock": self.machine.clock,
+            "run": self.machine.run_id, "shard": a.shard, "attempt": a.attempt, "fetch_from": a.fetch_from,
+            "fetch_alt": a.fetch_alt, "backup": a.backup, "owners": self.pmap.to_msg(),
+            "batch_scale": self.batch_scale.get(a.worker, 1.0),
+            "phase": self.cfg.phase_names[self.queue.phase_of(a.shard)] or None,
+        }
+        entry = self.restore_state.get(a.shard)
+        if entry is not None:
+            item["state_file"] = entry
+        return item
+
+    def commit(self, worker: str, clock: int, run_id: int, shard: int, attempt: int, now: float,
+               timings: dict | None = None) -> tuple[bool, list[Effect]]:
+        """An attempt asks to commit: the first live attempt of the current run wins."""
+        if self.failed or clock != self.machine.clock or worker in self.lost or not self.machine.accepts(run_id) \
+                or not self.machine.handing_out:
+            return False, []
+        started = next((a.started for a in self.queue.running_attempts(shard) if a.attempt == attempt), None)
+        if self.machine.stage is Stage.SHARDS:  # every finished attempt tells its worker's speed, won or not
+            # the step's own time: a shard's data moving to this worker is not the worker's slowness
+            step = sum(float(v) for k, v in timings.items() if k != "data_s") if timings else (
+                None if started is None else now - started)
+            if step is not None:
+                self.monitor.record(worker, step)
+        granted = self.queue.commit(shard, attempt, worker)
+        if not granted:
+            self.event(now, "commit-refused", shard=shard, attempt=attempt, worker=worker)
+            return False, []
+        self.restore_state.pop(shard, None)  # the attempt started from the restored state; it lives on now
+        sums = self.timings.setdefault(worker, {})
+        for k, v in (timings or {}).items():
+            sums[k] = sums.get(k, 0.0) + float(v)
+        if not self.queue.complete:
+            return True, []
+        self._book_stage(now)
+        rebuild = self.machine.stage is Stage.REBUILD
+        effects = self._carry_out(self.machine.pass_complete(run_id), now)
+        if not rebuild:
+            for w, n in self.queue.committed_by().items():
+                self.shards_done[w] = self.shards_done.get(w, 0) + n
+        return True, effects
+
+    def attempt_failed(self, worker: str, clock: int, run_id: int, shard: int, attempt: int, error: str,
+                       now: float, lost_data: bool = False) -> None:
+        """An attempt raised. Every failure is an event; it counts against the shard unless a loss
+        (a newer run id) explains it or another attempt of the shard is still running."""
+        self.event(now, "shard-failed", shard=shard, attempt=attempt, worker=worker, error=error,
+                   late=clock != self.machine.clock or run_id != self.machine.run_id)
+        if clock != self.machine.clock or not self.machine.handing_out:
+            return
+        if lost_data:
+            self.queue.set_holder(shard, None)
+        try:
+            self.queue.fail(shard, attempt, worker, error, count=run_id == self.machine.run_id)
+        except ShardFailedError as e:
+            self.fail(now, str(e))
+
+    def applied(self, run_id: int, now: float) -> list[Effect]:
+        """Every live worker applied the pass of ``run_id``."""
+        if self.machine.stage is not Stage.APPLY or not self.machine.accepts(run_id):
+            return []
+        self._book_stage(now)
+        rebuild = self.machine.applying_rebuild
+        actions = self.machine.applied(run_id)
+        if rebuild:
+            self.event(now, "rebuild-done")
+        return self._carry_out(actions, now)
+
+    def clock_end_done(self, worker: str, run_id: int, metrics: dict, seconds: float, now: float) -> list[Effect]:
+        """The clock-end step reported: the clock is DONE (unless a loss made its report stale)."""
+        if worker != self.clock_end_worker or self.machine.stage is not Stage.CLOCK_END \
+                or not self.machine.accepts(run_id):
+            return []
+        self._book_stage(now)
+        self.machine.clock_end_done(run_id)
+        self.metrics = dict(metrics)
+        self.stage_s["clock_end_compute"] = float(seconds)
+        effects: list[Effect] = self._clock_policies(now)
+        cfg = self.cfg.checkpoint
+        if cfg is not None and cfg.due(self.machine.clock):
+            effects.append(self._start_checkpoint(now))
+        return effects
+
+    def clock_end_failed(self, worker: str, run_id: int, error: str, now: float) -> list[Effect]:
+        """The clock-end step raised: a loss under it skips the clock; otherwise the job fails."""
+        if worker != self.clock_end_worker or self.machine.stage is not Stage.CLOCK_END:
+            return []
+        if run_id != self.machine.run_id or self.machine.recovering or self.machine.skip_reason:
+            return self._carry_out(self.machine.clock_end_failed(), now)
+        self.fail(now, f"clock_end of clock {self.machine.clock} failed on {worker}:\n{error}")
+        return []
+
+    @property
+    def report_ready(self) -> bool:
+        return self.machine.finished and not self.failed
+
+    # ------------------------------------------------------------- policies
+    def view(self, workers: list[str], now: float, idle_worker: str | None = None) -> ControllerView:
+        running = [Running(a.shard, a.worker, now - a.started, self.queue.attempts_started(a.shard))
+                   for a in self.queue.running()]
+        return ControllerView(self.machine.clock, workers, self.queue.counts()["todo"], running, self.monitor,
+                              dict(self.stragglers), idle_worker)
+
+    def _idle_policies(self, worker: str, now: float) -> Attempt | None:
+        for policy in self.policies:
+            if policy.when != "idle":
+                continue
+            for action in policy.decide(self.view(self.workers, now, worker)):
+                if isinstance(action, Backup):
+                    a = self.queue.start_backup(action.shard, action.worker, now)
+                    self.event(now, "backup-attempt", shard=a.shard, attempt=a.attempt, worker=worker,
+                               policy=policy.name)
+                    return a
+        return None
+
+    def _clock_policies(self, now: float) -> list[Effect]:
+        running = {a.worker: now - a.started for a in self.queue.running()}
+        stragglers = self.monitor.end_clock(running)
+        for w, kind in stragglers.items():
+            if self.stragglers.get(w) != kind:
+                self.event(now, "straggler", worker=w, straggler=kind)
+        for w in self.stragglers.keys() - stragglers.keys():
+            self.event(now, "straggler-recovered", worker=w)
+        self.stragglers = stragglers
+        for policy in self.policies:
+            if policy.when != "clock":
+                continue
+            for action in policy.decide(self.view(self.workers, now)):
+                if isinstance(action, SetBatchScale):
+                    self.batch_scale = dict(action.scales)
+                    self.event(now, "batch-scale", scales=self.batch_scale, policy=policy.name)
+                elif isinstance(action, Restart) and action.worker not in self.pending_restarts:
+                    self.pending_restarts.append(action.worker)
+                    self.event(now, "restart-planned", worker=action.worker, reason=action.reason,
+                               policy=policy.name)
+        return []
+
+    # ----------------------------------------------------------- checkpoints
+    def _start_checkpoint(self, now: float) -> Checkpoint:
+        cfg = self.cfg.checkpoint
+        saving = state_shards(self.queue.n_shards, cfg.save_fraction, self.ledger.state_saved)
+        writers: dict[str, list[int]] = {w: [] for (t, _), w in self.pmap.owners.items()
+                                         if self.cfg.kinds[t] == "param" and w not in self.lost}
+        for s in saving:
+            h = self.queue.holder(s)
+            if h is not None and h not in self.lost:
+                writers.setdefault(h, []).append(s)
+        version = self.ledger.start(self.machine.clock, writers)
+        self.event(now, "checkpoint-started", version=version, policy=cfg.policy, fraction=cfg.save_fraction)
+        return Checkpoint(version, writers)
+
+    def checkpoint_written(self, version: int, worker: str, files: list, error: str | None, now: float) -> None:
+        if self.ledger is not None and self.ledger.written(version, worker, files, error):
+            self._build_manifests(now)
+
+    def _build_manifests(self, now: float) -> None:
+        tables = {t: l.n_parts for t, l in self.pmap.layouts.items() if self.cfg.kinds[t] == "param"}
+        _, abandoned = self.ledger.build(
+            tables, now, job=self.cfg.job_id, fraction=self.cfg.checkpoint.save_fraction,
+            tables=[[t, l.n_rows, l.n_parts, self.cfg.kinds[t]] for t, l in self.pmap.layouts.items()])
+        for v, reason in abandoned:
+            self.event(now, "checkpoint-abandoned", version=v, reason=reason)
+
+    def published(self, version: int, now: float) -> None:
+        m = None if self.ledger is None else self.ledger.mark_published(version)
+        if m is not None:
+            self.event(now, "checkpoint-published", version=version, bytes=m["bytes"], clock=m["clock"])
+
+    # --------------------------------------------------------------- losses
+    def lose(self, worker: str, now: float) -> list[Effect]:
+        """``worker`` is gone: requeue its attempts; plan a recovery if it took partitions or state."""
+        if worker in self.lost:
+            return []
+        self.lost.add(worker)
+        moving = {a.shard for a in self.queue.running() if a.fetch_from == worker and not a.backup}
+        held = sorted(set(self.queue.held_by(worker)) | moving)  # shards it held, or was handing over
+        applying = self.machine.stage is Stage.APPLY
+        unapplied = any(w == worker for _, _, w in self.queue.committed_attempts()) if applying else False
+        # its commits of a pass not yet applied went with it: those shards run again
+        voided = self.queue.uncommit(worker) if self.machine.stage in (Stage.SHARDS, Stage.REBUILD) else []
+        # shard state lives with the data: with a rebuild pass, a lost holder's state must come back
+        state_lost = bool(held) and bool(self.cfg.rebuild)
+        requeued = self.queue.worker_lost(worker)
+        self.monitor.forget(worker)
+        self.batch_scale.pop(worker, None)
+        self.stragglers.pop(worker, None)
+        owned = self.pmap.owned_by(worker)
+        self.event(now, "worker-lost", worker=worker, requeued=sorted({a.shard for a in requeued} | set(voided)),
+                   partitions=[list(p) for p in owned])
+        if self.ledger is not None:
+            self.ledger.writer_lost(worker)
+            self._build_manifests(now)
+        if self.failed:
+            return []
+        if owned and self.cfg.checkpoint is None:
+            self.fail(now, f"worker {worker} owned partitions {owned} and was lost; restoring partitions "
+                           "needs a checkpoint store (dscar.fit(..., checkpoint=...))")
+            return []
+        effects: list[Effect] = []
+        if unapplied and not (owned or state_lost):
+            effects += self._carry_out(self.machine.lose(restores=False, unapplied=True), now)
+        if owned or state_lost:
+            self.unrecovered.add(worker)
+            if state_lost:
+                self.lost_shards |= set(held)
+            reductions = any(self.cfg.kinds[t] == "reduction" for t, _ in owned)
+            effects += self._carry_out(self.machine.lose(restores=True, reductions_lost=reductions,
+                                                         unapplied=unapplied), now)
+        if self.machine.stage is Stage.CLOCK_END and self.clock_end_worker == worker:
+            effects += self._carry_out(self.machine.clock_end_failed(), now)  # while recovering: skipped after it
+        return effects
+
+    def plan_recovery(self, live: list[str]) -> RecoveryPlan:
+        """What to restore now for every unrecovered loss, onto the ``live`` workers."""
+        cfg = self.cfg.checkpoint
+        rows = {(t, p): b - a for t, l in self.pmap.layouts.items() for p, (a, b) in enumerate(l.bounds)}
+        return plan_recovery(
+            owners=self.pmap.owners, kinds=self.cfg.kinds, rows=rows, lost=self.lost, live=live,
+            full=cfg is not None and cfg.recovery == "full",
+            manifests=self.ledger.newest_first() if self.ledger else [],
+            lost_shards=self.lost_shards, n_shards=self.queue.n_shards)
+
+    def restored(self, key: tuple[str, int], target: str, version: int, now: float) -> None:
+        self.pmap.owners[key] = target
+        self.event(now, "partition-restored", table=key[0], part=key[1], target=target, version=version)
+
+    def recovery_planned(self, plan: RecoveryPlan, now: float) -> set[str]:
+        """The plan is about to be carried out: record which losses it covers; returns them."""
+        covered = set(self.unrecovered)
+        for s, entry in plan.states.items():
+            self.restore_state[s] = entry
+        self.lost_shards.clear()
+        return covered
+
+    @property
+    def needs_recovery(self) -> bool:
+        """A loss is not recovered yet, or a partition is owned by a lost worker (a restore target
+        lost before it took the partition over)."""
+        return bool(self.unrecovered) or any(w in self.lost for w in self.pmap.owners.values())
+
+    def recovered(self, covered: set[str], now: float) -> list[Effect]:
+        """The plan that covered ``covered`` was carried out; the recovery ends when nothing is left."""
+        self.unrecovered -= covered
+        if self.needs_recovery or not self.machine.recovering:
+            return []
+        return self._carry_out(self.machine.recovered(), now)
+
+    def _plan_states(self, shards, manifests: list[dict]) -> None:
+        saved = manifests[0].get("states", {}) if manifests else {}
+        for s in shards:
+            if str(s) in saved:
+                self.restore_state[int(s)] = saved[str(s)]
+
+    def rebase(self, manifest: dict) -> None:
+        """The job resumed from an older manifest than it was started with (a newer one did not verify)."""
+        self.ledger.rebase(manifest)
+        self.machine.clock = int(manifest["clock"])
+        self.restore_state.clear()
+        self._plan_states(range(self.queue.n_shards), [manifest])
+
+    # ------------------------------------------------------------- reports
+    def snapshot(self, live: set[str], now: float) -> dict[str, Any]:
+        """The job's state as plain JSON-able data, for the dashboard page (``dscar.dashboard``).
+
+        Read-only and cheap (no I/O): clock, stage, per worker (live, shards done this clock,
+        speed, straggler flag), the active pass's queue counts (todo / doing / done, running
+        backups), this clock's metrics, the retained checkpoints and the newest 50 events
+        (``n_events`` counts them all). Called after every change: keep it O(workers).
+        """
+        stats = {st.worker: st for st in self.monitor.stats()}
+        live = set(live) - self.lost
+        done = dict(self.shards_done)  # the applied data phases, plus the active one while it runs
+        if self.machine.stage in (Stage.SHARDS, Stage.APPLY):
+            for w, n in self.queue.committed_by().items():
+                done[w] = done.get(w, 0) + n
+        workers = {}
+        for w in sorted(live | set(stats) | set(done) | self.lost):
+            st = stats.get(w)
+            workers[w] = {"live": w in live, "shards_done": int(done.get(w, 0)),
+                          "speed": float(st.speed) if st else 0.0, "mean_step_s": float(st.mean_step_s) if st else 0.0,
+                          "straggler": st.straggler if st else None, "batch_scale": float(self.batch_scale.get(w, 1.0))}
+        queue = dict(self.queue.counts())
+        queue["backups"] = sum(1 for a in self.queue.running() if a.backup)
+        published = self.ledger.published if self.ledger is not None else []
+        return {
+            "job": self.cfg.job_id, "time": now, "clock": self.clock, "stage": self.machine.stage.value,
+            "data_phase": self.cfg.phase_names[self.machine.data_phase] or None,
+            "recovering": self.machine.recovering, "run_id": self.machine.run_id, "error": self.error,
+            "metrics": {k: float(v) for k, v in self.metrics.items()}, "workers": workers, "queue": queue,
+            "checkpoints": [{"version": int(m["version"]), "clock": int(m["clock"]), "bytes": int(m.get("bytes", 0))}
+                            for m in published],
+            "events": self.events[-50:], "n_events": len(self.events),
+        }
+
+    def report(self) -> dict:
+        return {
+            "status": "done", "metrics": dict(self.metrics), "skipped": self.machine.stage is Stage.SKIPPED,
+            "shards_per_worker": dict(self.shards_done), "timings": self.timings, "stage_s": dict(self.stage_s),
+            "workers": {st.worker: {"speed": st.speed, "mean_step_s": st.mean_step_s, "straggler": st.straggler,
+                                    "batch_scale": self.batch_scale.get(st.worker, 1.0)}
+                        for st in self.monitor.stats()},
+        }

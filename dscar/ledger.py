@@ -1,0 +1,225 @@
+"""Checkpoint bookkeeping and recovery plans (no Dask here).
+
+``CheckpointLedger`` follows every checkpoint version from the moment the
+coordinator asks the owners to snapshot it to the moment the driver has
+published its manifest:
+
+    pending (writers still writing) ─▶ complete (a manifest is built) ─▶ published
+                 └─ a writer failed or was lost ─▶ abandoned (never visible)
+
+A version is *complete* once every writer reported its files durable and
+checksummed; its manifest names only those files. Versions complete in
+order: a priority checkpoint's chain extends the previous manifest's. A
+complete manifest may serve a recovery before the driver has published it
+(its files are durable and verified); only publication makes it visible to a
+later ``resume``.
+
+``plan_recovery`` decides, from the ownership map and the ledger, what a loss
+costs: which partitions come back from where (partial recovery: the lost
+owner's only; full recovery: every param table rolls back), onto which live
+worker, and which shards take their state from a checkpoint. The same
+``restore_candidates`` list (newest checkpoint that verifies first, then the
+initial values, "checkpoint 0") serves recovery and resume.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Iterable
+
+from .checkpoint import chain_key
+
+
+@dataclass
+class PendingVersion:
+    """A checkpoint version whose writers have not all reported."""
+
+    version: int
+    clock: int
+    #: workers still writing their files
+    waiting: set[str]
+    #: the files reported so far (path, sha256, bytes, table/part or shards)
+    files: list[dict] = field(default_factory=list)
+    #: why the version cannot complete (a writer failed or was lost); None while it can
+    failed: str | None = None
+
+
+class CheckpointLedger:
+    """Versions pending, complete (manifest built, waiting to be published) and published."""
+
+    def __init__(self, policy: str, keep: int, resume: dict | None = None):
+        #: "full" (each version replaces every chain) or "priority" (each version extends them)
+        self.policy = policy
+        #: published versions kept for recovery
+        self.keep = max(int(keep), 1)
+        #: the newest version started
+        self.version = 0
+        #: versions still being written, by number
+        self.pending: dict[int, PendingVersion] = {}
+        #: the newest manifest built (the next priority chain extends it)
+        self.built: dict | None = None
+        #: complete manifests the driver has not published yet, oldest first
+        self.to_publish: list[dict] = []
+        #: published manifests, oldest first (at most ``keep``)
+        self.published: list[dict] = []
+        #: shard -> the clock its state was last saved (the rotation of state saves)
+        self.state_saved: dict[int, int] = {}
+        if resume is not None:
+            self.rebase(resume)
+
+    def rebase(self, manifest: dict) -> None:
+        """Continue from ``manifest`` (a resume: its chains are the ones the next version extends)."""
+        self.published, self.built = [manifest], manifest
+        self.version = max(self.version, int(manifest["version"]))
+        self.state_saved = {int(s): int(manifest["clock"]) for s in manifest.get("states", {})}
+
+    def start(self, clock: int, writers: Iterable[str]) -> int:
+        """A new version: ``writers`` snapshot now and report when their files are durable."""
+        self.version += 1
+        self.pending[self.version] = PendingVersion(self.version, clock, set(writers))
+        return self.version
+
+    def written(self, version: int, worker: str, files: list[dict], error: str | None = None) -> bool:
+        """``worker`` finished writing ``version`` (or failed); False for an unknown version."""
+        p = self.pending.get(version)
+        if p is None:
+            return False
+        p.files.extend(files)
+        p.waiting.discard(worker)
+        if error:
+            p.failed = f"{worker}: {error}"
+        return True
+
+    def writer_lost(self, worker: str) -> None:
+        """A worker was lost: every version it was still writing can never complete."""
+        for p in self.pending.values():
+            if worker in p.waiting:
+                p.failed = f"{worker} was lost while writing"
+
+    def build(self, parts: dict[str, int], now: float, **fields: Any) -> tuple[list[dict], list[tuple[int, str]]]:
+        """Turn complete versions into manifests, oldest first.
+
+        ``parts``: param table -> number of partitions; ``fields`` are copied into every
+        manifest. Returns the new manifests and ``(version, reason)`` of every abandoned version.
+        """
+        built, abandoned = [], []
+        while self.pending:
+            v = min(self.pending)
+            p = self.pending[v]
+            if p.failed:
+                abandoned.append((v, p.failed))
+                del self.pending[v]
+                continue
+            if p.waiting:
+                break
+            del self.pending[v]
+            prev = self.built["chains"] if self.built else {}
+            chains = {}
+            for table, n_parts in parts.items():
+                for part in range(n_parts):
+                    key = chain_key(table, part)
+                    new = [f for f in p.files if f.get("table") == table and f.get("part") == part]
+                    chains[key] = new if (self.policy == "full" and new) else list(prev.get(key, [])) + new
+            states = dict(self.built["states"]) if self.built else {}  # shard -> newest file with its state
+            for f in p.files:
+                for shard in f.get("shards", ()):
+                    states[str(shard)] = f
+                    self.state_saved[int(shard)] = p.clock
+            manifest = {
+                **fields, "version": v, "clock": p.clock, "policy": self.policy, "chains": chains,
+                "states": states, "bytes": sum(f["bytes"] for f in p.files), "created": now,
+            }
+            self.built = manifest
+            self.to_publish.append(manifest)
+            built.append(manifest)
+        return built, abandoned
+
+    def mark_published(self, version: int) -> dict | None:
+        """The driver wrote ``version``'s manifest; returns it (None if it was not waiting)."""
+        for m in self.to_publish:
+            if m["version"] == version:
+                self.to_publish.remove(m)
+                self.published = (self.published + [m])[-self.keep:]
+                return m
+        return None
+
+    def newest_first(self) -> list[dict]:
+        """Every complete manifest a recovery may use, newest first."""
+        return list(reversed(self.published + self.to_publish))
+
+
+def restore_candidates(manifests: list[dict], table: str, part: int) -> list[tuple[int, list[dict]]]:
+    """``(version, chain)`` to try in order for one partition: each manifest's chain, newest
+    first, then ``(0, [])`` — the initial values, which always verify."""
+    key = chain_key(table, part)
+    return [(int(m["version"]), list(m["chains"].get(key, []))) for m in manifests] + [(0, [])]
+
+
+@dataclass(frozen=True)
+class RecoveryPlan:
+    """What a loss costs: partitions to restore (and where), shard states to restore."""
+
+    #: (table, part) -> the live worker that restores and then owns it
+    restores: dict[tuple[str, int], str]
+    #: shard -> the checkpoint file entry its state comes from before its next step
+    states: dict[int, dict]
+    #: manifests to restore from, newest first
+    manifests: list[dict]
+    #: every param table rolls back (traditional recovery)
+    full: bool
+
+    @property
+    def version(self) -> int:
+        return int(self.manifests[0]["version"]) if self.manifests else 0
+
+
+def plan_recovery(
+    *,
+    owners: dict[tuple[str, int], str],
+    kinds: dict[str, str],
+    rows: dict[tuple[str, int], int],
+    lost: set[str],
+    live: list[str],
+    full: bool,
+    manifests: list[dict],
+    lost_shards: Iterable[int],
+    n_shards: int,
+) -> RecoveryPlan:
+    """Plan the restore after the workers in ``lost`` are gone.
+
+    Partial recovery restores only partitions owned by a lost worker, full
+    recovery every ``param`` partition (reduction partitions come back as the
+    initial values either way: they are recomputed each clock). A lost
+    partition goes to the least loaded live worker (by rows owned, counting the
+    plan so far); a surviving one is restored in place. Shards whose state was
+    lost (all shards under full recovery) take it from the newest manifest that
+    saved it; the others keep theirs.
+    """
+    if not live:
+        raise ValueError("no live worker to restore onto")
+    load = {w: 0 for w in live}
+    for key, w in owners.items():
+        if w in load:
+            load[w] += rows[key]
+    restores: dict[tuple[str, int], str] = {}
+    for key in sorted(owners):
+        owner = owners[key]
+        gone = owner in lost or owner not in load
+        if not gone and not (full and kinds[key[0]] == "param"):
+            continue
+        if gone:
+            target = min(sorted(load), key=lambda w: load[w])
+            load[target] += rows[key]
+        else:
+            target = owner
+        restores[key] = target
+    saved = manifests[0].get("states", {}) if manifests else {}
+    shards = range(n_shards) if full else sorted(set(lost_shards))
+    states = {int(s): saved[str(s)] for s in shards if str(s) in saved}
+    return RecoveryPlan(restores, states, list(manifests), full)
+
+
+def describe(plan: RecoveryPlan) -> dict[str, Any]:
+    """The plan as an event's fields."""
+    return {"partitions": [[t, p, w] for (t, p), w in sorted(plan.restores.items())],
+            "shard_states": sorted(plan.states), "version": plan.version,
+            "policy": "full" if plan.full else "partial"}

@@ -1,0 +1,370 @@
+"""The clock state machine and the job's decisions, driven without a cluster.
+
+``JobFuzz`` is a Hypothesis rule-based state machine: it plays the coordinator's
+glue and the workers around a real ``JobState`` (clock machine, shard queue,
+ownership map, checkpoint ledger) and fires commits, backups, late failures,
+losses at every stage and losses during a recovery in any order, checking the
+invariants of ``dscar.clock`` after every step.
+"""
+from __future__ import annotations
+
+import math
+
+import pytest
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+
+from dscar.checkpoint import CheckpointConfig
+from dscar.clock import Apply, ClockError, ClockMachine, Recover, RunClockEnd, Skip, Stage, StartPass
+from dscar.job import ApplyPass, Checkpoint, JobConfig, JobState, StartRecovery
+from dscar.partitions import PartitionMap, TableLayout
+from dscar.policies import BackupPolicy
+from dscar.shards import ShardQueue
+
+WORKERS = ["w0", "w1", "w2", "w3"]
+
+
+# ----------------------------------------------------------- the machine alone
+def test_a_clock_without_faults_runs_every_phase_then_the_clock_end():
+    m = ClockMachine(n_phases=2)
+    [p0] = m.begin(1)
+    assert p0 == StartPass(m.run_id, 0) and m.stage is Stage.SHARDS
+    [a] = m.pass_complete(m.run_id)
+    assert isinstance(a, Apply) and a.reset_reductions and not a.reset_rebuild
+    [p1] = m.applied(m.run_id)
+    assert p1.data_phase == 1 and p1.run_id > p0.run_id
+    [a] = m.pass_complete(m.run_id)
+    assert not a.reset_reductions
+    [end] = m.applied(m.run_id)
+    assert isinstance(end, RunClockEnd) and m.stage is Stage.CLOCK_END
+    assert m.clock_end_done(m.run_id) and m.stage is Stage.DONE and m.finished
+
+
+def test_a_loss_in_a_pass_redoes_it_after_a_rebuild_and_stale_work_is_refused():
+    m = ClockMachine(n_phases=2, has_rebuild=True)
+    m.begin(1)
+    m.applied(m.pass_complete(m.run_id)[0].run_id)  # phase 0 applied
+    old = m.run_id
+    [rec] = m.lose(restores=True)
+    assert isinstance(rec, Recover) and m.recovering
+    assert m.pass_complete(old) == [] and not m.accepts(old)  # nothing completes while recovering
+    assert m.lose(restores=True) == []  # a second loss extends the recovery
+    [rebuild] = m.recovered()
+    assert rebuild.data_phase is None and rebuild.redo and m.stage is Stage.REBUILD
+    [a] = m.pass_complete(m.run_id)
+    assert a.reset_rebuild
+    [again] = m.applied(m.run_id)
+    assert again.data_phase == 1 and m.stage is Stage.SHARDS  # phase 0 is not redone
+
+
+def test_a_loss_while_applying_skips_the_clock_and_its_clock_end():
+    m = ClockMachine()
+    m.begin(1)
+    run = m.run_id
+    m.pass_complete(run)
+    m.lose(restores=True)
+    assert m.applied(run) == []  # the apply that was under way reports too late
+    [skip] = m.recovered()
+    assert isinstance(skip, Skip) and m.stage is Stage.SKIPPED and m.finished
+    assert not m.clock_end_done(m.run_id)
+    m.begin(2)  # the next clock runs normally
+
+
+def test_a_reduction_lost_after_an_earlier_phase_skips_the_clock_end():
+    m = ClockMachine(n_phases=2)
+    m.begin(1)
+    m.applied(m.pass_complete(m.run_id)[0].run_id)
+    m.lose(restores=True, reductions_lost=True)
+    [redo] = m.recovered()
+    assert redo.redo and redo.data_phase == 1
+    m.pass_complete(m.run_id)
+    [skip] = m.applied(m.run_id)
+    assert isinstance(skip, Skip) and m.stage is Stage.SKIPPED
+
+
+def test_the_clock_end_worker_lost_skips_the_clock():
+    m = ClockMachine()
+    m.begin(1)
+    m.pass_complete(m.run_id)
+    m.applied(m.run_id)
+    run = m.run_id
+    [skip] = m.clock_end_failed()
+    assert isinstance(skip, Skip) and not m.clock_end_done(run)
+
+
+def test_transitions_out_of_order_are_refused():
+    m = ClockMachine()
+    with pytest.raises(ClockError):
+        m.recovered()
+    m.begin(1)
+    with pytest.raises(ClockError):
+        m.begin(2)  # clock 1 is not finished
+    m.lose(restores=True)
+    with pytest.raises(ClockError):
+        m.begin(2)
+
+
+def test_a_loss_that_takes_nothing_changes_nothing():
+    m = ClockMachine()
+    m.begin(1)
+    run = m.run_id
+    assert m.lose(restores=False) == [] and m.accepts(run) and not m.recovering
+
+
+# ------------------------------------------------------------ the job, fuzzed
+class JobFuzz(RuleBasedStateMachine):
+    """Plays coordinator and workers around a real JobState; checks exactly-once and the clock rules."""
+
+    @initialize(phases=st.sampled_from([(6,), (3, 3)]), rebuild=st.booleans(),
+                policy=st.sampled_from(["full", "priority"]), recovery=st.sampled_from(["partial", "full"]),
+                backups=st.booleans())
+    def setup(self, phases, rebuild, policy, recovery, backups):
+        n_shards = sum(phases)
+        names = ["a", "b"][: len(phases)] if len(phases) > 1 else [""]
+        layouts = [TableLayout("x", 8, 4), TableLayout("r", 4, 2)]
+        pmap = PartitionMap(layouts)
+        pmap.assign(WORKERS)
+        queue = ShardQueue(n_shards, reloadable=True, max_failures=3, phases=list(phases))
+        ckpt = CheckpointConfig("memory://fuzz", policy=policy, every=2, fraction=0.5, recovery=recovery)
+        cfg = JobConfig("job", n_shards, {"x": "param", "r": "reduction"}, ["x"] if rebuild else [], names, ckpt)
+        self.job = JobState(cfg, queue, pmap, policies=[BackupPolicy(k=0.001)] if backups else [])
+        self.job.workers = list(WORKERS)
+        self.now = 1.0
+        self.inflight: dict[tuple[int, int], dict] = {}  # (shard, attempt) -> item, running on item["worker"]
+        self.clock_end: dict | None = None
+        self.staged: dict[tuple[int, int, int], int] = {}  # (clock, shard, attempt) -> run id staged under
+        self.applies: list[ApplyPass] = []
+        self.applied: dict[tuple[int, int], int] = {}  # (clock, shard) -> times applied
+        self.clock_end_ran: set[int] = set()
+        self.skipped: set[int] = set()
+        self.plan = None
+        self.recovery_started = False
+        self.last_run = 0
+        self.failures: dict[tuple[int, int], int] = {}
+
+    # ------------------------------------------------------------ glue
+    def tick(self) -> float:
+        self.now += 0.01
+        return self.now
+
+    def live(self) -> list[str]:
+        return [w for w in WORKERS if w not in self.job.lost]
+
+    def handle(self, effects) -> None:
+        for e in effects:
+            if isinstance(e, ApplyPass):
+                self.applies.append(e)
+            elif isinstance(e, StartRecovery):
+                self.recovery_started = True
+            elif isinstance(e, Checkpoint):
+                for w, shards in e.writers.items():
+                    files = [{"table": t, "part": p, "bytes": 1, "path": f"{e.version}/{t}{p}"}
+                             for (t, p) in self.job.pmap.owned_by(w) if t == "x"]
+                    if shards:
+                        files.append({"kind": "state", "shards": shards, "bytes": 1, "path": f"{e.version}/s"})
+                    self.job.checkpoint_written(e.version, w, files, None, self.tick())
+        if self.job.machine.stage is Stage.SKIPPED:
+            self.skipped.add(self.job.clock)
+
+    # ----------------------------------------------------------- rules
+    @precondition(lambda self: hasattr(self, "job") and not self.job.failed and not self.job.machine.recovering
+                  and self.job.machine.stage in (Stage.IDLE, Stage.DONE, Stage.SKIPPED) and self.job.clock < 6)
+    @rule()
+    def begin(self):
+        self.handle(self.job.begin(self.job.clock + 1, self.tick()))
+
+    @rule(w=st.sampled_from(WORKERS))
+    def take(self, w):
+        if w in self.job.lost:
+            return
+        item = self.job.next_item(w, self.tick())
+        if item is None:
+            return
+        item["worker"] = w
+        if item["op"] == "clock_end":
+            self.clock_end = item
+        else:
+            self.inflight[(item["shard"], item["attempt"])] = item
+
+    @precondition(lambda self: getattr(self, "inflight", None))
+    @rule(i=st.integers(0, 50))
+    def stage_and_commit(self, i):
+        key = sorted(self.inflight)[i % len(self.inflight)]
+        item = self.inflight.pop(key)
+        self.staged[(item["clock"], item["shard"], item["attempt"])] = item["run"]
+        granted, effects = self.job.commit(item["worker"], item["clock"], item["run"], item["shard"],
+                                           item["attempt"], self.tick())
+        self.handle(effects)
+
+    @precondition(lambda self: getattr(self, "inflight", None))
+    @rule(i=st.integers(0, 50))
+    def attempt_fails(self, i):
+        key = sorted(self.inflight)[i % len(self.inflight)]
+        if self.failures.get(key[:1] + (self.job.clock,), 0) >= 1:
+            return  # one failure per shard and clock: the limit of 3 is tested in test_shards
+        item = self.inflight.pop(key)
+        self.failures[key[:1] + (self.job.clock,)] = 1
+        self.job.attempt_failed(item["worker"], item["clock"], item["run"], item["shard"], item["attempt"],
+                                "boom", self.tick())
+
+    @precondition(lambda self: getattr(self, "applies", None))
+    @rule()
+    def owners_apply(self):
+        e = self.applies.pop(0)
+        if any(w in self.job.lost for _, _, w in e.committed):
+            return  # an owner cannot collect a lost worker's updates: the apply fails (the loss decided)
+        for shard, attempt, _ in e.committed:
+            run = self.staged.get((e.clock, shard, attempt))
+            assert run == e.run_id, f"an attempt of run {run} applied in run {e.run_id}"
+            if not e.rebuild:  # the rebuild pass's contributions are not the clock's updates
+                self.applied[(e.clock, shard)] = self.applied.get((e.clock, shard), 0) + 1
+        self.handle(self.job.applied(e.run_id, self.tick()))
+
+    @precondition(lambda self: getattr(self, "clock_end", None) is not None)
+    @rule()
+    def clock_end_reports(self):
+        item, self.clock_end = self.clock_end, None
+        before = self.job.machine.stage
+        effects = self.job.clock_end_done(item["worker"], item["run"], {"objective": 1.0}, 0.0, self.tick())
+        if before is Stage.CLOCK_END and self.job.machine.stage is Stage.DONE:
+            self.clock_end_ran.add(item["clock"])
+            clock = item["clock"]
+            for s in range(self.job.queue.n_shards):
+                assert self.applied.get((clock, s), 0) == 1, (clock, s, self.applied)
+        self.handle(effects)
+
+    @precondition(lambda self: hasattr(self, "job") and len(self.live()) > 1 and len(self.job.lost) < 3)
+    @rule(w=st.sampled_from(WORKERS))
+    def lose(self, w):
+        if w in self.job.lost:
+            return
+        self.inflight = {k: v for k, v in self.inflight.items() if v["worker"] != w}
+        if self.clock_end is not None and self.clock_end["worker"] == w:
+            self.clock_end = None
+        self.handle(self.job.lose(w, self.tick()))
+
+    @precondition(lambda self: getattr(self, "recovery_started", False) and self.plan is None)
+    @rule()
+    def recovery_plans(self):
+        plan = self.job.plan_recovery(self.live())
+        self.plan = (plan, self.job.recovery_planned(plan, self.tick()))
+
+    @precondition(lambda self: getattr(self, "plan", None) is not None)
+    @rule()
+    def recovery_restores(self):
+        (plan, covered), self.plan = self.plan, None
+        for key, target in plan.restores.items():
+            if target not in self.job.lost:  # a target lost meanwhile: the next round re-plans it
+                self.job.restored(key, target, plan.version, self.tick())
+        effects = self.job.recovered(covered, self.tick())
+        if not self.job.machine.recovering:
+            self.recovery_started = False
+        self.handle(effects)
+
+    # ------------------------------------------------------ invariants
+    @invariant()
+    def queue_is_consistent(self):
+        if hasattr(self, "job") and self.job.clock:
+            self.job.queue.check()
+            self.job.machine.check()
+
+    @invariant()
+    def run_ids_only_grow(self):
+        if hasattr(self, "job"):
+            assert self.job.machine.run_id >= self.last_run
+            self.last_run = self.job.machine.run_id
+
+    @invariant()
+    def skipped_clocks_never_ran_their_clock_end(self):
+        if hasattr(self, "job"):
+            assert not (self.skipped & self.clock_end_ran), (self.skipped, self.clock_end_ran)
+
+    @invariant()
+    def every_partition_has_one_live_owner_once_recovered(self):
+        if hasattr(self, "job") and not self.job.machine.recovering and not self.job.failed:
+            assert not any(w in self.job.lost for w in self.job.pmap.owners.values()), self.job.pmap.owners
+
+    @invariant()
+    def the_job_can_always_go_on(self):
+        """No stage waits for something that can no longer happen."""
+        if not hasattr(self, "job") or self.job.failed:
+            return
+        m = self.job.machine
+        if m.recovering:
+            assert self.recovery_started, "recovering, but no recovery is under way"
+            return
+        if m.stage is Stage.APPLY:
+            assert any(a.run_id == m.run_id for a in self.applies), "waits for an apply nobody carries out"
+        elif m.stage in (Stage.SHARDS, Stage.REBUILD):
+            running = {(a.shard, a.attempt) for a in self.job.queue.running()}
+            assert running <= set(self.inflight), "an attempt the queue waits for runs nowhere"
+            assert self.job.queue.counts()["todo"] or running, "a pass with nothing to do that is not complete"
+        elif m.stage is Stage.CLOCK_END:
+            w = self.job.clock_end_worker
+            assert w is None or (self.clock_end is not None and self.clock_end["worker"] == w), \
+                "the clock-end step was handed to a worker that no longer runs it"
+
+    @invariant()
+    def the_job_never_fails_while_workers_remain(self):
+        if hasattr(self, "job"):
+            assert not self.job.failed, self.job.error
+
+
+TestJobFuzz = JobFuzz.TestCase
+TestJobFuzz.settings = settings(max_examples=200, stateful_step_count=80, deadline=None,
+                                suppress_health_check=[HealthCheck.too_slow])
+
+
+def _random_run(f: JobFuzz, rnd, steps: int, reached: set[str]) -> None:
+    """One seeded random walk over the same rules, every invariant checked after every step."""
+    for _ in range(steps):
+        m = f.job.machine
+        moves = [("take", lambda: f.take(rnd.choice(WORKERS)))]
+        if not m.recovering and m.stage in (Stage.IDLE, Stage.DONE, Stage.SKIPPED) and f.job.clock < 6:
+            moves.append(("begin", f.begin))
+        if f.inflight:
+            moves += [("commit", lambda: f.stage_and_commit(rnd.randrange(50)))] * 4
+            if rnd.random() < 0.1:
+                moves.append(("fail", lambda: f.attempt_fails(rnd.randrange(50))))
+        if f.applies:
+            moves.append(("apply", f.owners_apply))
+        if f.clock_end is not None:
+            moves.append(("clock_end", f.clock_end_reports))
+        if len(f.live()) > 1 and len(f.job.lost) < 3 and rnd.random() < 0.08:
+            moves.append((f"lose@{m.stage.value}" + ("+recovering" if m.recovering else ""),
+                          lambda: f.lose(rnd.choice(WORKERS))))
+        if f.recovery_started and f.plan is None:
+            moves.append(("plan", f.recovery_plans))
+        if f.plan is not None:
+            moves.append(("restore", f.recovery_restores))
+        name, move = rnd.choice(moves)
+        move()
+        reached.add(name)
+        for check in (f.queue_is_consistent, f.run_ids_only_grow, f.skipped_clocks_never_ran_their_clock_end,
+                      f.every_partition_has_one_live_owner_once_recovered, f.the_job_can_always_go_on,
+                      f.the_job_never_fails_while_workers_remain):
+            check()
+    if f.skipped:
+        reached.add("skipped")
+    reached.update(f"done:{c}" for c in f.clock_end_ran)
+
+
+def test_seeded_walks_reach_every_stage_and_fault_and_keep_the_invariants():
+    """Many seeded random walks (they reach deep states that short Hypothesis runs rarely do),
+    and a check that they reached what they are meant to test: losses at every stage, losses
+    during a recovery, skipped clocks, completed clocks after losses."""
+    import random
+
+    reached: set[str] = set()
+    for seed in range(400):
+        rnd = random.Random(seed)
+        f = JobFuzz()
+        f.setup(phases=rnd.choice([(6,), (3, 3)]), rebuild=rnd.random() < 0.5,
+                policy=rnd.choice(["full", "priority"]), recovery=rnd.choice(["partial", "full"]),
+                backups=rnd.random() < 0.5)
+        _random_run(f, rnd, 160, reached)
+    for want in ("lose@shards", "lose@apply", "lose@clock-end", "lose@rebuild", "skipped", "restore", "fail",
+                 "done:4"):
+        assert want in reached, sorted(reached)
+    assert any(k.endswith("+recovering") for k in reached), sorted(reached)

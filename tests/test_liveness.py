@@ -1,0 +1,89 @@
+"""What real clusters do to a fit: a loss during a recovery, a hung owner, a long kernel (worker processes)."""
+import os
+import time
+
+import numpy as np
+import pytest
+
+import dscar
+from dscar import faults
+from conftest import RowCounter, row_data
+
+
+def kinds(res):
+    return [e["kind"] for e in res.events]
+
+
+def assert_each_completed_clock_applied_every_row_once(res):
+    done = [r for r in res.history if not r.skipped]
+    assert done, "no clock completed"
+    for rec in done:
+        assert rec.metrics["seen_min"] == rec.metrics["seen_max"] == 1.0, rec
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("recovery", ["partial", "full"])
+def test_a_second_loss_during_the_recovery_of_the_first(tmp_path, recovery):
+    """Worker 1 dies at clock 3; worker 0, the first restore target (least loaded, ties by address),
+    dies while restoring (a kill at the "recovery" point). The recovery re-plans and the fit goes on."""
+    cfg = dscar.CheckpointConfig(str(tmp_path), policy="full", every=1, recovery=recovery)
+    plan = [faults.kill(1, 3), faults.kill(0, 1, point="recovery")]
+    with dscar.Cluster(n_workers=4) as cl:
+        res = dscar.fit(RowCounter(n_parts=4, sleep=0.01), row_data(80), cl, n_shards=8, max_clocks=6,
+                        checkpoint=cfg, faults=plan)
+    k = kinds(res)
+    assert k.count("worker-lost") == 2, k
+    assert k.count("recovery-started") >= 2 and "recovery-done" in k
+    second = next(e for e in res.events if e["kind"] == "fault-kill" and e.get("point") == "recovery")
+    first_recovery = next(e for e in res.events if e["kind"] == "recovery-started")
+    assert second["time"] >= first_recovery["time"]
+    assert res.n_clocks == 6
+    assert_each_completed_clock_applied_every_row_once(res)
+    lost = {e["worker"] for e in res.events if e["kind"] == "worker-lost"}
+    assert not lost & set(res.history[-1].shards_per_worker)
+
+
+@pytest.mark.timeout(240)
+def test_a_hung_partition_owner_is_dropped_within_5_seconds_and_continued_afterwards(tmp_path):
+    cfg = dscar.CheckpointConfig(str(tmp_path), policy="full", every=1)
+    with dscar.Cluster(n_workers=3) as cl:
+        pids = cl.client.run(os.getpid)
+        victim = cl.workers[2]
+        res = dscar.fit(RowCounter(n_parts=3, sleep=0.01), row_data(60), cl, n_shards=6, max_clocks=5,
+                        checkpoint=cfg, faults=[faults.hang(2, 3)])
+        hung = next(e for e in res.events if e["kind"] == "fault-hang")
+        lost = next(e for e in res.events if e["kind"] == "worker-lost")
+        assert lost["worker"] == victim and lost["partitions"]
+        assert lost["time"] - hung["time"] < 5.0, lost["time"] - hung["time"]
+        assert res.n_clocks == 5
+        assert_each_completed_clock_applied_every_row_once(res)
+        with open(f"/proc/{pids[victim]}/stat") as f:  # the job's end sent SIGCONT: not stopped any more
+            state = f.read().rsplit(")", 1)[1].split()[0]
+        assert state != "T", state
+
+
+class LongStep(RowCounter):
+    """One shard step of clock 2 computes for ``seconds`` (NumPy, the GIL released in between)."""
+
+    def __init__(self, seconds):
+        super().__init__(n_parts=2)
+        self.seconds = seconds
+
+    def shard_step(self, ctx, data):
+        if ctx.clock == 2 and ctx.shard == 0:
+            a = np.random.default_rng(0).random((300, 300))
+            t0 = time.monotonic()
+            while time.monotonic() - t0 < self.seconds:  # the workload itself, not a wait
+                a = np.tanh(a @ a.T / 300.0)
+        super().shard_step(ctx, data)
+
+
+@pytest.mark.timeout(240)
+def test_a_worker_computing_for_20_seconds_is_not_taken_for_hung(tmp_path):
+    with dscar.Cluster(n_workers=2) as cl:
+        res = dscar.fit(LongStep(20.0), row_data(40), cl, n_shards=4, max_clocks=3,
+                        checkpoint=dscar.CheckpointConfig(str(tmp_path), policy="full", every=1))
+    k = kinds(res)
+    assert "worker-lost" not in k and "worker-removed" not in k, k
+    assert res.history[1].seconds >= 20.0
+    assert_each_completed_clock_applied_every_row_once(res)
