@@ -173,10 +173,12 @@ def main(argv: list[str] | None = None) -> int:
         m = rec.metrics
         extra = " ".join(f"{k}={v:.3g}" for k, v in m.items() if k not in ("objective", "converged"))
         print(f"clock {rec.clock:3d}  objective={m['objective']:.10g}  {extra}  {rec.seconds * 1e3:.1f} ms")
-    for e in res.events:
-        if e["kind"] not in ("job-started", "shard-moved"):
-            info = " ".join(f"{k}={v}" for k, v in e.items() if k not in ("time", "kind", "clock"))
-            print(f"event clock {e.get('clock', '-')}: {e['kind']} {info}"[:300])
+    from . import report
+
+    print(report.legend(res.events))
+    for line in report.event_lines(res.events, hide=report.ROUTINE_KINDS):
+        print(f"event {line}")
+    print(report.counts_line(res.events))
     if res.checkpoints:
         print(f"checkpoints: {len(res.checkpoints)} published, {res.checkpoint_bytes / max(res.n_clocks, 1):.0f} "
               f"bytes per clock, newest version {res.checkpoints[-1]['version']} (clock {res.checkpoints[-1]['clock']})")

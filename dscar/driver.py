@@ -20,7 +20,7 @@ from distributed.protocol import to_serialize
 from distributed.protocol.pickle import dumps
 
 from . import checkpoint as ckpt
-from . import results, validation
+from . import report, results, validation
 from .algorithm import Algorithm, TableSpec
 from .cluster import Cluster, default_memory_limit
 from .data import ArrayData, FileData, PhasedData, as_data, is_dask
@@ -93,9 +93,24 @@ class FitResult:
         extra = " ".join(f"{k}={v:.3g}" for k, v in last.items() if k != "objective")
         return (
             f"{'converged' if self.converged else 'stopped'} after {self.n_clocks} clocks "
-            f"in {self.seconds:.2f}s (setup {self.setup_seconds:.2f}s) on {len(self.workers)} worker(s): "
+            f"in {self.seconds:.2f}s (setup {self.setup_seconds:.2f}s) on {report.workers_phrase(self.events, self.workers)}: "
             f"objective={self.objective:.10g} {extra}".rstrip()
         )
+
+    def event_lines(self, hide: "tuple[str, ...]" = ()) -> list[str]:
+        """The events as lines a person reads: in order, times since the start, repeats grouped."""
+        return report.event_lines(self.events, hide=hide)
+
+    def events_frame(self):
+        """The events as a ``pandas.DataFrame`` (pandas needed), one row each; see ``dscar.report``."""
+        return report.events_frame(self.events)
+
+    def plot(self, ax=None):
+        """The objective per clock with losses, recoveries, checkpoints and stragglers marked (matplotlib
+        needed: the ``plot`` extra); returns the figure. See ``dscar.plot.plot_fit``."""
+        from .plot import plot_fit
+
+        return plot_fit(self, ax=ax)
 
 
 def fit(
