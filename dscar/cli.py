@@ -98,6 +98,8 @@ def _add_common(run: argparse.ArgumentParser) -> None:
     g.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in --checkpoint")
     run.add_argument("--no-progress", action="store_true",
                      help="do not show a progress bar (shown by default when stderr is a terminal)")
+    run.add_argument("--plot", metavar="PATH", help="write a picture of the fit (objective, seconds per clock, "
+                     "events) to PATH, e.g. fit.png (needs matplotlib)")
 
 
 def _checkpoint_config(args, faults: list):
@@ -153,6 +155,10 @@ def main(argv: list[str] | None = None) -> int:
         if args.policies is not None:
             policies = [] if args.policies == "none" else [p.strip() for p in args.policies.split(",") if p.strip()]
         checkpoint = _checkpoint_config(args, faults)
+        if args.plot:
+            from .plot import check_target
+
+            check_target(args.plot)
         algo, data, desc = models[args.model].build(args)
         cluster = _cluster(args)
         where = args.scheduler or f"embedded LocalCluster, {args.workers} workers"
@@ -182,6 +188,9 @@ def main(argv: list[str] | None = None) -> int:
     if res.checkpoints:
         print(f"checkpoints: {len(res.checkpoints)} published, {res.checkpoint_bytes / max(res.n_clocks, 1):.0f} "
               f"bytes per clock, newest version {res.checkpoints[-1]['version']} (clock {res.checkpoints[-1]['clock']})")
+    if args.plot:
+        res.plot().savefig(args.plot, dpi=100)
+        print(f"plot: {args.plot}")
     print(f"dscar {args.model}: {res.summary()} (total {time.perf_counter() - t0:.2f}s)")
     return 0  # a run that stops at --max-clocks ended normally too; errors exit 2
 
