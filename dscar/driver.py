@@ -30,6 +30,7 @@ from .ledger import restore_candidates
 from .monitor import ThroughputMonitor
 from .partitions import row_bounds
 from .policies import Policy, make_policies
+from .progress import ProgressLine
 
 #: shards per worker when ``n_shards`` is not given
 SHARDS_PER_WORKER = 4
@@ -467,6 +468,7 @@ class _Run:
 
         show = sys.stderr.isatty() if progress is None else progress
         bar = tqdm(total=max_clocks, desc=f"dscar {self.algorithm.name}", unit="clock", disable=not show, leave=False)
+        line = ProgressLine()
         history: list[ClockRecord] = []
         metrics_hist: list[dict[str, float]] = []
         converged = False
@@ -495,7 +497,7 @@ class _Run:
                 if not rec.skipped:  # the stopping rule sees completed clocks only
                     metrics_hist.append(rec.metrics)
                 bar.update(1)
-                bar.set_postfix(objective=f"{rec.objective:.6g}")
+                bar.set_postfix_str(line.update(rec, self.events))
                 if not rec.skipped and self.algorithm.converged(metrics_hist, self.tol):
                     converged = True
                     break
