@@ -138,6 +138,17 @@ def _cluster(args):
     return Cluster(args.scheduler, timeout=args.timeout, security=security)
 
 
+def _show_driver_log() -> None:
+    import logging
+
+    log = logging.getLogger("dscar.driver")
+    if not log.handlers:
+        h = logging.StreamHandler(sys.stdout)
+        h.setFormatter(logging.Formatter("dscar: %(message)s"))
+        log.addHandler(h)
+        log.setLevel(logging.INFO)
+
+
 def main(argv: list[str] | None = None) -> int:
     from .checkpoint import remove_temporary
 
@@ -163,6 +174,7 @@ def main(argv: list[str] | None = None) -> int:
         cluster = _cluster(args)
         where = args.scheduler or f"embedded LocalCluster, {args.workers} workers"
         print(f"dscar run {args.model}: {desc}; cluster: {where}", flush=True)
+        _show_driver_log()  # the dashboard page's URL once the job starts
         t0 = time.perf_counter()
         res = fit(algo, data, cluster, n_workers=args.workers, n_shards=args.shards,
                   tol=args.tol, max_clocks=args.max_clocks, progress=False if args.no_progress else None,

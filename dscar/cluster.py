@@ -141,6 +141,9 @@ class Cluster:
             )
         self.client.register_plugin(Coordinator())
         self.client.register_plugin(ParamServer())
+        from .dashboard import register as register_dashboard
+
+        register_dashboard(self.client)  # the /dscar page on the scheduler's dashboard (needs bokeh)
 
     @property
     def workers(self) -> list[str]:

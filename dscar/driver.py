@@ -9,6 +9,7 @@ end, for the result.
 from __future__ import annotations
 
 import asyncio
+import logging
 import sys
 import time
 import uuid
@@ -31,6 +32,8 @@ from .monitor import ThroughputMonitor
 from .partitions import row_bounds
 from .policies import Policy, make_policies
 from .progress import ProgressLine
+
+logger = logging.getLogger("dscar.driver")
 
 #: shards per worker when ``n_shards`` is not given
 SHARDS_PER_WORKER = 4
@@ -348,6 +351,10 @@ class _Run:
         if r["status"] != "OK":
             raise ClusterError("the cluster has no workers")
         self.workers = list(r["workers"])
+        from .dashboard import page_url
+
+        if url := page_url(self.client):
+            logger.info("dashboard page of job %s: %s", self.job_id, url)
         try:
             resume = self._sync(self._init_partitions, r["owners"], resume)
             plan = placement_plan(self.data.meta, self.workers)
