@@ -404,7 +404,7 @@ def wait_executors(spark, n: int, timeout: float = 120.0) -> None:
     """Until ``n`` executors are registered (a fresh local-cluster starts them one by one)."""
     sc = spark.sparkContext
     deadline = time.monotonic() + timeout
-    while len(sc._jsc.sc().getExecutorMemoryStatus()) - 1 < n:  # the driver is in the map too
+    while sc._jsc.sc().getExecutorMemoryStatus().size() - 1 < n:  # the driver is in the map too
         if time.monotonic() > deadline:
             raise RuntimeError(f"Spark started fewer than {n} executors in {timeout:.0f}s")
         time.sleep(0.2)  # polling Spark's own state

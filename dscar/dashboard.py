@@ -39,8 +39,8 @@ STRIP = {"worker-lost": ("loss", "#d62728"), "recovery-done": ("recovery", "#2ca
          "fault-kill": ("fault", "#9467bd"), "fault-hang": ("fault", "#9467bd"), "fault-slow": ("fault", "#9467bd"),
          "backup-attempt": ("backup", "#17becf")}
 STRIP_ROWS = ["backup", "fault", "straggler", "checkpoint", "recovery", "loss"]
-PALETTE = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22",
-           "#17becf"]
+#: worker colours (no red: red marks stragglers)
+PALETTE = ["#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf"]
 
 
 class Collector:
@@ -114,8 +114,11 @@ class Collector:
             "line": ["#d62728" if s[3] else colour.get(s[1], "#000") for s in self.samples],
             "size": [11 if s[3] else 6 for s in self.samples],
         }
-        ws = snap.get("workers") or {}
-        order = sorted(ws, key=lambda w: names.get(w, w))
+        ws = dict(snap.get("workers") or {})
+        for e in self.events:  # workers lost earlier in the job, which the coordinator may no longer list
+            if e.get("kind") == "worker-lost" and e.get("worker") not in ws:
+                ws[e["worker"]] = {"live": False, "shards_done": 0, "speed": 0.0, "straggler": None}
+        order = sorted(ws, key=lambda w: int(names[w][1:]) if w in names else len(names))
         out["workers"] = {
             "worker": [names.get(w, w) for w in order],
             "shards_done": [ws[w]["shards_done"] for w in order],
@@ -145,7 +148,7 @@ class Collector:
         if s.get("job") is None:
             return "no dscar job has run on this cluster yet"
         ws = s.get("workers") or {}
-        live = sum(1 for w in ws.values() if w["live"])
+        live = sum(1 for w in ws.values() if w["live"])  # the coordinator's view of this moment
         strag = sum(1 for w in ws.values() if w["live"] and w["straggler"])
         lost = sum(1 for e in self.events if e.get("kind") == "worker-lost")
         rec = sum(1 for e in self.events if e.get("kind") == "recovery-done")

@@ -43,6 +43,10 @@ def test_collector_keeps_the_objective_of_every_clock_seen_done():
     assert s["objective"] == {"clock": [1, 2], "objective": [5.0, 4.0]}
     assert s["events"]["row"] == ["checkpoint", "loss", "recovery"] and s["events"]["x"] == [1.0, 2.5, 2.5]
     assert s["workers"]["worker"] == ["w0", "w1"] and s["workers"]["state"] == ["ok", "transient"]
+    gone = Collector()
+    gone.ingest(snap(4, "shards", 4.0, events=[START, LOST], workers={
+        A: {"live": True, "shards_done": 3, "speed": 1.0, "straggler": None}}))
+    assert gone.sources()["workers"]["state"] == ["ok", "lost"]  # still listed once the coordinator forgets it
     assert s["workers"]["shards_done"] == [2, 1] and s["workers"]["color"][1] == "#d62728"
     assert s["queue"] == {"status": ["todo", "doing", "done", "backups"], "count": [1, 2, 5, 1]}
     assert s["checkpoints"] == {"version": [1], "clock": [1], "bytes": [80], "age_s": [2.0]}
