@@ -81,8 +81,9 @@ LDA_ALPHA, LDA_BETA = 0.1, 0.01
 LASSO_ALPHA_RATIO = 0.0045
 MLR_L2, MLR_TARGET = 1e-4, 1e-2
 SIZES = {
-    "full": dict(als=(40_000, 8_000, 1_000_000, 10), lda=(50, 50), lasso=(100_000, 1_000),
-                 mlr=(200_000, 50_000, 100), failure=(20_000, 4_000, 500_000, 10)),
+    # sized so that one run stays near 10 minutes on 2 shared cores (Spark's JVMs start twice)
+    "full": dict(als=(20_000, 4_000, 500_000, 10), lda=(50, 50), lasso=(50_000, 1_000),
+                 mlr=(100_000, 25_000, 100), failure=(20_000, 4_000, 500_000, 10)),
     "quick": dict(als=(2_000, 500, 20_000, 3), lda=(10, 5), lasso=(5_000, 100),
                   mlr=(10_000, 2_000, 20), failure=(2_000, 500, 20_000, 4)),
 }
