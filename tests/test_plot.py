@@ -82,6 +82,10 @@ def test_dscar_run_writes_the_plot(tmp_path):
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     assert f"plot: {out}" in r.stdout and out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    from dscar.dashboard import available
+
+    if available():  # the dashboard page's address is printed when the job starts
+        assert "dscar: dashboard page of job lasso-" in r.stdout and "/dscar\n" in r.stdout
     r = subprocess.run([sys.executable, "-m", "dscar", "run", "lasso", "--no-progress", "--plot",
                         str(tmp_path / "nope" / "fit.png")], capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "dscar: error: --plot" in r.stderr
