@@ -39,3 +39,12 @@ def test_png(tmp_path):
     path = tmp_path / "spark.png"
     write_png(str(path), rows())
     assert path.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_a_failure_cost_within_the_noise_is_said_so():
+    r = rows()
+    r[-2].total_s = 2.9
+    r[-2].extra.update(baseline_all_s=[3.0, 3.1], killed_all_s=[2.9, 3.0])
+    text = format_tables(r)
+    assert "dscar runs (s): no kill 3.00 3.10; killed 2.90 3.00" in text
+    assert "dscar's extra is within its run-to-run spread (-0.10 s); Spark's +8.00 s" in text
