@@ -580,10 +580,12 @@ def write_png(path: str, rows: list[Row]) -> None:
         names = ["dscar", "spark"]
         base = [d.extra["baseline_s"], s.extra["baseline_s"]]
         extra = [d.total_s - base[0], s.total_s - base[1]]
-        a2.bar(names, base, color="tab:blue", label="no failure")
-        a2.bar(names, extra, bottom=base, color="tab:red", label="extra with a killed worker")
-        for i in range(2):
-            a2.text(i, base[i] + extra[i], f"+{100 * extra[i] / base[i]:.0f} %", ha="center", va="bottom", fontsize=8)
+        a2.bar(names, base, color="tab:blue", label="no failure (median)")
+        a2.bar(names, [max(e, 0.0) for e in extra], bottom=base, color="tab:red",
+               label="extra with a killed worker (median)")
+        for i in range(2):  # a negative extra (within the noise) is drawn as none and labelled with its sign
+            a2.text(i, base[i] + max(extra[i], 0.0), f"{100 * extra[i] / base[i]:+.0f} %", ha="center", va="bottom",
+                    fontsize=8)
         a2.set_ylabel("seconds (ALS fit)")
         a2.legend(fontsize=8)
         a2.set_title("a worker killed mid-ALS", fontsize=10)
