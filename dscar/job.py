@@ -404,7 +404,7 @@ class JobState:
         voided = self.queue.uncommit(worker) if self.machine.stage in (Stage.SHARDS, Stage.REBUILD) else []
         # shard state lives with the data: with a rebuild pass, a lost holder's state must come back
         state_lost = bool(held) and bool(self.cfg.rebuild)
-        requeued = self.queue.worker_lost(worker)
+        requeued = self.queue.worker_lost(worker) + self.queue.source_lost(worker)
         self.monitor.forget(worker)
         self.batch_scale.pop(worker, None)
         self.stragglers.pop(worker, None)

@@ -12,8 +12,10 @@ clock's end who is slow.
   ``min_gap_s`` (noise on millisecond steps is not a straggler), or while its
   running attempt has lasted that long already (a worker that stopped
   finishing is slow too);
-* a straggler is *persistent* once it has been one for ``persistent_after``
-  consecutive clocks, else *transient*.
+* a worker is reported as a straggler once it has been slow at ``confirm_after``
+  consecutive clock ends (one slow clock on a busy machine is noise, not a straggler);
+  it is *persistent* once slow for ``persistent_after`` consecutive clocks, else
+  *transient*.
 
 Comparing with the others, not with a median that includes the worker itself,
 is what lets a 2x slower worker be seen among 2 workers as among 16.
@@ -36,11 +38,13 @@ class WorkerStats:
 
 class ThroughputMonitor:
     def __init__(self, *, window: int = 8, fraction: float = 0.6, persistent_after: int = 3,
-                 min_gap_s: float = 0.002):
+                 min_gap_s: float = 0.002, confirm_after: int = 2):
         if not 0 < fraction < 1:
             raise ValueError(f"straggler fraction must be in (0, 1), got {fraction}")
-        if window < 1 or persistent_after < 1:
-            raise ValueError("window and persistent_after must be >= 1")
+        if window < 1 or persistent_after < 1 or confirm_after < 1:
+            raise ValueError("window, persistent_after and confirm_after must be >= 1")
+        if confirm_after > persistent_after:
+            raise ValueError("confirm_after must be <= persistent_after")
         if min_gap_s < 0:
             raise ValueError(f"min_gap_s must be >= 0, got {min_gap_s}")
         #: attempts per worker the step time is taken over
@@ -51,6 +55,8 @@ class ThroughputMonitor:
         self.persistent_after = persistent_after
         #: a straggler's step is at least this much longer than the others' (seconds)
         self.min_gap_s = min_gap_s
+        #: consecutive slow clocks before a worker is reported as a straggler
+        self.confirm_after = confirm_after
         self._steps: dict[str, deque[float]] = defaultdict(lambda: deque(maxlen=self.window))
         self._slow_clocks: dict[str, int] = defaultdict(int)  # consecutive clocks as a straggler
 
@@ -88,7 +94,8 @@ class ThroughputMonitor:
         for w in list(self._steps):
             if self.is_slow(w, running.get(w, 0.0)):
                 self._slow_clocks[w] += 1
-                out[w] = "persistent" if self._slow_clocks[w] >= self.persistent_after else "transient"
+                if self._slow_clocks[w] >= self.confirm_after:
+                    out[w] = "persistent" if self._slow_clocks[w] >= self.persistent_after else "transient"
             else:
                 self._slow_clocks[w] = 0
         return out
@@ -98,7 +105,8 @@ class ThroughputMonitor:
         out = []
         for w in sorted(self._steps):
             slow = self._slow_clocks.get(w, 0)
-            kind = None if not slow else ("persistent" if slow >= self.persistent_after else "transient")
+            kind = None if slow < self.confirm_after else (
+                "persistent" if slow >= self.persistent_after else "transient")
             m = self.mean_step(w)
             out.append(WorkerStats(w, len(self._steps[w]), m or 0.0, speeds.get(w, 0.0), kind))
         return out

@@ -294,6 +294,20 @@ class ShardQueue:
                 self._todo.add(i)
         return requeued
 
+    def source_lost(self, worker: str) -> list[Attempt]:
+        """``worker`` was lost while attempts were taking their shard's data from it: they can
+        never get it. Drop them; a shard left with no attempt goes back to TODO, unheld."""
+        doomed = []
+        for i, s in enumerate(self._shards):
+            gone = [a for a in s.attempts.values() if a.fetch_from == worker and not a.backup]
+            for a in gone:
+                del s.attempts[a.attempt]
+                doomed.append(a)
+            if gone and not s.attempts and s.status is ShardStatus.DOING:
+                s.status, s.holder = ShardStatus.TODO, None
+                self._todo.add(i)
+        return doomed
+
     def uncommit(self, worker: str) -> list[int]:
         """``worker`` was lost before the pass was applied: its committed attempts of the active
         pass are void (their updates went with it). Those shards go back to TODO, unheld."""

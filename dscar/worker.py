@@ -60,7 +60,7 @@ CONNECT_TIMEOUT_S = 3.0  # connecting to a peer: a dead one refuses at once, but
 
 def rpc_timeout() -> float:
     """Seconds a worker-to-worker message may take before the attempt fails over (``dscar.rpc-timeout``)."""
-    return float(dask.config.get("dscar.rpc-timeout", 20.0))
+    return float(dask.config.get("dscar.rpc-timeout", 10.0))
 
 
 @dataclass

@@ -27,7 +27,8 @@ def test_monitor_speeds_median_and_window():
 
 
 def test_monitor_classifies_transient_then_persistent_then_recovered():
-    m = monitor_with({"a": [1.0], "b": [1.0], "c": [3.0]}, window=1, fraction=0.5, persistent_after=2)
+    m = monitor_with({"a": [1.0], "b": [1.0], "c": [3.0]}, window=1, fraction=0.5, persistent_after=3)
+    assert m.end_clock() == {}  # one slow clock is not reported yet
     assert m.end_clock() == {"c": "transient"}
     assert m.end_clock() == {"c": "persistent"}
     assert [s.straggler for s in m.stats()] == [None, None, "persistent"]
@@ -45,7 +46,9 @@ def test_a_2x_slower_worker_is_a_straggler_among_2_as_among_16():
     for n in (2, 16):
         steps = {f"w{i}": [0.02] * 8 for i in range(n - 1)}
         steps["slow"] = [0.04] * 8
-        assert monitor_with(steps).end_clock() == {"slow": "transient"}, n
+        m = monitor_with(steps)
+        assert m.end_clock() == {}, n  # confirmed at the second slow clock
+        assert m.end_clock() == {"slow": "transient"}, n
 
 
 def test_noise_is_no_straggler():
@@ -63,6 +66,8 @@ def test_monitor_rejects_bad_options():
         ThroughputMonitor(fraction=1.5)
     with pytest.raises(ValueError):
         ThroughputMonitor(window=0)
+    with pytest.raises(ValueError):
+        ThroughputMonitor(confirm_after=4, persistent_after=3)
 
 
 def view(monitor, todo=0, running=(), idle="d", stragglers=None):
