@@ -46,12 +46,14 @@ accepts them (detected by building and resolving the fault); where it does
 not, the nearest approximation is used and the run records both points
 (``apply`` -> ``mid-push``; ``clock-end`` -> ``start``; ``checkpoint`` ->
 ``start`` of the clock after a checkpoint was taken, while it is written;
-``recovery`` -> a second kill at ``start`` of the same clock on another worker,
-while the first loss is recovered). Also hangs (SIGSTOP), slowdowns (with
-backups on), simulated losses (``lose``), an external chaos monkey (a thread in
-the run's process that SIGKILLs a random worker process at a random moment
-after the first shard step; the Nanny restarts it and it rejoins mid-fit), and
-mixes of these. Each run also draws: partial or full recovery, full or
+``recovery`` -> the chaos monkey kills a second worker process 0-0.4 s after
+the first one died, while its loss is recovered; in ``mixed`` runs, ``start``).
+Also hangs (SIGSTOP), slowdowns (with backups on), simulated losses
+(``lose``), an external chaos monkey (a thread in the run's process that
+SIGKILLs random worker processes at random moments after the first shard
+step, and/or "chases" a death it did not cause with a second kill a moment
+later; the Nanny restarts a killed worker and it rejoins mid-fit), and mixes
+of these. Each run also draws: partial or full recovery, full or
 priority checkpoints (interval, fraction), backups on or off; one run in ten
 per killing scenario has no checkpoint store (its fit may then fail, with a
 clear ``DscarError``).
@@ -224,7 +226,7 @@ def plan_run(seed: int, index: int, kind: str, points: list[str], clocks: int = 
     rng.shuffle(ws)
     c = rng.randint(2, max(2, clocks - 4))  # leave clocks after the fault for recovery to show
     plan: dict[str, Any] = {"index": index, "seed": seed, "kind": kind, "clocks": clocks, "n_shards": 6,
-                            "work_s": rng.choice([0.02, 0.04]), "faults": [], "monkey": [],
+                            "work_s": rng.choice([0.02, 0.04]), "faults": [], "monkey": [], "chase": [],
                             "policies": ["backup"] if rng.random() < 0.5 else []}
     killing = kind not in ("none", "slow")
     if killing and rng.random() < 0.1:
@@ -243,14 +245,18 @@ def plan_run(seed: int, index: int, kind: str, points: list[str], clocks: int = 
     elif kind in ("kill-apply", "kill-clock-end", "kill-checkpoint"):
         f.append(kill_spec(ws[0], c, kind[len("kill-"):], points, every))
     elif kind == "kill-recovery":
-        f.append(kill_spec(ws[0], c, "start", points, every))
-        second = kill_spec(ws[1], c, "recovery", points, every)
-        f.append(second)
+        f.append(kill_spec(ws[0], c, rng.choice(["start", "mid-push"]), points, every))
+        if "recovery" in points:
+            f.append(kill_spec(ws[1], c, "recovery", points, every))
+        else:  # the monkey kills a second worker process soon after the first one died
+            plan["chase"] = [rng.uniform(0.0, 0.4)]
     elif kind == "double-kill":
         f.append(kill_spec(ws[0], c, rng.choice(["start", "mid-push"]), points, every))
         f.append(kill_spec(ws[1], c + rng.randint(0, 1), rng.choice(["start", "mid-push"]), points, every))
     elif kind == "monkey":
-        plan["monkey"] = sorted(rng.uniform(0.0, 1.0) for _ in range(rng.randint(1, 2)))
+        plan["monkey"] = sorted(rng.uniform(0.0, 1.5) for _ in range(rng.randint(1, 3)))
+        if rng.random() < 0.5:
+            plan["chase"] = [rng.uniform(0.0, 0.4)]
     elif kind == "hang":
         f.append({"kind": "hang", "worker": ws[0], "clock": c})
     elif kind == "slow":
@@ -259,7 +265,7 @@ def plan_run(seed: int, index: int, kind: str, points: list[str], clocks: int = 
     elif kind == "lose":
         f.append({"kind": "lose", "worker": ws[0], "clock": c})
     elif kind == "mixed":
-        pool = ["kill", "lose", "slow", "monkey", "hang"]
+        pool = ["kill", "lose", "slow", "monkey", "hang", "chase"]
         chosen = rng.sample(pool, rng.randint(2, 3))
         for i, what in enumerate(chosen):
             cc = rng.randint(2, max(2, clocks - 3))
@@ -271,8 +277,10 @@ def plan_run(seed: int, index: int, kind: str, points: list[str], clocks: int = 
                 f.append({"kind": "slow", "worker": ws[i], "clock": 1, "factor": rng.choice([2.0, 4.0])})
             elif what == "hang":
                 f.append({"kind": "hang", "worker": ws[i], "clock": cc})
+            elif what == "chase":
+                plan["chase"] = [rng.uniform(0.0, 0.4)]
             else:
-                plan["monkey"] = [rng.uniform(0.0, 1.0)]
+                plan["monkey"] = [rng.uniform(0.0, 1.5)]
     elif kind != "none":
         raise ValueError(f"unknown chaos kind {kind!r}")
     return plan
@@ -323,7 +331,8 @@ def outcome(r: dict) -> str:
 
 def summarize(results: list[dict]) -> dict[str, dict[str, Any]]:
     """Per kind and in total: runs, completed, violations (runs and count), hangs, failed fits
-    (legitimate / not), losses, recoveries, worker processes left stopped."""
+    (legitimate / not), losses, recoveries, rejoined workers, worker processes left stopped, and the
+    longest clock of any completed run (a stall: hang detection, a connect timeout)."""
     table: dict[str, dict[str, Any]] = {}
     for key in [*dict.fromkeys(r["kind"] for r in results), "total"]:
         rs = results if key == "total" else [r for r in results if r["kind"] == key]
@@ -337,6 +346,8 @@ def summarize(results: list[dict]) -> dict[str, dict[str, Any]]:
             "failed_not_legit": sum(r["status"] == "failed" and not r.get("legit") for r in rs),
             "losses": sum(r.get("losses", 0) for r in rs),
             "recoveries": sum(r.get("recoveries", 0) for r in rs),
+            "joins": sum(r.get("joins", 0) for r in rs),
+            "max_clock_s": round(max((r.get("max_clock_s", 0.0) for r in rs), default=0.0), 1),
             "left_stopped": sum(r.get("left_stopped", 0) for r in rs),
         }
     return table
@@ -345,12 +356,13 @@ def summarize(results: list[dict]) -> dict[str, dict[str, Any]]:
 def format_table(table: dict[str, dict[str, Any]]) -> str:
     cols = [("runs", "runs"), ("completed", "done"), ("violation_runs", "viol.runs"), ("violations", "violations"),
             ("hangs", "hangs"), ("failed_legit", "failed(legit)"), ("failed_not_legit", "failed(NOT)"),
-            ("losses", "losses"), ("recoveries", "recoveries"), ("left_stopped", "left-stopped")]
-    lines = [f"{'fault kind':<16}" + "".join(f"{h:>14}" for _, h in cols)]
+            ("losses", "losses"), ("recoveries", "recoveries"), ("joins", "joins"), ("left_stopped", "left-stopped"),
+            ("max_clock_s", "max-clock-s")]
+    lines = [f"{'fault kind':<16}" + "".join(f"{h:>{max(6, len(h) + 1)}}" for _, h in cols)]
     for k, row in table.items():
         if k == "total":
             lines.append("-" * len(lines[0]))
-        lines.append(f"{k:<16}" + "".join(f"{row[c]:>14}" for c, _ in cols))
+        lines.append(f"{k:<16}" + "".join(f"{row[c]:>{max(6, len(h) + 1)}}" for c, h in cols))
     return "\n".join(lines)
 
 
@@ -377,26 +389,45 @@ def worker_processes() -> list:
     return out
 
 
-def _monkey(delays: list[float], marker: str, stop: threading.Event, kills: list[dict], seed: int) -> None:
-    """SIGKILL a random worker process at each delay (s) after the first shard step started."""
+def _monkey(delays: list[float], chase: list[float], marker: str, stop: threading.Event, kills: list[dict],
+            seed: int) -> None:
+    """The external chaos monkey. From the first shard step on, SIGKILL a random worker process at each
+    of ``delays`` (s), and ``chase[k]`` s after the k-th worker process that died (or stopped) of
+    something else, so a second loss lands while the first is being recovered."""
     rng = random.Random(seed)
     while not os.path.exists(marker):
         if stop.wait(0.01):
             return
-    t0, last = time.monotonic(), 0.0
-    for d in delays:
-        if stop.wait(max(0.0, d - last)):
-            return
-        last = d
-        procs = worker_processes()
-        if not procs:
-            continue
-        p = rng.choice(sorted(procs, key=lambda p: p.pid))
-        try:
-            p.send_signal(signal.SIGKILL)
-            kills.append({"at_s": time.monotonic() - t0, "pid": p.pid})
-        except Exception:  # noqa: BLE001 - it died meanwhile
-            pass
+    t0 = time.monotonic()
+    timed = sorted(delays)
+    chase = list(chase)
+    due: list[float] = []  # when chase kills are due (monotonic)
+    mine: set[int] = set()
+    known = {p.pid for p in worker_processes()}
+    while (timed or chase or due) and not stop.wait(0.005):
+        now = time.monotonic()
+        live = {p.pid: p for p in worker_processes()}
+        gone = known - set(live) - mine
+        for _ in gone:  # a death the monkey did not cause: chase it
+            if chase:
+                due.append(now + chase.pop(0))
+        known = set(live)
+        fire = []
+        while timed and now - t0 >= timed[0]:
+            fire.append(("timed", timed.pop(0)))
+        while due and now >= min(due):
+            due.remove(min(due))
+            fire.append(("chase", now - t0))
+        for why, _ in fire:
+            if not live:
+                break
+            pid = rng.choice(sorted(live))
+            try:
+                live.pop(pid).send_signal(signal.SIGKILL)
+                mine.add(pid)
+                kills.append({"at_s": time.monotonic() - t0, "pid": pid, "why": why})
+            except Exception:  # noqa: BLE001 - it died meanwhile
+                pass
 
 
 def run_one(plan: dict[str, Any]) -> dict[str, Any]:
@@ -435,8 +466,8 @@ def run_one(plan: dict[str, Any]) -> dict[str, Any]:
         cl.wait_for_workers(N_WORKERS)
         out["setup_cluster_s"] = time.perf_counter() - t0
         monkey = None
-        if plan["monkey"]:
-            monkey = threading.Thread(target=_monkey, args=(plan["monkey"], marker, stop, kills,
+        if plan["monkey"] or plan.get("chase"):
+            monkey = threading.Thread(target=_monkey, args=(plan["monkey"], plan.get("chase", []), marker, stop, kills,
                                                             plan["seed"] * 7919 + plan["index"]), daemon=True)
             monkey.start()
         t1 = time.perf_counter()
@@ -497,8 +528,9 @@ def _analyse(res: dscar.FitResult, plan: dict) -> dict[str, Any]:
     ev = Counter(e["kind"] for e in res.events)
     return {
         "violations": sum(per.values()) + final, "violations_by_kind": dict(per), "final_violations": final,
+        "max_clock_s": max((rec.seconds for rec in res.history), default=0.0),
         "clocks": res.n_clocks, "checked_clocks": checked, "skipped_clocks": skipped, "unchecked_clocks": unchecked,
-        "losses": ev["worker-lost"], "recoveries": ev["recovery-started"],
+        "losses": ev["worker-lost"], "recoveries": ev["recovery-started"], "joins": ev["worker-joined"],
         "faults_fired": {k: v for k, v in ev.items() if k.startswith("fault-")},
         "events": dict(ev), "checkpoints": len(res.checkpoints),
     }
@@ -577,14 +609,14 @@ def describe(r: dict) -> str:
         f"{f['kind']}{'@' + f['point'] if f['kind'] == 'kill' else ''}"
         f"{'(' + f['wanted'] + ')' if f.get('wanted') not in (None, f.get('point')) else ''}:w{f['worker']}c{f['clock']}"
         for f in p["faults"])
-    if p["monkey"]:
-        fl += (f" monkey x{len(r.get('monkey_kills', p['monkey']))}")
+    if p["monkey"] or p.get("chase"):
+        fl += f" monkey({len(p['monkey'])}+{len(p.get('chase', []))} chase) killed {len(r.get('monkey_kills', []))}"
     what = r["outcome"]
     if r["status"] == "failed":
         what += ": " + r.get("error", "").splitlines()[0][:140]
     elif r["status"] == "completed":
         what += (f" clocks={r['clocks']} checked={r['checked_clocks']} skipped={r['skipped_clocks']} "
-                 f"losses={r['losses']} recoveries={r['recoveries']} viol={r['violations']}")
+                 f"losses={r['losses']} recoveries={r['recoveries']} joins={r['joins']} viol={r['violations']}")
     return f"run {r['index']:>3} {r['kind']:<15} {cfg:<18} {'+'.join(p['policies']) or '-':<7} {fl or '-':<50} {what}"
 
 
@@ -629,6 +661,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\nChaos: {n} runs (seed {args.seed}), {N_WORKERS} worker processes each, {clocks} clocks, 6 shards; "
           f"kill points supported: {', '.join(points)}"
           + (f"; approximated: {', '.join(f'{p}->{FALLBACK[p]}' for p in ALL_POINTS if p not in points)}"
+             + (" (kill-recovery runs: a monkey chase kill)" if "recovery" not in points else "")
              if set(ALL_POINTS) - set(points) else ""))
     load = load_average()
     print(f"load average: {', '.join(f'{x:.2f}' for x in load) if load else 'n/a'}; deadline {args.deadline:.0f}s per run")
