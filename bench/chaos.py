@@ -518,7 +518,7 @@ def _analyse(res: dscar.FitResult, plan: dict) -> dict[str, Any]:
             checked += 1
             for k in CHECK_KEYS:
                 per[k] += int(m.get(k, 0))
-        elif m.get("skipped"):
+        elif m.get("skipped") or getattr(rec, "skipped", False):  # today's metrics flag; the new core's field
             skipped += 1
         else:
             unchecked += 1
