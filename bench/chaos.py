@@ -210,12 +210,13 @@ def supported_points() -> list[str]:
     return ok
 
 
-def kill_spec(worker: int, clock: int, wanted: str, points: list[str], every: int | None) -> dict[str, Any]:
-    """A kill at ``wanted`` if supported, else its fallback (see ``FALLBACK``); records both."""
+def kill_spec(worker: int, clock: int, wanted: str, points: list[str], period: int | None) -> dict[str, Any]:
+    """A kill at ``wanted`` if supported, else its fallback (see ``FALLBACK``); records both.
+    ``period``: clocks between two checkpoints (None: no checkpoints)."""
     if wanted in points:
         return {"kind": "kill", "worker": worker, "clock": clock, "point": wanted, "wanted": wanted}
-    if wanted == "checkpoint" and every:  # the clock after a checkpoint was taken: its files are being written
-        clock = max(1, (clock // every) * every) + 1
+    if wanted == "checkpoint" and period:  # the clock after a checkpoint was taken: its files are being written
+        clock = max(1, clock // period) * period + 1
     return {"kind": "kill", "worker": worker, "clock": clock, "point": FALLBACK[wanted], "wanted": wanted}
 
 
@@ -238,7 +239,8 @@ def plan_run(seed: int, index: int, kind: str, points: list[str], clocks: int = 
         plan["checkpoint"] = {"policy": "priority", "every": every, "fraction": fraction}
     if plan["checkpoint"] is not None:
         plan["checkpoint"]["recovery"] = rng.choice(["partial", "full"])
-    every = plan["checkpoint"]["every"] if plan["checkpoint"] else None
+    ck = plan["checkpoint"]
+    every = None if ck is None else max(1, round(ck["every"] * ck["fraction"]))  # the checkpoint period
     f = plan["faults"]
     if kind == "kill-clock":
         f.append(kill_spec(ws[0], c, rng.choice(["start", "mid-push"]), points, every))

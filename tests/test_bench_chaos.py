@@ -96,10 +96,11 @@ def test_plans_are_reproducible_and_fall_back_where_a_kill_point_is_missing():
 
 
 def test_a_checkpoint_kill_falls_back_to_the_clock_after_a_checkpoint():
-    f = chaos.kill_spec(1, 5, "checkpoint", ["start", "mid-push"], every=2)
+    f = chaos.kill_spec(1, 5, "checkpoint", ["start", "mid-push"], period=2)
     assert f == {"kind": "kill", "worker": 1, "clock": 5, "point": "start", "wanted": "checkpoint"}
-    assert chaos.kill_spec(1, 7, "checkpoint", ["start"], every=3)["clock"] == 7
-    assert chaos.kill_spec(1, 5, "checkpoint", list(chaos.ALL_POINTS), every=2)["point"] == "checkpoint"
+    assert chaos.kill_spec(1, 7, "checkpoint", ["start"], period=3)["clock"] == 7
+    assert chaos.kill_spec(1, 2, "checkpoint", ["start"], period=4)["clock"] == 5  # after the first checkpoint
+    assert chaos.kill_spec(1, 5, "checkpoint", list(chaos.ALL_POINTS), period=2)["point"] == "checkpoint"
 
 
 def test_supported_points_include_todays():
