@@ -480,7 +480,9 @@ def run_one(plan: dict[str, Any]) -> dict[str, Any]:
             msg = "".join(traceback.format_exception_only(type(e), e)).strip()
             legit, why = classify_failure(isinstance(e, dscar.DscarError), msg, cfg is not None)
             out.update(status="failed", error_type=f"{type(e).__module__}.{type(e).__qualname__}", error=msg,
-                       legit=legit, legit_why=why, traceback=traceback.format_exc()[-3000:])
+                       legit=legit, legit_why=why, traceback=traceback.format_exc()[-3000:],
+                       where=[f"{os.path.basename(fr.filename)}:{fr.lineno} {fr.name}"  # dscar's frames
+                              for fr in traceback.extract_tb(e.__traceback__) if f"{os.sep}dscar{os.sep}" in fr.filename])
             res = None
         out["fit_s"] = time.perf_counter() - t1
         stop.set()
@@ -615,7 +617,7 @@ def describe(r: dict) -> str:
         fl += f" monkey({len(p['monkey'])}+{len(p.get('chase', []))} chase) killed {len(r.get('monkey_kills', []))}"
     what = r["outcome"]
     if r["status"] == "failed":
-        what += ": " + r.get("error", "").splitlines()[0][:140]
+        what += ": " + r.get("error", "").splitlines()[0][:140] + (f" [{r['where'][-1]}]" if r.get("where") else "")
     elif r["status"] == "completed":
         what += (f" clocks={r['clocks']} checked={r['checked_clocks']} skipped={r['skipped_clocks']} "
                  f"losses={r['losses']} recoveries={r['recoveries']} joins={r['joins']} viol={r['violations']}")
