@@ -1,0 +1,250 @@
+"""The chaos benchmark: the exactly-once checker catches every kind of breach (as pure code and through a
+deliberately broken model on a real fit), plans are reproducible, and --quick reports what it promises."""
+import numpy as np
+import pytest
+
+import dscar
+from bench import chaos
+from bench.chaos import ExactlyOnce, check_final, check_seen
+
+# ------------------------------------------------------------------------------ pure checker
+
+
+def table(n_shards=4, clocks=6, upto=3):
+    """What a correct engine holds at clock ``upto``'s clock-end step: columns 1..upto all 1."""
+    seen = np.zeros((n_shards, clocks + 1))
+    seen[:, 1:upto + 1] = 1
+    return seen, np.zeros_like(seen)
+
+
+def test_a_correct_table_has_no_violation_and_rolled_back_columns_are_allowed():
+    seen, bad = table()
+    assert check_seen(seen, bad, 3) == {k: 0 for k in (*chaos.CHECK_KEYS, "violations")}
+    seen[1, 1:3] = 0  # a partition restored from checkpoint 0, then clock 3 ran on it
+    assert check_seen(seen, bad, 3)["violations"] == 0
+
+
+@pytest.mark.parametrize("where,value,kind", [
+    ((2, 3), 2.0, "duplicated"),  # an update applied twice in this clock
+    ((2, 3), 0.0, "missing"),  # an update lost
+    ((2, 3), 0.5, "corrupt"),
+    ((2, 3), -1.0, "corrupt"),
+    ((0, 4), 1.0, "ahead"),  # applied ahead of its clock
+    ((0, 0), 1.0, "ahead"),
+    ((3, 1), 2.0, "past"),  # an earlier clock applied twice (can never be rolled back into a 2)
+])
+def test_each_breach_is_counted_once_under_its_kind(where, value, kind):
+    seen, bad = table()
+    seen[where] = value
+    c = check_seen(seen, bad, 3)
+    assert c[kind] == 1 and c["violations"] == 1, c
+
+
+def test_a_state_mismatch_counts_only_in_the_current_clock():
+    seen, bad = table()
+    bad[1, 2] = 1  # an earlier clock's flag (a later rollback may keep it): not this clock's business
+    assert check_seen(seen, bad, 3)["violations"] == 0
+    bad[2, 3] = 1
+    assert check_seen(seen, bad, 3) == {**{k: 0 for k in chaos.CHECK_KEYS}, "state": 1, "violations": 1}
+
+
+def test_check_seen_refuses_a_clock_outside_the_table():
+    seen, bad = table()
+    with pytest.raises(ValueError):
+        check_seen(seen, bad, 7)
+    with pytest.raises(ValueError):
+        check_seen(seen, bad, 0)
+
+
+def test_check_final():
+    seen, _ = table(upto=4)
+    assert check_final(seen, 4, True) == 0
+    seen[0, 4] = 0
+    assert check_final(seen, 4, True) == 1
+    assert check_final(seen, 4, False) == 0  # a skipped last clock may have applied on some partitions only
+    seen[0, 2] = 2
+    seen[1, 5] = 1
+    assert check_final(seen, 4, False) == 2
+
+
+# ------------------------------------------------------------------ plans and classification
+
+
+def test_plans_are_reproducible_and_fall_back_where_a_kill_point_is_missing():
+    old = ["start", "mid-push"]
+    a = chaos.plan_runs(7, 24, chaos.KINDS, old)
+    assert a == chaos.plan_runs(7, 24, chaos.KINDS, old)
+    assert a != chaos.plan_runs(8, 24, chaos.KINDS, old)
+    assert sorted(p["kind"] for p in a) == sorted(chaos.KINDS * 2)  # round robin
+    kills = [f for p in a for f in p["faults"] if f["kind"] == "kill"]
+    assert kills and all(f["point"] in old for f in kills)
+    assert {f["wanted"] for f in kills} >= {"apply", "clock-end", "checkpoint"}
+    new = chaos.plan_runs(7, 24, chaos.KINDS, list(chaos.ALL_POINTS))
+    assert all(f["point"] == f["wanted"] for p in new for f in p["faults"] if f["kind"] == "kill")
+    # a kill during recovery: the "recovery" point where supported, else the monkey chases the first loss
+    for old_p, new_p in zip(a, new):
+        if old_p["kind"] == "kill-recovery":
+            assert len(old_p["faults"]) == 1 and len(old_p["chase"]) == 1
+            assert [f["point"] for f in new_p["faults"]][1:] == ["recovery"] and new_p["chase"] == []
+    for p in a:
+        assert all(0 <= f["worker"] < chaos.N_WORKERS for f in p["faults"])
+        assert sum(f["kind"] == "hang" for f in p["faults"]) <= 1
+        if p["checkpoint"] is not None:
+            ck = p["checkpoint"]
+            dscar.CheckpointConfig("/tmp/x", policy=ck["policy"], every=ck["every"], fraction=ck["fraction"],
+                                   recovery=ck["recovery"]).validate()
+
+
+def test_a_checkpoint_kill_falls_back_to_the_clock_after_a_checkpoint():
+    f = chaos.kill_spec(1, 5, "checkpoint", ["start", "mid-push"], period=2)
+    assert f == {"kind": "kill", "worker": 1, "clock": 5, "point": "start", "wanted": "checkpoint"}
+    assert chaos.kill_spec(1, 7, "checkpoint", ["start"], period=3)["clock"] == 7
+    assert chaos.kill_spec(1, 2, "checkpoint", ["start"], period=4)["clock"] == 5  # after the first checkpoint
+    assert chaos.kill_spec(1, 5, "checkpoint", list(chaos.ALL_POINTS), period=2)["point"] == "checkpoint"
+
+
+def test_supported_points_include_todays():
+    assert {"start", "mid-push"} <= set(chaos.supported_points())
+
+
+@pytest.mark.parametrize("dscar_error,msg,ckpt,legit", [
+    (True, "ClusterError: no live worker left to hold the data shards", True, True),
+    (True, "ClusterError: the cluster has no workers", True, True),
+    (True, "JobFailedError: worker tcp://x owned partitions [('seen', 0)] and was lost; restoring partitions "
+           "needs a checkpoint store (dscar.fit(..., checkpoint=...))", False, True),
+    (True, "JobFailedError: ... needs a checkpoint store", True, False),
+    (True, "JobFailedError: the data of shard 5 is on no live worker", True, False),
+    (False, "CommClosedError: in <TCP (closed) ConnectionPool.dscar_put_shard>", True, False),
+    (False, "OSError: Timed out trying to connect to tcp://127.0.0.1:4000", True, False),
+])
+def test_classify_failure(dscar_error, msg, ckpt, legit):
+    assert chaos.classify_failure(dscar_error, msg, ckpt)[0] is legit
+
+
+def test_summarize_counts_outcomes_by_kind():
+    rs = [
+        {"kind": "kill-clock", "status": "completed", "violations": 0, "losses": 1, "recoveries": 1},
+        {"kind": "kill-clock", "status": "completed", "violations": 3, "losses": 1, "recoveries": 1},
+        {"kind": "hang", "status": "hang"},
+        {"kind": "hang", "status": "failed", "legit": True, "left_stopped": 1},
+        {"kind": "lose", "status": "failed", "legit": False},
+    ]
+    for r in rs:
+        r["outcome"] = chaos.outcome(r)
+    assert [r["outcome"] for r in rs] == ["ok", "violation", "hang", "failed-legit", "failed"]
+    t = chaos.summarize(rs)
+    assert list(t) == ["kill-clock", "hang", "lose", "total"]
+    assert t["kill-clock"] == {"runs": 2, "completed": 2, "violation_runs": 1, "violations": 3, "hangs": 0,
+                                   "failed_legit": 0, "failed_not_legit": 0, "losses": 2, "recoveries": 2, "joins": 0,
+                                   "left_stopped": 0, "max_clock_s": 0.0}
+    assert (t["total"]["runs"], t["total"]["hangs"], t["total"]["failed_legit"], t["total"]["failed_not_legit"],
+            t["total"]["left_stopped"]) == (5, 1, 1, 1, 1)
+    assert "total" in chaos.format_table(t)
+
+
+# --------------------------------------------------- the checker inside a real fit (in-process)
+
+
+class AppliesTwice(ExactlyOnce):
+    """Broken on purpose: shard 0's update of clock 3 is applied twice."""
+
+    def shard_step(self, ctx, data):
+        super().shard_step(ctx, data)
+        if ctx.shard == 0 and ctx.clock == 3:
+            self.mark(ctx, "seen", ctx.clock)
+
+
+class LosesOne(ExactlyOnce):
+    """Broken on purpose: shard 1's update of clock 2 never arrives."""
+
+    def mark(self, ctx, table, clock):
+        if not (table == "seen" and ctx.shard == 1 and clock == 2):
+            super().mark(ctx, table, clock)
+
+
+class StateDrifts(ExactlyOnce):
+    """Broken on purpose: shard 2's state skips a step at clock 2 (its table does not)."""
+
+    def shard_step(self, ctx, data):
+        super().shard_step(ctx, data)
+        if ctx.shard == 2 and ctx.clock == 2:
+            ctx.set_state("count", ctx.xp.asarray([self._count(ctx) + 2.0]))
+
+
+@pytest.fixture(scope="module")
+def inproc3():
+    with dscar.Cluster(n_workers=3, processes=False) as cl:
+        cl.wait_for_workers(3)
+        yield cl
+
+
+def violations(cl, algo, **kw):
+    res = dscar.fit(algo, {"x": np.arange(6.0)}, cl, n_shards=6, max_clocks=algo.clocks, progress=False, **kw)
+    assert res.n_clocks == algo.clocks
+    return {rec.clock: {k: int(rec.metrics[k]) for k in (*chaos.CHECK_KEYS, "violations")} for rec in res.history}, res
+
+
+@pytest.mark.timeout(120)
+def test_a_correct_engine_run_has_no_violation(inproc3):
+    v, res = violations(inproc3, ExactlyOnce(5))
+    assert all(c["violations"] == 0 for c in v.values()), v
+    assert check_final(res.params["seen"], 5, True) == 0
+    np.testing.assert_array_equal(res.params["steps"], np.full(6, 5.0))
+
+
+@pytest.mark.timeout(120)
+def test_the_checker_catches_an_update_applied_twice(inproc3):
+    v, res = violations(inproc3, AppliesTwice(5))
+    assert v[3]["duplicated"] == 1 and v[3]["violations"] == 1
+    assert v[4]["past"] == v[5]["past"] == 1  # and it stays visible in later clocks
+    assert v[1]["violations"] == v[2]["violations"] == 0
+    assert check_final(res.params["seen"], 5, True) == 1
+
+
+@pytest.mark.timeout(120)
+def test_the_checker_catches_a_lost_update(inproc3):
+    v, _ = violations(inproc3, LosesOne(4))
+    assert v[2]["missing"] == 1 and v[2]["violations"] == 1
+    assert v[3]["violations"] == 0  # a 0 in an older column is what a rollback leaves: allowed
+
+
+@pytest.mark.timeout(120)
+def test_the_checker_catches_shard_state_that_disagrees_with_the_tables(inproc3):
+    v, _ = violations(inproc3, StateDrifts(4))
+    assert v[2]["state"] == 0 and v[3]["state"] == 1 and v[4]["state"] == 1
+
+
+# ------------------------------------------------------------------------------- --quick
+
+
+@pytest.fixture(scope="module")
+def quick_run(quick_bench):
+    return quick_bench("chaos")
+
+
+@pytest.mark.timeout(600)
+def test_quick_benchmark_writes_summary_json_and_plot(quick_run):
+    stdout, d, png = quick_run
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 5000
+    assert d["quick"] is True and d["runs"] == 3 and d["kinds"] == list(chaos.QUICK_KINDS)
+    assert {"start", "mid-push"} <= set(d["points_supported"])
+    assert [r["kind"] for r in d["results"]] == [p["kind"] for p in chaos.plan_runs(0, 3, chaos.QUICK_KINDS,
+                                                                                   d["points_supported"], 8)]
+    for r in d["results"]:
+        assert r["status"] in ("completed", "failed", "hang")
+        assert r["outcome"] == chaos.outcome(r)
+        if r["status"] == "completed":
+            assert r["clocks"] == d["clocks"] == r["checked_clocks"] + r["skipped_clocks"] + r["unchecked_clocks"]
+            assert r["violations"] == sum(r["violations_by_kind"].values()) + r["final_violations"]
+            assert r["left_stopped"] == 0  # no hang in the quick plans
+        elif r["status"] == "failed":
+            assert r["error"] and isinstance(r["legit"], bool)
+        if r["kind"] == "lose" and r["status"] == "completed":
+            assert r["losses"] >= 1 and r["faults_fired"] == {"fault-lose": 1}
+        if r["kind"] == "monkey":
+            assert len(r["monkey_kills"]) >= 1  # the monkey found a worker process to kill
+    total = d["summary"]["total"]
+    assert total["runs"] == 3
+    assert total["hangs"] == sum(r["status"] == "hang" for r in d["results"])
+    assert "acceptance (issue 9" in stdout and "NOT MET" in stdout  # 3 runs never meet ">= 200 runs"
+    assert "fault kind" in stdout and "total" in stdout
