@@ -44,6 +44,7 @@ logger = logging.getLogger("dscar.coordinator")
 PLUGIN_NAME = "dscar-coordinator"
 IDLE_RECHECK_S = 0.02  # how often an idle worker's long poll looks again while a backup may turn due
 RPC_TIMEOUT_S = 30.0  # a coordinator -> worker message that takes longer means a hung worker
+SNAPSHOT_TIMEOUT_S = 10.0  # an owner that cannot snapshot its partitions in this long fails the version
 PROBE_TIMEOUT_S = 1.5  # a worker silent past the hang timeout is hung if it cannot answer within this
 
 
@@ -359,10 +360,11 @@ class Coordinator(SchedulerPlugin):
         cfg = job.cfg.checkpoint
         writers = sorted(c.writers)
         results = await asyncio.gather(*(
-            self._rpc(w, "checkpoint", job_id=job.cfg.job_id, version=c.version, url=cfg.url,
+            self._rpc(w, "checkpoint", timeout=SNAPSHOT_TIMEOUT_S, job_id=job.cfg.job_id, version=c.version, url=cfg.url,
                       fraction=cfg.save_fraction, storage_options=cfg.storage_options, state_shards=c.writers[w])
             for w in writers
         ), return_exceptions=True)
+        job.snapshotting = False  # every owner has its snapshot (or failed): the next clock may change tables
         for w, r in zip(writers, results):
             if isinstance(r, Exception) or r.get("status") != "OK":
                 job.checkpoint_written(c.version, w, [], f"{r!r}", time.time())

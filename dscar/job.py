@@ -123,6 +123,9 @@ class JobState:
         self.error: str | None = None
         #: the live workers, refreshed by the coordinator before it asks for decisions
         self.workers: list[str] = []
+        #: a checkpoint's owners are snapshotting: the clock is not reported (nor the next begun)
+        #: before, so a snapshot labelled clock t never holds clock t+1's updates
+        self.snapshotting = False
         if resume is not None:
             self.machine.clock = int(resume["clock"])
             self.machine.stage = Stage.DONE
@@ -316,7 +319,7 @@ class JobState:
 
     @property
     def report_ready(self) -> bool:
-        return self.machine.finished and not self.failed
+        return self.machine.finished and not self.failed and not self.snapshotting
 
     # ------------------------------------------------------------- policies
     def view(self, workers: list[str], now: float, idle_worker: str | None = None) -> ControllerView:
@@ -370,6 +373,7 @@ class JobState:
             if h is not None and h not in self.lost:
                 writers.setdefault(h, []).append(s)
         version = self.ledger.start(self.machine.clock, writers)
+        self.snapshotting = True
         self.event(now, "checkpoint-started", version=version, policy=cfg.policy, fraction=cfg.save_fraction)
         return Checkpoint(version, writers)
 

@@ -224,7 +224,9 @@ class ParamServer(WorkerPlugin):
             return {"applied": 0}
         if await self._ainject(job, "apply"):
             return {"status": "stopped"}
-        me, parts = self.worker.address, [[t, p] for t, p in job.parts]
+        with self._lock:  # the partitions as of now: one restored meanwhile is not this pass's to update
+            owned = dict(job.parts)
+        me, parts = self.worker.address, [[t, p] for t, p in owned]
         by_worker: dict[str, list] = defaultdict(list)
         for shard, attempt, worker in committed:
             by_worker[worker].append([clock, int(shard), int(attempt)])
@@ -241,14 +243,16 @@ class ParamServer(WorkerPlugin):
                 for key, ups in r["updates"]:
                     updates[tuple(key)] = [(t, int(p), int(lo), np.asarray(d), None if rw is None else
                                             np.asarray(rw, dtype=np.int64)) for t, p, lo, d, rw in ups]
-        return await asyncio.to_thread(self._apply, job, clock, run, committed, updates, set(reset or ()))
+        return await asyncio.to_thread(self._apply, job, clock, run, committed, updates, set(reset or ()), owned)
 
-    def _apply(self, job: Job, clock: int, run: int, committed: list, fetched: dict, reset: set) -> dict:
+    def _apply(self, job: Job, clock: int, run: int, committed: list, fetched: dict, reset: set,
+               owned: dict) -> dict:
         me = self.worker.address
         wanted = {(clock, int(s), int(a)) for s, a, _ in committed}
         applied = 0
         with self._lock:
-            for (table, part), arr in job.parts.items():
+            owned = {k: a for k, a in owned.items() if job.parts.get(k) is a}  # not replaced by a restore
+            for (table, part), arr in owned.items():
                 if table in reset:
                     arr[...] = 0
             for key in sorted(wanted):  # shard order: deterministic sums
@@ -259,7 +263,7 @@ class ParamServer(WorkerPlugin):
                     if staged_run != run:
                         continue  # not run here
                 for table, part, lo, data, rows in ups:
-                    arr = job.parts.get((table, part))
+                    arr = owned.get((table, part))
                     if arr is None:
                         continue  # another owner's partition
                     if rows is None:
