@@ -21,6 +21,7 @@ from dscar.algorithms.lda import (
     loglikelihood,
     numba_available,
     token_layout,
+    uniforms,
 )
 from dscar import InvalidInputError, TableSpec
 
@@ -183,14 +184,15 @@ def test_compiled_kernel_equals_the_reference_sampler_given_the_same_uniforms(re
     z = rng.integers(0, K, n).astype(np.int32)
     scratch = {}
     for sweep in range(3):
-        u = rng.random(n, dtype=np.float32)
+        key = int(rng.integers(2**63))
+        u = uniforms(np, key, n)
         counts = np.bincount(wl * K + z, minlength=Vs * K).reshape(Vs, K)
         ref = z.copy()
         At, Dt = np.ascontiguousarray(counts.T, dtype=np.float64), doc_counts(np, d, z, doc_len.size, K).T.astype(np.float64)
         gibbs_sweep(np, wl, d, ref, At, np.ascontiguousarray(Dt), At.sum(axis=1), alpha, 0.01, u.astype(np.float64),
                     np.arange(n + 1), vocab_size=V)
         A, T, z_old, nd_old = counts.astype(np.int32), counts.sum(axis=0).astype(np.int32), z.copy(), Dt.T.astype(np.int64)
-        res = compiled_sweep(wl, doc_len, z, A, T, alpha, 0.01, V, u, words, scratch)
+        res = compiled_sweep(wl, doc_len, z, A, T, alpha, 0.01, V, key, words, scratch)
         np.testing.assert_array_equal(z, ref)
         assert (z != z_old).mean() > 0.3  # the sweep did move tokens
         new = np.bincount(wl * K + z, minlength=Vs * K).reshape(Vs, K)
@@ -206,6 +208,16 @@ def test_compiled_kernel_equals_the_reference_sampler_given_the_same_uniforms(re
         np.testing.assert_array_equal(res.stats[:K, 0], np.bincount(z, minlength=K))
         np.testing.assert_array_equal(res.stats[:K, 1], np.bincount(z, weights=w + 1.0, minlength=K))
         assert res.stats[K, 0] == pytest.approx(doc_loglik(nd_new, alpha), rel=1e-12)
+
+
+def test_uniforms_are_a_fixed_stream_of_uniform_float32():
+    u = uniforms(np, 12345, 200_000)
+    assert u.dtype == np.float32 and u.min() >= 0 and u.max() < 1
+    np.testing.assert_array_equal(u[:1000], uniforms(np, 12345, 1000))  # number i depends on (key, i) only
+    assert not np.array_equal(u[:1000], uniforms(np, 12346, 1000))
+    counts = np.bincount((u * 20).astype(int), minlength=20)
+    assert abs(counts - 10_000).max() < 5 * 100  # 5 sigma of a binomial(200k, 1/20)
+    assert abs(np.corrcoef(u[:-1], u[1:])[0, 1]) < 0.01
 
 
 @needs_numba
@@ -227,7 +239,7 @@ def test_compiled_and_chunked_samplers_reach_the_same_loglikelihood(small):
             wt[words] = rows
             if start is None:
                 start = loglikelihood(wt, doc_counts(np, d, z, data["doc_len"].size, K), 0.1, 0.01) / wl.size
-            algo.sweep(np, data, z, rows, rows.sum(axis=0), algo._rng(0, clock + 2), V)
+            algo.sweep(np, data, z, rows, rows.sum(axis=0), algo._key(0, clock + 2), V)
         wt[words] = np.bincount(wl * K + z, minlength=words.size * K).reshape(-1, K)
         lls[backend] = loglikelihood(wt, doc_counts(np, d, z, data["doc_len"].size, K), 0.1, 0.01) / wl.size
     assert abs(lls["xp"] - lls["numba"]) <= 0.01 * abs(lls["xp"]), lls
@@ -273,7 +285,7 @@ class RebuildCheck(LDAGibbs):
             if self.break_how == "lost":  # sample, but never push the deltas
                 z = ctx.state["z"].copy()
                 self.sweep(ctx.xp, data, z, ctx.pull("word_topic")[data["words"]], ctx.pull("topic_total"),
-                           self._rng(ctx.shard, ctx.clock), ctx.meta.shapes["X"][0])
+                           self._key(ctx.shard, ctx.clock), ctx.meta.shapes["X"][0])
                 ctx.set_state("z", z)
                 self._add_checks(ctx, data, z, doc_counts(ctx.xp, data["d"], z, int(data["doc_len"].shape[0]), self.n_topics))
                 return
