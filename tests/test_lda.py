@@ -508,7 +508,7 @@ def test_cli_builds_reuters_and_synthetic_runs():
     assert data["X"].shape == (395, 4258) and algo.tol == 1e-3 and "Reuters" in desc
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(180)
 def test_quick_benchmark_runs_and_reports_every_sampler(tmp_path):
     import json
     import subprocess
@@ -517,7 +517,7 @@ def test_quick_benchmark_runs_and_reports_every_sampler(tmp_path):
 
     out = tmp_path / "lda.json"
     r = subprocess.run([sys.executable, "-m", "bench.lda", "--quick", "--json", str(out)],
-                       cwd=Path(__file__).resolve().parents[1], capture_output=True, text=True, timeout=110)
+                       cwd=Path(__file__).resolve().parents[1], capture_output=True, text=True, timeout=170)
     assert r.returncode == 0, r.stderr[-3000:]
     d = json.loads(out.read_text())
     assert d["quick"] and set(d["corpora"]) == {"reuters", "synthetic"}
@@ -526,4 +526,12 @@ def test_quick_benchmark_runs_and_reports_every_sampler(tmp_path):
         assert set(c["runs"]) == {"lda", "tomotopy-1t", "tomotopy-2t", "dscar-1w", "dscar-2w"}
         for run in c["runs"].values():
             assert run["tokens_per_s"] > 0 and -20 < run["loglik"] < 0 and run["sweeps"] == 10
-    assert "targets" in d and "== targets" in r.stdout
+        assert c["loadavg_before"] >= 0
+    assert "== kernel" in r.stdout and set(d["kernel"]["K"]) == {"20", "50"}
+    for k in d["kernel"]["K"].values():
+        assert {"dscar-1shard", "tomotopy-1t"} <= set(k) and k["ratio_wall"] > 0 and k["ratio_cpu"] > 0
+        assert k["dscar-1shard"]["cpu_tokens_per_s"] > 0 and -20 < k["dscar-1shard"]["loglik"] < 0
+    assert "targets" in d and "== targets" in r.stdout and "load average" in r.stdout
+    assert d["machine"]["env"]["OMP_NUM_THREADS"] == "1" and d["machine"]["env"]["OPENBLAS_NUM_THREADS"] == "1"
+    png = out.with_suffix(".png")
+    assert png.exists() and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
