@@ -39,22 +39,25 @@ stream keyed by ``(seed, shard, clock)`` (``uniforms``: splitmix64 of the
 token's index), so a fixed seed and shard layout give the same run on any
 workers, and both samplers can be fed the same draws.
 
-* The compiled kernel (``compiled_sweep``; NumPy workers with numba,
-  ``backend="auto"`` or ``"numba"``) is exact sequential collapsed Gibbs within
-  a shard: tokens are visited document by document, words sorted inside each
-  document (``token_layout``, as tomotopy does), every count updated after
-  every token. Per token it keeps ``q_k = (n_dk + alpha_k) / (n_k + V beta)``
-  current (two topics change), computes ``p_k = (n_wk + beta) q_k`` in one SIMD
-  pass, sums blocks of ``BLOCK`` topics in another and finds the topic by a
-  two-level search (block, then topic): about K/8 + 8 steps instead of K.
-  Chosen by measurement on Reuters against tomotopy and two alternatives
-  written for the purpose: a numba SparseLDA (s/r/q buckets with per-word
-  topic lists) was 5-10 % slower than this dense kernel at K = 50 and at
-  K = 200 (its q bucket must still visit every nonzero n_wk and keep the lists
-  sorted by hand; branchy), and tracking the word deltas per move inside the
-  loop cost 15-20 %, so they are taken from the table afterwards (``row_deltas``).
-  The bookkeeping (doc-topic deltas, per-topic checks, the shard's log p(z))
-  rides along in the same pass.
+* The compiled kernels (``compiled_sweep``; NumPy workers with numba,
+  ``backend="auto"`` or ``"numba"``) are exact sequential collapsed Gibbs
+  within a shard: tokens are visited document by document, words sorted inside
+  each document (``token_layout``, as tomotopy does), every count updated after
+  every token. Two methods, same counts, same bookkeeping:
+  ``kernel="sparse"`` (the default) samples by SparseLDA's buckets
+  (smoothing / document / word, ``sweep_sparse``): a token costs the number of
+  topics its word and its document hold, not K. ``kernel="dense"``
+  (``sweep_docs``) keeps ``q_k = (n_dk + alpha_k) / (n_k + V beta)`` current,
+  computes ``p_k = (n_wk + beta) q_k`` in one SIMD pass, sums blocks of
+  ``BLOCK`` topics and searches block then topic; it walks the topics in the
+  reference's order, so it makes the reference's moves for the same uniforms.
+  Chosen by measurement (CPU time per sweep, Reuters, one process, side by
+  side, the same uniforms): sparse 24.1 / 19.0 / 11.6 M tokens/s at K = 20 / 50
+  / 200 against dense 18.5 / 15.3 / 8.6 (an F+tree or alias/MH sampler pays
+  off at larger K than these; not built). Tracking the word deltas per move
+  inside the loop cost 15-20 %, so they are taken from the table afterwards
+  (``row_deltas``). The bookkeeping (doc-topic deltas, per-topic checks, the
+  shard's log p(z)) rides along in the same pass.
 * The array-namespace sampler (``gibbs_sweep``; CuPy workers, or
   ``backend="xp"``) is the reference and the GPU path. It visits a shard's
   tokens in ``n_chunks`` chunks (at least ``min_chunks``; at most
@@ -469,6 +472,165 @@ def _compile_kernels():
         stats[K, 0] += ll
 
     @numba.njit(cache=True, nogil=True)
+    def sweep_sparse(wl, doc_ptr, z, A, T, alpha, beta, vbeta, key, words, lgtab, symmetric,
+                     nzk, nzn, dk, dpos, Dd, Dold, qc, qp, ddelta, stats):  # pragma: no cover - compiled
+        """The same exact sequential sweep as ``sweep_docs`` (same counts, bookkeeping, uniforms), sampling
+        by SparseLDA's buckets (Yao, Mimno & McCallum 2009) instead of a dense pass over K:
+
+            p_k = alpha_k beta / (n_k + V beta)            (s: smoothing, sum kept current)
+                + n_dk beta / (n_k + V beta)               (r: the document's topics, sum kept current)
+                + n_wk (alpha_k + n_dk) / (n_k + V beta)   (q: the word's topics, summed per token)
+
+        A token costs O(topics of its word + topics of its document), not O(K): the q bucket visits
+        the word's nonzero topics only (``nzk[w, :nzn[w]]``, built from ``A`` at the start), the r
+        bucket the document's (``dk``), the rarely drawn s bucket all K. Topics are ordered
+        differently than in the dense inverse CDF, so the moves differ from ``sweep_docs``' for the
+        same uniforms; the distribution is the same (tested against the exact conditional).
+        """
+        K, Vs, nD, n = T.shape[0], A.shape[0], doc_ptr.shape[0] - 1, wl.shape[0]
+        if (A.shape[1] != K or alpha.shape[0] != K or z.shape[0] != n or words.shape[0] != Vs
+                or nzk.shape[0] != Vs or nzk.shape[1] != K or nzn.shape[0] != Vs or dk.shape[0] != K
+                or dpos.shape[0] != K or Dd.shape[0] != K or Dold.shape[0] != K or qc.shape[0] != K
+                or qp.shape[0] != K or ddelta.shape[0] != nD or ddelta.shape[1] != K
+                or stats.shape[0] != K + 1 or stats.shape[1] != 2 or nD < 0 or doc_ptr[0] != 0 or doc_ptr[nD] != n):
+            raise ValueError("lda sweep: inconsistent array shapes")
+        gamma, m1, m2 = np.uint64(GAMMA), np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
+        scale = 2.0**-24
+        for v in range(Vs):
+            m = 0
+            for k in range(K):
+                c = A[v, k]
+                if c < 0:
+                    raise ValueError("lda sweep: negative count (the tables do not match the assignments)")
+                if c > 0:
+                    nzk[v, m] = k
+                    m += 1
+            nzn[v] = m
+        asum = 0.0
+        sS = 0.0
+        for k in range(K):
+            if T[k] < 0:
+                raise ValueError("lda sweep: negative count (the tables do not match the assignments)")
+            asum += alpha[k]
+            sS += alpha[k] * beta / (T[k] + vbeta)
+        lgs = math.lgamma(asum)
+        ll = 0.0
+        for dd in range(nD):
+            s, e = doc_ptr[dd], doc_ptr[dd + 1]
+            if e < s or e > n:
+                raise ValueError("lda sweep: bad document offsets")
+            if symmetric and e - s >= lgtab.shape[0]:
+                raise ValueError("lda sweep: log-gamma table shorter than a document")
+            for k in range(K):
+                Dd[k] = 0
+            nd = 0
+            for i in range(s, e):
+                k = z[i]
+                if k < 0 or k >= K:
+                    raise ValueError("lda sweep: topic id out of range")
+                if Dd[k] == 0:
+                    dpos[k] = nd
+                    dk[nd] = k
+                    nd += 1
+                Dd[k] += 1
+            rS = 0.0
+            for k in range(K):
+                Dold[k] = Dd[k]
+                den = T[k] + vbeta
+                qc[k] = (alpha[k] + Dd[k]) / den
+                rS += Dd[k] * beta / den
+            for i in range(s, e):
+                j, a = wl[i], z[i]
+                if j < 0 or j >= Vs:
+                    raise ValueError("lda sweep: word id out of range")
+                den = T[a] + vbeta
+                sS -= alpha[a] * beta / den
+                rS -= Dd[a] * beta / den
+                A[j, a] -= 1
+                T[a] -= 1
+                Dd[a] -= 1
+                if A[j, a] < 0 or T[a] < 0:
+                    raise ValueError("lda sweep: negative count (the tables do not match the assignments)")
+                den = T[a] + vbeta
+                sS += alpha[a] * beta / den
+                rS += Dd[a] * beta / den
+                qc[a] = (alpha[a] + Dd[a]) / den
+                if Dd[a] == 0:  # the topic leaves the document's list
+                    nd -= 1
+                    last = dk[nd]
+                    dk[dpos[a]] = last
+                    dpos[last] = dpos[a]
+                if A[j, a] == 0:  # ... and the word's
+                    m = nzn[j] - 1
+                    t = 0
+                    while nzk[j, t] != a:
+                        t += 1
+                    nzk[j, t] = nzk[j, m]
+                    nzn[j] = m
+                m = nzn[j]
+                qS = 0.0
+                for t in range(m):
+                    k = nzk[j, t]
+                    v = A[j, k] * qc[k]
+                    qp[t] = v
+                    qS += v
+                x = key + np.uint64(i + 1) * gamma  # splitmix64, as ``uniforms``
+                x = (x ^ (x >> np.uint64(30))) * m1
+                x = (x ^ (x >> np.uint64(27))) * m2
+                x = x ^ (x >> np.uint64(31))
+                thr = float(x >> np.uint64(40)) * scale * (sS + rS + qS)
+                if thr < qS and m > 0:
+                    t = 0
+                    c = qp[0]
+                    while c <= thr and t < m - 1:
+                        t += 1
+                        c += qp[t]
+                    kn = nzk[j, t]
+                elif thr < qS + rS and nd > 0:
+                    thr -= qS
+                    t = 0
+                    kn = dk[0]
+                    c = Dd[kn] * beta / (T[kn] + vbeta)
+                    while c <= thr and t < nd - 1:
+                        t += 1
+                        kn = dk[t]
+                        c += Dd[kn] * beta / (T[kn] + vbeta)
+                else:
+                    thr -= qS + rS
+                    kn = 0
+                    c = alpha[0] * beta / (T[0] + vbeta)
+                    while c <= thr and kn < K - 1:
+                        kn += 1
+                        c += alpha[kn] * beta / (T[kn] + vbeta)
+                den = T[kn] + vbeta
+                sS -= alpha[kn] * beta / den
+                rS -= Dd[kn] * beta / den
+                if Dd[kn] == 0:
+                    dpos[kn] = nd
+                    dk[nd] = kn
+                    nd += 1
+                if A[j, kn] == 0:
+                    nzk[j, nzn[j]] = kn
+                    nzn[j] += 1
+                A[j, kn] += 1
+                T[kn] += 1
+                Dd[kn] += 1
+                den = T[kn] + vbeta
+                sS += alpha[kn] * beta / den
+                rS += Dd[kn] * beta / den
+                qc[kn] = (alpha[kn] + Dd[kn]) / den
+                z[i] = kn
+                stats[kn, 0] += 1.0
+                stats[kn, 1] += words[j] + 1.0
+            ll += lgs - math.lgamma(asum + (e - s))
+            for k in range(K):
+                c2 = Dd[k]
+                ddelta[dd, k] = c2 - Dold[k]
+                if c2 > 0:
+                    ll += lgtab[c2] if symmetric else math.lgamma(alpha[k] + c2) - math.lgamma(alpha[k])
+        stats[K, 0] += ll
+
+    @numba.njit(cache=True, nogil=True)
     def row_deltas(A, src, idx, rows, delta):  # pragma: no cover - compiled
         """The rows of ``A`` that differ from ``src[idx]``: their numbers in ``rows[:n]``, ``A - src[idx]``
         in ``delta[:n]``; returns n (one sequential pass over the table, no work per token)."""
@@ -543,7 +705,8 @@ def _compile_kernels():
                     s += table[c] if c < L else math.lgamma(c + beta) - lgb
         return low, s
 
-    return SimpleNamespace(sweep_docs=sweep_docs, row_deltas=row_deltas, gather_rows=gather_rows, word_stats=word_stats)
+    return SimpleNamespace(sweep_docs=sweep_docs, sweep_sparse=sweep_sparse, row_deltas=row_deltas, gather_rows=gather_rows,
+                           word_stats=word_stats)
 
 
 class SweepResult(NamedTuple):
@@ -558,7 +721,7 @@ class SweepResult(NamedTuple):
 
 def compiled_sweep(wl, doc_len, z, A, T, alpha, beta: float, vocab_size: int, key: int, words=None,
                    scratch: dict | None = None, before: tuple[np.ndarray, np.ndarray] | None = None,
-                   word_deltas: bool = True) -> SweepResult:
+                   word_deltas: bool = True, method: str = "sparse") -> SweepResult:
     """One exact sequential Gibbs sweep by the compiled kernel (``z``, ``A``, ``T`` updated in place).
 
     ``wl`` (int32): each token's row of ``A``, tokens grouped by document in
@@ -571,8 +734,12 @@ def compiled_sweep(wl, doc_len, z, A, T, alpha, beta: float, vocab_size: int, ke
     buffers reused between calls; ``before``: ``(src, idx)`` with
     ``src[idx]`` equal to ``A`` as it comes (the pulled table: saves a copy);
     ``word_deltas=False``: the caller takes the word deltas itself (``rows``
-    and ``word_delta`` come back empty).
+    and ``word_delta`` come back empty); ``method``: ``"sparse"`` (SparseLDA's
+    buckets, ``sweep_sparse``) or ``"dense"`` (``sweep_docs``: the same moves as
+    the reference sampler for the same uniforms).
     """
+    if method not in ("sparse", "dense"):
+        raise ValueError(f"method must be 'sparse' or 'dense', not {method!r}")
     kern = _numba_kernels()
     K, Vs = T.shape[0], A.shape[0]
     n_docs = doc_len.shape[0]
@@ -594,10 +761,18 @@ def compiled_sweep(wl, doc_len, z, A, T, alpha, beta: float, vocab_size: int, ke
     if words is None:
         words = np.arange(Vs, dtype=np.int64)
     f = np.float32
-    kern.sweep_docs(
-        wl, doc_ptr, z, A, T, alpha64.astype(f), alpha64, f(beta), f(vocab_size * beta), np.uint64(key), words, lgtab,
-        symmetric, buf.empty("p", (nb * BLOCK,), f), buf.empty("bs", (nb,), f), buf.empty("q", (K,), f),
-        buf.empty("Dd", (K,), np.int32), buf.empty("Dold", (K,), np.int32), ddelta, stats)
+    if method == "dense":
+        kern.sweep_docs(
+            wl, doc_ptr, z, A, T, alpha64.astype(f), alpha64, f(beta), f(vocab_size * beta), np.uint64(key), words,
+            lgtab, symmetric, buf.empty("p", (nb * BLOCK,), f), buf.empty("bs", (nb,), f), buf.empty("q", (K,), f),
+            buf.empty("Dd", (K,), np.int32), buf.empty("Dold", (K,), np.int32), ddelta, stats)
+    else:
+        kern.sweep_sparse(
+            wl, doc_ptr, z, A, T, alpha64, float(beta), float(vocab_size * beta), np.uint64(key), words, lgtab,
+            symmetric, buf.empty("nzk", (Vs, K), np.int32), buf.empty("nzn", (Vs,), np.int32),
+            buf.empty("dk", (K,), np.int32), buf.empty("dpos", (K,), np.int32), buf.empty("Dd", (K,), np.int32),
+            buf.empty("Dold", (K,), np.int32), buf.empty("qc", (K,), np.float64), buf.empty("qp", (K,), np.float64),
+            ddelta, stats)
     if not word_deltas:
         return SweepResult(np.zeros(0, dtype=np.int64), np.zeros((0, K), dtype=np.int32), T.astype(np.int64) - T0,
                            ddelta, stats)
@@ -699,14 +874,17 @@ class LDAGibbs(Algorithm):
     ``tol`` (relative) from the ``window`` before; off, it runs ``max_clocks``.
     ``min_chunks`` / ``max_chunk_elems``: how a sweep is cut (see the module doc).
     ``backend``: ``"auto"`` (compiled sampler on NumPy workers when numba is
-    installed), ``"xp"`` (the array-namespace sampler) or ``"numba"``.
+    installed), ``"xp"`` (the array-namespace sampler) or ``"numba"``;
+    ``kernel``: the compiled sampler's method, ``"sparse"`` (SparseLDA buckets,
+    the fastest measured) or ``"dense"`` (one SIMD pass over K per token).
     Data: ``{"X": documents x vocabulary counts}``, best made by ``lda_data``.
 
-    Per clock a shard pulls ``word_topic`` (V x K) and ``topic_total`` once per
-    worker, and pushes its deltas: changed ``word_topic`` rows (one dense V x K
-    block when more than a quarter of the rows changed), ``topic_total`` and its
-    documents' ``doc_topic`` rows. A worker keeps scratch arrays between clocks
-    (the float copies of the counts, per shard shape).
+    Per clock a shard pulls its vocabulary's ``word_topic`` rows (or the whole
+    table, once per worker, when they are more than half of it) and pushes its
+    deltas: changed ``word_topic`` rows (one dense block when more than a
+    quarter of the rows changed), ``topic_total`` and its documents'
+    ``doc_topic`` rows, as int16 when their bounds allow. A worker keeps scratch
+    arrays between clocks (per thread, per shard shape).
     """
 
     name = "lda"
@@ -714,7 +892,7 @@ class LDAGibbs(Algorithm):
 
     def __init__(self, n_topics: int = 20, alpha: float | Sequence[float] = 0.1, beta: float = 0.01, *,
                  seed: int = 0, tol: float = 1e-4, window: int = 10, early_stop: bool = True,
-                 min_chunks: int = 64, max_chunk_elems: int = 1 << 21, backend: str = "auto"):
+                 min_chunks: int = 64, max_chunk_elems: int = 1 << 21, backend: str = "auto", kernel: str = "sparse"):
         if isinstance(n_topics, bool) or not isinstance(n_topics, (int, np.integer)) or n_topics < 1:
             raise InvalidInputError(f"n_topics (K) must be an integer >= 1, got {n_topics!r}")
         self.n_topics = int(n_topics)
@@ -742,6 +920,9 @@ class LDAGibbs(Algorithm):
             raise InvalidInputError(f"backend must be 'auto', 'xp' or 'numba', not {backend!r}")
         if backend == "numba" and not numba_available():
             raise InvalidInputError("backend='numba' needs numba installed (pip install numba)")
+        if kernel not in ("sparse", "dense"):
+            raise InvalidInputError(f"kernel must be 'sparse' or 'dense', not {kernel!r}")
+        self.kernel = kernel
         self.backend = backend
         self.seed = int(seed)
         self.tol = float(tol)
@@ -871,7 +1052,7 @@ class LDAGibbs(Algorithm):
             A = np.array(word_rows, dtype=np.int32, order="C")
             T = np.array(topic_total, dtype=np.int32)
             compiled_sweep(data["wl"], data["doc_len"], z, A, T, self.alphas(), self.beta, vocab_size, key,
-                           data["words"], self._scratch())
+                           data["words"], self._scratch(), method=self.kernel)
             return
         f = self._float(topic_total)
         order = data["order"] if "order" in data else xp.asarray(
@@ -927,7 +1108,7 @@ class LDAGibbs(Algorithm):
         every_word = Vs == V  # the shard holds the whole vocabulary: the delta is A minus the pulled table
         res = compiled_sweep(data["wl"], doc_len, z, A, T, self.alphas(), self.beta, V, self._key(ctx.shard, ctx.clock), words,
                              self._scratch(),
-                             before, word_deltas=not every_word)
+                             before, word_deltas=not every_word, method=self.kernel)
         ctx.set_state("z", z)
         if every_word:  # one dense block (staged, i.e. copied, by the engine before this worker's next step)
             dt = np.int16 if self._max_word_count(ctx.shard, data) <= INT16_MAX else np.int32  # bounds |delta|

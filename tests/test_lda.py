@@ -77,7 +77,7 @@ def test_bad_input_is_rejected_before_any_work(X, kw, msg):
     ({"n_topics": 0}, "n_topics"), ({"n_topics": 2.5}, "n_topics"),
     ({"alpha": 0.0}, "alpha"), ({"alpha": -1}, "alpha"), ({"alpha": [0.1, 0.2]}, "one per topic"),
     ({"alpha": float("nan")}, "alpha"), ({"beta": 0}, "beta"), ({"beta": -0.5}, "beta"),
-    ({"backend": "gpu"}, "backend"),
+    ({"backend": "gpu"}, "backend"), ({"kernel": "alias"}, "kernel"),
 ])
 def test_bad_hyperparameters(kw, msg):
     args = {"n_topics": 3, **kw}
@@ -170,9 +170,11 @@ needs_numba = pytest.mark.skipif(not numba_available(), reason="numba not instal
 
 
 @needs_numba
-def test_compiled_kernel_equals_the_reference_sampler_given_the_same_uniforms(reuters):
-    """The compiled kernel and the array-namespace sampler (one-token chunks: exact sequential Gibbs,
-    float64) make the same moves from the same state and uniforms, sweep after sweep; the kernel's
+@pytest.mark.parametrize("method", ["dense", "sparse"])
+def test_compiled_kernels_against_the_reference_sampler(reuters, method):
+    """From the same state and uniforms, the dense kernel and the array-namespace sampler (one-token
+    chunks: exact sequential Gibbs, float64) make the same moves, sweep after sweep (the sparse kernel
+    orders topics differently: its distribution is checked by the next test). Both kernels'
     bookkeeping (word, topic and doc deltas, per-topic checks, log p(z)) matches the assignments."""
     X = reuters.X[:120]
     K, V = 30, X.shape[1]
@@ -192,8 +194,9 @@ def test_compiled_kernel_equals_the_reference_sampler_given_the_same_uniforms(re
         gibbs_sweep(np, wl, d, ref, At, np.ascontiguousarray(Dt), At.sum(axis=1), alpha, 0.01, u.astype(np.float64),
                     np.arange(n + 1), vocab_size=V)
         A, T, z_old, nd_old = counts.astype(np.int32), counts.sum(axis=0).astype(np.int32), z.copy(), Dt.T.astype(np.int64)
-        res = compiled_sweep(wl, doc_len, z, A, T, alpha, 0.01, V, key, words, scratch)
-        np.testing.assert_array_equal(z, ref)
+        res = compiled_sweep(wl, doc_len, z, A, T, alpha, 0.01, V, key, words, scratch, method=method)
+        if method == "dense":
+            np.testing.assert_array_equal(z, ref)
         assert (z != z_old).mean() > 0.3  # the sweep did move tokens
         new = np.bincount(wl * K + z, minlength=Vs * K).reshape(Vs, K)
         np.testing.assert_array_equal(A, new)
@@ -208,6 +211,35 @@ def test_compiled_kernel_equals_the_reference_sampler_given_the_same_uniforms(re
         np.testing.assert_array_equal(res.stats[:K, 0], np.bincount(z, minlength=K))
         np.testing.assert_array_equal(res.stats[:K, 1], np.bincount(z, weights=w + 1.0, minlength=K))
         assert res.stats[K, 0] == pytest.approx(doc_loglik(nd_new, alpha), rel=1e-12)
+
+
+@needs_numba
+@pytest.mark.parametrize("method", ["dense", "sparse"])
+def test_compiled_kernels_draw_from_the_exact_conditional(method):
+    """The first token a sweep visits is drawn from p(z | rest) computed here in float64 from the
+    counts: from each of 8 states, 4,000 sweeps of a tiny corpus, each with its own stream of uniforms
+    (its first word occurs in every document, so its counts and the document's all matter)."""
+    K, V, alpha, beta = 5, 6, np.array([0.3, 0.1, 0.5, 0.2, 0.05]), 0.1
+    X = sp.csr_matrix(np.array([[3, 1, 0, 2, 0, 1], [4, 2, 2, 0, 1, 0], [3, 0, 0, 1, 3, 2]]))
+    w, d, doc_len = token_layout(X)
+    words, wl = local_vocabulary(w)
+    N, scratch = 4_000, {}
+    for state in range(8):
+        z0 = np.random.default_rng(state).integers(0, K, w.size).astype(np.int32)
+        base = np.bincount(wl * K + z0, minlength=V * K).reshape(V, K).astype(np.int32)
+        nw, nd = base.astype(float), doc_counts(np, d, z0, doc_len.size, K).astype(float)
+        nw[wl[0], z0[0]] -= 1
+        nd[d[0], z0[0]] -= 1
+        p = (nw[wl[0]] + beta) * (nd[d[0]] + alpha) / (nw.sum(axis=0) + V * beta)
+        p /= p.sum()
+        first = np.empty(N, dtype=np.int64)
+        for i in range(N):
+            z, A, T = z0.copy(), base.copy(), base.sum(axis=0).astype(np.int32)
+            compiled_sweep(wl, doc_len, z, A, T, alpha, beta, V, (state * N + i) * 7919 + 1, words, scratch,
+                           method=method)
+            first[i] = z[0]
+        freq = np.bincount(first, minlength=K) / N
+        assert (np.abs(freq - p) <= 4.5 * np.sqrt(p * (1 - p) / N) + 1e-4).all(), (state, freq, p)
 
 
 def test_uniforms_are_a_fixed_stream_of_uniform_float32():
