@@ -43,8 +43,9 @@ workers, and both samplers can be fed the same draws.
   ``backend="auto"`` or ``"numba"``) are exact sequential collapsed Gibbs
   within a shard: tokens are visited document by document, words sorted inside
   each document (``token_layout``, as tomotopy does), every count updated after
-  every token. Two methods, same counts, same bookkeeping:
-  ``kernel="sparse"`` (the default) samples by SparseLDA's buckets
+  every token. Two methods, same counts, same bookkeeping, chosen per sweep
+  (``kernel="auto"``, by how many topics the tokens' words hold; see
+  ``SPARSE_DENSITY``): ``kernel="sparse"`` samples by SparseLDA's buckets
   (smoothing / document / word, ``sweep_sparse``): a token costs the number of
   topics its word and its document hold, not K. ``kernel="dense"``
   (``sweep_docs``) keeps ``q_k = (n_dk + alpha_k) / (n_k + V beta)`` current,
@@ -53,8 +54,10 @@ workers, and both samplers can be fed the same draws.
   reference's order, so it makes the reference's moves for the same uniforms.
   Chosen by measurement (CPU time per sweep, Reuters, one process, side by
   side, the same uniforms): sparse 24.1 / 19.0 / 11.6 M tokens/s at K = 20 / 50
-  / 200 against dense 18.5 / 15.3 / 8.6 (an F+tree or alias/MH sampler pays
-  off at larger K than these; not built). Tracking the word deltas per move
+  / 200 against dense 18.5 / 15.3 / 8.6; but on the 5M-token synthetic corpus
+  (20k words, almost no repeats within a document) dense was faster in the
+  first 20 sweeps, while the words still hold many topics (an F+tree or
+  alias/MH sampler pays off at larger K than these; not built). Tracking the word deltas per move
   inside the loop cost 15-20 %, so they are taken from the table afterwards
   (``row_deltas``). The bookkeeping (doc-topic deltas, per-topic checks, the
   shard's log p(z)) rides along in the same pass.
@@ -331,6 +334,12 @@ def gibbs_sweep(xp, w, d, z, At, Dt, T, alpha, beta: float, u, bounds, vocab_siz
 
 
 _NUMBA_LOCK = threading.Lock()
+#: ``kernel="auto"`` samples by SparseLDA's buckets when the tokens' words hold at most this fraction of the
+#: topics, else by the dense kernel. Measured (CPU time, one sweep from the same state, both kernels): Reuters
+#: (repeated words, 4k vocabulary) sparse 1.2-1.5x faster from a density of 0.31 down; the 5M-token synthetic
+#: corpus (20k vocabulary, few repeats: a cache miss per token) dense 1.8x faster at 0.8, 1.5x at 0.33,
+#: 1.07x at 0.16
+SPARSE_DENSITY = 0.25
 #: deltas whose bound fits are pushed as int16 (the table stays int32: the engine adds them in its dtype)
 INT16_MAX = 2**15 - 1
 #: topics per block of the compiled sampler's two-level search (one AVX2 register of float32; measured
@@ -631,6 +640,20 @@ def _compile_kernels():
         stats[K, 0] += ll
 
     @numba.njit(cache=True, nogil=True)
+    def word_topic_density(A, wl, stride):  # pragma: no cover - compiled
+        """The mean, over every ``stride``-th token, of the fraction of topics its word's row holds."""
+        Vs, K = A.shape
+        tot, m = 0, 0
+        for i in range(0, wl.shape[0], stride):
+            j = wl[i]
+            if j < 0 or j >= Vs:
+                raise ValueError("lda: word id out of range")
+            for k in range(K):
+                tot += A[j, k] != 0
+            m += 1
+        return tot / max(m * K, 1)
+
+    @numba.njit(cache=True, nogil=True)
     def row_deltas(A, src, idx, rows, delta):  # pragma: no cover - compiled
         """The rows of ``A`` that differ from ``src[idx]``: their numbers in ``rows[:n]``, ``A - src[idx]``
         in ``delta[:n]``; returns n (one sequential pass over the table, no work per token)."""
@@ -705,8 +728,8 @@ def _compile_kernels():
                     s += table[c] if c < L else math.lgamma(c + beta) - lgb
         return low, s
 
-    return SimpleNamespace(sweep_docs=sweep_docs, sweep_sparse=sweep_sparse, row_deltas=row_deltas, gather_rows=gather_rows,
-                           word_stats=word_stats)
+    return SimpleNamespace(sweep_docs=sweep_docs, sweep_sparse=sweep_sparse, word_topic_density=word_topic_density,
+                           row_deltas=row_deltas, gather_rows=gather_rows, word_stats=word_stats)
 
 
 class SweepResult(NamedTuple):
@@ -717,11 +740,12 @@ class SweepResult(NamedTuple):
     topic_delta: np.ndarray  #: K, int64
     doc_delta: np.ndarray  #: n_docs x K: new minus old doc-topic counts (int16 when documents are < 2^15 tokens, else int32)
     stats: np.ndarray  #: (K + 1) x 2: per topic [tokens, sum of word id + 1]; [K, 0]: log p(z) of the documents
+    method: str  #: the kernel that ran: "sparse" or "dense"
 
 
 def compiled_sweep(wl, doc_len, z, A, T, alpha, beta: float, vocab_size: int, key: int, words=None,
                    scratch: dict | None = None, before: tuple[np.ndarray, np.ndarray] | None = None,
-                   word_deltas: bool = True, method: str = "sparse") -> SweepResult:
+                   word_deltas: bool = True, method: str = "auto") -> SweepResult:
     """One exact sequential Gibbs sweep by the compiled kernel (``z``, ``A``, ``T`` updated in place).
 
     ``wl`` (int32): each token's row of ``A``, tokens grouped by document in
@@ -735,11 +759,16 @@ def compiled_sweep(wl, doc_len, z, A, T, alpha, beta: float, vocab_size: int, ke
     ``src[idx]`` equal to ``A`` as it comes (the pulled table: saves a copy);
     ``word_deltas=False``: the caller takes the word deltas itself (``rows``
     and ``word_delta`` come back empty); ``method``: ``"sparse"`` (SparseLDA's
-    buckets, ``sweep_sparse``) or ``"dense"`` (``sweep_docs``: the same moves as
-    the reference sampler for the same uniforms).
+    buckets, ``sweep_sparse``), ``"dense"`` (``sweep_docs``: the same moves as
+    the reference sampler for the same uniforms) or ``"auto"``: sparse when the
+    tokens' words hold at most ``SPARSE_DENSITY`` of the topics on average
+    (sampled every 64th token, from the counts as they come: a deterministic
+    choice), else dense.
     """
-    if method not in ("sparse", "dense"):
-        raise ValueError(f"method must be 'sparse' or 'dense', not {method!r}")
+    if method not in ("sparse", "dense", "auto"):
+        raise ValueError(f"method must be 'sparse', 'dense' or 'auto', not {method!r}")
+    if method == "auto":
+        method = "sparse" if _numba_kernels().word_topic_density(A, wl, 64) <= SPARSE_DENSITY else "dense"
     kern = _numba_kernels()
     K, Vs = T.shape[0], A.shape[0]
     n_docs = doc_len.shape[0]
@@ -769,16 +798,16 @@ def compiled_sweep(wl, doc_len, z, A, T, alpha, beta: float, vocab_size: int, ke
     else:
         kern.sweep_sparse(
             wl, doc_ptr, z, A, T, alpha64, float(beta), float(vocab_size * beta), np.uint64(key), words, lgtab,
-            symmetric, buf.empty("nzk", (Vs, K), np.int32), buf.empty("nzn", (Vs,), np.int32),
+            symmetric, buf.empty("nzk", (Vs, K), np.uint8 if K <= 256 else np.int32), buf.empty("nzn", (Vs,), np.int32),
             buf.empty("dk", (K,), np.int32), buf.empty("dpos", (K,), np.int32), buf.empty("Dd", (K,), np.int32),
             buf.empty("Dold", (K,), np.int32), buf.empty("qc", (K,), np.float64), buf.empty("qp", (K,), np.float64),
             ddelta, stats)
     if not word_deltas:
         return SweepResult(np.zeros(0, dtype=np.int64), np.zeros((0, K), dtype=np.int32), T.astype(np.int64) - T0,
-                           ddelta, stats)
+                           ddelta, stats, method)
     rows, wdelta = buf.empty("rows", (Vs,), np.int64), buf.empty("wdelta", (Vs, K), np.int32)
     n_rows = kern.row_deltas(A, before[0], before[1], rows, wdelta)
-    return SweepResult(rows[:n_rows], wdelta[:n_rows], T.astype(np.int64) - T0, ddelta, stats)
+    return SweepResult(rows[:n_rows], wdelta[:n_rows], T.astype(np.int64) - T0, ddelta, stats, method)
 
 
 def _lgamma_table(alpha: float, top: int) -> np.ndarray:
@@ -875,8 +904,9 @@ class LDAGibbs(Algorithm):
     ``min_chunks`` / ``max_chunk_elems``: how a sweep is cut (see the module doc).
     ``backend``: ``"auto"`` (compiled sampler on NumPy workers when numba is
     installed), ``"xp"`` (the array-namespace sampler) or ``"numba"``;
-    ``kernel``: the compiled sampler's method, ``"sparse"`` (SparseLDA buckets,
-    the fastest measured) or ``"dense"`` (one SIMD pass over K per token).
+    ``kernel``: the compiled sampler's method, ``"sparse"`` (SparseLDA buckets),
+    ``"dense"`` (one SIMD pass over K per token) or ``"auto"`` (per sweep, by
+    how many topics the words hold: ``compiled_sweep``).
     Data: ``{"X": documents x vocabulary counts}``, best made by ``lda_data``.
 
     Per clock a shard pulls its vocabulary's ``word_topic`` rows (or the whole
@@ -892,7 +922,7 @@ class LDAGibbs(Algorithm):
 
     def __init__(self, n_topics: int = 20, alpha: float | Sequence[float] = 0.1, beta: float = 0.01, *,
                  seed: int = 0, tol: float = 1e-4, window: int = 10, early_stop: bool = True,
-                 min_chunks: int = 64, max_chunk_elems: int = 1 << 21, backend: str = "auto", kernel: str = "sparse"):
+                 min_chunks: int = 64, max_chunk_elems: int = 1 << 21, backend: str = "auto", kernel: str = "auto"):
         if isinstance(n_topics, bool) or not isinstance(n_topics, (int, np.integer)) or n_topics < 1:
             raise InvalidInputError(f"n_topics (K) must be an integer >= 1, got {n_topics!r}")
         self.n_topics = int(n_topics)
@@ -920,8 +950,8 @@ class LDAGibbs(Algorithm):
             raise InvalidInputError(f"backend must be 'auto', 'xp' or 'numba', not {backend!r}")
         if backend == "numba" and not numba_available():
             raise InvalidInputError("backend='numba' needs numba installed (pip install numba)")
-        if kernel not in ("sparse", "dense"):
-            raise InvalidInputError(f"kernel must be 'sparse' or 'dense', not {kernel!r}")
+        if kernel not in ("auto", "sparse", "dense"):
+            raise InvalidInputError(f"kernel must be 'auto', 'sparse' or 'dense', not {kernel!r}")
         self.kernel = kernel
         self.backend = backend
         self.seed = int(seed)

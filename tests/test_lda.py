@@ -242,6 +242,19 @@ def test_compiled_kernels_draw_from_the_exact_conditional(method):
         assert (np.abs(freq - p) <= 4.5 * np.sqrt(p * (1 - p) / N) + 1e-4).all(), (state, freq, p)
 
 
+@needs_numba
+def test_auto_picks_the_sparse_kernel_when_words_hold_few_topics(small):
+    w, d, doc_len = token_layout(small.X)
+    words, wl = local_vocabulary(w)
+    K, V = 8, small.X.shape[1]
+    for z, want in ((np.arange(w.size) % K, "dense"), (wl % 2, "sparse")):  # every topic / 2 of 8 per word
+        z = z.astype(np.int32)
+        A = np.bincount(wl * K + z, minlength=words.size * K).reshape(-1, K).astype(np.int32)
+        res = compiled_sweep(wl, doc_len, z, A, A.sum(axis=0).astype(np.int32), np.full(K, 0.1), 0.01, V, 3, words)
+        assert res.method == want
+        np.testing.assert_array_equal(A, np.bincount(wl * K + z, minlength=words.size * K).reshape(-1, K))
+
+
 def test_uniforms_are_a_fixed_stream_of_uniform_float32():
     u = uniforms(np, 12345, 200_000)
     assert u.dtype == np.float32 and u.min() >= 0 and u.max() < 1
