@@ -377,6 +377,46 @@ def _compile_kernels():
     # reassociation lets LLVM vectorize the K-long loops (SIMD sums); no assumptions about NaN / inf
     fast = True
 
+    @numba.njit(cache=True, nogil=True)
+    def uniform(key, i):  # pragma: no cover - compiled
+        """Number ``i`` of the stream ``key`` (as ``uniforms``: splitmix64, 24 bits)."""
+        x = key + np.uint64(i + 1) * np.uint64(GAMMA)
+        x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        x = x ^ (x >> np.uint64(31))
+        return np.float32(x >> np.uint64(40)) * np.float32(2.0**-24)
+
+    @numba.njit(cache=True, nogil=True)
+    def doc_start(doc_ptr, dd, n, lgtab, symmetric, z, Dd, Dold):  # pragma: no cover - compiled
+        """Document ``dd``'s token range (checked); its topic counts from ``z`` into ``Dd`` and ``Dold``."""
+        s, e = doc_ptr[dd], doc_ptr[dd + 1]
+        if e < s or e > n:
+            raise ValueError("lda sweep: bad document offsets")
+        if symmetric and e - s >= lgtab.shape[0]:
+            raise ValueError("lda sweep: log-gamma table shorter than a document")
+        K = Dd.shape[0]
+        for k in range(K):
+            Dd[k] = 0
+        for i in range(s, e):
+            k = z[i]
+            if k < 0 or k >= K:
+                raise ValueError("lda sweep: topic id out of range")
+            Dd[k] += 1
+        for k in range(K):
+            Dold[k] = Dd[k]
+        return s, e
+
+    @numba.njit(cache=True, nogil=True)
+    def doc_end(dd, length, Dd, Dold, ddelta, alpha64, asum, lgs, lgtab, symmetric):  # pragma: no cover - compiled
+        """A document's doc-topic delta row; returns its part of log p(z)."""
+        ll = lgs - math.lgamma(asum + length)
+        for k in range(Dd.shape[0]):
+            c = Dd[k]
+            ddelta[dd, k] = c - Dold[k]
+            if c > 0:
+                ll += lgtab[c] if symmetric else math.lgamma(alpha64[k] + c) - math.lgamma(alpha64[k])
+        return ll
+
     @numba.njit(cache=True, nogil=True, fastmath=fast)
     def sweep_docs(wl, doc_ptr, z, A, T, alpha, alpha64, beta, vbeta, key, words, lgtab, symmetric,
                    p, bs, q, Dd, Dold, ddelta, stats):  # pragma: no cover - compiled
@@ -396,8 +436,6 @@ def _compile_kernels():
         """
         K, Vs, nD, n = T.shape[0], A.shape[0], doc_ptr.shape[0] - 1, wl.shape[0]
         nb = (K + B - 1) // B
-        gamma, m1, m2 = np.uint64(GAMMA), np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
-        scale = np.float32(2.0**-24)
         # memory safety first: no index below is trusted without these checks
         if (A.shape[1] != K or alpha.shape[0] != K or alpha64.shape[0] != K or z.shape[0] != n
                 or words.shape[0] != Vs or p.shape[0] < nb * B or bs.shape[0] < nb or q.shape[0] != K
@@ -413,20 +451,8 @@ def _compile_kernels():
         lgs = math.lgamma(asum)
         ll = 0.0
         for dd in range(nD):
-            s, e = doc_ptr[dd], doc_ptr[dd + 1]
-            if e < s or e > n:
-                raise ValueError("lda sweep: bad document offsets")
-            if symmetric and e - s >= lgtab.shape[0]:
-                raise ValueError("lda sweep: log-gamma table shorter than a document")
+            s, e = doc_start(doc_ptr, dd, n, lgtab, symmetric, z, Dd, Dold)
             for k in range(K):
-                Dd[k] = 0
-            for i in range(s, e):
-                k = z[i]
-                if k < 0 or k >= K:
-                    raise ValueError("lda sweep: topic id out of range")
-                Dd[k] += 1
-            for k in range(K):
-                Dold[k] = Dd[k]
                 q[k] = (np.float32(Dd[k]) + alpha[k]) / (np.float32(T[k]) + vbeta)
             for i in range(s, e):
                 j, a = wl[i], z[i]
@@ -448,11 +474,7 @@ def _compile_kernels():
                         acc += p[b * B + t]
                     bs[b] = acc
                     tot += acc
-                x = key + np.uint64(i + 1) * gamma  # splitmix64, as ``uniforms``
-                x = (x ^ (x >> np.uint64(30))) * m1
-                x = (x ^ (x >> np.uint64(27))) * m2
-                x = x ^ (x >> np.uint64(31))
-                thr = np.float32(x >> np.uint64(40)) * scale * tot
+                thr = uniform(key, i) * tot
                 b = 0
                 c = bs[0]
                 while c < thr and b < nb - 1:
@@ -470,14 +492,9 @@ def _compile_kernels():
                 Dd[k] += 1
                 q[k] = (np.float32(Dd[k]) + alpha[k]) / (np.float32(T[k]) + vbeta)
                 z[i] = k
-                stats[k, 0] += 1.0
+                stats[k, 0] += 1.0  # the per-topic checks: tokens, and the sum of their word ids + 1
                 stats[k, 1] += words[j] + 1.0
-            ll += lgs - math.lgamma(asum + (e - s))
-            for k in range(K):
-                c2 = Dd[k]
-                ddelta[dd, k] = c2 - Dold[k]
-                if c2 > 0:
-                    ll += lgtab[c2] if symmetric else math.lgamma(alpha64[k] + c2) - math.lgamma(alpha64[k])
+            ll += doc_end(dd, e - s, Dd, Dold, ddelta, alpha64, asum, lgs, lgtab, symmetric)
         stats[K, 0] += ll
 
     @numba.njit(cache=True, nogil=True)
@@ -503,8 +520,6 @@ def _compile_kernels():
                 or qp.shape[0] != K or ddelta.shape[0] != nD or ddelta.shape[1] != K
                 or stats.shape[0] != K + 1 or stats.shape[1] != 2 or nD < 0 or doc_ptr[0] != 0 or doc_ptr[nD] != n):
             raise ValueError("lda sweep: inconsistent array shapes")
-        gamma, m1, m2 = np.uint64(GAMMA), np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
-        scale = 2.0**-24
         for v in range(Vs):
             m = 0
             for k in range(K):
@@ -525,26 +540,14 @@ def _compile_kernels():
         lgs = math.lgamma(asum)
         ll = 0.0
         for dd in range(nD):
-            s, e = doc_ptr[dd], doc_ptr[dd + 1]
-            if e < s or e > n:
-                raise ValueError("lda sweep: bad document offsets")
-            if symmetric and e - s >= lgtab.shape[0]:
-                raise ValueError("lda sweep: log-gamma table shorter than a document")
+            s, e = doc_start(doc_ptr, dd, n, lgtab, symmetric, z, Dd, Dold)
+            nd = 0  # the document's topics
+            rS = 0.0
             for k in range(K):
-                Dd[k] = 0
-            nd = 0
-            for i in range(s, e):
-                k = z[i]
-                if k < 0 or k >= K:
-                    raise ValueError("lda sweep: topic id out of range")
-                if Dd[k] == 0:
+                if Dd[k] > 0:
                     dpos[k] = nd
                     dk[nd] = k
                     nd += 1
-                Dd[k] += 1
-            rS = 0.0
-            for k in range(K):
-                Dold[k] = Dd[k]
                 den = T[k] + vbeta
                 qc[k] = (alpha[k] + Dd[k]) / den
                 rS += Dd[k] * beta / den
@@ -583,11 +586,7 @@ def _compile_kernels():
                     v = A[j, k] * qc[k]
                     qp[t] = v
                     qS += v
-                x = key + np.uint64(i + 1) * gamma  # splitmix64, as ``uniforms``
-                x = (x ^ (x >> np.uint64(30))) * m1
-                x = (x ^ (x >> np.uint64(27))) * m2
-                x = x ^ (x >> np.uint64(31))
-                thr = float(x >> np.uint64(40)) * scale * (sS + rS + qS)
+                thr = float(uniform(key, i)) * (sS + rS + qS)
                 if thr < qS and m > 0:
                     t = 0
                     c = qp[0]
@@ -629,14 +628,9 @@ def _compile_kernels():
                 rS += Dd[kn] * beta / den
                 qc[kn] = (alpha[kn] + Dd[kn]) / den
                 z[i] = kn
-                stats[kn, 0] += 1.0
+                stats[kn, 0] += 1.0  # as in ``sweep_docs``
                 stats[kn, 1] += words[j] + 1.0
-            ll += lgs - math.lgamma(asum + (e - s))
-            for k in range(K):
-                c2 = Dd[k]
-                ddelta[dd, k] = c2 - Dold[k]
-                if c2 > 0:
-                    ll += lgtab[c2] if symmetric else math.lgamma(alpha[k] + c2) - math.lgamma(alpha[k])
+            ll += doc_end(dd, e - s, Dd, Dold, ddelta, alpha, asum, lgs, lgtab, symmetric)
         stats[K, 0] += ll
 
     @numba.njit(cache=True, nogil=True)
