@@ -34,6 +34,8 @@ Sections
    clock end). "total" = the whole ``dscar.fit``. Both clusters are started
    and warmed up (numba kernels loaded) before any timing; tomotopy's timing
    is its ``train`` call after an untimed ``train(0)``, lda's its ``fit``.
+   dscar samples with ``kernel="auto"``: per sweep, SparseLDA's buckets when
+   the words hold few topics, else the dense kernel (``dscar.algorithms.lda``).
 
 Threads: BLAS, OpenMP and numba are pinned to 1 thread in this process and in
 the worker processes (environment set before NumPy loads; ``threadpoolctl``
@@ -76,6 +78,9 @@ from dscar.algorithms import corpora  # noqa: E402
 from dscar.algorithms.lda import LDAGibbs, lda_data, loglikelihood  # noqa: E402
 
 ALPHA, BETA = 0.1, 0.01
+#: every compiled kernel runs once on this corpus before any timing (numba loads code on first use)
+WARM_UP = corpora.synthetic(40, 50, 20, 3, seed=9)
+WARM_UP_KERNELS = ("dense", "sparse")
 SAMPLERS = ["lda", "tomotopy-1t", "tomotopy-2t", "dscar-1w", "dscar-2w"]
 
 
@@ -191,9 +196,9 @@ class LocalShard:
         return self.apply_s
 
 
-def run_kernel(c: corpora.Corpus, name: str, K: int, sweeps: int, seed: int) -> Run:
+def run_kernel(c: corpora.Corpus, name: str, K: int, sweeps: int, seed: int, kernel: str = "auto") -> Run:
     """dscar's shard step on one in-process shard (no engine); see ``LocalShard``."""
-    algo = LDAGibbs(K, ALPHA, BETA, seed=seed, early_stop=False)
+    algo = LDAGibbs(K, ALPHA, BETA, seed=seed, early_stop=False, kernel=kernel)
     t0 = time.perf_counter()
     shard = LocalShard(algo, c.X)
     shard.step()  # clock 1: the random start
@@ -208,9 +213,9 @@ def run_kernel(c: corpora.Corpus, name: str, K: int, sweeps: int, seed: int) -> 
 
 
 def run_dscar(cl: dscar.Cluster, n_workers: int, c: corpora.Corpus, name: str, K: int, sweeps: int, seed: int,
-              n_shards: int | None = None) -> Run:
+              n_shards: int | None = None, kernel: str = "auto") -> Run:
     data = lda_data(c.X)
-    algo = LDAGibbs(K, ALPHA, BETA, seed=seed, early_stop=False)
+    algo = LDAGibbs(K, ALPHA, BETA, seed=seed, early_stop=False, kernel=kernel)
     res = dscar.fit(algo, data, cl, n_shards=n_shards or n_workers, max_clocks=sweeps + 1, progress=False)
     sampling = sum(r.seconds for r in res.history[1:])
     ll = loglikelihood(res.params["word_topic"], res.params["doc_topic"], ALPHA, BETA) / c.n_tokens
@@ -256,7 +261,8 @@ def make_corpora(quick: bool, sweeps: int, big_sweeps: int) -> list[tuple[str, c
 def kernel_section(quick: bool, sweeps: int, seed: int) -> dict[str, Any]:
     """dscar's shard step in-process vs tomotopy on 1 thread, Reuters, two K in one run."""
     c = corpora.reuters()
-    run_kernel(corpora.synthetic(40, 50, 20, 3, seed=9), "warm-up", 3, 2, seed)  # untimed: numba kernels load
+    for kernel in WARM_UP_KERNELS:  # untimed: numba loads (or compiles) both kernels ("auto" picks per sweep)
+        run_kernel(WARM_UP, "warm-up", 3, 2, seed, kernel)
     out: dict[str, Any] = {"corpus": "reuters", "tokens": c.n_tokens, "sweeps": sweeps, "loadavg_before": load(), "K": {}}
     print(f"== kernel: one shard in-process (no engine) vs tomotopy 1 thread; Reuters, {c.n_tokens} tokens, "
           f"{sweeps} sweeps (load average {out['loadavg_before']:.2f})", flush=True)
@@ -283,9 +289,9 @@ def benchmark(quick: bool, sweeps: int, big_sweeps: int, seed: int = 1) -> dict[
         cs = make_corpora(quick, sweeps, big_sweeps)
         with dscar.Cluster(n_workers=1) as c1, dscar.Cluster(n_workers=2) as c2:
             clusters = {1: c1, 2: c2}
-            warm = corpora.synthetic(40, 50, 20, 3, seed=9)
-            for n, cl in clusters.items():  # untimed: worker start-up, imports, numba kernels
-                run_dscar(cl, n, warm, "warm-up", 3, 2, seed)
+            for n, cl in clusters.items():  # untimed: worker start-up, imports, both numba kernels
+                for kernel in WARM_UP_KERNELS:
+                    run_dscar(cl, n, WARM_UP, "warm-up", 3, 2, seed, kernel=kernel)
             for name, c, K, n_sweeps in cs:
                 entry = {"docs": c.X.shape[0], "vocab": c.X.shape[1], "tokens": c.n_tokens, "K": K,
                          "sweeps": n_sweeps, "loadavg_before": load()}
