@@ -1,10 +1,9 @@
-"""LDA benchmark: dscar (1 and 2 workers) vs the ``lda`` package and tomotopy (1 and 2 threads).
+"""LDA benchmark: dscar's sampler and engine against tomotopy (1 and 2 threads) and the ``lda`` package.
 
 What it measures
 ----------------
 Collapsed Gibbs sampling for LDA, symmetric alpha = 0.1, beta (eta) = 0.01,
-every sampler run for the same number of sweeps (200; 10 with ``--quick``)
-from its own random start, seed 1:
+every sampler from its own random start (seed 1), the same number of sweeps:
 
 * tokens sampled per second: ``tokens x sweeps / sampling time``;
 * final log-likelihood per token: the complete-data log p(w, z) of the
@@ -12,57 +11,76 @@ from its own random start, seed 1:
   (``dscar.algorithms.lda.loglikelihood``; for ``lda`` it equals
   ``lda.LDA.loglikelihood()``), with the corpus's vocabulary size V.
 
-Corpora: ``lda``'s Reuters (395 docs, 4,258 words, 84,010 tokens) and a
-synthetic corpus drawn from the LDA model (5,000 docs x 100 tokens,
-V = 10,000, 50 true topics, seed 0), both at K = 50. ``--quick``: Reuters at
-K = 20 and a 1,000 x 50-token synthetic corpus (V = 2,000, K = 20), 10 sweeps,
-well under a minute.
+Sections
+--------
+1. **Kernel** (no engine): dscar's ``LDAGibbs.shard_step`` on ONE shard in this
+   process (``LocalShard``: the tables are local arrays, every add applied at
+   once), against tomotopy on 1 thread, on Reuters at K = 50 and K = 200, 200
+   sweeps. Wall and CPU (``time.process_time``) rates: on a shared machine the
+   CPU rate is the steadier one. Timed: the shard step, everything a worker
+   runs for the shard (copying the pulled rows, the sweep, the deltas), not
+   the harness applying the deltas to its tables (the engine's commit; about
+   2 % more, saved in the JSON as ``apply_s_excluded``).
+2. **Engine**: dscar ``LDAGibbs`` on an embedded LocalCluster of 1 and 2 worker
+   processes (one thread each, one shard per worker: AD-LDA, sweeps against
+   the clock-start counts) against tomotopy on 1 and 2 threads
+   (``ParallelScheme.PARTITION``, exact) and ``lda`` 3.x (sequential): on
+   Reuters (395 docs, 4,258 words, 84,010 tokens; K = 50, 200 sweeps) and on a
+   synthetic corpus drawn from the LDA model with 5,000,000 tokens (50,000 docs
+   x 100 tokens, V = 20,000, 50 true topics, seed 0; K = 50, 20 sweeps).
+   dscar's "sampling" time = the sum of the wall times of its sweep clocks
+   (clock 1 only draws the initial assignments): every per-clock cost of the
+   engine (pulls, pushes, commits, the count checks, the log-likelihood at each
+   clock end). "total" = the whole ``dscar.fit``. Both clusters are started
+   and warmed up (numba kernels loaded) before any timing; tomotopy's timing
+   is its ``train`` call after an untimed ``train(0)``, lda's its ``fit``.
+   dscar samples with ``kernel="auto"``: per sweep, SparseLDA's buckets when
+   the words hold few topics, else the dense kernel (``dscar.algorithms.lda``).
 
-Samplers and timings
---------------------
-* ``lda`` 3.x (Cython, sequential, O(K) per token): the ``fit`` call
-  (``refresh`` set past the end so it computes no intermediate likelihood).
-* tomotopy (sparse sampling, SIMD), 1 and 2 threads (``ParallelScheme.PARTITION``,
-  exact), hyperparameter optimisation off: the ``train`` call, after an untimed
-  ``train(0)`` that initialises it.
-* dscar ``LDAGibbs`` on an embedded LocalCluster of 1 or 2 worker processes
-  (one thread each), one shard per worker (AD-LDA: sweeps against the
-  clock-start counts). Both clusters are started, and warmed up by one untimed
-  short fit (numba compilation), before any timing. "sampling" time = the sum
-  of the wall times of the sweep clocks (clock 1 only draws the initial
-  assignments), so it includes every per-clock cost of the engine: pulls,
-  pushes, commits, the count checks and the log-likelihood at each clock end.
-  "total" = the whole ``dscar.fit`` (also setup, data placement and clock 1).
+Threads: BLAS, OpenMP and numba are pinned to 1 thread in this process and in
+the worker processes (environment set before NumPy loads; ``threadpoolctl``
+as well); tomotopy gets exactly the threads named. The load average is printed
+before each section and saved: the machine is small and shared, figures are
+from one run, side by side.
 
-``--accuracy``: the acceptance check instead: Reuters, K = 20 and 50, 200
-sweeps, seeds 1, 2, 3; dscar (2 workers, 2 shards; and 1 worker) vs ``lda``,
-medians of the final log-likelihood per token and their relative difference
-(target: within 1%).
+``--quick``: Reuters at K = 20 and 50 (kernel) / K = 20 (engine) and a
+1,000 x 50-token synthetic corpus (V = 2,000, K = 20), 10 sweeps, about a
+minute. ``--accuracy``: the acceptance check instead: Reuters, K = 20 and 50,
+200 sweeps, seeds 1, 2, 3; dscar (2 workers, 2 shards; and 1 worker) vs
+``lda``, medians of the final log-likelihood per token (target: within 1 %).
 
-Caveats: a small shared machine is noisy; figures are from one run, side by
-side (the load average before the run is printed and saved).
-
-Usage: ``python -m bench.lda [--quick] [--accuracy] [--iters N] [--json PATH]``.
+Usage: ``python -m bench.lda [--quick] [--accuracy] [--iters N] [--big-iters N] [--json PATH] [--plot PATH]``
+(the plot defaults to the JSON's path with ``.png``).
 """
 from __future__ import annotations
 
-import argparse
-import logging
-import statistics
-import sys
-import time
-from dataclasses import asdict, dataclass, field
-from typing import Any
+import os
 
-import numpy as np
-import scipy.sparse as sp
+for _v in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NUMBA_NUM_THREADS"):
+    os.environ[_v] = "1"  # before NumPy loads; inherited by the worker processes
 
-import dscar
-from dscar.algorithms import corpora
-from dscar.algorithms.lda import LDAGibbs, lda_data, loglikelihood
-from bench.common import machine_info, write_json
+import argparse  # noqa: E402
+import logging  # noqa: E402
+import statistics  # noqa: E402
+import sys  # noqa: E402
+import time  # noqa: E402
+from dataclasses import asdict, dataclass, field  # noqa: E402
+from typing import Any  # noqa: E402
+
+import numpy as np  # noqa: E402
+import scipy.sparse as sp  # noqa: E402
+import threadpoolctl  # noqa: E402
+
+import dscar  # noqa: E402
+from bench.common import load_average, machine_info, pyplot, write_json  # noqa: E402
+from dscar import DataMeta  # noqa: E402
+from dscar.algorithms import corpora  # noqa: E402
+from dscar.algorithms.lda import LDAGibbs, lda_data, loglikelihood  # noqa: E402
 
 ALPHA, BETA = 0.1, 0.01
+#: every compiled kernel runs once on this corpus before any timing (numba loads code on first use)
+WARM_UP = corpora.synthetic(40, 50, 20, 3, seed=9)
+WARM_UP_KERNELS = ("dense", "sparse")
 SAMPLERS = ["lda", "tomotopy-1t", "tomotopy-2t", "dscar-1w", "dscar-2w"]
 
 
@@ -73,14 +91,22 @@ class Run:
     K: int
     sweeps: int
     tokens: int
-    seconds: float  # sampling time
+    seconds: float  # sampling time (wall)
     total_seconds: float
     loglik: float  # per token, one formula for all
+    cpu_seconds: float | None = None  # this process's CPU time over the sampling (in-process samplers only)
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
     def tokens_per_s(self) -> float:
         return self.tokens * self.sweeps / self.seconds
+
+    @property
+    def cpu_tokens_per_s(self) -> float | None:
+        return None if not self.cpu_seconds else self.tokens * self.sweeps / self.cpu_seconds
+
+    def row(self) -> dict[str, Any]:
+        return asdict(self) | {"tokens_per_s": self.tokens_per_s, "cpu_tokens_per_s": self.cpu_tokens_per_s}
 
 
 # ------------------------------------------------------------- samplers
@@ -88,14 +114,14 @@ def run_lda(c: corpora.Corpus, name: str, K: int, sweeps: int, seed: int) -> Run
     import lda
 
     logging.getLogger("lda").setLevel(logging.WARNING)
-    X = np.asarray(c.X.toarray(), dtype=np.int32)
+    X = sp.csr_matrix(c.X, dtype=np.int32)
     m = lda.LDA(n_topics=K, n_iter=sweeps, alpha=ALPHA, eta=BETA, random_state=seed, refresh=sweeps + 1)
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     m.fit(X)
-    el = time.perf_counter() - t0
+    el, cpu = time.perf_counter() - t0, time.process_time() - c0
     ll = loglikelihood(m.nzw_.T.astype(np.int64), m.ndz_.astype(np.int64), ALPHA, BETA)
     own = m.loglikelihood()
-    return Run("lda", name, K, sweeps, c.n_tokens, el, el, ll / c.n_tokens, {"own_loglik": own / c.n_tokens})
+    return Run("lda", name, K, sweeps, c.n_tokens, el, el, ll / c.n_tokens, cpu, {"own_loglik": own / c.n_tokens})
 
 
 def run_tomotopy(c: corpora.Corpus, name: str, K: int, sweeps: int, seed: int, threads: int) -> Run:
@@ -104,14 +130,15 @@ def run_tomotopy(c: corpora.Corpus, name: str, K: int, sweeps: int, seed: int, t
     X = sp.csr_matrix(c.X)
     mdl = tp.LDAModel(tw=tp.TermWeight.ONE, min_cf=0, min_df=0, rm_top=0, k=K, alpha=ALPHA, eta=BETA, seed=seed)
     mdl.optim_interval = 0
+    names = np.array([str(w) for w in range(X.shape[1])], dtype=object)
     for i in range(X.shape[0]):
         a, b = X.indptr[i], X.indptr[i + 1]
-        mdl.add_doc([str(w) for w in np.repeat(X.indices[a:b], X.data[a:b])])
+        mdl.add_doc(names[np.repeat(X.indices[a:b], X.data[a:b])].tolist())
     t0 = time.perf_counter()
     mdl.train(0, workers=threads, parallel=tp.ParallelScheme.PARTITION)
-    t1 = time.perf_counter()
+    t1, c1 = time.perf_counter(), time.process_time()
     mdl.train(sweeps, workers=threads, parallel=tp.ParallelScheme.PARTITION)
-    el = time.perf_counter() - t1
+    el, cpu = time.perf_counter() - t1, time.process_time() - c1
     vid = np.array([int(v) for v in mdl.used_vocabs], dtype=np.int64)
     D, V = X.shape
     w = np.concatenate([vid[np.asarray(doc.words, dtype=np.int64)] for doc in mdl.docs])
@@ -121,20 +148,81 @@ def run_tomotopy(c: corpora.Corpus, name: str, K: int, sweeps: int, seed: int, t
     dt = np.bincount(d * K + z, minlength=D * K).reshape(D, K)
     ll = loglikelihood(wt, dt, ALPHA, BETA)
     return Run(f"tomotopy-{threads}t", name, K, sweeps, c.n_tokens, el, time.perf_counter() - t0, ll / c.n_tokens,
-               {"own_ll_per_word": float(mdl.ll_per_word)})
+               cpu, {"own_ll_per_word": float(mdl.ll_per_word)})
+
+
+class LocalShard:
+    """A ``ShardContext`` over local NumPy tables for ONE shard holding the whole corpus: every add is
+    applied at once (what the engine does at commit), no cluster, no messages: the kernel's own cost."""
+
+    def __init__(self, algo: LDAGibbs, X: sp.csr_matrix):
+        D, V = X.shape
+        self.xp, self.shard, self.clock, self.phase, self.tol, self.batch_scale = np, 0, 0, None, 0.0, 1.0
+        self.meta = DataMeta(n_rows=D, n_shards=1, shapes={"X": (V,)}, dtypes={"X": str(X.dtype)},
+                             sparse={"X": True}, shard_bounds=((0, D),))
+        specs = algo.tables(self.meta)
+        self.tables = {t.name: np.zeros((t.n_rows, *t.trailing), dtype=t.dtype) for t in specs}
+        self.reductions = [t.name for t in specs if t.kind == "reduction"]
+        self.algo, self.state = algo, {}
+        self.data = algo.prepare_shard({"X": X}, np)
+
+    def pull(self, table: str, start: int = 0, stop: int | None = None):
+        return self.tables[table][start:stop]
+
+    def pull_rows(self, table: str, rows):
+        return self.tables[table][np.asarray(rows)]
+
+    def add(self, table: str, values, start: int = 0) -> None:
+        t0 = time.perf_counter()
+        self.tables[table][start:start + len(values)] += values
+        self.apply_s += time.perf_counter() - t0
+
+    def add_rows(self, table: str, rows, values) -> None:
+        t0 = time.perf_counter()
+        np.add.at(self.tables[table], np.asarray(rows), values)
+        self.apply_s += time.perf_counter() - t0
+
+    def set_state(self, name: str, value) -> None:
+        self.state[name] = value
+
+    def step(self) -> float:
+        """One clock: the reductions start from zero, then the shard step (clock 1 draws the start), whose
+        adds apply at once (the engine's commit). Returns the seconds spent applying them."""
+        self.clock += 1
+        for t in self.reductions:
+            self.tables[t][...] = 0
+        self.apply_s = 0.0
+        self.algo.shard_step(self, self.data)
+        return self.apply_s
+
+
+def run_kernel(c: corpora.Corpus, name: str, K: int, sweeps: int, seed: int, kernel: str = "auto") -> Run:
+    """dscar's shard step on one in-process shard (no engine); see ``LocalShard``."""
+    algo = LDAGibbs(K, ALPHA, BETA, seed=seed, early_stop=False, kernel=kernel)
+    t0 = time.perf_counter()
+    shard = LocalShard(algo, c.X)
+    shard.step()  # clock 1: the random start
+    apply_s = 0.0
+    t1, c1 = time.perf_counter(), time.process_time()
+    for _ in range(sweeps):
+        apply_s += shard.step()
+    el, cpu = time.perf_counter() - t1 - apply_s, time.process_time() - c1 - apply_s
+    ll = loglikelihood(shard.tables["word_topic"], shard.tables["doc_topic"], ALPHA, BETA) / c.n_tokens
+    return Run("dscar-1shard", name, K, sweeps, c.n_tokens, el, time.perf_counter() - t0, ll, cpu,
+               {"apply_s_excluded": apply_s})
 
 
 def run_dscar(cl: dscar.Cluster, n_workers: int, c: corpora.Corpus, name: str, K: int, sweeps: int, seed: int,
-              n_shards: int | None = None) -> Run:
+              n_shards: int | None = None, kernel: str = "auto") -> Run:
     data = lda_data(c.X)
-    algo = LDAGibbs(K, ALPHA, BETA, seed=seed, early_stop=False)
+    algo = LDAGibbs(K, ALPHA, BETA, seed=seed, early_stop=False, kernel=kernel)
     res = dscar.fit(algo, data, cl, n_shards=n_shards or n_workers, max_clocks=sweeps + 1, progress=False)
     sampling = sum(r.seconds for r in res.history[1:])
     ll = loglikelihood(res.params["word_topic"], res.params["doc_topic"], ALPHA, BETA) / c.n_tokens
     last = res.history[-1].metrics
     if last["count_error"] != 0 or abs(last["loglik"] - ll) > 1e-9 * abs(ll):
         raise RuntimeError(f"dscar's tables are inconsistent: {last}, recomputed {ll}")
-    return Run(f"dscar-{n_workers}w", name, K, sweeps, c.n_tokens, sampling, res.seconds, ll,
+    return Run(f"dscar-{n_workers}w", name, K, sweeps, c.n_tokens, sampling, res.seconds, ll, None,
                {"clock_ms_median": 1e3 * statistics.median(r.seconds for r in res.history[1:]),
                 "split_ms": clock_split(res), "n_shards": n_shards or n_workers})
 
@@ -151,60 +239,99 @@ def clock_split(res) -> dict[str, float]:
 
 # ----------------------------------------------------------------- main
 def machine() -> dict[str, Any]:
-    info = machine_info(versions=("numba", "lda", "tomotopy"))
+    info = machine_info(versions=("numba", "lda", "tomotopy"), threadpools=True)
     info["cpus"] = info["cpu_count"]  # the key this script's JSON has always had
     return info
 
 
-def make_corpora(quick: bool) -> list[tuple[str, corpora.Corpus, int]]:
+def load() -> float:
+    la = load_average()
+    return float("nan") if la is None else la[0]
+
+
+def make_corpora(quick: bool, sweeps: int, big_sweeps: int) -> list[tuple[str, corpora.Corpus, int, int]]:
+    """(name, corpus, K, sweeps) of the engine section."""
     if quick:
-        return [("reuters", corpora.reuters(), 20), ("synthetic", corpora.synthetic(1000, 2000, 50, 20, seed=0), 20)]
-    return [("reuters", corpora.reuters(), 50), ("synthetic", corpora.synthetic(5000, 10_000, 100, 50, seed=0), 50)]
+        return [("reuters", corpora.reuters(), 20, sweeps),
+                ("synthetic", corpora.synthetic(1000, 2000, 50, 20, seed=0), 20, big_sweeps)]
+    return [("reuters", corpora.reuters(), 50, sweeps),
+            ("synthetic", corpora.synthetic(50_000, 20_000, 100, 50, seed=0), 50, big_sweeps)]
 
 
-def benchmark(quick: bool, sweeps: int, seed: int = 1) -> dict[str, Any]:
-    out: dict[str, Any] = {"quick": quick, "sweeps": sweeps, "seed": seed, "alpha": ALPHA, "beta": BETA,
-                           "machine": machine(), "corpora": {}}
-    cs = make_corpora(quick)
-    with dscar.Cluster(n_workers=1) as c1, dscar.Cluster(n_workers=2) as c2:
-        clusters = {1: c1, 2: c2}
-        warm = corpora.synthetic(40, 50, 20, 3, seed=9)
-        for n, cl in clusters.items():  # untimed: worker start-up, imports, numba compilation
-            run_dscar(cl, n, warm, "warm-up", 3, 2, seed)
-        for name, c, K in cs:
-            runs = [
-                run_lda(c, name, K, sweeps, seed),
-                run_tomotopy(c, name, K, sweeps, seed, 1),
-                run_tomotopy(c, name, K, sweeps, seed, 2),
-                run_dscar(c1, 1, c, name, K, sweeps, seed),
-                run_dscar(c2, 2, c, name, K, sweeps, seed),
-            ]
-            entry = {"docs": c.X.shape[0], "vocab": c.X.shape[1], "tokens": c.n_tokens, "K": K,
-                     "runs": {r.sampler: asdict(r) | {"tokens_per_s": r.tokens_per_s} for r in runs}}
-            if c.tokens is not None:
-                entry["true_loglik"] = corpora.true_loglikelihood(c, ALPHA, BETA)
-            out["corpora"][name] = entry
-            print(format_corpus(name, entry), flush=True)
+def kernel_section(quick: bool, sweeps: int, seed: int) -> dict[str, Any]:
+    """dscar's shard step in-process vs tomotopy on 1 thread, Reuters, two K in one run."""
+    c = corpora.reuters()
+    for kernel in WARM_UP_KERNELS:  # untimed: numba loads (or compiles) both kernels ("auto" picks per sweep)
+        run_kernel(WARM_UP, "warm-up", 3, 2, seed, kernel)
+    out: dict[str, Any] = {"corpus": "reuters", "tokens": c.n_tokens, "sweeps": sweeps, "loadavg_before": load(), "K": {}}
+    print(f"== kernel: one shard in-process (no engine) vs tomotopy 1 thread; Reuters, {c.n_tokens} tokens, "
+          f"{sweeps} sweeps (load average {out['loadavg_before']:.2f})", flush=True)
+    print(f"{'K':>4} {'sampler':<14}{'M tok/s wall':>13}{'M tok/s CPU':>12}{'loglik/token':>14}", flush=True)
+    for K in (20, 50) if quick else (50, 200):
+        runs = [run_kernel(c, "reuters", K, sweeps, seed), run_tomotopy(c, "reuters", K, sweeps, seed, 1)]
+        out["K"][K] = {r.sampler: r.row() for r in runs}
+        for r in runs:
+            print(f"{K:>4} {r.sampler:<14}{r.tokens_per_s / 1e6:>13.2f}{r.cpu_tokens_per_s / 1e6:>12.2f}"
+                  f"{r.loglik:>14.4f}", flush=True)
+        d, t = runs
+        out["K"][K]["ratio_wall"] = d.tokens_per_s / t.tokens_per_s
+        out["K"][K]["ratio_cpu"] = d.cpu_tokens_per_s / t.cpu_tokens_per_s
+        print(f"{K:>4} dscar / tomotopy: {out['K'][K]['ratio_wall']:.2f}x wall, {out['K'][K]['ratio_cpu']:.2f}x CPU "
+              f"(target >= 1.0)", flush=True)
+    return out
+
+
+def benchmark(quick: bool, sweeps: int, big_sweeps: int, seed: int = 1) -> dict[str, Any]:
+    out: dict[str, Any] = {"quick": quick, "sweeps": sweeps, "big_sweeps": big_sweeps, "seed": seed, "alpha": ALPHA,
+                           "beta": BETA, "machine": machine(), "corpora": {}}
+    with threadpoolctl.threadpool_limits(1):
+        out["kernel"] = kernel_section(quick, sweeps, seed)
+        cs = make_corpora(quick, sweeps, big_sweeps)
+        with dscar.Cluster(n_workers=1) as c1, dscar.Cluster(n_workers=2) as c2:
+            clusters = {1: c1, 2: c2}
+            for n, cl in clusters.items():  # untimed: worker start-up, imports, both numba kernels
+                for kernel in WARM_UP_KERNELS:
+                    run_dscar(cl, n, WARM_UP, "warm-up", 3, 2, seed, kernel=kernel)
+            for name, c, K, n_sweeps in cs:
+                entry = {"docs": c.X.shape[0], "vocab": c.X.shape[1], "tokens": c.n_tokens, "K": K,
+                         "sweeps": n_sweeps, "loadavg_before": load()}
+                print(f"== {name}: {entry['docs']} docs, V = {entry['vocab']}, {entry['tokens']} tokens, K = {K}, "
+                      f"{n_sweeps} sweeps (load average {entry['loadavg_before']:.2f})", flush=True)
+                runs = [
+                    run_lda(c, name, K, n_sweeps, seed),
+                    run_tomotopy(c, name, K, n_sweeps, seed, 1),
+                    run_dscar(c1, 1, c, name, K, n_sweeps, seed),
+                    run_tomotopy(c, name, K, n_sweeps, seed, 2),
+                    run_dscar(c2, 2, c, name, K, n_sweeps, seed),
+                ]
+                entry["runs"] = {r.sampler: r.row() for r in runs}
+                if c.tokens is not None:
+                    entry["true_loglik"] = corpora.true_loglikelihood(c, ALPHA, BETA)
+                out["corpora"][name] = entry
+                print(format_corpus(entry), flush=True)
     out["targets"] = targets(out)
     print(format_targets(out["targets"]))
     return out
 
 
 def targets(out: dict[str, Any]) -> dict[str, Any]:
-    t = {}
+    t: dict[str, Any] = {"kernel": {str(K): {"vs_tomotopy_1t_wall": v["ratio_wall"], "vs_tomotopy_1t_cpu": v["ratio_cpu"]}
+                                    for K, v in out["kernel"]["K"].items()}}
     for name, e in out["corpora"].items():
         r = e["runs"]
+        sp_ = {s: v["tokens_per_s"] for s, v in r.items()}
         t[name] = {
-            "dscar2_over_lda_speed": r["dscar-2w"]["tokens_per_s"] / r["lda"]["tokens_per_s"],
-            "dscar2_over_tomotopy1_speed": r["dscar-2w"]["tokens_per_s"] / r["tomotopy-1t"]["tokens_per_s"],
+            "dscar1_over_tomotopy1": sp_["dscar-1w"] / sp_["tomotopy-1t"],
+            "dscar2_over_tomotopy2": sp_["dscar-2w"] / sp_["tomotopy-2t"],
+            "dscar2_over_dscar1": sp_["dscar-2w"] / sp_["dscar-1w"],
+            "dscar2_over_lda": sp_["dscar-2w"] / sp_["lda"],
             "dscar2_loglik_rel_diff_vs_lda": (r["dscar-2w"]["loglik"] - r["lda"]["loglik"]) / abs(r["lda"]["loglik"]),
         }
     return t
 
 
-def format_corpus(name: str, e: dict[str, Any]) -> str:
-    lines = [f"== {name}: {e['docs']} docs, V = {e['vocab']}, {e['tokens']} tokens, K = {e['K']}, "
-             f"{next(iter(e['runs'].values()))['sweeps']} sweeps"]
+def format_corpus(e: dict[str, Any]) -> str:
+    lines = []
     if "true_loglik" in e:
         lines.append(f"   (true assignments: {e['true_loglik']:.4f} per token)")
     lines.append(f"{'sampler':<13}{'M tokens/s':>11}{'sampling s':>12}{'total s':>9}{'loglik/token':>14}  notes")
@@ -214,20 +341,60 @@ def format_corpus(name: str, e: dict[str, Any]) -> str:
             sp_ = r["extra"]["split_ms"]
             note = (f"clock {r['extra']['clock_ms_median']:.1f} ms: shards {sp_.get('shards', 0):.1f} "
                     f"(pull {sp_['worker_pull']:.1f}, sample {sp_['worker_compute']:.1f}, push {sp_['worker_push']:.1f}), "
-                    f"apply {sp_.get('apply', 0):.1f}, clock_end {sp_.get('clock_end', 0):.1f} "
-                    f"(compute {sp_.get('clock_end_compute', 0):.1f})")
+                    f"apply {sp_.get('apply', 0):.1f}, clock_end {sp_.get('clock_end', 0):.1f}")
         lines.append(f"{s:<13}{r['tokens_per_s'] / 1e6:>11.2f}{r['seconds']:>12.2f}{r['total_seconds']:>9.2f}"
                      f"{r['loglik']:>14.4f}  {note}")
     return "\n".join(lines)
 
 
 def format_targets(t: dict[str, Any]) -> str:
-    lines = ["== targets (dscar with 2 workers)"]
+    lines = ["== targets"]
+    for K, v in t["kernel"].items():
+        lines.append(f"kernel K={K}: dscar 1 shard in-process {v['vs_tomotopy_1t_wall']:.2f}x tomotopy 1 thread (wall), "
+                     f"{v['vs_tomotopy_1t_cpu']:.2f}x (CPU); target >= 1.0")
     for name, v in t.items():
-        lines.append(f"{name}: {v['dscar2_over_lda_speed']:.2f}x lda's tokens/s (target >= 1), "
-                     f"{v['dscar2_over_tomotopy1_speed']:.2f}x tomotopy 1-thread's (the bar), "
+        if name == "kernel":
+            continue
+        lines.append(f"{name}: dscar 1 worker {v['dscar1_over_tomotopy1']:.2f}x tomotopy 1 thread; "
+                     f"dscar 2 workers {v['dscar2_over_tomotopy2']:.2f}x tomotopy 2 threads (target >= 1.0 on the "
+                     f"large corpus), {v['dscar2_over_dscar1']:.2f}x dscar 1 worker, {v['dscar2_over_lda']:.2f}x lda; "
                      f"log-likelihood {100 * v['dscar2_loglik_rel_diff_vs_lda']:+.2f}% vs lda")
     return "\n".join(lines)
+
+
+def plot(out: dict[str, Any], path: str) -> None:
+    """Throughput per system: the kernel panel, then per corpus 1 worker vs 1 thread and 2 workers vs 2 threads."""
+    plt = pyplot()
+    panels = 1 + len(out["corpora"])
+    fig, axes = plt.subplots(1, panels, figsize=(5 * panels, 4.2))
+    colors = {"dscar": "tab:blue", "tomotopy": "tab:orange", "lda": "tab:gray"}
+    ax = axes[0]
+    Ks = list(out["kernel"]["K"])
+    for i, K in enumerate(Ks):
+        for j, s in enumerate(("dscar-1shard", "tomotopy-1t")):
+            v = out["kernel"]["K"][K][s]["tokens_per_s"] / 1e6
+            ax.bar(i * 3 + j, v, color=colors[s.split("-")[0]], label=s if i == 0 else None)
+            ax.text(i * 3 + j, v, f"{v:.1f}", ha="center", va="bottom", fontsize=8)
+    ax.set_xticks([i * 3 + 0.5 for i in range(len(Ks))], [f"K={K}" for K in Ks])
+    ax.set_title(f"kernel, Reuters, 1 shard vs 1 thread\n(load {out['kernel']['loadavg_before']:.1f})", fontsize=9)
+    ax.set_ylabel("M tokens / s (wall)")
+    ax.legend(fontsize=8)
+    for ax, (name, e) in zip(axes[1:], out["corpora"].items()):
+        groups = {"1 worker / 1 thread": ["dscar-1w", "tomotopy-1t", "lda"], "2 workers / 2 threads": ["dscar-2w", "tomotopy-2t"]}
+        for i, (g, names) in enumerate(groups.items()):
+            for j, s in enumerate(names):
+                v = e["runs"][s]["tokens_per_s"] / 1e6
+                x = i * 4 + j
+                ax.bar(x, v, color=colors[s.split("-")[0]], label=s.split("-")[0] if i == 0 else None)
+                ax.text(x, v, f"{v:.1f}", ha="center", va="bottom", fontsize=8)
+        ax.set_xticks([1, 4.5], list(groups))
+        ax.set_title(f"{name}: {e['tokens']:,} tokens, K={e['K']}, {e['sweeps']} sweeps\n"
+                     f"(load {e['loadavg_before']:.1f}; BLAS/numba 1 thread per process)", fontsize=9)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    print(f"plot: {path}")
 
 
 def accuracy(sweeps: int = 200, seeds: tuple[int, ...] = (1, 2, 3), topics: tuple[int, ...] = (20, 50)) -> dict[str, Any]:
@@ -252,8 +419,8 @@ def accuracy(sweeps: int = 200, seeds: tuple[int, ...] = (1, 2, 3), topics: tupl
                                      "within_1pct": abs(rel) <= 0.01}
                 lines.append(f"{K:>3} {name:<20}{', '.join(f'{x:.4f}' for x in lls):<30}{med:>9.4f}{100 * rel:>+8.2f}%")
                 print(lines[-1], flush=True)
-    ok = all(v["within_1pct"] for k in out["K"].values() for n, v in k.items() if n.startswith("dscar-2w"))
-    lines.append(f"acceptance (dscar 2 workers within 1% of lda's median at every K): {'MET' if ok else 'NOT MET'}")
+    ok = all(v["within_1pct"] for k in out["K"].values() for n, v in k.items() if n.startswith("dscar"))
+    lines.append(f"acceptance (dscar, 1 and 2 workers, within 1% of lda's median at every K): {'MET' if ok else 'NOT MET'}")
     out["met"] = ok
     print(lines[-1], flush=True)
     return out
@@ -261,21 +428,28 @@ def accuracy(sweeps: int = 200, seeds: tuple[int, ...] = (1, 2, 3), topics: tupl
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--quick", action="store_true", help="small corpora, 10 sweeps (well under a minute)")
+    p.add_argument("--quick", action="store_true", help="small corpora, 10 sweeps (about a minute)")
     p.add_argument("--accuracy", action="store_true", help="the acceptance check: Reuters K=20/50, 200 sweeps, 3 seeds")
-    p.add_argument("--iters", type=int, default=None, help="sweeps (default 200; 10 with --quick)")
-    p.add_argument("--json", metavar="PATH", help="write the figures as JSON")
+    p.add_argument("--iters", type=int, default=None, help="sweeps on Reuters (default 200; 10 with --quick)")
+    p.add_argument("--big-iters", type=int, default=None, help="sweeps on the synthetic corpus (default 20; 10 with --quick)")
+    p.add_argument("--json", metavar="PATH", help="write the figures as JSON (and the plot next to it)")
+    p.add_argument("--plot", metavar="PATH", help="PNG plot (default: the JSON's path with .png)")
     args = p.parse_args(argv)
     logging.getLogger("distributed").setLevel(logging.ERROR)
     t0 = time.perf_counter()
     if args.accuracy:
         out = accuracy(args.iters or 200)
     else:
-        out = benchmark(args.quick, args.iters or (10 if args.quick else 200))
+        out = benchmark(args.quick, args.iters or (10 if args.quick else 200), args.big_iters or (10 if args.quick else 20))
     out["wall_s"] = time.perf_counter() - t0
-    print(f"(wall {out['wall_s']:.1f} s; load average before: {out['machine']['loadavg'][0]:.2f})")
+    out["loadavg_after"] = load()
+    print(f"(wall {out['wall_s']:.1f} s; load average before: {out['machine']['loadavg'][0]:.2f}, "
+          f"after: {out['loadavg_after']:.2f}; BLAS/OpenMP/numba pinned to 1 thread per process)")
     if args.json:
         write_json(args.json, out)
+    png = args.plot or (args.json.rsplit(".", 1)[0] + ".png" if args.json else None)
+    if png and not args.accuracy:
+        plot(out, png)
     return 0
 
 
