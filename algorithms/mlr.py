@@ -177,10 +177,6 @@ class MLRSGD(Algorithm):
         y = np.asarray(arrays["y"]).reshape(-1)
         if y.size and (y.min() < 0 or y.max() >= self.n_classes):  # backstop: check_labels runs before fit
             raise InvalidInputError(f"labels must be in 0..{self.n_classes - 1}, got {int(y.min())}..{int(y.max())}")
-        if self._compiled(xp, X):
-            from .mlr_kernels import warm
-
-            warm()
         return super().prepare_shard({"X": X, "y": y.astype(np.int64)}, xp)
 
     # ------------------------------------------------------- shard step

@@ -77,16 +77,3 @@ def local_sgd(X, y, batches, W, lr, l2):  # pragma: no cover - compiled
                 g += L[i, k]
             W[p, k] -= step * g
 
-
-_warm = False
-
-
-def warm() -> None:
-    """Compile (or load from numba's cache) both kernels now: at shard preparation, not inside a timed clock
-    (a first call costs ~0.1-1 s and would make its worker look like a straggler)."""
-    global _warm
-    if not _warm:
-        X, y, W = np.zeros((2, 2)), np.zeros(2, np.int64), np.zeros((3, 2))
-        softmax_stats(X, y)
-        local_sgd(X, y, np.zeros((1, 2), np.int64), W, 0.1, 0.0)
-        _warm = True
