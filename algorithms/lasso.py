@@ -102,7 +102,14 @@ class LassoCD(Algorithm):
         ws = ctx.pull("ws")
         k = int(ws[0])
         nz = xp.flatnonzero(w)
-        r = y - X[:, nz] @ w[nz] if nz.size else y.copy()
+        if not nz.size:
+            r = y.copy()
+        elif self.kernel == "compiled" and isinstance(X, np.ndarray) and X.flags.f_contiguous:
+            from .lasso_kernels import residual
+
+            r = residual(X, y, nz, w[nz])  # the support's columns read in place: no copy of them
+        else:
+            r = y - X[:, nz] @ w[nz]
         ybar = 0.0
         if self.fit_intercept:
             ybar = ctx.pull("moments")[0] / n

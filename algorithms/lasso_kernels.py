@@ -152,3 +152,16 @@ def gram_cd_anderson(G, c, w0, lam, tol, max_sweeps, m, newton=True):  # pragma:
         if kkt <= tol:
             break
     return w, sweeps, kkt
+
+
+@njit(cache=True, nogil=True, fastmath=True)
+def residual(X, y, cols, w):  # pragma: no cover - compiled
+    """``y - X[:, cols] @ w`` for a Fortran-ordered ``X``, reading the columns in place (no column copy)."""
+    r = y.copy()
+    n = y.shape[0]
+    for t in range(cols.shape[0]):
+        j = cols[t]
+        wj = w[t]
+        for i in range(n):
+            r[i] -= wj * X[i, j]
+    return r
