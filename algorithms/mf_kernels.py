@@ -33,6 +33,7 @@ def als_rows(indptr, cols, rating, off, Z, lam_f, lam_b, nb, out, want_sse):  # 
     b = np.zeros(w, Z.dtype)
     yq = np.zeros(4, Z.dtype)
     L = np.zeros((d, d))
+    dinv = np.zeros(d)
     x = np.zeros(d)
     sse = 0.0
     reg = 0.0
@@ -68,30 +69,38 @@ def als_rows(indptr, cols, rating, off, Z, lam_f, lam_b, nb, out, want_sse):  # 
                 for c in range(a + 1):
                     A[a, c] += za * z[c]
             j += 1
-        # Cholesky of A + diag(lam), lower triangle, in double
+        # Cholesky of A + diag(lam) (lower triangle) in double, in L; inverse diagonal in dinv
+        lf = lam_f[r]
         for a in range(d):
-            la = lam_b[r] if (nb == 1 and a == d - 1) else lam_f[r]
             for c in range(a + 1):
-                s = np.float64(A[a, c])
-                if a == c:
-                    s += la
+                L[a, c] = A[a, c]
+            L[a, a] += lf
+        if nb == 1:
+            L[d - 1, d - 1] += lam_b[r] - lf
+        for c in range(d):
+            s = L[c, c]
+            for t in range(c):
+                s -= L[c, t] * L[c, t]
+            s = np.sqrt(s) if s > 0 else 1e-300
+            L[c, c] = s
+            inv = 1.0 / s
+            dinv[c] = inv
+            for a in range(c + 1, d):
+                s2 = L[a, c]
                 for t in range(c):
-                    s -= L[a, t] * L[c, t]
-                if a == c:
-                    L[a, a] = np.sqrt(s) if s > 0 else 1e-300
-                else:
-                    L[a, c] = s / L[c, c]
+                    s2 -= L[a, t] * L[c, t]
+                L[a, c] = s2 * inv
         # forward then back substitution: L L^T x = b
         for a in range(d):
             s = np.float64(b[a])
             for t in range(a):
                 s -= L[a, t] * x[t]
-            x[a] = s / L[a, a]
+            x[a] = s * dinv[a]
         for a in range(d - 1, -1, -1):
             s = x[a]
             for t in range(a + 1, d):
                 s -= L[t, a] * x[t]
-            x[a] = s / L[a, a]
+            x[a] = s * dinv[a]
         xb = 0.0
         xlx = 0.0
         for a in range(d):
