@@ -461,17 +461,18 @@ def format_dataset(d: Dataset, res: dict[str, dict], rat: dict[str, Any]) -> str
 
 
 # --------------------------------------------------------------------------- main
-def plot(path: str, results: dict[str, Any]) -> None:
-    """Median solve time of every solver, one panel per dataset (log scale)."""
+def plot_solve_times(path: str, results: dict[str, Any], solvers, title: str) -> None:
+    """Median solve time of every solver that has one (log scale), one panel per dataset; dscar blue, peers
+    orange, grey where the solver did not reach the target (``reached`` False). Also used by ``bench.mlr``."""
     plt = pyplot()
     fig, axes = plt.subplots(1, len(results), figsize=(4.5 * len(results), 4), squeeze=False)
     for ax, (name, r) in zip(axes[0], results.items()):
-        names = [s for s in SOLVERS if r["solvers"].get(s, {}).get("median_solve_s")]
-        vals = [r["solvers"][s]["median_solve_s"] for s in names]
-        colors = ["C0" if s.startswith("dscar") else ("C7" if not r["solvers"][s]["reached"] else "C1") for s in names]
-        ax.bar(names, vals, color=colors)
+        names = [s for s in solvers if r["solvers"].get(s, {}).get("median_solve_s")]
+        colors = ["C0" if s.startswith("dscar") else ("C7" if r["solvers"][s]["reached"] is False else "C1")
+                  for s in names]
+        ax.bar(names, [r["solvers"][s]["median_solve_s"] for s in names], color=colors)
         ax.set_yscale("log")
-        ax.set_title(f"{name}: solve s (grey: not reached)")
+        ax.set_title(f"{name}: {title}")
         ax.tick_params(axis="x", rotation=60)
     fig.tight_layout()
     fig.savefig(path, dpi=90)
@@ -596,7 +597,7 @@ def main(argv: list[str] | None = None) -> int:
         write_json(args.json, out)
     png = args.plot or (os.path.splitext(args.json)[0] + ".png" if args.json else None)
     if png:
-        plot(png, results)
+        plot_solve_times(png, results, SOLVERS, f"solve s to P*(1 + {TARGET:g}) (grey: not reached)")
     return 0
 
 

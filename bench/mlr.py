@@ -73,7 +73,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from bench.common import load_average, log, machine_info, pyplot, usable_cpus, write_json
+from bench.common import load_average, log, machine_info, usable_cpus, write_json
 
 TARGET = 1e-2  # relative objective gap to reach: P <= P* (1 + TARGET)
 SK_TOLS = (1e-2, 1e-3, 1e-4, 1e-5, 1e-6, 1e-7, 1e-8)
@@ -274,23 +274,6 @@ def format_dataset(d: Dataset, res: dict[str, dict]) -> str:
     return "\n".join(lines)
 
 
-def plot(path: str, results: dict[str, Any]) -> None:
-    """Median solve time to the target of every solver (bars, one panel per dataset; grey: target not reached)."""
-    plt = pyplot()
-    fig, axes = plt.subplots(1, len(results), figsize=(4.5 * len(results), 4), squeeze=False)
-    for ax, (name, r) in zip(axes[0], results.items()):
-        names = [s for s in SOLVERS if r["solvers"].get(s, {}).get("median_solve_s")]
-        colors = ["C0" if s.startswith("dscar") else ("C1" if r["solvers"][s]["reached"] is not False else "C7")
-                  for s in names]
-        ax.bar(names, [r["solvers"][s]["median_solve_s"] for s in names], color=colors)
-        ax.set_yscale("log")
-        ax.set_title(f"{name}: solve s to P*(1 + {TARGET:g})")
-        ax.tick_params(axis="x", rotation=60)
-    fig.tight_layout()
-    fig.savefig(path, dpi=90)
-    print(f"plot: {path}")
-
-
 # --------------------------------------------------------------------------- main
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.mlr", description=__doc__.split("\n")[0])
@@ -405,7 +388,9 @@ def main(argv: list[str] | None = None) -> int:
         write_json(args.json, out)
     png = args.plot or (os.path.splitext(args.json)[0] + ".png" if args.json else None)
     if png:
-        plot(png, results)
+        from bench.lasso import plot_solve_times
+
+        plot_solve_times(png, results, SOLVERS, f"solve s to P*(1 + {TARGET:g}) (grey: not reached)")
     return 0
 
 
