@@ -28,7 +28,7 @@ the weighted-lambda form both dscar's and lenskit's ALS use):
 
 * ``dscar-Nw-64`` / ``dscar-Nw-32``: ``dscar.algorithms.mf.ALS`` (biases learned jointly with their
   own ridge ``bias_reg = 5``; the normal equations accumulated in float64, or float32 as lenskit),
-  8 shards per phase. Time per iteration: the clock's wall time seen by the driver
+  4 shards per worker and phase (dscar's default). Time per iteration: the clock's wall time seen by the driver
   (``ClockRecord.seconds``: both phases, all coordination and the metrics). Its test RMSE is the
   per-clock metric the job computes.
 * ``lenskit-Nt``: ``lenskit.als.BiasedMFScorer`` (lenskit 2025, Rust kernel; float32, fixed
@@ -66,7 +66,7 @@ from bench.common import load_average, machine_info, pyplot, write_json
 RANK = 20
 REG = 0.1  # lenskit's default
 NOISE = 0.5
-SHARDS_PER_PHASE = 8
+SHARDS_PER_WORKER = 4  # per phase: dscar's default (4 per worker)
 
 
 @dataclass
@@ -124,7 +124,7 @@ def run_dscar(cl, workers: int, d: Dataset, iters: int, dtype: str, reg: float) 
 
     mean = float(d.train[2].mean())
     algo = ALS(d.n_users, d.n_items, RANK, reg=reg, mean=mean, tol=1e-12, dtype=dtype)
-    data = ratings_data(d.train, d.test, n_users=d.n_users, n_items=d.n_items, n_shards=SHARDS_PER_PHASE)
+    data = ratings_data(d.train, d.test, n_users=d.n_users, n_items=d.n_items, n_shards=SHARDS_PER_WORKER * workers)
 
     def cpu() -> float:  # the driver (with the embedded scheduler) and every worker process
         return time.process_time() + sum(cl.client.run(time.process_time).values())
