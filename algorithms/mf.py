@@ -335,9 +335,15 @@ class ALS(Algorithm):
             stats[0], stats[1] = sse, n
             if data["test_row"].shape[0]:
                 tr, tc = data["test_row"], data["test_col"]
-                pred = self.mean + new_b[tr] + b_other[tc] + (new_f[tr] * F_other[tc]).sum(axis=1)
-                err = data["test_rating"] - pred
-                stats[2], stats[3] = float((err * err).sum()), float(tr.shape[0])
+                if "csr.indptr" in data:  # compiled: no n_test x rank gathers
+                    from .mf_kernels import score_rows
+
+                    sse_test = score_rows(tr, tc, data["test_rating"], new_f, new_b, F_other, off)
+                else:
+                    pred = self.mean + new_b[tr] + b_other[tc] + (new_f[tr] * F_other[tc]).sum(axis=1)
+                    err = data["test_rating"] - pred
+                    sse_test = (err * err).sum()
+                stats[2], stats[3] = float(sse_test), float(tr.shape[0])
         ctx.add("stats", stats)
 
     def _solve_compiled(self, data, Z, off, new_f, new_b, last: bool) -> tuple[float, float, float]:

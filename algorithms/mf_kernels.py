@@ -112,3 +112,19 @@ def als_rows(indptr, cols, rating, off, Z, lam_f, lam_b, nb, out, want_sse):  # 
         if want_sse:
             sse += yy - xb - xlx
     return sse, reg
+
+
+@njit(cache=True, fastmath=True, nogil=True, boundscheck=False)
+def score_rows(rows, cols, rating, F, b, F_other, off):  # pragma: no cover - compiled
+    """Squared error of ``rating[j] ~ off[cols[j]] + b[rows[j]] + F[rows[j]] . F_other[cols[j]]`` summed over ``j``
+    (the held-out ratings), without the two ``n x rank`` gathers the namespace expression makes."""
+    k = F.shape[1]
+    sse = 0.0
+    for j in range(rows.shape[0]):
+        r, c = rows[j], cols[j]
+        p = off[c] + b[r]
+        for a in range(k):
+            p += F[r, a] * F_other[c, a]
+        e = rating[j] - p
+        sse += e * e
+    return sse
