@@ -10,7 +10,9 @@ kept only when it lowers the objective) cuts the sweeps on ill-conditioned block
 magnitude; and every few sweeps the exact solve on the current support with its signs fixed (one
 ``s x s`` linear solve: the block problem is quadratic once the signs are known), kept when no sign
 flips, ends the solve as soon as CD has found the support. The stopping rule is the block's own optimality: every coordinate's KKT violation
-``dist(c_j - (G (w - w0))_j, lam * d|w_j|) <= tol``.
+``dist(c_j - (G (w - w0))_j, lam * d|w_j|) <= tol``, or a sweep that moves no coordinate by more than
+round-off (``1e-15 max |w|``: a tolerance below what double precision resolves would otherwise run
+to ``max_sweeps``).
 """
 from __future__ import annotations
 
@@ -94,6 +96,8 @@ def gram_cd_anderson(G, c, w0, lam, tol, max_sweeps, m, newton=True):  # pragma:
     sweeps = 0
     for it in range(max_sweeps):
         sweeps = it + 1
+        max_dw = 0.0
+        max_w = 0.0
         for j in range(k):
             d = G[j, j]
             if d <= 0.0:
@@ -111,6 +115,8 @@ def gram_cd_anderson(G, c, w0, lam, tol, max_sweeps, m, newton=True):  # pragma:
                 for a in range(k):
                     q[a] += G[a, j] * delta
                 w[j] = new
+                max_dw = max(max_dw, abs(delta))
+            max_w = max(max_w, abs(new))
         if newton and it % 4 == 3 and _support_step(G, c, w, w0, q, lam):
             pass  # the support's signs held: w is now exact on it (the KKT check below says if it is done)
         elif m > 0:
@@ -149,7 +155,7 @@ def gram_cd_anderson(G, c, w0, lam, tol, max_sweeps, m, newton=True):  # pragma:
             else:
                 v = max(abs(g) - lam, 0.0)
             kkt = max(kkt, v)
-        if kkt <= tol:
+        if kkt <= tol or max_dw <= 1e-15 * max_w:  # optimal, or no coordinate moves beyond round-off
             break
     return w, sweeps, kkt
 
