@@ -27,14 +27,26 @@ import dscar
 from dscar import Algorithm, DataMeta, InvalidInputError, TableSpec
 
 
+KERNELS = ("compiled", "namespace")
+INNER_TOL = 1e-10  # the block solve stops at a KKT violation of INNER_TOL x lam
+ANDERSON_M = 5  # Anderson memory of the compiled block solve
+GRAM_CACHE_MIN = 256  # columns a shard's Gram cache may always hold (more: up to 2x the working set)
+
+
 class LassoCD(Algorithm):
-    """The Lasso model as a dscar algorithm (tables ``w``, ``corr``, ``gram``, ...)."""
+    """The Lasso model as a dscar algorithm (tables ``w``, ``corr``, ``gram``, ...).
+
+    ``kernel="compiled"`` (default): the clock-end block solve is the compiled CD with Anderson
+    extrapolation (``lasso_kernels.gram_cd_anderson``) and each shard keeps the Gram of the
+    columns it has seen, computing only new columns' entries; ``"namespace"``: the reference
+    (pure-Python ``gram_cd``, the working set's Gram rebuilt every clock).
+    """
 
     name = "lasso"
     data_names = ("X", "y")
 
     def __init__(self, alpha: float = 1.0, *, fit_intercept: bool = True, tol: float = 1e-6,
-                 max_working_set: int = 1024, working_set_start: int = 64):
+                 max_working_set: int = 1024, working_set_start: int = 64, kernel: str = "compiled"):
         from dscar import validation as v
 
         self.alpha = v.number("alpha", alpha, 0.0)
@@ -42,6 +54,7 @@ class LassoCD(Algorithm):
         self.tol = v.number("tol", tol, 0.0, strict_min=True)
         self.max_working_set = v.integer("max_working_set", max_working_set, 1)
         self.working_set_start = v.integer("working_set_start", working_set_start, 1)
+        self.kernel = v.choice("kernel", kernel, KERNELS)
 
     # ----------------------------------------------------------- setup
     def validate(self, meta: DataMeta) -> None:
@@ -89,7 +102,14 @@ class LassoCD(Algorithm):
         ws = ctx.pull("ws")
         k = int(ws[0])
         nz = xp.flatnonzero(w)
-        r = y - X[:, nz] @ w[nz] if nz.size else y.copy()
+        if not nz.size:
+            r = y.copy()
+        elif self.kernel == "compiled" and isinstance(X, np.ndarray) and X.flags.f_contiguous:
+            from .lasso_kernels import residual
+
+            r = residual(X, y, nz, w[nz])  # the support's columns read in place: no copy of them
+        else:
+            r = y - X[:, nz] @ w[nz]
         ybar = 0.0
         if self.fit_intercept:
             ybar = ctx.pull("moments")[0] / n
@@ -97,11 +117,51 @@ class LassoCD(Algorithm):
             r -= ybar - (mu[nz] @ w[nz] if nz.size else 0.0)
         ctx.add("corr", X.T @ r)
         if k:
-            Xb = X[:, ws[1 : 1 + k]]
-            G = Xb.T @ Xb
-            G = G.toarray() if hasattr(G, "toarray") else G
+            cols = ws[1 : 1 + k]
+            G = self._ws_gram(data, X, dscar.to_host(cols), xp) if self.kernel == "compiled" else _dense(
+                X[:, cols].T @ X[:, cols])
             ctx.add("gram", xp.asarray(G).reshape(-1))
         ctx.add("stats", xp.stack([r @ r, r @ (y - ybar)]))
+
+    @staticmethod
+    def _ws_gram(data, X, ws: np.ndarray, xp):
+        """``X_ws^T X_ws`` from the shard's Gram cache (``data["gram.cache"]``: sorted column ids and
+        their Gram), computing only the entries of columns not seen before.
+
+        The Gram depends on the data alone, so cached entries stay valid across clocks; a working set
+        that barely changes costs ``n |new| |cached|`` instead of ``n k^2`` plus a copy of ``k`` columns.
+        The cache holds at most ``max(GRAM_CACHE_MIN, 2k)`` columns (else it restarts from ``ws``).
+        """
+        cached = data.get("gram.cache")
+        cols, G = cached if cached is not None else (np.zeros(0, np.int64), None)
+        pos = np.minimum(np.searchsorted(cols, ws), max(cols.size - 1, 0))
+        hit = (cols[pos] == ws) if cols.size else np.zeros(ws.size, bool)
+        if not hit.all():
+            new = ws[~hit]
+            if cols.size + new.size > max(GRAM_CACHE_MIN, 2 * ws.size):
+                cols, G, new = np.zeros(0, np.int64), None, ws
+            Xn = X[:, xp.asarray(new)]
+            Gnn = _dense(Xn.T @ Xn)
+            union = np.concatenate([cols, new])
+            Gu = xp.zeros((union.size, union.size))
+            if cols.size:
+                p = X.shape[1]
+                if not hasattr(X, "toarray") and p * new.size < cols.size * (new.size + 16):
+                    Gcn = (X.T @ Xn)[xp.asarray(cols)]  # no copy of the cached columns: n p |new| flops
+                else:
+                    Gcn = _dense(X[:, xp.asarray(cols)].T @ Xn)
+                Gu[: cols.size, : cols.size] = G
+                Gu[: cols.size, cols.size :] = Gcn
+                Gu[cols.size :, : cols.size] = Gcn.T
+            Gu[cols.size :, cols.size :] = Gnn
+            order = np.argsort(union)
+            cols = union[order]
+            oi = xp.asarray(order)
+            G = Gu[oi][:, oi]
+            data["gram.cache"] = (cols, G)  # one assignment: a reader sees the old or the new cache
+            pos = np.searchsorted(cols, ws)
+        pi = xp.asarray(pos)
+        return G[pi][:, pi]
 
     # -------------------------------------------------------- clock end
     def clock_end(self, ctx) -> dict[str, float]:
@@ -143,7 +203,14 @@ class LassoCD(Algorithm):
             if self.fit_intercept:
                 mu = colsum[idx] / n
                 G = G - n * np.outer(mu, mu)
-            w_new = gram_cd(G, c[idx], w[idx], lam)
+            if self.kernel == "compiled":
+                from .lasso_kernels import gram_cd_anderson
+
+                inner_tol = INNER_TOL * max(lam, 1e-6 * float(np.abs(c[idx]).max()), 1e-300)
+                w_new, _, _ = gram_cd_anderson(np.ascontiguousarray(G), np.ascontiguousarray(c[idx]),
+                                               np.ascontiguousarray(w[idx]), lam, inner_tol, 100_000, ANDERSON_M)
+            else:
+                w_new = gram_cd(G, c[idx], w[idx], lam)
             c_next[idx] -= G @ (w_new - w[idx])
             w[idx] = w_new
             ctx.assign("w", w)
@@ -162,6 +229,11 @@ class LassoCD(Algorithm):
 
     def converged(self, history, tol) -> bool:
         return bool(history) and history[-1].get("converged", 0.0) == 1.0
+
+
+def _dense(G):
+    """A Gram product as a dense array (sparse X gives a sparse product)."""
+    return G.toarray() if hasattr(G, "toarray") else G
 
 
 def gram_cd(G: np.ndarray, c: np.ndarray, w0: np.ndarray, lam: float,

@@ -60,6 +60,7 @@ from dscar import Algorithm, DataMeta, InvalidInputError, TableSpec, check_indic
 
 SCHEDULES = ("constant", "inverse")
 MODES = ("local", "gradient")
+KERNELS = ("auto", "compiled", "namespace")
 STATS = ("ce_sum", "correct", "samples", "w_sq")  # rows of the per-clock ``stats`` reduction
 
 
@@ -102,7 +103,12 @@ def softmax_ce(xp, logits, y):
 
 
 class MLRSGD(Algorithm):
-    """Multinomial logistic regression as a dscar algorithm (tables ``W`` (bias: last row), ``stats``, ``V``, ``grad``)."""
+    """Multinomial logistic regression as a dscar algorithm (tables ``W`` (bias: last row), ``stats``, ``V``, ``grad``).
+
+    ``kernel``: ``"auto"`` runs the compiled CPU kernels (``mlr_kernels``: the evaluation and the
+    local SGD loop) on dense NumPy shards and the array-namespace code (the reference; CuPy, sparse
+    X, ``mode="gradient"``) otherwise; ``"namespace"`` forces the reference.
+    """
 
     name = "mlr"
     data_names = ("X", "y")
@@ -110,7 +116,7 @@ class MLRSGD(Algorithm):
     def __init__(self, n_classes: int, *, l2: float = 1e-3, lr: float = 0.5, schedule: str = "inverse",
                  decay: float = 0.05, momentum: float = 0.0, batch_size: int = 32, steps: int | None = None,
                  mode: str = "local", seed: int = 0, tol: float = 1e-3, patience: int = 3,
-                 target: float | None = None):
+                 target: float | None = None, kernel: str = "auto"):
         if isinstance(n_classes, bool) or not isinstance(n_classes, (int, np.integer)) or n_classes < 2:
             raise InvalidInputError(f"n_classes must be an integer >= 2 (a single class cannot be learned), "
                                     f"got {n_classes!r}")
@@ -129,6 +135,9 @@ class MLRSGD(Algorithm):
         self.batch_size = _count("batch_size", batch_size)
         self.steps = _count("steps", steps, optional=True)
         self.mode = mode
+        if kernel not in KERNELS:
+            raise InvalidInputError(f"kernel must be one of {KERNELS}, got {kernel!r}")
+        self.kernel = kernel
         self.seed = int(seed)
         self.tol = _positive("tol", tol)
         self.patience = _count("patience", patience)
@@ -186,21 +195,35 @@ class MLRSGD(Algorithm):
         order = np.concatenate([rng.permutation(n_rows) for _ in range(-(-need // n_rows))])
         return order[:need].reshape(steps, b)
 
+    def _compiled(self, xp, X) -> bool:
+        return self.kernel != "namespace" and xp is np and isinstance(X, np.ndarray)
+
     def shard_step(self, ctx, data) -> None:
         xp, X, y = ctx.xp, data["X"], data["y"]
         W0 = ctx.pull("W")
+        compiled = self._compiled(xp, X)
         # the clock-start model on every row of the shard: the objective's data term and accuracy
         logits = X @ W0[:-1] + W0[-1]
-        _, ce = softmax_ce(xp, logits, y)
-        correct = (xp.argmax(logits, axis=1) == y).sum()
+        if compiled:
+            from .mlr_kernels import softmax_stats
+
+            ce_sum, correct = softmax_stats(logits, y)
+        else:
+            _, ce = softmax_ce(xp, logits, y)
+            ce_sum, correct = float(ce.sum()), (xp.argmax(logits, axis=1) == y).sum()
         batches = self.minibatches(ctx.shard, ctx.clock, y.shape[0], ctx.batch_scale)
         lr, l2 = self.lr_at(ctx.clock), self.l2
         if self.mode == "local":
             W = W0.copy()
-            for idx in batches:
-                gW, gb = self._grad(xp, X, y, xp.asarray(idx), W[:-1], W[-1])
-                W[:-1] -= lr * (gW / idx.size + l2 * W[:-1])
-                W[-1] -= lr * (gb / idx.size)
+            if compiled:
+                from .mlr_kernels import local_sgd
+
+                local_sgd(X, y, batches, W, lr, l2)
+            else:
+                for idx in batches:
+                    gW, gb = self._grad(xp, X, y, xp.asarray(idx), W[:-1], W[-1])
+                    W[:-1] -= lr * (gW / idx.size + l2 * W[:-1])
+                    W[-1] -= lr * (gb / idx.size)
             k, beta = ctx.meta.n_shards, self.momentum
             dW = (W - W0) / k  # this shard's share of the mean delta D
             if beta:  # summed over the k shards: V <- beta V + D, W <- W + beta V + D
@@ -216,7 +239,7 @@ class MLRSGD(Algorithm):
                 g[-1] += gb
             ctx.add("grad", g)
         w_sq = float((W0[:-1] * W0[:-1]).sum()) if ctx.shard == 0 else 0.0  # added once per clock
-        ctx.add("stats", xp.asarray([float(ce.sum()), float(correct), float(batches.size), w_sq]))
+        ctx.add("stats", xp.asarray([float(ce_sum), float(correct), float(batches.size), w_sq]))
         ctx.add("stats", xp.asarray([float(batches.shape[1])]), start=len(STATS) + ctx.shard)
 
     @staticmethod

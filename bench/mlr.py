@@ -48,9 +48,10 @@ Solvers
 Method: reference ``P*`` from a tight lbfgs solve (``tol=1e-10``; its gradient norm
 is printed). Repeats: 3 (1 with ``--quick``), order rotated each repeat; figures
 are medians, the relative objective gap is the worst over repeats. In-process
-solvers run with one BLAS thread (``threadpoolctl``): on this 2-core shared
-machine OpenBLAS's second thread only spins (lbfgs on 200k x 100: 0.8 s with one
-thread, 15 s with two); dscar's worker processes use one each (Dask's default).
+solvers run with one BLAS thread (``threadpoolctl``), and scikit-learn's lbfgs once
+more with two (``scikit-learn-2t``: its only parallelism is BLAS); dscar's worker
+processes are pinned to one each. Equal cores: ``dscar-1w`` against ``scikit-learn``,
+``dscar-2w`` against ``scikit-learn-2t``.
 Both dscar clusters are started and warmed up by one untimed fit before any timing.
 
 Run
@@ -62,6 +63,7 @@ Run
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import time
@@ -79,7 +81,8 @@ DSCAR_MAX_CLOCKS = 200
 DSCAR_SHARDS = 8
 MAX_ATTEMPTS_EXTRA = 2  # extra attempts when a dscar fit fails (engine error), per repeat
 
-IN_PROCESS = ("scikit-learn", "sgd-ovr")
+IN_PROCESS = ("scikit-learn", "scikit-learn-2t", "sgd-ovr")
+PEERS = {"dscar-1w": "scikit-learn", "dscar-2w": "scikit-learn-2t"}  # equal cores
 DSCAR = ("dscar-1w", "dscar-2w")
 SOLVERS = (*IN_PROCESS, *DSCAR)
 
@@ -167,12 +170,13 @@ class Fit(NamedTuple):
     extra: dict[str, Any]
 
 
-def run_sklearn(d: Dataset, tol: float) -> Fit:
+def run_sklearn(d: Dataset, tol: float, threads: int = 1) -> Fit:
+    import threadpoolctl
     from sklearn.linear_model import LogisticRegression
 
     m = LogisticRegression(C=1.0 / (d.n * d.l2), tol=tol, max_iter=10_000)
     t = time.perf_counter()
-    with warnings.catch_warnings():
+    with warnings.catch_warnings(), threadpoolctl.threadpool_limits(threads, user_api="blas"):
         warnings.simplefilter("ignore")
         m.fit(d.X, d.y)
     s = time.perf_counter() - t
@@ -235,7 +239,7 @@ def format_dataset(d: Dataset, res: dict[str, dict]) -> str:
              f"({i['source']}); l2 = {d.l2:g} (scikit-learn C = 1/(n l2) = {i['sklearn_C']:.4g})",
              f"   P* = {ref['P_star']:.10g} ({ref['solver']}, {ref['n_iter']} iterations, ||grad P|| = "
              f"{ref['grad_norm']:.1e}, test accuracy {ref['test_accuracy']:.4f}); target P <= P* (1 + {TARGET:g})"]
-    hdr = (f"{'solver':<13} {'settings':<34} {'solve s':>8} {'total s':>8} {'rep':>3} {'rel. obj. gap':>13} "
+    hdr = (f"{'solver':<15} {'settings':<34} {'solve s':>8} {'total s':>8} {'rep':>3} {'rel. obj. gap':>13} "
            f"{'reached':>11} {'iters':>5} {'test acc':>8}")
     lines += [hdr, "-" * len(hdr)]
     for name in SOLVERS:
@@ -244,23 +248,25 @@ def format_dataset(d: Dataset, res: dict[str, dict]) -> str:
             continue
         st = r["settings"]
         if not r.get("repeats"):
-            lines.append(f"{name:<13} {st['label']:<34} {'FAILED':>8}  {'; '.join(r['failures'])[:80]}")
+            lines.append(f"{name:<15} {st['label']:<34} {'FAILED':>8}  {'; '.join(r['failures'])[:80]}")
             continue
         reached = "n/a (OvR)" if r["reached"] is None else "yes" if r["reached"] else "NOT REACHED"
         it = r["n_iter"]
         its = str(it[0]) if len(set(it)) == 1 else f"{min(it)}-{max(it)}"
         fail = f"  ({len(r['failures'])} failed attempt(s))" if r["failures"] else ""
-        lines.append(f"{name:<13} {st['label']:<34} {r['median_solve_s']:8.3f} {r['median_total_s']:8.3f} "
+        lines.append(f"{name:<15} {st['label']:<34} {r['median_solve_s']:8.3f} {r['median_total_s']:8.3f} "
                      f"{r['repeats']:>3} {r['worst_rel_objective_gap']:13.2e} {reached:>11} {its:>5} "
                      f"{r['median_test_accuracy']:8.4f}{fail}")
     lines.append("   medians over repeats; rel. obj. gap = (P - P*)/P* of the returned model, worst over repeats; "
                  "iters: lbfgs iterations,\n   epochs (sgd-ovr), clocks (dscar); total = solve + placing the data "
                  "on the workers (dscar)")
-    sk, ds = res.get("scikit-learn", {}), res.get("dscar-2w", {})
-    if "median_solve_s" in sk and "median_solve_s" in ds:
-        lines.append(f"   dscar-2w / scikit-learn time to target: solve {ds['median_solve_s'] / sk['median_solve_s']:.2f}x,"
-                     f" total {ds['median_total_s'] / sk['median_total_s']:.2f}x; test accuracy dscar-2w - "
-                     f"scikit-learn = {100 * (ds['median_test_accuracy'] - sk['median_test_accuracy']):+.2f} points")
+    for dn, pn in PEERS.items():  # equal cores
+        sk, ds = res.get(pn, {}), res.get(dn, {})
+        if "median_solve_s" in sk and "median_solve_s" in ds:
+            lines.append(f"   {dn} / {pn} (equal cores) time to target: solve "
+                         f"{ds['median_solve_s'] / sk['median_solve_s']:.2f}x, total "
+                         f"{ds['median_total_s'] / sk['median_total_s']:.2f}x; test accuracy {dn} - {pn} = "
+                         f"{100 * (ds['median_test_accuracy'] - sk['median_test_accuracy']):+.2f} points")
     for name in DSCAR:
         r = res.get(name, {})
         if "median_clock_s" in r:
@@ -273,7 +279,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.mlr", description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="small synthetic data, 1 repeat")
     ap.add_argument("--repeats", type=int, default=None, help="timed repeats (default 3, 1 with --quick)")
-    ap.add_argument("--json", metavar="PATH", help="write every figure as JSON")
+    ap.add_argument("--json", metavar="PATH", help="write every figure as JSON (and a plot next to it)")
+    ap.add_argument("--plot", metavar="PATH", help="the plot's path (default: the JSON's, .png)")
     args = ap.parse_args(argv)
     repeats = args.repeats or (1 if args.quick else 3)
     warnings.filterwarnings("ignore", message=r"Port \d+ is already in use")
@@ -300,6 +307,7 @@ def main(argv: list[str] | None = None) -> int:
                                  "why": "loosest tol of 1e-2..1e-8 reaching the target in the warm-up"}
             if g <= TARGET:
                 break
+        s["scikit-learn-2t"] = {**s["scikit-learn"], "label": f"lbfgs tol={s['scikit-learn']['tol']:g}, 2 BLAS thr"}
         f = run_sgd(d)
         s["sgd-ovr"] = {"label": f"SGDClassifier alpha={d.l2:g}", "warmup_rel_gap": d.rel_gap(f.W, f.b),
                         "why": "scikit-learn defaults; one-vs-rest, not the multinomial objective"}
@@ -315,8 +323,8 @@ def main(argv: list[str] | None = None) -> int:
     fails: dict[str, dict[str, list[str]]] = {d.name: {s: [] for s in SOLVERS} for d in datasets}
 
     def one(name: str, d: Dataset, clusters: dict[str, Any]) -> Fit | None:
-        if name == "scikit-learn":
-            return run_sklearn(d, settings[d.name][name]["tol"])
+        if name.startswith("scikit-learn"):
+            return run_sklearn(d, settings[d.name]["scikit-learn"]["tol"], 2 if name.endswith("2t") else 1)
         if name == "sgd-ovr":
             return run_sgd(d)
         try:
@@ -331,6 +339,7 @@ def main(argv: list[str] | None = None) -> int:
         clusters = {"dscar-1w": c1, "dscar-2w": c2}
         for name, cl in clusters.items():
             cl.wait_for_workers(int(name[-2]))
+            cl.client.run(lambda: threadpoolctl.threadpool_limits(1) and None)  # 1 BLAS thread per worker process
             worker_threadpools[name] = cl.client.run(threadpoolctl.threadpool_info)
             for d in datasets:  # warm-up (untimed)
                 f = one(name, d, clusters)
@@ -359,8 +368,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"Multinomial logistic regression: time to P <= P*(1 + {TARGET:g}) and test accuracy; {repeats} repeat(s); "
           f"{usable_cpus(machine)} usable CPU(s), load avg before "
           f"{', '.join(f'{x:.1f}' for x in machine.get('loadavg', ()))}")
-    print("P = mean cross-entropy + l2/2 ||W||^2 (bias free) = scikit-learn's objective / (C n) with C = 1/(n l2); "
-          "in-process solvers: 1 BLAS thread")
+    print("P = mean cross-entropy + l2/2 ||W||^2 (bias free) = scikit-learn's objective / (C n) with C = 1/(n l2)")
+    print("Cores: scikit-learn and sgd-ovr on 1 BLAS thread, scikit-learn-2t (lbfgs) on 2 (threadpoolctl); dscar-Nw = "
+          "N worker processes x 1 thread (BLAS pinned to 1); dscar-1w is compared with scikit-learn, dscar-2w with "
+          f"scikit-learn-2t; load average now {load_average()}")
     for d in datasets:
         res = {name: summarise(d, name, fits[d.name][name], fails[d.name][name], settings[d.name][name])
                for name in SOLVERS}
@@ -375,6 +386,11 @@ def main(argv: list[str] | None = None) -> int:
         out = {"quick": args.quick, "repeats": repeats, "target_rel_gap": TARGET, "solvers": list(SOLVERS),
                "machine": machine, "seconds": total, "datasets": results}
         write_json(args.json, out)
+    png = args.plot or (os.path.splitext(args.json)[0] + ".png" if args.json else None)
+    if png:
+        from bench.lasso import plot_solve_times
+
+        plot_solve_times(png, results, SOLVERS, f"solve s to P*(1 + {TARGET:g}) (grey: not reached)")
     return 0
 
 

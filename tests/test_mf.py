@@ -43,6 +43,45 @@ def test_equals_a_numpy_reference_als_and_the_objective_never_increases(inproc, 
         rmse(ref, train, algo.mean), rel=1e-8)
 
 
+@pytest.mark.parametrize("biases, reg_mode", [(True, "weighted"), (False, "plain")])
+def test_compiled_kernel_equals_the_namespace_reference_kernel(inproc, biases, reg_mode):
+    """The same data, the same ALS: the compiled CSR / Cholesky kernel against the batched array-namespace path
+    (the code CuPy runs), float64 to rounding and float32 to single precision; test RMSE included."""
+    u, i, r, _ = make_ratings(300, 150, 5_000, 4, NOISE, seed=6)
+    train, test = train_test_split(u, i, r, 0.2, seed=0)
+    data = ratings_data(train, test, n_users=300, n_items=150, n_shards=3)
+    for dtype, tol in (("float64", 1e-9), ("float32", 1e-3)):
+        runs = {}
+        for kernel in ("namespace", "compiled"):
+            algo = ALS(300, 150, 4, reg=0.2, reg_mode=reg_mode, biases=biases, bias_reg=2.0, dtype=dtype,
+                       mean=float(train[2].mean()) if biases else 0.0, kernel=kernel)
+            runs[kernel] = dscar.fit(algo, data, inproc, max_clocks=4, tol=1e-12)
+        ref, got = runs["namespace"], runs["compiled"]
+        for t in ref.params:
+            np.testing.assert_allclose(got.params[t], ref.params[t], atol=tol, err_msg=f"{t} {dtype}")
+        for key in ("objective", "test_rmse", "train_rmse", "reg"):
+            np.testing.assert_allclose([h.metrics[key] for h in got.history], [h.metrics[key] for h in ref.history],
+                                       rtol=tol, err_msg=f"{key} {dtype}")
+    with pytest.raises(dscar.InvalidInputError, match="kernel"):
+        ALS(10, 10, 2, kernel="fast")
+
+
+def test_biases_have_their_own_unweighted_ridge(inproc):
+    """``bias_reg`` damps a bias like lenskit's bias model: ``b_u = sum(resid) / (n_u + bias_reg)`` at zero factors'
+    effect, whatever the factors' weighted reg; so strong factor regularisation does not shrink the biases."""
+    u, i, r, _ = make_ratings(300, 150, 6_000, 4, NOISE, seed=7)
+    data = ratings_data((u, i, r), n_users=300, n_items=150, n_shards=3)
+    mean = float(r.mean())
+    strong = dscar.fit(ALS(300, 150, 4, reg=50.0, bias_reg=5.0, mean=mean), data, inproc, max_clocks=2, tol=1e-12)
+    ref = reference_als((u, i, r), 300, 150, ALS(300, 150, 4, reg=50.0, bias_reg=5.0, mean=mean), 2)
+    np.testing.assert_allclose(strong.params["user_bias"], ref["user_bias"], atol=1e-9)
+    # factors are all but zero at reg 50 x n_u, biases are not: the spread of the user biases survives
+    assert np.abs(strong.params["user"]).max() < 0.05
+    assert strong.params["user_bias"].std() > 0.15
+    tied = dscar.fit(ALS(300, 150, 4, reg=50.0, bias_reg=50.0 * 20, mean=mean), data, inproc, max_clocks=2, tol=1e-12)
+    assert tied.params["user_bias"].std() < 0.5 * strong.params["user_bias"].std()
+
+
 def test_float32_gram_matrices_track_float64(inproc):
     u, i, r, _ = make_ratings(300, 150, 4_000, 4, NOISE, seed=3)
     data = ratings_data((u, i, r), n_users=300, n_items=150, n_shards=3)
