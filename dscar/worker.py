@@ -300,7 +300,8 @@ class ParamServer(WorkerPlugin):
 
     async def _h_put_shard(self, job_id: str, shard: int, arrays: dict) -> dict:
         job = await self._ajob(job_id)
-        prepared = job.algorithm.prepare_shard(dict(arrays), job.xp)
+        # off the event loop: a first call may compile a kernel for seconds, and heartbeats must flow
+        prepared = await asyncio.to_thread(job.algorithm.prepare_shard, dict(arrays), job.xp)
         with self._lock:
             job.shards[int(shard)] = ShardEntry(prepared)
         return {"status": "OK"}
