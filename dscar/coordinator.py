@@ -498,7 +498,8 @@ class Coordinator(SchedulerPlugin):
             if not job.queue.reloadable:
                 missing = [s for s in job.queue.unplaced() if job.queue.status(s).value == "todo"]
                 if missing:
-                    return {"status": "place", "shards": missing, "events": events, "publish": publish}
+                    return {"status": "place", "shards": missing, "workers": self._live(job), "events": events,
+                            "publish": publish}
             if publish:
                 return {"status": "pending", "events": events, "publish": publish}
             left = deadline - time.monotonic()

@@ -462,9 +462,9 @@ class _Run:
         await self.client.scheduler.dscar_placed(job_id=self.job_id,
                                                  placements=[[s, w] for (s, w), k in zip(placements, ok) if k])
 
-    async def _replace(self, shards: list[int]) -> None:
-        info = await self.client.scheduler.identity()
-        live = sorted(info["workers"])
+    async def _replace(self, shards: list[int], live: list[str]) -> None:
+        """Place ``shards`` again, round robin over the job's ``live`` workers (as the coordinator
+        counts them: a worker lost to the job may still be in the cluster)."""
         if not live:
             raise ClusterError("no live worker left to hold the data shards")
         self.events.append({"time": time.time(), "kind": "shards-replaced", "shards": list(shards)})
@@ -494,7 +494,7 @@ class _Run:
                     if r["status"] == "failed":
                         raise JobFailedError(r.get("error") or "the job failed")
                     if r["status"] == "place":
-                        self._sync(self._replace, list(r["shards"]))
+                        self._sync(self._replace, list(r["shards"]), list(r["workers"]))
                     r = self._sync(sched.dscar_wait, job_id=self.job_id, clock=clock, timeout=1.0,
                                    events_from=self._seen)
                 rec = ClockRecord(clock, time.perf_counter() - t0, dict(r["metrics"]),
