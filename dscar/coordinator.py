@@ -463,6 +463,12 @@ class Coordinator(SchedulerPlugin):
     def remove_worker(self, scheduler, worker: str, **kwargs) -> None:
         for job in list(self.jobs.values()):
             self._do(job, job.lose(worker, time.time()))
+        if self.jobs:  # messages waiting for it on the other workers fail over now, not at their deadline
+            asyncio.ensure_future(self._tell_peer_lost(worker))
+
+    async def _tell_peer_lost(self, worker: str) -> None:
+        await asyncio.gather(*(self._rpc(w, "peer_lost", timeout=5, address=worker)
+                               for w in list(self.scheduler.workers) if w != worker), return_exceptions=True)
 
     async def _h_simulate_loss(self, job_id: str, worker: str) -> dict:
         """Recover from ``worker`` exactly as from a crash, but keep the process: it forgets the job."""

@@ -118,8 +118,10 @@ class ParamServer(WorkerPlugin):
         self.peers = ConnectionPool(limit=64, connection_args=worker.connection_args, timeout=CONNECT_TIMEOUT_S,
                                     server=worker)
         self._peers_started = asyncio.ensure_future(self.peers.start())
+        #: peer address -> messages waiting for its answer (cancelled when it is lost)
+        self._inflight: dict[str, set] = {}
         for op in ("init", "pull", "fetch_staged", "apply", "assign", "put_shard", "take_shard", "end_job", "info", "adopt",
-                   "checkpoint", "restore", "forget"):
+                   "checkpoint", "restore", "forget", "peer_lost"):
             worker.handlers[f"dscar_{op}"] = getattr(self, f"_h_{op}")
         self._thread = threading.Thread(target=self._loop, name="dscar-loop", daemon=True)
         self._thread.start()
@@ -234,9 +236,9 @@ class ParamServer(WorkerPlugin):
         remote = [w for w in by_worker if w != me]
         if parts and remote:
             await self._peers_started
-            replies = await asyncio.gather(*(asyncio.wait_for(
-                self.peers(w).dscar_fetch_staged(job_id=job_id, run=run, keys=by_worker[w], parts=parts),
-                rpc_timeout()) for w in remote), return_exceptions=True)
+            replies = await asyncio.gather(*(
+                self._apeer(w, "fetch_staged", job_id=job_id, run=run, keys=by_worker[w], parts=parts)
+                for w in remote), return_exceptions=True)
             for w, r in zip(remote, replies):
                 if isinstance(r, Exception) or r.get("status") != "OK":
                     return {"status": "source-lost", "worker": w, "error": repr(r)}
@@ -453,10 +455,30 @@ class ParamServer(WorkerPlugin):
 
     def _peer(self, address: str, op: str, **kw) -> dict:
         """A message to another worker from the shard runner's thread, failing over in seconds."""
-        async def go():
-            await self._peers_started
-            return await asyncio.wait_for(getattr(self.peers(address), f"dscar_{op}")(**kw), rpc_timeout())
-        return sync(self.worker.loop, go)
+        return sync(self.worker.loop, self._apeer, address, op, **kw)
+
+    async def _apeer(self, address: str, op: str, **kw) -> dict:
+        """A message to another worker; cancelled at once when the coordinator says that worker is
+        gone (``dscar_peer_lost``: a hung peer never answers, and waiting for the deadline would
+        stall the attempt, and its clock, for ``rpc_timeout()`` seconds)."""
+        await self._peers_started
+        task = asyncio.ensure_future(asyncio.wait_for(getattr(self.peers(address), f"dscar_{op}")(**kw),
+                                                      rpc_timeout()))
+        self._inflight.setdefault(address, set()).add(task)
+        try:
+            return await task
+        except asyncio.CancelledError:
+            if task.cancelled():
+                raise ConnectionError(f"{address} was lost") from None
+            raise
+        finally:
+            self._inflight.get(address, set()).discard(task)
+
+    def _h_peer_lost(self, address: str) -> dict:
+        """``address`` left the cluster: cancel every message waiting for it."""
+        for task in list(self._inflight.pop(address, ())):
+            task.cancel()
+        return {"status": "OK"}
 
     def _loop(self) -> None:
         addr = self.worker.address
@@ -578,7 +600,7 @@ class ParamServer(WorkerPlugin):
                 if r["status"] == "OK":
                     arrays, state = r["arrays"], r["state"]
             except Exception as e:  # the holder is gone: fall back to the source
-                logger.warning("could not take shard %s from %s: %r", shard, source, e)
+                logger.info("could not take shard %s from %s: %r", shard, source, e)
         if arrays is None and job.loader is not None:
             arrays = job.loader.load_shard(shard)
         if arrays is None:
