@@ -87,7 +87,7 @@ def quick_bench(tmp_path_factory):
         out, png = tmp / f"{name}.json", tmp / f"{name}.png"
         r = subprocess.run(
             [sys.executable, "-m", f"bench.{name}", "--quick", "--json", str(out), "--plot", str(png)],
-            cwd=root, capture_output=True, text=True, timeout=580,
+            cwd=root, capture_output=True, text=True, timeout=1500,
         )
         assert r.returncode == 0, f"stdout:\n{r.stdout[-3000:]}\nstderr:\n{r.stderr[-5000:]}"
         return r.stdout, json.loads(out.read_text()), png

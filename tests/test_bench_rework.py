@@ -12,7 +12,7 @@ def quick_run(quick_bench):
     return quick_bench("rework")
 
 
-@pytest.mark.timeout(600)
+@pytest.mark.timeout(1600)
 def test_quick_benchmark_writes_json_with_every_policy_in_both_modes_and_a_plot(quick_run):
     stdout, d, png = quick_run
     assert png.exists() and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 5000
@@ -57,7 +57,7 @@ def test_quick_benchmark_writes_json_with_every_policy_in_both_modes_and_a_plot(
         assert pol in stdout
 
 
-@pytest.mark.timeout(600)
+@pytest.mark.timeout(1600)
 def test_quick_benchmark_covers_lda_and_mlr_with_their_thresholds(quick_run):
     stdout, d, _ = quick_run
     assert set(d["algorithms"]) == {"lasso", "lda", "mlr"}
@@ -87,7 +87,7 @@ def test_quick_benchmark_covers_lda_and_mlr_with_their_thresholds(quick_run):
             assert f"== {name}: {mode}" in stdout
 
 
-@pytest.mark.timeout(600)
+@pytest.mark.timeout(1600)
 def test_quick_benchmark_checkpoint_costs_and_policy_effects(quick_run):
     _, d, _ = quick_run
     lasso = d["algorithms"]["lasso"]
