@@ -8,8 +8,9 @@ worker behaves the same. A clock runs in three steps:
 1. ``shard_step(ctx, data)`` once per data shard, on whichever worker pulled
    the shard. It reads tables as of the clock's start (``ctx.pull``,
    ``ctx.pull_rows``) and adds its contributions (``ctx.add`` for a row range,
-   ``ctx.add_rows`` for scattered rows). Contributions are staged at the
-   partition owners and applied only for the attempt that commits: exactly
+   ``ctx.add_rows`` for scattered rows). Contributions are copied and staged
+   on the attempt's worker; the partition owners collect and apply them only
+   for the attempt that commits: exactly
    once. Per-shard latent state (``ctx.state``, ``ctx.set_state``) travels
    with the shard and is kept only when the attempt commits.
 2. The engine applies the committed contributions. A ``param`` table adds them
