@@ -83,6 +83,12 @@ def test_quick_benchmark_covers_lda_and_mlr_with_their_thresholds(quick_run):
                 for pol, r in t["runs"].items():
                     assert r["ok"], (name, mode, pol, r.get("error"))
                     assert r["events"]["worker-lost"] == 1 and r["events"]["recovery-done"] == 1
+                    if name == "lda" and not r["converged"]:
+                        # a Gibbs chain hit early can settle on a lower plateau and never reach the threshold
+                        # (seen since the first LDA rework runs; issue 13 asks for an honest LDA figure): it
+                        # must then be reported as not reached, never as a rework figure
+                        assert r["clocks_to_threshold"] is None and r["rework"] is None, (mode, pol, r)
+                        continue
                     assert r["converged"] and r["rework"] == r["clocks_to_threshold"] - m["T_star_by_policy"].get(pol, m["T_star"])
             assert f"== {name}: {mode}" in stdout
 
