@@ -325,7 +325,9 @@ class ParamServer(WorkerPlugin):
             await asyncio.sleep(0.005)
         if entry is None:
             return {"status": "missing"}
-        host = {k: to_host(v) for k, v in entry.data.items()}
+        # arrays travel; anything else a step keeps with its data (a cache: Lasso's Gram of the columns
+        # seen) stays behind and is rebuilt by the new holder
+        host = {k: to_host(v) for k, v in entry.data.items() if _is_array(v)}
         state = {k: to_host(v) for k, v in entry.state.items()}
         return {"status": "OK", "arrays": to_serialize(host), "state": to_serialize(state)}
 
@@ -875,6 +877,13 @@ class ClockEnd:
 
     def assign(self, table: str, values, start: int = 0) -> None:
         self._server.write_rows(self._job, table, values, start)
+
+
+def _is_array(v) -> bool:
+    """A NumPy / CuPy / SciPy-sparse array (not a tuple or dict of them)."""
+    import scipy.sparse as sp
+
+    return isinstance(v, np.ndarray) or sp.issparse(v) or hasattr(v, "__cuda_array_interface__")
 
 
 def device_of(xp: ModuleType) -> str:

@@ -289,3 +289,20 @@ def test_a_loss_in_the_second_phase_redoes_that_phase_only(inproc, tmp_path):
     last = res.history[2].metrics  # exactly once again; only the restored rows hold other values than the count
     assert last["seen_min"] == last["seen_max"] == 2.0 and last["bad"] == b - a
     assert lost not in res.history[2].shards_per_worker
+
+
+class CachingCounter(RowCounter):
+    """Keeps a non-array cache in its shard data (as Lasso keeps its Gram): moving a shard must not
+    lose the shard (the cache stays behind; the new holder starts without it)."""
+
+    def shard_step(self, ctx, data):
+        data["cache.seen"] = (ctx.clock, np.zeros(3), np.zeros((2, 2)))  # a tuple of unlike arrays
+        super().shard_step(ctx, data)
+
+
+def test_a_shard_with_a_cache_in_its_data_moves_without_loss(inproc):
+    res = dscar.fit(CachingCounter(sleep=0.05, slow_shards=(0, 1, 2, 3)), row_data(80), inproc, n_shards=8,
+                    max_clocks=3, policies=[])
+    assert_exactly_once(res, 80)
+    kinds = [e["kind"] for e in res.events]
+    assert "shard-moved" in kinds and "shard-failed" not in kinds and "shards-replaced" not in kinds
