@@ -7,11 +7,14 @@ recovery, and watches the workers' heartbeats. Its handlers move only ids,
 timings, file names and scalar metrics, and never block the event loop: waiting
 is done with long polls on an ``asyncio.Event``.
 
-Protocol of a shard attempt (one control round trip per shard): the worker asks
-``dscar_next`` (a long poll) for its first item; it stages its update at the
-partition owners, then ``dscar_commit`` answers whether the commit is granted
-*and* the worker's next work item, if any. When a pass is complete every live
-worker is told to apply it (``dscar_apply``: tables and shard state).
+Protocol of a pass: the worker asks ``dscar_next`` (a long poll) for its first
+work item, a batch of one or more shard attempts (several of its own shards when
+its measured steps are short: ``JobState._batch_size``). It runs them, staging
+each attempt's updates on itself, then one ``dscar_commit`` answers which
+commits are granted *and* carries its next work item, if any. When a pass is
+complete every live worker is told to apply it (``dscar_apply``): owners collect
+the committed attempts' updates from the workers that ran them, holders install
+the committed shard state.
 
 Liveness: a crashed worker is removed by the scheduler at once (its comm
 closes). A hung one (SIGSTOP, a stuck event loop) stops heartbeating; the
@@ -63,6 +66,8 @@ class Coordinator(SchedulerPlugin):
         self.scheduler = scheduler
         #: running jobs by id (one at a time)
         self.jobs: dict[str, JobState] = {}
+        #: the last ended job's final snapshot (for the dashboard)
+        self._ended: dict[str, Any] | None = None
         #: jobs whose recovery loop is running
         self._recovering: set[str] = set()
         self._changed = asyncio.Event()
@@ -237,15 +242,17 @@ class Coordinator(SchedulerPlugin):
     def _h_end_job(self, job_id: str) -> dict:
         job = self.jobs.pop(job_id, None)
         self._specs.pop(job_id, None)
+        if job is not None:  # the dashboard's last look at it (its snapshots are rate-limited)
+            self._ended = job.snapshot(set(self.scheduler.workers), time.time())
         self._wake()
         return {"status": "OK", "events": [] if job is None else job.events, "all_events": True}
 
     def snapshot(self) -> dict[str, Any]:
-        """The newest job's state as plain JSON-able data (``JobState.snapshot``); ``{"job": None}``
-        when no job runs. For the dashboard page."""
+        """The newest job's state as plain JSON-able data (``JobState.snapshot``); when no job runs,
+        the last one's state as it ended (``{"job": None}`` before the first). For the dashboard page."""
         jobs = getattr(self, "jobs", None)
         if not jobs:
-            return {"job": None, "time": time.time()}
+            return getattr(self, "_ended", None) or {"job": None, "time": time.time()}  # before start(): None
         return list(jobs.values())[-1].snapshot(set(self.scheduler.workers), time.time())
 
     # ------------------------------------------------------- worker side
@@ -255,7 +262,7 @@ class Coordinator(SchedulerPlugin):
             job.workers = self._live(job)
             item = job.next_item(worker, now)
             if item is not None:
-                if job.cfg.checkpoint is not None and "state_file" in item:
+                if job.cfg.checkpoint is not None and any("state_file" in m for m in item.get("shards", ())):
                     item["ckpt_url"] = job.cfg.checkpoint.url
                     item["storage_options"] = job.cfg.checkpoint.storage_options
                 self._wake()
@@ -281,15 +288,18 @@ class Coordinator(SchedulerPlugin):
         return any(j.machine.handing_out and any(p.when == "idle" for p in j.policies) and j.queue.running()
                    for j in self.jobs.values())
 
-    def _h_commit(self, job_id: str, clock: int, run: int, shard: int, attempt: int, worker: str,
-                  timings: dict | None = None) -> dict:
-        """Grant or refuse a commit; the answer carries the worker's next work item, if one is ready."""
+    def _h_commit(self, job_id: str, clock: int, run: int, worker: str, commits: list[dict]) -> dict:
+        """Grant or refuse the commits of a batch's attempts (each ``{"shard", "attempt", "timings"}``);
+        the answer carries the worker's next work item, if one is ready."""
         self._alive(worker)
         job = self.jobs.get(job_id)
         if job is None:
-            return {"granted": False, "next": None}
-        granted, effects = job.commit(worker, clock, run, shard, attempt, time.time(), timings)
-        self._do(job, effects)
+            return {"granted": [False] * len(commits), "next": None}
+        granted = []
+        for c in commits:
+            ok, effects = job.commit(worker, clock, run, c["shard"], c["attempt"], time.time(), c.get("timings"))
+            granted.append(ok)
+            self._do(job, effects)
         return {"granted": granted, "next": self._item_for(worker) if worker in self.scheduler.workers else None}
 
     def _h_fail(self, job_id: str, clock: int, run: int, shard: int, attempt: int, worker: str,

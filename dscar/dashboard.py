@@ -12,9 +12,9 @@ Three layers, so that the logic is tested without a cluster or a browser:
 * ``DashboardPlugin`` (a SchedulerPlugin): in ``start()`` registers the page on the scheduler's HTTP
   server the way ``distributed.dashboard.scheduler.connect`` adds distributed's own pages (a
   ``BokehTornado`` application added to ``scheduler.http_application``), and runs the collector
-  on the scheduler's event loop: it reads ``Coordinator.snapshot()`` after every change the
-  coordinator announces (a short poll where it announces none), so a clock's objective is seen
-  while the clock is ``done``, before the driver can begin the next one.
+  on the scheduler's event loop: it reads ``Coordinator.snapshot()`` after the changes the
+  coordinator announces (a short poll where it announces none), at most every 0.1 s; each
+  snapshot carries the newest events and clock objectives, so none is missed between two.
 
 Bokeh is optional (the ``dashboard`` extra; distributed's own dashboard needs it too): without it
 ``register`` does nothing and ``page_url`` returns None.
@@ -33,6 +33,8 @@ logger = logging.getLogger("dscar.dashboard")
 ROUTE = "/dscar"
 PLUGIN_NAME = "dscar-dashboard"
 REFRESH_MS = 500
+#: the collector takes at most one snapshot this often (each costs the scheduler's loop ~0.1 ms)
+SNAPSHOT_EVERY_S = 0.1
 #: event kind -> (row of the event strip, colour)
 STRIP = {"worker-lost": ("loss", "#d62728"), "recovery-done": ("recovery", "#2ca02c"),
          "checkpoint-published": ("checkpoint", "#7f7f7f"), "straggler": ("straggler", "#ff7f0e"),
@@ -55,7 +57,8 @@ class Collector:
         self.job = job  #: the job shown (the newest seen)
         self.last: dict[str, Any] = {"job": None}  #: the newest snapshot of that job
         self.t0: float | None = None  #: epoch time of the job's start
-        self.objective: dict[int, float] = {}  #: clock -> objective, from the clocks seen done
+        self.objective: dict[int, float] = {}  #: clock -> objective of every completed clock
+        self.n_objectives = 0  #: the coordinator's objective count at the newest snapshot
         self.samples: list[tuple[float, str, float, bool]] = []  #: (t, worker, speed, straggler)
         self._last_sample = -1e300
         self.events: list[dict[str, Any]] = []  #: every event seen, in arrival order
@@ -76,9 +79,10 @@ class Collector:
         if self.t0 is None:
             starts = [e["time"] for e in self.events if e.get("kind") == "job-started"]
             self.t0 = starts[0] if starts else float(snap.get("time", 0.0))
-        m = snap.get("metrics") or {}
-        if snap.get("stage") == "done" and "objective" in m and m.get("skipped", 0.0) != 1.0:
-            self.objective[int(snap["clock"])] = float(m["objective"])
+        n, objs = int(snap.get("n_objectives", 0)), snap.get("objectives", [])
+        for clock, value in (objs[max(0, len(objs) - (n - self.n_objectives)):] if n > self.n_objectives else []):
+            self.objective[int(clock)] = float(value)
+        self.n_objectives = max(self.n_objectives, n)
         now = float(snap.get("time", 0.0))
         if now - self._last_sample >= self.sample_every:
             self._last_sample = now
@@ -251,10 +255,15 @@ class DashboardPlugin(SchedulerPlugin):
         return self.scheduler.plugins.get(COORD)
 
     async def _collect(self) -> None:
-        """Snapshot after every change: wait on the coordinator's change event only when nothing changed
-        since the last snapshot (its ``_changed`` is replaced at every change), else look again at once."""
+        """Snapshot after changes, at most every ``SNAPSHOT_EVERY_S``: wait on the coordinator's change
+        event only when nothing changed since the last snapshot (its ``_changed`` is replaced at every
+        change). The snapshot carries the newest events and objectives, so none is missed between two."""
         seen = None  # the change event current when the last snapshot was taken
         while not self._closing:
+            try:
+                await asyncio.sleep(SNAPSHOT_EVERY_S)  # a clock may take 2 ms: a page needs no more than this
+            except asyncio.CancelledError:
+                return
             coord = self._coordinator()
             changed = getattr(coord, "_changed", None)
             try:

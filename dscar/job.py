@@ -58,6 +58,12 @@ class RestartWorker:
 
 Effect = ApplyPass | StartRecovery | Checkpoint | RestartWorker
 
+#: a work item holds about this much shard work by the worker's measured step time; below
+#: ``BackupPolicy.min_s``, so a batch's waiting members never look late to the backup policy
+BATCH_TARGET_S = 0.01
+#: at most this many shard attempts in one work item
+MAX_BATCH = 64
+
 
 @dataclass
 class JobConfig:
@@ -112,6 +118,8 @@ class JobState:
         self.clock_end_worker: str | None = None
         #: this clock's metrics (when DONE)
         self.metrics: dict[str, float] = {}
+        #: (clock, objective) of every completed clock, in order (skipped clocks have none)
+        self.objectives: list[tuple[int, float]] = []
         #: worker -> shards committed this clock
         self.shards_done: dict[str, int] = {}
         #: worker -> summed attempt timings this clock
@@ -206,7 +214,7 @@ class JobState:
         return effects + self._carry_out(actions, now)
 
     def next_item(self, worker: str, now: float) -> dict | None:
-        """The next work item for ``worker``: a shard attempt, the clock-end step, or None."""
+        """The next work item for ``worker``: a batch of shard attempts, the clock-end step, or None."""
         if self.failed or worker in self.lost or self.machine.recovering:
             return None
         if self.machine.handing_out:
@@ -215,26 +223,45 @@ class JobState:
                 a = self._idle_policies(worker, now)
             elif a is not None and a.fetch_from:
                 self.event(now, "shard-moved", shard=a.shard, source=a.fetch_from, target=worker)
-            return None if a is None else self._item(a)
+            if a is None:
+                return None
+            batch = [a]
+            if a.fetch_from is None and not a.backup:  # more of the worker's own shards, while steps are short
+                while len(batch) < self._batch_size(worker):
+                    b = self.queue.next_shard(worker, now, local_only=True)
+                    if b is None:
+                        break
+                    batch.append(b)
+            return self._item(batch)
         if self.machine.stage is Stage.CLOCK_END and self.clock_end_worker is None:
             self.clock_end_worker = worker
             return {"op": "clock_end", "job": self.cfg.job_id, "clock": self.machine.clock, "run": self.machine.run_id,
                     "owners": self.pmap.to_msg()}
         return None
 
-    def _item(self, a: Attempt) -> dict:
+    def _batch_size(self, worker: str) -> int:
+        """How many of its own shards ``worker`` gets in one work item: enough to run about
+        ``BATCH_TARGET_S`` by its measured step time (one before it has one). A short step then
+        costs one commit per batch, not one per shard; a long one keeps the one-shard granularity
+        that dynamic sharding and backups work at."""
+        step = self.monitor.mean_step(worker)
+        if step is None:
+            return 1
+        return max(1, min(MAX_BATCH, int(BATCH_TARGET_S / step)))
+
+    def _item(self, batch: list[Attempt]) -> dict:
         rebuild = self.machine.stage is Stage.REBUILD
-        item = {
-            "op": "rebuild" if rebuild else "shard", "job": self.cfg.job_id, "clock": self.machine.clock,
-            "run": self.machine.run_id, "shard": a.shard, "attempt": a.attempt, "fetch_from": a.fetch_from,
-            "fetch_alt": a.fetch_alt, "backup": a.backup, "owners": self.pmap.to_msg(),
-            "batch_scale": self.batch_scale.get(a.worker, 1.0),
-            "phase": self.cfg.phase_names[self.queue.phase_of(a.shard)] or None,
-        }
-        entry = self.restore_state.get(a.shard)
-        if entry is not None:
-            item["state_file"] = entry
-        return item
+        shards = []
+        for a in batch:
+            member = {"shard": a.shard, "attempt": a.attempt, "fetch_from": a.fetch_from, "fetch_alt": a.fetch_alt,
+                      "backup": a.backup, "phase": self.cfg.phase_names[self.queue.phase_of(a.shard)] or None}
+            entry = self.restore_state.get(a.shard)
+            if entry is not None:
+                member["state_file"] = entry
+            shards.append(member)
+        return {"op": "rebuild" if rebuild else "shard", "job": self.cfg.job_id, "clock": self.machine.clock,
+                "run": self.machine.run_id, "owners": self.pmap.to_msg(),
+                "batch_scale": self.batch_scale.get(batch[0].worker, 1.0), "shards": shards}
 
     def commit(self, worker: str, clock: int, run_id: int, shard: int, attempt: int, now: float,
                timings: dict | None = None) -> tuple[bool, list[Effect]]:
@@ -301,6 +328,8 @@ class JobState:
         self._book_stage(now)
         self.machine.clock_end_done(run_id)
         self.metrics = dict(metrics)
+        if math.isfinite(float(metrics.get("objective", math.nan))):
+            self.objectives.append((self.machine.clock, float(metrics["objective"])))
         self.stage_s["clock_end_compute"] = float(seconds)
         effects: list[Effect] = self._clock_policies(now)
         cfg = self.cfg.checkpoint
@@ -492,8 +521,9 @@ class JobState:
 
         Read-only and cheap (no I/O): clock, stage, per worker (live, shards done this clock,
         speed, straggler flag), the active pass's queue counts (todo / doing / done, running
-        backups), this clock's metrics, the retained checkpoints and the newest 50 events
-        (``n_events`` counts them all). Called after every change: keep it O(workers).
+        backups), this clock's metrics, the retained checkpoints, the newest 200 events
+        (``n_events`` counts them all) and the newest 200 clocks' objectives (``n_objectives``).
+        Called after changes: keep it O(workers).
         """
         stats = {st.worker: st for st in self.monitor.stats()}
         live = set(live) - self.lost
@@ -517,7 +547,8 @@ class JobState:
             "metrics": {k: float(v) for k, v in self.metrics.items()}, "workers": workers, "queue": queue,
             "checkpoints": [{"version": int(m["version"]), "clock": int(m["clock"]), "bytes": int(m.get("bytes", 0))}
                             for m in published],
-            "events": self.events[-50:], "n_events": len(self.events),
+            "events": self.events[-200:], "n_events": len(self.events),
+            "objectives": [[c, v] for c, v in self.objectives[-200:]], "n_objectives": len(self.objectives),
         }
 
     def report(self) -> dict:

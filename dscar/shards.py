@@ -188,13 +188,16 @@ class ShardQueue:
         return [i for i, s in enumerate(self._shards) if s.holder is None]
 
     # ------------------------------------------------------------ hand-outs
-    def next_shard(self, worker: str, now: float) -> Attempt | None:
-        """Start an attempt of the best TODO shard for ``worker``, or None."""
+    def next_shard(self, worker: str, now: float, *, local_only: bool = False) -> Attempt | None:
+        """Start an attempt of the best TODO shard for ``worker`` (with ``local_only``, only of
+        one it holds), or None."""
         if not self._todo:
             return None
         local = [i for i in self._todo if self._shards[i].holder == worker]
         if local:
             return self._start(min(local), worker, now)
+        if local_only:
+            return None
         backlog: dict[str | None, list[int]] = {}
         for i in self._todo:
             h = self._shards[i].holder

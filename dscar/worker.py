@@ -497,7 +497,7 @@ class ParamServer(WorkerPlugin):
                     continue
             op = item.get("op")
             if op in ("shard", "rebuild"):
-                item = self._run_shard(item)  # the commit's answer carries the next item
+                item = self._run_shards(item)  # the commit's answer carries the next item
             elif op == "clock_end":
                 self._run_clock_end(item)
                 item = None
@@ -512,14 +512,42 @@ class ParamServer(WorkerPlugin):
                 job.pull_cache.clear()
                 job.cache_run = item["run"]
 
-    def _run_shard(self, item: dict) -> dict | None:
-        """Run one attempt; return the next work item the commit's answer carried (None: ask)."""
-        job_id, clock, shard, attempt, run = item["job"], item["clock"], item["shard"], item["attempt"], item["run"]
-        sched = self.worker.scheduler
+    def _run_shards(self, item: dict) -> dict | None:
+        """Run a work item's attempts, then commit those that succeeded in one message; return
+        the next work item the commit's answer carried (None: ask)."""
+        common = {k: v for k, v in item.items() if k != "shards"}
+        attempts = [{**common, **member} for member in item["shards"]]
+        commits = []
+        try:
+            job = self._job(item["job"])
+            self._prepare(job, item)
+            for a in attempts:
+                timings = self._attempt(job, a)
+                if timings is not None:
+                    commits.append({"shard": a["shard"], "attempt": a["attempt"], "timings": timings})
+        except _Stopped:
+            return None
+        except Exception as e:  # the job is unknown here: every attempt failed
+            for a in attempts:
+                self._fail(a, e)
+            return None
+        if not commits:
+            return None
+        try:
+            r = self._call(self.worker.scheduler.dscar_commit, job_id=item["job"], clock=item["clock"],
+                           run=item["run"], worker=self.worker.address, commits=commits)
+        except Exception as e:
+            for a in attempts:
+                if any(c["shard"] == a["shard"] and c["attempt"] == a["attempt"] for c in commits):
+                    self._fail(a, e)
+            return None
+        return r.get("next")
+
+    def _attempt(self, job: Job, item: dict) -> dict | None:
+        """Run one attempt and stage its results; its timings, or None when it failed (reported)."""
+        clock, shard, attempt, run = item["clock"], item["shard"], item["attempt"], item["run"]
         lost_data = False
         try:
-            job = self._job(job_id)
-            self._prepare(job, item)
             self._inject(job, clock, "start", item.get("phase"))
             t0 = time.perf_counter()
             entry = self._shard_entry(job, shard, item.get("fetch_from"), item.get("backup", False),
@@ -545,22 +573,22 @@ class ParamServer(WorkerPlugin):
                 job.pending_state[key] = (entry, dict(ctx.new_state))
             self._stage(job, key, run, ctx.updates, ctx.phase)
             t3 = time.perf_counter()
-            r = self._call(sched.dscar_commit, job_id=job_id, clock=clock, run=run, shard=shard, attempt=attempt,
-                           worker=self.worker.address,
-                           timings={"data_s": t1 - t0, "pull_s": ctx.pull_s, "compute_s": t2 - t1 - ctx.pull_s,
-                                    "push_s": t3 - t2})
-            return r.get("next")
+            return {"data_s": t1 - t0, "pull_s": ctx.pull_s, "compute_s": t2 - t1 - ctx.pull_s, "push_s": t3 - t2}
         except _Stopped:
-            return None
+            raise
         except Exception as e:
-            logger.info("dscar shard %s clock %s failed: %r", shard, clock, e)
-            try:
-                self._call(sched.dscar_fail, job_id=job_id, clock=clock, run=run, shard=shard, attempt=attempt,
-                           worker=self.worker.address, lost_data=lost_data,
-                           error="".join(traceback.format_exception_only(type(e), e)).strip())
-            except Exception:
-                pass
+            self._fail(item, e, lost_data)
             return None
+
+    def _fail(self, item: dict, error: BaseException, lost_data: bool = False) -> None:
+        """Tell the coordinator an attempt failed (it counts toward the shard's failure limit)."""
+        logger.info("dscar shard %s clock %s failed: %r", item["shard"], item["clock"], error)
+        try:
+            self._call(self.worker.scheduler.dscar_fail, job_id=item["job"], clock=item["clock"], run=item["run"],
+                       shard=item["shard"], attempt=item["attempt"], worker=self.worker.address, lost_data=lost_data,
+                       error="".join(traceback.format_exception_only(type(error), error)).strip())
+        except Exception:
+            pass
 
     def _restore_state(self, job: Job, shard: int, entry: ShardEntry, item: dict) -> None:
         """Replace the shard's state by its checkpointed one; a corrupt file leaves no state (the

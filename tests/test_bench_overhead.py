@@ -77,8 +77,8 @@ def test_quick_benchmark_writes_table_json_and_plot(quick_run):
         assert 0 < floor["worker_to_scheduler_ms"] < r["ms_per_clock"]
         assert floor["driver_to_scheduler_ms"] > 0
         assert ("worker_to_worker_ms" in floor) == (w > 1)
-    for w in (1, 2):  # more shards never cost fewer calls
-        assert rows[(w, 16)]["rpcs_per_clock"] >= rows[(w, 4)]["rpcs_per_clock"]
+    for w in (1, 2):  # near-zero steps: a worker's own shards are committed in batches, not one by one
+        assert rows[(w, 16)]["rpcs_by_handler"]["dscar_commit"] < 16 / 2
     assert [(t["workers"], t["shards"], t["limit_ms"]) for t in d["targets"]] == [(1, 4, 4.0), (2, 16, 8.0)]
     for t in d["targets"]:
         assert t["met"] == (t["ms"] <= t["limit_ms"])

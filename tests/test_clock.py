@@ -112,14 +112,48 @@ def test_a_loss_that_takes_nothing_changes_nothing():
     assert m.lose(restores=False) == [] and m.accepts(run) and not m.recovering
 
 
+# ------------------------------------------------------------ batches
+def _two_worker_job(n_shards: int = 8) -> JobState:
+    pmap = PartitionMap([TableLayout("x", 8, 2)])
+    pmap.assign(["a", "b"])
+    queue = ShardQueue(n_shards, reloadable=False)
+    for s in range(n_shards):
+        queue.set_holder(s, "a" if s < n_shards // 2 else "b")
+    job = JobState(JobConfig("j", n_shards, {"x": "param"}, [], [""]), queue, pmap)
+    job.workers = ["a", "b"]
+    return job
+
+
+def _run_clock(job: JobState, clock: int, step_s: float) -> list[list[int]]:
+    """One clock with ``a`` taking items until none is left; ``b`` never asks. The batches ``a`` got."""
+    job.begin(clock, 0.0)
+    batches = []
+    while (item := job.next_item("a", 0.0)) is not None and item["op"] == "shard":
+        batches.append([m["shard"] for m in item["shards"]])
+        for m in item["shards"]:
+            job.commit("a", clock, item["run"], m["shard"], m["attempt"], 0.0, {"compute_s": step_s})
+    return batches
+
+
+def test_short_steps_come_in_batches_of_the_workers_own_shards_and_long_steps_one_by_one():
+    job = _two_worker_job()
+    assert _run_clock(job, 1, 0.001) == [[0], [1, 2, 3], [7], [6], [5], [4]]  # measured after its first step
+    job.applied(job.machine.run_id, 0.0)
+    job.clock_end_done(job.next_item("b", 0.0) and "b", job.machine.run_id, {"objective": 1.0}, 0.0, 0.0)
+    # b's shards moved to a in clock 1: all 8 are a's own now; 0.01 s / 0.001 s allows batches of 10
+    assert _run_clock(job, 2, 0.001) == [[0, 1, 2, 3, 4, 5, 6, 7]]
+    slow = _two_worker_job()
+    assert _run_clock(slow, 1, 0.05) == [[0], [1], [2], [3], [7], [6], [5], [4]]
+
+
 # ------------------------------------------------------------ the job, fuzzed
 class JobFuzz(RuleBasedStateMachine):
     """Plays coordinator and workers around a real JobState; checks exactly-once and the clock rules."""
 
     @initialize(phases=st.sampled_from([(6,), (3, 3)]), rebuild=st.booleans(),
                 policy=st.sampled_from(["full", "priority"]), recovery=st.sampled_from(["partial", "full"]),
-                backups=st.booleans())
-    def setup(self, phases, rebuild, policy, recovery, backups):
+                backups=st.booleans(), step_s=st.sampled_from([0.0005, 0.05]))
+    def setup(self, phases, rebuild, policy, recovery, backups, step_s=0.05):
         n_shards = sum(phases)
         names = ["a", "b"][: len(phases)] if len(phases) > 1 else [""]
         layouts = [TableLayout("x", 8, 4), TableLayout("r", 4, 2)]
@@ -142,6 +176,8 @@ class JobFuzz(RuleBasedStateMachine):
         self.recovery_started = False
         self.last_run = 0
         self.failures: dict[tuple[int, int], int] = {}
+        self.step_s = step_s  # short steps: a worker's own shards come in batches
+        self.batches = 0  # work items with more than one attempt
 
     # ------------------------------------------------------------ glue
     def tick(self) -> float:
@@ -184,8 +220,12 @@ class JobFuzz(RuleBasedStateMachine):
         item["worker"] = w
         if item["op"] == "clock_end":
             self.clock_end = item
-        else:
-            self.inflight[(item["shard"], item["attempt"])] = item
+            return
+        self.batches += len(item["shards"]) > 1
+        for member in item["shards"]:  # a batch's attempts commit, fail or are lost one by one
+            attempt = {**item, **member}
+            del attempt["shards"]
+            self.inflight[(member["shard"], member["attempt"])] = attempt
 
     @precondition(lambda self: getattr(self, "inflight", None))
     @rule(i=st.integers(0, 50))
@@ -194,7 +234,7 @@ class JobFuzz(RuleBasedStateMachine):
         item = self.inflight.pop(key)
         self.staged[(item["clock"], item["shard"], item["attempt"])] = item["run"]
         granted, effects = self.job.commit(item["worker"], item["clock"], item["run"], item["shard"],
-                                           item["attempt"], self.tick())
+                                           item["attempt"], self.tick(), {"compute_s": self.step_s})
         self.handle(effects)
 
     @precondition(lambda self: getattr(self, "inflight", None))
@@ -362,9 +402,11 @@ def test_seeded_walks_reach_every_stage_and_fault_and_keep_the_invariants():
         f = JobFuzz()
         f.setup(phases=rnd.choice([(6,), (3, 3)]), rebuild=rnd.random() < 0.5,
                 policy=rnd.choice(["full", "priority"]), recovery=rnd.choice(["partial", "full"]),
-                backups=rnd.random() < 0.5)
+                backups=rnd.random() < 0.5, step_s=rnd.choice([0.0005, 0.05]))
         _random_run(f, rnd, 160, reached)
-    for want in ("lose@shards", "lose@apply", "lose@clock-end", "lose@rebuild", "skipped", "restore", "fail",
+        if f.batches:
+            reached.add("batch")
+    for want in ("batch", "lose@shards", "lose@apply", "lose@clock-end", "lose@rebuild", "skipped", "restore", "fail",
                  "done:4"):
         assert want in reached, sorted(reached)
     assert any(k.endswith("+recovering") for k in reached), sorted(reached)
