@@ -47,6 +47,8 @@ logger = logging.getLogger("dscar.coordinator")
 PLUGIN_NAME = "dscar-coordinator"
 IDLE_RECHECK_S = 0.02  # how often an idle worker's long poll looks again while a backup may turn due
 RPC_TIMEOUT_S = 30.0  # a coordinator -> worker message that takes longer means a hung worker
+#: how long the coordinator waits for a worker to give back batch members it has not started
+RELEASE_TIMEOUT_S = 1.0
 SNAPSHOT_TIMEOUT_S = 10.0  # an owner that cannot snapshot its partitions in this long fails the version
 PROBE_TIMEOUT_S = 1.5  # a worker silent past the hang timeout is hung if it cannot answer within this
 
@@ -275,7 +277,7 @@ class Coordinator(SchedulerPlugin):
         self._alive(worker)
         while True:
             if worker in self.scheduler.workers:
-                item = self._item_for(worker)
+                item = self._item_for(worker) or await self._take_back_for(worker)
                 if item is not None:
                     return item
             left = deadline - time.monotonic()
@@ -283,6 +285,24 @@ class Coordinator(SchedulerPlugin):
                 return {"op": "idle"}
             # idle-time policies (backups) turn due with time, not with an event: look again soon
             await self._wait_change(min(left, IDLE_RECHECK_S) if self._idle_work_possible() else left)
+
+    async def _take_back_for(self, worker: str) -> dict | None:
+        """Nothing to hand ``worker``: ask the worker with the most batch members not started yet
+        to give some back (``JobState.releasable``), then hand ``worker`` one of them."""
+        for job in list(self.jobs.values()):
+            ask = job.releasable(worker)
+            if ask is None:
+                continue
+            victim, members = ask
+            try:
+                r = await self._rpc(victim, "release", timeout=RELEASE_TIMEOUT_S, job_id=job.cfg.job_id,
+                                    members=[list(m) for m in members])
+                released = r.get("released", [])
+            except Exception:  # gone or hung: its loss or a backup deals with its shards
+                released = []
+            job.released(victim, members, released, time.time())
+            return self._item_for(worker)
+        return None
 
     def _idle_work_possible(self) -> bool:
         return any(j.machine.handing_out and any(p.when == "idle" for p in j.policies) and j.queue.running()

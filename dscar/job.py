@@ -114,6 +114,9 @@ class JobState:
         self.stragglers: dict[str, str] = {}
         #: workers a policy decided to restart at the next clock boundary
         self.pending_restarts: list[str] = []
+        #: worker -> (shard, attempt) of batch members handed to it that may not have started
+        #: (the first of a batch starts at once); a pass start, a commit or a failure drops them
+        self.batched: dict[str, list[tuple[int, int]]] = {}
         #: the worker running the clock-end step, once handed out
         self.clock_end_worker: str | None = None
         #: this clock's metrics (when DONE)
@@ -178,6 +181,7 @@ class JobState:
         effects: list[Effect] = []
         for a in actions:
             if isinstance(a, StartPass):
+                self.batched = {}
                 if a.data_phase is None:
                     self.queue.begin_clock(self.machine.clock, None)
                     self.event(now, "rebuild-started", tables=list(self.cfg.rebuild))
@@ -227,11 +231,13 @@ class JobState:
                 return None
             batch = [a]
             if a.fetch_from is None and not a.backup:  # more of the worker's own shards, while steps are short
-                while len(batch) < self._batch_size(worker):
+                size = self._batch_size(worker)
+                while len(batch) < size:
                     b = self.queue.next_shard(worker, now, local_only=True)
                     if b is None:
                         break
                     batch.append(b)
+                self.batched[worker] = self.batched.get(worker, []) + [(b.shard, b.attempt) for b in batch[1:]]
             return self._item(batch)
         if self.machine.stage is Stage.CLOCK_END and self.clock_end_worker is None:
             self.clock_end_worker = worker
@@ -242,12 +248,40 @@ class JobState:
     def _batch_size(self, worker: str) -> int:
         """How many of its own shards ``worker`` gets in one work item: enough to run about
         ``BATCH_TARGET_S`` by its measured step time (one before it has one). A short step then
-        costs one commit per batch, not one per shard; a long one keeps the one-shard granularity
-        that dynamic sharding and backups work at."""
+        costs one commit per batch, not one per shard. A batch does not pin its shards: members
+        not started yet are released to an idle worker (``releasable``), so dynamic sharding still
+        moves work away from a worker that suddenly slows down."""
         step = self.monitor.mean_step(worker)
         if step is None:
             return 1
         return max(1, min(MAX_BATCH, int(BATCH_TARGET_S / step)))
+
+    def _started(self, worker: str, shard: int, attempt: int) -> None:
+        members = self.batched.get(worker)
+        if members and (shard, attempt) in members:
+            members.remove((shard, attempt))
+
+    def releasable(self, asker: str) -> tuple[str, list[tuple[int, int]]] | None:
+        """``asker`` found nothing to do in a pass: the worker with the most batch members that
+        may not have started, and the later half of them, to ask back (None: nothing to ask)."""
+        if self.machine.stage not in (Stage.SHARDS, Stage.REBUILD) or self.queue.counts()["todo"]:
+            return None
+        live = {w: m for w, m in self.batched.items() if w != asker and w not in self.lost and m}
+        if not live:
+            return None
+        victim = max(live, key=lambda w: (len(live[w]), w))
+        members = live[victim]
+        return victim, members[len(members) // 2:] if len(members) > 1 else list(members)
+
+    def released(self, worker: str, asked: list[tuple[int, int]], released: list[tuple[int, int]],
+                 now: float) -> None:
+        """``worker`` gave back the ``released`` members of those ``asked`` (it never started them);
+        the others have started: they are not asked for again."""
+        done = {(int(s), int(a)) for s, a in asked}
+        back = [(int(s), int(a)) for s, a in released if self.queue.release(int(s), int(a), worker)]
+        self.batched[worker] = [m for m in self.batched.get(worker, []) if m not in done]
+        if back:
+            self.event(now, "batch-released", worker=worker, shards=sorted(s for s, _ in back))
 
     def _item(self, batch: list[Attempt]) -> dict:
         rebuild = self.machine.stage is Stage.REBUILD
@@ -276,6 +310,7 @@ class JobState:
                 None if started is None else now - started)
             if step is not None:
                 self.monitor.record(worker, step)
+        self._started(worker, shard, attempt)
         granted = self.queue.commit(shard, attempt, worker)
         if not granted:
             self.event(now, "commit-refused", shard=shard, attempt=attempt, worker=worker)
@@ -302,6 +337,7 @@ class JobState:
                    late=clock != self.machine.clock or run_id != self.machine.run_id)
         if clock != self.machine.clock or not self.machine.handing_out:
             return
+        self._started(worker, shard, attempt)
         if lost_data:
             self.queue.set_holder(shard, None)
         try:
@@ -439,6 +475,7 @@ class JobState:
         state_lost = bool(held) and bool(self.cfg.rebuild)
         requeued = self.queue.worker_lost(worker) + self.queue.source_lost(worker)
         self.monitor.forget(worker)
+        self.batched.pop(worker, None)
         self.batch_scale.pop(worker, None)
         self.stragglers.pop(worker, None)
         owned = self.pmap.owned_by(worker)

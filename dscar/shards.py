@@ -282,6 +282,20 @@ class ShardQueue:
             s.status = ShardStatus.TODO
             self._todo.add(shard)
 
+    def release(self, shard: int, attempt: int, worker: str) -> bool:
+        """Take back an attempt its worker never started (a batch member another worker may run
+        now): back to TODO, its data still where it was, and nothing counted against the shard."""
+        s = self._shards[shard]
+        a = s.attempts.get(attempt)
+        if a is None or a.worker != worker or s.status is not ShardStatus.DOING:
+            return False
+        del s.attempts[attempt]
+        s.started -= 1
+        if not s.attempts:
+            s.status = ShardStatus.TODO
+            self._todo.add(shard)
+        return True
+
     def worker_lost(self, worker: str) -> list[Attempt]:
         """Return every DOING attempt of ``worker`` to TODO and forget its data."""
         requeued = []

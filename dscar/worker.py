@@ -56,6 +56,9 @@ PLUGIN_NAME = "dscar-paramserver"
 BACKUP_FETCH_WAIT_S = 5.0  # how long a backup waits for the new holder of its shard to receive the data
 BACKUP_ALT_WAIT_S = 0.5  # the same, when the primary's source can be asked next
 CONNECT_TIMEOUT_S = 3.0  # connecting to a peer: a dead one refuses at once, but distributed retries until this
+#: a pass whose updates here are at most this many bytes is applied on the event loop (tens of
+#: microseconds), larger ones in a thread, so the loop keeps answering heartbeats and peers
+INLINE_APPLY_BYTES = 256 * 1024
 
 
 def rpc_timeout() -> float:
@@ -118,10 +121,12 @@ class ParamServer(WorkerPlugin):
         self.peers = ConnectionPool(limit=64, connection_args=worker.connection_args, timeout=CONNECT_TIMEOUT_S,
                                     server=worker)
         self._peers_started = asyncio.ensure_future(self.peers.start())
+        #: (job, shard, attempt) of the running batch's members not started yet (``dscar_release``)
+        self._unstarted: set[tuple[str, int, int]] = set()
         #: peer address -> messages waiting for its answer (cancelled when it is lost)
         self._inflight: dict[str, set] = {}
         for op in ("init", "pull", "fetch_staged", "apply", "assign", "put_shard", "take_shard", "end_job", "info", "adopt",
-                   "checkpoint", "restore", "forget", "peer_lost"):
+                   "checkpoint", "restore", "forget", "peer_lost", "release"):
             worker.handlers[f"dscar_{op}"] = getattr(self, f"_h_{op}")
         self._thread = threading.Thread(target=self._loop, name="dscar-loop", daemon=True)
         self._thread.start()
@@ -245,7 +250,20 @@ class ParamServer(WorkerPlugin):
                 for key, ups in r["updates"]:
                     updates[tuple(key)] = [(t, int(p), int(lo), np.asarray(d), None if rw is None else
                                             np.asarray(rw, dtype=np.int64)) for t, p, lo, d, rw in ups]
-        return await asyncio.to_thread(self._apply, job, clock, run, committed, updates, set(reset or ()), owned)
+        args = (job, clock, run, committed, updates, set(reset or ()), owned)
+        if self._apply_bytes(job, clock, run, committed, updates) <= INLINE_APPLY_BYTES:
+            return self._apply(*args)  # a thread hop would cost more than the additions
+        return await asyncio.to_thread(self._apply, *args)
+
+    def _apply_bytes(self, job: Job, clock: int, run: int, committed: list, fetched: dict) -> int:
+        """Bytes of updates applying the pass would add here (an upper bound: all of them)."""
+        n = 0
+        with self._lock:
+            for shard, attempt, _ in committed:
+                key = (clock, int(shard), int(attempt))
+                ups = fetched.get(key) or job.staged.get(key, (None, ()))[1]
+                n += sum(d.nbytes for _, _, _, d, _ in ups)
+        return n
 
     def _apply(self, job: Job, clock: int, run: int, committed: list, fetched: dict, reset: set,
                owned: dict) -> dict:
@@ -518,10 +536,17 @@ class ParamServer(WorkerPlugin):
         common = {k: v for k, v in item.items() if k != "shards"}
         attempts = [{**common, **member} for member in item["shards"]]
         commits = []
+        with self._lock:  # the members after the first may be released to another worker until they start
+            self._unstarted = {(item["job"], a["shard"], a["attempt"]) for a in attempts[1:]}
         try:
             job = self._job(item["job"])
             self._prepare(job, item)
-            for a in attempts:
+            for i, a in enumerate(attempts):
+                with self._lock:
+                    key = (item["job"], a["shard"], a["attempt"])
+                    if i and key not in self._unstarted:
+                        continue  # released: the coordinator gave it to another worker
+                    self._unstarted.discard(key)
                 timings = self._attempt(job, a)
                 if timings is not None:
                     commits.append({"shard": a["shard"], "attempt": a["attempt"], "timings": timings})
@@ -542,6 +567,13 @@ class ParamServer(WorkerPlugin):
                     self._fail(a, e)
             return None
         return r.get("next")
+
+    def _h_release(self, job_id: str, members: list) -> dict:
+        """Give back the batch members (``[shard, attempt]``) not started yet: an idle worker runs them."""
+        with self._lock:
+            out = [[int(s), int(a)] for s, a in members if (job_id, int(s), int(a)) in self._unstarted]
+            self._unstarted.difference_update((job_id, s, a) for s, a in out)
+        return {"released": out}
 
     def _attempt(self, job: Job, item: dict) -> dict | None:
         """Run one attempt and stage its results; its timings, or None when it failed (reported)."""

@@ -146,6 +146,30 @@ def test_short_steps_come_in_batches_of_the_workers_own_shards_and_long_steps_on
     assert _run_clock(slow, 1, 0.05) == [[0], [1], [2], [3], [7], [6], [5], [4]]
 
 
+def test_an_idle_worker_gets_back_the_batch_members_not_started_yet():
+    job = _two_worker_job()
+    _run_clock(job, 1, 0.001)
+    job.applied(job.machine.run_id, 0.0)
+    job.clock_end_done(job.next_item("b", 0.0) and "b", job.machine.run_id, {"objective": 1.0}, 0.0, 0.0)
+    job.begin(2, 0.0)
+    item = job.next_item("a", 0.0)
+    assert [m["shard"] for m in item["shards"]] == list(range(8))
+    assert job.next_item("b", 0.0) is None  # nothing TODO: b may only ask a for some back
+    victim, members = job.releasable("b")
+    assert victim == "a" and [s for s, _ in members] == [4, 5, 6, 7]  # the later half of those not started
+    job.released("a", members, [m for m in members if m[0] != 4], 1.0)  # a had started shard 4 meanwhile
+    assert job.events[-1]["kind"] == "batch-released" and job.events[-1]["shards"] == [5, 6, 7]
+    assert job.releasable("b") is None  # released shards are TODO: b takes them, one by one
+    for shard in (7, 6, 5):
+        got = job.next_item("b", 0.0)
+        assert [m["shard"] for m in got["shards"]] == [shard] and got["shards"][0]["fetch_from"] == "a"
+    att = {m["shard"]: m["attempt"] for m in item["shards"]}
+    assert job.releasable("b") == ("a", [(2, att[2]), (3, att[3])])  # 1..3 not asked yet; 4..7 never again
+    # a's late commit of a released attempt is refused; its other members commit
+    assert not job.commit("a", 2, item["run"], 5, item["shards"][5]["attempt"], 1.0)[0]
+    assert job.commit("a", 2, item["run"], 4, item["shards"][4]["attempt"], 1.0)[0]
+
+
 # ------------------------------------------------------------ the job, fuzzed
 class JobFuzz(RuleBasedStateMachine):
     """Plays coordinator and workers around a real JobState; checks exactly-once and the clock rules."""
@@ -178,6 +202,7 @@ class JobFuzz(RuleBasedStateMachine):
         self.failures: dict[tuple[int, int], int] = {}
         self.step_s = step_s  # short steps: a worker's own shards come in batches
         self.batches = 0  # work items with more than one attempt
+        self.released = 0  # batch members given back unstarted
 
     # ------------------------------------------------------------ glue
     def tick(self) -> float:
@@ -236,6 +261,21 @@ class JobFuzz(RuleBasedStateMachine):
         granted, effects = self.job.commit(item["worker"], item["clock"], item["run"], item["shard"],
                                            item["attempt"], self.tick(), {"compute_s": self.step_s})
         self.handle(effects)
+
+    @precondition(lambda self: getattr(self, "inflight", None))
+    @rule(w=st.sampled_from(WORKERS), give=st.integers(0, 3))
+    def idle_worker_takes_back(self, w, give):
+        """``w`` finds nothing to do: a batch's worker gives back up to ``give`` members it had not
+        started (here: any still in flight), the others count as started."""
+        ask = self.job.releasable(w)
+        if ask is None:
+            return
+        victim, members = ask
+        back = [m for m in members if m in self.inflight and self.inflight[m]["worker"] == victim][:give]
+        for m in back:
+            del self.inflight[m]
+        self.released += len(back)
+        self.job.released(victim, members, back, self.tick())
 
     @precondition(lambda self: getattr(self, "inflight", None))
     @rule(i=st.integers(0, 50))
@@ -367,6 +407,7 @@ def _random_run(f: JobFuzz, rnd, steps: int, reached: set[str]) -> None:
             moves += [("commit", lambda: f.stage_and_commit(rnd.randrange(50)))] * 4
             if rnd.random() < 0.1:
                 moves.append(("fail", lambda: f.attempt_fails(rnd.randrange(50))))
+            moves.append(("take-back", lambda: f.idle_worker_takes_back(rnd.choice(WORKERS), rnd.randrange(4))))
         if f.applies:
             moves.append(("apply", f.owners_apply))
         if f.clock_end is not None:
@@ -406,7 +447,9 @@ def test_seeded_walks_reach_every_stage_and_fault_and_keep_the_invariants():
         _random_run(f, rnd, 160, reached)
         if f.batches:
             reached.add("batch")
-    for want in ("batch", "lose@shards", "lose@apply", "lose@clock-end", "lose@rebuild", "skipped", "restore", "fail",
+        if f.released:
+            reached.add("released")
+    for want in ("batch", "released", "lose@shards", "lose@apply", "lose@clock-end", "lose@rebuild", "skipped", "restore", "fail",
                  "done:4"):
         assert want in reached, sorted(reached)
     assert any(k.endswith("+recovering") for k in reached), sorted(reached)
