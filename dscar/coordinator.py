@@ -33,6 +33,7 @@ from typing import Any
 
 import dask.config
 from distributed import SchedulerPlugin
+from distributed.core import ConnectionPool
 from distributed.protocol.pickle import loads
 
 from .checkpoint import CheckpointConfig
@@ -46,6 +47,8 @@ logger = logging.getLogger("dscar.coordinator")
 
 PLUGIN_NAME = "dscar-coordinator"
 IDLE_RECHECK_S = 0.02  # how often an idle worker's long poll looks again while a backup may turn due
+#: connecting to a worker: a dead one refuses at once, but distributed retries until this
+CONNECT_TIMEOUT_S = 3.0
 RPC_TIMEOUT_S = 30.0  # a coordinator -> worker message that takes longer means a hung worker
 #: how long the coordinator waits for a worker to give back batch members it has not started
 RELEASE_TIMEOUT_S = 1.0
@@ -83,10 +86,18 @@ class Coordinator(SchedulerPlugin):
         ):
             scheduler.handlers[f"dscar_{op}"] = getattr(self, f"_h_{op}")
         self._specs: dict[str, bytes] = {}
+        #: messages to workers: a short connect timeout, so a dead worker fails a message in
+        #: seconds (the scheduler's own pool retries a refused connection for 30 s)
+        self._pool = ConnectionPool(limit=256, connection_args=scheduler.connection_args,
+                                    timeout=CONNECT_TIMEOUT_S, server=scheduler)
+        await self._pool.start()
+        #: worker -> messages waiting for its answer (cancelled when it is removed)
+        self._inflight: dict[str, set[asyncio.Future]] = {}
 
     async def close(self) -> None:
         if self._watch is not None:
             self._watch.cancel()
+        await self._pool.close()
 
     # ----------------------------------------------------------- plumbing
     def _wake(self) -> None:
@@ -119,7 +130,18 @@ class Coordinator(SchedulerPlugin):
         self._wake()
 
     async def _rpc(self, worker: str, op: str, timeout: float = RPC_TIMEOUT_S, **kw) -> Any:
-        return await asyncio.wait_for(getattr(self.scheduler.rpc(worker), f"dscar_{op}")(**kw), timeout)
+        """A message to ``worker``; a ``ConnectionError`` at once if it is removed meanwhile (a
+        dead worker never answers, and every stage waiting on it would wait out the deadline)."""
+        task = asyncio.ensure_future(asyncio.wait_for(getattr(self._pool(worker), f"dscar_{op}")(**kw), timeout))
+        self._inflight.setdefault(worker, set()).add(task)
+        try:
+            return await task
+        except asyncio.CancelledError:
+            if task.cancelled():
+                raise ConnectionError(f"{worker} was removed") from None
+            raise
+        finally:
+            self._inflight.get(worker, set()).discard(task)
 
     async def _remove(self, worker: str, why: str) -> None:
         """Take ``worker`` out of the cluster (hung or unreachable); ``remove_worker`` below recovers."""
@@ -156,7 +178,7 @@ class Coordinator(SchedulerPlugin):
 
     async def _probe(self, worker: str) -> bool:
         try:
-            await asyncio.wait_for(self.scheduler.rpc(worker).dscar_info(job_id=""), PROBE_TIMEOUT_S)
+            await asyncio.wait_for(self._pool(worker).dscar_info(job_id=""), PROBE_TIMEOUT_S)
             self._heard[worker] = time.time()
             return True
         except asyncio.TimeoutError:
@@ -491,6 +513,8 @@ class Coordinator(SchedulerPlugin):
         await asyncio.gather(*(one(k, w) for k, w in sorted(restores.items())))
 
     def remove_worker(self, scheduler, worker: str, **kwargs) -> None:
+        for task in self._inflight.pop(worker, ()):
+            task.cancel()
         for job in list(self.jobs.values()):
             self._do(job, job.lose(worker, time.time()))
         if self.jobs:  # messages waiting for it on the other workers fail over now, not at their deadline

@@ -87,3 +87,34 @@ def test_a_worker_computing_for_20_seconds_is_not_taken_for_hung(tmp_path):
     assert "worker-lost" not in k and "worker-removed" not in k, k
     assert res.history[1].seconds >= 20.0
     assert_each_completed_clock_applied_every_row_once(res)
+
+
+async def _message_to_a_dead_address(dask_scheduler, address):
+    """Seconds until the coordinator's message to ``address`` fails, and how (runs on the scheduler)."""
+    from dscar.coordinator import PLUGIN_NAME
+
+    coord = dask_scheduler.plugins[PLUGIN_NAME]
+    t0 = time.monotonic()
+    try:
+        await coord._rpc(address, "info", job_id="")
+        how = "answered"
+    except OSError as e:
+        how = type(e).__name__
+    return time.monotonic() - t0, how
+
+
+@pytest.mark.timeout(120)
+def test_a_message_to_a_dead_worker_fails_in_seconds_not_at_the_connect_deadline():
+    """A worker that just died refuses connections; distributed retries a refused connection until its
+    30 s connect timeout, which held whole clocks for ~30 s in double-kill chaos runs. The coordinator's
+    own pool gives up after a few seconds."""
+    import socket
+
+    with socket.socket() as s:  # a port nothing listens on: what a dead worker's address is
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with dscar.Cluster(n_workers=1) as cl:
+        dscar.fit(RowCounter(n_parts=1), row_data(8), cl, n_shards=2, max_clocks=1)  # the coordinator is up
+        took, how = cl.client.run_on_scheduler(_message_to_a_dead_address, address=f"tcp://127.0.0.1:{port}")
+    assert how in ("OSError", "ConnectionRefusedError", "CommClosedError", "ConnectionError"), how
+    assert took < 10, took
