@@ -116,7 +116,7 @@ Run
 ---
     python -m bench.rework                       # full: both modes, 30 + 5 trials per algorithm (Lasso
                                                  # ~20-25 min on 2 busy cores; LDA and MLR add ~25, estimated)
-    python -m bench.rework --quick               # ~4-5 min: small problems, 3 simulated + 1 real trial each
+    python -m bench.rework --quick               # ~4-5 min: small problems, 2 simulated + 1 real trial each
     python -m bench.rework --quick --algo lasso  # ~1 min
     python -m bench.rework --quick --algo mf     # ~2 min (MF runs only when named)
     python -m bench.rework --simulate --trials 60
@@ -914,10 +914,10 @@ def report(d: dict[str, Any]) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.rework", description=__doc__.split("\n")[0])
-    ap.add_argument("--quick", action="store_true", help="small problems, 3 simulated + 1 real trial per algorithm (~4-5 min; ~1 min per algorithm)")
+    ap.add_argument("--quick", action="store_true", help="small problems, 2 simulated + 1 real trial per algorithm (~4-5 min; ~1 min per algorithm)")
     ap.add_argument("--simulate", action="store_true", help="simulated losses only (faults.lose, in-process)")
     ap.add_argument("--real", action="store_true", help="real kills only (faults.kill, worker processes)")
-    ap.add_argument("--trials", type=int, help="simulated trials (default 30; 3 with --quick)")
+    ap.add_argument("--trials", type=int, help="simulated trials (default 30; 2 with --quick)")
     ap.add_argument("--real-trials", type=int, help="real-kill trials (default 5; 1 with --quick)")
     ap.add_argument("--workers", type=int, default=4, help="workers W (default 4)")
     ap.add_argument("--every", type=int, default=10, help="full checkpoint interval C in clocks (default 10)")
@@ -945,7 +945,7 @@ def main(argv: list[str] | None = None) -> int:
         return _write(d, args)
 
     modes = [m for m, on in (("simulate", args.simulate), ("real", args.real)) if on] or list(MODES)
-    n_sim = args.trials if args.trials is not None else (3 if args.quick else 30)
+    n_sim = args.trials if args.trials is not None else (2 if args.quick else 30)
     n_real = args.real_trials if args.real_trials is not None else (1 if args.quick else 5)
     names = [a for a in args.algo.split(",") if a]
     unknown = [a for a in names if a not in ALGORITHMS]

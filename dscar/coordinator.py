@@ -37,6 +37,7 @@ from distributed.core import ConnectionPool
 from distributed.protocol.pickle import loads
 
 from .checkpoint import CheckpointConfig
+from .inflight import Inflight
 from .job import ApplyPass, Checkpoint, JobConfig, JobState, RestartWorker, StartRecovery
 from .ledger import describe, restore_candidates
 from .monitor import ThroughputMonitor
@@ -91,8 +92,8 @@ class Coordinator(SchedulerPlugin):
         self._pool = ConnectionPool(limit=256, connection_args=scheduler.connection_args,
                                     timeout=CONNECT_TIMEOUT_S, server=scheduler)
         await self._pool.start()
-        #: worker -> messages waiting for its answer (cancelled when it is removed)
-        self._inflight: dict[str, set[asyncio.Future]] = {}
+        #: messages waiting for a worker's answer (they fail at once when it is removed)
+        self._inflight = Inflight()
 
     async def close(self) -> None:
         if self._watch is not None:
@@ -130,18 +131,8 @@ class Coordinator(SchedulerPlugin):
         self._wake()
 
     async def _rpc(self, worker: str, op: str, timeout: float = RPC_TIMEOUT_S, **kw) -> Any:
-        """A message to ``worker``; a ``ConnectionError`` at once if it is removed meanwhile (a
-        dead worker never answers, and every stage waiting on it would wait out the deadline)."""
-        task = asyncio.ensure_future(asyncio.wait_for(getattr(self._pool(worker), f"dscar_{op}")(**kw), timeout))
-        self._inflight.setdefault(worker, set()).add(task)
-        try:
-            return await task
-        except asyncio.CancelledError:
-            if task.cancelled():
-                raise ConnectionError(f"{worker} was removed") from None
-            raise
-        finally:
-            self._inflight.get(worker, set()).discard(task)
+        """A message to ``worker``; fails at once if the worker is removed meanwhile."""
+        return await self._inflight.call(worker, getattr(self._pool(worker), f"dscar_{op}")(**kw), timeout)
 
     async def _remove(self, worker: str, why: str) -> None:
         """Take ``worker`` out of the cluster (hung or unreachable); ``remove_worker`` below recovers."""
@@ -513,8 +504,7 @@ class Coordinator(SchedulerPlugin):
         await asyncio.gather(*(one(k, w) for k, w in sorted(restores.items())))
 
     def remove_worker(self, scheduler, worker: str, **kwargs) -> None:
-        for task in self._inflight.pop(worker, ()):
-            task.cancel()
+        self._inflight.cancel(worker)
         for job in list(self.jobs.values()):
             self._do(job, job.lose(worker, time.time()))
         if self.jobs:  # messages waiting for it on the other workers fail over now, not at their deadline
