@@ -33,10 +33,10 @@ from typing import Any
 
 import dask.config
 from distributed import SchedulerPlugin
-from distributed.core import ConnectionPool
 from distributed.protocol.pickle import loads
 
 from .checkpoint import CheckpointConfig
+from .comm import fast_fail_pool
 from .inflight import Inflight
 from .job import ApplyPass, Checkpoint, JobConfig, JobState, RestartWorker, StartRecovery
 from .ledger import describe, restore_candidates
@@ -48,8 +48,6 @@ logger = logging.getLogger("dscar.coordinator")
 
 PLUGIN_NAME = "dscar-coordinator"
 IDLE_RECHECK_S = 0.02  # how often an idle worker's long poll looks again while a backup may turn due
-#: connecting to a worker: a dead one refuses at once, but distributed retries until this
-CONNECT_TIMEOUT_S = 3.0
 RPC_TIMEOUT_S = 30.0  # a coordinator -> worker message that takes longer means a hung worker
 #: how long the coordinator waits for a worker to give back batch members it has not started
 RELEASE_TIMEOUT_S = 1.0
@@ -87,10 +85,8 @@ class Coordinator(SchedulerPlugin):
         ):
             scheduler.handlers[f"dscar_{op}"] = getattr(self, f"_h_{op}")
         self._specs: dict[str, bytes] = {}
-        #: messages to workers: a short connect timeout, so a dead worker fails a message in
-        #: seconds (the scheduler's own pool retries a refused connection for 30 s)
-        self._pool = ConnectionPool(limit=256, connection_args=scheduler.connection_args,
-                                    timeout=CONNECT_TIMEOUT_S, server=scheduler)
+        #: messages to workers: a dead worker fails a message in seconds (``dscar.comm``)
+        self._pool = fast_fail_pool(scheduler.connection_args, server=scheduler)
         await self._pool.start()
         #: messages waiting for a worker's answer (they fail at once when it is removed)
         self._inflight = Inflight()

@@ -24,6 +24,7 @@ from . import checkpoint as ckpt
 from . import report, results, validation
 from .algorithm import Algorithm, TableSpec
 from .cluster import Cluster, default_memory_limit
+from .comm import fast_fail_pool
 from .data import ArrayData, FileData, PhasedData, as_data, is_dask
 from .errors import ClusterError, InvalidInputError, JobFailedError
 from .faults import Fault, resolve
@@ -325,9 +326,21 @@ class _Run:
         self._seen = 0  # how many of the coordinator's events are in self.events
         self.published: list[dict[str, Any]] = []
         self.model = _model_info(algorithm, data.meta)
+        self._pool = None  # the driver's own connection pool to workers (``_worker``)
 
     def _sync(self, fn, *args, **kw):
         return self.client.sync(fn, *args, **kw)
+
+    async def _worker(self, address: str):
+        """An rpc to ``address`` through the driver's own pool: a worker that just died fails a
+        message in seconds (``dscar.comm``), not after distributed's 30 s connect timeout."""
+        if self._pool is None:
+            self._pool = fast_fail_pool(self.client.connection_args)
+            await self._pool.start()
+        return self._pool(address)
+
+    async def _call_worker(self, address: str, op: str, **kw) -> Any:
+        return await getattr(await self._worker(address), f"dscar_{op}")(**kw)
 
     def run(self, max_clocks: int, progress: bool | None) -> FitResult:
         t_start = time.perf_counter()
@@ -376,9 +389,11 @@ class _Run:
                 pass
             for w in self.cl.workers:
                 try:
-                    self._sync(self.client.rpc(w).dscar_end_job, job_id=self.job_id)
+                    self._sync(self._call_worker, w, "end_job", job_id=self.job_id)
                 except Exception:
                     pass
+            if self._pool is not None:
+                self._sync(self._pool.close)
             _undo_hangs(self.events)
         self.events.sort(key=lambda e: e["time"])
         return FitResult(params, history, self.events, converged,
@@ -402,16 +417,16 @@ class _Run:
             else:
                 by_owner.setdefault(w, []).append([t, p])
         await asyncio.gather(*(
-            self.client.rpc(w).dscar_init(job_id=self.job_id, parts=parts) for w, parts in by_owner.items()
+            self._call_worker(w, "init", job_id=self.job_id, parts=parts) for w, parts in by_owner.items()
         ))
         if resume is None:
             return None
         cfg = self.options["checkpoint"]
         for m in resume:
             results = await asyncio.gather(*(
-                self.client.rpc(w).dscar_restore(job_id=self.job_id, table=t, part=p,
-                                                 chain=restore_candidates([m], t, p)[0][1],
-                                                 url=cfg.url, storage_options=cfg.storage_options)
+                self._call_worker(w, "restore", job_id=self.job_id, table=t, part=p,
+                                  chain=restore_candidates([m], t, p)[0][1],
+                                  url=cfg.url, storage_options=cfg.storage_options)
                 for t, p, w in restore
             ))
             bad = [r.get("error") for r in results if r["status"] != "OK"]
@@ -452,7 +467,7 @@ class _Run:
                 arrays = {k: to_serialize(v) for k, v in self.data.shard(shard).items()}
                 try:
                     await asyncio.wait_for(
-                        self.client.rpc(worker).dscar_put_shard(job_id=self.job_id, shard=shard, arrays=arrays),
+                        self._call_worker(worker, "put_shard", job_id=self.job_id, shard=shard, arrays=arrays),
                         PLACE_TIMEOUT_S)
                     return True
                 except (OSError, asyncio.TimeoutError):
@@ -523,7 +538,7 @@ class _Run:
                 out[t.name] = await results.keep_on_cluster(self.client, self.job_id, t, owner)
                 continue
             parts = await asyncio.gather(*(
-                self.client.rpc(owner[(t.name, p)]).dscar_pull(job_id=self.job_id, table=t.name, part=p, lo=0, hi=b - a)
+                self._call_worker(owner[(t.name, p)], "pull", job_id=self.job_id, table=t.name, part=p, lo=0, hi=b - a)
                 for p, (a, b) in enumerate(row_bounds(t.n_rows, t.n_parts))
             ))
             out[t.name] = np.concatenate([np.asarray(r["data"]) for r in parts])
