@@ -40,12 +40,13 @@ from typing import Any
 import numpy as np
 import dask.config
 from distributed import WorkerPlugin
-from distributed.core import ConnectionPool
 from distributed.protocol import to_serialize
 from distributed.protocol.pickle import loads
 from distributed.utils import sync
 
 from . import checkpoint as ckpt
+from .comm import fast_fail_pool
+from .inflight import Inflight
 from .algorithm import Algorithm, DataMeta, TableSpec
 from .partitions import TableLayout
 from .xp import select_namespace, to_device, to_host
@@ -55,10 +56,12 @@ logger = logging.getLogger("dscar.worker")
 PLUGIN_NAME = "dscar-paramserver"
 BACKUP_FETCH_WAIT_S = 5.0  # how long a backup waits for the new holder of its shard to receive the data
 BACKUP_ALT_WAIT_S = 0.5  # the same, when the primary's source can be asked next
-CONNECT_TIMEOUT_S = 3.0  # connecting to a peer: a dead one refuses at once, but distributed retries until this
 #: a pass whose updates here are at most this many bytes is applied on the event loop (tens of
 #: microseconds), larger ones in a thread, so the loop keeps answering heartbeats and peers
 INLINE_APPLY_BYTES = 256 * 1024
+#: tables of at most this many bytes are read whole, all of them in one message per owner
+SMALL_TABLE_BYTES = 1 << 20
+SMALL = ("small tables",)  # the pull-cache key of ``read_small_tables``' answer
 
 
 def rpc_timeout() -> float:
@@ -118,15 +121,14 @@ class ParamServer(WorkerPlugin):
         self._lock = threading.RLock()
         self._stop = threading.Event()
         #: worker-to-worker messages of attempts: a short connect timeout, so a dead peer fails fast
-        self.peers = ConnectionPool(limit=64, connection_args=worker.connection_args, timeout=CONNECT_TIMEOUT_S,
-                                    server=worker)
+        self.peers = fast_fail_pool(worker.connection_args, server=worker, limit=64)
         self._peers_started = asyncio.ensure_future(self.peers.start())
         #: (job, shard, attempt) of the running batch's members not started yet (``dscar_release``)
         self._unstarted: set[tuple[str, int, int]] = set()
-        #: peer address -> messages waiting for its answer (cancelled when it is lost)
-        self._inflight: dict[str, set] = {}
+        #: messages waiting for a peer's answer (they fail at once when it is lost)
+        self._inflight = Inflight()
         for op in ("init", "pull", "fetch_staged", "apply", "assign", "put_shard", "take_shard", "end_job", "info", "adopt",
-                   "checkpoint", "restore", "forget", "peer_lost", "release"):
+                   "checkpoint", "restore", "forget", "peer_lost", "release", "pull_many"):
             worker.handlers[f"dscar_{op}"] = getattr(self, f"_h_{op}")
         self._thread = threading.Thread(target=self._loop, name="dscar-loop", daemon=True)
         self._thread.start()
@@ -193,12 +195,24 @@ class ParamServer(WorkerPlugin):
 
     def _h_pull(self, job_id: str, table: str, part: int, lo: int = 0, hi: int = 0, rows=None) -> dict:
         with self._lock:
-            arr = self.jobs[job_id].parts[(table, part)]
+            job = self.jobs.get(job_id)
+            if job is None or (table, part) not in job.parts:  # a late attempt of an ended job, a moved partition
+                return {"status": "missing"}
+            arr = job.parts[(table, part)]
             if rows is None:
                 out = to_host(arr[lo:hi]).copy()
             else:
                 out = to_host(arr[self.jobs[job_id].xp.asarray(np.asarray(rows, dtype=np.int64))])
-        return {"data": to_serialize(np.ascontiguousarray(out))}
+        return {"status": "OK", "data": to_serialize(np.ascontiguousarray(out))}
+
+    def _h_pull_many(self, job_id: str, parts: list) -> dict:
+        """Whole partitions ``[[table, part], ...]`` held here (``read_small_tables``)."""
+        with self._lock:
+            job = self.jobs.get(job_id)
+            if job is None or any((t, int(p)) not in job.parts for t, p in parts):
+                return {"status": "missing"}
+            out = [to_serialize(np.ascontiguousarray(to_host(job.parts[(t, int(p))]))) for t, p in parts]
+        return {"status": "OK", "data": out}
 
     def _h_fetch_staged(self, job_id: str, run: int, keys: list, parts: list) -> dict:
         """The updates staged here by ``keys`` (committed attempts of pass ``run``) for the caller's
@@ -478,26 +492,15 @@ class ParamServer(WorkerPlugin):
         return sync(self.worker.loop, self._apeer, address, op, **kw)
 
     async def _apeer(self, address: str, op: str, **kw) -> dict:
-        """A message to another worker; cancelled at once when the coordinator says that worker is
+        """A message to another worker; it fails at once when the coordinator says that worker is
         gone (``dscar_peer_lost``: a hung peer never answers, and waiting for the deadline would
         stall the attempt, and its clock, for ``rpc_timeout()`` seconds)."""
         await self._peers_started
-        task = asyncio.ensure_future(asyncio.wait_for(getattr(self.peers(address), f"dscar_{op}")(**kw),
-                                                      rpc_timeout()))
-        self._inflight.setdefault(address, set()).add(task)
-        try:
-            return await task
-        except asyncio.CancelledError:
-            if task.cancelled():
-                raise ConnectionError(f"{address} was lost") from None
-            raise
-        finally:
-            self._inflight.get(address, set()).discard(task)
+        return await self._inflight.call(address, getattr(self.peers(address), f"dscar_{op}")(**kw), rpc_timeout())
 
     def _h_peer_lost(self, address: str) -> dict:
-        """``address`` left the cluster: cancel every message waiting for it."""
-        for task in list(self._inflight.pop(address, ())):
-            task.cancel()
+        """``address`` left the cluster: every message waiting for it fails now."""
+        self._inflight.cancel(address)
         return {"status": "OK"}
 
     def _loop(self) -> None:
@@ -817,11 +820,41 @@ class ParamServer(WorkerPlugin):
                 with self._lock:
                     pieces.append(job.parts[(table, part)][lo - a : hi - a].copy())
             else:
-                r = self._peer(owner, "pull", job_id=job.id, table=table, part=part, lo=lo - a, hi=hi - a)
+                r = _answered(self._peer(owner, "pull", job_id=job.id, table=table, part=part, lo=lo - a, hi=hi - a),
+                              owner, table, part)
                 pieces.append(job.xp.asarray(r["data"]))
         if len(pieces) == 1:
             return pieces[0]
         return job.xp.concatenate(pieces) if pieces else job.xp.zeros((0, *job.specs[table].trailing))
+
+    def is_small(self, job: Job, table: str) -> bool:
+        spec = job.specs[table]
+        return spec.n_rows * int(np.prod(spec.trailing)) * np.dtype(spec.dtype).itemsize <= SMALL_TABLE_BYTES
+
+    def read_small_tables(self, job: Job) -> dict[str, Any]:
+        """Every small table (``SMALL_TABLE_BYTES``), whole: the partitions held here copied, the
+        others fetched with one message per owner, all owners at once. A small model's shard step
+        or clock end reads several tables, and one message per table and owner is a round trip each."""
+        me = self.worker.address
+        small = [t for t in job.specs if self.is_small(job, t)]
+        pieces: dict[tuple[str, int], Any] = {}
+        remote: dict[str, list] = defaultdict(list)
+        for t in small:
+            for p in range(job.layouts[t].n_parts):
+                owner = job.owners[(t, p)]
+                if owner == me:
+                    with self._lock:
+                        pieces[(t, p)] = job.parts[(t, p)].copy()
+                else:
+                    remote[owner].append((t, p))
+        if remote:
+            async def fetch():
+                return await asyncio.gather(*(self._apeer(o, "pull_many", job_id=job.id, parts=[list(k) for k in keys])
+                                              for o, keys in remote.items()))
+            for (owner, keys), r in zip(remote.items(), sync(self.worker.loop, fetch)):
+                r = _answered(r, owner, *keys[0])
+                pieces.update((k, job.xp.asarray(d)) for k, d in zip(keys, r["data"]))
+        return {t: job.xp.concatenate([pieces[(t, p)] for p in range(job.layouts[t].n_parts)]) for t in small}
 
     def read_row_set(self, job: Job, table: str, rows):
         """Arbitrary rows of ``table`` (in the order given), gathered from their owners."""
@@ -839,7 +872,8 @@ class ParamServer(WorkerPlugin):
                 with self._lock:
                     vals = job.parts[(table, int(part))][job.xp.asarray(local)]
             else:
-                r = self._peer(owner, "pull", job_id=job.id, table=table, part=int(part), rows=to_serialize(local))
+                r = _answered(self._peer(owner, "pull", job_id=job.id, table=table, part=int(part),
+                                         rows=to_serialize(local)), owner, table, int(part))
                 vals = job.xp.asarray(r["data"])
             out[job.xp.asarray(sel)] = vals
         return out
@@ -855,6 +889,14 @@ class ParamServer(WorkerPlugin):
                 self._assign_local(job, table, part, lo - a, chunk)
             else:
                 self._peer(owner, "assign", job_id=job.id, table=table, part=part, lo=lo - a, data=to_serialize(chunk))
+
+
+def _answered(reply: dict, owner: str, table: str, part: int) -> dict:
+    """A pull's answer, or a ``LookupError`` when the owner no longer holds the partition (its job ended,
+    the partition moved): the attempt fails and is retried or dropped like any other."""
+    if reply.get("status", "OK") != "OK":
+        raise LookupError(f"{owner} no longer holds {table}/{part}")
+    return reply
 
 
 class _Stopped(Exception):
@@ -885,7 +927,12 @@ class ShardStep:
         cache = self._job.pull_cache
         if key not in cache:
             t0 = time.perf_counter()
-            cache[key] = self._server.read_rows(self._job, table, start, stop)
+            if self._server.is_small(self._job, table):  # every small table at once, then slices of it
+                if SMALL not in cache:
+                    cache[SMALL] = self._server.read_small_tables(self._job)
+                cache[key] = cache[SMALL][table][start:stop]
+            else:
+                cache[key] = self._server.read_rows(self._job, table, start, stop)
             self.pull_s += time.perf_counter() - t0
         return cache[key]
 
@@ -923,13 +970,19 @@ class ShardStep:
 
 
 class ClockEnd:
-    """The ``ClockContext`` of a clock-end step: fresh pulls, assignments."""
+    """The ``ClockContext`` of a clock-end step: fresh pulls (of the tables as this step left
+    them), assignments."""
 
     def __init__(self, server: ParamServer, job: Job, clock: int):
         self._server, self._job = server, job
         self.xp, self.clock, self.meta, self.tol = job.xp, clock, job.meta, job.tol
+        self._small: dict[str, Any] | None = None  # the small tables, read once until an assign
 
     def pull(self, table: str, start: int = 0, stop: int | None = None):
+        if self._server.is_small(self._job, table):
+            if self._small is None:
+                self._small = self._server.read_small_tables(self._job)
+            return self._small[table][start:stop].copy()  # the caller may change its copy
         return self._server.read_rows(self._job, table, start, stop)
 
     def pull_rows(self, table: str, rows):
@@ -937,6 +990,7 @@ class ClockEnd:
 
     def assign(self, table: str, values, start: int = 0) -> None:
         self._server.write_rows(self._job, table, values, start)
+        self._small = None
 
 
 def _is_array(v) -> bool:
