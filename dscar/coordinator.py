@@ -209,8 +209,14 @@ class Coordinator(SchedulerPlugin):
     def _h_job_spec(self, job_id: str) -> bytes:
         return self._specs[job_id]
 
-    def _h_owners(self, job_id: str) -> list:
-        return self.jobs[job_id].pmap.to_msg()
+    async def _h_owners(self, job_id: str) -> dict:
+        """The partitions' owners, once no recovery is under way (the driver gathers the model)."""
+        job = self.jobs[job_id]
+        while job.machine.recovering and not job.failed:
+            await self._wait_change(1.0)
+        if job.failed:
+            return {"status": "failed", "error": job.error}
+        return {"status": "OK", "owners": job.pmap.to_msg()}
 
     def _h_placed(self, job_id: str, placements: list) -> dict:
         job = self.jobs[job_id]

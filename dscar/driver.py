@@ -40,6 +40,9 @@ logger = logging.getLogger("dscar.driver")
 SHARDS_PER_WORKER = 4
 #: seconds one shard's placement on a worker may take before that worker is passed over
 PLACE_TIMEOUT_S = 60.0
+#: gathering the model at the end: attempts (an owner may die under it) and the pause between them
+GATHER_ATTEMPTS = 5
+GATHER_RETRY_S = 0.5
 
 
 @dataclass
@@ -528,8 +531,23 @@ class _Run:
         return history, converged
 
     async def _gather(self) -> dict[str, np.ndarray]:
-        owners = await self.client.scheduler.dscar_owners(job_id=self.job_id)
-        owner = {(t, int(p)): w for t, p, w in owners}
+        """The model's param tables from their owners. An owner lost meanwhile is recovered by the
+        coordinator (its partitions restored elsewhere): ask for the owners again and retry."""
+        for attempt in range(GATHER_ATTEMPTS):
+            r = await self.client.scheduler.dscar_owners(job_id=self.job_id)
+            if r["status"] != "OK":
+                raise JobFailedError(r.get("error") or "the job failed")
+            owner = {(t, int(p)): w for t, p, w in r["owners"]}
+            try:
+                return await self._gather_from(owner)
+            except (OSError, LookupError, KeyError) as e:  # an owner died under the gather
+                if attempt == GATHER_ATTEMPTS - 1:
+                    raise JobFailedError(f"gathering the model failed {GATHER_ATTEMPTS} times; last: {e!r}") from e
+                logger.info("gathering the model: %r; asking for the owners again", e)
+                await asyncio.sleep(GATHER_RETRY_S)  # the scheduler notices a closed comm within moments
+        raise AssertionError("unreachable")
+
+    async def _gather_from(self, owner: dict[tuple[str, int], str]) -> dict[str, np.ndarray]:
         out = {}
         for t in self.tables:
             if t.kind != "param":
@@ -541,5 +559,7 @@ class _Run:
                 self._call_worker(owner[(t.name, p)], "pull", job_id=self.job_id, table=t.name, part=p, lo=0, hi=b - a)
                 for p, (a, b) in enumerate(row_bounds(t.n_rows, t.n_parts))
             ))
+            if any(r.get("status", "OK") != "OK" for r in parts):
+                raise LookupError(f"an owner of {t.name} no longer holds its partition")
             out[t.name] = np.concatenate([np.asarray(r["data"]) for r in parts])
         return out
