@@ -81,7 +81,7 @@ class Coordinator(SchedulerPlugin):
         for op in (
             "start_job", "job_spec", "placed", "begin_clock", "next", "commit", "fail", "clock_done",
             "clock_failed", "wait", "end_job", "owners", "event", "ckpt_written", "published",
-            "simulate_loss", "flush", "rebase",
+            "simulate_loss", "flush", "rebase", "until_lost",
         ):
             scheduler.handlers[f"dscar_{op}"] = getattr(self, f"_h_{op}")
         self._specs: dict[str, bytes] = {}
@@ -208,6 +208,18 @@ class Coordinator(SchedulerPlugin):
 
     def _h_job_spec(self, job_id: str) -> bytes:
         return self._specs[job_id]
+
+    async def _h_until_lost(self, job_id: str, workers: list, timeout: float = 60.0) -> dict:
+        """Long poll: returns once one of ``workers`` is lost to the job, or after ``timeout`` (the
+        driver races it against a placement: a hung target accepts the connection, never answers)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            job = self.jobs.get(job_id)
+            gone = [w for w in workers if w not in self.scheduler.workers or (job is not None and w in job.lost)]
+            left = deadline - time.monotonic()
+            if gone or job is None or left <= 0:
+                return {"lost": gone}
+            await self._wait_change(left)
 
     async def _h_owners(self, job_id: str) -> dict:
         """The partitions' owners, once no recovery is under way (the driver gathers the model)."""

@@ -468,10 +468,20 @@ class _Run:
         async def send(shard: int, worker: str) -> bool:
             async with sem:
                 arrays = {k: to_serialize(v) for k, v in self.data.shard(shard).items()}
+                put = asyncio.ensure_future(asyncio.wait_for(
+                    self._call_worker(worker, "put_shard", job_id=self.job_id, shard=shard, arrays=arrays),
+                    PLACE_TIMEOUT_S))
+                # a hung target accepts the connection and never answers: give up once it is lost
+                lost = asyncio.ensure_future(self.client.scheduler.dscar_until_lost(
+                    job_id=self.job_id, workers=[worker], timeout=PLACE_TIMEOUT_S))
+                await asyncio.wait({put, lost}, return_when=asyncio.FIRST_COMPLETED)
+                if not put.done() and lost.exception() is None:
+                    put.cancel()
+                    return False
+                lost.cancel()
+                await asyncio.wait({put})  # the watch itself failed: the deadline decides
                 try:
-                    await asyncio.wait_for(
-                        self._call_worker(worker, "put_shard", job_id=self.job_id, shard=shard, arrays=arrays),
-                        PLACE_TIMEOUT_S)
+                    put.result()
                     return True
                 except (OSError, asyncio.TimeoutError):
                     return False

@@ -62,6 +62,26 @@ def test_a_hung_partition_owner_is_dropped_within_5_seconds_and_continued_afterw
         assert state != "T", state
 
 
+@pytest.mark.timeout(240)
+def test_shards_placed_on_a_worker_that_hangs_are_placed_again_once_it_is_dropped(tmp_path):
+    """Worker 2 hangs, then worker 1 dies in the same clock: the driver places 1's shards (the data is
+    the driver's arrays) on the live workers, 2 among them, which accepts the connection and never
+    answers. Once 2 is dropped (within 5 s), its placements are given up and placed again; before,
+    the driver waited for the hung worker until the clock had taken ~24 s (chaos, mixed runs)."""
+    cfg = dscar.CheckpointConfig(str(tmp_path), policy="full", every=1)
+    with dscar.Cluster(n_workers=3) as cl:
+        res = dscar.fit(RowCounter(n_parts=3, sleep=0.05), row_data(60), cl, n_shards=6, max_clocks=5,
+                        checkpoint=cfg, faults=[faults.hang(2, 3), faults.kill(1, 3, point="mid-push")])
+    k = kinds(res)
+    assert k.count("worker-lost") == 2 and "shards-replaced" in k, k
+    assert res.n_clocks == 5
+    assert_each_completed_clock_applied_every_row_once(res)
+    hung = next(e for e in res.events if e["kind"] == "fault-hang")
+    placed = [e for e in res.events if e["kind"] == "shards-replaced" and e["time"] > hung["time"]]
+    assert placed, k
+    assert max(r.seconds for r in res.history) < 12.0, [round(r.seconds, 1) for r in res.history]
+
+
 class LongStep(RowCounter):
     """One shard step of clock 2 computes for ``seconds`` (NumPy, the GIL released in between)."""
 
