@@ -7,17 +7,10 @@ is ever pinned to this worker. Parameter and shard bytes move worker to worker
 through the ``dscar_*`` handlers below, as zero-copy frames; the scheduler only
 ever sees ids and small dicts.
 
-Exactly once: a shard attempt stages its contributions and its new shard state
-here, then asks the coordinator to commit; the answer carries the next work
-item. When the pass is complete the coordinator tells every worker which
-``(shard, attempt, worker)`` committed; each owner collects those attempts'
-updates to its partitions from the workers that ran them (one message per
-worker and pass) and applies exactly those, in shard order (deterministic
-sums); holders install exactly those shard states; everything else is dropped.
-A worker lost with committed, unapplied attempts takes them with it: the
-coordinator runs those shards again (or skips the clock, if it was applying). So a shard's state
-is the state as of the pass's start until the pass is applied: a backup copies
-it, and a pass run again after a loss starts from it.
+Exactly once: the rule lives where it is kept, in ``dscar.partition_store``
+(staged updates, applied in shard order) and ``dscar.shard_store`` (pending
+shard states, installed for the winning attempt only); the handlers here are
+thin glue over those two stores.
 
 Every message an attempt sends to another worker goes through a connection pool
 of its own with a short connect timeout and a deadline (``dscar.rpc-timeout``),
@@ -48,14 +41,14 @@ from . import checkpoint as ckpt
 from .comm import fast_fail_pool
 from .inflight import Inflight
 from .algorithm import Algorithm, DataMeta, TableSpec
+from .partition_store import PartitionStore
 from .partitions import TableLayout
+from .shard_store import ShardEntry, ShardStore, fetch_sources
 from .xp import select_namespace, to_device, to_host
 
 logger = logging.getLogger("dscar.worker")
 
 PLUGIN_NAME = "dscar-paramserver"
-BACKUP_FETCH_WAIT_S = 5.0  # how long a backup waits for the new holder of its shard to receive the data
-BACKUP_ALT_WAIT_S = 0.5  # the same, when the primary's source can be asked next
 #: a pass whose updates here are at most this many bytes is applied on the event loop (tens of
 #: microseconds), larger ones in a thread, so the loop keeps answering heartbeats and peers
 INLINE_APPLY_BYTES = 256 * 1024
@@ -81,27 +74,16 @@ class Job:
     loader: Any  # FileData or None
     tol: float
     xp: ModuleType
+    #: the partitions held here, their checkpointed copies and the updates staged here
+    tables: PartitionStore
+    #: the shards held here and the new states staged by attempts run here
+    shards: ShardStore
     faults: list = field(default_factory=list)  # this worker's, from dscar.faults
     fired: set = field(default_factory=set)
-    saved: dict[tuple[str, int], Any] = field(default_factory=dict)  # host copy: last checkpointed value
-    parts: dict[tuple[str, int], Any] = field(default_factory=dict)
-    #: (clock, shard, attempt) -> (run id, updates) staged here by attempts, applied if they commit
-    staged: dict[tuple[int, int, int], tuple[int, list]] = field(default_factory=dict)
-    #: (clock, shard, attempt) -> (entry, new state) of attempts run here, installed if they commit
-    pending_state: dict[tuple[int, int, int], tuple["ShardEntry", dict]] = field(default_factory=dict)
-    shards: dict[int, "ShardEntry"] = field(default_factory=dict)
     owners: dict[tuple[str, int], str] = field(default_factory=dict)
     pull_cache: dict[tuple, Any] = field(default_factory=dict)
     cache_run: int = -1  # the run id the cached pulls belong to (tables change only with a new run id)
     clock_seen: int = 0  # the newest clock this worker was given work in (fault points outside attempts)
-
-
-@dataclass
-class ShardEntry:
-    """A shard's data and its state as of its last applied commit (e.g. topic assignments)."""
-
-    data: dict[str, Any]
-    state: dict[str, Any] = field(default_factory=dict)
 
 
 class ParamServer(WorkerPlugin):
@@ -157,12 +139,17 @@ class ParamServer(WorkerPlugin):
         d = loads(spec)
         with self._lock:
             if job_id not in self.jobs:
+                specs = {t.name: t for t in d["tables"]}
+                layouts = {t.name: TableLayout(t.name, t.n_rows, t.n_parts) for t in d["tables"]}
+                lock = threading.RLock()  # one per job: a pass applies to both stores at once
                 self.jobs[job_id] = Job(
                     id=job_id,
                     algorithm=d["algorithm"],
                     meta=d["meta"],
-                    specs={t.name: t for t in d["tables"]},
-                    layouts={t.name: TableLayout(t.name, t.n_rows, t.n_parts) for t in d["tables"]},
+                    specs=specs,
+                    layouts=layouts,
+                    tables=PartitionStore(specs, layouts, self.xp, lock),
+                    shards=ShardStore(lock),
                     loader=d["loader"],
                     tol=d["tol"],
                     xp=self.xp,
@@ -177,11 +164,7 @@ class ParamServer(WorkerPlugin):
         for table, part in parts:
             spec_ = job.specs[table]
             a, b = job.layouts[table].bounds[part]
-            arr = job.xp.asarray(job.algorithm.init_rows(spec_, a, b, job.xp), dtype=spec_.dtype)
-            with self._lock:
-                job.parts[(table, int(part))] = arr
-                if spec_.kind == "param":
-                    job.saved[(table, int(part))] = to_host(arr).copy()  # checkpoint 0
+            job.tables.own(table, part, job.algorithm.init_rows(spec_, a, b, job.xp), checkpointed=True)  # checkpoint 0
         return {"status": "OK", "device": device_of(self.xp)}
 
     async def _h_adopt(self, job_id: str, table: str, part: int, source: str) -> dict:
@@ -189,30 +172,23 @@ class ParamServer(WorkerPlugin):
         job = await self._ajob(job_id)
         a, b = job.layouts[table].bounds[part]
         r = await self.worker.rpc(source).dscar_pull(job_id=job_id, table=table, part=part, lo=0, hi=b - a)
-        with self._lock:
-            job.parts[(table, int(part))] = job.xp.asarray(r["data"])
+        job.tables.own(table, part, r["data"])
         return {"status": "OK"}
 
     def _h_pull(self, job_id: str, table: str, part: int, lo: int = 0, hi: int = 0, rows=None) -> dict:
-        with self._lock:
-            job = self.jobs.get(job_id)
-            if job is None or (table, part) not in job.parts:  # a late attempt of an ended job, a moved partition
-                return {"status": "missing"}
-            arr = job.parts[(table, part)]
-            if rows is None:
-                out = to_host(arr[lo:hi]).copy()
-            else:
-                out = to_host(arr[self.jobs[job_id].xp.asarray(np.asarray(rows, dtype=np.int64))])
-        return {"status": "OK", "data": to_serialize(np.ascontiguousarray(out))}
+        job = self.jobs.get(job_id)
+        out = None if job is None else job.tables.host_rows(table, part, lo, hi, rows)
+        if out is None:  # a late attempt of an ended job, a moved partition
+            return {"status": "missing"}
+        return {"status": "OK", "data": to_serialize(out)}
 
     def _h_pull_many(self, job_id: str, parts: list) -> dict:
         """Whole partitions ``[[table, part], ...]`` held here (``read_small_tables``)."""
-        with self._lock:
-            job = self.jobs.get(job_id)
-            if job is None or any((t, int(p)) not in job.parts for t, p in parts):
-                return {"status": "missing"}
-            out = [to_serialize(np.ascontiguousarray(to_host(job.parts[(t, int(p))]))) for t, p in parts]
-        return {"status": "OK", "data": out}
+        job = self.jobs.get(job_id)
+        out = None if job is None else job.tables.host_parts(parts)
+        if out is None:
+            return {"status": "missing"}
+        return {"status": "OK", "data": [to_serialize(d) for d in out]}
 
     def _h_fetch_staged(self, job_id: str, run: int, keys: list, parts: list) -> dict:
         """The updates staged here by ``keys`` (committed attempts of pass ``run``) for the caller's
@@ -220,16 +196,12 @@ class ParamServer(WorkerPlugin):
         job = self.jobs.get(job_id)
         if job is None:
             return {"status": "ended"}
-        want = {(t, int(p)) for t, p in parts}
-        out = []
-        with self._lock:
-            for key in keys:
-                staged_run, ups = job.staged.get(tuple(key), (None, ()))
-                if staged_run != run:
-                    return {"status": "missing", "key": list(key)}
-                out.append([list(key), [[t, p, lo, to_serialize(d), None if r is None else to_serialize(r)]
-                                        for t, p, lo, d, r in ups if (t, p) in want]])
-        return {"status": "OK", "updates": out}
+        missing, selected = job.tables.select_staged(run, keys, parts)
+        if missing is not None:
+            return {"status": "missing", "key": list(missing)}
+        return {"status": "OK", "updates": [
+            [list(key), [[t, p, lo, to_serialize(d), None if r is None else to_serialize(r)] for t, p, lo, d, r in ups]]
+            for key, ups in selected]}
 
     async def _h_apply(self, job_id: str, clock: int, run: int, committed: list, reset: list | None = None) -> dict:
         """Apply the pass of ``run``: the committed attempts' updates to the partitions owned here
@@ -245,8 +217,7 @@ class ParamServer(WorkerPlugin):
             return {"applied": 0}
         if await self._ainject(job, "apply"):
             return {"status": "stopped"}
-        with self._lock:  # the partitions as of now: one restored meanwhile is not this pass's to update
-            owned = dict(job.parts)
+        owned = job.tables.owned()  # the partitions as of now: one restored meanwhile is not this pass's to update
         me, parts = self.worker.address, [[t, p] for t, p in owned]
         by_worker: dict[str, list] = defaultdict(list)
         for shard, attempt, worker in committed:
@@ -265,79 +236,27 @@ class ParamServer(WorkerPlugin):
                     updates[tuple(key)] = [(t, int(p), int(lo), np.asarray(d), None if rw is None else
                                             np.asarray(rw, dtype=np.int64)) for t, p, lo, d, rw in ups]
         args = (job, clock, run, committed, updates, set(reset or ()), owned)
-        if self._apply_bytes(job, clock, run, committed, updates) <= INLINE_APPLY_BYTES:
+        if job.tables.update_bytes(_keys(clock, committed), updates) <= INLINE_APPLY_BYTES:
             return self._apply(*args)  # a thread hop would cost more than the additions
         return await asyncio.to_thread(self._apply, *args)
 
-    def _apply_bytes(self, job: Job, clock: int, run: int, committed: list, fetched: dict) -> int:
-        """Bytes of updates applying the pass would add here (an upper bound: all of them)."""
-        n = 0
-        with self._lock:
-            for shard, attempt, _ in committed:
-                key = (clock, int(shard), int(attempt))
-                ups = fetched.get(key) or job.staged.get(key, (None, ()))[1]
-                n += sum(d.nbytes for _, _, _, d, _ in ups)
-        return n
-
     def _apply(self, job: Job, clock: int, run: int, committed: list, fetched: dict, reset: set,
                owned: dict) -> dict:
-        me = self.worker.address
-        wanted = {(clock, int(s), int(a)) for s, a, _ in committed}
-        applied = 0
-        with self._lock:
-            owned = {k: a for k, a in owned.items() if job.parts.get(k) is a}  # not replaced by a restore
-            for (table, part), arr in owned.items():
-                if table in reset:
-                    arr[...] = 0
-            for key in sorted(wanted):  # shard order: deterministic sums
-                if key in fetched:
-                    ups = fetched[key]
-                else:
-                    staged_run, ups = job.staged.get(key, (None, ()))
-                    if staged_run != run:
-                        continue  # not run here
-                for table, part, lo, data, rows in ups:
-                    arr = owned.get((table, part))
-                    if arr is None:
-                        continue  # another owner's partition
-                    if rows is None:
-                        arr[lo : lo + data.shape[0]] += job.xp.asarray(data)
-                    else:  # scatter-add: repeated rows add up
-                        job.xp.add.at(arr, job.xp.asarray(rows), job.xp.asarray(data))
-                    applied += 1
-            # this pass's updates stay until the next pass is applied: other owners may still collect them
-            for key in [k for k, (r, _) in job.staged.items() if r < run]:
-                del job.staged[key]
-            # a committed shard is held by the worker whose attempt won (as the coordinator records it):
-            # that worker installs the attempt's state, every other copy of the shard is stale
-            for shard, attempt, worker in committed:
-                key = (clock, int(shard), int(attempt))
-                if worker == me:
-                    if key in job.pending_state:  # (not after this worker forgot the job: a simulated loss)
-                        entry, new_state = job.pending_state[key]
-                        entry.state = {**entry.state, **new_state}
-                        job.shards[int(shard)] = entry
-                else:
-                    job.shards.pop(int(shard), None)
-            for key in [k for k in job.pending_state if k[0] <= clock]:
-                del job.pending_state[key]
+        """Apply the pass to both stores at once (their shared lock): updates, then shard states."""
+        with job.tables.lock:
+            applied = job.tables.apply_pass(run, _keys(clock, committed), fetched, reset, owned)
+            job.shards.install(clock, committed, self.worker.address)
         return {"applied": applied}
 
     def _h_assign(self, job_id: str, table: str, part: int, lo: int, data) -> dict:
-        self._assign_local(self.jobs[job_id], table, part, lo, data)
+        self.jobs[job_id].tables.assign(table, part, lo, data)
         return {"status": "OK"}
-
-    def _assign_local(self, job: Job, table: str, part: int, lo: int, data) -> None:
-        with self._lock:
-            arr = job.parts[(table, part)]
-            arr[lo : lo + data.shape[0]] = job.xp.asarray(data)
 
     async def _h_put_shard(self, job_id: str, shard: int, arrays: dict) -> dict:
         job = await self._ajob(job_id)
         # off the event loop: a first call may compile a kernel for seconds, and heartbeats must flow
         prepared = await asyncio.to_thread(job.algorithm.prepare_shard, dict(arrays), job.xp)
-        with self._lock:
-            job.shards[int(shard)] = ShardEntry(prepared)
+        job.shards.put(shard, ShardEntry(prepared))
         return {"status": "OK"}
 
     async def _h_take_shard(self, job_id: str, shard: int, keep: bool = False, wait: float = 0.0) -> dict:
@@ -348,19 +267,14 @@ class ParamServer(WorkerPlugin):
         """
         deadline = time.monotonic() + wait
         while True:
-            with self._lock:
-                job = self.jobs.get(job_id)
-                entry = None if job is None else (
-                    job.shards.get(int(shard)) if keep else job.shards.pop(int(shard), None))
+            job = self.jobs.get(job_id)
+            entry = None if job is None else job.shards.take(shard, keep)
             if entry is not None or time.monotonic() >= deadline:
                 break
             await asyncio.sleep(0.005)
         if entry is None:
             return {"status": "missing"}
-        # arrays travel; anything else a step keeps with its data (a cache: Lasso's Gram of the columns
-        # seen) stays behind and is rebuilt by the new holder
-        host = {k: to_host(v) for k, v in entry.data.items() if _is_array(v)}
-        state = {k: to_host(v) for k, v in entry.state.items()}
+        host, state = entry.movable()
         return {"status": "OK", "arrays": to_serialize(host), "state": to_serialize(state)}
 
     async def _h_checkpoint(self, job_id: str, version: int, url: str, fraction: float,
@@ -383,25 +297,8 @@ class ParamServer(WorkerPlugin):
         return {"status": "OK", "parts": len(snaps)}
 
     def _snapshot(self, job: Job, fraction: float, state_shards: list | None) -> tuple[list, dict]:
-        snaps = []
-        with self._lock:
-            for (table, part), arr in sorted(job.parts.items()):
-                if job.specs[table].kind != "param":
-                    continue
-                current = to_host(arr)
-                saved = job.saved.get((table, part))
-                if fraction >= 1 or saved is None:
-                    rows, values = None, current.copy()
-                else:
-                    rows = ckpt.priority_rows(current, saved, fraction)
-                    values = current[rows].copy()
-                new_saved = current.copy() if saved is None else saved
-                new_saved[rows if rows is not None else slice(None)] = values
-                job.saved[(table, part)] = new_saved
-                snaps.append((table, part, rows, values))
-            states = {s: {k: to_host(v).copy() for k, v in job.shards[s].state.items()}
-                      for s in sorted(map(int, state_shards or ())) if s in job.shards and job.shards[s].state}
-        return snaps, states
+        with job.tables.lock:
+            return job.tables.snapshot(fraction), job.shards.states(state_shards or ())
 
     def _write_checkpoint(self, job: Job, version: int, url: str, storage_options, snaps: list, states: dict) -> None:
         files, error = [], None
@@ -445,10 +342,7 @@ class ParamServer(WorkerPlugin):
             values = await asyncio.to_thread(load)
         except ckpt.CorruptCheckpointError as e:
             return {"status": "corrupt", "error": str(e)}
-        with self._lock:
-            job.parts[(table, int(part))] = job.xp.asarray(values)
-            if spec_.kind == "param":
-                job.saved[(table, int(part))] = values.copy()
+        job.tables.own(table, part, values, checkpointed=True)
         return {"status": "OK"}
 
     def _h_forget(self, job_id: str) -> dict:
@@ -456,11 +350,9 @@ class ParamServer(WorkerPlugin):
         with self._lock:
             job = self.jobs.get(job_id)
             if job is not None:
-                job.parts.clear()
-                job.saved.clear()
-                job.staged.clear()
-                job.pending_state.clear()
-                job.shards.clear()
+                with job.tables.lock:
+                    job.tables.clear()
+                    job.shards.clear()
                 job.pull_cache.clear()
         return {"status": "OK"}
 
@@ -476,10 +368,10 @@ class ParamServer(WorkerPlugin):
                 return {"known": False}
             return {
                 "known": True,
-                "shards": sorted(job.shards),
-                "shard_state": {int(k): sorted(e.state) for k, e in job.shards.items()},
-                "parts": sorted([t, p] for t, p in job.parts),
-                "staged": len(job.staged),
+                "shards": sorted(job.shards.shards),
+                "shard_state": {int(k): sorted(e.state) for k, e in job.shards.shards.items()},
+                "parts": sorted([t, p] for t, p in job.tables.parts),
+                "staged": len(job.tables.staged),
                 "device": device_of(self.xp),
             }
 
@@ -604,8 +496,7 @@ class ParamServer(WorkerPlugin):
                 self._stop.wait((slow - 1) * (t2 - t1))
                 t2 = time.perf_counter()
             key = (clock, shard, attempt)
-            with self._lock:  # installed when the pass is applied, if this attempt commits
-                job.pending_state[key] = (entry, dict(ctx.new_state))
+            job.shards.stage_state(key, entry, ctx.new_state)  # installed when the pass is applied, if it commits
             self._stage(job, key, run, ctx.updates, ctx.phase)
             t3 = time.perf_counter()
             return {"data_s": t1 - t0, "pull_s": ctx.pull_s, "compute_s": t2 - t1 - ctx.pull_s, "push_s": t3 - t2}
@@ -645,25 +536,16 @@ class ParamServer(WorkerPlugin):
         holder, or — while the holder is still receiving the shard from here — from our own copy.
         """
         me = self.worker.address
-        with self._lock:
-            entry = job.shards.get(shard)
-            if entry is not None and fetch_from and not backup:
-                del job.shards[shard]
-                entry = None
-        if entry is not None and not backup:
+        entry = job.shards.claim(shard, fetch_from, backup, fetch_alt, me)
+        if entry is not None:
             return entry
-        if entry is not None and (not fetch_from or fetch_alt == me):
-            return ShardEntry(entry.data, dict(entry.state))
         arrays, state = None, {}
-        sources = [(fetch_from, 0.0)] if not backup else [
-            (fetch_from, BACKUP_ALT_WAIT_S if fetch_alt else BACKUP_FETCH_WAIT_S), (fetch_alt, 0.0)]
-        for source, wait in sources:
-            if not source or source == me or arrays is not None:
-                continue
+        for source, wait in fetch_sources(fetch_from, fetch_alt, backup, me):
             try:
                 r = self._peer(source, "take_shard", job_id=job.id, shard=shard, keep=backup, wait=wait)
                 if r["status"] == "OK":
                     arrays, state = r["arrays"], r["state"]
+                    break
             except Exception as e:  # the holder is gone: fall back to the source
                 logger.info("could not take shard %s from %s: %r", shard, source, e)
         if arrays is None and job.loader is not None:
@@ -672,8 +554,7 @@ class ParamServer(WorkerPlugin):
             return None
         entry = ShardEntry(job.algorithm.prepare_shard(arrays, job.xp), {k: job.xp.asarray(v) for k, v in state.items()})
         if not backup:
-            with self._lock:
-                job.shards[shard] = entry
+            job.shards.put(shard, entry)
         return entry
 
     # -------------------------------------------------------------- faults
@@ -763,11 +644,7 @@ class ParamServer(WorkerPlugin):
     def _stage(self, job: Job, key: tuple, run: int, updates: list, phase: str | None = None) -> None:
         """Keep the attempt's updates here until its pass is applied: the owners collect the
         committed ones then (one message per worker and pass, not one per shard and owner)."""
-        # copied: a step may reuse its buffers for the next step before this pass is applied
-        staged = [(t, int(p), int(lo), np.array(d, copy=True), None if r is None else np.array(r, dtype=np.int64))
-                  for t, p, lo, d, r in updates]
-        with self._lock:
-            job.staged[key] = (run, staged)
+        job.tables.stage(key, run, updates)
         self._inject(job, key[0], "mid-push", phase)  # staged, not yet committed
 
     def _run_clock_end(self, item: dict) -> None:
@@ -817,8 +694,7 @@ class ParamServer(WorkerPlugin):
             a = layout.bounds[part][0]
             owner = job.owners[(table, part)]
             if owner == self.worker.address:
-                with self._lock:
-                    pieces.append(job.parts[(table, part)][lo - a : hi - a].copy())
+                pieces.append(job.tables.rows(table, part, lo - a, hi - a))
             else:
                 r = _answered(self._peer(owner, "pull", job_id=job.id, table=table, part=part, lo=lo - a, hi=hi - a),
                               owner, table, part)
@@ -843,8 +719,7 @@ class ParamServer(WorkerPlugin):
             for p in range(job.layouts[t].n_parts):
                 owner = job.owners[(t, p)]
                 if owner == me:
-                    with self._lock:
-                        pieces[(t, p)] = job.parts[(t, p)].copy()
+                    pieces[(t, p)] = job.tables.rows(t, p, 0, None)
                 else:
                     remote[owner].append((t, p))
         if remote:
@@ -869,8 +744,7 @@ class ParamServer(WorkerPlugin):
             local = rows[sel] - layout.bounds[part][0]
             owner = job.owners[(table, int(part))]
             if owner == self.worker.address:
-                with self._lock:
-                    vals = job.parts[(table, int(part))][job.xp.asarray(local)]
+                vals = job.tables.row_set(table, int(part), local)
             else:
                 r = _answered(self._peer(owner, "pull", job_id=job.id, table=table, part=int(part),
                                          rows=to_serialize(local)), owner, table, int(part))
@@ -886,7 +760,7 @@ class ParamServer(WorkerPlugin):
             chunk = np.ascontiguousarray(values[lo - start : hi - start])
             owner = job.owners[(table, part)]
             if owner == self.worker.address:
-                self._assign_local(job, table, part, lo - a, chunk)
+                job.tables.assign(table, part, lo - a, chunk)
             else:
                 self._peer(owner, "assign", job_id=job.id, table=table, part=part, lo=lo - a, data=to_serialize(chunk))
 
@@ -993,11 +867,9 @@ class ClockEnd:
         self._small = None
 
 
-def _is_array(v) -> bool:
-    """A NumPy / CuPy / SciPy-sparse array (not a tuple or dict of them)."""
-    import scipy.sparse as sp
-
-    return isinstance(v, np.ndarray) or sp.issparse(v) or hasattr(v, "__cuda_array_interface__")
+def _keys(clock: int, committed: list) -> list[tuple[int, int, int]]:
+    """The ``(clock, shard, attempt)`` keys of a pass's committed ``[shard, attempt, worker]``."""
+    return [(clock, int(s), int(a)) for s, a, _ in committed]
 
 
 def device_of(xp: ModuleType) -> str:

@@ -1,0 +1,198 @@
+"""One job's table partitions on one worker: values, checkpointed copies, staged updates.
+
+Pure (no Dask): ``dscar.worker`` holds one ``PartitionStore`` per job and answers
+the ``dscar_*`` handlers from it; the store decides nothing the coordinator decides.
+
+Exactly once: a shard attempt stages its contributions on the worker that ran it
+(``stage``, keyed ``(clock, shard, attempt)`` with its run id), then asks the
+coordinator to commit. When the pass is complete the coordinator tells every
+worker which ``(shard, attempt, worker)`` committed; each owner collects those
+attempts' updates to its partitions from the workers that ran them
+(``select_staged``: one message per worker and pass) and applies exactly those,
+in shard order, so sums are deterministic (``apply_pass``); holders install
+exactly those shard states (``dscar.shard_store``); everything else is dropped.
+A staged update of an older run is never applied: ``select_staged`` answers
+``missing`` for it and ``apply_pass`` drops it. A worker lost with committed,
+unapplied attempts takes them with it: the coordinator runs those shards again
+(or skips the clock, if it was applying).
+"""
+from __future__ import annotations
+
+import threading
+from types import ModuleType
+from typing import Any, Iterable
+
+import numpy as np
+
+from . import checkpoint as ckpt
+from .algorithm import TableSpec
+from .partitions import TableLayout
+from .xp import to_host
+
+#: ``(table, part)``: a partition of a table
+Part = tuple[str, int]
+#: ``(clock, shard, attempt)``: an attempt's key
+Key = tuple[int, int, int]
+#: ``(table, part, lo, values, rows)``: add ``values`` at rows ``lo..`` (``rows`` None) or at ``rows``
+Update = tuple[str, int, int, np.ndarray, "np.ndarray | None"]
+
+
+class PartitionStore:
+    """The partitions of one job held by this worker, and the updates staged by attempts run here."""
+
+    def __init__(self, specs: dict[str, TableSpec], layouts: dict[str, TableLayout], xp: ModuleType,
+                 lock: threading.RLock | None = None):
+        self.specs, self.layouts, self.xp = specs, layouts, xp
+        #: guards every field; shared with the job's shard store, so a pass applies atomically
+        self.lock = lock if lock is not None else threading.RLock()
+        #: (table, part) -> the partition's current values (on the job's device)
+        self.parts: dict[Part, Any] = {}
+        #: (table, part) -> host copy of a param partition as of its last checkpoint
+        self.saved: dict[Part, np.ndarray] = {}
+        #: (clock, shard, attempt) -> (run id, updates) staged here by attempts, applied if they commit
+        self.staged: dict[Key, tuple[int, list[Update]]] = {}
+
+    # ------------------------------------------------------------ owning
+    def own(self, table: str, part: int, values, checkpointed: bool = False) -> None:
+        """Hold ``values`` as partition ``(table, part)``; ``checkpointed``: they are also its last
+        checkpointed values (initial values are checkpoint 0, a restore reads a checkpoint)."""
+        arr = self.xp.asarray(values, dtype=self.specs[table].dtype) if checkpointed else self.xp.asarray(values)
+        with self.lock:
+            self.parts[(table, int(part))] = arr
+            if checkpointed and self.specs[table].kind == "param":
+                self.saved[(table, int(part))] = to_host(arr).copy()
+
+    def owned(self) -> dict[Part, Any]:
+        """The partitions held now (a shallow copy: a pass updates those it started with)."""
+        with self.lock:
+            return dict(self.parts)
+
+    def clear(self) -> None:
+        """Drop everything, as a crash would (a simulated loss)."""
+        with self.lock:
+            self.parts.clear()
+            self.saved.clear()
+            self.staged.clear()
+
+    # ------------------------------------------------------------ reading
+    def host_rows(self, table: str, part: int, lo: int = 0, hi: int = 0, rows=None) -> np.ndarray | None:
+        """Rows ``[lo, hi)`` or ``rows`` (local indices) of a partition, as a contiguous host copy;
+        None when it is not held here (it moved, or the job ended)."""
+        with self.lock:
+            arr = self.parts.get((table, int(part)))
+            if arr is None:
+                return None
+            out = to_host(arr[lo:hi]).copy() if rows is None else to_host(
+                arr[self.xp.asarray(np.asarray(rows, dtype=np.int64))])
+        return np.ascontiguousarray(out)
+
+    def host_parts(self, parts: Iterable[Part]) -> list[np.ndarray] | None:
+        """Whole partitions as host arrays; None when one is not held here."""
+        with self.lock:
+            keys = [(t, int(p)) for t, p in parts]
+            if any(k not in self.parts for k in keys):
+                return None
+            return [np.ascontiguousarray(to_host(self.parts[k])) for k in keys]
+
+    def rows(self, table: str, part: int, lo: int, hi: int):
+        """Rows ``[lo, hi)`` of a partition held here (a copy, on the device)."""
+        with self.lock:
+            return self.parts[(table, int(part))][lo:hi].copy()
+
+    def row_set(self, table: str, part: int, local):
+        """Rows ``local`` (local indices, any order) of a partition held here."""
+        with self.lock:
+            return self.parts[(table, int(part))][self.xp.asarray(local)]
+
+    def assign(self, table: str, part: int, lo: int, data) -> None:
+        """Overwrite rows ``lo..`` of a partition held here (a clock-end step's ``assign``)."""
+        with self.lock:
+            arr = self.parts[(table, int(part))]
+            arr[lo : lo + data.shape[0]] = self.xp.asarray(data)
+
+    # ------------------------------------------------------------ staging
+    def stage(self, key: Key, run: int, updates: Iterable[Update]) -> None:
+        """Keep an attempt's updates until its pass is applied (copied: a step may reuse its buffers)."""
+        staged = [(t, int(p), int(lo), np.array(d, copy=True), None if r is None else np.array(r, dtype=np.int64))
+                  for t, p, lo, d, r in updates]
+        with self.lock:
+            self.staged[tuple(key)] = (run, staged)
+
+    def select_staged(self, run: int, keys: Iterable, parts: Iterable) -> tuple[Key | None, list]:
+        """The updates staged here by ``keys`` (committed attempts of ``run``) to ``parts`` (an
+        owner's partitions): ``(None, [(key, updates), ...])``, or ``(key, [])`` for the first key
+        not staged here under ``run`` (the owner cannot apply the pass)."""
+        want = {(t, int(p)) for t, p in parts}
+        out = []
+        with self.lock:
+            for key in keys:
+                key = tuple(int(k) for k in key)
+                staged_run, ups = self.staged.get(key, (None, ()))
+                if staged_run != run:
+                    return key, []
+                out.append((key, [u for u in ups if (u[0], u[1]) in want]))
+        return None, out
+
+    # ------------------------------------------------------------ applying
+    def update_bytes(self, keys: Iterable[Key], fetched: dict[Key, list]) -> int:
+        """Bytes of updates applying ``keys`` would add here (an upper bound: all of them)."""
+        with self.lock:
+            return sum(d.nbytes for key in keys
+                       for _, _, _, d, _ in (fetched.get(key) or self.staged.get(key, (None, ()))[1]))
+
+    def apply_pass(self, run: int, keys: Iterable[Key], fetched: dict[Key, list], reset: set[str],
+                   owned: dict[Part, Any]) -> int:
+        """Apply the committed attempts ``keys`` of ``run`` to the partitions ``owned`` (those held
+        when the pass began, unless replaced by a restore since): tables in ``reset`` start from
+        zero, then each key's updates, in key (shard) order. An update comes from ``fetched``
+        (collected from the worker that ran it) or from this store when run here under ``run``.
+        Drops the staged updates of older runs (this pass's stay: other owners may still collect
+        them). Returns the number of updates applied."""
+        applied = 0
+        with self.lock:
+            owned = {k: a for k, a in owned.items() if self.parts.get(k) is a}
+            for (table, _), arr in owned.items():
+                if table in reset:
+                    arr[...] = 0
+            for key in sorted(set(keys)):  # shard order: deterministic sums
+                if key in fetched:
+                    ups = fetched[key]
+                else:
+                    staged_run, ups = self.staged.get(key, (None, ()))
+                    if staged_run != run:
+                        continue  # not run here
+                for table, part, lo, data, rows in ups:
+                    arr = owned.get((table, part))
+                    if arr is None:
+                        continue  # another owner's partition
+                    if rows is None:
+                        arr[lo : lo + data.shape[0]] += self.xp.asarray(data)
+                    else:  # scatter-add: repeated rows add up
+                        self.xp.add.at(arr, self.xp.asarray(rows), self.xp.asarray(data))
+                    applied += 1
+            for key in [k for k, (r, _) in self.staged.items() if r < run]:
+                del self.staged[key]
+        return applied
+
+    # ------------------------------------------------------------ checkpoints
+    def snapshot(self, fraction: float) -> list[tuple[str, int, np.ndarray | None, np.ndarray]]:
+        """What a checkpoint of the param partitions writes: ``(table, part, rows, values)``, all
+        rows (``fraction >= 1``, ``rows`` None) or the ``fraction`` that moved most since their
+        last save; the saved copies are updated as if the write succeeded."""
+        snaps = []
+        with self.lock:
+            for (table, part), arr in sorted(self.parts.items()):
+                if self.specs[table].kind != "param":
+                    continue
+                current = to_host(arr)
+                saved = self.saved.get((table, part))
+                if fraction >= 1 or saved is None:
+                    rows, values = None, current.copy()
+                else:
+                    rows = ckpt.priority_rows(current, saved, fraction)
+                    values = current[rows].copy()
+                new_saved = current.copy() if saved is None else saved
+                new_saved[rows if rows is not None else slice(None)] = values
+                self.saved[(table, part)] = new_saved
+                snaps.append((table, part, rows, values))
+        return snaps

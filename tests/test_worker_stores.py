@@ -1,0 +1,138 @@
+"""The worker's pure stores driven directly, no cluster: the exactly-once arithmetic of a pass."""
+import numpy as np
+
+from dscar.algorithm import TableSpec
+from dscar.partition_store import PartitionStore
+from dscar.partitions import TableLayout
+from dscar.shard_store import ShardEntry, ShardStore
+
+ME, OTHER = "tcp://me:1", "tcp://other:2"
+
+
+def _store(rows: int = 6, parts: int = 2, kind: str = "param", dtype=np.float64) -> PartitionStore:
+    spec = TableSpec("w", rows, trailing=(), kind=kind, dtype=np.dtype(dtype).name, n_parts=parts)
+    store = PartitionStore({"w": spec}, {"w": TableLayout("w", rows, parts)}, np)
+    for p, (a, b) in enumerate(store.layouts["w"].bounds):
+        store.own("w", p, np.arange(a, b, dtype=dtype), checkpointed=True)
+    return store
+
+
+def _up(part: int, lo: int, values, rows=None):
+    return ("w", part, lo, np.asarray(values, dtype=np.float64), None if rows is None else np.asarray(rows))
+
+
+def test_apply_sums_in_shard_order_whatever_order_updates_arrive_in():
+    """Float addition is not associative: the result must not depend on arrival order."""
+    vals = [1e16, 1.0, -1e16, 1.0]
+    results = []
+    for order in ([0, 1, 2, 3], [3, 2, 1, 0], [2, 0, 3, 1]):
+        store = _store(rows=2, parts=1)
+        fetched = {}
+        for s in order:
+            key = (1, s, 0)
+            if s % 2:  # half run here, half collected from another worker
+                store.stage(key, 7, [_up(0, 0, [vals[s], vals[s]])])
+            else:
+                fetched[key] = [_up(0, 0, [vals[s], vals[s]])]
+        keys = [(1, s, 0) for s in order]
+        store.apply_pass(7, keys, fetched, {"w"}, store.owned())
+        results.append(store.parts[("w", 0)].copy())
+    expected = np.zeros(2)
+    for v in vals:
+        expected += v
+    for r in results:
+        assert np.array_equal(r, expected)
+
+
+def test_only_committed_keys_of_the_right_run_are_applied():
+    store = _store()
+    store.stage((3, 0, 0), 5, [_up(0, 0, [1, 1, 1])])  # committed
+    store.stage((3, 0, 1), 5, [_up(0, 0, [10, 10, 10])])  # a losing backup of shard 0
+    store.stage((3, 1, 0), 4, [_up(0, 0, [100, 100, 100])])  # committed key, but staged under another run
+    before = store.parts[("w", 0)].copy()
+    n = store.apply_pass(5, [(3, 0, 0), (3, 1, 0)], {}, set(), store.owned())
+    assert n == 1
+    assert np.array_equal(store.parts[("w", 0)], before + 1)
+
+
+def test_reset_tables_start_from_zero_and_others_accumulate():
+    store = _store()
+    store.stage((1, 0, 0), 2, [_up(1, 0, [5, 5, 5])])
+    store.apply_pass(2, [(1, 0, 0)], {}, {"w"}, store.owned())
+    assert np.array_equal(store.parts[("w", 0)], np.zeros(3))
+    assert np.array_equal(store.parts[("w", 1)], np.array([5.0, 5.0, 5.0]))
+    store.stage((2, 0, 0), 3, [_up(1, 0, [1, 1, 1])])
+    store.apply_pass(3, [(2, 0, 0)], {}, set(), store.owned())  # no reset: adds up
+    assert np.array_equal(store.parts[("w", 1)], np.array([6.0, 6.0, 6.0]))
+
+
+def test_an_older_runs_staged_updates_are_dropped_at_the_next_apply_and_never_applied():
+    store = _store()
+    store.stage((4, 0, 0), 1, [_up(0, 0, [1, 1, 1])])  # run 1 was redone: run 2 replaces it
+    store.stage((4, 1, 0), 2, [_up(0, 0, [2, 2, 2])])
+    before = store.parts[("w", 0)].copy()
+    store.apply_pass(2, [(4, 1, 0)], {}, set(), store.owned())
+    assert (4, 0, 0) not in store.staged and (4, 1, 0) in store.staged  # this pass's stay for other owners
+    assert store.select_staged(1, [(4, 0, 0)], [("w", 0)])[0] == (4, 0, 0)
+    store.apply_pass(2, [(4, 0, 0)], {}, set(), store.owned())  # even if named again, it is gone
+    assert np.array_equal(store.parts[("w", 0)], before + 2)
+
+
+def test_fetch_staged_answers_missing_for_a_key_staged_under_another_run():
+    store = _store()
+    store.stage((1, 0, 0), 3, [_up(0, 0, [1, 1, 1]), _up(1, 0, [2, 2, 2])])
+    store.stage((1, 1, 0), 2, [_up(0, 0, [1, 1, 1])])
+    missing, out = store.select_staged(3, [(1, 0, 0)], [("w", 1)])
+    assert missing is None and [k for k, _ in out] == [(1, 0, 0)]
+    assert [(t, p) for t, p, *_ in out[0][1]] == [("w", 1)]  # only the caller's partitions
+    missing, out = store.select_staged(3, [[1, 0, 0], [1, 1, 0]], [("w", 0)])
+    assert missing == (1, 1, 0) and out == []
+
+
+def test_scatter_add_with_repeated_rows_adds_up():
+    store = _store(rows=4, parts=1)
+    store.apply_pass(1, [], {}, {"w"}, store.owned())
+    store.stage((1, 0, 0), 1, [_up(0, 0, [1, 2, 3, 4], rows=[2, 2, 0, 2])])
+    store.apply_pass(1, [(1, 0, 0)], {}, set(), store.owned())
+    assert np.array_equal(store.parts[("w", 0)], np.array([3.0, 0.0, 7.0, 0.0]))
+
+
+def test_a_partition_restored_during_the_pass_is_not_updated():
+    store = _store()
+    owned = store.owned()
+    store.own("w", 0, np.full(3, 9.0), checkpointed=True)  # a restore replaced it meanwhile
+    store.stage((1, 0, 0), 1, [_up(0, 0, [1, 1, 1])])
+    store.apply_pass(1, [(1, 0, 0)], {}, set(), owned)
+    assert np.array_equal(store.parts[("w", 0)], np.full(3, 9.0))
+
+
+def test_installing_states_keeps_only_the_winners_and_drops_other_copies():
+    shards = ShardStore()
+    held = ShardEntry({"x": np.zeros(2)}, {"z": np.array([0])})
+    shards.put(0, held)
+    shards.put(1, ShardEntry({"x": np.ones(2)}, {"z": np.array([1])}))  # a stale copy: another worker won
+    shards.stage_state((2, 0, 0), held, {"z": np.array([5])})  # our primary: it won
+    shards.stage_state((2, 0, 1), ShardEntry(held.data, dict(held.state)), {"z": np.array([6])})  # our losing backup
+    shards.stage_state((3, 0, 0), held, {"z": np.array([7])})  # a later clock: stays pending
+    shards.install(2, [(0, 0, ME), (1, 0, OTHER)], ME)
+    assert sorted(shards.shards) == [0]
+    assert shards.shards[0].state["z"][0] == 5
+    assert list(shards.pending) == [(3, 0, 0)]
+
+
+def test_a_primary_told_to_fetch_elsewhere_drops_its_stale_copy_and_a_backup_copies():
+    shards = ShardStore()
+    shards.put(0, ShardEntry({"x": np.zeros(2)}, {"z": np.array([1])}))
+    mine = shards.claim(0, None, True, None, ME)  # a backup with nobody newer: a copy of ours
+    assert mine is not None and mine is not shards.shards[0] and 0 in shards.shards
+    assert shards.claim(0, OTHER, True, None, ME) is None and 0 in shards.shards  # copies from the holder
+    assert shards.claim(0, OTHER, False, None, ME) is None and 0 not in shards.shards
+
+
+def test_snapshot_saves_the_rows_that_moved_most_and_remembers_them():
+    store = _store(rows=4, parts=1)
+    store.stage((1, 0, 0), 1, [_up(0, 0, [0, 5, 0, 1])])
+    store.apply_pass(1, [(1, 0, 0)], {}, set(), store.owned())
+    [(table, part, rows, values)] = store.snapshot(0.25)
+    assert (table, part) == ("w", 0) and list(rows) == [1] and list(values) == [6.0]
+    assert np.array_equal(store.saved[("w", 0)], np.array([0.0, 6.0, 2.0, 3.0]))
