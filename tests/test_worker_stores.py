@@ -102,7 +102,7 @@ def test_a_partition_restored_during_the_pass_is_not_updated():
     owned = store.owned()
     store.own("w", 0, np.full(3, 9.0), checkpointed=True)  # a restore replaced it meanwhile
     store.stage((1, 0, 0), 1, [_up(0, 0, [1, 1, 1])])
-    store.apply_pass(1, [(1, 0, 0)], {}, set(), owned)
+    assert store.apply_pass(1, [(1, 0, 0)], {}, set(), owned) == 0
     assert np.array_equal(store.parts[("w", 0)], np.full(3, 9.0))
 
 
@@ -136,3 +136,18 @@ def test_snapshot_saves_the_rows_that_moved_most_and_remembers_them():
     [(table, part, rows, values)] = store.snapshot(0.25)
     assert (table, part) == ("w", 0) and list(rows) == [1] and list(values) == [6.0]
     assert np.array_equal(store.saved[("w", 0)], np.array([0.0, 6.0, 2.0, 3.0]))
+
+
+def test_the_stores_import_no_dask():
+    """Pure: decided and tested without a cluster (``dscar/__init__`` itself imports Dask, so read the source)."""
+    import ast
+    import inspect
+
+    import dscar.partition_store
+    import dscar.shard_store
+
+    for mod in (dscar.partition_store, dscar.shard_store):
+        tree = ast.parse(inspect.getsource(mod))
+        names = [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
+        names += [n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and not n.level]
+        assert not [n for n in names if n.split(".")[0] in ("dask", "distributed")], mod.__name__
