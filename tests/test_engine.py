@@ -95,7 +95,7 @@ def test_partitions_live_on_their_owners_and_pull_push_between_processes(procs):
 
         def stage(key, updates, dask_worker=None):  # what a shard attempt on w1 leaves behind
             server = dask_worker.plugins["dscar-paramserver"]
-            server._stage(server.jobs["direct"], tuple(key), 1, updates)
+            server.jobs["direct"].tables.stage(tuple(key), 1, updates)
 
         client.run(stage, [1, 0, 0], [["count", 0, 1, np.array([2.0, 3.0]), None]], workers=[w1])
         client.run(stage, [1, 1, 0], [["count", 0, 0, np.array([7.0]), None]], workers=[w1])

@@ -1,0 +1,534 @@
+"""The shard runner: the worker's own thread that pulls work and runs it.
+
+A thread of its own pulls work from the coordinator (``dscar_next``, a long
+poll), so no Dask task is ever pinned to a worker. For a work item it runs the
+batch's attempts one after another (members not started yet may be given back:
+``release``, the ``dscar_release`` handler), stages each attempt's updates and
+new shard state in the job's stores (``dscar.partition_store``,
+``dscar.shard_store``), and commits those that succeeded in one ``dscar_commit``,
+whose answer carries the next work item. It also runs clock-end steps, and
+injects the faults of ``dscar.faults`` at the points of this thread.
+
+It reaches the scheduler and other workers only through ``RunnerHost``, which
+``dscar.worker.ParamServer`` implements: every message to a peer goes through a
+connection pool with a short connect timeout and a deadline
+(``dscar.rpc-timeout``), so a dead or hung peer fails the attempt in seconds.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+import time
+import traceback
+from collections import defaultdict
+from dataclasses import dataclass, field
+from types import ModuleType
+from typing import Any, Protocol
+
+import numpy as np
+
+from . import checkpoint as ckpt
+from .algorithm import Algorithm, DataMeta, TableSpec
+from .partition_store import PartitionStore
+from .partitions import TableLayout
+from .shard_store import ShardEntry, ShardStore, fetch_sources
+from .xp import to_host
+
+from distributed.protocol import to_serialize
+
+logger = logging.getLogger("dscar.worker.runner")  # under dscar.worker: one name quiets both
+
+#: tables of at most this many bytes are read whole, all of them in one message per owner
+SMALL_TABLE_BYTES = 1 << 20
+SMALL = ("small tables",)  # the pull-cache key of ``read_small_tables``' answer
+
+
+@dataclass
+class Job:
+    """One fit's state on one worker."""
+
+    id: str
+    algorithm: Algorithm
+    meta: DataMeta
+    specs: dict[str, TableSpec]
+    layouts: dict[str, TableLayout]
+    loader: Any  # FileData or None
+    tol: float
+    xp: ModuleType
+    #: the partitions held here, their checkpointed copies and the updates staged here
+    tables: PartitionStore
+    #: the shards held here and the new states staged by attempts run here
+    shards: ShardStore
+    faults: list = field(default_factory=list)  # this worker's, from dscar.faults
+    fired: set = field(default_factory=set)
+    owners: dict[tuple[str, int], str] = field(default_factory=dict)
+    pull_cache: dict[tuple, Any] = field(default_factory=dict)
+    cache_run: int = -1  # the run id the cached pulls belong to (tables change only with a new run id)
+    clock_seen: int = 0  # the newest clock this worker was given work in (fault points outside attempts)
+
+
+class RunnerHost(Protocol):
+    """What the runner needs of its worker (``ParamServer``): messages, and the worker's life."""
+
+    #: this worker's address
+    address: str
+    #: set when the worker stops: the runner's thread ends
+    stop: threading.Event
+    #: an in-process cluster (``inproc://``): faults close or stall this worker, not the process
+    in_process: bool
+
+    def job(self, job_id: str) -> Job: ...
+    def call(self, op: str, **kw) -> Any: ...
+    def peer(self, address: str, op: str, **kw) -> dict: ...
+    def peer_all(self, calls: list[tuple[str, str, dict]]) -> list[dict]: ...
+    def closing(self) -> bool: ...
+    def close_worker(self) -> None: ...
+
+
+class ShardRunner:
+    """Runs the work items the coordinator hands this worker, on a thread of its own."""
+
+    def __init__(self, host: RunnerHost, poll_timeout: float = 1.0):
+        self.host = host
+        #: seconds a ``dscar_next`` long poll waits for work
+        self.poll_timeout = poll_timeout
+        #: guards ``_unstarted`` and a job's per-item fields (owners, pull cache)
+        self._lock = threading.RLock()
+        #: (job, shard, attempt) of the running batch's members not started yet (``dscar_release``)
+        self._unstarted: set[tuple[str, int, int]] = set()
+
+    def loop(self) -> None:
+        """The worker's own thread: ask for work (a long poll), run it, commit; until stopped."""
+        addr = self.host.address
+        item: dict | None = None
+        while not self.host.stop.is_set():
+            if item is None:
+                try:
+                    item = self.host.call("next", worker=addr, timeout=self.poll_timeout)
+                except Exception as e:  # scheduler not ready, closing, or no coordinator yet
+                    if self.host.stop.is_set() or self.host.closing():
+                        return
+                    logger.debug("dscar_next failed: %r", e)
+                    self.host.stop.wait(0.2)
+                    continue
+            op = item.get("op")
+            if op in ("shard", "rebuild"):
+                item = self._run_shards(item)  # the commit's answer carries the next item
+            elif op == "clock_end":
+                self._run_clock_end(item)
+                item = None
+            else:
+                item = None
+
+    def _prepare(self, job: Job, item: dict) -> None:
+        with self._lock:
+            job.owners = {(t, int(p)): w for t, p, w in item["owners"]}
+            job.clock_seen = max(job.clock_seen, int(item["clock"]))
+            if job.cache_run != item["run"]:  # a new pass, a redo or a recovery: tables have changed
+                job.pull_cache.clear()
+                job.cache_run = item["run"]
+
+    def _run_shards(self, item: dict) -> dict | None:
+        """Run a work item's attempts, then commit those that succeeded in one message; return
+        the next work item the commit's answer carried (None: ask)."""
+        common = {k: v for k, v in item.items() if k != "shards"}
+        attempts = [{**common, **member} for member in item["shards"]]
+        commits = []
+        with self._lock:  # the members after the first may be released to another worker until they start
+            self._unstarted = {(item["job"], a["shard"], a["attempt"]) for a in attempts[1:]}
+        try:
+            job = self.host.job(item["job"])
+            self._prepare(job, item)
+            for i, a in enumerate(attempts):
+                with self._lock:
+                    key = (item["job"], a["shard"], a["attempt"])
+                    if i and key not in self._unstarted:
+                        continue  # released: the coordinator gave it to another worker
+                    self._unstarted.discard(key)
+                timings = self._attempt(job, a)
+                if timings is not None:
+                    commits.append({"shard": a["shard"], "attempt": a["attempt"], "timings": timings})
+        except _Stopped:
+            return None
+        except Exception as e:  # the job is unknown here: every attempt failed
+            for a in attempts:
+                self._fail(a, e)
+            return None
+        if not commits:
+            return None
+        try:
+            r = self.host.call("commit", job_id=item["job"], clock=item["clock"],
+                           run=item["run"], worker=self.host.address, commits=commits)
+        except Exception as e:
+            for a in attempts:
+                if any(c["shard"] == a["shard"] and c["attempt"] == a["attempt"] for c in commits):
+                    self._fail(a, e)
+            return None
+        return r.get("next")
+
+    def _attempt(self, job: Job, item: dict) -> dict | None:
+        """Run one attempt and stage its results; its timings, or None when it failed (reported)."""
+        clock, shard, attempt, run = item["clock"], item["shard"], item["attempt"], item["run"]
+        lost_data = False
+        try:
+            self._inject(job, clock, "start", item.get("phase"))
+            t0 = time.perf_counter()
+            entry = self._shard_entry(job, shard, item.get("fetch_from"), item.get("backup", False),
+                                      item.get("fetch_alt"))
+            if entry is None:
+                lost_data = not item.get("backup", False)  # a backup's miss: the primary still holds the data
+                raise LookupError(f"the data of shard {shard} is on no live worker")
+            if item.get("state_file"):  # a recovery restores this shard's state from a checkpoint
+                self._restore_state(job, shard, entry, item)
+            ctx = ShardStep(self, job, clock, shard, entry.state, item.get("batch_scale", 1.0), item.get("phase"))
+            t1 = time.perf_counter()
+            if item["op"] == "rebuild":
+                job.algorithm.rebuild_step(ctx, entry.data)
+            else:
+                job.algorithm.shard_step(ctx, entry.data)
+            t2 = time.perf_counter()
+            slow = self._slowdown(job, clock)
+            if slow > 1:
+                self.host.stop.wait((slow - 1) * (t2 - t1))
+                t2 = time.perf_counter()
+            key = (clock, shard, attempt)
+            job.shards.stage_state(key, entry, ctx.new_state)  # installed when the pass is applied, if it commits
+            self._stage(job, key, run, ctx.updates, ctx.phase)
+            t3 = time.perf_counter()
+            return {"data_s": t1 - t0, "pull_s": ctx.pull_s, "compute_s": t2 - t1 - ctx.pull_s, "push_s": t3 - t2}
+        except _Stopped:
+            raise
+        except Exception as e:
+            self._fail(item, e, lost_data)
+            return None
+
+    def _fail(self, item: dict, error: BaseException, lost_data: bool = False) -> None:
+        """Tell the coordinator an attempt failed (it counts toward the shard's failure limit)."""
+        logger.info("dscar shard %s clock %s failed: %r", item["shard"], item["clock"], error)
+        try:
+            self.host.call("fail", job_id=item["job"], clock=item["clock"], run=item["run"],
+                       shard=item["shard"], attempt=item["attempt"], worker=self.host.address, lost_data=lost_data,
+                       error="".join(traceback.format_exception_only(type(error), error)).strip())
+        except Exception:
+            pass
+
+    def _restore_state(self, job: Job, shard: int, entry: ShardEntry, item: dict) -> None:
+        """Replace the shard's state by its checkpointed one; a corrupt file leaves no state (the
+        algorithm's rebuild step then re-creates it) and says so in an event."""
+        try:
+            fs, _ = ckpt.fs_and_root(item["ckpt_url"], item.get("storage_options"))
+            state = ckpt.read_state(fs, item["state_file"], shard)
+        except ckpt.CorruptCheckpointError as e:
+            self._report(job, item["clock"], "checkpoint-corrupt", shard=shard, error=str(e))
+            state = {}
+        entry.state = {k: job.xp.asarray(v) for k, v in state.items()}
+
+    def _shard_entry(self, job: Job, shard: int, fetch_from: str | None, backup: bool,
+                     fetch_alt: str | None = None) -> ShardEntry | None:
+        """The shard's data and state: held here, taken from its holder, or read from the source.
+
+        A primary attempt told to fetch the shard elsewhere drops a copy held here: it is stale
+        (an attempt of ours lost the commit to a backup). A backup copies, never takes: from the
+        holder, or — while the holder is still receiving the shard from here — from our own copy.
+        """
+        me = self.host.address
+        entry = job.shards.claim(shard, fetch_from, backup, fetch_alt, me)
+        if entry is not None:
+            return entry
+        arrays, state = None, {}
+        for source, wait in fetch_sources(fetch_from, fetch_alt, backup, me):
+            try:
+                r = self.host.peer(source, "take_shard", job_id=job.id, shard=shard, keep=backup, wait=wait)
+                if r["status"] == "OK":
+                    arrays, state = r["arrays"], r["state"]
+                    break
+            except Exception as e:  # the holder is gone: fall back to the source
+                logger.info("could not take shard %s from %s: %r", shard, source, e)
+        if arrays is None and job.loader is not None:
+            arrays = job.loader.load_shard(shard)
+        if arrays is None:
+            return None
+        entry = ShardEntry(job.algorithm.prepare_shard(arrays, job.xp), {k: job.xp.asarray(v) for k, v in state.items()})
+        if not backup:
+            job.shards.put(shard, entry)
+        return entry
+
+    # -------------------------------------------------------------- faults
+    def _slowdown(self, job: Job, clock: int) -> float:
+        factor = 1.0
+        for f in job.faults:
+            if f.kind == "slow" and f.active(clock):
+                factor = max(factor, f.factor)
+                if f not in job.fired:
+                    job.fired.add(f)
+                    self._report(job, clock, "fault-slow", factor=f.factor, until=f.until)
+        return factor
+
+    @staticmethod
+    def due(job: Job, clock: int, point: str, phase: str | None = None) -> list:
+        """The kill/hang/lose faults due at ``point`` (fired once each)."""
+        clock = max(clock, job.clock_seen)
+        due = [f for f in job.faults if f.kind in ("kill", "hang", "lose") and f.clock <= clock and f.point == point
+               and f not in job.fired and f.phase in (None, phase)]
+        job.fired.update(due)
+        return due
+
+    def _inject(self, job: Job, clock: int, point: str, phase: str | None = None) -> None:
+        """Injected faults due at ``point`` of the shard runner's thread (an attempt, a clock-end step)."""
+        for f in self.due(job, clock, point, phase):
+            info = {"point": point, **({"pid": os.getpid()} if f.kind == "hang" else {})}
+            self._report(job, clock, f"fault-{f.kind}", **info)
+            if f.kind == "kill":
+                self._die()
+            elif f.kind == "lose":  # simulated loss: the coordinator recovers as from a crash
+                self.host.call("simulate_loss", job_id=job.id, worker=self.host.address)
+                raise _Stopped
+            else:
+                self._hang()
+
+    def _report(self, job: Job, clock: int, kind: str, **info) -> None:
+        try:
+            self.host.call("event", job_id=job.id, clock=clock, kind=kind,
+                       worker=self.host.address, info=info)
+        except Exception:
+            pass
+
+    def _in_process(self) -> bool:
+        return self.host.address.startswith("inproc://")
+
+    def _die(self) -> None:
+        if not self.host.in_process:
+            os._exit(1)
+        self.host.close_worker()  # in-process cluster: close this worker, keep the process
+        raise _Stopped
+
+    def _hang(self) -> None:
+        if not self.host.in_process:
+            os.kill(os.getpid(), signal.SIGSTOP)
+            return
+        while not self.host.stop.is_set():  # in-process: only this worker's loop stops
+            self.host.stop.wait(0.05)
+        raise _Stopped
+
+    def _stage(self, job: Job, key: tuple, run: int, updates: list, phase: str | None = None) -> None:
+        """Keep the attempt's updates here until its pass is applied: the owners collect the
+        committed ones then (one message per worker and pass, not one per shard and owner)."""
+        job.tables.stage(key, run, updates)
+        self._inject(job, key[0], "mid-push", phase)  # staged, not yet committed
+
+    def _run_clock_end(self, item: dict) -> None:
+        job_id, clock = item["job"], item["clock"]
+        try:
+            job = self.host.job(job_id)
+            self._prepare(job, item)
+            self._inject(job, clock, "clock-end")
+            t0 = time.perf_counter()
+            metrics = job.algorithm.clock_end(ClockEnd(self, job, clock))
+            metrics = {str(k): float(v) for k, v in dict(metrics).items()}
+            if "objective" not in metrics:
+                raise ValueError(f"{type(job.algorithm).__name__}.clock_end returned no 'objective'")
+            self.host.call("clock_done", job_id=job_id, clock=clock, run=item["run"], worker=self.host.address,
+                           metrics=metrics, seconds=time.perf_counter() - t0)
+        except _Stopped:
+            return
+        except Exception as e:
+            logger.warning("dscar clock_end of clock %s failed: %r", clock, e)
+            try:
+                error = "".join(traceback.format_exception(type(e), e, e.__traceback__)[-3:]).strip()
+                self.host.call("clock_failed", job_id=job_id, clock=clock, run=item["run"], worker=self.host.address,
+                               error=error)
+            except Exception:
+                pass
+
+    # --------------------------------------------------- table row access
+    def read_rows(self, job: Job, table: str, start: int, stop: int | None):
+        """Global rows ``[start, stop)`` of ``table``, gathered from their owners."""
+        layout = job.layouts[table]
+        stop = layout.n_rows if stop is None else stop
+        pieces = []
+        for part, lo, hi in layout.split(start, stop):
+            a = layout.bounds[part][0]
+            owner = job.owners[(table, part)]
+            if owner == self.host.address:
+                pieces.append(job.tables.rows(table, part, lo - a, hi - a))
+            else:
+                r = _answered(self.host.peer(owner, "pull", job_id=job.id, table=table, part=part, lo=lo - a, hi=hi - a),
+                              owner, table, part)
+                pieces.append(job.xp.asarray(r["data"]))
+        if len(pieces) == 1:
+            return pieces[0]
+        return job.xp.concatenate(pieces) if pieces else job.xp.zeros((0, *job.specs[table].trailing))
+
+    def is_small(self, job: Job, table: str) -> bool:
+        spec = job.specs[table]
+        return spec.n_rows * int(np.prod(spec.trailing)) * np.dtype(spec.dtype).itemsize <= SMALL_TABLE_BYTES
+
+    def read_small_tables(self, job: Job) -> dict[str, Any]:
+        """Every small table (``SMALL_TABLE_BYTES``), whole: the partitions held here copied, the
+        others fetched with one message per owner, all owners at once. A small model's shard step
+        or clock end reads several tables, and one message per table and owner is a round trip each."""
+        me = self.host.address
+        small = [t for t in job.specs if self.is_small(job, t)]
+        pieces: dict[tuple[str, int], Any] = {}
+        remote: dict[str, list] = defaultdict(list)
+        for t in small:
+            for p in range(job.layouts[t].n_parts):
+                owner = job.owners[(t, p)]
+                if owner == me:
+                    pieces[(t, p)] = job.tables.rows(t, p, 0, None)
+                else:
+                    remote[owner].append((t, p))
+        if remote:
+            replies = self.host.peer_all([(o, "pull_many", {"job_id": job.id, "parts": [list(k) for k in keys]})
+                                          for o, keys in remote.items()])
+            for (owner, keys), r in zip(remote.items(), replies):
+                r = _answered(r, owner, *keys[0])
+                pieces.update((k, job.xp.asarray(d)) for k, d in zip(keys, r["data"]))
+        return {t: job.xp.concatenate([pieces[(t, p)] for p in range(job.layouts[t].n_parts)]) for t in small}
+
+    def read_row_set(self, job: Job, table: str, rows):
+        """Arbitrary rows of ``table`` (in the order given), gathered from their owners."""
+        layout, spec = job.layouts[table], job.specs[table]
+        rows = np.asarray(to_host(rows), dtype=np.int64)
+        if rows.size and (rows.min() < 0 or rows.max() >= layout.n_rows):
+            raise IndexError(f"rows outside table {table!r} of {layout.n_rows} rows")
+        out = job.xp.empty((rows.shape[0], *spec.trailing), dtype=spec.dtype)
+        part_of = np.searchsorted([b for _, b in layout.bounds], rows, side="right")
+        for part in np.unique(part_of):
+            sel = np.flatnonzero(part_of == part)
+            local = rows[sel] - layout.bounds[part][0]
+            owner = job.owners[(table, int(part))]
+            if owner == self.host.address:
+                vals = job.tables.row_set(table, int(part), local)
+            else:
+                r = _answered(self.host.peer(owner, "pull", job_id=job.id, table=table, part=int(part),
+                                         rows=to_serialize(local)), owner, table, int(part))
+                vals = job.xp.asarray(r["data"])
+            out[job.xp.asarray(sel)] = vals
+        return out
+
+    def write_rows(self, job: Job, table: str, values, start: int) -> None:
+        layout = job.layouts[table]
+        values = to_host(values)
+        for part, lo, hi in layout.split(start, start + values.shape[0]):
+            a = layout.bounds[part][0]
+            chunk = np.ascontiguousarray(values[lo - start : hi - start])
+            owner = job.owners[(table, part)]
+            if owner == self.host.address:
+                job.tables.assign(table, part, lo - a, chunk)
+            else:
+                self.host.peer(owner, "assign", job_id=job.id, table=table, part=part, lo=lo - a, data=to_serialize(chunk))
+
+
+    def release(self, job_id: str, members: list) -> dict:
+        """Give back the batch members (``[shard, attempt]``) not started yet: an idle worker runs them."""
+        with self._lock:
+            out = [[int(s), int(a)] for s, a in members if (job_id, int(s), int(a)) in self._unstarted]
+            self._unstarted.difference_update((job_id, s, a) for s, a in out)
+        return {"released": out}
+
+
+def _answered(reply: dict, owner: str, table: str, part: int) -> dict:
+    """A pull's answer, or a ``LookupError`` when the owner no longer holds the partition (its job ended,
+    the partition moved): the attempt fails and is retried or dropped like any other."""
+    if reply.get("status", "OK") != "OK":
+        raise LookupError(f"{owner} no longer holds {table}/{part}")
+    return reply
+
+
+class _Stopped(Exception):
+    """This attempt stops quietly: the worker was stopped by an injected fault, or its job ended."""
+
+
+class ShardStep:
+    """The ``ShardContext`` of one attempt: cached pulls, staged adds, staged state."""
+
+    def __init__(self, server: ShardRunner, job: Job, clock: int, shard: int, state: dict, batch_scale: float,
+                 phase: str | None = None):
+        self._server, self._job = server, job
+        self.xp, self.clock, self.shard, self.meta, self.tol = job.xp, clock, shard, job.meta, job.tol
+        self.phase = phase  # the data phase of the clock this step runs in (None: the algorithm has none)
+        self.state = dict(state)  # the shard's state as of its last commit (read-only)
+        self.batch_scale = float(batch_scale)  # this worker's share of a fixed global batch
+        self.new_state: dict = {}
+        self.updates: list = []
+        self.pull_s = 0.0
+
+    def set_state(self, name: str, value) -> None:
+        """Replace the shard's state ``name``; kept only if this attempt commits."""
+        self.new_state[name] = value
+
+    def pull(self, table: str, start: int = 0, stop: int | None = None):
+        """Rows of ``table`` as of this clock's (data phase's) start (cached for it; do not mutate)."""
+        key = (table, start, stop)
+        cache = self._job.pull_cache
+        if key not in cache:
+            t0 = time.perf_counter()
+            if self._server.is_small(self._job, table):  # every small table at once, then slices of it
+                if SMALL not in cache:
+                    cache[SMALL] = self._server.read_small_tables(self._job)
+                cache[key] = cache[SMALL][table][start:stop]
+            else:
+                cache[key] = self._server.read_rows(self._job, table, start, stop)
+            self.pull_s += time.perf_counter() - t0
+        return cache[key]
+
+    def add(self, table: str, values, start: int = 0) -> None:
+        """Add ``values`` to rows ``[start, start + len(values))`` of ``table`` if this attempt commits."""
+        layout = self._job.layouts[table]
+        values = to_host(values)
+        if values.shape[1:] != self._job.specs[table].trailing:
+            raise ValueError(f"add to {table!r}: rows of shape {values.shape[1:]}, table rows are {self._job.specs[table].trailing}")
+        for part, lo, hi in layout.split(start, start + values.shape[0]):
+            a = layout.bounds[part][0]
+            self.updates.append((table, part, lo - a, np.ascontiguousarray(values[lo - start : hi - start]), None))
+
+    def pull_rows(self, table: str, rows):
+        """Rows ``rows`` (any order, repeats allowed) of ``table`` as of this clock's start."""
+        t0 = time.perf_counter()
+        out = self._server.read_row_set(self._job, table, rows)
+        self.pull_s += time.perf_counter() - t0
+        return out
+
+    def add_rows(self, table: str, rows, values) -> None:
+        """Add ``values[i]`` to row ``rows[i]`` of ``table`` if this attempt commits (repeats add up)."""
+        layout, spec = self._job.layouts[table], self._job.specs[table]
+        rows, values = np.asarray(to_host(rows), dtype=np.int64), to_host(values)
+        if rows.ndim != 1 or values.shape != (rows.shape[0], *spec.trailing):
+            raise ValueError(f"add_rows to {table!r}: {rows.shape[0]} rows need values of shape "
+                             f"{(rows.shape[0], *spec.trailing)}, got {values.shape}")
+        if rows.size and (rows.min() < 0 or rows.max() >= layout.n_rows):
+            raise IndexError(f"add_rows to {table!r}: rows outside 0..{layout.n_rows - 1}")
+        part_of = np.searchsorted([b for _, b in layout.bounds], rows, side="right")
+        for part in np.unique(part_of):
+            sel = part_of == part
+            a = layout.bounds[part][0]
+            self.updates.append((table, int(part), 0, np.ascontiguousarray(values[sel]), rows[sel] - a))
+
+
+class ClockEnd:
+    """The ``ClockContext`` of a clock-end step: fresh pulls (of the tables as this step left
+    them), assignments."""
+
+    def __init__(self, server: ShardRunner, job: Job, clock: int):
+        self._server, self._job = server, job
+        self.xp, self.clock, self.meta, self.tol = job.xp, clock, job.meta, job.tol
+        self._small: dict[str, Any] | None = None  # the small tables, read once until an assign
+
+    def pull(self, table: str, start: int = 0, stop: int | None = None):
+        if self._server.is_small(self._job, table):
+            if self._small is None:
+                self._small = self._server.read_small_tables(self._job)
+            return self._small[table][start:stop].copy()  # the caller may change its copy
+        return self._server.read_rows(self._job, table, start, stop)
+
+    def pull_rows(self, table: str, rows):
+        return self._server.read_row_set(self._job, table, rows)
+
+    def assign(self, table: str, values, start: int = 0) -> None:
+        self._server.write_rows(self._job, table, values, start)
+        self._small = None
+
+
