@@ -381,9 +381,10 @@ class _Run:
             setup_s = time.perf_counter() - t_start
             first = 1 if resume is None else int(resume["clock"]) + 1
             history, converged = self._clocks(first, max_clocks, progress)
-            params = self._sync(self._gather)
-            if cfg is not None:  # the last checkpoint's files may still be being written
+            if cfg is not None:  # the last checkpoint's files may still be being written: finish them first,
+                # so an owner lost during the gather is restored from the newest checkpoint
                 self._publish(self._sync(self.client.scheduler.dscar_flush, job_id=self.job_id)["publish"])
+            params = self._sync(self._gather)
         finally:
             try:
                 r = self._sync(self.client.scheduler.dscar_end_job, job_id=self.job_id)

@@ -289,3 +289,29 @@ def test_shard_state_stays_with_the_winning_attempt_under_backups_and_steals(see
     assert res.n_clocks == 10
     assert "backup-attempt" in kinds(res)
     np.testing.assert_array_equal(res.params["seen"], np.full(12, 10.0))
+
+
+def test_an_owner_lost_while_the_model_is_gathered_is_recovered_and_the_gather_retried(inproc, tmp_path, monkeypatch):
+    """The fit's last step gathers the param tables from their owners. An owner lost right then (here a
+    simulated loss, as a kill would be) is recovered by the coordinator, and the driver asks for the
+    owners again instead of failing the fit."""
+    from dscar.driver import _Run
+
+    real = _Run._gather_from
+    lost = []
+
+    async def gather_once_lost(self, owner):
+        if not lost:  # the first gather: one owner is lost under it
+            victim = sorted(set(owner.values()))[-1]
+            lost.append(victim)
+            await self.client.scheduler.dscar_simulate_loss(job_id=self.job_id, worker=victim)
+            raise OSError(f"{victim} went away")
+        return await real(self, owner)
+
+    monkeypatch.setattr(_Run, "_gather_from", gather_once_lost)
+    cfg = CheckpointConfig(str(tmp_path), policy="full", every=1)
+    res = dscar.fit(RowCounter(n_parts=2), row_data(40), inproc, n_shards=4, max_clocks=3, checkpoint=cfg)
+    kinds = [e["kind"] for e in res.events]
+    assert lost and kinds.count("worker-lost") == 1 and "recovery-done" in kinds, kinds
+    # the lost owner's partition comes back from the clock-3 checkpoint: every row counted 3 times
+    np.testing.assert_array_equal(res.params["count"], np.full(40, 3.0))
