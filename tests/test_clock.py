@@ -453,3 +453,18 @@ def test_seeded_walks_reach_every_stage_and_fault_and_keep_the_invariants():
                  "done:4"):
         assert want in reached, sorted(reached)
     assert any(k.endswith("+recovering") for k in reached), sorted(reached)
+
+
+def test_a_late_attempt_still_tells_its_workers_speed():
+    """A straggler whose shards were all backed up finishes after the pass is complete: its commit is
+    refused, but its step time still reaches the monitor (else the worker it is for stays unseen)."""
+    job = _two_worker_job(2)
+    job.begin(1, 0.0)
+    slow = job.next_item("b", 0.0)["shards"][0]  # b runs shard 1 ...
+    mine = job.next_item("a", 0.0)["shards"][0]
+    assert job.commit("a", 1, job.machine.run_id, mine["shard"], mine["attempt"], 0.01, {"compute_s": 0.01})[0]
+    backup = job.queue.start_backup(slow["shard"], "a", 0.02)  # ... and a backs it up and wins
+    granted, _ = job.commit("a", 1, job.machine.run_id, slow["shard"], backup.attempt, 0.03, {"compute_s": 0.01})
+    assert granted and job.machine.stage is Stage.APPLY
+    ok, _ = job.commit("b", 1, job.machine.run_id, slow["shard"], slow["attempt"], 0.5, {"compute_s": 0.5})
+    assert not ok and job.monitor.mean_step("b") == 0.5
