@@ -26,7 +26,7 @@ from .algorithm import Algorithm, TableSpec
 from .cluster import Cluster, default_memory_limit
 from .comm import fast_fail_pool
 from .data import ArrayData, FileData, PhasedData, as_data, is_dask
-from .errors import ClusterError, InvalidInputError, JobFailedError
+from .errors import ClusterError, DscarError, InvalidInputError, JobFailedError
 from .faults import Fault, resolve
 from .ledger import restore_candidates
 from .monitor import ThroughputMonitor
@@ -367,6 +367,7 @@ class _Run:
         if r["status"] != "OK":
             raise ClusterError("the cluster has no workers")
         self.workers = list(r["workers"])
+        failure: DscarError | None = None
         from .dashboard import page_url
 
         if url := page_url(self.client):
@@ -385,6 +386,9 @@ class _Run:
                 # so an owner lost during the gather is restored from the newest checkpoint
                 self._publish(self._sync(self.client.scheduler.dscar_flush, job_id=self.job_id)["publish"])
             params = self._sync(self._gather)
+        except DscarError as e:
+            failure = e
+            raise
         finally:
             try:
                 r = self._sync(self.client.scheduler.dscar_end_job, job_id=self.job_id)
@@ -399,7 +403,9 @@ class _Run:
             if self._pool is not None:
                 self._sync(self._pool.close)
             _undo_hangs(self.events)
-        self.events.sort(key=lambda e: e["time"])
+            self.events.sort(key=lambda e: e["time"])
+            if failure is not None:  # what led to the failure, for a post-mortem
+                failure.events = list(self.events)
         return FitResult(params, history, self.events, converged,
                          time.perf_counter() - t_start, setup_s, self.workers, self.published)
 

@@ -1,9 +1,14 @@
 """dscar's exceptions: one family, each naming the problem it reports."""
 from __future__ import annotations
 
+from typing import Sequence
+
 
 class DscarError(Exception):
     """Base class of every error dscar raises on purpose."""
+
+    #: a failed fit's events up to the failure (the same dicts as ``FitResult.events``)
+    events: Sequence[dict] = ()
 
 
 class InvalidInputError(DscarError, ValueError):

@@ -287,7 +287,7 @@ class JobState:
         rebuild = self.machine.stage is Stage.REBUILD
         shards = []
         for a in batch:
-            member = {"shard": a.shard, "attempt": a.attempt, "fetch_from": a.fetch_from, "fetch_alt": a.fetch_alt,
+            member = {"shard": a.shard, "attempt": a.attempt, "fetch_from": a.fetch_from,
                       "backup": a.backup, "phase": self.cfg.phase_names[self.queue.phase_of(a.shard)] or None}
             entry = self.restore_state.get(a.shard)
             if entry is not None:
@@ -469,8 +469,7 @@ class JobState:
         if worker in self.lost:
             return []
         self.lost.add(worker)
-        moving = {a.shard for a in self.queue.running() if a.fetch_from == worker and not a.backup}
-        held = sorted(set(self.queue.held_by(worker)) | moving)  # shards it held, or was handing over
+        held = self.queue.held_by(worker)  # its data and state were there (copies may be elsewhere)
         applying = self.machine.stage is Stage.APPLY
         unapplied = any(w == worker for _, _, w in self.queue.committed_attempts()) if applying else False
         # its commits of a pass not yet applied went with it: those shards run again

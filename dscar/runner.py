@@ -33,7 +33,7 @@ from . import checkpoint as ckpt
 from .algorithm import Algorithm, DataMeta, TableSpec
 from .partition_store import PartitionStore
 from .partitions import TableLayout
-from .shard_store import ShardEntry, ShardStore, fetch_sources
+from .shard_store import ShardEntry, ShardStore
 from .xp import to_host
 
 from distributed.protocol import to_serialize
@@ -67,6 +67,21 @@ class Job:
     pull_cache: dict[tuple, Any] = field(default_factory=dict)
     cache_run: int = -1  # the run id the cached pulls belong to (tables change only with a new run id)
     clock_seen: int = 0  # the newest clock this worker was given work in (fault points outside attempts)
+    run_seen: int = -1  # the newest run id this worker was given work in (an older pass's apply is stale)
+
+    def apply_pass(self, clock: int, run: int, committed: list, fetched: dict, reset: set, owned: dict,
+                   me: str) -> dict:
+        """Apply the pass of ``run`` to both stores at once (their shared lock): the committed
+        attempts' updates (``PartitionStore.apply_pass``), then their shard states
+        (``ShardStore.install``). A pass older than the newest work given here is stale: the
+        machine moved on (a loss), and installing it could drop a shard a newer attempt holds here."""
+        with self.tables.lock:
+            if run < self.run_seen:
+                return {"status": "stale"}
+            keys = [(clock, int(s), int(a)) for s, a, _ in committed]
+            applied = self.tables.apply_pass(run, keys, fetched, reset, owned)
+            self.shards.install(clock, committed, me)
+        return {"applied": applied}
 
 
 class RunnerHost(Protocol):
@@ -126,6 +141,7 @@ class ShardRunner:
         with self._lock:
             job.owners = {(t, int(p)): w for t, p, w in item["owners"]}
             job.clock_seen = max(job.clock_seen, int(item["clock"]))
+            job.run_seen = max(job.run_seen, int(item["run"]))
             if job.cache_run != item["run"]:  # a new pass, a redo or a recovery: tables have changed
                 job.pull_cache.clear()
                 job.cache_run = item["run"]
@@ -175,8 +191,7 @@ class ShardRunner:
         try:
             self._inject(job, clock, "start", item.get("phase"))
             t0 = time.perf_counter()
-            entry = self._shard_entry(job, shard, item.get("fetch_from"), item.get("backup", False),
-                                      item.get("fetch_alt"))
+            entry = self._shard_entry(job, shard, item.get("fetch_from"), item.get("backup", False))
             if entry is None:
                 lost_data = not item.get("backup", False)  # a backup's miss: the primary still holds the data
                 raise LookupError(f"the data of shard {shard} is on no live worker")
@@ -225,27 +240,23 @@ class ShardRunner:
             state = {}
         entry.state = {k: job.xp.asarray(v) for k, v in state.items()}
 
-    def _shard_entry(self, job: Job, shard: int, fetch_from: str | None, backup: bool,
-                     fetch_alt: str | None = None) -> ShardEntry | None:
-        """The shard's data and state: held here, taken from its holder, or read from the source.
+    def _shard_entry(self, job: Job, shard: int, fetch_from: str | None, backup: bool) -> ShardEntry | None:
+        """The shard's data and state: held here, copied from its holder, or read from the source.
 
-        A primary attempt told to fetch the shard elsewhere drops a copy held here: it is stale
-        (an attempt of ours lost the commit to a backup). A backup copies, never takes: from the
-        holder, or — while the holder is still receiving the shard from here — from our own copy.
-        """
-        me = self.host.address
-        entry = job.shards.claim(shard, fetch_from, backup, fetch_alt, me)
+        A primary attempt keeps what it fetched (the shard is here if it commits, even before
+        the pass is applied); the holder keeps its own copy until the pass is applied
+        (``ShardStore.install`` drops the copies of every worker but the winner's)."""
+        entry = job.shards.claim(shard, fetch_from, backup)
         if entry is not None:
             return entry
         arrays, state = None, {}
-        for source, wait in fetch_sources(fetch_from, fetch_alt, backup, me):
+        if fetch_from and fetch_from != self.host.address:
             try:
-                r = self.host.peer(source, "take_shard", job_id=job.id, shard=shard, keep=backup, wait=wait)
+                r = self.host.peer(fetch_from, "copy_shard", job_id=job.id, shard=shard)
                 if r["status"] == "OK":
                     arrays, state = r["arrays"], r["state"]
-                    break
             except Exception as e:  # the holder is gone: fall back to the source
-                logger.info("could not take shard %s from %s: %r", shard, source, e)
+                logger.info("could not copy shard %s from %s: %r", shard, fetch_from, e)
         if arrays is None and job.loader is not None:
             arrays = job.loader.load_shard(shard)
         if arrays is None:

@@ -4,8 +4,11 @@ Pure (no Dask). A shard's state is its state as of the last applied pass: an
 attempt's new state waits in ``pending`` and is installed only when the pass is
 applied and the coordinator names that attempt as the shard's committed one
 (``install``: the winner's worker installs it, every other copy of the shard is
-stale and dropped). So until the pass is applied a backup copies the state as of
-the pass's start, and a pass run again after a loss starts from it.
+stale and dropped). An attempt on another worker than the holder runs from a
+copy (asked by the peer), and the holder keeps its own until then. So until
+the pass is applied every attempt (a backup, a steal, a pass run again after a
+loss) starts from the state as of the pass's start, and no attempt, however
+late, can leave the holder without the shard.
 """
 from __future__ import annotations
 
@@ -16,12 +19,6 @@ from typing import Any, Iterable
 import numpy as np
 
 from .xp import to_host
-
-#: how long a backup waits for the new holder of its shard to receive the data
-BACKUP_FETCH_WAIT_S = 5.0
-#: the same, when the primary's source can be asked next
-BACKUP_ALT_WAIT_S = 0.5
-
 
 @dataclass
 class ShardEntry:
@@ -54,29 +51,26 @@ class ShardStore:
         with self.lock:
             self.shards[int(shard)] = entry
 
-    def take(self, shard: int, keep: bool = False) -> ShardEntry | None:
-        """Give the shard away (``keep``: lend it, for a backup's copy); None when not held here."""
+    def get(self, shard: int) -> ShardEntry | None:
+        """The shard held here (None: not held), e.g. for a peer to copy; it stays held."""
         with self.lock:
-            return self.shards.get(int(shard)) if keep else self.shards.pop(int(shard), None)
+            return self.shards.get(int(shard))
 
-    def claim(self, shard: int, fetch_from: str | None, backup: bool, fetch_alt: str | None,
-              me: str) -> ShardEntry | None:
-        """The entry an attempt runs from without fetching, or None: fetch it (``fetch_sources``).
+    def claim(self, shard: int, fetch_from: str | None, backup: bool) -> ShardEntry | None:
+        """The entry an attempt runs from without fetching, or None: copy it from ``fetch_from``
+        (the holder) or read it from the source.
 
-        A primary attempt told to fetch the shard elsewhere drops a copy held here: it is stale
-        (an attempt of ours lost the commit to a backup). A backup copies, never takes: our own
-        copy serves when nobody else holds a newer one (no ``fetch_from``), or while its holder
-        is still receiving the shard from here (``fetch_alt`` is us)."""
+        Told to fetch elsewhere, a copy held here is stale (an attempt of ours lost the commit,
+        or arrived late): it is dropped. A backup on the holder runs from a copy of the entry
+        (fresh state dict), the primary from the entry itself."""
         with self.lock:
-            entry = self.shards.get(shard)
-            if entry is not None and fetch_from and not backup:
-                del self.shards[shard]
+            if fetch_from:
+                self.shards.pop(shard, None)
                 return None
+            entry = self.shards.get(shard)
         if entry is None or not backup:
             return entry
-        if not fetch_from or fetch_alt == me:
-            return ShardEntry(entry.data, dict(entry.state))
-        return None
+        return ShardEntry(entry.data, dict(entry.state))
 
     def stage_state(self, key: tuple[int, int, int], entry: ShardEntry, new_state: dict) -> None:
         """Keep an attempt's new state until its pass is applied."""
@@ -111,15 +105,6 @@ class ShardStore:
         with self.lock:
             self.shards.clear()
             self.pending.clear()
-
-
-def fetch_sources(fetch_from: str | None, fetch_alt: str | None, backup: bool,
-                  me: str) -> list[tuple[str, float]]:
-    """``(worker, wait)`` to ask for a shard, in order: its holder; for a backup, which copies,
-    waiting up to ``wait`` for the holder to receive it, then the primary's own source."""
-    sources = [(fetch_from, 0.0)] if not backup else [
-        (fetch_from, BACKUP_ALT_WAIT_S if fetch_alt else BACKUP_FETCH_WAIT_S), (fetch_alt, 0.0)]
-    return [(s, w) for s, w in sources if s and s != me]
 
 
 def _is_array(v) -> bool:

@@ -20,9 +20,13 @@ already holds, then takes one from the worker with the largest TODO backlog
 ``sharding="static"`` (the BSP baseline) a worker only gets the shards it
 holds; shards whose holder was lost go to anyone.
 
-The data (and shard state) of a shard follows its commits: the worker whose
-attempt commits becomes the holder; a backup attempt copies the data instead
-of moving it, so both attempts can run.
+The data (and shard state) of a shard follows its commits: the *holder* is the
+worker whose store has the shard's data and state as of the last applied pass
+(placed there, or its attempt committed). An attempt on another worker copies
+them from the holder, which keeps its copy until the pass is applied; only then
+is the committed attempt's worker the holder. So a requeued, refused or stale
+attempt never leaves the holder without the data, and the holder never points
+at a worker that has not received it yet.
 
 Phases: a clock may make several passes, each over its own contiguous range
 of shard ids (``phases``: the number of shards of each, in order; default one
@@ -53,9 +57,8 @@ class Attempt:
     attempt: int
     worker: str
     started: float
-    fetch_from: str | None  # the worker holding the shard's data, if not the taker
-    backup: bool = False  # a second attempt: it copies the data, the holder keeps it
-    fetch_alt: str | None = None  # a backup's second source: where the primary is taking the data from
+    fetch_from: str | None  # the shard's holder, when not this attempt's worker: it copies from there
+    backup: bool = False  # a second attempt of a DOING shard (a tail straggler's)
 
 
 @dataclass
@@ -220,7 +223,6 @@ class ShardQueue:
         s.started += 1
         s.attempts[a.attempt] = a
         s.status = ShardStatus.DOING
-        s.holder = worker  # the data moves with the attempt
         self._todo.discard(shard)
         return a
 
@@ -232,10 +234,7 @@ class ShardQueue:
         if any(a.worker == worker for a in s.attempts.values()):
             raise ValueError(f"shard {shard} already runs on {worker}")
         fetch_from = s.holder if s.holder not in (None, worker) else None
-        # the primary may not have the data yet (or never get it: a hung worker); its source still has it
-        alt = next((p.fetch_from for p in s.attempts.values() if not p.backup and p.fetch_from not in (None, worker)),
-                   None)
-        a = Attempt(shard, s.next_attempt, worker, now, fetch_from, backup=True, fetch_alt=alt)
+        a = Attempt(shard, s.next_attempt, worker, now, fetch_from, backup=True)
         s.next_attempt += 1
         s.started += 1
         s.attempts[a.attempt] = a

@@ -27,7 +27,6 @@ import logging
 import os
 import signal
 import threading
-import time
 from collections import defaultdict
 from types import ModuleType
 
@@ -86,7 +85,7 @@ class ParamServer(WorkerPlugin):
         self._peers_started = asyncio.ensure_future(self.peers.start())
         #: messages waiting for a peer's answer (they fail at once when it is lost)
         self._inflight = Inflight()
-        for op in ("init", "pull", "fetch_staged", "apply", "assign", "put_shard", "take_shard", "end_job", "info", "adopt",
+        for op in ("init", "pull", "fetch_staged", "apply", "assign", "put_shard", "copy_shard", "end_job", "info", "adopt",
                    "checkpoint", "restore", "forget", "peer_lost", "release", "pull_many"):
             worker.handlers[f"dscar_{op}"] = getattr(self, f"_h_{op}")
         self.runner = ShardRunner(self, self.poll_timeout)
@@ -198,6 +197,8 @@ class ParamServer(WorkerPlugin):
         job = self.jobs.get(job_id)
         if job is None:
             return {"applied": 0}
+        if run < job.run_seen:  # the machine moved on (a loss): applying it now could undo newer work here
+            return {"status": "stale"}
         if await self._ainject(job, "apply"):
             return {"status": "stopped"}
         owned = job.tables.owned()  # the partitions as of now: one restored meanwhile is not this pass's to update
@@ -218,18 +219,10 @@ class ParamServer(WorkerPlugin):
                 for key, ups in r["updates"]:
                     updates[tuple(key)] = [(t, int(p), int(lo), np.asarray(d), None if rw is None else
                                             np.asarray(rw, dtype=np.int64)) for t, p, lo, d, rw in ups]
-        args = (job, clock, run, committed, updates, set(reset or ()), owned)
+        args = (clock, run, committed, updates, set(reset or ()), owned, me)
         if job.tables.update_bytes(_keys(clock, committed), updates) <= INLINE_APPLY_BYTES:
-            return self._apply(*args)  # a thread hop would cost more than the additions
-        return await asyncio.to_thread(self._apply, *args)
-
-    def _apply(self, job: Job, clock: int, run: int, committed: list, fetched: dict, reset: set,
-               owned: dict) -> dict:
-        """Apply the pass to both stores at once (their shared lock): updates, then shard states."""
-        with job.tables.lock:
-            applied = job.tables.apply_pass(run, _keys(clock, committed), fetched, reset, owned)
-            job.shards.install(clock, committed, self.worker.address)
-        return {"applied": applied}
+            return job.apply_pass(*args)  # a thread hop would cost more than the additions
+        return await asyncio.to_thread(job.apply_pass, *args)
 
     def _h_assign(self, job_id: str, table: str, part: int, lo: int, data) -> dict:
         self.jobs[job_id].tables.assign(table, part, lo, data)
@@ -242,19 +235,11 @@ class ParamServer(WorkerPlugin):
         job.shards.put(shard, ShardEntry(prepared))
         return {"status": "OK"}
 
-    async def _h_take_shard(self, job_id: str, shard: int, keep: bool = False, wait: float = 0.0) -> dict:
-        """Hand a shard's data and state to the worker that now runs it: moved, or copied for a backup.
-
-        ``wait``: a backup copies from the shard's new holder, which may still be fetching the
-        data itself; wait up to that long for it to arrive before answering ``missing``.
-        """
-        deadline = time.monotonic() + wait
-        while True:
-            job = self.jobs.get(job_id)
-            entry = None if job is None else job.shards.take(shard, keep)
-            if entry is not None or time.monotonic() >= deadline:
-                break
-            await asyncio.sleep(0.005)
+    def _h_copy_shard(self, job_id: str, shard: int) -> dict:
+        """A copy of a shard's data and state for an attempt on another worker; ours stays held
+        until the pass is applied (``ShardStore.install`` drops it if that attempt committed)."""
+        job = self.jobs.get(job_id)
+        entry = None if job is None else job.shards.get(shard)
         if entry is None:
             return {"status": "missing"}
         host, state = entry.movable()

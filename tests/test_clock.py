@@ -203,6 +203,11 @@ class JobFuzz(RuleBasedStateMachine):
         self.step_s = step_s  # short steps: a worker's own shards come in batches
         self.batches = 0  # work items with more than one attempt
         self.released = 0  # batch members given back unstarted
+        # where shard data lives, as the workers' shard stores (dscar.shard_store) keep it
+        self.has: dict[str, set[int]] = {w: set() for w in WORKERS}  # shards in each worker's store
+        self.pending: set[tuple[str, int, int, int]] = set()  # (worker, clock, shard, attempt) staged there
+        self.run_seen = {w: -1 for w in WORKERS}  # the newest run id each worker was given work in
+        self.copies_checked = 0
 
     # ------------------------------------------------------------ glue
     def tick(self) -> float:
@@ -243,6 +248,7 @@ class JobFuzz(RuleBasedStateMachine):
         if item is None:
             return
         item["worker"] = w
+        self.run_seen[w] = max(self.run_seen[w], item["run"])
         if item["op"] == "clock_end":
             self.clock_end = item
             return
@@ -250,13 +256,30 @@ class JobFuzz(RuleBasedStateMachine):
         for member in item["shards"]:  # a batch's attempts commit, fail or are lost one by one
             attempt = {**item, **member}
             del attempt["shards"]
+            attempt["holder"] = self.job.queue.holder(member["shard"])  # at hand-out
             self.inflight[(member["shard"], member["attempt"])] = attempt
+
+    def run_attempt(self, item: dict) -> None:
+        """The attempt gets its shard as ``ShardStore.claim`` and the runner do; an attempt of the
+        open pass must find it where the queue said (the holder), unless that worker was lost."""
+        w, shard = item["worker"], item["shard"]
+        source = item["fetch_from"] or item["holder"]
+        if item["fetch_from"]:
+            self.has[w].discard(shard)  # a stale copy
+        current = item["run"] == self.job.machine.run_id and self.job.machine.handing_out  # its pass is open
+        if source is not None and source not in self.job.lost and current:
+            assert shard in self.has[source], f"shard {shard}: {source} should hold it and does not ({item})"
+            self.copies_checked += 1
+        if not item["backup"]:
+            self.has[w].add(shard)  # held here from now on (the holder keeps its copy)
+        self.pending.add((w, item["clock"], shard, item["attempt"]))
 
     @precondition(lambda self: getattr(self, "inflight", None))
     @rule(i=st.integers(0, 50))
     def stage_and_commit(self, i):
         key = sorted(self.inflight)[i % len(self.inflight)]
         item = self.inflight.pop(key)
+        self.run_attempt(item)
         self.staged[(item["clock"], item["shard"], item["attempt"])] = item["run"]
         granted, effects = self.job.commit(item["worker"], item["clock"], item["run"], item["shard"],
                                            item["attempt"], self.tick(), {"compute_s": self.step_s})
@@ -284,22 +307,39 @@ class JobFuzz(RuleBasedStateMachine):
         if self.failures.get(key[:1] + (self.job.clock,), 0) >= 1:
             return  # one failure per shard and clock: the limit of 3 is tested in test_shards
         item = self.inflight.pop(key)
+        self.run_attempt(item)  # (it failed after getting its data)
         self.failures[key[:1] + (self.job.clock,)] = 1
         self.job.attempt_failed(item["worker"], item["clock"], item["run"], item["shard"], item["attempt"],
                                 "boom", self.tick())
 
     @precondition(lambda self: getattr(self, "applies", None))
-    @rule()
-    def owners_apply(self):
+    @rule(installed=st.sets(st.sampled_from(WORKERS)))
+    def owners_apply(self, installed):
         e = self.applies.pop(0)
         if any(w in self.job.lost for _, _, w in e.committed):
-            return  # an owner cannot collect a lost worker's updates: the apply fails (the loss decided)
+            # an owner cannot collect a lost worker's updates: its apply fails (the loss decided);
+            # the workers in ``installed`` needed none and applied
+            self.install(e, [w for w in installed if w in self.live()])
+            return
+        self.install(e, self.live())
         for shard, attempt, _ in e.committed:
             run = self.staged.get((e.clock, shard, attempt))
             assert run == e.run_id, f"an attempt of run {run} applied in run {e.run_id}"
             if not e.rebuild:  # the rebuild pass's contributions are not the clock's updates
                 self.applied[(e.clock, shard)] = self.applied.get((e.clock, shard), 0) + 1
         self.handle(self.job.applied(e.run_id, self.tick()))
+
+    def install(self, e: ApplyPass, workers: list[str]) -> None:
+        """``ShardStore.install`` on ``workers`` (each ignores a pass older than its newest work)."""
+        for x in workers:
+            if e.run_id < self.run_seen[x]:
+                continue
+            for shard, attempt, winner in e.committed:
+                if winner != x:
+                    self.has[x].discard(shard)
+                elif (x, e.clock, shard, attempt) in self.pending:
+                    self.has[x].add(shard)
+            self.pending = {p for p in self.pending if p[0] != x or p[1] > e.clock}
 
     @precondition(lambda self: getattr(self, "clock_end", None) is not None)
     @rule()
@@ -320,6 +360,7 @@ class JobFuzz(RuleBasedStateMachine):
         if w in self.job.lost:
             return
         self.inflight = {k: v for k, v in self.inflight.items() if v["worker"] != w}
+        self.has[w].clear()
         if self.clock_end is not None and self.clock_end["worker"] == w:
             self.clock_end = None
         self.handle(self.job.lose(w, self.tick()))
@@ -409,7 +450,7 @@ def _random_run(f: JobFuzz, rnd, steps: int, reached: set[str]) -> None:
                 moves.append(("fail", lambda: f.attempt_fails(rnd.randrange(50))))
             moves.append(("take-back", lambda: f.idle_worker_takes_back(rnd.choice(WORKERS), rnd.randrange(4))))
         if f.applies:
-            moves.append(("apply", f.owners_apply))
+            moves.append(("apply", lambda: f.owners_apply({w for w in WORKERS if rnd.random() < 0.5})))
         if f.clock_end is not None:
             moves.append(("clock_end", f.clock_end_reports))
         if len(f.live()) > 1 and len(f.job.lost) < 3 and rnd.random() < 0.08:
@@ -449,7 +490,9 @@ def test_seeded_walks_reach_every_stage_and_fault_and_keep_the_invariants():
             reached.add("batch")
         if f.released:
             reached.add("released")
-    for want in ("batch", "released", "lose@shards", "lose@apply", "lose@clock-end", "lose@rebuild", "skipped", "restore", "fail",
+        if f.copies_checked:
+            reached.add("copied")
+    for want in ("batch", "released", "copied", "lose@shards", "lose@apply", "lose@clock-end", "lose@rebuild", "skipped", "restore", "fail",
                  "done:4"):
         assert want in reached, sorted(reached)
     assert any(k.endswith("+recovering") for k in reached), sorted(reached)

@@ -38,15 +38,34 @@ def test_next_shard_prefers_local_data():
     assert q.next_shard("b", 0).shard in (2, 3)
 
 
-def test_a_worker_without_local_shards_steals_from_the_longest_backlog_and_the_data_moves():
+def test_a_worker_without_local_shards_steals_from_the_longest_backlog_and_the_data_moves_at_its_commit():
     q = ShardQueue(6, reloadable=False)
     for i in range(6):
         q.set_holder(i, "a" if i < 4 else "b")
     q.begin_clock(1)
     a = q.next_shard("c", 0)
-    assert q.holder(a.shard) == "c" and a.fetch_from == "a"
+    assert q.holder(a.shard) == "a" and a.fetch_from == "a"  # c copies; a keeps it until c commits
     local = q.next_shard("a", 0)
     assert local.fetch_from is None
+    assert q.commit(a.shard, a.attempt, "c") and q.holder(a.shard) == "c"
+
+
+def test_an_attempt_that_never_committed_leaves_the_shard_with_the_worker_that_has_its_data():
+    """A steal handed out, then cut short (a failure, a loss elsewhere restarting the pass): the
+    next attempt on the original holder runs from its own copy, and one elsewhere copies from it,
+    never from the worker that may not have received the data (its late copy would be stale)."""
+    q = ShardQueue(6, reloadable=False)
+    for i in range(6):
+        q.set_holder(i, "a" if i < 4 else "b")
+    q.begin_clock(1)
+    stolen = q.next_shard("c", 0)
+    q.begin_clock(1, None)  # a rebuild pass after a loss: every attempt of the pass is void
+    assert q.holder(stolen.shard) == "a"
+    again = q.start_backup(q.next_shard("a", 0).shard, "d", 1)
+    assert again.fetch_from == "a"
+    failed = q.next_shard("c", 0)
+    q.fail(failed.shard, failed.attempt, "c", "boom")
+    assert q.holder(failed.shard) == "a" and q.next_shard("a", 0).fetch_from is None
 
 
 def test_unplaced_shards_wait_unless_reloadable():
@@ -309,12 +328,11 @@ def test_worker_lost_requeues_only_active_attempts_and_snapshot_keeps_the_phase(
     assert [r.status(i) for i in range(5)] == [q.status(i) for i in range(5)]
 
 
-def test_a_backup_of_a_moving_shard_can_also_copy_from_the_primary_s_source():
+def test_a_backup_of_a_stolen_shard_copies_from_its_holder_too():
     q = queue(4)
-    primary = q.next_shard("c", 0)  # c steals from a: the data moves a -> c with the attempt
+    primary = q.next_shard("c", 0)  # c steals from a (or b): c copies the holder's data
     assert primary.fetch_from in ("a", "b")
-    source = primary.fetch_from
     backup = q.start_backup(primary.shard, "d", 1)
-    assert backup.fetch_from == "c" and backup.fetch_alt == source  # c may never receive it (hung)
-    local = q.next_shard("a", 0) if source == "a" else q.next_shard("b", 0)
-    assert q.start_backup(local.shard, "d", 1).fetch_alt is None  # nothing in flight: one source
+    assert backup.fetch_from == primary.fetch_from  # the holder has it, whether c received it or not (hung)
+    local = q.next_shard("a", 0)
+    assert q.start_backup(local.shard, "d", 1).fetch_from == "a"

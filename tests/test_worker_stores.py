@@ -123,10 +123,44 @@ def test_installing_states_keeps_only_the_winners_and_drops_other_copies():
 def test_a_primary_told_to_fetch_elsewhere_drops_its_stale_copy_and_a_backup_copies():
     shards = ShardStore()
     shards.put(0, ShardEntry({"x": np.zeros(2)}, {"z": np.array([1])}))
-    mine = shards.claim(0, None, True, None, ME)  # a backup with nobody newer: a copy of ours
+    mine = shards.claim(0, None, True)  # a backup on the holder: a copy of ours
     assert mine is not None and mine is not shards.shards[0] and 0 in shards.shards
-    assert shards.claim(0, OTHER, True, None, ME) is None and 0 in shards.shards  # copies from the holder
-    assert shards.claim(0, OTHER, False, None, ME) is None and 0 not in shards.shards
+    assert shards.claim(0, None, False) is shards.shards[0]  # the primary on the holder: ours
+    assert shards.claim(0, OTHER, True) is None and 0 not in shards.shards  # ours is stale: the holder is OTHER
+
+
+def test_a_peer_s_copy_however_late_leaves_the_holder_its_shard_until_another_attempt_is_installed():
+    shards = ShardStore()
+    held = ShardEntry({"x": np.zeros(2)}, {"z": np.array([1])})
+    shards.put(0, held)
+    assert shards.get(0) is held and shards.get(0) is held and shards.shards == {0: held}
+    shards.install(4, [(0, 2, ME)], ME)  # our attempt won (nothing pending here: a placement's entry stays)
+    assert shards.shards == {0: held}
+    shards.install(5, [(0, 0, OTHER)], ME)  # the peer's attempt won: our copy is stale now
+    assert shards.get(0) is None
+
+
+def test_a_pass_applied_after_newer_work_arrived_here_is_stale_and_changes_nothing():
+    """A loss during an apply moves the machine on; the old apply may still reach this worker after
+    it ran an attempt of the next run. Installing it would drop the shard that attempt put here (and
+    its staged state): the shard's holder would not have it."""
+    from dscar.runner import Job
+
+    store = _store()
+    shards = ShardStore(store.lock)
+    job = Job(id="j", algorithm=None, meta=None, specs=store.specs, layouts=store.layouts, loader=None,
+              tol=0.0, xp=np, tables=store, shards=shards)
+    newer = ShardEntry({"x": np.zeros(2)}, {"z": np.array([1])})
+    shards.put(0, newer)  # run 6's attempt copied shard 0 here ...
+    shards.stage_state((3, 0, 4), newer, {"z": np.array([2])})  # ... and staged its new state
+    job.run_seen = 6
+    store.stage((3, 0, 1), 5, [_up(0, 0, [1, 1, 1])])
+    before = store.parts[("w", 0)].copy()
+    assert job.apply_pass(3, 5, [(0, 1, OTHER)], {}, set(), store.owned(), ME) == {"status": "stale"}
+    assert shards.get(0) is newer and (3, 0, 4) in shards.pending
+    assert np.array_equal(store.parts[("w", 0)], before)
+    assert job.apply_pass(3, 6, [(0, 4, ME)], {}, set(), store.owned(), ME) == {"applied": 0}
+    assert shards.get(0).state["z"][0] == 2 and not shards.pending
 
 
 def test_snapshot_saves_the_rows_that_moved_most_and_remembers_them():
