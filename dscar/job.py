@@ -271,7 +271,7 @@ class JobState:
             return None
         victim = max(live, key=lambda w: (len(live[w]), w))
         members = live[victim]
-        return victim, members[len(members) // 2:] if len(members) > 1 else list(members)
+        return victim, members[len(members) // 2:]
 
     def released(self, worker: str, asked: list[tuple[int, int]], released: list[tuple[int, int]],
                  now: float) -> None:

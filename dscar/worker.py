@@ -153,7 +153,9 @@ class ParamServer(WorkerPlugin):
         """Become the owner of a partition: copy it from its current owner."""
         job = await self._ajob(job_id)
         a, b = job.layouts[table].bounds[part]
-        r = await self.worker.rpc(source).dscar_pull(job_id=job_id, table=table, part=part, lo=0, hi=b - a)
+        r = await self._apeer(source, "pull", job_id=job_id, table=table, part=part, lo=0, hi=b - a)
+        if r.get("status") != "OK":
+            raise RuntimeError(f"partition {table}/{part} is not on {source} any more: {r.get('status')}")
         job.tables.own(table, part, r["data"])
         return {"status": "OK"}
 

@@ -53,9 +53,12 @@ def test_an_error_in_the_shard_step_is_reported_with_the_shard_and_failures(inpr
                 raise ZeroDivisionError("shard two is broken")
             super().shard_step(ctx, data)
 
-    with pytest.raises(dscar.JobFailedError, match=r"(?s)shard 2 failed 3 time.*shard two is broken"):
+    with pytest.raises(dscar.JobFailedError, match=r"(?s)shard 2 failed 3 time.*shard two is broken") as info:
         dscar.fit(Broken(), row_data(40), inproc, n_shards=4, max_clocks=3)
     assert scheduler_jobs(inproc) == []
+    kinds = [e["kind"] for e in info.value.events]  # what led to it, for a post-mortem
+    assert kinds.count("shard-failed") >= 3 and "job-failed" in kinds
+    assert all(e["shard"] == 2 for e in info.value.events if e["kind"] == "shard-failed")
 
 
 def test_processes_lasso_and_exactly_once_over_tcp(procs):
