@@ -49,7 +49,11 @@ class CheckpointConfig:
     (fraction ``fraction`` of the rows that moved most, every ``fraction * every``
     clocks). ``recovery``: ``"partial"`` (restore only the lost partitions) or
     ``"full"`` (roll every table and the clock counter back). ``keep``: how many
-    published versions to keep.
+    published versions to keep. ``memory``: a memory tier under the disk tier:
+    after every clock each owner copies its param partitions into the memory of
+    a buddy worker (the next live worker in address order), and partial recovery
+    restores a lost partition from its buddy when the buddy is alive (from disk
+    otherwise, e.g. when owner and buddy are lost together).
     """
 
     url: str
@@ -59,6 +63,7 @@ class CheckpointConfig:
     keep: int = 3
     recovery: str = "partial"
     storage_options: dict | None = None
+    memory: bool = False
 
     def validate(self) -> "CheckpointConfig":
         from . import validation as v
@@ -76,6 +81,8 @@ class CheckpointConfig:
                 f"priority checkpoints every r*C = {self.fraction * self.every:g} clocks: need r*C >= 1"
             )
         v.integer("keep", self.keep, 1)
+        if not isinstance(self.memory, bool):
+            raise InvalidInputError(f"checkpoint memory must be True or False, got {self.memory!r}")
         if self.storage_options is not None:
             v.instance("storage_options", self.storage_options, dict, "a dict of fsspec options or None")
         return self

@@ -95,6 +95,9 @@ def _add_common(run: argparse.ArgumentParser) -> None:
     g.add_argument("--keep", type=arg_int(1), default=3, help="checkpoint versions kept (default 3)")
     g.add_argument("--recovery", choices=("partial", "full"), default="partial",
                    help="partial: restore only a lost worker's partitions (SCAR, default); full: roll back everything")
+    g.add_argument("--memory-tier", action="store_true",
+                   help="also keep each owner's partitions in a buddy worker's memory, refreshed every clock; "
+                        "partial recovery restores from there when the buddy is alive")
     g.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in --checkpoint")
     run.add_argument("--no-progress", action="store_true",
                      help="do not show a progress bar (shown by default when stderr is a terminal)")
@@ -116,7 +119,8 @@ def _checkpoint_config(args, faults: list):
         url = temporary_store()
         print(f"dscar: injected worker losses: keeping checkpoints in {url} (removed at the end)", flush=True)
     return CheckpointConfig(url, policy=args.checkpoint_policy, every=args.checkpoint_every,
-                            fraction=args.checkpoint_fraction, keep=args.keep, recovery=args.recovery)
+                            fraction=args.checkpoint_fraction, keep=args.keep, recovery=args.recovery,
+                            memory=args.memory_tier)
 
 
 def _cluster(args):

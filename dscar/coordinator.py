@@ -38,7 +38,7 @@ from distributed.protocol.pickle import loads
 from .checkpoint import CheckpointConfig
 from .comm import fast_fail_pool
 from .inflight import Inflight
-from .job import ApplyPass, Checkpoint, JobConfig, JobState, RestartWorker, StartRecovery
+from .job import ApplyPass, Checkpoint, JobConfig, JobState, Mirror, RestartWorker, StartRecovery
 from .ledger import describe, restore_candidates
 from .monitor import ThroughputMonitor
 from .partitions import PartitionMap, TableLayout
@@ -81,7 +81,7 @@ class Coordinator(SchedulerPlugin):
         for op in (
             "start_job", "job_spec", "placed", "begin_clock", "next", "commit", "fail", "clock_done",
             "clock_failed", "wait", "end_job", "owners", "event", "ckpt_written", "published",
-            "simulate_loss", "flush", "rebase", "until_lost",
+            "simulate_loss", "flush", "rebase", "until_lost", "mirrored",
         ):
             scheduler.handlers[f"dscar_{op}"] = getattr(self, f"_h_{op}")
         self._specs: dict[str, bytes] = {}
@@ -122,6 +122,8 @@ class Coordinator(SchedulerPlugin):
                     asyncio.ensure_future(self._recover(job))
             elif isinstance(e, Checkpoint):
                 asyncio.ensure_future(self._checkpoint(job, e))
+            elif isinstance(e, Mirror):
+                asyncio.ensure_future(self._mirror(job, e))
             elif isinstance(e, RestartWorker):
                 pass  # carried out in begin_clock, where nothing is staged
         self._wake()
@@ -421,13 +423,32 @@ class Coordinator(SchedulerPlugin):
                       fraction=cfg.save_fraction, storage_options=cfg.storage_options, state_shards=c.writers[w])
             for w in writers
         ), return_exceptions=True)
-        job.snapshotting = False  # every owner has its snapshot (or failed): the next clock may change tables
+        job.snapshotting.discard("checkpoint")  # every owner has its snapshot (or failed): tables may change
         for w, r in zip(writers, results):
             if isinstance(r, Exception) or r.get("status") != "OK":
                 job.checkpoint_written(c.version, w, [], f"{r!r}", time.time())
                 if not isinstance(r, Exception) and r.get("status") == "stopped":
                     await self._remove(w, "stopped by an injected fault")
         self._wake()
+
+    async def _mirror(self, job: JobState, m: Mirror) -> None:
+        """The memory tier: every owner snapshots its param partitions now and sends them to its
+        buddy in the background (the buddy's copy is recorded by ``dscar_mirrored``)."""
+        owners = sorted(m.buddies)
+        results = await asyncio.gather(*(
+            self._rpc(w, "mirror", timeout=SNAPSHOT_TIMEOUT_S, job_id=job.cfg.job_id, clock=m.clock, buddy=m.buddies[w])
+            for w in owners), return_exceptions=True)
+        job.snapshotting.discard("mirror")
+        for w, r in zip(owners, results):
+            if isinstance(r, Exception) or r.get("status") != "OK":
+                logger.info("dscar: memory copy of %s's partitions at clock %s failed: %r", w, m.clock, r)
+        self._wake()
+
+    def _h_mirrored(self, job_id: str, buddy: str, clock: int, parts: list) -> dict:
+        job = self.jobs.get(job_id)
+        if job is not None:
+            job.mirrored(buddy, clock, parts, time.time())
+        return {"status": "OK"}
 
     def _h_ckpt_written(self, job_id: str, version: int, worker: str, files: list, error: str | None = None) -> dict:
         job = self.jobs.get(job_id)
@@ -470,7 +491,7 @@ class Coordinator(SchedulerPlugin):
                 plan = job.plan_recovery(live)
                 covered = job.recovery_planned(plan, time.time())
                 job.event(time.time(), "recovery-started", workers=sorted(covered), **describe(plan))
-                await self._restore(job, plan.restores, plan.manifests)
+                await self._restore(job, plan.restores, plan.manifests, plan.from_memory)
                 if job.cfg.checkpoint is not None and plan.full:
                     job.event(time.time(), "rollback", to_clock=plan.manifests[0]["clock"] if plan.manifests else 0)
                 effects = job.recovered(covered, time.time())
@@ -485,16 +506,33 @@ class Coordinator(SchedulerPlugin):
             self._recovering.discard(job.cfg.job_id)
             self._wake()
 
-    async def _restore(self, job: JobState, restores: dict, manifests: list[dict]) -> None:
+    async def _restore(self, job: JobState, restores: dict, manifests: list[dict],
+                       from_memory: dict | None = None) -> None:
         """Restore each partition on its target from the newest checkpoint that verifies.
 
         A target that cannot be reached is removed from the cluster; its partitions stay owned by
         a lost worker, so the next round of ``_recover`` plans them again.
         """
         cfg = job.cfg.checkpoint
+        from_memory = from_memory or {}
 
         async def one(key: tuple[str, int], target: str) -> None:
             table, part = key
+            if key in from_memory:  # the memory tier: the buddy's copy, when it still has it
+                buddy, clock = from_memory[key]
+                try:
+                    r = await self._rpc(target, "restore", job_id=job.cfg.job_id, table=table, part=part, chain=[],
+                                        url="", mirror_from=buddy)
+                except (OSError, asyncio.TimeoutError) as e:
+                    await self._remove(target, f"restore did not reach it: {e!r}")
+                    return
+                if r["status"] == "OK":
+                    if target not in job.lost:
+                        job.restored(key, target, 0, time.time(), memory_clock=int(r["clock"]))
+                    return
+                if r["status"] == "stopped":
+                    await self._remove(target, "stopped by an injected fault")
+                    return
             candidates = restore_candidates(manifests if job.cfg.kinds[table] == "param" else [], table, part)
             for version, chain in candidates:
                 try:

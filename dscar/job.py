@@ -52,11 +52,19 @@ class Checkpoint:
 
 
 @dataclass(frozen=True)
+class Mirror:
+    """The memory tier: each owner (key) copies its param partitions to its buddy (value) now."""
+
+    clock: int
+    buddies: dict[str, str]
+
+
+@dataclass(frozen=True)
 class RestartWorker:
     worker: str
 
 
-Effect = ApplyPass | StartRecovery | Checkpoint | RestartWorker
+Effect = ApplyPass | StartRecovery | Checkpoint | Mirror | RestartWorker
 
 #: a work item holds about this much shard work by the worker's measured step time; below
 #: ``BackupPolicy.min_s``, so a batch's waiting members never look late to the backup policy
@@ -134,9 +142,11 @@ class JobState:
         self.error: str | None = None
         #: the live workers, refreshed by the coordinator before it asks for decisions
         self.workers: list[str] = []
-        #: a checkpoint's owners are snapshotting: the clock is not reported (nor the next begun)
-        #: before, so a snapshot labelled clock t never holds clock t+1's updates
-        self.snapshotting = False
+        #: what is being snapshotted ("checkpoint", "mirror"): the clock is not reported (nor the
+        #: next begun) before, so a snapshot labelled clock t never holds clock t+1's updates
+        self.snapshotting: set[str] = set()
+        #: (table, part) -> (buddy, clock) of the newest memory copy the buddy has (memory tier)
+        self.mirrors: dict[tuple[str, int], tuple[str, int]] = {}
         if resume is not None:
             self.machine.clock = int(resume["clock"])
             self.machine.stage = Stage.DONE
@@ -375,6 +385,8 @@ class JobState:
         cfg = self.cfg.checkpoint
         if cfg is not None and cfg.due(self.machine.clock):
             effects.append(self._start_checkpoint(now))
+        if cfg is not None and cfg.memory:
+            effects += self._start_mirror()
         return effects
 
     def clock_end_failed(self, worker: str, run_id: int, error: str, now: float) -> list[Effect]:
@@ -442,9 +454,27 @@ class JobState:
             if h is not None and h not in self.lost:
                 writers.setdefault(h, []).append(s)
         version = self.ledger.start(self.machine.clock, writers)
-        self.snapshotting = True
+        self.snapshotting.add("checkpoint")
         self.event(now, "checkpoint-started", version=version, policy=cfg.policy, fraction=cfg.save_fraction)
         return Checkpoint(version, writers)
+
+    def _start_mirror(self) -> list[Effect]:
+        """Every param owner copies its partitions to the next live worker (a ring in address order)."""
+        live = [w for w in sorted(self.workers) if w not in self.lost]
+        owners = sorted({w for (t, _), w in self.pmap.owners.items() if self.cfg.kinds[t] == "param"} & set(live))
+        if len(live) < 2 or not owners:
+            return []
+        self.snapshotting.add("mirror")
+        return [Mirror(self.machine.clock, {w: live[(live.index(w) + 1) % len(live)] for w in owners})]
+
+    def mirrored(self, buddy: str, clock: int, parts: list, now: float) -> None:
+        """``buddy`` holds the memory copies of ``parts`` as of ``clock``."""
+        if buddy in self.lost:
+            return
+        for t, p in parts:
+            key = (t, int(p))
+            if key not in self.mirrors or self.mirrors[key][1] <= clock:
+                self.mirrors[key] = (buddy, int(clock))
 
     def checkpoint_written(self, version: int, worker: str, files: list, error: str | None, now: float) -> None:
         if self.ledger is not None and self.ledger.written(version, worker, files, error):
@@ -478,6 +508,7 @@ class JobState:
         state_lost = bool(held) and bool(self.cfg.rebuild)
         requeued = self.queue.worker_lost(worker) + self.queue.source_lost(worker)
         self.monitor.forget(worker)
+        self.mirrors = {k: v for k, v in self.mirrors.items() if v[0] != worker}  # its memory went with it
         self.batched.pop(worker, None)
         self.batch_scale.pop(worker, None)
         self.stragglers.pop(worker, None)
@@ -515,11 +546,15 @@ class JobState:
             owners=self.pmap.owners, kinds=self.cfg.kinds, rows=rows, lost=self.lost, live=live,
             full=cfg is not None and cfg.recovery == "full",
             manifests=self.ledger.newest_first() if self.ledger else [],
-            lost_shards=self.lost_shards, n_shards=self.queue.n_shards)
+            lost_shards=self.lost_shards, n_shards=self.queue.n_shards, mirrors=self.mirrors)
 
-    def restored(self, key: tuple[str, int], target: str, version: int, now: float) -> None:
+    def restored(self, key: tuple[str, int], target: str, version: int, now: float,
+                 memory_clock: int | None = None) -> None:
+        """``target`` owns ``key`` now, restored from checkpoint ``version`` (0: the initial values)
+        or from a buddy's memory copy as of ``memory_clock``."""
         self.pmap.owners[key] = target
-        self.event(now, "partition-restored", table=key[0], part=key[1], target=target, version=version)
+        where = {"version": version} if memory_clock is None else {"tier": "memory", "memory_clock": memory_clock}
+        self.event(now, "partition-restored", table=key[0], part=key[1], target=target, **where)
 
     def recovery_planned(self, plan: RecoveryPlan, now: float) -> set[str]:
         """The plan is about to be carried out: record which losses it covers; returns them."""

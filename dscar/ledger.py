@@ -166,6 +166,9 @@ class RecoveryPlan:
     manifests: list[dict]
     #: every param table rolls back (traditional recovery)
     full: bool
+    #: (table, part) -> (buddy, clock): restored from the live buddy's memory copy as of ``clock``
+    #: (the memory tier), else from ``manifests``
+    from_memory: dict[tuple[str, int], tuple[str, int]] = field(default_factory=dict)
 
     @property
     def version(self) -> int:
@@ -183,6 +186,7 @@ def plan_recovery(
     manifests: list[dict],
     lost_shards: Iterable[int],
     n_shards: int,
+    mirrors: dict[tuple[str, int], tuple[str, int]] | None = None,
 ) -> RecoveryPlan:
     """Plan the restore after the workers in ``lost`` are gone.
 
@@ -192,7 +196,9 @@ def plan_recovery(
     partition goes to the least loaded live worker (by rows owned, counting the
     plan so far); a surviving one is restored in place. Shards whose state was
     lost (all shards under full recovery) take it from the newest manifest that
-    saved it; the others keep theirs.
+    saved it; the others keep theirs. Under partial recovery, a lost param
+    partition whose memory copy (``mirrors``: ``(table, part) -> (buddy,
+    clock)``) is on a live buddy comes from there (unless a disk version is newer).
     """
     if not live:
         raise ValueError("no live worker to restore onto")
@@ -215,11 +221,17 @@ def plan_recovery(
     saved = manifests[0].get("states", {}) if manifests else {}
     shards = range(n_shards) if full else sorted(set(lost_shards))
     states = {int(s): saved[str(s)] for s in shards if str(s) in saved}
-    return RecoveryPlan(restores, states, list(manifests), full)
+    disk_clock = int(manifests[0].get("clock", 0)) if manifests else 0
+    from_memory = {} if full else {
+        key: mirrors[key] for key in restores
+        if key in (mirrors or {}) and kinds[key[0]] == "param" and mirrors[key][0] in load
+        and mirrors[key][1] >= disk_clock}
+    return RecoveryPlan(restores, states, list(manifests), full, from_memory)
 
 
 def describe(plan: RecoveryPlan) -> dict[str, Any]:
     """The plan as an event's fields."""
     return {"partitions": [[t, p, w] for (t, p), w in sorted(plan.restores.items())],
             "shard_states": sorted(plan.states), "version": plan.version,
-            "policy": "full" if plan.full else "partial"}
+            "policy": "full" if plan.full else "partial",
+            "from_memory": [[t, p, b, c] for (t, p), (b, c) in sorted(plan.from_memory.items())]}

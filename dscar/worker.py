@@ -86,7 +86,8 @@ class ParamServer(WorkerPlugin):
         #: messages waiting for a peer's answer (they fail at once when it is lost)
         self._inflight = Inflight()
         for op in ("init", "pull", "fetch_staged", "apply", "assign", "put_shard", "copy_shard", "end_job", "info", "adopt",
-                   "checkpoint", "restore", "forget", "peer_lost", "release", "pull_many"):
+                   "checkpoint", "restore", "forget", "peer_lost", "release", "pull_many", "mirror",
+                   "keep_mirror", "get_mirror"):
             worker.handlers[f"dscar_{op}"] = getattr(self, f"_h_{op}")
         self.runner = ShardRunner(self, self.poll_timeout)
         self._thread = threading.Thread(target=self.runner.loop, name="dscar-loop", daemon=True)
@@ -293,11 +294,23 @@ class ParamServer(WorkerPlugin):
             pass
 
     async def _h_restore(self, job_id: str, table: str, part: int, chain: list, url: str,
-                         storage_options: dict | None = None) -> dict:
-        """Own a partition restored from a checkpoint chain (checksums verified); empty chain: initial values."""
+                         storage_options: dict | None = None, mirror_from: str | None = None) -> dict:
+        """Own a partition restored from a checkpoint chain (checksums verified); empty chain: initial
+        values. ``mirror_from``: from that buddy's memory copy instead (``missing`` if it has none)."""
         job = await self._ajob(job_id)
         if await self._ainject(job, "recovery"):
             return {"status": "stopped"}
+        if mirror_from is not None:
+            if mirror_from == self.worker.address:
+                got = job.tables.mirror(table, part)
+            else:
+                r = await self._apeer(mirror_from, "get_mirror", job_id=job_id, table=table, part=part)
+                got = (r["clock"], r["data"]) if r.get("status") == "OK" else None
+            if got is None:
+                return {"status": "missing"}
+            # not the disk's baseline: the next priority checkpoint writes this partition whole
+            job.tables.own(table, part, job.xp.asarray(np.array(got[1], dtype=job.specs[table].dtype)))
+            return {"status": "OK", "clock": got[0]}
         spec_ = job.specs[table]
         a, b = job.layouts[table].bounds[part]
 
@@ -314,6 +327,38 @@ class ParamServer(WorkerPlugin):
             return {"status": "corrupt", "error": str(e)}
         job.tables.own(table, part, values, checkpointed=True)
         return {"status": "OK"}
+
+    # ------------------------------------------------------------ memory tier
+    async def _h_mirror(self, job_id: str, clock: int, buddy: str) -> dict:
+        """Copy this worker's param partitions now; send them to ``buddy`` in the background."""
+        job = self.jobs.get(job_id)
+        if job is None:
+            return {"status": "missing"}
+        copies = await asyncio.to_thread(job.tables.param_copies)
+        asyncio.ensure_future(self._send_mirror(job_id, clock, buddy, copies))
+        return {"status": "OK"}
+
+    async def _send_mirror(self, job_id: str, clock: int, buddy: str, copies: list) -> None:
+        try:
+            await self._apeer(buddy, "keep_mirror", job_id=job_id, clock=clock,
+                              parts=[[t, p, to_serialize(a)] for t, p, a in copies])
+            await self.worker.scheduler.dscar_mirrored(job_id=job_id, buddy=buddy, clock=clock,
+                                                       parts=[[t, p] for t, p, _ in copies])
+        except Exception as e:  # the buddy is gone: the coordinator keeps the older copy's record
+            logger.info("dscar: memory copy to %s failed: %r", buddy, e)
+
+    async def _h_keep_mirror(self, job_id: str, clock: int, parts: list) -> dict:
+        job = await self._ajob(job_id)
+        for t, p, a in parts:
+            job.tables.keep_mirror(t, p, clock, np.asarray(a))
+        return {"status": "OK"}
+
+    def _h_get_mirror(self, job_id: str, table: str, part: int) -> dict:
+        job = self.jobs.get(job_id)
+        got = None if job is None else job.tables.mirror(table, part)
+        if got is None:
+            return {"status": "missing"}
+        return {"status": "OK", "clock": got[0], "data": to_serialize(got[1])}
 
     def _h_forget(self, job_id: str) -> dict:
         """A simulated loss: drop everything this worker held for the job, as a crash would."""

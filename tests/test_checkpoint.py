@@ -196,6 +196,25 @@ def test_recovery_plans_restore_only_lost_partitions_onto_the_least_loaded_and_f
     assert restore_candidates([m], "w", 0) == [(3, []), (0, [])]
 
 
+def test_recovery_takes_a_lost_partition_from_its_live_buddy_s_memory_and_else_from_disk():
+    from dscar.ledger import describe, plan_recovery
+
+    owners = {("w", 0): "a", ("w", 1): "b", ("w", 2): "c", ("g", 0): "b"}
+    kinds = {"w": "param", "g": "reduction"}
+    rows = {k: 4 for k in owners}
+    m = {"version": 3, "clock": 6, "chains": {}, "states": {}}
+    mirrors = {("w", 0): ("b", 7), ("w", 1): ("c", 7), ("w", 2): ("a", 7), ("g", 0): ("c", 7)}
+    kw = dict(owners=owners, kinds=kinds, rows=rows, manifests=[m], lost_shards=[], n_shards=4, mirrors=mirrors)
+    p = plan_recovery(lost={"b"}, live=["a", "c"], full=False, **kw)
+    assert p.from_memory == {("w", 1): ("c", 7)}  # a param partition whose buddy lives; reductions are recomputed
+    assert describe(p)["from_memory"] == [["w", 1, "c", 7]]
+    both = plan_recovery(lost={"b", "c"}, live=["a"], full=False, **kw)
+    assert ("w", 1) in both.restores and both.from_memory == {("w", 2): ("a", 7)}  # w/1: owner and buddy lost
+    assert plan_recovery(lost={"b"}, live=["a", "c"], full=True, **kw).from_memory == {}  # a rollback: disk
+    stale = plan_recovery(lost={"b"}, live=["a", "c"], full=False, **{**kw, "mirrors": {("w", 1): ("c", 5)}})
+    assert stale.from_memory == {}  # the disk's version (clock 6) is newer
+
+
 def test_shard_states_rotate_oldest_first_at_the_priority_budget():
     assert ckpt.state_shards(5, 1.0, {0: 3}) == [0, 1, 2, 3, 4]
     saved: dict[int, int] = {}

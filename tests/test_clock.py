@@ -170,6 +170,37 @@ def test_an_idle_worker_gets_back_the_batch_members_not_started_yet():
     assert job.commit("a", 2, item["run"], 4, item["shards"][4]["attempt"], 1.0)[0]
 
 
+def test_with_the_memory_tier_every_clock_end_copies_each_owner_to_the_next_worker_before_reporting():
+    from dscar.job import Mirror
+
+    pmap = PartitionMap([TableLayout("x", 8, 3), TableLayout("r", 2, 1)])
+    pmap.assign(["a", "b", "c"])
+    queue = ShardQueue(2, reloadable=True)
+    ckpt = CheckpointConfig("memory://m", policy="priority", every=10, fraction=0.1, memory=True)
+    job = JobState(JobConfig("j", 2, {"x": "param", "r": "reduction"}, [], [""], ckpt), queue, pmap)
+    job.workers = ["a", "b", "c"]
+    job.begin(1, 0.0)
+    for w in ("a", "b"):
+        m = job.next_item(w, 0.0)["shards"][0]
+        job.commit(w, 1, job.machine.run_id, m["shard"], m["attempt"], 0.0)
+    job.applied(job.machine.run_id, 0.0)
+    job.next_item("a", 0.0)  # the clock-end step
+    effects = job.clock_end_done("a", job.machine.run_id, {"objective": 1.0}, 0.0, 0.0)
+    [mirror] = [e for e in effects if isinstance(e, Mirror)]
+    assert mirror.clock == 1 and mirror.buddies == {"a": "b", "b": "c", "c": "a"}
+    assert job.machine.finished and not job.report_ready  # not before every owner has taken its copy
+    assert job.snapshotting == {"checkpoint", "mirror"}  # (a priority checkpoint is due every clock here)
+    job.snapshotting.discard("checkpoint")
+    assert not job.report_ready
+    job.snapshotting.discard("mirror")
+    assert job.report_ready
+    job.mirrored("c", 1, [["x", 1]], 0.0)
+    job.mirrored("c", 0, [["x", 1]], 0.0)  # an older copy's late report changes nothing
+    assert job.mirrors == {("x", 1): ("c", 1)}
+    job.lose("c", 0.0)
+    assert job.mirrors == {}  # c's memory went with it
+
+
 # ------------------------------------------------------------ the job, fuzzed
 class JobFuzz(RuleBasedStateMachine):
     """Plays coordinator and workers around a real JobState; checks exactly-once and the clock rules."""

@@ -74,6 +74,23 @@ def test_after_losses_every_partition_has_one_live_owner_with_a_pre_loss_or_chec
         assert counts.max() == clocks  # live partitions kept their current values
 
 
+def test_the_memory_tier_restores_a_lost_partition_as_of_the_last_clock(tmp_path):
+    """RowCounter adds 1 per clock to every row. From disk (10 % of the rows per clock) a lost partition
+    would come back as a mix of old counts; from its buddy's memory it is the count of the last clock
+    (or the one before, if that copy was still travelling), and the interrupted clock runs again."""
+    n_rows, n_parts, clocks = 80, 4, 8
+    cfg = CheckpointConfig(str(tmp_path), policy="priority", every=10, fraction=0.1, memory=True)
+    with dscar.Cluster(n_workers=4, processes=False) as cl:
+        res = dscar.fit(RowCounter(n_parts=n_parts, sleep=0.01), row_data(n_rows), cl, n_shards=8,
+                        max_clocks=clocks, checkpoint=cfg, faults=[faults.lose(1, 5)])
+    [plan] = [e for e in res.events if e["kind"] == "recovery-started"]
+    restored = [e for e in res.events if e["kind"] == "partition-restored" and e["table"] == "count"]
+    assert restored and all(e.get("tier") == "memory" and e["memory_clock"] >= 3 for e in restored), restored
+    assert [[e["table"], e["part"]] for e in restored] == [x[:2] for x in plan["from_memory"]]
+    counts = res.params["count"]
+    assert counts.max() == clocks and counts.min() >= clocks - 1, np.unique(counts)
+
+
 def test_published_manifests_only_name_durable_verified_files(tmp_path):
     cfg = CheckpointConfig(str(tmp_path), policy="priority", every=4, fraction=0.5, keep=10)
     with dscar.Cluster(n_workers=3, processes=False) as cl:

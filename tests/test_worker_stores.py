@@ -163,6 +163,20 @@ def test_a_pass_applied_after_newer_work_arrived_here_is_stale_and_changes_nothi
     assert shards.get(0).state["z"][0] == 2 and not shards.pending
 
 
+def test_memory_copies_keep_the_newest_and_go_with_a_crash():
+    store = _store(kind="param")
+    copies = store.param_copies()
+    assert [(t, p) for t, p, _ in copies] == [("w", 0), ("w", 1)]
+    copies[0][2][0] = 99.0  # a copy: the partition is untouched
+    assert store.parts[("w", 0)][0] == 0.0
+    store.keep_mirror("v", 3, 5, np.ones(2))
+    store.keep_mirror("v", 3, 4, np.zeros(2))  # late and older: ignored
+    clock, values = store.mirror("v", 3)
+    assert clock == 5 and values.tolist() == [1.0, 1.0]
+    store.clear()
+    assert store.mirror("v", 3) is None
+
+
 def test_snapshot_saves_the_rows_that_moved_most_and_remembers_them():
     store = _store(rows=4, parts=1)
     store.stage((1, 0, 0), 1, [_up(0, 0, [0, 5, 0, 1])])
