@@ -239,6 +239,8 @@ def plan_run(seed: int, index: int, kind: str, points: list[str], clocks: int = 
         plan["checkpoint"] = {"policy": "priority", "every": every, "fraction": fraction}
     if plan["checkpoint"] is not None:
         plan["checkpoint"]["recovery"] = rng.choice(["partial", "full"])
+        # the memory tier in half the runs (its own random stream: the other draws stay as they were)
+        plan["checkpoint"]["memory"] = random.Random(seed * 1_000_003 + index + 7_919).random() < 0.5
     ck = plan["checkpoint"]
     every = None if ck is None else max(1, round(ck["every"] * ck["fraction"]))  # the checkpoint period
     f = plan["faults"]
@@ -458,7 +460,7 @@ def run_one(plan: dict[str, Any]) -> dict[str, Any]:
     ck = plan["checkpoint"]
     cfg = None if ck is None else dscar.CheckpointConfig(
         os.path.join(tmp, "ckpt"), policy=ck["policy"], every=ck["every"], fraction=ck["fraction"],
-        recovery=ck["recovery"])
+        recovery=ck["recovery"], memory=ck.get("memory", False))
     algo = ExactlyOnce(plan["clocks"], plan["work_s"], marker)
     data = {"x": np.arange(plan["n_shards"], dtype=np.float64)}
     kills: list[dict] = []
@@ -608,7 +610,8 @@ def plot(table: dict[str, dict[str, Any]], results: list[dict], path: str) -> No
 def describe(r: dict) -> str:
     p = r["plan"]
     ck = p["checkpoint"]
-    cfg = "no-ckpt" if ck is None else f"{ck['policy']}/{ck['every']}/{ck['recovery']}"
+    cfg = "no-ckpt" if ck is None else f"{ck['policy']}/{ck['every']}/{ck['recovery']}" + (
+        "+mem" if ck.get("memory") else "")
     fl = ",".join(
         f"{f['kind']}{'@' + f['point'] if f['kind'] == 'kill' else ''}"
         f"{'(' + f['wanted'] + ')' if f.get('wanted') not in (None, f.get('point')) else ''}:w{f['worker']}c{f['clock']}"

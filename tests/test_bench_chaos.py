@@ -92,7 +92,8 @@ def test_plans_are_reproducible_and_fall_back_where_a_kill_point_is_missing():
         if p["checkpoint"] is not None:
             ck = p["checkpoint"]
             dscar.CheckpointConfig("/tmp/x", policy=ck["policy"], every=ck["every"], fraction=ck["fraction"],
-                                   recovery=ck["recovery"]).validate()
+                                   recovery=ck["recovery"], memory=ck["memory"]).validate()
+    assert {p["checkpoint"]["memory"] for p in a if p["checkpoint"]} == {True, False}  # the memory tier too
 
 
 def test_a_checkpoint_kill_falls_back_to_the_clock_after_a_checkpoint():
