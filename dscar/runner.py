@@ -433,6 +433,12 @@ class ShardRunner:
                 self.host.peer(owner, "assign", job_id=job.id, table=table, part=part, lo=lo - a, data=to_serialize(chunk))
 
 
+    def pass_applied(self, job_id: str) -> None:
+        """The pass of the running batch was applied (backups won its other members): the members
+        not started yet can no longer commit, so they are skipped, not run for nothing."""
+        with self._lock:
+            self._unstarted = {k for k in self._unstarted if k[0] != job_id}
+
     def release(self, job_id: str, members: list) -> dict:
         """Give back the batch members (``[shard, attempt]``) not started yet: an idle worker runs them."""
         with self._lock:

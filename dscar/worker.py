@@ -224,8 +224,12 @@ class ParamServer(WorkerPlugin):
                                             np.asarray(rw, dtype=np.int64)) for t, p, lo, d, rw in ups]
         args = (clock, run, committed, updates, set(reset or ()), owned, me)
         if job.tables.update_bytes(_keys(clock, committed), updates) <= INLINE_APPLY_BYTES:
-            return job.apply_pass(*args)  # a thread hop would cost more than the additions
-        return await asyncio.to_thread(job.apply_pass, *args)
+            out = job.apply_pass(*args)  # a thread hop would cost more than the additions
+        else:
+            out = await asyncio.to_thread(job.apply_pass, *args)
+        if "applied" in out:
+            self.runner.pass_applied(job_id)
+        return out
 
     def _h_assign(self, job_id: str, table: str, part: int, lo: int, data) -> dict:
         self.jobs[job_id].tables.assign(table, part, lo, data)

@@ -177,6 +177,45 @@ def test_memory_copies_keep_the_newest_and_go_with_a_crash():
     assert store.mirror("v", 3) is None
 
 
+def test_batch_members_not_started_when_their_pass_is_applied_are_skipped():
+    """A straggler's batch whose other members were won by backups: once the pass is applied they
+    can never commit (and their data may be gone from here), so the runner does not start them."""
+    import threading
+
+    from dscar.runner import Job, ShardRunner
+
+    store = _store()
+    job = Job(id="j", algorithm=None, meta=None, specs=store.specs, layouts=store.layouts, loader=None,
+              tol=0.0, xp=np, tables=store, shards=ShardStore(store.lock))
+    calls, ran = [], []
+
+    class Host:
+        address, stop, in_process = ME, threading.Event(), True
+
+        def job(self, job_id):
+            return job
+
+        def call(self, op, **kw):
+            calls.append((op, kw))
+            return {"granted": [True] * len(kw.get("commits", ())), "next": None}
+
+    runner = ShardRunner(Host())
+
+    def attempt(_job, a):
+        ran.append(a["shard"])
+        if a["shard"] == 1:
+            runner.pass_applied("j")  # meanwhile the pass completed (backups) and was applied here
+        return {"compute_s": 0.0}
+
+    runner._attempt = attempt
+    item = {"op": "shard", "job": "j", "clock": 3, "run": 5, "owners": [], "batch_scale": 1.0,
+            "shards": [{"shard": s, "attempt": 0, "fetch_from": None, "backup": False} for s in range(4)]}
+    runner._run_shards(item)
+    assert ran == [0, 1]
+    [(op, kw)] = calls
+    assert op == "commit" and [c["shard"] for c in kw["commits"]] == [0, 1]
+
+
 def test_snapshot_saves_the_rows_that_moved_most_and_remembers_them():
     store = _store(rows=4, parts=1)
     store.stage((1, 0, 0), 1, [_up(0, 0, [0, 5, 0, 1])])
