@@ -198,7 +198,8 @@ def plan_recovery(
     lost (all shards under full recovery) take it from the newest manifest that
     saved it; the others keep theirs. Under partial recovery, a lost param
     partition whose memory copy (``mirrors``: ``(table, part) -> (buddy,
-    clock)``) is on a live buddy comes from there (unless a disk version is newer).
+    clock)``) is on a live buddy comes from there (unless a disk version is newer: a
+    full one, or a priority one by more than a clock).
     """
     if not live:
         raise ValueError("no live worker to restore onto")
@@ -221,11 +222,15 @@ def plan_recovery(
     saved = manifests[0].get("states", {}) if manifests else {}
     shards = range(n_shards) if full else sorted(set(lost_shards))
     states = {int(s): saved[str(s)] for s in shards if str(s) in saved}
+    # the memory copy holds every row as of its clock; a priority version only the rows that moved
+    # most as of its clock: a copy one clock older is preferred to it (it is travelling when a loss
+    # strikes at the start of the next clock)
     disk_clock = int(manifests[0].get("clock", 0)) if manifests else 0
+    slack = 1 if manifests and manifests[0].get("policy") == "priority" else 0
     from_memory = {} if full else {
         key: mirrors[key] for key in restores
         if key in (mirrors or {}) and kinds[key[0]] == "param" and mirrors[key][0] in load
-        and mirrors[key][1] >= disk_clock}
+        and mirrors[key][1] >= disk_clock - slack}
     return RecoveryPlan(restores, states, list(manifests), full, from_memory)
 
 

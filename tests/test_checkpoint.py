@@ -212,7 +212,11 @@ def test_recovery_takes_a_lost_partition_from_its_live_buddy_s_memory_and_else_f
     assert ("w", 1) in both.restores and both.from_memory == {("w", 2): ("a", 7)}  # w/1: owner and buddy lost
     assert plan_recovery(lost={"b"}, live=["a", "c"], full=True, **kw).from_memory == {}  # a rollback: disk
     stale = plan_recovery(lost={"b"}, live=["a", "c"], full=False, **{**kw, "mirrors": {("w", 1): ("c", 5)}})
-    assert stale.from_memory == {}  # the disk's version (clock 6) is newer
+    assert stale.from_memory == {}  # the disk's full version (clock 6) is newer
+    prio = {**kw, "mirrors": {("w", 1): ("c", 5)}, "manifests": [{**m, "policy": "priority"}]}
+    assert plan_recovery(lost={"b"}, live=["a", "c"], full=False, **prio).from_memory == {("w", 1): ("c", 5)}
+    older = {**prio, "mirrors": {("w", 1): ("c", 4)}}  # two clocks behind a priority version: disk
+    assert plan_recovery(lost={"b"}, live=["a", "c"], full=False, **older).from_memory == {}
 
 
 def test_shard_states_rotate_oldest_first_at_the_priority_budget():
