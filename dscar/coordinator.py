@@ -444,10 +444,10 @@ class Coordinator(SchedulerPlugin):
                 logger.info("dscar: memory copy of %s's partitions at clock %s failed: %r", w, m.clock, r)
         self._wake()
 
-    def _h_mirrored(self, job_id: str, buddy: str, clock: int, parts: list) -> dict:
+    def _h_mirrored(self, job_id: str, buddy: str, clock: int, parts: list, shards: list = ()) -> dict:
         job = self.jobs.get(job_id)
         if job is not None:
-            job.mirrored(buddy, clock, parts, time.time())
+            job.mirrored(buddy, clock, parts, time.time(), shards)
         return {"status": "OK"}
 
     def _h_ckpt_written(self, job_id: str, version: int, worker: str, files: list, error: str | None = None) -> dict:

@@ -147,6 +147,8 @@ class JobState:
         self.snapshotting: set[str] = set()
         #: (table, part) -> (buddy, clock) of the newest memory copy the buddy has (memory tier)
         self.mirrors: dict[tuple[str, int], tuple[str, int]] = {}
+        #: shard -> (buddy, clock) of the newest memory copy of its state (memory tier)
+        self.state_mirrors: dict[int, tuple[str, int]] = {}
         if resume is not None:
             self.machine.clock = int(resume["clock"])
             self.machine.stage = Stage.DONE
@@ -459,22 +461,27 @@ class JobState:
         return Checkpoint(version, writers)
 
     def _start_mirror(self) -> list[Effect]:
-        """Every param owner copies its partitions to the next live worker (a ring in address order)."""
+        """Every param owner and shard holder copies its partitions and shard states to the next
+        live worker (a ring in address order)."""
         live = [w for w in sorted(self.workers) if w not in self.lost]
-        owners = sorted({w for (t, _), w in self.pmap.owners.items() if self.cfg.kinds[t] == "param"} & set(live))
-        if len(live) < 2 or not owners:
+        owners = {w for (t, _), w in self.pmap.owners.items() if self.cfg.kinds[t] == "param"}
+        senders = [w for w in live if w in owners or self.queue.held_by(w)]
+        if len(live) < 2 or not senders:
             return []
         self.snapshotting.add("mirror")
-        return [Mirror(self.machine.clock, {w: live[(live.index(w) + 1) % len(live)] for w in owners})]
+        return [Mirror(self.machine.clock, {w: live[(live.index(w) + 1) % len(live)] for w in senders})]
 
-    def mirrored(self, buddy: str, clock: int, parts: list, now: float) -> None:
-        """``buddy`` holds the memory copies of ``parts`` as of ``clock``."""
+    def mirrored(self, buddy: str, clock: int, parts: list, now: float, shards: list = ()) -> None:
+        """``buddy`` holds the memory copies of ``parts`` and of the states of ``shards`` as of ``clock``."""
         if buddy in self.lost:
             return
         for t, p in parts:
             key = (t, int(p))
             if key not in self.mirrors or self.mirrors[key][1] <= clock:
                 self.mirrors[key] = (buddy, int(clock))
+        for s in shards:
+            if int(s) not in self.state_mirrors or self.state_mirrors[int(s)][1] <= clock:
+                self.state_mirrors[int(s)] = (buddy, int(clock))
 
     def checkpoint_written(self, version: int, worker: str, files: list, error: str | None, now: float) -> None:
         if self.ledger is not None and self.ledger.written(version, worker, files, error):
@@ -509,6 +516,7 @@ class JobState:
         requeued = self.queue.worker_lost(worker) + self.queue.source_lost(worker)
         self.monitor.forget(worker)
         self.mirrors = {k: v for k, v in self.mirrors.items() if v[0] != worker}  # its memory went with it
+        self.state_mirrors = {s: v for s, v in self.state_mirrors.items() if v[0] != worker}
         self.batched.pop(worker, None)
         self.batch_scale.pop(worker, None)
         self.stragglers.pop(worker, None)
@@ -546,7 +554,8 @@ class JobState:
             owners=self.pmap.owners, kinds=self.cfg.kinds, rows=rows, lost=self.lost, live=live,
             full=cfg is not None and cfg.recovery == "full",
             manifests=self.ledger.newest_first() if self.ledger else [],
-            lost_shards=self.lost_shards, n_shards=self.queue.n_shards, mirrors=self.mirrors)
+            lost_shards=self.lost_shards, n_shards=self.queue.n_shards, mirrors=self.mirrors,
+            state_mirrors=self.state_mirrors)
 
     def restored(self, key: tuple[str, int], target: str, version: int, now: float,
                  memory_clock: int | None = None) -> None:

@@ -187,6 +187,7 @@ def plan_recovery(
     lost_shards: Iterable[int],
     n_shards: int,
     mirrors: dict[tuple[str, int], tuple[str, int]] | None = None,
+    state_mirrors: dict[int, tuple[str, int]] | None = None,
 ) -> RecoveryPlan:
     """Plan the restore after the workers in ``lost`` are gone.
 
@@ -198,7 +199,8 @@ def plan_recovery(
     lost (all shards under full recovery) take it from the newest manifest that
     saved it; the others keep theirs. Under partial recovery, a lost param
     partition whose memory copy (``mirrors``: ``(table, part) -> (buddy,
-    clock)``) is on a live buddy comes from there (unless a disk version is newer: a
+    clock)``) is on a live buddy comes from there, and so does a lost shard's state
+    (``state_mirrors``: ``shard -> (buddy, clock)``) (unless a disk version is newer: a
     full one, or a priority one by more than a clock).
     """
     if not live:
@@ -222,6 +224,11 @@ def plan_recovery(
     saved = manifests[0].get("states", {}) if manifests else {}
     shards = range(n_shards) if full else sorted(set(lost_shards))
     states = {int(s): saved[str(s)] for s in shards if str(s) in saved}
+    if not full:  # a lost shard's state from its buddy's memory (the saved file, if any, as a fallback)
+        for s in shards:
+            buddy, clock = (state_mirrors or {}).get(int(s), (None, 0))
+            if buddy in load:
+                states[int(s)] = {"memory": buddy, "clock": clock, "file": saved.get(str(s))}
     # the memory copy holds every row as of its clock; a priority version only the rows that moved
     # most as of its clock: a copy one clock older is preferred to it (it is travelling when a loss
     # strikes at the start of the next clock)
@@ -239,4 +246,6 @@ def describe(plan: RecoveryPlan) -> dict[str, Any]:
     return {"partitions": [[t, p, w] for (t, p), w in sorted(plan.restores.items())],
             "shard_states": sorted(plan.states), "version": plan.version,
             "policy": "full" if plan.full else "partial",
-            "from_memory": [[t, p, b, c] for (t, p), (b, c) in sorted(plan.from_memory.items())]}
+            "from_memory": [[t, p, b, c] for (t, p), (b, c) in sorted(plan.from_memory.items())],
+            "states_from_memory": [[s, e["memory"], e["clock"]] for s, e in sorted(plan.states.items())
+                                   if "memory" in e]}

@@ -230,15 +230,30 @@ class ShardRunner:
             pass
 
     def _restore_state(self, job: Job, shard: int, entry: ShardEntry, item: dict) -> None:
-        """Replace the shard's state by its checkpointed one; a corrupt file leaves no state (the
-        algorithm's rebuild step then re-creates it) and says so in an event."""
-        try:
-            fs, _ = ckpt.fs_and_root(item["ckpt_url"], item.get("storage_options"))
-            state = ckpt.read_state(fs, item["state_file"], shard)
-        except ckpt.CorruptCheckpointError as e:
-            self._report(job, item["clock"], "checkpoint-corrupt", shard=shard, error=str(e))
-            state = {}
-        entry.state = {k: job.xp.asarray(v) for k, v in state.items()}
+        """Replace the shard's state by its copy in a buddy's memory (the memory tier) or its
+        checkpointed one; a corrupt or missing copy leaves no state (the algorithm's rebuild step
+        then re-creates it) and says so in an event."""
+        source = item["state_file"]
+        state = None
+        if "memory" in source:
+            got = None
+            if source["memory"] == self.host.address:
+                got = job.shards.state_mirror(shard)
+            else:
+                try:
+                    r = self.host.peer(source["memory"], "get_state_mirror", job_id=job.id, shard=shard)
+                    got = (r["clock"], r["state"]) if r.get("status") == "OK" else None
+                except Exception as e:  # the buddy is gone: the file, if any
+                    logger.info("could not copy shard %s's state from %s: %r", shard, source["memory"], e)
+            state = None if got is None else {k: np.array(v) for k, v in got[1].items()}
+            source = source.get("file")
+        if state is None and source:
+            try:
+                fs, _ = ckpt.fs_and_root(item["ckpt_url"], item.get("storage_options"))
+                state = ckpt.read_state(fs, source, shard)
+            except ckpt.CorruptCheckpointError as e:
+                self._report(job, item["clock"], "checkpoint-corrupt", shard=shard, error=str(e))
+        entry.state = {k: job.xp.asarray(v) for k, v in (state or {}).items()}
 
     def _shard_entry(self, job: Job, shard: int, fetch_from: str | None, backup: bool) -> ShardEntry | None:
         """The shard's data and state: held here, copied from its holder, or read from the source.

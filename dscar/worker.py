@@ -87,7 +87,7 @@ class ParamServer(WorkerPlugin):
         self._inflight = Inflight()
         for op in ("init", "pull", "fetch_staged", "apply", "assign", "put_shard", "copy_shard", "end_job", "info", "adopt",
                    "checkpoint", "restore", "forget", "peer_lost", "release", "pull_many", "mirror",
-                   "keep_mirror", "get_mirror"):
+                   "keep_mirror", "get_mirror", "get_state_mirror"):
             worker.handlers[f"dscar_{op}"] = getattr(self, f"_h_{op}")
         self.runner = ShardRunner(self, self.poll_timeout)
         self._thread = threading.Thread(target=self.runner.loop, name="dscar-loop", daemon=True)
@@ -338,24 +338,42 @@ class ParamServer(WorkerPlugin):
         job = self.jobs.get(job_id)
         if job is None:
             return {"status": "missing"}
-        copies = await asyncio.to_thread(job.tables.param_copies)
-        asyncio.ensure_future(self._send_mirror(job_id, clock, buddy, copies))
+        def take() -> tuple[list, dict]:
+            with job.tables.lock:  # partitions and shard states of one moment
+                return job.tables.param_copies(), job.shards.states(list(job.shards.shards))
+
+        copies, states = await asyncio.to_thread(take)
+        asyncio.ensure_future(self._send_mirror(job_id, clock, buddy, copies, states))
         return {"status": "OK"}
 
-    async def _send_mirror(self, job_id: str, clock: int, buddy: str, copies: list) -> None:
+    async def _send_mirror(self, job_id: str, clock: int, buddy: str, copies: list, states: dict) -> None:
         try:
-            await self._apeer(buddy, "keep_mirror", job_id=job_id, clock=clock,
-                              parts=[[t, p, to_serialize(a)] for t, p, a in copies])
+            r = await self._apeer(buddy, "keep_mirror", job_id=job_id, clock=clock,
+                                  parts=[[t, p, to_serialize(a)] for t, p, a in copies],
+                                  states=[[s, to_serialize(st)] for s, st in states.items()])
+            if r.get("status") != "OK":
+                return  # the job ended, or the buddy has not joined it yet: no copy there
             await self.worker.scheduler.dscar_mirrored(job_id=job_id, buddy=buddy, clock=clock,
-                                                       parts=[[t, p] for t, p, _ in copies])
+                                                       parts=[[t, p] for t, p, _ in copies], shards=list(states))
         except Exception as e:  # the buddy is gone: the coordinator keeps the older copy's record
             logger.info("dscar: memory copy to %s failed: %r", buddy, e)
 
-    async def _h_keep_mirror(self, job_id: str, clock: int, parts: list) -> dict:
-        job = await self._ajob(job_id)
+    def _h_keep_mirror(self, job_id: str, clock: int, parts: list, states: list = ()) -> dict:
+        job = self.jobs.get(job_id)  # (not installed here: the job ended, or this worker joined it late)
+        if job is None:
+            return {"status": "missing"}
         for t, p, a in parts:
             job.tables.keep_mirror(t, p, clock, np.asarray(a))
+        for s, st in states:
+            job.shards.keep_state_mirror(s, clock, {k: np.asarray(v) for k, v in st.items()})
         return {"status": "OK"}
+
+    def _h_get_state_mirror(self, job_id: str, shard: int) -> dict:
+        job = self.jobs.get(job_id)
+        got = None if job is None else job.shards.state_mirror(shard)
+        if got is None:
+            return {"status": "missing"}
+        return {"status": "OK", "clock": got[0], "state": to_serialize(got[1])}
 
     def _h_get_mirror(self, job_id: str, table: str, part: int) -> dict:
         job = self.jobs.get(job_id)

@@ -217,6 +217,14 @@ def test_recovery_takes_a_lost_partition_from_its_live_buddy_s_memory_and_else_f
     assert plan_recovery(lost={"b"}, live=["a", "c"], full=False, **prio).from_memory == {("w", 1): ("c", 5)}
     older = {**prio, "mirrors": {("w", 1): ("c", 4)}}  # two clocks behind a priority version: disk
     assert plan_recovery(lost={"b"}, live=["a", "c"], full=False, **older).from_memory == {}
+    # lost shard states: from the live buddy's memory, the saved file (if any) as the fallback
+    sk = {**kw, "lost_shards": [1, 2, 3], "manifests": [{**m, "states": {"2": {"path": "s2"}}}],
+          "state_mirrors": {1: ("c", 7), 2: ("a", 7), 3: ("b", 7)}}
+    p = plan_recovery(lost={"b"}, live=["a", "c"], full=False, **sk)
+    assert p.states == {1: {"memory": "c", "clock": 7, "file": None}, 2: {"memory": "a", "clock": 7,
+                        "file": {"path": "s2"}}}  # shard 3's copy went with b, and no file saved it
+    assert describe(p)["states_from_memory"] == [[1, "c", 7], [2, "a", 7]]
+    assert plan_recovery(lost={"b"}, live=["a", "c"], full=True, **sk).states == {2: {"path": "s2"}}
 
 
 def test_shard_states_rotate_oldest_first_at_the_priority_budget():

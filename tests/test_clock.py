@@ -194,11 +194,11 @@ def test_with_the_memory_tier_every_clock_end_copies_each_owner_to_the_next_work
     assert not job.report_ready
     job.snapshotting.discard("mirror")
     assert job.report_ready
-    job.mirrored("c", 1, [["x", 1]], 0.0)
-    job.mirrored("c", 0, [["x", 1]], 0.0)  # an older copy's late report changes nothing
-    assert job.mirrors == {("x", 1): ("c", 1)}
+    job.mirrored("c", 1, [["x", 1]], 0.0, shards=[0])
+    job.mirrored("c", 0, [["x", 1]], 0.0, shards=[0])  # an older copy's late report changes nothing
+    assert job.mirrors == {("x", 1): ("c", 1)} and job.state_mirrors == {0: ("c", 1)}
     job.lose("c", 0.0)
-    assert job.mirrors == {}  # c's memory went with it
+    assert job.mirrors == {} and job.state_mirrors == {}  # c's memory went with it
 
 
 # ------------------------------------------------------------ the job, fuzzed

@@ -294,6 +294,22 @@ def test_shard_states_are_checkpointed_and_restored_with_the_tables(tmp_path, po
         assert "rollback" in kinds_ and (seen < clocks).all()  # every state rolled back with the tables
 
 
+def test_the_memory_tier_restores_lost_shard_states_as_of_the_last_clock(tmp_path):
+    """From disk (a quarter of the shard states per clock) a lost shard's count would come back up to
+    four clocks old; from the buddy's memory it is the last clock's (or the one before, if that copy
+    was still travelling), and the tables are rebuilt to match it."""
+    n_shards, clocks, loss = 8, 9, 6
+    cfg = CheckpointConfig(str(tmp_path), policy="priority", every=4, fraction=0.25, memory=True)
+    with dscar.Cluster(n_workers=3, processes=False) as cl:
+        res = dscar.fit(ShardClock(), row_data(4 * n_shards), cl, n_shards=n_shards, max_clocks=clocks,
+                        checkpoint=cfg, faults=[faults.lose(1, loss)])
+    start = next(e for e in res.events if e["kind"] == "recovery-started")
+    assert start["shard_states"] and [s for s, _, _ in start["states_from_memory"]] == start["shard_states"]
+    assert all(c >= loss - 2 for _, _, c in start["states_from_memory"]), start
+    seen = res.params["seen"]
+    assert seen.max() == clocks and seen.min() >= clocks - 1, seen
+
+
 @pytest.mark.parametrize("seed", range(3))
 def test_shard_state_stays_with_the_winning_attempt_under_backups_and_steals(seed):
     """A slowed worker loses commits to backups elsewhere and later steals those shards back:
