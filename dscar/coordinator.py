@@ -518,26 +518,15 @@ class Coordinator(SchedulerPlugin):
 
         async def one(key: tuple[str, int], target: str) -> None:
             table, part = key
-            if key in from_memory:  # the memory tier: the buddy's copy, when it still has it
-                buddy, clock = from_memory[key]
-                try:
-                    r = await self._rpc(target, "restore", job_id=job.cfg.job_id, table=table, part=part, chain=[],
-                                        url="", mirror_from=buddy)
-                except (OSError, asyncio.TimeoutError) as e:
-                    await self._remove(target, f"restore did not reach it: {e!r}")
-                    return
-                if r["status"] == "OK":
-                    if target not in job.lost:
-                        job.restored(key, target, 0, time.time(), memory_clock=int(r["clock"]))
-                    return
-                if r["status"] == "stopped":
-                    await self._remove(target, "stopped by an injected fault")
-                    return
-            candidates = restore_candidates(manifests if job.cfg.kinds[table] == "param" else [], table, part)
-            for version, chain in candidates:
+            # the memory tier's copy first (when its buddy still has it), then each checkpoint, newest first
+            candidates = [(None, [], from_memory[key][0])] if key in from_memory else []
+            candidates += [(version, chain, None) for version, chain in restore_candidates(
+                manifests if job.cfg.kinds[table] == "param" else [], table, part)]
+            for version, chain, buddy in candidates:
                 try:
                     r = await self._rpc(target, "restore", job_id=job.cfg.job_id, table=table, part=part,
-                                        chain=chain, url=cfg.url if cfg else "", storage_options=cfg.storage_options if cfg else None)
+                                        chain=chain, url=cfg.url if cfg else "", mirror_from=buddy,
+                                        storage_options=cfg.storage_options if cfg else None)
                 except (OSError, asyncio.TimeoutError) as e:
                     await self._remove(target, f"restore did not reach it: {e!r}")
                     return
@@ -547,10 +536,12 @@ class Coordinator(SchedulerPlugin):
                 if r["status"] == "OK":
                     if target in job.lost:
                         return  # lost meanwhile: the next round restores it elsewhere
-                    job.restored(key, target, version, time.time())
+                    job.restored(key, target, version or 0, time.time(),
+                                 memory_clock=None if buddy is None else int(r["clock"]))
                     return
-                job.event(time.time(), "checkpoint-corrupt", table=table, part=part, version=version,
-                          error=r.get("error"))
+                if buddy is None:  # (a buddy without the copy: simply the disk next)
+                    job.event(time.time(), "checkpoint-corrupt", table=table, part=part, version=version,
+                              error=r.get("error"))
             job.fail(time.time(), f"partition {table}/{part}: no readable checkpoint, not even the initial values")
 
         await asyncio.gather(*(one(k, w) for k, w in sorted(restores.items())))

@@ -16,7 +16,7 @@ after a loss, always starts from the state as of the pass's start.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from .checkpoint import state_shards
@@ -475,13 +475,9 @@ class JobState:
         """``buddy`` holds the memory copies of ``parts`` and of the states of ``shards`` as of ``clock``."""
         if buddy in self.lost:
             return
-        for t, p in parts:
-            key = (t, int(p))
-            if key not in self.mirrors or self.mirrors[key][1] <= clock:
-                self.mirrors[key] = (buddy, int(clock))
-        for s in shards:
-            if int(s) not in self.state_mirrors or self.state_mirrors[int(s)][1] <= clock:
-                self.state_mirrors[int(s)] = (buddy, int(clock))
+        for where, key in [(self.mirrors, (t, int(p))) for t, p in parts] + [(self.state_mirrors, int(s)) for s in shards]:
+            if key not in where or where[key][1] <= clock:  # a late, older copy's report changes nothing
+                where[key] = (buddy, int(clock))
 
     def checkpoint_written(self, version: int, worker: str, files: list, error: str | None, now: float) -> None:
         if self.ledger is not None and self.ledger.written(version, worker, files, error):

@@ -51,8 +51,6 @@ class PartitionStore:
         self.saved: dict[Part, np.ndarray] = {}
         #: (clock, shard, attempt) -> (run id, updates) staged here by attempts, applied if they commit
         self.staged: dict[Key, tuple[int, list[Update]]] = {}
-        #: (table, part) -> (clock, values) of other owners' param partitions kept here (memory tier)
-        self.mirrors: dict[Part, tuple[int, np.ndarray]] = {}
 
     # ------------------------------------------------------------ owning
     def own(self, table: str, part: int, values, checkpointed: bool = False) -> None:
@@ -75,7 +73,6 @@ class PartitionStore:
             self.parts.clear()
             self.saved.clear()
             self.staged.clear()
-            self.mirrors.clear()
 
     # ------------------------------------------------------------ reading
     def host_rows(self, table: str, part: int, lo: int = 0, hi: int = 0, rows=None) -> np.ndarray | None:
@@ -183,18 +180,6 @@ class PartitionStore:
         with self.lock:
             return [(t, p, to_host(arr).copy()) for (t, p), arr in sorted(self.parts.items())
                     if self.specs[t].kind == "param"]
-
-    def keep_mirror(self, table: str, part: int, clock: int, values: np.ndarray) -> None:
-        """Keep another owner's partition as of ``clock`` (an older copy never replaces a newer one)."""
-        with self.lock:
-            old = self.mirrors.get((table, int(part)))
-            if old is None or old[0] <= clock:
-                self.mirrors[(table, int(part))] = (int(clock), values)
-
-    def mirror(self, table: str, part: int) -> tuple[int, np.ndarray] | None:
-        """``(clock, values)`` of the memory copy of a partition kept here, or None."""
-        with self.lock:
-            return self.mirrors.get((table, int(part)))
 
     # ------------------------------------------------------------ checkpoints
     def snapshot(self, fraction: float) -> list[tuple[str, int, np.ndarray | None, np.ndarray]]:

@@ -31,6 +31,7 @@ import numpy as np
 
 from . import checkpoint as ckpt
 from .algorithm import Algorithm, DataMeta, TableSpec
+from .mirror_store import MirrorStore, shard_key
 from .partition_store import PartitionStore
 from .partitions import TableLayout
 from .shard_store import ShardEntry, ShardStore
@@ -68,6 +69,8 @@ class Job:
     cache_run: int = -1  # the run id the cached pulls belong to (tables change only with a new run id)
     clock_seen: int = 0  # the newest clock this worker was given work in (fault points outside attempts)
     run_seen: int = -1  # the newest run id this worker was given work in (an older pass's apply is stale)
+    #: other workers' partitions and shard states kept here (the memory tier)
+    mirrors: MirrorStore = field(default_factory=MirrorStore)
 
     def apply_pass(self, clock: int, run: int, committed: list, fetched: dict, reset: set, owned: dict,
                    me: str) -> dict:
@@ -236,16 +239,12 @@ class ShardRunner:
         source = item["state_file"]
         state = None
         if "memory" in source:
-            got = None
-            if source["memory"] == self.host.address:
-                got = job.shards.state_mirror(shard)
-            else:
-                try:
-                    r = self.host.peer(source["memory"], "get_state_mirror", job_id=job.id, shard=shard)
-                    got = (r["clock"], r["state"]) if r.get("status") == "OK" else None
-                except Exception as e:  # the buddy is gone: the file, if any
-                    logger.info("could not copy shard %s's state from %s: %r", shard, source["memory"], e)
-            state = None if got is None else {k: np.array(v) for k, v in got[1].items()}
+            try:
+                r = self.host.peer(source["memory"], "get_mirror", job_id=job.id, key=shard_key(shard))
+                if r.get("status") == "OK":
+                    state = {k: np.array(v) for k, v in r["value"].items()}
+            except Exception as e:  # the buddy is gone: the file, if any
+                logger.info("could not copy shard %s's state from %s: %r", shard, source["memory"], e)
             source = source.get("file")
         if state is None and source:
             try:

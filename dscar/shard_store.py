@@ -46,8 +46,6 @@ class ShardStore:
         self.shards: dict[int, ShardEntry] = {}
         #: (clock, shard, attempt) -> (entry, new state) of attempts run here, installed if they commit
         self.pending: dict[tuple[int, int, int], tuple[ShardEntry, dict]] = {}
-        #: shard -> (clock, state) of other holders' shard states kept here (the memory tier)
-        self.state_mirrors: dict[int, tuple[int, dict[str, np.ndarray]]] = {}
 
     def put(self, shard: int, entry: ShardEntry) -> None:
         with self.lock:
@@ -102,23 +100,11 @@ class ShardStore:
             return {s: {k: to_host(v).copy() for k, v in self.shards[s].state.items()}
                     for s in sorted(map(int, shards)) if s in self.shards and self.shards[s].state}
 
-    def keep_state_mirror(self, shard: int, clock: int, state: dict[str, np.ndarray]) -> None:
-        """Keep another holder's shard state as of ``clock`` (an older copy never replaces a newer one)."""
-        with self.lock:
-            old = self.state_mirrors.get(int(shard))
-            if old is None or old[0] <= clock:
-                self.state_mirrors[int(shard)] = (int(clock), state)
-
-    def state_mirror(self, shard: int) -> tuple[int, dict[str, np.ndarray]] | None:
-        with self.lock:
-            return self.state_mirrors.get(int(shard))
-
     def clear(self) -> None:
         """Drop everything, as a crash would (a simulated loss)."""
         with self.lock:
             self.shards.clear()
             self.pending.clear()
-            self.state_mirrors.clear()
 
 
 def _is_array(v) -> bool:

@@ -29,6 +29,7 @@ import signal
 import threading
 from collections import defaultdict
 from types import ModuleType
+from typing import Any
 
 import numpy as np
 import dask.config
@@ -40,6 +41,7 @@ from distributed.utils import sync
 from . import checkpoint as ckpt
 from .comm import fast_fail_pool
 from .inflight import Inflight
+from .mirror_store import part_key, shard_key
 from .partition_store import PartitionStore
 from .partitions import TableLayout
 from .runner import Job, ShardRunner
@@ -87,7 +89,7 @@ class ParamServer(WorkerPlugin):
         self._inflight = Inflight()
         for op in ("init", "pull", "fetch_staged", "apply", "assign", "put_shard", "copy_shard", "end_job", "info", "adopt",
                    "checkpoint", "restore", "forget", "peer_lost", "release", "pull_many", "mirror",
-                   "keep_mirror", "get_mirror", "get_state_mirror"):
+                   "keep_mirror", "get_mirror"):
             worker.handlers[f"dscar_{op}"] = getattr(self, f"_h_{op}")
         self.runner = ShardRunner(self, self.poll_timeout)
         self._thread = threading.Thread(target=self.runner.loop, name="dscar-loop", daemon=True)
@@ -305,16 +307,12 @@ class ParamServer(WorkerPlugin):
         if await self._ainject(job, "recovery"):
             return {"status": "stopped"}
         if mirror_from is not None:
-            if mirror_from == self.worker.address:
-                got = job.tables.mirror(table, part)
-            else:
-                r = await self._apeer(mirror_from, "get_mirror", job_id=job_id, table=table, part=part)
-                got = (r["clock"], r["data"]) if r.get("status") == "OK" else None
-            if got is None:
+            r = await self._apeer(mirror_from, "get_mirror", job_id=job_id, key=part_key(table, part))
+            if r.get("status") != "OK":
                 return {"status": "missing"}
             # not the disk's baseline: the next priority checkpoint writes this partition whole
-            job.tables.own(table, part, job.xp.asarray(np.array(got[1], dtype=job.specs[table].dtype)))
-            return {"status": "OK", "clock": got[0]}
+            job.tables.own(table, part, job.xp.asarray(np.array(r["value"], dtype=job.specs[table].dtype)))
+            return {"status": "OK", "clock": r["clock"]}
         spec_ = job.specs[table]
         a, b = job.layouts[table].bounds[part]
 
@@ -334,53 +332,49 @@ class ParamServer(WorkerPlugin):
 
     # ------------------------------------------------------------ memory tier
     async def _h_mirror(self, job_id: str, clock: int, buddy: str) -> dict:
-        """Copy this worker's param partitions now; send them to ``buddy`` in the background."""
+        """Copy this worker's param partitions and shard states now; send them to ``buddy`` in the
+        background (the coordinator records them once the buddy has them: ``dscar_mirrored``)."""
         job = self.jobs.get(job_id)
         if job is None:
             return {"status": "missing"}
-        def take() -> tuple[list, dict]:
-            with job.tables.lock:  # partitions and shard states of one moment
-                return job.tables.param_copies(), job.shards.states(list(job.shards.shards))
 
-        copies, states = await asyncio.to_thread(take)
-        asyncio.ensure_future(self._send_mirror(job_id, clock, buddy, copies, states))
+        def take() -> list[tuple[tuple, Any]]:
+            with job.tables.lock:  # partitions and shard states of one moment
+                return ([(part_key(t, p), a) for t, p, a in job.tables.param_copies()]
+                        + [(shard_key(s), st) for s, st in job.shards.states(list(job.shards.shards)).items()])
+
+        copies = await asyncio.to_thread(take)
+        asyncio.ensure_future(self._send_mirror(job_id, clock, buddy, copies))
         return {"status": "OK"}
 
-    async def _send_mirror(self, job_id: str, clock: int, buddy: str, copies: list, states: dict) -> None:
+    async def _send_mirror(self, job_id: str, clock: int, buddy: str, copies: list) -> None:
         try:
             r = await self._apeer(buddy, "keep_mirror", job_id=job_id, clock=clock,
-                                  parts=[[t, p, to_serialize(a)] for t, p, a in copies],
-                                  states=[[s, to_serialize(st)] for s, st in states.items()])
+                                  copies=[[list(k), to_serialize(v)] for k, v in copies])
             if r.get("status") != "OK":
                 return  # the job ended, or the buddy has not joined it yet: no copy there
-            await self.worker.scheduler.dscar_mirrored(job_id=job_id, buddy=buddy, clock=clock,
-                                                       parts=[[t, p] for t, p, _ in copies], shards=list(states))
+            await self.worker.scheduler.dscar_mirrored(
+                job_id=job_id, buddy=buddy, clock=clock,
+                parts=[[k[1], k[2]] for k, _ in copies if k[0] == "part"],
+                shards=[k[1] for k, _ in copies if k[0] == "shard"])
         except Exception as e:  # the buddy is gone: the coordinator keeps the older copy's record
             logger.info("dscar: memory copy to %s failed: %r", buddy, e)
 
-    def _h_keep_mirror(self, job_id: str, clock: int, parts: list, states: list = ()) -> dict:
+    def _h_keep_mirror(self, job_id: str, clock: int, copies: list) -> dict:
         job = self.jobs.get(job_id)  # (not installed here: the job ended, or this worker joined it late)
         if job is None:
             return {"status": "missing"}
-        for t, p, a in parts:
-            job.tables.keep_mirror(t, p, clock, np.asarray(a))
-        for s, st in states:
-            job.shards.keep_state_mirror(s, clock, {k: np.asarray(v) for k, v in st.items()})
+        for key, value in copies:
+            job.mirrors.keep(key, clock, value)
         return {"status": "OK"}
 
-    def _h_get_state_mirror(self, job_id: str, shard: int) -> dict:
+    def _h_get_mirror(self, job_id: str, key: list) -> dict:
+        """A memory copy kept here (``mirror_store.part_key`` / ``shard_key``), for a recovery."""
         job = self.jobs.get(job_id)
-        got = None if job is None else job.shards.state_mirror(shard)
+        got = None if job is None else job.mirrors.get(key)
         if got is None:
             return {"status": "missing"}
-        return {"status": "OK", "clock": got[0], "state": to_serialize(got[1])}
-
-    def _h_get_mirror(self, job_id: str, table: str, part: int) -> dict:
-        job = self.jobs.get(job_id)
-        got = None if job is None else job.tables.mirror(table, part)
-        if got is None:
-            return {"status": "missing"}
-        return {"status": "OK", "clock": got[0], "data": to_serialize(got[1])}
+        return {"status": "OK", "clock": got[0], "value": to_serialize(got[1])}
 
     def _h_forget(self, job_id: str) -> dict:
         """A simulated loss: drop everything this worker held for the job, as a crash would."""
@@ -390,6 +384,7 @@ class ParamServer(WorkerPlugin):
                 with job.tables.lock:
                     job.tables.clear()
                     job.shards.clear()
+                    job.mirrors.clear()
                 job.pull_cache.clear()
         return {"status": "OK"}
 

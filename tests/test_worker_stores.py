@@ -169,12 +169,17 @@ def test_memory_copies_keep_the_newest_and_go_with_a_crash():
     assert [(t, p) for t, p, _ in copies] == [("w", 0), ("w", 1)]
     copies[0][2][0] = 99.0  # a copy: the partition is untouched
     assert store.parts[("w", 0)][0] == 0.0
-    store.keep_mirror("v", 3, 5, np.ones(2))
-    store.keep_mirror("v", 3, 4, np.zeros(2))  # late and older: ignored
-    clock, values = store.mirror("v", 3)
+    from dscar.mirror_store import MirrorStore, part_key, shard_key
+
+    mirrors = MirrorStore()
+    mirrors.keep(part_key("v", 3), 5, np.ones(2))
+    mirrors.keep(part_key("v", 3), 4, np.zeros(2))  # late and older: ignored
+    mirrors.keep(list(shard_key(3)), 4, {"z": np.arange(2)})  # (keys arrive as lists over the wire)
+    clock, values = mirrors.get(["part", "v", 3])
     assert clock == 5 and values.tolist() == [1.0, 1.0]
-    store.clear()
-    assert store.mirror("v", 3) is None
+    assert mirrors.get(shard_key(3))[1]["z"].tolist() == [0, 1]  # a shard's state: not a partition's
+    mirrors.clear()
+    assert mirrors.get(part_key("v", 3)) is None
 
 
 def test_batch_members_not_started_when_their_pass_is_applied_are_skipped():
@@ -230,10 +235,11 @@ def test_the_stores_import_no_dask():
     import ast
     import inspect
 
+    import dscar.mirror_store
     import dscar.partition_store
     import dscar.shard_store
 
-    for mod in (dscar.partition_store, dscar.shard_store):
+    for mod in (dscar.partition_store, dscar.shard_store, dscar.mirror_store):
         tree = ast.parse(inspect.getsource(mod))
         names = [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
         names += [n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and not n.level]

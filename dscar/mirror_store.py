@@ -1,0 +1,42 @@
+"""The memory tier's copies kept on a buddy worker: other workers' param partitions and shard states.
+
+Pure (no Dask). Each copy is keyed by what it copies (``part_key`` / ``shard_key``) and
+labelled with the clock it holds; a late, older copy never replaces a newer one. A crash
+loses them all (``clear``), which is why recovery falls back to disk when the buddy is gone.
+"""
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+
+def part_key(table: str, part: int) -> tuple:
+    return ("part", str(table), int(part))
+
+
+def shard_key(shard: int) -> tuple:
+    return ("shard", int(shard))
+
+
+class MirrorStore:
+    """``key -> (clock, value)``: a partition's values, or a shard's state (a dict of arrays)."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        #: key -> (clock, value) of the newest copy received
+        self.copies: dict[tuple, tuple[int, Any]] = {}
+
+    def keep(self, key, clock: int, value: Any) -> None:
+        with self.lock:
+            key = tuple(key)
+            old = self.copies.get(key)
+            if old is None or old[0] <= clock:
+                self.copies[key] = (int(clock), value)
+
+    def get(self, key) -> tuple[int, Any] | None:
+        with self.lock:
+            return self.copies.get(tuple(key))
+
+    def clear(self) -> None:
+        with self.lock:
+            self.copies.clear()
