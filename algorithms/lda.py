@@ -29,10 +29,15 @@ On dscar (AD-LDA, Newman et al. 2009):
   table (one pull per worker and clock, shared by its shards), and pushes
   int32 deltas of the rows that moved (``add_rows``), or one dense int32
   block when more than a quarter of the vocabulary moved;
-* after a worker loss the count tables are rebuilt from the assignments
-  (``rebuild_step``); the shards that worker held lose their ``z`` with it
-  (shard state is not checkpointed) and draw it again from the tables
-  (``redraw``), a perturbation the following sweeps absorb.
+* ``z`` is checkpointed with the tables (a full checkpoint saves every
+  shard's, a priority one the fraction ``r`` of shards saved longest ago).
+  After a worker loss the shards it held get their ``z`` back before their
+  next step, from the buddy's memory copy (memory tier, while the buddy
+  lives) or from the newest checkpoint that saved it; full recovery rolls
+  every saved shard's ``z`` back to its newest saved copy. The count tables
+  are then rebuilt from the assignments (``rebuild_step``). A lost shard left
+  with no ``z`` (never saved, or its copy did not verify) draws it again from
+  the tables (``redraw``), a perturbation the following sweeps absorb.
 
 Two samplers, one random stream. The sweep's uniforms are a counter-based
 stream keyed by ``(seed, shard, clock)`` (``uniforms``: splitmix64 of the
@@ -1249,9 +1254,12 @@ class LDAGibbs(Algorithm):
         K totals and its documents' rows; about the cost of the bookkeeping
         after a sweep, a small fraction of the sweep itself.
 
-        A shard whose assignments were lost with its worker (the engine keeps
-        shard state only on the worker holding the shard) gets new ones drawn
-        from the model as it stands (``redraw``) before its counts are added.
+        A shard whose assignments were lost with its worker has them restored
+        by the engine before this step (from a buddy's memory copy or the
+        newest checkpoint that saved them; full recovery rolls every saved
+        shard's back to that copy); one left without any (never saved, or
+        its copy did not verify) gets new ones drawn from the model as it
+        stands (``redraw``) before its counts are added.
         A rebuild in clock 1 adds nothing: clock 1 is run again and draws and
         counts every shard's assignments itself.
         """

@@ -47,14 +47,20 @@ that stopped by that rule over 15 clocks; the plateau wobbles by ~0.1 % per
 clock, so ``eps`` is several of those. Every run stops when it gets there
 (``LDAToTarget``), so both views coincide and only the first is printed.
 Caveat, by construction: LDA's model state is the topic assignments (shard
-state, kept on the worker holding the shard, never checkpointed); its count
-tables are rebuilt from the assignments after every recovery. So a full
-rollback of the tables is overwritten by the rebuild (the surviving shards
-keep their current assignments, the clock counter never rolls back), and
-under every policy a loss costs the same thing: the lost shards' assignments
-redrawn from the tables (``LDAGibbs.redraw``; under full recovery from the
-rolled-back ones). Expect the four policies to be close: the numbers measure
-that redraw, not a rollback. A loss in the first few clocks, before the
+state), and its count tables are rebuilt from the assignments after every
+recovery. The assignments are checkpointed with the tables (a full
+checkpoint saves every shard's, a priority one the fraction ``r`` of shards
+saved longest ago). Partial recovery gives the lost worker's shards their
+assignments back from the newest checkpoint that saved them (``scar+memory``:
+from the buddy's memory copy while the buddy lives); the surviving shards
+keep their current ones. Full recovery rolls every saved shard's assignments
+back to its newest saved copy (the clock counter is not rolled back). A
+lost shard with no saved assignments draws them again from the tables
+(``LDAGibbs.redraw``). The rebuild pass then recounts the tables from the
+assignments, so a rollback of the tables themselves is overwritten: a loss
+costs the restored shards' assignments going back to their saved copies
+(the lost worker's shards under partial recovery, every saved shard under
+full). A loss in the first few clocks, before the
 topics have formed, can send the chain to another mode whose plateau is more
 than ``eps`` lower: such a run reaches the threshold very late or not within
 ``max_clocks`` (150; counted as not reaching it), so read the medians too.

@@ -5,6 +5,9 @@ Store layout under ``url`` (a local directory or any fsspec URL)::
     manifest-00000007.json            one per published version (written atomically)
     v00000007/w.p0.npz                a partition's saved rows: arrays only
                                       (``values`` and, for a partial save, ``rows``)
+    v00000007/state.s4.npz            the shard states one holder saved at that version,
+                                      one file per holder named by its lowest shard id
+                                      (``state.s{min}.npz``): arrays ``s{shard}.{name}``
 
 A version is *published* only when its manifest exists; the manifest is
 written (temp name, then rename) after every file it names is written,
@@ -12,7 +15,9 @@ flushed and its SHA-256 recorded. A partition's value at a version is its
 *chain*: the initial values (checkpoint 0, deterministic from the seed), then
 each listed file in order: a full save replaces every row, a priority save
 (``rows`` + ``values``) replaces those rows. ``full`` checkpoints give chains
-of one file; ``priority`` checkpoints add one file per version.
+of one file; ``priority`` checkpoints add one file per version. A shard's
+saved state is whole: the manifest's ``states`` names, per shard, the newest
+state file that holds it.
 
 Priority (SCAR): with fraction ``r`` every ``r * C`` clocks, each partition
 saves the ``ceil(r * rows)`` rows whose value moved most (L2 norm of
@@ -47,13 +52,17 @@ class CheckpointConfig:
 
     ``policy``: ``"full"`` (every table every ``every`` clocks) or ``"priority"``
     (fraction ``fraction`` of the rows that moved most, every ``fraction * every``
-    clocks). ``recovery``: ``"partial"`` (restore only the lost partitions) or
-    ``"full"`` (roll every table and the clock counter back). ``keep``: how many
+    clocks). ``recovery``: ``"partial"`` (restore only what the lost worker held:
+    its partitions and its shards' states) or ``"full"`` (roll every param table,
+    and the state of every shard the newest manifest saved, back to the newest
+    manifest; clocks keep their numbers: the clock counter is not rolled back,
+    and rolled-back clocks count as rework). ``keep``: how many
     published versions to keep. ``memory``: a memory tier under the disk tier:
-    after every clock each owner copies its param partitions into the memory of
-    a buddy worker (the next live worker in address order), and partial recovery
-    restores a lost partition from its buddy when the buddy is alive (from disk
-    otherwise, e.g. when owner and buddy are lost together).
+    after every clock each owner copies its param partitions, and each holder its
+    shards' states, into the memory of a buddy worker (the next live worker in
+    address order), and partial recovery restores a lost partition or shard state
+    from its buddy when the buddy is alive (from disk otherwise, e.g. when owner
+    and buddy are lost together).
     """
 
     url: str

@@ -94,9 +94,10 @@ def _add_common(run: argparse.ArgumentParser) -> None:
     g.add_argument("--checkpoint-fraction", type=float, default=0.1, metavar="R", help="r (default 0.1)")
     g.add_argument("--keep", type=arg_int(1), default=3, help="checkpoint versions kept (default 3)")
     g.add_argument("--recovery", choices=("partial", "full"), default="partial",
-                   help="partial: restore only a lost worker's partitions (SCAR, default); full: roll back everything")
+                   help="partial: restore only a lost worker's partitions and shard states (SCAR, default); full: roll every parameter "
+                        "table and shard state back to the newest checkpoint (the clock counter keeps counting)")
     g.add_argument("--memory-tier", action="store_true",
-                   help="also keep each owner's partitions in a buddy worker's memory, refreshed every clock; "
+                   help="also keep each owner's partitions and shard states in a buddy worker's memory, refreshed every clock; "
                         "partial recovery restores from there when the buddy is alive")
     g.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in --checkpoint")
     run.add_argument("--no-progress", action="store_true",

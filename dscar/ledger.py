@@ -199,9 +199,11 @@ def plan_recovery(
     lost (all shards under full recovery) take it from the newest manifest that
     saved it; the others keep theirs. Under partial recovery, a lost param
     partition whose memory copy (``mirrors``: ``(table, part) -> (buddy,
-    clock)``) is on a live buddy comes from there, and so does a lost shard's state
-    (``state_mirrors``: ``shard -> (buddy, clock)``) (unless a disk version is newer: a
-    full one, or a priority one by more than a clock).
+    clock)``) is on a live buddy comes from there, unless a disk version is
+    newer (a full one, or a priority one by more than a clock). A lost shard's
+    state comes from its buddy's memory copy (``state_mirrors``: ``shard ->
+    (buddy, clock)``) whenever the buddy is live, however new the disk version
+    (its saved file, if any, is kept as the fallback should the copy not be had).
     """
     if not live:
         raise ValueError("no live worker to restore onto")

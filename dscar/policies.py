@@ -7,7 +7,10 @@ itself is not a policy: it is the pull model, always on.
 
 * ``BackupPolicy`` (``"backup"``): when the TODO queue is empty and an idle
   worker asks for work, start a second attempt of a shard that has run longer
-  than ``k`` x the median shard time; the first attempt to commit wins.
+  than ``k`` x the median shard time; the first attempt to commit wins. A
+  backup starts from the shard's state as of the start of the current data
+  pass, copied from its holder (an attempt's new state is only staged, and is
+  installed when the pass is applied, for the committed attempt only).
 * ``AdaptiveBatchPolicy`` (``"adaptive"``, AntDT-DD): per-worker batch scale
   proportional to measured speed, mean 1, so the global batch stays fixed.
   Algorithms with minibatches read it as ``ctx.batch_scale``.
