@@ -337,16 +337,19 @@ class Coordinator(SchedulerPlugin):
         return any(j.machine.handing_out and any(p.when == "idle" for p in j.policies) and j.queue.running()
                    for j in self.jobs.values())
 
-    def _h_commit(self, job_id: str, clock: int, run: int, worker: str, commits: list[dict]) -> dict:
-        """Grant or refuse the commits of a batch's attempts (each ``{"shard", "attempt", "timings"}``);
-        the answer carries the worker's next work item, if one is ready."""
+    def _h_commit(self, job_id: str, clock: int, run: int, worker: str, commits: list[dict],
+                  rebuild: bool = False) -> dict:
+        """Grant or refuse the commits of a batch's attempts (each ``{"shard", "attempt", "timings"}``;
+        ``rebuild``: the batch is of the rebuild pass); the answer carries the worker's next work item,
+        if one is ready."""
         self._alive(worker)
         job = self.jobs.get(job_id)
         if job is None:
             return {"granted": [False] * len(commits), "next": None}
         granted = []
         for c in commits:
-            ok, effects = job.commit(worker, clock, run, c["shard"], c["attempt"], time.time(), c.get("timings"))
+            ok, effects = job.commit(worker, clock, run, c["shard"], c["attempt"], time.time(), c.get("timings"),
+                                     rebuild)
             granted.append(ok)
             self._do(job, effects)
         return {"granted": granted, "next": self._item_for(worker) if worker in self.scheduler.workers else None}

@@ -310,21 +310,26 @@ class JobState:
                 "batch_scale": self.batch_scale.get(batch[0].worker, 1.0), "shards": shards}
 
     def commit(self, worker: str, clock: int, run_id: int, shard: int, attempt: int, now: float,
-               timings: dict | None = None) -> tuple[bool, list[Effect]]:
-        """An attempt asks to commit: the first live attempt of the current run wins."""
-        if self.failed or clock != self.machine.clock or worker in self.lost or not self.machine.accepts(run_id):
+               timings: dict | None = None, rebuild: bool = False) -> tuple[bool, list[Effect]]:
+        """An attempt asks to commit: the first live attempt of the current run wins.
+
+        Every finished shard-step attempt tells its worker's speed first, whether it wins, is
+        refused, or is late: a straggler whose shards were all backed up finishes after its pass
+        is complete, often after its clock has ended, and not counting it would hide exactly the
+        worker the monitor is for. ``rebuild``: a rebuild-pass attempt (other work: not counted)."""
+        if self.failed or worker in self.lost:
             return False, []
-        started = next((a.started for a in self.queue.running_attempts(shard) if a.attempt == attempt), None)
-        if self.machine.stage is not Stage.REBUILD and not self.machine.applying_rebuild:
-            # every finished attempt of the clock's shard pass tells its worker's speed: won, refused, or
-            # late (a straggler whose shards were all backed up finishes after the pass is complete; not
-            # counting it would hide exactly the worker the monitor is for)
+        current = clock == self.machine.clock and self.machine.accepts(run_id)
+        # attempt numbers restart every pass: only the current run's can be looked up
+        started = next((a.started for a in self.queue.running_attempts(shard) if a.attempt == attempt), None) \
+            if current else None
+        if not rebuild and not (current and (self.machine.stage is Stage.REBUILD or self.machine.applying_rebuild)):
             # the step's own time: a shard's data moving to this worker is not the worker's slowness
             step = sum(float(v) for k, v in timings.items() if k != "data_s") if timings else (
                 None if started is None else now - started)
             if step is not None:
                 self.monitor.record(worker, step)
-        if not self.machine.handing_out:
+        if not current or not self.machine.handing_out:
             return False, []
         self._started(worker, shard, attempt)
         granted = self.queue.commit(shard, attempt, worker)

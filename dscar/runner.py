@@ -178,8 +178,8 @@ class ShardRunner:
         if not commits:
             return None
         try:
-            r = self.host.call("commit", job_id=item["job"], clock=item["clock"],
-                           run=item["run"], worker=self.host.address, commits=commits)
+            r = self.host.call("commit", job_id=item["job"], clock=item["clock"], run=item["run"],
+                               worker=self.host.address, commits=commits, rebuild=item["op"] == "rebuild")
         except Exception as e:
             for a in attempts:
                 if any(c["shard"] == a["shard"] and c["attempt"] == a["attempt"] for c in commits):

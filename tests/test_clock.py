@@ -542,3 +542,26 @@ def test_a_late_attempt_still_tells_its_workers_speed():
     assert granted and job.machine.stage is Stage.APPLY
     ok, _ = job.commit("b", 1, job.machine.run_id, slow["shard"], slow["attempt"], 0.5, {"compute_s": 0.5})
     assert not ok and job.monitor.mean_step("b") == 0.5
+
+
+def test_an_attempt_that_ends_after_its_clock_still_tells_its_workers_speed():
+    """With backups, an 8x-slowed worker's attempts are all won by others, and each ends after its
+    whole clock did (the next clock has begun): its refused commit must still reach the monitor,
+    or backup + restart never see the straggler (bench.monitor's mitigation run)."""
+    job = _two_worker_job(2)
+    job.begin(1, 0.0)
+    slow = job.next_item("b", 0.0)["shards"][0]
+    run1 = job.machine.run_id
+    mine = job.next_item("a", 0.0)["shards"][0]
+    assert job.commit("a", 1, run1, mine["shard"], mine["attempt"], 0.01, {"compute_s": 0.01})[0]
+    backup = job.queue.start_backup(slow["shard"], "a", 0.02)
+    assert job.commit("a", 1, run1, slow["shard"], backup.attempt, 0.03, {"compute_s": 0.01})[0]
+    job.applied(job.machine.run_id, 0.04)
+    job.clock_end_done(job.next_item("a", 0.05) and "a", job.machine.run_id, {"objective": 1.0}, 0.0, 0.05)
+    job.begin(2, 0.06)
+    assert job.machine.clock == 2
+    ok, _ = job.commit("b", 1, run1, slow["shard"], slow["attempt"], 0.5, {"compute_s": 0.4, "data_s": 0.1})
+    assert not ok and job.monitor.mean_step("b") == 0.4
+    # a rebuild-pass attempt is other work: it tells nothing of the worker's shard steps
+    ok, _ = job.commit("b", 1, run1, slow["shard"], slow["attempt"], 0.6, {"compute_s": 9.0}, rebuild=True)
+    assert not ok and job.monitor.mean_step("b") == 0.4
