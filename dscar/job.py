@@ -125,6 +125,10 @@ class JobState:
         #: worker -> (shard, attempt) of batch members handed to it that may not have started
         #: (the first of a batch starts at once); a pass start, a commit or a failure drops them
         self.batched: dict[str, list[tuple[int, int]]] = {}
+        #: worker -> (hand-out time, shards) of the shard-pass work item it is running, until it
+        #: commits or fails (whatever clock it is of): the monitor's evidence of a worker that
+        #: does not finish, since backups may win its shards and close the pass without it
+        self.running_items: dict[str, tuple[float, int]] = {}
         #: the worker running the clock-end step, once handed out
         self.clock_end_worker: str | None = None
         #: this clock's metrics (when DONE)
@@ -250,6 +254,8 @@ class JobState:
                         break
                     batch.append(b)
                 self.batched[worker] = self.batched.get(worker, []) + [(b.shard, b.attempt) for b in batch[1:]]
+            if self.machine.stage is not Stage.REBUILD:
+                self.running_items[worker] = (now, len(batch))
             return self._item(batch)
         if self.machine.stage is Stage.CLOCK_END and self.clock_end_worker is None:
             self.clock_end_worker = worker
@@ -319,6 +325,7 @@ class JobState:
         worker the monitor is for. ``rebuild``: a rebuild-pass attempt (other work: not counted)."""
         if self.failed or worker in self.lost:
             return False, []
+        self.running_items.pop(worker, None)
         current = clock == self.machine.clock and self.machine.accepts(run_id)
         # attempt numbers restart every pass: only the current run's can be looked up
         started = next((a.started for a in self.queue.running_attempts(shard) if a.attempt == attempt), None) \
@@ -356,6 +363,7 @@ class JobState:
         (a newer run id) explains it or another attempt of the shard is still running."""
         self.event(now, "shard-failed", shard=shard, attempt=attempt, worker=worker, error=error,
                    late=clock != self.machine.clock or run_id != self.machine.run_id)
+        self.running_items.pop(worker, None)
         if clock != self.machine.clock or not self.machine.handing_out:
             return
         self._started(worker, shard, attempt)
@@ -429,7 +437,8 @@ class JobState:
         return None
 
     def _clock_policies(self, now: float) -> list[Effect]:
-        running = {a.worker: now - a.started for a in self.queue.running()}
+        # a lower bound on each busy worker's step time: its item has taken this long per shard so far
+        running = {w: (now - t0) / n for w, (t0, n) in self.running_items.items()}
         stragglers = self.monitor.end_clock(running)
         for w, kind in stragglers.items():
             if self.stragglers.get(w) != kind:
@@ -519,6 +528,7 @@ class JobState:
         self.mirrors = {k: v for k, v in self.mirrors.items() if v[0] != worker}  # its memory went with it
         self.state_mirrors = {s: v for s, v in self.state_mirrors.items() if v[0] != worker}
         self.batched.pop(worker, None)
+        self.running_items.pop(worker, None)
         self.batch_scale.pop(worker, None)
         self.stragglers.pop(worker, None)
         owned = self.pmap.owned_by(worker)

@@ -5,13 +5,17 @@ a backup that wins a slow worker's shard must not hide how slow that worker is â
 with the attempt's step time (injected slowdowns included), and asks it at each
 clock's end who is slow.
 
-* a worker's *step time* is the median of its last ``window`` attempts (a median:
-  one garbage-collection pause or one cold cache is not a trend);
+* a worker's first attempt of a job is its *warm-up*: it pays one-time costs
+  (compiling kernels, filling caches) and is compared only with the other
+  workers' warm-ups, never mixed into its step time;
+* a worker's *step time* is the median of its last ``window`` attempts after the
+  warm-up (a median: one garbage-collection pause or one cold cache is not a trend);
 * a worker is a *straggler* while its step time is more than ``1 / fraction``
   times the median of the *other* workers' step times and longer by at least
-  ``min_gap_s`` (noise on millisecond steps is not a straggler), or while its
-  running attempt has lasted that long already (a worker that stopped
-  finishing is slow too);
+  ``min_gap_s`` (noise on millisecond steps is not a straggler), or while the
+  work item it is running has lasted that long already per shard (a worker that
+  stopped finishing is slow too, and a backup that wins its shards must not hide
+  it); a worker still in its warm-up is held against the others' warm-ups;
 * a worker is reported as a straggler once it has been slow at ``confirm_after``
   consecutive clock ends (one slow clock on a busy machine is noise, not a straggler);
   it is *persistent* once slow for ``persistent_after`` consecutive clocks, else
@@ -57,13 +61,19 @@ class ThroughputMonitor:
         self.min_gap_s = min_gap_s
         #: consecutive slow clocks before a worker is reported as a straggler
         self.confirm_after = confirm_after
+        self._warmup: dict[str, float] = {}  # each worker's first attempt's step time
         self._steps: dict[str, deque[float]] = defaultdict(lambda: deque(maxlen=self.window))
         self._slow_clocks: dict[str, int] = defaultdict(int)  # consecutive clocks as a straggler
 
     def record(self, worker: str, step_s: float) -> None:
-        self._steps[worker].append(max(float(step_s), 1e-9))
+        step_s = max(float(step_s), 1e-9)
+        if worker not in self._warmup:
+            self._warmup[worker] = step_s
+        else:
+            self._steps[worker].append(step_s)
 
     def forget(self, worker: str) -> None:
+        self._warmup.pop(worker, None)
         self._steps.pop(worker, None)
         self._slow_clocks.pop(worker, None)
 
@@ -81,17 +91,22 @@ class ThroughputMonitor:
         return {w: 1.0 / m for w in self._steps if (m := self.mean_step(w))}
 
     def is_slow(self, worker: str, running_s: float = 0.0) -> bool:
-        others = self.median_step(exclude=worker)
+        """``running_s``: a lower bound on the step time of the work item ``worker`` is running."""
+        if worker not in self._warmup:  # still in its warm-up: like is compared with like
+            warmups = [t for w, t in self._warmup.items() if w != worker]
+            others, own = (statistics.median(warmups) if warmups else None), running_s
+        else:
+            others, own = self.median_step(exclude=worker), max(self.mean_step(worker) or 0.0, running_s)
         if others is None:
             return False
-        own = max(self.mean_step(worker) or 0.0, running_s)
         return own * self.fraction > others and own - others >= self.min_gap_s
 
     def end_clock(self, running: dict[str, float] | None = None) -> dict[str, str]:
-        """Close a clock: update the consecutive-slow counters; return the stragglers."""
+        """Close a clock: update the consecutive-slow counters; return the stragglers.
+        ``running``: per worker, a lower bound on the step time of the item it is running."""
         running = running or {}
         out = {}
-        for w in list(self._steps):
+        for w in self._warmup.keys() | self._steps.keys() | running.keys():
             if self.is_slow(w, running.get(w, 0.0)):
                 self._slow_clocks[w] += 1
                 if self._slow_clocks[w] >= self.confirm_after:
@@ -103,10 +118,10 @@ class ThroughputMonitor:
     def stats(self) -> list[WorkerStats]:
         speeds = self.speeds()
         out = []
-        for w in sorted(self._steps):
+        for w in sorted(self._warmup.keys() | self._steps.keys()):
             slow = self._slow_clocks.get(w, 0)
             kind = None if slow < self.confirm_after else (
                 "persistent" if slow >= self.persistent_after else "transient")
             m = self.mean_step(w)
-            out.append(WorkerStats(w, len(self._steps[w]), m or 0.0, speeds.get(w, 0.0), kind))
+            out.append(WorkerStats(w, len(self._steps.get(w, ())), m or 0.0, speeds.get(w, 0.0), kind))
         return out

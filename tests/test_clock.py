@@ -137,7 +137,8 @@ def _run_clock(job: JobState, clock: int, step_s: float) -> list[list[int]]:
 
 def test_short_steps_come_in_batches_of_the_workers_own_shards_and_long_steps_one_by_one():
     job = _two_worker_job()
-    assert _run_clock(job, 1, 0.001) == [[0], [1, 2, 3], [7], [6], [5], [4]]  # measured after its first step
+    # measured after its second step (the first is a warm-up)
+    assert _run_clock(job, 1, 0.001) == [[0], [1], [2, 3], [7], [6], [5], [4]]
     job.applied(job.machine.run_id, 0.0)
     job.clock_end_done(job.next_item("b", 0.0) and "b", job.machine.run_id, {"objective": 1.0}, 0.0, 0.0)
     # b's shards moved to a in clock 1: all 8 are a's own now; 0.01 s / 0.001 s allows batches of 10
@@ -533,6 +534,8 @@ def test_a_late_attempt_still_tells_its_workers_speed():
     """A straggler whose shards were all backed up finishes after the pass is complete: its commit is
     refused, but its step time still reaches the monitor (else the worker it is for stays unseen)."""
     job = _two_worker_job(2)
+    for w in "ab":
+        job.monitor.record(w, 0.01)  # past their warm-ups
     job.begin(1, 0.0)
     slow = job.next_item("b", 0.0)["shards"][0]  # b runs shard 1 ...
     mine = job.next_item("a", 0.0)["shards"][0]
@@ -549,6 +552,8 @@ def test_an_attempt_that_ends_after_its_clock_still_tells_its_workers_speed():
     whole clock did (the next clock has begun): its refused commit must still reach the monitor,
     or backup + restart never see the straggler (bench.monitor's mitigation run)."""
     job = _two_worker_job(2)
+    for w in "ab":
+        job.monitor.record(w, 0.01)  # past their warm-ups
     job.begin(1, 0.0)
     slow = job.next_item("b", 0.0)["shards"][0]
     run1 = job.machine.run_id
@@ -565,3 +570,26 @@ def test_an_attempt_that_ends_after_its_clock_still_tells_its_workers_speed():
     # a rebuild-pass attempt is other work: it tells nothing of the worker's shard steps
     ok, _ = job.commit("b", 1, run1, slow["shard"], slow["attempt"], 0.6, {"compute_s": 9.0}, rebuild=True)
     assert not ok and job.monitor.mean_step("b") == 0.4
+
+
+def test_a_worker_that_never_finishes_is_reported_though_backups_close_its_clocks():
+    """b takes a shard and never commits; backups on a close every clock without it. Its running
+    item is the evidence: at two clock ends in a row it is a straggler, though it recorded nothing."""
+    job = _two_worker_job(2)
+    job.monitor.record("a", 0.01)  # a is past its warm-up; b has not finished anything
+    stuck = None
+    for clock, t in ((1, 0.0), (2, 0.1)):
+        job.begin(clock, t)
+        if stuck is None:
+            stuck = job.next_item("b", t)["shards"][0]
+        while (item := job.next_item("a", t)) is not None and item["op"] == "shard":
+            for m in item["shards"]:
+                job.commit("a", clock, item["run"], m["shard"], m["attempt"], t, {"compute_s": 0.01})
+        if clock == 1:
+            backup = job.queue.start_backup(stuck["shard"], "a", t)
+            job.commit("a", 1, job.machine.run_id, stuck["shard"], backup.attempt, t, {"compute_s": 0.01})
+        job.applied(job.machine.run_id, t + 0.05)
+        job.clock_end_done(job.next_item("a", t + 0.05) and "a", job.machine.run_id, {"objective": 1.0}, 0.0,
+                           t + 0.05)
+    assert [e["worker"] for e in job.events if e["kind"] == "straggler"] == ["b"]
+    assert job.stragglers == {"b": "transient"}

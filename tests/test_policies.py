@@ -10,8 +10,10 @@ from dscar.policies import (
 
 
 def monitor_with(steps, **kw):
+    """A monitor past every worker's warm-up (its first attempt, held apart) with these step times."""
     m = ThroughputMonitor(**kw)
     for w, times in steps.items():
+        m.record(w, times[0])  # the warm-up
         for t in times:
             m.record(w, t)
     return m
@@ -40,6 +42,30 @@ def test_a_worker_stuck_in_a_long_attempt_counts_as_slow():
     m = monitor_with({"a": [1.0], "b": [1.0], "c": [1.0]}, fraction=0.5)
     assert not m.is_slow("c", running_s=1.5)
     assert m.is_slow("c", running_s=2.5)
+
+
+def test_a_slow_first_attempt_is_a_warm_up_not_a_straggler():
+    """The first attempt compiles kernels (~0.4 s against 0.1 ms steps): it is not a speed."""
+    m = ThroughputMonitor()
+    m.record("a", 0.38)  # a compiled on its first step; b had its kernels already
+    m.record("a", 0.0001)
+    for _ in range(4):
+        m.record("b", 0.0001)
+    assert m.end_clock() == {} and m.end_clock() == {}
+    assert m.mean_step("a") == 0.0001
+
+
+def test_a_worker_stuck_in_its_warm_up_is_held_against_the_others_warm_ups():
+    """A worker slowed 8x is still in its first attempt when the others have done many: it has
+    recorded nothing, but its running item is evidence (and backups winning its shards hide no more)."""
+    m = ThroughputMonitor()
+    for w in ("a", "b"):
+        m.record(w, 0.4)
+        m.record(w, 0.001)
+    assert not m.is_slow("c", running_s=0.5)  # not much longer than the others' warm-ups
+    assert m.end_clock({"c": 3.0}) == {}
+    assert m.end_clock({"c": 3.1}) == {"c": "transient"}
+    assert m.end_clock({"c": 3.2}) == {"c": "persistent"}
 
 
 def test_a_2x_slower_worker_is_a_straggler_among_2_as_among_16():
