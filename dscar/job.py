@@ -437,8 +437,7 @@ class JobState:
         return None
 
     def _clock_policies(self, now: float) -> list[Effect]:
-        # a lower bound on each busy worker's step time: its item has taken this long per shard so far
-        running = {w: (now - t0) / n for w, (t0, n) in self.running_items.items()}
+        running = {w: (now - t0, n) for w, (t0, n) in self.running_items.items()}
         stragglers = self.monitor.end_clock(running)
         for w, kind in stragglers.items():
             if self.stragglers.get(w) != kind:

@@ -13,9 +13,12 @@ clock's end who is slow.
 * a worker is a *straggler* while its step time is more than ``1 / fraction``
   times the median of the *other* workers' step times and longer by at least
   ``min_gap_s`` (noise on millisecond steps is not a straggler), or while the
-  work item it is running has lasted that long already per shard (a worker that
-  stopped finishing is slow too, and a backup that wins its shards must not hide
-  it); a worker still in its warm-up is held against the others' warm-ups;
+  work item it is running has lasted that long already per shard and at least
+  ``stuck_after_s`` in all (a worker that stopped finishing is slow too, and a
+  backup that wins its shards must not hide it; but a one-off pause of a fraction
+  of a second, a kernel loaded on first use or a collection, spans many short
+  clocks and is not a straggler); a worker still in its warm-up is held against
+  the others' warm-ups;
 * a worker is reported as a straggler once it has been slow at ``confirm_after``
   consecutive clock ends (one slow clock on a busy machine is noise, not a straggler);
   it is *persistent* once slow for ``persistent_after`` consecutive clocks, else
@@ -42,15 +45,15 @@ class WorkerStats:
 
 class ThroughputMonitor:
     def __init__(self, *, window: int = 8, fraction: float = 0.6, persistent_after: int = 3,
-                 min_gap_s: float = 0.002, confirm_after: int = 2):
+                 min_gap_s: float = 0.002, confirm_after: int = 2, stuck_after_s: float = 1.0):
         if not 0 < fraction < 1:
             raise ValueError(f"straggler fraction must be in (0, 1), got {fraction}")
         if window < 1 or persistent_after < 1 or confirm_after < 1:
             raise ValueError("window, persistent_after and confirm_after must be >= 1")
         if confirm_after > persistent_after:
             raise ValueError("confirm_after must be <= persistent_after")
-        if min_gap_s < 0:
-            raise ValueError(f"min_gap_s must be >= 0, got {min_gap_s}")
+        if min_gap_s < 0 or stuck_after_s < 0:
+            raise ValueError(f"min_gap_s and stuck_after_s must be >= 0, got {min_gap_s}, {stuck_after_s}")
         #: attempts per worker the step time is taken over
         self.window = window
         #: a straggler's speed is below this fraction of the others'
@@ -61,6 +64,8 @@ class ThroughputMonitor:
         self.min_gap_s = min_gap_s
         #: consecutive slow clocks before a worker is reported as a straggler
         self.confirm_after = confirm_after
+        #: a running work item is evidence of slowness once it has run this long (seconds)
+        self.stuck_after_s = stuck_after_s
         self._warmup: dict[str, float] = {}  # each worker's first attempt's step time
         self._steps: dict[str, deque[float]] = defaultdict(lambda: deque(maxlen=self.window))
         self._slow_clocks: dict[str, int] = defaultdict(int)  # consecutive clocks as a straggler
@@ -101,10 +106,10 @@ class ThroughputMonitor:
             return False
         return own * self.fraction > others and own - others >= self.min_gap_s
 
-    def end_clock(self, running: dict[str, float] | None = None) -> dict[str, str]:
+    def end_clock(self, running: dict[str, tuple[float, int]] | None = None) -> dict[str, str]:
         """Close a clock: update the consecutive-slow counters; return the stragglers.
-        ``running``: per worker, a lower bound on the step time of the item it is running."""
-        running = running or {}
+        ``running``: per busy worker, ``(seconds, shards)`` of the work item it is running."""
+        running = {w: t / max(n, 1) for w, (t, n) in (running or {}).items() if t >= self.stuck_after_s}
         out = {}
         for w in self._warmup.keys() | self._steps.keys() | running.keys():
             if self.is_slow(w, running.get(w, 0.0)):

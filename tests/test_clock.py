@@ -578,7 +578,7 @@ def test_a_worker_that_never_finishes_is_reported_though_backups_close_its_clock
     job = _two_worker_job(2)
     job.monitor.record("a", 0.01)  # a is past its warm-up; b has not finished anything
     stuck = None
-    for clock, t in ((1, 0.0), (2, 0.1)):
+    for clock, t in ((1, 0.0), (2, 2.0)):  # b's item has run 1.5 s, then 3.5 s: past stuck_after_s
         job.begin(clock, t)
         if stuck is None:
             stuck = job.next_item("b", t)["shards"][0]
@@ -588,8 +588,8 @@ def test_a_worker_that_never_finishes_is_reported_though_backups_close_its_clock
         if clock == 1:
             backup = job.queue.start_backup(stuck["shard"], "a", t)
             job.commit("a", 1, job.machine.run_id, stuck["shard"], backup.attempt, t, {"compute_s": 0.01})
-        job.applied(job.machine.run_id, t + 0.05)
-        job.clock_end_done(job.next_item("a", t + 0.05) and "a", job.machine.run_id, {"objective": 1.0}, 0.0,
-                           t + 0.05)
+        job.applied(job.machine.run_id, t + 1.5)
+        job.clock_end_done(job.next_item("a", t + 1.5) and "a", job.machine.run_id, {"objective": 1.0}, 0.0,
+                           t + 1.5)
     assert [e["worker"] for e in job.events if e["kind"] == "straggler"] == ["b"]
     assert job.stragglers == {"b": "transient"}

@@ -63,9 +63,18 @@ def test_a_worker_stuck_in_its_warm_up_is_held_against_the_others_warm_ups():
         m.record(w, 0.4)
         m.record(w, 0.001)
     assert not m.is_slow("c", running_s=0.5)  # not much longer than the others' warm-ups
-    assert m.end_clock({"c": 3.0}) == {}
-    assert m.end_clock({"c": 3.1}) == {"c": "transient"}
-    assert m.end_clock({"c": 3.2}) == {"c": "persistent"}
+    assert m.end_clock({"c": (3.0, 1)}) == {}
+    assert m.end_clock({"c": (3.1, 1)}) == {"c": "transient"}
+    assert m.end_clock({"c": (3.2, 1)}) == {"c": "persistent"}
+
+
+def test_a_one_off_pause_is_no_straggler_however_many_short_clocks_it_spans():
+    """A kernel loaded on first use stalls a worker ~0.3 s mid-run while the other finishes 30
+    clocks of 10 ms: still running, but not for long enough to be stuck."""
+    m = monitor_with({"a": [0.0005] * 8, "b": [0.0005] * 8})
+    for i in range(30):
+        assert m.end_clock({"a": (0.01 * (i + 1), 4)}) == {}
+    assert m.end_clock({"a": (1.5, 4)}) == {} and m.end_clock({"a": (1.6, 4)}) == {"a": "transient"}
 
 
 def test_a_2x_slower_worker_is_a_straggler_among_2_as_among_16():
