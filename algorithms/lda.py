@@ -1050,6 +1050,26 @@ class LDAGibbs(Algorithm):
     def use_numba(self, xp) -> bool:
         return xp is np and (self.backend == "numba" or (self.backend == "auto" and numba_available()))
 
+    def warm_up(self, xp) -> None:
+        """Load every compiled kernel a fit may use, on a two-document corpus: both sweeps (``"auto"``
+        may switch to the other one mid-fit, and loading it then stalls the worker ~1 s), the
+        kernel choice, the row deltas, the gather of pulled rows and the clock end's word statistics."""
+        if not self.use_numba(xp):
+            return
+        K, kern = self.n_topics, _numba_kernels()
+        data = self.prepare_shard({"X": sp.csr_matrix(np.array([[2, 1, 0, 1], [0, 1, 3, 0]], dtype=np.int64))}, np)
+        wl, words = data["wl"], data["words"]
+        wt = np.zeros((words.shape[0], K), dtype=np.int32)
+        np.add.at(wt[:, 0], wl, 1)  # every token in topic 0: counts that agree with z
+        for method in ("dense", "sparse"):
+            for word_deltas in (True, False):
+                A, T = wt.copy(), np.zeros(K, dtype=np.int32)
+                kern.gather_rows(wt, words.astype(np.int64), A, T)
+                compiled_sweep(wl, data["doc_len"], np.zeros(wl.shape[0], dtype=np.int32), A, T, self.alphas(),
+                               self.beta, int(words.shape[0]), 1, words, {}, word_deltas=word_deltas, method=method)
+        kern.word_topic_density(wt, wl, 64)
+        kern.word_stats(wt, self.beta, np.empty(K, dtype=np.int64), np.empty(K, dtype=np.int64))
+
     def _float(self, topic_total) -> type:
         return np.float32 if int(topic_total.sum()) < FLOAT32_TOKENS else np.float64
 

@@ -145,6 +145,12 @@ class Algorithm:
 
         return {k: to_device(v, xp) for k, v in arrays.items()}
 
+    def warm_up(self, xp: ModuleType) -> None:
+        """Load or compile the model's kernels, once per worker, before clock 1 (the engine calls
+        it during setup, off the worker's event loop). A kernel first used in the middle of a fit
+        stalls its worker for as long as the load takes, and the others wait or back it up.
+        Default: nothing to load."""
+
     def shard_step(self, ctx: ShardContext, data: dict[str, Any]) -> None:
         raise NotImplementedError
 

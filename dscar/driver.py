@@ -417,7 +417,8 @@ class _Run:
         self._seen += len(new)
 
     async def _init_partitions(self, owners_msg: list, resume: list[dict] | None) -> dict | None:
-        """Initial values on every owner; when resuming, the newest checkpoint that verifies (returned)."""
+        """Initial values on every owner, kernels loaded on every worker; when resuming, the newest
+        checkpoint that verifies (returned)."""
         kinds = {t.name: t.kind for t in self.tables}
         by_owner: dict[str, list] = {}
         restore = []
@@ -429,6 +430,9 @@ class _Run:
         await asyncio.gather(*(
             self._call_worker(w, "init", job_id=self.job_id, parts=parts) for w, parts in by_owner.items()
         ))
+        # kernels loaded everywhere before clock 1; a worker lost meanwhile is the clocks' business
+        await asyncio.gather(*(self._call_worker(w, "warm_up", job_id=self.job_id) for w in self.workers),
+                             return_exceptions=True)
         if resume is None:
             return None
         cfg = self.options["checkpoint"]

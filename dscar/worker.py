@@ -87,7 +87,7 @@ class ParamServer(WorkerPlugin):
         self._peers_started = asyncio.ensure_future(self.peers.start())
         #: messages waiting for a peer's answer (they fail at once when it is lost)
         self._inflight = Inflight()
-        for op in ("init", "pull", "fetch_staged", "apply", "assign", "put_shard", "copy_shard", "end_job", "info", "adopt",
+        for op in ("init", "warm_up", "pull", "fetch_staged", "apply", "assign", "put_shard", "copy_shard", "end_job", "info", "adopt",
                    "checkpoint", "restore", "forget", "peer_lost", "release", "pull_many", "mirror",
                    "keep_mirror", "get_mirror"):
             worker.handlers[f"dscar_{op}"] = getattr(self, f"_h_{op}")
@@ -143,6 +143,13 @@ class ParamServer(WorkerPlugin):
             return self.jobs[job_id]
 
     # ------------------------------------------------------------- handlers
+    async def _h_warm_up(self, job_id: str) -> dict:
+        """Load the algorithm's kernels before clock 1, off the event loop (a compile may take
+        seconds, and heartbeats must flow)."""
+        job = await self._ajob(job_id)
+        await asyncio.to_thread(job.algorithm.warm_up, job.xp)
+        return {"status": "OK"}
+
     async def _h_init(self, job_id: str, parts: list) -> dict:
         """Create this worker's partitions from the algorithm's initial values."""
         job = await self._ajob(job_id)
