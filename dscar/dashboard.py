@@ -157,6 +157,8 @@ class Collector:
         lost = sum(1 for e in self.events if e.get("kind") == "worker-lost")
         rec = sum(1 for e in self.events if e.get("kind") == "recovery-done")
         obj = s.get("metrics", {}).get("objective")
+        if obj is None and self.objective:  # between clock ends: the last completed clock's
+            obj = self.objective[max(self.objective)]
         phase = f" ({s['data_phase']})" if s.get("data_phase") else ""
         return (f"job {s['job']} | clock {s['clock']} | stage {s['stage']}{phase}"
                 + (" | recovering" if s.get("recovering") else "")
@@ -164,11 +166,22 @@ class Collector:
                 + ("" if obj is None else f" | objective {obj:.7g}"))
 
 
+def html_table(title: str, columns: dict[str, list], names: tuple[str, ...]) -> str:
+    """A small HTML table of some columns of a data source (escaped)."""
+    from html import escape
+
+    head = "".join(f"<th style='text-align:left;padding:0 8px'>{escape(n)}</th>" for n in names)
+    rows = "".join("<tr>" + "".join(f"<td style='padding:0 8px'>{escape('' if v is None else str(v))}</td>"
+                                    for v in vals) + "</tr>" for vals in zip(*(columns[n] for n in names)))
+    return (f"<b>{escape(title)}</b><table style='font-size:12px;border-collapse:collapse'>"
+            f"<tr>{head}</tr>{rows}</table>")
+
+
 # --------------------------------------------------------------------------- the page (Bokeh)
 def dscar_doc(scheduler, extra: dict, doc) -> None:
     """The Bokeh document of the page (the signature of distributed's own page functions)."""
     from bokeh.layouts import column, row
-    from bokeh.models import ColumnDataSource, DataTable, Div, FactorRange, TableColumn
+    from bokeh.models import ColumnDataSource, Div, FactorRange
     from bokeh.plotting import figure
 
     plugin = scheduler.plugins.get(PLUGIN_NAME)
@@ -196,11 +209,10 @@ def dscar_doc(scheduler, extra: dict, doc) -> None:
     qu = figure(title="shard queue (active data phase)", height=220, width=330,
                 y_range=FactorRange("backups", "done", "doing", "todo"), tools="")
     qu.hbar(y="status", right="count", height=0.7, source=src["queue"], color="#1f77b4")
-    ck = DataTable(source=src["checkpoints"], height=200, width=330, index_position=None,
-                   columns=[TableColumn(field=f, title=t) for f, t in
-                            (("version", "version"), ("clock", "clock"), ("bytes", "bytes"), ("age_s", "age s"))])
-    log = DataTable(source=src["log"], height=240, sizing_mode="stretch_width", index_position=None,
-                    columns=[TableColumn(field="line", title="events (newest first)")])
+    # tables as HTML: Bokeh's DataTable kept showing the rows it was opened with (3.9, headless
+    # Chromium; a 15-line app does the same), while Divs refresh with every update
+    ck = Div(text="", name="dscar-checkpoints-table", width=330)
+    log = Div(text="", name="dscar-log-table", sizing_mode="stretch_width")
 
     def update() -> None:
         new = collector.sources()
@@ -208,6 +220,8 @@ def dscar_doc(scheduler, extra: dict, doc) -> None:
             src[k].data = v
         wk.y_range.factors = list(new["workers"]["worker"])
         head.text = f"<b>dscar</b> &nbsp; {collector.header()}"
+        ck.text = html_table("checkpoints", new["checkpoints"], ("version", "clock", "bytes", "age_s"))
+        log.text = html_table("events (newest first)", new["log"], ("line",))
 
     update()
     doc.add_periodic_callback(update, REFRESH_MS)

@@ -96,6 +96,11 @@ def test_the_bokeh_document_holds_the_collectors_figures():
     assert doc.get_model_by_name("dscar-events").data["row"] == ["checkpoint"]
     assert doc.get_model_by_name("dscar-workers").data["worker"] == ["w0", "w1"]
     assert "clock 1 | stage done" in doc.get_model_by_name("dscar-header").text
+    assert "checkpoint-published" in doc.get_model_by_name("dscar-log-table").text  # the tables are rendered
+    c.ingest(snap(2, "shards", 0.9, events=[START, CKPT, LOST], objectives=[(1, 5.0)]))
+    doc.session_callbacks[0].callback()  # the periodic refresh
+    assert "worker-lost" in doc.get_model_by_name("dscar-log-table").text  # and refreshed
+    assert "objective 5" in doc.get_model_by_name("dscar-header").text  # between clock ends: the last one's
     assert len(doc.session_callbacks) == 1  # refreshed periodically
 
 
