@@ -305,6 +305,20 @@ class ALS(Algorithm):
         lam_f = self.reg * (count if self.reg_mode == "weighted" else xp.ones_like(count))
         return lam_f, xp.full(count.shape, self.bias_reg)
 
+    def warm_up(self, xp) -> None:
+        """Load the compiled kernels (the row solves, and the held-out scoring first used at the
+        end of clock 1's last phase) on a one-rating problem with the fit's argument types."""
+        if xp is not np or not self._compiled(xp):
+            return
+        from .mf_kernels import als_rows, score_rows
+
+        d = self.rank + 1 if self.biases else self.rank
+        one, i64 = np.ones(1), np.zeros(1, dtype=np.int64)
+        Z, off, F = np.zeros((2, d), dtype=self.dtype), np.zeros(2), np.zeros((1, self.rank))
+        als_rows(np.array([0, 1], dtype=np.int64), i64, one, off, Z, one, one, int(self.biases),
+                 np.empty((1, d)), True)
+        score_rows(i64, i64, one, F, np.zeros(1), F, off)
+
     def shard_step(self, ctx, data) -> None:
         xp = ctx.xp
         mine, other = SIDES[ctx.phase]

@@ -28,22 +28,27 @@ def test_every_worker_warms_up_once_before_the_first_clock(inproc):
 FIT_COMPILES_NOTHING = r"""
 import numpy as np, scipy.sparse as sp
 import dscar
-from dscar.algorithms import lasso_kernels as LK, mlr_kernels as MK, lda as L
+from dscar.algorithms import lasso_kernels as LK, mlr_kernels as MK, mf_kernels as FK, lda as L
+from dscar.algorithms.mf import ALS, ratings_data, train_test_split
 from dscar.algorithms.lasso import LassoCD
 from dscar.algorithms.mlr import MLRSGD
 from dscar.algorithms.lda import LDAGibbs, lda_data
-from dscar.algorithms.datasets import make_regression, make_classification
+from dscar.algorithms.datasets import make_classification, make_ratings, make_regression
 
 def signatures():
     k = L._numba_kernels()
     fns = {"residual": LK.residual, "gram_cd_anderson": LK.gram_cd_anderson,
-           "softmax_stats": MK.softmax_stats, "local_sgd": MK.local_sgd}
+           "softmax_stats": MK.softmax_stats, "local_sgd": MK.local_sgd,
+           "als_rows": FK.als_rows, "score_rows": FK.score_rows}
     fns.update({n: f for n, f in vars(k).items() if hasattr(f, "signatures")})
     return {n: len(f.signatures) for n, f in fns.items()}
 
 if __name__ == "__main__":
     lasso, mlr, lda = LassoCD(0.01), MLRSGD(3, lr=0.5), LDAGibbs(n_topics=8)
-    for a in (lasso, mlr, lda):
+    u, i, r, _ = make_ratings(300, 100, 3000, rank=4, seed=0)
+    train, test = train_test_split(u, i, r, seed=0)
+    mfs = [ALS(300, 100, 4, mean=float(r.mean()), dtype=dt) for dt in ("float64", "float32")]
+    for a in (lasso, mlr, lda, *mfs):
         a.warm_up(np)
     before = signatures()
     with dscar.Cluster(n_workers=2, processes=False) as cl:
@@ -54,6 +59,8 @@ if __name__ == "__main__":
         docs = sp.random(200, 300, density=0.05, format="csr", random_state=0)
         docs.data = np.ceil(docs.data * 4).astype(np.int64)
         dscar.fit(lda, lda_data(docs), cl, max_clocks=12)
+        for mf in mfs:
+            dscar.fit(mf, ratings_data(train, test, n_users=300, n_items=100, n_shards=4), cl, max_clocks=3)
     after = signatures()
     print({n: after[n] - before.get(n, 0) for n in after if after[n] != before.get(n, 0)})
 """
@@ -61,7 +68,8 @@ if __name__ == "__main__":
 
 def test_after_warm_up_a_fit_loads_no_kernel(tmp_path):
     """In a fresh process (numba loads a kernel per signature at first call): every kernel the
-    Lasso, MLR and LDA fits call was loaded by ``warm_up``, with the fits' argument types."""
+    Lasso, MLR, LDA and MF (float64, float32) fits call was loaded by ``warm_up``, with the fits'
+    argument types."""
     script = tmp_path / "fit_compiles_nothing.py"
     script.write_text(FIT_COMPILES_NOTHING)
     out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=600)
