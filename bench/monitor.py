@@ -116,6 +116,7 @@ def plot(d: dict, path: str) -> None:
     fp = d["false_positives"]
     labels = [f"{r['workers']}w busy={r['busy']}" for r in fp]
     axes[0].bar(labels, [r["straggler_events"] for r in fp], color="tab:gray")
+    axes[0].set_ylim(0, max(1, *(r["straggler_events"] for r in fp)) * 1.1)  # a row of zeros stays readable
     axes[0].set_title(f"straggler events in failure-free runs ({fp[0]['runs']} per bar)")
     axes[0].set_ylabel("events")
     det = d["detection"]
