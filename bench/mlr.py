@@ -34,8 +34,9 @@ Solvers
   apply; its multinomial ``P`` (softmax of its decision function) is shown for
   information, and its time is that of its own stopping rule.
 * ``dscar-1w`` / ``dscar-2w``: ``dscar.algorithms.mlr.MLRSGD`` on embedded clusters of
-  1 and 2 worker processes, 8 shards in both (so both run the same algorithm and,
-  being deterministic, the same clocks), stopping at the first clock whose
+  1 and 2 worker processes, the same shards in both (so both run the same algorithm and,
+  being deterministic, the same clocks: digits 4, the engine's default for one worker;
+  synthetic 8), stopping at the first clock whose
   measured objective (of the clock-start model, over all rows) is <= the
   target (``MLRSGD(target=...)``): the time includes that last clock's updates,
   and the returned model (after it) is re-evaluated here. Settings: digits
@@ -78,7 +79,6 @@ from bench.common import load_average, log, machine_info, usable_cpus, write_jso
 TARGET = 1e-2  # relative objective gap to reach: P <= P* (1 + TARGET)
 SK_TOLS = (1e-2, 1e-3, 1e-4, 1e-5, 1e-6, 1e-7, 1e-8)
 DSCAR_MAX_CLOCKS = 200
-DSCAR_SHARDS = 8
 MAX_ATTEMPTS_EXTRA = 2  # extra attempts when a dscar fit fails (engine error), per repeat
 
 IN_PROCESS = ("scikit-learn", "scikit-learn-2t", "sgd-ovr")
@@ -99,6 +99,7 @@ class Dataset:
     dscar: dict[str, Any]  # MLRSGD settings
     info: dict[str, Any]
     ref: dict[str, Any] = field(default_factory=dict)
+    n_shards: int = 8  # dscar's shards, on 1 worker and on 2 alike
 
     @property
     def n(self) -> int:
@@ -128,7 +129,7 @@ def make_datasets(quick: bool) -> list[Dataset]:
     digits = Dataset("digits", Xtr, ytr, Xte, yte, 1e-3,
                      dict(lr=1.0, decay=0.05, momentum=0.7, batch_size=32, steps=24),
                      {"source": "sklearn.datasets.load_digits, stratified 75/25 split (random_state=0), "
-                                "standardised with the training split's statistics"})
+                                "standardised with the training split's statistics"}, n_shards=4)
     n_train, n_test, p = (20_000, 5_000, 50) if quick else (200_000, 50_000, 100)
     X, y, _ = make_classification(n_train + n_test, p, 10, seed=0)
     synth = Dataset("synthetic", X[:n_train], y[:n_train], X[n_train:], y[n_train:], 1e-4,
@@ -201,9 +202,9 @@ def run_dscar(cl, d: Dataset) -> Fit:
 
     target = d.ref["P_star"] * (1 + TARGET)
     algo = MLRSGD(d.n_classes, l2=d.l2, target=target, **d.dscar)
-    res = dscar.fit(algo, {"X": d.X, "y": d.y}, cl, n_shards=DSCAR_SHARDS, max_clocks=DSCAR_MAX_CLOCKS,
+    res = dscar.fit(algo, {"X": d.X, "y": d.y}, cl, n_shards=d.n_shards, max_clocks=DSCAR_MAX_CLOCKS,
                     progress=False)
-    extra = {"setup_s": res.setup_seconds, "converged": res.converged, "n_shards": DSCAR_SHARDS,
+    extra = {"setup_s": res.setup_seconds, "converged": res.converged, "n_shards": d.n_shards,
              "clocks": [{"clock": r.clock, "seconds": r.seconds, **r.metrics} for r in res.history]}
     return Fit(res.seconds - res.setup_seconds, res.params["W"][:-1].copy(), res.params["W"][-1].copy(), res.n_clocks,
                res.seconds, extra)
@@ -312,10 +313,10 @@ def main(argv: list[str] | None = None) -> int:
         s["sgd-ovr"] = {"label": f"SGDClassifier alpha={d.l2:g}", "warmup_rel_gap": d.rel_gap(f.W, f.b),
                         "why": "scikit-learn defaults; one-vs-rest, not the multinomial objective"}
         dk = (f"lr={d.dscar['lr']:g}, mom={d.dscar['momentum']:g}, batch={d.dscar['batch_size']}, "
-              f"steps={d.dscar['steps'] or '1 pass'}")
+              f"steps={d.dscar['steps'] or '1 pass'}, {d.n_shards} shards")
         for name in DSCAR:
             s[name] = {**d.dscar, "label": dk,
-                       "n_shards": DSCAR_SHARDS, "target": d.ref["P_star"] * (1 + TARGET)}
+                       "n_shards": d.n_shards, "target": d.ref["P_star"] * (1 + TARGET)}
         settings[d.name] = s
         log(t0, f"{d.name}: scikit-learn tol {s['scikit-learn']['tol']:g}")
 
