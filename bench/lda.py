@@ -80,7 +80,7 @@ from dscar.algorithms.lda import LDAGibbs, lda_data, loglikelihood  # noqa: E402
 ALPHA, BETA = 0.1, 0.01
 #: every compiled kernel runs once on this corpus before any timing (numba loads code on first use)
 WARM_UP = corpora.synthetic(40, 50, 20, 3, seed=9)
-WARM_UP_KERNELS = ("dense", "sparse")
+WARM_UP_KERNELS = ("dense", "sparse", "auto")  # "auto" also loads the density check that picks per sweep
 SAMPLERS = ["lda", "tomotopy-1t", "tomotopy-2t", "dscar-1w", "dscar-2w"]
 
 
@@ -261,7 +261,7 @@ def make_corpora(quick: bool, sweeps: int, big_sweeps: int) -> list[tuple[str, c
 def kernel_section(quick: bool, sweeps: int, seed: int) -> dict[str, Any]:
     """dscar's shard step in-process vs tomotopy on 1 thread, Reuters, two K in one run."""
     c = corpora.reuters()
-    for kernel in WARM_UP_KERNELS:  # untimed: numba loads (or compiles) both kernels ("auto" picks per sweep)
+    for kernel in WARM_UP_KERNELS:  # untimed: numba loads (or compiles) both kernels and the choice between them
         run_kernel(WARM_UP, "warm-up", 3, 2, seed, kernel)
     out: dict[str, Any] = {"corpus": "reuters", "tokens": c.n_tokens, "sweeps": sweeps, "loadavg_before": load(), "K": {}}
     print(f"== kernel: one shard in-process (no engine) vs tomotopy 1 thread; Reuters, {c.n_tokens} tokens, "
