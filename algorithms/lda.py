@@ -1064,7 +1064,7 @@ class LDAGibbs(Algorithm):
         for method in ("dense", "sparse"):
             for word_deltas in (True, False):
                 A, T = wt.copy(), np.zeros(K, dtype=np.int32)
-                kern.gather_rows(wt, words.astype(np.int64), A, T)
+                kern.gather_rows(wt, words, A, T)
                 compiled_sweep(wl, data["doc_len"], np.zeros(wl.shape[0], dtype=np.int32), A, T, self.alphas(),
                                self.beta, int(words.shape[0]), 1, words, {}, word_deltas=word_deltas, method=method)
         kern.word_topic_density(wt, wl, 64)

@@ -330,7 +330,7 @@ class JobState:
         # attempt numbers restart every pass: only the current run's can be looked up
         started = next((a.started for a in self.queue.running_attempts(shard) if a.attempt == attempt), None) \
             if current else None
-        if not rebuild and not (current and (self.machine.stage is Stage.REBUILD or self.machine.applying_rebuild)):
+        if not rebuild:
             # the step's own time: a shard's data moving to this worker is not the worker's slowness
             step = sum(float(v) for k, v in timings.items() if k != "data_s") if timings else (
                 None if started is None else now - started)

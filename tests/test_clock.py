@@ -314,7 +314,8 @@ class JobFuzz(RuleBasedStateMachine):
         self.run_attempt(item)
         self.staged[(item["clock"], item["shard"], item["attempt"])] = item["run"]
         granted, effects = self.job.commit(item["worker"], item["clock"], item["run"], item["shard"],
-                                           item["attempt"], self.tick(), {"compute_s": self.step_s})
+                                           item["attempt"], self.tick(), {"compute_s": self.step_s},
+                                           rebuild=item["op"] == "rebuild")
         self.handle(effects)
 
     @precondition(lambda self: getattr(self, "inflight", None))
