@@ -14,7 +14,8 @@ the stopping rule: ``gap / P(w) <= tol`` guarantees ``P(w) - P* <= tol P(w)``.
 
 The next block is the support plus the coordinates that most violate the KKT
 condition ``|x_j^T r| <= n alpha`` (working-set / greedy block CD, as in celer);
-the first clock is a screening pass at ``w = 0``. The intercept is handled
+the first clock is a screening pass at ``w = 0`` (when every coordinate fits the first block,
+it also gathers the whole Gram and its clock end solves the problem). The intercept is handled
 without centering the data: with ``b = ybar - mu.w`` the residual sums to zero,
 so ``X^T r`` is already the centred gradient and the Gram is corrected by
 ``-n mu_B mu_B^T``.
@@ -71,6 +72,13 @@ class LassoCD(Algorithm):
     def _cap(self, meta: DataMeta) -> int:
         return min(meta.shapes["X"][0], self.max_working_set)
 
+    def _whole_block(self, meta: DataMeta) -> bool:
+        """Whether every coordinate fits the first working set: then clock 1 gathers the whole Gram
+        and its clock end solves the problem outright (clock 2 only certifies it) instead of
+        spending clock 1 on screening alone."""
+        p = meta.shapes["X"][0]
+        return p <= min(self.working_set_start, self.max_working_set)
+
     def tables(self, meta: DataMeta) -> list[TableSpec]:
         p, cap = meta.shapes["X"][0], self._cap(meta)
         return [
@@ -107,6 +115,10 @@ class LassoCD(Algorithm):
         if ctx.clock == 1:  # screening pass at w = 0: X^T y and the data's moments
             ctx.add("corr", X.T @ y)
             self.rebuild_step(ctx, data)
+            if self._whole_block(ctx.meta):  # and the whole Gram: clock 1 solves the problem
+                p = ctx.meta.shapes["X"][0]
+                G = self._ws_gram(data, X, np.arange(p), xp) if self.kernel == "compiled" else _dense(X.T @ X)
+                ctx.add("gram", xp.asarray(G).reshape(-1))
             return
         n = ctx.meta.n_rows
         w = ctx.pull("w")
@@ -187,7 +199,7 @@ class LassoCD(Algorithm):
             if self.fit_intercept:
                 c = c - ybar * colsum
             rr = ry = s_yy - n * ybar * ybar
-            k, idx = 0, np.zeros(0, dtype=np.int64)
+            k, idx = (p, np.arange(p)) if self._whole_block(ctx.meta) else (0, np.zeros(0, dtype=np.int64))
         else:
             w = host(ctx.pull("w"))
             rr, ry = host(ctx.pull("stats"))

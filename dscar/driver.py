@@ -390,24 +390,24 @@ class _Run:
             failure = e
             raise
         finally:
-            try:
-                r = self._sync(self.client.scheduler.dscar_end_job, job_id=self.job_id)
-                self._take_events(r)
-            except Exception:
-                pass
-            for w in self.cl.workers:
-                try:
-                    self._sync(self._call_worker, w, "end_job", job_id=self.job_id)
-                except Exception:
-                    pass
-            if self._pool is not None:
-                self._sync(self._pool.close)
+            self._sync(self._end_job)
             _undo_hangs(self.events)
             self.events.sort(key=lambda e: e["time"])
             if failure is not None:  # what led to the failure, for a post-mortem
                 failure.events = list(self.events)
         return FitResult(params, history, self.events, converged,
                          time.perf_counter() - t_start, setup_s, self.workers, self.published)
+
+    async def _end_job(self) -> None:
+        """The coordinator drops the job (its last events come back), then every worker at once."""
+        try:
+            self._take_events(await self.client.scheduler.dscar_end_job(job_id=self.job_id))
+        except Exception:
+            pass
+        await asyncio.gather(*(self._call_worker(w, "end_job", job_id=self.job_id) for w in self.cl.workers),
+                             return_exceptions=True)
+        if self._pool is not None:
+            await self._pool.close()
 
     def _take_events(self, reply: dict) -> None:
         new = list(reply.get("events", ()))
@@ -569,18 +569,22 @@ class _Run:
         raise AssertionError("unreachable")
 
     async def _gather_from(self, owner: dict[tuple[str, int], str]) -> dict[str, np.ndarray]:
+        """Every param table at once: the partitions within budget pulled from their owners
+        concurrently, the others kept on the cluster."""
         out = {}
+        pulled = [t for t in self.tables if t.kind == "param"
+                  and not results.over_budget(t, self.options.get("result_budget"))]
         for t in self.tables:
-            if t.kind != "param":
-                continue
-            if results.over_budget(t, self.options.get("result_budget")):
+            if t.kind == "param" and t not in pulled:
                 out[t.name] = await results.keep_on_cluster(self.client, self.job_id, t, owner)
-                continue
-            parts = await asyncio.gather(*(
-                self._call_worker(owner[(t.name, p)], "pull", job_id=self.job_id, table=t.name, part=p, lo=0, hi=b - a)
-                for p, (a, b) in enumerate(row_bounds(t.n_rows, t.n_parts))
-            ))
-            if any(r.get("status", "OK") != "OK" for r in parts):
+        calls = [(t, p, self._call_worker(owner[(t.name, p)], "pull", job_id=self.job_id, table=t.name, part=p,
+                                          lo=0, hi=b - a))
+                 for t in pulled for p, (a, b) in enumerate(row_bounds(t.n_rows, t.n_parts))]
+        replies = await asyncio.gather(*(c for _, _, c in calls))
+        parts: dict[str, list] = {t.name: [] for t in pulled}
+        for (t, _, _), r in zip(calls, replies):
+            if r.get("status", "OK") != "OK":
                 raise LookupError(f"an owner of {t.name} no longer holds its partition")
-            out[t.name] = np.concatenate([np.asarray(r["data"]) for r in parts])
-        return out
+            parts[t.name].append(np.asarray(r["data"]))
+        out.update({name: np.concatenate(ps) for name, ps in parts.items()})
+        return {t.name: out[t.name] for t in self.tables if t.name in out}

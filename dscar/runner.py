@@ -30,6 +30,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from . import checkpoint as ckpt
+from . import wire
 from .algorithm import Algorithm, DataMeta, TableSpec
 from .mirror_store import MirrorStore, shard_key
 from .partition_store import PartitionStore
@@ -350,7 +351,9 @@ class ShardRunner:
             self._prepare(job, item)
             self._inject(job, clock, "clock-end")
             t0 = time.perf_counter()
-            metrics = job.algorithm.clock_end(ClockEnd(self, job, clock))
+            ctx = ClockEnd(self, job, clock)
+            metrics = job.algorithm.clock_end(ctx)
+            ctx.flush()
             metrics = {str(k): float(v) for k, v in dict(metrics).items()}
             if "objective" not in metrics:
                 raise ValueError(f"{type(job.algorithm).__name__}.clock_end returned no 'objective'")
@@ -410,7 +413,7 @@ class ShardRunner:
                                           for o, keys in remote.items()])
             for (owner, keys), r in zip(remote.items(), replies):
                 r = _answered(r, owner, *keys[0])
-                pieces.update((k, job.xp.asarray(d)) for k, d in zip(keys, r["data"]))
+                pieces.update((k, job.xp.asarray(d)) for k, d in zip(keys, wire.decode(r["data"])))
         return {t: job.xp.concatenate([pieces[(t, p)] for p in range(job.layouts[t].n_parts)]) for t in small}
 
     def read_row_set(self, job: Job, table: str, rows):
@@ -434,9 +437,12 @@ class ShardRunner:
             out[job.xp.asarray(sel)] = vals
         return out
 
-    def write_rows(self, job: Job, table: str, values, start: int) -> None:
+    def write_rows(self, job: Job, table: str, values, start: int) -> dict[str, list]:
+        """Write global rows from ``start``: the partitions held here at once; the others' chunks
+        are returned by owner (``(table, part, lo, data)``), for ``send_writes`` to send."""
         layout = job.layouts[table]
         values = to_host(values)
+        remote: dict[str, list] = defaultdict(list)
         for part, lo, hi in layout.split(start, start + values.shape[0]):
             a = layout.bounds[part][0]
             chunk = np.ascontiguousarray(values[lo - start : hi - start])
@@ -444,8 +450,20 @@ class ShardRunner:
             if owner == self.host.address:
                 job.tables.assign(table, part, lo - a, chunk)
             else:
-                self.host.peer(owner, "assign", job_id=job.id, table=table, part=part, lo=lo - a, data=to_serialize(chunk))
+                remote[owner].append((table, part, lo - a, chunk))
+        return remote
 
+    def send_writes(self, job: Job, writes: dict[str, list]) -> None:
+        """One message per owner, all owners at once: a clock end that assigns several tables
+        costs one round trip, not one per table and owner."""
+        if not writes:
+            return
+        replies = self.host.peer_all([(o, "assign", {"job_id": job.id, "chunks": [[t, p, lo] for t, p, lo, _ in c],
+                                                     "arrays": wire.encode([d for *_, d in c])})
+                                      for o, c in writes.items()])
+        for owner, r in zip(writes, replies):
+            if r.get("status") != "OK":
+                raise LookupError(f"{owner} no longer holds a partition this clock end assigns")
 
     def pass_applied(self, job_id: str) -> None:
         """The pass of the running batch was applied (backups won its other members): the members
@@ -547,8 +565,16 @@ class ClockEnd:
         self._server, self._job = server, job
         self.xp, self.clock, self.meta, self.tol = job.xp, clock, job.meta, job.tol
         self._small: dict[str, Any] | None = None  # the small tables, read once until an assign
+        self._writes: dict[str, list] = defaultdict(list)  # assigned rows of other owners, not sent yet
+
+    def flush(self) -> None:
+        """Send the assigned rows other workers own (before a pull reads them, and at the step's end)."""
+        writes, self._writes = self._writes, defaultdict(list)
+        self._server.send_writes(self._job, writes)
 
     def pull(self, table: str, start: int = 0, stop: int | None = None):
+        if self._writes:
+            self.flush()
         if self._server.is_small(self._job, table):
             if self._small is None:
                 self._small = self._server.read_small_tables(self._job)
@@ -556,10 +582,13 @@ class ClockEnd:
         return self._server.read_rows(self._job, table, start, stop)
 
     def pull_rows(self, table: str, rows):
+        if self._writes:
+            self.flush()
         return self._server.read_row_set(self._job, table, rows)
 
     def assign(self, table: str, values, start: int = 0) -> None:
-        self._server.write_rows(self._job, table, values, start)
+        for owner, chunks in self._server.write_rows(self._job, table, values, start).items():
+            self._writes[owner] += chunks
         self._small = None
 
 

@@ -39,6 +39,7 @@ from distributed.protocol.pickle import loads
 from distributed.utils import sync
 
 from . import checkpoint as ckpt
+from . import wire
 from .comm import fast_fail_pool
 from .inflight import Inflight
 from .mirror_store import part_key, shard_key
@@ -182,7 +183,7 @@ class ParamServer(WorkerPlugin):
         out = None if job is None else job.tables.host_parts(parts)
         if out is None:
             return {"status": "missing"}
-        return {"status": "OK", "data": [to_serialize(d) for d in out]}
+        return {"status": "OK", "data": wire.encode(out)}
 
     def _h_fetch_staged(self, job_id: str, run: int, keys: list, parts: list) -> dict:
         """The updates staged here by ``keys`` (committed attempts of pass ``run``) for the caller's
@@ -193,9 +194,9 @@ class ParamServer(WorkerPlugin):
         missing, selected = job.tables.select_staged(run, keys, parts)
         if missing is not None:
             return {"status": "missing", "key": list(missing)}
-        return {"status": "OK", "updates": [
-            [list(key), [[t, p, lo, to_serialize(d), None if r is None else to_serialize(r)] for t, p, lo, d, r in ups]]
-            for key, ups in selected]}
+        arrays = [a for _, ups in selected for _, _, _, d, r in ups for a in ((d,) if r is None else (d, r))]
+        return {"status": "OK", "arrays": wire.encode(arrays),
+                "updates": [[list(key), [[t, p, lo, r is not None] for t, p, lo, _, r in ups]] for key, ups in selected]}
 
     async def _h_apply(self, job_id: str, clock: int, run: int, committed: list, reset: list | None = None) -> dict:
         """Apply the pass of ``run``: the committed attempts' updates to the partitions owned here
@@ -228,9 +229,11 @@ class ParamServer(WorkerPlugin):
             for w, r in zip(remote, replies):
                 if isinstance(r, Exception) or r.get("status") != "OK":
                     return {"status": "source-lost", "worker": w, "error": repr(r)}
+                arrays = iter(wire.decode(r["arrays"]))
                 for key, ups in r["updates"]:
-                    updates[tuple(key)] = [(t, int(p), int(lo), np.asarray(d), None if rw is None else
-                                            np.asarray(rw, dtype=np.int64)) for t, p, lo, d, rw in ups]
+                    updates[tuple(key)] = [(t, int(p), int(lo), next(arrays),
+                                            next(arrays).astype(np.int64, copy=False) if has_rows else None)
+                                           for t, p, lo, has_rows in ups]
         args = (clock, run, committed, updates, set(reset or ()), owned, me)
         if job.tables.update_bytes(_keys(clock, committed), updates) <= INLINE_APPLY_BYTES:
             out = job.apply_pass(*args)  # a thread hop would cost more than the additions
@@ -240,8 +243,17 @@ class ParamServer(WorkerPlugin):
             self.runner.pass_applied(job_id)
         return out
 
-    def _h_assign(self, job_id: str, table: str, part: int, lo: int, data) -> dict:
-        self.jobs[job_id].tables.assign(table, part, lo, data)
+    def _h_assign(self, job_id: str, chunks: list, arrays: dict) -> dict:
+        """A clock end's rows for partitions owned here: ``chunks`` ``[[table, part, lo], ...]``, their
+        rows in ``arrays`` (``wire.encode``)."""
+        job = self.jobs.get(job_id)
+        if job is None:
+            return {"status": "ended"}
+        try:
+            for (table, part, lo), data in zip(chunks, wire.decode(arrays)):
+                job.tables.assign(table, int(part), int(lo), data)
+        except KeyError:  # the partition moved (a recovery): the clock end fails, its clock is skipped
+            return {"status": "missing"}
         return {"status": "OK"}
 
     async def _h_put_shard(self, job_id: str, shard: int, arrays: dict) -> dict:

@@ -202,6 +202,43 @@ def test_scattered_row_pulls_and_adds_across_partitions(where, request):
     np.testing.assert_array_equal(res.params["hits"][:, 1], expected_hits(64, 4, 2))
 
 
+class AssigningClockEnd(dscar.Algorithm):
+    """A clock end that assigns tables spread over both workers and reads one back: its later
+    pulls see its own writes, and every write reaches its owner (the writes to other owners are
+    sent together, once per owner)."""
+
+    name = "assigning"
+
+    def tables(self, meta):
+        return [TableSpec("a", 9, n_parts=2), TableSpec("b", 5, trailing=(2,), n_parts=2),
+                TableSpec("c", 3, dtype="int64", n_parts=1)]
+
+    def shard_step(self, ctx, data):
+        pass
+
+    def clock_end(self, ctx):
+        k = ctx.clock
+        ctx.assign("a", np.arange(9.0) * k)
+        ctx.assign("b", np.full((3, 2), -k), start=2)
+        ctx.assign("c", np.array([k, 2 * k, 3 * k]))
+        a, b = dscar.to_host(ctx.pull("a")), dscar.to_host(ctx.pull("b"))
+        assert np.array_equal(a, np.arange(9.0) * k) and np.array_equal(b[2:], np.full((3, 2), -k)), (a, b)
+        ctx.assign("a", np.array([100.0 * k]), start=8)
+        return {"objective": float(a.sum())}
+
+    def converged(self, history, tol):
+        return False
+
+
+@pytest.mark.parametrize("where", ["inproc", "procs"])
+def test_a_clock_end_reads_its_own_assignments_and_they_reach_every_owner(where, request):
+    res = dscar.fit(AssigningClockEnd(), row_data(8), request.getfixturevalue(where), n_shards=2, max_clocks=3)
+    assert res.n_clocks == 3 and not any(r.skipped for r in res.history)
+    np.testing.assert_array_equal(res.params["a"], np.r_[np.arange(8.0) * 3, 300.0])
+    np.testing.assert_array_equal(res.params["b"], np.r_[np.zeros((2, 2)), np.full((3, 2), -3.0)])
+    np.testing.assert_array_equal(res.params["c"], [3, 6, 9])
+
+
 # ------------------------------------------------------------- data phases
 class PhaseCounter(dscar.Algorithm):
     """Two data phases per clock over the same rows: ``a`` adds 1 to ``x``, then ``b`` checks it

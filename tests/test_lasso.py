@@ -128,6 +128,22 @@ def test_diabetes_matches_sklearn_through_the_estimator(inproc):
     assert est.set_params(alpha=1.0).alpha == 1.0
 
 
+@pytest.mark.parametrize("fit_intercept", [True, False])
+def test_a_problem_that_fits_one_block_is_solved_at_clock_1_and_certified_at_clock_2(inproc, fit_intercept):
+    """p <= working_set_start: clock 1 gathers the whole Gram with its screening, so two clocks
+    (solve, certify) reach the optimum; with a smaller first block it takes three or more."""
+    X, y = load_diabetes(return_X_y=True)
+    alpha = 0.01 * lasso_alpha_max(X, y, fit_intercept)
+    _, ref = sklearn_reference(X, y, alpha, fit_intercept)
+    fits = {start: dscar.fit(LassoCD(alpha, fit_intercept=fit_intercept, tol=1e-9, working_set_start=start),
+                             {"X": X, "y": y}, inproc, n_shards=4, max_clocks=20) for start in (64, 4)}
+    for res in fits.values():
+        b = intercept(res, len(y)) if fit_intercept else 0.0
+        assert res.converged and abs(objective(X, y, res.params["w"], b, alpha) - ref) <= 1e-6 * ref
+    assert fits[64].n_clocks == 2 and fits[64].history[0].metrics["working_set"] == X.shape[1]
+    assert fits[4].n_clocks >= 3
+
+
 def test_sparse_input_matches_dense(inproc):
     X, y, _ = make_regression(2000, 60, 8, seed=5)
     X[np.abs(X) < 1.0] = 0.0
