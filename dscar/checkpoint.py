@@ -3,25 +3,32 @@
 Store layout under ``url`` (a local directory or any fsspec URL)::
 
     manifest-00000007.json            one per published version (written atomically)
-    v00000007/w.p0.npz                a partition's saved rows: arrays only
-                                      (``values`` and, for a partial save, ``rows``)
-    v00000007/state.s4.npz            the shard states one holder saved at that version,
-                                      one file per holder named by its lowest shard id
-                                      (``state.s{min}.npz``): arrays ``s{shard}.{name}``
+    v00000007/3f2a9c01d4e8.bin        one file per writer (a worker) per version: the rows
+                                      of its partitions and the shard states it saved,
+                                      raw arrays one after another (``encode_file``)
+
+A writer's file has no header: the manifest's entries say where each array is
+(``[offset, bytes, dtype, shape]``) and carry the file's SHA-256, so a priority
+checkpoint of tiny tables writes the rows it saves and their index, not a
+container's headers per partition. A partition's entry names its ``values``
+and, for a partial save, its ``index`` of saved rows: ``["varint", ...]`` (the
+gaps between sorted rows, LEB128) or ``["bitmap", ...]`` (one bit per row),
+whichever is shorter. A shard's state entry names its arrays (``arrays``).
 
 A version is *published* only when its manifest exists; the manifest is
 written (temp name, then rename) after every file it names is written,
 flushed and its SHA-256 recorded. A partition's value at a version is its
 *chain*: the initial values (checkpoint 0, deterministic from the seed), then
-each listed file in order: a full save replaces every row, a priority save
-(``rows`` + ``values``) replaces those rows. ``full`` checkpoints give chains
-of one file; ``priority`` checkpoints add one file per version. A shard's
+each listed entry in order: a full save replaces every row, a priority save
+(``index`` + ``values``) replaces those rows. ``full`` checkpoints give chains
+of one entry; ``priority`` checkpoints add one entry per version. A shard's
 saved state is whole: the manifest's ``states`` names, per shard, the newest
-state file that holds it.
+entry that holds it.
 
 Priority (SCAR): with fraction ``r`` every ``r * C`` clocks, each partition
-saves the ``ceil(r * rows)`` rows whose value moved most (L2 norm of
-current - last saved): the same I/O budget as a full save every ``C`` clocks.
+saves the ``r * rows`` rows (on average over saves: ``priority_count``) whose
+value moved most (L2 norm of current - last saved): the same rows, and with
+this format nearly the same bytes, as a full save every ``C`` clocks.
 """
 from __future__ import annotations
 
@@ -62,7 +69,10 @@ class CheckpointConfig:
     shards' states, into the memory of a buddy worker (the next live worker in
     address order), and partial recovery restores a lost partition or shard state
     from its buddy when the buddy is alive (from disk otherwise, e.g. when owner
-    and buddy are lost together).
+    and buddy are lost together). ``interval``: ``"fixed"`` (a checkpoint every
+    ``period`` clocks) or ``"auto"``: every Young/Daly period ``sqrt(2 cost MTBF)``,
+    from the checkpoints' measured cost and ``mtbf`` (seconds; None: observed from
+    the job's own losses, and ``period`` until one happens); see ``dscar.intervals``.
     """
 
     url: str
@@ -73,6 +83,8 @@ class CheckpointConfig:
     recovery: str = "partial"
     storage_options: dict | None = None
     memory: bool = False
+    interval: str = "fixed"
+    mtbf: float | None = None
 
     def validate(self) -> "CheckpointConfig":
         from . import validation as v
@@ -92,6 +104,10 @@ class CheckpointConfig:
         v.integer("keep", self.keep, 1)
         if not isinstance(self.memory, bool):
             raise InvalidInputError(f"checkpoint memory must be True or False, got {self.memory!r}")
+        v.choice("checkpoint interval", self.interval, ("fixed", "auto"))
+        v.number("mtbf", self.mtbf, 0.0, strict_min=True, optional=True)
+        if self.mtbf is not None and self.interval != "auto":
+            raise InvalidInputError("mtbf sets the automatic checkpoint interval: give interval='auto' with it")
         if self.storage_options is not None:
             v.instance("storage_options", self.storage_options, dict, "a dict of fsspec options or None")
         return self
@@ -163,26 +179,120 @@ def needs_store(faults) -> bool:
     return any(getattr(f, "kind", None) in ("kill", "hang") for f in faults)
 
 
-def priority_rows(current: np.ndarray, saved: np.ndarray, fraction: float) -> np.ndarray:
-    """Indices (sorted) of the ``ceil(fraction * rows)`` rows that moved most since saved."""
+def priority_count(n: int, fraction: float, credit: float) -> tuple[int, float]:
+    """How many rows a priority save takes from a partition of ``n`` rows, and the credit carried
+    to its next save: ``fraction * n`` rows per save on average, exactly (at r = 0.1 a partition of
+    125 rows saves 12 and 13 rows in turn, not 13 every time; one of 2 rows saves a row every
+    fifth time), so priority checkpoints write the rows a full one would, no more."""
+    credit += fraction * n
+    k = min(n, int(math.floor(credit + 1e-9)))  # 1e-9: 0.1 * 10 rows is a whole row, not 0.99...
+    return k, max(credit - k, 0.0)
+
+
+def priority_rows(current: np.ndarray, saved: np.ndarray, k: int) -> np.ndarray:
+    """Indices (sorted) of the ``k`` rows that moved most since saved."""
     n = current.shape[0]
-    k = min(n, max(1, math.ceil(fraction * n)))
     if k >= n:
         return np.arange(n)
+    if k <= 0:
+        return np.zeros(0, dtype=np.int64)
     diff = (current - saved).reshape(n, -1).astype(np.float64)
     moved = np.einsum("ij,ij->i", diff, diff)
     return np.sort(np.argpartition(-moved, k - 1)[:k])
 
 
-def encode(values: np.ndarray, rows: np.ndarray | None) -> bytes:
-    """The ``.npz`` bytes of a saved partition (arrays only)."""
-    buf = io.BytesIO()
-    arrays = {"values": np.ascontiguousarray(values)}
-    if rows is not None:  # int32 indices when they fit: a partial save of a 1-D table is values + rows
-        rows = np.asarray(rows)
-        arrays["rows"] = rows.astype(np.int32 if rows.size == 0 or rows.max() < 2**31 else np.int64)
-    np.savez(buf, **arrays)
-    return buf.getvalue()
+def encode_index(rows: np.ndarray, n: int) -> tuple[str, bytes]:
+    """The sorted row indices of a partial save among ``n`` rows, as the shorter of a LEB128
+    varint of the gaps between them (``"varint"``) and one bit per row (``"bitmap"``)."""
+    rows = np.asarray(rows, dtype=np.int64)
+    gaps = np.diff(rows, prepend=-1) - 1  # >= 0: rows are sorted and distinct
+    v = gaps.astype(np.uint64)
+    width = np.ones(v.size, dtype=np.int64)
+    rest = v >> np.uint64(7)
+    while rest.any():
+        width += rest > 0
+        rest >>= np.uint64(7)
+    j = np.arange(int(width.max()) if v.size else 1, dtype=np.uint64)
+    digits = ((v[:, None] >> (np.uint64(7) * j)) & np.uint64(0x7F)).astype(np.uint8)
+    digits |= np.where(j[None, :] < (width[:, None] - 1).astype(np.uint64), 0x80, 0).astype(np.uint8)
+    varint = digits[j[None, :] < width[:, None].astype(np.uint64)].tobytes()
+    mask = np.zeros(n, dtype=bool)
+    mask[rows] = True
+    bitmap = np.packbits(mask).tobytes()
+    return ("varint", varint) if len(varint) <= len(bitmap) else ("bitmap", bitmap)
+
+
+def decode_index(kind: str, data: bytes, count: int) -> np.ndarray:
+    """The row indices ``encode_index`` wrote (``count``: rows, or the partition's rows for a bitmap)."""
+    b = np.frombuffer(data, dtype=np.uint8)
+    if kind == "bitmap":
+        return np.flatnonzero(np.unpackbits(b, count=count)).astype(np.int64)
+    if kind != "varint":
+        raise ValueError(f"unknown row index encoding {kind!r}")
+    if not b.size:
+        return np.zeros(0, dtype=np.int64)
+    ends = np.flatnonzero(b < 0x80)
+    starts = np.r_[0, ends[:-1] + 1]
+    if ends.size != count or ends[-1] != b.size - 1:
+        raise ValueError("row index length does not match")
+    pos = np.arange(b.size) - np.repeat(starts, ends - starts + 1)
+    gaps = np.add.reduceat((b & 0x7F).astype(np.uint64) << (np.uint64(7) * pos.astype(np.uint64)), starts)
+    return np.cumsum(gaps.astype(np.int64) + 1) - 1
+
+
+class _Writer:
+    """Raw arrays one after another, each located by ``[offset, bytes, dtype, shape]``."""
+
+    def __init__(self) -> None:
+        self.chunks: list[bytes] = []
+        self.size = 0
+
+    def add(self, data: bytes) -> tuple[int, int]:
+        self.chunks.append(data)
+        self.size += len(data)
+        return self.size - len(data), len(data)
+
+    def array(self, a: np.ndarray) -> list:
+        a = np.asarray(a)
+        offset, n = self.add(a.tobytes())
+        return [offset, n, a.dtype.str, list(a.shape)]
+
+
+def encode_file(parts: list[tuple[str, int, np.ndarray | None, np.ndarray, int]],
+                states: dict[int, dict[str, np.ndarray]]) -> tuple[bytes, list[dict]]:
+    """One writer's checkpoint file and its entries (for the manifest, before path and checksum).
+
+    ``parts``: ``(table, part, rows, values, n_rows)`` per saved partition (``rows`` None: all
+    ``n_rows`` rows); ``states``: shard -> its state arrays. Each entry's ``bytes`` counts its own
+    arrays, so the entries of a file add up to its size."""
+    w, entries = _Writer(), []
+    for table, part, rows, values, n_rows in parts:
+        start = w.size
+        entry = {"table": table, "part": int(part), "rows": int(values.shape[0]), "partial": rows is not None,
+                 "values": w.array(np.ascontiguousarray(values))}
+        if rows is not None:
+            kind, data = encode_index(rows, n_rows)
+            offset, n = w.add(data)
+            entry["index"] = [kind, offset, n, int(len(rows)) if kind == "varint" else int(n_rows)]
+        entry["bytes"] = w.size - start
+        entries.append(entry)
+    for shard, st in sorted(states.items()):
+        start = w.size
+        arrays = {name: w.array(np.ascontiguousarray(v)) for name, v in st.items()}
+        entries.append({"kind": "state", "shards": [int(shard)], "arrays": arrays, "bytes": w.size - start})
+    return b"".join(w.chunks), entries
+
+
+def _array(data: bytes, where: list, path: str) -> np.ndarray:
+    """One array of a checkpoint file (a writable copy); ``CorruptCheckpointError`` if it does not fit."""
+    try:
+        offset, n, dtype, shape = where
+        dt = np.dtype(dtype)
+        if dt.hasobject or offset < 0 or offset + n > len(data) or n != dt.itemsize * int(np.prod(shape)):
+            raise ValueError("outside the file or of the wrong size")
+        return np.frombuffer(data, dtype=dt, count=n // dt.itemsize, offset=offset).reshape(shape).copy()
+    except (TypeError, ValueError) as e:
+        raise CorruptCheckpointError(f"{path}: an array entry does not fit the file ({e})") from None
 
 
 def state_shards(n_shards: int, fraction: float, last_saved: dict[int, int]) -> list[int]:
@@ -198,23 +308,10 @@ def state_shards(n_shards: int, fraction: float, last_saved: dict[int, int]) -> 
     return sorted(sorted(range(n_shards), key=lambda s: (last_saved.get(s, -1), s))[:k])
 
 
-def encode_states(states: dict[int, dict[str, np.ndarray]]) -> bytes:
-    """The ``.npz`` bytes of several shards' states: array ``s{shard}.{name}`` per state entry."""
-    buf = io.BytesIO()
-    np.savez(buf, **{f"s{shard}.{name}": np.ascontiguousarray(v)
-                     for shard, st in states.items() for name, v in st.items()})
-    return buf.getvalue()
-
-
 def read_state(fs, entry: dict, shard: int) -> dict[str, np.ndarray]:
-    """Shard ``shard``'s state from a state file entry; ``CorruptCheckpointError`` if it does not verify."""
+    """Shard ``shard``'s state from its manifest entry; ``CorruptCheckpointError`` if it does not verify."""
     data = _read_verified(fs, entry)
-    prefix = f"s{shard}."
-    try:
-        with np.load(io.BytesIO(data), allow_pickle=False) as z:
-            return {k[len(prefix):]: z[k] for k in z.files if k.startswith(prefix)}
-    except Exception as e:
-        raise CorruptCheckpointError(f"{entry['path']}: not a dscar state file ({e})") from None
+    return {name: _array(data, where, entry["path"]) for name, where in entry.get("arrays", {}).items()}
 
 
 def _read_verified(fs, entry: dict) -> bytes:
@@ -245,23 +342,29 @@ def write_file(fs, path: str, data: bytes) -> dict:
     return {"path": path, "sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
 
 
-def read_file(fs, entry: dict) -> tuple[np.ndarray | None, np.ndarray]:
-    """``(rows or None, values)`` of a manifest entry; ``CorruptCheckpointError`` if it does not verify."""
-    data = _read_verified(fs, entry)
+def read_entry(fs, entry: dict, data: bytes | None = None) -> tuple[np.ndarray | None, np.ndarray]:
+    """``(rows or None, values)`` of a partition's manifest entry; ``CorruptCheckpointError`` if
+    its file does not verify (``data``: the file's verified bytes, already read)."""
+    if data is None:
+        data = _read_verified(fs, entry)
+    values = _array(data, entry["values"], entry["path"])
+    if "index" not in entry:
+        return None, values
     try:
-        with np.load(io.BytesIO(data), allow_pickle=False) as z:
-            values = z["values"]
-            rows = z["rows"] if "rows" in z.files else None
-    except Exception as e:
-        raise CorruptCheckpointError(f"{entry['path']}: not a dscar checkpoint file ({e})") from None
+        kind, offset, n, count = entry["index"]
+        rows = decode_index(kind, data[offset : offset + n], int(count))
+    except (TypeError, ValueError) as e:
+        raise CorruptCheckpointError(f"{entry['path']}: bad row index ({e})") from None
+    if rows.size != values.shape[0]:
+        raise CorruptCheckpointError(f"{entry['path']}: {rows.size} row indices for {values.shape[0]} rows")
     return rows, values
 
 
 def apply_chain(fs, base: np.ndarray, chain: list[dict]) -> np.ndarray:
-    """The partition's value: ``base`` (its initial values) with every file of ``chain`` applied in order."""
+    """The partition's value: ``base`` (its initial values) with every entry of ``chain`` applied in order."""
     out = np.array(base, copy=True)
     for entry in chain:
-        rows, values = read_file(fs, entry)
+        rows, values = read_entry(fs, entry)
         if rows is None:
             if values.shape != out.shape:
                 raise CorruptCheckpointError(f"{entry['path']}: shape {values.shape}, expected {out.shape}")

@@ -92,6 +92,12 @@ def _add_common(run: argparse.ArgumentParser) -> None:
                         "full: everything every C clocks")
     g.add_argument("--checkpoint-every", type=arg_int(1), default=10, metavar="C", help="C, in clocks (default 10)")
     g.add_argument("--checkpoint-fraction", type=float, default=0.1, metavar="R", help="r (default 0.1)")
+    g.add_argument("--checkpoint-interval", choices=("fixed", "auto"), default="fixed",
+                   help="fixed: every C clocks (r*C for priority); auto: the Young/Daly period sqrt(2 cost MTBF) "
+                        "from the checkpoints' measured cost and --mtbf (or the job's own losses)")
+    g.add_argument("--mtbf", type=arg_float(0, strict_min=True), metavar="SECONDS",
+                   help="mean time between worker failures, for --checkpoint-interval auto "
+                        "(default: observed from the job's losses; C until one happens)")
     g.add_argument("--keep", type=arg_int(1), default=3, help="checkpoint versions kept (default 3)")
     g.add_argument("--recovery", choices=("partial", "full"), default="partial",
                    help="partial: restore only a lost worker's partitions and shard states (SCAR, default); full: roll every parameter "
@@ -121,7 +127,7 @@ def _checkpoint_config(args, faults: list):
         print(f"dscar: injected worker losses: keeping checkpoints in {url} (removed at the end)", flush=True)
     return CheckpointConfig(url, policy=args.checkpoint_policy, every=args.checkpoint_every,
                             fraction=args.checkpoint_fraction, keep=args.keep, recovery=args.recovery,
-                            memory=args.memory_tier)
+                            memory=args.memory_tier, interval=args.checkpoint_interval, mtbf=args.mtbf)
 
 
 def _cluster(args):

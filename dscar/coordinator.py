@@ -421,12 +421,16 @@ class Coordinator(SchedulerPlugin):
         """Every writer snapshots now and writes in the background; it reports through ``ckpt_written``."""
         cfg = job.cfg.checkpoint
         writers = sorted(c.writers)
+        t0 = time.monotonic()
         results = await asyncio.gather(*(
             self._rpc(w, "checkpoint", timeout=SNAPSHOT_TIMEOUT_S, job_id=job.cfg.job_id, version=c.version, url=cfg.url,
                       fraction=cfg.save_fraction, storage_options=cfg.storage_options, state_shards=c.writers[w])
             for w in writers
         ), return_exceptions=True)
         job.snapshotting.discard("checkpoint")  # every owner has its snapshot (or failed): tables may change
+        job.checkpoint_snapshotted(c.version, time.monotonic() - t0, {
+            w: r["unsaved_sq"] for w, r in zip(writers, results)
+            if not isinstance(r, Exception) and r.get("status") == "OK" and "unsaved_sq" in r}, time.time())
         for w, r in zip(writers, results):
             if isinstance(r, Exception) or r.get("status") != "OK":
                 job.checkpoint_written(c.version, w, [], f"{r!r}", time.time())
@@ -453,10 +457,11 @@ class Coordinator(SchedulerPlugin):
             job.mirrored(buddy, clock, parts, time.time(), shards)
         return {"status": "OK"}
 
-    def _h_ckpt_written(self, job_id: str, version: int, worker: str, files: list, error: str | None = None) -> dict:
+    def _h_ckpt_written(self, job_id: str, version: int, worker: str, files: list, error: str | None = None,
+                        seconds: float = 0.0) -> dict:
         job = self.jobs.get(job_id)
         if job is not None:
-            job.checkpoint_written(version, worker, files, error, time.time())
+            job.checkpoint_written(version, worker, files, error, time.time(), seconds)
             self._wake()
         return {"status": "OK"}
 

@@ -60,6 +60,9 @@ class ClockRecord:
     workers: dict[str, dict[str, Any]] = field(default_factory=dict)  # monitor: speed, straggler, batch_scale
     #: a loss cut the clock short: no clock-end step ran, metrics are {"objective": nan, "skipped": 1}
     skipped: bool = False
+    #: with a checkpoint store: the newest complete checkpoint's ``age`` (clocks), the
+    #: ``rework_estimate`` of a loss now (clocks, ``dscar.intervals``) and the ``period`` in force
+    checkpoint: dict[str, float] | None = None
 
     @property
     def objective(self) -> float:
@@ -538,7 +541,7 @@ class _Run:
                                    events_from=self._seen)
                 rec = ClockRecord(clock, time.perf_counter() - t0, dict(r["metrics"]),
                                   dict(r["shards_per_worker"]), dict(r["timings"]), dict(r["stage_s"]),
-                                  dict(r.get("workers", {})), bool(r.get("skipped")))
+                                  dict(r.get("workers", {})), bool(r.get("skipped")), r.get("checkpoint"))
                 history.append(rec)
                 if not rec.skipped:  # the stopping rule sees completed clocks only
                     metrics_hist.append(rec.metrics)

@@ -22,6 +22,7 @@ from typing import Any
 from .checkpoint import state_shards
 from .clock import Apply, ClockMachine, Recover, RunClockEnd, Skip, Stage, StartPass
 from .errors import ShardFailedError
+from .intervals import IntervalPlanner, rework_estimate
 from .ledger import CheckpointLedger, RecoveryPlan, plan_recovery
 from .monitor import ThroughputMonitor
 from .partitions import PartitionMap
@@ -106,6 +107,15 @@ class JobState:
         #: checkpoint versions (None without a store)
         self.ledger = None if cfg.checkpoint is None else CheckpointLedger(
             cfg.checkpoint.policy, cfg.checkpoint.keep, resume)
+        ck = cfg.checkpoint
+        #: the checkpoint period from measurements (``interval="auto"``; None: every ``period`` clocks)
+        self.intervals = None if ck is None or ck.interval != "auto" else IntervalPlanner(ck.period, ck.mtbf)
+        #: version -> {"stall": seconds its snapshot stalled the job (None: not yet), "write": its
+        #: longest write so far, "written": every writer has written} until its cost is recorded
+        self.ckpt_cost: dict[int, dict[str, Any]] = {}
+        #: owner -> squared norm of its param partitions' change not saved before the newest
+        #: checkpoint (the perturbation losing it then would have caused; ``rework_estimate``)
+        self.unsaved_sq: dict[str, float] = {}
         #: the job's event log (dicts with time, clock, kind, ...)
         self.events: list[dict[str, Any]] = []
         #: workers lost to this job (a restarted worker comes back under a new address)
@@ -141,7 +151,9 @@ class JobState:
         self.timings: dict[str, dict[str, float]] = {}
         #: wall seconds per stage this clock ("shards", "apply", "clock_end", "rebuild", "shards:<phase>", ...)
         self.stage_s: dict[str, float] = {}
-        self._stage_t0 = 0.0
+        self._stage_t0 = self._clock_t0 = 0.0
+        #: the checkpoint period last chosen (``interval="auto"``; 0 before the first checkpoint)
+        self._last_period = 0.0
         #: why the job failed (None while it runs)
         self.error: str | None = None
         #: the live workers, refreshed by the coordinator before it asks for decisions
@@ -229,7 +241,9 @@ class JobState:
         self.pending_restarts = []
         self.metrics, self.shards_done, self.timings, self.stage_s = {}, {}, {}, {}
         self.clock_end_worker = None
-        self._stage_t0 = now
+        self._stage_t0 = self._clock_t0 = now
+        if self.intervals is not None and not self.intervals.started:
+            self.intervals.started = now
         actions = self.machine.begin(clock)
         return effects + self._carry_out(actions, now)
 
@@ -398,7 +412,11 @@ class JobState:
         self.stage_s["clock_end_compute"] = float(seconds)
         effects: list[Effect] = self._clock_policies(now)
         cfg = self.cfg.checkpoint
-        if cfg is not None and cfg.due(self.machine.clock):
+        if self.intervals is not None:
+            self.intervals.record_clock(now - self._clock_t0)
+        due = cfg is not None and (self.intervals.due(self.machine.clock) if self.intervals is not None
+                                   else cfg.due(self.machine.clock))
+        if due:
             effects.append(self._start_checkpoint(now))
         if cfg is not None and cfg.memory:
             effects += self._start_mirror()
@@ -469,9 +487,20 @@ class JobState:
             if h is not None and h not in self.lost:
                 writers.setdefault(h, []).append(s)
         version = self.ledger.start(self.machine.clock, writers)
+        self.ckpt_cost[version] = {"stall": None, "write": 0.0, "written": False}
+        if self.intervals is not None:
+            self.intervals.taken(self.machine.clock, now)
+            self._replan(now)
         self.snapshotting.add("checkpoint")
         self.event(now, "checkpoint-started", version=version, policy=cfg.policy, fraction=cfg.save_fraction)
         return Checkpoint(version, writers)
+
+    def _replan(self, now: float) -> None:
+        """The automatic interval chooses its period again; a change is an event."""
+        choice = self.intervals.replan(now)
+        if choice["period"] != self._last_period:
+            self.event(now, "checkpoint-interval", **{k: v for k, v in choice.items() if v is not None})
+        self._last_period = choice["period"]
 
     def _start_mirror(self) -> list[Effect]:
         """Every param owner and shard holder copies its partitions and shard states to the next
@@ -492,9 +521,41 @@ class JobState:
             if key not in where or where[key][1] <= clock:  # a late, older copy's report changes nothing
                 where[key] = (buddy, int(clock))
 
-    def checkpoint_written(self, version: int, worker: str, files: list, error: str | None, now: float) -> None:
-        if self.ledger is not None and self.ledger.written(version, worker, files, error):
-            self._build_manifests(now)
+    def checkpoint_snapshotted(self, version: int, stall_s: float, unsaved_sq: dict[str, float], now: float) -> None:
+        """Every writer of ``version`` has its snapshot: it stalled the job ``stall_s`` seconds, and
+        each owner had ``unsaved_sq`` of change not saved before it."""
+        if unsaved_sq:
+            self.unsaved_sq = {w: float(v) for w, v in unsaved_sq.items()}
+        if version in self.ckpt_cost:
+            self.ckpt_cost[version]["stall"] = float(stall_s)
+            self._record_cost(version, now)
+
+    def checkpoint_written(self, version: int, worker: str, files: list, error: str | None, now: float,
+                           seconds: float = 0.0) -> None:
+        if self.ledger is None:
+            return
+        pending = self.ledger.pending.get(version)
+        if not self.ledger.written(version, worker, files, error):
+            return
+        cost = self.ckpt_cost.get(version)
+        if cost is not None:
+            cost["write"] = max(cost["write"], float(seconds))
+            if pending.failed:
+                del self.ckpt_cost[version]
+            elif not pending.waiting:
+                cost["written"] = True
+                self._record_cost(version, now)
+        self._build_manifests(now)
+
+    def _record_cost(self, version: int, now: float) -> None:
+        """A checkpoint's cost, once snapshotted and written: the stall plus the longest write,
+        counted in full (an upper bound: the write runs beside training)."""
+        cost = self.ckpt_cost[version]
+        if cost["stall"] is not None and cost["written"]:
+            del self.ckpt_cost[version]
+            if self.intervals is not None:
+                self.intervals.record_cost(cost["stall"] + cost["write"])
+                self._replan(now)
 
     def _build_manifests(self, now: float) -> None:
         tables = {t: l.n_parts for t, l in self.pmap.layouts.items() if self.cfg.kinds[t] == "param"}
@@ -502,6 +563,7 @@ class JobState:
             tables, now, job=self.cfg.job_id, fraction=self.cfg.checkpoint.save_fraction,
             tables=[[t, l.n_rows, l.n_parts, self.cfg.kinds[t]] for t, l in self.pmap.layouts.items()])
         for v, reason in abandoned:
+            self.ckpt_cost.pop(v, None)
             self.event(now, "checkpoint-abandoned", version=v, reason=reason)
 
     def published(self, version: int, now: float) -> None:
@@ -515,6 +577,9 @@ class JobState:
         if worker in self.lost:
             return []
         self.lost.add(worker)
+        if self.intervals is not None:
+            self.intervals.record_loss()
+            self._replan(now)
         held = self.queue.held_by(worker)  # its data and state were there (copies may be elsewhere)
         applying = self.machine.stage is Stage.APPLY
         unapplied = any(w == worker for _, _, w in self.queue.committed_attempts()) if applying else False
@@ -645,9 +710,22 @@ class JobState:
             "objectives": [[c, v] for c, v in self.objectives[-200:]], "n_objectives": len(self.objectives),
         }
 
+    def checkpoint_status(self) -> dict[str, Any] | None:
+        """The newest complete checkpoint's age in clocks, the rework a loss now would cost
+        (``intervals.rework_estimate``) and the period in force; None without a store."""
+        cfg = self.cfg.checkpoint
+        if cfg is None or self.ledger is None:
+            return None
+        built = self.ledger.built
+        age = self.machine.clock - (int(built["clock"]) if built is not None else 0)
+        period = self._last_period if self.intervals is not None and self._last_period else cfg.period
+        return {"age": age, "rework_estimate": rework_estimate(age, cfg.recovery, self.unsaved_sq),
+                "period": float(period)}
+
     def report(self) -> dict:
         return {
             "status": "done", "metrics": dict(self.metrics), "skipped": self.machine.stage is Stage.SKIPPED,
+            "checkpoint": self.checkpoint_status(),
             "shards_per_worker": dict(self.shards_done), "timings": self.timings, "stage_s": dict(self.stage_s),
             "workers": {st.worker: {"speed": st.speed, "mean_step_s": st.mean_step_s, "straggler": st.straggler,
                                     "batch_scale": self.batch_scale.get(st.worker, 1.0)}

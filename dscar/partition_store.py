@@ -49,6 +49,8 @@ class PartitionStore:
         self.parts: dict[Part, Any] = {}
         #: (table, part) -> host copy of a param partition as of its last checkpoint
         self.saved: dict[Part, np.ndarray] = {}
+        #: (table, part) -> fraction of a row a priority save owes it (``checkpoint.priority_count``)
+        self.credit: dict[Part, float] = {}
         #: (clock, shard, attempt) -> (run id, updates) staged here by attempts, applied if they commit
         self.staged: dict[Key, tuple[int, list[Update]]] = {}
 
@@ -182,10 +184,23 @@ class PartitionStore:
                     if self.specs[t].kind == "param"]
 
     # ------------------------------------------------------------ checkpoints
+    def unsaved_sq(self) -> float:
+        """Squared norm of the param partitions' change since their saved copies (none saved
+        yet: 0), the perturbation losing them now would cause (``intervals.rework_estimate``)."""
+        total = 0.0
+        with self.lock:
+            for key, arr in self.parts.items():
+                saved = self.saved.get(key)
+                if self.specs[key[0]].kind == "param" and saved is not None:
+                    d = (to_host(arr) - saved).astype(np.float64, copy=False).reshape(-1)
+                    total += float(d @ d)
+        return total
+
     def snapshot(self, fraction: float) -> list[tuple[str, int, np.ndarray | None, np.ndarray]]:
         """What a checkpoint of the param partitions writes: ``(table, part, rows, values)``, all
         rows (``fraction >= 1``, ``rows`` None) or the ``fraction`` that moved most since their
-        last save; the saved copies are updated as if the write succeeded."""
+        last save (``fraction * rows`` on average; a save that owes a tiny partition no row skips
+        it); the saved copies are updated as if the write succeeded."""
         snaps = []
         with self.lock:
             for (table, part), arr in sorted(self.parts.items()):
@@ -196,7 +211,11 @@ class PartitionStore:
                 if fraction >= 1 or saved is None:
                     rows, values = None, current.copy()
                 else:
-                    rows = ckpt.priority_rows(current, saved, fraction)
+                    k, self.credit[(table, part)] = ckpt.priority_count(
+                        current.shape[0], fraction, self.credit.get((table, part), 0.0))
+                    if not k:
+                        continue  # this save owes the partition no row: its chain goes on unchanged
+                    rows = ckpt.priority_rows(current, saved, k)
                     values = current[rows].copy()
                 new_saved = current.copy() if saved is None else saved
                 new_saved[rows if rows is not None else slice(None)] = values

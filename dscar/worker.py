@@ -23,10 +23,12 @@ when the coordinator reports that worker lost (``dscar_peer_lost``).
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import os
 import signal
 import threading
+import time
 from collections import defaultdict
 from types import ModuleType
 from typing import Any
@@ -287,34 +289,36 @@ class ParamServer(WorkerPlugin):
             return {"status": "unknown-job"}
         if await self._ainject(job, "checkpoint"):
             return {"status": "stopped"}
-        snaps, states = await asyncio.to_thread(self._snapshot, job, fraction, state_shards)
+        snaps, states, unsaved = await asyncio.to_thread(self._snapshot, job, fraction, state_shards)
         threading.Thread(target=self._write_checkpoint, args=(job, version, url, storage_options, snaps, states),
                          name=f"dscar-ckpt-{version}", daemon=True).start()
-        return {"status": "OK", "parts": len(snaps)}
+        return {"status": "OK", "parts": len(snaps), "unsaved_sq": unsaved}
 
-    def _snapshot(self, job: Job, fraction: float, state_shards: list | None) -> tuple[list, dict]:
+    def _snapshot(self, job: Job, fraction: float, state_shards: list | None) -> tuple[list, dict, float]:
         with job.tables.lock:
-            return job.tables.snapshot(fraction), job.shards.states(state_shards or ())
+            unsaved = job.tables.unsaved_sq()
+            return job.tables.snapshot(fraction), job.shards.states(state_shards or ()), unsaved
 
     def _write_checkpoint(self, job: Job, version: int, url: str, storage_options, snaps: list, states: dict) -> None:
-        files, error = [], None
+        """This worker's one file of ``version`` (its partitions' saved rows and its shards' states),
+        written and fsynced; then the coordinator is told its entries (``dscar_ckpt_written``)."""
+        files, error, t0 = [], None, time.perf_counter()
         try:
             fs, root = ckpt.fs_and_root(url, storage_options)
+            parts = []
             for table, part, rows, values in snaps:
-                path = f"{ckpt.data_dir(root, version)}/{table}.p{part}.npz"
-                entry = ckpt.write_file(fs, path, ckpt.encode(values, rows))
-                entry.update(table=table, part=int(part), rows=int(values.shape[0]), partial=rows is not None)
-                files.append(entry)
-            if states:
-                path = f"{ckpt.data_dir(root, version)}/state.s{min(states)}.npz"
-                entry = ckpt.write_file(fs, path, ckpt.encode_states(states))
-                entry.update(kind="state", shards=sorted(states))
-                files.append(entry)
+                a, b = job.layouts[table].bounds[part]
+                parts.append((table, part, rows, values, b - a))
+            data, entries = ckpt.encode_file(parts, states)
+            if entries:
+                name = hashlib.sha1(self.worker.address.encode()).hexdigest()[:12]
+                written = ckpt.write_file(fs, f"{ckpt.data_dir(root, version)}/{name}.bin", data)
+                files = [{**e, "path": written["path"], "sha256": written["sha256"]} for e in entries]
         except Exception as e:
             error = f"{type(e).__name__}: {e}"
         try:
-            self.call("ckpt_written", job_id=job.id, version=version,
-                       worker=self.worker.address, files=files, error=error)
+            self.call("ckpt_written", job_id=job.id, version=version, worker=self.worker.address, files=files,
+                      error=error, seconds=time.perf_counter() - t0)
         except Exception:
             pass
 

@@ -6,6 +6,9 @@ import os
 import fsspec
 import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import settings as hsettings
+from hypothesis import strategies as st
 
 from dscar import CheckpointConfig, InvalidInputError
 from dscar import checkpoint as ckpt
@@ -21,6 +24,9 @@ from dscar import checkpoint as ckpt
         (dict(policy="sometimes"), "policy"),
         (dict(recovery="magic"), "recovery"),
         (dict(keep=0), "keep"),
+        (dict(interval="sometimes"), "checkpoint interval"),
+        (dict(interval="auto", mtbf=0.0), "mtbf"),
+        (dict(mtbf=60.0), "interval='auto'"),
     ],
 )
 def test_config_is_validated(kw, match):
@@ -45,36 +51,77 @@ def test_priority_rows_are_the_ones_that_moved_most():
     current[4] = [3, 0]
     current[1] = [0, 2]
     current[5] = [0.1, 0]
-    assert list(ckpt.priority_rows(current, saved, 0.3)) == [1, 4]  # ceil(0.3 * 6) = 2
-    assert list(ckpt.priority_rows(current, saved, 1.0)) == list(range(6))
+    assert list(ckpt.priority_rows(current, saved, 2)) == [1, 4]
+    assert list(ckpt.priority_rows(current, saved, 6)) == list(range(6))
+
+
+@given(st.integers(1, 500), st.sampled_from([0.05, 0.1, 0.25, 0.5]), st.integers(1, 40))
+@hsettings(max_examples=200, deadline=None)
+def test_priority_saves_take_the_fraction_of_rows_exactly_on_average(n, r, saves):
+    credit, total = 0.0, 0
+    for _ in range(saves):
+        k, credit = ckpt.priority_count(n, r, credit)
+        assert 0 <= k <= n and 0 <= credit < 1
+        total += k
+    assert abs(total - r * n * saves) < 1  # never more than a row ahead or behind the budget
+
+
+def write(fs, path, parts, states=None):
+    """One writer's file with ``parts`` (``(table, part, rows, values, n_rows)``); its manifest entries."""
+    data, entries = ckpt.encode_file(parts, states or {})
+    w = ckpt.write_file(fs, str(path), data)
+    assert w["bytes"] == len(data) == sum(e["bytes"] for e in entries)  # the entries add up to the file
+    return [{**e, "path": w["path"], "sha256": w["sha256"]} for e in entries]
 
 
 def test_files_round_trip_and_chains_layer_partial_saves(tmp_path):
     fs = fsspec.filesystem("file")
     base = np.zeros((5, 2))
-    full = ckpt.write_file(fs, str(tmp_path / "a.npz"), ckpt.encode(np.ones((5, 2)), None))
-    part = ckpt.write_file(fs, str(tmp_path / "b.npz"), ckpt.encode(np.full((2, 2), 7.0), np.array([1, 3])))
+    full, other = write(fs, tmp_path / "a.bin", [("w", 0, None, np.ones((5, 2)), 5), ("v", 1, None, np.arange(3), 3)])
+    (part,) = write(fs, tmp_path / "b.bin", [("w", 0, np.array([1, 3]), np.full((2, 2), 7.0), 5)])
     got = ckpt.apply_chain(fs, base, [full, part])
     np.testing.assert_array_equal(got[:, 0], [1, 7, 1, 7, 1])
     np.testing.assert_array_equal(ckpt.apply_chain(fs, base, [part])[:, 0], [0, 7, 0, 7, 0])
-    with np.load(tmp_path / "b.npz", allow_pickle=False) as z:  # arrays only: loads without pickle
-        assert set(z.files) == {"values", "rows"}
+    np.testing.assert_array_equal(ckpt.apply_chain(fs, np.zeros(3, np.int64), [other]), np.arange(3))
+    # raw arrays, no container: a partial save is its values and a compact index
+    assert (tmp_path / "b.bin").stat().st_size == 2 * 2 * 8 + 1 and part["index"][0] == "bitmap"  # 5 rows: 1 byte
+
+
+@given(st.integers(1, 3000).flatmap(lambda n: st.tuples(st.just(n), st.sets(st.integers(0, n - 1), min_size=1))))
+@hsettings(max_examples=300, deadline=None)
+def test_row_indices_round_trip_in_the_shorter_encoding(case):
+    n, rows = case
+    rows = np.array(sorted(rows), dtype=np.int64)
+    kind, data = ckpt.encode_index(rows, n)
+    assert len(data) <= (n + 7) // 8  # never longer than one bit per row
+    np.testing.assert_array_equal(ckpt.decode_index(kind, data, rows.size if kind == "varint" else n), rows)
+
+
+def test_a_priority_save_of_a_tenth_of_the_rows_costs_little_more_than_their_values():
+    rng = np.random.default_rng(0)
+    n = 125
+    rows = np.sort(rng.choice(n, 13, replace=False))
+    data, (e,) = ckpt.encode_file([("w", 0, rows, rng.standard_normal(13), n)], {})
+    assert len(data) <= 13 * 8 * 1.15  # one byte of index per row at most here
 
 
 def test_a_corrupt_or_missing_file_is_detected(tmp_path):
     fs = fsspec.filesystem("file")
-    entry = ckpt.write_file(fs, str(tmp_path / "a.npz"), ckpt.encode(np.ones(4), None))
-    data = bytearray((tmp_path / "a.npz").read_bytes())
+    (entry,) = write(fs, tmp_path / "a.bin", [("w", 0, None, np.ones(4), 4)])
+    data = bytearray((tmp_path / "a.bin").read_bytes())
     data[-5] ^= 0xFF
-    (tmp_path / "a.npz").write_bytes(bytes(data))
+    (tmp_path / "a.bin").write_bytes(bytes(data))
     with pytest.raises(ckpt.CorruptCheckpointError, match="checksum"):
-        ckpt.read_file(fs, entry)
-    os.remove(tmp_path / "a.npz")
+        ckpt.read_entry(fs, entry)
+    os.remove(tmp_path / "a.bin")
     with pytest.raises(ckpt.CorruptCheckpointError, match="cannot read"):
-        ckpt.read_file(fs, entry)
-    wrong_shape = ckpt.write_file(fs, str(tmp_path / "c.npz"), ckpt.encode(np.ones(3), None))
+        ckpt.read_entry(fs, entry)
+    (wrong_shape,) = write(fs, tmp_path / "c.bin", [("w", 0, None, np.ones(3), 3)])
     with pytest.raises(ckpt.CorruptCheckpointError, match="shape"):
         ckpt.apply_chain(fs, np.zeros(4), [wrong_shape])
+    outside = {**wrong_shape, "values": [16, 24, "<f8", [3]]}  # a manifest entry past the file's end
+    with pytest.raises(ckpt.CorruptCheckpointError, match="does not fit"):
+        ckpt.read_entry(fs, outside)
 
 
 def test_manifests_are_published_atomically_and_retention_keeps_referenced_files(tmp_path):
@@ -82,7 +129,7 @@ def test_manifests_are_published_atomically_and_retention_keeps_referenced_files
     root = str(tmp_path)
     entries = []
     for v in range(1, 5):
-        e = ckpt.write_file(fs, f"{ckpt.data_dir(root, v)}/w.p0.npz", ckpt.encode(np.full(3, v), np.array([0])))
+        (e,) = write(fs, f"{ckpt.data_dir(root, v)}/a.bin", [("w", 0, np.array([0]), np.full(1, v), 3)])
         entries.append(e)
         # a priority chain: every version names all files so far
         ckpt.publish(fs, root, {"version": v, "clock": v, "chains": {"w/0": list(entries)}})
@@ -100,7 +147,7 @@ def test_full_chains_let_retention_delete_old_files(tmp_path):
     fs = fsspec.filesystem("file")
     root = str(tmp_path)
     for v in range(1, 4):
-        e = ckpt.write_file(fs, f"{ckpt.data_dir(root, v)}/w.p0.npz", ckpt.encode(np.full(3, v), None))
+        (e,) = write(fs, f"{ckpt.data_dir(root, v)}/a.bin", [("w", 0, None, np.full(3, v), 3)])
         ckpt.publish(fs, root, {"version": v, "clock": v, "chains": {"w/0": [e]}})
     ckpt.retain(fs, root, keep=1)
     assert ckpt.list_versions(fs, root) == [3]
@@ -119,8 +166,8 @@ def test_memory_url_store(tmp_path):
     cfg = CheckpointConfig("memory://dscar-test-store")
     ckpt.check_writable(cfg)
     fs, root = ckpt.fs_and_root(cfg.url)
-    e = ckpt.write_file(fs, f"{root}/v00000001/w.p0.npz", ckpt.encode(np.arange(3.0), None))
-    np.testing.assert_array_equal(ckpt.read_file(fs, e)[1], np.arange(3.0))
+    (e,) = write(fs, f"{root}/v00000001/a.bin", [("w", 0, None, np.arange(3.0), 3)])
+    np.testing.assert_array_equal(ckpt.read_entry(fs, e)[1], np.arange(3.0))
 
 
 # ------------------------------------------------ the checkpoint ledger (dscar.ledger, pure)
@@ -239,16 +286,16 @@ def test_shard_states_rotate_oldest_first_at_the_priority_budget():
     assert sorted(seen) == list(range(10))
 
 
-def test_shard_state_files_round_trip_and_detect_corruption(tmp_path):
+def test_shard_states_share_the_writer_s_file_and_round_trip_and_detect_corruption(tmp_path):
     fs = fsspec.filesystem("file")
     states = {3: {"z": np.arange(5, dtype=np.int32)}, 7: {"z": np.zeros(2, np.int32), "n": np.ones(1)}}
-    entry = ckpt.write_file(fs, str(tmp_path / "state.s3.npz"), ckpt.encode_states(states))
-    got = ckpt.read_state(fs, entry, 7)
+    part, s3, s7 = write(fs, tmp_path / "a.bin", [("w", 0, None, np.ones(2), 2)], states)
+    assert s3["shards"] == [3] and s7["shards"] == [7] and s3["path"] == s7["path"] == part["path"]
+    got = ckpt.read_state(fs, s7, 7)
     assert set(got) == {"z", "n"} and got["z"].dtype == np.int32
-    np.testing.assert_array_equal(ckpt.read_state(fs, entry, 3)["z"], np.arange(5))
-    assert ckpt.read_state(fs, entry, 4) == {}
-    raw = bytearray((tmp_path / "state.s3.npz").read_bytes())
+    np.testing.assert_array_equal(ckpt.read_state(fs, s3, 3)["z"], np.arange(5))
+    raw = bytearray((tmp_path / "a.bin").read_bytes())
     raw[-10] ^= 0xFF
-    (tmp_path / "state.s3.npz").write_bytes(bytes(raw))
+    (tmp_path / "a.bin").write_bytes(bytes(raw))
     with pytest.raises(ckpt.CorruptCheckpointError, match="checksum"):
-        ckpt.read_state(fs, entry, 3)
+        ckpt.read_state(fs, s3, 3)

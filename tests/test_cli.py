@@ -41,7 +41,7 @@ def test_run_with_injected_faults_prints_the_events():
     assert r.returncode == 0, r.stderr
     assert "fault-slow" in r.stdout
     # every Lasso worker owns a partition of w: the run recovers it from checkpoints (a temporary store)
-    r = run(["run", "lasso", "--workers", "3", "--rows", "6000", "--features", "60", "--kill", "1:3", "--no-progress"])
+    r = run(["run", "lasso", "--workers", "3", "--rows", "6000", "--features", "100", "--kill", "1:3", "--no-progress"])
     assert r.returncode == 0, r.stderr
     for kind in ("fault-kill", "worker-lost", "partition-restored", "recovery-done"):
         assert kind in r.stdout, kind

@@ -23,8 +23,8 @@ def test_progress_defaults_to_the_terminal():
 @pytest.mark.timeout(120)
 def test_max_iter_stopping_a_fit_warns(inproc):
     X, y, _ = make_regression(2000, 40, 5, seed=0)
-    with pytest.warns(dscar.ConvergenceWarning, match=r"Lasso stopped after 2 iterations \(max_iter=2\)"):
-        Lasso(alpha=0.001, max_iter=2, cluster=inproc).fit(X, y)
+    with pytest.warns(dscar.ConvergenceWarning, match=r"Lasso stopped after 1 iterations \(max_iter=1\)"):
+        Lasso(alpha=0.001, max_iter=1, cluster=inproc).fit(X, y)  # 40 features: clock 1 solves, clock 2 certifies
     u, i, r, _ = make_ratings(200, 100, 3000, seed=0)
     with pytest.warns(dscar.ConvergenceWarning, match="MF stopped after 1 iterations"):
         MF(rank=4, max_iter=1, cluster=inproc, n_shards=4).fit((u, i, r))
@@ -37,7 +37,7 @@ def test_max_iter_stopping_a_fit_warns(inproc):
 @pytest.mark.timeout(180)
 def test_a_kill_without_a_store_gets_a_temporary_one_removed_at_the_end():
     """As ``dscar run --kill`` does: injected worker losses need checkpoints to recover from."""
-    X, y, _ = make_regression(3000, 40, 5, seed=0)
+    X, y, _ = make_regression(3000, 100, 5, seed=0)  # > 64 features: a screening clock first, the kill comes
     res = dscar.fit(LassoCD(0.01), {"X": X, "y": y}, n_workers=3, faults=[faults.kill(1, 3)])
     tmp = [e for e in res.events if e["kind"] == "checkpoint-store-temporary"]
     assert len(tmp) == 1 and os.path.basename(tmp[0]["path"]).startswith("dscar-checkpoints-")

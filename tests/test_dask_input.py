@@ -132,7 +132,7 @@ def test_a_lost_worker_holding_chunks_is_survived():
 
     with dscar.Cluster(n_workers=3) as cl:
         rs = da.random.RandomState(1)
-        X = rs.standard_normal((12000, 40), chunks=(1000, 40))
+        X = rs.standard_normal((12000, 100), chunks=(1000, 100))  # > 64 features: the fit outlives clock 3
         y = X[:, :4].sum(axis=1) + 0.1 * rs.standard_normal(12000, chunks=1000)
         ref = dscar.fit(LassoCD(0.001), {"X": X, "y": y}, cl)
         res = dscar.fit(LassoCD(0.001), {"X": X, "y": y}, cl, faults=[faults.kill(1, 3)])

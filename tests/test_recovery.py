@@ -103,7 +103,7 @@ def test_published_manifests_only_name_durable_verified_files(tmp_path):
         assert m["model"]["name"] == "rowcounter"
         for chain in m["chains"].values():
             for e in chain:
-                ckpt.read_file(fs, e)  # raises if missing or not matching its checksum
+                ckpt.read_entry(fs, e)  # raises if missing or not matching its checksum
     # the newest manifest restores each row's newest saved value: with r = 0.5 every 2 clocks
     # and every row moving alike, half the rows were saved at clock 8, the others at clock 6
     last = ckpt.load_manifest(fs, root, versions[-1])
