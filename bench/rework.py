@@ -445,6 +445,9 @@ def summarise(res: dscar.FitResult) -> dict[str, Any]:
         "memory_age": None if not mem or fault_clock is None else fault_clock - 1 - min(mem),
         "rollback_to": None if rollback is None else rollback.get("to_clock"),
         "recovery_s": sum(e.get("seconds", 0.0) for e in ev if e["kind"] == "recovery-done"),
+        # SCAR's perturbation, measured by the engine for simulated losses: ||restored - lost|| / ||lost||
+        # over the lost param partitions (None for a real kill: the lost values died with the worker)
+        "rel_perturbation": rel_perturbation(ev),
         "events": {k: kinds.get(k, 0) for k in (
             "worker-lost", "recovery-done", "rollback", "clock-restarted", "clock-end-skipped",
             "checkpoint-abandoned", "checkpoint-corrupt", "shard-failed", "worker-joined")},
@@ -452,6 +455,50 @@ def summarise(res: dscar.FitResult) -> dict[str, Any]:
         "objective": [_finite(r.metrics.get("objective", math.nan)) for r in hist],
         "rel_gap": [_finite(r.metrics.get("rel_gap", math.nan)) for r in hist],
     }
+
+
+def rel_perturbation(events: list[dict]) -> float | None:
+    done = [e for e in events if e["kind"] == "recovery-done" and e.get("perturbation")]
+    if not done:
+        return None
+    pert = sum(v * v for e in done for v in e["perturbation"].values())
+    lost = sum(v * v for e in done for v in e["lost_norm"].values())
+    return math.sqrt(pert / lost) if lost > 0 else None
+
+
+def spearman(xs: list[float], ys: list[float]) -> float:
+    """Rank correlation (ties: average ranks); nan with fewer than 3 pairs or no spread."""
+    if len(xs) < 3:
+        return math.nan
+
+    def ranks(v):
+        order = sorted(range(len(v)), key=v.__getitem__)
+        r = [0.0] * len(v)
+        i = 0
+        while i < len(v):
+            j = i
+            while j + 1 < len(v) and v[order[j + 1]] == v[order[i]]:
+                j += 1
+            for k in range(i, j + 1):
+                r[order[k]] = (i + j) / 2
+            i = j + 1
+        return r
+
+    rx, ry = ranks(xs), ranks(ys)
+    mx, my = statistics.fmean(rx), statistics.fmean(ry)
+    sxy = sum((a - mx) * (b - my) for a, b in zip(rx, ry))
+    sxx, syy = sum((a - mx) ** 2 for a in rx), sum((b - my) ** 2 for b in ry)
+    return sxy / math.sqrt(sxx * syy) if sxx > 0 and syy > 0 else math.nan
+
+
+def perturbation_pairs(mode: dict[str, Any], pol: str) -> list[tuple[float, int]]:
+    """(relative perturbation, rework) of every trial of ``pol`` that measured both."""
+    out = []
+    for t in mode.get("trials", []):
+        r = t["runs"].get(pol, {})
+        if r.get("rel_perturbation") is not None and r.get("rework") is not None:
+            out.append((r["rel_perturbation"], r["rework"]))
+    return out
 
 
 def reference_optimum(prob: Problem, st: Settings) -> dict[str, Any] | None:
@@ -773,6 +820,14 @@ def format_analysis(mode: dict[str, Any]) -> str:
                 f"age, so each lagged trial re-counted with the newest taken checkpoint), SCAR "
                 f"{fmt(proj['scar'])} (the mean of its {proj['scar_n_age0']} age-0 trials) -> reduction "
                 f"{fmt(proj['reduction'], '.1f', 100)}%")
+    pert = {pol: perturbation_pairs(mode, pol) for pol in mode["summary"]}
+    if any(pert.values()):
+        lines.append("     perturbation ||restored - lost|| / ||lost|| of the lost param partitions (measured at "
+                     "each simulated loss): " + "; ".join(
+                         f"{pol} median {statistics.median(x for x, _ in v):.3g}" for pol, v in pert.items() if v))
+        allp = [xy for v in pert.values() for xy in v]
+        lines.append(f"       rework vs perturbation, all policies pooled: Spearman rank correlation "
+                     f"{fmt(spearman([x for x, _ in allp], [y for _, y in allp]), '.2f')} (n={len(allp)})")
     nz = [(t, t["runs"]["scar"]) for t in mode["trials"] if t["runs"].get("scar", {}).get("rework")]
     if nz:
         lines.append(f"     SCAR trials with non-zero rework ({len(nz)} of {len(mode['trials'])}): " + "; ".join(
@@ -873,6 +928,36 @@ def plot(results: dict[str, dict], path: str) -> None:
         ax.grid(True, alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
+    plt.close(fig)
+    plot_perturbation(results, path)
+
+
+def plot_perturbation(results: dict[str, dict], path: str) -> None:
+    """Rework vs the measured perturbation (simulated losses), one panel per algorithm, next to ``path``."""
+    panels = [(a, res["modes"]["simulate"]) for a, res in results.items()
+              if "summary" in res["modes"].get("simulate", {})
+              and any(perturbation_pairs(res["modes"]["simulate"], p) for p in POLICIES)]
+    if not panels:
+        return
+    plt = pyplot()
+    colors = {"traditional": "tab:red", "partial": "tab:orange", "priority": "tab:blue", "scar": "tab:green",
+              MEMORY_POLICY: "tab:purple"}
+    fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 4), squeeze=False)
+    for ax, (algo, mode) in zip(axes[0], panels):
+        for pol in mode["summary"]:
+            xy = perturbation_pairs(mode, pol)
+            if xy:
+                ax.plot([max(x, 1e-6) for x, _ in xy], [y for _, y in xy], "o", alpha=0.6, color=colors.get(pol),
+                        label=pol)
+        ax.set_xscale("log")
+        ax.set_xlabel("||restored - lost|| / ||lost||")
+        ax.set_ylabel("rework (clocks)")
+        ax.set_title(f"{algo}: rework vs perturbation (simulated losses)")
+        ax.legend(fontsize=7)
+        ax.grid(True, alpha=0.3)
+    fig.tight_layout()
+    root, ext = os.path.splitext(path)
+    fig.savefig(f"{root}-perturbation{ext or '.png'}", dpi=100)
     plt.close(fig)
 
 

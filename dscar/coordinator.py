@@ -39,7 +39,7 @@ from .checkpoint import CheckpointConfig
 from .comm import fast_fail_pool
 from .inflight import Inflight
 from .job import ApplyPass, Checkpoint, JobConfig, JobState, Mirror, RestartWorker, StartRecovery
-from .ledger import describe, restore_candidates
+from .ledger import describe, perturbations, restore_candidates
 from .monitor import ThroughputMonitor
 from .partitions import PartitionMap, TableLayout
 from .shards import ShardQueue
@@ -74,6 +74,8 @@ class Coordinator(SchedulerPlugin):
         self._ended: dict[str, Any] | None = None
         #: jobs whose recovery loop is running
         self._recovering: set[str] = set()
+        #: job -> workers whose loss was simulated (``faults.lose``): they kept what they lost
+        self._simulated: dict[str, set[str]] = {}
         self._changed = asyncio.Event()
         self._watch: asyncio.Task | None = None
         #: worker -> when a dscar message of it last arrived (a sign of life besides heartbeats)
@@ -273,6 +275,7 @@ class Coordinator(SchedulerPlugin):
     def _h_end_job(self, job_id: str) -> dict:
         job = self.jobs.pop(job_id, None)
         self._specs.pop(job_id, None)
+        self._simulated.pop(job_id, None)
         if job is not None:  # the dashboard's last look at it (its snapshots are rate-limited)
             self._ended = job.snapshot(set(self.scheduler.workers), time.time())
         self._wake()
@@ -489,7 +492,7 @@ class Coordinator(SchedulerPlugin):
     async def _recover(self, job: JobState) -> None:
         """Restore what the lost workers took, re-planning until no loss is left unrecovered
         (a loss during the restore, of a target included, just adds to the next round)."""
-        t0 = time.perf_counter()
+        t0, first_event = time.perf_counter(), len(job.events)
         try:
             while not job.failed:
                 live = self._live(job)
@@ -504,7 +507,8 @@ class Coordinator(SchedulerPlugin):
                     job.event(time.time(), "rollback", to_clock=plan.manifests[0]["clock"] if plan.manifests else 0)
                 effects = job.recovered(covered, time.time())
                 if not job.machine.recovering:
-                    job.event(time.time(), "recovery-done", seconds=time.perf_counter() - t0)
+                    job.event(time.time(), "recovery-done", seconds=time.perf_counter() - t0,
+                              **perturbations(job.events[first_event:]))
                     self._do(job, effects)
                     break
         except Exception as e:  # a bug: say so rather than hang
@@ -526,6 +530,7 @@ class Coordinator(SchedulerPlugin):
 
         async def one(key: tuple[str, int], target: str) -> None:
             table, part = key
+            previous = job.pmap.owners.get(key)
             # the memory tier's copy first (when its buddy still has it), then each checkpoint, newest first
             candidates = [(None, [], from_memory[key][0])] if key in from_memory else []
             candidates += [(version, chain, None) for version, chain in restore_candidates(
@@ -544,8 +549,9 @@ class Coordinator(SchedulerPlugin):
                 if r["status"] == "OK":
                     if target in job.lost:
                         return  # lost meanwhile: the next round restores it elsewhere
+                    measured = await self._perturbation(job, key, previous, target)
                     job.restored(key, target, version or 0, time.time(),
-                                 memory_clock=None if buddy is None else int(r["clock"]))
+                                 memory_clock=None if buddy is None else int(r["clock"]), **measured)
                     return
                 if buddy is None:  # (a buddy without the copy: simply the disk next)
                     job.event(time.time(), "checkpoint-corrupt", table=table, part=part, version=version,
@@ -553,6 +559,18 @@ class Coordinator(SchedulerPlugin):
             job.fail(time.time(), f"partition {table}/{part}: no readable checkpoint, not even the initial values")
 
         await asyncio.gather(*(one(k, w) for k, w in sorted(restores.items())))
+
+    async def _perturbation(self, job: JobState, key: tuple[str, int], previous: str | None, target: str) -> dict:
+        """``||restored - lost||`` and ``||lost||`` of a restored param partition, when its previous
+        owner's loss was simulated (the process kept the lost values); else nothing."""
+        if previous not in self._simulated.get(job.cfg.job_id, ()) or job.cfg.kinds[key[0]] != "param":
+            return {}
+        try:
+            r = await self._rpc(previous, "perturbation", timeout=10, job_id=job.cfg.job_id, table=key[0],
+                                part=key[1], owner=target)
+        except (OSError, asyncio.TimeoutError):
+            return {}
+        return {k: r[k] for k in ("perturbation", "lost_norm")} if r.get("status") == "OK" else {}
 
     def remove_worker(self, scheduler, worker: str, **kwargs) -> None:
         self._inflight.cancel(worker)
@@ -570,6 +588,7 @@ class Coordinator(SchedulerPlugin):
         job = self.jobs.get(job_id)
         if job is None:
             return {"status": "ignored"}
+        self._simulated.setdefault(job_id, set()).add(worker)
         self._do(job, job.lose(worker, time.time()))
         try:
             await self._rpc(worker, "forget", timeout=10, job_id=job_id)

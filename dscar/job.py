@@ -633,12 +633,13 @@ class JobState:
             state_mirrors=self.state_mirrors)
 
     def restored(self, key: tuple[str, int], target: str, version: int, now: float,
-                 memory_clock: int | None = None) -> None:
+                 memory_clock: int | None = None, **measured: float) -> None:
         """``target`` owns ``key`` now, restored from checkpoint ``version`` (0: the initial values)
-        or from a buddy's memory copy as of ``memory_clock``."""
+        or from a buddy's memory copy as of ``memory_clock``; ``measured``: the perturbation, when
+        the lost values are known (a simulated loss: ``perturbation``, ``lost_norm``)."""
         self.pmap.owners[key] = target
         where = {"version": version} if memory_clock is None else {"tier": "memory", "memory_clock": memory_clock}
-        self.event(now, "partition-restored", table=key[0], part=key[1], target=target, **where)
+        self.event(now, "partition-restored", table=key[0], part=key[1], target=target, **where, **measured)
 
     def recovery_planned(self, plan: RecoveryPlan, now: float) -> set[str]:
         """The plan is about to be carried out: record which losses it covers; returns them."""

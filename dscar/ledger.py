@@ -251,3 +251,18 @@ def describe(plan: RecoveryPlan) -> dict[str, Any]:
             "from_memory": [[t, p, b, c] for (t, p), (b, c) in sorted(plan.from_memory.items())],
             "states_from_memory": [[s, e["memory"], e["clock"]] for s, e in sorted(plan.states.items())
                                    if "memory" in e]}
+
+
+def perturbations(events: list[dict]) -> dict[str, dict[str, float]]:
+    """Per table, the perturbation a recovery caused, ``sqrt(sum ||restored - lost||^2)`` over its
+    restored partitions, and the norm of what was lost: from ``partition-restored`` events that
+    measured them (simulated losses); empty when none did."""
+    pert: dict[str, float] = {}
+    lost: dict[str, float] = {}
+    for e in events:
+        if e.get("kind") == "partition-restored" and "perturbation" in e:
+            pert[e["table"]] = pert.get(e["table"], 0.0) + e["perturbation"] ** 2
+            lost[e["table"]] = lost.get(e["table"], 0.0) + e["lost_norm"] ** 2
+    if not pert:
+        return {}
+    return {"perturbation": {t: v ** 0.5 for t, v in pert.items()}, "lost_norm": {t: v ** 0.5 for t, v in lost.items()}}

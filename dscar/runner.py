@@ -72,6 +72,9 @@ class Job:
     run_seen: int = -1  # the newest run id this worker was given work in (an older pass's apply is stale)
     #: other workers' partitions and shard states kept here (the memory tier)
     mirrors: MirrorStore = field(default_factory=MirrorStore)
+    #: a simulated loss's param partitions as they were lost (``forget``): what their restore is
+    #: measured against (``dscar_perturbation``); a real crash leaves nothing to compare with
+    forgotten: dict[tuple[str, int], np.ndarray] = field(default_factory=dict)
 
     def apply_pass(self, clock: int, run: int, committed: list, fetched: dict, reset: set, owned: dict,
                    me: str) -> dict:

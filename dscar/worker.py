@@ -91,7 +91,7 @@ class ParamServer(WorkerPlugin):
         #: messages waiting for a peer's answer (they fail at once when it is lost)
         self._inflight = Inflight()
         for op in ("init", "warm_up", "pull", "fetch_staged", "apply", "assign", "put_shard", "copy_shard", "end_job", "info", "adopt",
-                   "checkpoint", "restore", "forget", "peer_lost", "release", "pull_many", "mirror",
+                   "checkpoint", "restore", "forget", "perturbation", "peer_lost", "release", "pull_many", "mirror",
                    "keep_mirror", "get_mirror"):
             worker.handlers[f"dscar_{op}"] = getattr(self, f"_h_{op}")
         self.runner = ShardRunner(self, self.poll_timeout)
@@ -405,11 +405,27 @@ class ParamServer(WorkerPlugin):
             job = self.jobs.get(job_id)
             if job is not None:
                 with job.tables.lock:
+                    job.forgotten = {k: to_host(v).copy() for k, v in job.tables.parts.items()
+                                     if job.specs[k[0]].kind == "param"}
                     job.tables.clear()
                     job.shards.clear()
                     job.mirrors.clear()
                 job.pull_cache.clear()
         return {"status": "OK"}
+
+    async def _h_perturbation(self, job_id: str, table: str, part: int, owner: str) -> dict:
+        """How far the restore of a partition this worker lost (a simulated loss) is from what was
+        lost: ``||restored - lost||`` and ``||lost||``, the restored values read from ``owner``."""
+        job = self.jobs.get(job_id)
+        lost = None if job is None else job.forgotten.get((table, int(part)))
+        if lost is None:
+            return {"status": "missing"}
+        r = await self._apeer(owner, "pull", job_id=job_id, table=table, part=int(part), lo=0, hi=lost.shape[0])
+        if r.get("status", "OK") != "OK":
+            return {"status": "missing"}
+        d = (np.asarray(r["data"], dtype=np.float64) - lost).reshape(-1)
+        return {"status": "OK", "perturbation": float(np.sqrt(d @ d)),
+                "lost_norm": float(np.linalg.norm(lost.astype(np.float64).reshape(-1)))}
 
     def _h_end_job(self, job_id: str) -> dict:
         with self._lock:

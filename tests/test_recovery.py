@@ -74,6 +74,28 @@ def test_after_losses_every_partition_has_one_live_owner_with_a_pre_loss_or_chec
         assert counts.max() == clocks  # live partitions kept their current values
 
 
+def test_a_simulated_loss_measures_the_perturbation_of_each_restored_partition(tmp_path):
+    """RowCounter's counts are the clock number on every row: losing worker 1 at the start of clock
+    7 loses counts of 6; restored from the version-v checkpoint (full, every 4 clocks: clock 4v) they
+    are 4v, so ``||restored - lost||`` is (6 - 4v) sqrt(rows) per partition, ``||lost||`` 6 sqrt(rows)."""
+    from dscar.partitions import row_bounds
+
+    n_rows, n_parts = 60, 3
+    cfg = CheckpointConfig(str(tmp_path), policy="full", every=4, recovery="partial")
+    with dscar.Cluster(n_workers=3, processes=False) as cl:
+        res = dscar.fit(RowCounter(n_parts=n_parts, sleep=0.01), row_data(n_rows), cl, n_shards=6,
+                        max_clocks=9, checkpoint=cfg, faults=[faults.lose(1, 7)])
+    restored = [e for e in res.events if e["kind"] == "partition-restored" and e["table"] == "count"]
+    assert restored
+    for e in restored:
+        a, b = row_bounds(n_rows, n_parts)[e["part"]]
+        assert e["perturbation"] == pytest.approx((6 - 4 * e["version"]) * np.sqrt(b - a)), e
+        assert e["lost_norm"] == pytest.approx(6 * np.sqrt(b - a)), e
+    [done] = [e for e in res.events if e["kind"] == "recovery-done"]
+    assert done["perturbation"]["count"] == pytest.approx(np.sqrt(sum(e["perturbation"] ** 2 for e in restored)))
+    assert set(done["perturbation"]) == {"count"}  # reduction tables are not state: not measured
+
+
 def test_the_memory_tier_restores_a_lost_partition_as_of_the_last_clock(tmp_path):
     """RowCounter adds 1 per clock to every row. From disk (10 % of the rows per clock) a lost partition
     would come back as a mix of old counts; from its buddy's memory it is the count of the last clock
