@@ -75,6 +75,8 @@ def one_fit(setting: str, mb: float, n_workers: int, clocks: int, mtbf: float, c
 
 
 def summarise(runs: list[dict], base_clock_s: float, mtbf: float) -> dict[str, Any]:
+    """One setting's runs pooled: mean clock, overhead over the no-checkpoint mean, mean rework
+    estimate and its share of time at the MTBF, waste, and (auto) the period and cost it chose."""
     clock = statistics.fmean(s for r in runs for s in r["clock_s"])
     rework = statistics.fmean(x for r in runs for x in r.get("rework_clocks", [0.0]))
     overhead = clock / base_clock_s - 1.0

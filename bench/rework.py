@@ -458,6 +458,8 @@ def summarise(res: dscar.FitResult) -> dict[str, Any]:
 
 
 def rel_perturbation(events: list[dict]) -> float | None:
+    """``||restored - lost|| / ||lost||`` over every param partition a run's recoveries measured
+    (``recovery-done``'s per-table figures; None when none did: a real kill leaves no lost values)."""
     done = [e for e in events if e["kind"] == "recovery-done" and e.get("perturbation")]
     if not done:
         return None
@@ -882,7 +884,7 @@ def targets(name: str, modes: dict[str, dict]) -> list[dict[str, Any]]:
         s = mode.get("summary", {})
         full, prio = (s.get(p, {}).get("bytes_per_clock_failure_free") for p in ("traditional", "priority"))
         if full and prio and math.isfinite(full) and math.isfinite(prio):
-            out.append({"algorithm": name, "mode": m, "metric": "stop", "goal": BYTES_RATIO, "policy": "priority",
+            out.append({"algorithm": name, "mode": m, "metric": "bytes", "goal": BYTES_RATIO, "policy": "priority",
                         "target": f"priority checkpoint bytes/clock <= {BYTES_RATIO:.0%} of full's",
                         "measured": prio / full, "met": bool(prio / full <= BYTES_RATIO)})
     return out
@@ -1015,7 +1017,7 @@ def report(d: dict[str, Any]) -> None:
                       f"same draws: real - sim {fmt(pr[pol]['mean'], '+.2f')} ± {fmt(pr[pol]['stderr'])} "
                       f"(n={pr[pol]['n']})")
         for t in res["targets"]:
-            view = "stopping rule" if t["metric"] == "stop" else "objective view"
+            view = {"stop": "stopping rule", "objective": "objective view"}.get(t["metric"], t["metric"])
             print(f"   target ({t['mode']}, {view}): {t['target']:<50} {'MET' if t['met'] else 'NOT MET':>7}  "
                   f"(measured {fmt(t['measured'], '.1f', 100)}%)")
 

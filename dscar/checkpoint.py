@@ -7,13 +7,17 @@ Store layout under ``url`` (a local directory or any fsspec URL)::
                                       of its partitions and the shard states it saved,
                                       raw arrays one after another (``encode_file``)
 
-A writer's file has no header: the manifest's entries say where each array is
-(``[offset, bytes, dtype, shape]``) and carry the file's SHA-256, so a priority
-checkpoint of tiny tables writes the rows it saves and their index, not a
-container's headers per partition. A partition's entry names its ``values``
-and, for a partial save, its ``index`` of saved rows: ``["varint", ...]`` (the
-gaps between sorted rows, LEB128) or ``["bitmap", ...]`` (one bit per row),
-whichever is shorter. A shard's state entry names its arrays (``arrays``).
+A writer's file has no header: each manifest entry is a byte range of it
+(``offset``, ``bytes``, the range's own ``sha256``) and says where its arrays
+are in that range (``wire.layout``: ``[offset, bytes, dtype, shape]``), so a
+priority checkpoint of tiny tables writes the rows it saves and their index,
+not a container's headers per partition, and a restore reads and verifies only
+its entries. A partition's entry names its ``values`` and, for a partial save,
+its ``index`` of saved rows: ``["varint", ...]`` (the gaps between sorted rows,
+LEB128) or ``["bitmap", ...]`` (one bit per row), whichever is shorter. A
+shard's state entry names its arrays (``arrays``). Manifests carry
+``"format": FORMAT``; one of another format (an older dscar's ``.npz`` files)
+is skipped, not misread.
 
 A version is *published* only when its manifest exists; the manifest is
 written (temp name, then rename) after every file it names is written,
@@ -44,9 +48,12 @@ from typing import Any
 
 import numpy as np
 
+from . import wire
 from .errors import DscarError, InvalidInputError
 
 MANIFEST_RE = re.compile(r"manifest-(\d{8})\.json$")
+#: the store layout manifests describe (2: one raw file per writer and version, ranges per entry)
+FORMAT = 2
 
 
 class CorruptCheckpointError(DscarError):
@@ -189,16 +196,21 @@ def priority_count(n: int, fraction: float, credit: float) -> tuple[int, float]:
     return k, max(credit - k, 0.0)
 
 
-def priority_rows(current: np.ndarray, saved: np.ndarray, k: int) -> np.ndarray:
-    """Indices (sorted) of the ``k`` rows that moved most since saved."""
+def moved(current: np.ndarray, saved: np.ndarray) -> np.ndarray:
+    """Each row's squared L2 change since it was saved (float64)."""
     n = current.shape[0]
+    diff = (current - saved).reshape(n, -1).astype(np.float64, copy=False)
+    return np.einsum("ij,ij->i", diff, diff)
+
+
+def priority_rows(moved_sq: np.ndarray, k: int) -> np.ndarray:
+    """Indices (sorted) of the ``k`` rows that moved most (``moved_sq``: ``moved``'s per-row change)."""
+    n = moved_sq.shape[0]
     if k >= n:
         return np.arange(n)
     if k <= 0:
         return np.zeros(0, dtype=np.int64)
-    diff = (current - saved).reshape(n, -1).astype(np.float64)
-    moved = np.einsum("ij,ij->i", diff, diff)
-    return np.sort(np.argpartition(-moved, k - 1)[:k])
+    return np.sort(np.argpartition(-moved_sq, k - 1)[:k])
 
 
 def encode_index(rows: np.ndarray, n: int) -> tuple[str, bytes]:
@@ -232,67 +244,54 @@ def decode_index(kind: str, data: bytes, count: int) -> np.ndarray:
     if not b.size:
         return np.zeros(0, dtype=np.int64)
     ends = np.flatnonzero(b < 0x80)
-    starts = np.r_[0, ends[:-1] + 1]
-    if ends.size != count or ends[-1] != b.size - 1:
+    if ends.size != count or not ends.size or ends[-1] != b.size - 1:
         raise ValueError("row index length does not match")
+    starts = np.r_[0, ends[:-1] + 1]
     pos = np.arange(b.size) - np.repeat(starts, ends - starts + 1)
     gaps = np.add.reduceat((b & 0x7F).astype(np.uint64) << (np.uint64(7) * pos.astype(np.uint64)), starts)
     return np.cumsum(gaps.astype(np.int64) + 1) - 1
 
 
-class _Writer:
-    """Raw arrays one after another, each located by ``[offset, bytes, dtype, shape]``."""
-
-    def __init__(self) -> None:
-        self.chunks: list[bytes] = []
-        self.size = 0
-
-    def add(self, data: bytes) -> tuple[int, int]:
-        self.chunks.append(data)
-        self.size += len(data)
-        return self.size - len(data), len(data)
-
-    def array(self, a: np.ndarray) -> list:
-        a = np.asarray(a)
-        offset, n = self.add(a.tobytes())
-        return [offset, n, a.dtype.str, list(a.shape)]
-
-
 def encode_file(parts: list[tuple[str, int, np.ndarray | None, np.ndarray, int]],
                 states: dict[int, dict[str, np.ndarray]]) -> tuple[bytes, list[dict]]:
-    """One writer's checkpoint file and its entries (for the manifest, before path and checksum).
+    """One writer's checkpoint file and its manifest entries (without the file's ``path``).
 
     ``parts``: ``(table, part, rows, values, n_rows)`` per saved partition (``rows`` None: all
-    ``n_rows`` rows); ``states``: shard -> its state arrays. Each entry's ``bytes`` counts its own
-    arrays, so the entries of a file add up to its size."""
-    w, entries = _Writer(), []
-    for table, part, rows, values, n_rows in parts:
-        start = w.size
-        entry = {"table": table, "part": int(part), "rows": int(values.shape[0]), "partial": rows is not None,
-                 "values": w.array(np.ascontiguousarray(values))}
-        if rows is not None:
-            kind, data = encode_index(rows, n_rows)
-            offset, n = w.add(data)
-            entry["index"] = [kind, offset, n, int(len(rows)) if kind == "varint" else int(n_rows)]
-        entry["bytes"] = w.size - start
+    ``n_rows`` rows); ``states``: shard -> its state arrays. Each entry is a byte range of the
+    file (``offset``, ``bytes``, its own ``sha256``) laid out by ``wire.layout``, so a restore
+    reads and verifies its entries only, not the whole file; the ranges add up to the file."""
+    chunks, entries, size = [], [], 0
+
+    def add(entry: dict, arrays: list) -> list:
+        nonlocal size
+        data, where = wire.layout(arrays)
+        entry.update(offset=size, bytes=len(data), sha256=hashlib.sha256(data).hexdigest())
+        chunks.append(data)
+        size += len(data)
         entries.append(entry)
+        return where
+
+    for table, part, rows, values, n_rows in parts:
+        entry = {"table": table, "part": int(part), "rows": int(values.shape[0]), "partial": rows is not None}
+        if rows is None:
+            (entry["values"],) = add(entry, [values])
+        else:
+            kind, index = encode_index(rows, n_rows)
+            entry["values"], where = add(entry, [values, np.frombuffer(index, dtype=np.uint8)])
+            entry["index"] = [kind, where, int(len(rows)) if kind == "varint" else int(n_rows)]
     for shard, st in sorted(states.items()):
-        start = w.size
-        arrays = {name: w.array(np.ascontiguousarray(v)) for name, v in st.items()}
-        entries.append({"kind": "state", "shards": [int(shard)], "arrays": arrays, "bytes": w.size - start})
-    return b"".join(w.chunks), entries
+        entry = {"kind": "state", "shards": [int(shard)]}
+        names = list(st)
+        entry["arrays"] = dict(zip(names, add(entry, [st[k] for k in names])))
+    return b"".join(chunks), entries
 
 
 def _array(data: bytes, where: list, path: str) -> np.ndarray:
-    """One array of a checkpoint file (a writable copy); ``CorruptCheckpointError`` if it does not fit."""
+    """One array of a verified entry (a writable copy); ``CorruptCheckpointError`` if it does not fit."""
     try:
-        offset, n, dtype, shape = where
-        dt = np.dtype(dtype)
-        if dt.hasobject or offset < 0 or offset + n > len(data) or n != dt.itemsize * int(np.prod(shape)):
-            raise ValueError("outside the file or of the wrong size")
-        return np.frombuffer(data, dtype=dt, count=n // dt.itemsize, offset=offset).reshape(shape).copy()
-    except (TypeError, ValueError) as e:
-        raise CorruptCheckpointError(f"{path}: an array entry does not fit the file ({e})") from None
+        return wire.read_array(data, where).copy()
+    except ValueError as e:
+        raise CorruptCheckpointError(f"{path}: {e}") from None
 
 
 def state_shards(n_shards: int, fraction: float, last_saved: dict[int, int]) -> list[int]:
@@ -311,17 +310,27 @@ def state_shards(n_shards: int, fraction: float, last_saved: dict[int, int]) -> 
 def read_state(fs, entry: dict, shard: int) -> dict[str, np.ndarray]:
     """Shard ``shard``'s state from its manifest entry; ``CorruptCheckpointError`` if it does not verify."""
     data = _read_verified(fs, entry)
-    return {name: _array(data, where, entry["path"]) for name, where in entry.get("arrays", {}).items()}
+    arrays = entry.get("arrays")
+    if not isinstance(arrays, dict) or shard not in entry.get("shards", ()):
+        raise CorruptCheckpointError(f"{entry.get('path')}: not a state entry of shard {shard}")
+    return {name: _array(data, where, entry["path"]) for name, where in arrays.items()}
 
 
 def _read_verified(fs, entry: dict) -> bytes:
+    """The bytes of a manifest entry's range of its file, checked against the entry's SHA-256."""
     try:
-        with fs.open(entry["path"], "rb") as f:
-            data = f.read()
+        start = int(entry["offset"])
+        end = start + int(entry["bytes"])
+        path, sha = entry["path"], entry["sha256"]
+    except (KeyError, TypeError, ValueError) as e:
+        raise CorruptCheckpointError(f"{entry.get('path') if isinstance(entry, dict) else entry!r}: "
+                                     f"malformed file entry ({e!r})") from None
+    try:
+        data = fs.cat_file(path, start=start, end=end)
     except (FileNotFoundError, OSError) as e:
-        raise CorruptCheckpointError(f"{entry['path']}: cannot read ({e})") from None
-    if hashlib.sha256(data).hexdigest() != entry["sha256"]:
-        raise CorruptCheckpointError(f"{entry['path']}: checksum mismatch")
+        raise CorruptCheckpointError(f"{path}: cannot read ({e})") from None
+    if len(data) != end - start or hashlib.sha256(data).hexdigest() != sha:
+        raise CorruptCheckpointError(f"{path}: checksum mismatch")
     return data
 
 
@@ -342,18 +351,17 @@ def write_file(fs, path: str, data: bytes) -> dict:
     return {"path": path, "sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
 
 
-def read_entry(fs, entry: dict, data: bytes | None = None) -> tuple[np.ndarray | None, np.ndarray]:
+def read_entry(fs, entry: dict) -> tuple[np.ndarray | None, np.ndarray]:
     """``(rows or None, values)`` of a partition's manifest entry; ``CorruptCheckpointError`` if
-    its file does not verify (``data``: the file's verified bytes, already read)."""
-    if data is None:
-        data = _read_verified(fs, entry)
-    values = _array(data, entry["values"], entry["path"])
+    its range of the file does not verify or does not hold what the entry says."""
+    data = _read_verified(fs, entry)
+    values = _array(data, entry.get("values"), entry["path"])
     if "index" not in entry:
         return None, values
     try:
-        kind, offset, n, count = entry["index"]
-        rows = decode_index(kind, data[offset : offset + n], int(count))
-    except (TypeError, ValueError) as e:
+        kind, where, count = entry["index"]
+        rows = decode_index(kind, wire.read_array(data, where).tobytes(), int(count))
+    except (TypeError, ValueError, IndexError) as e:
         raise CorruptCheckpointError(f"{entry['path']}: bad row index ({e})") from None
     if rows.size != values.shape[0]:
         raise CorruptCheckpointError(f"{entry['path']}: {rows.size} row indices for {values.shape[0]} rows")
@@ -415,6 +423,9 @@ def load_manifest(fs, root: str, version: int) -> dict:
         raise CorruptCheckpointError(f"{path}: not a readable JSON manifest ({e})") from None
     if not isinstance(m, dict) or not all(k in m for k in ("version", "clock", "chains")):
         raise CorruptCheckpointError(f"{path}: not a dscar manifest (needs version, clock, chains)")
+    if m.get("format") != FORMAT:
+        raise CorruptCheckpointError(f"{path}: checkpoint format {m.get('format', 1)!r}, this dscar reads {FORMAT} "
+                                     "(written by another version)")
     try:
         entries = [e for chain in m["chains"].values() for e in chain] + list(m.get("states", {}).values())
         paths = [e["path"] for e in entries]

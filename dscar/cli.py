@@ -121,6 +121,8 @@ def _checkpoint_config(args, faults: list):
     if url is None:
         if args.resume:
             raise InvalidInputError("--resume needs --checkpoint DIR_OR_URL")
+        if args.checkpoint_interval != "fixed" or args.mtbf is not None:
+            raise InvalidInputError("--checkpoint-interval and --mtbf need --checkpoint DIR_OR_URL")
         if not needs_store(faults):
             return None
         url = temporary_store()

@@ -50,6 +50,8 @@ Stages of clock ``t`` (``Stage``)::
   recomputes them from the data and the shard state in one pass over every
   shard of every phase (those tables are zeroed first), before the interrupted
   data phase runs again or, between clocks, before the next clock's first phase.
+  Not before the first pass of the job was applied: then no table holds
+  anything to rebuild, and the interrupted pass computes it.
 * A loss that takes neither partitions nor shard state (an idle worker that
   held nothing) changes nothing here: its running attempts are simply requeued.
 """
@@ -147,6 +149,10 @@ class ClockMachine:
     needs_rebuild: bool = False
     #: the pass being applied is the rebuild pass
     applying_rebuild: bool = False
+    #: some pass has been told to apply: tables may hold the data's contributions. Before that a
+    #: loss leaves nothing to rebuild: the interrupted first pass computes the rebuild tables
+    #: itself (Lasso's clock 1 adds them), and a rebuild pass too would count them twice
+    applied_before: bool = False
 
     # ---------------------------------------------------------- transitions
     def begin(self, clock: int) -> list[Action]:
@@ -167,6 +173,7 @@ class ClockMachine:
         rebuild = self.stage is Stage.REBUILD
         self.stage = Stage.APPLY
         self.applying_rebuild = rebuild
+        self.applied_before = True
         return [Apply(self.run_id, reset_reductions=not rebuild and self.data_phase == 0, reset_rebuild=rebuild)]
 
     def applied(self, run_id: int) -> list[Action]:
@@ -205,7 +212,7 @@ class ClockMachine:
         if not restores:
             return []  # its running attempts are requeued (and its unapplied commits, in a pass); tables keep their values
         self.run_id += 1  # whatever was pulled, staged or computed before is stale now
-        self.needs_rebuild = self.needs_rebuild or self.has_rebuild
+        self.needs_rebuild = self.needs_rebuild or (self.has_rebuild and self.applied_before)
         if self.stage in (Stage.SHARDS, Stage.REBUILD):
             self.redo = True
             if reductions_lost and self.data_phase > 0 and self.stage is Stage.SHARDS:

@@ -538,6 +538,7 @@ class Coordinator(SchedulerPlugin):
             for version, chain, buddy in candidates:
                 try:
                     r = await self._rpc(target, "restore", job_id=job.cfg.job_id, table=table, part=part,
+                                        run=job.machine.run_id,
                                         chain=chain, url=cfg.url if cfg else "", mirror_from=buddy,
                                         storage_options=cfg.storage_options if cfg else None)
                 except (OSError, asyncio.TimeoutError) as e:
@@ -549,9 +550,9 @@ class Coordinator(SchedulerPlugin):
                 if r["status"] == "OK":
                     if target in job.lost:
                         return  # lost meanwhile: the next round restores it elsewhere
-                    measured = await self._perturbation(job, key, previous, target)
                     job.restored(key, target, version or 0, time.time(),
-                                 memory_clock=None if buddy is None else int(r["clock"]), **measured)
+                                 memory_clock=None if buddy is None else int(r["clock"]))
+                    await self._perturbation(job, key, previous, target)
                     return
                 if buddy is None:  # (a buddy without the copy: simply the disk next)
                     job.event(time.time(), "checkpoint-corrupt", table=table, part=part, version=version,
@@ -560,17 +561,21 @@ class Coordinator(SchedulerPlugin):
 
         await asyncio.gather(*(one(k, w) for k, w in sorted(restores.items())))
 
-    async def _perturbation(self, job: JobState, key: tuple[str, int], previous: str | None, target: str) -> dict:
-        """``||restored - lost||`` and ``||lost||`` of a restored param partition, when its previous
-        owner's loss was simulated (the process kept the lost values); else nothing."""
+    async def _perturbation(self, job: JobState, key: tuple[str, int], previous: str | None, target: str) -> None:
+        """A ``partition-perturbation`` event, ``||restored - lost||`` and ``||lost||`` of a restored
+        param partition, when its previous owner's loss was simulated (that process kept the lost
+        values: a benchmark's measurement of SCAR's perturbation). Best effort: nothing on failure."""
         if previous not in self._simulated.get(job.cfg.job_id, ()) or job.cfg.kinds[key[0]] != "param":
-            return {}
+            return
         try:
-            r = await self._rpc(previous, "perturbation", timeout=10, job_id=job.cfg.job_id, table=key[0],
-                                part=key[1], owner=target)
-        except (OSError, asyncio.TimeoutError):
-            return {}
-        return {k: r[k] for k in ("perturbation", "lost_norm")} if r.get("status") == "OK" else {}
+            r = await self._rpc(previous, "perturbation", timeout=PROBE_TIMEOUT_S * 4, job_id=job.cfg.job_id,
+                                table=key[0], part=key[1], owner=target)
+        except Exception as e:  # a measurement, not part of the recovery
+            logger.info("dscar: could not measure the perturbation of %s: %r", key, e)
+            return
+        if r.get("status") == "OK":
+            job.event(time.time(), "partition-perturbation", table=key[0], part=key[1],
+                      perturbation=r["perturbation"], lost_norm=r["lost_norm"])
 
     def remove_worker(self, scheduler, worker: str, **kwargs) -> None:
         self._inflight.cancel(worker)

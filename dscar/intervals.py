@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 
 #: measured checkpoint costs and clock times kept (the newest)
 WINDOW = 8
-#: with ``every="auto"``: the first checkpoint is taken after this clock, to measure a cost
+#: with ``interval="auto"``: the first checkpoint is taken after this clock, to measure a cost
 FIRST_AUTO_CLOCK = 1
 
 
@@ -61,8 +61,8 @@ class IntervalPlanner:
     costs: deque = field(default_factory=lambda: deque(maxlen=WINDOW))
     #: wall seconds of the newest clocks
     clock_s: deque = field(default_factory=lambda: deque(maxlen=WINDOW))
-    #: job time (seconds) when the planner started, and the workers lost since
-    started: float = 0.0
+    #: when the job's first clock began (None before), and the workers lost since
+    started: float | None = None
     losses: int = 0
     #: the clock after which the next checkpoint is due
     next_due: float = FIRST_AUTO_CLOCK
@@ -85,7 +85,7 @@ class IntervalPlanner:
         if self.mtbf_s is not None:
             return self.mtbf_s, "configured"
         if self.losses:
-            return max(now - self.started, 1e-9) / self.losses, "observed"
+            return max(now - (now if self.started is None else self.started), 1e-9) / self.losses, "observed"
         return None, "unknown"
 
     def period(self, now: float) -> dict:
@@ -99,12 +99,16 @@ class IntervalPlanner:
         return {**out, "period": float(max(1.0, round(young_daly_s(cost, mtbf) / clock))), "source": "young-daly"}
 
     def due(self, clock: int) -> bool:
+        """Whether a checkpoint is due after ``clock``."""
         return clock >= self.next_due - 1e-9
 
-    def taken(self, clock: int, now: float) -> dict:
-        """A checkpoint was taken after ``clock``: the next is due one period later."""
+    def taken(self, clock: int) -> None:
+        """A checkpoint was taken after ``clock``: the next is due one period later (``replan``)."""
         self.last_taken = clock
-        return self.replan(now)
+
+    def abandoned(self) -> None:
+        """The newest version will never complete (a writer was lost): take one at the next clock end."""
+        self.next_due = 0
 
     def replan(self, now: float) -> dict:
         """Choose the period again (a cost was measured, a worker lost): the next checkpoint is
@@ -115,14 +119,43 @@ class IntervalPlanner:
         return choice
 
 
-def rework_estimate(age_clocks: int, recovery: str, unsaved_sq: dict[str, float]) -> float:
-    """Clocks a loss now would cost: the checkpoint's age under full recovery; under partial, the
-    age times the largest share one worker holds of the unsaved change (``unsaved_sq``: each
-    owner's squared norm of current minus saved, at the newest checkpoint)."""
+@dataclass
+class FixedSchedule:
+    """``interval="fixed"``: a checkpoint every ``period`` clocks (``CheckpointConfig.due``), behind
+    the planner's interface, so the job asks one object whether one is due."""
+
+    #: the store's configuration (its ``due``)
+    cfg: object
+
+    def due(self, clock: int) -> bool:
+        return self.cfg.due(clock)
+
+    def record_clock(self, seconds: float) -> None: ...
+
+    def record_cost(self, seconds: float) -> None: ...
+
+    def record_loss(self) -> None: ...
+
+    def taken(self, clock: int) -> None: ...
+
+    def abandoned(self) -> None: ...
+
+    def replan(self, now: float) -> None:
+        """Nothing to choose: the period is fixed."""
+        return None
+
+
+def rework_estimate(age_clocks: int, recovery: str, unsaved_sq: dict[str, float], memory: bool = False) -> float:
+    """Clocks a loss now would cost (an estimate, shown live): the checkpoint's age under full
+    recovery; under partial, the age times the largest share one worker holds of the unsaved
+    change (``unsaved_sq``: each owner's squared norm of current minus saved, at the newest
+    checkpoint), the age at most 1 with the memory tier (a buddy's copy is of the last clock)."""
     if age_clocks <= 0:
         return 0.0
     if recovery == "full":
         return float(age_clocks)
+    if memory:
+        age_clocks = min(age_clocks, 1)
     total = math.sqrt(sum(unsaved_sq.values())) if unsaved_sq else 0.0
     if total <= 0:
         return float(age_clocks) / max(len(unsaved_sq), 1) if unsaved_sq else float(age_clocks)

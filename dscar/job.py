@@ -22,7 +22,7 @@ from typing import Any
 from .checkpoint import state_shards
 from .clock import Apply, ClockMachine, Recover, RunClockEnd, Skip, Stage, StartPass
 from .errors import ShardFailedError
-from .intervals import IntervalPlanner, rework_estimate
+from .intervals import FixedSchedule, IntervalPlanner, rework_estimate
 from .ledger import CheckpointLedger, RecoveryPlan, plan_recovery
 from .monitor import ThroughputMonitor
 from .partitions import PartitionMap
@@ -108,8 +108,12 @@ class JobState:
         self.ledger = None if cfg.checkpoint is None else CheckpointLedger(
             cfg.checkpoint.policy, cfg.checkpoint.keep, resume)
         ck = cfg.checkpoint
-        #: the checkpoint period from measurements (``interval="auto"``; None: every ``period`` clocks)
-        self.intervals = None if ck is None or ck.interval != "auto" else IntervalPlanner(ck.period, ck.mtbf)
+        #: when checkpoints are due: every ``period`` clocks, or a period from measurements
+        #: (``interval="auto"``); None without a store
+        self.schedule = None if ck is None else (
+            IntervalPlanner(ck.period, ck.mtbf) if ck.interval == "auto" else FixedSchedule(ck))
+        #: workers a restart policy took down on purpose: their loss is not a failure (MTBF)
+        self.restarting: set[str] = set()
         #: version -> {"stall": seconds its snapshot stalled the job (None: not yet), "write": its
         #: longest write so far, "written": every writer has written} until its cost is recorded
         self.ckpt_cost: dict[int, dict[str, Any]] = {}
@@ -238,12 +242,13 @@ class JobState:
     def begin(self, clock: int, now: float) -> list[Effect]:
         """Start ``clock`` (the previous one finished and no recovery is under way)."""
         effects: list[Effect] = [RestartWorker(w) for w in self.pending_restarts]
+        self.restarting.update(self.pending_restarts)
         self.pending_restarts = []
         self.metrics, self.shards_done, self.timings, self.stage_s = {}, {}, {}, {}
         self.clock_end_worker = None
         self._stage_t0 = self._clock_t0 = now
-        if self.intervals is not None and not self.intervals.started:
-            self.intervals.started = now
+        if isinstance(self.schedule, IntervalPlanner) and self.schedule.started is None:
+            self.schedule.started = now
         actions = self.machine.begin(clock)
         return effects + self._carry_out(actions, now)
 
@@ -412,12 +417,10 @@ class JobState:
         self.stage_s["clock_end_compute"] = float(seconds)
         effects: list[Effect] = self._clock_policies(now)
         cfg = self.cfg.checkpoint
-        if self.intervals is not None:
-            self.intervals.record_clock(now - self._clock_t0)
-        due = cfg is not None and (self.intervals.due(self.machine.clock) if self.intervals is not None
-                                   else cfg.due(self.machine.clock))
-        if due:
-            effects.append(self._start_checkpoint(now))
+        if self.schedule is not None:
+            self.schedule.record_clock(now - self._clock_t0)
+            if self.schedule.due(self.machine.clock):
+                effects.append(self._start_checkpoint(now))
         if cfg is not None and cfg.memory:
             effects += self._start_mirror()
         return effects
@@ -488,19 +491,19 @@ class JobState:
                 writers.setdefault(h, []).append(s)
         version = self.ledger.start(self.machine.clock, writers)
         self.ckpt_cost[version] = {"stall": None, "write": 0.0, "written": False}
-        if self.intervals is not None:
-            self.intervals.taken(self.machine.clock, now)
-            self._replan(now)
+        self.schedule.taken(self.machine.clock)
+        self._replan(now)
         self.snapshotting.add("checkpoint")
         self.event(now, "checkpoint-started", version=version, policy=cfg.policy, fraction=cfg.save_fraction)
         return Checkpoint(version, writers)
 
     def _replan(self, now: float) -> None:
         """The automatic interval chooses its period again; a change is an event."""
-        choice = self.intervals.replan(now)
-        if choice["period"] != self._last_period:
+        choice = self.schedule.replan(now)
+        if choice is not None and choice["period"] != self._last_period:
             self.event(now, "checkpoint-interval", **{k: v for k, v in choice.items() if v is not None})
-        self._last_period = choice["period"]
+        if choice is not None:
+            self._last_period = choice["period"]
 
     def _start_mirror(self) -> list[Effect]:
         """Every param owner and shard holder copies its partitions and shard states to the next
@@ -553,9 +556,8 @@ class JobState:
         cost = self.ckpt_cost[version]
         if cost["stall"] is not None and cost["written"]:
             del self.ckpt_cost[version]
-            if self.intervals is not None:
-                self.intervals.record_cost(cost["stall"] + cost["write"])
-                self._replan(now)
+            self.schedule.record_cost(cost["stall"] + cost["write"])
+            self._replan(now)
 
     def _build_manifests(self, now: float) -> None:
         tables = {t: l.n_parts for t, l in self.pmap.layouts.items() if self.cfg.kinds[t] == "param"}
@@ -564,6 +566,7 @@ class JobState:
             tables=[[t, l.n_rows, l.n_parts, self.cfg.kinds[t]] for t, l in self.pmap.layouts.items()])
         for v, reason in abandoned:
             self.ckpt_cost.pop(v, None)
+            self.schedule.abandoned()
             self.event(now, "checkpoint-abandoned", version=v, reason=reason)
 
     def published(self, version: int, now: float) -> None:
@@ -577,8 +580,8 @@ class JobState:
         if worker in self.lost:
             return []
         self.lost.add(worker)
-        if self.intervals is not None:
-            self.intervals.record_loss()
+        if self.schedule is not None and worker not in self.restarting:  # a planned restart is no failure
+            self.schedule.record_loss()
             self._replan(now)
         held = self.queue.held_by(worker)  # its data and state were there (copies may be elsewhere)
         applying = self.machine.stage is Stage.APPLY
@@ -633,13 +636,12 @@ class JobState:
             state_mirrors=self.state_mirrors)
 
     def restored(self, key: tuple[str, int], target: str, version: int, now: float,
-                 memory_clock: int | None = None, **measured: float) -> None:
+                 memory_clock: int | None = None) -> None:
         """``target`` owns ``key`` now, restored from checkpoint ``version`` (0: the initial values)
-        or from a buddy's memory copy as of ``memory_clock``; ``measured``: the perturbation, when
-        the lost values are known (a simulated loss: ``perturbation``, ``lost_norm``)."""
+        or from a buddy's memory copy as of ``memory_clock``."""
         self.pmap.owners[key] = target
         where = {"version": version} if memory_clock is None else {"tier": "memory", "memory_clock": memory_clock}
-        self.event(now, "partition-restored", table=key[0], part=key[1], target=target, **where, **measured)
+        self.event(now, "partition-restored", table=key[0], part=key[1], target=target, **where)
 
     def recovery_planned(self, plan: RecoveryPlan, now: float) -> set[str]:
         """The plan is about to be carried out: record which losses it covers; returns them."""
@@ -719,8 +721,8 @@ class JobState:
             return None
         built = self.ledger.built
         age = self.machine.clock - (int(built["clock"]) if built is not None else 0)
-        period = self._last_period if self.intervals is not None and self._last_period else cfg.period
-        return {"age": age, "rework_estimate": rework_estimate(age, cfg.recovery, self.unsaved_sq),
+        period = self._last_period or cfg.period
+        return {"age": age, "rework_estimate": rework_estimate(age, cfg.recovery, self.unsaved_sq, cfg.memory),
                 "period": float(period)}
 
     def report(self) -> dict:

@@ -26,7 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
-from .checkpoint import chain_key
+from .checkpoint import FORMAT, chain_key
 
 
 @dataclass
@@ -125,7 +125,7 @@ class CheckpointLedger:
                     states[str(shard)] = f
                     self.state_saved[int(shard)] = p.clock
             manifest = {
-                **fields, "version": v, "clock": p.clock, "policy": self.policy, "chains": chains,
+                **fields, "format": FORMAT, "version": v, "clock": p.clock, "policy": self.policy, "chains": chains,
                 "states": states, "bytes": sum(f["bytes"] for f in p.files), "created": now,
             }
             self.built = manifest
@@ -255,12 +255,12 @@ def describe(plan: RecoveryPlan) -> dict[str, Any]:
 
 def perturbations(events: list[dict]) -> dict[str, dict[str, float]]:
     """Per table, the perturbation a recovery caused, ``sqrt(sum ||restored - lost||^2)`` over its
-    restored partitions, and the norm of what was lost: from ``partition-restored`` events that
-    measured them (simulated losses); empty when none did."""
+    restored partitions, and the norm of what was lost: from its ``partition-perturbation`` events
+    (simulated losses); empty when there are none."""
     pert: dict[str, float] = {}
     lost: dict[str, float] = {}
     for e in events:
-        if e.get("kind") == "partition-restored" and "perturbation" in e:
+        if e.get("kind") == "partition-perturbation":
             pert[e["table"]] = pert.get(e["table"], 0.0) + e["perturbation"] ** 2
             lost[e["table"]] = lost.get(e["table"], 0.0) + e["lost_norm"] ** 2
     if not pert:

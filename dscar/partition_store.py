@@ -184,41 +184,34 @@ class PartitionStore:
                     if self.specs[t].kind == "param"]
 
     # ------------------------------------------------------------ checkpoints
-    def unsaved_sq(self) -> float:
-        """Squared norm of the param partitions' change since their saved copies (none saved
-        yet: 0), the perturbation losing them now would cause (``intervals.rework_estimate``)."""
-        total = 0.0
-        with self.lock:
-            for key, arr in self.parts.items():
-                saved = self.saved.get(key)
-                if self.specs[key[0]].kind == "param" and saved is not None:
-                    d = (to_host(arr) - saved).astype(np.float64, copy=False).reshape(-1)
-                    total += float(d @ d)
-        return total
-
-    def snapshot(self, fraction: float) -> list[tuple[str, int, np.ndarray | None, np.ndarray]]:
+    def snapshot(self, fraction: float) -> tuple[list[tuple[str, int, np.ndarray | None, np.ndarray]], float]:
         """What a checkpoint of the param partitions writes: ``(table, part, rows, values)``, all
         rows (``fraction >= 1``, ``rows`` None) or the ``fraction`` that moved most since their
         last save (``fraction * rows`` on average; a save that owes a tiny partition no row skips
-        it); the saved copies are updated as if the write succeeded."""
-        snaps = []
+        it); the saved copies are updated as if the write succeeded. Also the squared norm of the
+        change they held since their saved copies, before this save: the perturbation losing them
+        just before it would have caused (``intervals.rework_estimate``)."""
+        snaps, unsaved = [], 0.0
         with self.lock:
             for (table, part), arr in sorted(self.parts.items()):
                 if self.specs[table].kind != "param":
                     continue
                 current = to_host(arr)
                 saved = self.saved.get((table, part))
-                if fraction >= 1 or saved is None:
+                moved = None if saved is None else ckpt.moved(current, saved)
+                if moved is not None:
+                    unsaved += float(moved.sum())
+                if fraction >= 1 or moved is None:
                     rows, values = None, current.copy()
                 else:
                     k, self.credit[(table, part)] = ckpt.priority_count(
                         current.shape[0], fraction, self.credit.get((table, part), 0.0))
                     if not k:
                         continue  # this save owes the partition no row: its chain goes on unchanged
-                    rows = ckpt.priority_rows(current, saved, k)
+                    rows = ckpt.priority_rows(moved, k)
                     values = current[rows].copy()
                 new_saved = current.copy() if saved is None else saved
                 new_saved[rows if rows is not None else slice(None)] = values
                 self.saved[(table, part)] = new_saved
                 snaps.append((table, part, rows, values))
-        return snaps
+        return snaps, unsaved

@@ -75,6 +75,8 @@ class Job:
     #: a simulated loss's param partitions as they were lost (``forget``): what their restore is
     #: measured against (``dscar_perturbation``); a real crash leaves nothing to compare with
     forgotten: dict[tuple[str, int], np.ndarray] = field(default_factory=dict)
+    #: set once a simulated loss has set ``forgotten`` aside
+    forgot: threading.Event = field(default_factory=threading.Event)
 
     def apply_pass(self, clock: int, run: int, committed: list, fetched: dict, reset: set, owned: dict,
                    me: str) -> dict:
@@ -354,7 +356,7 @@ class ShardRunner:
             self._prepare(job, item)
             self._inject(job, clock, "clock-end")
             t0 = time.perf_counter()
-            ctx = ClockEnd(self, job, clock)
+            ctx = ClockEnd(self, job, clock, item["run"])
             metrics = job.algorithm.clock_end(ctx)
             ctx.flush()
             metrics = {str(k): float(v) for k, v in dict(metrics).items()}
@@ -440,9 +442,13 @@ class ShardRunner:
             out[job.xp.asarray(sel)] = vals
         return out
 
-    def write_rows(self, job: Job, table: str, values, start: int) -> dict[str, list]:
-        """Write global rows from ``start``: the partitions held here at once; the others' chunks
-        are returned by owner (``(table, part, lo, data)``), for ``send_writes`` to send."""
+    def write_rows(self, job: Job, table: str, values, start: int, run: int) -> dict[str, list]:
+        """Write global rows from ``start`` for a clock end of pass ``run``: the partitions held
+        here at once; the others' chunks are returned by owner (``(table, part, lo, data)``), for
+        ``send_writes`` to send. A run older than this worker has seen (a recovery restored or
+        rolled back since) writes nothing: ``LookupError``, and its clock is skipped."""
+        if run < job.run_seen:
+            raise LookupError(f"clock end of run {run} is stale (run {job.run_seen} seen here)")
         layout = job.layouts[table]
         values = to_host(values)
         remote: dict[str, list] = defaultdict(list)
@@ -456,12 +462,13 @@ class ShardRunner:
                 remote[owner].append((table, part, lo - a, chunk))
         return remote
 
-    def send_writes(self, job: Job, writes: dict[str, list]) -> None:
+    def send_writes(self, job: Job, writes: dict[str, list], run: int) -> None:
         """One message per owner, all owners at once: a clock end that assigns several tables
         costs one round trip, not one per table and owner."""
         if not writes:
             return
-        replies = self.host.peer_all([(o, "assign", {"job_id": job.id, "chunks": [[t, p, lo] for t, p, lo, _ in c],
+        replies = self.host.peer_all([(o, "assign", {"job_id": job.id, "run": run,
+                                                     "chunks": [[t, p, lo] for t, p, lo, _ in c],
                                                      "arrays": wire.encode([d for *_, d in c])})
                                       for o, c in writes.items()])
         for owner, r in zip(writes, replies):
@@ -564,8 +571,8 @@ class ClockEnd:
     """The ``ClockContext`` of a clock-end step: fresh pulls (of the tables as this step left
     them), assignments."""
 
-    def __init__(self, server: ShardRunner, job: Job, clock: int):
-        self._server, self._job = server, job
+    def __init__(self, server: ShardRunner, job: Job, clock: int, run: int):
+        self._server, self._job, self._run = server, job, run
         self.xp, self.clock, self.meta, self.tol = job.xp, clock, job.meta, job.tol
         self._small: dict[str, Any] | None = None  # the small tables, read once until an assign
         self._writes: dict[str, list] = defaultdict(list)  # assigned rows of other owners, not sent yet
@@ -573,7 +580,7 @@ class ClockEnd:
     def flush(self) -> None:
         """Send the assigned rows other workers own (before a pull reads them, and at the step's end)."""
         writes, self._writes = self._writes, defaultdict(list)
-        self._server.send_writes(self._job, writes)
+        self._server.send_writes(self._job, writes, self._run)
 
     def pull(self, table: str, start: int = 0, stop: int | None = None):
         if self._writes:
@@ -590,7 +597,7 @@ class ClockEnd:
         return self._server.read_row_set(self._job, table, rows)
 
     def assign(self, table: str, values, start: int = 0) -> None:
-        for owner, chunks in self._server.write_rows(self._job, table, values, start).items():
+        for owner, chunks in self._server.write_rows(self._job, table, values, start, self._run).items():
             self._writes[owner] += chunks
         self._small = None
 

@@ -245,12 +245,15 @@ class ParamServer(WorkerPlugin):
             self.runner.pass_applied(job_id)
         return out
 
-    def _h_assign(self, job_id: str, chunks: list, arrays: dict) -> dict:
+    def _h_assign(self, job_id: str, run: int, chunks: list, arrays: dict) -> dict:
         """A clock end's rows for partitions owned here: ``chunks`` ``[[table, part, lo], ...]``, their
-        rows in ``arrays`` (``wire.encode``)."""
+        rows in ``arrays`` (``wire.encode``); nothing from a run older than this worker has seen
+        (a late clock end must not overwrite what a recovery restored)."""
         job = self.jobs.get(job_id)
         if job is None:
             return {"status": "ended"}
+        if run < job.run_seen:
+            return {"status": "stale"}
         try:
             for (table, part, lo), data in zip(chunks, wire.decode(arrays)):
                 job.tables.assign(table, int(part), int(lo), data)
@@ -296,8 +299,8 @@ class ParamServer(WorkerPlugin):
 
     def _snapshot(self, job: Job, fraction: float, state_shards: list | None) -> tuple[list, dict, float]:
         with job.tables.lock:
-            unsaved = job.tables.unsaved_sq()
-            return job.tables.snapshot(fraction), job.shards.states(state_shards or ()), unsaved
+            snaps, unsaved = job.tables.snapshot(fraction)
+            return snaps, job.shards.states(state_shards or ()), unsaved
 
     def _write_checkpoint(self, job: Job, version: int, url: str, storage_options, snaps: list, states: dict) -> None:
         """This worker's one file of ``version`` (its partitions' saved rows and its shards' states),
@@ -313,7 +316,7 @@ class ParamServer(WorkerPlugin):
             if entries:
                 name = hashlib.sha1(self.worker.address.encode()).hexdigest()[:12]
                 written = ckpt.write_file(fs, f"{ckpt.data_dir(root, version)}/{name}.bin", data)
-                files = [{**e, "path": written["path"], "sha256": written["sha256"]} for e in entries]
+                files = [{**e, "path": written["path"]} for e in entries]  # each entry has its range's checksum
         except Exception as e:
             error = f"{type(e).__name__}: {e}"
         try:
@@ -322,11 +325,13 @@ class ParamServer(WorkerPlugin):
         except Exception:
             pass
 
-    async def _h_restore(self, job_id: str, table: str, part: int, chain: list, url: str,
+    async def _h_restore(self, job_id: str, table: str, part: int, chain: list, url: str, run: int = -1,
                          storage_options: dict | None = None, mirror_from: str | None = None) -> dict:
         """Own a partition restored from a checkpoint chain (checksums verified); empty chain: initial
-        values. ``mirror_from``: from that buddy's memory copy instead (``missing`` if it has none)."""
+        values. ``mirror_from``: from that buddy's memory copy instead (``missing`` if it has none).
+        ``run``: the recovery's run id: older work (a late clock end's assign, a pass) is stale here."""
         job = await self._ajob(job_id)
+        job.run_seen = max(job.run_seen, int(run))
         if await self._ainject(job, "recovery"):
             return {"status": "stopped"}
         if mirror_from is not None:
@@ -399,33 +404,44 @@ class ParamServer(WorkerPlugin):
             return {"status": "missing"}
         return {"status": "OK", "clock": got[0], "value": to_serialize(got[1])}
 
-    def _h_forget(self, job_id: str) -> dict:
-        """A simulated loss: drop everything this worker held for the job, as a crash would."""
-        with self._lock:
-            job = self.jobs.get(job_id)
-            if job is not None:
-                with job.tables.lock:
-                    job.forgotten = {k: to_host(v).copy() for k, v in job.tables.parts.items()
-                                     if job.specs[k[0]].kind == "param"}
-                    job.tables.clear()
-                    job.shards.clear()
-                    job.mirrors.clear()
-                job.pull_cache.clear()
+    async def _h_forget(self, job_id: str) -> dict:
+        """A simulated loss: drop everything this worker held for the job, as a crash would; keep
+        the param partitions aside (``Job.forgotten``) for measuring their restore."""
+        job = self.jobs.get(job_id)
+        if job is not None:
+            await asyncio.to_thread(self._forget, job)
         return {"status": "OK"}
+
+    def _forget(self, job: Job) -> None:
+        with self._lock, job.tables.lock:
+            job.forgotten = {k: to_host(v).copy() for k, v in job.tables.parts.items()
+                             if job.specs[k[0]].kind == "param"}
+            job.tables.clear()
+            job.shards.clear()
+            job.mirrors.clear()
+            job.pull_cache.clear()
+        job.forgot.set()
 
     async def _h_perturbation(self, job_id: str, table: str, part: int, owner: str) -> dict:
         """How far the restore of a partition this worker lost (a simulated loss) is from what was
-        lost: ``||restored - lost||`` and ``||lost||``, the restored values read from ``owner``."""
+        lost: ``||restored - lost||`` and ``||lost||``, the restored values read from ``owner``.
+        The restore may finish before this worker has forgotten: it waits for that first."""
         job = self.jobs.get(job_id)
-        lost = None if job is None else job.forgotten.get((table, int(part)))
+        if job is None or not await asyncio.to_thread(job.forgot.wait, rpc_timeout()):
+            return {"status": "missing"}
+        lost = job.forgotten.pop((table, int(part)), None)  # measured once; the copy goes
         if lost is None:
             return {"status": "missing"}
         r = await self._apeer(owner, "pull", job_id=job_id, table=table, part=int(part), lo=0, hi=lost.shape[0])
         if r.get("status", "OK") != "OK":
             return {"status": "missing"}
-        d = (np.asarray(r["data"], dtype=np.float64) - lost).reshape(-1)
-        return {"status": "OK", "perturbation": float(np.sqrt(d @ d)),
-                "lost_norm": float(np.linalg.norm(lost.astype(np.float64).reshape(-1)))}
+
+        def norms() -> dict:
+            d = (np.asarray(r["data"], dtype=np.float64) - lost).reshape(-1)
+            return {"perturbation": float(np.sqrt(d @ d)),
+                    "lost_norm": float(np.linalg.norm(lost.astype(np.float64).reshape(-1)))}
+
+        return {"status": "OK", **await asyncio.to_thread(norms)}
 
     def _h_end_job(self, job_id: str) -> dict:
         with self._lock:

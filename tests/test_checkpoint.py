@@ -51,8 +51,8 @@ def test_priority_rows_are_the_ones_that_moved_most():
     current[4] = [3, 0]
     current[1] = [0, 2]
     current[5] = [0.1, 0]
-    assert list(ckpt.priority_rows(current, saved, 2)) == [1, 4]
-    assert list(ckpt.priority_rows(current, saved, 6)) == list(range(6))
+    assert list(ckpt.priority_rows(ckpt.moved(current, saved), 2)) == [1, 4]
+    assert list(ckpt.priority_rows(ckpt.moved(current, saved), 6)) == list(range(6))
 
 
 @given(st.integers(1, 500), st.sampled_from([0.05, 0.1, 0.25, 0.5]), st.integers(1, 40))
@@ -70,8 +70,8 @@ def write(fs, path, parts, states=None):
     """One writer's file with ``parts`` (``(table, part, rows, values, n_rows)``); its manifest entries."""
     data, entries = ckpt.encode_file(parts, states or {})
     w = ckpt.write_file(fs, str(path), data)
-    assert w["bytes"] == len(data) == sum(e["bytes"] for e in entries)  # the entries add up to the file
-    return [{**e, "path": w["path"], "sha256": w["sha256"]} for e in entries]
+    assert w["bytes"] == len(data) == sum(e["bytes"] for e in entries)  # the entries' ranges add up to the file
+    return [{**e, "path": w["path"]} for e in entries]
 
 
 def test_files_round_trip_and_chains_layer_partial_saves(tmp_path):
@@ -83,8 +83,9 @@ def test_files_round_trip_and_chains_layer_partial_saves(tmp_path):
     np.testing.assert_array_equal(got[:, 0], [1, 7, 1, 7, 1])
     np.testing.assert_array_equal(ckpt.apply_chain(fs, base, [part])[:, 0], [0, 7, 0, 7, 0])
     np.testing.assert_array_equal(ckpt.apply_chain(fs, np.zeros(3, np.int64), [other]), np.arange(3))
-    # raw arrays, no container: a partial save is its values and a compact index
-    assert (tmp_path / "b.bin").stat().st_size == 2 * 2 * 8 + 1 and part["index"][0] == "bitmap"  # 5 rows: 1 byte
+    # raw arrays, no container: a partial save is its values and a compact index (5 rows: a 1-byte
+    # bitmap, padded to 8 bytes like every array)
+    assert (tmp_path / "b.bin").stat().st_size == 2 * 2 * 8 + 8 and part["index"][0] == "bitmap"
 
 
 @given(st.integers(1, 3000).flatmap(lambda n: st.tuples(st.just(n), st.sets(st.integers(0, n - 1), min_size=1))))
@@ -102,7 +103,7 @@ def test_a_priority_save_of_a_tenth_of_the_rows_costs_little_more_than_their_val
     n = 125
     rows = np.sort(rng.choice(n, 13, replace=False))
     data, (e,) = ckpt.encode_file([("w", 0, rows, rng.standard_normal(13), n)], {})
-    assert len(data) <= 13 * 8 * 1.15  # one byte of index per row at most here
+    assert len(data) <= 13 * 8 + 16  # the values, then an index of one byte per row, padded to 8
 
 
 def test_a_corrupt_or_missing_file_is_detected(tmp_path):
@@ -119,9 +120,25 @@ def test_a_corrupt_or_missing_file_is_detected(tmp_path):
     (wrong_shape,) = write(fs, tmp_path / "c.bin", [("w", 0, None, np.ones(3), 3)])
     with pytest.raises(ckpt.CorruptCheckpointError, match="shape"):
         ckpt.apply_chain(fs, np.zeros(4), [wrong_shape])
-    outside = {**wrong_shape, "values": [16, 24, "<f8", [3]]}  # a manifest entry past the file's end
+    outside = {**wrong_shape, "values": [16, 24, "<f8", [3]]}  # an array past the entry's range
     with pytest.raises(ckpt.CorruptCheckpointError, match="does not fit"):
         ckpt.read_entry(fs, outside)
+    for broken in ({k: v for k, v in wrong_shape.items() if k != "offset"}, {**wrong_shape, "values": "x"}):
+        with pytest.raises(ckpt.CorruptCheckpointError):  # a malformed entry is a clear error, not a KeyError
+            ckpt.read_entry(fs, broken)
+
+
+def test_each_entry_is_read_and_verified_alone(tmp_path):
+    """A restore reads its entries' ranges only: damage to another partition's range of the same
+    writer's file does not stop it."""
+    fs = fsspec.filesystem("file")
+    first, second = write(fs, tmp_path / "a.bin", [("w", 0, None, np.ones(4), 4), ("w", 1, None, np.full(4, 2.0), 4)])
+    raw = bytearray((tmp_path / "a.bin").read_bytes())
+    raw[second["offset"]] ^= 0xFF
+    (tmp_path / "a.bin").write_bytes(bytes(raw))
+    np.testing.assert_array_equal(ckpt.read_entry(fs, first)[1], np.ones(4))
+    with pytest.raises(ckpt.CorruptCheckpointError, match="checksum"):
+        ckpt.read_entry(fs, second)
 
 
 def test_manifests_are_published_atomically_and_retention_keeps_referenced_files(tmp_path):
@@ -132,7 +149,7 @@ def test_manifests_are_published_atomically_and_retention_keeps_referenced_files
         (e,) = write(fs, f"{ckpt.data_dir(root, v)}/a.bin", [("w", 0, np.array([0]), np.full(1, v), 3)])
         entries.append(e)
         # a priority chain: every version names all files so far
-        ckpt.publish(fs, root, {"version": v, "clock": v, "chains": {"w/0": list(entries)}})
+        ckpt.publish(fs, root, {"format": ckpt.FORMAT, "version": v, "clock": v, "chains": {"w/0": list(entries)}})
     assert ckpt.list_versions(fs, root) == [1, 2, 3, 4]
     assert not [p for p in os.listdir(root) if p.startswith(".tmp")]  # no temporary file left
     ckpt.retain(fs, root, keep=2)
@@ -143,12 +160,19 @@ def test_manifests_are_published_atomically_and_retention_keeps_referenced_files
     assert json.loads(json.dumps(m)) == m
 
 
+def test_a_manifest_of_another_format_is_refused_not_misread(tmp_path):
+    fs = fsspec.filesystem("file")
+    ckpt.publish(fs, str(tmp_path), {"version": 1, "clock": 1, "chains": {"w/0": [{"path": f"{tmp_path}/v1/w.p0.npz"}]}})
+    with pytest.raises(ckpt.CorruptCheckpointError, match="format 1"):
+        ckpt.load_manifest(fs, str(tmp_path), 1)
+
+
 def test_full_chains_let_retention_delete_old_files(tmp_path):
     fs = fsspec.filesystem("file")
     root = str(tmp_path)
     for v in range(1, 4):
         (e,) = write(fs, f"{ckpt.data_dir(root, v)}/a.bin", [("w", 0, None, np.full(3, v), 3)])
-        ckpt.publish(fs, root, {"version": v, "clock": v, "chains": {"w/0": [e]}})
+        ckpt.publish(fs, root, {"format": ckpt.FORMAT, "version": v, "clock": v, "chains": {"w/0": [e]}})
     ckpt.retain(fs, root, keep=1)
     assert ckpt.list_versions(fs, root) == [3]
     assert not os.path.exists(ckpt.data_dir(root, 1)) and os.path.exists(ckpt.data_dir(root, 3))
@@ -295,7 +319,10 @@ def test_shard_states_share_the_writer_s_file_and_round_trip_and_detect_corrupti
     assert set(got) == {"z", "n"} and got["z"].dtype == np.int32
     np.testing.assert_array_equal(ckpt.read_state(fs, s3, 3)["z"], np.arange(5))
     raw = bytearray((tmp_path / "a.bin").read_bytes())
-    raw[-10] ^= 0xFF
+    raw[s3["offset"] + 1] ^= 0xFF
     (tmp_path / "a.bin").write_bytes(bytes(raw))
     with pytest.raises(ckpt.CorruptCheckpointError, match="checksum"):
         ckpt.read_state(fs, s3, 3)
+    assert set(ckpt.read_state(fs, s7, 7)) == {"z", "n"}  # another shard's range still verifies
+    with pytest.raises(ckpt.CorruptCheckpointError, match="not a state entry"):
+        ckpt.read_state(fs, s7, 3)

@@ -41,6 +41,22 @@ def test_a_clock_without_faults_runs_every_phase_then_the_clock_end():
     assert m.clock_end_done(m.run_id) and m.stage is Stage.DONE and m.finished
 
 
+def test_a_loss_before_anything_was_applied_redoes_the_first_pass_without_a_rebuild():
+    """Nothing holds the data's contributions yet: the redone pass computes the rebuild tables
+    itself (a rebuild pass as well would count them twice: Lasso's clock 1 adds its moments)."""
+    m = ClockMachine(has_rebuild=True)
+    m.begin(1)
+    m.lose(restores=True)
+    [redo] = m.recovered()
+    assert redo.data_phase == 0 and redo.redo and m.stage is Stage.SHARDS
+    m.applied(m.pass_complete(m.run_id)[0].run_id)
+    m.clock_end_done(m.run_id)
+    m.begin(2)
+    m.lose(restores=True)  # now the tables hold clock 1's contributions: rebuild them
+    [rebuild] = m.recovered()
+    assert rebuild.data_phase is None and m.stage is Stage.REBUILD
+
+
 def test_a_loss_in_a_pass_redoes_it_after_a_rebuild_and_stale_work_is_refused():
     m = ClockMachine(n_phases=2, has_rebuild=True)
     m.begin(1)

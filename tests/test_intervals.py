@@ -24,13 +24,17 @@ def test_young_daly_is_sqrt_2_cost_mtbf_and_minimises_the_expected_waste():
 
 
 def test_the_planner_keeps_the_configured_period_until_it_has_a_cost_and_an_mtbf():
-    p = IntervalPlanner(default_period=10, mtbf_s=None, started=0.0)
+    p = IntervalPlanner(default_period=10, mtbf_s=None, started=0.0)  # the first clock began at t = 0
     assert p.due(1)  # a first checkpoint early: it measures a cost
     p.record_cost(0.08)
     for _ in range(5):
         p.record_clock(0.02)
-    choice = p.taken(1, now=5.0)
+    p.taken(1)
+    choice = p.replan(now=5.0)
     assert choice["period"] == 10 and choice["mtbf_source"] == "unknown" and not p.due(10) and p.due(11)
+    p.abandoned()  # that version never completes (a writer was lost): the next clock end takes one
+    assert p.due(2)
+    p.replan(now=5.0)
     p.record_loss()  # one loss in 50 s of job time: MTBF observed as 50 s
     choice = p.period(now=50.0)
     assert choice["mtbf_source"] == "observed" and choice["mtbf_s"] == pytest.approx(50.0)
@@ -53,6 +57,7 @@ def test_rework_estimate_is_the_age_under_full_recovery_and_the_lost_share_under
     assert rework_estimate(6, "partial", unsaved) == pytest.approx(6 * 4 / 5)
     assert rework_estimate(0, "partial", unsaved) == 0
     assert rework_estimate(4, "partial", {"a": 0.0, "b": 0.0}) == pytest.approx(2.0)  # no change measured: 1/W
+    assert rework_estimate(6, "partial", unsaved, memory=True) == pytest.approx(4 / 5)  # a buddy's copy: age <= 1
 
 
 def test_the_automatic_interval_follows_the_measured_cost_on_a_cluster(tmp_path):
@@ -88,3 +93,22 @@ def test_the_automatic_interval_follows_the_measured_cost_on_a_cluster(tmp_path)
     for rec in res.history:
         est = rec.checkpoint
         assert est is not None and 0 <= est["rework_estimate"] <= est["age"]
+
+
+def test_a_worker_restarted_by_policy_is_not_counted_as_a_failure():
+    """The observed MTBF counts failures: a straggler restarted on purpose is not one."""
+    from dscar.job import JobConfig, JobState
+    from dscar.partitions import PartitionMap, TableLayout
+    from dscar.shards import ShardQueue
+
+    pm = PartitionMap([TableLayout("w", 10, 2)])
+    pm.owners = {("w", 0): "a", ("w", 1): "b"}
+    cfg = JobConfig("j", 2, {"w": "param"}, [], [""], CheckpointConfig("x", interval="auto"))
+    job = JobState(cfg, ShardQueue(2, reloadable=True), pm)
+    job.workers = ["a", "b", "c"]
+    job.pending_restarts = ["c"]
+    job.begin(1, now=0.0)
+    job.lose("c", now=1.0)
+    assert job.schedule.losses == 0
+    job.lose("b", now=2.0)
+    assert job.schedule.losses == 1 and job.schedule.mtbf(now=2.0) == (2.0, "observed")

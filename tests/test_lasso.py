@@ -144,6 +144,21 @@ def test_a_problem_that_fits_one_block_is_solved_at_clock_1_and_certified_at_clo
     assert fits[4].n_clocks >= 3
 
 
+@pytest.mark.parametrize("loss_clock", [1, 2])
+def test_a_loss_while_one_block_is_solved_or_certified_still_reaches_the_optimum(tmp_path, loss_clock):
+    from dscar import CheckpointConfig, faults
+
+    X, y = load_diabetes(return_X_y=True)
+    alpha = 0.01 * lasso_alpha_max(X, y)
+    _, ref = sklearn_reference(X, y, alpha)
+    with dscar.Cluster(n_workers=3, processes=False) as cl:
+        res = dscar.fit(LassoCD(alpha, tol=1e-9), {"X": X, "y": y}, cl, n_shards=6, max_clocks=20,
+                        checkpoint=CheckpointConfig(str(tmp_path), policy="full", every=1),
+                        faults=[faults.lose(1, loss_clock)])
+    assert any(e["kind"] == "recovery-done" for e in res.events) and res.converged
+    assert abs(objective(X, y, res.params["w"], intercept(res, len(y)), alpha) - ref) <= 1e-6 * ref
+
+
 def test_sparse_input_matches_dense(inproc):
     X, y, _ = make_regression(2000, 60, 8, seed=5)
     X[np.abs(X) < 1.0] = 0.0

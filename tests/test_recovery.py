@@ -85,14 +85,16 @@ def test_a_simulated_loss_measures_the_perturbation_of_each_restored_partition(t
     with dscar.Cluster(n_workers=3, processes=False) as cl:
         res = dscar.fit(RowCounter(n_parts=n_parts, sleep=0.01), row_data(n_rows), cl, n_shards=6,
                         max_clocks=9, checkpoint=cfg, faults=[faults.lose(1, 7)])
-    restored = [e for e in res.events if e["kind"] == "partition-restored" and e["table"] == "count"]
-    assert restored
-    for e in restored:
+    restored = {e["part"]: e for e in res.events if e["kind"] == "partition-restored" and e["table"] == "count"}
+    measured = [e for e in res.events if e["kind"] == "partition-perturbation"]
+    assert restored and sorted(e["part"] for e in measured) == sorted(restored)
+    for e in measured:
         a, b = row_bounds(n_rows, n_parts)[e["part"]]
-        assert e["perturbation"] == pytest.approx((6 - 4 * e["version"]) * np.sqrt(b - a)), e
+        version = restored[e["part"]]["version"]
+        assert e["perturbation"] == pytest.approx((6 - 4 * version) * np.sqrt(b - a)), e
         assert e["lost_norm"] == pytest.approx(6 * np.sqrt(b - a)), e
     [done] = [e for e in res.events if e["kind"] == "recovery-done"]
-    assert done["perturbation"]["count"] == pytest.approx(np.sqrt(sum(e["perturbation"] ** 2 for e in restored)))
+    assert done["perturbation"]["count"] == pytest.approx(np.sqrt(sum(e["perturbation"] ** 2 for e in measured)))
     assert set(done["perturbation"]) == {"count"}  # reduction tables are not state: not measured
 
 

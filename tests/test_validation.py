@@ -152,7 +152,7 @@ def _store(tmp_path, manifests):
 
 def _manifest(root, v, params, path=None):
     entry = {"path": path or f"{root}/v{v:08d}/w.p0.npz", "sha256": "0", "bytes": 1}
-    return {"version": v, "clock": v, "tables": [["w", 4, 1, "param"]], "chains": {"w/0": [entry]},
+    return {"format": ckpt.FORMAT, "version": v, "clock": v, "tables": [["w", 4, 1, "param"]], "chains": {"w/0": [entry]},
             "model": {"name": "lda", "class": "m.LDAGibbs", "params": params, "n_rows": 10, "shapes": {"X": [4]}}}
 
 

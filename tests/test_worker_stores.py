@@ -225,8 +225,9 @@ def test_snapshot_saves_the_rows_that_moved_most_and_remembers_them():
     store = _store(rows=4, parts=1)
     store.stage((1, 0, 0), 1, [_up(0, 0, [0, 5, 0, 1])])
     store.apply_pass(1, [(1, 0, 0)], {}, set(), store.owned())
-    [(table, part, rows, values)] = store.snapshot(0.25)
+    [(table, part, rows, values)], unsaved = store.snapshot(0.25)
     assert (table, part) == ("w", 0) and list(rows) == [1] and list(values) == [6.0]
+    assert unsaved == 5.0**2 + 1.0**2  # the change not saved before this save
     assert np.array_equal(store.saved[("w", 0)], np.array([0.0, 6.0, 2.0, 3.0]))
 
 
