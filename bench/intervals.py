@@ -25,7 +25,6 @@ minute; the rule and the comparison are the same at any scale.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import statistics
@@ -41,6 +40,7 @@ os.environ.setdefault("MKL_NUM_THREADS", "1")
 import numpy as np  # noqa: E402
 
 import dscar  # noqa: E402
+from bench.common import machine_info, pyplot, write_json  # noqa: E402
 from bench.recovery import WIDTH, SparseTouch  # noqa: E402
 from dscar.intervals import expected_waste, young_daly_s  # noqa: E402
 
@@ -143,19 +143,13 @@ def main(argv: list[str] | None = None) -> int:
     best = min((s for s in summary if s != "auto"), key=lambda s: summary[s]["waste"])
     print(f"  lowest measured waste of the fixed intervals: {best} ({100 * summary[best]['waste']:.1f}%); "
           f"auto {100 * auto['waste']:.1f}%")
-    out = {"mb": mb, "workers": args.workers, "clocks": clocks, "repeats": repeats, "mtbf_s": args.mtbf,
+    out = {"machine": machine_info(), "mb": mb, "workers": args.workers, "clocks": clocks, "repeats": repeats, "mtbf_s": args.mtbf,
            "loadavg": [load0[0], os.getloadavg()[0]], "base_clock_ms": 1e3 * base, "summary": summary,
            "runs": runs, "seconds": time.perf_counter() - t_start}
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(out, f, indent=1, default=float)
-        print(f"json: {args.json}")
+        write_json(args.json, out)
     if args.plot:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-
+        plt = pyplot()
         fig, ax = plt.subplots(figsize=(6, 3.8))
         fx = [s for s in summary if s != "auto"]
         ax.plot([summary[s]["period_used"] for s in fx], [100 * summary[s]["waste"] for s in fx], "o-",

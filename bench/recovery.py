@@ -21,7 +21,6 @@ BLAS threads pinned to 1; the load average beside.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -36,6 +35,7 @@ os.environ.setdefault("MKL_NUM_THREADS", "1")
 import numpy as np  # noqa: E402
 
 import dscar  # noqa: E402
+from bench.common import machine_info, pyplot, write_json  # noqa: E402
 from dscar import Algorithm, TableSpec, faults  # noqa: E402
 
 WIDTH = 16  # float64 values per row
@@ -156,19 +156,13 @@ def main(argv: list[str] | None = None) -> int:
     ratio = d["recovery_s_median"] / m["recovery_s_median"] if m["recovery_s_median"] else float("nan")
     print(f"  memory tier recovers {ratio:.1f}x faster; costs {1e3 * (m['clock_s_median_ff'] - d['clock_s_median_ff']):+.1f} ms"
           f" per clock")
-    out = {"mb": mb, "workers": args.workers, "trials": trials, "kill_clock": args.kill_clock, "clocks": args.clocks,
+    out = {"machine": machine_info(), "mb": mb, "workers": args.workers, "trials": trials, "kill_clock": args.kill_clock, "clocks": args.clocks,
            "loadavg": [load0[0], os.getloadavg()[0]], "results": results, "speedup": ratio,
            "seconds": time.perf_counter() - t_start}
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(out, f, indent=1, default=float)
-        print(f"json: {args.json}")
+        write_json(args.json, out)
     if args.plot:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-
+        plt = pyplot()
         fig, (a, b) = plt.subplots(1, 2, figsize=(9, 3.5))
         names = list(results)
         a.bar(names, [results[n]["recovery_s_median"] for n in names], color=["#888", "#2a7"])

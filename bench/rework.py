@@ -165,6 +165,9 @@ POLICIES: dict[str, tuple[str, str]] = {
 MEMORY_POLICY = "scar+memory"
 MODES = ("simulate", "real")
 TARGET_LOW, TARGET_AIM = 0.78, 0.95  # SCAR's reduction vs traditional: paper's low end, our aim
+#: one colour per policy in the plots
+POLICY_COLORS = {"traditional": "tab:red", "partial": "tab:orange", "priority": "tab:blue", "scar": "tab:green",
+                 MEMORY_POLICY: "tab:purple"}
 BYTES_RATIO = 1.2  # priority checkpoints' bytes per clock at most this times full's (the same rows per clock)
 AGREE_SIGMAS = 2.0
 
@@ -895,8 +898,6 @@ def plot(results: dict[str, dict], path: str) -> None:
     plt = pyplot()
     panels = [(a, m, mode, res.get("reference")) for a, res in results.items() for m, mode in res["modes"].items()]
     fig, axes = plt.subplots(1, max(1, len(panels)), figsize=(6.5 * max(1, len(panels)), 4.5), squeeze=False)
-    colors = {"traditional": "tab:red", "partial": "tab:orange", "priority": "tab:blue", "scar": "tab:green",
-              MEMORY_POLICY: "tab:purple"}
     for ax, (algo, m, mode, ref) in zip(axes[0], panels):
         base = mode.get("failure_free", {}).get("traditional", {})
         if not base.get("objective") or not mode.get("trials"):
@@ -915,7 +916,7 @@ def plot(results: dict[str, dict], path: str) -> None:
         for pol in POLICIES:
             r = t["runs"].get(pol, {})
             if r.get("objective"):
-                ax.plot(*curve(r["objective"]), color=colors[pol], linewidth=1.2,
+                ax.plot(*curve(r["objective"]), color=POLICY_COLORS[pol], linewidth=1.2,
                         label=f"{pol}: rework {r.get('rework')} (obj {r.get('rework_obj')})")
         ax.axvline(t["clock"], color="grey", linestyle="--", linewidth=1)
         ax.annotate(f" worker {t['worker']} lost\n at clock {t['clock']}", (t["clock"], 0.98),
@@ -942,14 +943,12 @@ def plot_perturbation(results: dict[str, dict], path: str) -> None:
     if not panels:
         return
     plt = pyplot()
-    colors = {"traditional": "tab:red", "partial": "tab:orange", "priority": "tab:blue", "scar": "tab:green",
-              MEMORY_POLICY: "tab:purple"}
     fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 4), squeeze=False)
     for ax, (algo, mode) in zip(axes[0], panels):
         for pol in mode["summary"]:
             xy = perturbation_pairs(mode, pol)
             if xy:
-                ax.plot([max(x, 1e-6) for x, _ in xy], [y for _, y in xy], "o", alpha=0.6, color=colors.get(pol),
+                ax.plot([max(x, 1e-6) for x, _ in xy], [y for _, y in xy], "o", alpha=0.6, color=POLICY_COLORS.get(pol),
                         label=pol)
         ax.set_xscale("log")
         ax.set_xlabel("||restored - lost|| / ||lost||")
