@@ -333,6 +333,8 @@ class _Run:
         self.published: list[dict[str, Any]] = []
         self.model = _model_info(algorithm, data.meta)
         self._pool = None  # the driver's own connection pool to workers (``_worker``)
+        self._last_report_at: float | None = None  # when the last clock's report came (time.time())
+        self._last_clock = 0
 
     def _sync(self, fn, *args, **kw):
         return self.client.sync(fn, *args, **kw)
@@ -394,12 +396,27 @@ class _Run:
             raise
         finally:
             self._sync(self._end_job)
+            if failure is None:
+                self._note_late_recovery()
             _undo_hangs(self.events)
             self.events.sort(key=lambda e: e["time"])
             if failure is not None:  # what led to the failure, for a post-mortem
                 failure.events = list(self.events)
         return FitResult(params, history, self.events, converged,
                          time.perf_counter() - t_start, setup_s, self.workers, self.published)
+
+    def _note_late_recovery(self) -> None:
+        """A worker lost after the last clock's report (while the checkpoints were flushed or the
+        model gathered) was recovered before the gather: the model returned is the restored one,
+        not the last clock's. Say so (a ``model-restored`` event and a warning): it may lag."""
+        after = self._last_report_at
+        lost = sorted({e["worker"] for e in self.events
+                       if e.get("kind") == "worker-lost" and after is not None and e.get("time", 0.0) > after})
+        if lost:
+            logger.warning("dscar: worker(s) %s lost after the last clock: the model returned is the one "
+                           "recovery restored from the checkpoints", ", ".join(lost))
+            self.events.append({"time": time.time(), "clock": self._last_clock, "kind": "model-restored",
+                                "workers": lost})
 
     async def _end_job(self) -> None:
         """The coordinator drops the job (its last events come back), then every worker at once."""
@@ -539,6 +556,7 @@ class _Run:
                         self._sync(self._replace, list(r["shards"]), list(r["workers"]))
                     r = self._sync(sched.dscar_wait, job_id=self.job_id, clock=clock, timeout=1.0,
                                    events_from=self._seen)
+                self._last_report_at, self._last_clock = time.time(), clock
                 rec = ClockRecord(clock, time.perf_counter() - t0, dict(r["metrics"]),
                                   dict(r["shards_per_worker"]), dict(r["timings"]), dict(r["stage_s"]),
                                   dict(r.get("workers", {})), bool(r.get("skipped")), r.get("checkpoint"))

@@ -372,3 +372,18 @@ def test_an_owner_lost_while_the_model_is_gathered_is_recovered_and_the_gather_r
     assert lost and kinds.count("worker-lost") == 1 and "recovery-done" in kinds, kinds
     # the lost owner's partition comes back from the clock-3 checkpoint: every row counted 3 times
     np.testing.assert_array_equal(res.params["count"], np.full(40, 3.0))
+
+
+def test_a_loss_after_the_last_clock_is_reported_with_the_model_it_returns():
+    """The model gathered after such a loss is the one recovery restored: a model-restored event says so."""
+    from dscar.driver import _Run
+
+    run = object.__new__(_Run)
+    run.events = [{"time": 5.0, "kind": "worker-lost", "worker": "a"}, {"time": 9.0, "kind": "worker-lost", "worker": "b"}]
+    run._last_report_at, run._last_clock = 7.0, 12
+    run._note_late_recovery()
+    [e] = [e for e in run.events if e["kind"] == "model-restored"]
+    assert e["workers"] == ["b"] and e["clock"] == 12
+    run.events, run._last_report_at = [{"time": 5.0, "kind": "worker-lost", "worker": "a"}], 7.0
+    run._note_late_recovery()
+    assert not any(e["kind"] == "model-restored" for e in run.events)
