@@ -151,7 +151,7 @@ class ClockMachine:
     applying_rebuild: bool = False
     #: some pass has been told to apply: tables may hold the data's contributions. Before that a
     #: loss leaves nothing to rebuild: the interrupted first pass computes the rebuild tables
-    #: itself (Lasso's clock 1 adds them), and a rebuild pass too would count them twice
+    #: itself (an algorithm's first step may add them), and a rebuild pass too would count them twice
     applied_before: bool = False
 
     # ---------------------------------------------------------- transitions

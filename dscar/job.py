@@ -500,10 +500,11 @@ class JobState:
     def _replan(self, now: float) -> None:
         """The automatic interval chooses its period again; a change is an event."""
         choice = self.schedule.replan(now)
-        if choice is not None and choice["period"] != self._last_period:
+        if choice is None:  # a fixed period
+            return
+        if choice["period"] != self._last_period:
             self.event(now, "checkpoint-interval", **{k: v for k, v in choice.items() if v is not None})
-        if choice is not None:
-            self._last_period = choice["period"]
+        self._last_period = choice["period"]
 
     def _start_mirror(self) -> list[Effect]:
         """Every param owner and shard holder copies its partitions and shard states to the next
