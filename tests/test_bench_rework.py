@@ -1,6 +1,8 @@
 """The rework benchmark runs end to end (``--quick``) and reports what it promises."""
 import math
 
+import numpy as np
+
 import pytest
 
 POLICIES = ["traditional", "partial", "priority", "scar"]
@@ -62,9 +64,18 @@ def test_quick_benchmark_covers_lda_and_mlr_with_their_thresholds(quick_run):
     stdout, d, _ = quick_run
     assert set(d["algorithms"]) == {"lasso", "lda", "mlr"}
     lda, mlr = d["algorithms"]["lda"], d["algorithms"]["mlr"]
-    # LDA: the threshold is eps below the failure-free plateau, which the reference run found
+    # LDA: the threshold is a share of the failure-free climb to the plateau, both from the reference run
     info = lda["problem"]
-    assert info["plateau"] < 0 and info["level"] == pytest.approx(info["plateau"] * (1 + info["eps"]))
+    assert info["first"] < info["level"] < info["plateau"] < 0
+    assert info["level"] == pytest.approx(info["plateau"] - (1 - info["climb"]) * (info["plateau"] - info["first"]))
+    # its trials cycle through sampler seeds, each counted from its own seed's failure-free run
+    for mode in MODES:
+        by_seed = lda["modes"][mode]["T_star_by_seed"]
+        assert len(by_seed) == info["seeds"] > 1
+        for t in lda["modes"][mode]["trials"]:
+            assert t["clock"] < min(by_seed.values())
+            for r in t["runs"].values():
+                assert r["seed"] == t["seed"] and (r["rework"] is None or r["rework_T_star"] == by_seed[str(t["seed"])])
     # MLR: the threshold is (1 + eps) times scikit-learn's optimum of the same problem
     assert mlr["problem"]["P_star_sklearn"] > 0 and f"(1 + {mlr['problem']['eps']:g}) P*" in mlr["problem"]["threshold"]
     for name, res in (("lda", lda), ("mlr", mlr)):
@@ -126,9 +137,38 @@ def test_mf_runs_only_when_named_and_its_threshold_sits_mid_trajectory():
     info = prob.info
     assert info["level"] == pytest.approx(info["converged"] * (1 + info["eps"]))
     with dscar.Cluster(n_workers=4, processes=False) as cl:
-        res = dscar.fit(prob.make_algo(), prob.data, cl, max_clocks=prob.max_clocks, progress=False, policies=[])
+        res = dscar.fit(prob.make_algo(0), prob.data, cl, max_clocks=prob.max_clocks, progress=False, policies=[])
     objs = [h.metrics["objective"] for h in res.history]
     t_star = prob.threshold({"n_clocks": res.n_clocks, "converged": res.converged})
     assert t_star == res.n_clocks and 15 <= t_star <= 30, t_star
     assert objs[-1] <= info["level"] < objs[-2]
     assert all(b <= a * (1 + 1e-12) for a, b in zip(objs, objs[1:]))  # ALS: the objective never increases
+
+
+def test_schedule_bytes_per_clock_does_not_depend_on_where_the_run_stops():
+    """A full checkpoint every 10 clocks and a tenth of the rows every clock write the same bytes per clock,
+    whether the run stops at clock 18 (one full checkpoint taken) or 20 (two)."""
+    from bench.rework import schedule_bytes_per_clock
+
+    for stop in (18, 20):
+        full = [{"clock": c, "bytes": 1000} for c in range(10, stop + 1, 10)]
+        prio = [{"clock": c, "bytes": 100} for c in range(1, stop + 1)]
+        assert schedule_bytes_per_clock(full) == schedule_bytes_per_clock(prio) == 100
+    assert math.isnan(schedule_bytes_per_clock([]))
+
+
+def test_sparse_mlr_problem_has_heavy_tailed_word_frequencies():
+    """``mlr-text``: bag-of-words rows of unit norm whose words' document frequencies are heavy-tailed, so
+    SGD moves the weight rows of a few words much more than the rest (where SCAR's priority saves pay)."""
+    import scipy.sparse as sp
+
+    from bench.rework import ALGORITHMS, DEFAULT_ALGORITHMS, mlr_text_problem
+
+    assert "mlr-text" in ALGORITHMS and "mlr-text" not in DEFAULT_ALGORITHMS
+    prob = mlr_text_problem(quick=True)
+    X, y = prob.data["X"], prob.data["y"]
+    assert sp.issparse(X) and X.shape == (1_000, 1_000) and set(np.unique(y)) == set(range(10))
+    np.testing.assert_allclose(np.sqrt(np.asarray(X.multiply(X).sum(axis=1)).ravel()), 1.0)
+    df = np.asarray((X > 0).sum(axis=0)).ravel()
+    assert np.quantile(df, 0.99) > 5 * np.median(df) and (df <= 10).mean() > 0.25  # 10: 1 % of the documents
+    assert prob.info["P_star_sklearn"] > 0 and prob.n_shards == 8
