@@ -34,7 +34,8 @@ On dscar (AD-LDA, Newman et al. 2009):
   After a worker loss the shards it held get their ``z`` back before their
   next step, from the buddy's memory copy (memory tier, while the buddy
   lives) or from the newest checkpoint that saved it; full recovery rolls
-  every saved shard's ``z`` back to its newest saved copy. The count tables
+  every shard's ``z`` back with the tables, to its newest saved copy or, where
+  the version saved none, to none (as at checkpoint 0). The count tables
   are then rebuilt from the assignments (``rebuild_step``). A lost shard left
   with no ``z`` (never saved, or its copy did not verify) draws it again from
   the tables (``redraw``), a perturbation the following sweeps absorb.
@@ -1276,10 +1277,12 @@ class LDAGibbs(Algorithm):
 
         A shard whose assignments were lost with its worker has them restored
         by the engine before this step (from a buddy's memory copy or the
-        newest checkpoint that saved them; full recovery rolls every saved
-        shard's back to that copy); one left without any (never saved, or
-        its copy did not verify) gets new ones drawn from the model as it
-        stands (``redraw``) before its counts are added.
+        newest checkpoint that saved them; full recovery rolls every shard's
+        back to that copy, or to none where the version saved none); one left
+        without any (never saved, or its copy did not verify) gets new ones
+        drawn from the model as it stands (``redraw``: after a full rollback
+        to checkpoint 0, from the initial tables, a fresh random start)
+        before its counts are added.
         A rebuild in clock 1 adds nothing: clock 1 is run again and draws and
         counts every shard's assignments itself.
         """

@@ -62,10 +62,12 @@ checkpoint saves every shard's, a priority one the fraction ``r`` of shards
 saved longest ago). Partial recovery gives the lost worker's shards their
 assignments back from the newest checkpoint that saved them (``scar+memory``:
 from the buddy's memory copy while the buddy lives); the surviving shards
-keep their current ones. Full recovery rolls every saved shard's assignments
-back to its newest saved copy (the clock counter is not rolled back). A
-lost shard with no saved assignments draws them again from the tables
-(``LDAGibbs.redraw``). The rebuild pass then recounts the tables from the
+keep their current ones. Full recovery rolls every shard's assignments back
+to its newest saved copy, or to none where the version saved none, as at
+checkpoint 0 (the clock counter is not rolled back; before stop 19 the
+shards it had not saved kept their current assignments, so a "traditional"
+loss before the first full checkpoint cost nothing). A shard with no
+assignments draws them again from the tables (``LDAGibbs.redraw``). The rebuild pass then recounts the tables from the
 assignments, so a rollback of the tables themselves is overwritten: a loss
 costs the restored shards' assignments going back to their saved copies
 (the lost worker's shards under partial recovery, every saved shard under

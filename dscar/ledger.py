@@ -160,7 +160,8 @@ class RecoveryPlan:
 
     #: (table, part) -> the live worker that restores and then owns it
     restores: dict[tuple[str, int], str]
-    #: shard -> the checkpoint file entry its state comes from before its next step
+    #: shard -> the checkpoint file entry its state comes from before its next step (``INITIAL_STATE``:
+    #: none, as before its first step)
     states: dict[int, dict]
     #: manifests to restore from, newest first
     manifests: list[dict]
@@ -173,6 +174,10 @@ class RecoveryPlan:
     @property
     def version(self) -> int:
         return int(self.manifests[0]["version"]) if self.manifests else 0
+
+
+#: a shard's state in a full rollback to a version that never saved it: none, as before its first step
+INITIAL_STATE: dict[str, Any] = {"initial": True}
 
 
 def plan_recovery(
@@ -196,8 +201,11 @@ def plan_recovery(
     initial values either way: they are recomputed each clock). A lost
     partition goes to the least loaded live worker (by rows owned, counting the
     plan so far); a surviving one is restored in place. Shards whose state was
-    lost (all shards under full recovery) take it from the newest manifest that
-    saved it; the others keep theirs. Under partial recovery, a lost param
+    lost take it from the newest manifest that saved it; the others keep theirs.
+    Full recovery rolls every shard's state back with the tables: to its saved
+    copy, or to none (``INITIAL_STATE``) where the version holds none, as at
+    checkpoint 0 (a state kept from after the version would not be a rollback).
+    Under partial recovery, a lost param
     partition whose memory copy (``mirrors``: ``(table, part) -> (buddy,
     clock)``) is on a live buddy comes from there, unless a disk version is
     newer (a full one, or a priority one by more than a clock). A lost shard's
@@ -225,7 +233,8 @@ def plan_recovery(
         restores[key] = target
     saved = manifests[0].get("states", {}) if manifests else {}
     shards = range(n_shards) if full else sorted(set(lost_shards))
-    states = {int(s): saved[str(s)] for s in shards if str(s) in saved}
+    states = ({int(s): saved.get(str(s), INITIAL_STATE) for s in shards} if full else
+              {int(s): saved[str(s)] for s in shards if str(s) in saved})
     if not full:  # a lost shard's state from its buddy's memory (the saved file, if any, as a fallback)
         for s in shards:
             buddy, clock = (state_mirrors or {}).get(int(s), (None, 0))

@@ -240,11 +240,14 @@ class ShardRunner:
 
     def _restore_state(self, job: Job, shard: int, entry: ShardEntry, item: dict) -> None:
         """Replace the shard's state by its copy in a buddy's memory (the memory tier) or its
-        checkpointed one; a corrupt or missing copy leaves no state (the algorithm's rebuild step
-        then re-creates it) and says so in an event."""
+        checkpointed one, or by none (a full rollback to a version that never saved it); a corrupt or
+        missing copy leaves no state (the algorithm's rebuild step then re-creates it) and says so in
+        an event."""
         source = item["state_file"]
         state = None
-        if "memory" in source:
+        if source.get("initial"):
+            source = None
+        elif "memory" in source:
             try:
                 r = self.host.peer(source["memory"], "get_mirror", job_id=job.id, key=shard_key(shard))
                 if r.get("status") == "OK":

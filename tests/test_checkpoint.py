@@ -268,7 +268,7 @@ def test_recovery_plans_restore_only_lost_partitions_onto_the_least_loaded_and_f
 
 
 def test_recovery_takes_a_lost_partition_from_its_live_buddy_s_memory_and_else_from_disk():
-    from dscar.ledger import describe, plan_recovery
+    from dscar.ledger import INITIAL_STATE, describe, plan_recovery
 
     owners = {("w", 0): "a", ("w", 1): "b", ("w", 2): "c", ("g", 0): "b"}
     kinds = {"w": "param", "g": "reduction"}
@@ -295,7 +295,9 @@ def test_recovery_takes_a_lost_partition_from_its_live_buddy_s_memory_and_else_f
     assert p.states == {1: {"memory": "c", "clock": 7, "file": None}, 2: {"memory": "a", "clock": 7,
                         "file": {"path": "s2"}}}  # shard 3's copy went with b, and no file saved it
     assert describe(p)["states_from_memory"] == [[1, "c", 7], [2, "a", 7]]
-    assert plan_recovery(lost={"b"}, live=["a", "c"], full=True, **sk).states == {2: {"path": "s2"}}
+    # full recovery rolls every shard back: to its saved state, or to none where the version saved none
+    assert plan_recovery(lost={"b"}, live=["a", "c"], full=True, **sk).states == {
+        0: INITIAL_STATE, 1: INITIAL_STATE, 2: {"path": "s2"}, 3: INITIAL_STATE}
 
 
 def test_shard_states_rotate_oldest_first_at_the_priority_budget():

@@ -318,6 +318,22 @@ def test_shard_states_are_checkpointed_and_restored_with_the_tables(tmp_path, po
         assert "rollback" in kinds_ and (seen < clocks).all()  # every state rolled back with the tables
 
 
+def test_a_full_rollback_to_checkpoint_0_restarts_every_shard_state(tmp_path):
+    """Full recovery before the first checkpoint rolls the tables back to their initial values, and every
+    shard's state with them, the survivors' too: a state kept from after the version is no rollback (an
+    LDA shard keeping its assignments made a "traditional" loss cost nothing)."""
+    n_shards, clocks, loss = 8, 7, 4
+    cfg = CheckpointConfig(str(tmp_path), policy="full", every=100, recovery="full")
+    with dscar.Cluster(n_workers=3, processes=False) as cl:
+        res = dscar.fit(ShardClock(), row_data(4 * n_shards), cl, n_shards=n_shards, max_clocks=clocks,
+                        checkpoint=cfg, faults=[faults.lose(1, loss)])
+    start = next(e for e in res.events if e["kind"] == "recovery-started")
+    assert start["version"] == 0 and start["shard_states"] == list(range(n_shards))
+    # the clocks after the loss count from zero in every shard (ShardClock fails a step whose state and
+    # table disagree): the loss clock, cut short, is run again, and then the rest
+    np.testing.assert_array_equal(res.params["seen"], np.full(n_shards, clocks - loss + 1.0))
+
+
 def test_the_memory_tier_restores_lost_shard_states_as_of_the_last_clock(tmp_path):
     """From disk (a quarter of the shard states per clock) a lost shard's count would come back up to
     four clocks old; from the buddy's memory it is the last clock's (or the one before, if that copy
