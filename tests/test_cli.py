@@ -52,7 +52,8 @@ def test_run_with_injected_faults_prints_the_events():
 
 def test_checkpoint_and_resume_flags(tmp_path):
     store = str(tmp_path / "ckpt")
-    common = ["run", "lasso", "--rows", "3000", "--features", "60", "--no-progress", "--checkpoint", store,
+    # > 64 features: clock 1 screens, later clocks solve blocks, so the run goes past clock 3
+    common = ["run", "lasso", "--rows", "3000", "--features", "100", "--no-progress", "--checkpoint", store,
               "--checkpoint-policy", "full", "--checkpoint-every", "1"]
     r = run(common + ["--max-clocks", "2"])
     assert r.returncode == 0 and "checkpoints: 2 published" in r.stdout  # stopped at --max-clocks: a normal end
@@ -159,7 +160,8 @@ def test_a_run_stopped_by_max_clocks_exits_0(argv):
 @pytest.mark.timeout(180)
 def test_resume_compares_the_model_not_the_stopping_rule(tmp_path):
     store = str(tmp_path / "ckpt")
-    common = ["run", "lasso", "--rows", "3000", "--features", "60", "--no-progress", "--checkpoint", store,
+    # > 64 features: clock 1 screens, later clocks solve blocks, so the run goes past clock 3
+    common = ["run", "lasso", "--rows", "3000", "--features", "100", "--no-progress", "--checkpoint", store,
               "--checkpoint-policy", "full", "--checkpoint-every", "1", "--alpha", "0.01"]
     r = run(common + ["--max-clocks", "2"])
     assert r.returncode == 0, r.stderr

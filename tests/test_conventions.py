@@ -22,9 +22,9 @@ def test_progress_defaults_to_the_terminal():
 
 @pytest.mark.timeout(120)
 def test_max_iter_stopping_a_fit_warns(inproc):
-    X, y, _ = make_regression(2000, 40, 5, seed=0)
+    X, y, _ = make_regression(2000, 100, 5, seed=0)
     with pytest.warns(dscar.ConvergenceWarning, match=r"Lasso stopped after 1 iterations \(max_iter=1\)"):
-        Lasso(alpha=0.001, max_iter=1, cluster=inproc).fit(X, y)  # 40 features: clock 1 solves, clock 2 certifies
+        Lasso(alpha=0.001, max_iter=1, cluster=inproc).fit(X, y)  # > 64 features: clock 1 only screens
     u, i, r, _ = make_ratings(200, 100, 3000, seed=0)
     with pytest.warns(dscar.ConvergenceWarning, match="MF stopped after 1 iterations"):
         MF(rank=4, max_iter=1, cluster=inproc, n_shards=4).fit((u, i, r))
