@@ -355,8 +355,9 @@ def mlr_on(X, y, name: str, eps: float, info: dict) -> Problem:
 
 
 def mlr_text_problem(quick: bool) -> Problem:
-    """MLR on a sparse bag-of-words problem (``make_text_classification``): an SGD step moves only the
-    rows of the words in its minibatch, where on dense digits it moves every row."""
+    """MLR on a sparse bag-of-words problem (``make_text_classification``): SGD moves the weight rows of
+    frequent words far more than the rest (the others only by the ridge's shrinking), where on dense
+    digits it moves every row about as much."""
     from dscar.algorithms.datasets import make_text_classification
 
     X, y = make_text_classification(1_000 if quick else 2_000, 1_000, 50, 10, seed=0)
