@@ -91,8 +91,8 @@ def make_text_classification(n_docs: int = 2_000, vocab_size: int = 1_000, doc_l
     ``Dirichlet(0.1)``, topic-word ``Dirichlet(beta)``); ``y`` is each document's largest topic
     weight and ``X`` its word counts, rows scaled to unit L2 norm (CSR, float64). Word document
     frequencies are heavy-tailed (``beta = 0.05``, the defaults: median ~40 of 2,000 documents,
-    top 1 % ~400, some words never used), so an SGD step moves only the rows of the words in its
-    minibatch: the setting of SCAR's MLR experiments (sparse features), unlike dense digits.
+    top 1 % ~400, some words never used), so SGD moves the weight rows of frequent words far more
+    than the rest: the setting of SCAR's MLR experiments (sparse features), unlike dense digits.
     """
     import scipy.sparse as sp
 

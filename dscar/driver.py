@@ -334,7 +334,6 @@ class _Run:
         self.model = _model_info(algorithm, data.meta)
         self._pool = None  # the driver's own connection pool to workers (``_worker``)
         self._last_report_at: float | None = None  # when the last clock's report came (time.time())
-        self._last_clock = 0
 
     def _sync(self, fn, *args, **kw):
         return self.client.sync(fn, *args, **kw)
@@ -397,7 +396,7 @@ class _Run:
         finally:
             self._sync(self._end_job)
             if failure is None:
-                self._note_late_recovery()
+                self._note_late_recovery(history[-1].clock if history else 0)
             _undo_hangs(self.events)
             self.events.sort(key=lambda e: e["time"])
             if failure is not None:  # what led to the failure, for a post-mortem
@@ -405,7 +404,7 @@ class _Run:
         return FitResult(params, history, self.events, converged,
                          time.perf_counter() - t_start, setup_s, self.workers, self.published)
 
-    def _note_late_recovery(self) -> None:
+    def _note_late_recovery(self, last_clock: int) -> None:
         """A worker lost after the last clock's report (while the checkpoints were flushed or the
         model gathered) was recovered before the gather: the model returned is the restored one,
         not the last clock's. Say so (a ``model-restored`` event and a warning): it may lag."""
@@ -415,7 +414,7 @@ class _Run:
         if lost:
             logger.warning("dscar: worker(s) %s lost after the last clock: the model returned is the one "
                            "recovery restored from the checkpoints", ", ".join(lost))
-            self.events.append({"time": time.time(), "clock": self._last_clock, "kind": "model-restored",
+            self.events.append({"time": time.time(), "clock": last_clock, "kind": "model-restored",
                                 "workers": lost})
 
     async def _end_job(self) -> None:
@@ -556,7 +555,7 @@ class _Run:
                         self._sync(self._replace, list(r["shards"]), list(r["workers"]))
                     r = self._sync(sched.dscar_wait, job_id=self.job_id, clock=clock, timeout=1.0,
                                    events_from=self._seen)
-                self._last_report_at, self._last_clock = time.time(), clock
+                self._last_report_at = time.time()
                 rec = ClockRecord(clock, time.perf_counter() - t0, dict(r["metrics"]),
                                   dict(r["shards_per_worker"]), dict(r["timings"]), dict(r["stage_s"]),
                                   dict(r.get("workers", {})), bool(r.get("skipped")), r.get("checkpoint"))

@@ -233,9 +233,10 @@ def plan_recovery(
         restores[key] = target
     saved = manifests[0].get("states", {}) if manifests else {}
     shards = range(n_shards) if full else sorted(set(lost_shards))
-    states = ({int(s): saved.get(str(s), INITIAL_STATE) for s in shards} if full else
-              {int(s): saved[str(s)] for s in shards if str(s) in saved})
-    if not full:  # a lost shard's state from its buddy's memory (the saved file, if any, as a fallback)
+    if full:  # every shard rolls back: to its saved state, or to none
+        states = {int(s): saved.get(str(s), INITIAL_STATE) for s in shards}
+    else:  # a lost shard's state from its buddy's memory (the saved file, if any, as a fallback)
+        states = {int(s): saved[str(s)] for s in shards if str(s) in saved}
         for s in shards:
             buddy, clock = (state_mirrors or {}).get(int(s), (None, 0))
             if buddy in load:

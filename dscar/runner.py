@@ -32,6 +32,7 @@ import numpy as np
 from . import checkpoint as ckpt
 from . import wire
 from .algorithm import Algorithm, DataMeta, TableSpec
+from .ledger import INITIAL_STATE
 from .mirror_store import MirrorStore, shard_key
 from .partition_store import PartitionStore
 from .partitions import TableLayout
@@ -245,7 +246,7 @@ class ShardRunner:
         an event."""
         source = item["state_file"]
         state = None
-        if source.get("initial"):
+        if source == INITIAL_STATE:
             source = None
         elif "memory" in source:
             try:

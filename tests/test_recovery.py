@@ -396,10 +396,10 @@ def test_a_loss_after_the_last_clock_is_reported_with_the_model_it_returns():
 
     run = object.__new__(_Run)
     run.events = [{"time": 5.0, "kind": "worker-lost", "worker": "a"}, {"time": 9.0, "kind": "worker-lost", "worker": "b"}]
-    run._last_report_at, run._last_clock = 7.0, 12
-    run._note_late_recovery()
+    run._last_report_at = 7.0
+    run._note_late_recovery(12)
     [e] = [e for e in run.events if e["kind"] == "model-restored"]
     assert e["workers"] == ["b"] and e["clock"] == 12
     run.events, run._last_report_at = [{"time": 5.0, "kind": "worker-lost", "worker": "a"}], 7.0
-    run._note_late_recovery()
+    run._note_late_recovery(12)
     assert not any(e["kind"] == "model-restored" for e in run.events)
