@@ -23,7 +23,7 @@ from .checkpoint import state_shards
 from .clock import Apply, ClockMachine, Recover, RunClockEnd, Skip, Stage, StartPass
 from .errors import ShardFailedError
 from .intervals import FixedSchedule, IntervalPlanner, rework_estimate
-from .ledger import CheckpointLedger, RecoveryPlan, plan_recovery
+from .ledger import INITIAL_STATE, CheckpointLedger, RecoveryPlan, plan_recovery
 from .monitor import ThroughputMonitor
 from .partitions import PartitionMap
 from .policies import Backup, ControllerView, Policy, Restart, Running, SetBatchScale
@@ -595,6 +595,9 @@ class JobState:
         self.monitor.forget(worker)
         self.mirrors = {k: v for k, v in self.mirrors.items() if v[0] != worker}  # its memory went with it
         self.state_mirrors = {s: v for s, v in self.state_mirrors.items() if v[0] != worker}
+        for s, entry in self.restore_state.items():  # a planned copy from its memory: the saved file, or none
+            if entry.get("memory") == worker:  # (a message to a hung buddy would wait out its deadline)
+                self.restore_state[s] = entry.get("file") or INITIAL_STATE
         self.batched.pop(worker, None)
         self.running_items.pop(worker, None)
         self.batch_scale.pop(worker, None)

@@ -218,6 +218,28 @@ def test_with_the_memory_tier_every_clock_end_copies_each_owner_to_the_next_work
     assert job.mirrors == {} and job.state_mirrors == {}  # c's memory went with it
 
 
+def test_a_shard_state_planned_from_a_buddy_lost_before_the_shard_ran_comes_from_the_file_or_is_none():
+    """Found by bench.chaos (a hang, then a second loss): the restored shard's attempt asked the hung
+    buddy for the copy and waited out the message deadline (10 s) per shard."""
+    from dscar.ledger import INITIAL_STATE
+
+    pmap = PartitionMap([TableLayout("x", 8, 3)])
+    pmap.assign(["a", "b", "c"])
+    ckpt = CheckpointConfig("memory://m", policy="full", every=10, memory=True)
+    job = JobState(JobConfig("j", 2, {"x": "param"}, ["x"], [""], ckpt), ShardQueue(2, reloadable=True), pmap)
+    job.workers = ["a", "b", "c"]
+    job.state_mirrors = {0: ("c", 3), 1: ("c", 3)}
+    for s in (0, 1):
+        job.queue.set_holder(s, "a")
+    job.lose("a", 0.0)
+    plan = job.plan_recovery(["b", "c"])
+    assert plan.states == {0: {"memory": "c", "clock": 3, "file": None}, 1: {"memory": "c", "clock": 3, "file": None}}
+    job.recovery_planned(plan, 0.0)
+    job.restore_state[1] = {**job.restore_state[1], "file": {"path": "v1/states"}}  # shard 1 was saved too
+    job.lose("c", 0.0)  # the buddy goes before either shard ran
+    assert job.restore_state == {0: INITIAL_STATE, 1: {"path": "v1/states"}}
+
+
 # ------------------------------------------------------------ the job, fuzzed
 class JobFuzz(RuleBasedStateMachine):
     """Plays coordinator and workers around a real JobState; checks exactly-once and the clock rules."""
