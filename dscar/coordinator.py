@@ -92,6 +92,10 @@ class Coordinator(SchedulerPlugin):
         await self._pool.start()
         #: messages waiting for a worker's answer (they fail at once when it is removed)
         self._inflight = Inflight()
+        #: membership changes so far: the generation of the next loss or join (``dscar.inflight``)
+        self._generation = 0
+        #: addresses removed while a job ran: a worker joining at one of them is announced to the others
+        self._removed: set[str] = set()
 
     async def close(self) -> None:
         if self._watch is not None:
@@ -578,14 +582,16 @@ class Coordinator(SchedulerPlugin):
                       perturbation=r["perturbation"], lost_norm=r["lost_norm"])
 
     def remove_worker(self, scheduler, worker: str, **kwargs) -> None:
-        self._inflight.cancel(worker)
+        self._generation += 1
+        self._inflight.cancel(worker, self._generation)
         for job in list(self.jobs.values()):
             self._do(job, job.lose(worker, time.time()))
-        if self.jobs:  # messages waiting for it on the other workers fail over now, not at their deadline
-            asyncio.ensure_future(self._tell_peer_lost(worker))
+        if self.jobs:  # messages to it on the other workers fail over now, not at their deadline
+            self._removed.add(worker)
+            asyncio.ensure_future(self._tell_peers("peer_lost", worker, self._generation))
 
-    async def _tell_peer_lost(self, worker: str) -> None:
-        await asyncio.gather(*(self._rpc(w, "peer_lost", timeout=5, address=worker)
+    async def _tell_peers(self, op: str, worker: str, generation: int) -> None:
+        await asyncio.gather(*(self._rpc(w, op, timeout=5, address=worker, generation=generation)
                                for w in list(self.scheduler.workers) if w != worker), return_exceptions=True)
 
     async def _h_simulate_loss(self, job_id: str, worker: str) -> dict:
@@ -602,6 +608,11 @@ class Coordinator(SchedulerPlugin):
         return {"status": "OK"}
 
     def add_worker(self, scheduler, worker: str) -> None:
+        self._generation += 1
+        self._inflight.revive(worker, self._generation)
+        if worker in self._removed:  # a worker restarted at a removed one's address: reachable again
+            self._removed.discard(worker)
+            asyncio.ensure_future(self._tell_peers("peer_joined", worker, self._generation))
         for job in self.jobs.values():
             job.event(time.time(), "worker-joined", worker=worker)
         self._wake()

@@ -3,7 +3,12 @@
 A dead or hung server never answers, so a message to it waits out its deadline, and so does
 whatever waits on that message (a clock). When the cluster learns the target is gone (the
 scheduler removed it), ``Inflight.cancel`` makes every message still waiting on it raise a
-``ConnectionError`` now, which callers already treat as an unreachable target.
+``ConnectionError`` now, which callers already treat as an unreachable target, and so does every
+message sent to it later (a stale reference, such as an owner map taken before the loss) until
+``revive`` says a worker joined at that address again.
+
+Losses and joins carry a *generation* (the coordinator counts membership changes): the two reach a
+worker as separate messages, and a join that overtakes the loss before it must still win.
 """
 from __future__ import annotations
 
@@ -12,17 +17,25 @@ from typing import Any, Awaitable
 
 
 class Inflight:
-    """Messages waiting for an answer, by target address."""
+    """Messages waiting for an answer, by target address, and the targets known to be gone."""
 
     def __init__(self) -> None:
         #: address -> the messages to it still waiting for an answer
         self._waiting: dict[str, set[asyncio.Future]] = {}
         #: messages cancelled because their target is gone (not because their caller was)
         self._gone: set[asyncio.Future] = set()
+        #: address -> the generation of its newest loss: messages to it fail at once
+        self._lost: dict[str, int] = {}
+        #: address -> the generation of its newest join
+        self._joined: dict[str, int] = {}
 
     async def call(self, address: str, message: Awaitable[Any], timeout: float) -> Any:
         """Await ``message`` (a call to ``address``) for at most ``timeout`` seconds; a
-        ``ConnectionError`` at once if ``cancel(address)`` is called meanwhile."""
+        ``ConnectionError`` at once if ``address`` is gone, or when ``cancel(address)`` is called meanwhile."""
+        if address in self._lost:
+            if asyncio.iscoroutine(message):
+                message.close()  # never sent
+            raise ConnectionError(f"{address} is gone")
         task = asyncio.ensure_future(asyncio.wait_for(message, timeout))
         self._waiting.setdefault(address, set()).add(task)
         try:
@@ -35,8 +48,19 @@ class Inflight:
             self._waiting.get(address, set()).discard(task)
             self._gone.discard(task)
 
-    def cancel(self, address: str) -> None:
-        """``address`` is gone: every message waiting for it fails now."""
+    def cancel(self, address: str, generation: int = 0) -> None:
+        """``address`` is gone (as of ``generation``): every message waiting for it fails now, and
+        every later one at once, unless a worker joined there in a later generation."""
+        if self._joined.get(address, -1) > generation:
+            return  # the join that followed this loss arrived first
+        self._lost[address] = max(generation, self._lost.get(address, generation))
         for task in self._waiting.pop(address, ()):
             self._gone.add(task)
             task.cancel()
+
+    def revive(self, address: str, generation: int) -> None:
+        """A worker joined at ``address`` in ``generation`` (later than any loss it undoes):
+        messages to it are sent again."""
+        self._joined[address] = max(generation, self._joined.get(address, generation))
+        if self._lost.get(address, generation) < generation:
+            self._lost.pop(address, None)

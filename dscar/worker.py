@@ -18,7 +18,8 @@ thin glue over those two stores.
 
 Every message to another worker goes through a connection pool of its own with
 a short connect timeout and a deadline (``dscar.rpc-timeout``), and fails at once
-when the coordinator reports that worker lost (``dscar_peer_lost``).
+when the coordinator reports that worker lost (``dscar_peer_lost``), as does every
+later message to it until a worker joins at that address again (``dscar_peer_joined``).
 """
 from __future__ import annotations
 
@@ -91,7 +92,7 @@ class ParamServer(WorkerPlugin):
         #: messages waiting for a peer's answer (they fail at once when it is lost)
         self._inflight = Inflight()
         for op in ("init", "warm_up", "pull", "fetch_staged", "apply", "assign", "put_shard", "copy_shard", "end_job", "info", "adopt",
-                   "checkpoint", "restore", "forget", "perturbation", "peer_lost", "release", "pull_many", "mirror",
+                   "checkpoint", "restore", "forget", "perturbation", "peer_lost", "peer_joined", "release", "pull_many", "mirror",
                    "keep_mirror", "get_mirror"):
             worker.handlers[f"dscar_{op}"] = getattr(self, f"_h_{op}")
         self.runner = ShardRunner(self, self.poll_timeout)
@@ -492,9 +493,15 @@ class ParamServer(WorkerPlugin):
         await self._peers_started
         return await self._inflight.call(address, getattr(self.peers(address), f"dscar_{op}")(**kw), rpc_timeout())
 
-    def _h_peer_lost(self, address: str) -> dict:
-        """``address`` left the cluster: every message waiting for it fails now."""
-        self._inflight.cancel(address)
+    def _h_peer_lost(self, address: str, generation: int = 0) -> dict:
+        """``address`` left the cluster: every message waiting for it fails now, and every later one
+        at once (a stale owner map or memory buddy would otherwise wait out the deadline)."""
+        self._inflight.cancel(address, generation)
+        return {"status": "OK"}
+
+    def _h_peer_joined(self, address: str, generation: int) -> dict:
+        """A worker joined at a removed worker's address: messages to it are sent again."""
+        self._inflight.revive(address, generation)
         return {"status": "OK"}
 
     def _h_release(self, job_id: str, members: list) -> dict:

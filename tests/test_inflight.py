@@ -38,3 +38,31 @@ def test_a_deadline_and_the_callers_own_cancellation_are_not_taken_for_a_lost_ta
         assert inflight._waiting["tcp://a"] == set()  # nothing left behind
 
     asyncio.run(main())
+
+
+def test_a_message_to_a_lost_target_fails_at_once_until_a_worker_joins_there_again():
+    """A stale reference (an owner map or memory buddy taken before the loss) must not wait out the
+    deadline of a message to a hung worker (bench.chaos: 10 s per message)."""
+    async def main():
+        inflight = Inflight()
+        sent = []
+
+        async def answer():
+            sent.append(True)
+            return {"status": "OK"}
+
+        inflight.cancel("tcp://a", generation=1)
+        with pytest.raises(ConnectionError, match="tcp://a is gone"):
+            await inflight.call("tcp://a", answer(), timeout=3600)  # never sent, no deadline waited
+        assert sent == [] and await inflight.call("tcp://b", answer(), timeout=3600) == {"status": "OK"}
+        inflight.revive("tcp://a", generation=2)  # a worker restarted at that address
+        assert await inflight.call("tcp://a", answer(), timeout=3600) == {"status": "OK"}
+        # a join can overtake the loss before it (two messages): the older loss then changes nothing
+        inflight.revive("tcp://c", generation=4)
+        inflight.cancel("tcp://c", generation=3)
+        assert await inflight.call("tcp://c", answer(), timeout=3600) == {"status": "OK"}
+        inflight.cancel("tcp://c", generation=5)
+        with pytest.raises(ConnectionError):
+            await inflight.call("tcp://c", answer(), timeout=3600)
+
+    asyncio.run(main())
