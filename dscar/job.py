@@ -151,6 +151,8 @@ class JobState:
         self.objectives: list[tuple[int, float]] = []
         #: worker -> shards committed this clock
         self.shards_done: dict[str, int] = {}
+        #: workers handed a shard attempt this clock (each gets one, however slow: see ``_leave_to_others``)
+        self.started: set[str] = set()
         #: worker -> summed attempt timings this clock
         self.timings: dict[str, dict[str, float]] = {}
         #: wall seconds per stage this clock ("shards", "apply", "clock_end", "rebuild", "shards:<phase>", ...)
@@ -245,6 +247,7 @@ class JobState:
         self.restarting.update(self.pending_restarts)
         self.pending_restarts = []
         self.metrics, self.shards_done, self.timings, self.stage_s = {}, {}, {}, {}
+        self.started = set()
         self.clock_end_worker = None
         self._stage_t0 = self._clock_t0 = now
         if isinstance(self.schedule, IntervalPlanner) and self.schedule.started is None:
@@ -257,6 +260,8 @@ class JobState:
         if self.failed or worker in self.lost or self.machine.recovering:
             return None
         if self.machine.handing_out:
+            if worker in self.started and self._leave_to_others(worker):
+                return None
             a = self.queue.next_shard(worker, now)
             if a is None and self.machine.stage is Stage.SHARDS:
                 a = self._idle_policies(worker, now)
@@ -265,6 +270,7 @@ class JobState:
             if a is None:
                 return None
             batch = [a]
+            self.started.add(worker)
             if a.fetch_from is None and not a.backup:  # more of the worker's own shards, while steps are short
                 size = self._batch_size(worker)
                 while len(batch) < size:
@@ -281,6 +287,26 @@ class JobState:
             return {"op": "clock_end", "job": self.cfg.job_id, "clock": self.machine.clock, "run": self.machine.run_id,
                     "owners": self.pmap.to_msg()}
         return None
+
+    def _leave_to_others(self, worker: str) -> bool:
+        """Whether the other workers would finish every shard still to do before ``worker`` finished
+        one (by the monitor's step times): then it starts no more this clock, and the pass does not
+        wait at its tail for a straggler's step (``s`` times slower: up to ``s`` fast steps).
+
+        The others' time for the ``n`` shards left is about ``n / sum(1 / step)`` plus one step of
+        the slowest of them (a shard is not divisible), so a healthy cluster's noise never crosses
+        it. The caller gives every worker one attempt a clock first, so a straggler that recovers
+        is measured again. Dynamic sharding only: a static shard waits for its holder anyway."""
+        if self.queue.sharding != "dynamic":
+            return False
+        mine = self.monitor.mean_step(worker)
+        if mine is None:
+            return False
+        others = [s for w in self.workers if w != worker and w not in self.lost
+                  and (s := self.monitor.mean_step(w)) is not None and s > 0]
+        if not others:
+            return False
+        return mine > self.queue.n_todo / sum(1.0 / s for s in others) + max(others)
 
     def _batch_size(self, worker: str) -> int:
         """How many of its own shards ``worker`` gets in one work item: enough to run about

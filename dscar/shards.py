@@ -169,6 +169,11 @@ class ShardQueue:
     def status(self, shard: int) -> ShardStatus:
         return self._shards[shard].status
 
+    @property
+    def n_todo(self) -> int:
+        """Shards of the active phase not started (nor given back) yet."""
+        return len(self._todo)
+
     def counts(self) -> dict[str, int]:
         """Shards of the active phase per status."""
         out = {st.value: 0 for st in ShardStatus}
