@@ -72,6 +72,9 @@ Effect = ApplyPass | StartRecovery | Checkpoint | Mirror | RestartWorker
 BATCH_TARGET_S = 0.01
 #: at most this many shard attempts in one work item
 MAX_BATCH = 64
+#: a straggler is left out of a pass's tail only where that saves at least this long (seconds): for
+#: steps of microseconds the hand-out noise, and moving the shard's data to another worker, cost more
+HOLD_BACK_MIN_S = 0.005
 
 
 @dataclass
@@ -294,8 +297,8 @@ class JobState:
         wait at its tail for a straggler's step (``s`` times slower: up to ``s`` fast steps).
 
         The others' time for the ``n`` shards left is about ``n / sum(1 / step)`` plus one step of
-        the slowest of them (a shard is not divisible), so a healthy cluster's noise never crosses
-        it. The caller gives every worker one attempt a clock first, so a straggler that recovers
+        the slowest of them (a shard is not divisible), plus ``HOLD_BACK_MIN_S``, so a healthy
+        cluster's noise never crosses it. The caller gives every worker one attempt a clock first, so a straggler that recovers
         is measured again. Dynamic sharding only: a static shard waits for its holder anyway."""
         if self.queue.sharding != "dynamic":
             return False
@@ -306,7 +309,7 @@ class JobState:
                   and (s := self.monitor.mean_step(w)) is not None and s > 0]
         if not others:
             return False
-        return mine > self.queue.n_todo / sum(1.0 / s for s in others) + max(others)
+        return mine > self.queue.n_todo / sum(1.0 / s for s in others) + max(others) + HOLD_BACK_MIN_S
 
     def _batch_size(self, worker: str) -> int:
         """How many of its own shards ``worker`` gets in one work item: enough to run about

@@ -697,3 +697,22 @@ def test_a_straggler_starts_no_shard_the_others_would_finish_before_it():
     # static sharding: every shard waits for its holder, however slow
     end, done = _simulate_clock({**fast, "d": 0.12}, sharding="static")
     assert done["d"] == 8
+
+
+def test_microsecond_steps_are_never_held_back():
+    """A trivial algorithm's steps differ by 2x from noise alone; leaving one worker out would move
+    its shard's data to another for a saving of microseconds (bench.overhead saw such copies)."""
+    def held_back(step_a: float, step_b: float) -> bool:
+        pmap = PartitionMap([TableLayout("x", 8, 2)])
+        pmap.assign(["a", "b"])
+        job = JobState(JobConfig("j", 2, {"x": "param"}, [], [""]), ShardQueue(2, reloadable=True), pmap)
+        job.workers = ["a", "b"]
+        for w, step in (("a", step_a), ("b", step_b)):
+            job.monitor.record(w, step)  # the warm-up
+            job.monitor.record(w, step)
+        job.begin(1, 0.0)
+        job.next_item("a", 0.0)  # one shard left
+        return job._leave_to_others("b")
+
+    assert held_back(0.020, 0.050)  # 20 ms: a finishes the last shard 10 ms before b would
+    assert not held_back(20e-6, 50e-6)
