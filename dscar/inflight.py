@@ -48,7 +48,7 @@ class Inflight:
             self._waiting.get(address, set()).discard(task)
             self._gone.discard(task)
 
-    def cancel(self, address: str, generation: int = 0) -> None:
+    def cancel(self, address: str, generation: int) -> None:
         """``address`` is gone (as of ``generation``): every message waiting for it fails now, and
         every later one at once, unless a worker joined there in a later generation."""
         if self._joined.get(address, -1) > generation:

@@ -296,20 +296,19 @@ class JobState:
         one (by the monitor's step times): then it starts no more this clock, and the pass does not
         wait at its tail for a straggler's step (``s`` times slower: up to ``s`` fast steps).
 
-        The others' time for the ``n`` shards left is about ``n / sum(1 / step)`` plus one step of
-        the slowest of them (a shard is not divisible), plus ``HOLD_BACK_MIN_S``, so a healthy
-        cluster's noise never crosses it. The caller gives every worker one attempt a clock first, so a straggler that recovers
-        is measured again. Dynamic sharding only: a static shard waits for its holder anyway."""
+        The others' time for the ``n`` shards left is about ``n / sum(speed)`` plus one step of the
+        slowest of them (a shard is not divisible), plus ``HOLD_BACK_MIN_S``, so a healthy cluster's
+        noise never crosses it. The caller gives every worker one attempt a clock first, so a
+        straggler that recovers is measured again. Dynamic sharding only: a static shard waits for
+        its holder anyway."""
         if self.queue.sharding != "dynamic":
             return False
-        mine = self.monitor.mean_step(worker)
-        if mine is None:
+        speeds = self.monitor.speeds()
+        mine = speeds.get(worker)
+        others = [v for w, v in speeds.items() if w != worker and w in self.workers]
+        if mine is None or not others:
             return False
-        others = [s for w in self.workers if w != worker and w not in self.lost
-                  and (s := self.monitor.mean_step(w)) is not None and s > 0]
-        if not others:
-            return False
-        return mine > self.queue.n_todo / sum(1.0 / s for s in others) + max(others) + HOLD_BACK_MIN_S
+        return 1.0 / mine > self.queue.n_todo / sum(others) + 1.0 / min(others) + HOLD_BACK_MIN_S
 
     def _batch_size(self, worker: str) -> int:
         """How many of its own shards ``worker`` gets in one work item: enough to run about

@@ -493,7 +493,7 @@ class ParamServer(WorkerPlugin):
         await self._peers_started
         return await self._inflight.call(address, getattr(self.peers(address), f"dscar_{op}")(**kw), rpc_timeout())
 
-    def _h_peer_lost(self, address: str, generation: int = 0) -> dict:
+    def _h_peer_lost(self, address: str, generation: int) -> dict:
         """``address`` left the cluster: every message waiting for it fails now, and every later one
         at once (a stale owner map or memory buddy would otherwise wait out the deadline)."""
         self._inflight.cancel(address, generation)

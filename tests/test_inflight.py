@@ -14,13 +14,13 @@ def test_cancel_fails_the_messages_waiting_for_that_target_only():
         a = asyncio.ensure_future(inflight.call("tcp://a", never, timeout=3600))
         b = asyncio.ensure_future(inflight.call("tcp://b", other, timeout=3600))
         await asyncio.sleep(0)  # both are waiting
-        inflight.cancel("tcp://a")
+        inflight.cancel("tcp://a", generation=1)
         with pytest.raises(ConnectionError, match="tcp://a is gone"):
             await a
         assert not b.done()
         other.set_result({"status": "OK"})
         assert await b == {"status": "OK"}
-        inflight.cancel("tcp://a")  # nothing waits any more: a no-op
+        inflight.cancel("tcp://a", generation=1)  # nothing waits any more: a no-op
 
     asyncio.run(main())
 
