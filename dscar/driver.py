@@ -21,7 +21,7 @@ from distributed.protocol import to_serialize
 from distributed.protocol.pickle import dumps
 
 from . import checkpoint as ckpt
-from . import report, results, validation
+from . import report, results, validation, wire
 from .algorithm import Algorithm, TableSpec
 from .cluster import Cluster, default_memory_limit
 from .comm import fast_fail_pool
@@ -30,7 +30,6 @@ from .errors import ClusterError, DscarError, InvalidInputError, JobFailedError
 from .faults import Fault, resolve
 from .ledger import restore_candidates
 from .monitor import ThroughputMonitor
-from .partitions import row_bounds
 from .policies import Policy, make_policies
 from .progress import ProgressLine
 
@@ -38,6 +37,9 @@ logger = logging.getLogger("dscar.driver")
 
 #: shards per worker when ``n_shards`` is not given
 SHARDS_PER_WORKER = 4
+#: ... unless that makes shards smaller than this (bytes of data): each shard costs about a
+#: millisecond to hand out, commit and apply, more than a step on this little data takes
+MIN_SHARD_BYTES = 1 << 20
 #: seconds one shard's placement on a worker may take before that worker is passed over
 PLACE_TIMEOUT_S = 60.0
 #: gathering the model at the end: attempts (an owner may die under it) and the pause between them
@@ -204,10 +206,7 @@ def fit(
             cl.wait_for_workers(n_workers)
         n_live = n_workers if owned else len(cl.wait_for_workers(1))
         if n_shards is None and not isinstance(data, FileData) and not is_dask(data):
-            n_shards = SHARDS_PER_WORKER * n_live
-            rows = _n_rows(data)
-            if rows is not None:
-                n_shards = max(n_live, min(n_shards, rows))
+            n_shards = default_n_shards(n_live, _n_rows(data), _n_bytes(data))
         d = as_data(data, n_shards, None if cl is None else cl.client)
         _check_phases(algorithm, d.meta)
         for name, k in d.meta.phases or (("", d.meta.n_shards),):
@@ -274,6 +273,35 @@ def _model_info(algorithm: Algorithm, meta) -> dict[str, Any]:
     return {"name": algorithm.name, "class": f"{type(algorithm).__module__}.{type(algorithm).__qualname__}",
             "params": json.loads(json.dumps(params)),  # as a manifest gives them back (tuples -> lists)
             "n_rows": meta.n_rows, "shapes": {k: list(v) for k, v in meta.shapes.items()}}
+
+
+def default_n_shards(n_workers: int, n_rows: int | None, n_bytes: int | None) -> int:
+    """``SHARDS_PER_WORKER`` per worker, fewer where shards would hold under ``MIN_SHARD_BYTES``
+    or no row, but one per worker at least (``fit`` then refuses data with fewer rows than workers)."""
+    n = SHARDS_PER_WORKER * n_workers
+    if n_bytes is not None:
+        n = min(n, n_bytes // MIN_SHARD_BYTES)
+    if n_rows is not None:
+        n = min(n, n_rows)
+    return max(n_workers, n)
+
+
+def _n_bytes(data: Any) -> int | None:
+    """Bytes of a dict of arrays (a sparse matrix: its stored arrays); of a dict of phases, the
+    fewest of any phase; None where unknown."""
+    if not isinstance(data, dict) or not data:
+        return None
+    if isinstance(next(iter(data.values())), dict):
+        sizes = [_n_bytes(v) for v in data.values()]
+        return None if None in sizes else min(sizes)
+    total = 0
+    for v in data.values():
+        parts = [getattr(v, a, None) for a in ("data", "indices", "indptr", "row", "col")] if hasattr(v, "nnz") else [v]
+        sizes = [getattr(a, "nbytes", None) for a in parts if a is not None]
+        if not sizes or None in sizes:
+            return None
+        total += sum(sizes)
+    return int(total)
 
 
 def _n_rows(data: Any) -> int | None:
@@ -589,22 +617,25 @@ class _Run:
         raise AssertionError("unreachable")
 
     async def _gather_from(self, owner: dict[tuple[str, int], str]) -> dict[str, np.ndarray]:
-        """Every param table at once: the partitions within budget pulled from their owners
-        concurrently, the others kept on the cluster."""
+        """Every param table at once: the partitions within budget pulled with one message per
+        owner, all owners concurrently; the others kept on the cluster."""
         out = {}
         pulled = [t for t in self.tables if t.kind == "param"
                   and not results.over_budget(t, self.options.get("result_budget"))]
         for t in self.tables:
             if t.kind == "param" and t not in pulled:
                 out[t.name] = await results.keep_on_cluster(self.client, self.job_id, t, owner)
-        calls = [(t, p, self._call_worker(owner[(t.name, p)], "pull", job_id=self.job_id, table=t.name, part=p,
-                                          lo=0, hi=b - a))
-                 for t in pulled for p, (a, b) in enumerate(row_bounds(t.n_rows, t.n_parts))]
-        replies = await asyncio.gather(*(c for _, _, c in calls))
-        parts: dict[str, list] = {t.name: [] for t in pulled}
-        for (t, _, _), r in zip(calls, replies):
+        by_owner: dict[str, list[tuple[str, int]]] = {}
+        for t in pulled:
+            for p in range(t.n_parts):
+                by_owner.setdefault(owner[(t.name, p)], []).append((t.name, p))
+        replies = await asyncio.gather(*(self._call_worker(w, "pull_many", job_id=self.job_id,
+                                                           parts=[list(k) for k in keys])
+                                         for w, keys in by_owner.items()))
+        pieces: dict[tuple[str, int], np.ndarray] = {}
+        for (w, keys), r in zip(by_owner.items(), replies):
             if r.get("status", "OK") != "OK":
-                raise LookupError(f"an owner of {t.name} no longer holds its partition")
-            parts[t.name].append(np.asarray(r["data"]))
-        out.update({name: np.concatenate(ps) for name, ps in parts.items()})
+                raise LookupError(f"{w} no longer holds all of {', '.join(f'{t}/{p}' for t, p in keys)}")
+            pieces.update(zip(keys, (np.asarray(a) for a in wire.decode(r["data"]))))
+        out.update({t.name: np.concatenate([pieces[(t.name, p)] for p in range(t.n_parts)]) for t in pulled})
         return {t.name: out[t.name] for t in self.tables if t.name in out}

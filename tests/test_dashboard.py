@@ -127,7 +127,7 @@ def test_the_route_answers_while_a_fit_runs_and_holds_its_figures():
         out = {}
         # tol below any change: the fit runs all its clocks, long enough to be seen running
         algo = MLRSGD(4, tol=1e-300, patience=1)
-        th = threading.Thread(target=lambda: out.update(res=dscar.fit(algo, {"X": X, "y": y}, cl, max_clocks=60,
+        th = threading.Thread(target=lambda: out.update(res=dscar.fit(algo, {"X": X, "y": y}, cl, n_shards=8, max_clocks=60,
                                                                        progress=False)))
         th.start()
         try:

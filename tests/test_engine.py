@@ -6,6 +6,7 @@ import time
 
 import numpy as np
 import pytest
+import scipy.sparse as sp
 
 import dscar
 from dscar.algorithms.datasets import lasso_alpha_max, make_regression
@@ -24,6 +25,27 @@ def test_every_row_is_applied_once_per_clock_inproc(inproc):
     assert_exactly_once(res, 103)
     assert sum(res.history[0].shards_per_worker.values()) == 7
     assert scheduler_jobs(inproc) == []  # the job is forgotten when fit returns
+
+
+def test_default_shards_are_four_per_worker_unless_they_would_hold_under_a_mib():
+    from dscar.driver import MIN_SHARD_BYTES, _n_bytes, default_n_shards
+
+    assert default_n_shards(2, 10**6, 800 * MIN_SHARD_BYTES) == 8
+    assert default_n_shards(2, 10**6, 5 * MIN_SHARD_BYTES) == 5  # each shard a MiB at least
+    assert default_n_shards(3, 442, 38_896) == 3  # tiny data: one per worker
+    assert default_n_shards(2, 5, None) == 5  # bytes unknown: rows bound it
+    assert default_n_shards(4, 2, 10**9) == 4  # never fewer than the workers (fit then refuses 2 rows)
+    X = sp.random(100, 10, density=0.5, format="csr", random_state=0)
+    assert _n_bytes({"X": X, "y": np.zeros(100)}) == X.data.nbytes + X.indices.nbytes + X.indptr.nbytes + 800
+    assert _n_bytes({"a": {"x": np.zeros(10)}, "b": {"x": np.zeros(3)}}) == 24  # phases: the smallest
+
+
+def test_a_fit_without_n_shards_cuts_tiny_data_into_one_shard_per_worker_and_big_data_into_four(inproc):
+    tiny = dscar.fit(RowCounter(), row_data(103), inproc, max_clocks=1)
+    assert sum(tiny.history[0].shards_per_worker.values()) == 2
+    big = dscar.fit(RowCounter(), row_data(1 << 20), inproc, max_clocks=1)  # 8 MiB of int64 rows
+    assert sum(big.history[0].shards_per_worker.values()) == 8
+    assert_exactly_once(big, 1 << 20)
 
 
 def test_a_fast_worker_takes_shards_from_a_slow_one_and_the_data_moves(inproc):
