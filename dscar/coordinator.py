@@ -408,13 +408,27 @@ class Coordinator(SchedulerPlugin):
         return {"status": "OK"}
 
     async def _restart(self, job: JobState, worker: str) -> None:
-        """Hand ``worker``'s partitions to the least loaded others, then restart it (kill-and-restart)."""
+        """Hand ``worker``'s partitions to the least loaded others, then restart it (kill-and-restart).
+
+        A target that fails to adopt one (lost or hung meanwhile: its loss is recovered as any other)
+        is passed over for the next; when no target is left, or ``worker`` itself is gone, the restart
+        is given up (``restart-abandoned``): what did not move stays where the partition map says."""
         others = [w for w in self._live(job) if w != worker]
         if worker not in self.scheduler.workers or not others:
             return
         for table, part in job.pmap.owned_by(worker):
-            new = job.pmap.least_loaded(others)
-            await self._rpc(new, "adopt", job_id=job.cfg.job_id, table=table, part=part, source=worker)
+            while True:
+                others = [w for w in others if w in self.scheduler.workers and w not in job.lost]
+                if not others or worker not in self.scheduler.workers:
+                    job.event(time.time(), "restart-abandoned", worker=worker, table=table, part=part)
+                    return
+                new = job.pmap.least_loaded(others)
+                try:
+                    await self._rpc(new, "adopt", job_id=job.cfg.job_id, table=table, part=part, source=worker)
+                    break
+                except Exception as e:
+                    logger.info("dscar: %s could not adopt %s/%s from %s: %r", new, table, part, worker, e)
+                    others.remove(new)
             job.pmap.owners[(table, part)] = new
             job.event(time.time(), "partition-moved", table=table, part=part, source=worker, target=new)
         job.monitor.forget(worker)

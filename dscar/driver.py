@@ -400,6 +400,7 @@ class _Run:
             raise ClusterError("the cluster has no workers")
         self.workers = list(r["workers"])
         failure: DscarError | None = None
+        finished = False  # the clocks ran and the model was gathered (an unexpected error leaves it False)
         from .dashboard import page_url
 
         if url := page_url(self.client):
@@ -418,12 +419,13 @@ class _Run:
                 # so an owner lost during the gather is restored from the newest checkpoint
                 self._publish(self._sync(self.client.scheduler.dscar_flush, job_id=self.job_id)["publish"])
             params = self._sync(self._gather)
+            finished = True
         except DscarError as e:
             failure = e
             raise
         finally:
             self._sync(self._end_job)
-            if failure is None:
+            if finished:
                 self._note_late_recovery(history[-1].clock if history else 0)
             _undo_hangs(self.events)
             self.events.sort(key=lambda e: e["time"])

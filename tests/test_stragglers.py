@@ -179,3 +179,44 @@ def test_restart_policy_moves_partitions_off_a_persistent_straggler_then_restart
     assert moved and all(e["source"] == slow_w and e["target"] != slow_w for e in moved)
     lost = next(e for e in res.events if e["kind"] == "worker-lost")
     assert lost["worker"] == slow_w and not lost["partitions"]
+
+
+def _refuse_adopts(n: int):
+    """Patch the coordinator: its first ``n`` ``adopt`` messages fail as if the target had just been
+    lost (``failed_adopts`` lists their targets)."""
+
+    def patch(dask_scheduler):
+        coord = dask_scheduler.plugins["dscar-coordinator"]
+        rpc, coord.failed_adopts = coord._rpc, []
+
+        async def refusing(worker, op, *args, **kw):
+            if op == "adopt" and len(coord.failed_adopts) < n:
+                coord.failed_adopts.append(worker)
+                raise ConnectionError(f"{worker} is gone (test)")
+            return await rpc(worker, op, *args, **kw)
+
+        coord._rpc = refusing
+
+    return patch
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("refused", [1, 100])
+def test_a_restart_passes_over_a_target_that_cannot_adopt_and_gives_up_when_none_can(refused):
+    with dscar.Cluster(n_workers=3) as cl:
+        cl.client.run_on_scheduler(_refuse_adopts(refused))
+        res = dscar.fit(RowCounter(sleep=0.04), row_data(90), cl, n_shards=9, max_clocks=6,
+                        faults=[faults.slow(0, 6.0)], policies=["restart"],
+                        monitor={"persistent_after": 2, "window": 3})
+        failed = cl.client.run_on_scheduler(lambda dask_scheduler: dask_scheduler.plugins["dscar-coordinator"].failed_adopts)
+    assert_exactly_once(res, 90)
+    k = kinds(res)
+    slow_w = res.workers[0]
+    moved = [e for e in res.events if e["kind"] == "partition-moved"]
+    if refused == 1:  # the other target took every partition, then the straggler was restarted
+        assert len(failed) == 1 and failed[0] != slow_w
+        assert moved and all(e["source"] == slow_w and e["target"] not in (slow_w, failed[0]) for e in moved)
+        assert "worker-restart" in k and "restart-abandoned" not in k
+    else:  # both targets refused: nothing moved, the straggler keeps its partitions and is not restarted
+        assert sorted(failed[:2]) == sorted(res.workers[1:]) and not moved
+        assert "restart-abandoned" in k and "worker-restart" not in k
