@@ -17,6 +17,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
+import scipy.sparse as sp
 from distributed.protocol import to_serialize
 from distributed.protocol.pickle import dumps
 
@@ -206,7 +207,7 @@ def fit(
             cl.wait_for_workers(n_workers)
         n_live = n_workers if owned else len(cl.wait_for_workers(1))
         if n_shards is None and not isinstance(data, FileData) and not is_dask(data):
-            n_shards = default_n_shards(n_live, _n_rows(data), _n_bytes(data))
+            n_shards = default_n_shards(n_live, *_data_size(data))
         d = as_data(data, n_shards, None if cl is None else cl.client)
         _check_phases(algorithm, d.meta)
         for name, k in d.meta.phases or (("", d.meta.n_shards),):
@@ -286,35 +287,24 @@ def default_n_shards(n_workers: int, n_rows: int | None, n_bytes: int | None) ->
     return max(n_workers, n)
 
 
-def _n_bytes(data: Any) -> int | None:
-    """Bytes of a dict of arrays (a sparse matrix: its stored arrays); of a dict of phases, the
-    fewest of any phase; None where unknown."""
+def _data_size(data: Any) -> tuple[int | None, int | None]:
+    """``(rows, bytes)`` of a dict of arrays (a sparse matrix counts its stored arrays); of a dict of
+    phases, the fewest of each over the phases; None for what is unknown."""
     if not isinstance(data, dict) or not data:
-        return None
+        return None, None
     if isinstance(next(iter(data.values())), dict):
-        sizes = [_n_bytes(v) for v in data.values()]
-        return None if None in sizes else min(sizes)
-    total = 0
+        rows, sizes = zip(*(_data_size(v) for v in data.values()))
+        return (None if None in rows else min(rows)), (None if None in sizes else min(sizes))
+    shape = getattr(next(iter(data.values())), "shape", None)
+    total: int | None = 0
     for v in data.values():
-        parts = [getattr(v, a, None) for a in ("data", "indices", "indptr", "row", "col")] if hasattr(v, "nnz") else [v]
-        sizes = [getattr(a, "nbytes", None) for a in parts if a is not None]
+        stored = [getattr(v, a, None) for a in ("data", "indices", "indptr", "row", "col")] if sp.issparse(v) else [v]
+        sizes = [getattr(a, "nbytes", None) for a in stored if a is not None]
         if not sizes or None in sizes:
-            return None
+            total = None
+            break
         total += sum(sizes)
-    return int(total)
-
-
-def _n_rows(data: Any) -> int | None:
-    """Rows of a dict of arrays; of a dict of phases, the fewest rows of any phase."""
-    if isinstance(data, dict) and data:
-        first = next(iter(data.values()))
-        if isinstance(first, dict):
-            rows = [_n_rows(v) for v in data.values()]
-            return None if None in rows else min(rows)
-        shape = getattr(first, "shape", None)
-        if shape:
-            return int(shape[0])
-    return None
+    return (int(shape[0]) if shape else None), total
 
 
 def _check_phases(algorithm: Algorithm, meta) -> None:
@@ -638,6 +628,6 @@ class _Run:
         for (w, keys), r in zip(by_owner.items(), replies):
             if r.get("status", "OK") != "OK":
                 raise LookupError(f"{w} no longer holds all of {', '.join(f'{t}/{p}' for t, p in keys)}")
-            pieces.update(zip(keys, (np.asarray(a) for a in wire.decode(r["data"]))))
+            pieces.update(zip(keys, wire.decode(r["data"])))
         out.update({t.name: np.concatenate([pieces[(t.name, p)] for p in range(t.n_parts)]) for t in pulled})
         return {t.name: out[t.name] for t in self.tables if t.name in out}

@@ -28,7 +28,7 @@ def test_every_row_is_applied_once_per_clock_inproc(inproc):
 
 
 def test_default_shards_are_four_per_worker_unless_they_would_hold_under_a_mib():
-    from dscar.driver import MIN_SHARD_BYTES, _n_bytes, default_n_shards
+    from dscar.driver import MIN_SHARD_BYTES, _data_size, default_n_shards
 
     assert default_n_shards(2, 10**6, 800 * MIN_SHARD_BYTES) == 8
     assert default_n_shards(2, 10**6, 5 * MIN_SHARD_BYTES) == 5  # each shard a MiB at least
@@ -36,8 +36,9 @@ def test_default_shards_are_four_per_worker_unless_they_would_hold_under_a_mib()
     assert default_n_shards(2, 5, None) == 5  # bytes unknown: rows bound it
     assert default_n_shards(4, 2, 10**9) == 4  # never fewer than the workers (fit then refuses 2 rows)
     X = sp.random(100, 10, density=0.5, format="csr", random_state=0)
-    assert _n_bytes({"X": X, "y": np.zeros(100)}) == X.data.nbytes + X.indices.nbytes + X.indptr.nbytes + 800
-    assert _n_bytes({"a": {"x": np.zeros(10)}, "b": {"x": np.zeros(3)}}) == 24  # phases: the smallest
+    assert _data_size({"X": X, "y": np.zeros(100)}) == (100, X.data.nbytes + X.indices.nbytes + X.indptr.nbytes + 800)
+    assert _data_size({"a": {"x": np.zeros(10)}, "b": {"x": np.zeros((3, 4))}}) == (3, 80)  # phases: the fewest of each
+    assert _data_size({"X": [[1.0]]}) == (None, None) and _data_size(None) == (None, None)
 
 
 def test_a_fit_without_n_shards_cuts_tiny_data_into_one_shard_per_worker_and_big_data_into_four(inproc):
