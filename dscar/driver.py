@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 import scipy.sparse as sp
+from distributed.comm.core import CommClosedError
 from distributed.protocol import to_serialize
 from distributed.protocol.pickle import dumps
 
@@ -28,7 +29,7 @@ from .cluster import Cluster, default_memory_limit
 from .comm import fast_fail_pool
 from .data import ArrayData, FileData, PhasedData, as_data, is_dask
 from .errors import ClusterError, DscarError, InvalidInputError, JobFailedError
-from .faults import Fault, resolve
+from .faults import Fault, resolve, unfired
 from .ledger import restore_candidates
 from .monitor import ThroughputMonitor
 from .policies import Policy, make_policies
@@ -352,6 +353,7 @@ class _Run:
         self.model = _model_info(algorithm, data.meta)
         self._pool = None  # the driver's own connection pool to workers (``_worker``)
         self._last_report_at: float | None = None  # when the last clock's report came (time.time())
+        self._last_clock = 0  # the last clock reported (completed or skipped)
 
     def _sync(self, fn, *args, **kw):
         return self.client.sync(fn, *args, **kw)
@@ -413,12 +415,16 @@ class _Run:
         except DscarError as e:
             failure = e
             raise
+        except (ConnectionError, CommClosedError, TimeoutError) as e:  # a call to the scheduler or a worker failed
+            failure = ClusterError(f"lost contact with the cluster: {type(e).__name__}: {e}")
+            raise failure from e
         finally:
             self._sync(self._end_job)
             if finished:
                 self._note_late_recovery(history[-1].clock if history else 0)
             _undo_hangs(self.events)
             self.events.sort(key=lambda e: e["time"])
+            self._note_unfired(faults)
             if failure is not None:  # what led to the failure, for a post-mortem
                 failure.events = list(self.events)
         return FitResult(params, history, self.events, converged,
@@ -436,6 +442,21 @@ class _Run:
                            "recovery restored from the checkpoints", ", ".join(lost))
             self.events.append({"time": time.time(), "clock": last_clock, "kind": "model-restored",
                                 "workers": lost})
+
+    def _note_unfired(self, faults: list[Fault]) -> None:
+        """Injected faults that never fired: a ``fault-not-fired`` event and a warning each, with why."""
+        lost = {e.get("worker") for e in self.events if e.get("kind") == "worker-lost"}
+        for f in unfired(faults, self.events):
+            if f.worker in lost:
+                why = "its worker was lost before it was due"
+            elif self._last_clock < f.clock:
+                why = f"the fit stopped at clock {self._last_clock}"
+            else:
+                why = f"no {f.point!r} point of {f.worker} was reached" + (f" in phase {f.phase!r}" if f.phase else "")
+            logger.warning("dscar: the %s fault aimed at %s from clock %d never fired: %s", f.kind, f.worker, f.clock, why)
+            self.events.append({"time": time.time(), "clock": self._last_clock, "kind": "fault-not-fired",
+                                "worker": f.worker, "fault": f.kind, "fault_clock": f.clock, "point": f.point,
+                                "reason": why})
 
     async def _end_job(self) -> None:
         """The coordinator drops the job (its last events come back), then every worker at once."""
@@ -576,6 +597,7 @@ class _Run:
                     r = self._sync(sched.dscar_wait, job_id=self.job_id, clock=clock, timeout=1.0,
                                    events_from=self._seen)
                 self._last_report_at = time.time()
+                self._last_clock = clock
                 rec = ClockRecord(clock, time.perf_counter() - t0, dict(r["metrics"]),
                                   dict(r["shards_per_worker"]), dict(r["timings"]), dict(r["stage_s"]),
                                   dict(r.get("workers", {})), bool(r.get("skipped")), r.get("checkpoint"))

@@ -11,8 +11,9 @@ starts; every fault that fires is an event with its clock and time.
 """
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, replace
-from typing import Iterable, Literal
+from typing import Any, Iterable, Literal
 
 from .errors import InvalidInputError
 
@@ -82,6 +83,26 @@ def resolve(faults: Iterable[Fault], workers: list[str]) -> list[Fault]:
         elif f.worker not in workers:
             raise InvalidInputError(f"{f.kind} fault aimed at {f.worker!r}, which is not a worker of this cluster")
         out.append(f)
+    return out
+
+
+def unfired(faults: Iterable[Fault], events: Iterable[dict[str, Any]]) -> list[Fault]:
+    """The resolved ``faults`` of which no ``fault-<kind>`` event came back.
+
+    A fault fires at most once, and a worker's faults of one kind fire in clock
+    order: its n-th event of a kind is its n-th fault of that kind by clock. A
+    fault that did not fire (the fit stopped first, its worker was lost first,
+    its point was never reached) leaves the experiment it belongs to measuring
+    nothing, so the driver reports it (``fault-not-fired``) rather than stay silent.
+    """
+    fired = Counter((e.get("worker"), str(e.get("kind", ""))[len("fault-"):]) for e in events
+                    if str(e.get("kind", "")).startswith("fault-"))
+    out = []
+    for f in sorted(faults, key=lambda f: f.clock):
+        if fired[(f.worker, f.kind)] > 0:
+            fired[(f.worker, f.kind)] -= 1
+        else:
+            out.append(f)
     return out
 
 

@@ -369,3 +369,34 @@ def test_a_shard_with_a_cache_in_its_data_moves_without_loss(inproc):
     assert_exactly_once(res, 80)
     kinds = [e["kind"] for e in res.events]
     assert "shard-moved" in kinds and "shard-failed" not in kinds and "shards-replaced" not in kinds
+
+
+def test_a_fault_the_fit_never_reached_is_an_event_and_a_warning(inproc, caplog, tmp_path):
+    """A loss aimed at clock 5 of a fit that converges at clock 1 measures nothing: the result says so."""
+    X, y, _ = make_regression(600, 20, 4, seed=3)
+    with caplog.at_level("WARNING", logger="dscar.driver"):
+        res = dscar.fit(LassoCD(0.1 * lasso_alpha_max(X, y), tol=1e-8), {"X": X, "y": y}, inproc, n_shards=4,
+                        max_clocks=6, faults=[dscar.faults.lose(1, 5)])
+    assert res.converged and res.n_clocks < 5
+    (ev,) = [e for e in res.events if e["kind"] == "fault-not-fired"]
+    assert ev["fault"] == "lose" and ev["fault_clock"] == 5 and ev["worker"] == inproc.workers[1]
+    assert ev["reason"] == f"the fit stopped at clock {res.n_clocks}"
+    assert "never fired: the fit stopped" in caplog.text
+    fired = dscar.fit(LassoCD(0.1 * lasso_alpha_max(X, y), tol=1e-8), {"X": X, "y": y}, inproc, n_shards=4,
+                      max_clocks=6, faults=[dscar.faults.lose(1, 1)], checkpoint=str(tmp_path))
+    assert [e["kind"] for e in fired.events if e["kind"].startswith("fault-")] == ["fault-lose"]
+
+
+def test_a_connection_lost_under_a_call_is_a_cluster_error():
+    """An RPC to the scheduler that fails with a connection error reaches the user as a ``ClusterError``
+    (the CLI's one-line rule), with the original error as its cause."""
+    def broken(dask_scheduler):
+        def begin_clock(**kw):
+            raise ConnectionError("the scheduler's comm closed")
+        dask_scheduler.handlers["dscar_begin_clock"] = begin_clock
+
+    with dscar.Cluster(n_workers=1, processes=False) as cl:
+        cl.client.run_on_scheduler(broken)
+        with pytest.raises(dscar.ClusterError, match="lost contact with the cluster: ConnectionError") as info:
+            dscar.fit(RowCounter(), row_data(40), cl, n_shards=2, max_clocks=2)
+    assert isinstance(info.value.__cause__, ConnectionError)

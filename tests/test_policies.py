@@ -169,6 +169,19 @@ def test_fault_specs_resolve_and_validate():
         faults.resolve([faults.kill(0, 0)], ws)
 
 
+def test_unfired_faults_are_those_without_an_event_of_their_kind_and_worker():
+    a, b = "tcp://a", "tcp://b"
+    plan = [faults.kill(a, 3), faults.slow(b, 4.0, clock=2), faults.lose(b, 5), faults.lose(b, 9), faults.hang(a, 7)]
+    events = [{"kind": "fault-slow", "worker": b, "clock": 2}, {"kind": "fault-lose", "worker": b, "clock": 6},
+              {"kind": "fault-kill", "worker": b, "clock": 3},  # another worker's kill does not count for a's
+              {"kind": "fault-not-fired", "worker": a, "clock": 9}, {"kind": "worker-lost", "worker": a}]
+    # b's first loss fired (at a later clock: it is due from clock 5), its second did not
+    assert faults.unfired(plan, events) == [faults.kill(a, 3), faults.hang(a, 7), faults.lose(b, 9)]
+    assert faults.unfired(plan, events + [{"kind": "fault-kill", "worker": a}, {"kind": "fault-hang", "worker": a},
+                                          {"kind": "fault-lose", "worker": b}]) == []
+    assert faults.unfired([], events) == []
+
+
 def test_fault_cli_forms():
     assert faults.parse("slow", "1:4") == faults.slow(1, 4.0)
     assert faults.parse("slow", "0:8:2:4") == faults.slow(0, 8.0, 2, 4)
