@@ -32,6 +32,7 @@ from .errors import ClusterError, DscarError, InvalidInputError, JobFailedError
 from .faults import Fault, resolve, unfired
 from .ledger import restore_candidates
 from .monitor import ThroughputMonitor
+from .partitions import PartitionMap, by_owner
 from .policies import Policy, make_policies
 from .progress import ProgressLine
 
@@ -480,15 +481,11 @@ class _Run:
         """Initial values on every owner, kernels loaded on every worker; when resuming, the newest
         checkpoint that verifies (returned)."""
         kinds = {t.name: t.kind for t in self.tables}
-        by_owner: dict[str, list] = {}
-        restore = []
-        for t, p, w in owners_msg:
-            if resume is not None and kinds[t] == "param":
-                restore.append((t, p, w))
-            else:
-                by_owner.setdefault(w, []).append([t, p])
+        owners = PartitionMap.owners_from_msg(owners_msg)
+        restore = [(t, p, w) for (t, p), w in owners.items() if resume is not None and kinds[t] == "param"]
+        fresh = by_owner(owners, [k for k in owners if resume is None or kinds[k[0]] != "param"])
         await asyncio.gather(*(
-            self._call_worker(w, "init", job_id=self.job_id, parts=parts) for w, parts in by_owner.items()
+            self._call_worker(w, "init", job_id=self.job_id, parts=parts) for w, parts in fresh.items()
         ))
         # kernels loaded everywhere before clock 1; a worker lost meanwhile is the clocks' business
         await asyncio.gather(*(self._call_worker(w, "warm_up", job_id=self.job_id) for w in self.workers),
@@ -639,15 +636,12 @@ class _Run:
         for t in self.tables:
             if t.kind == "param" and t not in pulled:
                 out[t.name] = await results.keep_on_cluster(self.client, self.job_id, t, owner)
-        by_owner: dict[str, list[tuple[str, int]]] = {}
-        for t in pulled:
-            for p in range(t.n_parts):
-                by_owner.setdefault(owner[(t.name, p)], []).append((t.name, p))
+        groups = by_owner(owner, [(t.name, p) for t in pulled for p in range(t.n_parts)])
         replies = await asyncio.gather(*(self._call_worker(w, "pull_many", job_id=self.job_id,
                                                            parts=[list(k) for k in keys])
-                                         for w, keys in by_owner.items()))
+                                         for w, keys in groups.items()))
         pieces: dict[tuple[str, int], np.ndarray] = {}
-        for (w, keys), r in zip(by_owner.items(), replies):
+        for (w, keys), r in zip(groups.items(), replies):
             if r.get("status", "OK") != "OK":
                 raise LookupError(f"{w} no longer holds all of {', '.join(f'{t}/{p}' for t, p in keys)}")
             pieces.update(zip(keys, wire.decode(r["data"])))

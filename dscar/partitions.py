@@ -8,7 +8,7 @@ owns each partition: every partition has exactly one owner at a time.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterable
+from typing import Iterable, Mapping
 
 
 def row_bounds(n_rows: int, n_parts: int) -> list[tuple[int, int]]:
@@ -21,6 +21,15 @@ def row_bounds(n_rows: int, n_parts: int) -> list[tuple[int, int]]:
         stop = start + base + (1 if i < extra else 0)
         out.append((start, stop))
         start = stop
+    return out
+
+
+def by_owner(owners: Mapping[tuple[str, int], str], keys: Iterable[tuple[str, int]]) -> dict[str, list[tuple[str, int]]]:
+    """``keys`` (table, part) grouped by owner, in the order given: one message per owner then
+    carries all of that owner's partitions (initial values, gathers, small-table reads)."""
+    out: dict[str, list[tuple[str, int]]] = {}
+    for k in keys:
+        out.setdefault(owners[k], []).append(k)
     return out
 
 

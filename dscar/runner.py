@@ -35,7 +35,7 @@ from .algorithm import Algorithm, DataMeta, TableSpec
 from .ledger import INITIAL_STATE
 from .mirror_store import MirrorStore, shard_key
 from .partition_store import PartitionStore
-from .partitions import TableLayout
+from .partitions import TableLayout, by_owner
 from .shard_store import ShardEntry, ShardStore
 from .xp import to_host
 
@@ -406,17 +406,9 @@ class ShardRunner:
         """Every small table (``SMALL_TABLE_BYTES``), whole: the partitions held here copied, the
         others fetched with one message per owner, all owners at once. A small model's shard step
         or clock end reads several tables, and one message per table and owner is a round trip each."""
-        me = self.host.address
         small = [t for t in job.specs if self.is_small(job, t)]
-        pieces: dict[tuple[str, int], Any] = {}
-        remote: dict[str, list] = defaultdict(list)
-        for t in small:
-            for p in range(job.layouts[t].n_parts):
-                owner = job.owners[(t, p)]
-                if owner == me:
-                    pieces[(t, p)] = job.tables.rows(t, p, 0, None)
-                else:
-                    remote[owner].append((t, p))
+        remote = by_owner(job.owners, [(t, p) for t in small for p in range(job.layouts[t].n_parts)])
+        pieces: dict[tuple[str, int], Any] = {k: job.tables.rows(*k, 0, None) for k in remote.pop(self.host.address, [])}
         if remote:
             replies = self.host.peer_all([(o, "pull_many", {"job_id": job.id, "parts": [list(k) for k in keys]})
                                           for o, keys in remote.items()])

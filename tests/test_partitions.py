@@ -28,3 +28,11 @@ def test_assignment_gives_every_partition_one_owner_and_balances_rows():
         rows[w] += b - a
     assert abs(rows["a"] - rows["b"]) <= 10
     assert PartitionMap.owners_from_msg(pm.to_msg()) == pm.owners
+
+
+def test_by_owner_groups_keys_in_the_order_given():
+    from dscar.partitions import by_owner
+
+    owners = {("w", 0): "a", ("w", 1): "b", ("g", 0): "a", ("g", 1): "a"}
+    assert by_owner(owners, [("w", 1), ("g", 1), ("w", 0), ("g", 0)]) == {"b": [("w", 1)], "a": [("g", 1), ("w", 0), ("g", 0)]}
+    assert by_owner(owners, []) == {}
