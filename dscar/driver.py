@@ -439,7 +439,7 @@ class _Run:
         lost = sorted({e["worker"] for e in self.events
                        if e.get("kind") == "worker-lost" and after is not None and e.get("time", 0.0) > after})
         if lost:
-            logger.warning("dscar: worker(s) %s lost after the last clock: the model returned is the one "
+            logger.warning("worker(s) %s lost after the last clock: the model returned is the one "
                            "recovery restored from the checkpoints", ", ".join(lost))
             self.events.append({"time": time.time(), "clock": last_clock, "kind": "model-restored",
                                 "workers": lost})
@@ -454,7 +454,7 @@ class _Run:
                 why = f"the fit stopped at clock {self._last_clock}"
             else:
                 why = f"no {f.point!r} point of {f.worker} was reached" + (f" in phase {f.phase!r}" if f.phase else "")
-            logger.warning("dscar: the %s fault aimed at %s from clock %d never fired: %s", f.kind, f.worker, f.clock, why)
+            logger.warning("the %s fault aimed at %s from clock %d never fired: %s", f.kind, f.worker, f.clock, why)
             self.events.append({"time": time.time(), "clock": self._last_clock, "kind": "fault-not-fired",
                                 "worker": f.worker, "fault": f.kind, "fault_clock": f.clock, "point": f.point,
                                 "reason": why})
