@@ -47,6 +47,9 @@ class LassoCD(Algorithm):
 
     name = "lasso"
     data_names = ("X", "y")
+    #: none: the clock-end block solve starts from the current ``w`` with correlations of a stale one
+    #: (``bench.staleness``: one clock stale takes 5.2x the clocks, two or more diverge)
+    max_staleness = 0
 
     def __init__(self, alpha: float = 1.0, *, fit_intercept: bool = True, tol: float = 1e-6,
                  max_working_set: int = 1024, working_set_start: int = 64, kernel: str = "compiled"):

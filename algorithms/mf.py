@@ -189,6 +189,11 @@ class ALS(Algorithm):
     name = "mf"
     data_names = ("row", "col", "rating")
     phases = ("user", "item")
+    #: none: a clock is two data phases, the second solving against the first's result. (Each phase
+    #: reading the other side's factors as of the end of clock t-1-s also converges, a Jacobi-style ALS:
+    #: ``bench.staleness``, 0.9x / 1.33x / 2.19x the clocks at s = 1 / 2 / 4; SSP over phases is not
+    #: the engine's model, so it is not declared.)
+    max_staleness = 0
 
     def __init__(self, n_users: int, n_items: int, rank: int = 20, *, reg: float = 0.1, reg_mode: str = "weighted",
                  biases: bool = True, bias_reg: float = BIAS_REG, mean: float = 0.0, init_scale: float = 0.1,

@@ -113,6 +113,14 @@ class MLRSGD(Algorithm):
     name = "mlr"
     data_names = ("X", "y")
 
+    @property
+    def max_staleness(self) -> int:
+        """2 without momentum, 0 with: stale updates bring a momentum of their own (asynchrony begets
+        momentum, Mitliagkas et al. 2016), and with the heavy ball's on top SGD oscillates
+        (``bench.staleness`` on digits: momentum 0.7 never reaches the target at 1 clock stale;
+        momentum 0 reaches it at 1 and 2 clocks stale, 4 takes 4x the clocks)."""
+        return 0 if self.momentum else 2
+
     def __init__(self, n_classes: int, *, l2: float = 1e-3, lr: float = 0.5, schedule: str = "inverse",
                  decay: float = 0.05, momentum: float = 0.0, batch_size: int = 32, steps: int | None = None,
                  mode: str = "local", seed: int = 0, tol: float = 1e-3, patience: int = 3,

@@ -128,6 +128,10 @@ class Algorithm:
     #: names of the data phases of a clock, in order (each its own shards, applied before the
     #: next runs); () for one pass over all shards per clock
     phases: tuple[str, ...] = ()
+    #: how many clocks stale its shard steps' reads may be (bounded staleness, SSP) and the model
+    #: still converge: a read in clock t may miss the updates of clocks t-s .. t-1, its own shard's
+    #: excepted. 0: every clock is a barrier. A measured property: ``python -m bench.staleness``
+    max_staleness: int = 0
 
     def validate(self, meta: DataMeta) -> None:
         """Raise ``InvalidInputError`` for data or hyperparameters this model cannot fit."""

@@ -1,0 +1,57 @@
+"""The staleness measurement (``bench.staleness``): its model of SSP reads, and its outputs."""
+import json
+
+import numpy as np
+import pytest
+
+import dscar
+from dscar import TableSpec
+from bench.staleness import StaleRun, main
+
+
+class WhatDidISee(dscar.Algorithm):
+    """Each shard adds 1 to its own row of ``count`` every clock and records the whole table it read."""
+
+    name = "seen"
+    data_names = ("row",)
+
+    def tables(self, meta):
+        return [TableSpec("count", meta.n_shards), TableSpec("total", 1, kind="reduction")]
+
+    def shard_step(self, ctx, data):
+        ctx.set_state("read", np.array(ctx.pull("count")))
+        ctx.add("count", np.ones(1), start=ctx.shard)
+        ctx.add("total", np.ones(1))
+
+    def clock_end(self, ctx):
+        return {"objective": float(ctx.pull("count").sum()), "total": float(ctx.pull("total")[0])}
+
+    def converged(self, history, tol):
+        return False
+
+
+@pytest.mark.parametrize("staleness", [0, 1, 2, 4])
+def test_a_read_in_clock_t_sees_the_end_of_clock_t_minus_1_minus_s_and_its_own_updates(staleness):
+    n = 4
+    run = StaleRun(WhatDidISee(), {"row": np.arange(n)}, n, staleness)
+    for t in range(1, 10):
+        m = run.clock(t)
+        assert m["objective"] == n * t and m["total"] == n  # updates land on the current tables, exactly once
+        others = max(0, t - 1 - staleness)
+        for shard, state in enumerate(run.states):
+            want = np.full(n, float(others))
+            want[shard] = t - 1  # its own updates: all of them (read-my-writes)
+            np.testing.assert_array_equal(state["read"], want, err_msg=f"clock {t}, shard {shard}")
+    assert len(run.ends) <= staleness + 1  # only the ends a later read may need are kept
+
+
+def test_the_benchmark_prints_a_table_and_writes_json_and_a_plot(tmp_path, capsys):
+    out, png = tmp_path / "st.json", tmp_path / "st.png"
+    assert main(["--quick", "--models", "lasso", "--staleness", "0,1", "--json", str(out), "--plot", str(png)]) == 0
+    text = capsys.readouterr().out
+    assert "clocks to target" in text and "lasso" in text
+    d = json.loads(out.read_text())
+    (s0, s1) = d["summary"]
+    assert (s0["staleness"], s1["staleness"]) == (0, 1) and s0["reached"] == 1 and s0["vs_bsp"] == 1.0
+    assert s1["median_clocks"] > s0["median_clocks"]  # stale gradients cost coordinate descent clocks
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
