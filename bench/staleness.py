@@ -173,6 +173,68 @@ class StaleRun:
         return None, [h["objective"] for h in self.history]
 
 
+class LaggingRun(StaleRun):
+    """SSP as one straggler makes it: the shards of one of ``workers`` workers (every
+    ``workers``-th shard) run ``staleness`` clocks behind the others', and a step's update is
+    applied as soon as the step ends, which SSP allows. Round ``r``: the on-time shards run clock
+    ``r`` side by side (each reads the tables as of the round's start: what every on-time shard
+    did up to clock ``r - 1`` and the lagging ones up to ``r - 1 - s``), then the lagging worker
+    runs its shards of clock ``r - s`` one after the other (each reads the tables as they are
+    then). Clock t ends (its clock-end step runs, over its own reductions) once its lagging shards
+    are applied, in round ``t + s``: time to target is counted in rounds. One data phase."""
+
+    def __init__(self, algorithm: dscar.Algorithm, data: Any, n_shards: int, staleness: int, workers: int = 4,
+                 tol: float = 1e-6):
+        super().__init__(algorithm, data, n_shards, 0, tol)  # reads: the current tables
+        if self.meta.phases:
+            raise ValueError("LaggingRun models one data phase per clock")
+        self.staleness = int(staleness)
+        self.lagging = [s for s in range(self.meta.n_shards) if s % workers == 0]
+        self.on_time = [s for s in range(self.meta.n_shards) if s % workers]
+        #: clock -> its reduction tables' sums so far (a clock's reductions are its own, however late)
+        self.sums: dict[int, dict[str, np.ndarray]] = {}
+
+    def _steps(self, shards: list[int], clock: int, side_by_side: bool) -> None:
+        """Run ``shards``' steps of ``clock`` and apply them: each at once, or all after the last."""
+        view = self._copy() if side_by_side else self.tables
+        done = []
+        for shard in shards:
+            ctx = _StepContext(self, shard, clock, None, view)
+            self.algorithm.shard_step(ctx, self.data[shard])
+            done.append((shard, ctx))
+            if not side_by_side:
+                self._apply(done.pop(), clock)
+        for shard_ctx in done:
+            self._apply(shard_ctx, clock)
+
+    def _apply(self, shard_ctx: tuple[int, _StepContext], clock: int) -> None:
+        shard, ctx = shard_ctx
+        sums = self.sums.setdefault(clock, {n: np.zeros_like(v) for n, v in self.tables.items()
+                                            if self.specs[n].kind == "reduction"})
+        for table, rows, start, values in ctx.adds:
+            _add(sums.get(table, self.tables[table]), rows, start, values)
+        self.states[shard].update(ctx.new_state)
+
+    def run(self, max_clocks: int) -> tuple[int | None, list[float]]:
+        """Clocks until the stopping rule held (None: not within ``max_clocks``); objectives per clock."""
+        for r in range(1, max_clocks + self.staleness + 1):
+            if r <= max_clocks:
+                self._steps(self.on_time, r, side_by_side=True)
+            c = r - self.staleness
+            if c < 1:
+                continue
+            self._steps(self.lagging, c, side_by_side=False)
+            for n, v in self.sums.pop(c).items():
+                self.tables[n][...] = v
+            m = self.algorithm.clock_end(_ClockEndContext(self, c))
+            self.history.append(dict(m))
+            if not math.isfinite(float(m.get("objective", math.nan))):
+                break
+            if self.algorithm.converged(self.history, self.tol):
+                return c, [h["objective"] for h in self.history]
+        return None, [h.get("objective", math.nan) for h in self.history]
+
+
 def without_momentum(problem):
     """``problem``'s MLR with no heavy-ball momentum (``MLRSGD.max_staleness`` depends on it)."""
     def make(seed: int):
@@ -195,15 +257,21 @@ def problems(quick: bool, names: list[str]) -> list:
     return [make[n](quick) for n in names]
 
 
-def measure(problem, staleness: tuple[int, ...], seeds: int) -> list[dict[str, Any]]:
+def measure(problem, staleness: tuple[int, ...], seeds: int, lagging: int | None = None) -> list[dict[str, Any]]:
+    """Clocks to target per staleness: every read ``s`` clocks stale, or (``lagging`` workers) one of
+    them ``s`` clocks behind with updates applied at once (``s = 0``: BSP either way)."""
     rows = []
     for s in staleness:
         for seed in range(seeds):
             algo = problem.make_algo(seed)
             t0 = time.perf_counter()
-            run = StaleRun(algo, problem.data, problem.n_shards, s, tol=getattr(algo, "tol", 1e-6))
+            tol = getattr(algo, "tol", 1e-6)
+            run = (LaggingRun(algo, problem.data, problem.n_shards, s, lagging, tol=tol) if lagging and s
+                   else StaleRun(algo, problem.data, problem.n_shards, s, tol=tol))
             clocks, objective = run.run(problem.max_clocks)
             rows.append({"model": problem.name, "staleness": s, "seed": seed, "clocks": clocks,
+                         # time in clocks of work: a lagging run's clock t ends in round t + s
+                         "rounds": None if clocks is None else clocks + (s if lagging else 0),
                          "final_objective": objective[-1] if objective else math.nan, "objective": objective,
                          "seconds": time.perf_counter() - t0})
             print(f"  {problem.name:8s} s={s}  seed {seed}: "
@@ -215,11 +283,11 @@ def measure(problem, staleness: tuple[int, ...], seeds: int) -> list[dict[str, A
 def summarise(rows: list[dict], declared: dict[str, int]) -> list[dict[str, Any]]:
     out = []
     for model in dict.fromkeys(r["model"] for r in rows):
-        base = [r["clocks"] for r in rows if r["model"] == model and r["staleness"] == 0 and r["clocks"]]
+        base = [r["rounds"] for r in rows if r["model"] == model and r["staleness"] == 0 and r["rounds"]]
         b = float(np.median(base)) if base else math.nan
         for s in dict.fromkeys(r["staleness"] for r in rows if r["model"] == model):
             rs = [r for r in rows if r["model"] == model and r["staleness"] == s]
-            reached = [r["clocks"] for r in rs if r["clocks"]]
+            reached = [r["rounds"] for r in rs if r["rounds"]]
             med = float(np.median(reached)) if len(reached) == len(rs) else math.nan
             out.append({"model": model, "staleness": s, "runs": len(rs), "reached": len(reached),
                         "median_clocks": med, "vs_bsp": med / b if b == b else math.nan,
@@ -228,17 +296,17 @@ def summarise(rows: list[dict], declared: dict[str, int]) -> list[dict[str, Any]
 
 
 def format_table(summary: list[dict]) -> str:
-    lines = ["model     s  reached  clocks to target (median)  vs s=0   declared max_staleness",
-             "-" * 82]
+    lines = ["model     s  reached  clocks of work to target (median)  vs s=0   declared max_staleness",
+             "-" * 90]
     for r in summary:
         clocks = f"{r['median_clocks']:.0f}" if r["median_clocks"] == r["median_clocks"] else "not reached"
         vs = f"{r['vs_bsp']:.2f}x" if r["vs_bsp"] == r["vs_bsp"] else "-"
-        lines.append(f"{r['model']:8s} {r['staleness']:2d}  {r['reached']:3d}/{r['runs']:<3d}  {clocks:>25s}  "
+        lines.append(f"{r['model']:8s} {r['staleness']:2d}  {r['reached']:3d}/{r['runs']:<3d}  {clocks:>33s}  "
                      f"{vs:>7s}   {r['declared_max_staleness']}")
     return "\n".join(lines)
 
 
-def plot(path: str, rows: list[dict]) -> None:
+def plot(path: str, rows: list[dict], title: str) -> None:
     plt = pyplot()
     models = list(dict.fromkeys(r["model"] for r in rows))
     fig, axes = plt.subplots(1, len(models), figsize=(4.2 * len(models), 3.4), squeeze=False)
@@ -253,7 +321,7 @@ def plot(path: str, rows: list[dict]) -> None:
         if model != "lda":
             ax.set_yscale("log")
         ax.legend(fontsize=8)
-    fig.suptitle("Objective per clock with every read s clocks stale (own updates seen)")
+    fig.suptitle(title)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -265,6 +333,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--models", default="lasso,lda,mlr,mlr-m0,mf",
                     help="comma-separated of lasso, lda, mlr, mlr-m0 (MLR without momentum), mlr-text, mf")
     ap.add_argument("--staleness", default=",".join(map(str, STALENESS)), help="comma-separated staleness values")
+    ap.add_argument("--lagging", type=int, default=None, metavar="W",
+                    help="instead of every read s clocks stale: one of W workers s clocks behind, updates applied at once")
     ap.add_argument("--seeds", type=int, default=None, help="sampler seeds per LDA setting (default 3; 1 with --quick)")
     ap.add_argument("--json", default=None, metavar="PATH")
     ap.add_argument("--plot", default=None, metavar="PATH", help="PNG (default: the JSON's path with .png, else staleness.png)")
@@ -273,18 +343,23 @@ def main(argv: list[str] | None = None) -> int:
     la0 = load_average()
     rows, declared = [], {}
     for p in problems(a.quick, [m for m in a.models.split(",") if m]):
+        if a.lagging and isinstance(p.data, dscar.PhasedData):
+            print(f"== {p.name}: skipped (--lagging models one data phase per clock)", flush=True)
+            continue
         print(f"== {p.name}: {p.threshold_rule}", flush=True)
         seeds = p.seeds and (a.seeds or (1 if a.quick else 3)) if p.seeds > 1 else 1
-        rows += measure(p, staleness, seeds)
+        rows += measure(p, staleness, seeds, a.lagging)
         declared[p.name] = int(p.make_algo(0).max_staleness)  # as this problem configures the algorithm
     summary = summarise(rows, declared)
     print()
     print(format_table(summary))
     print(f"load average {la0} -> {load_average()} (clocks are counted, not timed)")
     if a.json:
-        write_json(a.json, {"machine": machine_info(), "staleness": staleness, "quick": a.quick,
+        write_json(a.json, {"machine": machine_info(), "staleness": staleness, "quick": a.quick, "lagging": a.lagging,
                             "summary": summary, "runs": rows})
-    plot(a.plot or (a.json[:-5] + ".png" if a.json and a.json.endswith(".json") else "staleness.png"), rows)
+    title = (f"Objective per clock, one of {a.lagging} workers s clocks behind (updates applied at once)" if a.lagging
+             else "Objective per clock with every read s clocks stale (own updates seen)")
+    plot(a.plot or (a.json[:-5] + ".png" if a.json and a.json.endswith(".json") else "staleness.png"), rows, title)
     return 0
 
 
