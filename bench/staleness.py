@@ -347,9 +347,12 @@ def main(argv: list[str] | None = None) -> int:
             print(f"== {p.name}: skipped (--lagging models one data phase per clock)", flush=True)
             continue
         print(f"== {p.name}: {p.threshold_rule}", flush=True)
-        seeds = p.seeds and (a.seeds or (1 if a.quick else 3)) if p.seeds > 1 else 1
+        seeds = (a.seeds or (1 if a.quick else 3)) if p.seeds > 1 else 1  # a sampler's path is random
         rows += measure(p, staleness, seeds, a.lagging)
         declared[p.name] = int(p.make_algo(0).max_staleness)  # as this problem configures the algorithm
+    if not rows:
+        print("no model to run")
+        return 2
     summary = summarise(rows, declared)
     print()
     print(format_table(summary))

@@ -29,7 +29,7 @@ from .cluster import Cluster, default_memory_limit
 from .comm import fast_fail_pool
 from .data import ArrayData, FileData, PhasedData, as_data, is_dask
 from .errors import ClusterError, DscarError, InvalidInputError, JobFailedError
-from .faults import Fault, resolve, unfired
+from .faults import Fault, fire_point, resolve, unfired, why_unfired
 from .ledger import restore_candidates
 from .monitor import ThroughputMonitor
 from .partitions import PartitionMap, by_owner
@@ -278,6 +278,14 @@ def _model_info(algorithm: Algorithm, meta) -> dict[str, Any]:
             "n_rows": meta.n_rows, "shapes": {k: list(v) for k, v in meta.shapes.items()}}
 
 
+def lost_contact(e: BaseException) -> bool:
+    """``e`` says a call to the scheduler or a worker failed on the way (a closed comm, a refused or
+    timed-out connection; distributed's connect raises a bare ``OSError`` without an errno), not that
+    the called side failed (a worker's disk or file error passed on keeps its own type and errno)."""
+    return (isinstance(e, (ConnectionError, CommClosedError, TimeoutError, asyncio.TimeoutError))
+            or (type(e) is OSError and e.errno is None))
+
+
 def default_n_shards(n_workers: int, n_rows: int | None, n_bytes: int | None) -> int:
     """``SHARDS_PER_WORKER`` per worker, fewer where shards would hold under ``MIN_SHARD_BYTES``
     or no row, but one per worker at least (``fit`` then refuses data with fewer rows than workers)."""
@@ -416,7 +424,9 @@ class _Run:
         except DscarError as e:
             failure = e
             raise
-        except (ConnectionError, CommClosedError, TimeoutError) as e:  # a call to the scheduler or a worker failed
+        except Exception as e:
+            if not lost_contact(e):
+                raise
             failure = ClusterError(f"lost contact with the cluster: {type(e).__name__}: {e}")
             raise failure from e
         finally:
@@ -445,18 +455,12 @@ class _Run:
                                 "workers": lost})
 
     def _note_unfired(self, faults: list[Fault]) -> None:
-        """Injected faults that never fired: a ``fault-not-fired`` event and a warning each, with why."""
-        lost = {e.get("worker") for e in self.events if e.get("kind") == "worker-lost"}
+        """Injected faults that never fired: an ``unfired-fault`` event and a warning each, with why."""
         for f in unfired(faults, self.events):
-            if f.worker in lost:
-                why = "its worker was lost before it was due"
-            elif self._last_clock < f.clock:
-                why = f"the fit stopped at clock {self._last_clock}"
-            else:
-                why = f"no {f.point!r} point of {f.worker} was reached" + (f" in phase {f.phase!r}" if f.phase else "")
+            why = why_unfired(f, self.events, self._last_clock)
             logger.warning("the %s fault aimed at %s from clock %d never fired: %s", f.kind, f.worker, f.clock, why)
-            self.events.append({"time": time.time(), "clock": self._last_clock, "kind": "fault-not-fired",
-                                "worker": f.worker, "fault": f.kind, "fault_clock": f.clock, "point": f.point,
+            self.events.append({"time": time.time(), "clock": self._last_clock, "kind": "unfired-fault",
+                                "worker": f.worker, "fault": f.kind, "fault_clock": f.clock, "point": fire_point(f),
                                 "reason": why})
 
     async def _end_job(self) -> None:
@@ -521,8 +525,12 @@ class _Run:
             if m["version"] in done:
                 continue
             m = dict(m, model=self.model)
-            path = ckpt.publish(fs, root, m)
-            ckpt.retain(fs, root, cfg.keep)
+            try:
+                path = ckpt.publish(fs, root, m)
+                ckpt.retain(fs, root, cfg.keep)
+            except OSError as e:  # the store, not the cluster: say so (and which checkpoint)
+                raise JobFailedError(f"publishing checkpoint version {m['version']} to {cfg.url} failed: "
+                                     f"{type(e).__name__}: {e}") from e
             self._sync(self.client.scheduler.dscar_published, job_id=self.job_id, version=m["version"])
             self.published.append({"version": m["version"], "clock": m["clock"], "bytes": m["bytes"], "path": path})
 

@@ -89,21 +89,45 @@ def resolve(faults: Iterable[Fault], workers: list[str]) -> list[Fault]:
 def unfired(faults: Iterable[Fault], events: Iterable[dict[str, Any]]) -> list[Fault]:
     """The resolved ``faults`` of which no ``fault-<kind>`` event came back.
 
-    A fault fires at most once, and a worker's faults of one kind fire in clock
-    order: its n-th event of a kind is its n-th fault of that kind by clock. A
-    fault that did not fire (the fit stopped first, its worker was lost first,
-    its point was never reached) leaves the experiment it belongs to measuring
-    nothing, so the driver reports it (``fault-not-fired``) rather than stay silent.
+    A fault fires at most once: a kill, hang or loss at its point, a slowdown at a
+    slowed step. A worker's faults of one kind and point fire in clock order, so
+    its n-th event of that kind and point (in the order the events came) is the
+    n-th such fault by clock. A fault that did not fire (the fit stopped first,
+    its worker was lost first, its point was never reached) leaves the
+    experiment it belongs to measuring nothing, so the driver reports it (an
+    ``unfired-fault`` event) rather than stay silent.
     """
-    fired = Counter((e.get("worker"), str(e.get("kind", ""))[len("fault-"):]) for e in events
+    fired = Counter((e.get("worker"), str(e.get("kind", ""))[len("fault-"):], e.get("point")) for e in events
                     if str(e.get("kind", "")).startswith("fault-"))
     out = []
     for f in sorted(faults, key=lambda f: f.clock):
-        if fired[(f.worker, f.kind)] > 0:
-            fired[(f.worker, f.kind)] -= 1
+        key = (f.worker, f.kind, fire_point(f))
+        if fired[key] > 0:
+            fired[key] -= 1
         else:
             out.append(f)
     return out
+
+
+def fire_point(f: Fault) -> str | None:
+    """Where ``f`` fires (its event's ``point``); None for a slowdown, which fires at any slowed step."""
+    return None if f.kind == "slow" else f.point
+
+
+def why_unfired(f: Fault, events: Iterable[dict[str, Any]], last_clock: int) -> str:
+    """Why ``f`` did not fire, from the job's events and the last clock it reported."""
+    lost = min((int(e.get("clock", 0)) for e in events if e.get("kind") == "worker-lost" and e.get("worker") == f.worker),
+               default=None)
+    if lost is not None and lost <= f.clock:
+        return f"its worker was lost at clock {lost}, before it was due"
+    if last_clock < f.clock:
+        return f"the fit stopped at clock {last_clock}"
+    end = lost if lost is not None else last_clock
+    if f.kind == "slow":
+        return f"no shard step of {f.worker} ran in clocks {f.clock}..{min(end, f.until or end)}"
+    where = f" in phase {f.phase!r}" if f.phase else ""
+    return f"no {f.point!r} point of {f.worker} was reached{where} in clocks {f.clock}..{end}" + (
+        f" (it was lost at clock {lost})" if lost is not None else "")
 
 
 def parse(kind: str, text: str) -> Fault:

@@ -378,8 +378,8 @@ def test_a_fault_the_fit_never_reached_is_an_event_and_a_warning(inproc, caplog,
         res = dscar.fit(LassoCD(0.1 * lasso_alpha_max(X, y), tol=1e-8), {"X": X, "y": y}, inproc, n_shards=4,
                         max_clocks=6, faults=[dscar.faults.lose(1, 5)])
     assert res.converged and res.n_clocks < 5
-    (ev,) = [e for e in res.events if e["kind"] == "fault-not-fired"]
-    assert ev["fault"] == "lose" and ev["fault_clock"] == 5 and ev["worker"] == inproc.workers[1]
+    (ev,) = [e for e in res.events if e["kind"] == "unfired-fault"]
+    assert ev["fault"] == "lose" and ev["fault_clock"] == 5 and ev["point"] == "start" and ev["worker"] == inproc.workers[1]
     assert ev["reason"] == f"the fit stopped at clock {res.n_clocks}"
     assert "never fired: the fit stopped" in caplog.text
     fired = dscar.fit(LassoCD(0.1 * lasso_alpha_max(X, y), tol=1e-8), {"X": X, "y": y}, inproc, n_shards=4,
@@ -387,16 +387,34 @@ def test_a_fault_the_fit_never_reached_is_an_event_and_a_warning(inproc, caplog,
     assert [e["kind"] for e in fired.events if e["kind"].startswith("fault-")] == ["fault-lose"]
 
 
-def test_a_connection_lost_under_a_call_is_a_cluster_error():
-    """An RPC to the scheduler that fails with a connection error reaches the user as a ``ClusterError``
-    (the CLI's one-line rule), with the original error as its cause."""
-    def broken(dask_scheduler):
+@pytest.mark.parametrize("error, wrapped", [
+    (ConnectionError("the scheduler's comm closed"), True),
+    (OSError("Timed out trying to connect to tcp://10.0.0.1:8786 after 30 s"), True),  # distributed's connect
+    (FileNotFoundError(2, "No such file or directory"), False),  # the called side's own error: kept as it is
+])
+def test_a_connection_lost_under_a_call_is_a_cluster_error(error, wrapped):
+    """A call to the scheduler that fails on the way reaches the user as a ``ClusterError`` (the CLI's
+    one-line rule), with the original error as its cause; an error of the called side keeps its type."""
+    def broken(dask_scheduler, error=error):
         def begin_clock(**kw):
-            raise ConnectionError("the scheduler's comm closed")
+            raise error
         dask_scheduler.handlers["dscar_begin_clock"] = begin_clock
 
     with dscar.Cluster(n_workers=1, processes=False) as cl:
         cl.client.run_on_scheduler(broken)
-        with pytest.raises(dscar.ClusterError, match="lost contact with the cluster: ConnectionError") as info:
+        with pytest.raises(dscar.ClusterError if wrapped else type(error)) as info:
             dscar.fit(RowCounter(), row_data(40), cl, n_shards=2, max_clocks=2)
-    assert isinstance(info.value.__cause__, ConnectionError)
+    if wrapped:
+        assert str(info.value).startswith(f"lost contact with the cluster: {type(error).__name__}")
+        assert isinstance(info.value.__cause__, type(error))
+
+
+def test_a_checkpoint_that_cannot_be_published_fails_the_fit_naming_it(inproc, tmp_path, monkeypatch):
+    """The store refusing a manifest is the store's problem, not the cluster's: a ``JobFailedError`` that
+    names the checkpoint and the store."""
+    def refuse(fs, root, manifest):
+        raise PermissionError(13, "Permission denied", f"{root}/manifest-{manifest['version']}.json")
+
+    monkeypatch.setattr(dscar.checkpoint, "publish", refuse)
+    with pytest.raises(dscar.JobFailedError, match=r"publishing checkpoint version 1 to .* failed: PermissionError"):
+        dscar.fit(RowCounter(), row_data(40), inproc, n_shards=2, max_clocks=3, checkpoint=str(tmp_path))

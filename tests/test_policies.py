@@ -169,17 +169,34 @@ def test_fault_specs_resolve_and_validate():
         faults.resolve([faults.kill(0, 0)], ws)
 
 
-def test_unfired_faults_are_those_without_an_event_of_their_kind_and_worker():
+def test_unfired_faults_are_those_without_an_event_of_their_worker_kind_and_point():
     a, b = "tcp://a", "tcp://b"
-    plan = [faults.kill(a, 3), faults.slow(b, 4.0, clock=2), faults.lose(b, 5), faults.lose(b, 9), faults.hang(a, 7)]
-    events = [{"kind": "fault-slow", "worker": b, "clock": 2}, {"kind": "fault-lose", "worker": b, "clock": 6},
-              {"kind": "fault-kill", "worker": b, "clock": 3},  # another worker's kill does not count for a's
-              {"kind": "fault-not-fired", "worker": a, "clock": 9}, {"kind": "worker-lost", "worker": a}]
-    # b's first loss fired (at a later clock: it is due from clock 5), its second did not
-    assert faults.unfired(plan, events) == [faults.kill(a, 3), faults.hang(a, 7), faults.lose(b, 9)]
-    assert faults.unfired(plan, events + [{"kind": "fault-kill", "worker": a}, {"kind": "fault-hang", "worker": a},
-                                          {"kind": "fault-lose", "worker": b}]) == []
+    plan = [faults.kill(a, 3), faults.slow(b, 4.0, clock=2), faults.lose(b, 5), faults.lose(b, 9), faults.hang(a, 7),
+            faults.kill(b, 2, point="checkpoint"), faults.kill(b, 3)]
+    events = [{"kind": "fault-slow", "worker": b, "clock": 2}, {"kind": "fault-lose", "worker": b, "clock": 6, "point": "start"},
+              {"kind": "fault-kill", "worker": b, "clock": 3, "point": "start"},  # b's kill at start, not a's
+              {"kind": "unfired-fault", "worker": a, "clock": 9}, {"kind": "worker-lost", "worker": a}]
+    # b's first loss fired (at a later clock: it is due from clock 5), its second did not; b's start kill fired,
+    # its checkpoint kill (due earlier) did not
+    assert faults.unfired(plan, events) == [faults.kill(b, 2, point="checkpoint"), faults.kill(a, 3),
+                                            faults.hang(a, 7), faults.lose(b, 9)]
+    more = [{"kind": "fault-kill", "worker": a, "point": "start"}, {"kind": "fault-hang", "worker": a, "point": "start"},
+            {"kind": "fault-lose", "worker": b, "point": "start"}, {"kind": "fault-kill", "worker": b, "point": "checkpoint"}]
+    assert faults.unfired(plan, events + more) == []
     assert faults.unfired([], events) == []
+
+
+def test_why_a_fault_did_not_fire():
+    w = "tcp://w"
+    lost_at_4 = [{"kind": "worker-lost", "worker": w, "clock": 4}, {"kind": "worker-lost", "worker": "tcp://x", "clock": 1}]
+    assert faults.why_unfired(faults.kill(w, 6), lost_at_4, 9) == "its worker was lost at clock 4, before it was due"
+    assert faults.why_unfired(faults.kill(w, 6), [], 3) == "the fit stopped at clock 3"
+    assert faults.why_unfired(faults.kill(w, 2, point="checkpoint"), [], 8) == \
+        "no 'checkpoint' point of tcp://w was reached in clocks 2..8"
+    assert faults.why_unfired(faults.kill(w, 2, point="recovery"), lost_at_4, 8) == \
+        "no 'recovery' point of tcp://w was reached in clocks 2..4 (it was lost at clock 4)"
+    assert faults.why_unfired(faults.slow(w, 4.0, clock=2, until=3), [], 8) == "no shard step of tcp://w ran in clocks 2..3"
+    assert faults.fire_point(faults.slow(w, 2.0)) is None and faults.fire_point(faults.hang(w, 1)) == "start"
 
 
 def test_fault_cli_forms():
