@@ -23,6 +23,12 @@ its rayon pool and its torch / BLAS pools, set before lenskit is imported, in a 
 per thread count). Ratios compare equal cores: ``dscar-1w`` over ``lenskit-1t``, ``dscar-2w``
 over ``lenskit-2t``. The load average is printed with every table.
 
+Pair by pair. ``--repeats R`` (default 3; 1 with ``--quick``) runs every timed solver R
+times, interleaved (a repeat runs dscar-1w, lenskit-1t, dscar-2w, lenskit-2t one after the
+other, both dscar clusters kept up), so a slow minute of a shared machine hits both sides of a
+comparison: the table gives each solver's median over the repeats, and under it the ratio
+dscar / lenskit of every repeat (same cores, same repeat) with their median.
+
 Solvers (rank 20 everywhere; regularization ``reg`` weighted by each row's rating count,
 the weighted-lambda form both dscar's and lenskit's ALS use):
 
@@ -49,6 +55,7 @@ Run
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -56,7 +63,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
 import numpy as np
@@ -96,6 +103,33 @@ class Result:
     note: str = ""
     iter_s: list[float] = field(default_factory=list)
     rmse_curve: list[float] = field(default_factory=list)  # test RMSE after each iteration (ALS solvers)
+    repeat: int = 0  # which interleaved repeat (``--repeats``)
+    repeats_s: list[float] = field(default_factory=list)  # merged: per_iter_s of every repeat
+
+
+def merge(results: list[Result]) -> list[Result]:
+    """One row per solver and reg: the median over its repeats (the first repeat's curves and notes)."""
+    groups: dict[tuple, list[Result]] = {}
+    for r in results:
+        groups.setdefault((r.solver, r.reg), []).append(r)
+    out = []
+    for rs in groups.values():
+        per = [r.per_iter_s for r in rs if r.per_iter_s is not None]
+        cpu = [r.cpu_per_iter_s for r in rs if r.cpu_per_iter_s is not None]
+        out.append(replace(rs[0], per_iter_s=statistics.median(per) if per else None,
+                           cpu_per_iter_s=statistics.median(cpu) if cpu else None, repeats_s=per))
+    return out
+
+
+def paired_ratios(results: list[Result], reg: float) -> dict[str, list[float]]:
+    """Per repeat, dscar-Nw-* s/iter over lenskit-Nt's of the same repeat (equal cores)."""
+    lk = {(r.cores, r.repeat): r for r in results if r.solver.startswith("lenskit") and r.reg == reg and r.per_iter_s}
+    out: dict[str, list[float]] = {}
+    for r in results:
+        peer = lk.get((r.cores, r.repeat))
+        if r.solver.startswith("dscar") and r.reg == reg and r.per_iter_s and peer:
+            out.setdefault(r.solver, []).append(r.per_iter_s / peer.per_iter_s)
+    return out
 
 
 def make_datasets(quick: bool, only: list[str] | None = None) -> list[Dataset]:
@@ -285,10 +319,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", metavar="PATH", help="write every figure as JSON (and a plot next to it)")
     ap.add_argument("--plot", metavar="PATH", help="the plot's path (default: the JSON's, .png)")
     ap.add_argument("--datasets", nargs="+", choices=("small", "large"), help="only these datasets (default: all)")
+    ap.add_argument("--repeats", type=int, default=None,
+                    help="interleaved repeats of every timed solver (default 3; 1 with --quick)")
     ap.add_argument("--lenskit-child", metavar="NPZ", help=argparse.SUPPRESS)
     ap.add_argument("--reg", type=float, default=REG, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     iters = args.iters or (3 if args.quick else 10)
+    repeats = args.repeats or (1 if args.quick else 3)
     if args.lenskit_child:
         print(json.dumps(lenskit_child(args.lenskit_child, iters, args.reg)))
         return 0
@@ -308,50 +345,60 @@ def main(argv: list[str] | None = None) -> int:
     out: dict[str, Any] = {"machine": machine, "iters": iters, "rank": RANK, "datasets": {}}
     results: dict[str, list[Result]] = {d.name: [] for d in datasets}
 
-    def record(d: Dataset, name: str, run: Callable[[], Result]) -> None:
+    def record(d: Dataset, name: str, run: Callable[[], Result], repeat: int = 0) -> None:
         try:
             res = run()
         except ImportError as e:
             res = Result(name, note=f"skipped: {e} (pip install 'dscar[bench-mf]')")
+        res.repeat = repeat
         results[d.name].append(res)
-        print(f"[{time.perf_counter() - t0:6.1f}s] {d.name} {res.solver} reg {res.reg:g}: "
+        print(f"[{time.perf_counter() - t0:6.1f}s] {d.name} {res.solver} reg {res.reg:g} (repeat {repeat + 1}): "
               f"{res.per_iter_s if res.per_iter_s is not None else '-'} s/iter, RMSE {res.test_rmse}", flush=True)
 
     worker_pools = {}
-    for workers in (1, 2):
-        with dscar.Cluster(n_workers=workers) as cl:
+    with contextlib.ExitStack() as stack:
+        clusters = {w: stack.enter_context(dscar.Cluster(n_workers=w)) for w in (1, 2)}
+        for workers, cl in clusters.items():
             cl.client.run(lambda: threadpoolctl.threadpool_limits(1) and None)  # pinned for the workers' lifetime
             worker_pools[f"{workers}w"] = cl.client.run(threadpoolctl.threadpool_info)
             warm = datasets[0]  # compile the kernels on the workers (numba's cache) before timing
-            run_dscar(cl, workers, Dataset("warm", warm.n_users, warm.n_items, warm.train, warm.test), 1, "float32",
-                      REG)
-            run_dscar(cl, workers, Dataset("warm", warm.n_users, warm.n_items, warm.train, warm.test), 1, "float64",
-                      REG)
+            for dtype in ("float32", "float64"):
+                run_dscar(cl, workers, Dataset("warm", warm.n_users, warm.n_items, warm.train, warm.test), 1, dtype, REG)
+        tmp = stack.enter_context(tempfile.TemporaryDirectory())
+        paths = {}
+        for d in datasets:
+            paths[d.name] = os.path.join(tmp, f"{d.name}.npz")
+            np.savez(paths[d.name], u=d.train[0], i=d.train[1], r=d.train[2], tu=d.test[0], ti=d.test[1], tr=d.test[2])
+        for repeat in range(repeats):  # interleaved: dscar and lenskit of one repeat run back to back
             for d in datasets:
                 for reg in d.regs:
-                    for dtype in ("float64", "float32"):
-                        record(d, f"dscar-{workers}w", lambda: run_dscar(cl, workers, d, iters, dtype, reg))
+                    for workers, cl in clusters.items():
+                        for dtype in ("float64", "float32"):
+                            record(d, f"dscar-{workers}w", lambda: run_dscar(cl, workers, d, iters, dtype, reg), repeat)
+                        record(d, f"lenskit-{workers}t", lambda: run_lenskit(d, iters, workers, reg, paths[d.name]),
+                               repeat)
     machine["worker_threadpools"] = worker_pools
-    with tempfile.TemporaryDirectory() as tmp:
-        for d in datasets:
-            path = os.path.join(tmp, f"{d.name}.npz")
-            np.savez(path, u=d.train[0], i=d.train[1], r=d.train[2], tu=d.test[0], ti=d.test[1], tr=d.test[2])
-            for reg in d.regs:
-                for threads in (1, 2):
-                    record(d, f"lenskit-{threads}t", lambda: run_lenskit(d, iters, threads, reg, path))
-            record(d, "surprise-svd", lambda: run_surprise(d, iters))
-            for threads in (1, 2):
-                record(d, f"implicit-als-{threads}t", lambda: run_implicit(d, iters, threads))
+    for d in datasets:  # for scale, not compared: once each
+        record(d, "surprise-svd", lambda: run_surprise(d, iters))
+        for threads in (1, 2):
+            record(d, f"implicit-als-{threads}t", lambda: run_implicit(d, iters, threads))
     for d in datasets:
+        merged = merge(results[d.name])
+        ratios = {}
         for reg in d.regs:
-            rows = [x for x in results[d.name] if x.reg == reg or x.per_iter_s is None]
+            rows = [x for x in merged if x.reg == reg or x.per_iter_s is None]
             print(format_table(d, rows, reg), flush=True)
+            ratios[str(reg)] = paired_ratios(results[d.name], reg)
+            for solver, rs in ratios[str(reg)].items():
+                print(f"  paired, {solver} / lenskit same cores, by repeat: {' '.join(f'{x:.2f}x' for x in rs)}"
+                      f"  -> median {statistics.median(rs):.2f}x")
             for x in rows:
                 if x.rmse_curve:
                     print(f"  test RMSE by iteration, {x.solver}: " + " ".join(f"{v:.4f}" for v in x.rmse_curve))
         out["datasets"][d.name] = {"n_users": d.n_users, "n_items": d.n_items, "n_train": len(d.train[2]),
-                                   "n_test": len(d.test[2]), "regs": list(d.regs),
-                                   "results": [vars(r) for r in results[d.name]]}
+                                   "n_test": len(d.test[2]), "regs": list(d.regs), "repeats": repeats,
+                                   "results": [vars(r) for r in merged], "runs": [vars(r) for r in results[d.name]],
+                                   "paired_ratios": ratios}
     out["machine"]["load_end"] = load_average()
     if args.json:
         write_json(args.json, out)
