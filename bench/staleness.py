@@ -121,6 +121,28 @@ class StaleRun:
     def _params(self, adds: list) -> list:
         return [a for a in adds if self.specs[a[0]].kind == "param"]
 
+    def _apply(self, shard: int, ctx: _StepContext, tables: dict[str, np.ndarray]) -> None:
+        """Add a step's updates to ``tables`` (where a table is missing there: the current one); keep its state."""
+        for table, rows, start, values in ctx.adds:
+            _add(tables.get(table, self.tables[table]), rows, start, values)
+        self.states[shard].update(ctx.new_state)
+
+    def _end_clock(self, clock: int) -> dict[str, float]:
+        """The clock-end step of ``clock``, over the current tables; its metrics join the history."""
+        metrics = self.algorithm.clock_end(_ClockEndContext(self, clock))
+        self.history.append(dict(metrics))
+        return metrics
+
+    def _result(self, clock: int) -> tuple[int | None, list[float]] | None:
+        """After ``clock`` ended: the run's result if it stops here (the target reached: ``clock``; a
+        non-finite objective, diverged: None), else None."""
+        objectives = [h.get("objective", math.nan) for h in self.history]
+        if not math.isfinite(float(objectives[-1])):
+            return None, objectives
+        if self.algorithm.converged(self.history, self.tol):
+            return clock, objectives
+        return None
+
     def _view(self, shard: int, clock: int) -> dict[str, np.ndarray]:
         """The tables a shard step of ``clock`` reads: the end of clock ``clock - 1 - s`` plus its own updates since."""
         if self.staleness == 0:
@@ -147,30 +169,25 @@ class StaleRun:
                     if spec.kind == "reduction":
                         self.tables[n][...] = 0
             for s, ctx in steps:
-                for table, rows, start, values in ctx.adds:
-                    _add(self.tables[table], rows, start, values)
-                self.states[s].update(ctx.new_state)
+                self._apply(s, ctx, self.tables)
                 if self.staleness:
                     self.own[s].append((t, self._params(ctx.adds)))
-        metrics = self.algorithm.clock_end(_ClockEndContext(self, t))
+        metrics = self._end_clock(t)
         if self.staleness:
             self.ends[t] = self._copy()
-            oldest = t - self.staleness  # the oldest end a later read may need
-            self.ends = {c: v for c, v in self.ends.items() if c >= oldest}
+            seen = t - self.staleness  # what the next clock reads: the end of this clock, its own updates after it
+            self.ends = {c: v for c, v in self.ends.items() if c >= seen}
             for own in self.own:
-                own[:] = [(c, a) for c, a in own if c > oldest - 1]
-        self.history.append(dict(metrics))
+                own[:] = [(c, a) for c, a in own if c > seen]
         return metrics
 
     def run(self, max_clocks: int) -> tuple[int | None, list[float]]:
         """Clocks until the algorithm's stopping rule held (None: not within ``max_clocks``), objectives."""
         for t in range(1, max_clocks + 1):
-            m = self.clock(t)
-            if not math.isfinite(float(m.get("objective", math.nan))):
-                return None, [h.get("objective", math.nan) for h in self.history]
-            if self.algorithm.converged(self.history, self.tol):
-                return t, [h["objective"] for h in self.history]
-        return None, [h["objective"] for h in self.history]
+            self.clock(t)
+            if (stop := self._result(t)) is not None:
+                return stop
+        return None, [h.get("objective", math.nan) for h in self.history]
 
 
 class LaggingRun(StaleRun):
@@ -198,22 +215,16 @@ class LaggingRun(StaleRun):
         """Run ``shards``' steps of ``clock`` and apply them: each at once, or all after the last."""
         view = self._copy() if side_by_side else self.tables
         done = []
+        sums = self.sums.setdefault(clock, {n: np.zeros_like(v) for n, v in self.tables.items()
+                                            if self.specs[n].kind == "reduction"})
         for shard in shards:
             ctx = _StepContext(self, shard, clock, None, view)
             self.algorithm.shard_step(ctx, self.data[shard])
             done.append((shard, ctx))
             if not side_by_side:
-                self._apply(done.pop(), clock)
-        for shard_ctx in done:
-            self._apply(shard_ctx, clock)
-
-    def _apply(self, shard_ctx: tuple[int, _StepContext], clock: int) -> None:
-        shard, ctx = shard_ctx
-        sums = self.sums.setdefault(clock, {n: np.zeros_like(v) for n, v in self.tables.items()
-                                            if self.specs[n].kind == "reduction"})
-        for table, rows, start, values in ctx.adds:
-            _add(sums.get(table, self.tables[table]), rows, start, values)
-        self.states[shard].update(ctx.new_state)
+                self._apply(*done.pop(), sums)
+        for shard, ctx in done:
+            self._apply(shard, ctx, sums)
 
     def run(self, max_clocks: int) -> tuple[int | None, list[float]]:
         """Clocks until the stopping rule held (None: not within ``max_clocks``); objectives per clock."""
@@ -226,12 +237,9 @@ class LaggingRun(StaleRun):
             self._steps(self.lagging, c, side_by_side=False)
             for n, v in self.sums.pop(c).items():
                 self.tables[n][...] = v
-            m = self.algorithm.clock_end(_ClockEndContext(self, c))
-            self.history.append(dict(m))
-            if not math.isfinite(float(m.get("objective", math.nan))):
-                break
-            if self.algorithm.converged(self.history, self.tol):
-                return c, [h["objective"] for h in self.history]
+            self._end_clock(c)
+            if (stop := self._result(c)) is not None:
+                return stop
         return None, [h.get("objective", math.nan) for h in self.history]
 
 

@@ -432,7 +432,7 @@ class _Run:
         finally:
             self._sync(self._end_job)
             if finished:
-                self._note_late_recovery(history[-1].clock if history else 0)
+                self._note_late_recovery(self._last_clock)
             _undo_hangs(self.events)
             self.events.sort(key=lambda e: e["time"])
             self._note_unfired(faults)
@@ -486,8 +486,9 @@ class _Run:
         checkpoint that verifies (returned)."""
         kinds = {t.name: t.kind for t in self.tables}
         owners = PartitionMap.owners_from_msg(owners_msg)
-        restore = [(t, p, w) for (t, p), w in owners.items() if resume is not None and kinds[t] == "param"]
-        fresh = by_owner(owners, [k for k in owners if resume is None or kinds[k[0]] != "param"])
+        restored = {k for k in owners if resume is not None and kinds[k[0]] == "param"}  # from the checkpoint
+        restore = [(t, p, owners[(t, p)]) for t, p in restored]
+        fresh = by_owner(owners, [k for k in owners if k not in restored])
         await asyncio.gather(*(
             self._call_worker(w, "init", job_id=self.job_id, parts=parts) for w, parts in fresh.items()
         ))
