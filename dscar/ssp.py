@@ -1,0 +1,413 @@
+"""Stale-synchronous clocks: which clocks are open, what is applied, what a loss does (no Dask here).
+
+Under ``consistency="ssp"`` with staleness ``s`` a clock is no barrier: a shard's
+attempt of clock ``t`` may start while shards of clocks ``t - s … t - 1`` still run
+elsewhere. This module is the specification of that window, the SSP counterpart
+of ``dscar.clock`` (which stays the BSP machine, and the one for algorithms with
+data phases). The coordinator feeds it what happened and carries out the actions
+it returns.
+
+Rules (``check`` asserts them, ``tests/test_ssp.py`` drives them with Hypothesis):
+
+* **The window.** ``floor`` is the newest finished clock (every clock up to it
+  is DONE or SKIPPED). A shard's attempt of clock ``t`` starts only when
+  ``t <= floor + 1 + s`` (and ``t <= limit``, the newest clock the driver
+  allows), and only when the same shard's update of clock ``t - 1`` is applied.
+  So a read in clock ``t`` sees every update of clocks ``<= t - s - 1``, the
+  shard's own earlier updates (read-my-writes: ``bench.staleness`` shows LDA and
+  SGD need them) and whatever else was applied by then. With ``s = 0`` this is
+  BSP: clock ``t + 1`` starts only after clock ``t`` finished.
+* **Eager apply.** A committed attempt's update is applied without waiting for
+  its clock's other shards: whenever nothing is being applied, every commit
+  waiting is applied in one batch (``ApplyBatch``), whatever clocks it spans.
+  One batch is in flight at a time, and never beside a clock-end step: a clock
+  end reads its clock's reductions complete and assigns values that no
+  concurrent apply can then overwrite.
+* **Exactly once.** Each shard's update of each clock is put in one batch at most
+  (``applied`` records it); a shard moves to its next clock only when its batch
+  is applied. An update that a loss may have left applied on some owners and not
+  others is *written off*: never applied again, its shard moves on, and its clock
+  is SKIPPED (no clock-end step, no metrics), as BSP skips a clock lost while
+  applying.
+* **Clock ends in order.** Clock ``t``'s clock-end step runs when every shard's
+  update of ``t`` is applied or written off and clock ``t - 1`` has finished; it
+  finishes the clock (DONE) and raises ``floor``, which opens clock
+  ``floor + 1 + s``. A clock with a write-off or a lost reduction is SKIPPED
+  without its step.
+* **Epochs.** A loss that needs a recovery raises the epoch; an attempt carries
+  the epoch it started under, and a commit of an older epoch is refused. So
+  nothing read before a restore is applied after it. Such a loss voids every
+  running attempt and every commit not yet in a batch (their shards start again
+  at the same clock); updates already applied stay (SCAR: other partitions keep
+  their progress, the lost ones come back from the checkpoint). A loss that
+  takes only staged updates (no partitions, no shard state) voids that worker's
+  waiting commits and running attempts, nothing else.
+* **Losses while applying** write off the batch in flight when the lost worker
+  held one of its updates or owned a partition being applied to. **Reductions
+  lost** skip every open clock that had an update applied (its sums are
+  incomplete). A **clock-end step** under way when a recovery starts, or whose
+  worker is lost, skips its clock.
+* **Rebuild pass.** After a recovery, an algorithm with ``rebuild_tables``
+  rebuilds them in one pass over every shard (from each shard's state as of its
+  last applied clock) before any clock's shard runs again, as in BSP; not before
+  the first batch was applied (nothing to rebuild yet).
+* **A consistent cut.** A checkpoint is taken at a clock end, when no batch is in
+  flight: its tables hold exactly the updates listed by ``cut()`` (shard ->
+  newest clock applied, written-off updates counted as applied), and each
+  shard's saved state is as of that clock.
+"""
+from __future__ import annotations
+
+import enum
+import math
+from dataclasses import dataclass, field
+
+
+class ShardPhase(str, enum.Enum):
+    """Where a shard's update of its current clock is."""
+
+    TODO = "todo"  # may start once its clock is open
+    RUNNING = "running"  # an attempt is running (backups are the shard queue's business)
+    COMMITTED = "committed"  # an attempt committed; its update waits for the next batch
+    APPLYING = "applying"  # its update is in the batch in flight
+
+
+class ClockStatus(str, enum.Enum):
+    OPEN = "open"  # shards of it run or wait
+    CLOCK_END = "clock-end"  # its clock-end step runs
+    DONE = "done"
+    SKIPPED = "skipped"
+
+
+@dataclass(frozen=True)
+class ApplyBatch:
+    """Every live owner applies these committed updates: ``(shard, clock, worker that holds it)``."""
+
+    batch: int
+    epoch: int
+    updates: tuple[tuple[int, int, str], ...]
+    rebuild: bool = False  # the rebuild pass's contributions (the rebuild tables start from zero)
+
+
+@dataclass(frozen=True)
+class RunClockEnd:
+    clock: int
+    epoch: int
+
+
+@dataclass(frozen=True)
+class SkipClock:
+    clock: int
+    reason: str
+
+
+@dataclass(frozen=True)
+class StartRecovery:
+    epoch: int
+
+
+@dataclass(frozen=True)
+class StartRebuild:
+    epoch: int
+
+
+Action = ApplyBatch | RunClockEnd | SkipClock | StartRecovery | StartRebuild
+
+
+class SspError(RuntimeError):
+    """A transition the specification does not allow (a bug in the caller)."""
+
+
+@dataclass
+class _Shard:
+    clock: int  # the clock of its next (or running, or waiting) update
+    phase: ShardPhase = ShardPhase.TODO
+    worker: str | None = None  # the worker whose attempt runs or whose commit waits
+    epoch: int = 0  # the epoch its running attempt started under
+
+
+@dataclass
+class ClockWindow:
+    """The open clocks of a stale-synchronous job and each shard's place in them."""
+
+    #: data shards (one data phase: SSP over phases is not offered)
+    n_shards: int
+    #: how many clocks a shard may run ahead of the newest finished clock + 1
+    staleness: int
+    #: the algorithm names rebuild tables (recomputed after a recovery)
+    has_rebuild: bool = False
+    #: the newest finished clock: every clock up to it is DONE or SKIPPED
+    floor: int = 0
+    #: the newest clock the driver allows to start (its stopping rule and ``max_clocks``)
+    limit: int = 0
+    #: raised by every loss that starts or extends a recovery, and when the recovery ends
+    epoch: int = 0
+    #: losses are being recovered: nothing starts, commits, applies or ends meanwhile
+    recovering: bool = False
+    #: the rebuild pass must run before any clock's shard (set by a restore)
+    needs_rebuild: bool = False
+    #: shards still to run in the rebuild pass under way (None: no rebuild pass)
+    rebuilding: set[int] | None = None
+    #: some batch was applied: tables may hold the data's contributions (a rebuild has work)
+    applied_before: bool = False
+    #: the batch in flight (None: nothing being applied)
+    in_flight: ApplyBatch | None = None
+    #: the clock whose clock-end step runs (None: none)
+    clock_end: int | None = None
+    #: a clock end just finished: nothing is applied until ``go_on`` (the cut is being saved)
+    holding: bool = False
+    #: (shard, clock) of every update put in a batch (applied, or written off)
+    applied: set[tuple[int, int]] = field(default_factory=set)
+    #: clock -> why it will be skipped, for open clocks that will be
+    skip_reasons: dict[int, str] = field(default_factory=dict)
+    #: clock -> DONE or SKIPPED, for finished clocks
+    finished: dict[int, ClockStatus] = field(default_factory=dict)
+    _shards: list[_Shard] = field(default_factory=list)
+    _batches: int = 0
+    _rebuild_done: list[tuple[int, str]] = field(default_factory=list)
+
+    def __post_init__(self):
+        if self.n_shards < 1:
+            raise ValueError("n_shards must be >= 1")
+        if self.staleness < 0:
+            raise ValueError(f"staleness must be >= 0, not {self.staleness}")
+        self._shards = [_Shard(self.floor + 1) for _ in range(self.n_shards)]
+
+    # ------------------------------------------------------------ queries
+    @property
+    def top(self) -> int:
+        """The newest clock a shard may start now."""
+        return min(self.floor + 1 + self.staleness, self.limit)
+
+    def shard_clock(self, shard: int) -> int:
+        return self._shards[shard].clock
+
+    def phase(self, shard: int) -> ShardPhase:
+        return self._shards[shard].phase
+
+    def startable(self) -> list[int]:
+        """Shards whose next attempt may start now (their update's clock is open)."""
+        if self.recovering or self.needs_rebuild:
+            return []
+        if self.rebuilding is not None:
+            return sorted(s for s in self.rebuilding if self._shards[s].phase is ShardPhase.TODO)
+        return [i for i, s in enumerate(self._shards) if s.phase is ShardPhase.TODO and s.clock <= self.top]
+
+    def open_clocks(self) -> list[int]:
+        """Clocks that have begun (some shard may run them) and are not finished."""
+        return list(range(self.floor + 1, self.top + 1))
+
+    def cut(self) -> list[int]:
+        """Per shard, the newest clock whose update the tables hold (a consistent cut when no
+        batch is in flight)."""
+        return [s.clock - 1 for s in self._shards]
+
+    @property
+    def done(self) -> bool:
+        """Every clock up to ``limit`` finished."""
+        return self.floor >= self.limit and not self.recovering
+
+    # -------------------------------------------------------- transitions
+    def allow(self, limit: int) -> list[Action]:
+        """The driver allows clocks up to ``limit``."""
+        self.limit = max(self.limit, limit)
+        return self._next()
+
+    def stop(self, clock: int) -> None:
+        """The fit ends after ``clock`` (a finished clock): no later clock starts or ends; updates
+        of later clocks already applied stay in the model."""
+        self.limit = max(clock, self.floor)
+
+    def start(self, shard: int, worker: str) -> int:
+        """``worker`` starts an attempt of ``shard``; returns its clock (the attempt carries ``epoch``)."""
+        s = self._shards[shard]
+        if shard not in self.startable():
+            raise SspError(f"shard {shard} ({s.phase.value}, clock {s.clock}) may not start now")
+        s.phase, s.worker, s.epoch = ShardPhase.RUNNING, worker, self.epoch
+        return s.clock
+
+    def give_back(self, shard: int, worker: str) -> None:
+        """The running attempt failed or was never started: the shard may start again."""
+        s = self._shards[shard]
+        if s.phase is ShardPhase.RUNNING and s.worker == worker:
+            s.phase, s.worker = ShardPhase.TODO, None
+
+    def commit(self, shard: int, clock: int, worker: str, epoch: int) -> list[Action]:
+        """``worker``'s attempt of ``shard`` in ``clock``, started under ``epoch``, asks to commit.
+        Refused (``[]`` and the shard unchanged) unless it is the running attempt of this epoch."""
+        s = self._shards[shard]
+        if (self.recovering or epoch != self.epoch or s.phase is not ShardPhase.RUNNING
+                or s.worker != worker or (self.rebuilding is None and s.clock != clock)):
+            return []
+        if self.rebuilding is not None:
+            if shard not in self.rebuilding:
+                return []
+            self.rebuilding.discard(shard)
+            self._rebuild_done.append((shard, worker))
+            s.phase = ShardPhase.TODO
+            s.worker = None
+            if not self.rebuilding:
+                return self._send_rebuild_batch()
+            return []
+        s.phase = ShardPhase.COMMITTED
+        return self._next()
+
+    def batch_applied(self, batch: int) -> list[Action]:
+        """Every owner applied ``batch``."""
+        if self.in_flight is None or self.in_flight.batch != batch or self.recovering:
+            return []
+        b, self.in_flight = self.in_flight, None
+        self.applied_before = True
+        if b.rebuild:
+            self.rebuilding = None
+            return self._next()
+        for shard, clock, _ in b.updates:
+            self._advance(shard, clock)
+        return self._next()
+
+    def clock_end_done(self, clock: int, epoch: int) -> bool:
+        """Clock ``clock``'s clock-end step reported under ``epoch``: True if its metrics count."""
+        if self.clock_end != clock or epoch != self.epoch or self.recovering:
+            return False
+        self.clock_end = None
+        self.floor = clock
+        self.finished[clock] = ClockStatus.DONE
+        self.holding = True
+        return True
+
+    def go_on(self) -> list[Action]:
+        """After a clock end: batches and clock ends may go on (the coordinator takes its
+        checkpoint or memory copy before, while the tables hold the cut)."""
+        self.holding = False
+        return self._next()
+
+    def lose(self, worker: str, *, restores: bool, reductions_lost: bool = False,
+             owned_in_flight: bool = False) -> list[Action]:
+        """``worker`` was lost. ``restores``: it took partitions or shard state with it (a
+        recovery is needed); ``reductions_lost``: one was a reduction partition;
+        ``owned_in_flight``: it owned a partition the batch in flight applies to."""
+        out: list[Action] = []
+        b = self.in_flight
+        if b is not None and (restores or owned_in_flight or any(w == worker for _, _, w in b.updates)):
+            self.in_flight = None
+            if b.rebuild:
+                self.needs_rebuild = True  # the rebuild pass runs again
+                self.rebuilding = None
+            else:
+                for shard, clock, _ in b.updates:  # some owners may have applied these, others not
+                    self._note_skip(clock, "a worker was lost while the clock's updates were applied")
+                    self._advance(shard, clock)
+        if restores:
+            self.epoch += 1
+            self.needs_rebuild = self.needs_rebuild or (self.has_rebuild and self.applied_before)
+            if self.rebuilding is not None:
+                self.rebuilding, self.needs_rebuild = None, True
+            for s in self._shards:  # whatever ran or waits read what is being restored
+                if s.phase in (ShardPhase.RUNNING, ShardPhase.COMMITTED):
+                    s.phase, s.worker = ShardPhase.TODO, None
+            if reductions_lost:
+                for c in self.open_clocks():
+                    if any((i, c) in self.applied for i in range(self.n_shards)):
+                        self._note_skip(c, "a reduction partition was lost after updates of the clock were applied")
+            if self.clock_end is not None:
+                self._note_skip(self.clock_end, "the clock-end step read a table being restored")
+                self.clock_end = None
+            if not self.recovering:
+                self.recovering = True
+                out.append(StartRecovery(self.epoch))
+            return out
+        for s in self._shards:  # its attempts and its waiting commits (their updates were there)
+            if s.worker == worker and s.phase in (ShardPhase.RUNNING, ShardPhase.COMMITTED):
+                s.phase, s.worker = ShardPhase.TODO, None
+        if self.rebuilding is not None:
+            self.rebuilding |= {i for i, w in self._rebuild_done if w == worker}
+            self._rebuild_done = [(i, w) for i, w in self._rebuild_done if w != worker]
+        return out + ([] if self.recovering else self._next())
+
+    def clock_end_failed(self, clock: int) -> list[Action]:
+        """The clock-end step of ``clock`` was cut short (its worker lost): the clock is skipped."""
+        if self.clock_end != clock:
+            return []
+        self.clock_end = None
+        self._note_skip(clock, "the clock-end step was cut short by a loss")
+        return [] if self.recovering else self._next()
+
+    def recovered(self) -> list[Action]:
+        """Every loss so far is recovered: rebuild, then go on."""
+        if not self.recovering:
+            raise SspError("recovered() without a recovery")
+        self.recovering = False
+        self.epoch += 1
+        return self._next()
+
+    # ------------------------------------------------------------ helpers
+    def _advance(self, shard: int, clock: int) -> None:
+        s = self._shards[shard]
+        self.applied.add((shard, clock))
+        if s.clock == clock:
+            s.clock, s.phase, s.worker = clock + 1, ShardPhase.TODO, None
+
+    def _note_skip(self, clock: int, reason: str) -> None:
+        if clock > self.floor:
+            self.skip_reasons.setdefault(clock, reason)
+
+    def _send_rebuild_batch(self) -> list[Action]:
+        self._batches += 1
+        self.in_flight = ApplyBatch(self._batches, self.epoch, tuple((s, 0, w) for s, w in self._rebuild_done), True)
+        self._rebuild_done = []
+        return [self.in_flight]
+
+    def _next(self) -> list[Action]:
+        """Whatever can happen now: finish or skip clocks, start a rebuild, send a batch, or run a
+        clock end; at most one batch or clock end at a time."""
+        if self.recovering or self.holding or self.in_flight is not None or self.clock_end is not None:
+            return []
+        out: list[Action] = []
+        while True:
+            t = self.floor + 1
+            if t > self.limit or not all(s.clock > t for s in self._shards):
+                break
+            if t not in self.skip_reasons:
+                break
+            self.floor = t
+            self.finished[t] = ClockStatus.SKIPPED
+            out.append(SkipClock(t, self.skip_reasons.pop(t)))
+        if self.rebuilding is not None:
+            return out
+        if self.needs_rebuild:
+            self.needs_rebuild = False
+            if self.has_rebuild and self.applied_before:
+                self.rebuilding, self._rebuild_done = set(range(self.n_shards)), []
+                self.epoch += 1
+                return out + [StartRebuild(self.epoch)]
+        waiting = [(i, s.clock, s.worker) for i, s in enumerate(self._shards) if s.phase is ShardPhase.COMMITTED]
+        if waiting:
+            self._batches += 1
+            for i, _, _ in waiting:
+                self._shards[i].phase = ShardPhase.APPLYING
+            self.in_flight = ApplyBatch(self._batches, self.epoch, tuple(waiting))
+            return out + [self.in_flight]
+        t = self.floor + 1
+        if t <= self.limit and all(s.clock > t for s in self._shards):
+            self.clock_end = t
+            self.finished[t] = ClockStatus.CLOCK_END
+            return out + [RunClockEnd(t, self.epoch)]
+        return out
+
+    def check(self) -> None:
+        """Assert the invariants in the module docstring."""
+        assert self.floor <= max(self.limit, self.floor)
+        for i, s in enumerate(self._shards):
+            assert s.clock > self.floor or s.clock == self.floor + 1, (i, s)
+            assert s.clock <= self.floor + 2 + self.staleness, (i, s)  # started within the window
+            assert all((i, c) in self.applied for c in range(1, s.clock)), (i, s)
+            assert (i, s.clock) not in self.applied, (i, s)
+            if s.phase is ShardPhase.APPLYING:
+                assert self.in_flight is not None and any(u[0] == i for u in self.in_flight.updates), i
+        for c in range(1, self.floor + 1):
+            assert c in self.finished and self.finished[c] in (ClockStatus.DONE, ClockStatus.SKIPPED), c
+        assert not (self.in_flight is not None and self.clock_end is not None)
+        if self.clock_end is not None:
+            assert self.clock_end == self.floor + 1
+            assert all(s.clock > self.clock_end for s in self._shards)
+        assert math.isfinite(self.epoch)
