@@ -56,6 +56,9 @@ Workloads
    clock and the shard phase time ``S1`` is the sum of both. The same caveats
    as Lasso.
 
+``--to-target`` measures time to the model's target instead, with stale-synchronous
+clocks among the strategies (``bench.time_to_target``).
+
 Method
 ------
 Every (workload, s, strategy) runs in one process on one cluster, interleaved
@@ -505,6 +508,11 @@ def plot(analyses: dict[str, dict], path: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if "--to-target" in argv:  # time to the model's target, SSP included: bench.time_to_target
+        from bench import time_to_target
+
+        return time_to_target.main([a for a in argv if a != "--to-target"])
     ap = argparse.ArgumentParser(prog="python -m bench.stragglers", description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="1 repeat, fewer clocks, small Lasso (~1-2 min)")
     ap.add_argument("--repeats", type=int, default=None, help="repeats (default 3, 1 with --quick)")

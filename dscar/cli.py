@@ -78,6 +78,11 @@ def _add_common(run: argparse.ArgumentParser) -> None:
     g.add_argument("--policies", default=None,
                    help="comma-separated straggler policies: backup, adaptive, restart; 'none' for none "
                         "(default: backup)")
+    g.add_argument("--consistency", choices=("bsp", "ssp"), default="bsp",
+                   help="bsp: a clock is a barrier (default); ssp: stale-synchronous, a fast worker runs "
+                        "up to --staleness clocks ahead of the slowest")
+    g.add_argument("--staleness", type=arg_int(0), default=None,
+                   help="with --consistency ssp: clocks a shard may run ahead (default: the model's max_staleness)")
     g.add_argument("--slow", action="append", default=[], metavar="W:FACTOR[:FROM[:TO]]",
                    help="slow worker W by FACTOR from clock FROM (default 1) to TO (default: the end)")
     g.add_argument("--kill", action="append", default=[], metavar="W:CLOCK", help="kill worker W at clock CLOCK")
@@ -191,7 +196,8 @@ def main(argv: list[str] | None = None) -> int:
         t0 = time.perf_counter()
         res = fit(algo, data, cluster, n_workers=args.workers, n_shards=args.shards,
                   tol=args.tol, max_clocks=args.max_clocks, progress=False if args.no_progress else None,
-                  sharding=args.sharding, policies=policies, faults=faults, checkpoint=checkpoint, resume=args.resume)
+                  sharding=args.sharding, policies=policies, faults=faults, checkpoint=checkpoint, resume=args.resume,
+                  consistency=args.consistency, staleness=args.staleness)
     except DscarError as e:
         print(f"dscar: error: {e}", file=sys.stderr)
         return 2

@@ -43,6 +43,7 @@ from .ledger import describe, perturbations, restore_candidates
 from .monitor import ThroughputMonitor
 from .partitions import PartitionMap, TableLayout
 from .shards import ShardQueue
+from .ssp_job import SspJobState
 
 logger = logging.getLogger("dscar.coordinator")
 
@@ -83,7 +84,7 @@ class Coordinator(SchedulerPlugin):
         for op in (
             "start_job", "job_spec", "placed", "begin_clock", "next", "commit", "fail", "clock_done",
             "clock_failed", "wait", "end_job", "owners", "event", "ckpt_written", "published",
-            "simulate_loss", "flush", "rebase", "until_lost", "mirrored",
+            "simulate_loss", "flush", "rebase", "until_lost", "mirrored", "stop",
         ):
             scheduler.handlers[f"dscar_{op}"] = getattr(self, f"_h_{op}")
         self._specs: dict[str, bytes] = {}
@@ -188,7 +189,8 @@ class Coordinator(SchedulerPlugin):
     def _h_start_job(self, job_id: str, spec: bytes, n_shards: int, reloadable: bool, tables: list,
                      max_failures: int = 3, sharding: str = "dynamic", policies: bytes | None = None,
                      monitor: dict | None = None, checkpoint: dict | None = None, rebuild: list | None = None,
-                     resume: dict | None = None, phases: list | None = None) -> dict:
+                     resume: dict | None = None, phases: list | None = None, consistency: str = "bsp",
+                     staleness: int = 0, max_clocks: int = 0) -> dict:
         busy = [j for j, s in self.jobs.items() if not s.failed and j != job_id]
         if busy:
             return {"status": "busy", "jobs": busy}
@@ -202,17 +204,34 @@ class Coordinator(SchedulerPlugin):
                            phases=[k for _, k in phases])
         cfg = JobConfig(job_id, n_shards, {t[0]: t[3] for t in tables}, list(rebuild or ()),
                         [n for n, _ in phases], CheckpointConfig(**checkpoint) if checkpoint else None)
-        job = JobState(cfg, queue, pmap, monitor=ThroughputMonitor(**(monitor or {})),
-                       policies=loads(policies) if policies else [], resume=resume)
+        kw = dict(monitor=ThroughputMonitor(**(monitor or {})), policies=loads(policies) if policies else [],
+                  resume=resume)
+        job = (SspJobState(cfg, queue, pmap, staleness=int(staleness), max_clocks=int(max_clocks), **kw)
+               if consistency == "ssp" else JobState(cfg, queue, pmap, **kw))
         job.workers = workers
         self.jobs[job_id] = job
         self._specs[job_id] = spec
         job.event(time.time(), "job-started", workers=workers, n_shards=n_shards, sharding=sharding,
-                  policies=[p.name for p in job.policies],
+                  policies=[p.name for p in job.policies], consistency=consistency,
+                  **({"staleness": int(staleness)} if consistency == "ssp" else {}),
                   checkpoint=None if cfg.checkpoint is None else f"{cfg.checkpoint.policy}/{cfg.checkpoint.recovery}")
         if self._watch is None:
             self._watch = asyncio.ensure_future(self._watch_heartbeats())
         return {"status": "OK", "owners": pmap.to_msg(), "workers": workers}
+
+    async def _h_stop(self, job_id: str, clock: int, timeout: float = 60.0) -> dict:
+        """The driver read its last clock, ``clock``: under SSP no later clock goes on, and this
+        answers once nothing is being applied (the tables hold still for the gather)."""
+        job = self.jobs.get(job_id)
+        if isinstance(job, SspJobState):
+            job.stop(int(clock))
+            self._wake()
+            deadline = time.monotonic() + timeout
+            while not (job.quiet or job.failed) and time.monotonic() < deadline:
+                await self._wait_change(min(1.0, max(deadline - time.monotonic(), 0.0)))
+            if job.failed:
+                return {"status": "failed", "error": job.error}
+        return {"status": "OK"}
 
     def _h_job_spec(self, job_id: str) -> bytes:
         return self._specs[job_id]
@@ -232,7 +251,7 @@ class Coordinator(SchedulerPlugin):
     async def _h_owners(self, job_id: str) -> dict:
         """The partitions' owners, once no recovery is under way (the driver gathers the model)."""
         job = self.jobs[job_id]
-        while job.machine.recovering and not job.failed:
+        while job.recovering and not job.failed:
             await self._wait_change(1.0)
         if job.failed:
             return {"status": "failed", "error": job.error}
@@ -256,7 +275,7 @@ class Coordinator(SchedulerPlugin):
 
     async def _begin(self, job_id: str, clock: int) -> dict:
         job = self.jobs[job_id]
-        while job.machine.recovering and not job.failed:
+        while job.recovering and not job.failed:
             await self._wait_change(1.0)
         if job.failed:
             return {"status": "failed", "error": job.error}
@@ -341,7 +360,7 @@ class Coordinator(SchedulerPlugin):
         return None
 
     def _idle_work_possible(self) -> bool:
-        return any(j.machine.handing_out and any(p.when == "idle" for p in j.policies) and j.queue.running()
+        return any(j.handing_out and any(p.when == "idle" for p in j.policies) and j.queue.running()
                    for j in self.jobs.values())
 
     def _h_commit(self, job_id: str, clock: int, run: int, worker: str, commits: list[dict],
@@ -355,8 +374,8 @@ class Coordinator(SchedulerPlugin):
             return {"granted": [False] * len(commits), "next": None}
         granted = []
         for c in commits:
-            ok, effects = job.commit(worker, clock, run, c["shard"], c["attempt"], time.time(), c.get("timings"),
-                                     rebuild)
+            ok, effects = job.commit(worker, int(c.get("clock", clock)), run, c["shard"], c["attempt"], time.time(),
+                                     c.get("timings"), rebuild)
             granted.append(ok)
             self._do(job, effects)
         return {"granted": granted, "next": self._item_for(worker) if worker in self.scheduler.workers else None}
@@ -372,9 +391,10 @@ class Coordinator(SchedulerPlugin):
     async def _apply(self, job: JobState, e: ApplyPass) -> None:
         """Every live worker applies the pass: owners their tables' updates, holders the shard state."""
         targets = self._live(job)
+        ssp = {} if e.batch is None else {"clocks": e.clocks, "floor": e.floor}
         results = await asyncio.gather(*(
             self._rpc(w, "apply", job_id=job.cfg.job_id, clock=e.clock, run=e.run_id, committed=e.committed,
-                      reset=e.reset)
+                      reset=e.reset, **ssp)
             for w in targets
         ), return_exceptions=True)
         for w, r in zip(targets, results):
@@ -392,19 +412,19 @@ class Coordinator(SchedulerPlugin):
                     job.fail(time.time(), f"applying clock {e.clock}'s updates on {w} failed: {r!r}")
                 self._wake()
                 return
-        self._do(job, job.applied(e.run_id, time.time()))
+        self._do(job, job.applied(e.run_id, time.time(), e.batch))
 
     def _h_clock_done(self, job_id: str, clock: int, run: int, worker: str, metrics: dict, seconds: float) -> dict:
         job = self.jobs.get(job_id)
-        if job is not None and job.machine.clock == clock:
+        if job is not None:
             job.workers = self._live(job)
-            self._do(job, job.clock_end_done(worker, run, metrics, seconds, time.time()))
+            self._do(job, job.clock_end_done(worker, run, metrics, seconds, time.time(), clock))
         return {"status": "OK"}
 
     def _h_clock_failed(self, job_id: str, clock: int, run: int, worker: str, error: str) -> dict:
         job = self.jobs.get(job_id)
-        if job is not None and job.machine.clock == clock:
-            self._do(job, job.clock_end_failed(worker, run, error, time.time()))
+        if job is not None:
+            self._do(job, job.clock_end_failed(worker, run, error, time.time(), clock))
         return {"status": "OK"}
 
     async def _restart(self, job: JobState, worker: str) -> None:
@@ -448,7 +468,7 @@ class Coordinator(SchedulerPlugin):
                       fraction=cfg.save_fraction, storage_options=cfg.storage_options, state_shards=c.writers[w])
             for w in writers
         ), return_exceptions=True)
-        job.snapshotting.discard("checkpoint")  # every owner has its snapshot (or failed): tables may change
+        self._do(job, job.snapshotted("checkpoint"))  # every owner has its snapshot (or failed): tables may change
         job.checkpoint_snapshotted(c.version, time.monotonic() - t0, {
             w: r["unsaved_sq"] for w, r in zip(writers, results)
             if not isinstance(r, Exception) and r.get("status") == "OK" and "unsaved_sq" in r}, time.time())
@@ -466,7 +486,7 @@ class Coordinator(SchedulerPlugin):
         results = await asyncio.gather(*(
             self._rpc(w, "mirror", timeout=SNAPSHOT_TIMEOUT_S, job_id=job.cfg.job_id, clock=m.clock, buddy=m.buddies[w])
             for w in owners), return_exceptions=True)
-        job.snapshotting.discard("mirror")
+        self._do(job, job.snapshotted("mirror"))
         for w, r in zip(owners, results):
             if isinstance(r, Exception) or r.get("status") != "OK":
                 logger.info("dscar: memory copy of %s's partitions at clock %s failed: %r", w, m.clock, r)
@@ -524,7 +544,7 @@ class Coordinator(SchedulerPlugin):
                 if job.cfg.checkpoint is not None and plan.full:
                     job.event(time.time(), "rollback", to_clock=plan.manifests[0]["clock"] if plan.manifests else 0)
                 effects = job.recovered(covered, time.time())
-                if not job.machine.recovering:
+                if not job.recovering:
                     job.event(time.time(), "recovery-done", seconds=time.perf_counter() - t0,
                               **perturbations(job.events[first_event:]))
                     self._do(job, effects)
@@ -556,7 +576,7 @@ class Coordinator(SchedulerPlugin):
             for version, chain, buddy in candidates:
                 try:
                     r = await self._rpc(target, "restore", job_id=job.cfg.job_id, table=table, part=part,
-                                        run=job.machine.run_id,
+                                        run=job.run_id,
                                         chain=chain, url=cfg.url if cfg else "", mirror_from=buddy,
                                         storage_options=cfg.storage_options if cfg else None)
                 except (OSError, asyncio.TimeoutError) as e:
@@ -643,8 +663,9 @@ class Coordinator(SchedulerPlugin):
             publish = [] if job.ledger is None else list(job.ledger.to_publish)
             if job.failed:
                 return {"status": "failed", "error": job.error, "events": events}
-            if job.machine.clock == clock and job.report_ready:
-                return {**job.report(), "publish": publish, "events": events}
+            report = job.report_for(clock)
+            if report is not None:
+                return {**report, "publish": publish, "events": events}
             if not job.queue.reloadable:
                 missing = [s for s in job.queue.unplaced() if job.queue.status(s).value == "todo"]
                 if missing:

@@ -68,6 +68,9 @@ class ClockRecord:
     #: with a checkpoint store: the newest complete checkpoint's ``age`` (clocks), the
     #: ``rework_estimate`` of a loss now (clocks, ``dscar.intervals``) and the ``period`` in force
     checkpoint: dict[str, float] | None = None
+    #: under SSP: shard updates of later clocks already applied when this clock ended (how far
+    #: fast workers ran ahead instead of waiting at its barrier); 0 under BSP
+    ahead: int = 0
 
     @property
     def objective(self) -> float:
@@ -147,6 +150,8 @@ def fit(
     checkpoint: "ckpt.CheckpointConfig | str | None" = None,
     resume: bool = False,
     result_budget: float | None = None,
+    consistency: str = "bsp",
+    staleness: int | None = None,
 ) -> FitResult:
     """Train ``algorithm`` on ``data`` on a Dask cluster.
 
@@ -169,6 +174,12 @@ def fit(
     the loss of workers that own partitions; ``resume=True`` continues from the
     newest checkpoint in it (same model, same data).
 
+    Consistency: ``"bsp"`` (the default: every shard of clock t is applied before clock t+1
+    starts) or ``"ssp"``, stale-synchronous clocks: a shard may run up to ``staleness`` clocks
+    ahead of the oldest unfinished clock, its update applied as soon as it commits, so a fast
+    worker never waits at a clock's barrier (``staleness`` defaults to, and may not exceed, the
+    algorithm's ``max_staleness``; algorithms with data phases run BSP only).
+
     Results: ``param`` tables come back as NumPy arrays; with ``result_budget`` (bytes), a
     table larger than that stays on the cluster as a Dask array backed by its partitions
     (on the workers that owned them; it needs a ``cluster`` that outlives the fit).
@@ -180,6 +191,8 @@ def fit(
     n_workers, n_shards, max_clocks, max_failures = o["n_workers"], o["n_shards"], o["max_clocks"], o["max_failures"]
     tol = validation.number("tol", getattr(algorithm, "tol", 1e-6) if tol is None else tol, 0.0, strict_min=True)
     policy_objs = make_policies(policies)
+    consistency, staleness = validation.consistency(consistency, staleness, int(getattr(algorithm, "max_staleness", 0)),
+                                                    type(algorithm).__name__, policy_objs)
     try:
         ThroughputMonitor(**(monitor or {}))
     except (TypeError, ValueError) as e:
@@ -212,6 +225,9 @@ def fit(
             n_shards = default_n_shards(n_live, *_data_size(data))
         d = as_data(data, n_shards, None if cl is None else cl.client)
         _check_phases(algorithm, d.meta)
+        if consistency == "ssp" and d.meta.phases:
+            raise InvalidInputError(f"{type(algorithm).__name__} runs data phases, which need BSP clocks "
+                                    "(each phase reads the previous one's result): use consistency='bsp'")
         for name, k in d.meta.phases or (("", d.meta.n_shards),):
             if k < n_live:
                 where = f" in data phase {name!r}" if name else ""
@@ -234,7 +250,8 @@ def fit(
             cl.wait_for_workers(n_workers)
         run = _Run(cl, algorithm, d, tables, tol, max_failures)
         run.events.extend(notes)
-        run.options = {"sharding": sharding, "policies": policy_objs, "faults": faults, "monitor": dict(monitor or {}),
+        run.options = {"consistency": consistency, "staleness": staleness,
+                       "sharding": sharding, "policies": policy_objs, "faults": faults, "monitor": dict(monitor or {}),
                        "checkpoint": checkpoint, "resume": resume_from, "result_budget": result_budget}
         return run.run(max_clocks, progress)
     finally:
@@ -384,7 +401,7 @@ class _Run:
         faults = resolve(opts["faults"], self.cl.workers)
         spec = dumps({
             "algorithm": self.algorithm, "meta": self.data.meta, "tables": self.tables,
-            "loader": self.data.loader(), "tol": self.tol, "faults": faults,
+            "loader": self.data.loader(), "tol": self.tol, "faults": faults, "consistency": opts["consistency"],
         })
         cfg, resume = opts["checkpoint"], opts["resume"]  # resume: candidate manifests, newest first
         r = self._sync(
@@ -394,6 +411,7 @@ class _Run:
             sharding=opts["sharding"], policies=dumps(opts["policies"]), monitor=opts["monitor"],
             checkpoint=None if cfg is None else cfg.to_msg(), rebuild=list(self.algorithm.rebuild_tables()),
             resume=None if resume is None else resume[0], phases=[list(p) for p in self.data.meta.phases] or None,
+            consistency=opts["consistency"], staleness=opts["staleness"], max_clocks=max_clocks,
         )
         if r["status"] == "busy":
             raise ClusterError(f"the cluster is running another dscar job ({', '.join(r['jobs'])})")
@@ -416,6 +434,10 @@ class _Run:
             setup_s = time.perf_counter() - t_start
             first = 1 if resume is None else int(resume["clock"]) + 1
             history, converged = self._clocks(first, max_clocks, progress)
+            if opts["consistency"] == "ssp":  # later clocks may be running: stop them, let the tables settle
+                r = self._sync(self.client.scheduler.dscar_stop, job_id=self.job_id, clock=self._last_clock or first - 1)
+                if r["status"] == "failed":
+                    raise JobFailedError(r.get("error") or "the job failed")
             if cfg is not None:  # the last checkpoint's files may still be being written: finish them first,
                 # so an owner lost during the gather is restored from the newest checkpoint
                 self._publish(self._sync(self.client.scheduler.dscar_flush, job_id=self.job_id)["publish"])
@@ -606,7 +628,8 @@ class _Run:
                 self._last_clock = clock
                 rec = ClockRecord(clock, time.perf_counter() - t0, dict(r["metrics"]),
                                   dict(r["shards_per_worker"]), dict(r["timings"]), dict(r["stage_s"]),
-                                  dict(r.get("workers", {})), bool(r.get("skipped")), r.get("checkpoint"))
+                                  dict(r.get("workers", {})), bool(r.get("skipped")), r.get("checkpoint"),
+                                  int(r.get("ahead", 0)))
                 history.append(rec)
                 if not rec.skipped:  # the stopping rule sees completed clocks only
                     metrics_hist.append(rec.metrics)

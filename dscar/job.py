@@ -39,6 +39,11 @@ class ApplyPass:
     committed: list[tuple[int, int, str]]  # (shard, attempt, worker that ran it and holds its update)
     reset: list[str]  # tables that start from zero
     rebuild: bool = False  # the rebuild pass (its contributions rebuild tables, they are no clock's updates)
+    #: SSP: the batch id, each update's clock (``committed``'s order) and the newest finished clock
+    #: (staged updates, pending states and reduction sums of clocks up to it can go)
+    batch: int | None = None
+    clocks: list[int] | None = None
+    floor: int | None = None
 
 
 @dataclass(frozen=True)
@@ -183,11 +188,25 @@ class JobState:
     # ----------------------------------------------------------------- util
     @property
     def clock(self) -> int:
-        """The clock being run."""
+        """The clock being run (under SSP the oldest open one)."""
         return self.machine.clock
 
+    @property
+    def recovering(self) -> bool:
+        """Losses are being recovered: nothing completes meanwhile."""
+        return self.machine.recovering
+
+    @property
+    def run_id(self) -> int:
+        """What work and messages are tagged with; older ones are stale (under SSP, the epoch)."""
+        return self.machine.run_id
+
+    @property
+    def handing_out(self) -> bool:
+        return self.machine.handing_out
+
     def event(self, now: float, kind: str, **info: Any) -> None:
-        self.events.append({"time": now, "clock": self.machine.clock, "kind": kind, **info})
+        self.events.append({"time": now, "clock": self.clock, "kind": kind, **info})
 
     def fail(self, now: float, error: str) -> None:
         if self.error is None:
@@ -331,6 +350,9 @@ class JobState:
         may not have started, and the later half of them, to ask back (None: nothing to ask)."""
         if self.machine.stage not in (Stage.SHARDS, Stage.REBUILD) or self.queue.counts()["todo"]:
             return None
+        return self._ask_back(asker)
+
+    def _ask_back(self, asker: str) -> tuple[str, list[tuple[int, int]]] | None:
         live = {w: m for w, m in self.batched.items() if w != asker and w not in self.lost and m}
         if not live:
             return None
@@ -421,8 +443,8 @@ class JobState:
         except ShardFailedError as e:
             self.fail(now, str(e))
 
-    def applied(self, run_id: int, now: float) -> list[Effect]:
-        """Every live worker applied the pass of ``run_id``."""
+    def applied(self, run_id: int, now: float, batch: int | None = None) -> list[Effect]:
+        """Every live worker applied the pass of ``run_id`` (under SSP: the batch ``batch``)."""
         if self.machine.stage is not Stage.APPLY or not self.machine.accepts(run_id):
             return []
         self._book_stage(now)
@@ -432,30 +454,39 @@ class JobState:
             self.event(now, "rebuild-done")
         return self._carry_out(actions, now)
 
-    def clock_end_done(self, worker: str, run_id: int, metrics: dict, seconds: float, now: float) -> list[Effect]:
-        """The clock-end step reported: the clock is DONE (unless a loss made its report stale)."""
-        if worker != self.clock_end_worker or self.machine.stage is not Stage.CLOCK_END \
+    def clock_end_done(self, worker: str, run_id: int, metrics: dict, seconds: float, now: float,
+                       clock: int | None = None) -> list[Effect]:
+        """The clock-end step of ``clock`` (None: the current one) reported: the clock is DONE
+        (unless a loss made its report stale)."""
+        clock = self.machine.clock if clock is None else clock
+        if worker != self.clock_end_worker or clock != self.machine.clock or self.machine.stage is not Stage.CLOCK_END \
                 or not self.machine.accepts(run_id):
             return []
         self._book_stage(now)
         self.machine.clock_end_done(run_id)
         self.metrics = dict(metrics)
-        if math.isfinite(float(metrics.get("objective", math.nan))):
-            self.objectives.append((self.machine.clock, float(metrics["objective"])))
         self.stage_s["clock_end_compute"] = float(seconds)
+        return self._clock_finished(clock, metrics, now, self._clock_t0)
+
+    def _clock_finished(self, clock: int, metrics: dict, now: float, started: float) -> list[Effect]:
+        """A clock's clock-end step reported: its objective, the clock-end policies, and the
+        checkpoint or memory copy due now (taken before the tables change again: ``snapshotting``)."""
+        if math.isfinite(float(metrics.get("objective", math.nan))):
+            self.objectives.append((clock, float(metrics["objective"])))
         effects: list[Effect] = self._clock_policies(now)
         cfg = self.cfg.checkpoint
         if self.schedule is not None:
-            self.schedule.record_clock(now - self._clock_t0)
-            if self.schedule.due(self.machine.clock):
-                effects.append(self._start_checkpoint(now))
+            self.schedule.record_clock(now - started)
+            if self.schedule.due(clock):
+                effects.append(self._start_checkpoint(clock, now))
         if cfg is not None and cfg.memory:
-            effects += self._start_mirror()
+            effects += self._start_mirror(clock)
         return effects
 
-    def clock_end_failed(self, worker: str, run_id: int, error: str, now: float) -> list[Effect]:
+    def clock_end_failed(self, worker: str, run_id: int, error: str, now: float,
+                         clock: int | None = None) -> list[Effect]:
         """The clock-end step raised: a loss under it skips the clock; otherwise the job fails."""
-        if worker != self.clock_end_worker or self.machine.stage is not Stage.CLOCK_END:
+        if worker != self.clock_end_worker or clock not in (None, self.machine.clock) or self.machine.stage is not Stage.CLOCK_END:
             return []
         if run_id != self.machine.run_id or self.machine.recovering or self.machine.skip_reason:
             return self._carry_out(self.machine.clock_end_failed(), now)
@@ -466,11 +497,20 @@ class JobState:
     def report_ready(self) -> bool:
         return self.machine.finished and not self.failed and not self.snapshotting
 
+    def report_for(self, clock: int) -> dict | None:
+        """Clock ``clock``'s report for the driver once it is finished (None: not yet)."""
+        return self.report() if self.machine.clock == clock and self.report_ready else None
+
+    def snapshotted(self, what: str) -> list[Effect]:
+        """The ``what`` snapshot ("checkpoint", "mirror") is taken: the tables may change again."""
+        self.snapshotting.discard(what)
+        return []
+
     # ------------------------------------------------------------- policies
     def view(self, workers: list[str], now: float, idle_worker: str | None = None) -> ControllerView:
         running = [Running(a.shard, a.worker, now - a.started, self.queue.attempts_started(a.shard))
                    for a in self.queue.running()]
-        return ControllerView(self.machine.clock, workers, self.queue.counts()["todo"], running, self.monitor,
+        return ControllerView(self.clock, workers, self.queue.counts()["todo"], running, self.monitor,
                               dict(self.stragglers), idle_worker)
 
     def _idle_policies(self, worker: str, now: float) -> Attempt | None:
@@ -508,7 +548,7 @@ class JobState:
         return []
 
     # ----------------------------------------------------------- checkpoints
-    def _start_checkpoint(self, now: float) -> Checkpoint:
+    def _start_checkpoint(self, clock: int, now: float, **info: Any) -> Checkpoint:
         cfg = self.cfg.checkpoint
         saving = state_shards(self.queue.n_shards, cfg.save_fraction, self.ledger.state_saved)
         writers: dict[str, list[int]] = {w: [] for (t, _), w in self.pmap.owners.items()
@@ -517,12 +557,12 @@ class JobState:
             h = self.queue.holder(s)
             if h is not None and h not in self.lost:
                 writers.setdefault(h, []).append(s)
-        version = self.ledger.start(self.machine.clock, writers)
+        version = self.ledger.start(clock, writers)
         self.ckpt_cost[version] = {"stall": None, "write": 0.0, "written": False}
-        self.schedule.taken(self.machine.clock)
+        self.schedule.taken(clock)
         self._replan(now)
         self.snapshotting.add("checkpoint")
-        self.event(now, "checkpoint-started", version=version, policy=cfg.policy, fraction=cfg.save_fraction)
+        self.event(now, "checkpoint-started", version=version, policy=cfg.policy, fraction=cfg.save_fraction, **info)
         return Checkpoint(version, writers)
 
     def _replan(self, now: float) -> None:
@@ -534,7 +574,7 @@ class JobState:
             self.event(now, "checkpoint-interval", **{k: v for k, v in choice.items() if v is not None})
         self._last_period = choice["period"]
 
-    def _start_mirror(self) -> list[Effect]:
+    def _start_mirror(self, clock: int) -> list[Effect]:
         """Every param owner and shard holder copies its partitions and shard states to the next
         live worker (a ring in address order)."""
         live = [w for w in sorted(self.workers) if w not in self.lost]
@@ -543,7 +583,7 @@ class JobState:
         if len(live) < 2 or not senders:
             return []
         self.snapshotting.add("mirror")
-        return [Mirror(self.machine.clock, {w: live[(live.index(w) + 1) % len(live)] for w in senders})]
+        return [Mirror(clock, {w: live[(live.index(w) + 1) % len(live)] for w in senders})]
 
     def mirrored(self, buddy: str, clock: int, parts: list, now: float, shards: list = ()) -> None:
         """``buddy`` holds the memory copies of ``parts`` and of the states of ``shards`` as of ``clock``."""
@@ -608,15 +648,34 @@ class JobState:
         """``worker`` is gone: requeue its attempts; plan a recovery if it took partitions or state."""
         if worker in self.lost:
             return []
+        applying = self.machine.stage is Stage.APPLY
+        unapplied = any(w == worker for _, _, w in self.queue.committed_attempts()) if applying else False
+        # its commits of a pass not yet applied went with it: those shards run again
+        voided = self.queue.uncommit(worker) if self.machine.stage in (Stage.SHARDS, Stage.REBUILD) else []
+        owned, held, restores = self._forget_worker(worker, set(voided), now)
+        if self.failed or restores is None:
+            return []
+        effects: list[Effect] = []
+        if unapplied and not restores:
+            effects += self._carry_out(self.machine.lose(restores=False, unapplied=True), now)
+        if restores:
+            reductions = any(self.cfg.kinds[t] == "reduction" for t, _ in owned)
+            effects += self._carry_out(self.machine.lose(restores=True, reductions_lost=reductions,
+                                                         unapplied=unapplied), now)
+        if self.machine.stage is Stage.CLOCK_END and self.clock_end_worker == worker:
+            effects += self._carry_out(self.machine.clock_end_failed(), now)  # while recovering: skipped after it
+        return effects
+
+    def _forget_worker(self, worker: str, voided: set[int], now: float) -> tuple[list, list[int], bool | None]:
+        """What a loss means whatever the consistency: ``worker``'s attempts requeued, its memory
+        copies forgotten, the event, the ledger; a recovery recorded when it took partitions or
+        (with rebuild tables) shard state. Returns its partitions, the shards it held and whether
+        a restore is needed (None: the job failed)."""
         self.lost.add(worker)
         if self.schedule is not None and worker not in self.restarting:  # a planned restart is no failure
             self.schedule.record_loss()
             self._replan(now)
         held = self.queue.held_by(worker)  # its data and state were there (copies may be elsewhere)
-        applying = self.machine.stage is Stage.APPLY
-        unapplied = any(w == worker for _, _, w in self.queue.committed_attempts()) if applying else False
-        # its commits of a pass not yet applied went with it: those shards run again
-        voided = self.queue.uncommit(worker) if self.machine.stage in (Stage.SHARDS, Stage.REBUILD) else []
         # shard state lives with the data: with a rebuild pass, a lost holder's state must come back
         state_lost = bool(held) and bool(self.cfg.rebuild)
         requeued = self.queue.worker_lost(worker) + self.queue.source_lost(worker)
@@ -631,30 +690,22 @@ class JobState:
         self.batch_scale.pop(worker, None)
         self.stragglers.pop(worker, None)
         owned = self.pmap.owned_by(worker)
-        self.event(now, "worker-lost", worker=worker, requeued=sorted({a.shard for a in requeued} | set(voided)),
+        self.event(now, "worker-lost", worker=worker, requeued=sorted({a.shard for a in requeued} | voided),
                    partitions=[list(p) for p in owned])
         if self.ledger is not None:
             self.ledger.writer_lost(worker)
             self._build_manifests(now)
         if self.failed:
-            return []
+            return owned, held, None
         if owned and self.cfg.checkpoint is None:
             self.fail(now, f"worker {worker} owned partitions {owned} and was lost; restoring partitions "
                            "needs a checkpoint store (dscar.fit(..., checkpoint=...))")
-            return []
-        effects: list[Effect] = []
-        if unapplied and not (owned or state_lost):
-            effects += self._carry_out(self.machine.lose(restores=False, unapplied=True), now)
+            return owned, held, None
         if owned or state_lost:
             self.unrecovered.add(worker)
             if state_lost:
                 self.lost_shards |= set(held)
-            reductions = any(self.cfg.kinds[t] == "reduction" for t, _ in owned)
-            effects += self._carry_out(self.machine.lose(restores=True, reductions_lost=reductions,
-                                                         unapplied=unapplied), now)
-        if self.machine.stage is Stage.CLOCK_END and self.clock_end_worker == worker:
-            effects += self._carry_out(self.machine.clock_end_failed(), now)  # while recovering: skipped after it
-        return effects
+        return owned, held, bool(owned or state_lost)
 
     def plan_recovery(self, live: list[str]) -> RecoveryPlan:
         """What to restore now for every unrecovered loss, onto the ``live`` workers."""
@@ -752,7 +803,7 @@ class JobState:
         if cfg is None or self.ledger is None:
             return None
         built = self.ledger.built
-        age = self.machine.clock - (int(built["clock"]) if built is not None else 0)
+        age = self.clock - (int(built["clock"]) if built is not None else 0)
         period = self._last_period or cfg.period
         return {"age": age, "rework_estimate": rework_estimate(age, cfg.recovery, self.unsaved_sq, cfg.memory),
                 "period": float(period)}

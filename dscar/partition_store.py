@@ -53,6 +53,10 @@ class PartitionStore:
         self.credit: dict[Part, float] = {}
         #: (clock, shard, attempt) -> (run id, updates) staged here by attempts, applied if they commit
         self.staged: dict[Key, tuple[int, list[Update]]] = {}
+        #: SSP: (table, part, clock) -> a reduction partition's sums of that clock (several clocks are
+        #: open at once); a finished clock's are kept until the next one finishes (what BSP's shard
+        #: steps read in a clock's first phase)
+        self.sums: dict[tuple[str, int, int], Any] = {}
 
     # ------------------------------------------------------------ owning
     def own(self, table: str, part: int, values, checkpointed: bool = False) -> None:
@@ -61,6 +65,8 @@ class PartitionStore:
         arr = self.xp.asarray(values, dtype=self.specs[table].dtype) if checkpointed else self.xp.asarray(values)
         with self.lock:
             self.parts[(table, int(part))] = arr
+            for k in [k for k in self.sums if k[:2] == (table, int(part))]:
+                del self.sums[k]  # a restored reduction partition starts its clocks' sums anew
             if checkpointed and self.specs[table].kind == "param":
                 self.saved[(table, int(part))] = to_host(arr).copy()
 
@@ -75,36 +81,51 @@ class PartitionStore:
             self.parts.clear()
             self.saved.clear()
             self.staged.clear()
+            self.sums.clear()
+
+    def _values(self, table: str, part: int, clock: int | None):
+        """A partition's values; for a reduction table under SSP (``clock`` given), its sums of
+        ``clock`` (zeros before any). None when not held here."""
+        arr = self.parts.get((table, int(part)))
+        if arr is None or clock is None or self.specs[table].kind != "reduction":
+            return arr
+        got = self.sums.get((table, int(part), int(clock)))
+        return self.xp.zeros_like(arr) if got is None else got
 
     # ------------------------------------------------------------ reading
-    def host_rows(self, table: str, part: int, lo: int = 0, hi: int = 0, rows=None) -> np.ndarray | None:
+    def host_rows(self, table: str, part: int, lo: int = 0, hi: int = 0, rows=None,
+                  clock: int | None = None) -> np.ndarray | None:
         """Rows ``[lo, hi)`` or ``rows`` (local indices) of a partition, as a contiguous host copy;
         None when it is not held here (it moved, or the job ended)."""
         with self.lock:
-            arr = self.parts.get((table, int(part)))
+            arr = self._values(table, part, clock)
             if arr is None:
                 return None
             out = to_host(arr[lo:hi]).copy() if rows is None else to_host(
                 arr[self.xp.asarray(np.asarray(rows, dtype=np.int64))])
         return np.ascontiguousarray(out)
 
-    def host_parts(self, parts: Iterable[Part]) -> list[np.ndarray] | None:
+    def host_parts(self, parts: Iterable[Part], clock: int | None = None) -> list[np.ndarray] | None:
         """Whole partitions as host arrays; None when one is not held here."""
         with self.lock:
             keys = [(t, int(p)) for t, p in parts]
             if any(k not in self.parts for k in keys):
                 return None
-            return [np.ascontiguousarray(to_host(self.parts[k])) for k in keys]
+            return [np.ascontiguousarray(to_host(self._values(*k, clock))) for k in keys]
 
-    def rows(self, table: str, part: int, lo: int, hi: int):
+    def rows(self, table: str, part: int, lo: int, hi: int, clock: int | None = None):
         """Rows ``[lo, hi)`` of a partition held here (a copy, on the device)."""
         with self.lock:
-            return self.parts[(table, int(part))][lo:hi].copy()
+            if (table, int(part)) not in self.parts:
+                raise KeyError((table, part))
+            return self._values(table, part, clock)[lo:hi].copy()
 
-    def row_set(self, table: str, part: int, local):
+    def row_set(self, table: str, part: int, local, clock: int | None = None):
         """Rows ``local`` (local indices, any order) of a partition held here."""
         with self.lock:
-            return self.parts[(table, int(part))][self.xp.asarray(local)]
+            if (table, int(part)) not in self.parts:
+                raise KeyError((table, part))
+            return self._values(table, part, clock)[self.xp.asarray(local)]
 
     def assign(self, table: str, part: int, lo: int, data) -> None:
         """Overwrite rows ``lo..`` of a partition held here (a clock-end step's ``assign``)."""
@@ -143,20 +164,24 @@ class PartitionStore:
                        for _, _, _, d, _ in (fetched.get(key) or self.staged.get(key, (None, ()))[1]))
 
     def apply_pass(self, run: int, keys: Iterable[Key], fetched: dict[Key, list], reset: set[str],
-                   owned: dict[Part, Any]) -> int:
+                   owned: dict[Part, Any], floor: int | None = None) -> int:
         """Apply the committed attempts ``keys`` of ``run`` to the partitions ``owned`` (those held
         when the pass began, unless replaced by a restore since): tables in ``reset`` start from
         zero, then each key's updates, in key (shard) order. An update comes from ``fetched``
         (collected from the worker that ran it) or from this store when run here under ``run``.
         Drops the staged updates of older runs (this pass's stay: other owners may still collect
-        them). Returns the number of updates applied."""
+        them). Returns the number of updates applied.
+
+        SSP (``floor``, the newest finished clock, given): the keys span several clocks, and an
+        update to a reduction table adds to its clock's sums (``sums``); staged updates and sums of
+        finished clocks go (the newest finished clock's sums stay)."""
         applied = 0
         with self.lock:
             owned = {k: a for k, a in owned.items() if self.parts.get(k) is a}
             for (table, _), arr in owned.items():
                 if table in reset:
                     arr[...] = 0
-            for key in sorted(set(keys)):  # shard order: deterministic sums
+            for key in sorted(set(keys), key=lambda k: (k[1], k[0])):  # shard order: deterministic sums
                 if key in fetched:
                     ups = fetched[key]
                 else:
@@ -167,13 +192,20 @@ class PartitionStore:
                     arr = owned.get((table, part))
                     if arr is None:
                         continue  # another owner's partition
+                    if floor is not None and self.specs[table].kind == "reduction":
+                        arr = self.sums.get((table, part, key[0]))
+                        if arr is None:
+                            arr = self.sums[(table, part, key[0])] = self.xp.zeros_like(owned[(table, part)])
                     if rows is None:
                         arr[lo : lo + data.shape[0]] += self.xp.asarray(data)
                     else:  # scatter-add: repeated rows add up
                         self.xp.add.at(arr, self.xp.asarray(rows), self.xp.asarray(data))
                     applied += 1
-            for key in [k for k, (r, _) in self.staged.items() if r < run]:
+            for key in [k for k, (r, _) in self.staged.items() if r < run or (floor is not None and k[0] <= floor)]:
                 del self.staged[key]
+            if floor is not None:
+                for k in [k for k in self.sums if k[2] < floor]:
+                    del self.sums[k]
         return applied
 
     # ------------------------------------------------------------ memory tier

@@ -69,6 +69,9 @@ class Job:
     owners: dict[tuple[str, int], str] = field(default_factory=dict)
     pull_cache: dict[tuple, Any] = field(default_factory=dict)
     cache_run: int = -1  # the run id the cached pulls belong to (tables change only with a new run id)
+    #: stale-synchronous clocks: tables change with every applied batch, so every work item pulls
+    #: afresh, and reduction tables are read per clock
+    ssp: bool = False
     clock_seen: int = 0  # the newest clock this worker was given work in (fault points outside attempts)
     run_seen: int = -1  # the newest run id this worker was given work in (an older pass's apply is stale)
     #: other workers' partitions and shard states kept here (the memory tier)
@@ -80,17 +83,20 @@ class Job:
     forgot: threading.Event = field(default_factory=threading.Event)
 
     def apply_pass(self, clock: int, run: int, committed: list, fetched: dict, reset: set, owned: dict,
-                   me: str) -> dict:
+                   me: str, clocks: list | None = None, floor: int | None = None) -> dict:
         """Apply the pass of ``run`` to both stores at once (their shared lock): the committed
         attempts' updates (``PartitionStore.apply_pass``), then their shard states
         (``ShardStore.install``). A pass older than the newest work given here is stale: the
-        machine moved on (a loss), and installing it could drop a shard a newer attempt holds here."""
+        machine moved on (a loss), and installing it could drop a shard a newer attempt holds here.
+        SSP: ``clocks`` gives each committed attempt's clock, ``floor`` the newest finished clock."""
         with self.tables.lock:
             if run < self.run_seen:
                 return {"status": "stale"}
-            keys = [(clock, int(s), int(a)) for s, a, _ in committed]
-            applied = self.tables.apply_pass(run, keys, fetched, reset, owned)
-            self.shards.install(clock, committed, me)
+            clocks = clocks or [clock] * len(committed)
+            keys = [(int(c), int(s), int(a)) for (s, a, _), c in zip(committed, clocks)]
+            applied = self.tables.apply_pass(run, keys, fetched, reset, owned, floor)
+            self.shards.install([(s, a, w, c) for (s, a, w), c in zip(committed, clocks)], me,
+                                clock if floor is None else floor)
         return {"applied": applied}
 
 
@@ -152,8 +158,8 @@ class ShardRunner:
             job.owners = {(t, int(p)): w for t, p, w in item["owners"]}
             job.clock_seen = max(job.clock_seen, int(item["clock"]))
             job.run_seen = max(job.run_seen, int(item["run"]))
-            if job.cache_run != item["run"]:  # a new pass, a redo or a recovery: tables have changed
-                job.pull_cache.clear()
+            if job.cache_run != item["run"] or item.get("ssp"):  # tables have changed (a new pass, a redo,
+                job.pull_cache.clear()  # a recovery; under SSP any applied batch)
                 job.cache_run = item["run"]
 
     def _run_shards(self, item: dict) -> dict | None:
@@ -175,7 +181,8 @@ class ShardRunner:
                     self._unstarted.discard(key)
                 timings = self._attempt(job, a)
                 if timings is not None:
-                    commits.append({"shard": a["shard"], "attempt": a["attempt"], "timings": timings})
+                    commits.append({"shard": a["shard"], "attempt": a["attempt"], "clock": a["clock"],
+                                    "timings": timings})
         except _Stopped:
             return None
         except Exception as e:  # the job is unknown here: every attempt failed
@@ -380,8 +387,9 @@ class ShardRunner:
                 pass
 
     # --------------------------------------------------- table row access
-    def read_rows(self, job: Job, table: str, start: int, stop: int | None):
-        """Global rows ``[start, stop)`` of ``table``, gathered from their owners."""
+    def read_rows(self, job: Job, table: str, start: int, stop: int | None, clock: int | None = None):
+        """Global rows ``[start, stop)`` of ``table``, gathered from their owners (under SSP a
+        reduction table's sums of ``clock``)."""
         layout = job.layouts[table]
         stop = layout.n_rows if stop is None else stop
         pieces = []
@@ -389,10 +397,10 @@ class ShardRunner:
             a = layout.bounds[part][0]
             owner = job.owners[(table, part)]
             if owner == self.host.address:
-                pieces.append(job.tables.rows(table, part, lo - a, hi - a))
+                pieces.append(job.tables.rows(table, part, lo - a, hi - a, clock))
             else:
-                r = _answered(self.host.peer(owner, "pull", job_id=job.id, table=table, part=part, lo=lo - a, hi=hi - a),
-                              owner, table, part)
+                r = _answered(self.host.peer(owner, "pull", job_id=job.id, table=table, part=part, lo=lo - a, hi=hi - a,
+                                             clock=clock), owner, table, part)
                 pieces.append(job.xp.asarray(r["data"]))
         if len(pieces) == 1:
             return pieces[0]
@@ -402,22 +410,24 @@ class ShardRunner:
         spec = job.specs[table]
         return spec.n_rows * int(np.prod(spec.trailing)) * np.dtype(spec.dtype).itemsize <= SMALL_TABLE_BYTES
 
-    def read_small_tables(self, job: Job) -> dict[str, Any]:
+    def read_small_tables(self, job: Job, clock: int | None = None) -> dict[str, Any]:
         """Every small table (``SMALL_TABLE_BYTES``), whole: the partitions held here copied, the
         others fetched with one message per owner, all owners at once. A small model's shard step
         or clock end reads several tables, and one message per table and owner is a round trip each."""
         small = [t for t in job.specs if self.is_small(job, t)]
         remote = by_owner(job.owners, [(t, p) for t in small for p in range(job.layouts[t].n_parts)])
-        pieces: dict[tuple[str, int], Any] = {k: job.tables.rows(*k, 0, None) for k in remote.pop(self.host.address, [])}
+        pieces: dict[tuple[str, int], Any] = {k: job.tables.rows(*k, 0, None, clock)
+                                              for k in remote.pop(self.host.address, [])}
         if remote:
-            replies = self.host.peer_all([(o, "pull_many", {"job_id": job.id, "parts": [list(k) for k in keys]})
+            replies = self.host.peer_all([(o, "pull_many", {"job_id": job.id, "parts": [list(k) for k in keys],
+                                                            "clock": clock})
                                           for o, keys in remote.items()])
             for (owner, keys), r in zip(remote.items(), replies):
                 r = _answered(r, owner, *keys[0])
                 pieces.update((k, job.xp.asarray(d)) for k, d in zip(keys, wire.decode(r["data"])))
         return {t: job.xp.concatenate([pieces[(t, p)] for p in range(job.layouts[t].n_parts)]) for t in small}
 
-    def read_row_set(self, job: Job, table: str, rows):
+    def read_row_set(self, job: Job, table: str, rows, clock: int | None = None):
         """Arbitrary rows of ``table`` (in the order given), gathered from their owners."""
         layout, spec = job.layouts[table], job.specs[table]
         rows = np.asarray(to_host(rows), dtype=np.int64)
@@ -430,10 +440,10 @@ class ShardRunner:
             local = rows[sel] - layout.bounds[part][0]
             owner = job.owners[(table, int(part))]
             if owner == self.host.address:
-                vals = job.tables.row_set(table, int(part), local)
+                vals = job.tables.row_set(table, int(part), local, clock)
             else:
                 r = _answered(self.host.peer(owner, "pull", job_id=job.id, table=table, part=int(part),
-                                         rows=to_serialize(local)), owner, table, int(part))
+                                             rows=to_serialize(local), clock=clock), owner, table, int(part))
                 vals = job.xp.asarray(r["data"])
             out[job.xp.asarray(sel)] = vals
         return out
@@ -510,6 +520,8 @@ class ShardStep:
         self.new_state: dict = {}
         self.updates: list = []
         self.pull_s = 0.0
+        #: under SSP reduction tables are read per clock: a step sees the previous clock's sums
+        self._sums = clock - 1 if job.ssp else None
 
     def set_state(self, name: str, value) -> None:
         """Replace the shard's state ``name``; kept only if this attempt commits."""
@@ -523,10 +535,10 @@ class ShardStep:
             t0 = time.perf_counter()
             if self._server.is_small(self._job, table):  # every small table at once, then slices of it
                 if SMALL not in cache:
-                    cache[SMALL] = self._server.read_small_tables(self._job)
+                    cache[SMALL] = self._server.read_small_tables(self._job, self._sums)
                 cache[key] = cache[SMALL][table][start:stop]
             else:
-                cache[key] = self._server.read_rows(self._job, table, start, stop)
+                cache[key] = self._server.read_rows(self._job, table, start, stop, self._sums)
             self.pull_s += time.perf_counter() - t0
         return cache[key]
 
@@ -543,7 +555,7 @@ class ShardStep:
     def pull_rows(self, table: str, rows):
         """Rows ``rows`` (any order, repeats allowed) of ``table`` as of this clock's start."""
         t0 = time.perf_counter()
-        out = self._server.read_row_set(self._job, table, rows)
+        out = self._server.read_row_set(self._job, table, rows, self._sums)
         self.pull_s += time.perf_counter() - t0
         return out
 
@@ -571,6 +583,7 @@ class ClockEnd:
         self._server, self._job, self._run = server, job, run
         self.xp, self.clock, self.meta, self.tol = job.xp, clock, job.meta, job.tol
         self._small: dict[str, Any] | None = None  # the small tables, read once until an assign
+        self._sums = clock if job.ssp else None  # under SSP reduction tables are read per clock
         self._writes: dict[str, list] = defaultdict(list)  # assigned rows of other owners, not sent yet
 
     def flush(self) -> None:
@@ -583,14 +596,14 @@ class ClockEnd:
             self.flush()
         if self._server.is_small(self._job, table):
             if self._small is None:
-                self._small = self._server.read_small_tables(self._job)
+                self._small = self._server.read_small_tables(self._job, self._sums)
             return self._small[table][start:stop].copy()  # the caller may change its copy
-        return self._server.read_rows(self._job, table, start, stop)
+        return self._server.read_rows(self._job, table, start, stop, self._sums)
 
     def pull_rows(self, table: str, rows):
         if self._writes:
             self.flush()
-        return self._server.read_row_set(self._job, table, rows)
+        return self._server.read_row_set(self._job, table, rows, self._sums)
 
     def assign(self, table: str, values, start: int = 0) -> None:
         for owner, chunks in self._server.write_rows(self._job, table, values, start, self._run).items():

@@ -77,13 +77,17 @@ class ShardStore:
         with self.lock:
             self.pending[tuple(key)] = (entry, dict(new_state))
 
-    def install(self, clock: int, committed: Iterable, me: str) -> None:
-        """Apply the pass's shard side: for each committed ``(shard, attempt, worker)`` the winner
-        (``worker == me``) installs its attempt's state, any other copy held here is dropped; then
-        every pending state of this clock or an older one is dropped."""
+    def install(self, committed: Iterable, me: str, drop_through: int) -> None:
+        """Apply a pass's (or an SSP batch's) shard side: for each committed ``(shard, attempt,
+        worker, clock)`` the winner (``worker == me``) installs its attempt's state, any other copy
+        held here is dropped; then every pending state of those shards up to their clock, and
+        every pending state of a clock up to ``drop_through``, is dropped (no attempt of them
+        can commit any more)."""
         with self.lock:
-            for shard, attempt, worker in committed:
-                key = (clock, int(shard), int(attempt))
+            done: dict[int, int] = {}
+            for shard, attempt, worker, clock in committed:
+                key = (int(clock), int(shard), int(attempt))
+                done[int(shard)] = int(clock)
                 if worker == me:
                     if key in self.pending:  # (not after this worker forgot the job: a simulated loss)
                         entry, new_state = self.pending[key]
@@ -91,7 +95,7 @@ class ShardStore:
                         self.shards[int(shard)] = entry
                 else:
                     self.shards.pop(int(shard), None)
-            for key in [k for k in self.pending if k[0] <= clock]:
+            for key in [k for k in self.pending if k[0] <= drop_through or k[0] <= done.get(k[1], -1)]:
                 del self.pending[key]
 
     def states(self, shards: Iterable[int]) -> dict[int, dict[str, np.ndarray]]:

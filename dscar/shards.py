@@ -152,14 +152,19 @@ class ShardQueue:
         Earlier phases, already applied, stay DONE. Attempt numbers keep counting
         up, so a stale attempt can never be taken for a new one.
         """
-        for i in self.active:
+        self.reopen(self.active)
+
+    def reopen(self, shards) -> None:
+        """Put ``shards`` back in TODO with no attempt and no commit (a pass runs again, or under SSP
+        a shard moves on to its next clock). Holders stay; attempt numbers keep counting up."""
+        for i in shards:
             s = self._shards[i]
             s.status = ShardStatus.TODO
             s.attempts.clear()
             s.committed = None
             s.failures = []
             s.started = 0
-        self._todo = set(self.active)
+            self._todo.add(i)
 
     @property
     def complete(self) -> bool:
@@ -196,18 +201,20 @@ class ShardQueue:
         return [i for i, s in enumerate(self._shards) if s.holder is None]
 
     # ------------------------------------------------------------ hand-outs
-    def next_shard(self, worker: str, now: float, *, local_only: bool = False) -> Attempt | None:
+    def next_shard(self, worker: str, now: float, *, local_only: bool = False,
+                   among: "set[int] | None" = None) -> Attempt | None:
         """Start an attempt of the best TODO shard for ``worker`` (with ``local_only``, only of
-        one it holds), or None."""
-        if not self._todo:
+        one it holds; with ``among``, only of those), or None."""
+        todo = self._todo if among is None else self._todo & among
+        if not todo:
             return None
-        local = [i for i in self._todo if self._shards[i].holder == worker]
+        local = [i for i in todo if self._shards[i].holder == worker]
         if local:
             return self._start(min(local), worker, now)
         if local_only:
             return None
         backlog: dict[str | None, list[int]] = {}
-        for i in self._todo:
+        for i in todo:
             h = self._shards[i].holder
             if h is None and not self.reloadable:
                 continue  # waits for the driver to place it

@@ -122,8 +122,7 @@ class SspError(RuntimeError):
 class _Shard:
     clock: int  # the clock of its next (or running, or waiting) update
     phase: ShardPhase = ShardPhase.TODO
-    worker: str | None = None  # the worker whose attempt runs or whose commit waits
-    epoch: int = 0  # the epoch its running attempt started under
+    worker: str | None = None  # the worker whose committed attempt holds its update
 
 
 @dataclass
@@ -156,7 +155,7 @@ class ClockWindow:
     clock_end: int | None = None
     #: a clock end just finished: nothing is applied until ``go_on`` (the cut is being saved)
     holding: bool = False
-    #: (shard, clock) of every update put in a batch (applied, or written off)
+    #: (shard, clock) of every update put in a batch (applied, or written off), of clocks from ``floor`` on
     applied: set[tuple[int, int]] = field(default_factory=set)
     #: clock -> why it will be skipped, for open clocks that will be
     skip_reasons: dict[int, str] = field(default_factory=dict)
@@ -218,39 +217,48 @@ class ClockWindow:
         of later clocks already applied stay in the model."""
         self.limit = max(clock, self.floor)
 
-    def start(self, shard: int, worker: str) -> int:
-        """``worker`` starts an attempt of ``shard``; returns its clock (the attempt carries ``epoch``)."""
+    def start(self, shard: int) -> int:
+        """The first attempt of ``shard`` starts (backups are the shard queue's); returns its clock
+        (the attempt carries ``epoch``)."""
         s = self._shards[shard]
         if shard not in self.startable():
             raise SspError(f"shard {shard} ({s.phase.value}, clock {s.clock}) may not start now")
-        s.phase, s.worker, s.epoch = ShardPhase.RUNNING, worker, self.epoch
+        s.phase = ShardPhase.RUNNING
         return s.clock
 
-    def give_back(self, shard: int, worker: str) -> None:
-        """The running attempt failed or was never started: the shard may start again."""
+    def give_back(self, shard: int) -> None:
+        """No attempt of ``shard`` runs any more (they failed, were lost or given back): it may start again."""
         s = self._shards[shard]
-        if s.phase is ShardPhase.RUNNING and s.worker == worker:
-            s.phase, s.worker = ShardPhase.TODO, None
+        if s.phase is ShardPhase.RUNNING:
+            s.phase = ShardPhase.TODO
 
     def commit(self, shard: int, clock: int, worker: str, epoch: int) -> list[Action]:
-        """``worker``'s attempt of ``shard`` in ``clock``, started under ``epoch``, asks to commit.
-        Refused (``[]`` and the shard unchanged) unless it is the running attempt of this epoch."""
+        """An attempt of ``shard`` in ``clock`` on ``worker``, started under ``epoch``, commits (the
+        shard queue granted it: the first of its attempts to ask). Refused (``[]``, the shard
+        unchanged) unless the shard runs that clock under this epoch, and the clock is allowed."""
         s = self._shards[shard]
-        if (self.recovering or epoch != self.epoch or s.phase is not ShardPhase.RUNNING
-                or s.worker != worker or (self.rebuilding is None and s.clock != clock)):
+        if self.recovering or epoch != self.epoch or s.phase is not ShardPhase.RUNNING:
             return []
         if self.rebuilding is not None:
             if shard not in self.rebuilding:
                 return []
             self.rebuilding.discard(shard)
             self._rebuild_done.append((shard, worker))
-            s.phase = ShardPhase.TODO
-            s.worker = None
-            if not self.rebuilding:
-                return self._send_rebuild_batch()
+            s.phase, s.worker = ShardPhase.COMMITTED, worker  # (its update is no clock's: see ``_next``)
+            return self._send_rebuild_batch() if not self.rebuilding else []
+        if s.clock != clock:
             return []
-        s.phase = ShardPhase.COMMITTED
+        if clock > self.limit:  # the fit stopped before this clock: its update is not applied
+            s.phase = ShardPhase.TODO
+            return []
+        s.phase, s.worker = ShardPhase.COMMITTED, worker
         return self._next()
+
+    def accepts(self, shard: int, clock: int, epoch: int) -> bool:
+        """Whether a commit of ``shard`` in ``clock`` under ``epoch`` would be taken now."""
+        s = self._shards[shard]
+        return (not self.recovering and epoch == self.epoch and s.phase is ShardPhase.RUNNING
+                and (self.rebuilding is not None or (s.clock == clock and clock <= self.limit)))
 
     def batch_applied(self, batch: int) -> list[Action]:
         """Every owner applied ``batch``."""
@@ -259,7 +267,7 @@ class ClockWindow:
         b, self.in_flight = self.in_flight, None
         self.applied_before = True
         if b.rebuild:
-            self.rebuilding = None
+            self._end_rebuild()
             return self._next()
         for shard, clock, _ in b.updates:
             self._advance(shard, clock)
@@ -270,8 +278,7 @@ class ClockWindow:
         if self.clock_end != clock or epoch != self.epoch or self.recovering:
             return False
         self.clock_end = None
-        self.floor = clock
-        self.finished[clock] = ClockStatus.DONE
+        self._finish(clock, ClockStatus.DONE)
         self.holding = True
         return True
 
@@ -292,7 +299,7 @@ class ClockWindow:
             self.in_flight = None
             if b.rebuild:
                 self.needs_rebuild = True  # the rebuild pass runs again
-                self.rebuilding = None
+                self._end_rebuild()
             else:
                 for shard, clock, _ in b.updates:  # some owners may have applied these, others not
                     self._note_skip(clock, "a worker was lost while the clock's updates were applied")
@@ -301,14 +308,14 @@ class ClockWindow:
             self.epoch += 1
             self.needs_rebuild = self.needs_rebuild or (self.has_rebuild and self.applied_before)
             if self.rebuilding is not None:
-                self.rebuilding, self.needs_rebuild = None, True
+                self.needs_rebuild = True
+                self._end_rebuild()
             for s in self._shards:  # whatever ran or waits read what is being restored
                 if s.phase in (ShardPhase.RUNNING, ShardPhase.COMMITTED):
                     s.phase, s.worker = ShardPhase.TODO, None
             if reductions_lost:
-                for c in self.open_clocks():
-                    if any((i, c) in self.applied for i in range(self.n_shards)):
-                        self._note_skip(c, "a reduction partition was lost after updates of the clock were applied")
+                for c in sorted({c for _, c in self.applied if c > self.floor}):
+                    self._note_skip(c, "a reduction partition was lost after updates of the clock were applied")
             if self.clock_end is not None:
                 self._note_skip(self.clock_end, "the clock-end step read a table being restored")
                 self.clock_end = None
@@ -316,8 +323,8 @@ class ClockWindow:
                 self.recovering = True
                 out.append(StartRecovery(self.epoch))
             return out
-        for s in self._shards:  # its attempts and its waiting commits (their updates were there)
-            if s.worker == worker and s.phase in (ShardPhase.RUNNING, ShardPhase.COMMITTED):
+        for s in self._shards:  # its waiting commits (their updates were there); its running attempts
+            if s.worker == worker and s.phase is ShardPhase.COMMITTED:  # are the caller's (``give_back``)
                 s.phase, s.worker = ShardPhase.TODO, None
         if self.rebuilding is not None:
             self.rebuilding |= {i for i, w in self._rebuild_done if w == worker}
@@ -347,6 +354,18 @@ class ClockWindow:
         if s.clock == clock:
             s.clock, s.phase, s.worker = clock + 1, ShardPhase.TODO, None
 
+    def _finish(self, clock: int, status: ClockStatus) -> None:
+        """Clock ``clock`` (= floor + 1) finished; what is kept of clocks before it goes."""
+        self.floor = clock
+        self.finished[clock] = status
+        self.applied = {(i, c) for i, c in self.applied if c >= clock}
+
+    def _end_rebuild(self) -> None:
+        self.rebuilding, self._rebuild_done = None, []
+        for s in self._shards:
+            if s.phase in (ShardPhase.RUNNING, ShardPhase.COMMITTED):
+                s.phase, s.worker = ShardPhase.TODO, None
+
     def _note_skip(self, clock: int, reason: str) -> None:
         if clock > self.floor:
             self.skip_reasons.setdefault(clock, reason)
@@ -369,8 +388,7 @@ class ClockWindow:
                 break
             if t not in self.skip_reasons:
                 break
-            self.floor = t
-            self.finished[t] = ClockStatus.SKIPPED
+            self._finish(t, ClockStatus.SKIPPED)
             out.append(SkipClock(t, self.skip_reasons.pop(t)))
         if self.rebuilding is not None:
             return out
@@ -380,7 +398,8 @@ class ClockWindow:
                 self.rebuilding, self._rebuild_done = set(range(self.n_shards)), []
                 self.epoch += 1
                 return out + [StartRebuild(self.epoch)]
-        waiting = [(i, s.clock, s.worker) for i, s in enumerate(self._shards) if s.phase is ShardPhase.COMMITTED]
+        waiting = [(i, s.clock, s.worker) for i, s in enumerate(self._shards)
+                   if s.phase is ShardPhase.COMMITTED and s.clock <= self.limit]
         if waiting:
             self._batches += 1
             for i, _, _ in waiting:
@@ -400,7 +419,7 @@ class ClockWindow:
         for i, s in enumerate(self._shards):
             assert s.clock > self.floor or s.clock == self.floor + 1, (i, s)
             assert s.clock <= self.floor + 2 + self.staleness, (i, s)  # started within the window
-            assert all((i, c) in self.applied for c in range(1, s.clock)), (i, s)
+            assert all((i, c) in self.applied for c in range(max(1, self.floor), s.clock)), (i, s)
             assert (i, s.clock) not in self.applied, (i, s)
             if s.phase is ShardPhase.APPLYING:
                 assert self.in_flight is not None and any(u[0] == i for u in self.in_flight.updates), i

@@ -114,6 +114,26 @@ def fit_options(*, n_workers: Any, n_shards: Any, tol: Any, max_clocks: Any, max
     }
 
 
+def consistency(consistency: Any, staleness: Any, max_staleness: int, algorithm: str,
+                policies: Iterable[Any]) -> tuple[str, int]:
+    """``consistency`` ("bsp" or "ssp") and its staleness: under SSP at most what the algorithm
+    declares it converges with (``Algorithm.max_staleness``; the default), 0 under BSP."""
+    consistency = choice("consistency", consistency, ("bsp", "ssp"))
+    if consistency == "bsp":
+        if staleness not in (None, 0):
+            raise InvalidInputError(f"staleness={staleness!r} needs consistency='ssp' (BSP clocks are barriers)")
+        return consistency, 0
+    staleness = integer("staleness", max_staleness if staleness is None else staleness, 0)
+    if staleness > max_staleness:
+        raise InvalidInputError(
+            f"staleness {staleness} is more than {algorithm} declares it converges with (max_staleness = "
+            f"{max_staleness}; bench.staleness measures it)")
+    if any(getattr(p, "name", None) == "restart" for p in policies):
+        raise InvalidInputError("the restart policy restarts a worker between clocks, and under consistency='ssp' "
+                                "clocks overlap: use 'backup' or 'adaptive'")
+    return consistency, staleness
+
+
 def fault_clocks(faults: Iterable[Any], max_clocks: int) -> None:
     """Every fault's clocks are integers that can fire within ``max_clocks`` clocks.
 

@@ -143,6 +143,7 @@ class ParamServer(WorkerPlugin):
                     tol=d["tol"],
                     xp=self.xp,
                     faults=[f for f in d.get("faults", ()) if f.worker == self.worker.address],
+                    ssp=d.get("consistency") == "ssp",
                 )
             return self.jobs[job_id]
 
@@ -173,17 +174,19 @@ class ParamServer(WorkerPlugin):
         job.tables.own(table, part, r["data"])
         return {"status": "OK"}
 
-    def _h_pull(self, job_id: str, table: str, part: int, lo: int = 0, hi: int = 0, rows=None) -> dict:
+    def _h_pull(self, job_id: str, table: str, part: int, lo: int = 0, hi: int = 0, rows=None,
+                clock: int | None = None) -> dict:
         job = self.jobs.get(job_id)
-        out = None if job is None else job.tables.host_rows(table, part, lo, hi, rows)
+        out = None if job is None else job.tables.host_rows(table, part, lo, hi, rows, clock)
         if out is None:  # a late attempt of an ended job, a moved partition
             return {"status": "missing"}
         return {"status": "OK", "data": to_serialize(out)}
 
-    def _h_pull_many(self, job_id: str, parts: list) -> dict:
-        """Whole partitions ``[[table, part], ...]`` held here (``read_small_tables``)."""
+    def _h_pull_many(self, job_id: str, parts: list, clock: int | None = None) -> dict:
+        """Whole partitions ``[[table, part], ...]`` held here (``read_small_tables``); under SSP a
+        reduction table's sums of ``clock``."""
         job = self.jobs.get(job_id)
-        out = None if job is None else job.tables.host_parts(parts)
+        out = None if job is None else job.tables.host_parts(parts, clock)
         if out is None:
             return {"status": "missing"}
         return {"status": "OK", "data": wire.encode(out)}
@@ -201,14 +204,16 @@ class ParamServer(WorkerPlugin):
         return {"status": "OK", "arrays": wire.encode(arrays),
                 "updates": [[list(key), [[t, p, lo, r is not None] for t, p, lo, _, r in ups]] for key, ups in selected]}
 
-    async def _h_apply(self, job_id: str, clock: int, run: int, committed: list, reset: list | None = None) -> dict:
+    async def _h_apply(self, job_id: str, clock: int, run: int, committed: list, reset: list | None = None,
+                       clocks: list | None = None, floor: int | None = None) -> dict:
         """Apply the pass of ``run``: the committed attempts' updates to the partitions owned here
         (collected from the workers that ran them, one message per worker) and their new shard
         states to the shards held here; drop everything else of the clock.
 
         ``committed``: ``[shard, attempt, worker]`` of every committed attempt. The tables named in
         ``reset`` start from zero (the reduction tables at a clock's first data phase, the rebuild
-        tables in a rebuild pass). The array work runs off the event loop.
+        tables in a rebuild pass). The array work runs off the event loop. Under SSP a batch spans
+        clocks: ``clocks`` gives each attempt's, ``floor`` the newest finished clock.
         """
         job = self.jobs.get(job_id)
         if job is None:
@@ -220,8 +225,9 @@ class ParamServer(WorkerPlugin):
         owned = job.tables.owned()  # the partitions as of now: one restored meanwhile is not this pass's to update
         me, parts = self.worker.address, [[t, p] for t, p in owned]
         by_worker: dict[str, list] = defaultdict(list)
-        for shard, attempt, worker in committed:
-            by_worker[worker].append([clock, int(shard), int(attempt)])
+        clocks = clocks or [clock] * len(committed)
+        for (shard, attempt, worker), c in zip(committed, clocks):
+            by_worker[worker].append([int(c), int(shard), int(attempt)])
         updates: dict[tuple, list] = {}
         remote = [w for w in by_worker if w != me]
         if parts and remote:
@@ -237,12 +243,12 @@ class ParamServer(WorkerPlugin):
                     updates[tuple(key)] = [(t, int(p), int(lo), next(arrays),
                                             next(arrays).astype(np.int64, copy=False) if has_rows else None)
                                            for t, p, lo, has_rows in ups]
-        args = (clock, run, committed, updates, set(reset or ()), owned, me)
-        if job.tables.update_bytes(_keys(clock, committed), updates) <= INLINE_APPLY_BYTES:
+        args = (clock, run, committed, updates, set(reset or ()), owned, me, clocks, floor)
+        if job.tables.update_bytes([tuple(k) for ks in by_worker.values() for k in ks], updates) <= INLINE_APPLY_BYTES:
             out = job.apply_pass(*args)  # a thread hop would cost more than the additions
         else:
             out = await asyncio.to_thread(job.apply_pass, *args)
-        if "applied" in out:
+        if "applied" in out and floor is None:  # (an SSP batch is no pass: a batch's members run on)
             self.runner.pass_applied(job_id)
         return out
 
@@ -535,11 +541,6 @@ class ParamServer(WorkerPlugin):
                                                                      worker=self.worker.address, info=info), 5)
         except Exception:
             pass
-
-
-def _keys(clock: int, committed: list) -> list[tuple[int, int, int]]:
-    """The ``(clock, shard, attempt)`` keys of a pass's committed ``[shard, attempt, worker]``."""
-    return [(clock, int(s), int(a)) for s, a, _ in committed]
 
 
 def device_of(xp: ModuleType) -> str:

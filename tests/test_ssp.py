@@ -18,12 +18,12 @@ def _one(actions, kind):
 
 def test_a_fast_shard_runs_ahead_up_to_the_staleness_and_clocks_end_in_order():
     w = ClockWindow(n_shards=2, staleness=2, limit=10)
-    b = _one(w.commit(0, w.start(0, "fast"), "fast", w.epoch), ApplyBatch)  # shard 0, clock 1
+    b = _one(w.commit(0, w.start(0), "fast", w.epoch), ApplyBatch)  # shard 0, clock 1
     assert b.updates == ((0, 1, "fast"),)
-    assert w.start(1, "slow") == 1  # the slow worker's shard of clock 1 runs on
+    assert w.start(1) == 1  # the slow worker's shard of clock 1 runs on
     w.batch_applied(b.batch)
     for clock in (2, 3):  # shard 0 runs clocks 2 and 3 while clock 1 is open
-        assert w.start(0, "fast") == clock
+        assert w.start(0) == clock
         w.batch_applied(_one(w.commit(0, clock, "fast", w.epoch), ApplyBatch).batch)
     assert w.shard_clock(0) == 4 and w.startable() == []  # clock 4 > floor 0 + 1 + 2: it waits
     end = _one(w.batch_applied(_one(w.commit(1, 1, "slow", w.epoch), ApplyBatch).batch), RunClockEnd)
@@ -35,9 +35,9 @@ def test_a_fast_shard_runs_ahead_up_to_the_staleness_and_clocks_end_in_order():
 
 def test_staleness_zero_is_a_barrier():
     w = ClockWindow(n_shards=2, staleness=0, limit=5)
-    w.batch_applied(_one(w.commit(0, w.start(0, "a"), "a", 0), ApplyBatch).batch)
+    w.batch_applied(_one(w.commit(0, w.start(0), "a", 0), ApplyBatch).batch)
     assert w.startable() == [1]  # shard 0's clock 2 waits for clock 1 to end
-    w.start(1, "b")
+    w.start(1)
     end = _one(w.batch_applied(_one(w.commit(1, 1, "b", 0), ApplyBatch).batch), RunClockEnd)
     assert w.clock_end_done(end.clock, end.epoch)
     w.go_on()
@@ -47,7 +47,7 @@ def test_staleness_zero_is_a_barrier():
 def test_commits_waiting_while_a_batch_applies_go_in_the_next_batch_together():
     w = ClockWindow(n_shards=3, staleness=1, limit=5)
     for s in range(3):
-        w.start(s, f"w{s}")
+        w.start(s)
     first = _one(w.commit(0, 1, "w0", 0), ApplyBatch)
     assert w.commit(1, 1, "w1", 0) == [] and w.commit(2, 1, "w2", 0) == []
     second = _one(w.batch_applied(first.batch), ApplyBatch)
@@ -56,11 +56,11 @@ def test_commits_waiting_while_a_batch_applies_go_in_the_next_batch_together():
 
 def test_a_loss_that_restores_voids_running_attempts_and_waiting_commits_but_keeps_applied_updates():
     w = ClockWindow(n_shards=3, staleness=2, limit=9, has_rebuild=True)
-    w.batch_applied(_one(w.commit(0, w.start(0, "a"), "a", 0), ApplyBatch).batch)  # (0, 1) applied
-    w.start(0, "a")  # (0, 2) runs
-    w.start(1, "b")
+    w.batch_applied(_one(w.commit(0, w.start(0), "a", 0), ApplyBatch).batch)  # (0, 1) applied
+    w.start(0)  # (0, 2) runs
+    w.start(1)
     b = _one(w.commit(1, 1, "b", 0), ApplyBatch)  # (1, 1) in flight
-    w.start(2, "c")
+    w.start(2)
     assert _one(w.lose("c", restores=True), StartRecovery).epoch == 1
     assert (1, 1) in w.applied and w.skip_reasons[1]  # the batch in flight is written off: clock 1 skipped
     assert w.batch_applied(b.batch) == []
@@ -71,31 +71,31 @@ def test_a_loss_that_restores_voids_running_attempts_and_waiting_commits_but_kee
     rebuild = _one(w.recovered(), StartRebuild)
     assert w.startable() == [0, 1, 2]
     for s in range(3):
-        assert w.start(s, "a") == w.shard_clock(s)
+        assert w.start(s) == w.shard_clock(s)
     acts = []
     for s in range(3):
         acts += w.commit(s, 0, "a", rebuild.epoch)
     batch = _one(acts, ApplyBatch)
     assert batch.rebuild and len(batch.updates) == 3
     assert w.batch_applied(batch.batch) == [] and w.startable() == [0, 1, 2]
-    assert w.start(2, "a") == 1
+    assert w.start(2) == 1
 
 
 def test_a_skipped_clock_finishes_without_its_clock_end_once_every_shard_moved_past_it():
     w = ClockWindow(n_shards=2, staleness=1, limit=5)
-    w.start(0, "a")
+    w.start(0)
     b = _one(w.commit(0, 1, "a", 0), ApplyBatch)
     w.lose("a", restores=False)  # a held the update being applied: written off
     assert w.batch_applied(b.batch) == []
-    w.start(1, "b")
+    w.start(1)
     acts = w.batch_applied(_one(w.commit(1, 1, "b", 0), ApplyBatch).batch)
     assert _one(acts, SkipClock).clock == 1 and w.finished[1] is ClockStatus.SKIPPED and w.floor == 1
 
 
 def test_a_worker_lost_without_partitions_voids_only_its_own_work():
     w = ClockWindow(n_shards=2, staleness=1, limit=5)
-    w.start(0, "a")
-    w.start(1, "b")
+    w.start(0)
+    w.start(1)
     b = _one(w.commit(0, 1, "a", 0), ApplyBatch)
     w.commit(1, 1, "b", 0)  # waits behind the batch in flight
     assert w.lose("b", restores=False) == []
@@ -106,8 +106,8 @@ def test_a_worker_lost_without_partitions_voids_only_its_own_work():
 
 def test_the_clock_end_is_held_until_the_cut_is_saved_and_a_stop_ends_the_window():
     w = ClockWindow(n_shards=1, staleness=3, limit=9)
-    end = _one(w.batch_applied(_one(w.commit(0, w.start(0, "a"), "a", 0), ApplyBatch).batch), RunClockEnd)
-    w.start(0, "a")
+    end = _one(w.batch_applied(_one(w.commit(0, w.start(0), "a", 0), ApplyBatch).batch), RunClockEnd)
+    w.start(0)
     assert w.commit(0, 2, "a", 0) == []  # waits: no batch beside a clock end
     w.clock_end_done(end.clock, end.epoch)
     assert w.cut() == [1] and w.holding
@@ -118,19 +118,19 @@ def test_the_clock_end_is_held_until_the_cut_is_saved_and_a_stop_ends_the_window
 
 def test_an_attempt_from_before_a_restore_is_refused_even_when_its_worker_runs_the_shard_again():
     w = ClockWindow(n_shards=1, staleness=1, limit=5)
-    w.start(0, "a")
+    w.start(0)
     w.lose("b", restores=True)
     w.recovered()
-    w.start(0, "a")  # the same shard, clock and worker, under the new epoch
-    assert w.commit(0, 1, "a", 0) == [] and w.phase(0) is ShardPhase.RUNNING
+    w.start(0)  # the same shard, clock and worker, under the new epoch
+    assert w.commit(0, 1, "a", 0) == [] and w.phase(0) is ShardPhase.RUNNING and not w.accepts(0, 1, 0)
     assert _one(w.commit(0, 1, "a", w.epoch), ApplyBatch).epoch == 2
 
 
 def test_out_of_order_starts_are_refused():
     w = ClockWindow(n_shards=1, staleness=0, limit=1)
-    w.start(0, "a")
+    w.start(0)
     with pytest.raises(SspError):
-        w.start(0, "b")
+        w.start(0)
 
 
 # ------------------------------------------------------------------ stateful
@@ -154,6 +154,7 @@ class WindowFuzz(RuleBasedStateMachine):
         self.recovery = False
         self.ended: list[int] = []
         self.must_skip: set[int] = set()
+        self.current: dict[int, tuple[int, str, int]] = {}  # shard -> its running attempt (one at a time)
 
     def live(self):
         return [x for x in WORKERS if x not in self.lost]
@@ -184,12 +185,13 @@ class WindowFuzz(RuleBasedStateMachine):
         w = self.w
         shard = w.startable()[pick % len(w.startable())]
         worker = self.live()[who % len(self.live())]
-        clock = w.start(shard, worker)
+        clock = w.start(shard)
+        self.current[shard] = (clock, worker, w.epoch)
         if w.rebuilding is None:
             assert clock <= w.floor + 1 + w.staleness  # the window bound
             for c in range(1, clock - w.staleness):  # reads see every update of clocks <= t - s - 1
                 assert w.finished.get(c) in (ClockStatus.DONE, ClockStatus.SKIPPED), (clock, c)
-            assert all((shard, c) in w.applied for c in range(1, clock))  # its own earlier updates
+            assert all(self.times_applied.get((shard, c)) == 1 for c in range(1, clock))  # its own earlier updates
         self.running.append((shard, clock, worker, w.epoch))
 
     @precondition(lambda self: getattr(self, "running", None))
@@ -199,10 +201,15 @@ class WindowFuzz(RuleBasedStateMachine):
         shard, clock, worker, epoch = self.running.pop(i % len(self.running))
         if worker in self.lost:
             return
+        current = self.current.get(shard) == (clock, worker, epoch)
         if fail:
-            self.w.give_back(shard, worker)
+            if current:  # the shard queue gives a shard back only when its last attempt failed
+                self.w.give_back(shard)
             return
         was = self.w.phase(shard)
+        assert self.w.accepts(shard, clock, epoch) == (current and was is ShardPhase.RUNNING
+                                                       and epoch == self.w.epoch and not self.w.recovering
+                                                       and (self.w.rebuilding is not None or clock <= self.w.limit))
         self.handle(self.w.commit(shard, clock, worker, epoch))
         if was is ShardPhase.RUNNING and self.w.phase(shard) is not ShardPhase.RUNNING:
             assert epoch == self.w.epoch, "a commit of work read before a restore was granted"
@@ -244,6 +251,10 @@ class WindowFuzz(RuleBasedStateMachine):
             self.must_skip |= {c for (_, c), whole in self.whole.items() if whole and c > w.floor}
         self.handle(w.lose(x, restores=kind is not None, reductions_lost=kind == "reduction",
                            owned_in_flight=kind is not None and in_flight is not None))
+        for shard, (clock, worker, epoch) in list(self.current.items()):
+            if worker == x:  # its attempts are gone: the queue gives their shards back
+                del self.current[shard]
+                self.w.give_back(shard)
         if clock_end_worker and self.end is not None:
             e, self.end = self.end, None
             self.handle(w.clock_end_failed(e.clock))

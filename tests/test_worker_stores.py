@@ -114,7 +114,7 @@ def test_installing_states_keeps_only_the_winners_and_drops_other_copies():
     shards.stage_state((2, 0, 0), held, {"z": np.array([5])})  # our primary: it won
     shards.stage_state((2, 0, 1), ShardEntry(held.data, dict(held.state)), {"z": np.array([6])})  # our losing backup
     shards.stage_state((3, 0, 0), held, {"z": np.array([7])})  # a later clock: stays pending
-    shards.install(2, [(0, 0, ME), (1, 0, OTHER)], ME)
+    shards.install([(0, 0, ME, 2), (1, 0, OTHER, 2)], ME, 2)
     assert sorted(shards.shards) == [0]
     assert shards.shards[0].state["z"][0] == 5
     assert list(shards.pending) == [(3, 0, 0)]
@@ -134,9 +134,9 @@ def test_a_peer_s_copy_however_late_leaves_the_holder_its_shard_until_another_at
     held = ShardEntry({"x": np.zeros(2)}, {"z": np.array([1])})
     shards.put(0, held)
     assert shards.get(0) is held and shards.get(0) is held and shards.shards == {0: held}
-    shards.install(4, [(0, 2, ME)], ME)  # our attempt won (nothing pending here: a placement's entry stays)
+    shards.install([(0, 2, ME, 4)], ME, 4)  # our attempt won (nothing pending here: a placement's entry stays)
     assert shards.shards == {0: held}
-    shards.install(5, [(0, 0, OTHER)], ME)  # the peer's attempt won: our copy is stale now
+    shards.install([(0, 0, OTHER, 5)], ME, 5)  # the peer's attempt won: our copy is stale now
     assert shards.get(0) is None
 
 

@@ -1,0 +1,259 @@
+"""Time to target with a straggler: BSP vs dynamic sharding vs backups vs stale-synchronous clocks.
+
+``python -m bench.stragglers --to-target`` (or ``python -m bench.time_to_target``).
+
+What it measures
+----------------
+An embedded cluster of 4 worker processes (1 thread each, BLAS pinned to 1) trains
+MLR (local SGD, no momentum: ``MLRSGD.max_staleness`` is 2 without it) and LDA
+(collapsed Gibbs, ``max_staleness`` 4) while worker 0 is slowed ``s`` times, s in
+{1, 2, 4, 8} (``faults.slow``: it sleeps ``(s - 1)`` x each step's duration). Each
+run stops at the model's target, and the table gives the *time to target* (the
+clocks' wall time, setup and the final gather left out) and the clocks it took:
+
+* ``bsp``             static sharding, no policies (each worker runs its own shards);
+* ``dynamic``         dynamic sharding, no policies;
+* ``dynamic+backup``  dynamic sharding with backup attempts (the default policies);
+* ``ssp-N``           ``consistency="ssp", staleness=N`` with dynamic sharding and
+                      backups, N in {1, 2, 4} up to the model's ``max_staleness``.
+
+Targets: a failure-free BSP run with dynamic sharding (in the same cluster, before
+the timed runs) runs ``ref_clocks`` clocks; the target is the objective it has at its
+last clock (MLR: objective <= it, ``MLRSGD(target=)``; LDA: log-likelihood per token
+>= it, ``bench.rework.LDAToTarget``), so BSP needs about ``ref_clocks`` clocks.
+
+Ideal time: the no-straggler time scaled by the capacity left, ``T1 * 4 / (3 + 1/s)``,
+with ``T1`` the fastest strategy's median time at s = 1. Ratio = median / ideal. The
+acceptance (issue 14): SSP within 1.10x of the ideal at s = 4 and 8, faster than
+dynamic + backup, its final objective the BSP run's within the model's tolerance.
+
+Caveat, as in ``bench.stragglers``: 4 CPU-bound worker processes on a 2-core machine
+do not have independent capacities (while the slowed worker sleeps, the other three
+share the cores it frees), so a ratio below 1 is possible.
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import numpy as np
+
+import dscar
+from bench.common import load_average, machine_info, pyplot, write_json
+from dscar import faults
+
+SLOWDOWNS = (1, 2, 4, 8)
+N_WORKERS = 4
+
+
+@dataclass
+class Model:
+    name: str
+    make: Callable[[float | None], dscar.Algorithm]  # target -> a fresh algorithm that stops there
+    data: Any
+    n_shards: int
+    ref_clocks: int
+    #: the reference run's final metrics -> the target handed to ``make``
+    target_of: Callable[[dict], float]
+    tol: float  # relative tolerance on the final objective vs BSP's
+    info: dict
+
+
+def strategies(max_staleness: int) -> dict[str, dict[str, Any]]:
+    out: dict[str, dict[str, Any]] = {
+        "bsp": {"sharding": "static", "policies": []},
+        "dynamic": {"sharding": "dynamic", "policies": []},
+        "dynamic+backup": {"sharding": "dynamic", "policies": ["backup"]},
+    }
+    for s in (1, 2, 4):
+        if s <= max_staleness:
+            out[f"ssp-{s}"] = {"sharding": "dynamic", "policies": ["backup"], "consistency": "ssp", "staleness": s}
+    return out
+
+
+def mlr_model(quick: bool) -> Model:
+    from dscar.algorithms.datasets import make_classification
+    from dscar.algorithms.mlr import MLRSGD
+
+    n, p, k, batch, steps = (8_192, 64, 10, 256, 16) if quick else (16_384, 128, 10, 512, 32)
+    X, y, _ = make_classification(n, p, k, seed=0)
+    return Model("mlr", lambda target: MLRSGD(k, batch_size=batch, steps=steps, momentum=0.0, tol=1e-30,
+                                              target=target),
+                 {"X": X, "y": y}, 32, 8 if quick else 12, lambda m: m["objective"], 0.01,
+                 {"n_samples": n, "n_features": p, "n_classes": k, "batch_size": batch, "steps": steps,
+                  "momentum": 0.0})
+
+
+def lda_model(quick: bool) -> Model:
+    from bench.rework import LDAToTarget
+    from dscar.algorithms import corpora
+    from dscar.algorithms.lda import LDAGibbs, lda_data
+
+    docs, vocab, length, topics = (600, 1000, 100, 20) if quick else (4000, 4000, 200, 50)
+    corpus = corpora.synthetic(docs, vocab, length, topics, seed=0)
+
+    def make(target):
+        if target is None:
+            return LDAGibbs(topics, seed=0, early_stop=False)
+        return LDAToTarget(topics, seed=0, early_stop=False, target=target)
+
+    return Model("lda", make, lda_data(corpus.X), 32, 8 if quick else 15, lambda m: m["loglik"], 0.005,
+                 {"n_docs": docs, "vocab_size": vocab, "doc_length": length, "n_topics": topics,
+                  "n_tokens": corpus.n_tokens})
+
+
+MODELS = {"mlr": mlr_model, "lda": lda_model}
+
+
+def run_one(cl, model: Model, target: float, s: int, strategy: str, opts: dict, repeat: int) -> dict[str, Any]:
+    head = {"model": model.name, "slowdown": s, "strategy": strategy, "repeat": repeat}
+    try:
+        res = dscar.fit(model.make(target), model.data, cl, n_shards=model.n_shards, max_clocks=4 * model.ref_clocks,
+                        progress=False, faults=[faults.slow(0, float(s))] if s > 1 else [], **opts)
+    except dscar.DscarError as e:
+        return {**head, "failed": True, "error": f"{type(e).__name__}: {e}"}
+    return {**head, "failed": False, "reached": res.converged, "clocks": res.n_clocks,
+            "seconds": sum(r.seconds for r in res.history), "objective": res.objective,
+            "ahead": [r.ahead for r in res.history], "loadavg_1m_after": (load_average() or [None])[0]}
+
+
+def _med(xs: list[float]) -> float:
+    xs = [x for x in xs if x == x]
+    return statistics.median(xs) if xs else float("nan")
+
+
+def analyse(runs: list[dict], model: Model, names: list[str]) -> dict[str, Any]:
+    ok = [r for r in runs if r["model"] == model.name and not r["failed"] and r["reached"]]
+    cell = {(st, s): [r for r in ok if r["strategy"] == st and r["slowdown"] == s] for st in names for s in SLOWDOWNS}
+    med = {k: _med([r["seconds"] for r in v]) for k, v in cell.items()}
+    t1 = min((v for (st, s), v in med.items() if s == 1 and v == v), default=float("nan"))
+    rows = []
+    for st in names:
+        for s in SLOWDOWNS:
+            runs_ = cell[(st, s)]
+            ideal = t1 * N_WORKERS / (N_WORKERS - 1 + 1 / s)
+            bsp_obj = _med([r["objective"] for r in ok if r["strategy"] == "bsp" and r["slowdown"] == s])
+            obj = _med([r["objective"] for r in runs_])
+            rows.append({"strategy": st, "slowdown": s, "seconds": med[(st, s)], "ideal": ideal,
+                         "ratio": med[(st, s)] / ideal, "clocks": _med([r["clocks"] for r in runs_]),
+                         "objective": obj, "objective_vs_bsp": abs(obj - bsp_obj) / abs(bsp_obj) if bsp_obj else None,
+                         "runs": len(runs_),
+                         "not_reached": sum(1 for r in runs if r["model"] == model.name and r["strategy"] == st
+                                            and r["slowdown"] == s and not r["failed"] and not r["reached"]),
+                         "failed": sum(1 for r in runs if r["model"] == model.name and r["strategy"] == st
+                                       and r["slowdown"] == s and r["failed"])})
+    return {"model": model.name, "t1": t1, "rows": rows, "tol": model.tol}
+
+
+def targets(a: dict) -> list[dict[str, Any]]:
+    """Issue 14's acceptance per SSP row at s = 4 and 8."""
+    by = {(r["strategy"], r["slowdown"]): r for r in a["rows"]}
+    out = []
+    for (st, s), r in by.items():
+        if not st.startswith("ssp") or s not in (4, 8):
+            continue
+        backup = by[("dynamic+backup", s)]
+        out.append({"model": a["model"], "strategy": st, "slowdown": s, "ratio": r["ratio"],
+                    "within_1_10": r["ratio"] <= 1.10, "faster_than_backup": r["seconds"] < backup["seconds"],
+                    "objective_ok": r["objective_vs_bsp"] is not None and r["objective_vs_bsp"] <= a["tol"]})
+    return out
+
+
+def format_table(a: dict, target: float) -> str:
+    lines = [f"{a['model']}: target {target:.6g}; no-straggler time T1 = {a['t1']:.3f} s; ideal = T1 * 4 / (3 + 1/s)",
+             f"{'strategy':<16} {'s':>2} {'time s':>8} {'ideal s':>8} {'ratio':>6} {'clocks':>6} "
+             f"{'objective':>11} {'vs bsp':>7}  runs"]
+    for r in a["rows"]:
+        vs = "" if r["objective_vs_bsp"] is None else f"{r['objective_vs_bsp']:.2%}"
+        extra = "".join(f", {r[k]} {k.replace('_', ' ')}" for k in ("not_reached", "failed") if r[k])
+        lines.append(f"{r['strategy']:<16} {r['slowdown']:>2} {r['seconds']:>8.3f} {r['ideal']:>8.3f} {r['ratio']:>6.2f} "
+                     f"{r['clocks']:>6.1f} {r['objective']:>11.6g} {vs:>7}  {r['runs']}{extra}")
+    return "\n".join(lines)
+
+
+def plot(analyses: list[dict], path: str) -> None:
+    plt = pyplot()
+    fig, axes = plt.subplots(1, len(analyses), figsize=(6 * len(analyses), 4), squeeze=False)
+    for ax, a in zip(axes[0], analyses):
+        names = sorted({r["strategy"] for r in a["rows"]}, key=lambda n: [r["strategy"] for r in a["rows"]].index(n))
+        for st in names:
+            rows = [r for r in a["rows"] if r["strategy"] == st]
+            ax.plot([r["slowdown"] for r in rows], [r["seconds"] for r in rows], marker="o", label=st)
+        ax.plot(SLOWDOWNS, [a["t1"] * N_WORKERS / (N_WORKERS - 1 + 1 / s) for s in SLOWDOWNS], "k--", label="ideal")
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(SLOWDOWNS, [str(s) for s in SLOWDOWNS])
+        ax.set_xlabel("slowdown of worker 0")
+        ax.set_ylabel("time to target (s)")
+        ax.set_title(f"{a['model']}: 1 of {N_WORKERS} workers slowed")
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench.stragglers --to-target", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help="small data, 1 repeat, s in {1, 4} (~2 min)")
+    ap.add_argument("--repeats", type=int, default=None, help="repeats (default 3, 1 with --quick)")
+    ap.add_argument("--models", default="mlr,lda", help="comma-separated of mlr, lda")
+    ap.add_argument("--json", metavar="PATH", help="write every run, medians, ratios and the targets")
+    ap.add_argument("--plot", metavar="PATH", default="time_to_target.png", help="PNG (default time_to_target.png)")
+    args = ap.parse_args(argv)
+    names = [m for m in args.models.split(",") if m]
+    unknown = set(names) - set(MODELS)
+    if unknown:
+        print(f"unknown model(s) {sorted(unknown)}; choose from {sorted(MODELS)}", file=sys.stderr)
+        return 2
+    repeats = args.repeats or (1 if args.quick else 3)
+    global SLOWDOWNS
+    if args.quick:
+        SLOWDOWNS = (1, 4)
+    runs: list[dict] = []
+    analyses, tables, ok = [], [], []
+    with dscar.Cluster(n_workers=N_WORKERS) as cl:
+        for name in names:
+            model = MODELS[name](args.quick)
+            ref = dscar.fit(model.make(None), model.data, cl, n_shards=model.n_shards, max_clocks=model.ref_clocks,
+                            progress=False)
+            target = model.target_of(ref.history[-1].metrics)
+            strat = strategies(int(model.make(None).max_staleness))
+            for rep in range(repeats):
+                order = list(strat.items())
+                order = order[rep % len(order):] + order[:rep % len(order)]  # rotate: no strategy always first
+                for s in SLOWDOWNS:
+                    for st, opts in order:
+                        t0 = time.perf_counter()
+                        r = run_one(cl, model, target, s, st, opts, rep)
+                        runs.append(r)
+                        print(f"  {name} s={s} {st:<16} rep {rep}: "
+                              + (r["error"] if r["failed"] else f"{r['seconds']:.3f} s, {r['clocks']} clocks"
+                                 + ("" if r["reached"] else " (target not reached)"))
+                              + f"  [{time.perf_counter() - t0:.1f} s]", flush=True)
+            a = analyse(runs, model, list(strat))
+            a.update(target=target, info=model.info, ref_clocks=model.ref_clocks)
+            analyses.append(a)
+            tables.append(format_table(a, target))
+            ok += targets(a)
+    print()
+    print("\n\n".join(tables))
+    print()
+    for t in ok:
+        print(f"{t['model']} {t['strategy']} s={t['slowdown']}: {t['ratio']:.2f}x ideal "
+              f"({'MET' if t['within_1_10'] else 'NOT MET'} <= 1.10x), "
+              f"{'faster' if t['faster_than_backup'] else 'NOT faster'} than dynamic+backup, "
+              f"objective {'within' if t['objective_ok'] else 'NOT within'} tolerance of BSP's")
+    print(f"load average after: {load_average()}")
+    if args.plot:
+        plot(analyses, args.plot)
+        print(f"plot: {args.plot}")
+    if args.json:
+        write_json(args.json, {"machine": machine_info(), "runs": runs, "analyses": analyses, "targets": ok,
+                               "repeats": repeats, "quick": args.quick})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,163 @@
+"""Stale-synchronous clocks in the engine: SspJobState (pure) and fits on real clusters."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+import dscar
+from dscar import faults
+from dscar.errors import InvalidInputError
+from dscar.job import ApplyPass, JobConfig, StartRecovery
+from dscar.partitions import PartitionMap, TableLayout
+from dscar.shards import ShardQueue, ShardStatus
+from dscar.ssp import ShardPhase
+from dscar.ssp_job import SspJobState
+
+from conftest import RowCounter, row_data
+
+
+class SspRowCounter(RowCounter):
+    """RowCounter that declares it tolerates 3 clocks of staleness (its updates commute)."""
+
+    max_staleness = 3
+
+
+def _job(n_shards=4, staleness=2, checkpoint=None) -> SspJobState:
+    cfg = JobConfig("j", n_shards, {"count": "param", "seen": "reduction"}, [], [""], checkpoint)
+    pmap = PartitionMap([TableLayout("count", 8, 2), TableLayout("seen", 8, 1)])
+    pmap.assign(["a", "b"])
+    queue = ShardQueue(n_shards, reloadable=True)
+    for s in range(n_shards):
+        queue.set_holder(s, "a" if s % 2 == 0 else "b")
+    job = SspJobState(cfg, queue, pmap, staleness=staleness, max_clocks=10, policies=[])
+    job.workers = ["a", "b"]
+    job.begin(1, 0.0)
+    return job
+
+
+def _commit_item(job, item, worker, now):
+    effects = []
+    for m in item["shards"]:
+        ok, eff = job.commit(worker, m["clock"], item["run"], m["shard"], m["attempt"], now, {"compute_s": 0.05})  # one shard per item
+        assert ok
+        effects += eff
+    return effects
+
+
+def _apply_all(job, effects, now) -> list[ApplyPass]:
+    """Every owner applies each batch as it comes (a batch's end may send the next)."""
+    applied, todo = [], [e for e in effects if isinstance(e, ApplyPass)]
+    while todo:
+        e = todo.pop(0)
+        applied.append(e)
+        todo += [x for x in job.applied(e.run_id, now, e.batch) if isinstance(x, ApplyPass)]
+    return applied
+
+
+def test_a_fast_worker_commits_later_clocks_while_a_slow_one_holds_clock_one():
+    job = _job()
+    slow = job.next_item("b", 0.0)  # b takes one shard at clock 1 and does not finish it
+    assert [m["clock"] for m in slow["shards"]] == [1]
+    clocks_run, t = [], 0.1
+    while (item := job.next_item("a", t)) is not None:  # a runs every other shard as far as the window allows
+        clocks_run += [m["clock"] for m in item["shards"]]
+        batches = _apply_all(job, _commit_item(job, item, "a", t), t)
+        assert sorted(c for b in batches for c in b.clocks) == sorted(m["clock"] for m in item["shards"])
+        t += 0.1
+    assert sorted(clocks_run) == [1, 1, 1, 2, 2, 2, 3, 3, 3]  # clock 4 waits until clock 1 ends
+    assert clocks_run[:3] == [1, 1, 1]  # the oldest clock's shards go first (one moved from b)
+    assert job.window.clock_end is None and job.report_for(1) is None
+    _apply_all(job, _commit_item(job, slow, "b", t), t)
+    end = job.next_item("a", t)
+    assert end["op"] == "clock_end" and end["clock"] == 1
+    job.clock_end_done("a", end["run"], {"objective": 1.0}, 0.0, t, clock=1)
+    report = job.report_for(1)
+    assert report["ahead"] == 6 and report["shards_per_worker"] == {"a": 3, "b": 1}
+    assert {m["clock"] for m in job.next_item("a", t)["shards"]} == {2}  # b's shard's clock 2 first, then 4
+
+
+def test_a_loss_with_several_clocks_open_voids_only_what_is_not_applied(tmp_path):
+    job = _job(checkpoint=dscar.CheckpointConfig(str(tmp_path)))
+    job.next_item("b", 0.0)  # b runs shard 1 at clock 1, never finishes
+    for _ in range(3):  # a: shards 0, 2, 3 at clock 1, applied
+        _apply_all(job, _commit_item(job, job.next_item("a", 0.1), "a", 0.2), 0.3)
+    first = job.next_item("a", 0.4)  # then shard 0 at clock 2: in flight when b goes
+    [apply2] = [e for e in _commit_item(job, first, "a", 0.5) if isinstance(e, ApplyPass)]
+    second = job.next_item("a", 0.5)  # and shard 2 at clock 2: committed, waiting
+    assert _commit_item(job, second, "a", 0.5) == []
+    effects = job.lose("b", 0.6)  # b owned a partition: a restore, the batch in flight is written off
+    assert any(isinstance(e, StartRecovery) for e in effects) and job.recovering
+    assert job.applied(apply2.run_id, 0.7, apply2.batch) == []
+    w = job.window
+    assert [w.shard_clock(s) for s in range(4)] == [3, 1, 2, 2]  # shard 0's clock 2 written off, 2's voided
+    assert [w.phase(s) for s in range(4)] == [ShardPhase.TODO] * 4
+    assert [job.queue.status(s) for s in range(4)] == [ShardStatus.TODO] * 4 and 2 in w.skip_reasons
+    assert job.next_item("a", 0.8) is None  # nothing is handed out while recovering
+
+
+def test_ssp_settings_are_checked_before_any_work(inproc):
+    data = row_data(64)
+    with pytest.raises(InvalidInputError, match="max_staleness = 3"):
+        dscar.fit(SspRowCounter(), data, inproc, consistency="ssp", staleness=4)
+    with pytest.raises(InvalidInputError, match="needs consistency='ssp'"):
+        dscar.fit(SspRowCounter(), data, inproc, staleness=1)
+    with pytest.raises(InvalidInputError, match="consistency must be one of"):
+        dscar.fit(SspRowCounter(), data, inproc, consistency="async")
+    with pytest.raises(InvalidInputError, match="restart policy"):
+        dscar.fit(SspRowCounter(), data, inproc, consistency="ssp", policies=["restart"])
+    with pytest.raises(InvalidInputError, match="max_staleness = 0"):
+        dscar.fit(RowCounter(), data, inproc, consistency="ssp", staleness=1)
+
+
+@pytest.mark.parametrize("staleness", [0, 2])
+def test_every_update_is_applied_once_and_reads_are_at_most_staleness_clocks_ahead(inproc, staleness):
+    """Shard 0 is slow: under SSP the other shards run ahead of it, up to ``staleness`` clocks, and
+    every clock's reduction still sums exactly one update per row (per-clock sums)."""
+    res = dscar.fit(SspRowCounter(sleep=0.03, slow_shards=(0,)), row_data(64), inproc, n_shards=4, max_clocks=8,
+                    consistency="ssp", staleness=staleness, policies=[])
+    assert res.n_clocks == 8
+    for rec in res.history:
+        assert rec.metrics["seen_min"] == rec.metrics["seen_max"] == 1.0, rec  # this clock's sums, exactly
+        assert rec.clock <= rec.metrics["count_min"] and rec.metrics["count_max"] <= rec.clock + staleness, rec
+    np.testing.assert_array_equal(res.params["count"], np.full(64, 8.0))  # every clock's update, once
+    ahead = [rec.ahead for rec in res.history]
+    assert (max(ahead) > 0) == (staleness > 0), ahead
+
+
+def test_mlr_and_lda_under_ssp_do_as_well_as_bsp_in_as_many_clocks(inproc):
+    from algorithms.corpora import synthetic
+    from algorithms.datasets import make_classification
+    from algorithms.lda import LDAGibbs, lda_data
+    from algorithms.mlr import MLRSGD
+
+    X, y, _ = make_classification(n_samples=4000, n_features=20, n_classes=4, seed=0)
+    mlr = {c: dscar.fit(MLRSGD(4, lr=0.5), {"X": X, "y": y}, inproc, n_shards=8, max_clocks=15,
+                        consistency=c) for c in ("bsp", "ssp")}
+    assert mlr["ssp"].objective < 1.02 * mlr["bsp"].objective  # (lower is better for both models)
+    corpus = synthetic(n_docs=300, vocab_size=500, doc_length=40, n_topics=5, seed=1)
+    lda = {c: dscar.fit(LDAGibbs(5, early_stop=False), lda_data(corpus.X), inproc, n_shards=6, max_clocks=15,
+                        consistency=c) for c in ("bsp", "ssp")}
+    # a clock end with no later update applied yet sees counts that match its clock's assignments
+    assert all(rec.metrics["count_error"] == 0 for rec in lda["ssp"].history if rec.ahead == 0)
+    p = lda["ssp"].params  # and the final tables agree with each other: no move lost or applied twice
+    np.testing.assert_array_equal(p["word_topic"].sum(axis=0), p["topic_total"])
+    np.testing.assert_array_equal(p["doc_topic"].sum(axis=1), np.asarray(corpus.X.sum(axis=1)).ravel())
+    assert p["word_topic"].min() >= 0 and p["doc_topic"].min() >= 0
+    assert lda["ssp"].objective < 1.01 * lda["bsp"].objective  # (fresher reads: often lower)
+
+
+@pytest.mark.parametrize("kind", ["kill", "hang"])
+def test_a_worker_lost_with_clocks_open_is_recovered_and_no_update_is_applied_twice(tmp_path, kind):
+    """Real worker processes: worker 1 dies (or hangs) at clock 3 while shards run ahead; the clocks
+    whose reductions survived still sum each row exactly once, and none reads more than s ahead."""
+    fault = faults.kill(1, clock=3) if kind == "kill" else faults.hang(1, clock=3)
+    with dscar.Cluster(n_workers=3) as cl:
+        res = dscar.fit(SspRowCounter(sleep=0.01, slow_shards=(0, 1)), row_data(96), cl, n_shards=6, max_clocks=8,
+                        consistency="ssp", staleness=2, faults=[fault], checkpoint=str(tmp_path), policies=[])
+    assert res.n_clocks == 8 and any(e["kind"] == "recovery-done" for e in res.events)
+    counted = [rec for rec in res.history if not rec.skipped]
+    assert counted and all(rec.metrics["seen_min"] == rec.metrics["seen_max"] == 1.0 for rec in counted)
+    assert all(rec.metrics["count_max"] <= rec.clock + 2 for rec in counted)
+    assert all(math.isnan(rec.metrics["objective"]) for rec in res.history if rec.skipped)
