@@ -318,6 +318,8 @@ class Coordinator(SchedulerPlugin):
         for job in self.jobs.values():
             job.workers = self._live(job)
             item = job.next_item(worker, now)
+            if item is None:
+                self._do(job, job.idle(worker, now))
             if item is not None:
                 if job.cfg.checkpoint is not None and any("state_file" in m for m in item.get("shards", ())):
                     item["ckpt_url"] = job.cfg.checkpoint.url

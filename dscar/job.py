@@ -310,6 +310,10 @@ class JobState:
                     "owners": self.pmap.to_msg()}
         return None
 
+    def idle(self, worker: str, now: float) -> list[Effect]:
+        """``worker`` found nothing to do (under BSP nothing follows from it)."""
+        return []
+
     def _leave_to_others(self, worker: str) -> bool:
         """Whether the other workers would finish every shard still to do before ``worker`` finished
         one (by the monitor's step times): then it starts no more this clock, and the pass does not

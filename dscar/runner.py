@@ -69,8 +69,8 @@ class Job:
     owners: dict[tuple[str, int], str] = field(default_factory=dict)
     pull_cache: dict[tuple, Any] = field(default_factory=dict)
     cache_run: int = -1  # the run id the cached pulls belong to (tables change only with a new run id)
-    #: stale-synchronous clocks: tables change with every applied batch, so every work item pulls
-    #: afresh, and reduction tables are read per clock
+    cache_seq: int = -1  # under SSP: the batches applied when they were pulled (``ClockWindow.applied_batches``)
+    #: stale-synchronous clocks: reduction tables are read per clock
     ssp: bool = False
     clock_seen: int = 0  # the newest clock this worker was given work in (fault points outside attempts)
     run_seen: int = -1  # the newest run id this worker was given work in (an older pass's apply is stale)
@@ -158,9 +158,10 @@ class ShardRunner:
             job.owners = {(t, int(p)): w for t, p, w in item["owners"]}
             job.clock_seen = max(job.clock_seen, int(item["clock"]))
             job.run_seen = max(job.run_seen, int(item["run"]))
-            if job.cache_run != item["run"] or item.get("ssp"):  # tables have changed (a new pass, a redo,
-                job.pull_cache.clear()  # a recovery; under SSP any applied batch)
-                job.cache_run = item["run"]
+            seq = item.get("batches_applied", -1)  # under SSP: the batches applied before the item was handed out
+            if job.cache_run != item["run"] or job.cache_seq != seq:  # tables have changed (a new pass, a
+                job.pull_cache.clear()  # redo, a recovery; under SSP an applied batch)
+                job.cache_run, job.cache_seq = item["run"], seq
 
     def _run_shards(self, item: dict) -> dict | None:
         """Run a work item's attempts, then commit those that succeeded in one message; return

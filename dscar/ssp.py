@@ -135,6 +135,9 @@ class ClockWindow:
     staleness: int
     #: the algorithm names rebuild tables (recomputed after a recovery)
     has_rebuild: bool = False
+    #: commits to gather before a batch is sent, unless one is needed sooner (``_due``): an apply
+    #: costs a round trip to every owner, and one per commit would cost more than it saves
+    min_batch: int = 1
     #: the newest finished clock: every clock up to it is DONE or SKIPPED
     floor: int = 0
     #: the newest clock the driver allows to start (its stopping rule and ``max_clocks``)
@@ -162,7 +165,10 @@ class ClockWindow:
     #: clock -> DONE or SKIPPED, for finished clocks
     finished: dict[int, ClockStatus] = field(default_factory=dict)
     _shards: list[_Shard] = field(default_factory=list)
+    #: batches applied so far: a worker's pulled values stay valid while this does not change
+    applied_batches: int = 0
     _batches: int = 0
+    _urgent: bool = False
     _rebuild_done: list[tuple[int, str]] = field(default_factory=list)
 
     def __post_init__(self):
@@ -266,6 +272,7 @@ class ClockWindow:
             return []
         b, self.in_flight = self.in_flight, None
         self.applied_before = True
+        self.applied_batches += 1
         if b.rebuild:
             self._end_rebuild()
             return self._next()
@@ -400,8 +407,9 @@ class ClockWindow:
                 return out + [StartRebuild(self.epoch)]
         waiting = [(i, s.clock, s.worker) for i, s in enumerate(self._shards)
                    if s.phase is ShardPhase.COMMITTED and s.clock <= self.limit]
-        if waiting:
+        if waiting and self._due(len(waiting)):
             self._batches += 1
+            self._urgent = False
             for i, _, _ in waiting:
                 self._shards[i].phase = ShardPhase.APPLYING
             self.in_flight = ApplyBatch(self._batches, self.epoch, tuple(waiting))
@@ -412,6 +420,22 @@ class ClockWindow:
             self.finished[t] = ClockStatus.CLOCK_END
             return out + [RunClockEnd(t, self.epoch)]
         return out
+
+    def flush(self) -> list[Action]:
+        """A worker found nothing to start: apply the commits waiting now, however few."""
+        self._urgent = True
+        return self._next()
+
+    def _due(self, waiting: int) -> bool:
+        """Whether the commits waiting go out now: ``min_batch`` of them, a ``flush``, no attempt
+        left running (nothing else will come), or the oldest open clock wholly committed (its
+        clock end waits for them)."""
+        if waiting >= self.min_batch or self._urgent:
+            return True
+        if not any(s.phase is ShardPhase.RUNNING for s in self._shards):
+            return True
+        t = self.floor + 1
+        return all(s.clock > t or s.phase is ShardPhase.COMMITTED for s in self._shards)
 
     def check(self) -> None:
         """Assert the invariants in the module docstring."""

@@ -136,6 +136,7 @@ class SspJobState(JobState):
         if self.begun:
             return []
         self.begun = True
+        self.window.min_batch = max(1, len(self.workers))  # about one commit per worker per batch
         if self.schedule is not None and getattr(self.schedule, "started", 0) is None:
             self.schedule.started = now
         return self._carry(self.window.allow(self.window.limit), now)
@@ -149,7 +150,7 @@ class SspJobState(JobState):
         if w.clock_end is not None and self.clock_end_worker is None:
             self.clock_end_worker = worker
             return {"op": "clock_end", "job": self.cfg.job_id, "clock": w.clock_end, "run": w.epoch,
-                    "owners": self.pmap.to_msg(), "ssp": True}
+                    "owners": self.pmap.to_msg(), "batches_applied": w.applied_batches}
         tiers = self._oldest_first(w.startable())
         a = next((a for among in tiers if (a := self.queue.next_shard(worker, now, among=among))), None)
         if a is None and w.rebuilding is None:
@@ -185,8 +186,15 @@ class SspJobState(JobState):
         for member, clock in zip(item["shards"], clocks):
             member["clock"] = clock
         item.update(op="rebuild" if self.window.rebuilding is not None else "shard", clock=max(clocks),
-                    run=self.window.epoch, ssp=True)
+                    run=self.window.epoch, batches_applied=self.window.applied_batches)
         return item
+
+    def idle(self, worker: str, now: float) -> list[Effect]:
+        """``worker`` found nothing to do: apply the commits waiting (their shards' next clocks may
+        be what it could run)."""
+        if not self.handing_out or worker in self.lost:
+            return []
+        return self._carry(self.window.flush(), now)
 
     def releasable(self, asker: str) -> tuple[str, list[tuple[int, int]]] | None:
         if not self.handing_out or self.window.startable():

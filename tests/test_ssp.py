@@ -92,6 +92,18 @@ def test_a_skipped_clock_finishes_without_its_clock_end_once_every_shard_moved_p
     assert _one(acts, SkipClock).clock == 1 and w.finished[1] is ClockStatus.SKIPPED and w.floor == 1
 
 
+def test_commits_wait_for_a_batch_of_min_batch_unless_needed_sooner():
+    w = ClockWindow(n_shards=4, staleness=1, limit=5, min_batch=3)
+    for s in range(4):
+        w.start(s)
+    assert w.commit(0, 1, "a", 0) == [] and w.commit(1, 1, "b", 0) == []  # two waiting, two running
+    assert [u[0] for u in _one(w.flush(), ApplyBatch).updates] == [0, 1]  # an idle worker needs them
+    w.batch_applied(1)
+    assert w.commit(2, 1, "c", 0) == []
+    b = _one(w.commit(3, 1, "d", 0), ApplyBatch)  # clock 1 wholly committed: its end waits for them
+    assert [u[0] for u in b.updates] == [2, 3] and w.applied_batches == 1
+
+
 def test_a_worker_lost_without_partitions_voids_only_its_own_work():
     w = ClockWindow(n_shards=2, staleness=1, limit=5)
     w.start(0)
@@ -142,9 +154,10 @@ class WindowFuzz(RuleBasedStateMachine):
     """Random interleavings of starts, commits, batches, clock ends, stops and losses with several
     clocks open. The model checks what the window promises its readers and the applied updates."""
 
-    @initialize(n=st.integers(1, 5), s=st.integers(0, 3), rebuild=st.booleans(), limit=st.integers(1, 10))
-    def setup(self, n, s, rebuild, limit):
-        self.w = ClockWindow(n_shards=n, staleness=s, has_rebuild=rebuild, limit=limit)
+    @initialize(n=st.integers(1, 5), s=st.integers(0, 3), rebuild=st.booleans(), limit=st.integers(1, 10),
+                min_batch=st.integers(1, 3))
+    def setup(self, n, s, rebuild, limit, min_batch):
+        self.w = ClockWindow(n_shards=n, staleness=s, has_rebuild=rebuild, limit=limit, min_batch=min_batch)
         self.lost: set[str] = set()
         self.running: list[tuple[int, int, str, int]] = []  # (shard, clock, worker, epoch)
         self.batch: ApplyBatch | None = None
@@ -264,6 +277,11 @@ class WindowFuzz(RuleBasedStateMachine):
     def recovered(self):
         self.recovery = False
         self.handle(self.w.recovered())
+
+    @precondition(lambda self: hasattr(self, "w") and self.batch is None)
+    @rule()
+    def idle_worker_flushes(self):
+        self.handle(self.w.flush())
 
     @precondition(lambda self: hasattr(self, "w"))
     @rule(more=st.integers(0, 3))

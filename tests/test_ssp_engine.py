@@ -34,6 +34,7 @@ def _job(n_shards=4, staleness=2, checkpoint=None) -> SspJobState:
     job = SspJobState(cfg, queue, pmap, staleness=staleness, max_clocks=10, policies=[])
     job.workers = ["a", "b"]
     job.begin(1, 0.0)
+    job.window.min_batch = 1  # every commit applied at once: the tests follow each batch
     return job
 
 
