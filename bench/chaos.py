@@ -109,11 +109,12 @@ CHECK_KEYS = ("missing", "duplicated", "corrupt", "ahead", "past", "state")
 
 
 # ------------------------------------------------------------------- the checker (pure)
-def check_seen(seen: np.ndarray, bad: np.ndarray, clock: int) -> dict[str, int]:
+def check_seen(seen: np.ndarray, bad: np.ndarray, clock: int, staleness: int = 0) -> dict[str, int]:
     """Exactly-once check of a completed clock (see the module docstring); counts per kind of breach.
 
     ``seen`` / ``bad``: (n_shards, n_columns) as of the clock's clock-end step; column c counts the
-    applied updates of clock c.
+    applied updates of clock c. Under SSP (``staleness`` s) the columns of clocks ``clock + 1 ..
+    clock + s`` may already hold updates (0 or 1 each: shards run ahead), later ones none.
     """
     seen = np.asarray(seen, dtype=float)
     bad = np.asarray(bad, dtype=float)
@@ -124,7 +125,8 @@ def check_seen(seen: np.ndarray, bad: np.ndarray, clock: int) -> dict[str, int]:
         "missing": int(np.sum(col == 0)),
         "duplicated": int(np.sum(col >= 2)),
         "corrupt": int(np.sum((col != 0) & (col != 1) & (col < 2))),  # negative, fractional, NaN
-        "ahead": int(np.count_nonzero(seen[:, clock + 1:])) + int(np.count_nonzero(seen[:, 0])),
+        "ahead": int(np.count_nonzero(seen[:, clock + 1 + staleness:])) + int(np.count_nonzero(seen[:, 0]))
+        + int(np.sum((seen[:, clock + 1:clock + 1 + staleness] != 0) & (seen[:, clock + 1:clock + 1 + staleness] != 1))),
         "past": int(np.sum((seen[:, 1:clock] != 0) & (seen[:, 1:clock] != 1))),
         "state": int(np.count_nonzero(bad[:, clock])),
     }
@@ -132,12 +134,14 @@ def check_seen(seen: np.ndarray, bad: np.ndarray, clock: int) -> dict[str, int]:
     return out
 
 
-def check_final(seen: np.ndarray, last_clock: int, last_completed: bool) -> int:
-    """Breaches in the final parameters: every column 0 or 1, nothing after ``last_clock`` or in column 0,
-    and ``last_clock``'s column all 1 when that clock completed."""
+def check_final(seen: np.ndarray, last_clock: int, last_completed: bool, staleness: int = 0) -> int:
+    """Breaches in the final parameters: every column 0 or 1, nothing after ``last_clock`` (under SSP
+    after ``last_clock + staleness``) or in column 0, and ``last_clock``'s column all 1 when that
+    clock completed."""
     seen = np.asarray(seen, dtype=float)
-    n = int(np.count_nonzero(seen[:, last_clock + 1:])) + int(np.count_nonzero(seen[:, 0]))
-    n += int(np.sum((seen[:, 1:last_clock + 1] != 0) & (seen[:, 1:last_clock + 1] != 1)))
+    top = last_clock + staleness
+    n = int(np.count_nonzero(seen[:, top + 1:])) + int(np.count_nonzero(seen[:, 0]))
+    n += int(np.sum((seen[:, 1:top + 1] != 0) & (seen[:, 1:top + 1] != 1)))
     if last_completed and last_clock >= 1:
         n += int(np.sum(seen[:, last_clock] != 1))
     return n
@@ -149,10 +153,14 @@ class ExactlyOnce(Algorithm):
     name = "exactly-once"
     data_names = ("x",)
 
-    def __init__(self, clocks: int, work_s: float = 0.0, marker: str | None = None):
+    #: its updates commute, so stale-synchronous clocks are fine (what it checks holds under SSP)
+    max_staleness = 2
+
+    def __init__(self, clocks: int, work_s: float = 0.0, marker: str | None = None, staleness: int = 0):
         self.clocks = clocks  #: columns 1..clocks (one per clock)
         self.work_s = work_s  #: seconds each shard step sleeps
         self.marker = marker  #: a file the first shard step creates (the chaos monkey waits for it)
+        self.staleness = staleness  #: the run's SSP staleness (0: BSP): how far ahead columns may be
 
     def tables(self, meta):
         n, cols = meta.n_shards, self.clocks + 1
@@ -190,7 +198,7 @@ class ExactlyOnce(Algorithm):
         ctx.add("fanout", ctx.xp.ones(FANOUT_ROWS))  # an update for every partition owner (mid-push kills land)
 
     def clock_end(self, ctx):
-        c = check_seen(dscar.to_host(ctx.pull("seen")), dscar.to_host(ctx.pull("bad")), ctx.clock)
+        c = check_seen(dscar.to_host(ctx.pull("seen")), dscar.to_host(ctx.pull("bad")), ctx.clock, self.staleness)
         return {"objective": float(ctx.clock), **{k: float(v) for k, v in c.items()}}
 
     def converged(self, history, tol):
@@ -243,6 +251,9 @@ def plan_run(seed: int, index: int, kind: str, points: list[str], clocks: int = 
         plan["checkpoint"]["recovery"] = rng.choice(["partial", "full"])
         # the memory tier in half the runs (its own random stream: the other draws stay as they were)
         plan["checkpoint"]["memory"] = random.Random(seed * 1_000_003 + index + 7_919).random() < 0.5
+    # stale-synchronous clocks in half the runs, s = 1 or 2 (a stream of its own too)
+    ssp = random.Random(seed * 1_000_003 + index + 104_729)
+    plan["staleness"] = ssp.choice([1, 2]) if ssp.random() < 0.5 else 0
     ck = plan["checkpoint"]
     every = None if ck is None else max(1, round(ck["every"] * ck["fraction"]))  # the checkpoint period
     f = plan["faults"]
@@ -339,9 +350,12 @@ def summarize(results: list[dict]) -> dict[str, dict[str, Any]]:
     """Per kind and in total: runs, completed, violations (runs and count), hangs, failed fits
     (legitimate / not), losses, recoveries, rejoined workers, worker processes left stopped, and the
     longest clock of any completed run (a stall: hang detection, a connect timeout)."""
+    groups = {k: [r for r in results if r["kind"] == k] for k in dict.fromkeys(r["kind"] for r in results)}
+    groups["total"] = results
+    for name, ssp in (("of them BSP", False), ("of them SSP", True)):  # stale-synchronous clocks apart
+        groups[name] = [r for r in results if bool(r.get("plan", {}).get("staleness")) == ssp]
     table: dict[str, dict[str, Any]] = {}
-    for key in [*dict.fromkeys(r["kind"] for r in results), "total"]:
-        rs = results if key == "total" else [r for r in results if r["kind"] == key]
+    for key, rs in groups.items():
         table[key] = {
             "runs": len(rs),
             "completed": sum(r["status"] == "completed" for r in rs),
@@ -463,7 +477,8 @@ def run_one(plan: dict[str, Any]) -> dict[str, Any]:
     cfg = None if ck is None else dscar.CheckpointConfig(
         os.path.join(tmp, "ckpt"), policy=ck["policy"], every=ck["every"], fraction=ck["fraction"],
         recovery=ck["recovery"], memory=ck.get("memory", False))
-    algo = ExactlyOnce(plan["clocks"], plan["work_s"], marker)
+    s = plan.get("staleness", 0)
+    algo = ExactlyOnce(plan["clocks"], plan["work_s"], marker, s)
     data = {"x": np.arange(plan["n_shards"], dtype=np.float64)}
     kills: list[dict] = []
     stop = threading.Event()
@@ -479,7 +494,8 @@ def run_one(plan: dict[str, Any]) -> dict[str, Any]:
         t1 = time.perf_counter()
         try:
             res = dscar.fit(algo, data, cl, n_shards=plan["n_shards"], max_clocks=plan["clocks"], checkpoint=cfg,
-                            policies=plan["policies"], faults=specs, progress=False)
+                            policies=plan["policies"], faults=specs, progress=False,
+                            **({"consistency": "ssp", "staleness": s} if s else {}))
         except Exception as e:  # noqa: BLE001 - every failure is a finding
             msg = "".join(traceback.format_exception_only(type(e), e)).strip()
             legit, why = classify_failure(isinstance(e, dscar.DscarError), msg, cfg is not None)
@@ -535,7 +551,8 @@ def _analyse(res: dscar.FitResult, plan: dict) -> dict[str, Any]:
     # lag the last clock like any restored partition's (dscar says so with a model-restored event)
     restored_after = any(e["kind"] == "model-restored" for e in res.events)
     final = check_final(res.params["seen"], last.clock if last else 0,
-                        bool(last is not None and "violations" in last.metrics and not restored_after))
+                        bool(last is not None and "violations" in last.metrics and not restored_after),
+                        plan.get("staleness", 0))
     ev = Counter(e["kind"] for e in res.events)
     return {
         "violations": sum(per.values()) + final, "violations_by_kind": dict(per), "final_violations": final,
@@ -617,6 +634,7 @@ def describe(r: dict) -> str:
     ck = p["checkpoint"]
     cfg = "no-ckpt" if ck is None else f"{ck['policy']}/{ck['every']}/{ck['recovery']}" + (
         "+mem" if ck.get("memory") else "")
+    cfg += f" ssp{p['staleness']}" if p.get("staleness") else ""
     fl = ",".join(
         f"{f['kind']}{'@' + f['point'] if f['kind'] == 'kill' else ''}"
         f"{'(' + f['wanted'] + ')' if f.get('wanted') not in (None, f.get('point')) else ''}:w{f['worker']}c{f['clock']}"

@@ -122,19 +122,34 @@ def test_classify_failure(dscar_error, msg, ckpt, legit):
     assert chaos.classify_failure(dscar_error, msg, ckpt)[0] is legit
 
 
+def test_under_ssp_the_next_staleness_columns_may_hold_one_update_and_later_ones_none():
+    seen, bad = np.zeros((2, 6)), np.zeros((2, 6))
+    seen[:, 1:3] = 1  # clocks 1 and 2 applied; clock 2's end
+    seen[0, 3] = 1  # shard 0 ran clock 3 ahead
+    assert chaos.check_seen(seen, bad, 2, staleness=1)["violations"] == 0
+    assert chaos.check_seen(seen, bad, 2)["ahead"] == 1  # under BSP that is a breach
+    seen[1, 4] = 1  # two clocks ahead with staleness 1
+    assert chaos.check_seen(seen, bad, 2, staleness=1)["ahead"] == 1
+    seen[1, 4], seen[1, 3] = 0, 2  # an update of clock 3 applied twice
+    assert chaos.check_seen(seen, bad, 2, staleness=1)["ahead"] == 1
+    seen[1, 3] = 0
+    assert chaos.check_final(seen, 2, True, staleness=1) == 0 and chaos.check_final(seen, 2, True) == 1
+
+
 def test_summarize_counts_outcomes_by_kind():
     rs = [
         {"kind": "kill-clock", "status": "completed", "violations": 0, "losses": 1, "recoveries": 1},
         {"kind": "kill-clock", "status": "completed", "violations": 3, "losses": 1, "recoveries": 1},
         {"kind": "hang", "status": "hang"},
         {"kind": "hang", "status": "failed", "legit": True, "left_stopped": 1},
-        {"kind": "lose", "status": "failed", "legit": False},
+        {"kind": "lose", "status": "failed", "legit": False, "plan": {"staleness": 2}},
     ]
     for r in rs:
         r["outcome"] = chaos.outcome(r)
     assert [r["outcome"] for r in rs] == ["ok", "violation", "hang", "failed-legit", "failed"]
     t = chaos.summarize(rs)
-    assert list(t) == ["kill-clock", "hang", "lose", "total"]
+    assert list(t) == ["kill-clock", "hang", "lose", "total", "of them BSP", "of them SSP"]
+    assert (t["of them BSP"]["runs"], t["of them SSP"]["runs"], t["of them SSP"]["failed_not_legit"]) == (4, 1, 1)
     assert t["kill-clock"] == {"runs": 2, "completed": 2, "violation_runs": 1, "violations": 3, "hangs": 0,
                                    "failed_legit": 0, "failed_not_legit": 0, "losses": 2, "recoveries": 2, "joins": 0,
                                    "left_stopped": 0, "max_clock_s": 0.0}
