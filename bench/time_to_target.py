@@ -18,9 +18,12 @@ clocks' wall time, setup and the final gather left out) and the clocks it took:
                       backups, N in {1, 2, 4} up to the model's ``max_staleness``.
 
 Targets: a failure-free BSP run with dynamic sharding (in the same cluster, before
-the timed runs) runs ``ref_clocks`` clocks; the target is the objective it has at its
-last clock (MLR: objective <= it, ``MLRSGD(target=)``; LDA: log-likelihood per token
->= it, ``bench.rework.LDAToTarget``), so BSP needs about ``ref_clocks`` clocks.
+the timed runs) runs ``ref_clocks`` clocks (12 MLR, 15 LDA); the target is its objective
+at the last clock, loosened by the model's tolerance (MLR: objective <= 1.01 x it,
+``MLRSGD(target=)``; LDA: log-likelihood per token >= 1.005 x it (it is negative),
+``bench.rework.LDAToTarget``). Loosened, because a stale-synchronous run's objective
+levels off at its own noise floor (MLR by local SGD: 0.979 against BSP's 0.973 after 20
+clocks, measured): a target on BSP's own plateau measures that difference, not speed.
 
 Final objective: computed on the driver from the gathered tables (a clock end under SSP reads
 tables that may hold later clocks' updates, so per-clock metrics of the two consistencies are
@@ -94,7 +97,7 @@ def mlr_model(quick: bool) -> Model:
     l2 = MLRSGD(k).l2
     return Model("mlr", lambda target: MLRSGD(k, batch_size=batch, steps=steps, momentum=0.0, tol=1e-30,
                                               target=target),
-                 {"X": X, "y": y}, 32, 8 if quick else 12, lambda m: m["objective"], 0.01,
+                 {"X": X, "y": y}, 32, 8 if quick else 12, lambda m: m["objective"] * 1.01, 0.01,
                  lambda params: objective(X, y, params["W"][:-1], params["W"][-1], l2),
                  {"n_samples": n, "n_features": p, "n_classes": k, "batch_size": batch, "steps": steps,
                   "momentum": 0.0})
@@ -114,7 +117,7 @@ def lda_model(quick: bool) -> Model:
         return LDAToTarget(topics, seed=0, early_stop=False, target=target)
 
     proto = make(None)
-    return Model("lda", make, lda_data(corpus.X), 32, 8 if quick else 15, lambda m: m["loglik"], 0.005,
+    return Model("lda", make, lda_data(corpus.X), 32, 8 if quick else 15, lambda m: m["loglik"] * 1.005, 0.005,
                  lambda params: -loglikelihood(params["word_topic"], params["doc_topic"], proto.alpha, proto.beta)
                  / corpus.n_tokens,
                  {"n_docs": docs, "vocab_size": vocab, "doc_length": length, "n_topics": topics,

@@ -470,7 +470,7 @@ class Coordinator(SchedulerPlugin):
                       fraction=cfg.save_fraction, storage_options=cfg.storage_options, state_shards=c.writers[w])
             for w in writers
         ), return_exceptions=True)
-        self._do(job, job.snapshotted("checkpoint"))  # every owner has its snapshot (or failed): tables may change
+        self._do(job, job.snapshotted("checkpoint", time.time()))  # every owner has its snapshot (or failed): tables may change
         job.checkpoint_snapshotted(c.version, time.monotonic() - t0, {
             w: r["unsaved_sq"] for w, r in zip(writers, results)
             if not isinstance(r, Exception) and r.get("status") == "OK" and "unsaved_sq" in r}, time.time())
@@ -488,7 +488,7 @@ class Coordinator(SchedulerPlugin):
         results = await asyncio.gather(*(
             self._rpc(w, "mirror", timeout=SNAPSHOT_TIMEOUT_S, job_id=job.cfg.job_id, clock=m.clock, buddy=m.buddies[w])
             for w in owners), return_exceptions=True)
-        self._do(job, job.snapshotted("mirror"))
+        self._do(job, job.snapshotted("mirror", time.time()))
         for w, r in zip(owners, results):
             if isinstance(r, Exception) or r.get("status") != "OK":
                 logger.info("dscar: memory copy of %s's partitions at clock %s failed: %r", w, m.clock, r)

@@ -505,7 +505,7 @@ class JobState:
         """Clock ``clock``'s report for the driver once it is finished (None: not yet)."""
         return self.report() if self.machine.clock == clock and self.report_ready else None
 
-    def snapshotted(self, what: str) -> list[Effect]:
+    def snapshotted(self, what: str, now: float) -> list[Effect]:
         """The ``what`` snapshot ("checkpoint", "mirror") is taken: the tables may change again."""
         self.snapshotting.discard(what)
         return []

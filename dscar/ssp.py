@@ -136,7 +136,9 @@ class ClockWindow:
     #: the algorithm names rebuild tables (recomputed after a recovery)
     has_rebuild: bool = False
     #: commits to gather before a batch is sent, unless one is needed sooner (``_due``): an apply
-    #: costs a round trip to every owner, and one per commit would cost more than it saves
+    #: costs a round trip to every owner, and one per commit would cost more than it saves (the
+    #: engine asks for two per worker: LDA, 4 workers, 32 shards, no straggler, 10 clocks took
+    #: 1.53 s with one per worker, 1.26-1.32 s with two, against BSP's 1.16-1.24 s)
     min_batch: int = 1
     #: the newest finished clock: every clock up to it is DONE or SKIPPED
     floor: int = 0
@@ -384,8 +386,9 @@ class ClockWindow:
         return [self.in_flight]
 
     def _next(self) -> list[Action]:
-        """Whatever can happen now: finish or skip clocks, start a rebuild, send a batch, or run a
-        clock end; at most one batch or clock end at a time."""
+        """Whatever can happen now: finish or skip clocks, start a rebuild, run a clock end (before
+        any batch: the window cannot move on without it), or send a batch; at most one batch or
+        clock end at a time."""
         if self.recovering or self.holding or self.in_flight is not None or self.clock_end is not None:
             return []
         out: list[Action] = []
@@ -405,6 +408,11 @@ class ClockWindow:
                 self.rebuilding, self._rebuild_done = set(range(self.n_shards)), []
                 self.epoch += 1
                 return out + [StartRebuild(self.epoch)]
+        t = self.floor + 1
+        if t <= self.limit and all(s.clock > t for s in self._shards):  # first: later clocks wait on it
+            self.clock_end = t
+            self.finished[t] = ClockStatus.CLOCK_END
+            return out + [RunClockEnd(t, self.epoch)]
         waiting = [(i, s.clock, s.worker) for i, s in enumerate(self._shards)
                    if s.phase is ShardPhase.COMMITTED and s.clock <= self.limit]
         if waiting and self._due(len(waiting)):
@@ -414,11 +422,6 @@ class ClockWindow:
                 self._shards[i].phase = ShardPhase.APPLYING
             self.in_flight = ApplyBatch(self._batches, self.epoch, tuple(waiting))
             return out + [self.in_flight]
-        t = self.floor + 1
-        if t <= self.limit and all(s.clock > t for s in self._shards):
-            self.clock_end = t
-            self.finished[t] = ClockStatus.CLOCK_END
-            return out + [RunClockEnd(t, self.epoch)]
         return out
 
     def flush(self) -> list[Action]:

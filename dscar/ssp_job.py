@@ -136,7 +136,7 @@ class SspJobState(JobState):
         if self.begun:
             return []
         self.begun = True
-        self.window.min_batch = max(1, len(self.workers))  # about one commit per worker per batch
+        self.window.min_batch = max(1, 2 * len(self.workers))  # about two commits per worker per batch
         if self.schedule is not None and getattr(self.schedule, "started", 0) is None:
             self.schedule.started = now
         return self._carry(self.window.allow(self.window.limit), now)
@@ -274,11 +274,11 @@ class SspJobState(JobState):
         (per shard, its newest clock applied) and each shard's saved state is as of that clock."""
         return super()._start_checkpoint(clock, now, cut=self.window.cut(), **info)
 
-    def snapshotted(self, what: str) -> list[Effect]:
+    def snapshotted(self, what: str, now: float) -> list[Effect]:
         self.snapshotting.discard(what)
         if self.snapshotting or not self.window.holding:
             return []
-        return self._carry(self.window.go_on(), 0.0)
+        return self._carry(self.window.go_on(), now)
 
     def clock_end_failed(self, worker: str, run_id: int, error: str, now: float,
                          clock: int | None = None) -> list[Effect]:
