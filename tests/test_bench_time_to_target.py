@@ -1,0 +1,49 @@
+"""bench.time_to_target: the medians, the ideal, the acceptance rows (pure), and the entry point."""
+from __future__ import annotations
+
+from bench import stragglers
+from bench import time_to_target as ttt
+
+
+class _Model:
+    name = "m"
+    tol = 0.01
+
+
+def _run(strategy, s, seconds, objective=1.0, reached=True):
+    return {"model": "m", "strategy": strategy, "slowdown": s, "seconds": seconds, "clocks": 8, "objective": objective,
+            "failed": False, "reached": reached}
+
+
+def test_time_to_target_is_judged_against_the_capacity_ideal_and_the_backup_strategy():
+    names = ["bsp", "dynamic+backup", "ssp-1"]
+    runs = []
+    for s in ttt.SLOWDOWNS:
+        runs += [_run("bsp", s, 1.0 * s), _run("dynamic+backup", s, 1.2), _run("ssp-1", s, 1.1, objective=1.005)]
+    runs.append(_run("ssp-1", 4, 99.0, reached=False))  # not reached: left out of the median, counted
+    a = ttt.analyse(runs, _Model(), names)
+    assert a["t1"] == 1.0  # the fastest strategy at s = 1
+    row = next(r for r in a["rows"] if r["strategy"] == "ssp-1" and r["slowdown"] == 4)
+    assert row["ideal"] == 4 / (3 + 1 / 4) and row["seconds"] == 1.1 and row["not_reached"] == 1
+    assert abs(row["objective_vs_bsp"] - 0.005) < 1e-12
+    t = {(x["strategy"], x["slowdown"]): x for x in ttt.targets(a)}
+    assert set(t) == {("ssp-1", 4), ("ssp-1", 8)}
+    assert t[("ssp-1", 4)]["within_1_10"] and t[("ssp-1", 4)]["faster_than_backup"] and t[("ssp-1", 4)]["objective_ok"]
+    assert "ssp-1" in ttt.format_table(a, 1.0)
+
+
+def test_a_worse_final_model_or_a_slower_run_fails_its_row():
+    runs = [_run("bsp", s, 1.0) for s in ttt.SLOWDOWNS] + [_run("dynamic+backup", s, 1.0) for s in ttt.SLOWDOWNS]
+    runs += [_run("ssp-1", s, 2.0, objective=1.02) for s in ttt.SLOWDOWNS]
+    [four, eight] = ttt.targets(ttt.analyse(runs, _Model(), ["bsp", "dynamic+backup", "ssp-1"]))
+    assert not four["within_1_10"] and not four["faster_than_backup"] and not four["objective_ok"]
+
+
+def test_ssp_rows_stop_at_the_models_max_staleness():
+    assert list(ttt.strategies(2)) == ["bsp", "dynamic", "dynamic+backup", "ssp-1", "ssp-2"]
+    assert list(ttt.strategies(0)) == ["bsp", "dynamic", "dynamic+backup"]
+
+
+def test_stragglers_to_target_hands_over_and_an_unknown_model_exits_2(capsys):
+    assert stragglers.main(["--to-target", "--models", "nope"]) == 2
+    assert "unknown model" in capsys.readouterr().err
