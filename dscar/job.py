@@ -652,11 +652,12 @@ class JobState:
         """``worker`` is gone: requeue its attempts; plan a recovery if it took partitions or state."""
         if worker in self.lost:
             return []
+        held = self.queue.held_by(worker)  # (before ``uncommit`` unsets the holders of its voided commits)
         applying = self.machine.stage is Stage.APPLY
         unapplied = any(w == worker for _, _, w in self.queue.committed_attempts()) if applying else False
         # its commits of a pass not yet applied went with it: those shards run again
         voided = self.queue.uncommit(worker) if self.machine.stage in (Stage.SHARDS, Stage.REBUILD) else []
-        owned, held, restores = self._forget_worker(worker, set(voided), now)
+        owned, restores = self._forget_worker(worker, held, set(voided), now)
         if self.failed or restores is None:
             return []
         effects: list[Effect] = []
@@ -670,16 +671,15 @@ class JobState:
             effects += self._carry_out(self.machine.clock_end_failed(), now)  # while recovering: skipped after it
         return effects
 
-    def _forget_worker(self, worker: str, voided: set[int], now: float) -> tuple[list, list[int], bool | None]:
+    def _forget_worker(self, worker: str, held: list[int], voided: set[int], now: float) -> tuple[list, bool | None]:
         """What a loss means whatever the consistency: ``worker``'s attempts requeued, its memory
         copies forgotten, the event, the ledger; a recovery recorded when it took partitions or
-        (with rebuild tables) shard state. Returns its partitions, the shards it held and whether
-        a restore is needed (None: the job failed)."""
+        (with rebuild tables) the state of the shards it ``held``. Returns its partitions and
+        whether a restore is needed (None: the job failed)."""
         self.lost.add(worker)
         if self.schedule is not None and worker not in self.restarting:  # a planned restart is no failure
             self.schedule.record_loss()
             self._replan(now)
-        held = self.queue.held_by(worker)  # its data and state were there (copies may be elsewhere)
         # shard state lives with the data: with a rebuild pass, a lost holder's state must come back
         state_lost = bool(held) and bool(self.cfg.rebuild)
         requeued = self.queue.worker_lost(worker) + self.queue.source_lost(worker)
@@ -700,16 +700,16 @@ class JobState:
             self.ledger.writer_lost(worker)
             self._build_manifests(now)
         if self.failed:
-            return owned, held, None
+            return owned, None
         if owned and self.cfg.checkpoint is None:
             self.fail(now, f"worker {worker} owned partitions {owned} and was lost; restoring partitions "
                            "needs a checkpoint store (dscar.fit(..., checkpoint=...))")
-            return owned, held, None
+            return owned, None
         if owned or state_lost:
             self.unrecovered.add(worker)
             if state_lost:
                 self.lost_shards |= set(held)
-        return owned, held, bool(owned or state_lost)
+        return owned, bool(owned or state_lost)
 
     def plan_recovery(self, live: list[str]) -> RecoveryPlan:
         """What to restore now for every unrecovered loss, onto the ``live`` workers."""

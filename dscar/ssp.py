@@ -43,9 +43,10 @@ Rules (``check`` asserts them, ``tests/test_ssp.py`` drives them with Hypothesis
   takes only staged updates (no partitions, no shard state) voids that worker's
   waiting commits and running attempts, nothing else.
 * **Losses while applying** write off the batch in flight when the lost worker
-  held one of its updates or owned a partition being applied to. **Reductions
-  lost** skip every open clock that had an update applied (its sums are
-  incomplete). A **clock-end step** under way when a recovery starts, or whose
+  held one of its updates or owned a partition being applied to. A loss that
+  needs a **restore** skips every open clock that had an update applied: what is
+  restored (a partition from its checkpoint, tables rebuilt from older shard
+  states, reduction sums) no longer holds those updates. A **clock-end step** under way when a recovery starts, or whose
   worker is lost, skips its clock.
 * **Rebuild pass.** After a recovery, an algorithm with ``rebuild_tables``
   rebuilds them in one pass over every shard (from each shard's state as of its
@@ -322,9 +323,12 @@ class ClockWindow:
             for s in self._shards:  # whatever ran or waits read what is being restored
                 if s.phase in (ShardPhase.RUNNING, ShardPhase.COMMITTED):
                     s.phase, s.worker = ShardPhase.TODO, None
-            if reductions_lost:
-                for c in sorted({c for _, c in self.applied if c > self.floor}):
-                    self._note_skip(c, "a reduction partition was lost after updates of the clock were applied")
+            # updates of open clocks applied before the loss are gone from what is restored (a partition
+            # back to its checkpoint, tables rebuilt from older shard states): those clocks cannot count
+            why = ("a reduction partition was lost" if reductions_lost else "a restore took back updates") \
+                + " of the clock applied before the loss"
+            for c in sorted({c for _, c in self.applied if c > self.floor}):
+                self._note_skip(c, why)
             if self.clock_end is not None:
                 self._note_skip(self.clock_end, "the clock-end step read a table being restored")
                 self.clock_end = None

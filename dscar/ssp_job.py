@@ -306,7 +306,7 @@ class SspJobState(JobState):
             return []
         w = self.window
         in_flight = w.in_flight
-        owned, _, restores = self._forget_worker(worker, set(), now)
+        owned, restores = self._forget_worker(worker, self.queue.held_by(worker), set(), now)
         if self.failed or restores is None:
             return []
         self._give_back_idle()  # its attempts were requeued by the queue

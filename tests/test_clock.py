@@ -240,6 +240,25 @@ def test_a_shard_state_planned_from_a_buddy_lost_before_the_shard_ran_comes_from
     assert job.restore_state == {0: INITIAL_STATE, 1: {"path": "v1/states"}}
 
 
+def test_a_shard_whose_only_copy_went_with_an_unapplied_commit_has_its_state_restored():
+    """Found by bench.chaos (stop 23, a monkey kill): the lost worker had committed, not yet applied, an
+    attempt of a shard it had fetched; its commit is voided (the holder unset), and the state it held must
+    still come back from the checkpoint, or the next attempt starts from none."""
+    pmap = PartitionMap([TableLayout("x", 8, 2)])
+    pmap.assign(["a", "b"])
+    ckpt = CheckpointConfig("memory://m", policy="full", every=10)
+    job = JobState(JobConfig("j", 2, {"x": "param"}, ["x"], [""], ckpt), ShardQueue(2, reloadable=True), pmap)
+    job.workers = ["a", "b"]
+    job.queue.set_holder(0, "a")
+    job.queue.set_holder(1, "b")
+    job.begin(1, 0.0)
+    item = job.next_item("b", 0.0)  # b takes its own shard 1 and commits it; shard 0 still runs on a
+    assert [m["shard"] for m in item["shards"]] == [1]
+    assert job.commit("b", 1, item["run"], 1, item["shards"][0]["attempt"], 0.0)[0]
+    job.lose("b", 0.0)
+    assert 1 in job.lost_shards and job.queue.holder(1) is None
+
+
 # ------------------------------------------------------------ the job, fuzzed
 class JobFuzz(RuleBasedStateMachine):
     """Plays coordinator and workers around a real JobState; checks exactly-once and the clock rules."""
