@@ -63,6 +63,8 @@ import enum
 import math
 from dataclasses import dataclass, field
 
+from .clock import ClockError
+
 
 class ShardPhase(str, enum.Enum):
     """Where a shard's update of its current clock is."""
@@ -113,10 +115,6 @@ class StartRebuild:
 
 
 Action = ApplyBatch | RunClockEnd | SkipClock | StartRecovery | StartRebuild
-
-
-class SspError(RuntimeError):
-    """A transition the specification does not allow (a bug in the caller)."""
 
 
 @dataclass
@@ -231,7 +229,7 @@ class ClockWindow:
         (the attempt carries ``epoch``)."""
         s = self._shards[shard]
         if shard not in self.startable():
-            raise SspError(f"shard {shard} ({s.phase.value}, clock {s.clock}) may not start now")
+            raise ClockError(f"shard {shard} ({s.phase.value}, clock {s.clock}) may not start now")
         s.phase = ShardPhase.RUNNING
         return s.clock
 
@@ -355,7 +353,7 @@ class ClockWindow:
     def recovered(self) -> list[Action]:
         """Every loss so far is recovered: rebuild, then go on."""
         if not self.recovering:
-            raise SspError("recovered() without a recovery")
+            raise ClockError("recovered() without a recovery")
         self.recovering = False
         self.epoch += 1
         return self._next()

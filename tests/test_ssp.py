@@ -6,7 +6,8 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from dscar.ssp import (ApplyBatch, ClockStatus, ClockWindow, RunClockEnd, ShardPhase, SkipClock, SspError,
+from dscar.clock import ClockError
+from dscar.ssp import (ApplyBatch, ClockStatus, ClockWindow, RunClockEnd, ShardPhase, SkipClock,
                        StartRebuild, StartRecovery)
 
 
@@ -141,7 +142,7 @@ def test_an_attempt_from_before_a_restore_is_refused_even_when_its_worker_runs_t
 def test_out_of_order_starts_are_refused():
     w = ClockWindow(n_shards=1, staleness=0, limit=1)
     w.start(0)
-    with pytest.raises(SspError):
+    with pytest.raises(ClockError):
         w.start(0)
 
 
