@@ -817,7 +817,10 @@ class JobState:
             "status": "done", "metrics": dict(self.metrics), "skipped": self.machine.stage is Stage.SKIPPED,
             "checkpoint": self.checkpoint_status(),
             "shards_per_worker": dict(self.shards_done), "timings": self.timings, "stage_s": dict(self.stage_s),
-            "workers": {st.worker: {"speed": st.speed, "mean_step_s": st.mean_step_s, "straggler": st.straggler,
-                                    "batch_scale": self.batch_scale.get(st.worker, 1.0)}
-                        for st in self.monitor.stats()},
+            "workers": self._workers_report(),
         }
+
+    def _workers_report(self) -> dict[str, dict[str, Any]]:
+        """Per worker the monitor's view and its batch scale, for a clock's report."""
+        return {st.worker: {"speed": st.speed, "mean_step_s": st.mean_step_s, "straggler": st.straggler,
+                            "batch_scale": self.batch_scale.get(st.worker, 1.0)} for st in self.monitor.stats()}

@@ -124,9 +124,7 @@ class SspJobState(JobState):
             "shards_per_worker": dict(t.get("shards_done", {})), "timings": dict(t.get("timings", {})),
             "stage_s": {} if seconds is None else {"clock_end_compute": float(seconds)},
             "ahead": sum(1 for _, c in self.window.applied if c > clock),
-            "workers": {st.worker: {"speed": st.speed, "mean_step_s": st.mean_step_s, "straggler": st.straggler,
-                                    "batch_scale": self.batch_scale.get(st.worker, 1.0)}
-                        for st in self.monitor.stats()},
+            "workers": self._workers_report(),
         }
 
     # ---------------------------------------------------------------- clocks
