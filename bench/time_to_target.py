@@ -89,27 +89,27 @@ def strategies(max_staleness: int) -> dict[str, dict[str, Any]]:
 
 
 def mlr_model(quick: bool) -> Model:
-    from dscar.algorithms.datasets import make_classification
+    """``bench.stragglers``' MLR workload (same data and minibatches), without momentum."""
+    from bench.stragglers import mlr_workload
     from dscar.algorithms.mlr import MLRSGD, objective
 
-    n, p, k, batch, steps = (8_192, 64, 10, 256, 16) if quick else (16_384, 128, 10, 512, 32)
-    X, y, _ = make_classification(n, p, k, seed=0)
-    l2 = MLRSGD(k).l2
-    return Model("mlr", lambda target: MLRSGD(k, batch_size=batch, steps=steps, momentum=0.0, tol=1e-30,
-                                              target=target),
-                 {"X": X, "y": y}, 32, 8 if quick else 12, lambda m: m["objective"] * 1.01, 0.01,
-                 lambda params: objective(X, y, params["W"][:-1], params["W"][-1], l2),
-                 {"n_samples": n, "n_features": p, "n_classes": k, "batch_size": batch, "steps": steps,
-                  "momentum": 0.0})
+    wl = mlr_workload(quick, 0)
+    X, y, i = wl.data["X"], wl.data["y"], wl.info
+    k, l2 = i["n_classes"], MLRSGD(i["n_classes"]).l2
+    return Model("mlr", lambda target: MLRSGD(k, batch_size=i["batch_size"], steps=i["steps"], momentum=0.0,
+                                              tol=1e-30, target=target),
+                 wl.data, wl.n_shards, 8 if quick else 12, lambda m: m["objective"] * 1.01, 0.01,
+                 lambda params: objective(X, y, params["W"][:-1], params["W"][-1], l2), {**i, "momentum": 0.0})
 
 
 def lda_model(quick: bool) -> Model:
+    """``bench.stragglers``' LDA workload (same corpus), stopping at the target."""
     from bench.rework import LDAToTarget
-    from dscar.algorithms import corpora
-    from dscar.algorithms.lda import LDAGibbs, lda_data, loglikelihood
+    from bench.stragglers import lda_workload
+    from dscar.algorithms.lda import LDAGibbs, loglikelihood
 
-    docs, vocab, length, topics = (600, 1000, 100, 20) if quick else (4000, 4000, 200, 50)
-    corpus = corpora.synthetic(docs, vocab, length, topics, seed=0)
+    wl = lda_workload(quick, 0)
+    topics = wl.info["n_topics"]
 
     def make(target):
         if target is None:
@@ -117,11 +117,9 @@ def lda_model(quick: bool) -> Model:
         return LDAToTarget(topics, seed=0, early_stop=False, target=target)
 
     proto = make(None)
-    return Model("lda", make, lda_data(corpus.X), 32, 8 if quick else 15, lambda m: m["loglik"] * 1.005, 0.005,
+    return Model("lda", make, wl.data, wl.n_shards, 8 if quick else 15, lambda m: m["loglik"] * 1.005, 0.005,
                  lambda params: -loglikelihood(params["word_topic"], params["doc_topic"], proto.alpha, proto.beta)
-                 / corpus.n_tokens,
-                 {"n_docs": docs, "vocab_size": vocab, "doc_length": length, "n_topics": topics,
-                  "n_tokens": corpus.n_tokens})
+                 / wl.info["n_tokens"], wl.info)
 
 
 MODELS = {"mlr": mlr_model, "lda": lda_model}

@@ -272,10 +272,14 @@ class JobState:
         self.started = set()
         self.clock_end_worker = None
         self._stage_t0 = self._clock_t0 = now
-        if isinstance(self.schedule, IntervalPlanner) and self.schedule.started is None:
-            self.schedule.started = now
+        self._start_schedule(now)
         actions = self.machine.begin(clock)
         return effects + self._carry_out(actions, now)
+
+    def _start_schedule(self, now: float) -> None:
+        """The automatic checkpoint interval counts its time from the first clock."""
+        if isinstance(self.schedule, IntervalPlanner) and self.schedule.started is None:
+            self.schedule.started = now
 
     def next_item(self, worker: str, now: float) -> dict | None:
         """The next work item for ``worker``: a batch of shard attempts, the clock-end step, or None."""

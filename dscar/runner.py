@@ -82,21 +82,19 @@ class Job:
     #: set once a simulated loss has set ``forgotten`` aside
     forgot: threading.Event = field(default_factory=threading.Event)
 
-    def apply_pass(self, clock: int, run: int, committed: list, fetched: dict, reset: set, owned: dict,
-                   me: str, clocks: list | None = None, floor: int | None = None) -> dict:
+    def apply_pass(self, run: int, keys: list, workers: list, fetched: dict, reset: set, owned: dict,
+                   me: str, drop_through: int, floor: int | None = None) -> dict:
         """Apply the pass of ``run`` to both stores at once (their shared lock): the committed
-        attempts' updates (``PartitionStore.apply_pass``), then their shard states
-        (``ShardStore.install``). A pass older than the newest work given here is stale: the
-        machine moved on (a loss), and installing it could drop a shard a newer attempt holds here.
-        SSP: ``clocks`` gives each committed attempt's clock, ``floor`` the newest finished clock."""
+        attempts' updates (``keys``: ``(clock, shard, attempt)``, run on ``workers``;
+        ``PartitionStore.apply_pass``), then their shard states (``ShardStore.install``, which
+        drops the pending states of clocks up to ``drop_through``). A pass older than the newest
+        work given here is stale: the machine moved on (a loss), and installing it could drop a
+        shard a newer attempt holds here. SSP: ``floor`` is the newest finished clock."""
         with self.tables.lock:
             if run < self.run_seen:
                 return {"status": "stale"}
-            clocks = clocks or [clock] * len(committed)
-            keys = [(int(c), int(s), int(a)) for (s, a, _), c in zip(committed, clocks)]
             applied = self.tables.apply_pass(run, keys, fetched, reset, owned, floor)
-            self.shards.install([(s, a, w, c) for (s, a, w), c in zip(committed, clocks)], me,
-                                clock if floor is None else floor)
+            self.shards.install([(s, a, w, c) for (c, s, a), w in zip(keys, workers)], me, drop_through)
         return {"applied": applied}
 
 

@@ -64,10 +64,6 @@ class SspJobState(JobState):
     def handing_out(self) -> bool:
         return self.begun and not self.window.recovering
 
-    @property
-    def report_ready(self) -> bool:
-        return False  # reports are per clock: ``report_for``
-
     def report_for(self, clock: int) -> dict | None:
         if self.failed or self.window.holding or clock not in self.reports:
             return None
@@ -135,8 +131,7 @@ class SspJobState(JobState):
             return []
         self.begun = True
         self.window.min_batch = max(1, 2 * len(self.workers))  # about two commits per worker per batch
-        if self.schedule is not None and getattr(self.schedule, "started", 0) is None:
-            self.schedule.started = now
+        self._start_schedule(now)
         return self._carry(self.window.allow(self.window.limit), now)
 
     def next_item(self, worker: str, now: float) -> dict | None:

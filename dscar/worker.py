@@ -224,10 +224,11 @@ class ParamServer(WorkerPlugin):
             return {"status": "stopped"}
         owned = job.tables.owned()  # the partitions as of now: one restored meanwhile is not this pass's to update
         me, parts = self.worker.address, [[t, p] for t, p in owned]
+        keys = [(int(c), int(s), int(a)) for (s, a, _), c in zip(committed, clocks or [clock] * len(committed))]
+        workers = [w for _, _, w in committed]
         by_worker: dict[str, list] = defaultdict(list)
-        clocks = clocks or [clock] * len(committed)
-        for (shard, attempt, worker), c in zip(committed, clocks):
-            by_worker[worker].append([int(c), int(shard), int(attempt)])
+        for key, worker in zip(keys, workers):
+            by_worker[worker].append(list(key))
         updates: dict[tuple, list] = {}
         remote = [w for w in by_worker if w != me]
         if parts and remote:
@@ -243,8 +244,8 @@ class ParamServer(WorkerPlugin):
                     updates[tuple(key)] = [(t, int(p), int(lo), next(arrays),
                                             next(arrays).astype(np.int64, copy=False) if has_rows else None)
                                            for t, p, lo, has_rows in ups]
-        args = (clock, run, committed, updates, set(reset or ()), owned, me, clocks, floor)
-        if job.tables.update_bytes([tuple(k) for ks in by_worker.values() for k in ks], updates) <= INLINE_APPLY_BYTES:
+        args = (run, keys, workers, updates, set(reset or ()), owned, me, clock if floor is None else floor, floor)
+        if job.tables.update_bytes(keys, updates) <= INLINE_APPLY_BYTES:
             out = job.apply_pass(*args)  # a thread hop would cost more than the additions
         else:
             out = await asyncio.to_thread(job.apply_pass, *args)

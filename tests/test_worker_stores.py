@@ -156,10 +156,10 @@ def test_a_pass_applied_after_newer_work_arrived_here_is_stale_and_changes_nothi
     job.run_seen = 6
     store.stage((3, 0, 1), 5, [_up(0, 0, [1, 1, 1])])
     before = store.parts[("w", 0)].copy()
-    assert job.apply_pass(3, 5, [(0, 1, OTHER)], {}, set(), store.owned(), ME) == {"status": "stale"}
+    assert job.apply_pass(5, [(3, 0, 1)], [OTHER], {}, set(), store.owned(), ME, 3) == {"status": "stale"}
     assert shards.get(0) is newer and (3, 0, 4) in shards.pending
     assert np.array_equal(store.parts[("w", 0)], before)
-    assert job.apply_pass(3, 6, [(0, 4, ME)], {}, set(), store.owned(), ME) == {"applied": 0}
+    assert job.apply_pass(6, [(3, 0, 4)], [ME], {}, set(), store.owned(), ME, 3) == {"applied": 0}
     assert shards.get(0).state["z"][0] == 2 and not shards.pending
 
 
