@@ -45,7 +45,7 @@ logger = logging.getLogger("dscar.worker.runner")  # under dscar.worker: one nam
 
 #: tables of at most this many bytes are read whole, all of them in one message per owner
 SMALL_TABLE_BYTES = 1 << 20
-SMALL = ("small tables",)  # the pull-cache key of ``read_small_tables``' answer
+SMALL = ("small tables",)  # the pull-cache key of ``read_small_tables``' answer (and the clock of its sums)
 
 
 @dataclass
@@ -69,7 +69,7 @@ class Job:
     owners: dict[tuple[str, int], str] = field(default_factory=dict)
     pull_cache: dict[tuple, Any] = field(default_factory=dict)
     cache_run: int = -1  # the run id the cached pulls belong to (tables change only with a new run id)
-    cache_seq: int = -1  # under SSP: the batches applied when they were pulled (``ClockWindow.applied_batches``)
+    cache_version: int = -1  # under SSP: the cached pulls are at least this new (``ClockWindow.version``)
     #: stale-synchronous clocks: reduction tables are read per clock
     ssp: bool = False
     clock_seen: int = 0  # the newest clock this worker was given work in (fault points outside attempts)
@@ -156,10 +156,11 @@ class ShardRunner:
             job.owners = {(t, int(p)): w for t, p, w in item["owners"]}
             job.clock_seen = max(job.clock_seen, int(item["clock"]))
             job.run_seen = max(job.run_seen, int(item["run"]))
-            seq = item.get("batches_applied", -1)  # under SSP: the batches applied before the item was handed out
-            if job.cache_run != item["run"] or job.cache_seq != seq:  # tables have changed (a new pass, a
-                job.pull_cache.clear()  # redo, a recovery; under SSP an applied batch)
-                job.cache_run, job.cache_seq = item["run"], seq
+            # tables have changed since the pulls cached here: a new pass, a redo, a recovery (a new run
+            # id); under SSP, a copy older than the item's reads may be (``ClockWindow.needs``)
+            if job.cache_run != item["run"] or job.cache_version < item.get("needs", -1):
+                job.pull_cache.clear()
+                job.cache_run, job.cache_version = item["run"], item.get("version", -1)
 
     def _run_shards(self, item: dict) -> dict | None:
         """Run a work item's attempts, then commit those that succeeded in one message; return
@@ -528,14 +529,16 @@ class ShardStep:
 
     def pull(self, table: str, start: int = 0, stop: int | None = None):
         """Rows of ``table`` as of this clock's (data phase's) start (cached for it; do not mutate)."""
-        key = (table, start, stop)
+        # under SSP a reduction table's read is its sums of one clock, and steps of several clocks share the cache
+        sums = self._sums if self._job.specs[table].kind == "reduction" else None
+        key = (table, start, stop, sums)
         cache = self._job.pull_cache
         if key not in cache:
             t0 = time.perf_counter()
             if self._server.is_small(self._job, table):  # every small table at once, then slices of it
-                if SMALL not in cache:
-                    cache[SMALL] = self._server.read_small_tables(self._job, self._sums)
-                cache[key] = cache[SMALL][table][start:stop]
+                if SMALL not in cache or (sums is not None and cache[SMALL][0] != sums):
+                    cache[SMALL] = (self._sums, self._server.read_small_tables(self._job, self._sums))
+                cache[key] = cache[SMALL][1][table][start:stop]
             else:
                 cache[key] = self._server.read_rows(self._job, table, start, stop, self._sums)
             self.pull_s += time.perf_counter() - t0

@@ -122,6 +122,7 @@ class _Shard:
     clock: int  # the clock of its next (or running, or waiting) update
     phase: ShardPhase = ShardPhase.TODO
     worker: str | None = None  # the worker whose committed attempt holds its update
+    seen: int = 0  # the table version that holds its previous clock's update (read-my-writes)
 
 
 @dataclass
@@ -166,8 +167,14 @@ class ClockWindow:
     #: clock -> DONE or SKIPPED, for finished clocks
     finished: dict[int, ClockStatus] = field(default_factory=dict)
     _shards: list[_Shard] = field(default_factory=list)
-    #: batches applied so far: a worker's pulled values stay valid while this does not change
+    #: batches applied so far
     applied_batches: int = 0
+    #: raised by every change of the tables (a batch applied, a clock end, which may assign): a
+    #: worker's pulled copy is as new as the version it was pulled at
+    version: int = 0
+    #: clock -> the version when it finished (every update of it and of the clocks before is in
+    #: tables of that version), for the clocks a read may still need (``needs``)
+    finish_version: dict[int, int] = field(default_factory=dict)
     _batches: int = 0
     _urgent: bool = False
     _rebuild_done: list[tuple[int, str]] = field(default_factory=list)
@@ -198,6 +205,14 @@ class ClockWindow:
         if self.rebuilding is not None:
             return sorted(s for s in self.rebuilding if self._shards[s].phase is ShardPhase.TODO)
         return [i for i, s in enumerate(self._shards) if s.phase is ShardPhase.TODO and s.clock <= self.top]
+
+    def needs(self, shard: int) -> int:
+        """The oldest table version a read for ``shard``'s next clock ``t`` may use: one holding
+        every update of clocks ``<= t - s - 1`` and the shard's own update of ``t - 1``. A worker
+        keeps its pulled copy while it is at least this new: a read is as stale as SSP allows it
+        to be, not staler, and a pull of the whole table per work item is avoided."""
+        s = self._shards[shard]
+        return max(s.seen, self.finish_version.get(s.clock - 1 - self.staleness, 0))
 
     def open_clocks(self) -> list[int]:
         """Clocks that have begun (some shard may run them) and are not finished."""
@@ -274,6 +289,7 @@ class ClockWindow:
         b, self.in_flight = self.in_flight, None
         self.applied_before = True
         self.applied_batches += 1
+        self.version += 1
         if b.rebuild:
             self._end_rebuild()
             return self._next()
@@ -286,6 +302,7 @@ class ClockWindow:
         if self.clock_end != clock or epoch != self.epoch or self.recovering:
             return False
         self.clock_end = None
+        self.version += 1  # (a clock end may assign)
         self._finish(clock, ClockStatus.DONE)
         self.holding = True
         return True
@@ -363,12 +380,15 @@ class ClockWindow:
         s = self._shards[shard]
         self.applied.add((shard, clock))
         if s.clock == clock:
-            s.clock, s.phase, s.worker = clock + 1, ShardPhase.TODO, None
+            s.clock, s.phase, s.worker, s.seen = clock + 1, ShardPhase.TODO, None, self.version
 
     def _finish(self, clock: int, status: ClockStatus) -> None:
         """Clock ``clock`` (= floor + 1) finished; what is kept of clocks before it goes."""
         self.floor = clock
         self.finished[clock] = status
+        self.finish_version[clock] = self.version
+        for c in [c for c in self.finish_version if c < clock - self.staleness]:
+            del self.finish_version[c]
         self.applied = {(i, c) for i, c in self.applied if c >= clock}
 
     def _end_rebuild(self) -> None:

@@ -169,6 +169,9 @@ class WindowFuzz(RuleBasedStateMachine):
         self.ended: list[int] = []
         self.must_skip: set[int] = set()
         self.current: dict[int, tuple[int, str, int]] = {}  # shard -> its running attempt (one at a time)
+        #: (shard, clock) -> (epoch, the table version before its batch); clock -> the same for its clock end
+        self.version_of: dict[tuple[int, int], tuple[int, int]] = {}
+        self.end_version: dict[int, tuple[int, int]] = {}
 
     def live(self):
         return [x for x in WORKERS if x not in self.lost]
@@ -206,6 +209,14 @@ class WindowFuzz(RuleBasedStateMachine):
             for c in range(1, clock - w.staleness):  # reads see every update of clocks <= t - s - 1
                 assert w.finished.get(c) in (ClockStatus.DONE, ClockStatus.SKIPPED), (clock, c)
             assert all(self.times_applied.get((shard, c)) == 1 for c in range(1, clock))  # its own earlier updates
+            # a copy of the tables as new as ``needs`` holds all of that, so ``needs`` is newer than the
+            # version before each of those changes (within an epoch: a new one clears every copy)
+            need = w.needs(shard)
+            assert need <= w.version
+            before = [v for (j, c), (e, v) in self.version_of.items() if e == w.epoch
+                      and (c <= clock - w.staleness - 1 or (j, c) == (shard, clock - 1))]
+            before += [v for c, (e, v) in self.end_version.items() if e == w.epoch and c <= clock - w.staleness - 1]
+            assert all(v < need for v in before), (need, before)
         self.running.append((shard, clock, worker, w.epoch))
 
     @precondition(lambda self: getattr(self, "running", None))
@@ -232,17 +243,21 @@ class WindowFuzz(RuleBasedStateMachine):
     @rule()
     def batch_applied(self):
         b, self.batch = self.batch, None
-        if b.batch == getattr(self.w.in_flight, "batch", None) and not b.rebuild:
+        taken = b.batch == getattr(self.w.in_flight, "batch", None)
+        if taken and not b.rebuild:
             for shard, clock, _ in b.updates:
                 self.whole[(shard, clock)] = True
+                self.version_of[(shard, clock)] = (self.w.epoch, self.w.version)
         self.handle(self.w.batch_applied(b.batch))
 
     @precondition(lambda self: getattr(self, "end", None) is not None and not self.w.recovering)
     @rule(stop=st.booleans())
     def clock_end_reports(self, stop):
         e, self.end = self.end, None
+        version = self.w.version
         if self.w.clock_end_done(e.clock, e.epoch):
             self.ended.append(e.clock)
+            self.end_version[e.clock] = (self.w.epoch, version)
             if stop:
                 self.w.stop(e.clock)
         self.handle(self.w.go_on())
