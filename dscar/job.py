@@ -318,7 +318,7 @@ class JobState:
         """``worker`` found nothing to do (under BSP nothing follows from it)."""
         return []
 
-    def _leave_to_others(self, worker: str) -> bool:
+    def _leave_to_others(self, worker: str, n_left: int | None = None) -> bool:
         """Whether the other workers would finish every shard still to do before ``worker`` finished
         one (by the monitor's step times): then it starts no more this clock, and the pass does not
         wait at its tail for a straggler's step (``s`` times slower: up to ``s`` fast steps).
@@ -327,7 +327,8 @@ class JobState:
         slowest of them (a shard is not divisible), plus ``HOLD_BACK_MIN_S``, so a healthy cluster's
         noise never crosses it. The caller gives every worker one attempt a clock first, so a
         straggler that recovers is measured again. Dynamic sharding only: a static shard waits for
-        its holder anyway."""
+        its holder anyway. ``n_left``: the shards the others may run before the pass waits for
+        ``worker``'s (default: every shard still to do)."""
         if self.queue.sharding != "dynamic":
             return False
         speeds = self.monitor.speeds()
@@ -335,7 +336,8 @@ class JobState:
         others = [v for w, v in speeds.items() if w != worker and w in self.workers]
         if mine is None or not others:
             return False
-        return 1.0 / mine > self.queue.n_todo / sum(others) + 1.0 / min(others) + HOLD_BACK_MIN_S
+        n = self.queue.n_todo if n_left is None else n_left
+        return 1.0 / mine > n / sum(others) + 1.0 / min(others) + HOLD_BACK_MIN_S
 
     def _batch_size(self, worker: str) -> int:
         """How many of its own shards ``worker`` gets in one work item: enough to run about

@@ -143,8 +143,11 @@ class SspJobState(JobState):
         if w.clock_end is not None and self.clock_end_worker is None:
             self.clock_end_worker = worker
             return {"op": "clock_end", "job": self.cfg.job_id, "clock": w.clock_end, "run": w.epoch,
-                    "owners": self.pmap.to_msg(), "batches_applied": w.applied_batches}
+                    "owners": self.pmap.to_msg(), "version": w.version}
         tiers = self._oldest_first(w.startable())
+        if worker in self.stragglers and w.rebuilding is None:
+            tiers = [t for t in tiers[::-1] if not self._leave_to_others(worker, self._slack(min(
+                w.shard_clock(s) for s in t)))]  # its shard holds its clock's end back least in the newest clock
         a = next((a for among in tiers if (a := self.queue.next_shard(worker, now, among=among))), None)
         if a is None and w.rebuilding is None:
             a = self._idle_policies(worker, now)
@@ -166,6 +169,14 @@ class SspJobState(JobState):
                 self.tallies.setdefault(c, {"t0": now, "shards_done": {}, "timings": {}})
         return self._ssp_item(batch, clocks)
 
+    def _slack(self, clock: int) -> int:
+        """How many shard updates the window lets the other workers run while an attempt of
+        ``clock`` is running: every update of clocks up to ``clock + s`` (clock ``clock`` cannot end
+        before the attempt does, so no later clock can start)."""
+        w = self.window
+        top = min(clock + w.staleness, w.limit)
+        return sum(max(0, top - w.shard_clock(s) + 1) for s in range(self.cfg.n_shards)) - 1
+
     def _oldest_first(self, shards: list[int]) -> list[set[int]]:
         """``shards`` grouped by clock, oldest first: the oldest open clock's shards hold the window
         back, so they go first (moving to another worker if theirs is busy)."""
@@ -178,8 +189,9 @@ class SspJobState(JobState):
         item = self._item(batch)
         for member, clock in zip(item["shards"], clocks):
             member["clock"] = clock
-        item.update(op="rebuild" if self.window.rebuilding is not None else "shard", clock=max(clocks),
-                    run=self.window.epoch, batches_applied=self.window.applied_batches)
+        w = self.window
+        item.update(op="rebuild" if w.rebuilding is not None else "shard", clock=max(clocks), run=w.epoch,
+                    version=w.version, needs=max(w.needs(a.shard) for a in batch))
         return item
 
     def idle(self, worker: str, now: float) -> list[Effect]:

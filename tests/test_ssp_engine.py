@@ -79,6 +79,33 @@ def test_a_fast_worker_commits_later_clocks_while_a_slow_one_holds_clock_one():
     assert {m["clock"] for m in job.next_item("a", t)["shards"]} == {2}  # b's shard's clock 2 first, then 4
 
 
+def _open_clocks_one_to_three(staleness=2) -> SspJobState:
+    """b's attempt of shard 1 at clock 1 failed while a ran the other shards ahead: clocks 1 to 3 have
+    shards to start."""
+    job = _job(staleness=staleness)
+    held = job.next_item("b", 0.0)
+    for _ in range(5):
+        _apply_all(job, _commit_item(job, job.next_item("a", 0.0), "a", 0.0), 0.0)
+    m = held["shards"][0]
+    job.attempt_failed("b", m["clock"], held["run"], m["shard"], m["attempt"], "boom", 0.0)
+    return job
+
+
+def test_a_straggler_takes_the_newest_open_clock_and_none_that_would_hold_the_window_back():
+    clocks = {job.window.shard_clock(s) for job in [_open_clocks_one_to_three()] for s in job.window.startable()}
+    assert min(clocks) == 1 and max(clocks) == 3
+    assert _open_clocks_one_to_three().next_item("b", 0.1)["shards"][0]["clock"] == 1  # healthy: the oldest first
+    job = _open_clocks_one_to_three()
+    job.stragglers = {"b": "persistent"}
+    assert job.next_item("b", 0.1)["shards"][0]["clock"] == 3  # the most slack before its clock must end
+    job = _open_clocks_one_to_three()
+    job.stragglers = {"b": "persistent"}
+    for _ in range(3):  # b's steps take 100 s, a's 1 s: a runs every shard it may long before b would end one
+        job.monitor.record("a", 1.0)
+        job.monitor.record("b", 100.0)
+    assert job.next_item("b", 0.1) is None and job.next_item("a", 0.1) is not None
+
+
 def test_a_loss_with_several_clocks_open_voids_only_what_is_not_applied(tmp_path):
     job = _job(checkpoint=dscar.CheckpointConfig(str(tmp_path)))
     job.next_item("b", 0.0)  # b runs shard 1 at clock 1, never finishes
