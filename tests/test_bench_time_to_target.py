@@ -32,6 +32,12 @@ def test_time_to_target_is_judged_against_the_capacity_ideal_and_the_backup_stra
     assert "ssp-1" in ttt.format_table(a, 1.0)
 
 
+def test_the_ideal_counts_the_capacity_of_every_worker():
+    runs = [_run("dynamic", s, 1.0) for s in ttt.SLOWDOWNS]
+    row = next(r for r in ttt.analyse(runs, _Model(), ["dynamic"], n_workers=2)["rows"] if r["slowdown"] == 8)
+    assert row["ideal"] == ttt.ideal(1.0, 8, 2) == 2 / (1 + 1 / 8)
+
+
 def test_a_worse_final_model_or_a_slower_run_fails_its_row():
     runs = [_run("bsp", s, 1.0) for s in ttt.SLOWDOWNS] + [_run("dynamic+backup", s, 1.0) for s in ttt.SLOWDOWNS]
     runs += [_run("ssp-1", s, 2.0, objective=1.02) for s in ttt.SLOWDOWNS]
