@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import dscar
-from dscar import faults
+from dscar import TableSpec, faults
 from dscar.errors import InvalidInputError
 from dscar.job import ApplyPass, JobConfig, StartRecovery
 from dscar.partitions import PartitionMap, TableLayout
@@ -19,9 +19,30 @@ from conftest import RowCounter, row_data
 
 
 class SspRowCounter(RowCounter):
-    """RowCounter that declares it tolerates 3 clocks of staleness (its updates commute)."""
+    """RowCounter that declares it tolerates 3 clocks of staleness (its updates commute).
+
+    Given the fit's ``staleness``, it also counts, in the ``stale`` reduction, the rows of each read of
+    ``count`` that miss what SSP promises a read in clock t: every update of clocks <= t - s - 1, and
+    the shard's own update of t - 1 on its rows (read-my-writes)."""
 
     max_staleness = 3
+
+    def __init__(self, *args, staleness: int | None = None, **kw):
+        super().__init__(*args, **kw)
+        self.staleness = staleness
+
+    def tables(self, meta):
+        return super().tables(meta) + [TableSpec("stale", 1, kind="reduction")]
+
+    def shard_step(self, ctx, data):
+        if self.staleness is not None:
+            count, t = dscar.to_host(ctx.pull("count")), ctx.clock
+            missed = (count < t - self.staleness - 1).sum() + (count[dscar.to_host(data["row"])] < t - 1).sum()
+            ctx.add("stale", ctx.xp.asarray([float(missed)]))
+        super().shard_step(ctx, data)
+
+    def clock_end(self, ctx):
+        return {**super().clock_end(ctx), "stale": float(dscar.to_host(ctx.pull("stale"))[0])}
 
 
 def _job(n_shards=4, staleness=2, checkpoint=None) -> SspJobState:
@@ -143,11 +164,12 @@ def test_ssp_settings_are_checked_before_any_work(inproc):
 def test_every_update_is_applied_once_and_reads_are_at_most_staleness_clocks_ahead(inproc, staleness):
     """Shard 0 is slow: under SSP the other shards run ahead of it, up to ``staleness`` clocks, and
     every clock's reduction still sums exactly one update per row (per-clock sums)."""
-    res = dscar.fit(SspRowCounter(sleep=0.03, slow_shards=(0,)), row_data(64), inproc, n_shards=4, max_clocks=8,
-                    consistency="ssp", staleness=staleness, policies=[])
+    res = dscar.fit(SspRowCounter(sleep=0.03, slow_shards=(0,), staleness=staleness), row_data(64), inproc,
+                    n_shards=4, max_clocks=8, consistency="ssp", staleness=staleness, policies=[])
     assert res.n_clocks == 8
     for rec in res.history:
         assert rec.metrics["seen_min"] == rec.metrics["seen_max"] == 1.0, rec  # this clock's sums, exactly
+        assert rec.metrics["stale"] == 0, rec  # no read staler than the window allows (cached or not)
         assert rec.clock <= rec.metrics["count_min"] and rec.metrics["count_max"] <= rec.clock + staleness, rec
     np.testing.assert_array_equal(res.params["count"], np.full(64, 8.0))  # every clock's update, once
     ahead = [rec.ahead for rec in res.history]
