@@ -243,6 +243,35 @@ def test_compiled_kernels_draw_from_the_exact_conditional(method):
 
 
 @needs_numba
+@pytest.mark.parametrize("method", ["dense", "sparse"])
+def test_int16_and_int32_counts_make_the_same_moves(reuters, method):
+    """The sweep's counts may be int16 (``LDAGibbs._compiled_step``): same state, same uniforms, same
+    moves and bookkeeping as with int32 counts."""
+    X = reuters.X[:200]
+    K, V = 20, X.shape[1]
+    w, d, doc_len = token_layout(X)
+    words, wl = local_vocabulary(w)
+    z = np.random.default_rng(4).integers(0, K, w.size).astype(np.int32)
+    counts = np.bincount(wl * K + z, minlength=words.size * K).reshape(-1, K)
+    out = []
+    for dt in (np.int32, np.int16):
+        zz, A, T = z.copy(), counts.astype(dt), counts.sum(axis=0).astype(np.int32)
+        res = compiled_sweep(wl, doc_len, zz, A, T, np.full(K, 0.1), 0.01, V, 11, words, {}, method=method)
+        out.append((zz, A.astype(np.int64), T, res.rows, res.word_delta, res.doc_delta, res.stats))
+    assert (out[0][0] != z).mean() > 0.3
+    for a, b in zip(*out):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_a_word_with_more_tokens_than_int16_holds_keeps_exact_counts(inproc):
+    """70,000 tokens of one word (35,000 a topic at the random start): the sweep's counts must be int32."""
+    X = sp.csr_matrix(np.array([[35_000, 3, 1, 0], [35_000, 0, 2, 5], [0, 4, 4, 4]], dtype=np.int64))
+    res = fit(LDAGibbs(2, seed=1, early_stop=False), X, inproc, 4, n_shards=2)
+    assert [r.metrics["count_error"] for r in res.history] == [0.0] * 4
+    assert_tables_match(res, X)
+
+
+@needs_numba
 def test_auto_picks_the_sparse_kernel_when_words_hold_few_topics(small):
     w, d, doc_len = token_layout(small.X)
     words, wl = local_vocabulary(w)
