@@ -1,0 +1,391 @@
+"""Compiled (numba) CPU kernels of the LDA sampler: exact sequential Gibbs sweeps of a shard (dense and
+SparseLDA buckets), the kernel choice, the word deltas, the gather of pulled rows and the clock end's
+word statistics.
+
+They live in a module of their own, at its top level, so that numba's on-disk cache serves every new
+worker process: defined inside a function (as closures over the helper kernels they call) they were
+compiled anew in every process, about 8 s of a fresh worker's warm-up. ``dscar.algorithms.lda``
+imports this module on first use; its array-namespace sampler (``gibbs_sweep``) stays the reference
+and the CuPy path. ``fastmath`` lets LLVM reassociate the K-long sums into SIMD (no NaN / inf
+assumptions are made).
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import njit
+
+from .lda import BLOCK as B
+from .lda import GAMMA
+
+
+@njit(cache=True, nogil=True)
+def uniform(key, i):  # pragma: no cover - compiled
+    """Number ``i`` of the stream ``key`` (as ``uniforms``: splitmix64, 24 bits)."""
+    x = key + np.uint64(i + 1) * np.uint64(GAMMA)
+    x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    x = x ^ (x >> np.uint64(31))
+    return np.float32(x >> np.uint64(40)) * np.float32(2.0**-24)
+
+
+@njit(cache=True, nogil=True)
+def doc_start(doc_ptr, dd, n, lgtab, symmetric, z, Dd, Dold):  # pragma: no cover - compiled
+    """Document ``dd``'s token range (checked); its topic counts from ``z`` into ``Dd`` and ``Dold``."""
+    s, e = doc_ptr[dd], doc_ptr[dd + 1]
+    if e < s or e > n:
+        raise ValueError("lda sweep: bad document offsets")
+    if symmetric and e - s >= lgtab.shape[0]:
+        raise ValueError("lda sweep: log-gamma table shorter than a document")
+    K = Dd.shape[0]
+    for k in range(K):
+        Dd[k] = 0
+    for i in range(s, e):
+        k = z[i]
+        if k < 0 or k >= K:
+            raise ValueError("lda sweep: topic id out of range")
+        Dd[k] += 1
+    for k in range(K):
+        Dold[k] = Dd[k]
+    return s, e
+
+
+@njit(cache=True, nogil=True)
+def doc_end(dd, length, Dd, Dold, ddelta, alpha64, asum, lgs, lgtab, symmetric):  # pragma: no cover - compiled
+    """A document's doc-topic delta row; returns its part of log p(z)."""
+    ll = lgs - math.lgamma(asum + length)
+    for k in range(Dd.shape[0]):
+        c = Dd[k]
+        ddelta[dd, k] = c - Dold[k]
+        if c > 0:
+            ll += lgtab[c] if symmetric else math.lgamma(alpha64[k] + c) - math.lgamma(alpha64[k])
+    return ll
+
+
+@njit(cache=True, nogil=True, fastmath=True)
+def sweep_docs(wl, doc_ptr, z, A, T, alpha, alpha64, beta, vbeta, key, words, lgtab, symmetric,
+               p, bs, q, Dd, Dold, ddelta, stats):  # pragma: no cover - compiled
+    """One exact collapsed Gibbs sweep of a shard, document by document, and its bookkeeping.
+
+    Counts are int32 and updated after every token (``A``: the shard's word rows, ``T``: the
+    topic totals; a document's counts ``Dd`` are recounted from ``z`` when it starts). Per
+    token: ``q_k = (n_dk + alpha_k) / (n_k + V beta)`` is kept up to date (two topics change
+    per token), ``p_k = (n_wk + beta) q_k`` is one SIMD pass over K, the sums of blocks of
+    ``B`` topics another, and the uniform number ``i`` of stream ``key`` (``uniforms``,
+    computed here) picks a block, then a topic in it: the
+    inverse CDF over topics 0..K-1, in about K/B + B steps instead of K.
+    Bookkeeping, in the same pass: ``ddelta`` (new minus old doc-topic counts) and ``stats``
+    (per topic [tokens, sum of global word id + 1]; row K += log p(z) of the shard's
+    documents). The word deltas are not tracked per move (that costs 15-20 % of the sweep):
+    ``row_deltas`` takes them from the table afterwards.
+    """
+    K, Vs, nD, n = T.shape[0], A.shape[0], doc_ptr.shape[0] - 1, wl.shape[0]
+    nb = (K + B - 1) // B
+    # memory safety first: no index below is trusted without these checks
+    if (A.shape[1] != K or alpha.shape[0] != K or alpha64.shape[0] != K or z.shape[0] != n
+            or words.shape[0] != Vs or p.shape[0] < nb * B or bs.shape[0] < nb or q.shape[0] != K
+            or Dd.shape[0] != K or Dold.shape[0] != K or ddelta.shape[0] != nD or ddelta.shape[1] != K
+            or stats.shape[0] != K + 1 or stats.shape[1] != 2 or nD < 0
+            or doc_ptr[0] != 0 or doc_ptr[nD] != n):
+        raise ValueError("lda sweep: inconsistent array shapes")
+    for k in range(K, nb * B):
+        p[k] = 0
+    asum = 0.0
+    for k in range(K):
+        asum += alpha64[k]
+    lgs = math.lgamma(asum)
+    ll = 0.0
+    for dd in range(nD):
+        s, e = doc_start(doc_ptr, dd, n, lgtab, symmetric, z, Dd, Dold)
+        for k in range(K):
+            q[k] = (np.float32(Dd[k]) + alpha[k]) / (np.float32(T[k]) + vbeta)
+        for i in range(s, e):
+            j, a = wl[i], z[i]
+            if j < 0 or j >= Vs:
+                raise ValueError("lda sweep: word id out of range")
+            A[j, a] -= 1
+            T[a] -= 1
+            Dd[a] -= 1
+            if A[j, a] < 0 or T[a] < 0:
+                raise ValueError("lda sweep: negative count (the tables do not match the assignments)")
+            q[a] = (np.float32(Dd[a]) + alpha[a]) / (np.float32(T[a]) + vbeta)
+            row = A[j]
+            for k in range(K):
+                p[k] = (np.float32(row[k]) + beta) * q[k]
+            tot = np.float32(0)
+            for b in range(nb):
+                acc = np.float32(0)
+                for t in range(B):
+                    acc += p[b * B + t]
+                bs[b] = acc
+                tot += acc
+            thr = uniform(key, i) * tot
+            b = 0
+            c = bs[0]
+            while c < thr and b < nb - 1:
+                b += 1
+                c += bs[b]
+            c -= bs[b]
+            k = b * B
+            last = min(K, k + B) - 1
+            c += p[k]
+            while c < thr and k < last:
+                k += 1
+                c += p[k]
+            A[j, k] += 1
+            T[k] += 1
+            Dd[k] += 1
+            q[k] = (np.float32(Dd[k]) + alpha[k]) / (np.float32(T[k]) + vbeta)
+            z[i] = k
+            stats[k, 0] += 1.0  # the per-topic checks: tokens, and the sum of their word ids + 1
+            stats[k, 1] += words[j] + 1.0
+        ll += doc_end(dd, e - s, Dd, Dold, ddelta, alpha64, asum, lgs, lgtab, symmetric)
+    stats[K, 0] += ll
+
+
+@njit(cache=True, nogil=True)
+def sweep_sparse(wl, doc_ptr, z, A, T, alpha, beta, vbeta, key, words, lgtab, symmetric,
+                 nzk, nzn, dk, dpos, Dd, Dold, qc, qp, ddelta, stats):  # pragma: no cover - compiled
+    """The same exact sequential sweep as ``sweep_docs`` (same counts, bookkeeping, uniforms), sampling
+    by SparseLDA's buckets (Yao, Mimno & McCallum 2009) instead of a dense pass over K:
+
+        p_k = alpha_k beta / (n_k + V beta)            (s: smoothing, sum kept current)
+            + n_dk beta / (n_k + V beta)               (r: the document's topics, sum kept current)
+            + n_wk (alpha_k + n_dk) / (n_k + V beta)   (q: the word's topics, summed per token)
+
+    A token costs O(topics of its word + topics of its document), not O(K): the q bucket visits
+    the word's nonzero topics only (``nzk[w, :nzn[w]]``, built from ``A`` at the start), the r
+    bucket the document's (``dk``), the rarely drawn s bucket all K. Topics are ordered
+    differently than in the dense inverse CDF, so the moves differ from ``sweep_docs``' for the
+    same uniforms; the distribution is the same (tested against the exact conditional).
+    """
+    K, Vs, nD, n = T.shape[0], A.shape[0], doc_ptr.shape[0] - 1, wl.shape[0]
+    if (A.shape[1] != K or alpha.shape[0] != K or z.shape[0] != n or words.shape[0] != Vs
+            or nzk.shape[0] != Vs or nzk.shape[1] != K or nzn.shape[0] != Vs or dk.shape[0] != K
+            or dpos.shape[0] != K or Dd.shape[0] != K or Dold.shape[0] != K or qc.shape[0] != K
+            or qp.shape[0] != K or ddelta.shape[0] != nD or ddelta.shape[1] != K
+            or stats.shape[0] != K + 1 or stats.shape[1] != 2 or nD < 0 or doc_ptr[0] != 0 or doc_ptr[nD] != n):
+        raise ValueError("lda sweep: inconsistent array shapes")
+    for v in range(Vs):
+        m = 0
+        for k in range(K):
+            c = A[v, k]
+            if c < 0:
+                raise ValueError("lda sweep: negative count (the tables do not match the assignments)")
+            if c > 0:
+                nzk[v, m] = k
+                m += 1
+        nzn[v] = m
+    asum = 0.0
+    sS = 0.0
+    for k in range(K):
+        if T[k] < 0:
+            raise ValueError("lda sweep: negative count (the tables do not match the assignments)")
+        asum += alpha[k]
+        sS += alpha[k] * beta / (T[k] + vbeta)
+    lgs = math.lgamma(asum)
+    ll = 0.0
+    for dd in range(nD):
+        s, e = doc_start(doc_ptr, dd, n, lgtab, symmetric, z, Dd, Dold)
+        nd = 0  # the document's topics
+        rS = 0.0
+        for k in range(K):
+            if Dd[k] > 0:
+                dpos[k] = nd
+                dk[nd] = k
+                nd += 1
+            den = T[k] + vbeta
+            qc[k] = (alpha[k] + Dd[k]) / den
+            rS += Dd[k] * beta / den
+        for i in range(s, e):
+            j, a = wl[i], z[i]
+            if j < 0 or j >= Vs:
+                raise ValueError("lda sweep: word id out of range")
+            den = T[a] + vbeta
+            sS -= alpha[a] * beta / den
+            rS -= Dd[a] * beta / den
+            A[j, a] -= 1
+            T[a] -= 1
+            Dd[a] -= 1
+            if A[j, a] < 0 or T[a] < 0:
+                raise ValueError("lda sweep: negative count (the tables do not match the assignments)")
+            den = T[a] + vbeta
+            sS += alpha[a] * beta / den
+            rS += Dd[a] * beta / den
+            qc[a] = (alpha[a] + Dd[a]) / den
+            if Dd[a] == 0:  # the topic leaves the document's list
+                nd -= 1
+                last = dk[nd]
+                dk[dpos[a]] = last
+                dpos[last] = dpos[a]
+            if A[j, a] == 0:  # ... and the word's
+                m = nzn[j] - 1
+                t = 0
+                while nzk[j, t] != a:
+                    t += 1
+                nzk[j, t] = nzk[j, m]
+                nzn[j] = m
+            m = nzn[j]
+            qS = 0.0
+            for t in range(m):
+                k = nzk[j, t]
+                v = A[j, k] * qc[k]
+                qp[t] = v
+                qS += v
+            thr = float(uniform(key, i)) * (sS + rS + qS)
+            if thr < qS and m > 0:
+                t = 0
+                c = qp[0]
+                while c <= thr and t < m - 1:
+                    t += 1
+                    c += qp[t]
+                kn = nzk[j, t]
+            elif thr < qS + rS and nd > 0:
+                thr -= qS
+                t = 0
+                kn = dk[0]
+                c = Dd[kn] * beta / (T[kn] + vbeta)
+                while c <= thr and t < nd - 1:
+                    t += 1
+                    kn = dk[t]
+                    c += Dd[kn] * beta / (T[kn] + vbeta)
+            else:
+                thr -= qS + rS
+                kn = 0
+                c = alpha[0] * beta / (T[0] + vbeta)
+                while c <= thr and kn < K - 1:
+                    kn += 1
+                    c += alpha[kn] * beta / (T[kn] + vbeta)
+            den = T[kn] + vbeta
+            sS -= alpha[kn] * beta / den
+            rS -= Dd[kn] * beta / den
+            if Dd[kn] == 0:
+                dpos[kn] = nd
+                dk[nd] = kn
+                nd += 1
+            if A[j, kn] == 0:
+                nzk[j, nzn[j]] = kn
+                nzn[j] += 1
+            A[j, kn] += 1
+            T[kn] += 1
+            Dd[kn] += 1
+            den = T[kn] + vbeta
+            sS += alpha[kn] * beta / den
+            rS += Dd[kn] * beta / den
+            qc[kn] = (alpha[kn] + Dd[kn]) / den
+            z[i] = kn
+            stats[kn, 0] += 1.0  # as in ``sweep_docs``
+            stats[kn, 1] += words[j] + 1.0
+        ll += doc_end(dd, e - s, Dd, Dold, ddelta, alpha, asum, lgs, lgtab, symmetric)
+    stats[K, 0] += ll
+
+
+@njit(cache=True, nogil=True)
+def word_topic_density(A, wl, stride):  # pragma: no cover - compiled
+    """The mean, over every ``stride``-th token, of the fraction of topics its word's row holds."""
+    Vs, K = A.shape
+    tot, m = 0, 0
+    for i in range(0, wl.shape[0], stride):
+        j = wl[i]
+        if j < 0 or j >= Vs:
+            raise ValueError("lda: word id out of range")
+        for k in range(K):
+            tot += A[j, k] != 0
+        m += 1
+    return tot / max(m * K, 1)
+
+
+@njit(cache=True, nogil=True)
+def row_deltas(A, src, idx, rows, delta):  # pragma: no cover - compiled
+    """The rows of ``A`` that differ from ``src[idx]``: their numbers in ``rows[:n]``, ``A - src[idx]``
+    in ``delta[:n]``; returns n (one sequential pass over the table, no work per token)."""
+    Vs, K = A.shape
+    if (idx.shape[0] != Vs or src.shape[1] != K or rows.shape[0] < Vs or delta.shape[0] < Vs
+            or delta.shape[1] != K):
+        raise ValueError("lda: inconsistent array shapes")
+    n = 0
+    for r in range(Vs):
+        v = idx[r]
+        if v < 0 or v >= src.shape[0]:
+            raise ValueError("lda: row id out of range")
+        moved = False
+        for k in range(K):
+            x = A[r, k] - src[v, k]
+            delta[n, k] = x
+            moved |= x != 0
+        if moved:
+            rows[n] = r
+            n += 1
+    return n
+
+
+@njit(cache=True, nogil=True)
+def row_sum_max(wt, words):  # pragma: no cover - compiled
+    """The largest sum of a row ``words[r]`` of ``wt``: a bound on every count a sweep can reach in
+    them (a sweep moves tokens within their word's row)."""
+    V, K = wt.shape
+    top = 0
+    for r in range(words.shape[0]):
+        v = words[r]
+        if v < 0 or v >= V:
+            raise ValueError("lda: word id out of range")
+        s = 0
+        for k in range(K):
+            s += np.int64(wt[v, k])
+        top = max(top, s)
+    return top
+
+
+@njit(cache=True, nogil=True)
+def gather_rows(wt, words, A, T):  # pragma: no cover - compiled
+    """``A`` = rows ``words`` of ``wt`` (int32), and ``T`` = ``wt``'s column sums (the topic totals);
+    one pass when ``words`` are all the rows."""
+    V, K = wt.shape
+    if A.shape[0] != words.shape[0] or A.shape[1] != K or T.shape[0] != K:
+        raise ValueError("lda: inconsistent array shapes")
+    for k in range(K):
+        T[k] = 0
+    if words.shape[0] == V and words[0] == 0 and words[V - 1] == V - 1:  # sorted and distinct: all rows
+        for v in range(V):
+            for k in range(K):
+                c = wt[v, k]
+                T[k] += c
+                A[v, k] = c
+        return
+    for v in range(V):
+        for k in range(K):
+            T[k] += wt[v, k]
+    for r in range(words.shape[0]):
+        v = words[r]
+        if v < 0 or v >= V:
+            raise ValueError("lda: word id out of range")
+        for k in range(K):
+            A[r, k] = wt[v, k]
+
+
+@njit(cache=True, nogil=True)
+def word_stats(wt, beta, colsum, idsum):  # pragma: no cover - compiled
+    """Column sums, id-weighted column sums (ids from 1), the smallest count and
+    ``sum over entries of lgG(n + beta) - lgG(beta)`` of a V x K count table, in one pass."""
+    V, K = wt.shape
+    L = 4096
+    table = np.empty(L)
+    lgb = math.lgamma(beta)
+    for c in range(L):
+        table[c] = math.lgamma(c + beta) - lgb
+    for k in range(K):
+        colsum[k] = 0
+        idsum[k] = 0
+    low = 0
+    s = 0.0
+    for v in range(V):
+        for k in range(K):
+            c = np.int64(wt[v, k])
+            colsum[k] += c
+            idsum[k] += (v + 1) * c
+            if c < low:
+                low = c
+            if c > 0:
+                s += table[c] if c < L else math.lgamma(c + beta) - lgb
+    return low, s
