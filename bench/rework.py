@@ -49,10 +49,11 @@ same seed and shards, stopped by ``LDAGibbs``'s rule over 15 clocks), where
 the climb still moves several times the wobble a clock. Even there the path
 decides more than the loss: failure-free runs with sampler seeds 0..7 reach
 that level at clocks 13 to 19 (stop 19), and a perturbed chain takes a path
-of its own. So LDA's trials cycle through ``LDA_SEEDS`` (8) sampler seeds,
-each trial's rework counted from its own seed's failure-free run (printed: T*
-by seed; a seed whose failure-free chain settles in a lower mode and never
-reaches the threshold is left out and named), and the reduction is of means
+of its own. So LDA's trials cycle through ``LDA_SEEDS`` (8) sampler seeds (as many as
+there are trials), each trial's rework counted from its own seed's
+failure-free run (printed: T* by seed; a seed whose failure-free chain
+settles in a lower mode and never reaches the threshold is left out and
+named, and the next one taken), and the reduction is of means
 over many trials. Every run stops when
 it gets there (``LDAToTarget``), so both views coincide and only the first is
 printed. Losses come before the failure-free run reaches it (as for every
@@ -784,9 +785,12 @@ def run_mode(mode: str, prob: Problem, st: Settings, n_trials: int, n_repeat: in
         if out["T_star"] is None:
             out["error"] = f"the failure-free run did not reach the threshold: {describe(ff['traditional'])}"
             return out
-        # other sampler seeds: one failure-free run each (every policy's failure-free run is the same)
+        # other sampler seeds: one failure-free run each (every policy's failure-free run is the same), for
+        # as many seeds that reach the threshold as the trials cycle through (n trials use n seeds at most)
         by_seed = {0: ff}
         for seed in range(1, prob.seeds):
+            if sum(v["traditional"].get("clocks_to_threshold") is not None for v in by_seed.values()) >= n_trials:
+                break
             r = fit("traditional", seed=seed)
             by_seed[seed] = {"traditional": r}
             log(t_start, f"{prob.name} {mode:<8} failure-free seed {seed} {describe(r)}")
