@@ -167,8 +167,6 @@ class ClockWindow:
     #: clock -> DONE or SKIPPED, for finished clocks
     finished: dict[int, ClockStatus] = field(default_factory=dict)
     _shards: list[_Shard] = field(default_factory=list)
-    #: batches applied so far
-    applied_batches: int = 0
     #: raised by every change of the tables (a batch applied, a clock end, which may assign): a
     #: worker's pulled copy is as new as the version it was pulled at
     version: int = 0
@@ -288,7 +286,6 @@ class ClockWindow:
             return []
         b, self.in_flight = self.in_flight, None
         self.applied_before = True
-        self.applied_batches += 1
         self.version += 1
         if b.rebuild:
             self._end_rebuild()
