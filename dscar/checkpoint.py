@@ -396,8 +396,9 @@ def publish(fs, root: str, manifest: dict) -> str:
     """Write the manifest atomically: a temporary name, then a rename."""
     path = manifest_path(root, manifest["version"])
     tmp = posixpath.join(root, f".tmp-{uuid.uuid4().hex}.json")
+    text = json.dumps(manifest, sort_keys=True, separators=(",", ":"))  # the C encoder, one write
     with fs.open(tmp, "w") as f:
-        json.dump(manifest, f, indent=1, sort_keys=True)
+        f.write(text)
     fs.mv(tmp, path)
     return path
 
