@@ -44,8 +44,8 @@ clock-to-clock wobble, so a perturbed chain crossed a "within 0.5 % of the
 plateau" level anywhere from 14 clocks before to 9 after the failure-free one
 (30 trials, stop 19: reductions of 186 % "measured"). Threshold: ``LDA_CLIMB``
 (95 %) of the climb from the failure-free run's first log-likelihood to its
-plateau (the mean of the last 15 clocks of one failure-free run, in-process,
-same seed and shards, stopped by ``LDAGibbs``'s rule over 15 clocks), where
+plateau (the mean of the last 15 clocks of one failure-free run, same seed
+and shards, stopped by ``LDAGibbs``'s rule over 15 clocks), where
 the climb still moves several times the wobble a clock. Even there the path
 decides more than the loss: failure-free runs with sampler seeds 0..7 reach
 that level at clocks 13 to 19 (stop 19), and a perturbed chain takes a path
@@ -97,8 +97,8 @@ of frequent words move most and the priority saves keep them fresh.
 MF (matrix factorization by ALS, ``dscar.algorithms.mf``, on a small synthetic
 ratings problem, the same in both sizes; run only when named: ``--algo mf``):
 threshold = the training objective within ``eps`` (1e-5, relative) of the
-failure-free run's converged value, read from one failure-free run (in-process,
-same data and shards) stopped at a relative change of 1e-10; every run stops
+failure-free run's converged value, read from one failure-free run (same
+data and shards) stopped at a relative change of 1e-10; every run stops
 when it gets there (``ALSToTarget``), so both views coincide. A clock is a user
 phase then an item phase, and the user phase solves every user row from the
 item factors alone: the item tables (and their biases) are the state that
@@ -108,10 +108,12 @@ restored value).
 
 Two modes, and whether they agree:
 
-* ``--simulate``: one in-process cluster, ``faults.lose(worker, clock)``: the
-  worker stays up but the job recovers exactly as from a crash (its partitions
-  restored elsewhere from the newest published checkpoint, its shards and
-  staged updates dropped). Fast: many trials.
+* ``--simulate``: one cluster of ``W`` worker processes for every run,
+  ``faults.lose(worker, clock)``: the worker stays up but the job recovers
+  exactly as from a crash (its partitions restored elsewhere from the newest
+  published checkpoint, its shards and staged updates dropped). Fast: many
+  trials. (Worker processes, not an in-process cluster: with four workers
+  and the scheduler sharing one interpreter a clock took 2-5x longer here.)
 * ``--real``: a fresh cluster of ``W`` worker processes (with nannies) per run
   and ``faults.kill(worker, clock)`` (``os._exit`` of that worker when it starts
   a shard in that clock). Fewer trials; trial ``i`` uses the same (worker,
@@ -204,7 +206,7 @@ class Problem:
     ``objective`` per clock, ...) to its clocks to threshold, None if never reached.
     ``objective_eps`` (optional) adds a second view: the first clock whose
     objective is within ``eps * |P*|`` of ``P*``, the optimum found by one run of
-    ``make_reference`` (a tighter tolerance) on an in-process cluster.
+    ``make_reference`` (a tighter tolerance).
     """
 
     name: str
@@ -314,10 +316,10 @@ def lda_problem(quick: bool) -> Problem:
 
 def lda_plateau(topics: int, data: dict, n_shards: int, window: int) -> tuple[float, float, int]:
     """The failure-free run's plateau, the mean log-likelihood per token of the last ``window`` clocks of a
-    run (in-process, same seed and shards: the trajectory every failure-free run follows) stopped by
+    run (same seed and shards: the trajectory every failure-free run follows) stopped by
     ``LDAGibbs``'s rule with that window, so it has sat on the plateau for a while when it stops; its
     first clock's log-likelihood; its clocks."""
-    with dscar.Cluster(n_workers=2, processes=False) as cl:
+    with dscar.Cluster(n_workers=2) as cl:
         res = dscar.fit(LDAGibbs(topics, seed=0, window=window, tol=1e-3), data, cl, n_shards=n_shards,
                         max_clocks=300, progress=False, policies=[])
     ll = [r.metrics["loglik"] for r in res.history]
@@ -407,9 +409,9 @@ def mf_problem(quick: bool) -> Problem:
 
 
 def mf_converged(n_users: int, n_items: int, hyper: dict, data: dscar.PhasedData) -> tuple[float, int]:
-    """The failure-free run's converged training objective: one run (in-process, same data and shards: the
+    """The failure-free run's converged training objective: one run (same data and shards: the
     trajectory every failure-free run follows) stopped by ``ALS``'s rule at ``MF_REFERENCE_TOL``."""
-    with dscar.Cluster(n_workers=2, processes=False) as cl:
+    with dscar.Cluster(n_workers=2) as cl:
         res = dscar.fit(ALS(n_users, n_items, **hyper, tol=MF_REFERENCE_TOL), data, cl, max_clocks=500,
                         progress=False, policies=[])
     return res.history[-1].metrics["objective"], res.n_clocks
@@ -568,11 +570,11 @@ def perturbation_pairs(mode: dict[str, Any], pol: str) -> list[tuple[float, int]
 
 
 def reference_optimum(prob: Problem, st: Settings) -> dict[str, Any] | None:
-    """P*: the objective of one failure-free run at a tighter tolerance (in-process, no checkpoints)."""
+    """P*: the objective of one failure-free run at a tighter tolerance (no checkpoints)."""
     if prob.make_reference is None or prob.objective_eps is None:
         return None
     t0 = time.perf_counter()
-    with dscar.Cluster(n_workers=st.n_workers, processes=False) as cl:
+    with dscar.Cluster(n_workers=st.n_workers) as cl:
         res = dscar.fit(prob.make_reference(), prob.data, cl, n_shards=prob.n_shards, max_clocks=prob.max_clocks,
                         progress=False, policies=[])
     objs = [r.metrics.get("objective", math.nan) for r in res.history]
@@ -762,7 +764,7 @@ def run_mode(mode: str, prob: Problem, st: Settings, n_trials: int, n_repeat: in
         return r
 
     if not real:
-        sim_cluster = dscar.Cluster(n_workers=st.n_workers, processes=False)
+        sim_cluster = dscar.Cluster(n_workers=st.n_workers)
         sim_cluster.wait_for_workers(st.n_workers)
     try:
         for pol in (POLICIES if all_policies_ff else ["traditional"]):
@@ -843,7 +845,7 @@ def format_table(summary: dict[str, dict], indent: str = "   ") -> list[str]:
 
 def format_mode(algo: str, mode: dict[str, Any], st: Settings, prob_info: dict) -> str:
     name = mode["mode"]
-    how = ("one in-process cluster, faults.lose = simulated loss" if name == "simulate"
+    how = (f"one cluster of {st.n_workers} worker processes, faults.lose = simulated loss" if name == "simulate"
            else f"a fresh cluster of {st.n_workers} worker processes per run, faults.kill = os._exit")
     lines = [f"== {algo}: {name} ({how})"]
     if mode.get("error"):
@@ -1105,7 +1107,7 @@ def report(d: dict[str, Any]) -> None:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.rework", description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="small problems, 2 simulated + 1 real trial per algorithm (~4-5 min; ~1 min per algorithm)")
-    ap.add_argument("--simulate", action="store_true", help="simulated losses only (faults.lose, in-process)")
+    ap.add_argument("--simulate", action="store_true", help="simulated losses only (faults.lose, one cluster)")
     ap.add_argument("--real", action="store_true", help="real kills only (faults.kill, worker processes)")
     ap.add_argument("--trials", type=int, help="simulated trials (default 30; 2 with --quick)")
     ap.add_argument("--real-trials", type=int, help="real-kill trials (default 5; 1 with --quick)")
