@@ -78,6 +78,8 @@ class Coordinator(SchedulerPlugin):
         #: job -> workers whose loss was simulated (``faults.lose``): they kept what they lost
         self._simulated: dict[str, set[str]] = {}
         self._changed = asyncio.Event()
+        #: how many times the long polls were woken (every wake runs every waiting poll once more)
+        self.wakes = 0
         self._watch: asyncio.Task | None = None
         #: worker -> when a dscar message of it last arrived (a sign of life besides heartbeats)
         self._heard: dict[str, float] = {}
@@ -105,6 +107,7 @@ class Coordinator(SchedulerPlugin):
 
     # ----------------------------------------------------------- plumbing
     def _wake(self) -> None:
+        self.wakes += 1
         self._changed.set()
         self._changed = asyncio.Event()
 
@@ -318,8 +321,8 @@ class Coordinator(SchedulerPlugin):
         for job in self.jobs.values():
             job.workers = self._live(job)
             item = job.next_item(worker, now)
-            if item is None:
-                self._do(job, job.idle(worker, now))
+            if item is None and (effects := job.idle(worker, now)):
+                self._do(job, effects)  # no effect, no wake: every idle poll would wake the others' polls
             if item is not None:
                 if job.cfg.checkpoint is not None and any("state_file" in m for m in item.get("shards", ())):
                     item["ckpt_url"] = job.cfg.checkpoint.url

@@ -418,3 +418,20 @@ def test_a_checkpoint_that_cannot_be_published_fails_the_fit_naming_it(inproc, t
     monkeypatch.setattr(dscar.checkpoint, "publish", refuse)
     with pytest.raises(dscar.JobFailedError, match=r"publishing checkpoint version 1 to .* failed: PermissionError"):
         dscar.fit(RowCounter(), row_data(40), inproc, n_shards=2, max_clocks=3, checkpoint=str(tmp_path))
+
+
+def test_idle_long_polls_do_not_wake_each_other():
+    """Workers with nothing to do wait in long polls; one that finds nothing must not wake the others
+    (each would find nothing, wake the rest, and so on: the scheduler's loop spun at full speed while
+    any two workers waited, ~1,500 wakes a clock here, and every other thread of the process starved)."""
+    def wakes(dask_scheduler):
+        return dask_scheduler.plugins["dscar-coordinator"].wakes
+
+    with dscar.Cluster(n_workers=4, processes=False) as cl:
+        before = cl.client.run_on_scheduler(wakes)
+        clocks = 6  # one slow shard a clock: three workers wait in their polls meanwhile
+        res = dscar.fit(RowCounter(sleep=0.05, slow_shards=(0,)), row_data(40), cl, n_shards=4, max_clocks=clocks,
+                        policies=[])
+        per_clock = (cl.client.run_on_scheduler(wakes) - before) / clocks
+    assert_exactly_once(res, 40)
+    assert per_clock < 100, per_clock
