@@ -305,7 +305,8 @@ class Coordinator(SchedulerPlugin):
         if job is not None:  # the dashboard's last look at it (its snapshots are rate-limited)
             self._ended = job.snapshot(set(self.scheduler.workers), time.time())
         self._wake()
-        return {"status": "OK", "events": [] if job is None else job.events, "all_events": True}
+        return {"status": "OK", "events": [] if job is None else job.events, "all_events": True,
+                "workers": sorted(self.scheduler.workers)}
 
     def snapshot(self) -> dict[str, Any]:
         """The newest job's state as plain JSON-able data (``JobState.snapshot``); when no job runs,

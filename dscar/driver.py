@@ -486,12 +486,20 @@ class _Run:
                                 "reason": why})
 
     async def _end_job(self) -> None:
-        """The coordinator drops the job (its last events come back), then every worker at once."""
+        """The coordinator drops the job (its last events come back), then every worker at once.
+
+        The workers are the scheduler's as the coordinator answers: the client's own list, read
+        from inside its event loop, is a cached one that may still hold a worker lost minutes ago,
+        and a message to it waits out the connect timeout (3 s a fit that lost an in-process worker)."""
+        workers = None
         try:
-            self._take_events(await self.client.scheduler.dscar_end_job(job_id=self.job_id))
+            reply = await self.client.scheduler.dscar_end_job(job_id=self.job_id)
+            self._take_events(reply)
+            workers = reply.get("workers")
         except Exception:
             pass
-        await asyncio.gather(*(self._call_worker(w, "end_job", job_id=self.job_id) for w in self.cl.workers),
+        await asyncio.gather(*(self._call_worker(w, "end_job", job_id=self.job_id)
+                               for w in (self.cl.workers if workers is None else workers)),
                              return_exceptions=True)
         if self._pool is not None:
             await self._pool.close()

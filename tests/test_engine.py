@@ -435,3 +435,26 @@ def test_idle_long_polls_do_not_wake_each_other():
         per_clock = (cl.client.run_on_scheduler(wakes) - before) / clocks
     assert_exactly_once(res, 40)
     assert per_clock < 100, per_clock
+
+
+def test_the_end_of_a_fit_messages_the_live_workers_not_the_one_it_lost(monkeypatch):
+    """The job's state is dropped on every worker still there, and no message goes to a lost worker
+    (one waits out the connect timeout: 3 s at the end of every fit that lost an in-process worker)."""
+    from dscar import driver
+
+    ended: list[str] = []
+    call = driver._Run._call_worker
+
+    async def recording(self, address, op, **kw):
+        if op == "end_job":
+            ended.append(address)
+        return await call(self, address, op, **kw)
+
+    monkeypatch.setattr(driver._Run, "_call_worker", recording)
+    with dscar.Cluster(n_workers=3, processes=False) as cl:
+        res = dscar.fit(RowCounter(n_parts=1), row_data(30), cl, n_shards=6, max_clocks=3,
+                        faults=[dscar.faults.kill(2, 2)])
+        live = cl.workers
+    lost = [e["worker"] for e in res.events if e["kind"] == "worker-lost"]
+    assert len(lost) == 1 and lost[0] not in live
+    assert sorted(ended) == sorted(live)
