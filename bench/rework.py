@@ -77,7 +77,7 @@ costs the restored shards' assignments going back to their saved copies
 full). A loss in the first few clocks, before the
 topics have formed, can send the chain to another mode whose plateau is more
 than ``eps`` lower: such a run reaches the threshold very late or not within
-``max_clocks`` (150; counted as not reaching it), so read the medians too.
+``max_clocks`` (150; 60 with ``--quick``; counted as not reaching it), so read the medians too.
 
 MLR (multinomial logistic regression, local SGD on scikit-learn's digits):
 threshold = the objective within ``eps`` (5 %; 2 % in full mode) of the
@@ -146,7 +146,8 @@ Run
 ---
     python -m bench.rework                       # full: both modes, 30 + 5 trials per algorithm (Lasso
                                                  # ~20-25 min on 2 busy cores; LDA and MLR add ~25, estimated)
-    python -m bench.rework --quick               # ~4-5 min: small problems, 2 simulated + 1 real trial each
+    python -m bench.rework --quick               # ~2 min: small problems, 2 simulated trials each, 1 real
+                                                 # trial on the first algorithm only
     python -m bench.rework --quick --algo lasso  # ~1 min
     python -m bench.rework --quick --algo mf     # ~2 min (MF runs only when named)
     python -m bench.rework --simulate --trials 10 --algo mlr,mlr-text   # ~1 min: dense vs sparse SGD
@@ -307,7 +308,7 @@ def lda_problem(quick: bool) -> Problem:
         f"log-likelihood per token >= {level:.5g}: {LDA_CLIMB:.0%} of the failure-free climb from {first:.5g} "
         f"(clock 1) to the plateau {plateau:.5g} (mean of the last {window} of {ref_clocks} clocks of a "
         f"failure-free run that levelled off)",
-        n_shards=shards, max_clocks=150, seeds=LDA_SEEDS,
+        n_shards=shards, max_clocks=60 if quick else 150, seeds=LDA_SEEDS,
         info={"n_docs": docs, "vocab_size": vocab, "doc_length": length, "n_topics": topics,
               "n_tokens": corpus.n_tokens, "n_shards": shards, "plateau": plateau, "first": first,
               "climb": LDA_CLIMB, "level": level, "seeds": LDA_SEEDS},
@@ -1106,7 +1107,7 @@ def report(d: dict[str, Any]) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.rework", description=__doc__.split("\n")[0])
-    ap.add_argument("--quick", action="store_true", help="small problems, 2 simulated + 1 real trial per algorithm (~4-5 min; ~1 min per algorithm)")
+    ap.add_argument("--quick", action="store_true", help="small problems, 2 simulated trials per algorithm and 1 real-kill trial on the first only (~2 min)")
     ap.add_argument("--simulate", action="store_true", help="simulated losses only (faults.lose, one cluster)")
     ap.add_argument("--real", action="store_true", help="real kills only (faults.kill, worker processes)")
     ap.add_argument("--trials", type=int, help="simulated trials (default 30; 2 with --quick)")
@@ -1185,6 +1186,8 @@ def main(argv: list[str] | None = None) -> int:
 
         for m in modes:
             real = m == "real"
+            if real and args.quick and name != names[0]:
+                continue  # --quick: real kills on the first algorithm only (fresh clusters cost ~20 s each)
             res["modes"][m] = run_mode(
                 m, prob, st, n_real if real else n_sim, n_repeat=1 if real else (2 if args.quick else 3),
                 all_policies_ff=not (real and args.quick), trial_draws=trial_draws, p_star=p_star, t_start=t_start)
@@ -1194,7 +1197,8 @@ def main(argv: list[str] | None = None) -> int:
         results[name] = res
 
     d = {
-        "quick": args.quick, "modes": modes, "n_workers": st.n_workers, "seed": args.seed,
+        "quick": args.quick, "modes": modes,
+        "real_algorithms": [n for n in names if "real" in modes and (not args.quick or n == names[0])], "n_workers": st.n_workers, "seed": args.seed,
         "checkpoint": {"every": st.every, "fraction": st.fraction, "keep": st.keep,
                        "priority_every": st.every * st.fraction, "store": st.ckpt_dir or tempfile.gettempdir()},
         "trials": {"simulate": n_sim, "real": n_real}, "policies": {p: list(v) for p, v in POLICIES.items()},
