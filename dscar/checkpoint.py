@@ -25,14 +25,20 @@ flushed and its SHA-256 recorded. A partition's value at a version is its
 *chain*: the initial values (checkpoint 0, deterministic from the seed), then
 each listed entry in order: a full save replaces every row, a priority save
 (``index`` + ``values``) replaces those rows. ``full`` checkpoints give chains
-of one entry; ``priority`` checkpoints add one entry per version. A shard's
+of one entry; ``priority`` checkpoints add one entry per version, up to
+``max_chain`` entries: then the partition's next save writes it whole, which
+starts its chain anew (older entries, and files no kept manifest names, go).
+A shard's
 saved state is whole: the manifest's ``states`` names, per shard, the newest
 entry that holds it.
 
 Priority (SCAR): with fraction ``r`` every ``r * C`` clocks, each partition
 saves the ``r * rows`` rows (on average over saves: ``priority_count``) whose
 value moved most (L2 norm of current - last saved): the same rows, and with
-this format nearly the same bytes, as a full save every ``C`` clocks.
+this format nearly the same bytes, as a full save every ``C`` clocks. A whole
+save in a priority chain is paid for from the rows the partition's next saves
+would write, spread over the saves until its next whole one (``whole_count``),
+so the bytes stay those of full checkpoints.
 """
 from __future__ import annotations
 
@@ -52,6 +58,7 @@ from . import wire
 from .errors import DscarError, InvalidInputError
 
 MANIFEST_RE = re.compile(r"manifest-(\d{8})\.json$")
+DATA_DIR_RE = re.compile(r"^v(\d{8})$")  #: a version's data folder (``data_dir``)
 #: the store layout manifests describe (2: one raw file per writer and version, ranges per entry)
 FORMAT = 2
 
@@ -80,6 +87,9 @@ class CheckpointConfig:
     ``period`` clocks) or ``"auto"``: every Young/Daly period ``sqrt(2 cost MTBF)``,
     from the checkpoints' measured cost and ``mtbf`` (seconds; None: observed from
     the job's own losses, and ``period`` until one happens); see ``dscar.intervals``.
+    ``max_chain``: the most entries a partition's priority chain holds before its
+    next save writes it whole; bounds the manifests, the files kept and what a
+    restore reads, however long the fit runs.
     """
 
     url: str
@@ -92,6 +102,7 @@ class CheckpointConfig:
     memory: bool = False
     interval: str = "fixed"
     mtbf: float | None = None
+    max_chain: int = 50
 
     def validate(self) -> "CheckpointConfig":
         from . import validation as v
@@ -109,6 +120,7 @@ class CheckpointConfig:
                 f"priority checkpoints every r*C = {self.fraction * self.every:g} clocks: need r*C >= 1"
             )
         v.integer("keep", self.keep, 1)
+        v.integer("max_chain", self.max_chain, 2)
         if not isinstance(self.memory, bool):
             raise InvalidInputError(f"checkpoint memory must be True or False, got {self.memory!r}")
         v.choice("checkpoint interval", self.interval, ("fixed", "auto"))
@@ -186,14 +198,23 @@ def needs_store(faults) -> bool:
     return any(getattr(f, "kind", None) in ("kill", "hang") for f in faults)
 
 
-def priority_count(n: int, fraction: float, credit: float) -> tuple[int, float]:
+def priority_count(n: int, fraction: float, credit: float, repay: float = 0.0) -> tuple[int, float]:
     """How many rows a priority save takes from a partition of ``n`` rows, and the credit carried
     to its next save: ``fraction * n`` rows per save on average, exactly (at r = 0.1 a partition of
     125 rows saves 12 and 13 rows in turn, not 13 every time; one of 2 rows saves a row every
-    fifth time), so priority checkpoints write the rows a full one would, no more."""
-    credit += fraction * n
-    k = min(n, int(math.floor(credit + 1e-9)))  # 1e-9: 0.1 * 10 rows is a whole row, not 0.99...
-    return k, max(credit - k, 0.0)
+    fifth time), so priority checkpoints write the rows a full one would, no more; less by
+    ``repay`` rows while the partition pays for a whole save (``whole_count``)."""
+    credit += fraction * n - repay
+    k = max(0, min(n, int(math.floor(credit + 1e-9))))  # 1e-9: 0.1 * 10 rows is a whole row, not 0.99...
+    rest = credit - k  # negative while a repayment exceeds the share: carried, not forgiven
+    return k, 0.0 if -1e-6 < rest < 0 else rest
+
+
+def whole_count(n: int, fraction: float, credit: float) -> tuple[int, float]:
+    """A whole save of a partition in a priority chain (``max_chain``): all ``n`` rows now, and the
+    debt beyond this save's share and the credit it had, which its next saves repay (``repay``
+    of ``priority_count``), so the bytes over time stay ``fraction * n`` rows a save."""
+    return n, n - fraction * n - credit  # negative (a credit left) only for a partition of a row or two
 
 
 def moved(current: np.ndarray, saved: np.ndarray) -> np.ndarray:
@@ -485,27 +506,37 @@ def find_resume(cfg: CheckpointConfig, want: dict, tables: list, skipped: list[d
 
 
 def retain(fs, root: str, keep: int) -> list[str]:
-    """Delete manifests older than the ``keep`` newest, and files no kept manifest names."""
+    """Delete manifests older than the ``keep`` newest and, in the data folders of every version
+    older than the newest kept one, the files no kept manifest names.
+
+    Every such folder is looked at again at each call until its last file goes: a priority chain
+    names a version's file for up to ``max_chain`` versions, an abandoned version's files are
+    named by none. Newer folders belong to versions still being written."""
     versions = list_versions(fs, root)
     kept, dropped = versions[-keep:], versions[:-keep]
     for v in dropped:
         fs.rm(manifest_path(root, v))
+    if not kept:
+        return []
     referenced = set()
     for v in kept:
         m = load_manifest(fs, root, v)
         referenced.update(e["path"] for chain in m["chains"].values() for e in chain)
         referenced.update(e["path"] for e in m.get("states", {}).values())
     removed = []
-    for v in dropped:
-        d = data_dir(root, v)
-        if not fs.exists(d):
+    for d in fs.ls(root, detail=False):
+        m = DATA_DIR_RE.match(posixpath.basename(d.rstrip("/")))
+        if m is None or int(m.group(1)) >= kept[-1]:
             continue
         for p in fs.ls(d, detail=False):
             if p not in referenced and posixpath.join("/", p) not in referenced:
                 fs.rm(p)
                 removed.append(p)
         if not fs.ls(d, detail=False):
-            fs.rmdir(d)
+            try:
+                fs.rmdir(d)
+            except OSError:  # a late writer of an abandoned version put a file there meanwhile
+                pass
     return removed
 
 

@@ -104,6 +104,9 @@ def _add_common(run: argparse.ArgumentParser) -> None:
                    help="mean time between worker failures, for --checkpoint-interval auto "
                         "(default: observed from the job's losses; C until one happens)")
     g.add_argument("--keep", type=arg_int(1), default=3, help="checkpoint versions kept (default 3)")
+    g.add_argument("--max-chain", type=arg_int(2), default=50, metavar="N",
+                   help="priority checkpoints: a partition whose chain holds N entries is saved whole next, "
+                        "so old files can go (default 50)")
     g.add_argument("--recovery", choices=("partial", "full"), default="partial",
                    help="partial: restore only a lost worker's partitions and shard states (SCAR, default); full: roll every parameter "
                         "table and shard state back to the newest checkpoint (the clock counter keeps counting)")
@@ -134,7 +137,8 @@ def _checkpoint_config(args, faults: list):
         print(f"dscar: injected worker losses: keeping checkpoints in {url} (removed at the end)", flush=True)
     return CheckpointConfig(url, policy=args.checkpoint_policy, every=args.checkpoint_every,
                             fraction=args.checkpoint_fraction, keep=args.keep, recovery=args.recovery,
-                            memory=args.memory_tier, interval=args.checkpoint_interval, mtbf=args.mtbf)
+                            memory=args.memory_tier, interval=args.checkpoint_interval, mtbf=args.mtbf,
+                            max_chain=args.max_chain)
 
 
 def _cluster(args):

@@ -471,7 +471,8 @@ class Coordinator(SchedulerPlugin):
         t0 = time.monotonic()
         results = await asyncio.gather(*(
             self._rpc(w, "checkpoint", timeout=SNAPSHOT_TIMEOUT_S, job_id=job.cfg.job_id, version=c.version, url=cfg.url,
-                      fraction=cfg.save_fraction, storage_options=cfg.storage_options, state_shards=c.writers[w])
+                      fraction=cfg.save_fraction, storage_options=cfg.storage_options, state_shards=c.writers[w],
+                      whole=[list(k) for k in c.whole.get(w, ())], max_chain=cfg.max_chain)
             for w in writers
         ), return_exceptions=True)
         self._do(job, job.snapshotted("checkpoint", time.time()))  # every owner has its snapshot (or failed): tables may change

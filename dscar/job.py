@@ -16,7 +16,7 @@ after a loss, always starts from the state as of the pass's start.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from .checkpoint import state_shards
@@ -55,6 +55,7 @@ class StartRecovery:
 class Checkpoint:
     version: int
     writers: dict[str, list[int]]  # worker -> shards whose state it saves (every param owner writes)
+    whole: dict[str, list[tuple[str, int]]] = field(default_factory=dict)  # worker -> partitions it saves whole
 
 
 @dataclass(frozen=True)
@@ -114,7 +115,7 @@ class JobState:
         self.policies = list(policies or ())
         #: checkpoint versions (None without a store)
         self.ledger = None if cfg.checkpoint is None else CheckpointLedger(
-            cfg.checkpoint.policy, cfg.checkpoint.keep, resume)
+            cfg.checkpoint.policy, cfg.checkpoint.keep, resume, cfg.checkpoint.max_chain)
         ck = cfg.checkpoint
         #: when checkpoints are due: every ``period`` clocks, or a period from measurements
         #: (``interval="auto"``); None without a store
@@ -567,13 +568,18 @@ class JobState:
             h = self.queue.holder(s)
             if h is not None and h not in self.lost:
                 writers.setdefault(h, []).append(s)
-        version = self.ledger.start(clock, writers)
+        whole: dict[str, list[tuple[str, int]]] = {}
+        for t, p in self.ledger.whole_due(self._param_parts()):
+            w = self.pmap.owners.get((t, p))
+            if w in writers:
+                whole.setdefault(w, []).append((t, p))
+        version = self.ledger.start(clock, writers, [k for ks in whole.values() for k in ks])
         self.ckpt_cost[version] = {"stall": None, "write": 0.0, "written": False}
         self.schedule.taken(clock)
         self._replan(now)
         self.snapshotting.add("checkpoint")
         self.event(now, "checkpoint-started", version=version, policy=cfg.policy, fraction=cfg.save_fraction, **info)
-        return Checkpoint(version, writers)
+        return Checkpoint(version, writers, whole)
 
     def _replan(self, now: float) -> None:
         """The automatic interval chooses its period again; a change is an event."""
@@ -638,10 +644,13 @@ class JobState:
             self.schedule.record_cost(cost["stall"] + cost["write"])
             self._replan(now)
 
+    def _param_parts(self) -> dict[str, int]:
+        """Param table -> its number of partitions (the tables checkpoints save)."""
+        return {t: l.n_parts for t, l in self.pmap.layouts.items() if self.cfg.kinds[t] == "param"}
+
     def _build_manifests(self, now: float) -> None:
-        tables = {t: l.n_parts for t, l in self.pmap.layouts.items() if self.cfg.kinds[t] == "param"}
         _, abandoned = self.ledger.build(
-            tables, now, job=self.cfg.job_id, fraction=self.cfg.checkpoint.save_fraction,
+            self._param_parts(), now, job=self.cfg.job_id, fraction=self.cfg.checkpoint.save_fraction,
             tables=[[t, l.n_rows, l.n_parts, self.cfg.kinds[t]] for t, l in self.pmap.layouts.items()])
         for v, reason in abandoned:
             self.ckpt_cost.pop(v, None)

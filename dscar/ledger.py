@@ -41,16 +41,20 @@ class PendingVersion:
     files: list[dict] = field(default_factory=list)
     #: why the version cannot complete (a writer failed or was lost); None while it can
     failed: str | None = None
+    #: partitions ``(table, part)`` this version saves whole (their chains reached ``max_chain``)
+    whole: set = field(default_factory=set)
 
 
 class CheckpointLedger:
     """Versions pending, complete (manifest built, waiting to be published) and published."""
 
-    def __init__(self, policy: str, keep: int, resume: dict | None = None):
+    def __init__(self, policy: str, keep: int, resume: dict | None = None, max_chain: int = 50):
         #: "full" (each version replaces every chain) or "priority" (each version extends them)
         self.policy = policy
         #: published versions kept for recovery
         self.keep = max(int(keep), 1)
+        #: a priority chain this long has its partition saved whole next (``whole_due``)
+        self.max_chain = max(int(max_chain), 2)
         #: the newest version started
         self.version = 0
         #: versions still being written, by number
@@ -72,11 +76,29 @@ class CheckpointLedger:
         self.version = max(self.version, int(manifest["version"]))
         self.state_saved = {int(s): int(manifest["clock"]) for s in manifest.get("states", {})}
 
-    def start(self, clock: int, writers: Iterable[str]) -> int:
-        """A new version: ``writers`` snapshot now and report when their files are durable."""
+    def start(self, clock: int, writers: Iterable[str], whole: Iterable[tuple[str, int]] = ()) -> int:
+        """A new version: ``writers`` snapshot now and report when their files are durable;
+        the partitions of ``whole`` (``whole_due``) save all their rows."""
         self.version += 1
-        self.pending[self.version] = PendingVersion(self.version, clock, set(writers))
+        self.pending[self.version] = PendingVersion(self.version, clock, set(writers), whole=set(whole))
         return self.version
+
+    def whole_due(self, parts: dict[str, int]) -> list[tuple[str, int]]:
+        """Partitions ``(table, part)`` the next version should save whole: their chains in the
+        newest manifest hold ``max_chain`` entries and no pending version saves them whole yet.
+
+        Longest chains first, at most one partition in ``max_chain`` per version: chains that grew
+        together are made whole over several versions, not in one burst of bytes. Whatever
+        happens to the version (abandoned: a writer lost), the chain stays long and is asked again.
+        """
+        if self.policy != "priority" or self.built is None:
+            return []
+        asked = set().union(*(p.whole for p in self.pending.values()))
+        chains = self.built["chains"]
+        due = [(len(chains.get(chain_key(t, p), ())), t, p) for t, n in parts.items() for p in range(n)
+               if (t, p) not in asked and len(chains.get(chain_key(t, p), ())) >= self.max_chain]
+        cap = -(-sum(parts.values()) // self.max_chain)
+        return [(t, p) for _, t, p in sorted(due, key=lambda x: (-x[0], x[1], x[2]))[:cap]]
 
     def written(self, version: int, worker: str, files: list[dict], error: str | None = None) -> bool:
         """``worker`` finished writing ``version`` (or failed); False for an unknown version."""
@@ -118,7 +140,8 @@ class CheckpointLedger:
                 for part in range(n_parts):
                     key = chain_key(table, part)
                     new = [f for f in p.files if f.get("table") == table and f.get("part") == part]
-                    chains[key] = new if (self.policy == "full" and new) else list(prev.get(key, [])) + new
+                    whole = bool(new) and (self.policy == "full" or not new[-1].get("partial", True))
+                    chains[key] = new if whole else list(prev.get(key, [])) + new  # a whole save starts it anew
             states = dict(self.built["states"]) if self.built else {}  # shard -> newest file with its state
             for f in p.files:
                 for shard in f.get("shards", ()):

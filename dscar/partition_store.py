@@ -51,6 +51,8 @@ class PartitionStore:
         self.saved: dict[Part, np.ndarray] = {}
         #: (table, part) -> fraction of a row a priority save owes it (``checkpoint.priority_count``)
         self.credit: dict[Part, float] = {}
+        #: (table, part) -> (rows still owed for its last whole save, rows each save repays)
+        self.debt: dict[Part, tuple[float, float]] = {}
         #: (clock, shard, attempt) -> (run id, updates) staged here by attempts, applied if they commit
         self.staged: dict[Key, tuple[int, list[Update]]] = {}
         #: SSP: (table, part, clock) -> a reduction partition's sums of that clock (several clocks are
@@ -80,6 +82,7 @@ class PartitionStore:
         with self.lock:
             self.parts.clear()
             self.saved.clear()
+            self.debt.clear()
             self.staged.clear()
             self.sums.clear()
 
@@ -216,13 +219,16 @@ class PartitionStore:
                     if self.specs[t].kind == "param"]
 
     # ------------------------------------------------------------ checkpoints
-    def snapshot(self, fraction: float) -> tuple[list[tuple[str, int, np.ndarray | None, np.ndarray]], float]:
+    def snapshot(self, fraction: float, whole: set[Part] = frozenset(), max_chain: int = 50
+                 ) -> tuple[list[tuple[str, int, np.ndarray | None, np.ndarray]], float]:
         """What a checkpoint of the param partitions writes: ``(table, part, rows, values)``, all
         rows (``fraction >= 1``, ``rows`` None) or the ``fraction`` that moved most since their
         last save (``fraction * rows`` on average; a save that owes a tiny partition no row skips
-        it); the saved copies are updated as if the write succeeded. Also the squared norm of the
-        change they held since their saved copies, before this save: the perturbation losing them
-        just before it would have caused (``intervals.rework_estimate``)."""
+        it); the partitions of ``whole`` all their rows, paid for by their next ``max_chain - 1``
+        saves (``checkpoint.whole_count``); the saved copies are updated as if the write succeeded.
+        Also the squared norm of the change they held since their saved copies, before this
+        save: the perturbation losing them just before it would have caused
+        (``intervals.rework_estimate``)."""
         snaps, unsaved = [], 0.0
         with self.lock:
             for (table, part), arr in sorted(self.parts.items()):
@@ -235,9 +241,18 @@ class PartitionStore:
                     unsaved += float(moved.sum())
                 if fraction >= 1 or moved is None:
                     rows, values = None, current.copy()
+                elif (table, part) in whole:
+                    _, debt = ckpt.whole_count(current.shape[0], fraction, self.credit.get((table, part), 0.0))
+                    self.credit[(table, part)] = max(-debt, 0.0)
+                    self.debt[(table, part)] = (max(debt, 0.0), max(debt, 0.0) / max(max_chain - 1, 1))
+                    rows, values = None, current.copy()
                 else:
+                    debt, rate = self.debt.pop((table, part), (0.0, 0.0))
+                    repay = min(debt, rate)
+                    if debt - repay > 1e-9:
+                        self.debt[(table, part)] = (debt - repay, rate)
                     k, self.credit[(table, part)] = ckpt.priority_count(
-                        current.shape[0], fraction, self.credit.get((table, part), 0.0))
+                        current.shape[0], fraction, self.credit.get((table, part), 0.0), repay)
                     if not k:
                         continue  # this save owes the partition no row: its chain goes on unchanged
                     rows = ckpt.priority_rows(moved, k)

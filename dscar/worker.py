@@ -287,10 +287,13 @@ class ParamServer(WorkerPlugin):
         return {"status": "OK", "arrays": to_serialize(host), "state": to_serialize(state)}
 
     async def _h_checkpoint(self, job_id: str, version: int, url: str, fraction: float,
-                            storage_options: dict | None = None, state_shards: list | None = None) -> dict:
+                            storage_options: dict | None = None, state_shards: list | None = None,
+                            whole: list | None = None, max_chain: int = 50) -> dict:
         """Snapshot this worker's param partitions and shard states now; write them in the background.
 
-        Each partition saves all its rows (``fraction == 1``) or the ``fraction``
+        Each partition saves all its rows (``fraction == 1``, or it is one of
+        ``whole``: ``[table, part]`` whose chain is at ``max_chain``, paid for by its next
+        ``max_chain - 1`` saves) or the ``fraction``
         that moved most since their last save; each shard of ``state_shards`` held
         here saves its whole state. When every file is written and fsynced, the
         coordinator is told (``dscar_ckpt_written``).
@@ -300,14 +303,17 @@ class ParamServer(WorkerPlugin):
             return {"status": "unknown-job"}
         if await self._ainject(job, "checkpoint"):
             return {"status": "stopped"}
-        snaps, states, unsaved = await asyncio.to_thread(self._snapshot, job, fraction, state_shards)
+        whole_parts = {(str(t), int(p)) for t, p in whole or ()}
+        snaps, states, unsaved = await asyncio.to_thread(self._snapshot, job, fraction, state_shards, whole_parts,
+                                                         max_chain)
         threading.Thread(target=self._write_checkpoint, args=(job, version, url, storage_options, snaps, states),
                          name=f"dscar-ckpt-{version}", daemon=True).start()
         return {"status": "OK", "parts": len(snaps), "unsaved_sq": unsaved}
 
-    def _snapshot(self, job: Job, fraction: float, state_shards: list | None) -> tuple[list, dict, float]:
+    def _snapshot(self, job: Job, fraction: float, state_shards: list | None,
+                  whole: set[tuple[str, int]], max_chain: int) -> tuple[list, dict, float]:
         with job.tables.lock:
-            snaps, unsaved = job.tables.snapshot(fraction)
+            snaps, unsaved = job.tables.snapshot(fraction, whole, max_chain)
             return snaps, job.shards.states(state_shards or ()), unsaved
 
     def _write_checkpoint(self, job: Job, version: int, url: str, storage_options, snaps: list, states: dict) -> None:

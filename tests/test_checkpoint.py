@@ -24,6 +24,7 @@ from dscar import checkpoint as ckpt
         (dict(policy="sometimes"), "policy"),
         (dict(recovery="magic"), "recovery"),
         (dict(keep=0), "keep"),
+        (dict(max_chain=1), "max_chain must be an integer >= 2"),
         (dict(interval="sometimes"), "checkpoint interval"),
         (dict(interval="auto", mtbf=0.0), "mtbf"),
         (dict(mtbf=60.0), "interval='auto'"),
@@ -328,3 +329,72 @@ def test_shard_states_share_the_writer_s_file_and_round_trip_and_detect_corrupti
     assert set(ckpt.read_state(fs, s7, 7)) == {"z", "n"}  # another shard's range still verifies
     with pytest.raises(ckpt.CorruptCheckpointError, match="not a state entry"):
         ckpt.read_state(fs, s7, 3)
+
+
+@given(st.integers(1, 500), st.sampled_from([0.05, 0.1, 0.25]), st.sampled_from([2, 10, 50]),
+       st.lists(st.booleans(), min_size=1, max_size=120))
+@hsettings(max_examples=300, deadline=None)
+def test_whole_saves_in_a_priority_chain_are_paid_for_by_the_next_saves(n, r, max_chain, whole):
+    """``max_chain``'s whole saves keep the bytes of full checkpoints: the rows written, plus the
+    credit, minus the debt, are the budget, and the saves that repay it still write rows when
+    their share exceeds the repayment."""
+    credit, debt, rate, total = 0.0, 0.0, 0.0, 0
+    for i, w in enumerate(whole):
+        # a chain is asked for a whole save only when it holds max_chain entries: its partition
+        # made max_chain - 1 saves since the last one, and they repaid it
+        if w and debt == 0:
+            k, debt = ckpt.whole_count(n, r, credit)
+            credit, debt = max(-debt, 0.0), max(debt, 0.0)
+            rate = debt / (max_chain - 1)
+            assert k == n
+        else:
+            repay = min(debt, rate)
+            debt = debt - repay if debt - repay > 1e-9 else 0.0
+            k, credit = ckpt.priority_count(n, r, credit, repay)
+            assert 0 <= k <= n and credit < 1 and (credit >= 0 or k == 0)
+            if repay and r * n - rate >= 1:
+                assert k >= 1  # repaying a debt slows the saves down, it does not stop them
+        total += k
+        budget = r * n * (i + 1)
+        assert abs(total + credit - debt - budget) < 1e-6 * (i + 1)
+
+
+def test_a_chain_at_max_chain_is_saved_whole_next_and_starts_anew():
+    from dscar.ledger import CheckpointLedger
+
+    led = CheckpointLedger("priority", keep=3, max_chain=3)
+    parts = {"w": 4}
+
+    def version(whole, complete=True):
+        v = led.start(v_clock[0], {"a"}, whole)
+        v_clock[0] += 1
+        if complete:
+            led.written(v, "a", [{"table": "w", "part": p, "path": f"v{v}", "sha256": "0", "bytes": 1,
+                                  "partial": ("w", p) not in set(whole)} for p in range(4)])
+        else:
+            led.written(v, "a", [], "disk full")
+        led.build(parts, 0.0)
+        return v
+
+    v_clock = [1]
+    lengths = []
+    for _ in range(12):
+        due = led.whole_due(parts)
+        if len(lengths) == 3:  # the first time chains reach 3: half the partitions (one in max_chain
+            assert due == [("w", 0), ("w", 1)]  # of the 4, rounded up) are saved whole this version
+        version(due)
+        lengths.append([len(led.built["chains"][f"w/{p}"]) for p in range(4)])
+    assert max(max(x) for x in lengths) <= 4  # max_chain, plus one version's wait for its turn
+    assert lengths[3] == [1, 1, 4, 4] and lengths[4] == [2, 2, 1, 1]
+    # a pending version that saves a partition whole is not asked again; an abandoned one is
+    led2 = CheckpointLedger("priority", keep=3, max_chain=2)
+    led, v_clock = led2, [1]
+    version([]), version([])
+    due = led.whole_due(parts)
+    assert due == [("w", 0), ("w", 1)]
+    v = led.start(5, {"a"}, due)
+    assert led.whole_due(parts) == [("w", 2), ("w", 3)]
+    led.written(v, "a", [], "disk full")
+    led.build(parts, 0.0)  # abandoned: the chains stay long and are asked for again
+    assert led.whole_due(parts) == [("w", 0), ("w", 1)]
+    assert CheckpointLedger("full", keep=3, max_chain=2).whole_due(parts) == []

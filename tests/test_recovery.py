@@ -403,3 +403,34 @@ def test_a_loss_after_the_last_clock_is_reported_with_the_model_it_returns():
     run.events, run._last_report_at = [{"time": 5.0, "kind": "worker-lost", "worker": "a"}], 7.0
     run._note_late_recovery(12)
     assert not any(e["kind"] == "model-restored" for e in run.events)
+
+
+def test_priority_chains_stay_short_old_files_go_and_the_checkpoint_restores_the_model(tmp_path):
+    """A priority checkpoint every clock for 24 clocks with ``max_chain`` 3: chains are made whole
+    in turn, retention deletes the files no kept manifest names, and a resume from the newest
+    version restores a model at least as good as the one 8 clocks before it."""
+    X, y, alpha = lasso_problem()
+    algo = LassoCD(alpha, tol=1e-12, max_working_set=8, working_set_start=8)
+    cfg = CheckpointConfig(str(tmp_path), policy="priority", every=10, fraction=0.1, max_chain=3)
+    with dscar.Cluster(n_workers=2, processes=False) as cl:
+        first = dscar.fit(algo, {"X": X, "y": y}, cl, n_shards=4, max_clocks=24, checkpoint=cfg)
+        fs, root = ckpt.fs_and_root(cfg.url)
+        versions = ckpt.list_versions(fs, root)
+        m = ckpt.load_manifest(fs, root, versions[-1])
+        assert m["clock"] == 24 and m["version"] >= 20  # a checkpoint a clock (the flush publishes the last)
+        chains = list(m["chains"].values())
+        assert chains and all(len(c) <= 4 for c in chains)  # max_chain, plus a version's wait for its turn
+        # a chain starts with a whole save, or has not reached max_chain since the initial values
+        # (a partition of a row or two saves a row every few versions)
+        assert all(not c[0]["partial"] or len(c) < 3 for c in chains)
+        assert not m["chains"]["w/0"][0]["partial"] and not m["chains"]["w/1"][0]["partial"]
+        kept = set()
+        for v in versions:
+            mv = ckpt.load_manifest(fs, root, v)
+            kept |= {e["path"] for e in [*(e for c in mv["chains"].values() for e in c), *mv["states"].values()]}
+        on_disk = {p for p in fs.find(root) if p.endswith(".bin")}
+        assert {fs._strip_protocol(p) for p in kept} == {fs._strip_protocol(p) for p in on_disk}
+        assert len(on_disk) < m["version"] // 2  # one file per writer and version: most versions' files are gone
+        second = dscar.fit(algo, {"X": X, "y": y}, cl, n_shards=4, max_clocks=25, checkpoint=cfg, resume=True)
+        assert second.history[0].clock == 25
+        assert second.history[0].objective <= first.history[16 - 1].objective

@@ -245,3 +245,17 @@ def test_the_stores_import_no_dask():
         names = [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
         names += [n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and not n.level]
         assert not [n for n in names if n.split(".")[0] in ("dask", "distributed")], mod.__name__
+
+
+def test_a_whole_save_writes_every_row_and_the_next_saves_pay_for_it():
+    store = _store(rows=40, parts=1)
+    store.parts[("w", 0)] += np.arange(40.0)
+    ((_, _, rows, values),), _ = store.snapshot(0.25, {("w", 0)}, max_chain=7)
+    assert rows is None and np.array_equal(values, store.parts[("w", 0)])
+    # 40 rows, 30 beyond this save's share of 10: the next max_chain - 1 = 6 saves repay 5 each
+    written = []
+    for _ in range(7):
+        store.parts[("w", 0)] += np.arange(40.0)
+        ((_, _, rows, _),), _ = store.snapshot(0.25, max_chain=7)
+        written.append(len(rows))
+    assert written == [5] * 6 + [10]
