@@ -417,7 +417,7 @@ def test_priority_chains_stay_short_old_files_go_and_the_checkpoint_restores_the
         fs, root = ckpt.fs_and_root(cfg.url)
         versions = ckpt.list_versions(fs, root)
         m = ckpt.load_manifest(fs, root, versions[-1])
-        assert m["clock"] == 24 and m["version"] >= 20  # a checkpoint a clock (the flush publishes the last)
+        assert m["clock"] == 24 and m["version"] == 24  # a checkpoint a clock (the flush publishes the last)
         chains = list(m["chains"].values())
         assert chains and all(len(c) <= 4 for c in chains)  # max_chain, plus a version's wait for its turn
         # a chain starts with a whole save, or has not reached max_chain since the initial values
@@ -430,7 +430,9 @@ def test_priority_chains_stay_short_old_files_go_and_the_checkpoint_restores_the
             kept |= {e["path"] for e in [*(e for c in mv["chains"].values() for e in c), *mv["states"].values()]}
         on_disk = {p for p in fs.find(root) if p.endswith(".bin")}
         assert {fs._strip_protocol(p) for p in kept} == {fs._strip_protocol(p) for p in on_disk}
-        assert len(on_disk) < m["version"] // 2  # one file per writer and version: most versions' files are gone
+        # a file per writer (2) and version without deletion; the chains name at most 4 versions'
+        # files each (a tiny partition's chain may be short in entries but reach far back)
+        assert len(on_disk) < m["version"], (len(on_disk), m["version"])
         second = dscar.fit(algo, {"X": X, "y": y}, cl, n_shards=4, max_clocks=25, checkpoint=cfg, resume=True)
         assert second.history[0].clock == 25
         assert second.history[0].objective <= first.history[16 - 1].objective
