@@ -251,6 +251,8 @@ def plan_run(seed: int, index: int, kind: str, points: list[str], clocks: int = 
         plan["checkpoint"]["recovery"] = rng.choice(["partial", "full"])
         # the memory tier in half the runs (its own random stream: the other draws stay as they were)
         plan["checkpoint"]["memory"] = random.Random(seed * 1_000_003 + index + 7_919).random() < 0.5
+        if plan["checkpoint"]["policy"] == "priority":  # chains made whole every 2 or 3 entries, or the default
+            plan["checkpoint"]["max_chain"] = random.Random(seed * 1_000_003 + index + 15_485_863).choice([2, 3, 50])
     # stale-synchronous clocks in half the runs, s = 1 or 2 (a stream of its own too)
     ssp = random.Random(seed * 1_000_003 + index + 104_729)
     plan["staleness"] = ssp.choice([1, 2]) if ssp.random() < 0.5 else 0
@@ -476,7 +478,7 @@ def run_one(plan: dict[str, Any]) -> dict[str, Any]:
     ck = plan["checkpoint"]
     cfg = None if ck is None else dscar.CheckpointConfig(
         os.path.join(tmp, "ckpt"), policy=ck["policy"], every=ck["every"], fraction=ck["fraction"],
-        recovery=ck["recovery"], memory=ck.get("memory", False))
+        recovery=ck["recovery"], memory=ck.get("memory", False), max_chain=ck.get("max_chain", 50))
     s = plan.get("staleness", 0)
     algo = ExactlyOnce(plan["clocks"], plan["work_s"], marker, s)
     data = {"x": np.arange(plan["n_shards"], dtype=np.float64)}
