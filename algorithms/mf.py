@@ -182,8 +182,8 @@ class ALS(Algorithm):
     """Explicit MF by ALS as a dscar algorithm (tables ``user``, ``item``, [``user_bias``, ``item_bias``], ``stats``).
 
     ``bias_reg``: the ridge on each bias (not scaled by count); ``dtype``: accumulation precision
-    of the normal equations; ``kernel``: ``"auto"`` (compiled on NumPy, namespace on CuPy),
-    ``"compiled"`` or ``"namespace"`` (the batched array-namespace reference).
+    of the normal equations; ``kernel``: ``"auto"`` or ``"compiled"`` (compiled on NumPy, namespace
+    on CuPy) or ``"namespace"`` (the batched array-namespace reference, the code CuPy runs).
     """
 
     name = "mf"
@@ -243,8 +243,9 @@ class ALS(Algorithm):
         return xp.asarray(full[start:stop])
 
     def _compiled(self, xp) -> bool:
-        """Whether shards on namespace ``xp`` run the compiled CPU kernel (NumPy only; CuPy runs the namespace path)."""
-        return self.kernel == "compiled" or (self.kernel == "auto" and xp is np)
+        """Whether shards on namespace ``xp`` run the compiled CPU kernel (NumPy only; CuPy runs the namespace
+        path whatever ``kernel`` says: the compiled kernel cannot read device arrays)."""
+        return xp is np and self.kernel != "namespace"
 
     def prepare_shard(self, arrays: dict[str, Any], xp) -> dict[str, Any]:
         """Index the shard once: its row range, its training ratings grouped by row, its test ratings.

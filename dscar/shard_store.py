@@ -18,7 +18,7 @@ from typing import Any, Iterable
 
 import numpy as np
 
-from .xp import to_host
+from .xp import is_array, to_host
 
 @dataclass
 class ShardEntry:
@@ -32,7 +32,7 @@ class ShardEntry:
     def movable(self) -> tuple[dict, dict]:
         """Host copies of what travels when the shard moves: its arrays (a cache a step keeps with
         its data, such as Lasso's Gram of the columns seen, stays behind and is rebuilt) and state."""
-        return ({k: to_host(v) for k, v in self.data.items() if _is_array(v)},
+        return ({k: to_host(v) for k, v in self.data.items() if is_array(v)},
                 {k: to_host(v) for k, v in self.state.items()})
 
 
@@ -109,10 +109,3 @@ class ShardStore:
         with self.lock:
             self.shards.clear()
             self.pending.clear()
-
-
-def _is_array(v) -> bool:
-    """A NumPy / CuPy / SciPy-sparse array (not a tuple or dict of them)."""
-    import scipy.sparse as sp
-
-    return isinstance(v, np.ndarray) or sp.issparse(v) or hasattr(v, "__cuda_array_interface__")

@@ -26,6 +26,12 @@ def select_namespace(prefer_gpu: bool = True) -> ModuleType:
     return np
 
 
+def is_array(v) -> bool:
+    """A NumPy, CuPy, SciPy-sparse or CuPy-sparse array (not a tuple or dict of them)."""
+    return (isinstance(v, np.ndarray) or sp.issparse(v) or hasattr(v, "__cuda_array_interface__")
+            or type(v).__module__.startswith("cupyx.scipy.sparse"))
+
+
 def to_host(a):
     """A host NumPy (or SciPy sparse) copy-or-view of ``a``."""
     if isinstance(a, np.ndarray) or sp.issparse(a):

@@ -200,3 +200,14 @@ def test_dscar_run_mf():
     assert "dscar run mf: synthetic ratings 500 users x 200 items" in r.stdout
     last = r.stdout.strip().splitlines()[-1]
     assert last.startswith("dscar mf: ") and "on 2 worker(s)" in last and "test_rmse=" in last
+
+
+def test_the_compiled_kernel_runs_on_numpy_only():
+    """On CuPy every kernel choice runs the namespace path (the compiled kernel cannot read device
+    arrays: found on a GPU, where kernel="compiled" failed every shard)."""
+    import types
+
+    cupy_like = types.ModuleType("cupy")
+    for kernel, on_numpy in (("auto", True), ("compiled", True), ("namespace", False)):
+        algo = ALS(10, 10, 2, kernel=kernel)
+        assert algo._compiled(np) is on_numpy and algo._compiled(cupy_like) is False

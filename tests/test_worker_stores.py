@@ -259,3 +259,14 @@ def test_a_whole_save_writes_every_row_and_the_next_saves_pay_for_it():
         ((_, _, rows, _),), _ = store.snapshot(0.25, max_chain=7)
         written.append(len(rows))
     assert written == [5] * 6 + [10]
+
+
+def test_a_shard_moves_with_its_device_sparse_arrays():
+    """CuPy's sparse matrices are arrays to move (found on a GPU: a sparse Lasso / MLR shard that
+    moved lost its X); a cache a step keeps with the data stays behind."""
+    from dscar.xp import is_array
+
+    csr = type("csr_matrix", (), {"__module__": "cupyx.scipy.sparse._csr"})()
+    assert is_array(csr) and is_array(np.zeros(2)) and not is_array({"gram": np.zeros(2)})
+    entry = ShardEntry(data={"X": np.ones((2, 2)), "cache": {"gram": np.eye(2)}})
+    assert set(entry.movable()[0]) == {"X"}
