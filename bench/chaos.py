@@ -478,7 +478,7 @@ def run_one(plan: dict[str, Any]) -> dict[str, Any]:
     ck = plan["checkpoint"]
     cfg = None if ck is None else dscar.CheckpointConfig(
         os.path.join(tmp, "ckpt"), policy=ck["policy"], every=ck["every"], fraction=ck["fraction"],
-        recovery=ck["recovery"], memory=ck.get("memory", False), max_chain=ck.get("max_chain", 50))
+        recovery=ck["recovery"], memory=ck.get("memory", False), max_chain=ck.get("max_chain", dscar.checkpoint.MAX_CHAIN))
     s = plan.get("staleness", 0)
     algo = ExactlyOnce(plan["clocks"], plan["work_s"], marker, s)
     data = {"x": np.arange(plan["n_shards"], dtype=np.float64)}

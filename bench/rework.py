@@ -1163,7 +1163,8 @@ def main(argv: list[str] | None = None) -> int:
         for name in ("distributed.core", "distributed.worker", "dscar.worker", "distributed.utils_perf"):
             logging.getLogger(name).setLevel(logging.CRITICAL)
 
-    t_start = time.perf_counter()
+    real_names = names[:1] if args.quick else names  # --quick: real kills on the first algorithm only
+    t_start = time.perf_counter()                       # (a fresh cluster a trial and policy: ~20 s each)
     info_before = machine_info()
     results: dict[str, dict] = {}
     for name in names:
@@ -1186,8 +1187,8 @@ def main(argv: list[str] | None = None) -> int:
 
         for m in modes:
             real = m == "real"
-            if real and args.quick and name != names[0]:
-                continue  # --quick: real kills on the first algorithm only (fresh clusters cost ~20 s each)
+            if real and name not in real_names:
+                continue
             res["modes"][m] = run_mode(
                 m, prob, st, n_real if real else n_sim, n_repeat=1 if real else (2 if args.quick else 3),
                 all_policies_ff=not (real and args.quick), trial_draws=trial_draws, p_star=p_star, t_start=t_start)
@@ -1198,7 +1199,7 @@ def main(argv: list[str] | None = None) -> int:
 
     d = {
         "quick": args.quick, "modes": modes,
-        "real_algorithms": [n for n in names if "real" in modes and (not args.quick or n == names[0])], "n_workers": st.n_workers, "seed": args.seed,
+        "real_algorithms": real_names if "real" in modes else [], "n_workers": st.n_workers, "seed": args.seed,
         "checkpoint": {"every": st.every, "fraction": st.fraction, "keep": st.keep,
                        "priority_every": st.every * st.fraction, "store": st.ckpt_dir or tempfile.gettempdir()},
         "trials": {"simulate": n_sim, "real": n_real}, "policies": {p: list(v) for p, v in POLICIES.items()},

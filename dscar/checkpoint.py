@@ -59,6 +59,7 @@ from .errors import DscarError, InvalidInputError
 
 MANIFEST_RE = re.compile(r"manifest-(\d{8})\.json$")
 DATA_DIR_RE = re.compile(r"^v(\d{8})$")  #: a version's data folder (``data_dir``)
+MAX_CHAIN = 50  #: the default ``CheckpointConfig.max_chain``
 #: the store layout manifests describe (2: one raw file per writer and version, ranges per entry)
 FORMAT = 2
 
@@ -102,7 +103,7 @@ class CheckpointConfig:
     memory: bool = False
     interval: str = "fixed"
     mtbf: float | None = None
-    max_chain: int = 50
+    max_chain: int = MAX_CHAIN
 
     def validate(self) -> "CheckpointConfig":
         from . import validation as v
@@ -425,11 +426,19 @@ def publish(fs, root: str, manifest: dict) -> str:
 
 
 def list_versions(fs, root: str) -> list[int]:
+    return _versions(_ls(fs, root), MANIFEST_RE)
+
+
+def _ls(fs, root: str) -> list[str]:
     try:
-        names = fs.ls(root, detail=False)
+        return fs.ls(root, detail=False)
     except FileNotFoundError:
         return []
-    return sorted(int(m.group(1)) for n in names if (m := MANIFEST_RE.search(posixpath.basename(n))))
+
+
+def _versions(names: list[str], pattern: re.Pattern) -> list[int]:
+    """The version numbers of the ``names`` (paths) that match ``pattern`` (manifests or data folders)."""
+    return sorted(int(m.group(1)) for n in names if (m := pattern.search(posixpath.basename(n.rstrip("/")))))
 
 
 def load_manifest(fs, root: str, version: int) -> dict:
@@ -512,7 +521,8 @@ def retain(fs, root: str, keep: int) -> list[str]:
     Every such folder is looked at again at each call until its last file goes: a priority chain
     names a version's file for up to ``max_chain`` versions, an abandoned version's files are
     named by none. Newer folders belong to versions still being written."""
-    versions = list_versions(fs, root)
+    names = _ls(fs, root)
+    versions = _versions(names, MANIFEST_RE)
     kept, dropped = versions[-keep:], versions[:-keep]
     for v in dropped:
         fs.rm(manifest_path(root, v))
@@ -524,10 +534,10 @@ def retain(fs, root: str, keep: int) -> list[str]:
         referenced.update(e["path"] for chain in m["chains"].values() for e in chain)
         referenced.update(e["path"] for e in m.get("states", {}).values())
     removed = []
-    for d in fs.ls(root, detail=False):
-        m = DATA_DIR_RE.match(posixpath.basename(d.rstrip("/")))
-        if m is None or int(m.group(1)) >= kept[-1]:
+    for v in _versions(names, DATA_DIR_RE):
+        if v >= kept[-1]:
             continue
+        d = data_dir(root, v)
         for p in fs.ls(d, detail=False):
             if p not in referenced and posixpath.join("/", p) not in referenced:
                 fs.rm(p)

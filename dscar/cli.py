@@ -58,6 +58,8 @@ def build_parser(models: dict[str, CliModel] | None = None) -> argparse.Argument
 
 
 def _add_common(run: argparse.ArgumentParser) -> None:
+    from .checkpoint import MAX_CHAIN
+
     g = run.add_argument_group("cluster")
     g.add_argument("--workers", type=arg_int(1), default=2, help="worker processes of the embedded cluster (default 2)")
     g.add_argument("--scheduler", metavar="ADDR", help="address of a running Dask scheduler, e.g. tcp://host:8786")
@@ -104,9 +106,9 @@ def _add_common(run: argparse.ArgumentParser) -> None:
                    help="mean time between worker failures, for --checkpoint-interval auto "
                         "(default: observed from the job's losses; C until one happens)")
     g.add_argument("--keep", type=arg_int(1), default=3, help="checkpoint versions kept (default 3)")
-    g.add_argument("--max-chain", type=arg_int(2), default=50, metavar="N",
+    g.add_argument("--max-chain", type=arg_int(2), default=MAX_CHAIN, metavar="N",
                    help="priority checkpoints: a partition whose chain holds N entries is saved whole next, "
-                        "so old files can go (default 50)")
+                        f"so old files can go (default {MAX_CHAIN})")
     g.add_argument("--recovery", choices=("partial", "full"), default="partial",
                    help="partial: restore only a lost worker's partitions and shard states (SCAR, default); full: roll every parameter "
                         "table and shard state back to the newest checkpoint (the clock counter keeps counting)")

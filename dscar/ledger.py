@@ -26,7 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
-from .checkpoint import FORMAT, chain_key
+from .checkpoint import FORMAT, MAX_CHAIN, chain_key
 
 
 @dataclass
@@ -48,7 +48,7 @@ class PendingVersion:
 class CheckpointLedger:
     """Versions pending, complete (manifest built, waiting to be published) and published."""
 
-    def __init__(self, policy: str, keep: int, resume: dict | None = None, max_chain: int = 50):
+    def __init__(self, policy: str, keep: int, resume: dict | None = None, max_chain: int = MAX_CHAIN):
         #: "full" (each version replaces every chain) or "priority" (each version extends them)
         self.policy = policy
         #: published versions kept for recovery
@@ -95,8 +95,8 @@ class CheckpointLedger:
             return []
         asked = set().union(*(p.whole for p in self.pending.values()))
         chains = self.built["chains"]
-        due = [(len(chains.get(chain_key(t, p), ())), t, p) for t, n in parts.items() for p in range(n)
-               if (t, p) not in asked and len(chains.get(chain_key(t, p), ())) >= self.max_chain]
+        lengths = [(len(chains.get(chain_key(t, p), ())), t, p) for t, n in parts.items() for p in range(n)]
+        due = [x for x in lengths if x[0] >= self.max_chain and x[1:] not in asked]
         cap = -(-sum(parts.values()) // self.max_chain)
         return [(t, p) for _, t, p in sorted(due, key=lambda x: (-x[0], x[1], x[2]))[:cap]]
 

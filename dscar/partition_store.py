@@ -219,7 +219,7 @@ class PartitionStore:
                     if self.specs[t].kind == "param"]
 
     # ------------------------------------------------------------ checkpoints
-    def snapshot(self, fraction: float, whole: set[Part] = frozenset(), max_chain: int = 50
+    def snapshot(self, fraction: float, whole: set[Part] = frozenset(), max_chain: int = ckpt.MAX_CHAIN
                  ) -> tuple[list[tuple[str, int, np.ndarray | None, np.ndarray]], float]:
         """What a checkpoint of the param partitions writes: ``(table, part, rows, values)``, all
         rows (``fraction >= 1``, ``rows`` None) or the ``fraction`` that moved most since their

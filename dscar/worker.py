@@ -288,7 +288,7 @@ class ParamServer(WorkerPlugin):
 
     async def _h_checkpoint(self, job_id: str, version: int, url: str, fraction: float,
                             storage_options: dict | None = None, state_shards: list | None = None,
-                            whole: list | None = None, max_chain: int = 50) -> dict:
+                            whole: list | None = None, max_chain: int = ckpt.MAX_CHAIN) -> dict:
         """Snapshot this worker's param partitions and shard states now; write them in the background.
 
         Each partition saves all its rows (``fraction == 1``, or it is one of
