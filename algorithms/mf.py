@@ -51,6 +51,7 @@ also ``test``: 1 for a held-out rating). ``check_ratings`` / ``from_sparse`` /
 from __future__ import annotations
 
 import math
+import threading
 from typing import Any
 
 import numpy as np
@@ -290,8 +291,10 @@ class ALS(Algorithm):
                     raw[f"b{j}.count"] = xp.asarray(counts[s].astype(np.float64))
                     raw[f"b{j}.col"] = xp.asarray(np.where(valid, r_col[pos], -1))  # -1: padding (a zero row)
                     raw[f"b{j}.rating"] = xp.asarray(np.where(valid, r_val[pos], 0.0))
-        return {**raw, "bounds": np.array([lo, hi, n_batches]), "test_row": xp.asarray(row[test] - lo),
-                "test_col": xp.asarray(col[test]), "test_rating": xp.asarray(rating[test])}
+        held = np.flatnonzero(test)
+        held = held[np.argsort(col[held], kind="stable")]  # scored in the other side's order: its rows read in sequence
+        return {**raw, "bounds": np.array([lo, hi, n_batches]), "test_row": xp.asarray(row[held] - lo),
+                "test_col": xp.asarray(col[held]), "test_rating": xp.asarray(rating[held])}
 
     @staticmethod
     def _batches(data: dict[str, Any]):
@@ -316,14 +319,47 @@ class ALS(Algorithm):
         end of clock 1's last phase) on a one-rating problem with the fit's argument types."""
         if xp is not np or not self._compiled(xp):
             return
-        from .mf_kernels import als_rows, score_rows
+        from .mf_kernels import als_rows, padded_width, score_rows, width_token
 
         d = self.rank + 1 if self.biases else self.rank
         one, i64 = np.ones(1), np.zeros(1, dtype=np.int64)
-        Z, off, F = np.zeros((2, d), dtype=self.dtype), np.zeros(2), np.zeros((1, self.rank))
+        Z, off, F = np.zeros((2, padded_width(d)), dtype=self.dtype), np.zeros(2), np.zeros((1, self.rank))
         als_rows(np.array([0, 1], dtype=np.int64), i64, one, off, Z, one, one, int(self.biases),
-                 np.empty((1, d)), True)
+                 np.empty((1, d)), True, width_token(d))
         score_rows(i64, i64, one, F, np.zeros(1), F, off)
+
+    def _design(self, F_other, b_other, compiled: bool, xp):
+        """``Z``, the design rows ``[q_i, 1]`` of the other side (bias column only with biases; zero-padded
+        to the compiled kernel's width), and ``off = mu + c_i``, what the other side explains of a rating.
+
+        Built once per pulled table and reused by every shard of the data phase on this worker (they
+        all read the same cached pull): the item phase's copy of a 100k-row user table cost ~10 ms a
+        shard. Kept per thread (the workers of an in-process cluster are threads sharing this object).
+        """
+        key = (F_other, b_other if self.biases else None, compiled)
+        memo = self.__dict__.setdefault("_design_memo", {})
+        hit = memo.get(threading.get_ident())
+        if hit is not None and all(a is b for a, b in zip(hit[0], key)):
+            return hit[1]
+        k = self.rank
+        d = k + 1 if self.biases else k
+        if compiled:
+            from .mf_kernels import padded_width
+
+            Z = xp.zeros((F_other.shape[0] + 1, padded_width(d)), dtype=self.dtype)
+        else:
+            Z = xp.empty((F_other.shape[0] + 1, d), dtype=self.dtype)
+        Z[:-1, :k] = F_other
+        Z[-1] = 0.0  # row -1: padding of the namespace path's batches (a zero row)
+        if self.biases:
+            Z[:-1, k] = 1.0
+        off = xp.zeros(F_other.shape[0] + 1)
+        off[:-1] = self.mean + b_other
+        memo[threading.get_ident()] = (key, (Z, off))
+        return Z, off
+
+    def __getstate__(self):  # the design memo stays where it was made
+        return {k: v for k, v in self.__dict__.items() if k != "_design_memo"}
 
     def shard_step(self, ctx, data) -> None:
         xp = ctx.xp
@@ -331,18 +367,11 @@ class ALS(Algorithm):
         lo, hi, k = int(data["bounds"][0]), int(data["bounds"][1]), self.rank
         F_other, b_other = self._side(ctx, other)
         old_f, old_b = self._side(ctx, mine, lo, hi)
-        # design rows [q_i, 1] (bias column only with biases)
-        d = k + 1 if self.biases else k
-        Z = xp.empty((F_other.shape[0] + 1, d), dtype=self.dtype)
-        Z[:-1, :k] = F_other
-        Z[-1] = 0.0  # row -1: padding of the namespace path's batches (a zero row)
-        if self.biases:
-            Z[:-1, k] = 1.0
-        off = xp.zeros(F_other.shape[0] + 1)  # what the other side explains of each rating: mu + its bias
-        off[:-1] = self.mean + b_other
+        compiled = "csr.indptr" in data
+        Z, off = self._design(F_other, b_other, compiled, xp)
         new_f, new_b = old_f.copy(), old_b.copy()
         last = ctx.phase == self.phases[-1]  # the model is final after this phase: score it
-        if "csr.indptr" in data:
+        if compiled:
             sse, reg_sum, n = self._solve_compiled(data, Z, off, new_f, new_b, last)
         else:
             sse, reg_sum, n = self._solve_namespace(data, Z, off, new_f, new_b, last, xp)
@@ -355,7 +384,7 @@ class ALS(Algorithm):
             stats[0], stats[1] = sse, n
             if data["test_row"].shape[0]:
                 tr, tc = data["test_row"], data["test_col"]
-                if "csr.indptr" in data:  # compiled: no n_test x rank gathers
+                if compiled:  # no n_test x rank gathers
                     from .mf_kernels import score_rows
 
                     sse_test = score_rows(tr, tc, data["test_rating"], new_f, new_b, F_other, off)
@@ -368,15 +397,16 @@ class ALS(Algorithm):
 
     def _solve_compiled(self, data, Z, off, new_f, new_b, last: bool) -> tuple[float, float, float]:
         """The compiled CPU kernel (``mf_kernels.als_rows``): normal equations from CSR, Cholesky."""
-        from .mf_kernels import als_rows
+        from .mf_kernels import als_rows, width_token
 
         k, rows, count = self.rank, data["csr.rows"], data["csr.count"]
         if not rows.size:
             return 0.0, 0.0, 0.0
         lam_f, lam_b = self._lams(count, np)
-        x = np.empty((rows.size, Z.shape[1]))
+        d = k + 1 if self.biases else k
+        x = np.empty((rows.size, d))
         sse, reg_sum = als_rows(data["csr.indptr"], data["csr.col"], data["csr.rating"], off, Z, lam_f, lam_b,
-                                int(self.biases), x, last)
+                                int(self.biases), x, last, width_token(d))
         new_f[rows] = x[:, :k]
         if self.biases:
             new_b[rows] = x[:, k]

@@ -211,3 +211,22 @@ def test_the_compiled_kernel_runs_on_numpy_only():
     for kernel, on_numpy in (("auto", True), ("compiled", True), ("namespace", False)):
         algo = ALS(10, 10, 2, kernel=kernel)
         assert algo._compiled(np) is on_numpy and algo._compiled(cupy_like) is False
+
+
+def test_the_design_rows_are_built_once_per_pulled_table():
+    """Every shard of a data phase on a worker reads the same cached pull of the other side: its design
+    rows are built once for it (padded to the compiled kernel's width), again for a new pull, and
+    never pickled with the algorithm."""
+    import pickle
+
+    algo = ALS(10, 10, 5)  # d = 6 unknowns: the compiled kernel reads 8 columns
+    F, b = np.ones((7, 5)), np.arange(7.0)
+    Z, off = algo._design(F, b, True, np)
+    assert algo._design(F, b, True, np)[0] is Z
+    assert Z.shape == (8, 8) and (Z[:-1, 5] == 1).all() and not Z[:, 6:].any() and not Z[-1].any()
+    np.testing.assert_array_equal(off[:-1], algo.mean + b)
+    for changed in ((F.copy(), b), (F, b.copy())):  # a new pull of the factors, or of the biases
+        algo._design(F, b, True, np)
+        assert algo._design(*changed, True, np)[0] is not Z
+    assert algo._design(F, b, False, np)[0].shape == (8, 6)  # the namespace path: unpadded
+    assert "_design_memo" in algo.__dict__ and "_design_memo" not in pickle.loads(pickle.dumps(algo)).__dict__
