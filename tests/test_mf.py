@@ -90,6 +90,9 @@ def test_float32_gram_matrices_track_float64(inproc):
     o64, o32 = ([h.metrics["objective"] for h in res.history] for res in runs)
     np.testing.assert_allclose(o32, o64, rtol=1e-4)
     np.testing.assert_allclose(runs[1].params["item"], runs[0].params["item"], atol=1e-3)
+    # float32 factor tables (half the bytes moved each clock); the biases stay float64
+    assert [res.params["user"].dtype for res in runs] == [np.float64, np.float32]
+    assert runs[1].params["user_bias"].dtype == np.float64
     with pytest.raises(dscar.InvalidInputError, match="dtype"):
         ALS(10, 10, 2, dtype="float16")
 
