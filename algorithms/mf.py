@@ -325,7 +325,8 @@ class ALS(Algorithm):
 
         d = self.rank + 1 if self.biases else self.rank
         one, i64 = np.ones(1), np.zeros(1, dtype=np.int64)
-        Z, off, F = np.zeros((2, padded_width(d)), dtype=self.dtype), np.zeros(2), np.zeros((1, self.rank))
+        Z, off = np.zeros((2, padded_width(d)), dtype=self.dtype), np.zeros(2)
+        F = np.zeros((1, self.rank), dtype=self.dtype)  # the factor tables are of the accumulation dtype
         als_rows(np.array([0, 1], dtype=np.int64), i64, one, off, Z, one, one, int(self.biases),
                  np.empty((1, d)), True, width_token(d))
         score_rows(i64, i64, one, F, np.zeros(1), F, off)
