@@ -184,8 +184,8 @@ class ALS(Algorithm):
     """Explicit MF by ALS as a dscar algorithm (tables ``user``, ``item``, [``user_bias``, ``item_bias``], ``stats``).
 
     ``bias_reg``: the ridge on each bias (not scaled by count); ``dtype``: accumulation precision
-    of the normal equations and storage of the factor tables (the biases stay float64); ``kernel``: ``"auto"`` or ``"compiled"`` (compiled on NumPy, namespace
-    on CuPy) or ``"namespace"`` (the batched array-namespace reference, the code CuPy runs).
+    of the normal equations and storage of the factor tables (the biases stay float64); ``kernel``:
+    ``"auto"`` or ``"compiled"`` (compiled on NumPy, namespace on CuPy) or ``"namespace"`` (the batched array-namespace reference, the code CuPy runs).
     """
 
     name = "mf"
@@ -244,6 +244,11 @@ class ALS(Algorithm):
             return super().init_rows(table, start, stop, xp)
         full = np.random.default_rng(self.seed).normal(0.0, self.init_scale, (table.n_rows, *table.trailing))
         return xp.asarray(full[start:stop])
+
+    @property
+    def _unknowns(self) -> int:
+        """Unknowns of a row's normal equations: the factors, and the bias when there is one."""
+        return self.rank + 1 if self.biases else self.rank
 
     def _compiled(self, xp) -> bool:
         """Whether shards on namespace ``xp`` run the compiled CPU kernel (NumPy only; CuPy runs the namespace
@@ -323,7 +328,7 @@ class ALS(Algorithm):
             return
         from .mf_kernels import als_rows, padded_width, score_rows, width_token
 
-        d = self.rank + 1 if self.biases else self.rank
+        d = self._unknowns
         one, i64 = np.ones(1), np.zeros(1, dtype=np.int64)
         Z, off = np.zeros((2, padded_width(d)), dtype=self.dtype), np.zeros(2)
         F = np.zeros((1, self.rank), dtype=self.dtype)  # the factor tables are of the accumulation dtype
@@ -345,7 +350,7 @@ class ALS(Algorithm):
         if hit is not None and all(a is b for a, b in zip(hit[0], key)):
             return hit[1]
         k = self.rank
-        d = k + 1 if self.biases else k
+        d = self._unknowns
         if compiled:
             from .mf_kernels import padded_width
 
@@ -406,7 +411,7 @@ class ALS(Algorithm):
         if not rows.size:
             return 0.0, 0.0, 0.0
         lam_f, lam_b = self._lams(count, np)
-        d = k + 1 if self.biases else k
+        d = self._unknowns
         x = np.empty((rows.size, d))
         sse, reg_sum = als_rows(data["csr.indptr"], data["csr.col"], data["csr.rating"], off, Z, lam_f, lam_b,
                                 int(self.biases), x, last, width_token(d))

@@ -6,8 +6,8 @@ batch; on a CPU that writes and reads the gathered ratings once more than needed
 row. Here each row's ``A = sum_j z_j z_j^T`` and ``F^T y`` are accumulated in a ``W x W`` buffer
 (``d`` padded to a multiple of 8, a width numba knows at compile time: whole vector registers, no
 remainder loops) that stays in L1, reading each rating's factor row once from the (cache-resident)
-factor table, then ``A + diag(lam)`` is solved by an in-place Cholesky factorisation. No padding,
-no temporaries, no library call per row. ``Z``'s dtype (float64 or float32) is the accumulation
+factor table, then ``A + diag(lam)`` is solved by an in-place Cholesky factorisation. No padded
+gather, no temporaries, no library call per row. ``Z``'s dtype (float64 or float32) is the accumulation
 precision; the factorisation and the solve are always in double.
 """
 from __future__ import annotations
