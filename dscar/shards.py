@@ -16,7 +16,8 @@ Invariants (checked by ``check()`` and the tests):
 
 Locality: ``next_shard`` prefers a TODO shard whose data the asking worker
 already holds, then takes one from the worker with the largest TODO backlog
-(that worker is behind; its shard moves to the asking worker). With
+(that worker is behind; its shard moves to the asking worker) when the caller
+finds the move worth its cost (``worth_moving``). With
 ``sharding="static"`` (the BSP baseline) a worker only gets the shards it
 holds; shards whose holder was lost go to anyone.
 
@@ -40,7 +41,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 from .errors import ShardFailedError
 
@@ -202,9 +203,11 @@ class ShardQueue:
 
     # ------------------------------------------------------------ hand-outs
     def next_shard(self, worker: str, now: float, *, local_only: bool = False,
-                   among: "set[int] | None" = None) -> Attempt | None:
+                   among: "set[int] | None" = None,
+                   worth_moving: Callable[[str, int], bool] | None = None) -> Attempt | None:
         """Start an attempt of the best TODO shard for ``worker`` (with ``local_only``, only of
-        one it holds; with ``among``, only of those), or None."""
+        one it holds; with ``among``, only of those), or None. ``worth_moving(holder, backlog)``:
+        whether to take one of another worker's ``backlog`` TODO shards, moving its data (default: yes)."""
         todo = self._todo if among is None else self._todo & among
         if not todo:
             return None
@@ -225,6 +228,8 @@ class ShardQueue:
             return None
         # unheld (reloadable) shards first, then the longest backlog, ties by name
         victim = max(backlog, key=lambda h: (h is None, len(backlog[h]), h or ""))
+        if victim is not None and worth_moving is not None and not worth_moving(victim, len(backlog[victim])):
+            return None
         return self._start(max(backlog[victim]), worker, now)
 
     def _start(self, shard: int, worker: str, now: float) -> Attempt:

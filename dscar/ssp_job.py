@@ -17,6 +17,7 @@ before, while later clocks already run.
 """
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
 from .errors import ShardFailedError
@@ -137,6 +138,7 @@ class SspJobState(JobState):
     def next_item(self, worker: str, now: float) -> dict | None:
         """The clock-end step when one is due and nobody runs it, else a batch of shard attempts
         the window allows (or a backup), else None."""
+        self.last_seen[worker] = now
         w = self.window
         if self.failed or worker in self.lost or not self.handing_out:
             return None
@@ -148,7 +150,9 @@ class SspJobState(JobState):
         if worker in self.stragglers and w.rebuilding is None:
             tiers = [t for t in tiers[::-1] if not self._leave_to_others(worker, self._slack(min(
                 w.shard_clock(s) for s in t)))]  # its shard holds its clock's end back least in the newest clock
-        a = next((a for among in tiers if (a := self.queue.next_shard(worker, now, among=among))), None)
+        worth = partial(self._worth_moving, worker, now)
+        a = next((a for among in tiers if (a := self.queue.next_shard(worker, now, among=among, worth_moving=worth))),
+                 None)
         if a is None and w.rebuilding is None:
             a = self._idle_policies(worker, now)
         elif a is not None and a.fetch_from:
@@ -217,6 +221,8 @@ class SspJobState(JobState):
         if self.failed or worker in self.lost:
             return False, []
         self.running_items.pop(worker, None)
+        self.last_seen[worker] = now
+        self._note_move(next((a for a in self.queue.running_attempts(shard) if a.attempt == attempt), None), timings)
         if not rebuild and timings:
             self.monitor.record(worker, sum(float(v) for k, v in timings.items() if k != "data_s"))
         if not self.window.accepts(shard, clock, run_id):

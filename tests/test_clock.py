@@ -735,3 +735,47 @@ def test_microsecond_steps_are_never_held_back():
 
     assert held_back(0.020, 0.050)  # 20 ms: a finishes the last shard 10 ms before b would
     assert not held_back(20e-6, 50e-6)
+
+
+def test_a_shard_moves_only_where_that_beats_waiting_for_its_holder():
+    """Delay scheduling: a worker out of shards of its own takes another's only if it would finish it,
+    data move included, before the holder would (ALS on 2 workers moved an 80 ms shard in 200-350 ms
+    every other clock for a few ms of imbalance). A straggler's shards still move."""
+    def moved(step_b: float, move_s: float | None, now: float = 0.0, b_commits: bool = False) -> bool:
+        job = _two_worker_job(4)  # a holds 0, 1; b holds 2, 3
+        for w, step in (("a", 0.08), ("b", step_b)):
+            job.monitor.record(w, step)  # the warm-up
+            job.monitor.record(w, step)
+        job.move_s = move_s
+        job.begin(1, 0.0)
+        assert job.next_item("b", 0.0)["shards"][0]["shard"] == 2  # b's own
+        for _ in range(2):  # a runs its own two
+            item = job.next_item("a", 0.0)
+            assert item["shards"][0]["fetch_from"] is None
+            job.commit("a", 1, item["run"], item["shards"][0]["shard"], item["shards"][0]["attempt"], 0.0,
+                       {"compute_s": 0.08})
+        if b_commits:  # b finished shard 2 at 0.0 and has not asked again since
+            job.commit("b", 1, job.machine.run_id, 2, 0, 0.0, {"compute_s": step_b})
+        item = job.next_item("a", now)  # b's shard 3 is the only one left
+        return item is not None and item["shards"][0]["fetch_from"] == "b"
+
+    assert moved(0.08, None)  # no move measured yet: take it
+    assert not moved(0.08, 0.2)  # 0.2 + 0.08 s here against 1.5 x 0.08 s at its holder
+    assert moved(0.64, 0.2)  # an 8x straggler: 0.28 s against 0.96 s
+    assert moved(0.08, 0.01)  # a cheap move still balances a pass's tail
+    # a holder that is late: its item ran over twice its step (hung?), or it stopped asking for work
+    assert not moved(0.08, 0.2, now=0.15) and moved(0.08, 0.2, now=0.17)
+    assert not moved(0.08, 0.2, now=0.07, b_commits=True) and moved(0.08, 0.2, now=0.09, b_commits=True)
+
+
+def test_the_cost_of_moving_a_shard_is_measured_from_moved_attempts_only():
+    job = _two_worker_job(4)
+    job.begin(1, 0.0)
+    own = job.next_item("a", 0.0)["shards"][0]
+    job.commit("a", 1, job.machine.run_id, own["shard"], own["attempt"], 0.0, {"data_s": 0.001, "compute_s": 0.01})
+    assert job.move_s is None  # a's own shard: no move
+    job.next_item("a", 0.0)
+    other = job.next_item("a", 0.0)["shards"][0]
+    assert other["fetch_from"] == "b"
+    job.commit("a", 1, job.machine.run_id, other["shard"], other["attempt"], 0.0, {"data_s": 0.3, "compute_s": 0.01})
+    assert job.move_s == 0.3
