@@ -294,7 +294,7 @@ class JobState:
         if self.failed or worker in self.lost or self.machine.recovering:
             return None
         if self.machine.handing_out:
-            if worker in self.started and self._leave_to_others(worker):
+            if self._held_back(worker):
                 return None
             a = self.queue.next_shard(worker, now, worth_moving=partial(self._worth_moving, worker, now))
             if a is None and self.machine.stage is Stage.SHARDS:
@@ -354,11 +354,13 @@ class JobState:
         Delay scheduling, as Spark's locality wait: a shard that runs in 80 ms and takes 200 ms to
         move (ALS, 600k ratings) waits for its holder; a straggler's shards still move.
 
-        Yes while anything is unmeasured, for a holder that is gone, and for one that is late: its
-        work item has run over twice its expected time, or it has neither asked for work nor
-        committed for a step's time (a hung worker that stopped asking would otherwise keep its shards forever)."""
+        Yes while anything is unmeasured, for a holder that is gone or held back (a straggler the
+        others are to relieve: ``_held_back``), and for one that is late: its work item has run over
+        twice its expected time, or it has neither asked for work nor committed for a step's time (a
+        hung worker that stopped asking would otherwise keep its shards forever)."""
         mine, theirs = self.monitor.mean_step(worker), self.monitor.mean_step(holder)
-        if self.move_s is None or mine is None or theirs is None or holder not in self.workers:
+        if (self.move_s is None or mine is None or theirs is None or holder not in self.workers
+                or self._held_back(holder)):
             return True
         running = self.running_items.get(holder)
         if running is not None and now - running[0] > 2 * running[1] * theirs:
@@ -366,6 +368,11 @@ class JobState:
         if running is None and now - self.last_seen.get(holder, -math.inf) > theirs:
             return True
         return self.move_s + mine < (backlog + 0.5) * theirs
+
+    def _held_back(self, worker: str) -> bool:
+        """Whether ``worker`` gets no more shards this pass (``next_item``'s straggler rule): its
+        shards are the others' to run, moves and all."""
+        return worker in self.started and self._leave_to_others(worker)
 
     def _note_move(self, attempt: Attempt | None, timings: dict | None) -> None:
         """A finished attempt that copied its shard from another worker measured a move: ``move_s``."""

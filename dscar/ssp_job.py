@@ -135,6 +135,10 @@ class SspJobState(JobState):
         self._start_schedule(now)
         return self._carry(self.window.allow(self.window.limit), now)
 
+    def _held_back(self, worker: str) -> bool:
+        """Under SSP a straggler takes the newest clocks' shards, or none: its older ones move."""
+        return worker in self.stragglers
+
     def next_item(self, worker: str, now: float) -> dict | None:
         """The clock-end step when one is due and nobody runs it, else a batch of shard attempts
         the window allows (or a backup), else None."""

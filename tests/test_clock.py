@@ -763,6 +763,9 @@ def test_a_shard_moves_only_where_that_beats_waiting_for_its_holder():
     assert not moved(0.08, 0.2)  # 0.2 + 0.08 s here against 1.5 x 0.08 s at its holder
     assert moved(0.64, 0.2)  # an 8x straggler: 0.28 s against 0.96 s
     assert moved(0.08, 0.01)  # a cheap move still balances a pass's tail
+    # a holder held back at the pass's tail (a straggler: the others are to run its shards) however
+    # costly the move (it would wait forever otherwise: found on a loaded machine)
+    assert moved(1.0, 2.0)
     # a holder that is late: its item ran over twice its step (hung?), or it stopped asking for work
     assert not moved(0.08, 0.2, now=0.15) and moved(0.08, 0.2, now=0.17)
     assert not moved(0.08, 0.2, now=0.07, b_commits=True) and moved(0.08, 0.2, now=0.09, b_commits=True)
