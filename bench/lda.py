@@ -41,7 +41,10 @@ Threads: BLAS, OpenMP and numba are pinned to 1 thread in this process and in
 the worker processes (environment set before NumPy loads; ``threadpoolctl``
 as well); tomotopy gets exactly the threads named. The load average is printed
 before each section and saved: the machine is small and shared, figures are
-from one run, side by side.
+side by side. ``--repeats N`` runs the engine section's dscar and tomotopy
+samplers N times, interleaved: each figure is the median run's, each ratio
+against tomotopy the median of the N ratios of runs made one after the other
+(``lda``, sequential and seeded, runs once).
 
 ``--quick``: Reuters at K = 20 and 50 (kernel) / K = 20 (engine) and a
 1,000 x 50-token synthetic corpus (V = 2,000, K = 20), 10 sweeps, about a
@@ -49,7 +52,8 @@ minute. ``--accuracy``: the acceptance check instead: Reuters, K = 20 and 50,
 200 sweeps, seeds 1, 2, 3; dscar (2 workers, 2 shards; and 1 worker) vs
 ``lda``, medians of the final log-likelihood per token (target: within 1 %).
 
-Usage: ``python -m bench.lda [--quick] [--accuracy] [--iters N] [--big-iters N] [--json PATH] [--plot PATH]``
+Usage: ``python -m bench.lda [--quick] [--accuracy] [--iters N] [--big-iters N] [--repeats N] [--json PATH]
+[--plot PATH]``
 (the plot defaults to the JSON's path with ``.png``).
 """
 from __future__ import annotations
@@ -281,9 +285,14 @@ def kernel_section(quick: bool, sweeps: int, seed: int) -> dict[str, Any]:
     return out
 
 
-def benchmark(quick: bool, sweeps: int, big_sweeps: int, seed: int = 1) -> dict[str, Any]:
+def median_run(runs: list[Run]) -> Run:
+    """The run with the median rate (the lower middle of an even count)."""
+    return sorted(runs, key=lambda r: r.tokens_per_s)[(len(runs) - 1) // 2]
+
+
+def benchmark(quick: bool, sweeps: int, big_sweeps: int, seed: int = 1, repeats: int = 1) -> dict[str, Any]:
     out: dict[str, Any] = {"quick": quick, "sweeps": sweeps, "big_sweeps": big_sweeps, "seed": seed, "alpha": ALPHA,
-                           "beta": BETA, "machine": machine(), "corpora": {}}
+                           "beta": BETA, "repeats": repeats, "machine": machine(), "corpora": {}}
     with threadpoolctl.threadpool_limits(1):
         out["kernel"] = kernel_section(quick, sweeps, seed)
         cs = make_corpora(quick, sweeps, big_sweeps)
@@ -297,14 +306,17 @@ def benchmark(quick: bool, sweeps: int, big_sweeps: int, seed: int = 1) -> dict[
                          "sweeps": n_sweeps, "loadavg_before": load()}
                 print(f"== {name}: {entry['docs']} docs, V = {entry['vocab']}, {entry['tokens']} tokens, K = {K}, "
                       f"{n_sweeps} sweeps (load average {entry['loadavg_before']:.2f})", flush=True)
-                runs = [
-                    run_lda(c, name, K, n_sweeps, seed),
-                    run_tomotopy(c, name, K, n_sweeps, seed, 1),
-                    run_dscar(c1, 1, c, name, K, n_sweeps, seed),
-                    run_tomotopy(c, name, K, n_sweeps, seed, 2),
-                    run_dscar(c2, 2, c, name, K, n_sweeps, seed),
-                ]
-                entry["runs"] = {r.sampler: r.row() for r in runs}
+                # lda once (sequential and seeded: the reference log-likelihood); the others interleaved,
+                # repeat by repeat, so each ratio pairs runs made under the same load
+                by: dict[str, list[Run]] = {"lda": [run_lda(c, name, K, n_sweeps, seed)]}
+                for _ in range(repeats):
+                    for r in (run_tomotopy(c, name, K, n_sweeps, seed, 1), run_dscar(c1, 1, c, name, K, n_sweeps, seed),
+                              run_tomotopy(c, name, K, n_sweeps, seed, 2), run_dscar(c2, 2, c, name, K, n_sweeps, seed)):
+                        by.setdefault(r.sampler, []).append(r)
+                entry["runs"] = {s: median_run(rs).row() for s, rs in by.items()}
+                entry["tokens_per_s_by_repeat"] = {s: [r.tokens_per_s for r in rs] for s, rs in by.items()}
+                entry["paired"] = {f"dscar{n}_over_tomotopy{n}": [a.tokens_per_s / b.tokens_per_s for a, b in zip(
+                    by[f"dscar-{n}w"], by[f"tomotopy-{n}t"])] for n in (1, 2)}
                 if c.tokens is not None:
                     entry["true_loglik"] = corpora.true_loglikelihood(c, ALPHA, BETA)
                 out["corpora"][name] = entry
@@ -320,9 +332,10 @@ def targets(out: dict[str, Any]) -> dict[str, Any]:
     for name, e in out["corpora"].items():
         r = e["runs"]
         sp_ = {s: v["tokens_per_s"] for s, v in r.items()}
-        t[name] = {
-            "dscar1_over_tomotopy1": sp_["dscar-1w"] / sp_["tomotopy-1t"],
-            "dscar2_over_tomotopy2": sp_["dscar-2w"] / sp_["tomotopy-2t"],
+        t[name] = {  # vs tomotopy: the median of the per-repeat ratios
+            "dscar1_over_tomotopy1": statistics.median(e["paired"]["dscar1_over_tomotopy1"]),
+            "dscar2_over_tomotopy2": statistics.median(e["paired"]["dscar2_over_tomotopy2"]),
+            "by_repeat": e["paired"],
             "dscar2_over_dscar1": sp_["dscar-2w"] / sp_["dscar-1w"],
             "dscar2_over_lda": sp_["dscar-2w"] / sp_["lda"],
             "dscar2_loglik_rel_diff_vs_lda": (r["dscar-2w"]["loglik"] - r["lda"]["loglik"]) / abs(r["lda"]["loglik"]),
@@ -359,6 +372,9 @@ def format_targets(t: dict[str, Any]) -> str:
                      f"dscar 2 workers {v['dscar2_over_tomotopy2']:.2f}x tomotopy 2 threads (target >= 1.0 on the "
                      f"large corpus), {v['dscar2_over_dscar1']:.2f}x dscar 1 worker, {v['dscar2_over_lda']:.2f}x lda; "
                      f"log-likelihood {100 * v['dscar2_loglik_rel_diff_vs_lda']:+.2f}% vs lda")
+        if len(v["by_repeat"]["dscar2_over_tomotopy2"]) > 1:
+            lines.append("    paired by repeat (medians above): " + "; ".join(
+                f"{k} {' '.join(f'{x:.2f}x' for x in xs)}" for k, xs in v["by_repeat"].items()))
     return "\n".join(lines)
 
 
@@ -434,13 +450,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--big-iters", type=int, default=None, help="sweeps on the synthetic corpus (default 20; 10 with --quick)")
     p.add_argument("--json", metavar="PATH", help="write the figures as JSON (and the plot next to it)")
     p.add_argument("--plot", metavar="PATH", help="PNG plot (default: the JSON's path with .png)")
+    p.add_argument("--repeats", type=int, default=1,
+                   help="interleaved repeats of the dscar and tomotopy runs of the engine section (default 1): "
+                        "the figures are the median run's, the ratios the medians of the paired ones")
     args = p.parse_args(argv)
     logging.getLogger("distributed").setLevel(logging.ERROR)
     t0 = time.perf_counter()
     if args.accuracy:
         out = accuracy(args.iters or 200)
     else:
-        out = benchmark(args.quick, args.iters or (10 if args.quick else 200), args.big_iters or (10 if args.quick else 20))
+        if args.repeats < 1:
+            p.error("--repeats must be at least 1")
+        out = benchmark(args.quick, args.iters or (10 if args.quick else 200), args.big_iters or (10 if args.quick else 20),
+                        repeats=args.repeats)
     out["wall_s"] = time.perf_counter() - t0
     out["loadavg_after"] = load()
     print(f"(wall {out['wall_s']:.1f} s; load average before: {out['machine']['loadavg'][0]:.2f}, "

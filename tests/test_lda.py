@@ -590,7 +590,7 @@ def test_quick_benchmark_runs_and_reports_every_sampler(tmp_path):
     from pathlib import Path
 
     out = tmp_path / "lda.json"
-    r = subprocess.run([sys.executable, "-m", "bench.lda", "--quick", "--json", str(out)],
+    r = subprocess.run([sys.executable, "-m", "bench.lda", "--quick", "--repeats", "2", "--json", str(out)],
                        cwd=Path(__file__).resolve().parents[1], capture_output=True, text=True, timeout=170)
     assert r.returncode == 0, r.stderr[-3000:]
     d = json.loads(out.read_text())
@@ -601,6 +601,11 @@ def test_quick_benchmark_runs_and_reports_every_sampler(tmp_path):
         for run in c["runs"].values():
             assert run["tokens_per_s"] > 0 and -20 < run["loglik"] < 0 and run["sweeps"] == 10
         assert c["loadavg_before"] >= 0
+        # two interleaved repeats: the row is the median run's, the target the median of the paired ratios
+        assert [len(v) for v in c["tokens_per_s_by_repeat"].values()] == [1, 2, 2, 2, 2]
+        assert c["runs"]["dscar-2w"]["tokens_per_s"] == min(c["tokens_per_s_by_repeat"]["dscar-2w"])
+        assert d["targets"][name]["dscar2_over_tomotopy2"] == pytest.approx(
+            sum(c["paired"]["dscar2_over_tomotopy2"]) / 2)
     assert "== kernel" in r.stdout and set(d["kernel"]["K"]) == {"20", "50"}
     for k in d["kernel"]["K"].values():
         assert {"dscar-1shard", "tomotopy-1t"} <= set(k) and k["ratio_wall"] > 0 and k["ratio_cpu"] > 0
