@@ -452,7 +452,9 @@ def test_the_end_of_a_fit_messages_the_live_workers_not_the_one_it_lost(monkeypa
 
     monkeypatch.setattr(driver._Run, "_call_worker", recording)
     with dscar.Cluster(n_workers=3, processes=False) as cl:
-        res = dscar.fit(RowCounter(n_parts=1), row_data(30), cl, n_shards=6, max_clocks=3,
+        # steps of 20 ms and four clocks to fire in: the kill needs worker 2 to start a shard, and with
+        # instant steps on a busy machine the other two once ran all six of clocks 2 and 3 (no loss at all)
+        res = dscar.fit(RowCounter(n_parts=1, sleep=0.02), row_data(30), cl, n_shards=6, max_clocks=5,
                         faults=[dscar.faults.kill(2, 2)])
         live = cl.workers
     lost = [e["worker"] for e in res.events if e["kind"] == "worker-lost"]
