@@ -92,14 +92,23 @@ def check_labels(y, n_classes: int | None = None) -> np.ndarray:
     return a
 
 
-def softmax_ce(xp, logits, y):
-    """``(P, ce)``: row-wise softmax probabilities and cross-entropy per row (stable)."""
+def _shifted_exp(xp, logits):
+    """``(z, e, s)``: logits less their row maximum, ``exp(z)`` and its row sums (the stable softmax's parts)."""
     z = logits - logits.max(axis=1, keepdims=True)
     e = xp.exp(z)
-    s = e.sum(axis=1, keepdims=True)
-    P = e / s
-    ce = xp.log(s[:, 0]) - z[xp.arange(z.shape[0]), y]
-    return P, ce
+    return z, e, e.sum(axis=1, keepdims=True)
+
+
+def softmax(xp, logits):
+    """Row-wise softmax probabilities (stable)."""
+    _, e, s = _shifted_exp(xp, logits)
+    return e / s
+
+
+def cross_entropy(xp, logits, y):
+    """Cross-entropy of each row's label ``y`` under the softmax of its logits (stable)."""
+    z, _, s = _shifted_exp(xp, logits)
+    return xp.log(s[:, 0]) - z[xp.arange(z.shape[0]), y]
 
 
 class MLRSGD(Algorithm):
@@ -227,7 +236,7 @@ class MLRSGD(Algorithm):
 
             ce_sum, correct = softmax_stats(logits, y)
         else:
-            _, ce = softmax_ce(xp, logits, y)
+            ce = cross_entropy(xp, logits, y)
             ce_sum, correct = float(ce.sum()), (xp.argmax(logits, axis=1) == y).sum()
         batches = self.minibatches(ctx.shard, ctx.clock, y.shape[0], ctx.batch_scale)
         lr, l2 = self.lr_at(ctx.clock), self.l2
@@ -264,7 +273,7 @@ class MLRSGD(Algorithm):
     def _grad(xp, X, y, idx, W, b):
         """Gradient *sums* of the cross-entropy over rows ``idx``: ``(X_B^T (P - Y), sum (P - Y))``."""
         Xb, yb = X[idx], y[idx]
-        P, _ = softmax_ce(xp, Xb @ W + b, yb)
+        P = softmax(xp, Xb @ W + b)
         P[xp.arange(P.shape[0]), yb] -= 1.0
         return Xb.T @ P, P.sum(axis=0)
 
@@ -306,15 +315,12 @@ class MLRSGD(Algorithm):
 
 
 def predict_proba(X, W, b) -> np.ndarray:
-    logits = np.asarray(X @ W) + b
-    logits -= logits.max(axis=1, keepdims=True)
-    e = np.exp(logits)
-    return e / e.sum(axis=1, keepdims=True)
+    return softmax(np, np.asarray(X @ W) + b)
 
 
 def objective(X, y, W, b, l2: float) -> float:
     """``P(W, b)`` on the driver (mean cross-entropy + l2/2 ||W||^2)."""
-    _, ce = softmax_ce(np, np.asarray(X @ W) + b, np.asarray(y))
+    ce = cross_entropy(np, np.asarray(X @ W) + b, np.asarray(y))
     return float(ce.mean() + 0.5 * l2 * (W * W).sum())
 
 

@@ -189,19 +189,26 @@ def test_mlr_and_lda_under_ssp_do_as_well_as_bsp_in_as_many_clocks(inproc):
                         consistency=c).params["W"] for c in ("bsp", "ssp")}
     final = {c: objective(X, y, W[:-1], W[-1], MLRSGD(4).l2) for c, W in mlr.items()}
     assert final["ssp"] < 1.02 * final["bsp"]  # (lower is better for both models)
-    corpus = synthetic(n_docs=300, vocab_size=500, doc_length=40, n_topics=5, seed=1)
-    # 30 sweeps: every run has settled in one of this corpus's two modes (at 15, a run still climbing
-    # out of a poor start ends up to 5 % behind the BSP run: 2 runs in 37 past the 2 % below)
-    lda = {c: dscar.fit(LDAGibbs(5, early_stop=False), lda_data(corpus.X), inproc, n_shards=6, max_clocks=30,
-                        consistency=c) for c in ("bsp", "ssp")}
-    # a clock end with no later update applied yet sees counts that match its clock's assignments
-    assert all(rec.metrics["count_error"] == 0 for rec in lda["ssp"].history if rec.ahead == 0)
-    p = lda["ssp"].params  # and the final tables agree with each other: no move lost or applied twice
-    np.testing.assert_array_equal(p["word_topic"].sum(axis=0), p["topic_total"])
-    np.testing.assert_array_equal(p["doc_topic"].sum(axis=1), np.asarray(corpus.X.sum(axis=1)).ravel())
-    assert p["word_topic"].min() >= 0 and p["doc_topic"].min() >= 0
-    final = {c: -loglikelihood(r.params["word_topic"], r.params["doc_topic"], 0.1, 0.01) for c, r in lda.items()}
-    assert final["ssp"] < 1.02 * final["bsp"]  # (Gibbs paths differ from run to run by about 1 %)
+    # Collapsed Gibbs ends a run in a poorer local mode now and then, on every corpus we tried (here, of
+    # 60 runs of 30 sweeps, one ended 4.6 % and three 0.4-1.6 % behind the rest; with K=5 topics 1 run
+    # in 4 ended ~8 % behind, under BSP and SSP alike, on NumPy and on CuPy): one run per setting would
+    # compare modes, not settings. The best of three seeds is in the main mode unless all three miss it.
+    corpus = synthetic(n_docs=400, vocab_size=500, doc_length=60, n_topics=3, seed=1)
+    best = {}
+    for c in ("bsp", "ssp"):
+        finals = []
+        for seed in range(3):
+            r = dscar.fit(LDAGibbs(3, early_stop=False, seed=seed), lda_data(corpus.X), inproc, n_shards=6,
+                          max_clocks=30, consistency=c)
+            if c == "ssp":  # a clock end with no later update applied yet sees counts that match its clock's z
+                assert all(rec.metrics["count_error"] == 0 for rec in r.history if rec.ahead == 0)
+            p = r.params  # and the final tables agree with each other: no move lost or applied twice
+            np.testing.assert_array_equal(p["word_topic"].sum(axis=0), p["topic_total"])
+            np.testing.assert_array_equal(p["doc_topic"].sum(axis=1), np.asarray(corpus.X.sum(axis=1)).ravel())
+            assert p["word_topic"].min() >= 0 and p["doc_topic"].min() >= 0
+            finals.append(-loglikelihood(p["word_topic"], p["doc_topic"], 0.1, 0.01))
+        best[c] = min(finals)
+    assert best["ssp"] < 1.02 * best["bsp"]  # (within a mode, runs differ by about 0.1 %)
 
 
 @pytest.mark.parametrize("kind", ["kill", "hang"])
