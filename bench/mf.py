@@ -46,11 +46,18 @@ the weighted-lambda form both dscar's and lenskit's ALS use):
 lenskit, scikit-surprise and implicit are the ``bench-mf`` extra (lenskit pulls PyTorch: keep
 it out of the test environment); a solver whose package is missing is reported as skipped.
 
+RMSE across data seeds. One draw of the small dataset decides "no worse than lenskit" by
+differences of a few 1e-4, less than the spread between draws: ``--rmse-seeds N`` also trains
+dscar (1 worker, float32) and lenskit (1 thread) on N draws (data seeds 0..N-1) at each of the
+small dataset's regs and prints, per reg, the mean (with its standard error) and median of
+dscar's test RMSE less lenskit's, and on how many draws dscar is no worse.
+
 Run
 ---
     python -m bench.mf                  # small and large (5M ratings): several minutes on 2 cores
     python -m bench.mf --quick          # seconds
     python -m bench.mf --json out.json  # also write every figure, and a plot next to it (--plot PATH)
+    python -m bench.mf --datasets small --rmse-seeds 8   # and test RMSE over 8 draws of the small set
 """
 from __future__ import annotations
 
@@ -132,7 +139,19 @@ def paired_ratios(results: list[Result], reg: float) -> dict[str, list[float]]:
     return out
 
 
-def make_datasets(quick: bool, only: list[str] | None = None) -> list[Dataset]:
+def rmse_differences(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Per reg, over the data seeds: dscar's test RMSE less lenskit's (negative: dscar better), its
+    mean, standard error and median, and the seeds where dscar is no worse."""
+    out: dict[str, dict[str, Any]] = {}
+    for reg in sorted({r["reg"] for r in rows}):
+        diffs = [r["dscar"] - r["lenskit"] for r in rows if r["reg"] == reg]
+        se = statistics.stdev(diffs) / len(diffs) ** 0.5 if len(diffs) > 1 else None
+        out[str(reg)] = {"diffs": diffs, "mean": statistics.fmean(diffs), "se": se,
+                         "median": statistics.median(diffs), "no_worse": sum(d <= 0 for d in diffs), "n": len(diffs)}
+    return out
+
+
+def make_datasets(quick: bool, only: list[str] | None = None, seed: int = 0) -> list[Dataset]:
     from dscar.algorithms.datasets import make_ratings
     from dscar.algorithms.mf import train_test_split
 
@@ -142,8 +161,8 @@ def make_datasets(quick: bool, only: list[str] | None = None) -> list[Dataset]:
     for name, nu, ni, n, regs in sizes:
         if only and name not in only:
             continue
-        u, i, r, _ = make_ratings(nu, ni, n, RANK, NOISE, seed=0)
-        train, test = train_test_split(u, i, r, 0.2, seed=0)
+        u, i, r, _ = make_ratings(nu, ni, n, RANK, NOISE, seed=seed)
+        train, test = train_test_split(u, i, r, 0.2, seed=seed)
         out.append(Dataset(name, nu, ni, train, test, regs))
     return out
 
@@ -260,6 +279,37 @@ def run_implicit(d: Dataset, iters: int, threads: int) -> Result:
                   note="implicit feedback")
 
 
+def rmse_across_seeds(cl, n_seeds: int, quick: bool, iters: int, tmp: str) -> dict[str, Any]:
+    """Test RMSE of dscar (1 worker, float32) and lenskit (1 thread) on ``n_seeds`` draws of the small
+    dataset: one draw's difference is often smaller than the spread between draws."""
+    rows = []
+    for seed in range(n_seeds):
+        d = make_datasets(quick, ["small"], seed=seed)[0]
+        path = os.path.join(tmp, f"small-seed{seed}.npz")
+        np.savez(path, u=d.train[0], i=d.train[1], r=d.train[2], tu=d.test[0], ti=d.test[1], tr=d.test[2])
+        for reg in d.regs:
+            a = run_dscar(cl, 1, d, iters, "float32", reg).test_rmse
+            try:
+                b = run_lenskit(d, iters, 1, reg, path).test_rmse
+            except ImportError as e:
+                print(f"  RMSE across seeds skipped: {e} (pip install 'dscar[bench-mf]')", flush=True)
+                return {"rows": rows, "skipped": str(e)}
+            rows.append({"seed": seed, "reg": reg, "dscar": a, "lenskit": b})
+            print(f"  small, data seed {seed}, reg {reg:g}: test RMSE dscar-1w-32 {a:.5f}, lenskit-1t {b:.5f}, "
+                  f"difference {a - b:+.5f}", flush=True)
+    return {"rows": rows, "summary": rmse_differences(rows)}
+
+
+def format_rmse_summary(summary: dict[str, dict[str, Any]]) -> str:
+    lines = []
+    for reg, s in summary.items():
+        se = "-" if s["se"] is None else f"{s['se']:.5f}"
+        lines.append(f"small, {s['n']} data seeds, reg {float(reg):g}: test RMSE dscar-1w-32 - lenskit-1t: mean "
+                     f"{s['mean']:+.5f} (se {se}), median {s['median']:+.5f}; dscar no worse on {s['no_worse']} "
+                     f"of {s['n']}")
+    return "\n".join(lines)
+
+
 def format_table(d: Dataset, results: list[Result], reg: float) -> str:
     load = load_average()
     lines = [f"{d.name}: {d.n_users:,} users x {d.n_items:,} items, {len(d.train[2]):,} train / "
@@ -321,6 +371,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--datasets", nargs="+", choices=("small", "large"), help="only these datasets (default: all)")
     ap.add_argument("--repeats", type=int, default=None,
                     help="interleaved repeats of every timed solver (default 3; 1 with --quick)")
+    ap.add_argument("--rmse-seeds", type=int, default=0, metavar="N",
+                    help="also compare test RMSE on N draws of the small dataset (data seeds 0..N-1; "
+                         "dscar 1 worker float32 vs lenskit 1 thread, at each of its regs)")
     ap.add_argument("--lenskit-child", metavar="NPZ", help=argparse.SUPPRESS)
     ap.add_argument("--reg", type=float, default=REG, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -377,6 +430,8 @@ def main(argv: list[str] | None = None) -> int:
                             record(d, f"dscar-{workers}w", lambda: run_dscar(cl, workers, d, iters, dtype, reg), repeat)
                         record(d, f"lenskit-{workers}t", lambda: run_lenskit(d, iters, workers, reg, paths[d.name]),
                                repeat)
+        if args.rmse_seeds:
+            out["rmse_across_seeds"] = rmse_across_seeds(clusters[1], args.rmse_seeds, args.quick, iters, tmp)
     machine["worker_threadpools"] = worker_pools
     for d in datasets:  # for scale, not compared: once each
         record(d, "surprise-svd", lambda: run_surprise(d, iters))
@@ -399,6 +454,8 @@ def main(argv: list[str] | None = None) -> int:
                                    "n_test": len(d.test[2]), "regs": list(d.regs), "repeats": repeats,
                                    "results": [vars(r) for r in merged], "runs": [vars(r) for r in results[d.name]],
                                    "paired_ratios": ratios}
+    if out.get("rmse_across_seeds", {}).get("summary"):
+        print(format_rmse_summary(out["rmse_across_seeds"]["summary"]), flush=True)
     out["machine"]["load_end"] = load_average()
     if args.json:
         write_json(args.json, out)
