@@ -63,15 +63,16 @@ PINNED = {k: "1" for k in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_T
 
 
 def gpu_visible() -> str | None:
-    """None when CuPy sees a device; else why not (the reason a GPU row is skipped)."""
-    try:
-        import cupy
+    """None when the workers would run CuPy (``dscar.xp.select_namespace``, as they choose); else why not."""
+    from dscar.xp import select_namespace
 
-        if cupy.cuda.runtime.getDeviceCount() > 0:
-            return None
-        return "CuPy sees no GPU"
-    except Exception as e:  # noqa: BLE001 - no cupy, no driver: both mean no GPU row
-        return f"no GPU: {type(e).__name__}: {e}"
+    return None if select_namespace().__name__ == "cupy" else "no GPU (CuPy missing, or it sees no device)"
+
+
+def _worker_namespace() -> str:
+    from dscar.xp import select_namespace
+
+    return select_namespace().__name__
 
 
 def run_child(model: str, argv: list[str], workers: int) -> dict[str, Any]:
@@ -86,7 +87,7 @@ def run_child(model: str, argv: list[str], workers: int) -> dict[str, Any]:
     algo, data, desc = models[args.model].build(args)
     with LocalCluster(n_workers=workers, threads_per_worker=1, processes=True, dashboard_address=None) as lc, \
             Client(lc) as client:
-        namespaces = client.run(lambda: __import__("dscar.xp", fromlist=["xp"]).select_namespace().__name__)
+        namespaces = client.run(_worker_namespace)
         res = fit(algo, data, lc, n_workers=workers, n_shards=args.shards, tol=args.tol, max_clocks=args.max_clocks,
                   progress=False)
     later = [r for r in res.history if r.clock >= 2 and not r.skipped]

@@ -279,14 +279,19 @@ def run_implicit(d: Dataset, iters: int, threads: int) -> Result:
                   note="implicit feedback")
 
 
+def save_npz(d: Dataset, path: str) -> str:
+    """The dataset's ratings where the lenskit child reads them (``--lenskit-child``); returns ``path``."""
+    np.savez(path, u=d.train[0], i=d.train[1], r=d.train[2], tu=d.test[0], ti=d.test[1], tr=d.test[2])
+    return path
+
+
 def rmse_across_seeds(cl, n_seeds: int, quick: bool, iters: int, tmp: str) -> dict[str, Any]:
     """Test RMSE of dscar (1 worker, float32) and lenskit (1 thread) on ``n_seeds`` draws of the small
     dataset: one draw's difference is often smaller than the spread between draws."""
     rows = []
     for seed in range(n_seeds):
         d = make_datasets(quick, ["small"], seed=seed)[0]
-        path = os.path.join(tmp, f"small-seed{seed}.npz")
-        np.savez(path, u=d.train[0], i=d.train[1], r=d.train[2], tu=d.test[0], ti=d.test[1], tr=d.test[2])
+        path = save_npz(d, os.path.join(tmp, f"small-seed{seed}.npz"))
         for reg in d.regs:
             a = run_dscar(cl, 1, d, iters, "float32", reg).test_rmse
             try:
@@ -420,8 +425,7 @@ def main(argv: list[str] | None = None) -> int:
         tmp = stack.enter_context(tempfile.TemporaryDirectory())
         paths = {}
         for d in datasets:
-            paths[d.name] = os.path.join(tmp, f"{d.name}.npz")
-            np.savez(paths[d.name], u=d.train[0], i=d.train[1], r=d.train[2], tu=d.test[0], ti=d.test[1], tr=d.test[2])
+            paths[d.name] = save_npz(d, os.path.join(tmp, f"{d.name}.npz"))
         for repeat in range(repeats):  # interleaved: dscar and lenskit of one repeat run back to back
             for d in datasets:
                 for reg in d.regs:
