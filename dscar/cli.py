@@ -87,9 +87,12 @@ def _add_common(run: argparse.ArgumentParser) -> None:
                    help="with --consistency ssp: clocks a shard may run ahead (default: the model's max_staleness)")
     g.add_argument("--slow", action="append", default=[], metavar="W:FACTOR[:FROM[:TO]]",
                    help="slow worker W by FACTOR from clock FROM (default 1) to TO (default: the end)")
-    g.add_argument("--kill", action="append", default=[], metavar="W:CLOCK", help="kill worker W at clock CLOCK")
-    g.add_argument("--hang", action="append", default=[], metavar="W:CLOCK",
-                   help="hang worker W (SIGSTOP) at clock CLOCK; the scheduler's worker-ttl drops it")
+    g.add_argument("--kill", action="append", default=[], metavar="W:CLOCK[:POINT]",
+                   help="kill worker W at clock CLOCK, at POINT (default start: before a shard step; checkpoint: "
+                        "when it snapshots its partitions, which every partition owner does)")
+    g.add_argument("--hang", action="append", default=[], metavar="W:CLOCK[:POINT]",
+                   help="hang worker W (SIGSTOP) at clock CLOCK, at POINT (as --kill); the scheduler's "
+                        "worker-ttl drops it")
     g = run.add_argument_group("checkpoints and recovery")
     g.add_argument("--checkpoint", metavar="DIR_OR_URL",
                    help="checkpoint store (local directory or fsspec URL); needed to survive a lost worker "

@@ -131,7 +131,8 @@ def why_unfired(f: Fault, events: Iterable[dict[str, Any]], last_clock: int) -> 
 
 
 def parse(kind: str, text: str) -> Fault:
-    """CLI form: slow ``W:FACTOR[:FROM[:TO]]``, kill ``W:CLOCK``, hang ``W:CLOCK`` (W an index)."""
+    """CLI form: slow ``W:FACTOR[:FROM[:TO]]``, kill and hang ``W:CLOCK[:POINT]`` (W an index, POINT one
+    of ``POINTS``, "start" when left out)."""
     parts = text.split(":")
     try:
         w = int(parts[0])
@@ -141,9 +142,10 @@ def parse(kind: str, text: str) -> Fault:
             start = int(parts[2]) if len(parts) > 2 else 1
             until = int(parts[3]) if len(parts) > 3 else None
             return slow(w, float(parts[1]), start, until)
-        if len(parts) != 2:
+        if not 2 <= len(parts) <= 3 or (len(parts) == 3 and parts[2] not in POINTS):
             raise ValueError
-        return kill(w, int(parts[1])) if kind == "kill" else hang(w, int(parts[1]))
+        point = parts[2] if len(parts) == 3 else "start"
+        return (kill if kind == "kill" else hang)(w, int(parts[1]), point=point)
     except ValueError:
-        form = "W:FACTOR[:FROM[:TO]]" if kind == "slow" else "W:CLOCK"
+        form = "W:FACTOR[:FROM[:TO]]" if kind == "slow" else f"W:CLOCK[:POINT] (POINT one of {', '.join(POINTS)})"
         raise InvalidInputError(f"--{kind} {text!r}: expected {form} with W a worker index") from None

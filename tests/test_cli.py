@@ -41,10 +41,14 @@ def test_run_with_injected_faults_prints_the_events():
     assert r.returncode == 0, r.stderr
     assert "fault-slow" in r.stdout
     # every Lasso worker owns a partition of w: the run recovers it from checkpoints (a temporary store)
-    r = run(["run", "lasso", "--workers", "3", "--rows", "6000", "--features", "100", "--kill", "1:3", "--no-progress"])
+    # the kill fires when worker 1 snapshots its partitions for clock 3's checkpoint, which it always
+    # does; at the default point (before a shard step) a busy machine can let the other two take every
+    # shard of worker 1 (dynamic sharding, backups, asked-back batches) and the kill fires late or never
+    r = run(["run", "lasso", "--workers", "3", "--rows", "6000", "--features", "100", "--kill", "1:3:checkpoint",
+             "--no-progress"])
     assert r.returncode == 0, r.stderr
     for kind in ("fault-kill", "worker-lost", "partition-restored", "recovery-done"):
-        assert kind in r.stdout, kind
+        assert kind in r.stdout, (kind, r.stdout.splitlines())
     assert "keeping checkpoints in" in r.stdout and "dscar lasso: converged" in r.stdout
     store = r.stdout.split("keeping checkpoints in ")[1].split()[0]
     assert not os.path.exists(store)  # the temporary store is removed at the end

@@ -204,6 +204,10 @@ def test_fault_cli_forms():
     assert faults.parse("slow", "0:8:2:4") == faults.slow(0, 8.0, 2, 4)
     assert faults.parse("kill", "2:3") == faults.kill(2, 3)
     assert faults.parse("hang", "0:1") == faults.hang(0, 1)
+    assert faults.parse("kill", "1:3:checkpoint") == faults.kill(1, 3, point="checkpoint")
+    assert faults.parse("hang", "0:2:mid-push") == faults.hang(0, 2, point="mid-push")
+    with pytest.raises(InvalidInputError, match="POINT one of start"):
+        faults.parse("kill", "1:3:later")
     with pytest.raises(InvalidInputError, match="W:CLOCK"):
         faults.parse("kill", "x")
     with pytest.raises(InvalidInputError, match="W:FACTOR"):
