@@ -396,15 +396,20 @@ def _descendants() -> list:
 
 
 def worker_processes() -> list:
-    """This process's worker processes (the Nanny's ``multiprocessing`` children; not the resource
-    tracker) that are not stopped."""
+    """This process's worker processes that are not stopped: the Nanny's ``multiprocessing`` children
+    (spawned, or forked by the embedded cluster's forkserver, which shares their command line; not the
+    resource tracker)."""
     import psutil
+
+    def forkserver(p) -> bool:
+        return "multiprocessing.forkserver" in " ".join(p.cmdline())
 
     out = []
     for p in _descendants():
         try:
             cmd = " ".join(p.cmdline())
-            if "spawn_main" in cmd and "resource_tracker" not in cmd and p.status() != psutil.STATUS_STOPPED:
+            worker = "spawn_main" in cmd or (forkserver(p) and forkserver(p.parent()))
+            if worker and "resource_tracker" not in cmd and p.status() != psutil.STATUS_STOPPED:
                 out.append(p)
         except psutil.Error:
             pass

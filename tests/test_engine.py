@@ -140,6 +140,27 @@ def test_partitions_live_on_their_owners_and_pull_push_between_processes(procs):
             client.sync(client.rpc(w).dscar_end_job, job_id="direct")
 
 
+def _how_the_worker_started() -> dict:
+    import sys
+
+    import dask
+
+    return {"parent": os.getppid(), "models_imported": "dscar.algorithms.lda" in sys.modules,
+            "profiler": dask.config.get("distributed.worker.profile.enabled")}
+
+
+def test_embedded_workers_are_forked_from_a_server_that_imported_dscar_once():
+    """Worker processes of the embedded cluster fork from a forkserver that preloaded dscar's models,
+    not from a fresh interpreter each (a fresh one imports them in 1.5-2 s of CPU per worker), and run
+    without Dask's stack sampler (``EMBEDDED_CONFIG``: an idle cluster's background work)."""
+    with dscar.Cluster(n_workers=2) as cl:
+        got = cl.client.run(_how_the_worker_started)
+    assert not any(g["profiler"] for g in got.values()), got
+    assert all(g["models_imported"] for g in got.values()), got  # no job ran: the forkserver imported them
+    parents = {g["parent"] for g in got.values()}
+    assert len(parents) == 1 and os.getpid() not in parents, got  # one forkserver, not this process
+
+
 @pytest.mark.timeout(180)
 def test_killed_worker_mid_clock_its_shards_are_resent_and_requeued():
     """SIGKILL a worker that owns no partition while it runs shards: nothing lost, nothing doubled."""
