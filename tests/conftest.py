@@ -78,15 +78,15 @@ def procs():
 
 @pytest.fixture(scope="module")
 def quick_bench(tmp_path_factory):
-    """Runs ``python -m bench.<name> --quick --json ... --plot ...`` from the repository root in a fresh
-    temporary folder and returns its stdout, the JSON it wrote and the path of its plot."""
+    """Runs ``python -m bench.<name> --quick [extra ...] --json ... --plot ...`` from the repository root
+    in a fresh temporary folder and returns its stdout, the JSON it wrote and the path of its plot."""
     root = Path(__file__).resolve().parents[1]
 
-    def run(name: str) -> tuple[str, dict, Path]:
+    def run(name: str, *extra: str) -> tuple[str, dict, Path]:
         tmp = tmp_path_factory.mktemp(name)
         out, png = tmp / f"{name}.json", tmp / f"{name}.png"
         r = subprocess.run(
-            [sys.executable, "-m", f"bench.{name}", "--quick", "--json", str(out), "--plot", str(png)],
+            [sys.executable, "-m", f"bench.{name}", "--quick", *extra, "--json", str(out), "--plot", str(png)],
             cwd=root, capture_output=True, text=True, timeout=1500,
         )
         assert r.returncode == 0, f"stdout:\n{r.stdout[-3000:]}\nstderr:\n{r.stderr[-5000:]}"
