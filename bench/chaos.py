@@ -402,7 +402,7 @@ def worker_processes() -> list:
     import psutil
 
     def forkserver(p) -> bool:
-        return "multiprocessing.forkserver" in " ".join(p.cmdline())
+        return p is not None and "multiprocessing.forkserver" in " ".join(p.cmdline())
 
     out = []
     for p in _descendants():

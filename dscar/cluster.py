@@ -26,17 +26,24 @@ DEFAULT_CONNECT_TIMEOUT = 10.0
 #: not use Dask's profiles; the memory monitors keep their 100 ms.
 EMBEDDED_CONFIG = {"distributed.worker.profile.enabled": False, "distributed.admin.tick.interval": "200ms",
                    "distributed.admin.system-monitor.interval": "1s"}
-#: what the embedded cluster's forkserver imports once: each worker process then starts as a fork
-#: of it (0.3 s) instead of a fresh interpreter importing distributed, NumPy, SciPy and dscar's
-#: models (1.5-2 s and ~3 s of CPU per worker on 2 cores). Nothing here starts a thread or touches
-#: a GPU (CuPy is imported in the worker, when it is used).
-WORKER_PRELOAD = ("distributed", "numpy", "scipy.sparse", "dscar.worker", "dscar.algorithms.lasso",
-                  "dscar.algorithms.lda", "dscar.algorithms.mf", "dscar.algorithms.mlr")
+#: the engine's part of what the embedded cluster's forkserver imports once (``worker_preload``)
+WORKER_PRELOAD = ("distributed", "numpy", "scipy.sparse", "dscar.worker")
+
+
+def worker_preload() -> list[str]:
+    """What the forkserver imports: ``WORKER_PRELOAD`` and the installed models' modules (the
+    ``dscar.models`` entry points, read without importing them). Each worker process then starts as
+    a fork of it (0.3 s) instead of a fresh interpreter importing them (1.5-2 s and ~3 s of CPU per
+    worker on 2 cores). None of them starts a thread or touches a GPU (CuPy is imported in the
+    worker, when it is used); one that fails to import is skipped by the forkserver."""
+    from importlib.metadata import entry_points
+
+    return [*WORKER_PRELOAD, *dict.fromkeys(ep.module for ep in entry_points(group="dscar.models"))]
 
 
 def _forkserver_config() -> dict[str, str]:
     """Dask configuration under which the embedded cluster's nannies fork their workers from a
-    forkserver that preloaded ``WORKER_PRELOAD``.
+    forkserver that preloaded ``worker_preload()``.
 
     The forkserver starts at the first worker process; its preload list must be set before that
     and after distributed sets its own (once, on its first forkserver context). Worker processes
@@ -51,7 +58,7 @@ def _forkserver_config() -> dict[str, str]:
         return {}
     config = {"distributed.worker.multiprocessing-method": "forkserver"}
     with dask.config.set(config):
-        get_mp_context().set_forkserver_preload(list(WORKER_PRELOAD))
+        get_mp_context().set_forkserver_preload(worker_preload())
     return config
 
 
