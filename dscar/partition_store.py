@@ -37,6 +37,16 @@ Key = tuple[int, int, int]
 Update = tuple[str, int, int, np.ndarray, "np.ndarray | None"]
 
 
+def add_update(xp, arr, lo: int, data, rows=None) -> None:
+    """Add one update's ``data`` to ``arr``: rows ``lo..`` or, with ``rows``, those rows (repeats
+    add up). The one way an update is added: by the owners applying it, and by a worker adding its
+    own to its pulled copy (``PullCache.write_back``)."""
+    if rows is None:
+        arr[lo : lo + data.shape[0]] += xp.asarray(data)
+    else:
+        xp.add.at(arr, xp.asarray(rows), xp.asarray(data))
+
+
 class PartitionStore:
     """The partitions of one job held by this worker, and the updates staged by attempts run here."""
 
@@ -59,14 +69,21 @@ class PartitionStore:
         #: open at once); a finished clock's are kept until the next one finishes (what BSP's shard
         #: steps read in a clock's first phase)
         self.sums: dict[tuple[str, int, int], Any] = {}
+        #: SSP: (table, part) -> {(clock, shard, attempt): run id} of the updates of open clocks
+        #: applied to a param partition held here (a worker's pull asks which of its own it holds)
+        self.holds: dict[Part, dict[Key, int]] = {}
+        #: SSP: the newest finished clock the applies here were told of (its updates are in every partition)
+        self.floor: int = 0
 
     # ------------------------------------------------------------ owning
-    def own(self, table: str, part: int, values, checkpointed: bool = False) -> None:
+    def own(self, table: str, part: int, values, checkpointed: bool = False, holds: Iterable = ()) -> None:
         """Hold ``values`` as partition ``(table, part)``; ``checkpointed``: they are also its last
-        checkpointed values (initial values are checkpoint 0, a restore reads a checkpoint)."""
+        checkpointed values (initial values are checkpoint 0, a restore reads a checkpoint);
+        ``holds``: ``(clock, shard, attempt, run)`` of the SSP updates of open clocks in ``values``."""
         arr = self.xp.asarray(values, dtype=self.specs[table].dtype) if checkpointed else self.xp.asarray(values)
         with self.lock:
             self.parts[(table, int(part))] = arr
+            self.holds[(table, int(part))] = {(int(c), int(s), int(a)): int(r) for c, s, a, r in holds}
             for k in [k for k in self.sums if k[:2] == (table, int(part))]:
                 del self.sums[k]  # a restored reduction partition starts its clocks' sums anew
             if checkpointed and self.specs[table].kind == "param":
@@ -85,6 +102,7 @@ class PartitionStore:
             self.debt.clear()
             self.staged.clear()
             self.sums.clear()
+            self.holds.clear()
 
     def _values(self, table: str, part: int, clock: int | None):
         """A partition's values; for a reduction table under SSP (``clock`` given), its sums of
@@ -109,12 +127,13 @@ class PartitionStore:
         return np.ascontiguousarray(out)
 
     def host_parts(self, parts: Iterable[Part], clock: int | None = None) -> list[np.ndarray] | None:
-        """Whole partitions as host arrays; None when one is not held here."""
+        """Whole partitions as host copies (a message is serialised after the lock is let go, and
+        an apply may change the partitions meanwhile); None when one is not held here."""
         with self.lock:
             keys = [(t, int(p)) for t, p in parts]
             if any(k not in self.parts for k in keys):
                 return None
-            return [np.ascontiguousarray(to_host(self._values(*k, clock))) for k in keys]
+            return [np.array(to_host(self._values(*k, clock)), copy=True, order="C") for k in keys]
 
     def rows(self, table: str, part: int, lo: int, hi: int, clock: int | None = None):
         """Rows ``[lo, hi)`` of a partition held here (a copy, on the device)."""
@@ -137,12 +156,14 @@ class PartitionStore:
             arr[lo : lo + data.shape[0]] = self.xp.asarray(data)
 
     # ------------------------------------------------------------ staging
-    def stage(self, key: Key, run: int, updates: Iterable[Update]) -> None:
-        """Keep an attempt's updates until its pass is applied (copied: a step may reuse its buffers)."""
+    def stage(self, key: Key, run: int, updates: Iterable[Update]) -> list[Update]:
+        """Keep an attempt's updates until its pass is applied (copied: a step may reuse its
+        buffers); returns the copies."""
         staged = [(t, int(p), int(lo), np.array(d, copy=True), None if r is None else np.array(r, dtype=np.int64))
                   for t, p, lo, d, r in updates]
         with self.lock:
             self.staged[tuple(key)] = (run, staged)
+        return staged
 
     def select_staged(self, run: int, keys: Iterable, parts: Iterable) -> tuple[Key | None, list]:
         """The updates staged here by ``keys`` (committed attempts of ``run``) to ``parts`` (an
@@ -178,7 +199,7 @@ class PartitionStore:
         SSP (``floor``, the newest finished clock, given): the keys span several clocks, and an
         update to a reduction table adds to its clock's sums (``sums``); staged updates and sums of
         finished clocks go (the newest finished clock's sums stay)."""
-        applied = 0
+        applied, keys = 0, [tuple(k) for k in keys]
         with self.lock:
             owned = {k: a for k, a in owned.items() if self.parts.get(k) is a}
             for (table, _), arr in owned.items():
@@ -199,17 +220,34 @@ class PartitionStore:
                         arr = self.sums.get((table, part, key[0]))
                         if arr is None:
                             arr = self.sums[(table, part, key[0])] = self.xp.zeros_like(owned[(table, part)])
-                    if rows is None:
-                        arr[lo : lo + data.shape[0]] += self.xp.asarray(data)
-                    else:  # scatter-add: repeated rows add up
-                        self.xp.add.at(arr, self.xp.asarray(rows), self.xp.asarray(data))
+                    add_update(self.xp, arr, lo, data, rows)
                     applied += 1
             for key in [k for k, (r, _) in self.staged.items() if r < run or (floor is not None and k[0] <= floor)]:
                 del self.staged[key]
             if floor is not None:
                 for k in [k for k in self.sums if k[2] < floor]:
                     del self.sums[k]
+                self.floor = max(self.floor, floor)
+                for part in owned:
+                    if self.specs[part[0]].kind == "param":
+                        holds = self.holds.setdefault(part, {})
+                        holds.update((k, run) for k in keys)
+                        for k in [k for k, r in holds.items() if r < run or k[0] <= self.floor]:
+                            del holds[k]
         return applied
+
+    def held(self, part: Part, run: int, keys: Iterable) -> list[Key]:
+        """Which of the SSP updates ``keys`` ((clock, shard, attempt) of ``run``) partition ``part``
+        holds: those applied to it, and any of a finished clock (applied everywhere). A worker adds
+        the others to its pulled copy (``PullCache.patch``)."""
+        with self.lock:
+            holds = self.holds.get((part[0], int(part[1])), {})
+            return [tuple(k) for k in keys if k[0] <= self.floor or holds.get(tuple(k)) == run]
+
+    def holds_of(self, part: Part) -> list[tuple[int, int, int, int]]:
+        """``(clock, shard, attempt, run)`` of the SSP updates in ``part`` (its adopter takes them)."""
+        with self.lock:
+            return [(*k, r) for k, r in self.holds.get((part[0], int(part[1])), {}).items()]
 
     # ------------------------------------------------------------ memory tier
     def param_copies(self) -> list[tuple[str, int, np.ndarray]]:

@@ -35,6 +35,7 @@ from .algorithm import Algorithm, DataMeta, TableSpec
 from .ledger import INITIAL_STATE
 from .mirror_store import MirrorStore, shard_key
 from .partition_store import PartitionStore
+from .pull_cache import SMALL, PullCache
 from .partitions import TableLayout, by_owner
 from .shard_store import ShardEntry, ShardStore
 from .xp import to_host
@@ -45,7 +46,6 @@ logger = logging.getLogger("dscar.worker.runner")  # under dscar.worker: one nam
 
 #: tables of at most this many bytes are read whole, all of them in one message per owner
 SMALL_TABLE_BYTES = 1 << 20
-SMALL = ("small tables",)  # the pull-cache key of ``read_small_tables``' answer (and the clock of its sums)
 
 
 @dataclass
@@ -67,9 +67,8 @@ class Job:
     faults: list = field(default_factory=list)  # this worker's, from dscar.faults
     fired: set = field(default_factory=set)
     owners: dict[tuple[str, int], str] = field(default_factory=dict)
-    pull_cache: dict[tuple, Any] = field(default_factory=dict)
-    cache_run: int = -1  # the run id the cached pulls belong to (tables change only with a new run id)
-    cache_version: int = -1  # under SSP: the cached pulls are at least this new (``ClockWindow.version``)
+    #: the rows pulled here, shared by the attempts run here while they serve their reads
+    pull_cache: PullCache = field(default_factory=PullCache)
     #: stale-synchronous clocks: reduction tables are read per clock
     ssp: bool = False
     clock_seen: int = 0  # the newest clock this worker was given work in (fault points outside attempts)
@@ -156,11 +155,7 @@ class ShardRunner:
             job.owners = {(t, int(p)): w for t, p, w in item["owners"]}
             job.clock_seen = max(job.clock_seen, int(item["clock"]))
             job.run_seen = max(job.run_seen, int(item["run"]))
-            # tables have changed since the pulls cached here: a new pass, a redo, a recovery (a new run
-            # id); under SSP, a copy older than the item's reads may be (``ClockWindow.needs``)
-            if job.cache_run != item["run"] or job.cache_version < item.get("needs", -1):
-                job.pull_cache.clear()
-                job.cache_run, job.cache_version = item["run"], item.get("version", -1)
+            job.pull_cache.prepare(item)
 
     def _run_shards(self, item: dict) -> dict | None:
         """Run a work item's attempts, then commit those that succeeded in one message; return
@@ -168,6 +163,7 @@ class ShardRunner:
         common = {k: v for k, v in item.items() if k != "shards"}
         attempts = [{**common, **member} for member in item["shards"]]
         commits = []
+        staged: dict[tuple[int, int], list] = {}  # (shard, clock) -> the updates its attempt staged here
         with self._lock:  # the members after the first may be released to another worker until they start
             self._unstarted = {(item["job"], a["shard"], a["attempt"]) for a in attempts[1:]}
         try:
@@ -179,8 +175,9 @@ class ShardRunner:
                     if i and key not in self._unstarted:
                         continue  # released: the coordinator gave it to another worker
                     self._unstarted.discard(key)
-                timings = self._attempt(job, a)
-                if timings is not None:
+                done = self._attempt(job, a)
+                if done is not None:
+                    timings, staged[a["shard"], a["clock"]] = done
                     commits.append({"shard": a["shard"], "attempt": a["attempt"], "clock": a["clock"],
                                     "timings": timings})
         except _Stopped:
@@ -199,10 +196,24 @@ class ShardRunner:
                 if any(c["shard"] == a["shard"] and c["attempt"] == a["attempt"] for c in commits):
                     self._fail(a, e)
             return None
+        if job.ssp and item["op"] == "shard":
+            self._write_back(job, item["run"], [(c["shard"], c["clock"], c["attempt"])
+                                                for c, ok in zip(commits, r["granted"]) if ok], staged)
         return r.get("next")
 
-    def _attempt(self, job: Job, item: dict) -> dict | None:
-        """Run one attempt and stage its results; its timings, or None when it failed (reported)."""
+    def _write_back(self, job: Job, run: int, granted: list[tuple[int, int, int]], staged: dict) -> None:
+        """Add this worker's granted SSP updates to its pulled copy (``PullCache.write_back``): its
+        next attempts of those shards read their own writes without pulling the tables again."""
+        bounds = {t: job.layouts[t].bounds for t, spec in job.specs.items() if spec.kind == "param"}
+        with self._lock:
+            if job.pull_cache.run != run:
+                return
+            for shard, clock, attempt in granted:
+                job.pull_cache.write_back(shard, clock, attempt, staged[shard, clock], bounds, job.xp)
+
+    def _attempt(self, job: Job, item: dict) -> tuple[dict, list] | None:
+        """Run one attempt and stage its results; its timings and staged updates, or None when it
+        failed (reported)."""
         clock, shard, attempt, run = item["clock"], item["shard"], item["attempt"], item["run"]
         lost_data = False
         try:
@@ -227,9 +238,9 @@ class ShardRunner:
                 t2 = time.perf_counter()
             key = (clock, shard, attempt)
             job.shards.stage_state(key, entry, ctx.new_state)  # installed when the pass is applied, if it commits
-            self._stage(job, key, run, ctx.updates, ctx.phase)
+            staged = self._stage(job, key, run, ctx.updates, ctx.phase)
             t3 = time.perf_counter()
-            return {"data_s": t1 - t0, "pull_s": ctx.pull_s, "compute_s": t2 - t1 - ctx.pull_s, "push_s": t3 - t2}
+            return {"data_s": t1 - t0, "pull_s": ctx.pull_s, "compute_s": t2 - t1 - ctx.pull_s, "push_s": t3 - t2}, staged
         except _Stopped:
             raise
         except Exception as e:
@@ -354,11 +365,12 @@ class ShardRunner:
             self.host.stop.wait(0.05)
         raise _Stopped
 
-    def _stage(self, job: Job, key: tuple, run: int, updates: list, phase: str | None = None) -> None:
+    def _stage(self, job: Job, key: tuple, run: int, updates: list, phase: str | None = None) -> list:
         """Keep the attempt's updates here until its pass is applied: the owners collect the
         committed ones then (one message per worker and pass, not one per shard and owner)."""
-        job.tables.stage(key, run, updates)
+        staged = job.tables.stage(key, run, updates)
         self._inject(job, key[0], "mid-push", phase)  # staged, not yet committed
+        return staged
 
     def _run_clock_end(self, item: dict) -> None:
         job_id, clock = item["job"], item["clock"]
@@ -387,21 +399,27 @@ class ShardRunner:
                 pass
 
     # --------------------------------------------------- table row access
-    def read_rows(self, job: Job, table: str, start: int, stop: int | None, clock: int | None = None):
+    def read_rows(self, job: Job, table: str, start: int, stop: int | None, clock: int | None = None,
+                  own: PullCache | None = None):
         """Global rows ``[start, stop)`` of ``table``, gathered from their owners (under SSP a
-        reduction table's sums of ``clock``)."""
+        reduction table's sums of ``clock``; ``own``: the pull cache whose written-back updates
+        the rows must hold, ``PullCache.patch``)."""
         layout = job.layouts[table]
         stop = layout.n_rows if stop is None else stop
+        mine = None if own is None else own.mine()
         pieces = []
         for part, lo, hi in layout.split(start, stop):
             a = layout.bounds[part][0]
             owner = job.owners[(table, part)]
             if owner == self.host.address:
-                pieces.append(job.tables.rows(table, part, lo - a, hi - a, clock))
+                with job.tables.lock:
+                    piece = job.tables.rows(table, part, lo - a, hi - a, clock)
+                    held = job.tables.held((table, part), *mine) if mine else []
             else:
                 r = _answered(self.host.peer(owner, "pull", job_id=job.id, table=table, part=part, lo=lo - a, hi=hi - a,
-                                             clock=clock), owner, table, part)
-                pieces.append(job.xp.asarray(r["data"]))
+                                             clock=clock, mine=mine), owner, table, part)
+                piece, held = job.xp.asarray(r["data"]), r.get("held", [])
+            pieces.append(own.patch(piece, table, part, lo - a, held, job.xp) if mine else piece)
         if len(pieces) == 1:
             return pieces[0]
         return job.xp.concatenate(pieces) if pieces else job.xp.zeros((0, *job.specs[table].trailing))
@@ -410,21 +428,30 @@ class ShardRunner:
         spec = job.specs[table]
         return spec.n_rows * int(np.prod(spec.trailing)) * np.dtype(spec.dtype).itemsize <= SMALL_TABLE_BYTES
 
-    def read_small_tables(self, job: Job, clock: int | None = None) -> dict[str, Any]:
+    def read_small_tables(self, job: Job, clock: int | None = None, own: PullCache | None = None) -> dict[str, Any]:
         """Every small table (``SMALL_TABLE_BYTES``), whole: the partitions held here copied, the
         others fetched with one message per owner, all owners at once. A small model's shard step
-        or clock end reads several tables, and one message per table and owner is a round trip each."""
+        or clock end reads several tables, and one message per table and owner is a round trip each.
+        ``own`` as for ``read_rows``."""
         small = [t for t in job.specs if self.is_small(job, t)]
         remote = by_owner(job.owners, [(t, p) for t in small for p in range(job.layouts[t].n_parts)])
-        pieces: dict[tuple[str, int], Any] = {k: job.tables.rows(*k, 0, None, clock)
-                                              for k in remote.pop(self.host.address, [])}
+        mine = None if own is None else own.mine()
+        pieces: dict[tuple[str, int], Any] = {}
+        held: dict[tuple[str, int], list] = {}
+        with job.tables.lock:
+            for k in remote.pop(self.host.address, []):
+                pieces[k] = job.tables.rows(*k, 0, None, clock)
+                held[k] = job.tables.held(k, *mine) if mine else []
         if remote:
             replies = self.host.peer_all([(o, "pull_many", {"job_id": job.id, "parts": [list(k) for k in keys],
-                                                            "clock": clock})
+                                                            "clock": clock, "mine": mine})
                                           for o, keys in remote.items()])
             for (owner, keys), r in zip(remote.items(), replies):
                 r = _answered(r, owner, *keys[0])
                 pieces.update((k, job.xp.asarray(d)) for k, d in zip(keys, wire.decode(r["data"])))
+                held.update(zip(keys, r.get("held", [[]] * len(keys))))
+        if mine:
+            pieces = {k: own.patch(v, *k, 0, held[k], job.xp) for k, v in pieces.items()}
         return {t: job.xp.concatenate([pieces[(t, p)] for p in range(job.layouts[t].n_parts)]) for t in small}
 
     def read_row_set(self, job: Job, table: str, rows, clock: int | None = None):
@@ -531,18 +558,23 @@ class ShardStep:
         """Rows of ``table`` as of this clock's (data phase's) start (cached for it; do not mutate)."""
         # under SSP a reduction table's read is its sums of one clock, and steps of several clocks share the cache
         sums = self._sums if self._job.specs[table].kind == "reduction" else None
-        key = (table, start, stop, sums)
         cache = self._job.pull_cache
-        if key not in cache:
-            t0 = time.perf_counter()
-            if self._server.is_small(self._job, table):  # every small table at once, then slices of it
-                if SMALL not in cache or (sums is not None and cache[SMALL][0] != sums):
-                    cache[SMALL] = (self._sums, self._server.read_small_tables(self._job, self._sums))
-                cache[key] = cache[SMALL][1][table][start:stop]
-            else:
-                cache[key] = self._server.read_rows(self._job, table, start, stop, self._sums)
+        own = cache if self._job.ssp else None  # its written-back updates: the fetched rows must hold them
+        t0 = time.perf_counter()
+        if self._server.is_small(self._job, table):  # every small table at once, then slices of it
+            small = cache.get(SMALL)
+            if small is None or (sums is not None and small[0] != sums):
+                small = (self._sums, self._server.read_small_tables(self._job, self._sums, own))
+                cache.put(SMALL, small)
+                self.pull_s += time.perf_counter() - t0
+            return small[1][table][start:stop]
+        key = (table, start, stop, sums)
+        rows = cache.get(key)
+        if rows is None:
+            rows = self._server.read_rows(self._job, table, start, stop, self._sums, own)
+            cache.put(key, rows)
             self.pull_s += time.perf_counter() - t0
-        return cache[key]
+        return rows
 
     def add(self, table: str, values, start: int = 0) -> None:
         """Add ``values`` to rows ``[start, start + len(values))`` of ``table`` if this attempt commits."""

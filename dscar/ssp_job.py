@@ -195,11 +195,12 @@ class SspJobState(JobState):
 
     def _ssp_item(self, batch: list[Attempt], clocks: list[int]) -> dict:
         item = self._item(batch)
-        for member, clock in zip(item["shards"], clocks):
-            member["clock"] = clock
         w = self.window
+        for member, a, clock in zip(item["shards"], batch, clocks):
+            seen, writer = w.own_update(a.shard)
+            member.update(clock=clock, seen=seen, mine=writer == a.worker)
         item.update(op="rebuild" if w.rebuilding is not None else "shard", clock=max(clocks), run=w.epoch,
-                    version=w.version, needs=max(w.needs(a.shard) for a in batch))
+                    version=w.version, floor=w.floor, needs=max(w.read_floor(a.shard) for a in batch))
         return item
 
     def idle(self, worker: str, now: float) -> list[Effect]:

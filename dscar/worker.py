@@ -168,28 +168,41 @@ class ParamServer(WorkerPlugin):
         """Become the owner of a partition: copy it from its current owner."""
         job = await self._ajob(job_id)
         a, b = job.layouts[table].bounds[part]
-        r = await self._apeer(source, "pull", job_id=job_id, table=table, part=part, lo=0, hi=b - a)
+        r = await self._apeer(source, "pull", job_id=job_id, table=table, part=part, lo=0, hi=b - a, holds=True)
         if r.get("status") != "OK":
             raise RuntimeError(f"partition {table}/{part} is not on {source} any more: {r.get('status')}")
-        job.tables.own(table, part, r["data"])
+        job.tables.own(table, part, r["data"], holds=r.get("holds", ()))
         return {"status": "OK"}
 
     def _h_pull(self, job_id: str, table: str, part: int, lo: int = 0, hi: int = 0, rows=None,
-                clock: int | None = None) -> dict:
+                clock: int | None = None, mine: list | None = None, holds: bool = False) -> dict:
+        """Rows of a partition held here. ``mine``: ``[run, [[clock, shard, attempt], ...]]``, the
+        caller's own SSP updates: the answer says which the rows hold (``held``); ``holds``: the
+        answer lists every SSP update in the partition (an adopter takes them)."""
         job = self.jobs.get(job_id)
-        out = None if job is None else job.tables.host_rows(table, part, lo, hi, rows, clock)
-        if out is None:  # a late attempt of an ended job, a moved partition
+        if job is None:
             return {"status": "missing"}
-        return {"status": "OK", "data": to_serialize(out)}
+        with job.tables.lock:
+            out = job.tables.host_rows(table, part, lo, hi, rows, clock)
+            if out is None:  # a late attempt of an ended job, a moved partition
+                return {"status": "missing"}
+            extra = {} if mine is None else {"held": job.tables.held((table, part), *mine)}
+            if holds:
+                extra["holds"] = job.tables.holds_of((table, part))
+        return {"status": "OK", "data": to_serialize(out), **extra}
 
-    def _h_pull_many(self, job_id: str, parts: list, clock: int | None = None) -> dict:
+    def _h_pull_many(self, job_id: str, parts: list, clock: int | None = None, mine: list | None = None) -> dict:
         """Whole partitions ``[[table, part], ...]`` held here (``read_small_tables``); under SSP a
-        reduction table's sums of ``clock``."""
+        reduction table's sums of ``clock``; ``mine`` as for ``pull`` (``held``: one list per partition)."""
         job = self.jobs.get(job_id)
-        out = None if job is None else job.tables.host_parts(parts, clock)
-        if out is None:
+        if job is None:
             return {"status": "missing"}
-        return {"status": "OK", "data": wire.encode(out)}
+        with job.tables.lock:
+            out = job.tables.host_parts(parts, clock)
+            if out is None:
+                return {"status": "missing"}
+            extra = {} if mine is None else {"held": [job.tables.held(tuple(p), *mine) for p in parts]}
+        return {"status": "OK", "data": wire.encode(out), **extra}
 
     def _h_fetch_staged(self, job_id: str, run: int, keys: list, parts: list) -> dict:
         """The updates staged here by ``keys`` (committed attempts of pass ``run``) for the caller's

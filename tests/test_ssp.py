@@ -172,6 +172,7 @@ class WindowFuzz(RuleBasedStateMachine):
         #: (shard, clock) -> (epoch, the table version before its batch); clock -> the same for its clock end
         self.version_of: dict[tuple[int, int], tuple[int, int]] = {}
         self.end_version: dict[int, tuple[int, int]] = {}
+        self.writer_of: dict[tuple[int, int], str] = {}  # (shard, clock) -> the worker whose update was applied whole
 
     def live(self):
         return [x for x in WORKERS if x not in self.lost]
@@ -217,6 +218,8 @@ class WindowFuzz(RuleBasedStateMachine):
                       and (c <= clock - w.staleness - 1 or (j, c) == (shard, clock - 1))]
             before += [v for c, (e, v) in self.end_version.items() if e == w.epoch and c <= clock - w.staleness - 1]
             assert all(v < need for v in before), (need, before)
+            seen, writer = w.own_update(shard)  # whose attempt the tables hold (its worker may have it written back)
+            assert writer is None or self.writer_of.get((shard, clock - 1)) == writer, (shard, clock, writer)
         self.running.append((shard, clock, worker, w.epoch))
 
     @precondition(lambda self: getattr(self, "running", None))
@@ -245,8 +248,9 @@ class WindowFuzz(RuleBasedStateMachine):
         b, self.batch = self.batch, None
         taken = b.batch == getattr(self.w.in_flight, "batch", None)
         if taken and not b.rebuild:
-            for shard, clock, _ in b.updates:
+            for shard, clock, worker in b.updates:
                 self.whole[(shard, clock)] = True
+                self.writer_of[(shard, clock)] = worker
                 self.version_of[(shard, clock)] = (self.w.epoch, self.w.version)
         self.handle(self.w.batch_applied(b.batch))
 

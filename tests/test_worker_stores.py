@@ -210,7 +210,7 @@ def test_batch_members_not_started_when_their_pass_is_applied_are_skipped():
         ran.append(a["shard"])
         if a["shard"] == 1:
             runner.pass_applied("j")  # meanwhile the pass completed (backups) and was applied here
-        return {"compute_s": 0.0}
+        return {"compute_s": 0.0}, []
 
     runner._attempt = attempt
     item = {"op": "shard", "job": "j", "clock": 3, "run": 5, "owners": [], "batch_scale": 1.0,
