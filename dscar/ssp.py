@@ -176,7 +176,7 @@ class ClockWindow:
     #: worker's pulled copy is as new as the version it was pulled at
     version: int = 0
     #: clock -> the version when it finished (every update of it and of the clocks before is in
-    #: tables of that version), for the clocks a read may still need (``needs``)
+    #: tables of that version), for the clocks a read may still need (``read_floor``)
     finish_version: dict[int, int] = field(default_factory=dict)
     _batches: int = 0
     _urgent: bool = False
@@ -209,16 +209,11 @@ class ClockWindow:
             return sorted(s for s in self.rebuilding if self._shards[s].phase is ShardPhase.TODO)
         return [i for i, s in enumerate(self._shards) if s.phase is ShardPhase.TODO and s.clock <= self.top]
 
-    def needs(self, shard: int) -> int:
-        """The oldest table version a read for ``shard``'s next clock ``t`` may use: one holding
-        every update of clocks ``<= t - s - 1`` and the shard's own update of ``t - 1``. A worker
-        keeps its pulled copy while it is at least this new: a read is as stale as SSP allows it
-        to be, not staler, and a pull of the whole table per work item is avoided."""
-        return max(self._shards[shard].seen, self.read_floor(shard))
-
     def read_floor(self, shard: int) -> int:
         """The oldest table version holding every update of clocks ``<= t - s - 1`` (``t``: the
-        shard's next clock): ``needs`` without the shard's own update."""
+        shard's next clock). A worker keeps its pulled copy while it is at least this new and holds
+        the shard's own update (``own_update``, ``copy_serves``): a read is as stale as SSP allows
+        it to be, not staler, and a pull of the whole table per work item is avoided."""
         return self.finish_version.get(self._shards[shard].clock - 1 - self.staleness, 0)
 
     def own_update(self, shard: int) -> tuple[int, str | None]:

@@ -210,9 +210,9 @@ class WindowFuzz(RuleBasedStateMachine):
             for c in range(1, clock - w.staleness):  # reads see every update of clocks <= t - s - 1
                 assert w.finished.get(c) in (ClockStatus.DONE, ClockStatus.SKIPPED), (clock, c)
             assert all(self.times_applied.get((shard, c)) == 1 for c in range(1, clock))  # its own earlier updates
-            # a copy of the tables as new as ``needs`` holds all of that, so ``needs`` is newer than the
-            # version before each of those changes (within an epoch: a new one clears every copy)
-            need = w.needs(shard)
+            # a copy of the tables as new as the read floor and the shard's own update holds all of that:
+            # newer than the version before each of those changes (within an epoch: a new one clears every copy)
+            need = max(w.read_floor(shard), w.own_update(shard)[0])
             assert need <= w.version
             before = [v for (j, c), (e, v) in self.version_of.items() if e == w.epoch
                       and (c <= clock - w.staleness - 1 or (j, c) == (shard, clock - 1))]
