@@ -8,9 +8,11 @@ cleared), and the worker adds its own granted updates to it (**write-back**: ``w
 so that its next attempts of the same shards read their own writes without a fresh pull
 (``dscar.ssp.copy_serves`` decides whether the copy serves an item).
 
-Invariant: every (shard, clock) in ``written_back`` was added to every entry exactly once,
-and no entry was fetched after it was added (a fetch after a write-back may or may not hold
-the owner's apply of it: ``put`` forgets ``written_back`` then).
+Invariant: every entry holds each update in ``written_back`` and ``settled`` exactly once. An
+entry fetched before the update was granted gets it added (``write_back``); one fetched after
+asked each owner which of the worker's updates its partition already holds (``mine``, the
+owner's ``PartitionStore.held``, read under the same lock as the rows) and got the others added
+(``patch``): a batch may be applied by some owners and not yet by others.
 """
 from __future__ import annotations
 
