@@ -401,14 +401,15 @@ def worker_processes() -> list:
     resource tracker)."""
     import psutil
 
-    def forkserver(p) -> bool:
-        return p is not None and "multiprocessing.forkserver" in " ".join(p.cmdline())
+    def forkserver(cmd: str) -> bool:
+        return "multiprocessing.forkserver" in cmd
 
     out = []
     for p in _descendants():
         try:
-            cmd = " ".join(p.cmdline())
-            worker = "spawn_main" in cmd or (forkserver(p) and forkserver(p.parent()))
+            cmd, parent = " ".join(p.cmdline()), p.parent()
+            worker = "spawn_main" in cmd or (forkserver(cmd) and parent is not None
+                                             and forkserver(" ".join(parent.cmdline())))
             if worker and "resource_tracker" not in cmd and p.status() != psutil.STATUS_STOPPED:
                 out.append(p)
         except psutil.Error:

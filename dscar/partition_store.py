@@ -133,7 +133,7 @@ class PartitionStore:
             keys = [(t, int(p)) for t, p in parts]
             if any(k not in self.parts for k in keys):
                 return None
-            return [np.array(to_host(self._values(*k, clock)), copy=True, order="C") for k in keys]
+            return [to_host(self._values(*k, clock)).copy() for k in keys]
 
     def rows(self, table: str, part: int, lo: int, hi: int, clock: int | None = None):
         """Rows ``[lo, hi)`` of a partition held here (a copy, on the device)."""

@@ -57,7 +57,7 @@ class PullCache:
             self.written_back.clear()
             self.run, self.version = item["run"], item.get("version", -1)
             return
-        if "needs" not in item:  # BSP: tables change only with a new run id
+        if "read_floor" not in item:  # BSP: tables change only with a new run id
             return
         floor = item["floor"]
         for key in [k for k in self.written_back if k[1] <= floor]:
@@ -70,7 +70,7 @@ class PullCache:
         foreign = {(shard, clock - 1) for shard, clock, _, mine in members if not mine} & held
         for key in foreign:
             self.written_back.pop(key, None)
-        if foreign or not copy_serves(self.version, held, item["needs"], members):
+        if foreign or not copy_serves(self.version, held, item["read_floor"], members):
             self.clear()
             self.version = item["version"]
 
@@ -103,20 +103,20 @@ class PullCache:
         part, lo, data, rows)``, partition-local rows; ``bounds``: each param table's partition
         bounds; reduction tables are left out) to every entry holding its rows."""
         updates = [u for u in updates if u[0] in bounds]
-        for key, start, (table, arr) in self._holding({u[0] for u in updates}):
+        for key, table, start, arr in self._holding({u[0] for u in updates}):
             first = bounds[table]  # rows of the table, then of the entry (its row 0 is the table's ``start``)
             ups = [(first[p][0] + lo - start, d, None if r is None else first[p][0] + np.asarray(r) - start)
                    for t, p, lo, d, r in updates if t == table]
             self._set(key, table, _add_rows(arr, 0, ups, xp))
         self.written_back[(shard, clock)] = (attempt, updates)
 
-    def _holding(self, tables: set[str]) -> list[tuple[tuple, int, tuple[str, Any]]]:
-        """(key, first row, (table, array)) of every entry holding rows of ``tables``."""
+    def _holding(self, tables: set[str]) -> list[tuple[tuple, str, int, Any]]:
+        """(key, table, first row, array) of every entry holding rows of ``tables``."""
         out = []
         small = self.entries.get(SMALL)
         if small is not None:
-            out += [(SMALL, 0, (t, small[1][t])) for t in sorted(tables) if t in small[1]]
-        out += [(k, k[1], (k[0], arr)) for k, arr in self.entries.items()
+            out += [(SMALL, t, 0, small[1][t]) for t in sorted(tables) if t in small[1]]
+        out += [(k, k[0], k[1], arr) for k, arr in self.entries.items()
                 if k != SMALL and k[0] in tables and k[3] is None]
         return out
 

@@ -503,7 +503,7 @@ def copy_serves(copy_version: int, written_back: set[tuple[int, int]], read_floo
     ``clock - 1``: in the pull (``seen <= copy_version``) or written back by this worker (``mine``:
     the applied update was this worker's attempt). Without the write-back, a worker whose
     shards' updates are applied one batch at a time pulls the whole table for almost every
-    item (LDA, 4 workers, 32 shards: ~3 pulls per worker per clock instead of 1)."""
+    item (4 workers, 32 shards: ~3 pulls per worker per clock instead of 1)."""
     if copy_version < read_floor:
         return False
     return all(seen <= copy_version or (mine and (shard, clock - 1) in written_back)

@@ -200,7 +200,7 @@ class SspJobState(JobState):
             seen, writer = w.own_update(a.shard)
             member.update(clock=clock, seen=seen, mine=writer == a.worker)
         item.update(op="rebuild" if w.rebuilding is not None else "shard", clock=max(clocks), run=w.epoch,
-                    version=w.version, floor=w.floor, needs=max(w.read_floor(a.shard) for a in batch))
+                    version=w.version, floor=w.floor, read_floor=max(w.read_floor(a.shard) for a in batch))
         return item
 
     def idle(self, worker: str, now: float) -> list[Effect]:

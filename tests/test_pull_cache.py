@@ -99,7 +99,7 @@ class WriteBack(RuleBasedStateMachine):
         if any(k[0] <= self.floor + 1 for queue in self.unapplied for k, _ in queue):
             return
         self.floor += 1
-        self.cache.prepare({"run": RUN, "version": 0, "floor": self.floor, "needs": 0, "shards": []})
+        self.cache.prepare({"run": RUN, "version": 0, "floor": self.floor, "read_floor": 0, "shards": []})
 
     @invariant()
     def the_copy_holds_every_granted_update_once(self):
@@ -127,7 +127,7 @@ def test_an_item_whose_previous_update_was_not_this_workers_drops_the_copy():
     cache.prepare({"run": 1, "version": 3, "shards": []})
     cache.put(SMALL, (None, {"w": np.zeros((ROWS, 2), dtype=np.int64)}))
     cache.write_back(4, 2, 0, [("w", 0, 0, np.ones((1, 2), dtype=np.int64), None)], BOUNDS, np)
-    item = {"run": 1, "version": 9, "floor": 0, "needs": 0}
+    item = {"run": 1, "version": 9, "floor": 0, "read_floor": 0}
     cache.prepare({**item, "shards": [{"shard": 4, "clock": 3, "seen": 8, "mine": True}]})
     assert cache.get(SMALL) is not None  # its own write is in the copy
     cache.prepare({**item, "shards": [{"shard": 4, "clock": 3, "seen": 8, "mine": False}]})
@@ -139,7 +139,7 @@ def test_a_finished_clocks_writes_stay_known_to_the_copy_and_leave_the_questions
     cache.prepare({"run": 1, "version": 3, "shards": []})
     cache.put(SMALL, (None, {"w": np.zeros((ROWS, 2), dtype=np.int64)}))
     cache.write_back(4, 2, 0, [("w", 0, 0, np.ones((1, 2), dtype=np.int64), None)], BOUNDS, np)
-    cache.prepare({"run": 1, "version": 9, "floor": 2, "needs": 0,
+    cache.prepare({"run": 1, "version": 9, "floor": 2, "read_floor": 0,
                    "shards": [{"shard": 4, "clock": 3, "seen": 8, "mine": True}]})
     assert cache.get(SMALL) is not None and cache.mine() is None  # settled: every owner holds it
     cache.prepare({"run": 2, "version": 9, "shards": []})
