@@ -397,10 +397,12 @@ class Coordinator(SchedulerPlugin):
     async def _apply(self, job: JobState, e: ApplyPass) -> None:
         """Every live worker applies the pass: owners their tables' updates, holders the shard state."""
         targets = self._live(job)
-        ssp = {} if e.batch is None else {"clocks": e.clocks, "floor": e.floor}
+        extra = {"clocks": e.clocks, "floor": e.floor} if e.batch is not None else {}
+        if e.phase:
+            extra["phase"] = e.phase
         results = await asyncio.gather(*(
             self._rpc(w, "apply", job_id=job.cfg.job_id, clock=e.clock, run=e.run_id, committed=e.committed,
-                      reset=e.reset, **ssp)
+                      reset=e.reset, **extra)
             for w in targets
         ), return_exceptions=True)
         for w, r in zip(targets, results):

@@ -20,6 +20,8 @@ from .errors import InvalidInputError
 Kind = Literal["slow", "kill", "hang", "lose"]
 #: where a kill, hang or loss can fire
 POINTS = ("start", "mid-push", "apply", "clock-end", "checkpoint", "recovery")
+#: the points that belong to a data phase (a fault naming a phase fires only at these)
+PHASE_POINTS = ("start", "mid-push", "apply")
 
 
 @dataclass(frozen=True)
@@ -34,7 +36,7 @@ class Fault:
     #: ("clock-end"), when a checkpoint is snapshotted ("checkpoint"), when a partition is restored
     #: onto this worker during a recovery ("recovery")
     point: str = "start"
-    phase: str | None = None  # kill / hang / lose: only in this data phase of the clock (None: any)
+    phase: str | None = None  # kill / hang / lose: only in this data phase of the clock (None: any; PHASE_POINTS)
 
     def active(self, clock: int) -> bool:
         return self.clock <= clock and (self.until is None or clock <= self.until)
@@ -73,6 +75,9 @@ def resolve(faults: Iterable[Fault], workers: list[str]) -> list[Fault]:
             raise InvalidInputError(f"slowdown factor must be >= 1, got {f.factor}")
         if f.point not in POINTS:
             raise InvalidInputError(f"fault point must be one of {POINTS}, got {f.point!r}")
+        if f.phase is not None and f.point not in PHASE_POINTS:
+            raise InvalidInputError(f"{f.kind} fault in phase {f.phase!r} at {f.point!r}: only {PHASE_POINTS} "
+                                    "belong to a data phase")
         if isinstance(f.worker, int) and not isinstance(f.worker, bool):
             if not 0 <= f.worker < len(workers):
                 raise InvalidInputError(

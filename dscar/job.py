@@ -45,6 +45,8 @@ class ApplyPass:
     batch: int | None = None
     clocks: list[int] | None = None
     floor: int | None = None
+    #: the data phase whose pass this is (None: the algorithm has none; a fault may name it)
+    phase: str | None = None
 
 
 @dataclass(frozen=True)
@@ -259,7 +261,8 @@ class JobState:
                 reset = list(self.cfg.rebuild) if a.reset_rebuild else (
                     [t for t, k in self.cfg.kinds.items() if k == "reduction"] if a.reset_reductions else [])
                 effects.append(ApplyPass(a.run_id, self.machine.clock, self.queue.committed_attempts(), reset,
-                                         a.reset_rebuild))
+                                         a.reset_rebuild, phase=None if a.reset_rebuild else
+                                         self.cfg.phase_names[self.machine.data_phase] or None))
             elif isinstance(a, RunClockEnd):
                 self.clock_end_worker = None
             elif isinstance(a, Recover):

@@ -218,7 +218,7 @@ class ParamServer(WorkerPlugin):
                 "updates": [[list(key), [[t, p, lo, r is not None] for t, p, lo, _, r in ups]] for key, ups in selected]}
 
     async def _h_apply(self, job_id: str, clock: int, run: int, committed: list, reset: list | None = None,
-                       clocks: list | None = None, floor: int | None = None) -> dict:
+                       clocks: list | None = None, floor: int | None = None, phase: str | None = None) -> dict:
         """Apply the pass of ``run``: the committed attempts' updates to the partitions owned here
         (collected from the workers that ran them, one message per worker) and their new shard
         states to the shards held here; drop everything else of the clock.
@@ -226,14 +226,15 @@ class ParamServer(WorkerPlugin):
         ``committed``: ``[shard, attempt, worker]`` of every committed attempt. The tables named in
         ``reset`` start from zero (the reduction tables at a clock's first data phase, the rebuild
         tables in a rebuild pass). The array work runs off the event loop. Under SSP a batch spans
-        clocks: ``clocks`` gives each attempt's, ``floor`` the newest finished clock.
+        clocks: ``clocks`` gives each attempt's, ``floor`` the newest finished clock. ``phase``: the
+        data phase whose pass this is (an injected fault may name it).
         """
         job = self.jobs.get(job_id)
         if job is None:
             return {"applied": 0}
         if run < job.run_seen:  # the machine moved on (a loss): applying it now could undo newer work here
             return {"status": "stale"}
-        if await self._ainject(job, "apply"):
+        if await self._ainject(job, "apply", clock, phase):
             return {"status": "stopped"}
         owned = job.tables.owned()  # the partitions as of now: one restored meanwhile is not this pass's to update
         me, parts = self.worker.address, [[t, p] for t, p in owned]
@@ -535,13 +536,15 @@ class ParamServer(WorkerPlugin):
         return self.runner.release(job_id, members)
 
     # ------------------------------------------------------------- faults
-    async def _ainject(self, job: Job, point: str) -> bool:
-        """Injected faults due at ``point`` of a handler (apply, checkpoint, restore); True: the
-        handler must stop (this worker is being killed or lost)."""
+    async def _ainject(self, job: Job, point: str, clock: int = 0, phase: str | None = None) -> bool:
+        """Injected faults due at ``point`` of a handler (apply, checkpoint, restore) in ``clock`` (or
+        the newest clock this worker was given work in; an apply's is the pass's, which reaches every
+        worker: ``phase`` is its data phase); True: the handler must stop (being killed or lost)."""
         stop = False
-        for f in ShardRunner.due(job, job.clock_seen, point):
+        clock = max(clock, job.clock_seen)
+        for f in ShardRunner.due(job, clock, point, phase):
             info = {"point": point, **({"pid": os.getpid()} if f.kind == "hang" else {})}
-            await self._areport(job, job.clock_seen, f"fault-{f.kind}", info)
+            await self._areport(job, clock, f"fault-{f.kind}", info)
             if f.kind == "kill":
                 if not self.in_process:
                     os._exit(1)

@@ -167,12 +167,14 @@ def test_bad_input_raises_before_work(inproc):
 
 @pytest.mark.timeout(180)
 def test_a_killed_worker_process_does_not_stop_training(tmp_path, dense_split):
-    """A real worker process exits (os._exit) in the item phase of clock 3; the fit completes."""
+    """A real worker process exits (os._exit) in the item phase of clock 3; the fit completes. It dies
+    applying that phase's pass, which every worker does: a kill before a shard step could miss a
+    worker that dynamic sharding and backups leave without item shards on a busy machine."""
     train, test = dense_split
     with dscar.Cluster(n_workers=3) as cl:
         est = MF(5, reg=0.05, max_iter=12, tol=1e-6, cluster=cl, n_shards=6,
                  checkpoint=dscar.CheckpointConfig(str(tmp_path), policy="full", every=2),
-                 faults=[faults.kill(1, 3, phase="item")]).fit(train, test=test)
+                 faults=[faults.kill(1, 3, point="apply", phase="item")]).fit(train, test=test)
     res = est.result_
     kinds = {e["kind"] for e in res.events}
     assert {"fault-kill", "worker-lost", "recovery-done"} <= kinds, kinds

@@ -167,6 +167,9 @@ def test_fault_specs_resolve_and_validate():
         faults.resolve([faults.hang("tcp://zzz", 1)], ws)
     with pytest.raises(InvalidInputError, match="clock must be >= 1"):
         faults.resolve([faults.kill(0, 0)], ws)
+    with pytest.raises(InvalidInputError, match="only .* belong to a data phase"):  # it could never fire
+        faults.resolve([faults.kill(0, 1, point="checkpoint", phase="item")], ws)
+    assert faults.resolve([faults.kill(0, 1, point="apply", phase="item")], ws)[0].phase == "item"
 
 
 def test_unfired_faults_are_those_without_an_event_of_their_worker_kind_and_point():
