@@ -370,24 +370,90 @@ class ALS(Algorithm):
         return {k: v for k, v in self.__dict__.items() if k != "_design_memo"}
 
     def shard_step(self, ctx, data) -> None:
+        mine = SIDES[ctx.phase][0]
+        lo = int(data["bounds"][0])
+        old_f, old_b = self._side(ctx, mine, lo, int(data["bounds"][1]))
+        new_f, new_b, stats = self._solve(ctx, data, old_f.copy(), old_b.copy())
+        ctx.add(mine, new_f - old_f, start=lo)
+        if self.biases:
+            ctx.add(f"{mine}_bias", new_b - old_b, start=lo)
+        ctx.add("stats", stats)
+
+    def rebuild_tables(self) -> list[str]:
+        """The item side: the state that carries from clock to clock (the user phase solves every user
+        from the items alone). A recovery puts a lost item row back as it was at its last save;
+        the rebuild solves it again from the users instead (``rebuild_step``)."""
+        return ["item", "item_bias"] if self.biases else ["item"]
+
+    def rebuild_step(self, ctx, data) -> None:
+        """An item shard re-solves its restored rows (``ctx.restored``) from the users as they stand
+        and adds every row of its range: those, and the others as they are (the pass rebuilds the
+        tables from zero). A user shard adds nothing.
+
+        The surviving users are the exact ones the lost item rows were last solved from (the loss
+        took at most a quarter of them, put back at their last save), so the re-solved rows are
+        much closer to what was lost than their saved copies (``bench.rework --algo mf``). Users
+        never solved (zero rows: restored from checkpoint 0) are left out of the solve, and a row
+        with no other rater keeps its restored value.
+        """
+        if ctx.phase != "item":
+            return
+        xp, lo, hi = ctx.xp, int(data["bounds"][0]), int(data["bounds"][1])
+        cur_f, cur_b = self._side(ctx, "item", lo, hi)
+        mask = np.zeros(hi - lo, dtype=bool)
+        for a, b in ctx.restored.get("item", ()):
+            mask[max(a, lo) - lo:max(min(b, hi) - lo, 0)] = True
+        new_f, new_b = cur_f.copy(), cur_b.copy()
+        if mask.any():
+            solved = dscar.to_host(xp.any(ctx.pull("user") != 0, axis=1))
+            f, b, _ = self._solve(ctx, self._rated_by(data, solved, xp), cur_f.copy(), cur_b.copy())
+            sel = xp.asarray(mask)
+            new_f[sel], new_b[sel] = f[sel], b[sel]
+        ctx.add("item", new_f, start=lo)
+        if self.biases:
+            ctx.add("item_bias", new_b, start=lo)
+
+    @staticmethod
+    def _rated_by(data: dict[str, Any], keep: np.ndarray, xp) -> dict[str, Any]:
+        """The shard's training ratings by the other side's rows ``keep`` marks, in the same layout.
+
+        A rebuild leaves out the users that were never solved (a factor row of zeros: the initial
+        value, restored from checkpoint 0): they carry no information about an item, and counted
+        they would shrink it under the weighted ridge (all of them: to the zero saddle ALS never leaves)."""
+        out = dict(data)
+        if "csr.indptr" in data:
+            indptr, col = data["csr.indptr"], data["csr.col"]
+            ok = keep[col]
+            n = np.add.reduceat(ok.astype(np.int64), indptr[:-1]) if col.size else np.zeros(0, np.int64)
+            has = n > 0
+            out.update({"csr.rows": data["csr.rows"][has], "csr.indptr": np.r_[0, np.cumsum(n[has])].astype(np.int64),
+                        "csr.count": n[has].astype(np.float64), "csr.col": col[ok], "csr.rating": data["csr.rating"][ok]})
+            return out
+        keep_dev = xp.asarray(np.r_[keep, False])  # index -1 (padding) stays padding
+        for j in range(int(data["bounds"][2])):
+            col = data[f"b{j}.col"]
+            col = xp.where(keep_dev[col], col, -1)
+            count = (col >= 0).sum(axis=1)
+            has = count > 0
+            out.update({f"b{j}.rows": data[f"b{j}.rows"][has], f"b{j}.count": count[has].astype(np.float64),
+                        f"b{j}.col": col[has], f"b{j}.rating": xp.where(col >= 0, data[f"b{j}.rating"], 0.0)[has]})
+        return out
+
+    def _solve(self, ctx, data, new_f, new_b):
+        """Solve the shard's rows of its phase's side against the other side's pulled factors, into
+        ``new_f`` / ``new_b`` (rows the shard has no training rating for keep their values); the stats."""
         xp = ctx.xp
-        mine, other = SIDES[ctx.phase]
-        lo, hi, k = int(data["bounds"][0]), int(data["bounds"][1]), self.rank
+        other = SIDES[ctx.phase][1]
         F_other, b_other = self._side(ctx, other)
-        old_f, old_b = self._side(ctx, mine, lo, hi)
         compiled = "csr.indptr" in data
         Z, off = self._design(F_other, b_other, compiled, xp)
-        new_f, new_b = old_f.copy(), old_b.copy()
         last = ctx.phase == self.phases[-1]  # the model is final after this phase: score it
         if compiled:
             sse, reg_sum, n = self._solve_compiled(data, Z, off, new_f, new_b, last)
         else:
             sse, reg_sum, n = self._solve_namespace(data, Z, off, new_f, new_b, last, xp)
-        ctx.add(mine, new_f - old_f, start=lo)
-        if self.biases:
-            ctx.add(f"{mine}_bias", new_b - old_b, start=lo)
         stats = xp.zeros(len(STATS))
-        stats[STATS.index(f"reg_{mine}")] = reg_sum
+        stats[STATS.index(f"reg_{SIDES[ctx.phase][0]}")] = reg_sum
         if last:
             stats[0], stats[1] = sse, n
             if data["test_row"].shape[0]:
@@ -401,7 +467,7 @@ class ALS(Algorithm):
                     err = data["test_rating"] - pred
                     sse_test = (err * err).sum()
                 stats[2], stats[3] = float(sse_test), float(tr.shape[0])
-        ctx.add("stats", stats)
+        return new_f, new_b, stats
 
     def _solve_compiled(self, data, Z, off, new_f, new_b, last: bool) -> tuple[float, float, float]:
         """The compiled CPU kernel (``mf_kernels.als_rows``): normal equations from CSR, Cholesky."""

@@ -104,7 +104,11 @@ phase then an item phase, and the user phase solves every user row from the
 item factors alone: the item tables (and their biases) are the state that
 carries from clock to clock; a lost user row is solved again in the next user
 phase, whatever it was restored to (an item phase redone before then uses the
-restored value).
+restored value). A lost item row is solved again too, in the rebuild pass after
+the recovery, from the users as they stand (``ALS.rebuild_step``): the surviving
+users are those the row was last solved from, so it comes back closer to its lost
+value than its saved copy (the item rows all move about as fast, so a priority
+save of a tenth of them is close to round-robin and leaves copies ~5 clocks old).
 
 Two modes, and whether they agree:
 

@@ -93,6 +93,9 @@ class ShardContext(Protocol):
     tol: float
     state: dict[str, Any]  # the shard's state as of its last commit
     batch_scale: float  # this worker's share of a fixed global batch (adaptive-batch policy)
+    #: in a rebuild step: table -> the row ranges ``[start, stop)`` the recoveries since the last
+    #: rebuild restored from a checkpoint (older than the rest of the model); {} in a shard step
+    restored: dict[str, list[tuple[int, int]]]
 
     def pull(self, table: str, start: int = 0, stop: int | None = None) -> Any: ...
 
@@ -175,7 +178,9 @@ class Algorithm:
         """Add this shard's contribution to every table of ``rebuild_tables``.
 
         With ``phases``, the rebuild pass runs over the shards of every phase at once
-        (``ctx.phase`` says which phase a shard belongs to).
+        (``ctx.phase`` says which phase a shard belongs to). ``ctx.restored`` names the rows a
+        recovery put back from a checkpoint, for a step that recomputes only those; its reads
+        see the tables as restored (they are zeroed when the pass is applied).
         """
         raise NotImplementedError(f"{type(self).__name__} names rebuild tables but has no rebuild_step")
 

@@ -145,6 +145,9 @@ class JobState:
         self.lost_shards: set[int] = set()
         #: shard -> checkpoint file its state is restored from before its next step
         self.restore_state: dict[int, dict] = {}
+        #: table -> row ranges restored from a checkpoint since the last rebuild pass was applied (the
+        #: rebuild steps' ``ShardContext.restored``; a memory-tier copy is as of the last clock: not listed)
+        self.restored_rows: dict[str, list[tuple[int, int]]] = {}
         #: worker -> batch scale (adaptive-batch policy)
         self.batch_scale: dict[str, float] = {}
         #: worker -> "transient" | "persistent"
@@ -434,9 +437,12 @@ class JobState:
             if entry is not None:
                 member["state_file"] = entry
             shards.append(member)
-        return {"op": "rebuild" if rebuild else "shard", "job": self.cfg.job_id, "clock": self.machine.clock,
+        item = {"op": "rebuild" if rebuild else "shard", "job": self.cfg.job_id, "clock": self.machine.clock,
                 "run": self.machine.run_id, "owners": self.pmap.to_msg(),
                 "batch_scale": self.batch_scale.get(batch[0].worker, 1.0), "shards": shards}
+        if self.restored_rows:
+            item["restored"] = {t: [list(r) for r in rs] for t, rs in self.restored_rows.items()}
+        return item
 
     def commit(self, worker: str, clock: int, run_id: int, shard: int, attempt: int, now: float,
                timings: dict | None = None, rebuild: bool = False) -> tuple[bool, list[Effect]]:
@@ -508,8 +514,13 @@ class JobState:
         rebuild = self.machine.applying_rebuild
         actions = self.machine.applied(run_id)
         if rebuild:
-            self.event(now, "rebuild-done")
+            self.rebuild_done(now)
         return self._carry_out(actions, now)
+
+    def rebuild_done(self, now: float) -> None:
+        """Every shard's rebuild step was applied: the restored rows are rebuilt."""
+        self.restored_rows = {}
+        self.event(now, "rebuild-done")
 
     def clock_end_done(self, worker: str, run_id: int, metrics: dict, seconds: float, now: float,
                        clock: int | None = None) -> list[Effect]:
@@ -788,6 +799,8 @@ class JobState:
         """``target`` owns ``key`` now, restored from checkpoint ``version`` (0: the initial values)
         or from a buddy's memory copy as of ``memory_clock``."""
         self.pmap.owners[key] = target
+        if memory_clock is None:
+            self.restored_rows.setdefault(key[0], []).append(self.pmap.layouts[key[0]].bounds[key[1]])
         where = {"version": version} if memory_clock is None else {"tier": "memory", "memory_clock": memory_clock}
         self.event(now, "partition-restored", table=key[0], part=key[1], target=target, **where)
 

@@ -225,7 +225,8 @@ class ShardRunner:
                 raise LookupError(f"the data of shard {shard} is on no live worker")
             if item.get("state_file"):  # a recovery restores this shard's state from a checkpoint
                 self._restore_state(job, shard, entry, item)
-            ctx = ShardStep(self, job, clock, shard, entry.state, item.get("batch_scale", 1.0), item.get("phase"))
+            ctx = ShardStep(self, job, clock, shard, entry.state, item.get("batch_scale", 1.0), item.get("phase"),
+                            item.get("restored", {}) if item["op"] == "rebuild" else {})
             t1 = time.perf_counter()
             if item["op"] == "rebuild":
                 job.algorithm.rebuild_step(ctx, entry.data)
@@ -538,10 +539,12 @@ class ShardStep:
     """The ``ShardContext`` of one attempt: cached pulls, staged adds, staged state."""
 
     def __init__(self, server: ShardRunner, job: Job, clock: int, shard: int, state: dict, batch_scale: float,
-                 phase: str | None = None):
+                 phase: str | None = None, restored: dict | None = None):
         self._server, self._job = server, job
         self.xp, self.clock, self.shard, self.meta, self.tol = job.xp, clock, shard, job.meta, job.tol
         self.phase = phase  # the data phase of the clock this step runs in (None: the algorithm has none)
+        #: in a rebuild step, table -> row ranges a recovery restored from a checkpoint
+        self.restored = {t: [(int(a), int(b)) for a, b in rs] for t, rs in (restored or {}).items()}
         self.state = dict(state)  # the shard's state as of its last commit (read-only)
         self.batch_scale = float(batch_scale)  # this worker's share of a fixed global batch
         self.new_state: dict = {}

@@ -268,8 +268,8 @@ class SspJobState(JobState):
         if batch is None or in_flight is None or in_flight.batch != batch:
             return []
         actions = self.window.batch_applied(batch)
-        if in_flight.rebuild:
-            self.event(now, "rebuild-done")
+        if in_flight.rebuild and self.window.rebuilding is None:
+            self.rebuild_done(now)
         return self._carry(actions, now)
 
     def clock_end_done(self, worker: str, run_id: int, metrics: dict, seconds: float, now: float,

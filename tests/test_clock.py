@@ -259,6 +259,47 @@ def test_a_shard_whose_only_copy_went_with_an_unapplied_commit_has_its_state_res
     assert 1 in job.lost_shards and job.queue.holder(1) is None
 
 
+def _take_all(job: JobState, worker: str) -> dict | None:
+    """``worker`` runs and commits every shard it is handed until something else than a shard comes."""
+    while (item := job.next_item(worker, 0.0)) is not None and item["op"] in ("shard", "rebuild"):
+        for m in item["shards"]:
+            job.commit(worker, item["clock"], item["run"], m["shard"], m["attempt"], 0.0,
+                       rebuild=item["op"] == "rebuild")
+        if job.machine.stage is Stage.APPLY:
+            return item
+    return item
+
+
+@pytest.mark.parametrize("memory", [False, True])
+def test_a_rebuild_pass_names_the_rows_a_checkpoint_restored_until_it_is_applied(memory):
+    """``ShardContext.restored`` (ALS re-solves those rows): the rows of the partitions put back from a
+    checkpoint, in every rebuild item until the rebuild pass is applied; a buddy's memory copy is as of
+    the last clock and is not listed."""
+    pmap = PartitionMap([TableLayout("x", 8, 2)])  # rows [0, 4) and [4, 8)
+    pmap.assign(["a", "b"])
+    ckpt = CheckpointConfig("memory://m", policy="full", every=10, memory=memory)
+    job = JobState(JobConfig("j", 2, {"x": "param"}, ["x"], [""], ckpt), ShardQueue(2, reloadable=True), pmap)
+    job.workers = ["a", "b"]
+    job.begin(1, 0.0)
+    assert _take_all(job, "a")["op"] == "shard"
+    job.applied(job.machine.run_id, 0.0)
+    job.clock_end_done(job.next_item("a", 0.0) and "a", job.machine.run_id, {"objective": 1.0}, 0.0, 0.0)
+    job.begin(2, 0.0)
+    job.lose("b", 0.0)
+    plan = job.plan_recovery(["a"])
+    covered = job.recovery_planned(plan, 0.0)
+    for key, target in plan.restores.items():
+        job.restored(key, target, plan.version, 0.0, memory_clock=1 if memory else None)
+    job.recovered(covered, 0.0)
+    item = _take_all(job, "a")
+    assert item["op"] == "rebuild"
+    assert item.get("restored") == (None if memory else {"x": [[4, 8]]})
+    job.applied(job.machine.run_id, 0.0)
+    assert not job.restored_rows
+    item = job.next_item("a", 0.0)
+    assert item["op"] == "shard" and "restored" not in item
+
+
 # ------------------------------------------------------------ the job, fuzzed
 class JobFuzz(RuleBasedStateMachine):
     """Plays coordinator and workers around a real JobState; checks exactly-once and the clock rules."""

@@ -235,3 +235,90 @@ def test_the_design_rows_are_built_once_per_pulled_table():
         assert algo._design(*changed, True, np)[0] is not Z
     assert algo._design(F, b, False, np)[0].shape == (8, 6)  # the namespace path: unpadded
     assert "_design_memo" in algo.__dict__ and "_design_memo" not in pickle.loads(pickle.dumps(algo)).__dict__
+
+
+class _Tables:
+    """A shard context over local tables (no engine): pulls slice them, adds are recorded."""
+
+    def __init__(self, tables: dict, phase: str, restored: dict | None = None):
+        self.xp, self.phase, self.tables, self.restored, self.added = np, phase, tables, restored or {}, {}
+
+    def pull(self, table, start=0, stop=None):
+        return self.tables[table][start:stop]
+
+    def add(self, table, values, start=0):
+        self.added[table] = (start, np.array(values))
+
+
+def _item_shard(algo: ALS, users, items, ratings):
+    """One item-phase shard of these ratings, indexed as a worker indexes it."""
+    order = np.argsort(items, kind="stable")
+    arrays = {"row": items[order], "col": users[order], "rating": ratings[order],
+              "test": np.zeros(len(items), np.int8)}
+    return algo.prepare_shard(arrays, np)
+
+
+@pytest.mark.parametrize("kernel", ["compiled", "namespace"])
+def test_the_rebuild_re_solves_the_restored_item_rows_from_the_solved_users_and_keeps_the_rest(kernel):
+    """After a recovery the item rows a checkpoint put back are solved again from the users (the lost
+    rows' last solve used the users as they stand, but for the lost worker's); the other rows are added
+    as they are, users never solved (zero rows, checkpoint 0) are left out, and an item only they rated
+    keeps its restored value."""
+    rng = np.random.default_rng(0)
+    n_users, n_items, k = 60, 12, 3
+    algo = ALS(n_users, n_items, k, kernel=kernel)
+    u = rng.integers(0, n_users, 400)
+    i = rng.integers(0, n_items, 400)
+    u[i == 4] = rng.integers(0, 5, (i == 4).sum())  # item 4: rated only by users 0..4
+    r = rng.normal(3.0, 1.0, 400)
+    U = rng.normal(0, 1, (n_users, k))
+    U[:5] = 0.0  # users 0..4 never solved
+    tables = {"user": U, "user_bias": rng.normal(0, 0.1, n_users),
+              "item": rng.normal(0, 1, (n_items, k)), "item_bias": rng.normal(0, 0.1, n_items)}
+    ctx = _Tables(tables, "item", {"item": [(2, 6)], "user": [(0, 5)]})
+    algo.rebuild_step(ctx, _item_shard(algo, u, i, r))
+    (start, f), (_, b) = ctx.added["item"], ctx.added["item_bias"]
+    assert start == 0
+    kept = np.r_[0, 1, 4, 6:n_items]
+    np.testing.assert_array_equal(f[kept], tables["item"][kept])
+    np.testing.assert_array_equal(b[kept], tables["item_bias"][kept])
+    solved = u >= 5  # what an item phase over the solved users alone gives rows 2, 3, 5
+    step = _Tables(tables, "item")
+    algo.shard_step(step, _item_shard(algo, u[solved], i[solved], r[solved]))
+    for j in (2, 3, 5):
+        np.testing.assert_allclose(f[j], tables["item"][j] + step.added["item"][1][j], rtol=1e-10, atol=1e-12)
+        np.testing.assert_allclose(b[j], tables["item_bias"][j] + step.added["item_bias"][1][j], rtol=1e-10,
+                                   atol=1e-12)
+    assert not np.allclose(f[2], tables["item"][2])
+
+
+def test_a_user_shard_adds_nothing_to_the_rebuild():
+    algo = ALS(10, 5, 2)
+    ctx = _Tables({}, "user", {"item": [(0, 5)]})
+    algo.rebuild_step(ctx, {})
+    assert ctx.added == {}
+
+
+class _KeepsRestoredItems(ALS):
+    """ALS without its rebuild: restored item rows stay as their checkpoint saved them."""
+
+    def rebuild_tables(self) -> list[str]:
+        return []
+
+
+def test_after_a_partial_recovery_the_lost_item_rows_are_solved_again(tmp_path):
+    """A worker lost at clock 18 and its partitions restored from the full checkpoint of clock 10: with
+    the rebuild the model is a small fraction as far from the failure-free run's as with the restored
+    rows kept (measured: 1.18 vs 10.97 in objective)."""
+    u, i, r, _ = make_ratings(800, 300, 9_600, 4, NOISE, seed=0)
+    data = ratings_data((u, i, r), n_users=800, n_items=300, n_shards=8)
+    kw = dict(rank=4, reg=0.1, mean=float(r.mean()), tol=1e-12)
+    excess = {}
+    with dscar.Cluster(n_workers=4, processes=False) as cl:
+        ff = dscar.fit(ALS(800, 300, **kw), data, cl, max_clocks=18)
+        for cls in (ALS, _KeepsRestoredItems):
+            cfg = dscar.CheckpointConfig(str(tmp_path / cls.__name__), policy="full", every=10, recovery="partial")
+            res = dscar.fit(cls(800, 300, **kw), data, cl, max_clocks=18, checkpoint=cfg, faults=[faults.lose(1, 18)])
+            assert [e["kind"] for e in res.events].count("rebuild-done") == (cls is ALS)
+            excess[cls] = res.history[-1].metrics["objective"] - ff.history[-1].metrics["objective"]
+    assert 0 < excess[ALS] < 0.25 * excess[_KeepsRestoredItems], excess

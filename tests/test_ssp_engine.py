@@ -179,10 +179,10 @@ def test_every_update_is_applied_once_and_reads_are_at_most_staleness_clocks_ahe
 def test_mlr_and_lda_under_ssp_do_as_well_as_bsp_in_as_many_clocks(inproc):
     """Judged on the final models, computed from the gathered tables: under SSP a clock end reads tables
     that may hold later clocks' updates (LDA's per-clock log-likelihood mixes clocks; see its metric)."""
-    from algorithms.corpora import synthetic
-    from algorithms.datasets import make_classification
-    from algorithms.lda import LDAGibbs, lda_data, loglikelihood
-    from algorithms.mlr import MLRSGD, objective
+    from dscar.algorithms.corpora import synthetic
+    from dscar.algorithms.datasets import make_classification
+    from dscar.algorithms.lda import LDAGibbs, lda_data, loglikelihood
+    from dscar.algorithms.mlr import MLRSGD, objective
 
     X, y, _ = make_classification(n_samples=4000, n_features=20, n_classes=4, seed=0)
     mlr = {c: dscar.fit(MLRSGD(4, lr=0.5), {"X": X, "y": y}, inproc, n_shards=8, max_clocks=15,
