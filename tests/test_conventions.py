@@ -38,7 +38,7 @@ def test_max_iter_stopping_a_fit_warns(inproc):
 def test_a_kill_without_a_store_gets_a_temporary_one_removed_at_the_end():
     """As ``dscar run --kill`` does: injected worker losses need checkpoints to recover from."""
     X, y, _ = make_regression(3000, 100, 5, seed=0)  # > 64 features: a screening clock first, the kill comes
-    res = dscar.fit(LassoCD(0.01), {"X": X, "y": y}, n_workers=3, faults=[faults.kill(1, 3)])
+    res = dscar.fit(LassoCD(0.01), {"X": X, "y": y}, n_workers=3, faults=[faults.kill(1, 3, point="apply")])
     tmp = [e for e in res.events if e["kind"] == "checkpoint-store-temporary"]
     assert len(tmp) == 1 and os.path.basename(tmp[0]["path"]).startswith("dscar-checkpoints-")
     assert not os.path.exists(tmp[0]["path"])

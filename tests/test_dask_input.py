@@ -135,7 +135,7 @@ def test_a_lost_worker_holding_chunks_is_survived():
         X = rs.standard_normal((12000, 100), chunks=(1000, 100))  # > 64 features: the fit outlives clock 3
         y = X[:, :4].sum(axis=1) + 0.1 * rs.standard_normal(12000, chunks=1000)
         ref = dscar.fit(LassoCD(0.001), {"X": X, "y": y}, cl)
-        res = dscar.fit(LassoCD(0.001), {"X": X, "y": y}, cl, faults=[faults.kill(1, 3)])
+        res = dscar.fit(LassoCD(0.001), {"X": X, "y": y}, cl, faults=[faults.kill(1, 3, point="apply")])
     kinds = {e["kind"] for e in res.events}
     assert {"fault-kill", "worker-lost", "recovery-done"} <= kinds
     assert res.converged and abs(res.objective - ref.objective) <= 1e-8 * ref.objective

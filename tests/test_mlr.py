@@ -161,7 +161,7 @@ def test_a_killed_worker_process_does_not_stop_training(tmp_path, digits):
     with dscar.Cluster(n_workers=3) as cl:
         res = dscar.fit(MLRSGD(10, **DIGITS), {"X": Xtr, "y": ytr}, cl, n_shards=12, max_clocks=20,
                         checkpoint=dscar.CheckpointConfig(str(tmp_path), policy="priority", every=4, fraction=0.25),
-                        faults=[faults.kill(1, 3)])
+                        faults=[faults.kill(1, 3, point="apply")])
     kinds = {e["kind"] for e in res.events}
     assert {"worker-lost", "recovery-done"} <= kinds, kinds
     assert res.n_clocks == 20 or res.converged

@@ -202,7 +202,7 @@ def test_real_kill_under_partial_recovery_reaches_the_same_objective(tmp_path):
     with dscar.Cluster(n_workers=3) as cl:
         cfg = CheckpointConfig(str(tmp_path), policy="priority", every=4, fraction=0.25, recovery="partial")
         res = dscar.fit(algo, {"X": X, "y": y}, cl, n_shards=6, max_clocks=300, checkpoint=cfg,
-                        faults=[faults.kill(1, base.n_clocks // 2)])
+                        faults=[faults.kill(1, base.n_clocks // 2, point="apply")])
     assert base.converged and res.converged
     assert abs(res.objective - base.objective) <= 1e-7 * base.objective
     k = kinds(res)
