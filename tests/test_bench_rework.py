@@ -178,3 +178,18 @@ def test_sparse_mlr_problem_has_heavy_tailed_word_frequencies():
     df = np.asarray((X > 0).sum(axis=0)).ravel()
     assert np.quantile(df, 0.99) > 5 * np.median(df) and (df <= 10).mean() > 0.25  # 10: 1 % of the documents
     assert prob.info["P_star_sklearn"] > 0 and prob.n_shards == 8
+
+
+def test_pixel_mlr_problem_is_digits_in_0_1_with_the_standardised_problems_split():
+    """``mlr-pixels``: the same training rows as ``mlr`` (standardised digits), as intensities in [0, 1]."""
+    from bench.rework import ALGORITHMS, DEFAULT_ALGORITHMS, mlr_pixels_problem
+    from dscar.algorithms.mlr import load_digits_split
+
+    assert "mlr-pixels" in ALGORITHMS and "mlr-pixels" not in DEFAULT_ALGORITHMS
+    prob = mlr_pixels_problem(quick=True)
+    X, y = prob.data["X"], prob.data["y"]
+    Xs, _, ys, _ = load_digits_split()
+    assert X.min() == 0.0 and X.max() == 1.0 and X.shape == Xs.shape
+    np.testing.assert_array_equal(y, ys)
+    sd = X.std(axis=0)
+    assert np.quantile(sd, 0.9) > 3 * np.quantile(sd, 0.25)  # dark border pixels vary little: rows move unevenly
