@@ -391,10 +391,11 @@ class ALS(Algorithm):
         tables from zero). A user shard adds nothing.
 
         The surviving users are the exact ones the lost item rows were last solved from (the loss
-        took at most a quarter of them, put back at their last save), so the re-solved rows are
+        took one worker's share of them, put back at their last save), so the re-solved rows are
         much closer to what was lost than their saved copies (``bench.rework --algo mf``). Users
         never solved (zero rows: restored from checkpoint 0) are left out of the solve, and a row
-        with no other rater keeps its restored value.
+        with no other rater keeps its restored value. An item no shard covers (no rating at all,
+        between two shards' rows) comes back as zero: its factors never entered a prediction.
         """
         if ctx.phase != "item":
             return

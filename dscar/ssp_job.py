@@ -268,7 +268,7 @@ class SspJobState(JobState):
         if batch is None or in_flight is None or in_flight.batch != batch:
             return []
         actions = self.window.batch_applied(batch)
-        if in_flight.rebuild and self.window.rebuilding is None:
+        if in_flight.rebuild:  # (the rebuild pass is one batch)
             self.rebuild_done(now)
         return self._carry(actions, now)
 
