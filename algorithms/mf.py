@@ -395,7 +395,7 @@ class ALS(Algorithm):
         much closer to what was lost than their saved copies (``bench.rework --algo mf``). Users
         never solved (zero rows: restored from checkpoint 0) are left out of the solve, and a row
         with no other rater keeps its restored value. An item no shard covers (no rating at all,
-        between two shards' rows) comes back as zero: its factors never entered a prediction.
+        between two shards' rows) comes back as zero rather than its unfitted initial value.
         """
         if ctx.phase != "item":
             return
