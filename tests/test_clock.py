@@ -327,6 +327,7 @@ class JobFuzz(RuleBasedStateMachine):
         self.clock_end_ran: set[int] = set()
         self.skipped: set[int] = set()
         self.plan = None
+        self.restored_since: dict[str, list[list[int]]] = {}  # rows restored since the last applied rebuild
         self.recovery_started = False
         self.last_run = 0
         self.failures: dict[tuple[int, int], int] = {}
@@ -382,6 +383,8 @@ class JobFuzz(RuleBasedStateMachine):
         if item["op"] == "clock_end":
             self.clock_end = item
             return
+        if item["op"] == "rebuild":  # its steps see every row restored since the last applied rebuild
+            assert item.get("restored", {}) == self.restored_since, (item.get("restored"), self.restored_since)
         self.batches += len(item["shards"]) > 1
         for member in item["shards"]:  # a batch's attempts commit, fail or are lost one by one
             attempt = {**item, **member}
@@ -458,7 +461,10 @@ class JobFuzz(RuleBasedStateMachine):
             assert run == e.run_id, f"an attempt of run {run} applied in run {e.run_id}"
             if not e.rebuild:  # the rebuild pass's contributions are not the clock's updates
                 self.applied[(e.clock, shard)] = self.applied.get((e.clock, shard), 0) + 1
+        done = len([ev for ev in self.job.events if ev["kind"] == "rebuild-done"])
         self.handle(self.job.applied(e.run_id, self.tick()))
+        if len([ev for ev in self.job.events if ev["kind"] == "rebuild-done"]) > done:
+            self.restored_since = {}
 
     def install(self, e: ApplyPass, workers: list[str]) -> None:
         """``ShardStore.install`` on ``workers`` (each ignores a pass older than its newest work)."""
@@ -509,6 +515,7 @@ class JobFuzz(RuleBasedStateMachine):
         for key, target in plan.restores.items():
             if target not in self.job.lost:  # a target lost meanwhile: the next round re-plans it
                 self.job.restored(key, target, plan.version, self.tick())
+                self.restored_since.setdefault(key[0], []).append(list(self.job.pmap.layouts[key[0]].bounds[key[1]]))
         effects = self.job.recovered(covered, self.tick())
         if not self.job.machine.recovering:
             self.recovery_started = False
