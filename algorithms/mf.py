@@ -407,7 +407,7 @@ class ALS(Algorithm):
         new_f, new_b = cur_f.copy(), cur_b.copy()
         if mask.any():
             solved = dscar.to_host(xp.any(ctx.pull("user") != 0, axis=1))
-            f, b, _ = self._solve(ctx, self._rated_by(data, solved, xp), cur_f.copy(), cur_b.copy())
+            f, b, _ = self._solve(ctx, self._rated_by(data, solved, xp, mask), cur_f.copy(), cur_b.copy())
             sel = xp.asarray(mask)
             new_f[sel], new_b[sel] = f[sel], b[sel]
         ctx.add("item", new_f, start=lo)
@@ -415,8 +415,9 @@ class ALS(Algorithm):
             ctx.add("item_bias", new_b, start=lo)
 
     @staticmethod
-    def _rated_by(data: dict[str, Any], keep: np.ndarray, xp) -> dict[str, Any]:
-        """The shard's training ratings by the other side's rows ``keep`` marks, in the same layout.
+    def _rated_by(data: dict[str, Any], keep: np.ndarray, xp, rows: np.ndarray) -> dict[str, Any]:
+        """The shard's training ratings of its local ``rows`` (a mask) by the other side's rows
+        ``keep`` marks, in the same layout: what a rebuild solves, the restored rows only.
 
         A rebuild leaves out the users that were never solved (a factor row of zeros: the initial
         value, restored from checkpoint 0): they carry no information about an item, and counted
@@ -424,18 +425,18 @@ class ALS(Algorithm):
         out = dict(data)
         if "csr.indptr" in data:
             indptr, col = data["csr.indptr"], data["csr.col"]
-            ok = keep[col]
+            ok = keep[col] & np.repeat(rows[data["csr.rows"]], np.diff(indptr))
             n = np.add.reduceat(ok.astype(np.int64), indptr[:-1]) if col.size else np.zeros(0, np.int64)
             has = n > 0
             out.update({"csr.rows": data["csr.rows"][has], "csr.indptr": np.r_[0, np.cumsum(n[has])].astype(np.int64),
                         "csr.count": n[has].astype(np.float64), "csr.col": col[ok], "csr.rating": data["csr.rating"][ok]})
             return out
-        keep_dev = xp.asarray(np.r_[keep, False])  # index -1 (padding) stays padding
+        keep_dev, rows_dev = xp.asarray(np.r_[keep, False]), xp.asarray(rows)  # index -1 (padding) stays padding
         for j in range(int(data["bounds"][2])):
             col = data[f"b{j}.col"]
             col = xp.where(keep_dev[col], col, -1)
             count = (col >= 0).sum(axis=1)
-            has = count > 0
+            has = (count > 0) & rows_dev[data[f"b{j}.rows"]]
             out.update({f"b{j}.rows": data[f"b{j}.rows"][has], f"b{j}.count": count[has].astype(np.float64),
                         f"b{j}.col": col[has], f"b{j}.rating": xp.where(col >= 0, data[f"b{j}.rating"], 0.0)[has]})
         return out
