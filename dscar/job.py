@@ -132,6 +132,8 @@ class JobState:
         #: version -> {"stall": seconds its snapshot stalled the job (None: not yet), "write": its
         #: longest write so far, "written": every writer has written} until its cost is recorded
         self.ckpt_cost: dict[int, dict[str, Any]] = {}
+        #: shards' worth of state saves carried to the next checkpoint (``checkpoint.state_shards``)
+        self.state_credit = 0.0
         #: owner -> squared norm of its param partitions' change not saved before the newest
         #: checkpoint (the perturbation losing it then would have caused; ``rework_estimate``)
         self.unsaved_sq: dict[str, float] = {}
@@ -618,7 +620,8 @@ class JobState:
     # ----------------------------------------------------------- checkpoints
     def _start_checkpoint(self, clock: int, now: float, **info: Any) -> Checkpoint:
         cfg = self.cfg.checkpoint
-        saving = state_shards(self.queue.n_shards, cfg.save_fraction, self.ledger.state_saved)
+        saving, self.state_credit = state_shards(self.queue.n_shards, cfg.save_fraction, self.ledger.state_saved,
+                                                 self.state_credit)
         writers: dict[str, list[int]] = {w: [] for (t, _), w in self.pmap.owners.items()
                                          if self.cfg.kinds[t] == "param" and w not in self.lost}
         for s in saving:

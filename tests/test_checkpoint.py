@@ -302,15 +302,29 @@ def test_recovery_takes_a_lost_partition_from_its_live_buddy_s_memory_and_else_f
 
 
 def test_shard_states_rotate_oldest_first_at_the_priority_budget():
-    assert ckpt.state_shards(5, 1.0, {0: 3}) == [0, 1, 2, 3, 4]
+    assert ckpt.state_shards(5, 1.0, {0: 3}) == ([0, 1, 2, 3, 4], 0.0)
     saved: dict[int, int] = {}
-    seen = []
+    seen, credit = [], 0.0
     for clock in range(1, 6):  # r = 0.2 of 10 shards: 2 per checkpoint, every shard once in 5
-        pick = ckpt.state_shards(10, 0.2, saved)
+        pick, credit = ckpt.state_shards(10, 0.2, saved, credit)
         assert len(pick) == 2
         seen += pick
         saved.update({s: clock for s in pick})
     assert sorted(seen) == list(range(10))
+
+
+@given(n=st.integers(1, 40), fraction=st.sampled_from([0.05, 0.1, 0.25, 0.3, 0.5]), saves=st.integers(1, 60))
+def test_shard_state_saves_write_the_budget_exactly_and_each_shard_in_turn(n, fraction, saves):
+    """``fraction * n`` shards a save on average, never one more than the saves so far allow (rounded up,
+    1 shard a save at r = 0.1 of 8 shards wrote 1.25x a full checkpoint's state bytes), oldest first."""
+    saved: dict[int, int] = {}
+    credit, total = 0.0, 0
+    for clock in range(1, saves + 1):
+        pick, credit = ckpt.state_shards(n, fraction, saved, credit)
+        assert pick == sorted(sorted(range(n), key=lambda s: (saved.get(s, -1), s))[:len(pick)])
+        total += len(pick)
+        saved.update({s: clock for s in pick})
+        assert total <= fraction * n * clock + 1e-6 and total > fraction * n * clock - 1
 
 
 def test_shard_states_share_the_writer_s_file_and_round_trip_and_detect_corruption(tmp_path):
