@@ -373,7 +373,7 @@ class ALS(Algorithm):
         mine = SIDES[ctx.phase][0]
         lo = int(data["bounds"][0])
         old_f, old_b = self._side(ctx, mine, lo, int(data["bounds"][1]))
-        new_f, new_b, stats = self._solve(ctx, data, old_f.copy(), old_b.copy())
+        new_f, new_b, stats = self._solve(ctx, data, old_f.copy(), old_b.copy(), score=ctx.phase == self.phases[-1])
         ctx.add(mine, new_f - old_f, start=lo)
         if self.biases:
             ctx.add(f"{mine}_bias", new_b - old_b, start=lo)
@@ -401,15 +401,13 @@ class ALS(Algorithm):
             return
         xp, lo, hi = ctx.xp, int(data["bounds"][0]), int(data["bounds"][1])
         cur_f, cur_b = self._side(ctx, "item", lo, hi)
-        mask = np.zeros(hi - lo, dtype=bool)
+        restored = np.zeros(hi - lo, dtype=bool)
         for a, b in ctx.restored.get("item", ()):
-            mask[max(a, lo) - lo:max(min(b, hi) - lo, 0)] = True
+            restored[max(a, lo) - lo:max(min(b, hi) - lo, 0)] = True
         new_f, new_b = cur_f.copy(), cur_b.copy()
-        if mask.any():
+        if restored.any():  # only the restored rows are solved: the others keep their values
             solved = dscar.to_host(xp.any(ctx.pull("user") != 0, axis=1))
-            f, b, _ = self._solve(ctx, self._rated_by(data, solved, xp, mask), cur_f.copy(), cur_b.copy())
-            sel = xp.asarray(mask)
-            new_f[sel], new_b[sel] = f[sel], b[sel]
+            self._solve(ctx, self._rated_by(data, solved, xp, restored), new_f, new_b, score=False)
         ctx.add("item", new_f, start=lo)
         if self.biases:
             ctx.add("item_bias", new_b, start=lo)
@@ -441,22 +439,22 @@ class ALS(Algorithm):
                         f"b{j}.col": col[has], f"b{j}.rating": xp.where(col >= 0, data[f"b{j}.rating"], 0.0)[has]})
         return out
 
-    def _solve(self, ctx, data, new_f, new_b):
+    def _solve(self, ctx, data, new_f, new_b, score: bool):
         """Solve the shard's rows of its phase's side against the other side's pulled factors, into
-        ``new_f`` / ``new_b`` (rows the shard has no training rating for keep their values); the stats."""
+        ``new_f`` / ``new_b`` (rows the shard has no training rating for keep their values); the stats,
+        with the squared errors when ``score`` (the last phase: the model is final after it)."""
         xp = ctx.xp
         other = SIDES[ctx.phase][1]
         F_other, b_other = self._side(ctx, other)
         compiled = "csr.indptr" in data
         Z, off = self._design(F_other, b_other, compiled, xp)
-        last = ctx.phase == self.phases[-1]  # the model is final after this phase: score it
         if compiled:
-            sse, reg_sum, n = self._solve_compiled(data, Z, off, new_f, new_b, last)
+            sse, reg_sum, n = self._solve_compiled(data, Z, off, new_f, new_b, score)
         else:
-            sse, reg_sum, n = self._solve_namespace(data, Z, off, new_f, new_b, last, xp)
+            sse, reg_sum, n = self._solve_namespace(data, Z, off, new_f, new_b, score, xp)
         stats = xp.zeros(len(STATS))
         stats[STATS.index(f"reg_{SIDES[ctx.phase][0]}")] = reg_sum
-        if last:
+        if score:
             stats[0], stats[1] = sse, n
             if data["test_row"].shape[0]:
                 tr, tc = data["test_row"], data["test_col"]

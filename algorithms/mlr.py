@@ -402,16 +402,20 @@ class MLR(dscar.EstimatorMixin):
 LogisticRegression = MLR
 
 
-def load_digits_split(test_size: float = 0.25, seed: int = 0):
+def load_digits_split(test_size: float = 0.25, seed: int = 0, standardise: bool = True):
     """scikit-learn's digits, standardised with the training split's statistics (constant pixels
-    get scale 1): ``X_train, X_test, y_train, y_test`` (a fixed stratified split)."""
+    get scale 1), or with ``standardise=False`` as intensities in [0, 1] (pixels / 16):
+    ``X_train, X_test, y_train, y_test`` (a fixed stratified split)."""
     from sklearn.datasets import load_digits
     from sklearn.model_selection import train_test_split
 
     X, y = load_digits(return_X_y=True)
     Xtr, Xte, ytr, yte = train_test_split(X, y, test_size=test_size, random_state=seed, stratify=y)
-    mu, sd = Xtr.mean(axis=0), Xtr.std(axis=0)
-    sd[sd == 0] = 1.0
+    if standardise:
+        mu, sd = Xtr.mean(axis=0), Xtr.std(axis=0)
+        sd[sd == 0] = 1.0
+    else:
+        mu, sd = 0.0, 16.0
     return (Xtr - mu) / sd, (Xte - mu) / sd, ytr.astype(np.int64), yte.astype(np.int64)
 
 

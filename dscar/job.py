@@ -323,7 +323,7 @@ class JobState:
                 self.batched[worker] = self.batched.get(worker, []) + [(b.shard, b.attempt) for b in batch[1:]]
             if self.machine.stage is not Stage.REBUILD:
                 self.running_items[worker] = (now, len(batch))
-            return self._item(batch)
+            return self._item(batch, self.machine.stage is Stage.REBUILD)
         if self.machine.stage is Stage.CLOCK_END and self.clock_end_worker is None:
             self.clock_end_worker = worker
             return {"op": "clock_end", "job": self.cfg.job_id, "clock": self.machine.clock, "run": self.machine.run_id,
@@ -429,8 +429,7 @@ class JobState:
         if back:
             self.event(now, "batch-released", worker=worker, shards=sorted(s for s, _ in back))
 
-    def _item(self, batch: list[Attempt]) -> dict:
-        rebuild = self.machine.stage is Stage.REBUILD
+    def _item(self, batch: list[Attempt], rebuild: bool) -> dict:
         shards = []
         for a in batch:
             member = {"shard": a.shard, "attempt": a.attempt, "fetch_from": a.fetch_from,
@@ -442,7 +441,7 @@ class JobState:
         item = {"op": "rebuild" if rebuild else "shard", "job": self.cfg.job_id, "clock": self.machine.clock,
                 "run": self.machine.run_id, "owners": self.pmap.to_msg(),
                 "batch_scale": self.batch_scale.get(batch[0].worker, 1.0), "shards": shards}
-        if self.restored_rows:
+        if rebuild and self.restored_rows:
             item["restored"] = {t: [list(r) for r in rs] for t, rs in self.restored_rows.items()}
         return item
 
@@ -802,7 +801,7 @@ class JobState:
         """``target`` owns ``key`` now, restored from checkpoint ``version`` (0: the initial values)
         or from a buddy's memory copy as of ``memory_clock``."""
         self.pmap.owners[key] = target
-        if memory_clock is None:
+        if memory_clock is None and self.cfg.rebuild:  # (forgotten when a rebuild pass is applied)
             self.restored_rows.setdefault(key[0], []).append(self.pmap.layouts[key[0]].bounds[key[1]])
         where = {"version": version} if memory_clock is None else {"tier": "memory", "memory_clock": memory_clock}
         self.event(now, "partition-restored", table=key[0], part=key[1], target=target, **where)

@@ -226,7 +226,7 @@ class ShardRunner:
             if item.get("state_file"):  # a recovery restores this shard's state from a checkpoint
                 self._restore_state(job, shard, entry, item)
             ctx = ShardStep(self, job, clock, shard, entry.state, item.get("batch_scale", 1.0), item.get("phase"),
-                            item.get("restored", {}) if item["op"] == "rebuild" else {})
+                            item.get("restored"))
             t1 = time.perf_counter()
             if item["op"] == "rebuild":
                 job.algorithm.rebuild_step(ctx, entry.data)

@@ -194,12 +194,12 @@ class SspJobState(JobState):
         return [by_clock[c] for c in sorted(by_clock)]
 
     def _ssp_item(self, batch: list[Attempt], clocks: list[int]) -> dict:
-        item = self._item(batch)
         w = self.window
+        item = self._item(batch, w.rebuilding is not None)
         for member, a, clock in zip(item["shards"], batch, clocks):
             seen, writer = w.own_update(a.shard)
             member.update(clock=clock, seen=seen, mine=writer == a.worker)
-        item.update(op="rebuild" if w.rebuilding is not None else "shard", clock=max(clocks), run=w.epoch,
+        item.update(clock=max(clocks), run=w.epoch,
                     version=w.version, floor=w.floor, read_floor=max(w.read_floor(a.shard) for a in batch))
         return item
 
