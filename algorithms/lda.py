@@ -710,7 +710,7 @@ class LDAGibbs(Algorithm):
             compiled_sweep(wl, data["doc_len"], np.zeros(wl.shape[0], dtype=np.int32), A, T, self.alphas(),
                            self.beta, int(words.shape[0]), 1, words, {}, (wt, words), word_deltas=word_deltas,
                            method=method)
-        kern.word_stats(wt, self.beta, np.empty(K, dtype=np.int64), np.empty(K, dtype=np.int64))
+        kern.word_stats(wt, self.beta, 0, np.empty(K, dtype=np.int64), np.empty(K, dtype=np.int64))
 
     def _float(self, topic_total) -> type:
         return np.float32 if int(topic_total.sum()) < FLOAT32_TOKENS else np.float64
@@ -870,32 +870,47 @@ class LDAGibbs(Algorithm):
 
     # -------------------------------------------------------- clock end
     def clock_end(self, ctx) -> dict[str, float]:
+        """The log-likelihood per token and the checks that the count tables equal the assignments.
+        ``word_topic`` is read as its owners' ``summarize``: a few K-vectors per partition travel,
+        not the V x K table (its pull was half of this step on a 20k-word vocabulary)."""
+        from scipy.special import gammaln
+
         host = dscar.to_host
-        wt = host(ctx.pull("word_topic"))
         tt = host(ctx.pull("topic_total"))
         stats = host(ctx.pull("stats"))
+        parts = ctx.summaries("word_topic")
+        colsum, idsum = sum(p[0] for p in parts), sum(p[1] for p in parts)
+        low, lsum = min(int(p[2][0]) for p in parts), sum(float(p[2][1]) for p in parts)
         zc = stats[:-1].astype(np.int64)  # exact: integer sums far below 2^53
         n = int(zc[:, 0].sum())
-        V, K = wt.shape
-        if numba_available() and self.backend != "xp":
-            colsum, idsum = np.empty(K, dtype=np.int64), np.empty(K, dtype=np.int64)
-            low, lsum = _numba_kernels().word_stats(np.ascontiguousarray(wt), self.beta, colsum, idsum)
-            from scipy.special import gammaln
-
-            word_ll = K * gammaln(V * self.beta) - gammaln(V * self.beta + tt.astype(np.float64)).sum() + lsum
-        else:
-            colsum, idsum, low = wt.sum(axis=0), np.arange(1, V + 1, dtype=np.int64) @ wt, wt.min()
-            word_ll = word_loglik(wt, tt, self.beta)
+        V, K = ctx.meta.shapes["X"][0], self.n_topics
+        word_ll = K * gammaln(V * self.beta) - gammaln(V * self.beta + tt.astype(np.float64)).sum() + lsum
         err = max(
             int(np.abs(tt - zc[:, 0]).max()),  # topic totals vs the assignments
             int(np.abs(colsum - zc[:, 0]).max()),  # word-topic column sums vs the assignments
             int(np.abs(idsum - zc[:, 1]).max()),  # which words hold each topic's tokens
-            max(0, -int(low)), max(0, -int(tt.min())),  # no negative count
+            max(0, -low), max(0, -int(tt.min())),  # no negative count
         )
         ll = word_ll + float(stats[-1, 0])
         per_token = ll / max(n, 1)
         return {"objective": -per_token, "loglik": per_token, "count_error": float(err),
                 "tokens": float(n), "iteration": float(ctx.clock - 1)}
+
+    def summarize(self, table: str, rows, start: int) -> list[np.ndarray]:
+        """A ``word_topic`` partition's part of the clock end: column sums, word-id-weighted column
+        sums (ids from 1), and [smallest count, sum of lgG(n + beta) - lgG(beta)]."""
+        if table != "word_topic":
+            raise ValueError(f"lda summarizes word_topic, not {table!r}")
+        wt = np.ascontiguousarray(dscar.to_host(rows))
+        V, K = wt.shape
+        if numba_available() and self.backend != "xp":
+            colsum, idsum = np.empty(K, dtype=np.int64), np.empty(K, dtype=np.int64)
+            low, lsum = _numba_kernels().word_stats(wt, self.beta, start, colsum, idsum)
+        else:
+            wt64 = wt.astype(np.int64)
+            colsum, idsum = wt64.sum(axis=0), np.arange(start + 1, start + V + 1, dtype=np.int64) @ wt64
+            low, lsum = min(0, int(wt64.min())), _lgamma_sum(np.maximum(wt64, 0), self.beta)
+        return [colsum, idsum, np.array([low, lsum], dtype=np.float64)]
 
     def converged(self, history, tol) -> bool:
         w = self.window

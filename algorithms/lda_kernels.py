@@ -403,27 +403,29 @@ def gather_rows(wt, words, A, T):  # pragma: no cover - compiled
 
 
 @njit(cache=True, nogil=True)
-def word_stats(wt, beta, colsum, idsum):  # pragma: no cover - compiled
-    """Column sums, id-weighted column sums (ids from 1), the smallest count and
-    ``sum over entries of lgG(n + beta) - lgG(beta)`` of a V x K count table, in one pass."""
+def word_stats(wt, beta, first_id, colsum, idsum):  # pragma: no cover - compiled
+    """Column sums, id-weighted column sums (row ``v`` has id ``first_id + v + 1``), the smallest
+    count and ``sum over entries of lgG(n + beta) - lgG(beta)`` of a V x K count table, in one pass."""
     V, K = wt.shape
     L = 4096
     table = np.empty(L)
     lgb = math.lgamma(beta)
     for c in range(L):
-        table[c] = math.lgamma(c + beta) - lgb
+        table[c] = math.lgamma(c + beta) - lgb  # table[0] = 0: zero counts add nothing
     for k in range(K):
         colsum[k] = 0
         idsum[k] = 0
     low = 0
     s = 0.0
     for v in range(V):
+        wid = np.int64(first_id) + v + 1
         for k in range(K):
             c = np.int64(wt[v, k])
             colsum[k] += c
-            idsum[k] += (v + 1) * c
-            if c < low:
-                low = c
-            if c > 0:
-                s += table[c] if c < L else math.lgamma(c + beta) - lgb
+            idsum[k] += wid * c
+            low = min(low, c)
+            if 0 <= c < L:
+                s += table[c]
+            elif c >= L:
+                s += math.lgamma(c + beta) - lgb
     return low, s

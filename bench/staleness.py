@@ -80,6 +80,9 @@ class _ClockEndContext:
     def pull_rows(self, table: str, rows):
         return self._run.tables[table][np.asarray(rows, dtype=np.int64)]
 
+    def summaries(self, table: str) -> list[list[np.ndarray]]:
+        return [self._run.algorithm.summarize(table, self._run.tables[table], 0)]
+
     def assign(self, table: str, values, start: int = 0) -> None:
         values = np.asarray(values)
         self._run.tables[table][start:start + values.shape[0]] = values

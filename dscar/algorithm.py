@@ -18,6 +18,8 @@ worker behaves the same. A clock runs in three steps:
    clock's reduction, e.g. a gradient or a Gram block).
 3. ``clock_end(ctx)`` once, on one worker: reads tables, writes new values
    (``ctx.assign``) and returns this clock's metrics, ``objective`` among them.
+   A large table it only reduces is better read as ``ctx.summaries(table)``:
+   ``summarize`` runs on each partition's owner and only its result travels.
 
 Multi-phase clocks: an algorithm that names ``phases`` (e.g. ALS's
 ``("user", "item")``) gets data with one set of shards per phase
@@ -118,6 +120,8 @@ class ClockContext(Protocol):
 
     def pull(self, table: str, start: int = 0, stop: int | None = None) -> Any: ...
 
+    def summaries(self, table: str) -> list[list[np.ndarray]]: ...
+
     def assign(self, table: str, values: Any, start: int = 0) -> None: ...
 
 
@@ -163,6 +167,16 @@ class Algorithm:
 
     def clock_end(self, ctx: ClockContext) -> dict[str, float]:
         raise NotImplementedError
+
+    def summarize(self, table: str, rows: Any, start: int) -> list[np.ndarray]:
+        """Small host arrays that sum up rows ``[start, start + len(rows))`` of ``table``, for a
+        clock end that reduces a large table (``ClockContext.summaries``).
+
+        The engine runs it where the rows are, on each partition's owner (``rows``: the
+        partition, on the device, read-only), so the clock end receives a few numbers per
+        partition instead of pulling the table to one worker. Default: none.
+        """
+        raise NotImplementedError(f"{type(self).__name__} summarizes no table")
 
     def rebuild_tables(self) -> list[str]:
         """``param`` tables that ``rebuild_step`` recomputes from the data after a restore.

@@ -455,6 +455,27 @@ class ShardRunner:
             pieces = {k: own.patch(v, *k, 0, held[k], job.xp) for k, v in pieces.items()}
         return {t: job.xp.concatenate([pieces[(t, p)] for p in range(job.layouts[t].n_parts)]) for t in small}
 
+    def summarize(self, job: Job, table: str, clock: int | None = None) -> list[list[np.ndarray]]:
+        """The algorithm's ``summarize`` of every partition of ``table``, in row order, each run by
+        the partition's owner (one message per other owner, all at once)."""
+        layout = job.layouts[table]
+        remote = by_owner(job.owners, [(table, p) for p in range(layout.n_parts)])
+        mine = [p for _, p in remote.pop(self.host.address, [])]
+        out: dict[int, list] = {}
+        if remote:
+            replies = self.host.peer_all([(o, "summarize", {"job_id": job.id, "table": table,
+                                                             "parts": [p for _, p in keys], "clock": clock})
+                                          for o, keys in remote.items()])
+            for (owner, keys), r in zip(remote.items(), replies):
+                arrays = iter(wire.decode(_answered(r, owner, *keys[0])["data"]))
+                out.update((p, [next(arrays) for _ in range(n)]) for (_, p), n in zip(keys, r["counts"]))
+        if mine:
+            got = job.tables.summarize(table, mine, [layout.bounds[p][0] for p in mine], job.algorithm.summarize, clock)
+            if got is None:
+                raise LookupError(f"{self.host.address} no longer holds a partition of {table}")
+            out.update(zip(mine, got))
+        return [out[p] for p in range(layout.n_parts)]
+
     def read_row_set(self, job: Job, table: str, rows, clock: int | None = None):
         """Arbitrary rows of ``table`` (in the order given), gathered from their owners."""
         layout, spec = job.layouts[table], job.specs[table]
@@ -641,6 +662,11 @@ class ClockEnd:
         if self._writes:
             self.flush()
         return self._server.read_row_set(self._job, table, rows, self._sums)
+
+    def summaries(self, table: str) -> list[list[np.ndarray]]:
+        if self._writes:
+            self.flush()
+        return self._server.summarize(self._job, table, self._sums)
 
     def assign(self, table: str, values, start: int = 0) -> None:
         for owner, chunks in self._server.write_rows(self._job, table, values, start, self._run).items():

@@ -92,7 +92,7 @@ class ParamServer(WorkerPlugin):
         #: messages waiting for a peer's answer (they fail at once when it is lost)
         self._inflight = Inflight()
         for op in ("init", "warm_up", "pull", "fetch_staged", "apply", "assign", "put_shard", "copy_shard", "end_job", "info", "adopt",
-                   "checkpoint", "restore", "forget", "perturbation", "peer_lost", "peer_joined", "release", "pull_many", "mirror",
+                   "checkpoint", "restore", "forget", "perturbation", "peer_lost", "peer_joined", "release", "pull_many", "summarize", "mirror",
                    "keep_mirror", "get_mirror"):
             worker.handlers[f"dscar_{op}"] = getattr(self, f"_h_{op}")
         self.runner = ShardRunner(self, self.poll_timeout)
@@ -203,6 +203,19 @@ class ParamServer(WorkerPlugin):
                 return {"status": "missing"}
             extra = {} if mine is None else {"held": [job.tables.held(tuple(p), *mine) for p in parts]}
         return {"status": "OK", "data": wire.encode(out), **extra}
+
+    async def _h_summarize(self, job_id: str, table: str, parts: list, clock: int | None = None) -> dict:
+        """The algorithm's ``summarize`` of partitions ``parts`` of ``table`` held here (a clock end's
+        ``summaries``), off the event loop; ``counts``: how many arrays each part gave."""
+        job = self.jobs.get(job_id)
+        if job is None:
+            return {"status": "missing"}
+        bounds = job.layouts[table].bounds
+        out = await asyncio.to_thread(job.tables.summarize, table, parts, [bounds[p][0] for p in parts],
+                                      job.algorithm.summarize, clock)
+        if out is None:
+            return {"status": "missing"}
+        return {"status": "OK", "counts": [len(a) for a in out], "data": wire.encode([x for a in out for x in a])}
 
     def _h_fetch_staged(self, job_id: str, run: int, keys: list, parts: list) -> dict:
         """The updates staged here by ``keys`` (committed attempts of pass ``run``) for the caller's

@@ -283,6 +283,32 @@ def test_a_clock_end_reads_its_own_assignments_and_they_reach_every_owner(where,
     np.testing.assert_array_equal(res.params["c"], [3, 6, 9])
 
 
+class SummarizingClockEnd(RowCounter):
+    """The clock end reads ``count`` as its owners' summaries: each partition's first row, rows,
+    sum and the process that summed it."""
+
+    def summarize(self, table, rows, start):
+        rows = dscar.to_host(rows)
+        return [np.array([start, rows.shape[0]]), np.array([rows.sum(), os.getpid()])]
+
+    def clock_end(self, ctx):
+        m = super().clock_end(ctx)
+        parts = ctx.summaries("count")
+        ends = np.cumsum([int(p[0][1]) for p in parts])
+        return {**m, "parts": float(len(parts)), "pids": float(len({int(p[1][1]) for p in parts})),
+                "in_row_order": float([int(p[0][0]) for p in parts] == [0, *ends[:-1]] and ends[-1] == ctx.meta.n_rows),
+                "summed": float(sum(p[1][0] for p in parts))}
+
+
+@pytest.mark.parametrize("where", ["inproc", "procs"])
+def test_a_clock_end_reads_a_table_as_summaries_made_by_its_owners_in_row_order(where, request):
+    res = dscar.fit(SummarizingClockEnd(n_parts=5), row_data(23), request.getfixturevalue(where), n_shards=3, max_clocks=2)
+    for rec in res.history:
+        m = rec.metrics
+        assert m["parts"] == 5 and m["in_row_order"] == 1 and m["summed"] == m["objective"] == 23 * rec.clock
+        assert m["pids"] == (2 if where == "procs" else 1)  # each owner summed its own partitions
+
+
 # ------------------------------------------------------------- data phases
 class PhaseCounter(dscar.Algorithm):
     """Two data phases per clock over the same rows: ``a`` adds 1 to ``x``, then ``b`` checks it
