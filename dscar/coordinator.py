@@ -41,7 +41,7 @@ from .inflight import Inflight
 from .job import ApplyPass, Checkpoint, JobConfig, JobState, Mirror, RestartWorker, StartRecovery
 from .ledger import describe, perturbations, restore_candidates
 from .monitor import ThroughputMonitor
-from .partitions import PartitionMap, TableLayout
+from .partitions import PartitionMap, TableLayout, data_homes, placement_plan
 from .shards import ShardQueue
 from .ssp_job import SspJobState
 
@@ -193,7 +193,7 @@ class Coordinator(SchedulerPlugin):
                      max_failures: int = 3, sharding: str = "dynamic", policies: bytes | None = None,
                      monitor: dict | None = None, checkpoint: dict | None = None, rebuild: list | None = None,
                      resume: dict | None = None, phases: list | None = None, consistency: str = "bsp",
-                     staleness: int = 0, max_clocks: int = 0) -> dict:
+                     staleness: int = 0, max_clocks: int = 0, shard_bounds: list | None = None) -> dict:
         busy = [j for j, s in self.jobs.items() if not s.failed and j != job_id]
         if busy:
             return {"status": "busy", "jobs": busy}
@@ -201,8 +201,12 @@ class Coordinator(SchedulerPlugin):
         if not workers:
             return {"status": "no-workers"}
         pmap = PartitionMap(TableLayout(t[0], int(t[1]), int(t[2])) for t in tables)
-        pmap.assign(workers)
         phases = [(str(n), int(k)) for n, k in phases] if phases else [("", n_shards)]
+        homes = {}
+        if shard_bounds and len(phases) == 1:  # tables of the data's rows start where their shards do
+            plan = placement_plan([k for _, k in phases], workers)
+            homes = data_homes(pmap.layouts.values(), [(int(a), int(b)) for a, b in shard_bounds], plan)
+        pmap.assign(workers, homes)
         queue = ShardQueue(n_shards, reloadable=reloadable, max_failures=max_failures, sharding=sharding,
                            phases=[k for _, k in phases])
         cfg = JobConfig(job_id, n_shards, {t[0]: t[3] for t in tables}, list(rebuild or ()),

@@ -32,7 +32,7 @@ from .errors import ClusterError, DscarError, InvalidInputError, JobFailedError
 from .faults import Fault, fire_point, resolve, unfired, why_unfired
 from .ledger import restore_candidates
 from .monitor import ThroughputMonitor
-from .partitions import PartitionMap, by_owner
+from .partitions import PartitionMap, by_owner, placement_plan
 from .policies import Policy, make_policies
 from .progress import ProgressLine
 
@@ -347,15 +347,6 @@ def _check_phases(algorithm: Algorithm, meta) -> None:
         )
 
 
-def placement_plan(meta, workers: list[str]) -> list[tuple[int, str]]:
-    """(shard, worker): contiguous blocks of each data phase's shards, so every phase starts balanced."""
-    plan, start = [], 0
-    for _, n in meta.phases or (("", meta.n_shards),):
-        plan += [(start + i, workers[i * len(workers) // n]) for i in range(n)]
-        start += n
-    return plan
-
-
 def _resolve_parts(t: TableSpec, n_workers: int) -> TableSpec:
     n_parts = t.n_parts if t.n_parts is not None else n_workers
     return replace(t, n_parts=max(1, min(n_parts, t.n_rows)))
@@ -412,6 +403,7 @@ class _Run:
             checkpoint=None if cfg is None else cfg.to_msg(), rebuild=list(self.algorithm.rebuild_tables()),
             resume=None if resume is None else resume[0], phases=[list(p) for p in self.data.meta.phases] or None,
             consistency=opts["consistency"], staleness=opts["staleness"], max_clocks=max_clocks,
+            shard_bounds=None if self.data.meta.phases else [list(b) for b in self.data.meta.shard_bounds],
         )
         if r["status"] == "busy":
             raise ClusterError(f"the cluster is running another dscar job ({', '.join(r['jobs'])})")
@@ -426,7 +418,8 @@ class _Run:
             logger.info("dashboard page of job %s: %s", self.job_id, url)
         try:
             resume = self._sync(self._init_partitions, r["owners"], resume)
-            plan = placement_plan(self.data.meta, self.workers)
+            meta = self.data.meta
+            plan = placement_plan([k for _, k in meta.phases] or [meta.n_shards], self.workers)
             if isinstance(self.data, (ArrayData, PhasedData)):
                 self._sync(self._place, plan)
             elif opts["sharding"] == "static":  # workers read their own shards' files

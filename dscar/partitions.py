@@ -7,6 +7,7 @@ owns each partition: every partition has exactly one owner at a time.
 """
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass
 from typing import Iterable, Mapping
 
@@ -31,6 +32,36 @@ def by_owner(owners: Mapping[tuple[str, int], str], keys: Iterable[tuple[str, in
     for k in keys:
         out.setdefault(owners[k], []).append(k)
     return out
+
+
+def placement_plan(phase_sizes: Iterable[int], workers: list[str]) -> list[tuple[int, str]]:
+    """(shard, worker) where the data goes first: contiguous blocks of each data phase's shards
+    (``phase_sizes``: shards per phase, in order), so every phase starts balanced."""
+    plan, start = [], 0
+    for n in phase_sizes:
+        plan += [(start + i, workers[i * len(workers) // n]) for i in range(n)]
+        start += n
+    return plan
+
+
+def data_homes(layouts: Iterable[TableLayout], shard_bounds: list[tuple[int, int]],
+               plan: list[tuple[int, str]]) -> dict[tuple[str, int], str]:
+    """Owners for the partitions of tables whose rows are the data's rows (as many rows as the
+    shards cover; LDA's ``doc_topic``): each goes to the worker ``plan`` first puts the shard
+    holding its middle row on, so a shard's updates to its own rows stay on its worker."""
+    if not shard_bounds or not plan:
+        return {}
+    n_rows, where = shard_bounds[-1][1], dict(plan)
+    starts = [a for a, _ in shard_bounds]
+    homes = {}
+    for t in layouts:
+        if t.n_rows != n_rows:
+            continue
+        for part, (a, b) in enumerate(t.bounds):
+            shard = bisect.bisect_right(starts, (a + b - 1) // 2) - 1
+            if shard in where:
+                homes[(t.name, part)] = where[shard]
+    return homes
 
 
 @dataclass(frozen=True)
@@ -62,16 +93,24 @@ class PartitionMap:
         self.layouts = {t.name: t for t in layouts}
         self.owners: dict[tuple[str, int], str] = {}
 
-    def assign(self, workers: list[str]) -> None:
-        """Give every partition an owner, greedily to the worker holding fewest rows."""
+    def assign(self, workers: list[str], homes: Mapping[tuple[str, int], str] | None = None) -> None:
+        """Give every partition an owner: ``homes`` (``data_homes``) first, then the others
+        greedily to the worker holding fewest rows."""
         if not workers:
             raise ValueError("no workers to own partitions")
         load = {w: 0 for w in sorted(workers)}
+        homes = {k: w for k, w in (homes or {}).items() if w in load}
         for t in self.layouts.values():
             for part, (a, b) in enumerate(t.bounds):
-                w = min(load, key=lambda w: (load[w], w))
-                self.owners[(t.name, part)] = w
-                load[w] += b - a
+                if (t.name, part) in homes:
+                    self.owners[(t.name, part)] = homes[(t.name, part)]
+                    load[homes[(t.name, part)]] += b - a
+        for t in self.layouts.values():
+            for part, (a, b) in enumerate(t.bounds):
+                if (t.name, part) not in homes:
+                    w = min(load, key=lambda w: (load[w], w))
+                    self.owners[(t.name, part)] = w
+                    load[w] += b - a
 
     def rows_by_worker(self) -> dict[str, int]:
         load: dict[str, int] = {}

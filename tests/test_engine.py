@@ -309,6 +309,31 @@ def test_a_clock_end_reads_a_table_as_summaries_made_by_its_owners_in_row_order(
         assert m["pids"] == (2 if where == "procs" else 1)  # each owner summed its own partitions
 
 
+class PaddedCounter(RowCounter):
+    """RowCounter behind a one-row table, which makes the first worker the heavier: balancing rows
+    alone would give ``count``'s first partition to the second worker. The clock end reports each
+    partition's owner (its index among the workers owning anything)."""
+
+    def tables(self, meta):
+        return [TableSpec("pad", 7, n_parts=1), *super().tables(meta)]
+
+    def clock_end(self, ctx):
+        owners = ctx._job.owners  # the worker's map of owners (engine internals, for this test only)
+        workers = sorted(set(owners.values()))
+        return {**super().clock_end(ctx), **{f"owner_{p}": float(workers.index(owners[("count", p)])) for p in (0, 1)}}
+
+
+def test_partitions_of_the_datas_rows_are_owned_where_their_shards_are_placed(procs):
+    """Shards 0-1 start on the first worker, 2-3 on the second: ``count``'s partitions follow, so a
+    shard's adds to its own rows are applied where it ran (LDA's doc_topic deltas)."""
+    res = dscar.fit(PaddedCounter(), row_data(40), procs, n_shards=4, max_clocks=2)
+    assert_exactly_once(res, 40)
+    m = res.history[-1].metrics
+    assert (m["owner_0"], m["owner_1"]) == (0.0, 1.0)
+    first, second = sorted(res.workers)
+    assert res.history[0].shards_per_worker == {first: 2, second: 2}
+
+
 # ------------------------------------------------------------- data phases
 class PhaseCounter(dscar.Algorithm):
     """Two data phases per clock over the same rows: ``a`` adds 1 to ``x``, then ``b`` checks it

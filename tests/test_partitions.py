@@ -1,6 +1,6 @@
 import pytest
 
-from dscar.partitions import PartitionMap, TableLayout, row_bounds
+from dscar.partitions import PartitionMap, TableLayout, data_homes, placement_plan, row_bounds
 
 
 def test_row_bounds_cover_all_rows_contiguously():
@@ -36,3 +36,29 @@ def test_by_owner_groups_keys_in_the_order_given():
     owners = {("w", 0): "a", ("w", 1): "b", ("g", 0): "a", ("g", 1): "a"}
     assert by_owner(owners, [("w", 1), ("g", 1), ("w", 0), ("g", 0)]) == {"b": [("w", 1)], "a": [("g", 1), ("w", 0), ("g", 0)]}
     assert by_owner(owners, []) == {}
+
+
+def test_the_plan_puts_contiguous_blocks_of_each_phase_on_each_worker():
+    assert placement_plan([4], ["a", "b"]) == [(0, "a"), (1, "a"), (2, "b"), (3, "b")]
+    assert placement_plan([3, 2], ["a", "b"]) == [(0, "a"), (1, "a"), (2, "b"), (3, "a"), (4, "b")]
+
+
+def test_partitions_of_the_datas_rows_start_on_the_workers_of_their_shards():
+    """LDA's doc_topic: a table with the data's rows is owned where the shard of each partition's
+    middle row is placed; the other tables balance around them."""
+    layouts = [TableLayout("pad", 7, 1), TableLayout("doc", 100, 2), TableLayout("word", 40, 2)]
+    bounds = [(0, 30), (30, 50), (50, 80), (80, 100)]
+    plan = placement_plan([4], ["a", "b"])
+    homes = data_homes(layouts, bounds, plan)
+    assert homes == {("doc", 0): "a", ("doc", 1): "b"}  # middles 24 (shard 0 on a) and 74 (shard 2 on b)
+    pm = PartitionMap(layouts)
+    pm.assign(["a", "b"], homes)
+    assert pm.owners[("doc", 0)] == "a" and pm.owners[("doc", 1)] == "b"
+    assert pm.rows_by_worker() == {"a": 77, "b": 70}  # pad and word go where rows are fewest
+    greedy = PartitionMap(layouts)
+    greedy.assign(["a", "b"])
+    assert greedy.owners[("doc", 0)] == "b"  # without homes: pad made a heavier, doc 0 went to b
+    assert data_homes(layouts, [], plan) == {} and data_homes(layouts, bounds, []) == {}
+    pm = PartitionMap(layouts)
+    pm.assign(["a", "c"], homes)  # a home on a worker not given: balanced like the rest
+    assert set(pm.owners.values()) <= {"a", "c"} and len(pm.owners) == 5
