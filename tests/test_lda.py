@@ -297,6 +297,29 @@ def test_uniforms_are_a_fixed_stream_of_uniform_float32():
 
 
 @needs_numba
+def test_partition_summaries_of_both_backends_add_up_to_the_whole_tables_statistics():
+    """``summarize`` (the clock end's word statistics, made by each owner): compiled and array
+    namespace agree, and the pieces of a table cut at any row add up to the whole's."""
+    from dscar.algorithms.lda import _lgamma_sum
+
+    rng = np.random.default_rng(3)
+    wt = rng.poisson(3.0, (301, 7)).astype(np.int32)
+    wt[rng.random(wt.shape) < 0.5] = 0
+    wt[5, 2] = 5000  # above the compiled kernel's log-gamma table
+    want = [wt.sum(axis=0), np.arange(1, 302) @ wt.astype(np.int64), _lgamma_sum(wt, 0.01)]
+    for backend in ("numba", "xp"):
+        algo = LDAGibbs(7, beta=0.01, backend=backend)
+        parts = [algo.summarize("word_topic", wt[a:b], a) for a, b in ((0, 120), (120, 301))]
+        np.testing.assert_array_equal(sum(p[0] for p in parts), want[0])
+        np.testing.assert_array_equal(sum(p[1] for p in parts), want[1])
+        assert sum(p[2][1] for p in parts) == pytest.approx(want[2], rel=1e-12)
+        assert min(p[2][0] for p in parts) == 0
+        bad = wt.copy()
+        bad[200, 1] = -2
+        assert algo.summarize("word_topic", bad[120:], 120)[2][0] == -2  # a negative count shows
+
+
+@needs_numba
 def test_compiled_and_chunked_samplers_reach_the_same_loglikelihood(small):
     """The compiled (exact) and the array-namespace (chunked) sweeps of ``LDAGibbs.sweep`` from the
     same start: counts stay the counts of the assignments, and the log-likelihood after 30 sweeps
