@@ -1,4 +1,5 @@
 """The engine on real clusters: placement, pull/push, commits, moves, loss of a worker."""
+import json
 import os
 import signal
 import threading
@@ -159,6 +160,36 @@ def test_embedded_workers_are_forked_from_a_server_that_imported_dscar_once():
     assert all(g["models_imported"] for g in got.values()), got  # no job ran: the forkserver imported them
     parents = {g["parent"] for g in got.values()}
     assert len(parents) == 1 and os.getpid() not in parents, got  # one forkserver, not this process
+
+
+def _faults_of_a_second_2mb_array() -> int:
+    """Page faults of allocating and filling a 2 MiB array right after freeing one of that size."""
+    import resource
+
+    import numpy as np
+
+    np.ones(1 << 18).sum()  # 2 MiB, freed
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    np.ones(1 << 18).sum()
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+
+
+def test_embedded_workers_reuse_freed_memory_for_large_arrays():
+    """``WORKER_MALLOC_ENV``: a worker allocating a 2 MiB array again reuses the heap, where under
+    Dask's nanny default each such array is a fresh mapping whose 512 pages all fault. In a fresh
+    interpreter: the forkserver's malloc settings are fixed when the first worker starts."""
+    import subprocess
+    import sys
+
+    script = ("import dscar, json\n"
+              "from test_engine import _faults_of_a_second_2mb_array as f\n"
+              "with dscar.Cluster(n_workers=1) as cl:\n"
+              "    print(json.dumps(list(cl.client.run(f).values())))\n")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
+                         cwd=os.path.dirname(__file__), env={**os.environ, "PYTHONPATH": os.path.dirname(__file__)})
+    assert out.returncode == 0, out.stderr[-2000:]
+    faults = json.loads(out.stdout.strip().splitlines()[-1])
+    assert len(faults) == 1 and faults[0] < 100, faults
 
 
 @pytest.mark.timeout(180)
