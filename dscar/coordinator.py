@@ -202,9 +202,9 @@ class Coordinator(SchedulerPlugin):
             return {"status": "no-workers"}
         pmap = PartitionMap(TableLayout(t[0], int(t[1]), int(t[2])) for t in tables)
         phases = [(str(n), int(k)) for n, k in phases] if phases else [("", n_shards)]
+        plan = placement_plan([k for _, k in phases], workers)  # where the driver puts the data first
         homes = {}
         if shard_bounds and len(phases) == 1:  # tables of the data's rows start where their shards do
-            plan = placement_plan([k for _, k in phases], workers)
             homes = data_homes(pmap.layouts.values(), [(int(a), int(b)) for a, b in shard_bounds], plan)
         pmap.assign(workers, homes)
         queue = ShardQueue(n_shards, reloadable=reloadable, max_failures=max_failures, sharding=sharding,
@@ -224,7 +224,7 @@ class Coordinator(SchedulerPlugin):
                   checkpoint=None if cfg.checkpoint is None else f"{cfg.checkpoint.policy}/{cfg.checkpoint.recovery}")
         if self._watch is None:
             self._watch = asyncio.ensure_future(self._watch_heartbeats())
-        return {"status": "OK", "owners": pmap.to_msg(), "workers": workers}
+        return {"status": "OK", "owners": pmap.to_msg(), "workers": workers, "plan": [list(p) for p in plan]}
 
     async def _h_stop(self, job_id: str, clock: int, timeout: float = 60.0) -> dict:
         """The driver read its last clock, ``clock``: under SSP no later clock goes on, and this

@@ -32,7 +32,7 @@ from .errors import ClusterError, DscarError, InvalidInputError, JobFailedError
 from .faults import Fault, fire_point, resolve, unfired, why_unfired
 from .ledger import restore_candidates
 from .monitor import ThroughputMonitor
-from .partitions import PartitionMap, by_owner, placement_plan
+from .partitions import PartitionMap, by_owner
 from .policies import Policy, make_policies
 from .progress import ProgressLine
 
@@ -403,7 +403,7 @@ class _Run:
             checkpoint=None if cfg is None else cfg.to_msg(), rebuild=list(self.algorithm.rebuild_tables()),
             resume=None if resume is None else resume[0], phases=[list(p) for p in self.data.meta.phases] or None,
             consistency=opts["consistency"], staleness=opts["staleness"], max_clocks=max_clocks,
-            shard_bounds=None if self.data.meta.phases else [list(b) for b in self.data.meta.shard_bounds],
+            shard_bounds=[list(b) for b in self.data.meta.shard_bounds],
         )
         if r["status"] == "busy":
             raise ClusterError(f"the cluster is running another dscar job ({', '.join(r['jobs'])})")
@@ -418,8 +418,7 @@ class _Run:
             logger.info("dashboard page of job %s: %s", self.job_id, url)
         try:
             resume = self._sync(self._init_partitions, r["owners"], resume)
-            meta = self.data.meta
-            plan = placement_plan([k for _, k in meta.phases] or [meta.n_shards], self.workers)
+            plan = [(int(s), w) for s, w in r["plan"]]  # the coordinator's: data-row tables were owned by it
             if isinstance(self.data, (ArrayData, PhasedData)):
                 self._sync(self._place, plan)
             elif opts["sharding"] == "static":  # workers read their own shards' files

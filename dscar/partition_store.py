@@ -135,16 +135,17 @@ class PartitionStore:
                 return None
             return [to_host(self._values(*k, clock)).copy() for k in keys]
 
-    def summarize(self, table: str, parts: Iterable[int], starts: Iterable[int], summarize,
+    def summarize(self, table: str, parts: Iterable[int], summarize,
                   clock: int | None = None) -> list[list[np.ndarray]] | None:
-        """``summarize(table, values, start)`` of each partition ``parts`` of ``table`` (whose first global
-        rows are ``starts``), under the lock: no apply changes the rows it reads. None when one is
+        """``summarize(table, values, start)`` of each partition ``parts`` of ``table`` (``start``: its
+        first global row), under the lock: no apply changes the rows it reads. None when one is
         not held here."""
+        bounds = self.layouts[table].bounds
         with self.lock:
             if any((table, int(p)) not in self.parts for p in parts):
                 return None
-            return [[np.asarray(x) for x in summarize(table, self._values(table, p, clock), int(start))]
-                    for p, start in zip(parts, starts)]
+            return [[np.asarray(x) for x in summarize(table, self._values(table, p, clock), bounds[int(p)][0])]
+                    for p in parts]
 
     def rows(self, table: str, part: int, lo: int, hi: int, clock: int | None = None):
         """Rows ``[lo, hi)`` of a partition held here (a copy, on the device)."""

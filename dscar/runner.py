@@ -470,7 +470,7 @@ class ShardRunner:
                 arrays = iter(wire.decode(_answered(r, owner, *keys[0])["data"]))
                 out.update((p, [next(arrays) for _ in range(n)]) for (_, p), n in zip(keys, r["counts"]))
         if mine:
-            got = job.tables.summarize(table, mine, [layout.bounds[p][0] for p in mine], job.algorithm.summarize, clock)
+            got = job.tables.summarize(table, mine, job.algorithm.summarize, clock)
             if got is None:
                 raise LookupError(f"{self.host.address} no longer holds a partition of {table}")
             out.update(zip(mine, got))

@@ -210,9 +210,7 @@ class ParamServer(WorkerPlugin):
         job = self.jobs.get(job_id)
         if job is None:
             return {"status": "missing"}
-        bounds = job.layouts[table].bounds
-        out = await asyncio.to_thread(job.tables.summarize, table, parts, [bounds[p][0] for p in parts],
-                                      job.algorithm.summarize, clock)
+        out = await asyncio.to_thread(job.tables.summarize, table, parts, job.algorithm.summarize, clock)
         if out is None:
             return {"status": "missing"}
         return {"status": "OK", "counts": [len(a) for a in out], "data": wire.encode([x for a in out for x in a])}
