@@ -86,7 +86,7 @@ class Coordinator(SchedulerPlugin):
         for op in (
             "start_job", "job_spec", "placed", "begin_clock", "next", "commit", "fail", "clock_done",
             "clock_failed", "wait", "end_job", "owners", "event", "ckpt_written", "published",
-            "simulate_loss", "flush", "rebase", "until_lost", "mirrored", "stop",
+            "simulate_loss", "flush", "rebase", "until_lost", "mirrored", "stop", "runner_failed",
         ):
             scheduler.handlers[f"dscar_{op}"] = getattr(self, f"_h_{op}")
         self._specs: dict[str, bytes] = {}
@@ -437,6 +437,15 @@ class Coordinator(SchedulerPlugin):
         job = self.jobs.get(job_id)
         if job is not None:
             self._do(job, job.clock_end_failed(worker, run, error, time.time(), clock))
+        return {"status": "OK"}
+
+    def _h_runner_failed(self, job_id: str, worker: str, error: str) -> dict:
+        """A worker's engine code failed outside an attempt (``ShardRunner._runner_failed``): a bug,
+        which no retry would mend, so the job fails with it rather than wait on that worker."""
+        job = self.jobs.get(job_id)
+        if job is not None:
+            job.fail(time.time(), f"worker {worker} failed: {error}")
+            self._wake()
         return {"status": "OK"}
 
     async def _restart(self, job: JobState, worker: str) -> None:

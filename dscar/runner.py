@@ -142,13 +142,29 @@ class ShardRunner:
                     self.host.stop.wait(0.2)
                     continue
             op = item.get("op")
-            if op in ("shard", "rebuild"):
-                item = self._run_shards(item)  # the commit's answer carries the next item
-            elif op == "clock_end":
-                self._run_clock_end(item)
+            try:
+                if op in ("shard", "rebuild"):
+                    item = self._run_shards(item)  # the commit's answer carries the next item
+                elif op == "clock_end":
+                    self._run_clock_end(item)
+                    item = None
+                else:
+                    item = None
+            except Exception as e:  # outside an attempt and a clock end, whose errors are reported as theirs
+                self._runner_failed(item, e)
                 item = None
-            else:
-                item = None
+
+    def _runner_failed(self, item: dict, e: Exception) -> None:
+        """An error of the engine's own code on this worker, after an item's commit (its write-back):
+        the job fails with it. The thread lives on for other jobs; had it ended, the worker would
+        stop asking for work while staying alive, and a job whose every worker hit the error would
+        wait for ever."""
+        logger.error("dscar runner: %s item of job %s failed", item.get("op"), item.get("job"), exc_info=e)
+        try:
+            error = "".join(traceback.format_exception(type(e), e, e.__traceback__)[-3:]).strip()
+            self.host.call("runner_failed", job_id=item.get("job"), worker=self.host.address, error=error)
+        except Exception:
+            pass  # the coordinator is gone: the job ends with it
 
     def _prepare(self, job: Job, item: dict) -> None:
         with self._lock:

@@ -186,7 +186,8 @@ def test_embedded_workers_reuse_freed_memory_for_large_arrays():
               "with dscar.Cluster(n_workers=1) as cl:\n"
               "    print(json.dumps(list(cl.client.run(f).values())))\n")
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
-                         cwd=os.path.dirname(__file__), env={**os.environ, "PYTHONPATH": os.path.dirname(__file__)})
+                         cwd=os.path.dirname(__file__), env={**os.environ, "PYTHONPATH": os.pathsep.join(
+                             [os.path.dirname(__file__), *filter(None, [os.environ.get("PYTHONPATH")])])})
     assert out.returncode == 0, out.stderr[-2000:]
     faults = json.loads(out.stdout.strip().splitlines()[-1])
     assert len(faults) == 1 and faults[0] < 100, faults

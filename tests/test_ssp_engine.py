@@ -176,6 +176,28 @@ def test_every_update_is_applied_once_and_reads_are_at_most_staleness_clocks_ahe
     assert (max(ahead) > 0) == (staleness > 0), ahead
 
 
+@pytest.mark.timeout(60)
+def test_an_engine_error_after_a_commit_fails_the_fit_instead_of_stopping_the_worker(inproc, monkeypatch):
+    """An exception in a worker's own engine code outside an attempt (here SSP's write-back of a
+    granted update into the pulled copy) fails the fit with its message. It used to end the worker's
+    runner thread: the worker stayed alive but asked for no more work, and once every worker had hit
+    it the fit waited for ever."""
+    from dscar.pull_cache import PullCache
+
+    def broken(self, *args, **kw):
+        raise RuntimeError("write-back broke")
+
+    monkeypatch.setattr(PullCache, "write_back", broken)
+    with pytest.raises(dscar.JobFailedError, match="write-back broke"):
+        dscar.fit(SspRowCounter(staleness=1), row_data(64), inproc, n_shards=4, max_clocks=6,
+                  consistency="ssp", staleness=1)
+    # the workers are still serving: the next fit runs to its end
+    monkeypatch.undo()
+    res = dscar.fit(SspRowCounter(staleness=1), row_data(64), inproc, n_shards=4, max_clocks=3,
+                    consistency="ssp", staleness=1)
+    assert res.n_clocks == 3
+
+
 def test_mlr_and_lda_under_ssp_do_as_well_as_bsp_in_as_many_clocks(inproc):
     """Judged on the final models, computed from the gathered tables: under SSP a clock end reads tables
     that may hold later clocks' updates (LDA's per-clock log-likelihood mixes clocks; see its metric)."""
