@@ -23,6 +23,9 @@ coordinator probes any worker silent for ``dscar.hang-timeout`` seconds
 removes it if it cannot answer within 1.5 s, instead of waiting for distributed's
 ttl sweep, which runs only every ttl; a starved but live worker answers, late.
 Shard steps run on the worker's own thread, so heartbeats flow while kernels run.
+A job whose workers all answer while it stops moving on for ``dscar.stall-timeout``
+seconds (default 60) is reported once: a ``job-stalled`` event with its state
+(``dscar.stall``).
 """
 from __future__ import annotations
 
@@ -44,6 +47,7 @@ from .monitor import ThroughputMonitor
 from .partitions import PartitionMap, TableLayout, data_homes, placement_plan
 from .shards import ShardQueue
 from .ssp_job import SspJobState
+from .stall import StallWatch
 
 logger = logging.getLogger("dscar.coordinator")
 
@@ -59,6 +63,11 @@ PROBE_TIMEOUT_S = 1.5  # a worker silent past the hang timeout is hung if it can
 def hang_timeout() -> float:
     """Seconds without a sign of life after which a worker is probed, then removed (``dscar.hang-timeout``)."""
     return float(dask.config.get("dscar.hang-timeout", 3.0))
+
+
+def stall_timeout() -> float:
+    """Seconds a working job may go without moving on before it is reported stalled (``dscar.stall-timeout``)."""
+    return float(dask.config.get("dscar.stall-timeout", 60.0))
 
 
 class Coordinator(SchedulerPlugin):
@@ -83,6 +92,8 @@ class Coordinator(SchedulerPlugin):
         self._watch: asyncio.Task | None = None
         #: worker -> when a dscar message of it last arrived (a sign of life besides heartbeats)
         self._heard: dict[str, float] = {}
+        #: job -> its stall watch (``_check_stalls``)
+        self._stalls: dict[str, StallWatch] = {}
         for op in (
             "start_job", "job_spec", "placed", "begin_clock", "next", "commit", "fail", "clock_done",
             "clock_failed", "wait", "end_job", "owners", "event", "ckpt_written", "published",
@@ -165,6 +176,7 @@ class Coordinator(SchedulerPlugin):
             lagged, last = now_m - last > 4 * tick, now_m
             if lagged:
                 continue
+            self._check_stalls(now_m)
             limit, now = hang_timeout(), time.time()
             silent = [w for w, ws in self.scheduler.workers.items()
                       if now - max(ws.last_seen, self._heard.get(w, 0.0)) > limit]
@@ -174,6 +186,20 @@ class Coordinator(SchedulerPlugin):
                     await self._remove(w, f"no sign of life for {time.time() - self.scheduler.workers[w].last_seen:.1f} s"
                                        if w in self.scheduler.workers else "hung")
         self._watch = None
+
+    def _check_stalls(self, now_m: float) -> None:
+        """Report, once per episode, a job that is working and has not moved on for ``stall_timeout()``
+        seconds while its workers answer (``dscar.stall``): an event with its state, and a warning."""
+        for job_id, job in self.jobs.items():
+            watch = self._stalls.setdefault(job_id, StallWatch(stall_timeout()))
+            key, working = job.progress()
+            still = watch.observe(key, now_m, working)
+            if still is not None:
+                report = job.stall_report()
+                job.event(time.time(), "job-stalled", stalled_s=round(still, 1), **report)
+                logger.warning("dscar job %s has not moved on for %.1f s: %s", job_id, still, report)
+        for job_id in [j for j in self._stalls if j not in self.jobs]:
+            del self._stalls[job_id]
 
     async def _probe(self, worker: str) -> bool:
         try:

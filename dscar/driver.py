@@ -502,6 +502,10 @@ class _Run:
             new = new[self._seen :]
         self.events.extend(new)
         self._seen += len(new)
+        for e in new:
+            if e.get("kind") == "job-stalled":  # said here too: the scheduler's log may be another machine's
+                logger.warning("job %s has not moved on for %.1f s at clock %s (%s; attempts running: %s)",
+                               self.job_id, e["stalled_s"], e["clock"], e["stage"], e.get("running"))
 
     async def _init_partitions(self, owners_msg: list, resume: list[dict] | None) -> dict | None:
         """Initial values on every owner, kernels loaded on every worker; when resuming, the newest

@@ -876,6 +876,24 @@ class JobState:
             "objectives": [[c, v] for c, v in self.objectives[-200:]], "n_objectives": len(self.objectives),
         }
 
+    def progress(self) -> tuple[Any, bool]:
+        """A key that changes whenever the job moves on (an attempt started, committed or failed, a
+        pass applied, a clock ended, a recovery step), and whether the job is working rather than
+        waiting for its driver's next clock: what ``dscar.stall.StallWatch`` watches."""
+        m = self.machine
+        key = (m.run_id, self.clock, m.stage, m.data_phase, m.recovering, tuple(sorted(self.queue.counts().items())),
+               len(self.queue.running()))
+        working = m.recovering or m.stage not in (Stage.IDLE, Stage.DONE, Stage.SKIPPED)
+        return key, working and not self.failed
+
+    def stall_report(self) -> dict[str, Any]:
+        """What a stalled job was doing (the ``job-stalled`` event): where its clock is and which
+        attempts run where."""
+        running = sorted((a.shard, a.attempt, a.worker) for a in self.queue.running())
+        return {"clock": self.clock, "stage": self.machine.stage.value, "run_id": self.run_id,
+                "recovering": self.recovering, "queue": dict(self.queue.counts()),
+                "running": [list(r) for r in running[:20]], "n_running": len(running)}
+
     def checkpoint_status(self) -> dict[str, Any] | None:
         """The newest complete checkpoint's age in clocks, the rework a loss now would cost
         (``intervals.rework_estimate``) and the period in force; None without a store."""

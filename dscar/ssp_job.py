@@ -339,6 +339,22 @@ class SspJobState(JobState):
             return []
         return self._carry(self.window.recovered(), now)
 
+    def progress(self) -> tuple[Any, bool]:
+        w = self.window
+        key = (w.epoch, w.floor, w.version, len(w.applied), w.clock_end, w.in_flight is not None, w.holding,
+               w.recovering, w.rebuilding is not None, tuple(sorted(self.queue.counts().items())),
+               len(self.queue.running()))
+        return key, self.begun and not w.done and not self.failed
+
+    def stall_report(self) -> dict[str, Any]:
+        w = self.window
+        phases: dict[str, int] = {}
+        for s in range(self.cfg.n_shards):
+            phases[w.phase(s).value] = phases.get(w.phase(s).value, 0) + 1
+        return {**super().stall_report(), "stage": "ssp", "open_clocks": w.open_clocks(), "shard_phases": phases,
+                "batch_in_flight": None if w.in_flight is None else [list(u) for u in w.in_flight.updates],
+                "clock_end": w.clock_end, "clock_end_worker": self.clock_end_worker, "holding": w.holding}
+
     def snapshot(self, live: set[str], now: float) -> dict[str, Any]:
         out = super().snapshot(live, now)
         w = self.window
