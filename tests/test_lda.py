@@ -463,8 +463,11 @@ def test_the_sampler_refuses_tables_that_do_not_match_the_assignments(inproc, sm
 def test_counts_stay_exact_when_shards_move_between_workers(inproc, small):
     res = fit(RebuildCheck(4, seed=2, early_stop=False, check_at=9), small.X, inproc, 9, n_shards=6,
               faults=[dscar.faults.slow(0, 30.0, clock=3)])
-    moved = [e for e in res.events if e["kind"] == "shard-moved"]
-    assert moved, "the slowed worker kept all its shards"
+    # a shard moves when another worker takes it (shard-moved) or when a backup of it wins there (under
+    # load the other worker may back the slowed one's attempts up rather than take its waiting shards):
+    # either way the shards' split between the workers changes
+    split = {tuple(sorted(r.shards_per_worker.items())) for r in res.history}
+    assert any(e["kind"] == "shard-moved" for e in res.events) or len(split) > 1, "every shard ran where it started"
     assert all(r.metrics["count_error"] == 0.0 for r in res.history)
     assert res.history[-1].metrics["rebuild_error"] == 0.0
     assert_tables_match(res, small.X)
