@@ -75,6 +75,9 @@ class Job:
     run_seen: int = -1  # the newest run id this worker was given work in (an older pass's apply is stale)
     #: other workers' partitions and shard states kept here (the memory tier)
     mirrors: MirrorStore = field(default_factory=MirrorStore)
+    #: set when the job ends here or the worker stops: a slowed attempt's sleep (``faults.slow``) ends
+    #: with it rather than run into the next job
+    ended: threading.Event = field(default_factory=threading.Event)
     #: a simulated loss's param partitions as they were lost (``forget``): what their restore is
     #: measured against (``dscar_perturbation``); a real crash leaves nothing to compare with
     forgotten: dict[tuple[str, int], np.ndarray] = field(default_factory=dict)
@@ -251,7 +254,7 @@ class ShardRunner:
             t2 = time.perf_counter()
             slow = self._slowdown(job, clock)
             if slow > 1:
-                self.host.stop.wait((slow - 1) * (t2 - t1))
+                job.ended.wait((slow - 1) * (t2 - t1))
                 t2 = time.perf_counter()
             key = (clock, shard, attempt)
             job.shards.stage_state(key, entry, ctx.new_state)  # installed when the pass is applied, if it commits

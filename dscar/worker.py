@@ -100,8 +100,15 @@ class ParamServer(WorkerPlugin):
         self._thread.start()
 
     def teardown(self, worker) -> None:
-        self.stop.set()
+        self._stop_all()
         worker.loop.add_callback(self.peers.close)
+
+    def _stop_all(self) -> None:
+        """The runner stops, and with it every job's waits (``Job.ended``)."""
+        self.stop.set()
+        with self._lock:
+            for job in self.jobs.values():
+                job.ended.set()
 
     # ---------------------------------------------------------------- jobs
     @property
@@ -484,7 +491,9 @@ class ParamServer(WorkerPlugin):
 
     def _h_end_job(self, job_id: str) -> dict:
         with self._lock:
-            self.jobs.pop(job_id, None)
+            job = self.jobs.pop(job_id, None)
+        if job is not None:
+            job.ended.set()
         return {"status": "OK"}
 
     def _h_info(self, job_id: str) -> dict:
@@ -521,7 +530,7 @@ class ParamServer(WorkerPlugin):
 
     def close_worker(self) -> None:
         """An injected kill on an in-process cluster: close this worker, keep the process."""
-        self.stop.set()
+        self._stop_all()
         self.worker.loop.add_callback(self.worker.close, nanny=False, executor_wait=False)
 
     async def _apeer(self, address: str, op: str, **kw) -> dict:

@@ -220,3 +220,18 @@ def test_a_restart_passes_over_a_target_that_cannot_adopt_and_gives_up_when_none
     else:  # both targets refused: nothing moved, the straggler keeps its partitions and is not restarted
         assert sorted(failed[:2]) == sorted(res.workers[1:]) and not moved
         assert "restart-abandoned" in k and "worker-restart" not in k
+
+
+@pytest.mark.timeout(60)
+def test_a_slowed_attempt_that_lost_to_its_backup_does_not_sleep_into_the_next_fit(inproc):
+    """Worker 0's clock-2 attempt sleeps 10^8 times its step (minutes); its backup wins and the fit ends.
+    The sleep ends with its job, so the next fit on the cluster, with static sharding (worker 0
+    must run its own shards), runs at once. It used to sleep on into the next fit, which then
+    waited for it (here far past the test's timeout; in the suite's shared clusters, a later test
+    ran on one worker instead of two)."""
+    slowed = dscar.fit(RowCounter(), row_data(16), inproc, n_shards=2, max_clocks=2,
+                       faults=[faults.slow(0, 1e8, clock=2)], progress=False)
+    assert "backup-attempt" in kinds(slowed)
+    res = dscar.fit(RowCounter(), row_data(16), inproc, n_shards=2, max_clocks=2, sharding="static", progress=False)
+    assert_exactly_once(res, 16)
+    assert all(len(r.shards_per_worker) == 2 for r in res.history)
