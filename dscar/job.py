@@ -881,10 +881,13 @@ class JobState:
         pass applied, a clock ended, a recovery step), and whether the job is working rather than
         waiting for its driver's next clock: what ``dscar.stall.StallWatch`` watches."""
         m = self.machine
-        key = (m.run_id, self.clock, m.stage, m.data_phase, m.recovering, tuple(sorted(self.queue.counts().items())),
-               len(self.queue.running()))
+        key = (m.run_id, self.clock, m.stage, m.data_phase, m.recovering, *self._queue_progress())
         working = m.recovering or m.stage not in (Stage.IDLE, Stage.DONE, Stage.SKIPPED)
         return key, working and not self.failed
+
+    def _queue_progress(self) -> tuple:
+        """The shard queue's part of ``progress``: shards per status, attempts running."""
+        return tuple(sorted(self.queue.counts().items())), len(self.queue.running())
 
     def stall_report(self) -> dict[str, Any]:
         """What a stalled job was doing (the ``job-stalled`` event): where its clock is and which

@@ -164,8 +164,7 @@ class ShardRunner:
         wait for ever."""
         logger.error("dscar runner: %s item of job %s failed", item.get("op"), item.get("job"), exc_info=e)
         try:
-            error = "".join(traceback.format_exception(type(e), e, e.__traceback__)[-3:]).strip()
-            self.host.call("runner_failed", job_id=item.get("job"), worker=self.host.address, error=error)
+            self.host.call("runner_failed", job_id=item.get("job"), worker=self.host.address, error=_last_frames(e))
         except Exception:
             pass  # the coordinator is gone: the job ends with it
 
@@ -412,9 +411,8 @@ class ShardRunner:
         except Exception as e:
             logger.warning("dscar clock_end of clock %s failed: %r", clock, e)
             try:
-                error = "".join(traceback.format_exception(type(e), e, e.__traceback__)[-3:]).strip()
                 self.host.call("clock_failed", job_id=job_id, clock=clock, run=item["run"], worker=self.host.address,
-                               error=error)
+                               error=_last_frames(e))
             except Exception:
                 pass
 
@@ -561,6 +559,11 @@ class ShardRunner:
             out = [[int(s), int(a)] for s, a in members if (job_id, int(s), int(a)) in self._unstarted]
             self._unstarted.difference_update((job_id, s, a) for s, a in out)
         return {"released": out}
+
+
+def _last_frames(e: BaseException) -> str:
+    """The end of ``e``'s traceback (its last frame and the message): what a failed job reports."""
+    return "".join(traceback.format_exception(type(e), e, e.__traceback__)[-3:]).strip()
 
 
 def _answered(reply: dict, owner: str, table: str, part: int) -> dict:

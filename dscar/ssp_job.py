@@ -17,6 +17,7 @@ before, while later clocks already run.
 """
 from __future__ import annotations
 
+from collections import Counter
 from functools import partial
 from typing import Any
 
@@ -342,16 +343,13 @@ class SspJobState(JobState):
     def progress(self) -> tuple[Any, bool]:
         w = self.window
         key = (w.epoch, w.floor, w.version, len(w.applied), w.clock_end, w.in_flight is not None, w.holding,
-               w.recovering, w.rebuilding is not None, tuple(sorted(self.queue.counts().items())),
-               len(self.queue.running()))
+               w.recovering, w.rebuilding is not None, *self._queue_progress())
         return key, self.begun and not w.done and not self.failed
 
     def stall_report(self) -> dict[str, Any]:
         w = self.window
-        phases: dict[str, int] = {}
-        for s in range(self.cfg.n_shards):
-            phases[w.phase(s).value] = phases.get(w.phase(s).value, 0) + 1
-        return {**super().stall_report(), "stage": "ssp", "open_clocks": w.open_clocks(), "shard_phases": phases,
+        phases = Counter(w.phase(s).value for s in range(self.cfg.n_shards))
+        return {**super().stall_report(), "stage": "ssp", "open_clocks": w.open_clocks(), "shard_phases": dict(phases),
                 "batch_in_flight": None if w.in_flight is None else [list(u) for u in w.in_flight.updates],
                 "clock_end": w.clock_end, "clock_end_worker": self.clock_end_worker, "holding": w.holding}
 
