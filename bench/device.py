@@ -92,12 +92,16 @@ def run_child(model: str, argv: list[str], workers: int) -> dict[str, Any]:
                   progress=False)
     later = [r for r in res.history if r.clock >= 2 and not r.skipped]
     steps = [t.get("compute_s", 0.0) for r in later for t in r.timings.values()]
+    # where a worker's shard stage goes outside its steps: the data, pulls and pushes (with the host/device
+    # copies they make), summed over the worker's attempts of the clock
+    split = {part: statistics.median(t.get(f"{part}_s", 0.0) for r in later for t in r.timings.values())
+             for part in ("data", "pull", "push")} if later else {}
     stages = sorted({k for r in later for k in r.stage_s})
     return {"model": model, "namespace": sorted(set(namespaces.values())), "desc": desc, "clocks": res.n_clocks,
             "setup_s": res.setup_seconds, "clock_s": statistics.median(r.seconds for r in later) if later else None,
             "step_s": statistics.median(steps) if steps else None,
             "stage_s": {k: statistics.median(r.stage_s.get(k, 0.0) for r in later) for k in stages},
-            "objective": res.history[-1].metrics.get("objective")}
+            "shard_split_s": split, "objective": res.history[-1].metrics.get("objective")}
 
 
 def run(model: str, device: str, quick: bool, workers: int, timeout: float) -> dict[str, Any]:
@@ -142,6 +146,7 @@ def format_table(rows: list[dict[str, Any]], ratios: dict[str, dict[str, Any]]) 
             continue
         f = lambda v, fmt: "-" if v is None else format(v, fmt)  # noqa: E731
         stages = " ".join(f"{k}={v * 1e3:.0f}" for k, v in r["stage_s"].items())
+        stages += "".join(f" worker_{k}={v * 1e3:.0f}" for k, v in r.get("shard_split_s", {}).items())
         lines.append(f"{r['model']:<10} {r['device']:<6} {','.join(r['namespace']):<10} {r['clocks']:>6} "
                      f"{r['setup_s']:>8.2f} {f(r['clock_s'], '.4f'):>9} {f(r['step_s'], '.4f'):>8} "
                      f"{f(r['objective'], '.8g'):>14}  {stages}")
