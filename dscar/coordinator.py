@@ -47,7 +47,7 @@ from .monitor import ThroughputMonitor
 from .partitions import PartitionMap, TableLayout, data_homes, placement_plan
 from .shards import ShardQueue
 from .ssp_job import SspJobState
-from .stall import StallWatch
+from .stall import StallWatch, workers_to_ask
 
 logger = logging.getLogger("dscar.coordinator")
 
@@ -94,6 +94,8 @@ class Coordinator(SchedulerPlugin):
         self._heard: dict[str, float] = {}
         #: job -> its stall watch (``_check_stalls``)
         self._stalls: dict[str, StallWatch] = {}
+        #: stall reports gathering their workers' stacks (kept referenced until done)
+        self._stall_reports: set[asyncio.Future] = set()
         for op in (
             "start_job", "job_spec", "placed", "begin_clock", "next", "commit", "fail", "clock_done",
             "clock_failed", "wait", "end_job", "owners", "event", "ckpt_written", "published",
@@ -195,11 +197,27 @@ class Coordinator(SchedulerPlugin):
             key, working = job.progress()
             still = watch.observe(key, now_m, working)
             if still is not None:
-                report = job.stall_report()
-                job.event(time.time(), "job-stalled", stalled_s=round(still, 1), **report)
-                logger.warning("dscar job %s has not moved on for %.1f s: %s", job_id, still, report)
+                task = asyncio.ensure_future(self._report_stall(job_id, job, still, job.stall_report()))
+                self._stall_reports.add(task)
+                task.add_done_callback(self._stall_reports.discard)
         for job_id in [j for j in self._stalls if j not in self.jobs]:
             del self._stalls[job_id]
+
+    async def _report_stall(self, job_id: str, job: JobState, still: float, report: dict[str, Any]) -> None:
+        """The stall's event and warning, with where the runner thread of each worker holding the
+        job stands (its innermost frames): a step blocked inside a library shows where."""
+        asked = workers_to_ask(report, job.workers)
+        stacks = dict(zip(asked, await asyncio.gather(*(self._runner_stack(w) for w in asked))))
+        job.event(time.time(), "job-stalled", stalled_s=round(still, 1), **report, stacks=stacks)
+        where = "".join(f"\n  runner thread of {w}:\n    " + "\n    ".join(frames) for w, frames in stacks.items())
+        logger.warning("dscar job %s has not moved on for %.1f s: %s%s", job_id, still, report, where)
+
+    async def _runner_stack(self, worker: str) -> list[str]:
+        """The innermost frames of ``worker``'s runner thread, or why there are none."""
+        try:
+            return (await asyncio.wait_for(self._pool(worker).dscar_stack(), PROBE_TIMEOUT_S))["stack"]
+        except Exception as e:  # gone, hung (no answer in time), or an older dscar there
+            return [f"no answer: {e!r}"]
 
     async def _probe(self, worker: str) -> bool:
         try:

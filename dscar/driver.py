@@ -504,8 +504,10 @@ class _Run:
         self._seen += len(new)
         for e in new:
             if e.get("kind") == "job-stalled":  # said here too: the scheduler's log may be another machine's
-                logger.warning("job %s has not moved on for %.1f s at clock %s (%s; attempts running: %s)",
-                               self.job_id, e["stalled_s"], e["clock"], e["stage"], e.get("running"))
+                where = {w: " > ".join(frames[-3:]) for w, frames in e.get("stacks", {}).items() if frames}
+                logger.warning("job %s has not moved on for %.1f s at clock %s (%s; attempts running: %s; "
+                               "runner threads at: %s)", self.job_id, e["stalled_s"], e["clock"], e["stage"],
+                               e.get("running"), where)
 
     async def _init_partitions(self, owners_msg: list, resume: list[dict] | None) -> dict | None:
         """Initial values on every owner, kernels loaded on every worker; when resuming, the newest

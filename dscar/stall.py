@@ -5,7 +5,8 @@ one by the monitor. What neither sees is a job whose workers all answer while no
 moves it on: a bug in the engine's own bookkeeping, a clock-end step that never reports. Such
 a fit would wait for ever, so the coordinator asks ``StallWatch`` every tick and, once the job's
 progress key has not changed for ``limit_s`` seconds while the job is working, reports it once
-(a ``job-stalled`` event with the job's state, and a warning in the scheduler's log).
+(a ``job-stalled`` event with the job's state and where the runner threads of the workers
+holding it stand, and a warning in the scheduler's log).
 """
 from __future__ import annotations
 
@@ -36,3 +37,13 @@ class StallWatch:
             return None
         self._reported = True
         return still
+
+
+def workers_to_ask(report: dict, job_workers: list[str]) -> list[str]:
+    """Whose runner threads a stall report looks into: the workers of the attempts running and of
+    the clock end in flight, or every worker of the job when the report names none (a stall
+    between stages may be anywhere)."""
+    named = {r[2] for r in report.get("running", ())}
+    if report.get("clock_end_worker"):
+        named.add(report["clock_end_worker"])
+    return sorted(named) if named else sorted(job_workers)

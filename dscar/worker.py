@@ -28,8 +28,10 @@ import hashlib
 import logging
 import os
 import signal
+import sys
 import threading
 import time
+import traceback
 from collections import defaultdict
 from types import ModuleType
 from typing import Any
@@ -93,7 +95,7 @@ class ParamServer(WorkerPlugin):
         self._inflight = Inflight()
         for op in ("init", "warm_up", "pull", "fetch_staged", "apply", "assign", "put_shard", "copy_shard", "end_job", "info", "adopt",
                    "checkpoint", "restore", "forget", "perturbation", "peer_lost", "peer_joined", "release", "pull_many", "summarize", "mirror",
-                   "keep_mirror", "get_mirror"):
+                   "keep_mirror", "get_mirror", "stack"):
             worker.handlers[f"dscar_{op}"] = getattr(self, f"_h_{op}")
         self.runner = ShardRunner(self, self.poll_timeout)
         self._thread = threading.Thread(target=self.runner.loop, name="dscar-loop", daemon=True)
@@ -495,6 +497,13 @@ class ParamServer(WorkerPlugin):
         if job is not None:
             job.ended.set()
         return {"status": "OK"}
+
+    def _h_stack(self, limit: int = 8) -> dict:
+        """Where this worker's runner thread stands: its innermost ``limit`` frames, innermost last
+        (a stalled job's report)."""
+        frame = sys._current_frames().get(self._thread.ident)
+        frames = [] if frame is None else traceback.extract_stack(frame)[-limit:]
+        return {"stack": [f"{os.sep.join(f.filename.split(os.sep)[-2:])}:{f.lineno} in {f.name}" for f in frames]}
 
     def _h_info(self, job_id: str) -> dict:
         with self._lock:

@@ -7,7 +7,7 @@ import dask
 import pytest
 
 import dscar
-from dscar.stall import StallWatch
+from dscar.stall import StallWatch, workers_to_ask
 
 from conftest import RowCounter, row_data
 from test_ssp_engine import _apply_all, _commit_item, _job
@@ -45,6 +45,12 @@ def test_an_ssp_jobs_progress_key_moves_with_commits_and_applies_and_its_report_
     assert report["stage"] == "ssp" and report["open_clocks"] == [1, 2, 3]
     assert [held["shards"][0]["shard"], held["shards"][0]["attempt"], "b"] in report["running"]
     assert report["shard_phases"]["running"] == 1
+
+
+def test_a_stall_report_looks_into_the_workers_it_names_or_else_every_worker():
+    assert workers_to_ask({"running": [[0, 0, "b"], [3, 1, "a"]], "clock_end_worker": None}, ["a", "b", "c"]) == ["a", "b"]
+    assert workers_to_ask({"running": [], "clock_end_worker": "c"}, ["a", "b", "c"]) == ["c"]
+    assert workers_to_ask({"running": []}, ["b", "a"]) == ["a", "b"]  # between stages: anywhere
 
 
 #: lets BlockedShard's step go (in-process workers share it; an algorithm is pickled, an Event is not)
@@ -86,5 +92,8 @@ def test_a_fit_blocked_inside_a_step_is_reported_stalled_with_the_attempt_that_r
     stalls = [e for e in res.events if blocked_shard_reported(e)]
     assert len(stalls) == 1, stalls  # once per episode
     assert stalls[0]["stage"] == "shards" and stalls[0]["stalled_s"] >= 1.0
+    holder = stalls[0]["running"][0][2]  # its runner thread is seen waiting inside the step
+    assert list(stalls[0]["stacks"]) == [holder]
+    assert any("test_stall.py" in f and f.endswith("in shard_step") for f in stalls[0]["stacks"][holder])
     assert res.n_clocks == 3
     assert any("has not moved on" in r.getMessage() for r in caplog.records if r.name == "dscar.driver")
