@@ -27,6 +27,8 @@ def test_quick_run_trains_on_the_cpu_and_reports_the_gpu_run(tmp_path):
     runs = {x["device"]: x for x in d["runs"]}
     cpu = runs["cpu"]
     assert cpu["namespace"] == ["numpy"] and cpu["clocks"] >= 2 and cpu["clock_s"] > 0 and cpu["step_s"] > 0
+    # where a worker's shard time goes besides its steps (two workers: each pulls the other's rows)
+    assert set(cpu["shard_split_s"]) == {"data", "pull", "push"} and cpu["shard_split_s"]["pull"] > 0
     gpu = runs["gpu"]  # skipped without a GPU; on one, CuPy in every worker and the same Lasso
     if d["gpu"] == "visible":
         assert gpu["namespace"] == ["cupy"] and abs(gpu["objective"] - cpu["objective"]) < 1e-6 * abs(cpu["objective"])
