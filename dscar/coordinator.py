@@ -24,8 +24,8 @@ removes it if it cannot answer within 1.5 s, instead of waiting for distributed'
 ttl sweep, which runs only every ttl; a starved but live worker answers, late.
 Shard steps run on the worker's own thread, so heartbeats flow while kernels run.
 A job whose workers all answer while it stops moving on for ``dscar.stall-timeout``
-seconds (default 60) is reported once: a ``job-stalled`` event with its state
-(``dscar.stall``).
+seconds (default 60) is reported once: a ``job-stalled`` event with its state and the
+innermost frames of the runner threads holding it (``dscar.stall``, ``dscar_stack``).
 """
 from __future__ import annotations
 
