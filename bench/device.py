@@ -91,17 +91,25 @@ def run_child(model: str, argv: list[str], workers: int) -> dict[str, Any]:
         res = fit(algo, data, lc, n_workers=workers, n_shards=args.shards, tol=args.tol, max_clocks=args.max_clocks,
                   progress=False)
     later = [r for r in res.history if r.clock >= 2 and not r.skipped]
-    steps = [t.get("compute_s", 0.0) for r in later for t in r.timings.values()]
-    # where a worker's shard stage goes outside its steps: the data, pulls and pushes (with the host/device
-    # copies they make), summed over the worker's attempts of the clock
-    split = {part: statistics.median(t.get(f"{part}_s", 0.0) for r in later for t in r.timings.values())
-             for part in ("data", "pull", "push")} if later else {}
+    worker = worker_medians(later)
     stages = sorted({k for r in later for k in r.stage_s})
     return {"model": model, "namespace": sorted(set(namespaces.values())), "desc": desc, "clocks": res.n_clocks,
             "setup_s": res.setup_seconds, "clock_s": statistics.median(r.seconds for r in later) if later else None,
-            "step_s": statistics.median(steps) if steps else None,
+            "step_s": worker["compute"],
             "stage_s": {k: statistics.median(r.stage_s.get(k, 0.0) for r in later) for k in stages},
-            "shard_split_s": split, "objective": res.history[-1].metrics.get("objective")}
+            "shard_split_s": {k: v for k, v in worker.items() if k != "compute" and v is not None},
+            "objective": res.history[-1].metrics.get("objective")}
+
+
+def worker_medians(records: list) -> dict[str, float | None]:
+    """Per part of a worker's shard stage, summed over its attempts of a clock, the median over workers and
+    clocks (None without any): its steps (``compute``), and where the rest goes (the data, pulls and pushes,
+    with the host/device copies they make)."""
+    out = {}
+    for part in ("compute", "data", "pull", "push"):
+        xs = [t.get(f"{part}_s", 0.0) for r in records for t in r.timings.values()]
+        out[part] = statistics.median(xs) if xs else None
+    return out
 
 
 def run(model: str, device: str, quick: bool, workers: int, timeout: float) -> dict[str, Any]:
