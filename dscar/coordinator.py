@@ -103,6 +103,9 @@ class Coordinator(SchedulerPlugin):
         ):
             scheduler.handlers[f"dscar_{op}"] = getattr(self, f"_h_{op}")
         self._specs: dict[str, bytes] = {}
+        #: job -> how many placements the driver reported done (``placed``): an ``until_lost`` poll
+        #: guards one placement and ends with it, not after its timeout (every wake runs every poll)
+        self._placements: dict[str, int] = {}
         #: messages to workers: a dead worker fails a message in seconds (``dscar.comm``)
         self._pool = fast_fail_pool(scheduler.connection_args, server=scheduler)
         await self._pool.start()
@@ -288,14 +291,16 @@ class Coordinator(SchedulerPlugin):
         return self._specs[job_id]
 
     async def _h_until_lost(self, job_id: str, workers: list, timeout: float = 60.0) -> dict:
-        """Long poll: returns once one of ``workers`` is lost to the job, or after ``timeout`` (the
-        driver races it against a placement: a hung target accepts the connection, never answers)."""
+        """Long poll: returns once one of ``workers`` is lost to the job, once the placement under way
+        is reported done (``placed``), or after ``timeout`` (the driver races it against a placement:
+        a hung target accepts the connection, never answers)."""
         deadline = time.monotonic() + timeout
+        placement = self._placements.get(job_id, 0)
         while True:
             job = self.jobs.get(job_id)
             gone = [w for w in workers if w not in self.scheduler.workers or (job is not None and w in job.lost)]
             left = deadline - time.monotonic()
-            if gone or job is None or left <= 0:
+            if gone or job is None or left <= 0 or self._placements.get(job_id, 0) > placement:
                 return {"lost": gone}
             await self._wait_change(left)
 
@@ -310,6 +315,7 @@ class Coordinator(SchedulerPlugin):
 
     def _h_placed(self, job_id: str, placements: list) -> dict:
         job = self.jobs[job_id]
+        self._placements[job_id] = self._placements.get(job_id, 0) + 1
         for shard, worker in placements:
             if worker in self.scheduler.workers and worker not in job.lost:
                 job.queue.set_holder(int(shard), worker)
@@ -350,6 +356,7 @@ class Coordinator(SchedulerPlugin):
         job = self.jobs.pop(job_id, None)
         self._specs.pop(job_id, None)
         self._simulated.pop(job_id, None)
+        self._placements.pop(job_id, None)
         if job is not None:  # the dashboard's last look at it (its snapshots are rate-limited)
             self._ended = job.snapshot(set(self.scheduler.workers), time.time())
         self._wake()

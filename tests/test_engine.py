@@ -1,4 +1,5 @@
 """The engine on real clusters: placement, pull/push, commits, moves, loss of a worker."""
+import asyncio
 import json
 import os
 import signal
@@ -542,6 +543,39 @@ def test_idle_long_polls_do_not_wake_each_other():
         per_clock = (cl.client.run_on_scheduler(wakes) - before) / clocks
     assert_exactly_once(res, 40)
     assert per_clock < 100, per_clock
+
+
+class PlacementWatches(RowCounter):
+    """RowCounter whose clock end counts the ``until_lost`` polls waiting on the in-process scheduler(s)."""
+
+    def clock_end(self, ctx):
+        from distributed import Scheduler
+
+        async def count() -> int:
+            n = 0
+            for task in asyncio.all_tasks():
+                coro = task.get_coro()
+                while coro is not None:  # a handler runs inside the task serving its connection
+                    if getattr(coro, "__qualname__", "") == "Coordinator._h_until_lost":
+                        n += 1
+                        break
+                    coro = getattr(coro, "cr_await", None)
+            return n
+
+        running = [s for s in list(Scheduler._instances) if s.status.name == "running"]  # (earlier tests' are closed)
+        n = sum(asyncio.run_coroutine_threadsafe(count(), s.loop.asyncio_loop).result(10) for s in running)
+        return {**super().clock_end(ctx), "watches": float(n)}
+
+
+def test_the_watches_of_a_placement_end_with_it():
+    """The driver races each shard it places against a poll that returns once the target is lost
+    (``until_lost``); the polls end when the placement is reported done. They used to wait out their
+    60 s timeout, so through every fit each change of the job ran one poll per shard (LDA, 2 workers,
+    32 shards: a third of the scheduler's CPU)."""
+    with dscar.Cluster(n_workers=2, processes=False) as cl:
+        res = dscar.fit(PlacementWatches(), row_data(64), cl, n_shards=16, max_clocks=2, policies=[])
+    assert_exactly_once(res, 64)
+    assert [rec.metrics["watches"] for rec in res.history] == [0.0, 0.0]
 
 
 def test_the_end_of_a_fit_messages_the_live_workers_not_the_one_it_lost(monkeypatch):
