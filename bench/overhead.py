@@ -22,6 +22,12 @@ policies:
   one (``clocks``); ``(calls(long) - calls(short)) / (clocks - warmup)`` is the
   count per clock without setup and teardown. Calls include the workers' long
   polls, RPCs from the driver, scheduler -> worker and worker -> worker.
+* **scheduler CPU per clock**: the CPU time of the scheduler's event-loop thread
+  (``time.thread_time`` read on that thread through ``client.run_on_scheduler``),
+  differenced between the long and the short fit as the RPC counts are: every
+  commit and long poll passes through that one thread, so what it spends bounds
+  how fast clocks can go (long polls left waiting cost CPU there on every wake without
+  adding a single call: the placement polls fixed in b870810).
 * **RPC floor** (same run, same cluster, before and after the fits): the round
   trip of distributed's built-in ``echo`` handler called through
   ``distributed.utils.sync`` from a thread of the worker process (as a worker's
@@ -120,6 +126,11 @@ def total_counts(client) -> Counter:
     return c
 
 
+def loop_cpu_s(dask_scheduler=None) -> float:
+    """CPU seconds of the thread this runs on: the scheduler's event loop (``run_on_scheduler``)."""
+    return time.thread_time()
+
+
 def diff(a: Counter, b: Counter) -> dict[str, int]:
     return {k: b.get(k, 0) - a.get(k, 0) for k in set(a) | set(b) if b.get(k, 0) != a.get(k, 0)}
 
@@ -163,17 +174,18 @@ def rpc_floor(cl: dscar.Cluster, n: int) -> dict[str, float]:
 
 
 # ------------------------------------------------------------------------------ runs
-def one_fit(cl: dscar.Cluster, n_shards: int, clocks: int) -> tuple[dscar.FitResult, dict[str, int]]:
+def one_fit(cl: dscar.Cluster, n_shards: int, clocks: int) -> tuple[dscar.FitResult, dict[str, int], float]:
+    """A fit of ``clocks`` clocks: its result, the ``dscar_*`` calls it made and the scheduler loop's CPU seconds."""
     data = {"x": np.arange(2 * n_shards, dtype=np.float64)}
-    before = total_counts(cl.client)
+    before, cpu = total_counts(cl.client), cl.client.run_on_scheduler(loop_cpu_s)
     res = dscar.fit(Trivial(), data, cl, n_shards=n_shards, max_clocks=clocks, progress=False)
-    return res, diff(before, total_counts(cl.client))
+    return res, diff(before, total_counts(cl.client)), cl.client.run_on_scheduler(loop_cpu_s) - cpu
 
 
 def measure(cl: dscar.Cluster, n_workers: int, n_shards: int, clocks: int, warmup: int) -> dict[str, Any]:
     """One repeat: a short fit (``warmup`` clocks) and a long one; ms per clock from the long one."""
-    short, c_short = one_fit(cl, n_shards, warmup)
-    long, c_long = one_fit(cl, n_shards, clocks)
+    short, c_short, cpu_short = one_fit(cl, n_shards, warmup)
+    long, c_long, cpu_long = one_fit(cl, n_shards, clocks)
     if long.n_clocks != clocks or short.n_clocks != warmup:
         raise RuntimeError(f"expected {warmup} and {clocks} clocks, got {short.n_clocks} and {long.n_clocks}")
     per_clock = {k: (c_long.get(k, 0) - c_short.get(k, 0)) / (clocks - warmup) for k in set(c_long) | set(c_short)}
@@ -184,6 +196,7 @@ def measure(cl: dscar.Cluster, n_workers: int, n_shards: int, clocks: int, warmu
         "clock_ms": [s * 1e3 for s in secs],
         "rpcs_per_clock": sum(per_clock.values()),
         "rpcs_by_handler": {k: v for k, v in sorted(per_clock.items()) if v},
+        "sched_cpu_ms_per_clock": (cpu_long - cpu_short) / (clocks - warmup) * 1e3,
         "setup_s": long.setup_seconds,
     }
 
@@ -203,6 +216,7 @@ def summarize(runs: list[dict], floors: dict[int, list[dict]]) -> list[dict[str,
             "ms_per_shard": ms / s,
             "rpcs_per_clock": statistics.median(r["rpcs_per_clock"] for r in rs),
             "rpcs_by_handler": byh,
+            "sched_cpu_ms_per_clock": statistics.median(r["sched_cpu_ms_per_clock"] for r in rs),
             "rpc_floor_ms": floor,
         }
         row["floor_ratio"] = ms / floor["worker_to_scheduler_ms"]
@@ -216,7 +230,7 @@ def summarize(runs: list[dict], floors: dict[int, list[dict]]) -> list[dict[str,
 def format_table(rows: list[dict]) -> str:
     lines = [
         f"{'workers':>7} {'shards':>6} {'ms/clock':>9} {'(repeats)':<22} {'ms/shard':>8} {'RPCs/clock':>10} "
-        f"{'floor w->s':>10} {'floor w->w':>10} {'floor drv':>9} {'x floor':>7}  target",
+        f"{'sched CPU':>9} {'floor w->s':>10} {'floor w->w':>10} {'floor drv':>9} {'x floor':>7}  target",
     ]
     for r in rows:
         f = r["rpc_floor_ms"]
@@ -225,7 +239,7 @@ def format_table(rows: list[dict]) -> str:
         ww = f"{f['worker_to_worker_ms']:.2f}" if "worker_to_worker_ms" in f else "-"
         lines.append(
             f"{r['workers']:>7} {r['shards']:>6} {r['ms_per_clock']:>9.2f} {reps:<22} {r['ms_per_shard']:>8.2f} "
-            f"{r['rpcs_per_clock']:>10.1f} {f['worker_to_scheduler_ms']:>10.2f} {ww:>10} "
+            f"{r['rpcs_per_clock']:>10.1f} {r['sched_cpu_ms_per_clock']:>9.2f} {f['worker_to_scheduler_ms']:>10.2f} {ww:>10} "
             f"{f['driver_to_scheduler_ms']:>9.2f} {r['floor_ratio']:>7.1f}  {target}"
         )
     return "\n".join(lines)
@@ -294,7 +308,7 @@ def main(argv: list[str] | None = None) -> int:
                     r["repeat"] = rep
                     runs.append(r)
                     log(t0, f"{w} worker(s) x {s} shards, repeat {rep}: {r['ms_per_clock']:.2f} ms/clock, "
-                            f"{r['rpcs_per_clock']:.1f} RPCs/clock")
+                            f"{r['rpcs_per_clock']:.1f} RPCs/clock, scheduler CPU {r['sched_cpu_ms_per_clock']:.2f} ms/clock")
             floors[w].append(rpc_floor(cl, n_echo))
     rows = summarize(runs, floors)
     load = load_average()

@@ -48,9 +48,10 @@ def test_counted_fits_count_dscar_calls_and_more_clocks_make_more_calls():
         cl.wait_for_workers(1)
         cl.client.run_on_scheduler(overhead.install_counters)
         cl.client.run(overhead.install_counters)
-        short, c_short = overhead.one_fit(cl, 4, 3)
-        long, c_long = overhead.one_fit(cl, 4, 9)
+        short, c_short, cpu_short = overhead.one_fit(cl, 4, 3)
+        long, c_long, cpu_long = overhead.one_fit(cl, 4, 9)
     assert (short.n_clocks, long.n_clocks) == (3, 9)
+    assert 0 < cpu_short < cpu_long  # the scheduler loop's CPU: more clocks cost more
     assert c_short and all(k.startswith("dscar_") for k in {*c_short, *c_long})
     assert sum(c_long.values()) >= sum(c_short.values()) + 6  # at least one call per extra clock
 
@@ -73,6 +74,7 @@ def test_quick_benchmark_writes_table_json_and_plot(quick_run):
         assert r["ms_per_clock"] == pytest.approx(r["ms_per_shard"] * s)
         assert r["rpcs_per_clock"] >= 1 and all(k.startswith("dscar_") for k in r["rpcs_by_handler"])
         assert r["rpcs_per_clock"] == pytest.approx(sum(r["rpcs_by_handler"].values()))
+        assert r["sched_cpu_ms_per_clock"] > 0  # (12 clocks' CPU on the scheduler's loop, differenced)
         floor = r["rpc_floor_ms"]
         assert 0 < floor["worker_to_scheduler_ms"] < r["ms_per_clock"]
         assert floor["driver_to_scheduler_ms"] > 0
