@@ -218,7 +218,7 @@ class Coordinator(SchedulerPlugin):
     async def _runner_stack(self, worker: str) -> list[str]:
         """The innermost frames of ``worker``'s runner thread, or why there are none."""
         try:
-            return (await asyncio.wait_for(self._pool(worker).dscar_stack(), PROBE_TIMEOUT_S))["stack"]
+            return (await self._rpc(worker, "stack", timeout=PROBE_TIMEOUT_S))["stack"]
         except Exception as e:  # gone, hung (no answer in time), or an older dscar there
             return [f"no answer: {e!r}"]
 
