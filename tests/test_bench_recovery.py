@@ -12,6 +12,8 @@ def test_quick_run_restores_from_disk_and_from_the_buddy_and_measures_the_lost_p
         assert s["n"] == d["trials"] and len(s["recovery_s"]) == s["n"] and s["recovery_s_median"] > 0
         assert s["failure_free"]["clock_s"] and s["clock_s_median_ff"] > 0
     # the buddy's copy is as of the clock before the kill (or the one before, if still travelling);
-    # the priority disk chain holds 10 % of the rows per clock: the restored rows lag behind
+    # the priority disk chain holds 10 % of the rows per clock and the bench touches 63 %: the
+    # restored rows lag ~3.5 clocks (with 28 % touched they lagged ~1, and a copy still
+    # travelling under load tied them)
     assert memory["lag_clocks_mean"] <= 1.0 and disk["lag_clocks_mean"] > memory["lag_clocks_mean"]
     assert "memory tier recovers" in stdout and "lost rows lag" in stdout
