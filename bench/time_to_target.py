@@ -38,7 +38,11 @@ dynamic + backup, its final objective the BSP run's within the model's tolerance
 
 Caveat, as in ``bench.stragglers``: 4 CPU-bound worker processes on a 2-core machine
 do not have independent capacities (while the slowed worker sleeps, the other three
-share the cores it frees), so a ratio below 1 is possible.
+share the cores it frees), so a ratio below 1 is possible. The ``cpu/wall`` column
+shows how short of cores the runs were: the workers not slowed, their steps' CPU
+seconds over the steps' wall seconds (``compute_cpu_s / compute_s``, pulls left out;
+median over repeats). 1 when every step had a core to itself; below it, the rest of
+a step's time was spent waiting for one (or for the GIL).
 """
 from __future__ import annotations
 
@@ -132,8 +136,12 @@ def run_one(cl, model: Model, target: float, s: int, strategy: str, opts: dict, 
                         progress=False, faults=[faults.slow(0, float(s))] if s > 1 else [], **opts)
     except dscar.DscarError as e:
         return {**head, "failed": True, "error": f"{type(e).__name__}: {e}"}
+    # the workers not slowed: their steps' CPU over wall time (below 1 while a step waits for a core)
+    unslowed = [t for r in res.history for w, t in r.timings.items() if w != res.workers[0]]
     return {**head, "failed": False, "reached": res.converged, "clocks": res.n_clocks,
             "seconds": sum(r.seconds for r in res.history), "objective": model.final_objective(res.params),
+            "compute_s": sum(t.get("compute_s", 0.0) for t in unslowed),
+            "compute_cpu_s": sum(t.get("compute_cpu_s", 0.0) for t in unslowed),
             "ahead": [r.ahead for r in res.history], "loadavg_1m_after": (load_average() or [None])[0]}
 
 
@@ -164,6 +172,8 @@ def analyse(runs: list[dict], model: Model, names: list[str], n_workers: int = N
                          # > 0: worse than BSP's final model (lower objectives are better for both models)
                          "objective_vs_bsp": (obj - bsp_obj) / abs(bsp_obj) if bsp_obj else None,
                          "objective": obj,
+                         "cpu_share": _med([r["compute_cpu_s"] / r["compute_s"] for r in runs_
+                                            if r.get("compute_s")]),
                          "runs": len(runs_),
                          "not_reached": sum(1 for r in runs if r["model"] == model.name and r["strategy"] == st
                                             and r["slowdown"] == s and not r["failed"] and not r["reached"]),
@@ -191,12 +201,12 @@ def format_table(a: dict, target: float) -> str:
     lines = [f"{a['model']}: {n} workers, target {target:.6g}; no-straggler time T1 = {a['t1']:.3f} s; "
              f"ideal = T1 * {n} / ({n - 1} + 1/s)",
              f"{'strategy':<16} {'s':>2} {'time s':>8} {'ideal s':>8} {'ratio':>6} {'clocks':>6} "
-             f"{'objective':>11} {'vs bsp':>7}  runs"]
+             f"{'objective':>11} {'vs bsp':>7} {'cpu/wall':>8}  runs"]
     for r in a["rows"]:
         vs = "" if r["objective_vs_bsp"] is None else f"{r['objective_vs_bsp']:+.2%}"
         extra = "".join(f", {r[k]} {k.replace('_', ' ')}" for k in ("not_reached", "failed") if r[k])
         lines.append(f"{r['strategy']:<16} {r['slowdown']:>2} {r['seconds']:>8.3f} {r['ideal']:>8.3f} {r['ratio']:>6.2f} "
-                     f"{r['clocks']:>6.1f} {r['objective']:>11.6g} {vs:>7}  {r['runs']}{extra}")
+                     f"{r['clocks']:>6.1f} {r['objective']:>11.6g} {vs:>7} {r['cpu_share']:>8.2f}  {r['runs']}{extra}")
     return "\n".join(lines)
 
 

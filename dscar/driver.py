@@ -58,7 +58,10 @@ class ClockRecord:
     seconds: float
     metrics: dict[str, float]
     shards_per_worker: dict[str, int]
-    timings: dict[str, dict[str, float]]  # per worker: data_s, pull_s, compute_s, push_s
+    #: per worker, summed over its attempts: data_s, pull_s, compute_s, push_s (wall seconds) and
+    #: compute_cpu_s (the runner thread's CPU in compute_s: less while a step waits, for a core, the GIL
+    #: or a GPU)
+    timings: dict[str, dict[str, float]]
     #: wall seconds per stage on the coordinator: rebuild, shards, apply, clock_end (and per data
     #: phase: "shards:<phase>", "apply:<phase>"); clock_end_compute is the algorithm's own work
     stage_s: dict[str, float]

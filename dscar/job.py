@@ -25,7 +25,7 @@ from .clock import Apply, ClockMachine, Recover, RunClockEnd, Skip, Stage, Start
 from .errors import ShardFailedError
 from .intervals import FixedSchedule, IntervalPlanner, rework_estimate
 from .ledger import INITIAL_STATE, CheckpointLedger, RecoveryPlan, plan_recovery
-from .monitor import ThroughputMonitor
+from .monitor import ThroughputMonitor, step_seconds
 from .partitions import PartitionMap
 from .policies import Backup, ControllerView, Policy, Restart, Running, SetBatchScale
 from .shards import Attempt, ShardQueue
@@ -464,9 +464,7 @@ class JobState:
         started = None if mine is None else mine.started
         self._note_move(mine, timings)
         if not rebuild:
-            # the step's own time: a shard's data moving to this worker is not the worker's slowness
-            step = sum(float(v) for k, v in timings.items() if k != "data_s") if timings else (
-                None if started is None else now - started)
+            step = step_seconds(timings) if timings else (None if started is None else now - started)
             if step is not None:
                 self.monitor.record(worker, step)
         if not current or not self.machine.handing_out:

@@ -34,6 +34,17 @@ from collections import defaultdict, deque
 from dataclasses import dataclass
 
 
+#: the parts of an attempt's timings (``ShardRunner._attempt``) that are the worker's own step: not
+#: ``data_s`` (a shard's data moving to the worker is not its slowness), not ``compute_cpu_s`` (a part
+#: of ``compute_s``: the step's CPU, less than its wall time while it waits for a core)
+STEP_PARTS = ("pull_s", "compute_s", "push_s")
+
+
+def step_seconds(timings: dict[str, float]) -> float:
+    """An attempt's step time, as the monitor records it."""
+    return sum(float(timings.get(k, 0.0)) for k in STEP_PARTS)
+
+
 @dataclass(frozen=True)
 class WorkerStats:
     worker: str

@@ -245,12 +245,12 @@ class ShardRunner:
                 self._restore_state(job, shard, entry, item)
             ctx = ShardStep(self, job, clock, shard, entry.state, item.get("batch_scale", 1.0), item.get("phase"),
                             item.get("restored"))
-            t1 = time.perf_counter()
+            c1, t1 = time.thread_time(), time.perf_counter()
             if item["op"] == "rebuild":
                 job.algorithm.rebuild_step(ctx, entry.data)
             else:
                 job.algorithm.shard_step(ctx, entry.data)
-            t2 = time.perf_counter()
+            c2, t2 = time.thread_time(), time.perf_counter()
             slow = self._slowdown(job, clock)
             if slow > 1:
                 job.ended.wait((slow - 1) * (t2 - t1))
@@ -259,7 +259,8 @@ class ShardRunner:
             job.shards.stage_state(key, entry, ctx.new_state)  # installed when the pass is applied, if it commits
             staged = self._stage(job, key, run, ctx.updates, ctx.phase)
             t3 = time.perf_counter()
-            return {"data_s": t1 - t0, "pull_s": ctx.pull_s, "compute_s": t2 - t1 - ctx.pull_s, "push_s": t3 - t2}, staged
+            return {"data_s": t1 - t0, "pull_s": ctx.pull_s, "compute_s": t2 - t1 - ctx.pull_s,
+                    "compute_cpu_s": c2 - c1 - ctx.pull_cpu_s, "push_s": t3 - t2}, staged
         except _Stopped:
             raise
         except Exception as e:
@@ -592,7 +593,8 @@ class ShardStep:
         self.batch_scale = float(batch_scale)  # this worker's share of a fixed global batch
         self.new_state: dict = {}
         self.updates: list = []
-        self.pull_s = 0.0
+        #: seconds this step spent fetching rows (wall), and of that this thread's CPU seconds
+        self.pull_s, self.pull_cpu_s = 0.0, 0.0
         #: under SSP reduction tables are read per clock: a step sees the previous clock's sums
         self._sums = clock - 1 if job.ssp else None
 
@@ -606,21 +608,26 @@ class ShardStep:
         sums = self._sums if self._job.specs[table].kind == "reduction" else None
         cache = self._job.pull_cache
         own = cache if self._job.ssp else None  # its written-back updates: the fetched rows must hold them
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.thread_time()
         if self._server.is_small(self._job, table):  # every small table at once, then slices of it
             small = cache.get(SMALL)
             if small is None or (sums is not None and small[0] != sums):
                 small = (self._sums, self._server.read_small_tables(self._job, self._sums, own))
                 cache.put(SMALL, small)
-                self.pull_s += time.perf_counter() - t0
+                self._pulled(t0, c0)
             return small[1][table][start:stop]
         key = (table, start, stop, sums)
         rows = cache.get(key)
         if rows is None:
             rows = self._server.read_rows(self._job, table, start, stop, self._sums, own)
             cache.put(key, rows)
-            self.pull_s += time.perf_counter() - t0
+            self._pulled(t0, c0)
         return rows
+
+    def _pulled(self, t0: float, c0: float) -> None:
+        """Count a fetch begun at ``t0`` (wall clock) and ``c0`` (this thread's CPU clock) as pull time."""
+        self.pull_s += time.perf_counter() - t0
+        self.pull_cpu_s += time.thread_time() - c0
 
     def add(self, table: str, values, start: int = 0) -> None:
         """Add ``values`` to rows ``[start, start + len(values))`` of ``table`` if this attempt commits."""
@@ -634,9 +641,9 @@ class ShardStep:
 
     def pull_rows(self, table: str, rows):
         """Rows ``rows`` (any order, repeats allowed) of ``table`` as of this clock's start."""
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.thread_time()
         out = self._server.read_row_set(self._job, table, rows, self._sums)
-        self.pull_s += time.perf_counter() - t0
+        self._pulled(t0, c0)
         return out
 
     def add_rows(self, table: str, rows, values) -> None:

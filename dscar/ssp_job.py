@@ -23,6 +23,7 @@ from typing import Any
 
 from .errors import ShardFailedError
 from .job import ApplyPass, Checkpoint, Effect, JobConfig, JobState, StartRecovery
+from .monitor import step_seconds
 from .partitions import PartitionMap
 from .shards import Attempt, ShardQueue, ShardStatus
 from .ssp import ApplyBatch, ClockWindow, RunClockEnd, ShardPhase, SkipClock, StartRebuild
@@ -230,7 +231,7 @@ class SspJobState(JobState):
         self.last_seen[worker] = now
         self._note_move(next((a for a in self.queue.running_attempts(shard) if a.attempt == attempt), None), timings)
         if not rebuild and timings:
-            self.monitor.record(worker, sum(float(v) for k, v in timings.items() if k != "data_s"))
+            self.monitor.record(worker, step_seconds(timings))
         if not self.window.accepts(shard, clock, run_id):
             return False, []
         self._started(worker, shard, attempt)

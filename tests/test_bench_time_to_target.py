@@ -10,22 +10,24 @@ class _Model:
     tol = 0.01
 
 
-def _run(strategy, s, seconds, objective=1.0, reached=True):
+def _run(strategy, s, seconds, objective=1.0, reached=True, cpu_s=1.0):
     return {"model": "m", "strategy": strategy, "slowdown": s, "seconds": seconds, "clocks": 8, "objective": objective,
-            "failed": False, "reached": reached}
+            "failed": False, "reached": reached, "compute_s": 2.0, "compute_cpu_s": cpu_s}
 
 
 def test_time_to_target_is_judged_against_the_capacity_ideal_and_the_backup_strategy():
     names = ["bsp", "dynamic+backup", "ssp-1"]
     runs = []
     for s in ttt.SLOWDOWNS:
-        runs += [_run("bsp", s, 1.0 * s), _run("dynamic+backup", s, 1.2), _run("ssp-1", s, 1.1, objective=1.005)]
+        runs += [_run("bsp", s, 1.0 * s), _run("dynamic+backup", s, 1.2),
+                 _run("ssp-1", s, 1.1, objective=1.005, cpu_s=1.2)]
     runs.append(_run("ssp-1", 4, 99.0, reached=False))  # not reached: left out of the median, counted
     a = ttt.analyse(runs, _Model(), names)
     assert a["t1"] == 1.0  # the fastest strategy at s = 1
     row = next(r for r in a["rows"] if r["strategy"] == "ssp-1" and r["slowdown"] == 4)
     assert row["ideal"] == 4 / (3 + 1 / 4) and row["seconds"] == 1.1 and row["not_reached"] == 1
     assert abs(row["objective_vs_bsp"] - 0.005) < 1e-12
+    assert row["cpu_share"] == 0.6  # its steps' CPU over their wall time: short of cores 40 % of the time
     t = {(x["strategy"], x["slowdown"]): x for x in ttt.targets(a)}
     assert set(t) == {("ssp-1", 4), ("ssp-1", 8)}
     assert t[("ssp-1", 4)]["within_1_10"] and t[("ssp-1", 4)]["faster_than_backup"] and t[("ssp-1", 4)]["objective_ok"]

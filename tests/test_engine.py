@@ -61,6 +61,32 @@ def test_a_fast_worker_takes_shards_from_a_slow_one_and_the_data_moves(inproc):
     assert moved and all(e["source"] == first and e["target"] == second and e["shard"] < 4 for e in moved)
 
 
+class SpinningRowCounter(RowCounter):
+    """Each step first spins until its thread has used ``spin`` CPU seconds."""
+
+    def __init__(self, spin: float):
+        super().__init__()
+        self.spin = spin
+
+    def shard_step(self, ctx, data):
+        c0 = time.thread_time()
+        while time.thread_time() - c0 < self.spin:
+            pass
+        super().shard_step(ctx, data)
+
+
+def test_a_steps_cpu_time_is_reported_beside_its_wall_time(inproc):
+    """``compute_cpu_s`` is the runner thread's CPU within ``compute_s``: all of a spinning step's, none
+    of a sleeping one's (what a step spends waiting, for a core or here for the sleep, is the difference)."""
+    def total(res, key):
+        return sum(t[key] for t in res.history[0].timings.values())
+
+    slept = dscar.fit(RowCounter(sleep=0.05), row_data(8), inproc, n_shards=4, max_clocks=1)
+    assert total(slept, "compute_s") >= 4 * 0.05 and total(slept, "compute_cpu_s") < 4 * 0.02
+    spun = dscar.fit(SpinningRowCounter(0.05), row_data(8), inproc, n_shards=4, max_clocks=1)
+    assert total(spun, "compute_s") >= total(spun, "compute_cpu_s") >= 4 * 0.05
+
+
 def test_file_data_is_read_by_the_workers(inproc, tmp_path):
     X, y, _ = make_regression(1200, 30, 5, seed=2)
     np.save(tmp_path / "X.npy", X)
