@@ -36,6 +36,11 @@ with ``T1`` the fastest strategy's median time at s = 1. Ratio = median / ideal.
 acceptance (issue 14): SSP within 1.10x of the ideal at s = 4 and 8, faster than
 dynamic + backup, its final objective the BSP run's within the model's tolerance.
 
+``--models sleep`` adds the clean capacity model of ``bench.stragglers`` (``SleepStep``:
+32 shards whose steps sleep 30 ms, 20 with ``--quick``, using no CPU) with the target
+"every row updated ``ref_clocks`` times": there the workers' capacities are independent
+on any machine, so the strategies differ only in how the engine schedules the work.
+
 Caveat, as in ``bench.stragglers``: 4 CPU-bound worker processes on a 2-core machine
 do not have independent capacities (while the slowed worker sleeps, the other three
 share the cores it frees), so a ratio below 1 is possible. The ``cpu/wall`` column
@@ -57,6 +62,7 @@ import numpy as np
 
 import dscar
 from bench.common import load_average, machine_info, pyplot, write_json
+from bench.stragglers import SleepStep
 from dscar import faults
 
 SLOWDOWNS = (1, 2, 4, 8)
@@ -126,7 +132,38 @@ def lda_model(quick: bool) -> Model:
                  / wl.info["n_tokens"], wl.info)
 
 
-MODELS = {"mlr": mlr_model, "lda": lda_model}
+class SleepToTarget(SleepStep):
+    """``bench.stragglers``' ``SleepStep`` (each shard step sleeps ``work_s`` and counts its rows) that
+    stops once ``target`` is reached: its objective is minus the row updates applied."""
+
+    name = "sleep-to-target"
+    max_staleness = 4  # a counter: any order of its updates gives the same counts
+
+    def __init__(self, work_s: float, target: float | None = None):
+        super().__init__(work_s)
+        self.target = target
+
+    def clock_end(self, ctx):
+        m = super().clock_end(ctx)
+        return {**m, "objective": -m["objective"]}
+
+    def converged(self, history, tol) -> bool:
+        done = [h["objective"] for h in history if "objective" in h]  # a skipped clock has no metrics
+        return self.target is not None and bool(done) and done[-1] <= self.target
+
+
+def sleep_model(quick: bool) -> Model:
+    """The clean capacity model (``--models sleep``): steps that sleep use no CPU, so the workers'
+    capacities are independent even with fewer cores than workers, and the strategies differ only in
+    how the engine schedules the work. The target is the updates of ``ref_clocks`` clocks."""
+    n_rows, n_shards, work_s = 3200, 32, 0.02 if quick else 0.03
+    return Model("sleep", lambda target: SleepToTarget(work_s, target), {"row": np.arange(n_rows, dtype=np.int64)},
+                 n_shards, 8 if quick else 15, lambda m: m["objective"], 0.0,
+                 lambda params: -float(params["count"].sum()),
+                 {"work_s": work_s, "n_rows": n_rows, "work_per_clock_s": work_s * n_shards})
+
+
+MODELS = {"mlr": mlr_model, "lda": lda_model, "sleep": sleep_model}
 
 
 def run_one(cl, model: Model, target: float, s: int, strategy: str, opts: dict, repeat: int) -> dict[str, Any]:
@@ -237,7 +274,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.stragglers --to-target", description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="small data, 1 repeat, s in {1, 4} (~2 min)")
     ap.add_argument("--repeats", type=int, default=None, help="repeats (default 3, 1 with --quick)")
-    ap.add_argument("--models", default="mlr,lda", help="comma-separated of mlr, lda")
+    ap.add_argument("--models", default="mlr,lda",
+                    help="comma-separated of mlr, lda, sleep (steps that sleep: the clean capacity model)")
     ap.add_argument("--slowdowns", default=None, help="comma-separated slowdowns (default 1,2,4,8; 1,4 with --quick)")
     ap.add_argument("--workers", type=int, default=N_WORKERS,
                     help=f"worker processes, one of them slowed (default {N_WORKERS}, the issue's setting; on a "

@@ -1,6 +1,8 @@
 """bench.time_to_target: the medians, the ideal, the acceptance rows (pure), and the entry point."""
 from __future__ import annotations
 
+import pytest
+
 from bench import stragglers
 from bench import time_to_target as ttt
 
@@ -55,3 +57,19 @@ def test_ssp_rows_stop_at_the_models_max_staleness():
 def test_stragglers_to_target_hands_over_and_an_unknown_model_exits_2(capsys):
     assert stragglers.main(["--to-target", "--models", "nope"]) == 2
     assert "unknown model" in capsys.readouterr().err
+
+
+@pytest.mark.timeout(600)
+def test_quick_run_on_the_sleep_model_reaches_the_target_with_every_strategy(quick_bench):
+    """End to end on worker processes: every strategy, SSP included, applies the target's row updates
+    (a counter: exact), and the steps' CPU share is near 0 because they sleep (``compute_cpu_s``)."""
+    stdout, d, png = quick_bench("time_to_target", "--models", "sleep")
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and "cpu/wall" in stdout
+    [a] = d["analyses"]
+    assert a["model"] == "sleep" and a["target"] == -3200 * a["ref_clocks"]
+    assert {(r["strategy"], r["slowdown"]) for r in a["rows"]} == {
+        (st, s) for st in ("bsp", "dynamic", "dynamic+backup", "ssp-1", "ssp-2", "ssp-4") for s in (1, 4)}
+    for r in a["rows"]:
+        assert r["runs"] == 1 and not r["failed"] and not r["not_reached"], r
+        assert r["objective"] <= a["target"] and r["cpu_share"] < 0.5, r
+    assert {(t["strategy"], t["slowdown"]) for t in d["targets"]} == {("ssp-1", 4), ("ssp-2", 4), ("ssp-4", 4)}
