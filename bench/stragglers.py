@@ -200,17 +200,10 @@ def make_workloads(quick: bool, only: set[str] | None) -> list[Workload]:
     from dscar.algorithms.datasets import lasso_alpha_max, make_regression
     from dscar.algorithms.lasso import LassoCD
 
-    out = []
-    n_rows = 3200
     clocks = 6 if quick else 10
-    # 64 shards of half the work: same work per clock, finer balance, twice the per-shard overhead
-    synth = [(32, 0.02 if quick else 0.03)] + ([] if quick else [(64, 0.015)])
-    for n_shards, work_s in synth:
-        out.append(Workload(
-            f"synthetic-{n_shards}", "synthetic", lambda w=work_s: SleepStep(w),
-            {"row": np.arange(n_rows, dtype=np.int64)}, n_shards, clocks,
-            {"work_s": work_s, "n_rows": n_rows, "work_per_clock_s": work_s * n_shards},
-        ))
+    out = [synthetic_workload(quick, clocks)]
+    if not quick:  # 64 shards of half the work: same work per clock, finer balance, twice the per-shard overhead
+        out.append(synthetic_workload(quick, clocks, n_shards=64, work_s=0.015))
     # Lasso: a working set of up to `cap` coordinates makes each shard's Gram block the main cost
     n, p, k_inf, cap = (16_000, 256, 100, 128) if quick else (96_000, 512, 200, 256)
     X, y, _ = make_regression(n, p, k_inf, seed=0)
@@ -226,6 +219,16 @@ def make_workloads(quick: bool, only: set[str] | None) -> list[Workload]:
     if only:
         out = [w for w in out if w.name in only or w.kind in only]
     return out
+
+
+def synthetic_workload(quick: bool, clocks: int, n_shards: int = 32, work_s: float | None = None) -> Workload:
+    """The clean capacity model: ``SleepStep`` over 3200 rows (steps of 30 ms, 20 ms with ``--quick``)."""
+    n_rows, work_s = 3200, (0.02 if quick else 0.03) if work_s is None else work_s
+    return Workload(
+        f"synthetic-{n_shards}", "synthetic", lambda: SleepStep(work_s),
+        {"row": np.arange(n_rows, dtype=np.int64)}, n_shards, clocks,
+        {"work_s": work_s, "n_rows": n_rows, "work_per_clock_s": work_s * n_shards},
+    )
 
 
 def lda_workload(quick: bool, clocks: int) -> Workload:

@@ -58,11 +58,9 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
-import numpy as np
-
 import dscar
 from bench.common import load_average, machine_info, pyplot, write_json
-from bench.stragglers import SleepStep
+from bench.stragglers import SleepStep, synthetic_workload
 from dscar import faults
 
 SLOWDOWNS = (1, 2, 4, 8)
@@ -153,14 +151,13 @@ class SleepToTarget(SleepStep):
 
 
 def sleep_model(quick: bool) -> Model:
-    """The clean capacity model (``--models sleep``): steps that sleep use no CPU, so the workers'
-    capacities are independent even with fewer cores than workers, and the strategies differ only in
-    how the engine schedules the work. The target is the updates of ``ref_clocks`` clocks."""
-    n_rows, n_shards, work_s = 3200, 32, 0.02 if quick else 0.03
-    return Model("sleep", lambda target: SleepToTarget(work_s, target), {"row": np.arange(n_rows, dtype=np.int64)},
-                 n_shards, 8 if quick else 15, lambda m: m["objective"], 0.0,
-                 lambda params: -float(params["count"].sum()),
-                 {"work_s": work_s, "n_rows": n_rows, "work_per_clock_s": work_s * n_shards})
+    """``bench.stragglers``' clean capacity model (``--models sleep``): steps that sleep use no CPU, so the
+    workers' capacities are independent even with fewer cores than workers, and the strategies differ
+    only in how the engine schedules the work. The target is the updates of ``ref_clocks`` clocks."""
+    wl = synthetic_workload(quick, 0)
+    return Model("sleep", lambda target: SleepToTarget(wl.info["work_s"], target), wl.data, wl.n_shards,
+                 8 if quick else 15, lambda m: m["objective"], 0.0, lambda params: -float(params["count"].sum()),
+                 wl.info)
 
 
 MODELS = {"mlr": mlr_model, "lda": lda_model, "sleep": sleep_model}
