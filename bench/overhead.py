@@ -126,7 +126,7 @@ def total_counts(client) -> Counter:
     return c
 
 
-def loop_cpu_s(dask_scheduler=None) -> float:
+def loop_cpu_s() -> float:
     """CPU seconds of the thread this runs on: the scheduler's event loop (``run_on_scheduler``)."""
     return time.thread_time()
 
