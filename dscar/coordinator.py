@@ -412,9 +412,9 @@ class Coordinator(SchedulerPlugin):
             victim, members = ask
             try:
                 r = await self._rpc(victim, "release", timeout=RELEASE_TIMEOUT_S, job_id=job.cfg.job_id,
-                                    members=[list(m) for m in members])
+                                    item=job.item_of.get(victim), members=[list(m) for m in members])
                 released = r.get("released", [])
-            except Exception:  # gone or hung: its loss or a backup deals with its shards
+            except Exception:  # gone, hung or late: its loss, a backup or its commit's ``released`` deal with them
                 released = []
             job.released(victim, members, released, time.time())
             return self._item_for(worker)
@@ -425,14 +425,19 @@ class Coordinator(SchedulerPlugin):
                    for j in self.jobs.values())
 
     def _h_commit(self, job_id: str, clock: int, run: int, worker: str, commits: list[dict],
-                  rebuild: bool = False) -> dict:
+                  rebuild: bool = False, released: list | None = None) -> dict:
         """Grant or refuse the commits of a batch's attempts (each ``{"shard", "attempt", "timings"}``;
         ``rebuild``: the batch is of the rebuild pass); the answer carries the worker's next work item,
-        if one is ready."""
+        if one is ready. ``released``: the batch's members the worker gave back unstarted, so those
+        whose release answer came too late are queued again, not left running nowhere."""
         self._alive(worker)
         job = self.jobs.get(job_id)
         if job is None:
             return {"granted": [False] * len(commits), "next": None}
+        if released:
+            back = [(int(s), int(a)) for s, a in released]
+            job.released(worker, back, back, time.time())
+            self._wake()
         granted = []
         for c in commits:
             ok, effects = job.commit(worker, int(c.get("clock", clock)), run, c["shard"], c["attempt"], time.time(),

@@ -156,9 +156,14 @@ class JobState:
         self.stragglers: dict[str, str] = {}
         #: workers a policy decided to restart at the next clock boundary
         self.pending_restarts: list[str] = []
-        #: worker -> (shard, attempt) of batch members handed to it that may not have started
+        #: worker -> (shard, attempt) of the members of its last work item that may not have started
         #: (the first of a batch starts at once); a pass start, a commit or a failure drops them
         self.batched: dict[str, list[tuple[int, int]]] = {}
+        #: worker -> id of the last work item handed to it: a release names it, so a worker asked
+        #: before that item reached it gives the members back all the same (``ShardRunner.release``)
+        self.item_of: dict[str, int] = {}
+        #: work items handed out so far (item ids count up from 1)
+        self.items_handed = 0
         #: worker -> (hand-out time, shards) of the shard-pass work item it is running, until it
         #: commits or fails (whatever clock it is of): the monitor's evidence of a worker that
         #: does not finish, since backups may win its shards and close the pass without it
@@ -320,7 +325,7 @@ class JobState:
                     if b is None:
                         break
                     batch.append(b)
-                self.batched[worker] = self.batched.get(worker, []) + [(b.shard, b.attempt) for b in batch[1:]]
+            self.batched[worker] = [(b.shard, b.attempt) for b in batch[1:]]  # its earlier items are done
             if self.machine.stage is not Stage.REBUILD:
                 self.running_items[worker] = (now, len(batch))
             return self._item(batch, self.machine.stage is Stage.REBUILD)
@@ -422,7 +427,8 @@ class JobState:
     def released(self, worker: str, asked: list[tuple[int, int]], released: list[tuple[int, int]],
                  now: float) -> None:
         """``worker`` gave back the ``released`` members of those ``asked`` (it never started them);
-        the others have started: they are not asked for again."""
+        the others have started, or the answer came too late to be heard (then the worker's commit
+        names them again): they are not asked for again."""
         done = {(int(s), int(a)) for s, a in asked}
         back = [(int(s), int(a)) for s, a in released if self.queue.release(int(s), int(a), worker)]
         self.batched[worker] = [m for m in self.batched.get(worker, []) if m not in done]
@@ -438,8 +444,10 @@ class JobState:
             if entry is not None:
                 member["state_file"] = entry
             shards.append(member)
-        item = {"op": "rebuild" if rebuild else "shard", "job": self.cfg.job_id, "clock": self.machine.clock,
-                "run": self.machine.run_id, "owners": self.pmap.to_msg(),
+        self.items_handed += 1
+        self.item_of[batch[0].worker] = self.items_handed
+        item = {"op": "rebuild" if rebuild else "shard", "job": self.cfg.job_id, "item": self.items_handed,
+                "clock": self.machine.clock, "run": self.machine.run_id, "owners": self.pmap.to_msg(),
                 "batch_scale": self.batch_scale.get(batch[0].worker, 1.0), "shards": shards}
         if rebuild and self.restored_rows:
             item["restored"] = {t: [list(r) for r in rs] for t, rs in self.restored_rows.items()}

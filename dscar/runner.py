@@ -125,10 +125,17 @@ class ShardRunner:
         self.host = host
         #: seconds a ``dscar_next`` long poll waits for work
         self.poll_timeout = poll_timeout
-        #: guards ``_unstarted`` and a job's per-item fields (owners, pull cache)
+        #: guards the release bookkeeping below and a job's per-item fields (owners, pull cache)
         self._lock = threading.RLock()
         #: (job, shard, attempt) of the running batch's members not started yet (``dscar_release``)
         self._unstarted: set[tuple[str, int, int]] = set()
+        #: [shard, attempt] of the running batch's members given back: its commit names them
+        self._given_back: list[list[int]] = []
+        #: job -> id of the newest work item of it this runner has taken up
+        self._item_seen: dict[str, int] = {}
+        #: (job, item, shard, attempt) given back before their item reached this runner: when it
+        #: does, they are skipped (the coordinator handed them to another worker meanwhile)
+        self._released_early: set[tuple[str, int, int, int]] = set()
 
     def loop(self) -> None:
         """The worker's own thread: ask for work (a long poll), run it, commit; until stopped."""
@@ -183,7 +190,10 @@ class ShardRunner:
         commits = []
         staged: dict[tuple[int, int], list] = {}  # (shard, clock) -> the updates its attempt staged here
         with self._lock:  # the members after the first may be released to another worker until they start
-            self._unstarted = {(item["job"], a["shard"], a["attempt"]) for a in attempts[1:]}
+            early = self._take_up(item)
+            self._unstarted = {(item["job"], a["shard"], a["attempt"]) for a in attempts[1:]
+                               if (a["shard"], a["attempt"]) not in early}
+            self._given_back = [list(m) for m in sorted(early)]
         try:
             job = self.host.job(item["job"])
             self._prepare(job, item)
@@ -204,11 +214,14 @@ class ShardRunner:
             for a in attempts:
                 self._fail(a, e)
             return None
-        if not commits:
+        with self._lock:
+            given_back, self._given_back = self._given_back, []
+        if not commits and not given_back:
             return None
         try:
             r = self.host.call("commit", job_id=item["job"], clock=item["clock"], run=item["run"],
-                               worker=self.host.address, commits=commits, rebuild=item["op"] == "rebuild")
+                               worker=self.host.address, commits=commits, rebuild=item["op"] == "rebuild",
+                               released=given_back)
         except Exception as e:
             for a in attempts:
                 if any(c["shard"] == a["shard"] and c["attempt"] == a["attempt"] for c in commits):
@@ -305,9 +318,10 @@ class ShardRunner:
     def _shard_entry(self, job: Job, shard: int, fetch_from: str | None, backup: bool) -> ShardEntry | None:
         """The shard's data and state: held here, copied from its holder, or read from the source.
 
-        A primary attempt keeps what it fetched (the shard is here if it commits, even before
-        the pass is applied); the holder keeps its own copy until the pass is applied
-        (``ShardStore.install`` drops the copies of every worker but the winner's)."""
+        Every attempt, a backup too, keeps what it fetched: its worker becomes the holder when it
+        commits, and a loss may void the pass before it is applied, so the shard must be here
+        then. The holder keeps its own copy until the pass is applied (``ShardStore.install``
+        drops the copies of every worker but the winner's)."""
         entry = job.shards.claim(shard, fetch_from, backup)
         if entry is not None:
             return entry
@@ -324,8 +338,7 @@ class ShardRunner:
         if arrays is None:
             return None
         entry = ShardEntry(job.algorithm.prepare_shard(arrays, job.xp), {k: job.xp.asarray(v) for k, v in state.items()})
-        if not backup:
-            job.shards.put(shard, entry)
+        job.shards.put(shard, entry)
         return entry
 
     # -------------------------------------------------------------- faults
@@ -554,11 +567,32 @@ class ShardRunner:
         with self._lock:
             self._unstarted = {k for k in self._unstarted if k[0] != job_id}
 
-    def release(self, job_id: str, members: list) -> dict:
-        """Give back the batch members (``[shard, attempt]``) not started yet: an idle worker runs them."""
+    def _take_up(self, item: dict) -> set[tuple[int, int]]:
+        """Note ``item`` as this runner's newest of its job; the (shard, attempt) of its members
+        given back before it came. Call with ``_lock`` held."""
+        job_id, n = item["job"], item.get("item")
+        if n is None:
+            return set()
+        self._item_seen[job_id] = n
+        early = {(s, a) for j, i, s, a in self._released_early if j == job_id and i == n}
+        self._released_early = {k for k in self._released_early if k[0] != job_id or k[1] > n}
+        return early
+
+    def release(self, job_id: str, members: list, item: int | None = None) -> dict:
+        """Give back the members (``[shard, attempt]``) of work item ``item`` not started yet: an idle
+        worker runs them. An item not here yet (the coordinator asked before its answer came) gives
+        back every member asked; one this runner is done with, none."""
         with self._lock:
-            out = [[int(s), int(a)] for s, a in members if (job_id, int(s), int(a)) in self._unstarted]
-            self._unstarted.difference_update((job_id, s, a) for s, a in out)
+            seen = self._item_seen.get(job_id, 0)
+            if item is not None and item > seen:
+                out = [[int(s), int(a)] for s, a in members]
+                self._released_early.update((job_id, item, s, a) for s, a in out)
+            elif item is not None and item < seen:
+                out = []
+            else:
+                out = [[int(s), int(a)] for s, a in members if (job_id, int(s), int(a)) in self._unstarted]
+                self._unstarted.difference_update((job_id, s, a) for s, a in out)
+                self._given_back.extend(out)
         return {"released": out}
 
 

@@ -24,10 +24,11 @@ holds; shards whose holder was lost go to anyone.
 The data (and shard state) of a shard follows its commits: the *holder* is the
 worker whose store has the shard's data and state as of the last applied pass
 (placed there, or its attempt committed). An attempt on another worker copies
-them from the holder, which keeps its copy until the pass is applied; only then
-is the committed attempt's worker the holder. So a requeued, refused or stale
-attempt never leaves the holder without the data, and the holder never points
-at a worker that has not received it yet.
+them from the holder and keeps the copy (a backup too); the holder keeps its own
+until the pass is applied. The committed attempt's worker is the holder from its
+commit on, so a pass a loss voids runs again from it. So a requeued, refused or
+stale attempt never leaves the holder without the data, and the holder never
+points at a worker that has not received it yet.
 
 Phases: a clock may make several passes, each over its own contiguous range
 of shard ids (``phases``: the number of shards of each, in order; default one

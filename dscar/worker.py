@@ -560,9 +560,10 @@ class ParamServer(WorkerPlugin):
         self._inflight.revive(address, generation)
         return {"status": "OK"}
 
-    def _h_release(self, job_id: str, members: list) -> dict:
-        """Give back the batch members (``[shard, attempt]``) not started yet: an idle worker runs them."""
-        return self.runner.release(job_id, members)
+    def _h_release(self, job_id: str, members: list, item: int | None = None) -> dict:
+        """Give back the batch members (``[shard, attempt]``) of work item ``item`` not started yet:
+        an idle worker runs them."""
+        return self.runner.release(job_id, members, item)
 
     # ------------------------------------------------------------- faults
     async def _ainject(self, job: Job, point: str, clock: int = 0, phase: str | None = None) -> bool:

@@ -181,6 +181,10 @@ def test_an_idle_worker_gets_back_the_batch_members_not_started_yet():
         got = job.next_item("b", 0.0)
         assert [m["shard"] for m in got["shards"]] == [shard] and got["shards"][0]["fetch_from"] == "a"
     att = {m["shard"]: m["attempt"] for m in item["shards"]}
+    n_events = len(job.events)
+    job.released("a", [(5, att[5])], [(5, att[5])], 1.5)  # a's commit names what it gave back again
+    assert len(job.events) == n_events and [a.worker for a in job.queue.running_attempts(5)] == ["b"]
+    assert job.item_of == {"a": item["item"], "b": got["item"]} and got["item"] == item["item"] + 3
     assert job.releasable("b") == ("a", [(2, att[2]), (3, att[3])])  # 1..3 not asked yet; 4..7 never again
     # a's late commit of a released attempt is refused; its other members commit
     assert not job.commit("a", 2, item["run"], 5, item["shards"][5]["attempt"], 1.0)[0]
@@ -320,6 +324,7 @@ class JobFuzz(RuleBasedStateMachine):
         self.job.workers = list(WORKERS)
         self.now = 1.0
         self.inflight: dict[tuple[int, int], dict] = {}  # (shard, attempt) -> item, running on item["worker"]
+        self.given_late: dict[str, list[tuple[int, int]]] = {}  # released unheard: its batch's commit names them
         self.clock_end: dict | None = None
         self.staged: dict[tuple[int, int, int], int] = {}  # (clock, shard, attempt) -> run id staged under
         self.applies: list[ApplyPass] = []
@@ -334,6 +339,7 @@ class JobFuzz(RuleBasedStateMachine):
         self.step_s = step_s  # short steps: a worker's own shards come in batches
         self.batches = 0  # work items with more than one attempt
         self.released = 0  # batch members given back unstarted
+        self.released_unheard = 0  # of them, those the coordinator heard of from the batch's commit
         # where shard data lives, as the workers' shard stores (dscar.shard_store) keep it
         self.has: dict[str, set[int]] = {w: set() for w in WORKERS}  # shards in each worker's store
         self.pending: set[tuple[str, int, int, int]] = set()  # (worker, clock, shard, attempt) staged there
@@ -375,6 +381,7 @@ class JobFuzz(RuleBasedStateMachine):
     def take(self, w):
         if w in self.job.lost:
             return
+        self.name_given_late(w)  # (a worker asks once its batch is committed)
         item = self.job.next_item(w, self.tick())
         if item is None:
             return
@@ -403,8 +410,7 @@ class JobFuzz(RuleBasedStateMachine):
         if source is not None and source not in self.job.lost and current:
             assert shard in self.has[source], f"shard {shard}: {source} should hold it and does not ({item})"
             self.copies_checked += 1
-        if not item["backup"]:
-            self.has[w].add(shard)  # held here from now on (the holder keeps its copy)
+        self.has[w].add(shard)  # held here from now on, a backup's copy too (the holder keeps its copy)
         self.pending.add((w, item["clock"], shard, item["attempt"]))
 
     @precondition(lambda self: getattr(self, "inflight", None))
@@ -413,6 +419,7 @@ class JobFuzz(RuleBasedStateMachine):
         key = sorted(self.inflight)[i % len(self.inflight)]
         item = self.inflight.pop(key)
         self.run_attempt(item)
+        self.name_given_late(item["worker"])
         self.staged[(item["clock"], item["shard"], item["attempt"])] = item["run"]
         granted, effects = self.job.commit(item["worker"], item["clock"], item["run"], item["shard"],
                                            item["attempt"], self.tick(), {"compute_s": self.step_s},
@@ -420,19 +427,33 @@ class JobFuzz(RuleBasedStateMachine):
         self.handle(effects)
 
     @precondition(lambda self: getattr(self, "inflight", None))
-    @rule(w=st.sampled_from(WORKERS), give=st.integers(0, 3))
-    def idle_worker_takes_back(self, w, give):
+    @rule(w=st.sampled_from(WORKERS), give=st.integers(0, 3), unheard=st.booleans())
+    def idle_worker_takes_back(self, w, give, unheard=False):
         """``w`` finds nothing to do: a batch's worker gives back up to ``give`` members it had not
-        started (here: any still in flight), the others count as started."""
+        started (here: any still in flight), the others count as started. ``unheard``: the answer
+        comes too late, so the coordinator hears of them only from the batch's commit (its worker
+        still runs another of its attempts)."""
         ask = self.job.releasable(w)
         if ask is None:
             return
         victim, members = ask
         back = [m for m in members if m in self.inflight and self.inflight[m]["worker"] == victim][:give]
+        unheard = unheard and any(v["worker"] == victim and k not in back for k, v in self.inflight.items())
         for m in back:
             del self.inflight[m]
         self.released += len(back)
-        self.job.released(victim, members, back, self.tick())
+        if unheard:
+            self.given_late.setdefault(victim, []).extend(back)
+            self.released_unheard += len(back)
+            self.job.released(victim, members, [], self.tick())
+        else:
+            self.job.released(victim, members, back, self.tick())
+
+    def name_given_late(self, w: str) -> None:
+        """``w``'s commit names the members it gave back (``released``): ``_h_commit``."""
+        back = self.given_late.pop(w, [])
+        if back:
+            self.job.released(w, back, back, self.tick())
 
     @precondition(lambda self: getattr(self, "inflight", None))
     @rule(i=st.integers(0, 50))
@@ -442,6 +463,7 @@ class JobFuzz(RuleBasedStateMachine):
             return  # one failure per shard and clock: the limit of 3 is tested in test_shards
         item = self.inflight.pop(key)
         self.run_attempt(item)  # (it failed after getting its data)
+        self.name_given_late(item["worker"])  # (its batch's commit, or one with released members only)
         self.failures[key[:1] + (self.job.clock,)] = 1
         self.job.attempt_failed(item["worker"], item["clock"], item["run"], item["shard"], item["attempt"],
                                 "boom", self.tick())
@@ -497,6 +519,7 @@ class JobFuzz(RuleBasedStateMachine):
         if w in self.job.lost:
             return
         self.inflight = {k: v for k, v in self.inflight.items() if v["worker"] != w}
+        self.given_late.pop(w, None)
         self.has[w].clear()
         if self.clock_end is not None and self.clock_end["worker"] == w:
             self.clock_end = None
@@ -557,7 +580,8 @@ class JobFuzz(RuleBasedStateMachine):
             assert any(a.run_id == m.run_id for a in self.applies), "waits for an apply nobody carries out"
         elif m.stage in (Stage.SHARDS, Stage.REBUILD):
             running = {(a.shard, a.attempt) for a in self.job.queue.running()}
-            assert running <= set(self.inflight), "an attempt the queue waits for runs nowhere"
+            named_later = {m for back in self.given_late.values() for m in back}
+            assert running <= set(self.inflight) | named_later, "an attempt the queue waits for runs nowhere"
             assert self.job.queue.counts()["todo"] or running, "a pass with nothing to do that is not complete"
         elif m.stage is Stage.CLOCK_END:
             w = self.job.clock_end_worker
@@ -586,7 +610,8 @@ def _random_run(f: JobFuzz, rnd, steps: int, reached: set[str]) -> None:
             moves += [("commit", lambda: f.stage_and_commit(rnd.randrange(50)))] * 4
             if rnd.random() < 0.1:
                 moves.append(("fail", lambda: f.attempt_fails(rnd.randrange(50))))
-            moves.append(("take-back", lambda: f.idle_worker_takes_back(rnd.choice(WORKERS), rnd.randrange(4))))
+            moves.append(("take-back", lambda: f.idle_worker_takes_back(rnd.choice(WORKERS), rnd.randrange(4),
+                                                                        rnd.random() < 0.3)))
         if f.applies:
             moves.append(("apply", lambda: f.owners_apply({w for w in WORKERS if rnd.random() < 0.5})))
         if f.clock_end is not None:
@@ -628,9 +653,11 @@ def test_seeded_walks_reach_every_stage_and_fault_and_keep_the_invariants():
             reached.add("batch")
         if f.released:
             reached.add("released")
+        if f.released_unheard:
+            reached.add("released-unheard")
         if f.copies_checked:
             reached.add("copied")
-    for want in ("batch", "released", "copied", "lose@shards", "lose@apply", "lose@clock-end", "lose@rebuild", "skipped", "restore", "fail",
+    for want in ("batch", "released", "released-unheard", "copied", "lose@shards", "lose@apply", "lose@clock-end", "lose@rebuild", "skipped", "restore", "fail",
                  "done:4"):
         assert want in reached, sorted(reached)
     assert any(k.endswith("+recovering") for k in reached), sorted(reached)

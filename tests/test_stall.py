@@ -75,7 +75,7 @@ def test_a_fit_blocked_inside_a_step_is_reported_stalled_with_the_attempt_that_r
     coord = inproc.client.cluster.scheduler.plugins["dscar-coordinator"]
 
     def blocked_shard_reported(e) -> bool:
-        return e["kind"] == "job-stalled" and e["clock"] == 2 and [r[0] for r in e["running"]] == [0]
+        return e["kind"] == "job-stalled" and e["clock"] == 2 and 0 in [r[0] for r in e["running"]]
 
     def watcher():  # lets the step go once its stall has been reported (a loaded machine may add others)
         while not release.is_set():
@@ -92,8 +92,10 @@ def test_a_fit_blocked_inside_a_step_is_reported_stalled_with_the_attempt_that_r
     stalls = [e for e in res.events if blocked_shard_reported(e)]
     assert len(stalls) == 1, stalls  # once per episode
     assert stalls[0]["stage"] == "shards" and stalls[0]["stalled_s"] >= 1.0
-    holder = stalls[0]["running"][0][2]  # its runner thread is seen waiting inside the step
-    assert list(stalls[0]["stacks"]) == [holder]
+    # the blocked step's runner thread is seen waiting inside it; a batch member queued behind it (a
+    # busy machine may leave one there) names the same worker, or another that is asked too
+    holder = next(w for shard, _, w in stalls[0]["running"] if shard == 0)
+    assert set(stalls[0]["stacks"]) == {w for *_, w in stalls[0]["running"]}
     assert any("test_stall.py" in f and f.endswith("in shard_step") for f in stalls[0]["stacks"][holder])
     assert res.n_clocks == 3
     assert any("has not moved on" in r.getMessage() for r in caplog.records if r.name == "dscar.driver")

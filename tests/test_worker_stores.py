@@ -182,9 +182,9 @@ def test_memory_copies_keep_the_newest_and_go_with_a_crash():
     assert mirrors.get(part_key("v", 3)) is None
 
 
-def test_batch_members_not_started_when_their_pass_is_applied_are_skipped():
-    """A straggler's batch whose other members were won by backups: once the pass is applied they
-    can never commit (and their data may be gone from here), so the runner does not start them."""
+def _runner_with_steps(during=None):
+    """A shard runner whose steps do nothing but note the shard (``during(runner, shard)`` runs in
+    each), and the messages it sends the coordinator."""
     import threading
 
     from dscar.runner import Job, ShardRunner
@@ -204,21 +204,76 @@ def test_batch_members_not_started_when_their_pass_is_applied_are_skipped():
             calls.append((op, kw))
             return {"granted": [True] * len(kw.get("commits", ())), "next": None}
 
+        def peer(self, address, op, **kw):  # the holder's copy of a shard
+            calls.append((op, {"address": address, **kw}))
+            return {"status": "OK", "arrays": {"x": np.arange(3.0)}, "state": {"z": np.zeros(3)}}
+
     runner = ShardRunner(Host())
 
     def attempt(_job, a):
         ran.append(a["shard"])
-        if a["shard"] == 1:
-            runner.pass_applied("j")  # meanwhile the pass completed (backups) and was applied here
+        if during is not None:
+            during(runner, a["shard"])
         return {"compute_s": 0.0}, []
 
     runner._attempt = attempt
-    item = {"op": "shard", "job": "j", "clock": 3, "run": 5, "owners": [], "batch_scale": 1.0,
-            "shards": [{"shard": s, "attempt": 0, "fetch_from": None, "backup": False} for s in range(4)]}
-    runner._run_shards(item)
+    return runner, calls, ran
+
+
+def _batch_item(n: int, item: int = 1) -> dict:
+    return {"op": "shard", "job": "j", "item": item, "clock": 3, "run": 5, "owners": [], "batch_scale": 1.0,
+            "shards": [{"shard": s, "attempt": 0, "fetch_from": None, "backup": False} for s in range(n)]}
+
+
+def test_batch_members_not_started_when_their_pass_is_applied_are_skipped():
+    """A straggler's batch whose other members were won by backups: once the pass is applied they
+    can never commit (and their data may be gone from here), so the runner does not start them."""
+    runner, calls, ran = _runner_with_steps(lambda r, shard: shard == 1 and r.pass_applied("j"))
+    runner._run_shards(_batch_item(4))
     assert ran == [0, 1]
     [(op, kw)] = calls
-    assert op == "commit" and [c["shard"] for c in kw["commits"]] == [0, 1]
+    assert op == "commit" and [c["shard"] for c in kw["commits"]] == [0, 1] and kw["released"] == []
+
+
+def test_a_backup_keeps_the_shard_it_copied_since_its_commit_makes_its_worker_the_holder():
+    """A loss may void the pass before it is applied; it then runs again from the committed
+    attempt's worker, which must hold the shard then (with its state as of the pass's start)."""
+    runner, calls, _ = _runner_with_steps()
+    job = runner.host.job("j")
+    job.algorithm = type("Prepare", (), {"prepare_shard": staticmethod(lambda arrays, xp: dict(arrays))})()
+    entry = runner._shard_entry(job, 2, fetch_from="holder", backup=True)
+    assert calls == [("copy_shard", {"address": "holder", "job_id": "j", "shard": 2})]
+    assert job.shards.get(2) is entry and entry.state["z"].tolist() == [0.0, 0.0, 0.0]
+
+
+def test_members_given_back_while_the_batch_runs_are_skipped_and_named_in_its_commit():
+    """The coordinator may stop waiting for the release's answer (a busy machine): the commit tells
+    it again which members this worker gave back, so none is left running nowhere."""
+    answers = []
+    runner, calls, ran = _runner_with_steps(
+        lambda r, shard: shard == 0 and answers.append(r.release("j", [[2, 0], [3, 0]], item=1)))
+    runner._run_shards(_batch_item(4))
+    assert answers == [{"released": [[2, 0], [3, 0]]}] and ran == [0, 1]
+    [(op, kw)] = calls
+    assert [c["shard"] for c in kw["commits"]] == [0, 1] and kw["released"] == [[2, 0], [3, 0]]
+    assert runner.release("j", [[1, 0]], item=1) == {"released": []}  # that item is done here
+
+
+def test_a_release_that_comes_before_its_work_item_gives_the_members_back_when_it_comes():
+    """The coordinator hands a batch, then an idle worker asks for some of it back before the
+    batch's answer reached this runner: it gives them back all the same and skips them, so the
+    idle worker is not left waiting behind a step that may block for long."""
+    runner, calls, ran = _runner_with_steps()
+    assert runner.release("j", [[2, 0], [3, 0]], item=7) == {"released": [[2, 0], [3, 0]]}
+    runner._run_shards(_batch_item(4, item=6))  # an older item of the job is not touched by it
+    assert ran == [0, 1, 2, 3] and calls[-1][1]["released"] == []
+    ran.clear()
+    runner._run_shards(_batch_item(4, item=7))
+    assert ran == [0, 1]
+    assert [c["shard"] for c in calls[-1][1]["commits"]] == [0, 1] and calls[-1][1]["released"] == [[2, 0], [3, 0]]
+    ran.clear()
+    runner._run_shards(_batch_item(4, item=8))  # given back once: a later item runs whole
+    assert ran == [0, 1, 2, 3]
 
 
 def test_snapshot_saves_the_rows_that_moved_most_and_remembers_them():
