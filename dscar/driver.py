@@ -45,6 +45,8 @@ SHARDS_PER_WORKER = 4
 MIN_SHARD_BYTES = 1 << 20
 #: seconds one shard's placement on a worker may take before that worker is passed over
 PLACE_TIMEOUT_S = 60.0
+#: seconds a worker may take to set up its partitions (``init``) or kernels (``warm_up``)
+SETUP_TIMEOUT_S = 300.0
 #: gathering the model at the end: attempts (an owner may die under it) and the pause between them
 GATHER_ATTEMPTS = 5
 GATHER_RETRY_S = 0.5
@@ -389,6 +391,36 @@ class _Run:
     async def _call_worker(self, address: str, op: str, **kw) -> Any:
         return await getattr(await self._worker(address), f"dscar_{op}")(**kw)
 
+    async def _call_unless_lost(self, address: str, op: str, timeout: float, **kw) -> tuple[str, Any]:
+        """``op`` on a worker, raced against the coordinator counting it lost to the job (a hung
+        worker accepts the connection and never answers; a dead one's call fails before the
+        coordinator hears of it): ``("ok", answer)``, ``("lost", None)``, or ``("failed", error)``
+        when the call failed on the way or took over ``timeout`` s and the worker was not lost.
+        An error the worker raised is raised."""
+        call = asyncio.ensure_future(asyncio.wait_for(self._call_worker(address, op, **kw), timeout))
+        watch = asyncio.ensure_future(self.client.scheduler.dscar_until_lost(
+            job_id=self.job_id, workers=[address], timeout=timeout))
+        try:
+            await asyncio.wait({call, watch}, return_when=asyncio.FIRST_COMPLETED)
+            if not call.done() and watch.exception() is not None:
+                await asyncio.wait({call})  # the watch itself failed: the deadline decides
+            if call.done():
+                try:
+                    return "ok", call.result()
+                except (OSError, asyncio.TimeoutError) as e:
+                    if not lost_contact(e):
+                        raise
+                    error: BaseException = e
+                await asyncio.wait({watch})  # a dead worker: the coordinator hears of it within moments
+            else:
+                call.cancel()
+                error = asyncio.TimeoutError(f"{op} on {address}: no answer in {timeout:g} s")
+            lost = watch.exception() is None and bool(watch.result()["lost"])
+            return ("lost", None) if lost else ("failed", error)
+        finally:
+            call.cancel()
+            watch.cancel()
+
     def run(self, max_clocks: int, progress: bool | None) -> FitResult:
         t_start = time.perf_counter()
         opts = self.options
@@ -520,12 +552,16 @@ class _Run:
         restored = {k for k in owners if resume is not None and kinds[k[0]] == "param"}  # from the checkpoint
         restore = [(t, p, owners[(t, p)]) for t, p in restored]
         fresh = by_owner(owners, [k for k in owners if k not in restored])
-        await asyncio.gather(*(
-            self._call_worker(w, "init", job_id=self.job_id, parts=parts) for w, parts in fresh.items()
-        ))
+        # an owner lost meanwhile is the coordinator's: it restores those partitions (checkpoint 0) or
+        # fails the job, as for a loss in any clock; one that neither answers nor is lost is an error
+        inits = await asyncio.gather(*(self._call_unless_lost(w, "init", SETUP_TIMEOUT_S, job_id=self.job_id,
+                                                              parts=parts) for w, parts in fresh.items()))
+        for w, (outcome, err) in zip(fresh, inits):
+            if outcome == "failed":
+                raise ClusterError(f"worker {w} did not set up its partitions: {type(err).__name__}: {err}")
         # kernels loaded everywhere before clock 1; a worker lost meanwhile is the clocks' business
-        await asyncio.gather(*(self._call_worker(w, "warm_up", job_id=self.job_id) for w in self.workers),
-                             return_exceptions=True)
+        await asyncio.gather(*(self._call_unless_lost(w, "warm_up", SETUP_TIMEOUT_S, job_id=self.job_id)
+                               for w in self.workers), return_exceptions=True)
         if resume is None:
             return None
         cfg = self.options["checkpoint"]
@@ -576,23 +612,9 @@ class _Run:
         async def send(shard: int, worker: str) -> bool:
             async with sem:
                 arrays = {k: to_serialize(v) for k, v in self.data.shard(shard).items()}
-                put = asyncio.ensure_future(asyncio.wait_for(
-                    self._call_worker(worker, "put_shard", job_id=self.job_id, shard=shard, arrays=arrays),
-                    PLACE_TIMEOUT_S))
-                # a hung target accepts the connection and never answers: give up once it is lost
-                lost = asyncio.ensure_future(self.client.scheduler.dscar_until_lost(
-                    job_id=self.job_id, workers=[worker], timeout=PLACE_TIMEOUT_S))
-                await asyncio.wait({put, lost}, return_when=asyncio.FIRST_COMPLETED)
-                if not put.done() and lost.exception() is None:
-                    put.cancel()
-                    return False
-                lost.cancel()
-                await asyncio.wait({put})  # the watch itself failed: the deadline decides
-                try:
-                    put.result()
-                    return True
-                except (OSError, asyncio.TimeoutError):
-                    return False
+                outcome, _ = await self._call_unless_lost(worker, "put_shard", PLACE_TIMEOUT_S, job_id=self.job_id,
+                                                          shard=shard, arrays=arrays)
+                return outcome == "ok"
 
         ok = await asyncio.gather(*(send(s, w) for s, w in placements))
         await self.client.scheduler.dscar_placed(job_id=self.job_id,

@@ -5,6 +5,7 @@ import os
 import signal
 import threading
 import time
+from functools import partial
 
 import numpy as np
 import pytest
@@ -263,6 +264,40 @@ def test_losing_a_partition_owner_fails_the_job_with_a_clear_error():
         threading.Timer(1.0, os.kill, (pids[owner], signal.SIGKILL)).start()
         with pytest.raises(dscar.JobFailedError, match="owned partitions"):
             dscar.fit(RowCounter(n_parts=1, sleep=0.1), row_data(40), cl, n_shards=4, max_clocks=50)
+
+
+class DiesInInit(RowCounter):
+    """The worker process ``victim_pid`` exits (``os._exit``) while it sets up its partitions."""
+
+    def __init__(self, victim_pid: int, **kw):
+        super().__init__(**kw)
+        self.victim_pid = victim_pid
+
+    def init_rows(self, table, start, stop, xp):
+        if os.getpid() == self.victim_pid:
+            os._exit(1)
+        return super().init_rows(table, start, stop, xp)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("store", [True, False])
+def test_an_owner_that_dies_while_it_sets_up_its_partitions_is_a_loss_like_any_other(tmp_path, store):
+    """Before clock 1 as in any clock: with a checkpoint store its partitions are restored from the
+    initial values (checkpoint 0) and every row counts each clock once; without one the job fails
+    with the loss's own message, not as the driver's lost contact with the cluster."""
+    with dscar.Cluster(n_workers=3) as cl:
+        victim = cl.workers[1]
+        fit = partial(dscar.fit, DiesInInit(cl.client.run(os.getpid)[victim], n_parts=3), row_data(60), cl, n_shards=6, max_clocks=3)
+        if not store:
+            with pytest.raises(dscar.JobFailedError, match=f"worker {victim} owned partitions .* checkpoint store"):
+                fit()
+            return
+        res = fit(checkpoint=dscar.CheckpointConfig(str(tmp_path)))
+    lost = [e for e in res.events if e["kind"] == "worker-lost"]
+    assert [e["worker"] for e in lost] == [victim] and lost[0]["partitions"] and lost[0]["clock"] <= 1
+    assert res.n_clocks == 3
+    assert_exactly_once(res, 60)
+    assert dscar.to_host(res.params["count"]).tolist() == [3.0] * 60
 
 
 class ScatterCounter(dscar.Algorithm):
