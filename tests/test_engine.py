@@ -1,5 +1,6 @@
 """The engine on real clusters: placement, pull/push, commits, moves, loss of a worker."""
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -267,32 +268,44 @@ def test_losing_a_partition_owner_fails_the_job_with_a_clear_error():
 
 
 class DiesInInit(RowCounter):
-    """The worker process ``victim_pid`` exits (``os._exit``) while it sets up its partitions."""
+    """The worker process ``victim_pid`` exits (``os._exit``), or stops (``SIGSTOP``: it hangs with
+    its connections open), while it sets up its partitions."""
 
-    def __init__(self, victim_pid: int, **kw):
+    def __init__(self, victim_pid: int, hang: bool = False, **kw):
         super().__init__(**kw)
         self.victim_pid = victim_pid
+        self.hang = hang
 
     def init_rows(self, table, start, stop, xp):
         if os.getpid() == self.victim_pid:
-            os._exit(1)
+            if self.hang:
+                os.kill(self.victim_pid, signal.SIGSTOP)
+            else:
+                os._exit(1)
         return super().init_rows(table, start, stop, xp)
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("store", [True, False])
-def test_an_owner_that_dies_while_it_sets_up_its_partitions_is_a_loss_like_any_other(tmp_path, store):
+@pytest.mark.parametrize(("store", "hang"), [(True, False), (False, False), (True, True)])
+def test_an_owner_lost_while_it_sets_up_its_partitions_is_a_loss_like_any_other(tmp_path, store, hang):
     """Before clock 1 as in any clock: with a checkpoint store its partitions are restored from the
     initial values (checkpoint 0) and every row counts each clock once; without one the job fails
-    with the loss's own message, not as the driver's lost contact with the cluster."""
+    with the loss's own message, not as the driver's lost contact with the cluster. A hung owner
+    (its init never answers) is dropped by the coordinator, and the driver stops waiting for it."""
     with dscar.Cluster(n_workers=3) as cl:
         victim = cl.workers[1]
-        fit = partial(dscar.fit, DiesInInit(cl.client.run(os.getpid)[victim], n_parts=3), row_data(60), cl, n_shards=6, max_clocks=3)
+        pid = cl.client.run(os.getpid)[victim]
+        fit = partial(dscar.fit, DiesInInit(pid, hang=hang, n_parts=3), row_data(60), cl, n_shards=6, max_clocks=3)
         if not store:
             with pytest.raises(dscar.JobFailedError, match=f"worker {victim} owned partitions .* checkpoint store"):
                 fit()
             return
-        res = fit(checkpoint=dscar.CheckpointConfig(str(tmp_path)))
+        try:
+            res = fit(checkpoint=dscar.CheckpointConfig(str(tmp_path)))
+        finally:
+            if hang:  # (so that the cluster can close it, unless its removal killed it)
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGCONT)
     lost = [e for e in res.events if e["kind"] == "worker-lost"]
     assert [e["worker"] for e in lost] == [victim] and lost[0]["partitions"] and lost[0]["clock"] <= 1
     assert res.n_clocks == 3
