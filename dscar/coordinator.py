@@ -291,9 +291,10 @@ class Coordinator(SchedulerPlugin):
         return self._specs[job_id]
 
     async def _h_until_lost(self, job_id: str, workers: list, timeout: float = 60.0) -> dict:
-        """Long poll: returns once one of ``workers`` is lost to the job, once the placement under way
-        is reported done (``placed``), or after ``timeout`` (the driver races it against a placement:
-        a hung target accepts the connection, never answers)."""
+        """Long poll: returns once one of ``workers`` is lost to the job (``lost``), once the job has
+        ended (``ended``), once the placement under way is reported done (``placed``), or after
+        ``timeout``. The driver races it against a call to a worker (``Driver._call_unless_lost``):
+        a hung worker accepts the connection and never answers."""
         deadline = time.monotonic() + timeout
         placement = self._placements.get(job_id, 0)
         while True:
@@ -301,7 +302,7 @@ class Coordinator(SchedulerPlugin):
             gone = [w for w in workers if w not in self.scheduler.workers or (job is not None and w in job.lost)]
             left = deadline - time.monotonic()
             if gone or job is None or left <= 0 or self._placements.get(job_id, 0) > placement:
-                return {"lost": gone}
+                return {"lost": gone, "ended": job is None}
             await self._wait_change(left)
 
     async def _h_owners(self, job_id: str) -> dict:

@@ -47,6 +47,9 @@ MIN_SHARD_BYTES = 1 << 20
 PLACE_TIMEOUT_S = 60.0
 #: seconds a worker may take to set up its partitions (``init``) or kernels (``warm_up``)
 SETUP_TIMEOUT_S = 300.0
+#: seconds each long poll on a worker's loss lasts (a call that ended leaves its poll on the
+#: scheduler, woken by every change, until then)
+LOSS_POLL_S = 2.0
 #: gathering the model at the end: attempts (an owner may die under it) and the pause between them
 GATHER_ATTEMPTS = 5
 GATHER_RETRY_S = 0.5
@@ -397,9 +400,17 @@ class _Run:
         coordinator hears of it): ``("ok", answer)``, ``("lost", None)``, or ``("failed", error)``
         when the call failed on the way or took over ``timeout`` s and the worker was not lost.
         An error the worker raised is raised."""
+        async def until_lost() -> dict:
+            deadline = time.monotonic() + timeout
+            while (left := deadline - time.monotonic()) > 0:
+                r = await self.client.scheduler.dscar_until_lost(job_id=self.job_id, workers=[address],
+                                                                 timeout=min(left, LOSS_POLL_S))
+                if r["lost"] or r.get("ended"):  # (the job ended: nothing more to wait for)
+                    return r
+            return {"lost": []}
+
         call = asyncio.ensure_future(asyncio.wait_for(self._call_worker(address, op, **kw), timeout))
-        watch = asyncio.ensure_future(self.client.scheduler.dscar_until_lost(
-            job_id=self.job_id, workers=[address], timeout=timeout))
+        watch = asyncio.ensure_future(until_lost())
         try:
             await asyncio.wait({call, watch}, return_when=asyncio.FIRST_COMPLETED)
             if not call.done() and watch.exception() is not None:
