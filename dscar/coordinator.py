@@ -413,7 +413,7 @@ class Coordinator(SchedulerPlugin):
             victim, members = ask
             try:
                 r = await self._rpc(victim, "release", timeout=RELEASE_TIMEOUT_S, job_id=job.cfg.job_id,
-                                    item=job.item_of.get(victim), members=[list(m) for m in members])
+                                    item=job.item_of[victim], members=[list(m) for m in members])
                 released = r.get("released", [])
             except Exception:  # gone, hung or late: its loss, a backup or its commit's ``released`` deal with them
                 released = []
@@ -436,8 +436,7 @@ class Coordinator(SchedulerPlugin):
         if job is None:
             return {"granted": [False] * len(commits), "next": None}
         if released:
-            back = [(int(s), int(a)) for s, a in released]
-            job.released(worker, back, back, time.time())
+            job.released(worker, released, released, time.time())
             self._wake()
         granted = []
         for c in commits:

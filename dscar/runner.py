@@ -570,24 +570,22 @@ class ShardRunner:
     def _take_up(self, item: dict) -> set[tuple[int, int]]:
         """Note ``item`` as this runner's newest of its job; the (shard, attempt) of its members
         given back before it came. Call with ``_lock`` held."""
-        job_id, n = item["job"], item.get("item")
-        if n is None:
-            return set()
+        job_id, n = item["job"], item["item"]
         self._item_seen[job_id] = n
         early = {(s, a) for j, i, s, a in self._released_early if j == job_id and i == n}
         self._released_early = {k for k in self._released_early if k[0] != job_id or k[1] > n}
         return early
 
-    def release(self, job_id: str, members: list, item: int | None = None) -> dict:
+    def release(self, job_id: str, members: list, item: int) -> dict:
         """Give back the members (``[shard, attempt]``) of work item ``item`` not started yet: an idle
         worker runs them. An item not here yet (the coordinator asked before its answer came) gives
         back every member asked; one this runner is done with, none."""
         with self._lock:
             seen = self._item_seen.get(job_id, 0)
-            if item is not None and item > seen:
+            if item > seen:
                 out = [[int(s), int(a)] for s, a in members]
                 self._released_early.update((job_id, item, s, a) for s, a in out)
-            elif item is not None and item < seen:
+            elif item < seen:
                 out = []
             else:
                 out = [[int(s), int(a)] for s, a in members if (job_id, int(s), int(a)) in self._unstarted]

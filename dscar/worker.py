@@ -560,7 +560,7 @@ class ParamServer(WorkerPlugin):
         self._inflight.revive(address, generation)
         return {"status": "OK"}
 
-    def _h_release(self, job_id: str, members: list, item: int | None = None) -> dict:
+    def _h_release(self, job_id: str, members: list, item: int) -> dict:
         """Give back the batch members (``[shard, attempt]``) of work item ``item`` not started yet:
         an idle worker runs them."""
         return self.runner.release(job_id, members, item)
