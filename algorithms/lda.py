@@ -920,6 +920,10 @@ class LDAGibbs(Algorithm):
         a, b = sum(ll[:w]) / w, sum(ll[w:]) / w
         return abs(b - a) <= tol * abs(b)
 
+    def shard_state(self, data) -> dict[str, dscar.StateSpec]:
+        """A shard's state is ``z``, one int32 topic per token of the shard."""
+        return {"z": dscar.StateSpec("int32", (int(data["w"].shape[0]),))}
+
     # ---------------------------------------------------------- rebuild
     def rebuild_tables(self) -> list[str]:
         """The count tables, all derived from the assignments (``doc_topic`` too, for the result)."""

@@ -1,6 +1,6 @@
 """dscar: iterative-convergent ML on Dask that keeps training through slow and lost workers."""
 from . import faults, policies, validation
-from .algorithm import Algorithm, ClockContext, DataMeta, ShardContext, TableSpec
+from .algorithm import Algorithm, ClockContext, DataMeta, ShardContext, StateSpec, TableSpec
 from .checkpoint import CheckpointConfig, CorruptCheckpointError
 from .cluster import Cluster, connect
 from .data import ArrayData, FileData, PhasedData, check_indices
@@ -19,7 +19,7 @@ from .xp import to_host
 __all__ = [
     "Algorithm", "ArrayData", "CheckpointConfig", "CorruptCheckpointError", "ClockContext", "ClockRecord", "Cluster", "ClusterError", "ConvergenceWarning", "DataMeta",
     "DscarError", "EstimatorMixin", "FileData", "FitResult", "InvalidInputError", "JobFailedError", "PhasedData",
-    "ShardContext", "ShardFailedError", "TableSpec", "check_indices", "connect", "faults", "fit", "policies",
+    "ShardContext", "ShardFailedError", "StateSpec", "TableSpec", "check_indices", "connect", "faults", "fit", "policies",
     "to_host", "validation",
 ]
 __version__ = "0.1.0"

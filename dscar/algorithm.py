@@ -12,7 +12,8 @@ worker behaves the same. A clock runs in three steps:
    on the attempt's worker; the partition owners collect and apply them only
    for the attempt that commits: exactly
    once. Per-shard latent state (``ctx.state``, ``ctx.set_state``) travels
-   with the shard and is kept only when the attempt commits.
+   with the shard and is kept only when the attempt commits; a model that
+   declares it (``shard_state``) has a checkpointed copy checked before use.
 2. The engine applies the committed contributions. A ``param`` table adds them
    to its value; a ``reduction`` table is set to their sum (it holds this
    clock's reduction, e.g. a gradient or a Gram block).
@@ -36,7 +37,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from types import ModuleType
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, NamedTuple, Protocol
 
 import numpy as np
 
@@ -57,6 +58,14 @@ class TableSpec:
             raise ValueError(f"table {self.name!r} needs at least one row")
         if self.kind not in ("param", "reduction"):
             raise ValueError(f"table {self.name!r}: kind must be 'param' or 'reduction'")
+
+
+class StateSpec(NamedTuple):
+    """One array of a shard's state (``ShardContext.set_state``), as the model declares it
+    (``Algorithm.shard_state``): a copy read back from a checkpoint is used only if it matches."""
+
+    dtype: str
+    shape: tuple[int, ...]
 
 
 @dataclass(frozen=True)
@@ -155,6 +164,14 @@ class Algorithm:
         from .xp import to_device
 
         return {k: to_device(v, xp) for k, v in arrays.items()}
+
+    def shard_state(self, data: dict[str, Any]) -> dict[str, StateSpec] | None:
+        """The arrays of the state a shard step keeps (``ctx.set_state``) for the shard whose
+        prepared data (``prepare_shard``) is ``data``: name -> ``StateSpec``. A state read back
+        from a checkpoint of other names, dtypes or shapes is corrupt: it is reported and not used
+        (the shard then has none, as if never saved). Default None: not declared, used as saved
+        (its checksum is still verified)."""
+        return None
 
     def warm_up(self, xp: ModuleType) -> None:
         """Load or compile the model's kernels, once per worker, before clock 1 (the engine calls

@@ -19,6 +19,18 @@ shard's state entry names its arrays (``arrays``). Manifests carry
 ``"format": FORMAT``; one of another format (an older dscar's ``.npz`` files)
 is skipped, not misread.
 
+The store follows no link and touches nothing outside its own real path
+(``in_store``): on a local filesystem every path it reads, writes or deletes
+must resolve (``os.path.realpath``) to itself under the store's real path, so
+a symbolic link below the store (a version folder, a file, a manifest) is
+refused, never followed, and reported like a corrupt checkpoint (an older
+version is used); a file is opened with ``O_NOFOLLOW``. Object stores
+(``memory://``, ``s3://``) have no links: there a path is confined by name
+(``validation.confined``). Retention deletes only regular files of the store.
+Before use, every entry's arrays are checked against what the model declared:
+a partition's dtype and shape against its table's, a shard state's names,
+dtypes and shapes against ``Algorithm.shard_state`` (when the model declares it).
+
 A version is *published* only when its manifest exists; the manifest is
 written (temp name, then rename) after every file it names is written,
 flushed and its SHA-256 recorded. A partition's value at a version is its
@@ -43,14 +55,15 @@ so the bytes stay those of full checkpoints.
 from __future__ import annotations
 
 import hashlib
-import io
 import json
 import math
+import os
 import posixpath
 import re
+import stat
 import uuid
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, Mapping
 
 import numpy as np
 
@@ -154,6 +167,48 @@ def fs_and_root(url: str, storage_options: dict | None = None):
     import fsspec
 
     return fsspec.core.url_to_fs(url, **(storage_options or {}))
+
+
+def is_local(fs) -> bool:
+    """Whether ``fs`` is the local filesystem: the one kind of store whose paths can be symbolic links."""
+    protocol = getattr(fs, "protocol", ())
+    return bool({"file", "local"} & set([protocol] if isinstance(protocol, str) else protocol))
+
+
+def in_store(fs, root: str, path: str) -> str:
+    """``path`` if it lies inside the store ``root``, else ``CorruptCheckpointError`` naming it.
+
+    By name on every filesystem (``validation.confined``: manifests are plain JSON anyone can
+    edit); on a local one by its real path too: it must resolve to itself under the store's real
+    path, so no component below the store is a symbolic link (the store's own path may pass
+    through one: a store in a linked directory). A path not there yet (a file about to be
+    written) is resolved as far as it exists."""
+    from .validation import confined
+
+    if posixpath.normpath(path) != posixpath.normpath(root) and not confined(path, root):
+        raise CorruptCheckpointError(f"{path!r} lies outside the checkpoint store {root!r}")
+    if is_local(fs):
+        real = os.path.realpath(path)
+        inside = os.path.relpath(os.path.abspath(path), os.path.abspath(root))
+        if real != os.path.normpath(os.path.join(os.path.realpath(root), inside)):
+            raise CorruptCheckpointError(f"{path}: a symbolic link, or under one, to {real!r}: the checkpoint "
+                                         f"store {root!r} follows no link")
+    return path
+
+
+def _open_regular(path: str, flags: int) -> int:
+    """A descriptor of the regular file ``path``, its last component not followed if a link
+    (``O_NOFOLLOW``: a link swapped in after ``in_store`` looked fails here); to write, also with
+    no other name (through a hard link a write would change a file outside the store; a read of
+    one reads bytes the store holds, as a hard-linked copy of a store does)."""
+    fd = os.open(path, flags | getattr(os, "O_NOFOLLOW", 0), 0o666)
+    st = os.fstat(fd)
+    writes = flags & (os.O_WRONLY | os.O_RDWR)
+    if not stat.S_ISREG(st.st_mode) or (writes and st.st_nlink > 1):
+        os.close(fd)
+        raise CorruptCheckpointError(f"{path}: not a regular file of the checkpoint store "
+                                     f"({'hard-linked' if stat.S_ISREG(st.st_mode) else 'not a file'})")
+    return fd
 
 
 def check_writable(cfg: CheckpointConfig) -> None:
@@ -333,17 +388,51 @@ def state_shards(n_shards: int, fraction: float, last_saved: dict[int, int],
     return sorted(sorted(range(n_shards), key=lambda s: (last_saved.get(s, -1), s))[:k]), credit
 
 
-def read_state(fs, entry: dict, shard: int) -> dict[str, np.ndarray]:
-    """Shard ``shard``'s state from its manifest entry; ``CorruptCheckpointError`` if it does not verify."""
-    data = _read_verified(fs, entry)
+def read_state(fs, root: str, entry: dict, shard: int,
+               declared: Mapping[str, Any] | None = None) -> dict[str, np.ndarray]:
+    """Shard ``shard``'s state from its manifest entry in the store ``root``; ``CorruptCheckpointError``
+    if it does not verify or, when the model declares its state (``declared``: name ->
+    ``StateSpec``, from ``Algorithm.shard_state``), its arrays are not those names, dtypes and shapes."""
     arrays = entry.get("arrays")
     if not isinstance(arrays, dict) or shard not in entry.get("shards", ()):
         raise CorruptCheckpointError(f"{entry.get('path')}: not a state entry of shard {shard}")
-    return {name: _array(data, where, entry["path"]) for name, where in arrays.items()}
+    data = _read_verified(fs, root, entry)
+    state = {name: _array(data, where, entry["path"]) for name, where in arrays.items()}
+    if declared is not None:
+        if set(state) != set(declared):
+            raise CorruptCheckpointError(f"{entry['path']}: shard {shard}'s state holds {sorted(state)}, "
+                                         f"the model declares {sorted(declared)}")
+        for name, a in state.items():
+            want = declared[name]
+            if a.dtype != np.dtype(want.dtype) or a.shape != tuple(want.shape):
+                raise CorruptCheckpointError(
+                    f"{entry['path']}: shard {shard}'s state {name!r} is {a.dtype} {a.shape}, the model "
+                    f"declares {np.dtype(want.dtype)} {tuple(want.shape)}")
+    return state
 
 
-def _read_verified(fs, entry: dict) -> bytes:
-    """The bytes of a manifest entry's range of its file, checked against the entry's SHA-256."""
+def _read_range(fs, root: str, path: str, start: int, end: int) -> bytes:
+    """Bytes ``[start, end)`` of the store's file ``path`` (``in_store``; never through a link)."""
+    in_store(fs, root, path)
+    if not is_local(fs):
+        return fs.cat_file(path, start=start, end=end)
+    fd = _open_regular(path, os.O_RDONLY)
+    try:
+        chunks, at = [], start
+        while at < end:  # one pread returns at most ~2 GiB
+            chunk = os.pread(fd, min(end - at, 1 << 30), at)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            at += len(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
+def _read_verified(fs, root: str, entry: dict) -> bytes:
+    """The bytes of a manifest entry's range of its file in the store ``root``, checked against the
+    entry's SHA-256."""
     try:
         start = int(entry["offset"])
         end = start + int(entry["bytes"])
@@ -352,7 +441,7 @@ def _read_verified(fs, entry: dict) -> bytes:
         raise CorruptCheckpointError(f"{entry.get('path') if isinstance(entry, dict) else entry!r}: "
                                      f"malformed file entry ({e!r})") from None
     try:
-        data = fs.cat_file(path, start=start, end=end)
+        data = _read_range(fs, root, path, start, end)
     except (FileNotFoundError, OSError) as e:
         raise CorruptCheckpointError(f"{path}: cannot read ({e})") from None
     if len(data) != end - start or hashlib.sha256(data).hexdigest() != sha:
@@ -360,27 +449,33 @@ def _read_verified(fs, entry: dict) -> bytes:
     return data
 
 
-def write_file(fs, path: str, data: bytes) -> dict:
-    """Write, flush and fsync ``data``; return its manifest entry (path, sha256, bytes)."""
-    fs.makedirs(posixpath.dirname(path), exist_ok=True)
-    with fs.open(path, "wb") as f:
-        f.write(data)
-        f.flush()
-        fileno = getattr(f, "fileno", None)
-        if fileno is not None:
-            try:
-                import os
-
-                os.fsync(fileno())
-            except (OSError, io.UnsupportedOperation, AttributeError):
-                pass  # object stores have no fsync: a completed put is durable
+def write_file(fs, root: str, path: str, data: bytes) -> dict:
+    """Write, flush and fsync ``data`` at ``path`` in the store ``root``; return its manifest entry
+    (path, sha256, bytes). ``CorruptCheckpointError`` where the path leaves the store (``in_store``)."""
+    folder = in_store(fs, root, posixpath.dirname(path))
+    fs.makedirs(folder, exist_ok=True)
+    in_store(fs, root, path)
+    if is_local(fs):
+        fd = _open_regular(path, os.O_WRONLY | os.O_CREAT)
+        try:
+            os.ftruncate(fd, 0)
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    else:
+        with fs.open(path, "wb") as f:  # object stores have no fsync: a completed put is durable
+            f.write(data)
     return {"path": path, "sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
 
 
-def read_entry(fs, entry: dict) -> tuple[np.ndarray | None, np.ndarray]:
-    """``(rows or None, values)`` of a partition's manifest entry; ``CorruptCheckpointError`` if
-    its range of the file does not verify or does not hold what the entry says."""
-    data = _read_verified(fs, entry)
+def read_entry(fs, root: str, entry: dict) -> tuple[np.ndarray | None, np.ndarray]:
+    """``(rows or None, values)`` of a partition's manifest entry in the store ``root``;
+    ``CorruptCheckpointError`` if its range of the file does not verify or does not hold what
+    the entry says."""
+    data = _read_verified(fs, root, entry)
     values = _array(data, entry.get("values"), entry["path"])
     if "index" not in entry:
         return None, values
@@ -394,11 +489,15 @@ def read_entry(fs, entry: dict) -> tuple[np.ndarray | None, np.ndarray]:
     return rows, values
 
 
-def apply_chain(fs, base: np.ndarray, chain: list[dict]) -> np.ndarray:
-    """The partition's value: ``base`` (its initial values) with every entry of ``chain`` applied in order."""
+def apply_chain(fs, root: str, base: np.ndarray, chain: list[dict]) -> np.ndarray:
+    """The partition's value: ``base`` (its initial values, of the table's declared dtype) with
+    every entry of ``chain`` (in the store ``root``) applied in order; an entry of another dtype or
+    shape is corrupt, not cast."""
     out = np.array(base, copy=True)
     for entry in chain:
-        rows, values = read_entry(fs, entry)
+        rows, values = read_entry(fs, root, entry)
+        if values.dtype != out.dtype:
+            raise CorruptCheckpointError(f"{entry['path']}: dtype {values.dtype}, the table's is {out.dtype}")
         if rows is None:
             if values.shape != out.shape:
                 raise CorruptCheckpointError(f"{entry['path']}: shape {values.shape}, expected {out.shape}")
@@ -419,25 +518,40 @@ def data_dir(root: str, version: int) -> str:
 
 
 def publish(fs, root: str, manifest: dict) -> str:
-    """Write the manifest atomically: a temporary name, then a rename."""
-    path = manifest_path(root, manifest["version"])
+    """Write the manifest atomically: a temporary name, then a rename. ``CorruptCheckpointError``
+    where its name is taken by a link (``in_store``): a rename onto a link to a folder would
+    move the manifest into that folder, wherever it is."""
+    path = in_store(fs, root, manifest_path(root, manifest["version"]))
     tmp = posixpath.join(root, f".tmp-{uuid.uuid4().hex}.json")
     text = json.dumps(manifest, sort_keys=True, separators=(",", ":"))  # the C encoder, one write
     with fs.open(tmp, "w") as f:
         f.write(text)
-    fs.mv(tmp, path)
+    if is_local(fs):
+        os.replace(tmp, path)  # replaces a file, never follows a link (shutil.move follows one to a folder)
+    else:
+        fs.mv(tmp, path)
     return path
 
 
-def list_versions(fs, root: str) -> list[int]:
-    return _versions(_ls(fs, root), MANIFEST_RE)
+def list_versions(fs, root: str, refused: list[str] | None = None) -> list[int]:
+    """The published versions in the store, oldest first; a manifest name that is a link is no
+    version of the store: it is left alone and appended to ``refused``."""
+    return _versions(_ls(fs, root, refused), MANIFEST_RE)
 
 
-def _ls(fs, root: str) -> list[str]:
+def _ls(fs, root: str, refused: list[str] | None = None) -> list[str]:
+    """The paths of the store's top level, less the symbolic links among them (appended to
+    ``refused``): nothing the store lists is followed out of it."""
     try:
-        return fs.ls(root, detail=False)
+        names = fs.ls(root, detail=False)
     except FileNotFoundError:
         return []
+    if not is_local(fs):
+        return names
+    links = [n for n in names if os.path.islink(n)]
+    if refused is not None:
+        refused.extend(links)
+    return [n for n in names if n not in links]
 
 
 def _versions(names: list[str], pattern: re.Pattern) -> list[int]:
@@ -446,14 +560,18 @@ def _versions(names: list[str], pattern: re.Pattern) -> list[int]:
 
 
 def load_manifest(fs, root: str, version: int) -> dict:
-    """The manifest of ``version``; ``CorruptCheckpointError`` if it is not valid JSON of the
-    expected form or names a file outside the store (workers must never read elsewhere)."""
-    from .validation import confined
-
-    path = manifest_path(root, version)
+    """The manifest of ``version``; ``CorruptCheckpointError`` if it is a link, is not valid JSON of
+    the expected form or names a file outside the store or through a link (``in_store``: workers
+    must never read elsewhere)."""
+    path = in_store(fs, root, manifest_path(root, version))
     try:
-        with fs.open(path, "r") as f:
-            m = json.load(f)
+        if is_local(fs):
+            fd = _open_regular(path, os.O_RDONLY)
+            with os.fdopen(fd, "r") as f:
+                m = json.load(f)
+        else:
+            with fs.open(path, "r") as f:
+                m = json.load(f)
     except (OSError, ValueError) as e:
         raise CorruptCheckpointError(f"{path}: not a readable JSON manifest ({e})") from None
     if not isinstance(m, dict) or not all(k in m for k in ("version", "clock", "chains")):
@@ -466,7 +584,12 @@ def load_manifest(fs, root: str, version: int) -> dict:
         paths = [e["path"] for e in entries]
     except (AttributeError, KeyError, TypeError) as e:
         raise CorruptCheckpointError(f"{path}: malformed file entries ({e!r})") from None
-    outside = [p for p in paths if not confined(p, root)]
+    outside = []
+    for p in sorted(set(map(str, paths))):  # one writer's file holds many entries: each path once
+        try:
+            in_store(fs, root, p)
+        except CorruptCheckpointError as e:
+            outside.append(str(e))
     if outside:
         raise CorruptCheckpointError(f"{path}: names file(s) outside the checkpoint store {root!r}: {outside[:3]}")
     return m
@@ -481,8 +604,8 @@ def find_resume(cfg: CheckpointConfig, want: dict, tables: list, skipped: list[d
 
     ``want``: the fit's model record (name, class, params, n_rows, shapes). Only the model's
     hyperparameters and the data are compared (not ``RESUME_IGNORES``), and a refusal names
-    the keys that differ. Every manifest passed over
-    (unreadable, malformed, pointing outside the store) is appended to ``skipped`` as an event.
+    the keys that differ. Every manifest passed over (unreadable, malformed, a link, naming a
+    file outside the store or through a link) is appended to ``skipped`` as an event.
     """
     import time
 
@@ -490,8 +613,13 @@ def find_resume(cfg: CheckpointConfig, want: dict, tables: list, skipped: list[d
 
     fs, root = fs_and_root(cfg.url, cfg.storage_options)
     names = {t.name: t.n_rows for t in tables}
-    found = []
-    for v in reversed(list_versions(fs, root)):
+    found, links = [], []
+    versions = list_versions(fs, root, links)
+    for link in links:
+        if (m := MANIFEST_RE.search(posixpath.basename(link))) is not None:
+            skipped.append({"time": time.time(), "kind": "checkpoint-skipped", "version": int(m.group(1)),
+                            "error": f"{link}: a symbolic link: the checkpoint store follows no link"})
+    for v in reversed(versions):
         try:
             m = load_manifest(fs, root, v)
         except CorruptCheckpointError as e:
@@ -518,14 +646,22 @@ def find_resume(cfg: CheckpointConfig, want: dict, tables: list, skipped: list[d
     return found
 
 
-def retain(fs, root: str, keep: int) -> list[str]:
+def retain(fs, root: str, keep: int, refused: list[str] | None = None) -> list[str]:
     """Delete manifests older than the ``keep`` newest and, in the data folders of every version
-    older than the newest kept one, the files no kept manifest names.
+    older than the newest kept one, the files no kept manifest names; return the paths deleted.
 
     Every such folder is looked at again at each call until its last file goes: a priority chain
     names a version's file for up to ``max_chain`` versions, an abandoned version's files are
-    named by none. Newer folders belong to versions still being written."""
-    names = _ls(fs, root)
+    named by none. Newer folders belong to versions still being written.
+
+    Nothing outside the store is deleted: a manifest, folder or file that is a symbolic link (or
+    anything but a regular file in a data folder) is left alone, neither followed nor removed;
+    while a kept manifest cannot be read, no data file goes (what it names is unknown). Each is
+    appended to ``refused``, a sentence naming the path."""
+    refused = [] if refused is None else refused
+    links: list[str] = []
+    names = _ls(fs, root, links)
+    refused.extend(f"{p}: a symbolic link, left alone: the checkpoint store follows no link" for p in links)
     versions = _versions(names, MANIFEST_RE)
     kept, dropped = versions[-keep:], versions[:-keep]
     for v in dropped:
@@ -534,7 +670,11 @@ def retain(fs, root: str, keep: int) -> list[str]:
         return []
     referenced = set()
     for v in kept:
-        m = load_manifest(fs, root, v)
+        try:
+            m = load_manifest(fs, root, v)
+        except CorruptCheckpointError as e:
+            refused.append(str(e))
+            return []
         referenced.update(e["path"] for chain in m["chains"].values() for e in chain)
         referenced.update(e["path"] for e in m.get("states", {}).values())
     removed = []
@@ -543,9 +683,14 @@ def retain(fs, root: str, keep: int) -> list[str]:
             continue
         d = data_dir(root, v)
         for p in fs.ls(d, detail=False):
-            if p not in referenced and posixpath.join("/", p) not in referenced:
-                fs.rm(p)
-                removed.append(p)
+            if p in referenced or posixpath.join("/", p) in referenced:
+                continue
+            if is_local(fs) and not stat.S_ISREG(os.lstat(p).st_mode):
+                refused.append(f"{p}: not a regular file (a symbolic link?), left alone: the checkpoint store "
+                               "follows no link")
+                continue
+            fs.rm(p)
+            removed.append(p)
         if not fs.ls(d, detail=False):
             try:
                 fs.rmdir(d)

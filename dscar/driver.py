@@ -604,12 +604,21 @@ class _Run:
             if m["version"] in done:
                 continue
             m = dict(m, model=self.model)
+            path, refused = None, []
             try:
-                path = ckpt.publish(fs, root, m)
-                ckpt.retain(fs, root, cfg.keep)
+                try:
+                    path = ckpt.publish(fs, root, m)
+                except ckpt.CorruptCheckpointError as e:  # its name is a link: the version stays unpublished
+                    refused.append(str(e))
+                ckpt.retain(fs, root, cfg.keep, refused)
             except OSError as e:  # the store, not the cluster: say so (and which checkpoint)
                 raise JobFailedError(f"publishing checkpoint version {m['version']} to {cfg.url} failed: "
                                      f"{type(e).__name__}: {e}") from e
+            told = {e.get("error") for e in self.events if e["kind"] == "checkpoint-corrupt"}
+            self.events.extend({"time": time.time(), "clock": m["clock"], "kind": "checkpoint-corrupt", "error": r}
+                               for r in refused if r not in told)  # a link retention leaves alone: said once
+            if path is None:
+                continue
             self._sync(self.client.scheduler.dscar_published, job_id=self.job_id, version=m["version"])
             self.published.append({"version": m["version"], "clock": m["clock"], "bytes": m["bytes"], "path": path})
 

@@ -309,8 +309,8 @@ class ShardRunner:
             source = source.get("file")
         if state is None and source:
             try:
-                fs, _ = ckpt.fs_and_root(item["ckpt_url"], item.get("storage_options"))
-                state = ckpt.read_state(fs, source, shard)
+                fs, root = ckpt.fs_and_root(item["ckpt_url"], item.get("storage_options"))
+                state = ckpt.read_state(fs, root, source, shard, job.algorithm.shard_state(entry.data))
             except ckpt.CorruptCheckpointError as e:
                 self._report(job, item["clock"], "checkpoint-corrupt", shard=shard, error=str(e))
         entry.state = {k: job.xp.asarray(v) for k, v in (state or {}).items()}

@@ -363,7 +363,7 @@ class ParamServer(WorkerPlugin):
             data, entries = ckpt.encode_file(parts, states)
             if entries:
                 name = hashlib.sha1(self.worker.address.encode()).hexdigest()[:12]
-                written = ckpt.write_file(fs, f"{ckpt.data_dir(root, version)}/{name}.bin", data)
+                written = ckpt.write_file(fs, root, f"{ckpt.data_dir(root, version)}/{name}.bin", data)
                 files = [{**e, "path": written["path"]} for e in entries]  # each entry has its range's checksum
         except Exception as e:
             error = f"{type(e).__name__}: {e}"
@@ -396,8 +396,8 @@ class ParamServer(WorkerPlugin):
             base = to_host(job.algorithm.init_rows(spec_, a, b, job.xp)).astype(spec_.dtype)
             if not chain:
                 return base
-            fs, _ = ckpt.fs_and_root(url, storage_options)
-            return ckpt.apply_chain(fs, base, list(chain))
+            fs, root = ckpt.fs_and_root(url, storage_options)
+            return ckpt.apply_chain(fs, root, base, list(chain))
 
         try:
             values = await asyncio.to_thread(load)

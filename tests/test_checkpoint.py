@@ -1,5 +1,6 @@
 """Checkpoint format, schedule, priority selection, publication and retention (no cluster)."""
 import asyncio
+import hashlib
 import json
 import os
 
@@ -10,6 +11,7 @@ from hypothesis import given
 from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 
+import dscar
 from dscar import CheckpointConfig, InvalidInputError
 from dscar import checkpoint as ckpt
 
@@ -70,7 +72,7 @@ def test_priority_saves_take_the_fraction_of_rows_exactly_on_average(n, r, saves
 def write(fs, path, parts, states=None):
     """One writer's file with ``parts`` (``(table, part, rows, values, n_rows)``); its manifest entries."""
     data, entries = ckpt.encode_file(parts, states or {})
-    w = ckpt.write_file(fs, str(path), data)
+    w = ckpt.write_file(fs, os.path.dirname(str(path)), str(path), data)
     assert w["bytes"] == len(data) == sum(e["bytes"] for e in entries)  # the entries' ranges add up to the file
     return [{**e, "path": w["path"]} for e in entries]
 
@@ -80,10 +82,10 @@ def test_files_round_trip_and_chains_layer_partial_saves(tmp_path):
     base = np.zeros((5, 2))
     full, other = write(fs, tmp_path / "a.bin", [("w", 0, None, np.ones((5, 2)), 5), ("v", 1, None, np.arange(3), 3)])
     (part,) = write(fs, tmp_path / "b.bin", [("w", 0, np.array([1, 3]), np.full((2, 2), 7.0), 5)])
-    got = ckpt.apply_chain(fs, base, [full, part])
+    got = ckpt.apply_chain(fs, str(tmp_path), base, [full, part])
     np.testing.assert_array_equal(got[:, 0], [1, 7, 1, 7, 1])
-    np.testing.assert_array_equal(ckpt.apply_chain(fs, base, [part])[:, 0], [0, 7, 0, 7, 0])
-    np.testing.assert_array_equal(ckpt.apply_chain(fs, np.zeros(3, np.int64), [other]), np.arange(3))
+    np.testing.assert_array_equal(ckpt.apply_chain(fs, str(tmp_path), base, [part])[:, 0], [0, 7, 0, 7, 0])
+    np.testing.assert_array_equal(ckpt.apply_chain(fs, str(tmp_path), np.zeros(3, np.int64), [other]), np.arange(3))
     # raw arrays, no container: a partial save is its values and a compact index (5 rows: a 1-byte
     # bitmap, padded to 8 bytes like every array)
     assert (tmp_path / "b.bin").stat().st_size == 2 * 2 * 8 + 8 and part["index"][0] == "bitmap"
@@ -114,19 +116,19 @@ def test_a_corrupt_or_missing_file_is_detected(tmp_path):
     data[-5] ^= 0xFF
     (tmp_path / "a.bin").write_bytes(bytes(data))
     with pytest.raises(ckpt.CorruptCheckpointError, match="checksum"):
-        ckpt.read_entry(fs, entry)
+        ckpt.read_entry(fs, str(tmp_path), entry)
     os.remove(tmp_path / "a.bin")
     with pytest.raises(ckpt.CorruptCheckpointError, match="cannot read"):
-        ckpt.read_entry(fs, entry)
+        ckpt.read_entry(fs, str(tmp_path), entry)
     (wrong_shape,) = write(fs, tmp_path / "c.bin", [("w", 0, None, np.ones(3), 3)])
     with pytest.raises(ckpt.CorruptCheckpointError, match="shape"):
-        ckpt.apply_chain(fs, np.zeros(4), [wrong_shape])
+        ckpt.apply_chain(fs, str(tmp_path), np.zeros(4), [wrong_shape])
     outside = {**wrong_shape, "values": [16, 24, "<f8", [3]]}  # an array past the entry's range
     with pytest.raises(ckpt.CorruptCheckpointError, match="does not fit"):
-        ckpt.read_entry(fs, outside)
+        ckpt.read_entry(fs, str(tmp_path), outside)
     for broken in ({k: v for k, v in wrong_shape.items() if k != "offset"}, {**wrong_shape, "values": "x"}):
         with pytest.raises(ckpt.CorruptCheckpointError):  # a malformed entry is a clear error, not a KeyError
-            ckpt.read_entry(fs, broken)
+            ckpt.read_entry(fs, str(tmp_path), broken)
 
 
 def test_each_entry_is_read_and_verified_alone(tmp_path):
@@ -137,9 +139,9 @@ def test_each_entry_is_read_and_verified_alone(tmp_path):
     raw = bytearray((tmp_path / "a.bin").read_bytes())
     raw[second["offset"]] ^= 0xFF
     (tmp_path / "a.bin").write_bytes(bytes(raw))
-    np.testing.assert_array_equal(ckpt.read_entry(fs, first)[1], np.ones(4))
+    np.testing.assert_array_equal(ckpt.read_entry(fs, str(tmp_path), first)[1], np.ones(4))
     with pytest.raises(ckpt.CorruptCheckpointError, match="checksum"):
-        ckpt.read_entry(fs, second)
+        ckpt.read_entry(fs, str(tmp_path), second)
 
 
 def test_manifests_are_published_atomically_and_retention_keeps_referenced_files(tmp_path):
@@ -192,7 +194,186 @@ def test_memory_url_store(tmp_path):
     ckpt.check_writable(cfg)
     fs, root = ckpt.fs_and_root(cfg.url)
     (e,) = write(fs, f"{root}/v00000001/a.bin", [("w", 0, None, np.arange(3.0), 3)])
-    np.testing.assert_array_equal(ckpt.read_entry(fs, e)[1], np.arange(3.0))
+    np.testing.assert_array_equal(ckpt.read_entry(fs, root, e)[1], np.arange(3.0))
+
+
+# ------------------------------------------------ a store that follows no link
+
+DISTINCT = np.array([4.25, -1.5, 1e300])  #: bytes no checkpoint of these tests holds
+MODEL = {"name": "m", "class": "c", "params": {}, "n_rows": 3, "shapes": {}}  #: the model record of their manifests
+
+
+def outside_dir(tmp_path):
+    """A folder beside the store with three files of distinctive bytes; their contents, to check later."""
+    out = tmp_path / "outside"
+    out.mkdir()
+    for name in ("a.bin", "b.txt", "manifest-00000000.json"):
+        (out / name).write_bytes(DISTINCT.tobytes() + name.encode())
+    return out, {p.name: p.read_bytes() for p in out.iterdir()}
+
+
+def full_store(tmp_path, versions=3):
+    """A store of ``versions`` full checkpoints of ``w/0`` (values ``v``): its root and each version's entry."""
+    root = tmp_path / "store"
+    fs = fsspec.filesystem("file")
+    entries = {}
+    for v in range(1, versions + 1):
+        (entries[v],) = write(fs, f"{ckpt.data_dir(str(root), v)}/a.bin", [("w", 0, None, np.full(3, float(v)), 3)])
+        ckpt.publish(fs, str(root), {"format": ckpt.FORMAT, "version": v, "clock": v, "chains": {"w/0": [entries[v]]},
+                                     "model": MODEL})
+    return fs, str(root), entries
+
+
+@pytest.fixture
+def opened(monkeypatch):
+    """Every path opened (``os.open``, ``open``) while the test runs."""
+    import builtins
+
+    seen, os_open, builtin_open = [], os.open, builtins.open
+
+    def spy_os(path, *a, **kw):
+        seen.append(os.fspath(path))
+        return os_open(path, *a, **kw)
+
+    def spy_builtin(path, *a, **kw):
+        if isinstance(path, (str, os.PathLike)):
+            seen.append(os.fspath(path))
+        return builtin_open(path, *a, **kw)
+
+    monkeypatch.setattr(os, "open", spy_os)
+    monkeypatch.setattr(builtins, "open", spy_builtin)
+    return seen
+
+
+def test_retention_deletes_nothing_through_a_planted_link(tmp_path):
+    """A ``v00000000`` link to an outside folder (retention deleted its files), a link among an old
+    version's files and a manifest name linked outside: all left alone and reported."""
+    out, before = outside_dir(tmp_path)
+    fs, root, _ = full_store(tmp_path)
+    os.symlink(out, ckpt.data_dir(root, 0))
+    os.symlink(out / "a.bin", f"{ckpt.data_dir(root, 1)}/z.bin")
+    os.symlink(out / "manifest-00000000.json", ckpt.manifest_path(root, 0))
+    refused: list[str] = []
+    removed = ckpt.retain(fs, root, keep=1, refused=refused)
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before  # every outside file still there, unchanged
+    assert ckpt.list_versions(fs, root) == [3]
+    assert removed == [f"{ckpt.data_dir(root, v)}/a.bin" for v in (1, 2)]  # the store's own old files do go
+    links = [ckpt.data_dir(root, 0), ckpt.manifest_path(root, 0), f"{ckpt.data_dir(root, 1)}/z.bin"]
+    assert sorted(r.split(":")[0] for r in refused) == sorted(links) and all("left alone" in r for r in refused)
+    assert os.path.islink(ckpt.data_dir(root, 0)) and os.path.islink(f"{ckpt.data_dir(root, 1)}/z.bin")
+
+
+def test_a_linked_checkpoint_file_or_version_folder_is_refused_unread(tmp_path, opened):
+    """An entry whose file is a link, or under a linked version folder, to outside bytes whose
+    SHA-256 the entry holds (read, they would verify): refused before anything outside is opened."""
+    out, before = outside_dir(tmp_path)
+    fs, root, entries = full_store(tmp_path, versions=1)
+    outside_bytes = (out / "a.bin").read_bytes()
+    forged = {**entries[1], "offset": 0, "bytes": len(outside_bytes), "values": [0, 24, "<f8", [3]],
+              "sha256": hashlib.sha256(outside_bytes).hexdigest()}
+    os.symlink(out / "a.bin", f"{ckpt.data_dir(root, 1)}/linked.bin")
+    os.symlink(out, ckpt.data_dir(root, 2))
+    base = np.zeros(3)
+    for path in (f"{ckpt.data_dir(root, 1)}/linked.bin", f"{ckpt.data_dir(root, 2)}/a.bin"):
+        entry = {**forged, "path": path}
+        opened.clear()
+        with pytest.raises(ckpt.CorruptCheckpointError, match="symbolic link"):
+            ckpt.apply_chain(fs, root, base, [entry])
+        assert not any(str(out) in p or p == path for p in opened), opened
+        # and the same entry, copied into the store as a regular file, verifies: the refusal is the link's
+    np.testing.assert_array_equal(ckpt.apply_chain(fs, root, base, [entries[1]]), np.ones(3))
+    (tmp_path / "store" / "v00000003").mkdir()
+    (tmp_path / "store" / "v00000003" / "copy.bin").write_bytes(outside_bytes)
+    np.testing.assert_array_equal(ckpt.apply_chain(fs, root, base, [{**forged, "path": f"{ckpt.data_dir(root, 3)}/copy.bin"}]),
+                                  DISTINCT)
+    # a manifest naming a linked file is refused whole: a resume passes over it
+    ckpt.publish(fs, root, {"format": ckpt.FORMAT, "version": 2, "clock": 2,
+                            "chains": {"w/0": [{**forged, "path": f"{ckpt.data_dir(root, 2)}/a.bin"}]}})
+    with pytest.raises(ckpt.CorruptCheckpointError, match="outside the checkpoint store.*symbolic link"):
+        ckpt.load_manifest(fs, root, 2)
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+
+
+def test_a_linked_manifest_is_no_version_and_a_resume_reports_it(tmp_path, opened):
+    out, before = outside_dir(tmp_path)
+    fs, root, entries = full_store(tmp_path, versions=1)
+    (out / "manifest-00000000.json").write_text(json.dumps(  # a well-formed manifest of a newer version
+        {"format": ckpt.FORMAT, "version": 9, "clock": 9, "chains": {"w/0": [entries[1]]}}))
+    before["manifest-00000000.json"] = (out / "manifest-00000000.json").read_bytes()
+    os.symlink(out / "manifest-00000000.json", ckpt.manifest_path(root, 9))
+    refused: list[str] = []
+    assert ckpt.list_versions(fs, root, refused) == [1] and refused == [ckpt.manifest_path(root, 9)]
+    opened.clear()
+    with pytest.raises(ckpt.CorruptCheckpointError, match="symbolic link"):
+        ckpt.load_manifest(fs, root, 9)
+    assert not any(str(out) in p or p == ckpt.manifest_path(root, 9) for p in opened), opened
+    skipped: list[dict] = []
+    found = ckpt.find_resume(CheckpointConfig(root), MODEL, [], skipped)
+    assert [m["version"] for m in found] == [1]
+    assert [(e["kind"], e["version"]) for e in skipped] == [("checkpoint-skipped", 9)]
+    assert "symbolic link" in skipped[0]["error"]
+    # publishing a version whose manifest name is a link to a folder would move it into that folder
+    os.symlink(out, ckpt.manifest_path(root, 10))
+    with pytest.raises(ckpt.CorruptCheckpointError, match="symbolic link"):
+        ckpt.publish(fs, root, {"format": ckpt.FORMAT, "version": 10, "clock": 10, "chains": {}})
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+
+
+def test_writing_refuses_a_linked_version_folder_or_file(tmp_path):
+    out, before = outside_dir(tmp_path)
+    fs, root, _ = full_store(tmp_path, versions=1)
+    os.symlink(out, ckpt.data_dir(root, 2))
+    os.makedirs(ckpt.data_dir(root, 3))
+    os.symlink(out / "a.bin", f"{ckpt.data_dir(root, 3)}/w.bin")
+    for path in (f"{ckpt.data_dir(root, 2)}/w.bin", f"{ckpt.data_dir(root, 3)}/w.bin"):
+        with pytest.raises(ckpt.CorruptCheckpointError, match="symbolic link"):
+            ckpt.write_file(fs, root, path, b"overwritten")
+    with pytest.raises(ckpt.CorruptCheckpointError, match="outside the checkpoint store"):
+        ckpt.write_file(fs, root, str(out / "c.bin"), b"overwritten")
+    os.link(out / "b.txt", f"{ckpt.data_dir(root, 3)}/h.bin")  # a hard link: the same file under two names
+    with pytest.raises(ckpt.CorruptCheckpointError, match="hard-linked"):
+        ckpt.write_file(fs, root, f"{ckpt.data_dir(root, 3)}/h.bin", b"overwritten")
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+
+
+def test_an_object_store_confines_paths_by_name():
+    fs, root = ckpt.fs_and_root("memory://dscar-confined-store")
+    (e,) = write(fs, f"{root}/v00000001/a.bin", [("w", 0, None, np.arange(3.0), 3)])
+    (other,) = write(fs, "/dscar-elsewhere/v00000001/a.bin", [("w", 0, None, np.arange(3.0), 3)])
+    np.testing.assert_array_equal(ckpt.read_entry(fs, root, e)[1], np.arange(3.0))
+    with pytest.raises(ckpt.CorruptCheckpointError, match="outside the checkpoint store"):
+        ckpt.read_entry(fs, root, other)
+    with pytest.raises(ckpt.CorruptCheckpointError, match="outside the checkpoint store"):
+        ckpt.write_file(fs, root, "/dscar-elsewhere/v00000002/a.bin", b"x")
+
+
+def test_entries_of_another_dtype_or_shape_than_declared_are_refused(tmp_path):
+    """An entry swapped together with a matching SHA-256 is not read as raw bytes of the model's dtype."""
+    fs = fsspec.filesystem("file")
+    root = str(tmp_path)
+    (as_float32,) = write(fs, tmp_path / "a.bin", [("w", 0, None, np.ones(4, np.float32), 4)])
+    with pytest.raises(ckpt.CorruptCheckpointError, match="dtype float32, the table's is float64"):
+        ckpt.apply_chain(fs, root, np.zeros(4), [as_float32])
+    declared = {"z": dscar.StateSpec("int32", (5,))}
+    good, wide, short, extra = write(fs, tmp_path / "s.bin", [], {
+        1: {"z": np.arange(5, dtype=np.int32)},
+        2: {"z": np.arange(5, dtype=np.float64)},  # what an attacker's swap looked like: shard_seen = 848626818.0
+        3: {"z": np.arange(4, dtype=np.int32)},
+        4: {"z": np.arange(5, dtype=np.int32), "n": np.ones(1)},
+    })
+    np.testing.assert_array_equal(ckpt.read_state(fs, root, good, 1, declared)["z"], np.arange(5))
+    for entry, shard, match in ((wide, 2, r"'z' is float64 \(5,\), the model declares int32 \(5,\)"),
+                                (short, 3, r"'z' is int32 \(4,\)"), (extra, 4, r"holds \['n', 'z'\]")):
+        with pytest.raises(ckpt.CorruptCheckpointError, match=match):
+            ckpt.read_state(fs, root, entry, shard, declared)
+        ckpt.read_state(fs, root, entry, shard)  # undeclared: used as saved, checksum verified
+
+
+def test_lda_declares_its_topic_assignments():
+    from dscar.algorithms.lda import LDAGibbs
+
+    w = np.arange(7)
+    assert LDAGibbs(n_topics=3).shard_state({"w": w}) == {"z": dscar.StateSpec("int32", (7,))}
 
 
 # ------------------------------------------------ the checkpoint ledger (dscar.ledger, pure)
@@ -332,17 +513,17 @@ def test_shard_states_share_the_writer_s_file_and_round_trip_and_detect_corrupti
     states = {3: {"z": np.arange(5, dtype=np.int32)}, 7: {"z": np.zeros(2, np.int32), "n": np.ones(1)}}
     part, s3, s7 = write(fs, tmp_path / "a.bin", [("w", 0, None, np.ones(2), 2)], states)
     assert s3["shards"] == [3] and s7["shards"] == [7] and s3["path"] == s7["path"] == part["path"]
-    got = ckpt.read_state(fs, s7, 7)
+    got = ckpt.read_state(fs, str(tmp_path), s7, 7)
     assert set(got) == {"z", "n"} and got["z"].dtype == np.int32
-    np.testing.assert_array_equal(ckpt.read_state(fs, s3, 3)["z"], np.arange(5))
+    np.testing.assert_array_equal(ckpt.read_state(fs, str(tmp_path), s3, 3)["z"], np.arange(5))
     raw = bytearray((tmp_path / "a.bin").read_bytes())
     raw[s3["offset"] + 1] ^= 0xFF
     (tmp_path / "a.bin").write_bytes(bytes(raw))
     with pytest.raises(ckpt.CorruptCheckpointError, match="checksum"):
-        ckpt.read_state(fs, s3, 3)
-    assert set(ckpt.read_state(fs, s7, 7)) == {"z", "n"}  # another shard's range still verifies
+        ckpt.read_state(fs, str(tmp_path), s3, 3)
+    assert set(ckpt.read_state(fs, str(tmp_path), s7, 7)) == {"z", "n"}  # another shard's range still verifies
     with pytest.raises(ckpt.CorruptCheckpointError, match="not a state entry"):
-        ckpt.read_state(fs, s7, 3)
+        ckpt.read_state(fs, str(tmp_path), s7, 3)
 
 
 @given(st.integers(1, 500), st.sampled_from([0.05, 0.1, 0.25]), st.sampled_from([2, 10, 50]),

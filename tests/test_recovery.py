@@ -127,12 +127,12 @@ def test_published_manifests_only_name_durable_verified_files(tmp_path):
         assert m["model"]["name"] == "rowcounter"
         for chain in m["chains"].values():
             for e in chain:
-                ckpt.read_entry(fs, e)  # raises if missing or not matching its checksum
+                ckpt.read_entry(fs, root, e)  # raises if missing or not matching its checksum
     # the newest manifest restores each row's newest saved value: with r = 0.5 every 2 clocks
     # and every row moving alike, half the rows were saved at clock 8, the others at clock 6
     last = ckpt.load_manifest(fs, root, versions[-1])
     assert last["clock"] == 8
-    vals = np.concatenate([ckpt.apply_chain(fs, np.zeros(20), last["chains"][f"count/{p}"]) for p in range(3)])
+    vals = np.concatenate([ckpt.apply_chain(fs, root, np.zeros(20), last["chains"][f"count/{p}"]) for p in range(3)])
     assert sorted(np.unique(vals)) == [6.0, 8.0] and (vals == 8.0).sum() == 30
 
 
@@ -186,6 +186,36 @@ def test_resume_skips_a_corrupt_newest_checkpoint(tmp_path):
     resumed = next(e for e in res.events if e["kind"] == "resumed")
     assert resumed["version"] == newest["version"] - 1 and res.history[0].clock == 5
     np.testing.assert_array_equal(res.params["count"], np.full(40, 8.0))
+
+
+def test_resume_refuses_a_linked_newest_version_and_uses_the_older_one(tmp_path):
+    """The newest version's data folder moved outside the store and a link put in its place (the
+    same bytes: every checksum would match): the resume passes over that version with an event,
+    restores the one before, and nothing outside the store is used, changed or deleted, though
+    retention runs at every checkpoint of the resumed fit."""
+    import shutil
+
+    store, outside = tmp_path / "store", tmp_path / "outside"
+    cfg = CheckpointConfig(str(store), policy="full", every=2, keep=2)
+    fs, root = ckpt.fs_and_root(str(store))
+    with dscar.Cluster(n_workers=2, processes=False) as cl:
+        dscar.fit(RowCounter(), row_data(40), cl, n_shards=4, max_clocks=6, checkpoint=cfg)
+        newest = ckpt.list_versions(fs, root)[-1]
+        assert ckpt.load_manifest(fs, root, newest)["clock"] == 6
+        shutil.move(ckpt.data_dir(root, newest), outside)
+        os.symlink(outside, ckpt.data_dir(root, newest))
+        before = {p.name: p.read_bytes() for p in outside.iterdir()}
+        res = dscar.fit(RowCounter(), row_data(40), cl, n_shards=4, max_clocks=12, checkpoint=cfg, resume=True)
+    skipped = [e for e in res.events if e["kind"] == "checkpoint-skipped"]
+    assert [e["version"] for e in skipped] == [newest] and "symbolic link" in skipped[0]["error"], skipped
+    resumed = next(e for e in res.events if e["kind"] == "resumed")
+    assert resumed["version"] == newest - 1 and res.history[0].clock == 5
+    np.testing.assert_array_equal(res.params["count"], np.full(40, 12.0))
+    assert len(res.checkpoints) >= 3  # retention ran past the linked folder's version, and said it left it alone
+    assert any(e["error"].startswith(f"{ckpt.data_dir(root, newest)}: a symbolic link, left alone")
+               for e in res.events if e["kind"] == "checkpoint-corrupt")
+    assert {p.name: p.read_bytes() for p in outside.iterdir()} == before
+    assert os.path.islink(ckpt.data_dir(root, newest))
 
 
 def lasso_problem():
