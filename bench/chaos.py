@@ -63,6 +63,14 @@ clear ``DscarError``).
 Each run is a child process (``--one``) with its own embedded cluster of 3
 worker processes (``dscar.Cluster``, default settings); a run that outlives
 ``--deadline`` seconds is killed with its process group and counted as a hang.
+Beside the violations, each run counts from its events the attempts that did not
+commit (``attempt_waste``): failed attempts (``shard-failed``), commits refused
+to an attempt another beat (``commit-refused``: a lost backup), batch members
+given back unstarted (``batch-released``), and the step seconds wasted on the
+first two (their events' ``seconds``); a failed fit's events count too. A run
+without faults (no fault, no monkey) should have no failed attempt (issue 38):
+the summary says how many had one.
+
 A failed fit is *legitimate* only when it is a ``DscarError`` saying no worker
 is left, or a partition / data was lost with no checkpoint to restore it from
 (the run had no checkpoint store); any other failure is not. The run also
@@ -337,6 +345,26 @@ def classify_failure(dscar_error: bool, message: str, had_checkpoint: bool) -> t
     return True, "no worker left" if not checkpointish else "lost with no checkpoint store"
 
 
+def attempt_waste(events: list[dict]) -> dict[str, Any]:
+    """The attempts of a fit that did not commit, from its events: failed ones (``shard-failed``),
+    refused commits (``commit-refused``: a backup or a late attempt another attempt beat), batch
+    members given back before they started (``batch-released``, no step run, no time lost), and
+    the step seconds the failed and refused ones spent (each event's ``seconds``)."""
+    failed = [e for e in events if e.get("kind") == "shard-failed"]
+    refused = [e for e in events if e.get("kind") == "commit-refused"]
+    return {
+        "failed_attempts": len(failed),
+        "refused_commits": len(refused),
+        "released_members": sum(len(e.get("shards", ())) for e in events if e.get("kind") == "batch-released"),
+        "wasted_step_s": round(sum(float(e.get("seconds") or 0.0) for e in failed + refused), 3),
+    }
+
+
+def fault_free(r: dict) -> bool:
+    """Whether a run injects nothing: no fault, no chaos monkey (kind ``none``, ``plan_run``)."""
+    return r.get("kind") == "none"
+
+
 def outcome(r: dict) -> str:
     """One word per run: ok, violation, hang, failed-legit, failed."""
     if r["status"] == "hang":
@@ -350,8 +378,10 @@ def outcome(r: dict) -> str:
 
 def summarize(results: list[dict]) -> dict[str, dict[str, Any]]:
     """Per kind and in total: runs, completed, violations (runs and count), hangs, failed fits
-    (legitimate / not), losses, recoveries, rejoined workers, worker processes left stopped, and the
-    longest clock of any completed run (a stall: hang detection, a connect timeout)."""
+    (legitimate / not), failed attempts and the step seconds wasted on attempts that did not commit
+    (``attempt_waste``), the runs without faults that had a failed attempt, losses, recoveries,
+    rejoined workers, worker processes left stopped, and the longest clock of any completed run (a
+    stall: hang detection, a connect timeout)."""
     groups = {k: [r for r in results if r["kind"] == k] for k in dict.fromkeys(r["kind"] for r in results)}
     groups["total"] = results
     for name, ssp in (("of them BSP", False), ("of them SSP", True)):  # stale-synchronous clocks apart
@@ -366,6 +396,10 @@ def summarize(results: list[dict]) -> dict[str, dict[str, Any]]:
             "hangs": sum(r["status"] == "hang" for r in rs),
             "failed_legit": sum(r["status"] == "failed" and bool(r.get("legit")) for r in rs),
             "failed_not_legit": sum(r["status"] == "failed" and not r.get("legit") for r in rs),
+            "failed_attempts": sum(r.get("failed_attempts", 0) for r in rs),
+            "wasted_step_s": round(sum(r.get("wasted_step_s", 0.0) for r in rs), 2),
+            "fault_free_runs": sum(fault_free(r) for r in rs),
+            "fault_free_failed_runs": sum(fault_free(r) and r.get("failed_attempts", 0) > 0 for r in rs),
             "losses": sum(r.get("losses", 0) for r in rs),
             "recoveries": sum(r.get("recoveries", 0) for r in rs),
             "joins": sum(r.get("joins", 0) for r in rs),
@@ -378,6 +412,7 @@ def summarize(results: list[dict]) -> dict[str, dict[str, Any]]:
 def format_table(table: dict[str, dict[str, Any]]) -> str:
     cols = [("runs", "runs"), ("completed", "done"), ("violation_runs", "viol.runs"), ("violations", "violations"),
             ("hangs", "hangs"), ("failed_legit", "failed(legit)"), ("failed_not_legit", "failed(NOT)"),
+            ("failed_attempts", "failed-att"), ("wasted_step_s", "wasted-s"),
             ("losses", "losses"), ("recoveries", "recoveries"), ("joins", "joins"), ("left_stopped", "left-stopped"),
             ("max_clock_s", "max-clock-s")]
     lines = [f"{'fault kind':<16}" + "".join(f"{h:>{max(6, len(h) + 1)}}" for _, h in cols)]
@@ -507,6 +542,7 @@ def run_one(plan: dict[str, Any]) -> dict[str, Any]:
         except Exception as e:  # noqa: BLE001 - every failure is a finding
             msg = "".join(traceback.format_exception_only(type(e), e)).strip()
             legit, why = classify_failure(isinstance(e, dscar.DscarError), msg, cfg is not None)
+            out.update(attempt_waste(list(getattr(e, "events", ()))))  # a DscarError carries the fit's events
             out.update(status="failed", error_type=f"{type(e).__module__}.{type(e).__qualname__}", error=msg,
                        legit=legit, legit_why=why, traceback=traceback.format_exc()[-3000:],
                        where=[f"{os.path.basename(fr.filename)}:{fr.lineno} {fr.name}"  # dscar's frames
@@ -568,7 +604,7 @@ def _analyse(res: dscar.FitResult, plan: dict) -> dict[str, Any]:
         "clocks": res.n_clocks, "checked_clocks": checked, "skipped_clocks": skipped, "unchecked_clocks": unchecked,
         "losses": ev["worker-lost"], "recoveries": ev["recovery-started"], "joins": ev["worker-joined"],
         "faults_fired": {k: v for k, v in ev.items() if k.startswith("fault-")},
-        "events": dict(ev), "checkpoints": len(res.checkpoints),
+        "events": dict(ev), "checkpoints": len(res.checkpoints), **attempt_waste(res.events),
     }
 
 
@@ -654,7 +690,8 @@ def describe(r: dict) -> str:
         what += ": " + r.get("error", "").splitlines()[0][:140] + (f" [{r['where'][-1]}]" if r.get("where") else "")
     elif r["status"] == "completed":
         what += (f" clocks={r['clocks']} checked={r['checked_clocks']} skipped={r['skipped_clocks']} "
-                 f"losses={r['losses']} recoveries={r['recoveries']} joins={r['joins']} viol={r['violations']}")
+                 f"losses={r['losses']} recoveries={r['recoveries']} joins={r['joins']} viol={r['violations']} "
+                 f"failed-att={r['failed_attempts']} wasted={r['wasted_step_s']:.2f}s")
     return f"run {r['index']:>3} {r['kind']:<15} {cfg:<18} {'+'.join(p['policies']) or '-':<7} {fl or '-':<50} {what}"
 
 
@@ -709,6 +746,11 @@ def main(argv: list[str] | None = None) -> int:
           f"violations={t['violations']} hangs={t['hangs']} failed(not legit)={t['failed_not_legit']} -> "
           + ("MET" if t["runs"] >= 200 and t["violations"] == 0 and t["hangs"] == 0 and t["failed_not_legit"] == 0
              else "NOT MET"))
+    free, free_failed = t["fault_free_runs"], t["fault_free_failed_runs"]
+    print(f"acceptance (issue 38: 0 failed attempts in runs without faults): runs without faults={free}, of them "
+          f"with failed attempts={free_failed} (failed attempts in all runs: {t['failed_attempts']}, step seconds "
+          f"wasted: {t['wasted_step_s']}) -> " + ("n/a: no run without faults" if not free else
+                                                   "MET" if free_failed == 0 else "NOT MET"))
     errors = Counter(re.sub(r"\d+", "N", r.get("error", "").splitlines()[0])[:160]
                      for r in results if r["status"] in ("failed", "hang"))
     if errors:
@@ -725,7 +767,8 @@ def main(argv: list[str] | None = None) -> int:
             "n_workers": N_WORKERS, "deadline_s": args.deadline, "points_supported": points,
             "summary": table, "results": results,
             "acceptance": {"runs": t["runs"] >= 200, "violations": t["violations"] == 0, "hangs": t["hangs"] == 0,
-                           "failed": t["failed_not_legit"] == 0},
+                           "failed": t["failed_not_legit"] == 0,
+                           "fault_free_failed_attempts": None if not free else free_failed == 0},
             "machine": {**machine, "loadavg_after": load}, "seconds": time.perf_counter() - t0,
         })
     return 0

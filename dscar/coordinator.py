@@ -447,10 +447,10 @@ class Coordinator(SchedulerPlugin):
         return {"granted": granted, "next": self._item_for(worker) if worker in self.scheduler.workers else None}
 
     def _h_fail(self, job_id: str, clock: int, run: int, shard: int, attempt: int, worker: str,
-                error: str, lost_data: bool = False) -> dict:
+                error: str, lost_data: bool = False, seconds: float = 0.0) -> dict:
         job = self.jobs.get(job_id)
         if job is not None:
-            job.attempt_failed(worker, clock, run, shard, attempt, error, time.time(), lost_data)
+            job.attempt_failed(worker, clock, run, shard, attempt, error, time.time(), lost_data, float(seconds))
             self._wake()
         return {"status": "OK"}
 

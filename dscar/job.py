@@ -475,12 +475,15 @@ class JobState:
             step = step_seconds(timings) if timings else (None if started is None else now - started)
             if step is not None:
                 self.monitor.record(worker, step)
-        if not current or not self.machine.handing_out:
+        if not current or not self.machine.handing_out:  # a lost backup, an attempt of a voided pass
+            self.event(now, "commit-refused", shard=shard, attempt=attempt, worker=worker, late=True,
+                       seconds=round(step_seconds(timings or {}), 4))  # its step time, wasted
             return False, []
         self._started(worker, shard, attempt)
         granted = self.queue.commit(shard, attempt, worker)
         if not granted:
-            self.event(now, "commit-refused", shard=shard, attempt=attempt, worker=worker)
+            self.event(now, "commit-refused", shard=shard, attempt=attempt, worker=worker, late=False,
+                       seconds=round(step_seconds(timings or {}), 4))
             return False, []
         self.restore_state.pop(shard, None)  # the attempt started from the restored state; it lives on now
         sums = self.timings.setdefault(worker, {})
@@ -497,11 +500,11 @@ class JobState:
         return True, effects
 
     def attempt_failed(self, worker: str, clock: int, run_id: int, shard: int, attempt: int, error: str,
-                       now: float, lost_data: bool = False) -> None:
-        """An attempt raised. Every failure is an event; it counts against the shard unless a loss
-        (a newer run id) explains it or another attempt of the shard is still running."""
+                       now: float, lost_data: bool = False, seconds: float = 0.0) -> None:
+        """An attempt raised after ``seconds`` of work. Every failure is an event; it counts against the
+        shard unless a loss (a newer run id) explains it or another attempt of the shard is still running."""
         self.event(now, "shard-failed", shard=shard, attempt=attempt, worker=worker, error=error,
-                   late=clock != self.machine.clock or run_id != self.machine.run_id)
+                   late=clock != self.machine.clock or run_id != self.machine.run_id, seconds=round(seconds, 4))
         self.running_items.pop(worker, None)
         if clock != self.machine.clock or not self.machine.handing_out:
             return

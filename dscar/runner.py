@@ -246,7 +246,7 @@ class ShardRunner:
         """Run one attempt and stage its results; its timings and staged updates, or None when it
         failed (reported)."""
         clock, shard, attempt, run = item["clock"], item["shard"], item["attempt"], item["run"]
-        lost_data = False
+        lost_data, began = False, time.perf_counter()
         try:
             self._inject(job, clock, "start", item.get("phase"))
             t0 = time.perf_counter()
@@ -277,15 +277,17 @@ class ShardRunner:
         except _Stopped:
             raise
         except Exception as e:
-            self._fail(item, e, lost_data)
+            self._fail(item, e, lost_data, time.perf_counter() - began)
             return None
 
-    def _fail(self, item: dict, error: BaseException, lost_data: bool = False) -> None:
-        """Tell the coordinator an attempt failed (it counts toward the shard's failure limit)."""
+    def _fail(self, item: dict, error: BaseException, lost_data: bool = False, seconds: float = 0.0) -> None:
+        """Tell the coordinator an attempt failed after ``seconds`` of work (it counts toward the
+        shard's failure limit)."""
         logger.info("dscar shard %s clock %s failed: %r", item["shard"], item["clock"], error)
         try:
             self.host.call("fail", job_id=item["job"], clock=item["clock"], run=item["run"],
                        shard=item["shard"], attempt=item["attempt"], worker=self.host.address, lost_data=lost_data,
+                       seconds=seconds,
                        error="".join(traceback.format_exception_only(type(error), error)).strip())
         except Exception:
             pass

@@ -232,11 +232,14 @@ class SspJobState(JobState):
         self._note_move(next((a for a in self.queue.running_attempts(shard) if a.attempt == attempt), None), timings)
         if not rebuild and timings:
             self.monitor.record(worker, step_seconds(timings))
-        if not self.window.accepts(shard, clock, run_id):
+        if not self.window.accepts(shard, clock, run_id):  # a lost backup, an attempt of a voided epoch
+            self.event(now, "commit-refused", shard=shard, attempt=attempt, worker=worker, late=True,
+                       seconds=round(step_seconds(timings or {}), 4))  # its step time, wasted
             return False, []
         self._started(worker, shard, attempt)
         if not self.queue.commit(shard, attempt, worker):
-            self.event(now, "commit-refused", shard=shard, attempt=attempt, worker=worker)
+            self.event(now, "commit-refused", shard=shard, attempt=attempt, worker=worker, late=False,
+                       seconds=round(step_seconds(timings or {}), 4))
             return False, []
         self.restore_state.pop(shard, None)  # the attempt started from the restored state; it lives on now
         tally = self.tallies.get(clock)
@@ -248,11 +251,11 @@ class SspJobState(JobState):
         return True, self._carry(self.window.commit(shard, clock, worker, run_id), now)
 
     def attempt_failed(self, worker: str, clock: int, run_id: int, shard: int, attempt: int, error: str,
-                       now: float, lost_data: bool = False) -> None:
+                       now: float, lost_data: bool = False, seconds: float = 0.0) -> None:
         w = self.window
         current = w.phase(shard) is ShardPhase.RUNNING and (w.rebuilding is not None or w.shard_clock(shard) == clock)
         self.event(now, "shard-failed", shard=shard, attempt=attempt, worker=worker, error=error,
-                   late=not current or run_id != w.epoch)
+                   late=not current or run_id != w.epoch, seconds=round(seconds, 4))
         self.running_items.pop(worker, None)
         if not current:
             return

@@ -1,5 +1,8 @@
 """The chaos benchmark: the exactly-once checker catches every kind of breach (as pure code and through a
 deliberately broken model on a real fit), plans are reproducible, and --quick reports what it promises."""
+import threading
+import time
+
 import numpy as np
 import pytest
 
@@ -144,6 +147,8 @@ def test_summarize_counts_outcomes_by_kind():
         {"kind": "hang", "status": "failed", "legit": True, "left_stopped": 1},
         {"kind": "lose", "status": "failed", "legit": False, "plan": {"staleness": 2}},
     ]
+    rs[0].update(failed_attempts=2, wasted_step_s=0.25)
+    rs[1].update(failed_attempts=1, wasted_step_s=0.5)
     for r in rs:
         r["outcome"] = chaos.outcome(r)
     assert [r["outcome"] for r in rs] == ["ok", "violation", "hang", "failed-legit", "failed"]
@@ -151,11 +156,32 @@ def test_summarize_counts_outcomes_by_kind():
     assert list(t) == ["kill-clock", "hang", "lose", "total", "of them BSP", "of them SSP"]
     assert (t["of them BSP"]["runs"], t["of them SSP"]["runs"], t["of them SSP"]["failed_not_legit"]) == (4, 1, 1)
     assert t["kill-clock"] == {"runs": 2, "completed": 2, "violation_runs": 1, "violations": 3, "hangs": 0,
-                                   "failed_legit": 0, "failed_not_legit": 0, "losses": 2, "recoveries": 2, "joins": 0,
-                                   "left_stopped": 0, "max_clock_s": 0.0}
+                                   "failed_legit": 0, "failed_not_legit": 0, "failed_attempts": 3, "wasted_step_s": 0.75,
+                                   "fault_free_runs": 0, "fault_free_failed_runs": 0,
+                                   "losses": 2, "recoveries": 2, "joins": 0, "left_stopped": 0, "max_clock_s": 0.0}
     assert (t["total"]["runs"], t["total"]["hangs"], t["total"]["failed_legit"], t["total"]["failed_not_legit"],
             t["total"]["left_stopped"]) == (5, 1, 1, 1, 1)
-    assert "total" in chaos.format_table(t)
+    assert "total" in chaos.format_table(t) and "failed-att" in chaos.format_table(t)
+    # runs without faults: those with a failed attempt are counted apart (issue 38: there must be none)
+    free = [{"kind": "none", "status": "completed", "violations": 0, "failed_attempts": n} for n in (0, 2, 1)]
+    slow = {"kind": "slow", "status": "completed", "failed_attempts": 4}
+    t = chaos.summarize(rs + free + [slow])
+    assert (t["total"]["fault_free_runs"], t["total"]["fault_free_failed_runs"], t["total"]["failed_attempts"]) == (3, 2, 10)
+    assert t["slow"]["fault_free_runs"] == 0 and t["none"]["fault_free_failed_runs"] == 2
+
+
+def test_attempt_waste_is_counted_from_the_events():
+    events = [
+        {"kind": "shard-failed", "shard": 1, "seconds": 0.25},
+        {"kind": "commit-refused", "shard": 2, "seconds": 0.5},  # a lost backup
+        {"kind": "commit-refused", "shard": 3},  # an older dscar's event: no seconds, counted, no time
+        {"kind": "batch-released", "shards": [4, 5]},  # given back unstarted: no time lost
+        {"kind": "backup-attempt", "shard": 2, "seconds": 9.0},  # not a wasted attempt by itself
+    ]
+    assert chaos.attempt_waste(events) == {"failed_attempts": 1, "refused_commits": 2, "released_members": 2,
+                                           "wasted_step_s": 0.75}
+    assert chaos.attempt_waste([]) == {"failed_attempts": 0, "refused_commits": 0, "released_members": 0,
+                                       "wasted_step_s": 0.0}
 
 
 # --------------------------------------------------- the checker inside a real fit (in-process)
@@ -187,6 +213,21 @@ class StateDrifts(ExactlyOnce):
             ctx.set_state("count", ctx.xp.asarray([self._count(ctx) + 2.0]))
 
 
+class FailsOnce(ExactlyOnce):
+    """Shard 0's first attempt of clock 2 works ``FAIL_AFTER_S`` seconds, then raises: one failed attempt
+    (the workers are threads of this process: every worker's copy of the model sees the one flag)."""
+
+    FAIL_AFTER_S = 0.2
+    fired = threading.Event()
+
+    def shard_step(self, ctx, data):
+        if ctx.shard == 0 and ctx.clock == 2 and not self.fired.is_set():
+            self.fired.set()
+            time.sleep(self.FAIL_AFTER_S)
+            raise RuntimeError("an attempt that fails on purpose")
+        super().shard_step(ctx, data)
+
+
 @pytest.fixture(scope="module")
 def inproc3():
     with dscar.Cluster(n_workers=3, processes=False) as cl:
@@ -206,6 +247,20 @@ def test_a_correct_engine_run_has_no_violation(inproc3):
     assert all(c["violations"] == 0 for c in v.values()), v
     assert check_final(res.params["seen"], 5, True) == 0
     np.testing.assert_array_equal(res.params["steps"], np.full(6, 5.0))
+
+
+@pytest.mark.timeout(120)
+def test_a_failed_attempt_and_its_step_seconds_are_counted_from_the_fit_s_events(inproc3):
+    FailsOnce.fired.clear()
+    v, res = violations(inproc3, FailsOnce(3), policies=[])  # no backup: the clock waits for the failure
+    assert all(c["violations"] == 0 for c in v.values()), v  # the shard ran again and committed once
+    ours = [e for e in res.events if e["kind"] == "shard-failed" and "on purpose" in e["error"]]
+    assert len(ours) == 1 and ours[0]["shard"] == 0 and ours[0]["seconds"] >= FailsOnce.FAIL_AFTER_S
+    waste = chaos.attempt_waste(res.events)
+    assert waste["failed_attempts"] == sum(e["kind"] == "shard-failed" for e in res.events) >= 1
+    wasted = [e for e in res.events if e["kind"] in ("shard-failed", "commit-refused")]
+    assert waste["wasted_step_s"] == pytest.approx(sum(e["seconds"] for e in wasted), abs=1e-3)
+    assert waste["wasted_step_s"] >= FailsOnce.FAIL_AFTER_S
 
 
 @pytest.mark.timeout(120)
@@ -251,6 +306,10 @@ def test_quick_benchmark_writes_summary_json_and_plot(quick_run):
         assert r["outcome"] == chaos.outcome(r)
         if r["status"] == "completed":
             assert r["clocks"] == d["clocks"] == r["checked_clocks"] + r["skipped_clocks"] + r["unchecked_clocks"]
+            # counted from the fit's events, beside the violations
+            assert r["failed_attempts"] == r["events"].get("shard-failed", 0)
+            assert r["refused_commits"] == r["events"].get("commit-refused", 0)
+            assert r["wasted_step_s"] >= 0 and (r["wasted_step_s"] > 0) <= (r["failed_attempts"] + r["refused_commits"] > 0)
             assert r["violations"] == sum(r["violations_by_kind"].values()) + r["final_violations"]
             assert r["left_stopped"] == 0  # no hang in the quick plans
         elif r["status"] == "failed":
@@ -262,5 +321,8 @@ def test_quick_benchmark_writes_summary_json_and_plot(quick_run):
     total = d["summary"]["total"]
     assert total["runs"] == 3
     assert total["hangs"] == sum(r["status"] == "hang" for r in d["results"])
+    assert total["failed_attempts"] == sum(r.get("failed_attempts", 0) for r in d["results"])
+    assert total["fault_free_runs"] == 0 and d["acceptance"]["fault_free_failed_attempts"] is None  # no "none" run
+    assert "failed-att" in stdout and "wasted-s" in stdout and "issue 38" in stdout
     assert "acceptance (issue 9" in stdout and "NOT MET" in stdout  # 3 runs never meet ">= 200 runs"
     assert "fault kind" in stdout and "total" in stdout
