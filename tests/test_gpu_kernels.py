@@ -1,0 +1,183 @@
+"""The device kernels (algorithms/gpu_kernels.py) against the CPU kernels, in numba's CUDA simulator.
+
+The simulator is chosen by ``NUMBA_ENABLE_CUDASIM=1`` before numba is first imported, and every
+other test imports numba for real: so each check runs in a child process of its own (this file run
+as a script, ``python tests/test_gpu_kernels.py CHECK``), which leaves the suite's process as it was.
+The simulator runs a block's threads as Python threads, so the inputs are tiny.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _in_simulator(check: str) -> None:
+    env = {**os.environ, "NUMBA_ENABLE_CUDASIM": "1", "PYTHONWARNINGS": "ignore"}
+    r = subprocess.run([sys.executable, str(Path(__file__).resolve()), check], cwd=ROOT, env=env,
+                       capture_output=True, text=True, timeout=110)
+    assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
+    assert f"ok {check}" in r.stdout
+
+
+@pytest.mark.parametrize("check", ["lda_moves", "lda_loglik", "als", "lasso", "threads_check"])
+def test_device_kernel_in_the_simulator_matches_the_cpu_kernel(check):
+    _in_simulator(check)
+
+
+def test_the_switch_stays_off_without_cupy():
+    from dscar.algorithms import gpu_kernels
+
+    assert not gpu_kernels.enabled(np)
+
+
+# ------------------------------------------------------------- the checks (run in the child)
+def _corpus(seed: int, n_docs: int = 6, vocab: int = 9, length: int = 7):
+    import scipy.sparse as sp
+
+    from dscar.algorithms.lda import local_vocabulary, token_layout
+
+    rng = np.random.default_rng(seed)
+    X = sp.csr_matrix(rng.poisson(length / vocab, (n_docs, vocab)) + np.eye(n_docs, vocab, dtype=np.int64))
+    w, d, doc_len = token_layout(X)
+    words, wl = local_vocabulary(w)
+    return wl.astype(np.int32), d, doc_len, words
+
+
+def _counts(wl, d, z, Vs, n_docs, K):
+    A = np.zeros((Vs, K), dtype=np.int32)
+    np.add.at(A, (wl, z), 1)
+    D = np.zeros((n_docs, K), dtype=np.int32)
+    np.add.at(D, (d, z), 1)
+    return A, A.sum(axis=0).astype(np.int32), D
+
+
+def check_lda_moves() -> None:
+    """One sweep from the same state with the same uniforms: the simulator runs one block at a time, so
+    the device sweep is the CPU's exact sequential sweep; the topics agree token by token (a move may
+    differ only where float32 rounding puts a threshold on the other side of a running sum), and
+    the counts the device updated with atomics equal the counts of its new assignments."""
+    from dscar.algorithms import gpu_kernels
+    from dscar.algorithms.lda import compiled_sweep
+
+    K, beta, key = 5, 0.05, 12345
+    wl, d, doc_len, words = _corpus(0)
+    Vs, n_docs = len(words), len(doc_len)
+    z0 = np.random.default_rng(1).integers(0, K, wl.shape[0]).astype(np.int32)
+    alpha = np.full(K, 0.3)
+    A0, T0, _ = _counts(wl, d, z0, Vs, n_docs, K)
+    zc, Ac, Tc = z0.copy(), A0.copy(), T0.copy()
+    compiled_sweep(wl, doc_len, zc, Ac, Tc, alpha, beta, Vs, key, method="dense")
+    zg, Ag, Tg = z0.copy(), A0.copy(), T0.copy()
+    D = gpu_kernels.lda_sweep(wl, doc_len, zg, Ag, Tg, alpha, beta, Vs, key, threads=4)
+    same = float((zg == zc).mean())
+    assert same >= 0.9, same
+    A, T, Dz = _counts(wl, d, zg, Vs, n_docs, K)
+    assert (Ag == A).all() and (Tg == T).all() and (D == Dz).all()
+    assert int(Tg.sum()) == wl.shape[0]
+
+
+def check_lda_loglik() -> None:
+    """Eight sweeps on each side from the same random start, a new stream each sweep: the log-likelihood
+    of the device's chain ends within 1 % of the CPU kernel's, and far above the start's."""
+    from dscar.algorithms import gpu_kernels
+    from dscar.algorithms.lda import compiled_sweep, loglikelihood
+
+    K, beta = 3, 0.05
+    wl, d, doc_len, words = _corpus(2, n_docs=5, vocab=8, length=8)
+    Vs, n_docs = len(words), len(doc_len)
+    alpha = np.full(K, 0.2)
+    z0 = np.random.default_rng(3).integers(0, K, wl.shape[0]).astype(np.int32)
+    A0, T0, D0 = _counts(wl, d, z0, Vs, n_docs, K)
+    start = loglikelihood(A0, D0, alpha, beta)
+    final = {}
+    for side in ("cpu", "gpu"):
+        z, A, T = z0.copy(), A0.copy(), T0.copy()
+        for sweep in range(8):
+            if side == "cpu":
+                compiled_sweep(wl, doc_len, z, A, T, alpha, beta, Vs, 1000 + sweep, method="dense")
+            else:
+                gpu_kernels.lda_sweep(wl, doc_len, z, A, T, alpha, beta, Vs, 1000 + sweep, threads=2)
+        Az, _, Dz = _counts(wl, d, z, Vs, n_docs, K)
+        assert (Az == A).all()
+        final[side] = loglikelihood(A, Dz, alpha, beta)
+    assert abs(final["gpu"] - final["cpu"]) <= 0.01 * abs(final["cpu"]), final
+    assert final["gpu"] > start + 0.02 * abs(start), (start, final)
+
+
+def check_als() -> None:
+    """ALS's row solves from the same ratings (CSR for the CPU kernel, padded batches for the device):
+    the same solutions, squared errors and ridge terms, to round-off."""
+    from dscar.algorithms import gpu_kernels
+    from dscar.algorithms.mf_kernels import als_rows, padded_width, width_token
+
+    rng = np.random.default_rng(4)
+    rank, m, n_other = 3, 4, 7
+    d = rank + 1
+    F = rng.normal(size=(n_other, rank))
+    Z = np.zeros((n_other, padded_width(d)))
+    Z[:, :rank], Z[:, rank] = F, 1.0
+    off = rng.normal(size=n_other)
+    counts = np.array([3, 1, 5, 2])
+    cols = [np.sort(rng.choice(n_other, c, replace=False)) for c in counts]
+    vals = [rng.normal(3.0, 1.0, c) for c in counts]
+    indptr = np.r_[0, np.cumsum(counts)].astype(np.int64)
+    lam_f, lam_b = 0.1 * counts.astype(np.float64), np.full(m, 0.01)
+    x_cpu = np.empty((m, d))
+    sse_cpu, reg_cpu = als_rows(indptr, np.concatenate(cols), np.concatenate(vals), off, Z, lam_f, lam_b, 1, x_cpu,
+                                True, width_token(d))
+    L = int(counts.max())
+    pc, pr = np.full((m, L), -1, dtype=np.int64), np.zeros((m, L))
+    for r in range(m):
+        pc[r, :counts[r]], pr[r, :counts[r]] = cols[r], vals[r]
+    x, sse, reg = gpu_kernels.als_solve(pc, pr, off, Z[:, :d].copy(), lam_f, lam_b, True, d, threads=8)
+    np.testing.assert_allclose(x, x_cpu, rtol=1e-9, atol=1e-12)
+    np.testing.assert_allclose([sse.sum(), reg.sum()], [sse_cpu, reg_cpu], rtol=1e-9)
+
+
+def check_lasso() -> None:
+    """The Gram coordinate descent against the CPU kernel's plain cyclic CD (no Anderson, no support
+    step): the same sweeps, the same solution and KKT violation."""
+    from dscar.algorithms import gpu_kernels
+    from dscar.algorithms.lasso_kernels import gram_cd_anderson
+
+    rng = np.random.default_rng(5)
+    X = rng.normal(size=(30, 6))
+    X[:, 1] += 0.8 * X[:, 0]  # correlated columns: several sweeps
+    G = X.T @ X
+    c = X.T @ (X @ np.array([1.0, 0, -2.0, 0, 0, 0.5]) + 0.1 * rng.normal(size=30))
+    w0, lam = np.zeros(6), 3.0
+    w_cpu, sweeps_cpu, kkt_cpu = gram_cd_anderson(G, c, w0, lam, 1e-10, 500, 0, False)
+    w, sweeps, kkt = gpu_kernels.gram_cd(G, c, w0, lam, 1e-10, 500, threads=4)
+    assert sweeps == sweeps_cpu > 2, (sweeps, sweeps_cpu)
+    np.testing.assert_allclose(w, w_cpu, rtol=1e-12, atol=1e-14)
+    assert kkt <= 1e-10 and abs(kkt - kkt_cpu) <= 1e-12
+    assert (w == 0).any() and (w != 0).any()  # a sparse solution: the thresholds were exercised
+
+
+def check_threads_check() -> None:
+    """A block size the prefix sum cannot halve is refused before any launch."""
+    from dscar.algorithms import gpu_kernels
+
+    for make in (gpu_kernels._lda_kernel, gpu_kernels._cd_kernel):
+        try:
+            make(6)
+        except ValueError as e:
+            assert "power of two" in str(e)
+        else:
+            raise AssertionError("threads=6 accepted")
+
+
+if __name__ == "__main__":
+    from numba.core import config
+
+    assert config.ENABLE_CUDASIM, "run with NUMBA_ENABLE_CUDASIM=1"
+    name = sys.argv[1]
+    globals()[f"check_{name}"]()
+    print(f"ok {name}")
