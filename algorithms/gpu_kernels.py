@@ -42,6 +42,9 @@ from .lda import GAMMA
 LDA_THREADS = 32
 ALS_THREADS = 128
 CD_THREADS = 256
+#: sweeps of the device CD before Lasso's clock end hands the block to the CPU kernel (Anderson and the
+#: support step converge on ill-conditioned blocks where plain CD crawls)
+GPU_CD_SWEEPS = 1000
 
 
 def enabled(xp: ModuleType) -> bool:
@@ -346,6 +349,17 @@ def gram_cd(G, c, w0, lam: float, tol: float, max_sweeps: int, xp: ModuleType = 
         _cd_kernel(threads)[1, threads](G, c, w0, float(lam), float(tol), int(max_sweeps), w, q, info)
     info = np.asarray(info.get() if hasattr(info, "get") else info)
     return w, int(info[0]), float(info[1])
+
+
+def gram_cd_warm_start(G: np.ndarray, c: np.ndarray, w0: np.ndarray, lam: float, tol: float, xp: ModuleType,
+                       max_sweeps: int = GPU_CD_SWEEPS) -> tuple[np.ndarray, np.ndarray]:
+    """Lasso's clock end on a CuPy worker: at most ``max_sweeps`` sweeps of ``gram_cd`` on the device from
+    the host block problem, returned as the same problem re-centred at the device's iterate ``w1``:
+    ``(w1, c - G (w1 - w0))`` (the quadratic's linear term at ``w1``), for ``lasso_kernels.gram_cd_anderson``
+    to certify in one sweep, or to finish where plain CD was too slow (ill-conditioned blocks)."""
+    w, _, _ = gram_cd(xp.asarray(G), xp.asarray(c), xp.asarray(w0), lam, tol, max_sweeps, xp)
+    w1 = np.ascontiguousarray(w.get() if hasattr(w, "get") else w, dtype=np.float64)
+    return w1, np.ascontiguousarray(c - G @ (w1 - w0))
 
 
 # --------------------------------------------------------------- warm-up

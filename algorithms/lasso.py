@@ -109,6 +109,11 @@ class LassoCD(Algorithm):
         whichever worker runs a clock end; loading one then stalls that worker ~0.3 s."""
         if self.kernel != "compiled":
             return
+        if xp is not np:
+            from . import gpu_kernels
+
+            if gpu_kernels.enabled(xp):
+                gpu_kernels.warm_up_cd(xp)
         from .lasso_kernels import gram_cd_anderson, residual
 
         X = np.asfortranarray(np.eye(3))
@@ -229,8 +234,13 @@ class LassoCD(Algorithm):
                 from .lasso_kernels import gram_cd_anderson
 
                 inner_tol = INNER_TOL * max(lam, 1e-6 * float(np.abs(c[idx]).max()), 1e-300)
-                w_new, _, _ = gram_cd_anderson(np.ascontiguousarray(G), np.ascontiguousarray(c[idx]),
-                                               np.ascontiguousarray(w[idx]), lam, inner_tol, 100_000, ANDERSON_M)
+                G, c_blk, w_blk = np.ascontiguousarray(G), np.ascontiguousarray(c[idx]), np.ascontiguousarray(w[idx])
+                if ctx.xp is not np:  # CuPy workers: the device CD first, the CPU kernel certifies or finishes
+                    from . import gpu_kernels
+
+                    if gpu_kernels.enabled(ctx.xp):
+                        w_blk, c_blk = gpu_kernels.gram_cd_warm_start(G, c_blk, w_blk, lam, inner_tol, ctx.xp)
+                w_new, _, _ = gram_cd_anderson(G, c_blk, w_blk, lam, inner_tol, 100_000, ANDERSON_M)
             else:
                 w_new = gram_cd(G, c[idx], w[idx], lam)
             step = w_new - w[idx]

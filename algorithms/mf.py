@@ -324,6 +324,11 @@ class ALS(Algorithm):
     def warm_up(self, xp) -> None:
         """Load the compiled kernels (the row solves, and the held-out scoring first used at the
         end of clock 1's last phase) on a one-rating problem with the fit's argument types."""
+        if xp is not np and self.kernel != "namespace":
+            from . import gpu_kernels
+
+            if gpu_kernels.enabled(xp):  # the device row solve, for the fit's unknowns and factor dtype
+                gpu_kernels.warm_up_als(xp, self._unknowns, self.dtype)
         if xp is not np or not self._compiled(xp):
             return
         from .mf_kernels import als_rows, padded_width, score_rows, width_token
@@ -490,6 +495,11 @@ class ALS(Algorithm):
         """The array-namespace path (NumPy or CuPy; the reference): padded batches, batched matmul + solve."""
         k, d = self.rank, Z.shape[1]
         sse = reg_sum = n = 0.0
+        if xp is not np and self.kernel != "namespace":
+            from . import gpu_kernels
+
+            if gpu_kernels.enabled(xp):
+                return self._solve_device(data, Z, off, new_f, new_b, last, xp)
         eye = xp.eye(d)
         for bt in self._batches(data):
             F = Z[bt["col"]]  # b x L x d
@@ -510,6 +520,26 @@ class ALS(Algorithm):
             if self.biases:
                 new_b[bt["rows"]] = x[:, k, 0]
         return sse, reg_sum, n
+
+    def _solve_device(self, data, Z, off, new_f, new_b, last: bool, xp) -> tuple[float, float, float]:
+        """CuPy workers: the device kernel (``gpu_kernels.als_solve``: a block per row, normal equations
+        and Cholesky) on the namespace path's padded batches; one host sync for the shard's sums."""
+        from . import gpu_kernels
+
+        k, d = self.rank, Z.shape[1]
+        sse, reg_sum, n = xp.zeros(()), xp.zeros(()), xp.zeros(())
+        for bt in self._batches(data):
+            lam_f, lam_b = self._lams(bt["count"], xp)
+            x, sse_rows, reg_rows = gpu_kernels.als_solve(bt["col"], bt["rating"], off, Z, lam_f, lam_b, self.biases,
+                                                          d, xp)
+            if last:
+                sse += sse_rows.sum()
+            reg_sum += reg_rows.sum()
+            n += bt["count"].sum()
+            new_f[bt["rows"]] = x[:, :k]
+            if self.biases:
+                new_b[bt["rows"]] = x[:, k]
+        return float(sse), float(reg_sum), float(n)
 
     # -------------------------------------------------------- clock end
     def clock_end(self, ctx) -> dict[str, float]:

@@ -26,7 +26,8 @@ def _in_simulator(check: str) -> None:
     assert f"ok {check}" in r.stdout
 
 
-@pytest.mark.parametrize("check", ["lda_moves", "lda_loglik", "als", "lasso", "threads_check"])
+@pytest.mark.parametrize("check", ["lda_moves", "lda_loglik", "als", "lasso", "lasso_warm_start", "threads_check",
+                                   "lda_hook", "als_hook"])
 def test_device_kernel_in_the_simulator_matches_the_cpu_kernel(check):
     _in_simulator(check)
 
@@ -35,6 +36,32 @@ def test_the_switch_stays_off_without_cupy():
     from dscar.algorithms import gpu_kernels
 
     assert not gpu_kernels.enabled(np)
+
+
+def test_rehearsal_runs_lda_clocks_with_tables_that_match_the_assignments():
+    """The CuPy warm-up's rehearsal (``gpu_warm``), here on NumPy: LDA's namespace sampler runs its first
+    clocks against in-memory tables, the clock ends find the counts equal to the assignments and the
+    sampler improving the fit (so the rehearsal ran the real step, commit and clock end)."""
+    import scipy.sparse as sp
+
+    from dscar.algorithms import gpu_warm
+    from dscar.algorithms.lda import LDAGibbs
+
+    X = sp.csr_matrix(np.random.default_rng(0).poisson(1.0, (12, 15)))
+    hist = gpu_warm.rehearse(LDAGibbs(n_topics=3, backend="xp", seed=1), {"X": X}, np, clocks=6)
+    assert [h["count_error"] for h in hist] == [0.0] * 6
+    assert hist[0]["tokens"] == X.sum() and hist[-1]["loglik"] > hist[0]["loglik"]
+
+
+def test_rehearsal_runs_mlr_clocks_on_the_namespace_path():
+    from dscar.algorithms import gpu_warm
+    from dscar.algorithms.mlr import MLRSGD
+
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(40, 4))
+    y = (X[:, 0] > 0).astype(np.int64)
+    hist = gpu_warm.rehearse(MLRSGD(n_classes=2, kernel="namespace", batch_size=8), {"X": X, "y": y}, np, clocks=4)
+    assert hist[-1]["objective"] < hist[0]["objective"]
 
 
 # ------------------------------------------------------------- the checks (run in the child)
@@ -159,6 +186,79 @@ def check_lasso() -> None:
     np.testing.assert_allclose(w, w_cpu, rtol=1e-12, atol=1e-14)
     assert kkt <= 1e-10 and abs(kkt - kkt_cpu) <= 1e-12
     assert (w == 0).any() and (w != 0).any()  # a sparse solution: the thresholds were exercised
+
+
+def check_lasso_warm_start() -> None:
+    """Lasso's clock end on a GPU: three device sweeps, then the CPU kernel (Anderson + support step) on the
+    problem re-centred at the device's iterate, reaches the CPU kernel's own solution of the block."""
+    from dscar.algorithms import gpu_kernels
+    from dscar.algorithms.lasso import ANDERSON_M
+    from dscar.algorithms.lasso_kernels import gram_cd_anderson
+
+    rng = np.random.default_rng(6)
+    X = rng.normal(size=(40, 5))
+    X[:, 1] = X[:, 0] + 0.05 * rng.normal(size=40)  # nearly collinear: plain CD is far from done after 3 sweeps
+    G = X.T @ X
+    c, w0, lam = X.T @ rng.normal(size=40), 0.1 * rng.normal(size=5), 0.5
+    w_ref, _, _ = gram_cd_anderson(G, c, w0, lam, 1e-12, 100_000, ANDERSON_M)
+    w1, c1 = gpu_kernels.gram_cd_warm_start(G, c, w0, lam, 1e-12, np, max_sweeps=3)
+    assert np.abs(w1 - w_ref).max() > 1e-6  # the device did not finish: the hand-over is what is tested
+    w, _, kkt = gram_cd_anderson(G, c1, w1, lam, 1e-12, 100_000, ANDERSON_M)
+    np.testing.assert_allclose(w, w_ref, rtol=1e-8, atol=1e-10)
+
+
+def _numpy_named_cupy():
+    """NumPy under CuPy's name: the models take their CuPy branches (``gpu_kernels.enabled`` is true in the
+    simulator), so the hooks and the warm-up run here with the kernels in the simulator."""
+    import types
+
+    m = types.ModuleType("cupy")
+    m.__dict__.update({k: getattr(np, k) for k in dir(np) if not k.startswith("__")})
+    return m
+
+
+def check_lda_hook() -> None:
+    """A 'CuPy' worker's LDA: ``warm_up`` compiles the device sweep and rehearses, then clocks sweep with the
+    device kernel (counted) and the clock ends find the counts equal to the assignments."""
+    import scipy.sparse as sp
+
+    from dscar.algorithms import gpu_kernels, gpu_warm
+    from dscar.algorithms.lda import LDAGibbs
+
+    xp = _numpy_named_cupy()
+    assert gpu_kernels.enabled(xp)
+    calls = []
+    sweep = gpu_kernels.lda_sweep
+    gpu_kernels.lda_sweep = lambda *a, **k: calls.append(1) or sweep(*a, **{**k, "threads": 2})
+    algo = LDAGibbs(n_topics=3, seed=2)
+    algo.warm_up(xp)
+    assert len(calls) == 2  # warm_up_lda, and the rehearsal's clock 2
+    X = sp.csr_matrix(np.random.default_rng(0).poisson(1.0, (6, 8)))
+    hist = gpu_warm.rehearse(algo, {"X": X}, xp, clocks=4)
+    assert len(calls) == 5 and [h["count_error"] for h in hist] == [0.0] * 4
+
+
+def check_als_hook() -> None:
+    """A 'CuPy' worker's ALS row solves (the device kernel on the namespace path's padded batches) give the
+    namespace path's solutions and sums."""
+    from dscar.algorithms.mf import ALS
+
+    xp = _numpy_named_cupy()
+    rng = np.random.default_rng(7)
+    n = 40
+    arrays = {"row": rng.integers(0, 6, n), "col": rng.integers(0, 9, n), "rating": rng.normal(3, 1, n)}
+    F, b = rng.normal(size=(9, 2)), rng.normal(size=9)
+    out = {}
+    for name, ns in (("namespace", np), ("device", xp)):
+        algo = ALS(n_users=6, n_items=9, rank=2, kernel="namespace" if ns is np else "auto")
+        data = algo.prepare_shard(dict(arrays), ns)
+        Z, off = algo._design(F, b, False, ns)
+        new_f, new_b = np.zeros((6, 2)), np.zeros(6)
+        sums = algo._solve_namespace(data, Z, off, new_f, new_b, True, ns)
+        out[name] = (new_f, new_b, np.array(sums))
+    assert (out["namespace"][0] != 0).any()
+    for a, b_ in zip(out["namespace"], out["device"]):
+        np.testing.assert_allclose(b_, a, rtol=1e-9, atol=1e-12)
 
 
 def check_threads_check() -> None:
