@@ -38,7 +38,8 @@ from numba import cuda, float32, float64, int32, uint64
 
 from .lda import GAMMA
 
-#: threads of an LDA block (one warp: its ``syncthreads`` are cheap) and of an ALS or Lasso block
+#: threads of an LDA block (one warp: its ``syncthreads`` are cheap) and of an ALS or Lasso block (the
+#: launches read them at call time: the simulator tests set fewer)
 LDA_THREADS = 32
 ALS_THREADS = 128
 CD_THREADS = 256
@@ -136,7 +137,7 @@ def _lda_kernel(threads: int):
 
 
 def lda_sweep(wl, doc_len, z, A, T, alpha, beta: float, vocab_size: int, key: int, xp: ModuleType = np,
-              threads: int = LDA_THREADS, doc_counts=None):
+              threads: int | None = None, doc_counts=None):
     """One collapsed Gibbs sweep on the device; ``z`` (int32), ``A`` (int32 rows x K: the word-topic
     counts of the rows ``wl`` indexes) and ``T`` (int32, K) updated in place. Returns the shard's
     doc-topic counts after the sweep (``n_docs x K`` int32; ``doc_counts``: a buffer to reuse).
@@ -150,6 +151,7 @@ def lda_sweep(wl, doc_len, z, A, T, alpha, beta: float, vocab_size: int, key: in
     doc_ptr = xp.zeros(n_docs + 1, dtype=np.int64)
     xp.cumsum(doc_len, out=doc_ptr[1:])
     D = doc_counts if doc_counts is not None else xp.zeros((n_docs, K), dtype=np.int32)
+    threads = threads or LDA_THREADS
     if n_docs and int(z.shape[0]):
         _lda_kernel(threads)[n_docs, threads](
             wl, doc_ptr, z, A, T, D, xp.asarray(np.asarray(alpha, dtype=np.float32)), np.float32(beta),
@@ -239,7 +241,7 @@ def _als_kernel(d: int, threads: int):
 
 
 def als_solve(cols, ratings, off, Z, lam_f, lam_b, biases: bool, d: int, xp: ModuleType = np,
-              threads: int = ALS_THREADS) -> tuple[Any, Any, Any]:
+              threads: int | None = None) -> tuple[Any, Any, Any]:
     """Solve a padded batch of rows on the device; returns ``(x, sse, reg)``: the solutions
     (``b x d``, float64), each row's squared error at its solution and its ``x^T diag(lam) x``.
 
@@ -249,7 +251,7 @@ def als_solve(cols, ratings, off, Z, lam_f, lam_b, biases: bool, d: int, xp: Mod
     of ones when ``biases``); ``lam_f`` / ``lam_b``: each row's ridge on its factors and bias.
     The same normal equations and Cholesky as ``mf_kernels.als_rows``, in double.
     """
-    b = int(cols.shape[0])
+    b, threads = int(cols.shape[0]), threads or ALS_THREADS
     x, sse, reg = xp.zeros((b, d)), xp.zeros(b), xp.zeros(b)
     if b:
         _als_kernel(int(d), threads)[b, threads](cols, ratings, off, Z, lam_f, lam_b, int(biases), x, sse, reg)
@@ -337,13 +339,13 @@ def _cd_kernel(threads: int):
 
 
 def gram_cd(G, c, w0, lam: float, tol: float, max_sweeps: int, xp: ModuleType = np,
-            threads: int = CD_THREADS) -> tuple[Any, int, float]:
+            threads: int | None = None) -> tuple[Any, int, float]:
     """The Lasso block solve on the device (plain cyclic CD: ``gram_cd_anderson`` with ``m = 0`` and no
     support step, whose iterates it reproduces); returns ``(w, sweeps, kkt)`` as that kernel does.
 
     ``G`` (``k x k``, symmetric PSD), ``c``, ``w0`` (``k``): float64 arrays of namespace ``xp``.
     """
-    k = int(w0.shape[0])
+    k, threads = int(w0.shape[0]), threads or CD_THREADS
     w, q, info = xp.zeros(k), xp.zeros(k), xp.zeros(2)
     if k:
         _cd_kernel(threads)[1, threads](G, c, w0, float(lam), float(tol), int(max_sweeps), w, q, info)

@@ -27,7 +27,7 @@ def _in_simulator(check: str) -> None:
 
 
 @pytest.mark.parametrize("check", ["lda_moves", "lda_loglik", "als", "lasso", "lasso_warm_start", "threads_check",
-                                   "lda_hook", "als_hook"])
+                                   "lda_hook", "als_hook", "bench_device_branches"])
 def test_device_kernel_in_the_simulator_matches_the_cpu_kernel(check):
     _in_simulator(check)
 
@@ -261,6 +261,23 @@ def check_als_hook() -> None:
         np.testing.assert_allclose(b_, a, rtol=1e-9, atol=1e-12)
 
 
+def check_bench_device_branches() -> None:
+    """``bench.device_kernels``' GPU side at its tiny sizes, the kernels in the simulator (fewer threads):
+    every figure comes out, and the device reaches the CPU's answers (LDA's log-likelihood, Lasso's optimum)."""
+    from bench import device_kernels
+    from dscar.algorithms import gpu_kernels
+
+    gpu_kernels.LDA_THREADS, gpu_kernels.ALS_THREADS, gpu_kernels.CD_THREADS = 2, 4, 4
+    xp, tiny = _numpy_named_cupy(), device_kernels.SIZES["tiny"]
+    res = {m: device_kernels.BENCHES[m](tiny[m], xp, None) for m in device_kernels.MODELS}
+    assert res["lda"]["tokens_per_s"] > 0 and res["lda"]["loglik_rel_diff"] < 0.05, res["lda"]
+    assert res["als"]["ms_per_iter"] > 0
+    assert res["lasso"]["rel_gap"] <= 1e-6 and res["lasso"]["seconds_to_optimum"] > 0, res["lasso"]
+    assert res["mlr"]["samples_per_s"] > 0
+    v = device_kernels.verdicts(res)
+    assert all(v[m].startswith(("met", "missed")) for m in device_kernels.MODELS), v
+
+
 def check_threads_check() -> None:
     """A block size the prefix sum cannot halve is refused before any launch."""
     from dscar.algorithms import gpu_kernels
@@ -278,6 +295,7 @@ if __name__ == "__main__":
     from numba.core import config
 
     assert config.ENABLE_CUDASIM, "run with NUMBA_ENABLE_CUDASIM=1"
+    sys.path.insert(0, str(ROOT))  # bench/ (a script's own folder is what Python puts on the path)
     name = sys.argv[1]
     globals()[f"check_{name}"]()
     print(f"ok {name}")
