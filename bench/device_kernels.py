@@ -31,6 +31,8 @@ import numpy as np
 
 from dscar.xp import to_host
 
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  #: the repository (``-m bench...`` runs from it)
+
 MODELS = ("lda", "als", "lasso", "mlr")
 SIZES: dict[str, dict[str, Any]] = {
     "full": {"lda": dict(docs=20_000, vocab=20_000, length=100, K=1024, sweeps=5),
@@ -275,14 +277,18 @@ def probe_ssp(timeout: float) -> list[dict[str, Any]]:
         cmd = [sys.executable, "-m", "bench.device_kernels", "--probe-child", consistency, "--timeout", str(timeout)]
         t = time.perf_counter()
         try:
-            p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout + 30)
+            p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout + 30, cwd=ROOT)
             lines = [x for x in p.stdout.splitlines() if x.startswith("{")]
-            row = json.loads(lines[-1]) if p.returncode == 0 and lines else {"consistency": consistency,
-                                                                             "error": f"exit {p.returncode}"}
-            row["stderr_tail"] = p.stderr[-20_000:] if "error" in row else ""
+            if p.returncode == 0 and lines:
+                row = json.loads(lines[-1])
+            elif "Timeout (" in p.stderr:  # faulthandler's deadline: every thread's stack is in the dump
+                row = {"consistency": consistency, "error": f"hung past {timeout:g} s (stacks dumped)"}
+            else:
+                row = {"consistency": consistency, "error": f"exit {p.returncode}"}
+            row["stderr_tail"] = p.stderr[-60_000:] if "error" in row else ""
         except subprocess.TimeoutExpired as e:
-            row = {"consistency": consistency, "error": "hung", "stderr_tail": (e.stderr or b"")[-20_000:].decode()
-                   if isinstance(e.stderr, bytes) else str(e.stderr)[-20_000:]}
+            err = e.stderr.decode(errors="replace") if isinstance(e.stderr, bytes) else str(e.stderr or "")
+            row = {"consistency": consistency, "error": "hung, not even the dump came", "stderr_tail": err[-60_000:]}
         rows.append({**row, "seconds": time.perf_counter() - t})
     return rows
 
@@ -303,13 +309,16 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     sizes = SIZES[args.sizes or ("quick" if args.quick else "full")]
     xp, sync = (None, None) if args.cpu_only else _device()
-    results = {}
+    results, errors = {}, {}
     for m in args.models:
         t = time.perf_counter()
-        results[m] = BENCHES[m](sizes[m], xp, sync)
-        print(f"[{time.perf_counter() - t:6.1f}s] {m}: {results[m]}", file=sys.stderr, flush=True)
+        try:  # one model's failure is reported, and the others still run (a device run is rare)
+            results[m] = BENCHES[m](sizes[m], xp, sync)
+        except Exception as e:  # noqa: BLE001
+            errors[m] = f"{type(e).__name__}: {e}"
+        print(f"[{time.perf_counter() - t:6.1f}s] {m}: {results.get(m) or errors[m]}", file=sys.stderr, flush=True)
     report: dict[str, Any] = {"gpu": xp is not None, "sizes": args.sizes or ("quick" if args.quick else "full"),
-                              "results": results, "verdicts": verdicts(results)}
+                              "results": results, "errors": errors, "verdicts": verdicts(results)}
     for m, v in report["verdicts"].items():
         print(f"{m:<6} {v}")
     if args.probe_ssp:
@@ -320,7 +329,30 @@ def main(argv: list[str] | None = None) -> int:
         os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
         with open(args.json, "w") as f:
             json.dump(report, f, indent=1, default=float)
-    return 0
+        plot(os.path.splitext(args.json)[0] + ".png", results)
+    return 1 if errors else 0
+
+
+def plot(path: str, results: dict[str, dict]) -> None:
+    """Each model's figure as a fraction of the issue's target (1: met; the axis is logarithmic)."""
+    from bench.common import pyplot
+
+    plt = pyplot()
+    names, vals = [], []
+    for m, r in results.items():
+        key, op, goal = TARGETS[m]
+        if key in r and r[key] > 0:
+            names.append(m)
+            vals.append(r[key] / goal if op == ">=" else goal / r[key])
+    fig, ax = plt.subplots(figsize=(1.4 * max(len(names), 1) + 2, 3.5))
+    ax.bar(names, vals)
+    ax.axhline(1.0, color="k", lw=0.8)
+    ax.set_yscale("log")
+    ax.set_ylabel("figure / target (>= 1: met)")
+    ax.set_title("device kernels against issue 42's targets" if names else "no GPU: CPU references only")
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    print(f"plot: {path}")
 
 
 if __name__ == "__main__":
