@@ -27,7 +27,7 @@ def _in_simulator(check: str) -> None:
 
 
 @pytest.mark.parametrize("check", ["lda_moves", "lda_loglik", "als", "lasso", "lasso_warm_start", "threads_check",
-                                   "lda_hook", "als_hook", "bench_device_branches"])
+                                   "lda_hook", "als_hook", "lasso_hook", "bench_device_branches"])
 def test_device_kernel_in_the_simulator_matches_the_cpu_kernel(check):
     _in_simulator(check)
 
@@ -40,7 +40,7 @@ def _gpu_visible() -> bool:
 
 @pytest.mark.skipif(not _gpu_visible(), reason="no GPU: the same checks run in the simulator above")
 @pytest.mark.parametrize("check", ["lda_loglik", "als", "lasso", "lasso_warm_start", "lda_hook", "als_hook",
-                                   "bench_device_branches"])
+                                   "lasso_hook", "bench_device_branches"])
 def test_device_kernel_on_the_gpu_matches_the_cpu_kernel(check):
     """On a GPU machine (bench/device_run.sh): the checks with the kernels on the device. (``lda_moves`` is
     left out: there the documents' blocks run at once, so the moves are AD-LDA's, not the sequential sweep's.)"""
@@ -81,6 +81,21 @@ def test_rehearsal_runs_mlr_clocks_on_the_namespace_path():
     y = (X[:, 0] > 0).astype(np.int64)
     hist = gpu_warm.rehearse(MLRSGD(n_classes=2, kernel="namespace", batch_size=8), {"X": X, "y": y}, np, clocks=4)
     assert hist[-1]["objective"] < hist[0]["objective"]
+
+
+@pytest.mark.parametrize("kernel", ["compiled", "namespace"])
+def test_rehearsal_runs_lasso_clocks_to_its_optimum(kernel):
+    """A working set smaller than the features: the rehearsal runs both of Lasso's shard-step branches (the
+    Gram of the working set, the residual of the support) and its clock ends certify the optimum."""
+    from dscar.algorithms import gpu_warm
+    from dscar.algorithms.lasso import LassoCD
+
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(30, 4))
+    y = X @ np.array([1.0, 0.0, -1.0, 0.0]) + 0.1 * rng.normal(size=30)
+    hist = gpu_warm.rehearse(LassoCD(alpha=0.1, kernel=kernel, max_working_set=2, working_set_start=2),
+                             {"X": X, "y": y}, np, clocks=4)
+    assert hist[0]["rel_gap"] > 0.1 and hist[-1]["converged"] == 1.0 and hist[-1]["rel_gap"] < 1e-12
 
 
 # ------------------------------------------------------------- the checks (run in the child)
@@ -278,6 +293,30 @@ def check_als_hook() -> None:
     assert (out["namespace"][0] != 0).any()
     for a, b_ in zip(out["namespace"], out["device"]):
         np.testing.assert_allclose(b_, a, rtol=1e-9, atol=1e-12)
+
+
+def check_lasso_hook() -> None:
+    """A 'CuPy' worker's Lasso: ``warm_up`` compiles the device CD and rehearses; the clock ends' block solves
+    go through the device (counted) and the fit reaches the optimum the NumPy path certifies."""
+    from dscar.algorithms import gpu_kernels, gpu_warm
+    from dscar.algorithms.lasso import LassoCD
+
+    gpu_kernels.CD_THREADS = 4
+    xp = _numpy_named_cupy()
+    calls = []
+    start = gpu_kernels.gram_cd_warm_start
+    gpu_kernels.gram_cd_warm_start = lambda *a, **k: calls.append(1) or start(*a, **k)
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(30, 4))
+    y = X @ np.array([1.0, 0.0, -1.0, 0.0]) + 0.1 * rng.normal(size=30)
+    algo = LassoCD(alpha=0.1, max_working_set=2, working_set_start=2)
+    algo.warm_up(xp)
+    warm = len(calls)
+    assert warm >= 1
+    dev = gpu_warm.rehearse(algo, {"X": X, "y": y}, xp, clocks=4)
+    ref = gpu_warm.rehearse(LassoCD(alpha=0.1, max_working_set=2, working_set_start=2), {"X": X, "y": y}, np, clocks=4)
+    assert len(calls) > warm and dev[-1]["converged"] == 1.0
+    assert abs(dev[-1]["objective"] - ref[-1]["objective"]) <= 1e-12 * abs(ref[-1]["objective"])
 
 
 def check_bench_device_branches() -> None:
