@@ -301,9 +301,10 @@ def _cd_kernel(threads: int):
                         max_w = max(max_w, abs(new))
                 cuda.syncthreads()
                 delta = move[0]
-                if delta != 0.0:  # every thread its share of q += G[:, j] delta
+                if delta != 0.0:  # every thread its share of q += G[:, j] delta (row j: G is symmetric, and a
+                    # row is read coalesced)
                     for a in range(tid, k, threads):
-                        q[a] += G[a, j] * delta
+                        q[a] += G[j, a] * delta
                 cuda.syncthreads()
             v = 0.0  # the largest KKT violation, each thread over its coordinates, then a tree reduction
             for a in range(tid, k, threads):
