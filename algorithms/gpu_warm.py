@@ -74,28 +74,45 @@ class Rehearsal:
                 t[where] += values.astype(t.dtype)
         self.pending.clear()
 
-    def run(self, data: dict[str, Any], clocks: int) -> list[dict]:
-        """``clocks`` clocks of the one shard ``data`` (prepared), each committed and closed by
-        ``clock_end``; returns the clock ends' metrics."""
+    def run(self, shards: list[tuple[str | None, dict[str, Any]]], clocks: int) -> list[dict]:
+        """``clocks`` clocks of ``shards`` (``(phase, prepared data)``, shard ``i`` the ``i``-th, in clock
+        order), each step committed before the next (a phase's result is the next one's input) and each
+        clock closed by ``clock_end``; returns the clock ends' metrics."""
         history = []
         for clock in range(1, clocks + 1):
             self.clock = clock
             for t in self.specs.values():
                 if t.kind == "reduction":
                     self.tables[t.name][...] = 0
-            self.algo.shard_step(self, data)
-            self.commit()
+            for shard, (phase, data) in enumerate(shards):
+                self.shard, self.phase = shard, phase
+                self.algo.shard_step(self, data)
+                self.commit()
             history.append(self.algo.clock_end(self))
         return history
+
+
+def _meta(arrays: dict[str, Any], **kw) -> DataMeta:
+    n = int(next(iter(arrays.values())).shape[0])
+    return DataMeta(n_rows=n, shapes={k: tuple(v.shape[1:]) for k, v in arrays.items()},
+                    dtypes={k: str(v.dtype) for k, v in arrays.items()},
+                    sparse={k: hasattr(v, "tocsr") for k, v in arrays.items()}, **kw)
 
 
 def rehearse(algo: Algorithm, arrays: dict[str, Any], xp: ModuleType, clocks: int = 2) -> list[dict]:
     """``clocks`` clocks of ``algo`` on the one-shard data ``arrays`` (host arrays, row-aligned; no
     phases) in namespace ``xp``; returns the clock ends' metrics (the suite checks them)."""
-    first = next(iter(arrays.values()))
-    n = int(first.shape[0])
-    meta = DataMeta(n_rows=n, n_shards=1, shapes={k: tuple(v.shape[1:]) for k, v in arrays.items()},
-                    dtypes={k: str(v.dtype) for k, v in arrays.items()},
-                    sparse={k: hasattr(v, "tocsr") for k, v in arrays.items()}, shard_bounds=((0, n),))
+    n = int(next(iter(arrays.values())).shape[0])
+    meta = _meta(arrays, n_shards=1, shard_bounds=((0, n),))
     algo.validate(meta)
-    return Rehearsal(algo, meta, xp).run(algo.prepare_shard(dict(arrays), xp), clocks)
+    return Rehearsal(algo, meta, xp).run([(None, algo.prepare_shard(dict(arrays), xp))], clocks)
+
+
+def rehearse_phases(algo: Algorithm, phases: dict[str, dict[str, Any]], xp: ModuleType, clocks: int = 2) -> list[dict]:
+    """The same for a model with data phases: one shard per phase (``phases``: name -> its host arrays, in
+    the order of ``algo.phases``)."""
+    first = phases[algo.phases[0]]
+    meta = _meta(first, n_shards=len(phases), phases=tuple((name, 1) for name in algo.phases))
+    algo.validate(meta)
+    shards = [(name, algo.prepare_shard(dict(phases[name]), xp)) for name in algo.phases]
+    return Rehearsal(algo, meta, xp).run(shards, clocks)
