@@ -30,8 +30,10 @@ print('cupy', cupy.__version__, 'numba', numba.__version__, 'cuda target', getat
 # stage limits (s): quick ~165 s in all; full ~545 s at most (each fit of the model comparison <= 25 s)
 if [ -n "$QUICK" ]; then T_TESTS=50 T_KERN=45 T_PROBE=20 T_MODELS=0 SIZES=quick
 else T_TESTS=90 T_KERN=120 T_PROBE=45 T_MODELS=200 SIZES=full; fi
+# addopts cleared: the image's pytest-xdist may predate the options pyproject.toml sets
+# addopts cleared: the image's pytest-xdist may predate the options pyproject.toml sets
 stage "kernels on the device against the CPU kernels" $T_TESTS
-timeout -k 5 $T_TESTS python3 -m pytest -p no:cacheprovider -n0 -q -rA tests/test_gpu_kernels.py -k on_the_gpu \
+timeout -k 5 $T_TESTS python3 -m pytest -o addopts="" -p no:cacheprovider -q -rA tests/test_gpu_kernels.py -k on_the_gpu \
   2>&1 | tee "$OUT/tests.txt"
 stage "kernel targets ($SIZES) and the SSP probe (BSP, then SSP)" $((T_KERN + 2 * T_PROBE))
 timeout -k 5 $((T_KERN + 2 * T_PROBE)) python3 -m bench.device_kernels --sizes $SIZES --probe-ssp \

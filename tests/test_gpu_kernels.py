@@ -279,6 +279,10 @@ def check_lda_hook() -> None:
 
     xp = _numpy_named_cupy()
     assert gpu_kernels.enabled(xp)
+    os.environ["DSCAR_GPU_KERNELS"] = "0"  # the switch back to the namespace reference
+    assert not gpu_kernels.enabled(xp) and not LDAGibbs(n_topics=3).use_device_kernel(xp)
+    del os.environ["DSCAR_GPU_KERNELS"]
+    assert not LDAGibbs(n_topics=3, backend="xp").use_device_kernel(xp)
     calls = []
     sweep = gpu_kernels.lda_sweep
     gpu_kernels.lda_sweep = lambda *a, **k: calls.append(1) or sweep(*a, **{**k, "threads": 2})
