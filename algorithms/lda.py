@@ -696,6 +696,8 @@ class LDAGibbs(Algorithm):
         kernel choice, the row deltas, the gather of pulled rows and the clock end's word statistics,
         for both widths of the sweep's counts."""
         if not self.use_numba(xp):
+            if xp is not np:
+                self._warm_up_device(xp)
             return
         K, kern = self.n_topics, _numba_kernels()
         data = self.prepare_shard({"X": sp.csr_matrix(np.array([[2, 1, 0, 1], [0, 1, 3, 0]], dtype=np.int64))}, np)
@@ -711,6 +713,25 @@ class LDAGibbs(Algorithm):
                            self.beta, int(words.shape[0]), 1, words, {}, (wt, words), word_deltas=word_deltas,
                            method=method)
         kern.word_stats(wt, self.beta, 0, np.empty(K, dtype=np.int64), np.empty(K, dtype=np.int64))
+
+    def use_device_kernel(self, xp) -> bool:
+        """CuPy workers sweep with the device kernel (``gpu_kernels.lda_sweep``) unless ``backend="xp"``."""
+        if xp is np or self.backend == "xp":
+            return False
+        from . import gpu_kernels
+
+        return gpu_kernels.enabled(xp)
+
+    def _warm_up_device(self, xp) -> None:
+        """A CuPy worker: compile the device sweep, then rehearse two clocks on a tiny corpus
+        (``gpu_warm``) so that every CuPy kernel the step and the clock end launch is compiled
+        before clock 1, not inside a runner thread mid-fit (issue 42's SSP hang)."""
+        from . import gpu_kernels, gpu_warm
+
+        if self.use_device_kernel(xp):
+            gpu_kernels.warm_up_lda(xp, self.n_topics)
+        X = sp.csr_matrix(np.array([[2, 1, 0, 1, 0], [0, 1, 3, 0, 1], [1, 0, 0, 2, 2]], dtype=np.int64))
+        gpu_warm.rehearse(self, {"X": X}, xp, clocks=2)
 
     def _float(self, topic_total) -> type:
         return np.float32 if int(topic_total.sum()) < FLOAT32_TOKENS else np.float64
@@ -744,6 +765,12 @@ class LDAGibbs(Algorithm):
             T = np.array(topic_total, dtype=np.int32)
             compiled_sweep(data["wl"], data["doc_len"], z, A, T, self.alphas(), self.beta, vocab_size, key,
                            data["words"], self._scratch(), method=self.kernel)
+            return
+        if self.use_device_kernel(xp):
+            from . import gpu_kernels
+
+            A, T = xp.array(word_rows, dtype=np.int32, order="C"), xp.array(topic_total, dtype=np.int32)
+            gpu_kernels.lda_sweep(data["wl"], data["doc_len"], z, A, T, self.alphas(), self.beta, vocab_size, key, xp)
             return
         f = self._float(topic_total)
         order = data["order"] if "order" in data else xp.asarray(

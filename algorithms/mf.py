@@ -324,7 +324,10 @@ class ALS(Algorithm):
     def warm_up(self, xp) -> None:
         """Load the compiled kernels (the row solves, and the held-out scoring first used at the
         end of clock 1's last phase) on a one-rating problem with the fit's argument types."""
-        if xp is not np or not self._compiled(xp):
+        if xp is not np:  # CuPy: the device row solve, and every CuPy kernel of two clocks on a tiny problem
+            self._warm_up_device(xp)
+            return
+        if not self._compiled(xp):
             return
         from .mf_kernels import als_rows, padded_width, score_rows, width_token
 
@@ -335,6 +338,22 @@ class ALS(Algorithm):
         als_rows(np.array([0, 1], dtype=np.int64), i64, one, off, Z, one, one, int(self.biases),
                  np.empty((1, d)), True, width_token(d))
         score_rows(i64, i64, one, F, np.zeros(1), F, off)
+
+    def _warm_up_device(self, xp) -> None:
+        from . import gpu_kernels, gpu_warm
+
+        if self.kernel != "namespace" and gpu_kernels.enabled(xp):  # for the fit's unknowns and factor dtype
+            gpu_kernels.warm_up_als(xp, self._unknowns, self.dtype)
+        users, items = np.array([0, 0, 1, 1, 2, 2]), np.array([0, 1, 1, 2, 0, 2])  # each phase sorted by its rows
+        ratings = np.array([4.0, 3.0, 5.0, 2.0, 1.0, 3.0])
+        by_item = np.argsort(items, kind="stable")
+        test = (np.arange(6) == 5).astype(np.int8)  # a held-out rating: the scoring runs too
+        rehearsal = ALS(3, 3, self.rank, reg=self.reg, reg_mode=self.reg_mode, biases=self.biases, dtype=self.dtype,
+                        kernel=self.kernel)  # the fit's shapes but 3 x 3 tables
+        gpu_warm.rehearse_phases(rehearsal, {"user": {"row": users, "col": items, "rating": ratings},
+                                             "item": {"row": items[by_item], "col": users[by_item],
+                                                      "rating": ratings[by_item], "test": test}},
+                                 xp, clocks=2)
 
     def _design(self, F_other, b_other, compiled: bool, xp):
         """``Z``, the design rows ``[q_i, 1]`` of the other side (bias column only with biases; zero-padded
@@ -490,6 +509,11 @@ class ALS(Algorithm):
         """The array-namespace path (NumPy or CuPy; the reference): padded batches, batched matmul + solve."""
         k, d = self.rank, Z.shape[1]
         sse = reg_sum = n = 0.0
+        if xp is not np and self.kernel != "namespace":
+            from . import gpu_kernels
+
+            if gpu_kernels.enabled(xp):
+                return self._solve_device(data, Z, off, new_f, new_b, last, xp)
         eye = xp.eye(d)
         for bt in self._batches(data):
             F = Z[bt["col"]]  # b x L x d
@@ -510,6 +534,26 @@ class ALS(Algorithm):
             if self.biases:
                 new_b[bt["rows"]] = x[:, k, 0]
         return sse, reg_sum, n
+
+    def _solve_device(self, data, Z, off, new_f, new_b, last: bool, xp) -> tuple[float, float, float]:
+        """CuPy workers: the device kernel (``gpu_kernels.als_solve``: a block per row, normal equations
+        and Cholesky) on the namespace path's padded batches; one host sync for the shard's sums."""
+        from . import gpu_kernels
+
+        k, d = self.rank, Z.shape[1]
+        sse, reg_sum, n = xp.zeros(()), xp.zeros(()), xp.zeros(())
+        for bt in self._batches(data):
+            lam_f, lam_b = self._lams(bt["count"], xp)
+            x, sse_rows, reg_rows = gpu_kernels.als_solve(bt["col"], bt["rating"], off, Z, lam_f, lam_b, self.biases,
+                                                          d, xp)
+            if last:
+                sse += sse_rows.sum()
+            reg_sum += reg_rows.sum()
+            n += bt["count"].sum()
+            new_f[bt["rows"]] = x[:, :k]
+            if self.biases:
+                new_b[bt["rows"]] = x[:, k]
+        return float(sse), float(reg_sum), float(n)
 
     # -------------------------------------------------------- clock end
     def clock_end(self, ctx) -> dict[str, float]:

@@ -198,7 +198,14 @@ class MLRSGD(Algorithm):
 
     def warm_up(self, xp) -> None:
         """Load the compiled kernels (~0.4 s on a worker's first step otherwise)."""
-        if self.kernel == "namespace" or xp is not np:
+        if xp is not np:  # CuPy: compile the step's kernels (softmax, gathers, GEMMs) on a tiny problem
+            from . import gpu_warm
+
+            rng = np.random.default_rng(0)
+            X, y = rng.normal(size=(8, 3)), np.arange(8) % self.n_classes
+            gpu_warm.rehearse(self, {"X": X, "y": y}, xp, clocks=2)
+            return
+        if self.kernel == "namespace":
             return
         from .mlr_kernels import local_sgd, softmax_stats
 
@@ -247,8 +254,8 @@ class MLRSGD(Algorithm):
 
                 local_sgd(X, y, batches, W, lr, l2)
             else:
-                for idx in batches:
-                    gW, gb = self._grad(xp, X, y, xp.asarray(idx), W[:-1], W[-1])
+                for idx in xp.asarray(batches):  # the minibatches' rows go to the device in one copy, not one a step
+                    gW, gb = self._grad(xp, X, y, idx, W[:-1], W[-1])
                     W[:-1] -= lr * (gW / idx.size + l2 * W[:-1])
                     W[-1] -= lr * (gb / idx.size)
             k, beta = ctx.meta.n_shards, self.momentum

@@ -22,11 +22,17 @@ Models (``--quick``: small versions, seconds each):
 Without a GPU (no CuPy, or no device) the GPU runs are reported as skipped and the CPU runs
 still run.
 
+With ``--all``, also issue 42's per-kernel targets and the SSP-on-GPU probe (``bench.device_kernels``),
+written beside the JSON as ``kernels.json`` / ``kernels.png``. ``--cpu-only`` skips every GPU run (a dry
+run of the script's logic on a machine without one). ``bench/device_run.sh`` is the GPU machine's one
+prepared run (the README says how to call it).
+
 Run
 ---
     python -m bench.device                    # every model, CPU then GPU: a few minutes with a GPU
     python -m bench.device --quick            # seconds
     python -m bench.device --json out.json    # also every figure as JSON, and a plot next to it
+    python -m bench.device --all --json out/device.json   # and the kernels' targets and the SSP probe
 """
 from __future__ import annotations
 
@@ -188,6 +194,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workers", type=int, default=2, help="worker processes (default 2)")
     ap.add_argument("--timeout", type=float, default=300, help="seconds per run before it is reported as timed out")
     ap.add_argument("--json", metavar="PATH", help="write every figure as JSON (and a plot next to it)")
+    ap.add_argument("--all", action="store_true",
+                    help="also the device kernels' targets and the SSP probe (bench.device_kernels)")
+    ap.add_argument("--cpu-only", action="store_true", help="skip every GPU run (the CPU side alone)")
+    ap.add_argument("--kernel-sizes", choices=("full", "quick", "tiny"),
+                    help="with --all: the kernels' problem sizes (default: quick with --quick, else full)")
+    ap.add_argument("--no-probe", action="store_true", help="with --all: leave out the SSP probe")
+    ap.add_argument("--probe-timeout", type=float, default=90, help="with --all: seconds per probe fit")
     ap.add_argument("--child", metavar="MODEL", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     sizes = QUICK if args.quick else MODELS
@@ -195,7 +208,10 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(run_child(args.child, sizes[args.child], args.workers)), flush=True)
         return 0
     t0 = time.perf_counter()
-    no_gpu = gpu_visible()
+    no_gpu = "--cpu-only" if args.cpu_only else gpu_visible()
+    status = 0
+    if args.all:
+        status = run_kernels(args)
     rows = []
     for model in args.models or list(MODELS):
         for device in DEVICES:
@@ -211,7 +227,23 @@ def main(argv: list[str] | None = None) -> int:
         write_json(args.json, {"machine": machine_info(versions=("cupy", "numba")), "workers": args.workers,
                                "quick": args.quick, "gpu": no_gpu or "visible", "runs": rows, "gpu_over_cpu": ratios})
         plot(os.path.splitext(args.json)[0] + ".png", rows)
-    return 0 if all("error" not in r for r in rows) else 1
+    return status or (0 if all("error" not in r for r in rows) else 1)
+
+
+def kernel_args(args: argparse.Namespace) -> list[str]:
+    """``bench.device_kernels``' command line for ``--all``: the same GPU choice, sizes and output folder."""
+    out = ["--sizes", args.kernel_sizes or ("quick" if args.quick else "full")]
+    out += ["--cpu-only"] if args.cpu_only else []
+    out += [] if args.no_probe else ["--probe-ssp", "--timeout", f"{args.probe_timeout:g}"]
+    if args.json:
+        out += ["--json", os.path.join(os.path.dirname(os.path.abspath(args.json)), "kernels.json")]
+    return out
+
+
+def run_kernels(args: argparse.Namespace) -> int:
+    from bench import device_kernels
+
+    return device_kernels.main(kernel_args(args))
 
 
 if __name__ == "__main__":

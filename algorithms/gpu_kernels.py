@@ -1,0 +1,386 @@
+"""Device (numba-cuda) kernels of the models' hot loops, used only on workers whose namespace is CuPy.
+
+Why: on CuPy the models ran their array-namespace code (the reference), which on a GPU is a chain
+of small launches, each paying a launch and often a host sync: LDA's chunked sweep was 2.1x slower
+than the compiled CPU sampler (issue 42). These kernels do each model's inner loop in one launch:
+
+* ``lda_sweep``: collapsed Gibbs, one block per document (documents in parallel), the block's
+  threads splitting the K topics; the word-topic and topic counts shared by all blocks are updated
+  with atomics (AD-LDA's approximation, at the scale of a document instead of a worker), the
+  document's counts belong to its block. Same conditional, same inverse-CDF order over topics
+  and the same uniforms (``uniform``: token ``i`` of stream ``key``) as the CPU kernel
+  ``lda_kernels.sweep_docs``; with one block at a time (the simulator) it *is* that sequential sweep.
+* ``als_solve_batches``: ALS's row solves, one block per row: the ``d x d`` normal equations
+  accumulated by the block's threads (one entry each), then Cholesky and the two triangular solves
+  (``d`` is at most a few dozen: one thread, as ``mf_kernels.als_rows`` does it).
+* ``gram_cd``: Lasso's block solve, cyclic coordinate descent on the Gram matrix by one block
+  that loops over the coordinates (the threads update ``G (w - w0)`` after each move) and over
+  the sweeps, with the CPU kernel's stopping rule: one launch and one sync per solve, not one
+  launch per coordinate (the trap of cuML's CD, rapidsai/cuml#6080).
+* MLR needs no kernel: its step is GEMMs, which CuPy's ``matmul`` does (``mlr.py`` keeps its
+  minibatch indices on the device).
+
+The kernels are made per shape constant (threads, unknowns) by ``functools.cache``d factories, and
+compiled on first launch: ``warm_up`` launches every one a model uses on a tiny input before clock 1,
+so no compile happens mid-fit. Under ``NUMBA_ENABLE_CUDASIM=1`` (set before numba is imported) the
+same code runs on the CPU in numba's CUDA simulator, which is how the suite tests them
+(``tests/test_gpu_kernels.py``) against the CPU kernels.
+"""
+from __future__ import annotations
+
+import functools
+import os
+from types import ModuleType
+from typing import Any
+
+import numpy as np
+from numba import cuda, float32, float64, int32, uint64
+
+from .lda import GAMMA
+
+#: threads of an LDA block (one warp: its ``syncthreads`` are cheap) and of an ALS or Lasso block (the
+#: launches read them at call time: the simulator tests set fewer)
+LDA_THREADS = 32
+ALS_THREADS = 128
+CD_THREADS = 256
+#: sweeps of the device CD before Lasso's clock end hands the block to the CPU kernel (Anderson and the
+#: support step converge on ill-conditioned blocks where plain CD crawls)
+GPU_CD_SWEEPS = 1000
+
+
+def enabled(xp: ModuleType) -> bool:
+    """Whether a worker on namespace ``xp`` runs these kernels: CuPy, a CUDA device numba can use, and
+    ``DSCAR_GPU_KERNELS`` not ``0`` (the switch back to the namespace reference)."""
+    if getattr(xp, "__name__", "") != "cupy" or os.environ.get("DSCAR_GPU_KERNELS", "1") == "0":
+        return False
+    try:
+        return bool(cuda.is_available())
+    except Exception:  # no driver, no device: the namespace path
+        return False
+
+
+# ------------------------------------------------------------------ LDA
+@cuda.jit(device=True)
+def uniform(key, i):  # pragma: no cover - device code
+    """Number ``i`` of the stream ``key``: ``lda_kernels.uniform`` (splitmix64, 24 bits), on the device."""
+    x = uint64(key) + uint64(i + 1) * uint64(GAMMA)
+    x = (x ^ (x >> uint64(30))) * uint64(0xBF58476D1CE4E5B9)
+    x = (x ^ (x >> uint64(27))) * uint64(0x94D049BB133111EB)
+    x = x ^ (x >> uint64(31))
+    return float32(x >> uint64(40)) * float32(2.0**-24)
+
+
+@functools.cache
+def _lda_kernel(threads: int):
+    """The sweep kernel for blocks of ``threads`` threads (a power of two: the prefix sum halves)."""
+    if threads < 1 or threads & (threads - 1):
+        raise ValueError(f"threads must be a power of two, not {threads}")
+
+    @cuda.jit
+    def sweep(wl, doc_ptr, z, A, T, D, alpha, beta, vbeta, key):  # pragma: no cover - device code
+        tid = cuda.threadIdx.x
+        sums = cuda.shared.array(threads, float32)
+        choice = cuda.shared.array(1, int32)
+        K = T.shape[0]
+        per = (K + threads - 1) // threads
+        k0 = min(tid * per, K)
+        k1 = min(k0 + per, K)
+        for dd in range(cuda.blockIdx.x, doc_ptr.shape[0] - 1, cuda.gridDim.x):
+            s, e = doc_ptr[dd], doc_ptr[dd + 1]
+            for k in range(tid, K, threads):  # the document's counts, recounted from z
+                D[dd, k] = 0
+            cuda.syncthreads()
+            for i in range(s + tid, e, threads):
+                cuda.atomic.add(D, (dd, z[i]), 1)
+            cuda.syncthreads()
+            for i in range(s, e):
+                j, a = wl[i], z[i]
+                if tid == 0:  # the token leaves its topic
+                    cuda.atomic.sub(A, (j, a), 1)
+                    cuda.atomic.sub(T, a, 1)
+                    D[dd, a] -= 1
+                    choice[0] = K - 1  # where rounding puts the threshold past the total (as the CPU kernel)
+                cuda.syncthreads()
+                acc = float32(0)
+                for k in range(k0, k1):  # p_k = (n_wk + beta) (n_dk + alpha_k) / (n_k + V beta) over this thread's topics
+                    acc += (float32(A[j, k]) + beta) * ((float32(D[dd, k]) + alpha[k]) / (float32(T[k]) + vbeta))
+                sums[tid] = acc
+                cuda.syncthreads()
+                step = 1
+                while step < threads:  # inclusive prefix sum over the threads (Hillis-Steele)
+                    v = sums[tid - step] if tid >= step else float32(0)
+                    cuda.syncthreads()
+                    sums[tid] += v
+                    cuda.syncthreads()
+                    step *= 2
+                thr = uniform(key, i) * sums[threads - 1]
+                lo = sums[tid - 1] if tid > 0 else float32(0)
+                if lo <= thr and thr < sums[tid]:  # the thread whose topics hold the threshold finds the topic
+                    c = lo
+                    kn = k1 - 1
+                    for k in range(k0, k1):
+                        c += (float32(A[j, k]) + beta) * ((float32(D[dd, k]) + alpha[k]) / (float32(T[k]) + vbeta))
+                        if thr < c:
+                            kn = k
+                            break
+                    choice[0] = kn
+                cuda.syncthreads()
+                if tid == 0:  # ... and joins it
+                    kn = choice[0]
+                    cuda.atomic.add(A, (j, kn), 1)
+                    cuda.atomic.add(T, kn, 1)
+                    D[dd, kn] += 1
+                    z[i] = kn
+                cuda.syncthreads()
+
+    return sweep
+
+
+def lda_sweep(wl, doc_len, z, A, T, alpha, beta: float, vocab_size: int, key: int, xp: ModuleType = np,
+              threads: int | None = None, doc_counts=None):
+    """One collapsed Gibbs sweep on the device; ``z`` (int32), ``A`` (int32 rows x K: the word-topic
+    counts of the rows ``wl`` indexes) and ``T`` (int32, K) updated in place. Returns the shard's
+    doc-topic counts after the sweep (``n_docs x K`` int32; ``doc_counts``: a buffer to reuse).
+
+    ``wl``, ``doc_len``: the shard's tokens as ``lda.token_layout`` / ``local_vocabulary`` lay them
+    out (grouped by document); ``alpha`` (K); ``key``: the stream of uniforms (token ``i`` draws
+    ``uniforms(key)[i]``, as on the CPU). Arrays of namespace ``xp`` (CuPy on a GPU; NumPy under the
+    simulator).
+    """
+    K, n_docs = int(T.shape[0]), int(doc_len.shape[0])
+    doc_ptr = xp.zeros(n_docs + 1, dtype=np.int64)
+    xp.cumsum(doc_len, out=doc_ptr[1:])
+    D = doc_counts if doc_counts is not None else xp.zeros((n_docs, K), dtype=np.int32)
+    threads = threads or LDA_THREADS
+    if n_docs and int(z.shape[0]):
+        _lda_kernel(threads)[n_docs, threads](
+            wl, doc_ptr, z, A, T, D, xp.asarray(np.asarray(alpha, dtype=np.float32)), np.float32(beta),
+            np.float32(vocab_size * beta), np.uint64(key))
+    return D
+
+
+# ------------------------------------------------------------------ ALS
+@functools.cache
+def _als_kernel(d: int, threads: int):
+    """The row-solve kernel for ``d`` unknowns (a compile-time size: the block's shared arrays)."""
+    dd = d * d
+
+    @cuda.jit
+    def solve(cols, ratings, off, Z, lam_f, lam_b, nb, out, sse, reg):  # pragma: no cover - device code
+        tid = cuda.threadIdx.x
+        A = cuda.shared.array((d, d), float64)
+        b = cuda.shared.array(d, float64)
+        x = cuda.shared.array(d, float64)
+        dinv = cuda.shared.array(d, float64)
+        L = cols.shape[1]
+        for r in range(cuda.blockIdx.x, cols.shape[0], cuda.gridDim.x):
+            for t in range(tid, dd + d, threads):  # one entry of A (or of b) per thread, over the row's ratings
+                acc = 0.0
+                if t < dd:
+                    a, c = t // d, t % d
+                    for q in range(L):
+                        j = cols[r, q]
+                        if j >= 0:
+                            acc += float64(Z[j, a]) * float64(Z[j, c])
+                    A[a, c] = acc
+                else:
+                    a = t - dd
+                    for q in range(L):
+                        j = cols[r, q]
+                        if j >= 0:
+                            acc += float64(Z[j, a]) * (ratings[r, q] - off[j])
+                    b[a] = acc
+            cuda.syncthreads()
+            if tid == 0:  # Cholesky of A + diag(lam) in place (lower triangle), then L L^T x = b
+                yy = 0.0
+                for q in range(L):
+                    j = cols[r, q]
+                    if j >= 0:
+                        y = ratings[r, q] - off[j]
+                        yy += y * y
+                lf = lam_f[r]
+                for a in range(d):
+                    A[a, a] += lf
+                if nb == 1:
+                    A[d - 1, d - 1] += lam_b[r] - lf
+                for c in range(d):
+                    s = A[c, c]
+                    for t in range(c):
+                        s -= A[c, t] * A[c, t]
+                    s = s ** 0.5 if s > 0 else 1e-300
+                    A[c, c] = s
+                    inv = 1.0 / s
+                    dinv[c] = inv
+                    for a in range(c + 1, d):
+                        s2 = A[a, c]
+                        for t in range(c):
+                            s2 -= A[a, t] * A[c, t]
+                        A[a, c] = s2 * inv
+                for a in range(d):
+                    s = b[a]
+                    for t in range(a):
+                        s -= A[a, t] * x[t]
+                    x[a] = s * dinv[a]
+                for a in range(d - 1, -1, -1):
+                    s = x[a]
+                    for t in range(a + 1, d):
+                        s -= A[t, a] * x[t]
+                    x[a] = s * dinv[a]
+                xb = 0.0
+                xlx = 0.0
+                for a in range(d):
+                    la = lam_b[r] if (nb == 1 and a == d - 1) else lam_f[r]
+                    xb += x[a] * b[a]
+                    xlx += la * x[a] * x[a]
+                    out[r, a] = x[a]
+                reg[r] = xlx
+                sse[r] = yy - xb - xlx
+            cuda.syncthreads()
+
+    return solve
+
+
+def als_solve(cols, ratings, off, Z, lam_f, lam_b, biases: bool, d: int, xp: ModuleType = np,
+              threads: int | None = None) -> tuple[Any, Any, Any]:
+    """Solve a padded batch of rows on the device; returns ``(x, sse, reg)``: the solutions
+    (``b x d``, float64), each row's squared error at its solution and its ``x^T diag(lam) x``.
+
+    ``cols`` (``b x L``, ``-1`` for padding), ``ratings`` (``b x L``): each row's ratings, as
+    ``ALS``'s namespace batches hold them; ``off``: what the other side explains of a rating;
+    ``Z``: the other side's design rows (at least ``d`` columns: factors, then the bias column
+    of ones when ``biases``); ``lam_f`` / ``lam_b``: each row's ridge on its factors and bias.
+    The same normal equations and Cholesky as ``mf_kernels.als_rows``, in double.
+    """
+    b, threads = int(cols.shape[0]), threads or ALS_THREADS
+    x, sse, reg = xp.zeros((b, d)), xp.zeros(b), xp.zeros(b)
+    if b:
+        _als_kernel(int(d), threads)[b, threads](cols, ratings, off, Z, lam_f, lam_b, int(biases), x, sse, reg)
+    return x, sse, reg
+
+
+# ---------------------------------------------------------------- Lasso
+@functools.cache
+def _cd_kernel(threads: int):
+    """The Gram coordinate-descent kernel for one block of ``threads`` threads (a power of two)."""
+    if threads < 1 or threads & (threads - 1):
+        raise ValueError(f"threads must be a power of two, not {threads}")
+
+    @cuda.jit
+    def cd(G, c, w0, lam, tol, max_sweeps, w, q, info):  # pragma: no cover - device code
+        tid = cuda.threadIdx.x
+        red = cuda.shared.array((3, threads), float64)
+        move = cuda.shared.array(1, float64)
+        k = w.shape[0]
+        for a in range(tid, k, threads):
+            w[a] = w0[a]
+            q[a] = 0.0
+        cuda.syncthreads()
+        sweeps = 0
+        kkt = np.inf
+        for it in range(max_sweeps):
+            sweeps = it + 1
+            max_dw = 0.0
+            max_w = 0.0
+            for j in range(k):
+                if tid == 0:  # the coordinate's soft-thresholded minimiser (as lasso_kernels.gram_cd_anderson)
+                    move[0] = 0.0
+                    dj = G[j, j]
+                    if dj > 0.0:
+                        old = w[j]
+                        zz = old * dj + c[j] - q[j]
+                        if zz > lam:
+                            new = (zz - lam) / dj
+                        elif zz < -lam:
+                            new = (zz + lam) / dj
+                        else:
+                            new = 0.0
+                        if new != old:
+                            move[0] = new - old
+                            w[j] = new
+                            max_dw = max(max_dw, abs(new - old))
+                        max_w = max(max_w, abs(new))
+                cuda.syncthreads()
+                delta = move[0]
+                if delta != 0.0:  # every thread its share of q += G[:, j] delta (row j: G is symmetric, and a
+                    # row is read coalesced)
+                    for a in range(tid, k, threads):
+                        q[a] += G[j, a] * delta
+                cuda.syncthreads()
+            v = 0.0  # the largest KKT violation, each thread over its coordinates, then a tree reduction
+            for a in range(tid, k, threads):
+                g = c[a] - q[a]
+                if w[a] > 0.0:
+                    t = abs(g - lam)
+                elif w[a] < 0.0:
+                    t = abs(g + lam)
+                else:
+                    t = max(abs(g) - lam, 0.0)
+                v = max(v, t)
+            red[0, tid] = v
+            red[1, tid] = max_dw  # only thread 0's are nonzero
+            red[2, tid] = max_w
+            cuda.syncthreads()
+            half = threads // 2
+            while half > 0:
+                if tid < half:
+                    for r in range(3):
+                        red[r, tid] = max(red[r, tid], red[r, tid + half])
+                cuda.syncthreads()
+                half //= 2
+            kkt = red[0, 0]
+            stop = kkt <= tol or red[1, 0] <= 1e-15 * red[2, 0]
+            cuda.syncthreads()  # every thread has read the verdict before the next sweep writes red
+            if stop:
+                break
+        if tid == 0:
+            info[0] = sweeps
+            info[1] = kkt
+
+    return cd
+
+
+def gram_cd(G, c, w0, lam: float, tol: float, max_sweeps: int, xp: ModuleType = np,
+            threads: int | None = None) -> tuple[Any, int, float]:
+    """The Lasso block solve on the device (plain cyclic CD: ``gram_cd_anderson`` with ``m = 0`` and no
+    support step, whose iterates it reproduces); returns ``(w, sweeps, kkt)`` as that kernel does.
+
+    ``G`` (``k x k``, symmetric PSD), ``c``, ``w0`` (``k``): float64 arrays of namespace ``xp``.
+    """
+    k, threads = int(w0.shape[0]), threads or CD_THREADS
+    w, q, info = xp.zeros(k), xp.zeros(k), xp.zeros(2)
+    if k:
+        _cd_kernel(threads)[1, threads](G, c, w0, float(lam), float(tol), int(max_sweeps), w, q, info)
+    info = np.asarray(info.get() if hasattr(info, "get") else info)
+    return w, int(info[0]), float(info[1])
+
+
+def gram_cd_warm_start(G: np.ndarray, c: np.ndarray, w0: np.ndarray, lam: float, tol: float, xp: ModuleType,
+                       max_sweeps: int = GPU_CD_SWEEPS) -> tuple[np.ndarray, np.ndarray]:
+    """Lasso's clock end on a CuPy worker: at most ``max_sweeps`` sweeps of ``gram_cd`` on the device from
+    the host block problem, returned as the same problem re-centred at the device's iterate ``w1``:
+    ``(w1, c - G (w1 - w0))`` (the quadratic's linear term at ``w1``), for ``lasso_kernels.gram_cd_anderson``
+    to certify in one sweep, or to finish where plain CD was too slow (ill-conditioned blocks)."""
+    w, _, _ = gram_cd(xp.asarray(G), xp.asarray(c), xp.asarray(w0), lam, tol, max_sweeps, xp)
+    w1 = np.ascontiguousarray(w.get() if hasattr(w, "get") else w, dtype=np.float64)
+    return w1, np.ascontiguousarray(c - G @ (w1 - w0))
+
+
+# --------------------------------------------------------------- warm-up
+def warm_up_lda(xp: ModuleType, n_topics: int) -> None:
+    """Compile the LDA sweep (its first launch) on a two-document corpus."""
+    wl = xp.asarray(np.array([0, 1, 1, 0], dtype=np.int32))
+    A = xp.asarray(np.array([[2] + [0] * (n_topics - 1), [2] + [0] * (n_topics - 1)], dtype=np.int32))
+    T = xp.asarray(np.array([4] + [0] * (n_topics - 1), dtype=np.int32))
+    lda_sweep(wl, xp.asarray(np.array([2, 2], dtype=np.int64)), xp.zeros(4, dtype=np.int32), A, T,
+              np.full(n_topics, 0.1), 0.01, 2, 1, xp)
+
+
+def warm_up_als(xp: ModuleType, d: int, dtype) -> None:
+    """Compile the ALS row solve for ``d`` unknowns and the factor dtype ``dtype`` (one row, one rating)."""
+    als_solve(xp.zeros((1, 1), dtype=np.int64), xp.ones((1, 1)), xp.zeros(2), xp.zeros((2, d), dtype=dtype),
+              xp.ones(1), xp.ones(1), True, d, xp)
+
+
+def warm_up_cd(xp: ModuleType) -> None:
+    """Compile the Gram coordinate descent (a 3 x 3 identity)."""
+    gram_cd(xp.asarray(np.eye(3)), xp.ones(3), xp.zeros(3), 0.1, 1e-10, 10, xp)

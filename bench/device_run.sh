@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# Issue 42's one prepared GPU run. It runs ON the GPU machine, from the repository root, over the wheels
+# bench/device_prepare.sh left in .wheels/ (run that first, here: the GPU machine reaches no network).
+# The call to make (the device tool's `run`), first thing in a session that has a GPU:
+#   run(command="bash bench/device_run.sh --quick", carry=[".wheels"], timeout_s=240)   # < 3 min
+#   run(command="bash bench/device_run.sh", carry=[".wheels"], timeout_s=600)           # everything, ~9 min
+# A session has 15 minutes of device time in all, the machine's start included: the full run alone, or the
+# quick one and then a decision. The SSP probe's stack dumps (a hang) are in kernels.json and log.txt.
+# Writes under $OUT (at most 8 files come back): log.txt (all output), tests.txt, kernels.json,
+# kernels.png, device.json, device.png. Each stage has its own time limit, so a hang in one
+# (the SSP probe is there to catch one) leaves the others' results.
+set -uo pipefail
+QUICK=""
+[ "${1:-}" = "--quick" ] && QUICK="--quick"
+OUT=${OUT:-$PWD/device-out}
+mkdir -p "$OUT"
+exec > >(tee -a "$OUT/log.txt") 2>&1
+# dscar from this tree (dscar.algorithms is the folder algorithms/, as the install maps it), then the wheels,
+# then the repository (bench/, tests/). PYTHONSAFEPATH keeps the bare source folder dscar/ (no algorithms/
+# inside) from shadowing it through the current directory.
+rm -rf /tmp/dscar-src && mkdir -p /tmp/dscar-src && cp -r dscar /tmp/dscar-src/ && ln -s "$PWD/algorithms" /tmp/dscar-src/dscar/algorithms
+export PYTHONUNBUFFERED=1 PYTHONSAFEPATH=1 PYTHONPATH=/tmp/dscar-src:/tmp/site:$PWD MPLBACKEND=Agg
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .wheels/*.whl \
+  || { echo "wheels missing: run bash bench/device_prepare.sh here first, and carry .wheels"; exit 1; }
+stage() { echo "=== $(date -u +%T) $1 (limit $2 s)"; }
+nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm --format=csv
+python3 -c "import cupy, numba, dask, dscar.algorithms.gpu_kernels as g; from numba import cuda; \
+print('cupy', cupy.__version__, 'numba', numba.__version__, 'cuda target', getattr(cuda, 'implementation', '?'), \
+'dask', dask.__version__, 'dscar kernels on', g.enabled(cupy))"
+# stage limits (s): quick ~165 s in all; full ~545 s at most (each fit of the model comparison <= 25 s)
+if [ -n "$QUICK" ]; then T_TESTS=50 T_KERN=45 T_PROBE=20 T_MODELS=0 SIZES=quick
+else T_TESTS=90 T_KERN=120 T_PROBE=45 T_MODELS=200 SIZES=full; fi
+# addopts cleared: the image's pytest-xdist may predate the options pyproject.toml sets
+# addopts cleared: the image's pytest-xdist may predate the options pyproject.toml sets
+stage "kernels on the device against the CPU kernels" $T_TESTS
+timeout -k 5 $T_TESTS python3 -m pytest -o addopts="" -p no:cacheprovider -q -rA tests/test_gpu_kernels.py -k on_the_gpu \
+  2>&1 | tee "$OUT/tests.txt"
+stage "kernel targets ($SIZES) and the SSP probe (BSP, then SSP)" $((T_KERN + 2 * T_PROBE))
+timeout -k 5 $((T_KERN + 2 * T_PROBE)) python3 -m bench.device_kernels --sizes $SIZES --probe-ssp \
+  --timeout $T_PROBE --json "$OUT/kernels.json"
+if [ "$T_MODELS" -gt 0 ]; then
+  stage "GPU / CPU seconds per clock, the four models" $T_MODELS
+  timeout -k 5 $T_MODELS python3 -m bench.device --models lasso mlr mf lda --timeout 25 --json "$OUT/device.json"
+fi
+echo "=== $(date -u +%T) done"

@@ -1,0 +1,384 @@
+"""The device kernels (algorithms/gpu_kernels.py) against the CPU kernels, in numba's CUDA simulator.
+
+The simulator is chosen by ``NUMBA_ENABLE_CUDASIM=1`` before numba is first imported, and every
+other test imports numba for real: so each check runs in a child process of its own (this file run
+as a script, ``python tests/test_gpu_kernels.py CHECK``), which leaves the suite's process as it was.
+The simulator runs a block's threads as Python threads, so the inputs are tiny.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _in_simulator(check: str) -> None:
+    env = {**os.environ, "NUMBA_ENABLE_CUDASIM": "1", "PYTHONWARNINGS": "ignore"}
+    r = subprocess.run([sys.executable, str(Path(__file__).resolve()), check], cwd=ROOT, env=env,
+                       capture_output=True, text=True, timeout=110)
+    assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
+    assert f"ok {check}" in r.stdout
+
+
+@pytest.mark.parametrize("check", ["lda_moves", "lda_loglik", "als", "lasso", "lasso_warm_start", "threads_check",
+                                   "lda_hook", "als_hook", "lasso_hook", "bench_device_branches"])
+def test_device_kernel_in_the_simulator_matches_the_cpu_kernel(check):
+    _in_simulator(check)
+
+
+def _gpu_visible() -> bool:
+    from dscar.xp import select_namespace
+
+    return select_namespace().__name__ == "cupy"
+
+
+@pytest.mark.skipif(not _gpu_visible(), reason="no GPU: the same checks run in the simulator above")
+@pytest.mark.parametrize("check", ["lda_loglik", "als", "lasso", "lasso_warm_start", "lda_hook", "als_hook",
+                                   "lasso_hook", "bench_device_branches"])
+def test_device_kernel_on_the_gpu_matches_the_cpu_kernel(check):
+    """On a GPU machine (bench/device_run.sh): the checks with the kernels on the device. (``lda_moves`` is
+    left out: there the documents' blocks run at once, so the moves are AD-LDA's, not the sequential sweep's.)"""
+    env = {**os.environ, "DSCAR_GPU_CHECKS": "device", "PYTHONWARNINGS": "ignore"}
+    env.pop("NUMBA_ENABLE_CUDASIM", None)
+    r = subprocess.run([sys.executable, str(Path(__file__).resolve()), check], cwd=ROOT, env=env,
+                       capture_output=True, text=True, timeout=110)
+    assert r.returncode == 0 and f"ok {check}" in r.stdout, (r.stdout + r.stderr)[-3000:]
+
+
+def test_the_switch_stays_off_without_cupy():
+    from dscar.algorithms import gpu_kernels
+
+    assert not gpu_kernels.enabled(np)
+
+
+def test_rehearsal_runs_lda_clocks_with_tables_that_match_the_assignments():
+    """The CuPy warm-up's rehearsal (``gpu_warm``), here on NumPy: LDA's namespace sampler runs its first
+    clocks against in-memory tables, the clock ends find the counts equal to the assignments and the
+    sampler improving the fit (so the rehearsal ran the real step, commit and clock end)."""
+    import scipy.sparse as sp
+
+    from dscar.algorithms import gpu_warm
+    from dscar.algorithms.lda import LDAGibbs
+
+    X = sp.csr_matrix(np.random.default_rng(0).poisson(1.0, (12, 15)))
+    hist = gpu_warm.rehearse(LDAGibbs(n_topics=3, backend="xp", seed=1), {"X": X}, np, clocks=6)
+    assert [h["count_error"] for h in hist] == [0.0] * 6
+    assert hist[0]["tokens"] == X.sum() and hist[-1]["loglik"] > hist[0]["loglik"]
+
+
+def test_rehearsal_runs_mlr_clocks_on_the_namespace_path():
+    from dscar.algorithms import gpu_warm
+    from dscar.algorithms.mlr import MLRSGD
+
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(40, 4))
+    y = (X[:, 0] > 0).astype(np.int64)
+    hist = gpu_warm.rehearse(MLRSGD(n_classes=2, kernel="namespace", batch_size=8), {"X": X, "y": y}, np, clocks=4)
+    assert hist[-1]["objective"] < hist[0]["objective"]
+
+
+@pytest.mark.parametrize("kernel", ["compiled", "namespace"])
+def test_rehearsal_runs_lasso_clocks_to_its_optimum(kernel):
+    """A working set smaller than the features: the rehearsal runs both of Lasso's shard-step branches (the
+    Gram of the working set, the residual of the support) and its clock ends certify the optimum."""
+    from dscar.algorithms import gpu_warm
+    from dscar.algorithms.lasso import LassoCD
+
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(30, 4))
+    y = X @ np.array([1.0, 0.0, -1.0, 0.0]) + 0.1 * rng.normal(size=30)
+    hist = gpu_warm.rehearse(LassoCD(alpha=0.1, kernel=kernel, max_working_set=2, working_set_start=2),
+                             {"X": X, "y": y}, np, clocks=4)
+    assert hist[0]["rel_gap"] > 0.1 and hist[-1]["converged"] == 1.0 and hist[-1]["rel_gap"] < 1e-12
+
+
+def test_rehearsal_runs_als_phases_as_the_engine_does():
+    """A phased model: the user phase's solve is committed before the item phase reads it and the reductions
+    are reset once a clock, so both kernels' objectives are the plain reference ALS's, clock by clock."""
+    from dscar.algorithms import gpu_warm
+    from dscar.algorithms.mf import ALS, reference_als
+
+    rng = np.random.default_rng(3)
+    users, items = np.repeat(np.arange(8), 4), np.concatenate([rng.choice(6, 4, replace=False) for _ in range(8)])
+    ratings = rng.normal(3.0, 1.0, 32)
+    by_item = np.argsort(items, kind="stable")
+    phases = {"user": {"row": users, "col": items, "rating": ratings},
+              "item": {"row": items[by_item], "col": users[by_item], "rating": ratings[by_item]}}
+    ref = reference_als((users, items, ratings), 8, 6, ALS(8, 6, 2), 4)["objectives"]
+    for kernel in ("auto", "namespace"):
+        hist = gpu_warm.rehearse_phases(ALS(8, 6, 2, kernel=kernel), phases, np, clocks=4)
+        np.testing.assert_allclose([h["objective"] for h in hist], ref, rtol=1e-9, err_msg=kernel)
+
+
+# ------------------------------------------------------------- the checks (run in the child)
+def _corpus(seed: int, n_docs: int = 6, vocab: int = 9, length: int = 7):
+    import scipy.sparse as sp
+
+    from dscar.algorithms.lda import local_vocabulary, token_layout
+
+    rng = np.random.default_rng(seed)
+    X = sp.csr_matrix(rng.poisson(length / vocab, (n_docs, vocab)) + np.eye(n_docs, vocab, dtype=np.int64))
+    w, d, doc_len = token_layout(X)
+    words, wl = local_vocabulary(w)
+    return wl.astype(np.int32), d, doc_len, words
+
+
+def _counts(wl, d, z, Vs, n_docs, K):
+    A = np.zeros((Vs, K), dtype=np.int32)
+    np.add.at(A, (wl, z), 1)
+    D = np.zeros((n_docs, K), dtype=np.int32)
+    np.add.at(D, (d, z), 1)
+    return A, A.sum(axis=0).astype(np.int32), D
+
+
+def check_lda_moves() -> None:
+    """One sweep from the same state with the same uniforms: the simulator runs one block at a time, so
+    the device sweep is the CPU's exact sequential sweep; the topics agree token by token (a move may
+    differ only where float32 rounding puts a threshold on the other side of a running sum), and
+    the counts the device updated with atomics equal the counts of its new assignments."""
+    from dscar.algorithms import gpu_kernels
+    from dscar.algorithms.lda import compiled_sweep
+
+    K, beta, key = 5, 0.05, 12345
+    wl, d, doc_len, words = _corpus(0)
+    Vs, n_docs = len(words), len(doc_len)
+    z0 = np.random.default_rng(1).integers(0, K, wl.shape[0]).astype(np.int32)
+    alpha = np.full(K, 0.3)
+    A0, T0, _ = _counts(wl, d, z0, Vs, n_docs, K)
+    zc, Ac, Tc = z0.copy(), A0.copy(), T0.copy()
+    compiled_sweep(wl, doc_len, zc, Ac, Tc, alpha, beta, Vs, key, method="dense")
+    zg, Ag, Tg = z0.copy(), A0.copy(), T0.copy()
+    D = gpu_kernels.lda_sweep(wl, doc_len, zg, Ag, Tg, alpha, beta, Vs, key, threads=4)
+    same = float((zg == zc).mean())
+    assert same >= 0.9, same
+    A, T, Dz = _counts(wl, d, zg, Vs, n_docs, K)
+    assert (Ag == A).all() and (Tg == T).all() and (D == Dz).all()
+    assert int(Tg.sum()) == wl.shape[0]
+
+
+def check_lda_loglik() -> None:
+    """Eight sweeps on each side from the same random start, a new stream each sweep: the log-likelihood
+    of the device's chain ends within 1 % of the CPU kernel's, and far above the start's."""
+    from dscar.algorithms import gpu_kernels
+    from dscar.algorithms.lda import compiled_sweep, loglikelihood
+
+    K, beta = 3, 0.05
+    wl, d, doc_len, words = _corpus(2, n_docs=5, vocab=8, length=8)
+    Vs, n_docs = len(words), len(doc_len)
+    alpha = np.full(K, 0.2)
+    z0 = np.random.default_rng(3).integers(0, K, wl.shape[0]).astype(np.int32)
+    A0, T0, D0 = _counts(wl, d, z0, Vs, n_docs, K)
+    start = loglikelihood(A0, D0, alpha, beta)
+    final = {}
+    for side in ("cpu", "gpu"):
+        z, A, T = z0.copy(), A0.copy(), T0.copy()
+        for sweep in range(8):
+            if side == "cpu":
+                compiled_sweep(wl, doc_len, z, A, T, alpha, beta, Vs, 1000 + sweep, method="dense")
+            else:
+                gpu_kernels.lda_sweep(wl, doc_len, z, A, T, alpha, beta, Vs, 1000 + sweep, threads=2)
+        Az, _, Dz = _counts(wl, d, z, Vs, n_docs, K)
+        assert (Az == A).all()
+        final[side] = loglikelihood(A, Dz, alpha, beta)
+    assert abs(final["gpu"] - final["cpu"]) <= 0.01 * abs(final["cpu"]), final
+    assert final["gpu"] > start + 0.02 * abs(start), (start, final)
+
+
+def check_als() -> None:
+    """ALS's row solves from the same ratings (CSR for the CPU kernel, padded batches for the device):
+    the same solutions, squared errors and ridge terms, to round-off."""
+    from dscar.algorithms import gpu_kernels
+    from dscar.algorithms.mf_kernels import als_rows, padded_width, width_token
+
+    rng = np.random.default_rng(4)
+    rank, m, n_other = 3, 4, 7
+    d = rank + 1
+    F = rng.normal(size=(n_other, rank))
+    Z = np.zeros((n_other, padded_width(d)))
+    Z[:, :rank], Z[:, rank] = F, 1.0
+    off = rng.normal(size=n_other)
+    counts = np.array([3, 1, 5, 2])
+    cols = [np.sort(rng.choice(n_other, c, replace=False)) for c in counts]
+    vals = [rng.normal(3.0, 1.0, c) for c in counts]
+    indptr = np.r_[0, np.cumsum(counts)].astype(np.int64)
+    lam_f, lam_b = 0.1 * counts.astype(np.float64), np.full(m, 0.01)
+    x_cpu = np.empty((m, d))
+    sse_cpu, reg_cpu = als_rows(indptr, np.concatenate(cols), np.concatenate(vals), off, Z, lam_f, lam_b, 1, x_cpu,
+                                True, width_token(d))
+    L = int(counts.max())
+    pc, pr = np.full((m, L), -1, dtype=np.int64), np.zeros((m, L))
+    for r in range(m):
+        pc[r, :counts[r]], pr[r, :counts[r]] = cols[r], vals[r]
+    x, sse, reg = gpu_kernels.als_solve(pc, pr, off, Z[:, :d].copy(), lam_f, lam_b, True, d, threads=8)
+    np.testing.assert_allclose(x, x_cpu, rtol=1e-9, atol=1e-12)
+    np.testing.assert_allclose([sse.sum(), reg.sum()], [sse_cpu, reg_cpu], rtol=1e-9)
+
+
+def check_lasso() -> None:
+    """The Gram coordinate descent against the CPU kernel's plain cyclic CD (no Anderson, no support
+    step): the same sweeps, the same solution and KKT violation."""
+    from dscar.algorithms import gpu_kernels
+    from dscar.algorithms.lasso_kernels import gram_cd_anderson
+
+    rng = np.random.default_rng(5)
+    X = rng.normal(size=(30, 6))
+    X[:, 1] += 0.8 * X[:, 0]  # correlated columns: several sweeps
+    G = X.T @ X
+    c = X.T @ (X @ np.array([1.0, 0, -2.0, 0, 0, 0.5]) + 0.1 * rng.normal(size=30))
+    w0, lam = np.zeros(6), 3.0
+    w_cpu, sweeps_cpu, kkt_cpu = gram_cd_anderson(G, c, w0, lam, 1e-10, 500, 0, False)
+    w, sweeps, kkt = gpu_kernels.gram_cd(G, c, w0, lam, 1e-10, 500, threads=4)
+    assert sweeps == sweeps_cpu > 2, (sweeps, sweeps_cpu)
+    np.testing.assert_allclose(w, w_cpu, rtol=1e-12, atol=1e-14)
+    assert kkt <= 1e-10 and abs(kkt - kkt_cpu) <= 1e-12
+    assert (w == 0).any() and (w != 0).any()  # a sparse solution: the thresholds were exercised
+
+
+def check_lasso_warm_start() -> None:
+    """Lasso's clock end on a GPU: three device sweeps, then the CPU kernel (Anderson + support step) on the
+    problem re-centred at the device's iterate, reaches the CPU kernel's own solution of the block."""
+    from dscar.algorithms import gpu_kernels
+    from dscar.algorithms.lasso import ANDERSON_M
+    from dscar.algorithms.lasso_kernels import gram_cd_anderson
+
+    rng = np.random.default_rng(6)
+    X = rng.normal(size=(40, 5))
+    X[:, 1] = X[:, 0] + 0.05 * rng.normal(size=40)  # nearly collinear: plain CD is far from done after 3 sweeps
+    G = X.T @ X
+    c, w0, lam = X.T @ rng.normal(size=40), 0.1 * rng.normal(size=5), 0.5
+    w_ref, _, _ = gram_cd_anderson(G, c, w0, lam, 1e-12, 100_000, ANDERSON_M)
+    w1, c1 = gpu_kernels.gram_cd_warm_start(G, c, w0, lam, 1e-12, np, max_sweeps=3)
+    assert np.abs(w1 - w_ref).max() > 1e-6  # the device did not finish: the hand-over is what is tested
+    w, _, kkt = gram_cd_anderson(G, c1, w1, lam, 1e-12, 100_000, ANDERSON_M)
+    np.testing.assert_allclose(w, w_ref, rtol=1e-8, atol=1e-10)
+
+
+def _numpy_named_cupy():
+    """NumPy under CuPy's name: the models take their CuPy branches (``gpu_kernels.enabled`` is true in the
+    simulator), so the hooks and the warm-up run here with the kernels in the simulator."""
+    import types
+
+    m = types.ModuleType("cupy")
+    m.__dict__.update({k: getattr(np, k) for k in dir(np) if not k.startswith("__")})
+    return m
+
+
+def check_lda_hook() -> None:
+    """A 'CuPy' worker's LDA: ``warm_up`` compiles the device sweep and rehearses, then clocks sweep with the
+    device kernel (counted) and the clock ends find the counts equal to the assignments."""
+    import scipy.sparse as sp
+
+    from dscar.algorithms import gpu_kernels, gpu_warm
+    from dscar.algorithms.lda import LDAGibbs
+
+    xp = _numpy_named_cupy()
+    assert gpu_kernels.enabled(xp)
+    os.environ["DSCAR_GPU_KERNELS"] = "0"  # the switch back to the namespace reference
+    assert not gpu_kernels.enabled(xp) and not LDAGibbs(n_topics=3).use_device_kernel(xp)
+    del os.environ["DSCAR_GPU_KERNELS"]
+    assert not LDAGibbs(n_topics=3, backend="xp").use_device_kernel(xp)
+    calls = []
+    sweep = gpu_kernels.lda_sweep
+    gpu_kernels.lda_sweep = lambda *a, **k: calls.append(1) or sweep(*a, **{**k, "threads": 2})
+    algo = LDAGibbs(n_topics=3, seed=2)
+    algo.warm_up(xp)
+    assert len(calls) == 2  # warm_up_lda, and the rehearsal's clock 2
+    X = sp.csr_matrix(np.random.default_rng(0).poisson(1.0, (6, 8)))
+    hist = gpu_warm.rehearse(algo, {"X": X}, xp, clocks=4)
+    assert len(calls) == 5 and [h["count_error"] for h in hist] == [0.0] * 4
+
+
+def check_als_hook() -> None:
+    """A 'CuPy' worker's ALS row solves (the device kernel on the namespace path's padded batches) give the
+    namespace path's solutions and sums."""
+    from dscar.algorithms.mf import ALS
+
+    xp = _numpy_named_cupy()
+    rng = np.random.default_rng(7)
+    n = 40
+    arrays = {"row": rng.integers(0, 6, n), "col": rng.integers(0, 9, n), "rating": rng.normal(3, 1, n)}
+    ALS(n_users=6, n_items=9, rank=2).warm_up(xp)  # the device solve and a rehearsal of two clocks through it
+    F, b = rng.normal(size=(9, 2)), rng.normal(size=9)
+    out = {}
+    for name, ns in (("namespace", np), ("device", xp)):
+        algo = ALS(n_users=6, n_items=9, rank=2, kernel="namespace" if ns is np else "auto")
+        data = algo.prepare_shard(dict(arrays), ns)
+        Z, off = algo._design(F, b, False, ns)
+        new_f, new_b = np.zeros((6, 2)), np.zeros(6)
+        sums = algo._solve_namespace(data, Z, off, new_f, new_b, True, ns)
+        out[name] = (new_f, new_b, np.array(sums))
+    assert (out["namespace"][0] != 0).any()
+    for a, b_ in zip(out["namespace"], out["device"]):
+        np.testing.assert_allclose(b_, a, rtol=1e-9, atol=1e-12)
+
+
+def check_lasso_hook() -> None:
+    """A 'CuPy' worker's Lasso: ``warm_up`` compiles the device CD and rehearses; the clock ends' block solves
+    go through the device (counted) and the fit reaches the optimum the NumPy path certifies."""
+    from dscar.algorithms import gpu_kernels, gpu_warm
+    from dscar.algorithms.lasso import LassoCD
+
+    gpu_kernels.CD_THREADS = 4
+    xp = _numpy_named_cupy()
+    calls = []
+    start = gpu_kernels.gram_cd_warm_start
+    gpu_kernels.gram_cd_warm_start = lambda *a, **k: calls.append(1) or start(*a, **k)
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(30, 4))
+    y = X @ np.array([1.0, 0.0, -1.0, 0.0]) + 0.1 * rng.normal(size=30)
+    algo = LassoCD(alpha=0.1, max_working_set=2, working_set_start=2)
+    algo.warm_up(xp)
+    warm = len(calls)
+    assert warm >= 1
+    dev = gpu_warm.rehearse(algo, {"X": X, "y": y}, xp, clocks=4)
+    ref = gpu_warm.rehearse(LassoCD(alpha=0.1, max_working_set=2, working_set_start=2), {"X": X, "y": y}, np, clocks=4)
+    assert len(calls) > warm and dev[-1]["converged"] == 1.0
+    assert abs(dev[-1]["objective"] - ref[-1]["objective"]) <= 1e-12 * abs(ref[-1]["objective"])
+
+
+def check_bench_device_branches() -> None:
+    """``bench.device_kernels``' GPU side at its tiny sizes, the kernels in the simulator (fewer threads):
+    every figure comes out, and the device reaches the CPU's answers (LDA's log-likelihood, Lasso's optimum)."""
+    from bench import device_kernels
+    from dscar.algorithms import gpu_kernels
+
+    gpu_kernels.LDA_THREADS, gpu_kernels.ALS_THREADS, gpu_kernels.CD_THREADS = 2, 4, 4
+    xp, tiny = _numpy_named_cupy(), device_kernels.SIZES["tiny"]
+    res = {m: device_kernels.BENCHES[m](tiny[m], xp, None) for m in device_kernels.MODELS}
+    assert res["lda"]["tokens_per_s"] > 0 and res["lda"]["loglik_rel_diff"] < 0.05, res["lda"]
+    assert res["als"]["ms_per_iter"] > 0
+    assert res["lasso"]["rel_gap"] <= 1e-6 and res["lasso"]["seconds_to_optimum"] > 0, res["lasso"]
+    assert res["mlr"]["samples_per_s"] > 0
+    v = device_kernels.verdicts(res)
+    assert all(v[m].startswith(("met", "missed")) for m in device_kernels.MODELS), v
+
+
+def check_threads_check() -> None:
+    """A block size the prefix sum cannot halve is refused before any launch."""
+    from dscar.algorithms import gpu_kernels
+
+    for make in (gpu_kernels._lda_kernel, gpu_kernels._cd_kernel):
+        try:
+            make(6)
+        except ValueError as e:
+            assert "power of two" in str(e)
+        else:
+            raise AssertionError("threads=6 accepted")
+
+
+if __name__ == "__main__":
+    from numba.core import config
+
+    assert config.ENABLE_CUDASIM or os.environ.get("DSCAR_GPU_CHECKS") == "device", \
+        "run with NUMBA_ENABLE_CUDASIM=1 (or DSCAR_GPU_CHECKS=device on a GPU)"
+    sys.path.append(str(ROOT))  # bench/ (a script's own folder is what Python puts on the path); last, so an
+    # installed dscar (the GPU machine's wheel, with dscar.algorithms) is not shadowed by the source folder
+    name = sys.argv[1]
+    globals()[f"check_{name}"]()
+    print(f"ok {name}")
