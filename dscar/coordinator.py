@@ -189,7 +189,7 @@ class Coordinator(SchedulerPlugin):
         if same(self._keys.get(worker), key):
             return {"status": "OK"}
         try:
-            r = await self._pool(worker).dscar_confirm_key(digest=key_digest(key))
+            r = await asyncio.wait_for(self._pool(worker).dscar_confirm_key(digest=key_digest(key)), 2 * PROBE_TIMEOUT_S)
         except Exception as e:
             return {"status": "unconfirmed", "error": repr(e)}
         if r.get("status") != "OK":
