@@ -113,6 +113,7 @@ class RunnerHost(Protocol):
     in_process: bool
 
     def job(self, job_id: str) -> Job: ...
+    def register(self) -> bool: ...
     def call(self, op: str, **kw) -> Any: ...
     def peer(self, address: str, op: str, **kw) -> dict: ...
     def peer_all(self, calls: list[tuple[str, str, dict]]) -> list[dict]: ...
@@ -148,7 +149,7 @@ class ShardRunner:
             if item is None:
                 try:
                     if not registered:
-                        registered = self.host.call("hello", worker=addr).get("status") == "OK"
+                        registered = self.host.register()
                         if not registered:  # not known to the scheduler yet
                             self.host.stop.wait(0.2)
                             continue

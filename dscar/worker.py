@@ -95,6 +95,8 @@ class ParamServer(WorkerPlugin):
         #: this process's own key: it proves to the coordinator that a call comes from this worker
         #: (registered with ``dscar_hello``, confirmed through ``dscar_confirm_key``)
         self.key = new_token()
+        #: the coordinator has confirmed ``key`` (``register``)
+        self.registered = False
         #: worker-to-worker messages of attempts: a short connect timeout, so a dead peer fails fast
         self.peers = fast_fail_pool(worker.connection_args, server=worker, limit=64)
         self._peers_started = asyncio.ensure_future(self.peers.start())
@@ -130,12 +132,16 @@ class ParamServer(WorkerPlugin):
             job = self.jobs.get(job_id)
         if job is not None:
             return job
+        if not self.registered:
+            sync(self.worker.loop, self._aregister)
         return self._install(job_id, self.call("job_spec", job_id=job_id, worker=self.address))
 
     async def _ajob(self, job_id: str) -> Job:
         """``job`` for handlers on the event loop."""
         job = self.jobs.get(job_id)
         if job is None:
+            if not self.registered:  # (a driver's first message may come before the runner registered)
+                await self._aregister()
             job = self._install(job_id, await self._acall("job_spec", job_id=job_id, worker=self.address))
         return job
 
@@ -198,6 +204,15 @@ class ParamServer(WorkerPlugin):
         """Whether this process holds the key whose hash is ``digest`` (the coordinator asks before
         it believes a worker's ``dscar_hello``)."""
         return {"status": "OK" if same(key_digest(self.key), digest) else "other"}
+
+    def register(self) -> bool:
+        """Register this worker's key with the coordinator (``dscar_hello``), from a thread other than
+        the event loop; whether it is registered (not yet: the scheduler does not know this worker yet)."""
+        return sync(self.worker.loop, self._aregister)
+
+    async def _aregister(self) -> bool:
+        self.registered = (await self._acall("hello", worker=self.address)).get("status") == "OK"
+        return self.registered
 
     def _signed(self, kw: dict) -> dict:
         """``kw`` with the token of the job it names, when that job is installed here."""
