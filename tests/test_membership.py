@@ -7,6 +7,7 @@ import subprocess
 import sys
 import time
 
+import dask
 import numpy as np
 import pytest
 from hypothesis import given
@@ -242,6 +243,34 @@ def test_a_job_cancelled_by_hand_ends_on_the_cluster_and_its_driver_says_so(proc
     assert all(js == [] for js in held.values()), held  # the workers dropped the job
     res = dscar.fit(RowCounter(), row_data(40), procs, n_shards=4, max_clocks=2)  # the cluster takes a new fit
     assert res.n_clocks == 2
+
+
+class BusyDriver(RowCounter):
+    """RowCounter whose driver, after clock 1, is busy for 2.5 s without a call to the coordinator
+    (as while it places data or publishes a checkpoint)."""
+
+    def converged(self, history, tol):
+        if len(history) == 1:
+            time.sleep(2.5)
+        return False
+
+
+@pytest.mark.timeout(120)
+def test_a_driver_busy_between_calls_for_longer_than_its_lease_keeps_its_job(inproc):
+    """The driver renews its lease in the background (every third of it), not only with its calls."""
+    with dask.config.set({"dscar.lease-timeout": 1.0}):
+        res = dscar.fit(BusyDriver(), row_data(20), inproc, n_shards=2, max_clocks=2, policies=[])
+    assert res.n_clocks == 2 and "job-expired" not in {e["kind"] for e in res.events}
+    assert_exactly_once(res, 20)
+
+
+def test_the_jobs_commands_say_what_is_wrong_in_one_line():
+    for argv in (["jobs", "--scheduler", "nonsense"], ["cancel", "some-job", "--scheduler", "nonsense"],
+                 ["cancel", "--scheduler", "tcp://127.0.0.1:1"], ["jobs"]):
+        r = _cli(*argv)
+        assert r.returncode == 2 and r.stderr.count("\n") == 1 and r.stderr.startswith("dscar: error:"), (argv, r.stderr)
+    with pytest.raises(dscar.InvalidInputError, match="job_id must be"):
+        dscar.cancel("", "tcp://127.0.0.1:1")
 
 
 # --------------------------------------------------- a driver that dies
