@@ -152,6 +152,7 @@ class Coordinator(SchedulerPlugin):
 
         def guarded(comm, token: str | None = None, key: str | None = None, **kw):
             job_id, worker = kw.get("job_id"), kw.get("worker")
+            job_id = job_id if isinstance(job_id, str) else None  # (a forged call may send anything)
             why = refusal(rule, job_token=self._tokens.get(job_id), token=token,
                           worker_key=self._keys.get(worker) if isinstance(worker, str) else None, key=key)
             if why is not None:

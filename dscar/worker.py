@@ -180,8 +180,8 @@ class ParamServer(WorkerPlugin):
         async def guarded(comm, token: str | None = None, **kw):
             if rule is not Rule.OPEN:
                 job_id = kw.get("job_id")
-                job = self.jobs.get(job_id)
-                if job is None and installs:
+                job = self.jobs.get(job_id) if isinstance(job_id, str) else None
+                if job is None and installs and isinstance(job_id, str):
                     job = await self._ajob(job_id)
                 why = refusal(rule, job_token=None if job is None else job.token, token=token)
                 if why is not None:
@@ -216,7 +216,7 @@ class ParamServer(WorkerPlugin):
 
     def _signed(self, kw: dict) -> dict:
         """``kw`` with the token of the job it names, when that job is installed here."""
-        job = self.jobs.get(kw.get("job_id"))
+        job = self.jobs.get(kw.get("job_id") or "")
         return kw if job is None else {**kw, "token": job.token}
 
     async def _acall(self, op: str, **kw) -> Any:
