@@ -141,33 +141,45 @@ def _job_and_token(address):
     return job, token
 
 
-def forge_scheduler_calls(address) -> dict:
-    """A plain client calls the coordinator's work and job handlers: as a worker, without the job's
-    token, with another one, and with the token but without the worker's key."""
+def forge_scheduler_work_calls(address) -> dict:
+    """A plain client asks the coordinator for work and commits or fails attempts as a worker:
+    without the job's token, with the token but without the worker's key, with wrong ones; and
+    registers a key of its own for that worker."""
     from distributed import Client
 
     job, token = _job_and_token(address)
     j, w0 = job["job"], job["workers"][0]
-    out = {}
     with Client(address, timeout=30) as c:
         s = c.scheduler
-        out["next"] = _refused(lambda: c.sync(s.dscar_next, worker=w0, timeout=0.1))
-        out["next-as-member"] = _refused(lambda: c.sync(s.dscar_next, worker=w0, timeout=0.1, token=token))
-        out["commit"] = _refused(lambda: c.sync(s.dscar_commit, job_id=j, clock=3, run=0, worker=w0,
-                                                commits=[{"shard": 0, "attempt": 0}], token=token))
-        out["fail"] = _refused(lambda: c.sync(s.dscar_fail, job_id=j, clock=3, run=0, shard=0, attempt=0, worker=w0,
-                                              error="forged", token="wrong", key="wrong"))
-        out["hello"] = _refused(lambda: c.sync(s.dscar_hello, worker=w0, key="mine"))
-        out["begin_clock"] = _refused(lambda: c.sync(s.dscar_begin_clock, job_id=j, clock=99))
-        out["end_job"] = _refused(lambda: c.sync(s.dscar_end_job, job_id=j, token="wrong"))
-        out["simulate_loss"] = _refused(lambda: c.sync(s.dscar_simulate_loss, job_id=j, worker=w0))
-        out["job_spec"] = _refused(lambda: c.sync(s.dscar_job_spec, job_id=j, worker=w0))
-    return out
+        return {
+            "next": _refused(lambda: c.sync(s.dscar_next, worker=w0, timeout=0.1)),
+            "next-as-member": _refused(lambda: c.sync(s.dscar_next, worker=w0, timeout=0.1, token=token)),
+            "commit": _refused(lambda: c.sync(s.dscar_commit, job_id=j, clock=3, run=0, worker=w0,
+                                              commits=[{"shard": 0, "attempt": 0}], token=token)),
+            "fail": _refused(lambda: c.sync(s.dscar_fail, job_id=j, clock=3, run=0, shard=0, attempt=0, worker=w0,
+                                            error="forged", token="wrong", key="wrong")),
+            "hello": _refused(lambda: c.sync(s.dscar_hello, worker=w0, key="mine")),
+        }
 
 
-def forge_worker_calls(address) -> dict:
-    """A plain client calls a worker's data handlers (pull, assign, apply) and its peer handlers
-    (fetch_staged, copy_shard, get_mirror, keep_mirror) without the job's token or with another one."""
+def forge_scheduler_job_calls(address) -> dict:
+    """A plain client drives the job as its driver would, and asks for its spec as a worker would."""
+    from distributed import Client
+
+    job, _ = _job_and_token(address)
+    j, w0 = job["job"], job["workers"][0]
+    with Client(address, timeout=30) as c:
+        s = c.scheduler
+        return {
+            "begin_clock": _refused(lambda: c.sync(s.dscar_begin_clock, job_id=j, clock=99)),
+            "end_job": _refused(lambda: c.sync(s.dscar_end_job, job_id=j, token="wrong")),
+            "simulate_loss": _refused(lambda: c.sync(s.dscar_simulate_loss, job_id=j, worker=w0)),
+            "job_spec": _refused(lambda: c.sync(s.dscar_job_spec, job_id=j, worker=w0)),
+        }
+
+
+def forge_worker_data_calls(address) -> dict:
+    """A plain client reads and writes a worker's partitions (pull, assign, apply)."""
     from distributed import Client
 
     from dscar import wire
@@ -183,8 +195,22 @@ def forge_worker_calls(address) -> dict:
                 r.dscar_assign, job_id=j, run=10**6, chunks=[["count", 0, 0]],
                 arrays=wire.encode([np.full(5, 835.0)]), token="wrong"))
             out[f"apply {w}"] = _refused(lambda: c.sync(r.dscar_apply, job_id=j, clock=2, run=10**6, committed=[]))
+    return out
+
+
+def forge_worker_peer_calls(address) -> dict:
+    """A plain client calls the handlers workers call on each other (staged updates, shard copies,
+    memory copies)."""
+    from distributed import Client
+
+    job, _ = _job_and_token(address)
+    j = job["job"]
+    out = {}
+    with Client(address, timeout=30) as c:
+        for w in job["workers"]:
+            r = c.rpc(w)
             out[f"fetch_staged {w}"] = _refused(lambda: c.sync(r.dscar_fetch_staged, job_id=j, run=0, keys=[], parts=[]))
-            out[f"copy_shard {w}"] = _refused(lambda: c.sync(r.dscar_copy_shard, job_id=j, shard=0))
+            out[f"copy_shard {w}"] = _refused(lambda: c.sync(r.dscar_copy_shard, job_id=j, shard=0, token="wrong"))
             out[f"get_mirror {w}"] = _refused(lambda: c.sync(r.dscar_get_mirror, job_id=j, key=["part", "count", 0]))
             out[f"keep_mirror {w}"] = _refused(lambda: c.sync(r.dscar_keep_mirror, job_id=j, clock=2, copies=[]))
     return out
@@ -194,30 +220,34 @@ def _forged(res) -> list[dict]:
     return [e for e in res.events if e["kind"] == "forged-call"]
 
 
+#: family -> (its forger, the handlers it calls, whether they are the workers' (recorded per worker))
+FAMILIES = {
+    "scheduler-work": (forge_scheduler_work_calls, ("next", "commit", "fail", "hello"), False),
+    "scheduler-job": (forge_scheduler_job_calls, ("begin_clock", "end_job", "simulate_loss", "job_spec"), False),
+    "worker-data": (forge_worker_data_calls, ("pull", "assign", "apply"), True),
+    "worker-peer": (forge_worker_peer_calls, ("fetch_staged", "copy_shard", "get_mirror", "keep_mirror"), True),
+}
+
+
 @pytest.mark.timeout(120)
-def test_forged_calls_to_the_coordinator_are_refused_recorded_and_change_nothing(procs):
-    algo = Forger(forge_scheduler_calls, procs.client.scheduler.address)
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_forged_calls_are_refused_recorded_and_change_nothing(procs, family):
+    """Each call from a plain ``distributed.Client`` raises ``RefusedCallError``, the job records a
+    ``forged-call`` event naming the handler (and, on a worker, the worker that refused it), and
+    the fit goes on with every row counted once per clock (the forged assign of 835 never lands)."""
+    forge, handlers, on_workers = FAMILIES[family]
+    algo = Forger(forge, procs.client.scheduler.address)
     res = dscar.fit(algo, row_data(40), procs, n_shards=4, max_clocks=4, policies=[])
     assert algo.outcomes is not None and set(algo.outcomes.values()) == {"refused"}, algo.outcomes
-    recorded = {e["handler"] for e in _forged(res)}
-    assert recorded == {f"dscar_{op}" for op in ("next", "commit", "fail", "hello", "begin_clock", "end_job",
-                                                  "simulate_loss", "job_spec")}, recorded
-    claimed = {e.get("claimed") for e in _forged(res) if e["handler"] in ("dscar_next", "dscar_commit")}
-    assert claimed == {res.workers[0]}
     assert all(e["caller"] and e["reason"] for e in _forged(res))
+    if on_workers:
+        recorded = {(e["handler"], e["worker"]) for e in _forged(res)}
+        assert recorded == {(f"dscar_{op}", w) for op in handlers for w in res.workers}, recorded
+    else:
+        assert {e["handler"] for e in _forged(res)} == {f"dscar_{op}" for op in handlers}
+        assert {e.get("claimed") for e in _forged(res)} <= {res.workers[0], None}  # the worker a call claimed to be
     assert_exactly_once(res, 40)
     assert res.n_clocks == 4 and "worker-lost" not in {e["kind"] for e in res.events}
-
-
-@pytest.mark.timeout(120)
-def test_forged_calls_to_the_workers_are_refused_recorded_and_change_nothing(procs):
-    algo = Forger(forge_worker_calls, procs.client.scheduler.address)
-    res = dscar.fit(algo, row_data(40), procs, n_shards=4, max_clocks=4, policies=[])
-    assert algo.outcomes is not None and set(algo.outcomes.values()) == {"refused"}, algo.outcomes
-    recorded = {(e["handler"], e["worker"]) for e in _forged(res)}
-    ops = ("pull", "assign", "apply", "fetch_staged", "copy_shard", "get_mirror", "keep_mirror")
-    assert recorded == {(f"dscar_{op}", w) for op in ops for w in res.workers}, recorded
-    assert_exactly_once(res, 40)  # the forged assign (835 on rows 0-4) never landed
 
 
 def cancel_job(address) -> dict:
