@@ -4,13 +4,14 @@ from .algorithm import Algorithm, ClockContext, DataMeta, ShardContext, StateSpe
 from .checkpoint import CheckpointConfig, CorruptCheckpointError
 from .cluster import Cluster, connect
 from .data import ArrayData, FileData, PhasedData, check_indices
-from .driver import ClockRecord, FitResult, fit
+from .driver import ClockRecord, FitResult, cancel, fit, jobs
 from .errors import (
     ClusterError,
     ConvergenceWarning,
     DscarError,
     InvalidInputError,
     JobFailedError,
+    RefusedCallError,
     ShardFailedError,
 )
 from .estimator import EstimatorMixin
@@ -19,7 +20,8 @@ from .xp import to_host
 __all__ = [
     "Algorithm", "ArrayData", "CheckpointConfig", "CorruptCheckpointError", "ClockContext", "ClockRecord", "Cluster", "ClusterError", "ConvergenceWarning", "DataMeta",
     "DscarError", "EstimatorMixin", "FileData", "FitResult", "InvalidInputError", "JobFailedError", "PhasedData",
-    "ShardContext", "ShardFailedError", "StateSpec", "TableSpec", "check_indices", "connect", "faults", "fit", "policies",
+    "RefusedCallError", "ShardContext", "ShardFailedError", "StateSpec", "TableSpec", "cancel", "check_indices", "connect",
+    "faults", "fit", "jobs", "policies",
     "to_host", "validation",
 ]
 __version__ = "0.1.0"

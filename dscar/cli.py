@@ -54,7 +54,37 @@ def build_parser(models: dict[str, CliModel] | None = None) -> argparse.Argument
         mp = per_model.add_parser(name, help=model.help, description=model.help)
         _add_common(mp)
         model.add_arguments(mp.add_argument_group(f"{name} model and data"))
+    for command, text in (("jobs", "list the dscar jobs running on a cluster (id, model, clock, workers, lease age)"),
+                          ("cancel", "end a running dscar job by hand (its workers free its partitions)")):
+        jp = sub.add_parser(command, help=text, description=text)
+        if command == "cancel":
+            jp.add_argument("job", metavar="JOB", help="the job's id, as `dscar jobs` lists it")
+        jp.add_argument("--scheduler", metavar="ADDR", required=True, help="address of the Dask scheduler")
+        jp.add_argument("--timeout", type=arg_float(0, strict_min=True), default=None, metavar="SECONDS",
+                        help="seconds to reach --scheduler (default 10)")
     return p
+
+
+def _jobs_command(args) -> int:
+    """``dscar jobs`` / ``dscar cancel``: one line per job, or one line saying what was ended."""
+    from .cluster import Cluster
+    from .driver import cancel, jobs
+
+    cluster = Cluster(args.scheduler, timeout=args.timeout)
+    try:
+        if args.command == "cancel":
+            cancel(args.job, cluster)
+            print(f"dscar: job {args.job} cancelled")
+            return 0
+        running = jobs(cluster)
+    finally:
+        cluster.close()
+    if not running:
+        print("no dscar job running")
+    for j in running:
+        print(f"{j['job']}  model={j['model']}  clock={j['clock']}  workers={len(j['workers'])}  "
+              f"lease_age={j['lease_age']}s (timeout {j['lease_timeout']:g}s)")
+    return 0
 
 
 def _add_common(run: argparse.ArgumentParser) -> None:
@@ -181,6 +211,12 @@ def main(argv: list[str] | None = None) -> int:
 
     models = load_models()
     args = build_parser(models).parse_args(argv)
+    if args.command in ("jobs", "cancel"):
+        try:
+            return _jobs_command(args)
+        except DscarError as e:
+            print(f"dscar: error: {e}", file=sys.stderr)
+            return 2
     from .driver import fit
 
     from . import faults as faults_mod

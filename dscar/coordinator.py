@@ -30,19 +30,23 @@ innermost frames of the runner threads holding it (``dscar.stall``, ``dscar_stac
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
 import time
 from typing import Any
 
 import dask.config
 from distributed import SchedulerPlugin
+from distributed.core import error_message
 from distributed.protocol.pickle import loads
 
 from .checkpoint import CheckpointConfig
 from .comm import fast_fail_pool
+from .errors import RefusedCallError
 from .inflight import Inflight
 from .job import ApplyPass, Checkpoint, JobConfig, JobState, Mirror, RestartWorker, StartRecovery
 from .ledger import describe, perturbations, restore_candidates
+from .membership import DEFAULT_LEASE_S, SCHEDULER_RULES, Lease, Rule, key_digest, refusal, same
 from .monitor import ThroughputMonitor
 from .partitions import PartitionMap, TableLayout, data_homes, placement_plan
 from .shards import ShardQueue
@@ -63,6 +67,12 @@ PROBE_TIMEOUT_S = 1.5  # a worker silent past the hang timeout is hung if it can
 def hang_timeout() -> float:
     """Seconds without a sign of life after which a worker is probed, then removed (``dscar.hang-timeout``)."""
     return float(dask.config.get("dscar.hang-timeout", 3.0))
+
+
+def lease_timeout() -> float:
+    """Seconds a job lives after its driver's last renewal (``dscar.lease-timeout``): a job whose
+    driver died ends within about twice this (``Coordinator._watch_leases``)."""
+    return float(dask.config.get("dscar.lease-timeout", DEFAULT_LEASE_S))
 
 
 def stall_timeout() -> float:
@@ -96,12 +106,19 @@ class Coordinator(SchedulerPlugin):
         self._stalls: dict[str, StallWatch] = {}
         #: stall reports gathering their workers' stacks (kept referenced until done)
         self._stall_reports: set[asyncio.Future] = set()
-        for op in (
-            "start_job", "job_spec", "placed", "begin_clock", "next", "commit", "fail", "clock_done",
-            "clock_failed", "wait", "end_job", "owners", "event", "ckpt_written", "published",
-            "simulate_loss", "flush", "rebase", "until_lost", "mirrored", "stop", "runner_failed",
-        ):
-            scheduler.handlers[f"dscar_{op}"] = getattr(self, f"_h_{op}")
+        #: job -> its token (``dscar.membership``): every call about the job carries it
+        self._tokens: dict[str, str] = {}
+        #: worker address -> the key its process registered and confirmed (``dscar_hello``)
+        self._keys: dict[str, str] = {}
+        #: job -> its driver's lease
+        self._leases: dict[str, Lease] = {}
+        #: job -> why the coordinator ended it (lease lapsed, cancelled), for its driver if it comes back
+        self._ended_why: dict[str, str] = {}
+        self._lease_watch: asyncio.Task | None = None
+        #: job -> the name of its model (``dscar.jobs``)
+        self._models: dict[str, str] = {}
+        for op in SCHEDULER_RULES:  # every handler behind the caller check (``_guarded``)
+            scheduler.handlers[f"dscar_{op}"] = self._guarded(op, getattr(self, f"_h_{op}"))
         self._specs: dict[str, bytes] = {}
         #: job -> how many placements the driver reported done (``placed``): an ``until_lost`` poll
         #: guards one placement and ends with it, not after its timeout (every wake runs every poll)
@@ -119,7 +136,68 @@ class Coordinator(SchedulerPlugin):
     async def close(self) -> None:
         if self._watch is not None:
             self._watch.cancel()
+        if self._lease_watch is not None:
+            self._lease_watch.cancel()
         await self._pool.close()
+
+    # ----------------------------------------------------------- callers
+    def _guarded(self, op: str, handler):
+        """``handler`` behind the one check of its caller (``membership.refusal`` under
+        ``SCHEDULER_RULES[op]``): the call's ``token`` and ``key`` are checked and taken off; a
+        refused call is answered with a ``RefusedCallError`` and recorded, never handed on. A
+        granted driver call renews its job's lease."""
+        rule = SCHEDULER_RULES[op]
+        params = inspect.signature(handler).parameters
+        wants_token, wants_key, wants_comm = "token" in params, "key" in params, "comm" in params
+
+        def guarded(comm, token: str | None = None, key: str | None = None, **kw):
+            job_id, worker = kw.get("job_id"), kw.get("worker")
+            job_id = job_id if isinstance(job_id, str) else None  # (a forged call may send anything)
+            why = refusal(rule, job_token=self._tokens.get(job_id), token=token,
+                          worker_key=self._keys.get(worker) if isinstance(worker, str) else None, key=key)
+            if why is not None:
+                return self._refuse(op, getattr(comm, "peer_address", None), why, job_id, worker)
+            if rule is Rule.DRIVER and job_id in self._leases:
+                self._leases[job_id].renew(time.monotonic())
+            if wants_token:
+                kw["token"] = token
+            if wants_key:
+                kw["key"] = key
+            if wants_comm:
+                kw["comm"] = comm
+            return handler(**kw)  # a coroutine for an async handler: distributed awaits it
+
+        guarded.__name__ = guarded.__qualname__ = f"dscar_{op}"
+        return guarded
+
+    def _refuse(self, op: str, caller: str | None, why: str, job_id: str | None, worker: str | None) -> dict:
+        """The answer to a refused call, recorded as a ``forged-call`` event in the job it names
+        (in every running job when it names none) and in the log."""
+        info = {"handler": f"dscar_{op}", "caller": caller, "reason": why}
+        if isinstance(worker, str):
+            info["claimed"] = worker
+        for job in [self.jobs[job_id]] if job_id in self.jobs else list(self.jobs.values()):
+            job.event(time.time(), "forged-call", **info)
+        logger.warning("dscar: refused dscar_%s from %s%s: %s", op, caller,
+                       f" claiming to be {worker}" if isinstance(worker, str) else "", why)
+        return error_message(RefusedCallError(f"dscar_{op} refused: {why}"), status="uncaught-error")
+
+    async def _h_hello(self, comm, worker: str, key: str) -> dict:
+        """A worker registers its key. Believed once the worker listening at ``worker`` confirms,
+        asked there, that it holds that key: only that process can (``membership``)."""
+        if worker not in self.scheduler.workers:
+            return {"status": "unknown-worker"}  # (not registered yet: it asks again)
+        if same(self._keys.get(worker), key):
+            return {"status": "OK"}
+        try:
+            r = await asyncio.wait_for(self._pool(worker).dscar_confirm_key(digest=key_digest(key)), 2 * PROBE_TIMEOUT_S)
+        except Exception as e:
+            return {"status": "unconfirmed", "error": repr(e)}
+        if r.get("status") != "OK":
+            return self._refuse("hello", getattr(comm, "peer_address", None),
+                                "the worker at that address holds another key", None, worker)
+        self._keys[worker] = key
+        return {"status": "OK"}
 
     # ----------------------------------------------------------- plumbing
     def _wake(self) -> None:
@@ -155,7 +233,10 @@ class Coordinator(SchedulerPlugin):
         self._wake()
 
     async def _rpc(self, worker: str, op: str, timeout: float = RPC_TIMEOUT_S, **kw) -> Any:
-        """A message to ``worker``; fails at once if the worker is removed meanwhile."""
+        """A message to ``worker`` (with the token of the job it names); fails at once if the
+        worker is removed meanwhile."""
+        if kw.get("job_id") in self._tokens:
+            kw["token"] = self._tokens[kw["job_id"]]
         return await self._inflight.call(worker, getattr(self._pool(worker), f"dscar_{op}")(**kw), timeout)
 
     async def _remove(self, worker: str, why: str) -> None:
@@ -240,7 +321,12 @@ class Coordinator(SchedulerPlugin):
                      max_failures: int = 3, sharding: str = "dynamic", policies: bytes | None = None,
                      monitor: dict | None = None, checkpoint: dict | None = None, rebuild: list | None = None,
                      resume: dict | None = None, phases: list | None = None, consistency: str = "bsp",
-                     staleness: int = 0, max_clocks: int = 0, shard_bounds: list | None = None) -> dict:
+                     staleness: int = 0, max_clocks: int = 0, shard_bounds: list | None = None,
+                     token: str | None = None, model: str = "") -> dict:
+        """A new job, with its token (every later call about it must carry it: ``membership``) and
+        its driver's lease; refused while another job runs."""
+        if not token:
+            return {"status": "no-token"}
         busy = [j for j, s in self.jobs.items() if not s.failed and j != job_id]
         if busy:
             return {"status": "busy", "jobs": busy}
@@ -263,15 +349,22 @@ class Coordinator(SchedulerPlugin):
         job = (SspJobState(cfg, queue, pmap, staleness=int(staleness), max_clocks=int(max_clocks), **kw)
                if consistency == "ssp" else JobState(cfg, queue, pmap, **kw))
         job.workers = workers
+        self._models[job_id] = model or job_id.rsplit("-", 1)[0]
         self.jobs[job_id] = job
         self._specs[job_id] = spec
+        self._tokens[job_id] = token
+        lease = self._leases[job_id] = Lease(lease_timeout(), time.monotonic())
+        self._ended_why.pop(job_id, None)
         job.event(time.time(), "job-started", workers=workers, n_shards=n_shards, sharding=sharding,
                   policies=[p.name for p in job.policies], consistency=consistency,
                   **({"staleness": int(staleness)} if consistency == "ssp" else {}),
                   checkpoint=None if cfg.checkpoint is None else f"{cfg.checkpoint.policy}/{cfg.checkpoint.recovery}")
         if self._watch is None:
             self._watch = asyncio.ensure_future(self._watch_heartbeats())
-        return {"status": "OK", "owners": pmap.to_msg(), "workers": workers, "plan": [list(p) for p in plan]}
+        if self._lease_watch is None:
+            self._lease_watch = asyncio.ensure_future(self._watch_leases())
+        return {"status": "OK", "owners": pmap.to_msg(), "workers": workers, "plan": [list(p) for p in plan],
+                "lease": lease.timeout}
 
     async def _h_stop(self, job_id: str, clock: int, timeout: float = 60.0) -> dict:
         """The driver read its last clock, ``clock``: under SSP no later clock goes on, and this
@@ -287,7 +380,8 @@ class Coordinator(SchedulerPlugin):
                 return {"status": "failed", "error": job.error}
         return {"status": "OK"}
 
-    def _h_job_spec(self, job_id: str) -> bytes:
+    def _h_job_spec(self, job_id: str, worker: str) -> bytes:
+        """The job's spec (with its token) for a registered worker that joins it."""
         return self._specs[job_id]
 
     async def _h_until_lost(self, job_id: str, workers: list, timeout: float = 60.0) -> dict:
@@ -307,7 +401,9 @@ class Coordinator(SchedulerPlugin):
 
     async def _h_owners(self, job_id: str) -> dict:
         """The partitions' owners, once no recovery is under way (the driver gathers the model)."""
-        job = self.jobs[job_id]
+        job = self.jobs.get(job_id)
+        if job is None:
+            return {"status": "failed", "error": self._unknown(job_id)}
         while job.recovering and not job.failed:
             await self._wait_change(1.0)
         if job.failed:
@@ -332,7 +428,9 @@ class Coordinator(SchedulerPlugin):
         return await self._h_wait(job_id, clock, wait, events_from)
 
     async def _begin(self, job_id: str, clock: int) -> dict:
-        job = self.jobs[job_id]
+        job = self.jobs.get(job_id)
+        if job is None:
+            return {"status": "failed", "error": self._unknown(job_id)}
         while job.recovering and not job.failed:
             await self._wait_change(1.0)
         if job.failed:
@@ -354,15 +452,83 @@ class Coordinator(SchedulerPlugin):
         return {"status": "OK"}
 
     def _h_end_job(self, job_id: str) -> dict:
+        job = self._drop(job_id)
+        return {"status": "OK", "events": [] if job is None else job.events, "all_events": True,
+                "workers": sorted(self.scheduler.workers)}
+
+    def _drop(self, job_id: str) -> JobState | None:
+        """Forget the job here (the driver's end, or the coordinator's: ``_end_here``)."""
         job = self.jobs.pop(job_id, None)
         self._specs.pop(job_id, None)
         self._simulated.pop(job_id, None)
         self._placements.pop(job_id, None)
+        self._tokens.pop(job_id, None)
+        self._leases.pop(job_id, None)
+        self._models.pop(job_id, None)
         if job is not None:  # the dashboard's last look at it (its snapshots are rate-limited)
             self._ended = job.snapshot(set(self.scheduler.workers), time.time())
         self._wake()
-        return {"status": "OK", "events": [] if job is None else job.events, "all_events": True,
-                "workers": sorted(self.scheduler.workers)}
+        return job
+
+    def _unknown(self, job_id: str) -> str:
+        why = self._ended_why.get(job_id)
+        return f"job {job_id} {why}" if why else f"job {job_id} is unknown to the coordinator"
+
+    # ------------------------------------------------------- job lease
+    def _h_renew(self, job_id: str) -> dict:
+        """The driver is alive (the lease itself is renewed by ``_guarded``, as by every driver call)."""
+        return {"status": "OK" if job_id in self.jobs else "unknown", "error": self._unknown(job_id)}
+
+    async def _watch_leases(self) -> None:
+        """End every job whose driver let its lease lapse (``membership.Lease``). A round in which
+        this loop woke late (the scheduler's process was starved, the renewals may wait unread)
+        grants the lag to every lease instead of holding it against the drivers."""
+        last = time.monotonic()
+        try:
+            while self.jobs:
+                tick = min(0.5, min((lease.timeout for lease in self._leases.values()), default=1.0) / 4)
+                await asyncio.sleep(tick)
+                now = time.monotonic()
+                lag, last = now - last - tick, now
+                for job_id, lease in list(self._leases.items()):
+                    if lag > tick:
+                        lease.grant(lag)
+                    elif lease.expired(now) and job_id in self.jobs:
+                        await self._end_here(job_id, "job-expired", f"was ended: its driver did not renew its lease "
+                                             f"for {lease.age(now):.1f} s (dscar.lease-timeout {lease.timeout:g} s)",
+                                             lease_age=round(lease.age(now), 1), lease_timeout=lease.timeout)
+        finally:
+            self._lease_watch = None
+
+    async def _end_here(self, job_id: str, kind: str, why: str, **info) -> None:
+        """End a job without its driver (lease lapsed, cancelled), as its driver would: the job is
+        dropped here, then every worker drops its partitions, shards and runner work."""
+        job, token = self.jobs.get(job_id), self._tokens.get(job_id)
+        if job is None:
+            return
+        logger.warning("dscar: job %s %s", job_id, why)
+        job.event(time.time(), kind, **info)
+        job.fail(time.time(), f"job {job_id} {why}")  # a recovery or long poll of it stops
+        self._ended_why[job_id] = why
+        self._drop(job_id)
+        await asyncio.gather(*(self._inflight.call(w, self._pool(w).dscar_end_job(job_id=job_id, token=token), 10)
+                               for w in list(self.scheduler.workers)), return_exceptions=True)
+
+    def _h_jobs(self) -> dict:
+        """The running jobs (``dscar.jobs``): id, model, clock, live workers, lease age and timeout."""
+        now = time.monotonic()
+        return {"jobs": [{"job": job_id, "model": self._models.get(job_id, ""), "clock": job.clock,
+                          "workers": self._live(job),
+                          "lease_age": round(self._leases[job_id].age(now), 1) if job_id in self._leases else None,
+                          "lease_timeout": self._leases[job_id].timeout if job_id in self._leases else None}
+                         for job_id, job in self.jobs.items()]}
+
+    async def _h_cancel(self, job_id: str) -> dict:
+        """End a running job by hand (``dscar cancel``): as a lapsed lease ends it."""
+        if job_id not in self.jobs:
+            return {"status": "unknown", "jobs": sorted(self.jobs)}
+        await self._end_here(job_id, "job-cancelled", "was cancelled by hand (dscar cancel)")
+        return {"status": "OK"}
 
     def snapshot(self) -> dict[str, Any]:
         """The newest job's state as plain JSON-able data (``JobState.snapshot``); when no job runs,
@@ -570,7 +736,7 @@ class Coordinator(SchedulerPlugin):
                 logger.info("dscar: memory copy of %s's partitions at clock %s failed: %r", w, m.clock, r)
         self._wake()
 
-    def _h_mirrored(self, job_id: str, buddy: str, clock: int, parts: list, shards: list = ()) -> dict:
+    def _h_mirrored(self, job_id: str, worker: str, buddy: str, clock: int, parts: list, shards: list = ()) -> dict:
         job = self.jobs.get(job_id)
         if job is not None:
             job.mirrored(buddy, clock, parts, time.time(), shards)
@@ -736,7 +902,7 @@ class Coordinator(SchedulerPlugin):
         while True:
             job = self.jobs.get(job_id)
             if job is None:
-                return {"status": "failed", "error": f"job {job_id} is unknown to the coordinator"}
+                return {"status": "failed", "error": self._unknown(job_id)}
             events = job.events[events_from:]
             publish = [] if job.ledger is None else list(job.ledger.to_publish)
             if job.failed:

@@ -31,6 +31,7 @@ from .data import ArrayData, FileData, PhasedData, as_data, is_dask
 from .errors import ClusterError, DscarError, InvalidInputError, JobFailedError
 from .faults import Fault, fire_point, resolve, unfired, why_unfired
 from .ledger import restore_candidates
+from .membership import new_token
 from .monitor import ThroughputMonitor
 from .partitions import PartitionMap, by_owner
 from .policies import Policy, make_policies
@@ -372,6 +373,10 @@ class _Run:
         self.algorithm, self.data, self.tables, self.tol = algorithm, data, tables, tol
         self.max_failures = max_failures
         self.job_id = f"{algorithm.name}-{uuid.uuid4().hex[:10]}"
+        #: the job's token (``dscar.membership``): every call about the job carries it
+        self.token = new_token()
+        #: the background renewal of the job's lease (``_renew``), while the job runs
+        self._renewing: asyncio.Future | None = None
         self.events: list[dict[str, Any]] = []  # the coordinator's, then the driver's own
         self._seen = 0  # how many of the coordinator's events are in self.events
         self.published: list[dict[str, Any]] = []
@@ -392,7 +397,26 @@ class _Run:
         return self._pool(address)
 
     async def _call_worker(self, address: str, op: str, **kw) -> Any:
-        return await getattr(await self._worker(address), f"dscar_{op}")(**kw)
+        return await getattr(await self._worker(address), f"dscar_{op}")(token=self.token, **kw)
+
+    async def _scall(self, op: str, **kw) -> Any:
+        """The coordinator's handler ``dscar_<op>`` about this job (with its token: it renews the lease)."""
+        return await getattr(self.client.scheduler, f"dscar_{op}")(job_id=self.job_id, token=self.token, **kw)
+
+    async def _start_renewing(self, lease_s: float) -> None:
+        self._renewing = asyncio.ensure_future(self._renew(lease_s / 3))
+
+    async def _renew(self, every_s: float) -> None:
+        """Renew the job's lease every ``every_s`` seconds for as long as the job runs, on the
+        client's event loop: while the driver's own thread sets up partitions, places data,
+        publishes checkpoints or gathers the model, between its calls to the coordinator (each of
+        which renews the lease too). A failed renewal is retried at the next period."""
+        while True:
+            await asyncio.sleep(every_s)
+            try:
+                await self._scall("renew")
+            except Exception as e:
+                logger.debug("renewing the lease of job %s: %r", self.job_id, e)
 
     async def _call_unless_lost(self, address: str, op: str, timeout: float, **kw) -> tuple[str, Any]:
         """``op`` on a worker, raced against the coordinator counting it lost to the job (a hung
@@ -403,8 +427,7 @@ class _Run:
         async def until_lost() -> dict:
             deadline = time.monotonic() + timeout
             while (left := deadline - time.monotonic()) > 0:
-                r = await self.client.scheduler.dscar_until_lost(job_id=self.job_id, workers=[address],
-                                                                 timeout=min(left, LOSS_POLL_S))
+                r = await self._scall("until_lost", workers=[address], timeout=min(left, LOSS_POLL_S))
                 if r["lost"] or r.get("ended"):  # (the job ended: nothing more to wait for)
                     return r
             return {"lost": []}
@@ -439,10 +462,11 @@ class _Run:
         spec = dumps({
             "algorithm": self.algorithm, "meta": self.data.meta, "tables": self.tables,
             "loader": self.data.loader(), "tol": self.tol, "faults": faults, "consistency": opts["consistency"],
+            "token": self.token,
         })
         cfg, resume = opts["checkpoint"], opts["resume"]  # resume: candidate manifests, newest first
         r = self._sync(
-            self.client.scheduler.dscar_start_job, job_id=self.job_id, spec=spec,
+            self._scall, "start_job", spec=spec, model=self.algorithm.name,
             n_shards=self.data.meta.n_shards, reloadable=self.data.reloadable,
             tables=[[t.name, t.n_rows, t.n_parts, t.kind] for t in self.tables], max_failures=self.max_failures,
             sharding=opts["sharding"], policies=dumps(opts["policies"]), monitor=opts["monitor"],
@@ -456,6 +480,7 @@ class _Run:
         if r["status"] != "OK":
             raise ClusterError("the cluster has no workers")
         self.workers = list(r["workers"])
+        self._sync(self._start_renewing, float(r["lease"]))
         failure: DscarError | None = None
         finished = False  # the clocks ran and the model was gathered (an unexpected error leaves it False)
         from .dashboard import page_url
@@ -468,17 +493,17 @@ class _Run:
             if isinstance(self.data, (ArrayData, PhasedData)):
                 self._sync(self._place, plan)
             elif opts["sharding"] == "static":  # workers read their own shards' files
-                self._sync(self.client.scheduler.dscar_placed, job_id=self.job_id, placements=[list(p) for p in plan])
+                self._sync(self._scall, "placed", placements=[list(p) for p in plan])
             setup_s = time.perf_counter() - t_start
             first = 1 if resume is None else int(resume["clock"]) + 1
             history, converged = self._clocks(first, max_clocks, progress)
             if opts["consistency"] == "ssp":  # later clocks may be running: stop them, let the tables settle
-                r = self._sync(self.client.scheduler.dscar_stop, job_id=self.job_id, clock=self._last_clock or first - 1)
+                r = self._sync(self._scall, "stop", clock=self._last_clock or first - 1)
                 if r["status"] == "failed":
                     raise JobFailedError(r.get("error") or "the job failed")
             if cfg is not None:  # the last checkpoint's files may still be being written: finish them first,
                 # so an owner lost during the gather is restored from the newest checkpoint
-                self._publish(self._sync(self.client.scheduler.dscar_flush, job_id=self.job_id)["publish"])
+                self._publish(self._sync(self._scall, "flush")["publish"])
             params = self._sync(self._gather)
             finished = True
         except DscarError as e:
@@ -530,8 +555,10 @@ class _Run:
         from inside its event loop, is a cached one that may still hold a worker lost minutes ago,
         and a message to it waits out the connect timeout (3 s a fit that lost an in-process worker)."""
         workers = None
+        if self._renewing is not None:
+            self._renewing.cancel()
         try:
-            reply = await self.client.scheduler.dscar_end_job(job_id=self.job_id)
+            reply = await self._scall("end_job")
             self._take_events(reply)
             workers = reply.get("workers")
         except Exception:
@@ -587,7 +614,7 @@ class _Run:
             if not bad:
                 self.events.append({"time": time.time(), "clock": m["clock"], "kind": "resumed", "version": m["version"]})
                 if m is not resume[0]:  # the coordinator's chains continue from this one
-                    await self.client.scheduler.dscar_rebase(job_id=self.job_id, manifest=m)
+                    await self._scall("rebase", manifest=m)
                 return m
             self.events.append({"time": time.time(), "clock": m["clock"], "kind": "checkpoint-corrupt",
                                 "version": m["version"], "error": bad[0]})
@@ -619,7 +646,7 @@ class _Run:
                                for r in refused if r not in told)  # a link retention leaves alone: said once
             if path is None:
                 continue
-            self._sync(self.client.scheduler.dscar_published, job_id=self.job_id, version=m["version"])
+            self._sync(self._scall, "published", version=m["version"])
             self.published.append({"version": m["version"], "clock": m["clock"], "bytes": m["bytes"], "path": path})
 
     async def _place(self, placements: list[tuple[int, str]]) -> None:
@@ -637,8 +664,7 @@ class _Run:
                 return outcome == "ok"
 
         ok = await asyncio.gather(*(send(s, w) for s, w in placements))
-        await self.client.scheduler.dscar_placed(job_id=self.job_id,
-                                                 placements=[[s, w] for (s, w), k in zip(placements, ok) if k])
+        await self._scall("placed", placements=[[s, w] for (s, w), k in zip(placements, ok) if k])
 
     async def _replace(self, shards: list[int], live: list[str]) -> None:
         """Place ``shards`` again, round robin over the job's ``live`` workers (as the coordinator
@@ -657,13 +683,11 @@ class _Run:
         history: list[ClockRecord] = []
         metrics_hist: list[dict[str, float]] = []
         converged = False
-        sched = self.client.scheduler
         try:
             bar.update(first - 1)
             for clock in range(first, max_clocks + 1):
                 t0 = time.perf_counter()
-                r = self._sync(sched.dscar_begin_clock, job_id=self.job_id, clock=clock, wait=1.0,
-                               events_from=self._seen)
+                r = self._sync(self._scall, "begin_clock", clock=clock, wait=1.0, events_from=self._seen)
                 while True:  # the coordinator's answers until the clock's report
                     self._take_events(r)
                     self._publish(r.get("publish", []))
@@ -673,8 +697,7 @@ class _Run:
                         raise JobFailedError(r.get("error") or "the job failed")
                     if r["status"] == "place":
                         self._sync(self._replace, list(r["shards"]), list(r["workers"]))
-                    r = self._sync(sched.dscar_wait, job_id=self.job_id, clock=clock, timeout=1.0,
-                                   events_from=self._seen)
+                    r = self._sync(self._scall, "wait", clock=clock, timeout=1.0, events_from=self._seen)
                 self._last_report_at = time.time()
                 self._last_clock = clock
                 rec = ClockRecord(clock, time.perf_counter() - t0, dict(r["metrics"]),
@@ -697,7 +720,7 @@ class _Run:
         """The model's param tables from their owners. An owner lost meanwhile is recovered by the
         coordinator (its partitions restored elsewhere): ask for the owners again and retry."""
         for attempt in range(GATHER_ATTEMPTS):
-            r = await self.client.scheduler.dscar_owners(job_id=self.job_id)
+            r = await self._scall("owners")
             if r["status"] != "OK":
                 raise JobFailedError(r.get("error") or "the job failed")
             owner = {(t, int(p)): w for t, p, w in r["owners"]}
@@ -730,3 +753,30 @@ class _Run:
             pieces.update(zip(keys, wire.decode(r["data"])))
         out.update({t.name: np.concatenate([pieces[(t.name, p)] for p in range(t.n_parts)]) for t in pulled})
         return {t.name: out[t.name] for t in self.tables if t.name in out}
+
+
+def jobs(cluster: "Cluster | str | Any") -> list[dict[str, Any]]:
+    """The dscar jobs running on ``cluster`` (a ``dscar.Cluster``, a ``distributed.Client`` or a
+    scheduler address): for each, ``job`` (its id), ``model``, ``clock``, ``workers`` (live),
+    ``lease_age`` (seconds since its driver last renewed its lease) and ``lease_timeout``."""
+    cl = Cluster(cluster)
+    try:
+        return list(cl.client.sync(cl.client.scheduler.dscar_jobs)["jobs"])
+    finally:
+        cl.close()
+
+
+def cancel(job_id: str, cluster: "Cluster | str | Any") -> None:
+    """End the running job ``job_id`` on ``cluster`` by hand, as a lapsed lease would: its workers
+    drop its partitions and shards, and its driver, if alive, fails with ``JobFailedError``.
+    ``InvalidInputError`` when no such job runs there."""
+    if not isinstance(job_id, str) or not job_id:
+        raise InvalidInputError(f"job_id must be a job's id (see dscar.jobs), not {job_id!r}")
+    cl = Cluster(cluster)
+    try:
+        r = cl.client.sync(cl.client.scheduler.dscar_cancel, job_id=job_id)
+    finally:
+        cl.close()
+    if r["status"] != "OK":
+        running = ", ".join(r.get("jobs", ())) or "none"
+        raise InvalidInputError(f"no dscar job {job_id!r} runs on this cluster (running: {running})")

@@ -39,3 +39,8 @@ class JobFailedError(DscarError, RuntimeError):
 class ConvergenceWarning(UserWarning):
     """A fit stopped at its iteration limit before its stopping rule held (scikit-learn's
     ``ConvergenceWarning`` has the same meaning; filter either by category)."""
+
+
+class RefusedCallError(DscarError, PermissionError):
+    """A dscar handler refused a call: it lacked the job's token, or claimed to come from a worker
+    it is not (``dscar.membership``). Nothing of it was applied; the job records a ``forged-call`` event."""

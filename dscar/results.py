@@ -28,7 +28,8 @@ def _pull_own_partition(job_id: str, table: str, part: int, n: int) -> np.ndarra
     from distributed.utils import sync
 
     w = get_worker()
-    r = sync(w.loop, w.rpc(w.address).dscar_pull, job_id=job_id, table=table, part=part, lo=0, hi=n)
+    token = w.plugins["dscar-paramserver"].jobs[job_id].token  # (the job's: ``dscar.membership``)
+    r = sync(w.loop, w.rpc(w.address).dscar_pull, job_id=job_id, table=table, part=part, lo=0, hi=n, token=token)
     return np.asarray(r["data"])
 
 

@@ -83,6 +83,8 @@ class Job:
     forgotten: dict[tuple[str, int], np.ndarray] = field(default_factory=dict)
     #: set once a simulated loss has set ``forgotten`` aside
     forgot: threading.Event = field(default_factory=threading.Event)
+    #: the job's token (``dscar.membership``): every call about the job carries it
+    token: str | None = None
 
     def apply_pass(self, run: int, keys: list, workers: list, fetched: dict, reset: set, owned: dict,
                    me: str, drop_through: int, floor: int | None = None) -> dict:
@@ -111,6 +113,7 @@ class RunnerHost(Protocol):
     in_process: bool
 
     def job(self, job_id: str) -> Job: ...
+    def register(self) -> bool: ...
     def call(self, op: str, **kw) -> Any: ...
     def peer(self, address: str, op: str, **kw) -> dict: ...
     def peer_all(self, calls: list[tuple[str, str, dict]]) -> list[dict]: ...
@@ -141,14 +144,21 @@ class ShardRunner:
         """The worker's own thread: ask for work (a long poll), run it, commit; until stopped."""
         addr = self.host.address
         item: dict | None = None
+        registered = False  # this worker's key is known to the coordinator (``dscar_hello``)
         while not self.host.stop.is_set():
             if item is None:
                 try:
+                    if not registered:
+                        registered = self.host.register()
+                        if not registered:  # not known to the scheduler yet
+                            self.host.stop.wait(0.2)
+                            continue
                     item = self.host.call("next", worker=addr, timeout=self.poll_timeout)
-                except Exception as e:  # scheduler not ready, closing, or no coordinator yet
+                except Exception as e:  # scheduler not ready, closing, no coordinator yet, or a new one
                     if self.host.stop.is_set() or self.host.closing():
                         return
                     logger.debug("dscar_next failed: %r", e)
+                    registered = False
                     self.host.stop.wait(0.2)
                     continue
             op = item.get("op")

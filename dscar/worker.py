@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import inspect
 import logging
 import os
 import signal
@@ -39,6 +40,7 @@ from typing import Any
 import numpy as np
 import dask.config
 from distributed import WorkerPlugin
+from distributed.core import error_message
 from distributed.protocol import to_serialize
 from distributed.protocol.pickle import loads
 from distributed.utils import sync
@@ -46,7 +48,9 @@ from distributed.utils import sync
 from . import checkpoint as ckpt
 from . import wire
 from .comm import fast_fail_pool
+from .errors import RefusedCallError
 from .inflight import Inflight
+from .membership import WORKER_INSTALLING, Rule, key_digest, new_token, refusal, same, worker_rule
 from .mirror_store import part_key, shard_key
 from .partition_store import PartitionStore
 from .partitions import TableLayout
@@ -88,6 +92,11 @@ class ParamServer(WorkerPlugin):
         self.stop = threading.Event()
         #: an in-process cluster: injected faults close or stall this worker, not the process
         self.in_process = worker.address.startswith("inproc://")
+        #: this process's own key: it proves to the coordinator that a call comes from this worker
+        #: (registered with ``dscar_hello``, confirmed through ``dscar_confirm_key``)
+        self.key = new_token()
+        #: the coordinator has confirmed ``key`` (``register``)
+        self.registered = False
         #: worker-to-worker messages of attempts: a short connect timeout, so a dead peer fails fast
         self.peers = fast_fail_pool(worker.connection_args, server=worker, limit=64)
         self._peers_started = asyncio.ensure_future(self.peers.start())
@@ -95,8 +104,8 @@ class ParamServer(WorkerPlugin):
         self._inflight = Inflight()
         for op in ("init", "warm_up", "pull", "fetch_staged", "apply", "assign", "put_shard", "copy_shard", "end_job", "info", "adopt",
                    "checkpoint", "restore", "forget", "perturbation", "peer_lost", "peer_joined", "release", "pull_many", "summarize", "mirror",
-                   "keep_mirror", "get_mirror", "stack"):
-            worker.handlers[f"dscar_{op}"] = getattr(self, f"_h_{op}")
+                   "keep_mirror", "get_mirror", "stack", "confirm_key"):
+            worker.handlers[f"dscar_{op}"] = self._guarded(op, getattr(self, f"_h_{op}"))
         self.runner = ShardRunner(self, self.poll_timeout)
         self._thread = threading.Thread(target=self.runner.loop, name="dscar-loop", daemon=True)
         self._thread.start()
@@ -123,14 +132,17 @@ class ParamServer(WorkerPlugin):
             job = self.jobs.get(job_id)
         if job is not None:
             return job
-        spec = sync(self.worker.loop, self.worker.scheduler.dscar_job_spec, job_id=job_id)
-        return self._install(job_id, spec)
+        if not self.registered:
+            sync(self.worker.loop, self._aregister)
+        return self._install(job_id, self.call("job_spec", job_id=job_id, worker=self.address))
 
     async def _ajob(self, job_id: str) -> Job:
         """``job`` for handlers on the event loop."""
         job = self.jobs.get(job_id)
         if job is None:
-            job = self._install(job_id, await self.worker.scheduler.dscar_job_spec(job_id=job_id))
+            if not self.registered:  # (a driver's first message may come before the runner registered)
+                await self._aregister()
+            job = self._install(job_id, await self._acall("job_spec", job_id=job_id, worker=self.address))
         return job
 
     def _install(self, job_id: str, spec: bytes) -> Job:
@@ -142,6 +154,7 @@ class ParamServer(WorkerPlugin):
                 lock = threading.RLock()  # one per job: a pass applies to both stores at once
                 self.jobs[job_id] = Job(
                     id=job_id,
+                    token=d["token"],
                     algorithm=d["algorithm"],
                     meta=d["meta"],
                     specs=specs,
@@ -155,6 +168,60 @@ class ParamServer(WorkerPlugin):
                     ssp=d.get("consistency") == "ssp",
                 )
             return self.jobs[job_id]
+
+    # -------------------------------------------------------------- callers
+    def _guarded(self, op: str, handler):
+        """``handler`` behind the one check of its caller: a call about a job must carry the job's
+        token (``membership.refusal``; a job new here is installed first, its token comes with
+        it). A refused call is answered with a ``RefusedCallError`` and reported to the coordinator
+        (a ``forged-call`` event), never handed on."""
+        rule, installs = worker_rule(op), op in WORKER_INSTALLING
+
+        async def guarded(comm, token: str | None = None, **kw):
+            if rule is not Rule.OPEN:
+                job_id = kw.get("job_id")
+                job = self.jobs.get(job_id) if isinstance(job_id, str) else None
+                if job is None and installs and isinstance(job_id, str):
+                    job = await self._ajob(job_id)
+                why = refusal(rule, job_token=None if job is None else job.token, token=token)
+                if why is not None:
+                    return await self._refuse(op, getattr(comm, "peer_address", None), why, job)
+            out = handler(**kw)
+            return (await out) if inspect.isawaitable(out) else out
+
+        guarded.__name__ = guarded.__qualname__ = f"dscar_{op}"
+        return guarded
+
+    async def _refuse(self, op: str, caller: str | None, why: str, job: Job | None) -> dict:
+        """The answer to a refused call, once the coordinator has its ``forged-call`` event."""
+        logger.warning("dscar: refused dscar_%s from %s: %s", op, caller, why)
+        if job is not None:
+            await self._areport(job, job.clock_seen, "forged-call", {"handler": f"dscar_{op}", "caller": caller,
+                                                                      "reason": why})
+        return error_message(RefusedCallError(f"dscar_{op} refused on {self.address}: {why}"), status="uncaught-error")
+
+    def _h_confirm_key(self, digest: str) -> dict:
+        """Whether this process holds the key whose hash is ``digest`` (the coordinator asks before
+        it believes a worker's ``dscar_hello``)."""
+        return {"status": "OK" if same(key_digest(self.key), digest) else "other"}
+
+    def register(self) -> bool:
+        """Register this worker's key with the coordinator (``dscar_hello``), from a thread other than
+        the event loop; whether it is registered (not yet: the scheduler does not know this worker yet)."""
+        return sync(self.worker.loop, self._aregister)
+
+    async def _aregister(self) -> bool:
+        self.registered = (await self._acall("hello", worker=self.address)).get("status") == "OK"
+        return self.registered
+
+    def _signed(self, kw: dict) -> dict:
+        """``kw`` with the token of the job it names, when that job is installed here."""
+        job = self.jobs.get(kw.get("job_id") or "")
+        return kw if job is None else {**kw, "token": job.token}
+
+    async def _acall(self, op: str, **kw) -> Any:
+        """The scheduler's handler ``dscar_<op>``, as this worker: with its key and the job's token."""
+        return await getattr(self.worker.scheduler, f"dscar_{op}")(key=self.key, **self._signed(kw))
 
     # ------------------------------------------------------------- handlers
     async def _h_warm_up(self, job_id: str) -> dict:
@@ -429,8 +496,8 @@ class ParamServer(WorkerPlugin):
                                   copies=[[list(k), to_serialize(v)] for k, v in copies])
             if r.get("status") != "OK":
                 return  # the job ended, or the buddy has not joined it yet: no copy there
-            await self.worker.scheduler.dscar_mirrored(
-                job_id=job_id, buddy=buddy, clock=clock,
+            await self._acall(
+                "mirrored", job_id=job_id, worker=self.address, buddy=buddy, clock=clock,
                 parts=[[k[1], k[2]] for k, _ in copies if k[0] == "part"],
                 shards=[k[1] for k, _ in copies if k[0] == "shard"])
         except Exception as e:  # the buddy is gone: the coordinator keeps the older copy's record
@@ -522,7 +589,7 @@ class ParamServer(WorkerPlugin):
     # ------------------------------------------------ messages (RunnerHost)
     def call(self, op: str, **kw):
         """The scheduler's handler ``dscar_<op>``, from a thread other than the event loop."""
-        return sync(self.worker.loop, getattr(self.worker.scheduler, f"dscar_{op}"), **kw)
+        return sync(self.worker.loop, self._acall, op, **kw)
 
     def peer(self, address: str, op: str, **kw) -> dict:
         """A message to another worker from the shard runner's thread, failing over in seconds."""
@@ -547,7 +614,8 @@ class ParamServer(WorkerPlugin):
         gone (``dscar_peer_lost``: a hung peer never answers, and waiting for the deadline would
         stall the attempt, and its clock, for ``rpc_timeout()`` seconds)."""
         await self._peers_started
-        return await self._inflight.call(address, getattr(self.peers(address), f"dscar_{op}")(**kw), rpc_timeout())
+        return await self._inflight.call(address, getattr(self.peers(address), f"dscar_{op}")(**self._signed(kw)),
+                                         rpc_timeout())
 
     def _h_peer_lost(self, address: str, generation: int) -> dict:
         """``address`` left the cluster: every message waiting for it fails now, and every later one
@@ -581,8 +649,7 @@ class ParamServer(WorkerPlugin):
                 self.close_worker()
                 stop = True
             elif f.kind == "lose":
-                self.worker.loop.add_callback(self.worker.scheduler.dscar_simulate_loss, job_id=job.id,
-                                              worker=self.worker.address)
+                self.worker.loop.add_callback(self._acall, "simulate_loss", job_id=job.id, worker=self.worker.address)
                 stop = True
             elif not self.in_process:  # in-process, a handler cannot hang without hanging every worker
                 os.kill(os.getpid(), signal.SIGSTOP)
@@ -590,8 +657,8 @@ class ParamServer(WorkerPlugin):
 
     async def _areport(self, job: Job, clock: int, kind: str, info: dict) -> None:
         try:
-            await asyncio.wait_for(self.worker.scheduler.dscar_event(job_id=job.id, clock=clock, kind=kind,
-                                                                     worker=self.worker.address, info=info), 5)
+            await asyncio.wait_for(self._acall("event", job_id=job.id, clock=clock, kind=kind,
+                                               worker=self.worker.address, info=info), 5)
         except Exception:
             pass
 

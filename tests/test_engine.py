@@ -138,14 +138,15 @@ def test_partitions_live_on_their_owners_and_pull_push_between_processes(procs):
     client = procs.client
     meta = DataMeta(n_rows=10, n_shards=2, shapes={"row": ()}, dtypes={"row": "int64"})
     tables = [TableSpec("count", 10, n_parts=2), TableSpec("seen", 10, kind="reduction", n_parts=2)]
-    spec = dumps({"algorithm": RowCounter(), "meta": meta, "tables": tables, "loader": None, "tol": 1e-6})
+    token = "direct-token"  # the job's: every call about it carries it (``dscar.membership``)
+    spec = dumps({"algorithm": RowCounter(), "meta": meta, "tables": tables, "loader": None, "tol": 1e-6, "token": token})
     r = client.sync(client.scheduler.dscar_start_job, job_id="direct", spec=spec, n_shards=2, reloadable=False,
-                    tables=[["count", 10, 2, "param"], ["seen", 10, 2, "reduction"]])
+                    tables=[["count", 10, 2, "param"], ["seen", 10, 2, "reduction"]], token=token)
     try:
         owners = {(t, p): w for t, p, w in r["owners"]}
         assert len(set(owners.values())) == 2
         for (t, p), w in owners.items():
-            client.sync(client.rpc(w).dscar_init, job_id="direct", parts=[[t, p]])
+            client.sync(client.rpc(w).dscar_init, job_id="direct", parts=[[t, p]], token=token)
         w0 = owners[("count", 0)]
         w1 = next(w for w in procs.workers if w != w0)
 
@@ -156,18 +157,20 @@ def test_partitions_live_on_their_owners_and_pull_push_between_processes(procs):
         client.run(stage, [1, 0, 0], [["count", 0, 1, np.array([2.0, 3.0]), None]], workers=[w1])
         client.run(stage, [1, 1, 0], [["count", 0, 0, np.array([7.0]), None]], workers=[w1])
         r = client.sync(client.rpc(w0).dscar_apply, job_id="direct", clock=1, run=1,
-                        committed=[[0, 0, w1]])  # only shard 0 committed: w0 collects it from w1
+                        committed=[[0, 0, w1]], token=token)  # only shard 0 committed: w0 collects it from w1
         assert r["applied"] == 1, r
-        got = client.sync(client.rpc(w0).dscar_pull, job_id="direct", table="count", part=0, lo=0, hi=5)["data"]
+        got = client.sync(client.rpc(w0).dscar_pull, job_id="direct", table="count", part=0, lo=0, hi=5,
+                          token=token)["data"]
         np.testing.assert_array_equal(got, [0.0, 2.0, 3.0, 0.0, 0.0])
-        r = client.sync(client.rpc(w0).dscar_apply, job_id="direct", clock=1, run=2, committed=[[1, 0, w1]])
+        r = client.sync(client.rpc(w0).dscar_apply, job_id="direct", clock=1, run=2, committed=[[1, 0, w1]],
+                        token=token)
         assert r["status"] == "source-lost"  # staged under run 1, asked for run 2: never applied
         info = client.sync(client.rpc(w0).dscar_info, job_id="direct")
         assert info["device"] in ("cpu", "gpu")
     finally:
-        client.sync(client.scheduler.dscar_end_job, job_id="direct")
+        client.sync(client.scheduler.dscar_end_job, job_id="direct", token=token)
         for w in procs.workers:
-            client.sync(client.rpc(w).dscar_end_job, job_id="direct")
+            client.sync(client.rpc(w).dscar_end_job, job_id="direct", token=token)
 
 
 def _how_the_worker_started() -> dict:

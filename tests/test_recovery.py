@@ -411,7 +411,7 @@ def test_an_owner_lost_while_the_model_is_gathered_is_recovered_and_the_gather_r
         if not lost:  # the first gather: one owner is lost under it
             victim = sorted(set(owner.values()))[-1]
             lost.append(victim)
-            await self.client.scheduler.dscar_simulate_loss(job_id=self.job_id, worker=victim)
+            await self._scall("simulate_loss", worker=victim)
             raise OSError(f"{victim} went away")
         return await real(self, owner)
 
