@@ -633,7 +633,8 @@ class MF(dscar.EstimatorMixin):
     sparse users x items matrix; ``test`` optional held-out ratings in either form, scored
     every clock. Fitted: ``user_factors_``, ``item_factors_``, ``user_bias_``, ``item_bias_``
     (zeros without biases), ``global_mean_``, ``history_`` (per clock: objective, train_rmse,
-    test_rmse), ``n_iter_``. ``predict(users, items)``; ``score(X)``: RMSE (lower is better).
+    test_rmse), ``n_iter_``. ``predict(users, items)``; ``rmse(X)``: the RMSE on ratings ``X``;
+    ``score(X)``: minus that RMSE (scikit-learn's rule: higher is better).
     """
 
     def __init__(self, rank: int = 20, *, reg: float = 0.1, reg_mode: str = "weighted", biases: bool = True,
@@ -704,11 +705,17 @@ class MF(dscar.EstimatorMixin):
                 "item_bias": self.item_bias_}
 
     def predict(self, users, items) -> np.ndarray:
+        self._check_fitted("user_factors_")
         return predict(self._model(), users, items, self.global_mean_)
 
-    def score(self, X) -> float:
-        """RMSE on ``X`` (lower is better)."""
+    def rmse(self, X) -> float:
+        """Root mean squared error of the predicted ratings ``X`` (lower is better)."""
+        self._check_fitted("user_factors_")
         return rmse(self._model(), self._coo(X), self.global_mean_)
+
+    def score(self, X, y=None) -> float:
+        """Minus ``rmse(X)``: higher is better, as scikit-learn's model selection expects."""
+        return -self.rmse(X)
 
 
 # ------------------------------------------------------------------ CLI

@@ -235,8 +235,24 @@ class Cluster:
     def __exit__(self, *exc) -> None:
         self.close()
 
+    def __copy__(self) -> "Cluster":
+        return self
+
+    def __deepcopy__(self, memo: dict) -> "Cluster":
+        """A handle on a running cluster: a copy is the same handle (copying an estimator or its
+        hyperparameters never starts or connects a cluster)."""
+        return self
+
+    def __reduce__(self):
+        """Pickled as its scheduler's address (and security): unpickling connects to it again."""
+        return _reconnect, (self.client.scheduler.address, getattr(self.client, "security", None))
+
     def __repr__(self) -> str:
         return f"<dscar.Cluster scheduler={self.client.scheduler.address} workers={len(self.workers)}>"
+
+
+def _reconnect(address: str, security: "Security | None") -> Cluster:
+    return Cluster(address, security=security)
 
 
 def connect(cluster: "str | Client | LocalCluster | Cluster | None" = None, *,

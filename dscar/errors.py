@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from typing import Sequence
 
+from sklearn.exceptions import ConvergenceWarning as _SklearnConvergenceWarning
+
 
 class DscarError(Exception):
     """Base class of every error dscar raises on purpose."""
@@ -36,6 +38,6 @@ class JobFailedError(DscarError, RuntimeError):
     """The job stopped on the cluster; the message carries the cause."""
 
 
-class ConvergenceWarning(UserWarning):
-    """A fit stopped at its iteration limit before its stopping rule held (scikit-learn's
-    ``ConvergenceWarning`` has the same meaning; filter either by category)."""
+class ConvergenceWarning(_SklearnConvergenceWarning):
+    """A fit stopped at its iteration limit before its stopping rule held: a scikit-learn
+    ``ConvergenceWarning`` (and so a ``UserWarning``), so filters on either catch it."""

@@ -1,36 +1,72 @@
-"""scikit-learn estimator conventions without importing scikit-learn."""
+"""What every dscar estimator shares: scikit-learn's ``BaseEstimator`` with a cluster that is a
+handle, not a value.
+
+``cluster`` is an ordinary hyperparameter (so ``GridSearchCV`` and ``Pipeline`` fit their clones on
+the cluster the user gave), but the estimator never copies it: ``clone`` and ``copy.deepcopy`` share
+it by reference, and ``pickle`` keeps only its scheduler address (an in-process or closed cluster
+cannot travel to another process; the address reconnects where it can). A fitted estimator holds
+host NumPy arrays only, so its pickle predicts without any cluster.
+"""
 from __future__ import annotations
 
-import inspect
+import copy
 import warnings
 from typing import Any
 
+from sklearn.base import BaseEstimator, clone
+from sklearn.utils.validation import check_is_fitted
+
 from . import validation
-from .errors import ConvergenceWarning
+from .errors import ConvergenceWarning, InvalidInputError
 
 
-class EstimatorMixin:
-    """``get_params`` / ``set_params`` from the ``__init__`` signature, like scikit-learn's."""
+def cluster_address(cluster: Any) -> Any:
+    """What a pickled estimator keeps of ``cluster``: None and addresses as they are; a ``dscar.Cluster``,
+    ``distributed.Client`` or ``LocalCluster`` as its scheduler's address (None once it is closed)."""
+    if cluster is None or isinstance(cluster, str):
+        return cluster
+    for get in (lambda c: c.client.scheduler.address,  # dscar.Cluster
+                lambda c: c.scheduler.address,  # Client
+                lambda c: c.scheduler_address):  # LocalCluster and the other deployment clusters
+        try:
+            address = get(cluster)
+        except Exception:
+            continue
+        if isinstance(address, str):
+            return address
+    return None
 
-    @classmethod
-    def _param_names(cls) -> list[str]:
-        sig = inspect.signature(cls.__init__)
-        return [p.name for p in sig.parameters.values() if p.name != "self" and p.kind != p.VAR_KEYWORD]
 
-    def get_params(self, deep: bool = True) -> dict[str, Any]:
-        return {name: getattr(self, name) for name in self._param_names()}
+class EstimatorMixin(BaseEstimator):
+    """scikit-learn's ``BaseEstimator`` (``get_params``, ``set_params``, tags, repr) plus dscar's
+    engine options and the cluster handled as a handle (see the module docstring)."""
 
-    def set_params(self, **params: Any) -> "EstimatorMixin":
-        valid = set(self._param_names())
-        for k, v in params.items():
-            if k not in valid:
-                raise ValueError(f"invalid parameter {k!r} for {type(self).__name__}; valid: {sorted(valid)}")
-            setattr(self, k, v)
-        return self
+    def __sklearn_clone__(self) -> "EstimatorMixin":
+        """``sklearn.clone``: every hyperparameter cloned as scikit-learn does, the cluster shared."""
+        params = self.get_params(deep=False)
+        cluster = params.pop("cluster", None)
+        new = type(self)(**{k: clone(v, safe=False) for k, v in params.items()}, cluster=cluster)
+        if hasattr(self, "_sklearn_output_config"):  # set_output() of a transformer
+            new._sklearn_output_config = copy.deepcopy(self._sklearn_output_config)
+        return new
 
-    def __repr__(self) -> str:
-        args = ", ".join(f"{k}={v!r}" for k, v in self.get_params().items())
-        return f"{type(self).__name__}({args})"
+    def __deepcopy__(self, memo: dict) -> "EstimatorMixin":
+        memo[id(self.cluster)] = self.cluster  # a cluster is shared, never copied
+        new = type(self).__new__(type(self))
+        memo[id(self)] = new
+        for k, v in self.__dict__.items():
+            setattr(new, k, copy.deepcopy(v, memo))
+        return new
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = super().__getstate__()
+        state = dict(state)
+        state["cluster"] = cluster_address(state.get("cluster"))
+        return state
+
+    def _check_fitted(self, attribute: str) -> None:
+        """``NotFittedError`` (scikit-learn's) before ``fit``."""
+        check_is_fitted(self, attribute)
 
     def _engine_options(self) -> dict[str, Any]:
         """The estimator's engine options, checked like ``dscar.fit`` checks its own, but named
@@ -61,3 +97,26 @@ class EstimatorMixin:
                 f"{type(self).__name__} stopped after {result.n_clocks} iterations ({limit}={getattr(self, limit)}) "
                 f"before converging (objective {result.objective:.6g}); raise {limit} or tol",
                 ConvergenceWarning, stacklevel=3)
+
+
+def check_features(estimator: BaseEstimator, X: Any, y: Any = "no_validation", *, reset: bool, **kw: Any) -> Any:
+    """``X`` (or ``(X, y)`` when ``y`` is given) checked as scikit-learn checks them, and ``n_features_in_`` / ``feature_names_in_``
+    set (``reset=True``, in ``fit``) or compared (in ``predict``).
+
+    In-memory inputs (NumPy, pandas, SciPy sparse, lists) go through ``validate_data``; Dask
+    collections stay on the cluster (only their column count and names are read here: the engine
+    checks their values where they live)."""
+    from sklearn.utils.validation import _check_feature_names, _check_n_features, validate_data
+
+    from .data import is_dask
+
+    try:
+        if is_dask(X) or is_dask(y):
+            _check_n_features(estimator, X, reset=reset)
+            _check_feature_names(estimator, X, reset=reset)
+            return X if isinstance(y, str) and y == "no_validation" else (X, y)
+        return validate_data(estimator, X, y, reset=reset, **kw)
+    except ValueError as e:  # scikit-learn's message, as dscar's error (still a ValueError)
+        if isinstance(e, InvalidInputError):
+            raise
+        raise InvalidInputError(str(e)) from None
