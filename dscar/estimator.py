@@ -10,8 +10,12 @@ host NumPy arrays only, so its pickle predicts without any cluster.
 from __future__ import annotations
 
 import copy
+import io
+import json
 import warnings
 from typing import Any
+
+import numpy as np
 
 from sklearn.base import BaseEstimator, clone
 from sklearn.utils.validation import check_is_fitted
@@ -63,6 +67,20 @@ class EstimatorMixin(BaseEstimator):
         state = dict(state)
         state["cluster"] = cluster_address(state.get("cluster"))
         return state
+
+    def save(self, path: str, *, storage_options: dict | None = None) -> None:
+        """Write the fitted model to ``path`` (a directory: local or an fsspec URL) as arrays and
+        JSON, no pickle: ``model.json`` (class, hyperparameters, fitted scalars) and
+        ``arrays.npz`` (fitted arrays). ``type(self).load(path)`` reads it back, in any process,
+        without a cluster. The cluster and the training record (``result_``) are not saved."""
+        check_is_fitted(self)
+        save_model(self, path, storage_options=storage_options)
+
+    @classmethod
+    def load(cls, path: str, *, storage_options: dict | None = None) -> "EstimatorMixin":
+        """The fitted model ``save`` wrote to ``path`` (``InvalidInputError`` if none is there, or
+        one of another class)."""
+        return load_model(cls, path, storage_options=storage_options)
 
     def _check_fitted(self, attribute: str) -> None:
         """``NotFittedError`` (scikit-learn's) before ``fit``."""
@@ -120,3 +138,103 @@ def check_features(estimator: BaseEstimator, X: Any, y: Any = "no_validation", *
         if isinstance(e, InvalidInputError):
             raise
         raise InvalidInputError(str(e)) from None
+
+
+#: what ``EstimatorMixin.save`` writes, and its version
+MODEL_FORMAT, MODEL_VERSION = "dscar-model", 1
+#: fitted attributes never saved: the training record (events, timings; ``FitResult`` has its own form)
+NOT_SAVED = ("result_",)
+
+
+def _json_value(name: str, v: Any) -> Any:
+    """``v`` as JSON (numpy scalars as Python numbers), or ``InvalidInputError`` naming ``name``."""
+    def plain(x: Any) -> Any:
+        if isinstance(x, np.generic):
+            return x.item()
+        if isinstance(x, np.ndarray):
+            return x.tolist()
+        raise TypeError(type(x).__name__)
+
+    try:
+        return json.loads(json.dumps(v, default=plain))
+    except (TypeError, ValueError) as e:
+        raise InvalidInputError(f"{name} cannot be saved as JSON: {e}") from None
+
+
+def save_model(est: BaseEstimator, path: str, *, storage_options: dict | None = None) -> None:
+    """``est``'s hyperparameters (those JSON holds; the cluster never) and fitted attributes under
+    ``path``: arrays in ``arrays.npz`` (no object arrays: strings become unicode arrays), the rest
+    in ``model.json``, written last so a reader never sees half a model."""
+    from .checkpoint import fs_and_root
+
+    params, dropped, kinds = {}, [], {}
+    for k, v in est.get_params(deep=False).items():
+        if k == "cluster":
+            continue
+        try:
+            params[k] = _json_value(k, v)
+        except InvalidInputError:
+            dropped.append(k)  # e.g. policy or fault objects: training options, not the model
+            continue
+        if isinstance(v, tuple):
+            kinds[f"params.{k}"] = "tuple"
+    arrays, values = {}, {}
+    for k, v in vars(est).items():
+        if not k.endswith("_") or k.startswith("_") or k in NOT_SAVED:
+            continue
+        if isinstance(v, np.ndarray):
+            if v.dtype == object:
+                if not all(isinstance(x, str) for x in v.ravel()):
+                    raise InvalidInputError(f"{k} holds Python objects other than strings; it cannot be saved")
+                v, kinds[k] = v.astype(str), "object-array"
+            arrays[k] = v
+        else:
+            if isinstance(v, tuple):
+                kinds[k] = "tuple"
+            values[k] = _json_value(k, v)
+    fs, root = fs_and_root(path, storage_options)
+    fs.makedirs(root, exist_ok=True)
+    buf = io.BytesIO()
+    np.savez(buf, **arrays)
+    with fs.open(f"{root}/arrays.npz", "wb") as f:
+        f.write(buf.getvalue())
+    doc = {"format": MODEL_FORMAT, "version": MODEL_VERSION,
+           "class": f"{type(est).__module__}.{type(est).__qualname__}",
+           "params": params, "params_not_saved": dropped, "fitted": values, "kinds": kinds,
+           "arrays": sorted(arrays)}
+    with fs.open(f"{root}/model.json", "w") as f:
+        json.dump(doc, f, indent=1)
+
+
+def load_model(cls: type, path: str, *, storage_options: dict | None = None) -> Any:
+    """The estimator ``save_model`` wrote under ``path``, of class ``cls`` (arrays read with
+    ``allow_pickle=False``)."""
+    from .checkpoint import fs_and_root
+
+    fs, root = fs_and_root(path, storage_options)
+    try:
+        with fs.open(f"{root}/model.json", "r") as f:
+            doc = json.load(f)
+        with fs.open(f"{root}/arrays.npz", "rb") as f:
+            data = io.BytesIO(f.read())
+    except FileNotFoundError:
+        raise InvalidInputError(f"no saved model at {path!r} (model.json and arrays.npz expected)") from None
+    except ValueError as e:
+        raise InvalidInputError(f"{path!r} holds no readable saved model: {e}") from None
+    if not isinstance(doc, dict) or doc.get("format") != MODEL_FORMAT:
+        raise InvalidInputError(f"{path!r} holds no saved dscar model")
+    if doc.get("version") != MODEL_VERSION:
+        raise InvalidInputError(f"{path!r} is a saved model of format version {doc.get('version')}; "
+                                f"this dscar reads version {MODEL_VERSION}")
+    want = f"{cls.__module__}.{cls.__qualname__}"
+    if doc["class"] != want:
+        raise InvalidInputError(f"{path!r} holds a {doc['class']}, not a {want}: load it with that class")
+    kinds = doc.get("kinds", {})
+    est = cls(**{k: tuple(v) if kinds.get(f"params.{k}") == "tuple" else v for k, v in doc["params"].items()})
+    with np.load(data, allow_pickle=False) as npz:
+        for k in doc["arrays"]:
+            a = npz[k]
+            setattr(est, k, a.astype(object) if kinds.get(k) == "object-array" else a)
+    for k, v in doc["fitted"].items():
+        setattr(est, k, tuple(v) if kinds.get(k) == "tuple" else v)
+    return est
