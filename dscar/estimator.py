@@ -124,20 +124,36 @@ def check_features(estimator: BaseEstimator, X: Any, y: Any = "no_validation", *
     In-memory inputs (NumPy, pandas, SciPy sparse, lists) go through ``validate_data``; Dask
     collections stay on the cluster (only their column count and names are read here: the engine
     checks their values where they live)."""
-    from sklearn.utils.validation import _check_feature_names, _check_n_features, validate_data
+    from sklearn.utils.validation import _check_n_features, validate_data
 
     from .data import is_dask
 
     try:
         if is_dask(X) or is_dask(y):
             _check_n_features(estimator, X, reset=reset)
-            _check_feature_names(estimator, X, reset=reset)
+            _dask_feature_names(estimator, X, reset=reset)
             return X if isinstance(y, str) and y == "no_validation" else (X, y)
         return validate_data(estimator, X, y, reset=reset, **kw)
     except ValueError as e:  # scikit-learn's message, as dscar's error (still a ValueError)
         if isinstance(e, InvalidInputError):
             raise
         raise InvalidInputError(str(e)) from None
+
+
+
+def _dask_feature_names(estimator: BaseEstimator, X: Any, *, reset: bool) -> None:
+    """``feature_names_in_`` of a Dask DataFrame (string column names), as scikit-learn sets it for
+    pandas; a frame with other names than the fitted ones is refused."""
+    cols = list(getattr(X, "columns", []))
+    names = np.asarray(cols, dtype=object) if cols and all(isinstance(c, str) for c in cols) else None
+    if reset:
+        if names is not None:
+            estimator.feature_names_in_ = names
+        elif hasattr(estimator, "feature_names_in_"):
+            del estimator.feature_names_in_
+    elif names is not None and hasattr(estimator, "feature_names_in_") and list(names) != list(estimator.feature_names_in_):
+        raise InvalidInputError(f"X has columns {list(names)}, but {type(estimator).__name__} was fitted with "
+                                f"{list(estimator.feature_names_in_)}")
 
 
 #: what ``EstimatorMixin.save`` writes, and its version
