@@ -10,8 +10,6 @@ host NumPy arrays only, so its pickle predicts without any cluster.
 from __future__ import annotations
 
 import copy
-import io
-import json
 import warnings
 from typing import Any
 
@@ -22,6 +20,7 @@ from sklearn.utils.validation import check_is_fitted
 
 from . import validation
 from .errors import ConvergenceWarning, InvalidInputError
+from .results import json_value, read_saved, write_saved
 
 
 def cluster_address(cluster: Any) -> Any:
@@ -162,33 +161,16 @@ MODEL_FORMAT, MODEL_VERSION = "dscar-model", 1
 NOT_SAVED = ("result_",)
 
 
-def _json_value(name: str, v: Any) -> Any:
-    """``v`` as JSON (numpy scalars as Python numbers), or ``InvalidInputError`` naming ``name``."""
-    def plain(x: Any) -> Any:
-        if isinstance(x, np.generic):
-            return x.item()
-        if isinstance(x, np.ndarray):
-            return x.tolist()
-        raise TypeError(type(x).__name__)
-
-    try:
-        return json.loads(json.dumps(v, default=plain))
-    except (TypeError, ValueError) as e:
-        raise InvalidInputError(f"{name} cannot be saved as JSON: {e}") from None
-
-
 def save_model(est: BaseEstimator, path: str, *, storage_options: dict | None = None) -> None:
     """``est``'s hyperparameters (those JSON holds; the cluster never) and fitted attributes under
     ``path``: arrays in ``arrays.npz`` (no object arrays: strings become unicode arrays), the rest
     in ``model.json``, written last so a reader never sees half a model."""
-    from .checkpoint import fs_and_root
-
     params, dropped, kinds = {}, [], {}
     for k, v in est.get_params(deep=False).items():
         if k == "cluster":
             continue
         try:
-            params[k] = _json_value(k, v)
+            params[k] = json_value(k, v)
         except InvalidInputError:
             dropped.append(k)  # e.g. policy or fault objects: training options, not the model
             continue
@@ -207,50 +189,26 @@ def save_model(est: BaseEstimator, path: str, *, storage_options: dict | None = 
         else:
             if isinstance(v, tuple):
                 kinds[k] = "tuple"
-            values[k] = _json_value(k, v)
-    fs, root = fs_and_root(path, storage_options)
-    fs.makedirs(root, exist_ok=True)
-    buf = io.BytesIO()
-    np.savez(buf, **arrays)
-    with fs.open(f"{root}/arrays.npz", "wb") as f:
-        f.write(buf.getvalue())
+            values[k] = json_value(k, v)
     doc = {"format": MODEL_FORMAT, "version": MODEL_VERSION,
            "class": f"{type(est).__module__}.{type(est).__qualname__}",
            "params": params, "params_not_saved": dropped, "fitted": values, "kinds": kinds,
            "arrays": sorted(arrays)}
-    with fs.open(f"{root}/model.json", "w") as f:
-        json.dump(doc, f, indent=1)
+    write_saved(path, doc, arrays, storage_options)
 
 
 def load_model(cls: type, path: str, *, storage_options: dict | None = None) -> Any:
     """The estimator ``save_model`` wrote under ``path``, of class ``cls`` (arrays read with
     ``allow_pickle=False``)."""
-    from .checkpoint import fs_and_root
-
-    fs, root = fs_and_root(path, storage_options)
-    try:
-        with fs.open(f"{root}/model.json", "r") as f:
-            doc = json.load(f)
-        with fs.open(f"{root}/arrays.npz", "rb") as f:
-            data = io.BytesIO(f.read())
-    except FileNotFoundError:
-        raise InvalidInputError(f"no saved model at {path!r} (model.json and arrays.npz expected)") from None
-    except ValueError as e:
-        raise InvalidInputError(f"{path!r} holds no readable saved model: {e}") from None
-    if not isinstance(doc, dict) or doc.get("format") != MODEL_FORMAT:
-        raise InvalidInputError(f"{path!r} holds no saved dscar model")
-    if doc.get("version") != MODEL_VERSION:
-        raise InvalidInputError(f"{path!r} is a saved model of format version {doc.get('version')}; "
-                                f"this dscar reads version {MODEL_VERSION}")
+    doc, arrays = read_saved(path, MODEL_FORMAT, MODEL_VERSION, storage_options)
     want = f"{cls.__module__}.{cls.__qualname__}"
     if doc["class"] != want:
         raise InvalidInputError(f"{path!r} holds a {doc['class']}, not a {want}: load it with that class")
     kinds = doc.get("kinds", {})
     est = cls(**{k: tuple(v) if kinds.get(f"params.{k}") == "tuple" else v for k, v in doc["params"].items()})
-    with np.load(data, allow_pickle=False) as npz:
-        for k in doc["arrays"]:
-            a = npz[k]
-            setattr(est, k, a.astype(object) if kinds.get(k) == "object-array" else a)
+    for k in doc["arrays"]:
+        a = arrays[k]
+        setattr(est, k, a.astype(object) if kinds.get(k) == "object-array" else a)
     for k, v in doc["fitted"].items():
         setattr(est, k, tuple(v) if kinds.get(k) == "tuple" else v)
     return est

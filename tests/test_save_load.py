@@ -86,7 +86,7 @@ def test_a_loaded_model_has_the_fitted_state_and_hyperparameters(fitted):
 
 def test_loading_what_is_not_that_model_is_refused(fitted, tmp_path):
     models, _ = fitted
-    with pytest.raises(dscar.InvalidInputError, match="no saved model at"):
+    with pytest.raises(dscar.InvalidInputError, match="nothing saved at"):
         Lasso.load(str(tmp_path / "nothing"))
     models["lasso"].save(str(tmp_path / "lasso"))
     with pytest.raises(dscar.InvalidInputError, match="holds a dscar.algorithms.lasso.Lasso, not a dscar.algorithms.mlr.MLR"):
@@ -95,3 +95,19 @@ def test_loading_what_is_not_that_model_is_refused(fitted, tmp_path):
 
     with pytest.raises(NotFittedError):
         Lasso().save(str(tmp_path / "unfitted"))
+
+
+def test_a_fit_result_saves_and_loads(fitted, tmp_path):
+    """``FitResult.save`` / ``load``: the tables, every clock's record and the event log, as arrays and JSON."""
+    models, _ = fitted
+    res = models["mf"].result_
+    res.save(str(tmp_path / "res"))
+    back = dscar.FitResult.load(str(tmp_path / "res"))
+    assert sorted(back.params) == sorted(res.params)
+    for k, v in res.params.items():
+        np.testing.assert_array_equal(back.params[k], v)
+    assert back.history == res.history and back.summary() == res.summary()
+    assert back.event_lines() == res.event_lines() and len(back.events) == len(res.events)
+    assert (back.converged, back.seconds, back.workers) == (res.converged, res.seconds, res.workers)
+    with pytest.raises(dscar.InvalidInputError, match="holds no saved dscar-model"):
+        MF.load(str(tmp_path / "res"))

@@ -1,9 +1,11 @@
 """The estimators are scikit-learn estimators: scikit-learn's own checks, clone / copy / pickle with
 a cluster, and the meta-estimators (GridSearchCV, Pipeline) fitting on the cluster they were given."""
 import copy
+import io
 import pickle
 import warnings
 
+import joblib
 import numpy as np
 import pytest
 from sklearn.base import clone, is_classifier, is_regressor
@@ -113,6 +115,9 @@ def test_a_cluster_is_shared_by_clones_and_copies_and_pickled_as_its_address(clu
                 assert clone(est).get_params()["alpha" if isinstance(est, Lasso) else "n_workers"] == \
                     est.get_params()["alpha" if isinstance(est, Lasso) else "n_workers"]
                 assert pickle.loads(pickle.dumps(est)).cluster == address
+                buf = io.BytesIO()
+                joblib.dump(est, buf)
+                assert joblib.load(io.BytesIO(buf.getvalue())).cluster == address
     assert pickle.dumps(cluster)  # a dscar.Cluster pickles as its address (joblib.hash of parameters)
     assert copy.deepcopy(cluster) is cluster
 
