@@ -25,7 +25,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from .algorithm import DataMeta
-from .errors import InvalidInputError
+from .errors import InvalidInputError, describe
 from .partitions import row_bounds
 from .validation import integer
 
@@ -210,8 +210,8 @@ class FileData:
                     f"{self.url!r} is a file; FileData reads a directory of NAME.npy arrays (X.npy, y.npy, ...) "
                     "or of .npz shards: give the directory that holds it")
             names = sorted(fs.ls(root, detail=False))
-        except (FileNotFoundError, NotADirectoryError, OSError) as e:
-            raise InvalidInputError(f"cannot list data directory {self.url!r}: {e}") from None
+        except (OSError, ImportError, ValueError) as e:  # not there, unreachable, or no fsspec backend for it
+            raise InvalidInputError(f"cannot list data directory {self.url!r}: {describe(e)}") from None
         npy = [n for n in names if n.endswith(".npy")]
         npz = [n for n in names if n.endswith(".npz")]
         if npy and npz:

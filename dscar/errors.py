@@ -41,3 +41,19 @@ class JobFailedError(DscarError, RuntimeError):
 class ConvergenceWarning(_SklearnConvergenceWarning):
     """A fit stopped at its iteration limit before its stopping rule held: a scikit-learn
     ``ConvergenceWarning`` (and so a ``UserWarning``), so filters on either catch it."""
+
+
+def describe(e: BaseException) -> str:
+    """``Type: message`` of ``e``, then of the exceptions behind it (``__cause__`` / ``__context__``),
+    skipping repeated messages: a library's error that says only the URL (``https://...``) gets the
+    cause that does say something (a DNS failure, a refused connection, a missing backend)."""
+    parts: list[str] = []
+    seen: set[str] = set()
+    cur: BaseException | None = e
+    while cur is not None and len(parts) < 4:
+        text = str(cur).strip()
+        if text not in seen:
+            seen.add(text)
+            parts.append(f"{type(cur).__name__}: {text}" if text else type(cur).__name__)
+        cur = cur.__cause__ or cur.__context__
+    return parts[0] + "".join(f" (caused by {p})" for p in parts[1:])
