@@ -397,6 +397,8 @@ class Lasso(RegressorMixin, dscar.EstimatorMixin):
         self._warn_unconverged(res)
         self.coef_ = res.params["w"]
         moments, n_rows = res.params["moments"], np.shape(X)[0]
+        if not isinstance(n_rows, (int, np.integer)):  # a Dask DataFrame's row count: counted on the cluster
+            n_rows = int(self._compute_small(n_rows))
         if self.fit_intercept:
             self.intercept_ = float(moments[0] / n_rows - (res.params["colsum"] / n_rows) @ self.coef_)
         else:

@@ -104,6 +104,7 @@ def test_parquet_of_many_files_or_one_and_csv_train_the_estimators(inproc, tmp_p
                        ("csv", csv[cols], csv["y"]), ("pandas", frame[cols], frame["y"])):
         est = Lasso(alpha=0.01, cluster=inproc).fit(X, y)
         np.testing.assert_allclose(est.coef_, ref.coef_, atol=1e-6, err_msg=name)
+        assert est.intercept_ == pytest.approx(ref.intercept_, abs=1e-6), name
         assert est.result_.n_clocks and list(est.feature_names_in_) == cols, name
     assert Lasso(alpha=0.01, cluster=inproc).fit(one[cols], one["y"]).result_.history[0].shards_per_worker
 
