@@ -14,7 +14,6 @@ import warnings
 from typing import Any
 
 import numpy as np
-
 from sklearn.base import BaseEstimator, clone
 from sklearn.utils.validation import check_is_fitted
 
@@ -25,7 +24,7 @@ from .results import json_value, read_saved, write_saved
 
 def cluster_address(cluster: Any) -> Any:
     """What a pickled estimator keeps of ``cluster``: None and addresses as they are; a ``dscar.Cluster``,
-    ``distributed.Client`` or ``LocalCluster`` as its scheduler's address (None once it is closed)."""
+    ``distributed.Client`` or ``LocalCluster`` as its scheduler's address (None if it shows none)."""
     if cluster is None or isinstance(cluster, str):
         return cluster
     for get in (lambda c: c.client.scheduler.address,  # dscar.Cluster
@@ -54,6 +53,7 @@ class EstimatorMixin(BaseEstimator):
         return new
 
     def __deepcopy__(self, memo: dict) -> "EstimatorMixin":
+        """A deep copy of everything but the cluster, which the copy shares."""
         memo[id(self.cluster)] = self.cluster  # a cluster is shared, never copied
         new = type(self).__new__(type(self))
         memo[id(self)] = new
@@ -62,8 +62,8 @@ class EstimatorMixin(BaseEstimator):
         return new
 
     def __getstate__(self) -> dict[str, Any]:
-        state = super().__getstate__()
-        state = dict(state)
+        """Pickled with the cluster's scheduler address in its place (see ``cluster_address``)."""
+        state = dict(super().__getstate__())
         state["cluster"] = cluster_address(state.get("cluster"))
         return state
 
