@@ -6,6 +6,8 @@ import sys
 import time
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 DSCAR = [sys.executable, "-m", "dscar"]
 
@@ -206,13 +208,17 @@ def test_setup_problems_are_one_line_before_any_data_is_built():
         assert r.returncode == 2 and len(err) == 1 and err[0].startswith("dscar: error: ") and says in err[0], r.stderr
 
 
-@pytest.mark.parametrize("n, most", [(1, 8), (8, 8), (9, 8), (100, 8), (101, 5), (3, 2)])
+@given(n=st.integers(1, 100_000), most=st.integers(2, 60))
 def test_clock_sample_keeps_the_first_and_last_clock(n, most):
+    """As many clocks as allowed (all when they fit), in order, the first and the last always, and
+    evenly spread: no gap between shown clocks more than one wider than another."""
     from dscar.cli import clock_sample
 
     shown = clock_sample(n, most)
     assert shown[0] == 0 and shown[-1] == n - 1 and len(shown) == min(n, most)
     assert shown == sorted(set(shown))
+    gaps = [b - a for a, b in zip(shown, shown[1:])]
+    assert not gaps or max(gaps) - min(gaps) <= 1
 
 
 @pytest.mark.timeout(240)
