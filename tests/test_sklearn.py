@@ -155,3 +155,26 @@ def test_grid_search_and_a_pipeline_fit_on_the_cluster_given(cluster):
         clf = GridSearchCV(make_pipeline(StandardScaler(), MLR(cluster=cluster, max_iter=30)),
                            {"mlr__l2": [1e-3, 1e-2]}, cv=2).fit(X, labels)
     assert clf.best_estimator_[-1].cluster is cluster and clf.score(X, labels) > 0.9
+
+
+def test_model_selection_uses_the_scores_of_lda_and_mf(cluster):
+    """GridSearchCV picks by ``score``: LDA's held-out log-likelihood, MF's minus RMSE on a ratings
+    DataFrame split by rows."""
+    from sklearn.model_selection import GridSearchCV
+
+    pd = pytest.importorskip("pandas")
+    from dscar.algorithms.datasets import make_ratings
+
+    rng = np.random.default_rng(1)
+    docs = rng.poisson(1.0, size=(60, 30))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", dscar.ConvergenceWarning)
+        lda = GridSearchCV(LDA(n_iter=5, cluster=cluster), {"n_topics": [2, 3]}, cv=2).fit(docs)
+        u, i, r, _ = make_ratings(80, 40, 2500, seed=1)
+        frame = pd.DataFrame({"user": u, "item": i, "rating": r})
+        mf = GridSearchCV(MF(rank=2, max_iter=5, n_users=80, n_items=40, n_shards=4, cluster=cluster),
+                          {"reg": [0.05, 50.0]}, cv=2).fit(frame)
+    scores = lda.cv_results_["mean_test_score"]
+    assert np.all(scores < 0) and lda.best_score_ == scores.max() and lda.best_estimator_.cluster is cluster
+    rmse = -mf.cv_results_["mean_test_score"]
+    assert np.all(rmse > 0) and mf.best_params_ == {"reg": [0.05, 50.0][int(np.argmin(rmse))]}
