@@ -25,9 +25,11 @@ so ``X^T r`` is already the centred gradient and the Gram is corrected by
 from __future__ import annotations
 
 import numpy as np
+from sklearn.base import RegressorMixin
 
 import dscar
 from dscar import Algorithm, DataMeta, InvalidInputError, TableSpec
+from dscar.estimator import check_features
 
 
 KERNELS = ("compiled", "namespace")
@@ -360,8 +362,9 @@ def next_working_set(w: np.ndarray, c: np.ndarray, lam: float, cap: int, start: 
     return out
 
 
-class Lasso(dscar.EstimatorMixin):
-    """scikit-learn style Lasso trained by dscar (``fit``, ``predict``, ``coef_``, ``intercept_``).
+class Lasso(RegressorMixin, dscar.EstimatorMixin):
+    """scikit-learn Lasso trained by dscar (``fit``, ``predict``, ``score`` (R²), ``coef_``,
+    ``intercept_``, ``n_features_in_``).
 
     ``cluster`` is anything ``dscar.fit`` accepts; None starts an embedded
     LocalCluster of ``n_workers`` processes for each ``fit``.
@@ -379,7 +382,14 @@ class Lasso(dscar.EstimatorMixin):
         self.n_shards = n_shards
         self.progress = progress
 
+    def __sklearn_tags__(self):
+        tags = super().__sklearn_tags__()
+        tags.input_tags.sparse = True
+        return tags
+
     def fit(self, X, y) -> "Lasso":
+        X, y = check_features(self, X, y, reset=True, accept_sparse=("csr", "csc"), y_numeric=True,
+                              dtype=(np.float64, np.float32))
         algo = LassoCD(self.alpha, fit_intercept=self.fit_intercept, tol=self.tol)
         opts = self._engine_options()
         res = dscar.fit(algo, {"X": X, "y": y}, self.cluster, n_workers=opts["n_workers"],
@@ -387,6 +397,8 @@ class Lasso(dscar.EstimatorMixin):
         self._warn_unconverged(res)
         self.coef_ = res.params["w"]
         moments, n_rows = res.params["moments"], np.shape(X)[0]
+        if not isinstance(n_rows, (int, np.integer)):  # a Dask DataFrame's row count: counted on the cluster
+            n_rows = int(self._compute_small(n_rows))
         if self.fit_intercept:
             self.intercept_ = float(moments[0] / n_rows - (res.params["colsum"] / n_rows) @ self.coef_)
         else:
@@ -398,6 +410,8 @@ class Lasso(dscar.EstimatorMixin):
         return self
 
     def predict(self, X) -> np.ndarray:
+        self._check_fitted("coef_")
+        X = check_features(self, X, reset=False, accept_sparse=("csr", "csc"))
         return X @ self.coef_ + self.intercept_
 
 

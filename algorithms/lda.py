@@ -95,6 +95,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 import scipy.sparse as sp
+from sklearn.base import TransformerMixin
 
 import dscar
 from dscar import Algorithm, DataMeta, InvalidInputError, TableSpec
@@ -1021,7 +1022,7 @@ class LDAGibbs(Algorithm):
 
 
 # ------------------------------------------------------------ estimator
-class LDA(dscar.EstimatorMixin):
+class LDA(TransformerMixin, dscar.EstimatorMixin):
     """scikit-learn style LDA trained by dscar's collapsed Gibbs sampler.
 
     ``fit(X)`` with a documents x vocabulary count matrix or a list of token-id
@@ -1029,7 +1030,9 @@ class LDA(dscar.EstimatorMixin):
     the ``lda`` package), ``doc_topic_`` (D x K), ``word_topic_`` (V x K
     counts), ``loglikelihoods_`` (log p(w, z) per token after each sweep,
     the first entry being the random initialisation), ``top_words(n)``,
-    ``transform(X)`` (fold-in of new documents against the fitted topics).
+    ``transform(X)`` (fold-in of new documents against the fitted topics), ``score(X)``
+    (log-likelihood of documents under the fitted topics, higher is better) and
+    ``perplexity(X)``.
     ``n_iter`` is the number of Gibbs sweeps (``n_iter + 1`` clocks).
     ``n_shards`` defaults to one per worker: AD-LDA's approximation grows with
     the number of shards sampled against the same clock-start counts.
@@ -1080,6 +1083,7 @@ class LDA(dscar.EstimatorMixin):
         self.loglikelihoods_ = [rec.metrics["loglik"] for rec in res.history]
         self.n_iter_ = res.n_clocks - 1
         self.vocab_ = None if vocab is None else tuple(vocab)
+        self.n_features_in_ = data["X"].shape[1]
         self.result_ = res
         return self
 
@@ -1096,7 +1100,28 @@ class LDA(dscar.EstimatorMixin):
 
     def transform(self, X, max_iter: int = 50, tol: float = 1e-8) -> np.ndarray:
         """Document-topic mixtures of new documents, the topics held fixed (EM fold-in)."""
-        Xc = lda_data(X, vocab_size=self.components_.shape[1])["X"].astype(np.float64)
+        return self._fold_in(self._counts(X), max_iter, tol)
+
+    def score(self, X, y=None) -> float:
+        """Log-likelihood of documents ``X`` under the fitted topics, each document's mixture
+        folded in (``transform``): ``sum_d sum_w x_dw log(theta_d . phi_w)``; higher is better."""
+        Xc = self._counts(X)
+        theta = self._fold_in(Xc, 50, 1e-8)
+        rows = np.repeat(np.arange(Xc.shape[0]), np.diff(Xc.indptr))
+        p = np.einsum("ik,ki->i", theta[rows], self.components_[:, Xc.indices])
+        return float(Xc.data @ np.log(np.maximum(p, 1e-300)))
+
+    def perplexity(self, X) -> float:
+        """``exp(-score(X) / tokens of X)``: lower is better (as scikit-learn's LDA reports it)."""
+        Xc = self._counts(X)
+        return float(np.exp(-self.score(Xc) / Xc.sum()))
+
+    def _counts(self, X) -> sp.csr_matrix:
+        """``X`` as a float count matrix over the fitted vocabulary (``NotFittedError`` before ``fit``)."""
+        self._check_fitted("components_")
+        return lda_data(X, vocab_size=self.components_.shape[1])["X"].astype(np.float64)
+
+    def _fold_in(self, Xc: sp.csr_matrix, max_iter: int, tol: float) -> np.ndarray:
         phi = self.components_  # K x V
         D, K = Xc.shape[0], phi.shape[0]
         theta = np.full((D, K), 1.0 / K)

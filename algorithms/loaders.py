@@ -24,6 +24,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from dscar import InvalidInputError
+from dscar.errors import describe
 
 from .corpora import Corpus
 
@@ -33,8 +34,8 @@ def _open(path: str, storage_options: dict | None, mode: str = "rb"):
 
     try:
         return fsspec.open(str(path), mode, compression="infer", **(storage_options or {})).open()
-    except (FileNotFoundError, OSError, ValueError) as e:
-        raise InvalidInputError(f"cannot open {path!r}: {e}") from None
+    except (OSError, ValueError, ImportError) as e:  # not there, unreachable, or no fsspec backend for it
+        raise InvalidInputError(f"cannot open {path!r}: {describe(e)}") from None
 
 
 @dataclass

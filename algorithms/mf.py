@@ -62,6 +62,7 @@ import dscar
 from dscar import Algorithm, DataMeta, InvalidInputError, TableSpec, check_indices
 
 REG_MODES = ("weighted", "plain")
+RATING_COLUMNS = ("user", "item", "rating")  # MF's default column names of a ratings DataFrame
 DTYPES = ("float64", "float32")
 STATS = ("sse_train", "n_train", "sse_test", "n_test", "reg_user", "reg_item")
 KERNELS = ("auto", "compiled", "namespace")
@@ -629,17 +630,20 @@ class MF(dscar.EstimatorMixin):
     ``bias_reg``: the ridge on each bias (not scaled by its rating count); the other
     hyperparameters as ``ALS``.
 
-    ``fit(X, test=None)``: ``X`` is ``(users, items, ratings)`` (COO arrays) or a SciPy
-    sparse users x items matrix; ``test`` optional held-out ratings in either form, scored
+    ``fit(X, test=None)``: ``X`` is ``(users, items, ratings)`` (COO arrays), a SciPy
+    sparse users x items matrix, or a pandas / Dask DataFrame whose ``columns`` (names of the
+    user, item and rating columns; default ``("user", "item", "rating")``) hold them; ``test`` optional held-out ratings in either form, scored
     every clock. Fitted: ``user_factors_``, ``item_factors_``, ``user_bias_``, ``item_bias_``
     (zeros without biases), ``global_mean_``, ``history_`` (per clock: objective, train_rmse,
-    test_rmse), ``n_iter_``. ``predict(users, items)``; ``score(X)``: RMSE (lower is better).
+    test_rmse), ``n_iter_``. ``predict(users, items)``; ``rmse(X)``: the RMSE on ratings ``X``;
+    ``score(X)``: minus that RMSE (scikit-learn's rule: higher is better).
     """
 
     def __init__(self, rank: int = 20, *, reg: float = 0.1, reg_mode: str = "weighted", biases: bool = True,
                  bias_reg: float = BIAS_REG, max_iter: int = 20, tol: float = 1e-4, seed: int = 0, n_users: int | None = None,
                  n_items: int | None = None, dtype: str = "float64", cluster=None, n_workers: int = 2,
-                 n_shards: int = 8, checkpoint=None, faults=(), progress: bool | None = None):
+                 n_shards: int = 8, checkpoint=None, faults=(), progress: bool | None = None,
+                 columns: tuple[str, str, str] = RATING_COLUMNS):
         self.rank = rank
         self.reg = reg
         self.reg_mode = reg_mode
@@ -657,18 +661,26 @@ class MF(dscar.EstimatorMixin):
         self.checkpoint = checkpoint
         self.faults = faults
         self.progress = progress
+        self.columns = columns
 
-    @staticmethod
-    def _coo(X):
+    def _coo(self, X):
         if sp.issparse(X):
             return from_sparse(X)
-        if dscar.data.is_dask(X) and hasattr(X, "columns"):
-            # a dask DataFrame (e.g. dd.read_parquet) of user, item, rating columns: ALS groups the
-            # ratings by user and by item, so the three columns come to the driver (24 bytes a rating)
-            if len(X.columns) < 3:
-                raise InvalidInputError(f"a ratings DataFrame needs user, item and rating columns, got {list(X.columns)}")
-            df = X[list(X.columns[:3])].compute()
-            return tuple(df.iloc[:, j].to_numpy() for j in range(3))
+        if hasattr(X, "columns") and hasattr(X, "__getitem__"):  # a pandas or Dask DataFrame
+            names = self.columns
+            if (not isinstance(names, (tuple, list)) or len(names) != 3
+                    or not all(isinstance(c, str) for c in names)):
+                raise InvalidInputError(f"columns must name the user, item and rating columns, got {names!r}")
+            missing = [c for c in names if c not in X.columns]
+            if missing:
+                raise InvalidInputError(f"the ratings DataFrame has no column(s) {missing} (its columns: "
+                                        f"{list(X.columns)}); name them with MF(columns=(user, item, rating))")
+            df = X[list(names)]
+            if dscar.data.is_dask(df):
+                # e.g. dd.read_parquet: ALS groups the ratings by user and by item, so the three
+                # columns come to the driver (24 bytes a rating)
+                df = self._compute_small(df)
+            return tuple(df[c].to_numpy() for c in names)
         try:
             u, i, r = X
         except (TypeError, ValueError):
@@ -704,11 +716,17 @@ class MF(dscar.EstimatorMixin):
                 "item_bias": self.item_bias_}
 
     def predict(self, users, items) -> np.ndarray:
+        self._check_fitted("user_factors_")
         return predict(self._model(), users, items, self.global_mean_)
 
-    def score(self, X) -> float:
-        """RMSE on ``X`` (lower is better)."""
+    def rmse(self, X) -> float:
+        """Root mean squared error of the predicted ratings ``X`` (lower is better)."""
+        self._check_fitted("user_factors_")
         return rmse(self._model(), self._coo(X), self.global_mean_)
+
+    def score(self, X, y=None) -> float:
+        """Minus ``rmse(X)``: higher is better, as scikit-learn's model selection expects."""
+        return -self.rmse(X)
 
 
 # ------------------------------------------------------------------ CLI

@@ -55,8 +55,11 @@ import math
 
 import numpy as np
 
+from sklearn.base import ClassifierMixin
+
 import dscar
 from dscar import Algorithm, DataMeta, InvalidInputError, TableSpec, check_indices
+from dscar.estimator import check_features
 
 SCHEDULES = ("constant", "inverse")
 MODES = ("local", "gradient")
@@ -331,12 +334,13 @@ def objective(X, y, W, b, l2: float) -> float:
     return float(ce.mean() + 0.5 * l2 * (W * W).sum())
 
 
-class MLR(dscar.EstimatorMixin):
+class MLR(ClassifierMixin, dscar.EstimatorMixin):
     """scikit-learn style multinomial logistic regression trained by dscar.
 
-    ``fit``, ``predict``, ``predict_proba``, ``score``, ``coef_`` (classes x features, like
-    scikit-learn), ``intercept_``, ``classes_``. Labels: non-negative integers (at least two
-    distinct); ``classes_`` are the distinct labels. ``l2``: see the module docstring
+    ``fit``, ``predict``, ``predict_proba``, ``decision_function``, ``score`` (accuracy),
+    ``coef_`` (classes x features, like scikit-learn), ``intercept_``, ``classes_``. Labels: any
+    sortable values (integers, strings, ...), at least two distinct; ``classes_`` are the
+    distinct labels, sorted. ``l2``: see the module docstring
     (scikit-learn's ``C = 1 / (n_samples * l2)``). ``cluster``: anything ``dscar.fit``
     accepts; None starts an embedded LocalCluster of ``n_workers`` processes per ``fit``.
     """
@@ -367,18 +371,25 @@ class MLR(dscar.EstimatorMixin):
                       momentum=self.momentum, batch_size=self.batch_size, steps=self.steps, mode=self.mode,
                       seed=self.seed, tol=self.tol)
 
+    def __sklearn_tags__(self):
+        tags = super().__sklearn_tags__()
+        tags.input_tags.sparse = True
+        return tags
+
     def fit(self, X, y) -> "MLR":
         if dscar.data.is_dask(y):  # the labels stay on the cluster: only their distinct values come here
             import dask.array as da
 
+            X = check_features(self, X, reset=True)
             y = y.to_dask_array(lengths=True) if hasattr(y, "to_dask_array") else y
-            self.classes_ = check_labels(self._compute_small(da.unique(y)))
+            self.classes_ = _classes(self._compute_small(da.unique(y)))
             classes = self.classes_
             codes = y.map_blocks(lambda b: np.searchsorted(classes, np.asarray(b).reshape(-1)).astype(np.int64),
                                  dtype=np.int64, chunks=(y.chunks[0],), drop_axis=list(range(1, y.ndim)))
         else:
-            labels = check_labels(y)
-            self.classes_, codes = np.unique(labels, return_inverse=True)
+            X, y = check_features(self, X, y, reset=True, accept_sparse="csr", dtype=(np.float64, np.float32))
+            self.classes_ = _classes(np.unique(y))
+            codes = np.searchsorted(self.classes_, y)
         algo = self._algorithm(len(self.classes_))  # hyperparameters checked before any work
         opts = self._engine_options()
         res = dscar.fit(algo, {"X": X, "y": codes.astype(np.int64)}, self.cluster, n_workers=opts["n_workers"],
@@ -393,17 +404,38 @@ class MLR(dscar.EstimatorMixin):
         self.result_ = res
         return self
 
-    def decision_function(self, X) -> np.ndarray:
+    def _scores(self, X) -> np.ndarray:
+        self._check_fitted("coef_")
+        X = check_features(self, X, reset=False, accept_sparse="csr")
         return np.asarray(X @ self.coef_.T) + self.intercept_
 
+    def decision_function(self, X) -> np.ndarray:
+        """Class scores (samples x classes); with two classes, as scikit-learn, one column: the
+        second class's score less the first's (positive: the second class is predicted)."""
+        scores = self._scores(X)
+        return scores[:, 1] - scores[:, 0] if scores.shape[1] == 2 else scores
+
     def predict_proba(self, X) -> np.ndarray:
-        return predict_proba(X, self.coef_.T, self.intercept_)
+        return softmax(np, self._scores(X))
 
     def predict(self, X) -> np.ndarray:
-        return self.classes_[np.argmax(self.decision_function(X), axis=1)]
+        scores = self._scores(X)
+        return self.classes_[np.argmax(scores, axis=1)]
 
-    def score(self, X, y) -> float:
-        return float(np.mean(self.predict(X) == np.asarray(y)))
+
+def _classes(values) -> np.ndarray:
+    """The sorted distinct labels of a classifier, or ``InvalidInputError`` (one class; a
+    continuous target, as scikit-learn refuses it)."""
+    from sklearn.utils.multiclass import check_classification_targets
+
+    classes = np.unique(np.asarray(values))
+    try:
+        check_classification_targets(classes)
+    except ValueError as e:
+        raise InvalidInputError(f"labels y must be classes (integers, strings, ...): {e}") from None
+    if classes.size < 2:
+        raise InvalidInputError(f"labels y hold a single class ({classes[0]!r}); a classifier needs at least two")
+    return classes
 
 
 LogisticRegression = MLR

@@ -47,6 +47,9 @@ def build_parser(models: dict[str, CliModel] | None = None) -> argparse.Argument
         epilog=f"models (dscar run MODEL --help for each one's flags):\n{listing}",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    from . import __version__
+
+    p.add_argument("--version", action="version", version=f"dscar {__version__}")
     sub = p.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="train a model (on an embedded LocalCluster unless --scheduler is given)")
     per_model = run.add_subparsers(dest="model", required=True, metavar="MODEL")
@@ -130,8 +133,10 @@ def _add_common(run: argparse.ArgumentParser) -> None:
     g.add_argument("--checkpoint-policy", choices=("priority", "full"), default="priority",
                    help="priority: the fraction r of rows that moved most every r*C clocks (SCAR, default); "
                         "full: everything every C clocks")
-    g.add_argument("--checkpoint-every", type=arg_int(1), default=10, metavar="C", help="C, in clocks (default 10)")
-    g.add_argument("--checkpoint-fraction", type=float, default=0.1, metavar="R", help="r (default 0.1)")
+    g.add_argument("--checkpoint-every", type=arg_int(1), default=None, metavar="C",
+                   help=f"C, in clocks (default {CHECKPOINT_EVERY})")
+    g.add_argument("--checkpoint-fraction", type=arg_float(0, 1, strict_min=True), default=None, metavar="R",
+                   help=f"r, in (0, 1] (default {CHECKPOINT_FRACTION}); with priority checkpoints r*C >= 1")
     g.add_argument("--checkpoint-interval", choices=("fixed", "auto"), default="fixed",
                    help="fixed: every C clocks (r*C for priority); auto: the Young/Daly period sqrt(2 cost MTBF) "
                         "from the checkpoints' measured cost and --mtbf (or the job's own losses)")
@@ -149,6 +154,9 @@ def _add_common(run: argparse.ArgumentParser) -> None:
                    help="also keep each owner's partitions and shard states in a buddy worker's memory, refreshed every clock; "
                         "partial recovery restores from there when the buddy is alive")
     g.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in --checkpoint")
+    run.add_argument("-v", "--verbose", action="store_true",
+                     help="print every clock and every event (default: a sample of the clocks and the events' "
+                          "counts per kind), and Dask's own warnings")
     run.add_argument("--no-progress", action="store_true",
                      help="do not show a progress bar (shown by default when stderr is a terminal)")
     run.add_argument("--plot", metavar="PATH", help="write a picture of the fit (objective, seconds per clock, "
@@ -161,19 +169,29 @@ def _checkpoint_config(args, faults: list):
     from .checkpoint import CheckpointConfig, needs_store, temporary_store
 
     url = args.checkpoint
+    every = CHECKPOINT_EVERY if args.checkpoint_every is None else args.checkpoint_every
+    fraction = CHECKPOINT_FRACTION if args.checkpoint_fraction is None else args.checkpoint_fraction
+    if args.checkpoint_policy == "priority" and fraction * every < 1 - 1e-9:
+        raise InvalidInputError(
+            f"--checkpoint-fraction {fraction:g} x --checkpoint-every {every} = {fraction * every:g}: a priority "
+            f"checkpoint saves the fraction r of rows every r*C clocks, so r*C must be >= 1 (e.g. "
+            f"--checkpoint-fraction {1 / every:g}, or --checkpoint-policy full)")
     if url is None:
         if args.resume:
             raise InvalidInputError("--resume needs --checkpoint DIR_OR_URL")
         if args.checkpoint_interval != "fixed" or args.mtbf is not None:
             raise InvalidInputError("--checkpoint-interval and --mtbf need --checkpoint DIR_OR_URL")
         if not needs_store(faults):
+            if args.checkpoint_every is not None or args.checkpoint_fraction is not None:
+                raise InvalidInputError("--checkpoint-every and --checkpoint-fraction need --checkpoint DIR_OR_URL")
             return None
         url = temporary_store()
         print(f"dscar: injected worker losses: keeping checkpoints in {url} (removed at the end)", flush=True)
-    return CheckpointConfig(url, policy=args.checkpoint_policy, every=args.checkpoint_every,
-                            fraction=args.checkpoint_fraction, keep=args.keep, recovery=args.recovery,
-                            memory=args.memory_tier, interval=args.checkpoint_interval, mtbf=args.mtbf,
-                            max_chain=args.max_chain)
+    cfg = CheckpointConfig(url, policy=args.checkpoint_policy, every=every, fraction=fraction, keep=args.keep,
+                           recovery=args.recovery, memory=args.memory_tier, interval=args.checkpoint_interval,
+                           mtbf=args.mtbf, max_chain=args.max_chain)
+    cfg.validate()  # before the data is built: a bad flag costs no corpus load
+    return cfg
 
 
 def _cluster(args):
@@ -206,6 +224,53 @@ def _show_driver_log() -> None:
         log.setLevel(logging.INFO)
 
 
+#: checkpoint interval C and fraction r when --checkpoint-every / --checkpoint-fraction are not given
+CHECKPOINT_EVERY, CHECKPOINT_FRACTION = 10, 0.1
+#: clock lines printed without --verbose (the first, the last and evenly spaced ones between)
+CLOCK_LINES = 8
+
+
+def clock_sample(n: int, most: int = CLOCK_LINES) -> list[int]:
+    """Indices of the ``n`` clock records printed without --verbose: all when ``n <= most``, else
+    ``most`` evenly spaced ones from the first to the last."""
+    if n <= most:
+        return list(range(n))
+    return sorted({round(k * (n - 1) / (most - 1)) for k in range(most)})
+
+
+def kernels_cached(model: str) -> bool | None:
+    """Whether numba's cache holds compiled kernels of ``dscar.algorithms.<model>_kernels`` (None:
+    the model has no such module). Looked for where numba writes them: the module's
+    ``__pycache__``, or ``NUMBA_CACHE_DIR``."""
+    import importlib.util
+    from pathlib import Path
+
+    try:
+        spec = importlib.util.find_spec(f"dscar.algorithms.{model}_kernels")
+    except (ImportError, ValueError):
+        return None
+    if spec is None or not spec.origin:
+        return None
+    src = Path(spec.origin)
+    pattern = f"{src.stem}.*.nbi"
+    if any((src.parent / "__pycache__").glob(pattern)):
+        return True
+    try:
+        from numba.core.config import CACHE_DIR
+    except ImportError:
+        return None
+    return bool(CACHE_DIR) and any(Path(CACHE_DIR).rglob(pattern))
+
+
+def _quiet_dask() -> None:
+    """Dask's own log lines (a nanny killing a worker that closes slowly, ...) only with --verbose:
+    what matters to the run is in dscar's events."""
+    import logging
+
+    for name in ("distributed", "bokeh"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+
+
 def main(argv: list[str] | None = None) -> int:
     from .checkpoint import remove_temporary
 
@@ -233,11 +298,19 @@ def main(argv: list[str] | None = None) -> int:
             from .plot import check_target
 
             check_target(args.plot)
-        algo, data, desc = models[args.model].build(args)
+        try:
+            algo, data, desc = models[args.model].build(args)
+        except ImportError as e:  # a model's optional package (e.g. the lda package's Reuters corpus)
+            what = "needs a package that is not installed: " if isinstance(e, ModuleNotFoundError) else ""
+            raise InvalidInputError(f"dscar run {args.model}: {what}{e}") from None
         cluster = _cluster(args)
         where = args.scheduler or f"embedded LocalCluster, {args.workers} workers"
         print(f"dscar run {args.model}: {desc}; cluster: {where}", flush=True)
         _show_driver_log()  # the dashboard page's URL once the job starts
+        if not args.verbose:
+            _quiet_dask()
+        if kernels_cached(args.model) is False:
+            print(f"dscar: compiling the {args.model} kernels (first run only: numba caches them)...", flush=True)
         t0 = time.perf_counter()
         res = fit(algo, data, cluster, n_workers=args.workers, n_shards=args.shards,
                   tol=args.tol, max_clocks=args.max_clocks, progress=False if args.no_progress else None,
@@ -251,16 +324,20 @@ def main(argv: list[str] | None = None) -> int:
             cluster.close()
         if checkpoint is not None and args.checkpoint is None:
             remove_temporary(checkpoint.url)
-    for rec in res.history:
+    shown = range(len(res.history)) if args.verbose else clock_sample(len(res.history))
+    for j in shown:
+        rec = res.history[j]
         m = rec.metrics
         extra = " ".join(f"{k}={v:.3g}" for k, v in m.items() if k not in ("objective", "converged"))
         print(f"clock {rec.clock:3d}  objective={m['objective']:.10g}  {extra}  {rec.seconds * 1e3:.1f} ms")
     from . import report
 
-    print(report.legend(res.events))
-    for line in report.event_lines(res.events, hide=report.ROUTINE_KINDS):
-        print(f"event {line}")
-    print(report.counts_line(res.events))
+    if args.verbose:
+        print(report.legend(res.events))
+        for line in report.event_lines(res.events, hide=report.ROUTINE_KINDS):
+            print(f"event {line}")
+    hint = "" if args.verbose else f" (-v: every {'clock and ' if len(shown) < len(res.history) else ''}event)"
+    print(report.counts_line(res.events) + hint)
     if res.checkpoints:
         print(f"checkpoints: {len(res.checkpoints)} published, {res.checkpoint_bytes / max(res.n_clocks, 1):.0f} "
               f"bytes per clock, newest version {res.checkpoints[-1]['version']} (clock {res.checkpoints[-1]['clock']})")

@@ -136,6 +136,10 @@ class Cluster:
     the embedded cluster, which then listens on TLS); ``timeout``: seconds to reach
     a scheduler given by address (default ``DEFAULT_CONNECT_TIMEOUT``). Registration is idempotent: several ``Cluster`` objects on one
     Dask cluster share one coordinator and one ParamServer per worker.
+
+    ``set_as_default``: the client this ``Cluster`` makes (not one it is given) becomes the process's
+    default Dask client until it closes, as ``distributed.Client`` does, so collections on this cluster
+    (tables a fit keeps there, ``res.params["w"]``) compute with a plain ``.compute()``.
     """
 
     def __init__(
@@ -148,6 +152,7 @@ class Cluster:
         dashboard_address: str = ":0",  # a free port: embedded clusters never fight over 8787
         timeout: float | None = None,
         security: "Security | bool | None" = None,
+        set_as_default: bool = True,
     ):
         from .validation import integer, number
 
@@ -174,7 +179,7 @@ class Cluster:
                     )
                 self._owned.append(address)
                 security = security or getattr(address, "security", None)
-            self.client = Client(address, set_as_default=False, security=security)
+            self.client = Client(address, set_as_default=set_as_default, security=security)
             self._owned.insert(0, self.client)
         elif isinstance(address, str):
             if timeout is None:  # Dask's connect timeout when set lower than dscar's default
@@ -183,7 +188,7 @@ class Cluster:
             timeout = number("timeout", timeout, 0.0, strict_min=True)
             check_address(address, security, timeout)
             try:
-                self.client = Client(address, timeout=timeout, set_as_default=False, security=security)
+                self.client = Client(address, timeout=timeout, set_as_default=set_as_default, security=security)
             except (OSError, TimeoutError, ValueError, TypeError) as e:
                 raise ClusterError(f"cannot reach the Dask scheduler at {address!r}: {type(e).__name__}: {e}") from None
             self._owned.append(self.client)
@@ -235,8 +240,24 @@ class Cluster:
     def __exit__(self, *exc) -> None:
         self.close()
 
+    def __copy__(self) -> "Cluster":
+        return self
+
+    def __deepcopy__(self, memo: dict) -> "Cluster":
+        """A handle on a running cluster: a copy is the same handle (copying an estimator or its
+        hyperparameters never starts or connects a cluster)."""
+        return self
+
+    def __reduce__(self):
+        """Pickled as its scheduler's address (and security): unpickling connects to it again."""
+        return _reconnect, (self.client.scheduler.address, getattr(self.client, "security", None))
+
     def __repr__(self) -> str:
         return f"<dscar.Cluster scheduler={self.client.scheduler.address} workers={len(self.workers)}>"
+
+
+def _reconnect(address: str, security: "Security | None") -> Cluster:
+    return Cluster(address, security=security)
 
 
 def connect(cluster: "str | Client | LocalCluster | Cluster | None" = None, *,

@@ -125,6 +125,15 @@ class FitResult:
             f"objective={self.objective:.10g} {extra}".rstrip()
         )
 
+    def save(self, path: str, *, storage_options: dict | None = None) -> None:
+        """Write this result (tables, history, events) to ``path``, a directory or an fsspec URL, as
+        arrays and JSON (no pickle); ``FitResult.load(path)`` reads it back."""
+        results.save_result(self, path, storage_options)
+
+    @classmethod
+    def load(cls, path: str, *, storage_options: dict | None = None) -> "FitResult":
+        return results.load_result(path, storage_options)
+
     def event_lines(self, hide: "tuple[str, ...]" = ()) -> list[str]:
         """The events as lines a person reads: in order, times since the start, repeats grouped."""
         return report.event_lines(self.events, hide=hide)

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from typing import Sequence
 
+from sklearn.exceptions import ConvergenceWarning as _SklearnConvergenceWarning
+
 
 class DscarError(Exception):
     """Base class of every error dscar raises on purpose."""
@@ -36,11 +38,27 @@ class JobFailedError(DscarError, RuntimeError):
     """The job stopped on the cluster; the message carries the cause."""
 
 
-class ConvergenceWarning(UserWarning):
-    """A fit stopped at its iteration limit before its stopping rule held (scikit-learn's
-    ``ConvergenceWarning`` has the same meaning; filter either by category)."""
+class ConvergenceWarning(_SklearnConvergenceWarning):
+    """A fit stopped at its iteration limit before its stopping rule held: a scikit-learn
+    ``ConvergenceWarning`` (and so a ``UserWarning``), so filters on either catch it."""
 
 
 class RefusedCallError(DscarError, PermissionError):
     """A dscar handler refused a call: it lacked the job's token, or claimed to come from a worker
     it is not (``dscar.membership``). Nothing of it was applied; the job records a ``forged-call`` event."""
+
+
+def describe(e: BaseException) -> str:
+    """``Type: message`` of ``e``, then of the exceptions behind it (``__cause__`` / ``__context__``),
+    skipping repeated messages: a library's error that says only the URL (``https://...``) gets the
+    cause that does say something (a DNS failure, a refused connection, a missing backend)."""
+    parts: list[str] = []
+    seen: set[str] = set()
+    cur: BaseException | None = e
+    while cur is not None and len(parts) < 4:
+        text = str(cur).strip()
+        if text not in seen:
+            seen.add(text)
+            parts.append(f"{type(cur).__name__}: {text}" if text else type(cur).__name__)
+        cur = cur.__cause__ or cur.__context__
+    return parts[0] + "".join(f" (caused by {p})" for p in parts[1:])

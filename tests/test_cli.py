@@ -6,6 +6,8 @@ import sys
 import time
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 DSCAR = [sys.executable, "-m", "dscar"]
 
@@ -67,7 +69,7 @@ def test_checkpoint_and_resume_flags(tmp_path):
     r = run(["run", "lasso", "--resume", "--no-progress"])
     assert r.returncode == 2 and "--resume needs --checkpoint" in r.stderr
     r = run(["run", "lasso", "--checkpoint", store, "--checkpoint-fraction", "2", "--no-progress"])
-    assert r.returncode == 2 and "fraction r must be in" in r.stderr
+    assert r.returncode == 2 and "--checkpoint-fraction: must be a finite number > 0 and <= 1, got 2" in r.stderr
 
 
 def test_bad_fault_flags():
@@ -173,3 +175,86 @@ def test_resume_compares_the_model_not_the_stopping_rule(tmp_path):
     assert r.returncode == 2 and "differing: alpha: checkpoint 0.01, this fit 0.5" in r.stderr, r.stderr
     r = run(common + ["--resume", "--tol", "1e-3"])  # another stopping rule: resumes
     assert r.returncode == 0 and "resumed" in r.stdout, r.stderr
+
+
+def test_version():
+    from dscar import __version__
+
+    r = run(["--version"])
+    assert r.returncode == 0 and r.stdout.strip() == f"dscar {__version__}"
+
+
+#: ``dscar run`` in a process where the ``lda`` package cannot be imported
+WITHOUT_LDA = [sys.executable, "-c", "import sys; sys.modules['lda'] = None; from dscar.cli import main; "
+               "sys.exit(main(sys.argv[1:]))"]
+
+
+def test_setup_problems_are_one_line_before_any_data_is_built():
+    """A missing optional package, checkpoint flags that cannot work and an unreachable data URL are
+    each one line and exit 2; the checkpoint flags are checked before the model's data is built (here
+    the Reuters corpus, which needs the missing package)."""
+    def without_lda(*argv):
+        return subprocess.run(WITHOUT_LDA + list(argv) + ["--no-progress"], capture_output=True, text=True,
+                              timeout=120)
+
+    for r, says in ((without_lda("run", "lda"), "dscar run lda: the Reuters corpus ships with the 'lda' package"),
+                    (without_lda("run", "lda", "--checkpoint", "ck", "--checkpoint-every", "5"),
+                     "--checkpoint-fraction 0.1 x --checkpoint-every 5 = 0.5"),
+                    (without_lda("run", "lda", "--checkpoint-fraction", "0.5"),
+                     "--checkpoint-every and --checkpoint-fraction need --checkpoint"),
+                    (run(["run", "lasso", "--data", "ftp://127.0.0.1:1/data", "--no-progress"]),
+                     "cannot list data directory 'ftp://127.0.0.1:1/data': ConnectionRefusedError")):
+        err = r.stderr.strip().splitlines()
+        assert r.returncode == 2 and len(err) == 1 and err[0].startswith("dscar: error: ") and says in err[0], r.stderr
+
+
+@given(n=st.integers(1, 100_000), most=st.integers(2, 60))
+def test_clock_sample_keeps_the_first_and_last_clock(n, most):
+    """As many clocks as allowed (all when they fit), in order, the first and the last always, and
+    evenly spread: no gap between shown clocks more than one wider than another."""
+    from dscar.cli import clock_sample
+
+    shown = clock_sample(n, most)
+    assert shown[0] == 0 and shown[-1] == n - 1 and len(shown) == min(n, most)
+    assert shown == sorted(set(shown))
+    gaps = [b - a for a, b in zip(shown, shown[1:])]
+    assert not gaps or max(gaps) - min(gaps) <= 1
+
+
+@pytest.mark.timeout(240)
+def test_a_default_run_is_short_and_verbose_shows_everything():
+    argv = ["run", "lda", "--synthetic", "--docs", "200", "--vocab", "300", "--doc-length", "20", "-K", "5",
+            "--max-clocks", "40", "--no-progress"]
+    r = run(argv, timeout=200)
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.strip().splitlines()
+    assert len(lines) <= 15 and not any(line.startswith("event ") for line in lines), lines
+    assert sum(line.startswith("clock ") for line in lines) == 8 and "clock  40" in r.stdout
+    assert any(line.startswith("events: ") and line.endswith("(-v: every clock and event)") for line in lines)
+    r = run(argv + ["-v"], timeout=200)
+    assert r.returncode == 0 and sum(line.startswith("clock ") for line in r.stdout.splitlines()) == 40
+
+
+def test_the_first_run_line_looks_for_numba_s_cache(tmp_path, monkeypatch):
+    """``kernels_cached``: true where numba wrote a model's kernels, false where it did not, None for a
+    model without kernels."""
+    import importlib.util
+    from pathlib import Path
+
+    from dscar import cli
+
+    src = Path(importlib.util.find_spec("dscar.algorithms.lasso_kernels").origin)
+    fake = tmp_path / "algorithms"
+    (fake / "__pycache__").mkdir(parents=True)
+    (fake / src.name).write_text("")
+    spec = importlib.util.spec_from_file_location("dscar.algorithms.lasso_kernels", fake / src.name)
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: spec)
+    monkeypatch.setenv("NUMBA_CACHE_DIR", "")
+    import numba.core.config
+
+    monkeypatch.setattr(numba.core.config, "CACHE_DIR", "")
+    assert cli.kernels_cached("lasso") is False
+    (fake / "__pycache__" / "lasso_kernels.residual-163.py311.nbi").write_bytes(b"")
+    assert cli.kernels_cached("lasso") is True
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
+    assert cli.kernels_cached("nomodel") is None

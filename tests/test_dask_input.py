@@ -11,7 +11,7 @@ import pytest
 import dscar
 from dscar import InvalidInputError
 from dscar.algorithms.datasets import make_ratings, make_regression
-from dscar.algorithms.lasso import LassoCD
+from dscar.algorithms.lasso import Lasso, LassoCD
 from dscar.algorithms.mf import MF
 
 da = pytest.importorskip("dask.array")
@@ -74,6 +74,70 @@ def test_bad_dask_inputs_are_named(inproc):
         dscar.fit(LassoCD(0.1), {"X": good.map_blocks(boom, dtype=float), "y": da.ones(100, chunks=50)}, inproc)
     with pytest.raises(InvalidInputError, match="dict of name"):
         dscar.data.as_data(good, 2, inproc.client)
+
+
+def _regression_frame(n=3000, p=6):
+    pd = pytest.importorskip("pandas")
+    X, y, _ = make_regression(n, p, 3, seed=7)
+    frame = pd.DataFrame(X, columns=[f"x{j}" for j in range(p)])
+    frame["y"] = y
+    return frame, [f"x{j}" for j in range(p)]
+
+
+def test_parquet_of_many_files_or_one_and_csv_train_the_estimators(inproc, tmp_path):
+    """A 4-file Parquet dataset (Dask fuses the partitions of a narrow projection: the rows are counted
+    on the array trained on), a one-file Parquet (one partition: the shard count comes from the
+    data), CSV through dask.dataframe and pandas frames all train Lasso to the NumPy fit."""
+    pytest.importorskip("pyarrow")
+    dd = pytest.importorskip("dask.dataframe")
+    frame, cols = _regression_frame()
+    ref = Lasso(alpha=0.01, cluster=inproc).fit(frame[cols].to_numpy(), frame["y"].to_numpy())
+    dd.from_pandas(frame, npartitions=4).to_parquet(str(tmp_path / "many"))
+    frame.to_parquet(tmp_path / "one.parquet")
+    frame.to_csv(tmp_path / "data.csv", index=False)
+    many = dd.read_parquet(str(tmp_path / "many"))
+    assert many.npartitions == 4
+    one = dd.read_parquet(str(tmp_path / "one.parquet"))
+    assert one.npartitions == 1
+    csv = dd.read_csv(str(tmp_path / "data.csv"), blocksize=40_000)
+    for name, X, y in (("4-file parquet", many[cols], many["y"]), ("1-file parquet", one[cols], one["y"]),
+                       ("csv", csv[cols], csv["y"]), ("pandas", frame[cols], frame["y"])):
+        est = Lasso(alpha=0.01, cluster=inproc).fit(X, y)
+        np.testing.assert_allclose(est.coef_, ref.coef_, atol=1e-6, err_msg=name)
+        assert est.intercept_ == pytest.approx(ref.intercept_, abs=1e-6), name
+        assert est.result_.n_clocks and list(est.feature_names_in_) == cols, name
+    assert Lasso(alpha=0.01, cluster=inproc).fit(one[cols], one["y"]).result_.history[0].shards_per_worker
+
+
+def test_mf_takes_its_columns_by_name_from_pandas_and_parquet(inproc, tmp_path):
+    pd = pytest.importorskip("pandas")
+    pytest.importorskip("pyarrow")
+    dd = pytest.importorskip("dask.dataframe")
+    u, i, r, _ = make_ratings(200, 100, 4000, seed=3)
+    kw = dict(rank=3, max_iter=4, cluster=inproc, n_shards=4, n_users=200, n_items=100)
+    ref = MF(**kw).fit((u, i, r))
+    # the columns in another order, under other names, with an extra column first
+    frame = pd.DataFrame({"when": np.arange(len(u)), "stars": r, "movie": i, "viewer": u})
+    dd.from_pandas(frame, npartitions=4).to_parquet(str(tmp_path / "ratings"))
+    names = ("viewer", "movie", "stars")
+    for X in (frame, dd.read_parquet(str(tmp_path / "ratings"))):
+        est = MF(**kw, columns=names).fit(X)
+        np.testing.assert_allclose(est.history_[-1]["objective"], ref.history_[-1]["objective"], rtol=1e-9)
+        assert est.rmse(X) == pytest.approx(ref.rmse((u, i, r)), rel=1e-9)
+    with pytest.raises(InvalidInputError, match=r"no column\(s\) \['user', 'item', 'rating'\].*MF\(columns="):
+        MF(**kw).fit(frame)
+
+
+def test_a_table_kept_on_the_cluster_computes_with_compute(inproc):
+    """``res.params[...]`` over ``result_budget`` is a Dask array on the cluster's workers; the
+    cluster's client is the default one, so ``.compute()`` (and slicing) work as for any Dask array."""
+    X, y, _ = make_regression(500, 40, 4, seed=1)
+    res = dscar.fit(LassoCD(0.01), {"X": X, "y": y}, inproc, result_budget=100)
+    ref = dscar.fit(LassoCD(0.01), {"X": X, "y": y}, inproc)
+    w = res.params["w"]
+    assert isinstance(w, da.Array)
+    np.testing.assert_array_equal(w.compute(), ref.params["w"])
+    np.testing.assert_array_equal(w[:5].compute(), ref.params["w"][:5])
 
 
 BIG = textwrap.dedent("""

@@ -566,7 +566,7 @@ def test_reuters_loglikelihood_close_to_the_lda_package(inproc, reuters):
 # -------------------------------------------------------- estimator and CLI
 def test_estimator(inproc, small):
     est = LDA(4, n_iter=25, seed=3, cluster=inproc)
-    assert est.get_params()["n_topics"] == 4 and "LDA(n_topics=4" in repr(est)
+    assert est.get_params()["n_topics"] == 4 and repr(est).startswith("LDA(") and "n_topics=4" in repr(est)
     vocab = [f"word{i}" for i in range(small.X.shape[1])]
     est.fit(small.X, vocab=vocab)
     assert est.components_.shape == (4, small.X.shape[1]) and np.allclose(est.components_.sum(axis=1), 1)

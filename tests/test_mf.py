@@ -102,7 +102,7 @@ def test_recovers_the_planted_model_to_the_noise_level(inproc, dense_split):
     est = MF(5, reg=0.05, max_iter=15, cluster=inproc, n_shards=4).fit(train, test=test)
     hist = est.history_
     assert hist[-1]["test_rmse"] < 1.15 * NOISE, hist[-1]
-    assert est.score(test) == pytest.approx(hist[-1]["test_rmse"], rel=1e-9)  # per-clock metric = the model's
+    assert est.rmse(test) == pytest.approx(hist[-1]["test_rmse"], rel=1e-9)  # per-clock metric = the model's
     objs = [h["objective"] for h in hist]
     assert all(b <= a * (1 + 1e-12) for a, b in zip(objs, objs[1:]))
     assert est.user_factors_.shape == (800, 5) and est.item_bias_.shape == (400,)
@@ -180,7 +180,7 @@ def test_a_killed_worker_process_does_not_stop_training(tmp_path, dense_split):
     assert {"fault-kill", "worker-lost", "recovery-done"} <= kinds, kinds
     assert len(res.history) == 12 or res.converged
     assert np.isfinite(res.history[-1].objective)
-    assert est.score(test) < 1.2 * NOISE
+    assert est.rmse(test) < 1.2 * NOISE
 
 
 def test_cli_builds_synthetic_ratings():

@@ -178,12 +178,20 @@ def test_a_killed_worker_process_does_not_stop_training(tmp_path, digits):
         (np.array(["a", "b"] * 50), "must be integers"),
     ],
 )
+def test_bad_class_indices_raise(y, match):
+    """``check_labels``: the raw algorithm's (and the CLI's) labels are class indices."""
+    with pytest.raises(dscar.InvalidInputError, match=match):
+        check_labels(y)
+
+
+@pytest.mark.parametrize("y, match", [(np.zeros(100, dtype=np.int64), "single class"),
+                                      (np.r_[np.zeros(50), np.full(50, 1.5)], "Unknown label type: continuous")])
 def test_bad_labels_raise_before_work(inproc, y, match):
+    """The estimator takes labels of any type (as scikit-learn's classifiers), but not one class or
+    a continuous target."""
     X = np.random.default_rng(0).standard_normal((100, 3))
     with pytest.raises(dscar.InvalidInputError, match=match):
         MLR(cluster=inproc).fit(X, y)
-    with pytest.raises(dscar.InvalidInputError, match=match):
-        check_labels(y)
 
 
 def test_bad_input_raises_before_work(inproc):
