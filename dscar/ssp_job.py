@@ -335,6 +335,18 @@ class SspJobState(JobState):
             actions += w.clock_end_failed(w.clock_end)
         return self._carry(actions, now)
 
+    def rebase(self, manifest: dict) -> None:
+        """The job resumes from an older manifest than it was started with (a newer one did not
+        verify; the driver says so before its first clock): the window opens the clock after that
+        manifest's, or the driver would wait for ever for a clock the window never runs."""
+        if self.begun:
+            raise RuntimeError("rebase after the first clock began")
+        super().rebase(manifest)
+        w = self.window
+        self.window = ClockWindow(self.cfg.n_shards, w.staleness, has_rebuild=w.has_rebuild,
+                                  floor=self.machine.clock, limit=w.limit)
+        self.window.needs_rebuild = self.window.applied_before = w.needs_rebuild
+
     def recovered(self, covered: set[str], now: float) -> list[Effect]:
         self.unrecovered -= covered
         if self.needs_recovery or not self.window.recovering:
