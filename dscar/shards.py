@@ -97,6 +97,12 @@ class ShardQueue:
         self.phase: int | None = 0  # the active phase; None: every shard is active (a rebuild pass)
         self._shards = [_Shard() for _ in range(n_shards)]
         self._todo: set[int] = set()
+        #: the ``_todo`` shards by holder (None: unheld): a worker's own shards without a scan
+        self._local: dict[str | None, set[int]] = {}
+        #: shards of the active phase that are DONE: ``complete`` without a scan
+        self._n_done = 0
+        #: DOING shards (the only ones with attempts): ``running`` without a scan
+        self._doing: set[int] = set()
         self._attempts_clock: int | None = None  # attempt numbers restart only with a new clock
 
     # ---------------------------------------------------------------- clocks
@@ -132,7 +138,9 @@ class ShardQueue:
             s.started = 0
         self._attempts_clock = clock
         self.phase = phase
-        self._todo = set(self.active)
+        self._n_done = 0
+        self._doing = set()
+        self._todo_reset(self.active)
 
     def next_phase(self) -> int:
         """Activate the next phase (the active one must be complete); returns its index."""
@@ -141,7 +149,8 @@ class ShardQueue:
         if not self.complete:
             raise RuntimeError(f"phase {self.phase} of clock {self.clock} is not complete")
         self.phase += 1
-        self._todo = set(self.active)
+        self._n_done = sum(1 for i in self.active if self._shards[i].status is ShardStatus.DONE)
+        self._todo_reset(self.active)
         return self.phase
 
     @property
@@ -159,19 +168,23 @@ class ShardQueue:
     def reopen(self, shards) -> None:
         """Put ``shards`` back in TODO with no attempt and no commit (a pass runs again, or under SSP
         a shard moves on to its next clock). Holders stay; attempt numbers keep counting up."""
+        active = self.active
         for i in shards:
             s = self._shards[i]
+            if s.status is ShardStatus.DONE and i in active:
+                self._n_done -= 1
+            self._doing.discard(i)
             s.status = ShardStatus.TODO
             s.attempts.clear()
             s.committed = None
             s.failures = []
             s.started = 0
-            self._todo.add(i)
+            self._todo_add(i)
 
     @property
     def complete(self) -> bool:
         """Every shard of the active phase is DONE."""
-        return all(self._shards[i].status is ShardStatus.DONE for i in self.active)
+        return self._n_done == len(self.active)
 
     def status(self, shard: int) -> ShardStatus:
         return self._shards[shard].status
@@ -190,7 +203,34 @@ class ShardQueue:
 
     # -------------------------------------------------------------- locality
     def set_holder(self, shard: int, worker: str | None) -> None:
-        self._shards[shard].holder = worker
+        s = self._shards[shard]
+        if s.holder != worker and shard in self._todo:
+            self._drop_local(s.holder, shard)
+            self._local.setdefault(worker, set()).add(shard)
+        s.holder = worker
+
+    def _todo_add(self, shard: int) -> None:
+        if shard not in self._todo:
+            self._todo.add(shard)
+            self._local.setdefault(self._shards[shard].holder, set()).add(shard)
+
+    def _todo_discard(self, shard: int) -> None:
+        if shard in self._todo:
+            self._todo.discard(shard)
+            self._drop_local(self._shards[shard].holder, shard)
+
+    def _drop_local(self, holder: str | None, shard: int) -> None:
+        bucket = self._local.get(holder)
+        if bucket is not None:
+            bucket.discard(shard)
+            if not bucket:
+                del self._local[holder]
+
+    def _todo_reset(self, shards) -> None:
+        self._todo = set(shards)
+        self._local = {}
+        for i in self._todo:
+            self._local.setdefault(self._shards[i].holder, set()).add(i)
 
     def holder(self, shard: int) -> str | None:
         return self._shards[shard].holder
@@ -209,22 +249,23 @@ class ShardQueue:
         """Start an attempt of the best TODO shard for ``worker`` (with ``local_only``, only of
         one it holds; with ``among``, only of those), or None. ``worth_moving(holder, backlog)``:
         whether to take one of another worker's ``backlog`` TODO shards, moving its data (default: yes)."""
-        todo = self._todo if among is None else self._todo & among
-        if not todo:
+        if not self._todo:
             return None
-        local = [i for i in todo if self._shards[i].holder == worker]
+        mine = self._local.get(worker, frozenset())
+        local = mine if among is None else mine & among
         if local:
             return self._start(min(local), worker, now)
         if local_only:
             return None
-        backlog: dict[str | None, list[int]] = {}
-        for i in todo:
-            h = self._shards[i].holder
+        backlog: dict[str | None, set[int]] = {}
+        for h, bucket in self._local.items():  # (one entry per holder with shards to do, not per shard)
             if h is None and not self.reloadable:
                 continue  # waits for the driver to place it
             if h is not None and self.sharding == "static":
                 continue  # pinned to its holder
-            backlog.setdefault(h, []).append(i)
+            ids = bucket if among is None else bucket & among
+            if ids:
+                backlog[h] = ids
         if not backlog:
             return None
         # unheld (reloadable) shards first, then the longest backlog, ties by name
@@ -241,7 +282,8 @@ class ShardQueue:
         s.started += 1
         s.attempts[a.attempt] = a
         s.status = ShardStatus.DOING
-        self._todo.discard(shard)
+        self._doing.add(shard)
+        self._todo_discard(shard)
         return a
 
     def start_backup(self, shard: int, worker: str, now: float) -> Attempt:
@@ -275,7 +317,9 @@ class ShardQueue:
         s.committed = a
         s.attempts.clear()
         s.status = ShardStatus.DONE
-        s.holder = worker  # the committed data and state live here now
+        self._doing.discard(shard)
+        self._n_done += 1  # (a DOING shard is an active one)
+        s.holder = worker  # the committed data and state live here now (not a TODO shard: no index)
         return True
 
     def fail(self, shard: int, attempt: int, worker: str, reason: str, *, count: bool = True) -> None:
@@ -297,7 +341,8 @@ class ShardQueue:
             raise ShardFailedError(shard, self.clock, s.failures)
         if not s.attempts:
             s.status = ShardStatus.TODO
-            self._todo.add(shard)
+            self._doing.discard(shard)
+            self._todo_add(shard)
 
     def release(self, shard: int, attempt: int, worker: str) -> bool:
         """Take back an attempt its worker never started (a batch member another worker may run
@@ -310,7 +355,8 @@ class ShardQueue:
         s.started -= 1
         if not s.attempts:
             s.status = ShardStatus.TODO
-            self._todo.add(shard)
+            self._doing.discard(shard)
+            self._todo_add(shard)
         return True
 
     def worker_lost(self, worker: str) -> list[Attempt]:
@@ -318,14 +364,15 @@ class ShardQueue:
         requeued = []
         for i, s in enumerate(self._shards):
             if s.holder == worker:
-                s.holder = None
+                self.set_holder(i, None)
             lost = [a for a in s.attempts.values() if a.worker == worker]
             for a in lost:
                 del s.attempts[a.attempt]
                 requeued.append(a)
             if lost and not s.attempts and s.status is ShardStatus.DOING:  # DOING: an active shard
                 s.status = ShardStatus.TODO
-                self._todo.add(i)
+                self._doing.discard(i)
+                self._todo_add(i)
         return requeued
 
     def source_lost(self, worker: str) -> list[Attempt]:
@@ -338,8 +385,10 @@ class ShardQueue:
                 del s.attempts[a.attempt]
                 doomed.append(a)
             if gone and not s.attempts and s.status is ShardStatus.DOING:
-                s.status, s.holder = ShardStatus.TODO, None
-                self._todo.add(i)
+                s.status = ShardStatus.TODO
+                self._doing.discard(i)
+                self.set_holder(i, None)
+                self._todo_add(i)
         return doomed
 
     def uncommit(self, worker: str) -> list[int]:
@@ -349,8 +398,10 @@ class ShardQueue:
         for i in self.active:
             s = self._shards[i]
             if s.status is ShardStatus.DONE and s.committed is not None and s.committed.worker == worker:
-                s.status, s.committed, s.holder = ShardStatus.TODO, None, None
-                self._todo.add(i)
+                s.status, s.committed = ShardStatus.TODO, None
+                self._n_done -= 1
+                self.set_holder(i, None)
+                self._todo_add(i)
                 undone.append(i)
         return undone
 
@@ -371,7 +422,8 @@ class ShardQueue:
         return out
 
     def running(self) -> list[Attempt]:
-        return [a for s in self._shards for a in s.attempts.values()]
+        """Every live attempt, in shard order (only DOING shards have any)."""
+        return [a for i in sorted(self._doing) for a in self._shards[i].attempts.values()]
 
     # ------------------------------------------------------------ snapshots
     def snapshot(self) -> dict[str, Any]:
@@ -402,7 +454,7 @@ class ShardQueue:
                 sharding=snap.get("sharding", "dynamic"), phases=snap.get("phases"))
         q.clock = q._attempts_clock = snap["clock"]
         q.phase = snap.get("phase", 0)
-        q._todo = set()
+        todo = []
         for i, d in enumerate(snap["shards"]):
             s = q._shards[i]
             s.holder = d["holder"]
@@ -415,12 +467,19 @@ class ShardQueue:
             else:
                 s.status = ShardStatus.TODO
                 if i in q.active:
-                    q._todo.add(i)
+                    todo.append(i)
+        q._todo_reset(todo)
+        q._doing = set()
+        q._n_done = sum(1 for i in q.active if q._shards[i].status is ShardStatus.DONE)
         return q
 
     def check(self) -> None:
         """Assert the invariants in the module docstring."""
         active = self.active
+        assert self._n_done == sum(1 for i in active if self._shards[i].status is ShardStatus.DONE)
+        assert self._doing == {i for i, s in enumerate(self._shards) if s.status is ShardStatus.DOING}
+        assert {i for b in self._local.values() for i in b} == self._todo and all(
+            self._shards[i].holder == h for h, b in self._local.items() for i in b)
         for i, s in enumerate(self._shards):
             assert (i in self._todo) == (s.status is ShardStatus.TODO and i in active), i
             if i not in active:  # an earlier phase (DONE, or TODO after a rebuild pass) or a later one (TODO)

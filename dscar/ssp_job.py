@@ -171,7 +171,7 @@ class SspJobState(JobState):
             for among in tiers:
                 while len(batch) < size and (b := self.queue.next_shard(worker, now, local_only=True, among=among)):
                     batch.append(b)
-        self.batched[worker] = [(b.shard, b.attempt) for b in batch[1:]]  # its earlier items are done
+        self._set_batched(worker, [(b.shard, b.attempt) for b in batch[1:]])  # its earlier items are done
         clocks = [w.shard_clock(b.shard) if b.backup else w.start(b.shard) for b in batch]
         if w.rebuilding is None:
             self.running_items[worker] = (now, len(batch))
