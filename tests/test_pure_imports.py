@@ -23,6 +23,8 @@ PURE = [
     "dscar.report", "dscar.validation", "dscar.errors", "dscar.checkpoint", "dscar.wire", "dscar.inflight",
     "dscar.faults", "dscar.algorithm", "dscar.data", "dscar.results", "dscar.estimator", "dscar.progress",
     "dscar.xp", "dscar.pull_cache", "dscar.partition_store", "dscar.shard_store", "dscar.mirror_store",
+    # the simulator drives the pure core alone: bench.scale's figures are the core's, not Dask's
+    "bench.sim",
 ]
 
 CHILD = textwrap.dedent("""
