@@ -40,6 +40,7 @@ once (a rebuild pass over all the data).
 """
 from __future__ import annotations
 
+import bisect
 import enum
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -99,6 +100,9 @@ class ShardQueue:
         self._todo: set[int] = set()
         #: the ``_todo`` shards by holder (None: unheld): a worker's own shards without a scan
         self._local: dict[str | None, set[int]] = {}
+        #: backlog size -> the holders (not None) with that many ``_todo`` shards, sorted: the longest
+        #: backlog without a scan of the holders
+        self._by_size: dict[int, list[str]] = {}
         #: shards of the active phase that are DONE: ``complete`` without a scan
         self._n_done = 0
         #: DOING shards (the only ones with attempts): ``running`` without a scan
@@ -206,31 +210,51 @@ class ShardQueue:
         s = self._shards[shard]
         if s.holder != worker and shard in self._todo:
             self._drop_local(s.holder, shard)
-            self._local.setdefault(worker, set()).add(shard)
+            self._add_local(worker, shard)
         s.holder = worker
 
     def _todo_add(self, shard: int) -> None:
         if shard not in self._todo:
             self._todo.add(shard)
-            self._local.setdefault(self._shards[shard].holder, set()).add(shard)
+            self._add_local(self._shards[shard].holder, shard)
 
     def _todo_discard(self, shard: int) -> None:
         if shard in self._todo:
             self._todo.discard(shard)
             self._drop_local(self._shards[shard].holder, shard)
 
+    def _add_local(self, holder: str | None, shard: int) -> None:
+        bucket = self._local.setdefault(holder, set())
+        if shard not in bucket:
+            bucket.add(shard)
+            self._resize(holder, len(bucket) - 1, len(bucket))
+
     def _drop_local(self, holder: str | None, shard: int) -> None:
         bucket = self._local.get(holder)
-        if bucket is not None:
+        if bucket is not None and shard in bucket:
             bucket.discard(shard)
+            self._resize(holder, len(bucket) + 1, len(bucket))
             if not bucket:
                 del self._local[holder]
 
+    def _resize(self, holder: str | None, old: int, new: int) -> None:
+        """``holder``'s backlog went from ``old`` to ``new`` shards (``_by_size``)."""
+        if holder is None:
+            return
+        if old:
+            same = self._by_size[old]
+            del same[bisect.bisect_left(same, holder)]
+            if not same:
+                del self._by_size[old]
+        if new:
+            bisect.insort(self._by_size.setdefault(new, []), holder)
+
     def _todo_reset(self, shards) -> None:
-        self._todo = set(shards)
+        self._todo = set()
         self._local = {}
-        for i in self._todo:
-            self._local.setdefault(self._shards[i].holder, set()).add(i)
+        self._by_size = {}
+        for i in shards:
+            self._todo_add(i)
 
     def holder(self, shard: int) -> str | None:
         return self._shards[shard].holder
@@ -257,6 +281,17 @@ class ShardQueue:
             return self._start(min(local), worker, now)
         if local_only:
             return None
+        if among is None:  # the longest backlog from the index (as the scan below would choose)
+            if self.reloadable and None in self._local:
+                victim = None
+            elif self.sharding == "static" or not self._by_size:
+                return None
+            else:
+                victim = self._by_size[max(self._by_size)][-1]
+            ids = self._local[victim]
+            if victim is not None and worth_moving is not None and not worth_moving(victim, len(ids)):
+                return None
+            return self._start(max(ids), worker, now)
         backlog: dict[str | None, set[int]] = {}
         for h, bucket in self._local.items():  # (one entry per holder with shards to do, not per shard)
             if h is None and not self.reloadable:
@@ -480,6 +515,8 @@ class ShardQueue:
         assert self._doing == {i for i, s in enumerate(self._shards) if s.status is ShardStatus.DOING}
         assert {i for b in self._local.values() for i in b} == self._todo and all(
             self._shards[i].holder == h for h, b in self._local.items() for i in b)
+        assert self._by_size == {n: sorted(h for h, b in self._local.items() if h is not None and len(b) == n)
+                                 for n in {len(b) for h, b in self._local.items() if h is not None}}
         for i, s in enumerate(self._shards):
             assert (i in self._todo) == (s.status is ShardStatus.TODO and i in active), i
             if i not in active:  # an earlier phase (DONE, or TODO after a rebuild pass) or a later one (TODO)

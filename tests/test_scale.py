@@ -93,3 +93,58 @@ def test_the_owners_message_is_built_once_per_change_and_follows_every_change():
     assert pmap.to_msg()[1] == ["w", 1, "d"]
     pmap.owners = {("w", 0): "e"}  # replaced by a plain dict (tests do): no cache, still right
     assert pmap.to_msg() == [["w", 0, "e"]]
+
+
+def _scan_choice(queue, worker):
+    """What ``next_shard`` chose for a worker with no shard of its own before its indexes: a scan."""
+    backlog = {}
+    for i in queue._todo:
+        h = queue._shards[i].holder
+        if (h is None and not queue.reloadable) or (h is not None and queue.sharding == "static"):
+            continue
+        backlog.setdefault(h, []).append(i)
+    if not backlog:
+        return None
+    return max(backlog[max(backlog, key=lambda h: (h is None, len(backlog[h]), h or ""))])
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_the_longest_backlog_index_picks_what_a_scan_of_every_shard_picked(seed):
+    """Random hand-outs, commits, failures, losses, moves and uncommits: a worker with no shard of its
+    own takes the shard the former scan took, and the indexes agree with a scan (``check``)."""
+    from dscar.shards import ShardQueue
+
+    rng = random.Random(seed)
+    workers = [f"w{i}" for i in range(rng.randint(2, 8))]
+    queue = ShardQueue(rng.randint(4, 40), reloadable=rng.random() < 0.5, sharding=rng.choice(["dynamic", "static"]))
+    for s in range(queue.n_shards):
+        queue.set_holder(s, rng.choice(workers + [None]))
+    queue.begin_clock(1)
+    running = []
+    for _ in range(200):
+        op, w = rng.random(), rng.choice(workers)
+        if op < 0.5:
+            own = bool(queue._local.get(w))
+            expected = None if own else _scan_choice(queue, w)
+            a = queue.next_shard(w, 0.0)
+            if not own:
+                assert (None if a is None else a.shard) == expected
+            if a is not None:
+                running.append(a)
+        elif op < 0.7 and running:
+            a = running.pop(rng.randrange(len(running)))
+            queue.commit(a.shard, a.attempt, a.worker)
+        elif op < 0.8 and running:
+            a = running.pop(rng.randrange(len(running)))
+            queue.fail(a.shard, a.attempt, a.worker, "x", count=False)
+        elif op < 0.85:
+            queue.worker_lost(w)
+            running = [a for a in running if a.worker != w]
+        elif op < 0.9:
+            queue.set_holder(rng.randrange(queue.n_shards), rng.choice(workers + [None]))
+        elif op < 0.95:
+            queue.uncommit(w)
+        elif queue.complete:
+            queue.begin_clock(queue.clock + 1)
+            running = []
+        queue.check()
