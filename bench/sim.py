@@ -39,6 +39,7 @@ import heapq
 import itertools
 import math
 import random
+import statistics
 import time
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
@@ -161,6 +162,8 @@ class Sim:
         self.job.workers = sorted(names)
         #: decision -> [calls, CPU ns, shard entries touched]
         self.cpu: dict[str, list[int]] = defaultdict(lambda: [0, 0, 0])
+        #: decision -> every call's nanoseconds (the grant+commit ones: their medians)
+        self.samples: dict[str, list[int]] = defaultdict(list)
         self.messages: Counter = Counter()
         self.bytes: Counter = Counter()
         self.per_clock: dict[int, Counter] = defaultdict(Counter)
@@ -185,9 +188,12 @@ class Sim:
         """Call one pure decision, timing its CPU and counting the shard entries it touched."""
         touched, t0 = CountingList.touched, time.perf_counter_ns()
         out = fn(*args)
+        dt = time.perf_counter_ns() - t0
         entry = self.cpu[name]
         entry[0] += 1
-        entry[1] += time.perf_counter_ns() - t0
+        entry[1] += dt
+        if name in GRANT_COMMIT:
+            self.samples[name].append(dt)
         entry[2] += CountingList.touched - touched
         return out
 
@@ -527,6 +533,11 @@ class Result:
         self.grant_commits = max(1, self.commits)
         self.cpu_us_per_grant_commit = sum(v[1] for v in gc) / 1e3 / self.grant_commits
         self.touched_per_grant_commit = sum(v[2] for v in gc) / self.grant_commits
+        #: as ``cpu_us_per_grant_commit`` with each decision's median call in place of its mean: the
+        #: typical cost, without the preemptions of a loaded machine
+        self.median_us_per_grant_commit = sum(
+            statistics.median(sim.samples[k]) * sim.cpu[k][0] for k in GRANT_COMMIT if sim.samples.get(k)
+        ) / 1e3 / self.grant_commits
         decisions = sum(v[0] for v in sim.cpu.values())
         cpu_s = sum(v[1] for v in sim.cpu.values()) / 1e9
         self.decisions = decisions
@@ -568,6 +579,7 @@ class Result:
             "W": w, "consistency": self.config.consistency, "clocks": self.clocks_done, "wall_s": round(self.wall_s, 2),
             "decisions": self.decisions, "decisions_per_s": round(self.decisions_per_s),
             "cpu_us_per_grant_commit": round(self.cpu_us_per_grant_commit, 2),
+            "median_us_per_grant_commit": round(self.median_us_per_grant_commit, 2),
             "touched_per_grant_commit": round(self.touched_per_grant_commit, 1),
             "control_msgs_per_clock": round(self.control_per_clock, 1),
             "control_msgs_per_clock_per_W": round(self.control_per_clock / w, 2),
