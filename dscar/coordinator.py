@@ -19,7 +19,9 @@ the committed shard state.
 Liveness: a crashed worker is removed by the scheduler at once (its comm
 closes). A hung one (SIGSTOP, a stuck event loop) stops heartbeating; the
 coordinator probes any worker silent for ``dscar.hang-timeout`` seconds
-(default 3 s; heartbeats come every 0.5 s on clusters of up to 10 workers) and
+(default 3 s; heartbeats come every 0.5 s on clusters of up to 10 workers), or
+for two of Dask's heartbeat intervals where those are longer (a large cluster's:
+``dscar.liveness``), at most ``liveness.MAX_PROBES`` a sweep, and
 removes it if it cannot answer within 1.5 s, instead of waiting for distributed's
 ttl sweep, which runs only every ttl; a starved but live worker answers, late.
 Shard steps run on the worker's own thread, so heartbeats flow while kernels run.
@@ -39,6 +41,7 @@ import dask.config
 from distributed import SchedulerPlugin
 from distributed.core import error_message
 from distributed.protocol.pickle import loads
+from distributed.scheduler import heartbeat_interval
 
 from .checkpoint import CheckpointConfig
 from .comm import fast_fail_pool
@@ -46,6 +49,7 @@ from .errors import RefusedCallError
 from .inflight import Inflight
 from .job import ApplyPass, Checkpoint, JobConfig, JobState, Mirror, RestartWorker, StartRecovery
 from .ledger import describe, perturbations, restore_candidates
+from .liveness import silence_limit, to_probe
 from .membership import DEFAULT_LEASE_S, SCHEDULER_RULES, Lease, Rule, key_digest, refusal, same
 from .monitor import ThroughputMonitor
 from .partitions import PartitionMap, TableLayout, data_homes, placement_plan
@@ -64,9 +68,10 @@ SNAPSHOT_TIMEOUT_S = 10.0  # an owner that cannot snapshot its partitions in thi
 PROBE_TIMEOUT_S = 1.5  # a worker silent past the hang timeout is hung if it cannot answer within this
 
 
-def hang_timeout() -> float:
-    """Seconds without a sign of life after which a worker is probed, then removed (``dscar.hang-timeout``)."""
-    return float(dask.config.get("dscar.hang-timeout", 3.0))
+def hang_timeout(n_workers: int = 0) -> float:
+    """Seconds without a sign of life after which a worker is probed, then removed: ``dscar.hang-timeout``,
+    or longer on a cluster of ``n_workers`` whose heartbeats come further apart (``dscar.liveness``)."""
+    return silence_limit(float(dask.config.get("dscar.hang-timeout", 3.0)), heartbeat_interval(n_workers))
 
 
 def lease_timeout() -> float:
@@ -263,9 +268,9 @@ class Coordinator(SchedulerPlugin):
             if lagged:
                 continue
             self._check_stalls(now_m)
-            limit, now = hang_timeout(), time.time()
-            silent = [w for w, ws in self.scheduler.workers.items()
-                      if now - max(ws.last_seen, self._heard.get(w, 0.0)) > limit]
+            limit, now = hang_timeout(len(self.scheduler.workers)), time.time()
+            silent = to_probe({w: now - max(ws.last_seen, self._heard.get(w, 0.0))
+                               for w, ws in self.scheduler.workers.items()}, limit)
             probes = await asyncio.gather(*(self._probe(w) for w in silent))
             for w, alive in zip(silent, probes):
                 if not alive:

@@ -189,8 +189,9 @@ class JobState:
         self._last_period = 0.0
         #: why the job failed (None while it runs)
         self.error: str | None = None
-        #: the live workers, refreshed by the coordinator before it asks for decisions
-        self.workers: list[str] = []
+        #: the live workers, refreshed by the coordinator before it asks for decisions (``workers``)
+        self._workers: list[str] = []
+        self._worker_set: frozenset[str] = frozenset()
         #: what is being snapshotted ("checkpoint", "mirror"): the clock is not reported (nor the
         #: next begun) before, so a snapshot labelled clock t never holds clock t+1's updates
         self.snapshotting: set[str] = set()
@@ -205,6 +206,16 @@ class JobState:
             self._plan_states(range(cfg.n_shards), [resume])
 
     # ----------------------------------------------------------------- util
+    @property
+    def workers(self) -> list[str]:
+        """The live workers, as the coordinator last said."""
+        return self._workers
+
+    @workers.setter
+    def workers(self, workers: list[str]) -> None:
+        self._workers = workers
+        self._worker_set = frozenset(workers)  # (membership tests per decision: not a list scan)
+
     @property
     def clock(self) -> int:
         """The clock being run (under SSP the oldest open one)."""
@@ -325,7 +336,7 @@ class JobState:
                     if b is None:
                         break
                     batch.append(b)
-            self.batched[worker] = [(b.shard, b.attempt) for b in batch[1:]]  # its earlier items are done
+            self._set_batched(worker, [(b.shard, b.attempt) for b in batch[1:]])  # its earlier items are done
             if self.machine.stage is not Stage.REBUILD:
                 self.running_items[worker] = (now, len(batch))
             return self._item(batch, self.machine.stage is Stage.REBUILD)
@@ -352,13 +363,15 @@ class JobState:
         ``worker``'s (default: every shard still to do)."""
         if self.queue.sharding != "dynamic":
             return False
-        speeds = self.monitor.speeds()
-        mine = speeds.get(worker)
-        others = [v for w, v in speeds.items() if w != worker and w in self.workers]
-        if mine is None or not others:
+        monitor = self.monitor
+        mine = monitor.mean_step(worker)
+        if mine is None or monitor.n_measured() < 2:
             return False
         n = self.queue.n_todo if n_left is None else n_left
-        return 1.0 / mine > n / sum(others) + 1.0 / min(others) + HOLD_BACK_MIN_S
+        # the others' summed speed and slowest step, from the monitor's running figures: it forgets a
+        # lost worker (``_forget_worker``), so every worker it measures is live, and this is O(1)
+        others_speed = monitor.total_speed() - 1.0 / mine
+        return mine > n / others_speed + monitor.slowest_step(worker) + HOLD_BACK_MIN_S
 
     def _worth_moving(self, worker: str, now: float, holder: str, backlog: int) -> bool:
         """Whether ``worker``, out of shards of its own, should take one of ``holder``'s ``backlog``
@@ -372,7 +385,7 @@ class JobState:
         twice its expected time, or it has neither asked for work nor committed for a step's time (a
         hung worker that stopped asking would otherwise keep its shards forever)."""
         mine, theirs = self.monitor.mean_step(worker), self.monitor.mean_step(holder)
-        if (self.move_s is None or mine is None or theirs is None or holder not in self.workers
+        if (self.move_s is None or mine is None or theirs is None or holder not in self._worker_set
                 or self._held_back(holder)):
             return True
         running = self.running_items.get(holder)
@@ -408,11 +421,20 @@ class JobState:
         members = self.batched.get(worker)
         if members and (shard, attempt) in members:
             members.remove((shard, attempt))
+            if not members:
+                del self.batched[worker]
+
+    def _set_batched(self, worker: str, members: list[tuple[int, int]]) -> None:
+        """``batched`` keeps only workers with members (``_ask_back`` looks at each of them)."""
+        if members:
+            self.batched[worker] = members
+        else:
+            self.batched.pop(worker, None)
 
     def releasable(self, asker: str) -> tuple[str, list[tuple[int, int]]] | None:
         """``asker`` found nothing to do in a pass: the worker with the most batch members that
         may not have started, and the later half of them, to ask back (None: nothing to ask)."""
-        if self.machine.stage not in (Stage.SHARDS, Stage.REBUILD) or self.queue.counts()["todo"]:
+        if self.machine.stage not in (Stage.SHARDS, Stage.REBUILD) or self.queue.n_todo:
             return None
         return self._ask_back(asker)
 
@@ -431,7 +453,7 @@ class JobState:
         names them again): they are not asked for again."""
         done = {(int(s), int(a)) for s, a in asked}
         back = [(int(s), int(a)) for s, a in released if self.queue.release(int(s), int(a), worker)]
-        self.batched[worker] = [m for m in self.batched.get(worker, []) if m not in done]
+        self._set_batched(worker, [m for m in self.batched.get(worker, []) if m not in done])
         if back:
             self.event(now, "batch-released", worker=worker, shards=sorted(s for s, _ in back))
 
@@ -588,7 +610,7 @@ class JobState:
     def view(self, workers: list[str], now: float, idle_worker: str | None = None) -> ControllerView:
         running = [Running(a.shard, a.worker, now - a.started, self.queue.attempts_started(a.shard))
                    for a in self.queue.running()]
-        return ControllerView(self.clock, workers, self.queue.counts()["todo"], running, self.monitor,
+        return ControllerView(self.clock, workers, self.queue.n_todo, running, self.monitor,
                               dict(self.stragglers), idle_worker)
 
     def _idle_policies(self, worker: str, now: float) -> Attempt | None:

@@ -29,6 +29,7 @@ is what lets a 2x slower worker be seen among 2 workers as among 16.
 """
 from __future__ import annotations
 
+import bisect
 import statistics
 from collections import defaultdict, deque
 from dataclasses import dataclass
@@ -80,6 +81,12 @@ class ThroughputMonitor:
         self._warmup: dict[str, float] = {}  # each worker's first attempt's step time
         self._steps: dict[str, deque[float]] = defaultdict(lambda: deque(maxlen=self.window))
         self._slow_clocks: dict[str, int] = defaultdict(int)  # consecutive clocks as a straggler
+        #: worker -> median of its window, kept as steps arrive: asked on every hand-out, for every worker
+        self._mean: dict[str, float] = {}
+        #: (mean step, worker) of every worker with one, sorted: the slowest without a scan
+        self._by_step: list[tuple[float, str]] = []
+        #: the summed speeds of the measured workers, kept as their step times change
+        self._speed_sum = 0.0
 
     def record(self, worker: str, step_s: float) -> None:
         step_s = max(float(step_s), 1e-9)
@@ -87,24 +94,60 @@ class ThroughputMonitor:
             self._warmup[worker] = step_s
         else:
             self._steps[worker].append(step_s)
+            self._set_mean(worker, statistics.median(self._steps[worker]))
+
+    def _set_mean(self, worker: str, mean: float | None) -> None:
+        old = self._mean.pop(worker, None)
+        if old is not None:
+            del self._by_step[bisect.bisect_left(self._by_step, (old, worker))]
+            self._speed_sum -= 1.0 / old
+        if mean is not None:
+            self._mean[worker] = mean
+            bisect.insort(self._by_step, (mean, worker))
+            self._speed_sum += 1.0 / mean
+        if not self._mean:
+            self._speed_sum = 0.0
 
     def forget(self, worker: str) -> None:
         self._warmup.pop(worker, None)
         self._steps.pop(worker, None)
         self._slow_clocks.pop(worker, None)
+        self._set_mean(worker, None)
 
     def mean_step(self, worker: str) -> float | None:
         """The worker's typical step time (median over the window), None before its first attempt."""
-        s = self._steps.get(worker)
-        return statistics.median(s) if s else None
+        return self._mean.get(worker)
 
     def median_step(self, exclude: str | None = None) -> float | None:
         """Median over workers (but ``exclude``) of their typical step time."""
-        steps = [m for w in self._steps if w != exclude and (m := self.mean_step(w)) is not None]
-        return statistics.median(steps) if steps else None
+        steps = self._by_step  # (sorted: the median by position, ``exclude`` skipped)
+        skip = bisect.bisect_left(steps, (self._mean[exclude], exclude)) if exclude in self._mean else None
+        n = len(steps) - (skip is not None)
+        if n == 0:
+            return None
+
+        def nth(i: int) -> float:
+            return steps[i if skip is None or i < skip else i + 1][0]
+
+        return nth(n // 2) if n % 2 else (nth(n // 2 - 1) + nth(n // 2)) / 2
+
+    def n_measured(self) -> int:
+        """Workers with a typical step time."""
+        return len(self._mean)
+
+    def slowest_step(self, exclude: str) -> float | None:
+        """The longest typical step time of the workers but ``exclude`` (None: none measured)."""
+        for mean, w in reversed(self._by_step[-2:]):
+            if w != exclude:
+                return mean
+        return None
+
+    def total_speed(self) -> float:
+        """The summed speeds (shards per second) of every measured worker."""
+        return self._speed_sum
 
     def speeds(self) -> dict[str, float]:
-        return {w: 1.0 / m for w in self._steps if (m := self.mean_step(w))}
+        return {w: 1.0 / m for w, m in self._mean.items() if m}
 
     def is_slow(self, worker: str, running_s: float = 0.0) -> bool:
         """``running_s``: a lower bound on the step time of the work item ``worker`` is running."""

@@ -86,12 +86,36 @@ class TableLayout:
         return pieces
 
 
+class _Owners(dict):
+    """A dict that counts its changes: ``PartitionMap.to_msg`` is built once per change, not once per
+    work item (every item carries it)."""
+
+    version = 0
+
+    def _changed(method):
+        def changed(self, *args, **kw):
+            self.version += 1
+            return method(self, *args, **kw)
+        return changed
+
+    __setitem__ = _changed(dict.__setitem__)
+    __delitem__ = _changed(dict.__delitem__)
+    pop = _changed(dict.pop)
+    popitem = _changed(dict.popitem)
+    setdefault = _changed(dict.setdefault)
+    update = _changed(dict.update)
+    clear = _changed(dict.clear)
+    __ior__ = _changed(dict.__ior__)
+    del _changed
+
+
 class PartitionMap:
     """Owner of every ``(table, part)``; assignment balances rows across workers."""
 
     def __init__(self, layouts: Iterable[TableLayout]):
         self.layouts = {t.name: t for t in layouts}
-        self.owners: dict[tuple[str, int], str] = {}
+        self.owners: dict[tuple[str, int], str] = _Owners()
+        self._msg: tuple[int, list[list]] | None = None
 
     def assign(self, workers: list[str], homes: Mapping[tuple[str, int], str] | None = None) -> None:
         """Give every partition an owner: ``homes`` (``data_homes``) first, then the others
@@ -133,8 +157,15 @@ class PartitionMap:
         return set(self.owners.values())
 
     def to_msg(self) -> list[list]:
-        """msgpack-able form: ``[[table, part, owner], ...]``."""
-        return [[t, p, w] for (t, p), w in sorted(self.owners.items())]
+        """msgpack-able form: ``[[table, part, owner], ...]`` (built once per change of the owners;
+        the same list each time: read it, do not change it)."""
+        version = getattr(self.owners, "version", None)
+        if version is None or self._msg is None or self._msg[0] != version:
+            msg = [[t, p, w] for (t, p), w in sorted(self.owners.items())]
+            if version is None:
+                return msg  # owners replaced by a plain dict: no cache
+            self._msg = (version, msg)
+        return self._msg[1]
 
     @staticmethod
     def owners_from_msg(msg: Iterable) -> dict[tuple[str, int], str]:

@@ -40,6 +40,7 @@ once (a rebuild pass over all the data).
 """
 from __future__ import annotations
 
+import bisect
 import enum
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -97,6 +98,15 @@ class ShardQueue:
         self.phase: int | None = 0  # the active phase; None: every shard is active (a rebuild pass)
         self._shards = [_Shard() for _ in range(n_shards)]
         self._todo: set[int] = set()
+        #: the ``_todo`` shards by holder (None: unheld): a worker's own shards without a scan
+        self._local: dict[str | None, set[int]] = {}
+        #: backlog size -> the holders (not None) with that many ``_todo`` shards, sorted: the longest
+        #: backlog without a scan of the holders
+        self._by_size: dict[int, list[str]] = {}
+        #: shards of the active phase that are DONE: ``complete`` without a scan
+        self._n_done = 0
+        #: DOING shards (the only ones with attempts): ``running`` without a scan
+        self._doing: set[int] = set()
         self._attempts_clock: int | None = None  # attempt numbers restart only with a new clock
 
     # ---------------------------------------------------------------- clocks
@@ -132,7 +142,9 @@ class ShardQueue:
             s.started = 0
         self._attempts_clock = clock
         self.phase = phase
-        self._todo = set(self.active)
+        self._n_done = 0
+        self._doing = set()
+        self._todo_reset(self.active)
 
     def next_phase(self) -> int:
         """Activate the next phase (the active one must be complete); returns its index."""
@@ -141,7 +153,8 @@ class ShardQueue:
         if not self.complete:
             raise RuntimeError(f"phase {self.phase} of clock {self.clock} is not complete")
         self.phase += 1
-        self._todo = set(self.active)
+        self._n_done = sum(1 for i in self.active if self._shards[i].status is ShardStatus.DONE)
+        self._todo_reset(self.active)
         return self.phase
 
     @property
@@ -159,19 +172,23 @@ class ShardQueue:
     def reopen(self, shards) -> None:
         """Put ``shards`` back in TODO with no attempt and no commit (a pass runs again, or under SSP
         a shard moves on to its next clock). Holders stay; attempt numbers keep counting up."""
+        active = self.active
         for i in shards:
             s = self._shards[i]
+            if s.status is ShardStatus.DONE and i in active:
+                self._n_done -= 1
+            self._doing.discard(i)
             s.status = ShardStatus.TODO
             s.attempts.clear()
             s.committed = None
             s.failures = []
             s.started = 0
-            self._todo.add(i)
+            self._todo_add(i)
 
     @property
     def complete(self) -> bool:
         """Every shard of the active phase is DONE."""
-        return all(self._shards[i].status is ShardStatus.DONE for i in self.active)
+        return self._n_done == len(self.active)
 
     def status(self, shard: int) -> ShardStatus:
         return self._shards[shard].status
@@ -190,7 +207,54 @@ class ShardQueue:
 
     # -------------------------------------------------------------- locality
     def set_holder(self, shard: int, worker: str | None) -> None:
-        self._shards[shard].holder = worker
+        s = self._shards[shard]
+        if s.holder != worker and shard in self._todo:
+            self._drop_local(s.holder, shard)
+            self._add_local(worker, shard)
+        s.holder = worker
+
+    def _todo_add(self, shard: int) -> None:
+        if shard not in self._todo:
+            self._todo.add(shard)
+            self._add_local(self._shards[shard].holder, shard)
+
+    def _todo_discard(self, shard: int) -> None:
+        if shard in self._todo:
+            self._todo.discard(shard)
+            self._drop_local(self._shards[shard].holder, shard)
+
+    def _add_local(self, holder: str | None, shard: int) -> None:
+        bucket = self._local.setdefault(holder, set())
+        if shard not in bucket:
+            bucket.add(shard)
+            self._resize(holder, len(bucket) - 1, len(bucket))
+
+    def _drop_local(self, holder: str | None, shard: int) -> None:
+        bucket = self._local.get(holder)
+        if bucket is not None and shard in bucket:
+            bucket.discard(shard)
+            self._resize(holder, len(bucket) + 1, len(bucket))
+            if not bucket:
+                del self._local[holder]
+
+    def _resize(self, holder: str | None, old: int, new: int) -> None:
+        """``holder``'s backlog went from ``old`` to ``new`` shards (``_by_size``)."""
+        if holder is None:
+            return
+        if old:
+            same = self._by_size[old]
+            del same[bisect.bisect_left(same, holder)]
+            if not same:
+                del self._by_size[old]
+        if new:
+            bisect.insort(self._by_size.setdefault(new, []), holder)
+
+    def _todo_reset(self, shards) -> None:
+        self._todo = set()
+        self._local = {}
+        self._by_size = {}
+        for i in shards:
+            self._todo_add(i)
 
     def holder(self, shard: int) -> str | None:
         return self._shards[shard].holder
@@ -209,22 +273,34 @@ class ShardQueue:
         """Start an attempt of the best TODO shard for ``worker`` (with ``local_only``, only of
         one it holds; with ``among``, only of those), or None. ``worth_moving(holder, backlog)``:
         whether to take one of another worker's ``backlog`` TODO shards, moving its data (default: yes)."""
-        todo = self._todo if among is None else self._todo & among
-        if not todo:
+        if not self._todo:
             return None
-        local = [i for i in todo if self._shards[i].holder == worker]
+        mine = self._local.get(worker, frozenset())
+        local = mine if among is None else mine & among
         if local:
             return self._start(min(local), worker, now)
         if local_only:
             return None
-        backlog: dict[str | None, list[int]] = {}
-        for i in todo:
-            h = self._shards[i].holder
+        if among is None:  # the longest backlog from the index (as the scan below would choose)
+            if self.reloadable and None in self._local:
+                victim = None
+            elif self.sharding == "static" or not self._by_size:
+                return None
+            else:
+                victim = self._by_size[max(self._by_size)][-1]
+            ids = self._local[victim]
+            if victim is not None and worth_moving is not None and not worth_moving(victim, len(ids)):
+                return None
+            return self._start(max(ids), worker, now)
+        backlog: dict[str | None, set[int]] = {}
+        for h, bucket in self._local.items():  # (one entry per holder with shards to do, not per shard)
             if h is None and not self.reloadable:
                 continue  # waits for the driver to place it
             if h is not None and self.sharding == "static":
                 continue  # pinned to its holder
-            backlog.setdefault(h, []).append(i)
+            ids = bucket if among is None else bucket & among
+            if ids:
+                backlog[h] = ids
         if not backlog:
             return None
         # unheld (reloadable) shards first, then the longest backlog, ties by name
@@ -241,7 +317,8 @@ class ShardQueue:
         s.started += 1
         s.attempts[a.attempt] = a
         s.status = ShardStatus.DOING
-        self._todo.discard(shard)
+        self._doing.add(shard)
+        self._todo_discard(shard)
         return a
 
     def start_backup(self, shard: int, worker: str, now: float) -> Attempt:
@@ -275,7 +352,9 @@ class ShardQueue:
         s.committed = a
         s.attempts.clear()
         s.status = ShardStatus.DONE
-        s.holder = worker  # the committed data and state live here now
+        self._doing.discard(shard)
+        self._n_done += 1  # (a DOING shard is an active one)
+        s.holder = worker  # the committed data and state live here now (not a TODO shard: no index)
         return True
 
     def fail(self, shard: int, attempt: int, worker: str, reason: str, *, count: bool = True) -> None:
@@ -297,7 +376,8 @@ class ShardQueue:
             raise ShardFailedError(shard, self.clock, s.failures)
         if not s.attempts:
             s.status = ShardStatus.TODO
-            self._todo.add(shard)
+            self._doing.discard(shard)
+            self._todo_add(shard)
 
     def release(self, shard: int, attempt: int, worker: str) -> bool:
         """Take back an attempt its worker never started (a batch member another worker may run
@@ -310,7 +390,8 @@ class ShardQueue:
         s.started -= 1
         if not s.attempts:
             s.status = ShardStatus.TODO
-            self._todo.add(shard)
+            self._doing.discard(shard)
+            self._todo_add(shard)
         return True
 
     def worker_lost(self, worker: str) -> list[Attempt]:
@@ -318,14 +399,15 @@ class ShardQueue:
         requeued = []
         for i, s in enumerate(self._shards):
             if s.holder == worker:
-                s.holder = None
+                self.set_holder(i, None)
             lost = [a for a in s.attempts.values() if a.worker == worker]
             for a in lost:
                 del s.attempts[a.attempt]
                 requeued.append(a)
             if lost and not s.attempts and s.status is ShardStatus.DOING:  # DOING: an active shard
                 s.status = ShardStatus.TODO
-                self._todo.add(i)
+                self._doing.discard(i)
+                self._todo_add(i)
         return requeued
 
     def source_lost(self, worker: str) -> list[Attempt]:
@@ -338,8 +420,10 @@ class ShardQueue:
                 del s.attempts[a.attempt]
                 doomed.append(a)
             if gone and not s.attempts and s.status is ShardStatus.DOING:
-                s.status, s.holder = ShardStatus.TODO, None
-                self._todo.add(i)
+                s.status = ShardStatus.TODO
+                self._doing.discard(i)
+                self.set_holder(i, None)
+                self._todo_add(i)
         return doomed
 
     def uncommit(self, worker: str) -> list[int]:
@@ -349,8 +433,10 @@ class ShardQueue:
         for i in self.active:
             s = self._shards[i]
             if s.status is ShardStatus.DONE and s.committed is not None and s.committed.worker == worker:
-                s.status, s.committed, s.holder = ShardStatus.TODO, None, None
-                self._todo.add(i)
+                s.status, s.committed = ShardStatus.TODO, None
+                self._n_done -= 1
+                self.set_holder(i, None)
+                self._todo_add(i)
                 undone.append(i)
         return undone
 
@@ -371,7 +457,8 @@ class ShardQueue:
         return out
 
     def running(self) -> list[Attempt]:
-        return [a for s in self._shards for a in s.attempts.values()]
+        """Every live attempt, in shard order (only DOING shards have any)."""
+        return [a for i in sorted(self._doing) for a in self._shards[i].attempts.values()]
 
     # ------------------------------------------------------------ snapshots
     def snapshot(self) -> dict[str, Any]:
@@ -402,7 +489,7 @@ class ShardQueue:
                 sharding=snap.get("sharding", "dynamic"), phases=snap.get("phases"))
         q.clock = q._attempts_clock = snap["clock"]
         q.phase = snap.get("phase", 0)
-        q._todo = set()
+        todo = []
         for i, d in enumerate(snap["shards"]):
             s = q._shards[i]
             s.holder = d["holder"]
@@ -415,12 +502,21 @@ class ShardQueue:
             else:
                 s.status = ShardStatus.TODO
                 if i in q.active:
-                    q._todo.add(i)
+                    todo.append(i)
+        q._todo_reset(todo)
+        q._doing = set()
+        q._n_done = sum(1 for i in q.active if q._shards[i].status is ShardStatus.DONE)
         return q
 
     def check(self) -> None:
         """Assert the invariants in the module docstring."""
         active = self.active
+        assert self._n_done == sum(1 for i in active if self._shards[i].status is ShardStatus.DONE)
+        assert self._doing == {i for i, s in enumerate(self._shards) if s.status is ShardStatus.DOING}
+        assert {i for b in self._local.values() for i in b} == self._todo and all(
+            self._shards[i].holder == h for h, b in self._local.items() for i in b)
+        assert self._by_size == {n: sorted(h for h, b in self._local.items() if h is not None and len(b) == n)
+                                 for n in {len(b) for h, b in self._local.items() if h is not None}}
         for i, s in enumerate(self._shards):
             assert (i in self._todo) == (s.status is ShardStatus.TODO and i in active), i
             if i not in active:  # an earlier phase (DONE, or TODO after a rebuild pass) or a later one (TODO)

@@ -171,7 +171,7 @@ class SspJobState(JobState):
             for among in tiers:
                 while len(batch) < size and (b := self.queue.next_shard(worker, now, local_only=True, among=among)):
                     batch.append(b)
-        self.batched[worker] = [(b.shard, b.attempt) for b in batch[1:]]  # its earlier items are done
+        self._set_batched(worker, [(b.shard, b.attempt) for b in batch[1:]])  # its earlier items are done
         clocks = [w.shard_clock(b.shard) if b.backup else w.start(b.shard) for b in batch]
         if w.rebuilding is None:
             self.running_items[worker] = (now, len(batch))
@@ -337,6 +337,18 @@ class SspJobState(JobState):
         if self.clock_end_worker == worker and w.clock_end is not None:
             actions += w.clock_end_failed(w.clock_end)
         return self._carry(actions, now)
+
+    def rebase(self, manifest: dict) -> None:
+        """The job resumes from an older manifest than it was started with (a newer one did not
+        verify; the driver says so before its first clock): the window opens the clock after that
+        manifest's, or the driver would wait for ever for a clock the window never runs."""
+        if self.begun:
+            raise RuntimeError("rebase after the first clock began")
+        super().rebase(manifest)
+        w = self.window
+        self.window = ClockWindow(self.cfg.n_shards, w.staleness, has_rebuild=w.has_rebuild,
+                                  floor=self.machine.clock, limit=w.limit)
+        self.window.needs_rebuild = self.window.applied_before = w.needs_rebuild
 
     def recovered(self, covered: set[str], now: float) -> list[Effect]:
         self.unrecovered -= covered

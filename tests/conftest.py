@@ -1,3 +1,4 @@
+import inspect
 import json
 import subprocess
 import sys
@@ -9,6 +10,69 @@ import pytest
 
 import dscar
 from dscar import Algorithm, TableSpec
+
+#: the test tiers, by what a test needs (registered in pyproject.toml; ``python -m pytest -m pure``)
+TIERS = ("pure", "cluster", "processes", "bench")
+#: in a test's own source, signs that it starts worker processes (a cluster, or a script that starts one)
+PROCESS_SIGNS = ("procs", "subprocess", "SIGSTOP", "SIGKILL", "os.kill", "processes=True")
+#: signs that it starts an in-process cluster or fits on one
+CLUSTER_SIGNS = ("inproc", "Cluster(", "LocalCluster", "Client(", "connect(", "fit(", "Scheduler(")
+
+
+def tier_of(item: pytest.Item) -> str:
+    """The tier of a test without an explicit one: ``bench`` for the benchmark scripts' tests, else
+    what its fixtures and its own source use (worker processes, then an in-process cluster), else
+    ``pure``. A pure test that starts a scheduler anyway fails (``_pure_tests_start_no_scheduler``)."""
+    if item.path.name.startswith("test_bench_"):
+        return "bench"
+    fixtures = set(getattr(item, "fixturenames", ()))
+    source = _source_with_helpers(getattr(item, "function", None), getattr(item, "module", None))
+    if "procs" in fixtures or any(sign in source for sign in PROCESS_SIGNS):
+        return "processes"
+    if "Cluster(" in source and "processes=False" not in source:
+        return "processes"  # dscar.Cluster starts worker processes unless told not to
+    if "inproc" in fixtures or any(sign in source for sign in CLUSTER_SIGNS):
+        return "cluster"
+    return "pure"
+
+
+def _source_with_helpers(function, module, depth: int = 2) -> str:
+    """``function``'s source and that of the module's functions it calls, ``depth`` calls deep
+    (a test that fits through a helper of its module is a cluster test)."""
+    try:
+        source = inspect.getsource(function)
+    except (OSError, TypeError):
+        return ""
+    if depth and module is not None:
+        for name in getattr(getattr(function, "__code__", None), "co_names", ()):
+            helper = getattr(module, name, None)
+            if inspect.isfunction(helper) and helper.__module__ == module.__name__ and helper is not function:
+                source += _source_with_helpers(helper, module, depth - 1)
+    return source
+
+
+def pytest_collection_modifyitems(config, items):
+    """Every test gets one tier marker: its own (a decorator or a module's ``pytestmark``) or
+    ``tier_of``'s. Inferred rather than written on each of some 400 tests: a new test lands in the
+    right tier by what it uses, and the pure tier's guard catches a wrong guess."""
+    for item in items:
+        if not any(item.get_closest_marker(t) for t in TIERS):
+            item.add_marker(getattr(pytest.mark, tier_of(item)))
+
+
+@pytest.fixture(autouse=True)
+def _pure_tests_start_no_scheduler(request, monkeypatch):
+    """The pure tier is the one a developer runs in seconds: a test in it that starts a Dask
+    scheduler fails at once and says where it belongs."""
+    if request.node.get_closest_marker("pure") is None:
+        return
+    from distributed import Scheduler
+
+    def refuse(*args, **kwargs):
+        raise RuntimeError(f"{request.node.nodeid} is in the pure tier but starts a Dask scheduler: "
+                           "mark it pytest.mark.cluster (or processes)")
+
+    monkeypatch.setattr(Scheduler, "__init__", refuse)
 
 
 class RowCounter(Algorithm):

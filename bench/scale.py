@@ -1,0 +1,120 @@
+"""The control plane's pure core at W = 64 ... 4,096 simulated workers (``bench.sim``): CPU per decision,
+messages per clock, exactly-once and starvation, with stragglers, a crash, a hang and a join in the mix.
+
+    python -m bench.scale                      # W = 64, 256, 1024, 4096 (see the modes below)
+    python -m bench.scale --quick              # W = 64, 256
+    python -m bench.scale --workers 64 1024 --modes bsp --json out.json --plot out.png
+
+Modes: ``bsp`` (BSP, no straggler policy), ``bsp+backup`` (BSP with the default backup policy) and
+``ssp+backup`` (staleness 1). The backup policy's view lists every running attempt on each idle poll
+at a pass's tail (O(W) per poll) and SSP's window scans every shard per hand-out: those two run up to
+``--max-w-scan`` workers (default 1024 and 256: beyond, a run takes minutes here).
+
+Columns: ``dec/s`` decisions per CPU second of the core; ``us/gc`` CPU microseconds of the core per
+grant+commit (the worker's polls, releases and commits, over the commits); ``med us/gc`` the same from
+each decision's median call (a loaded machine's preemptions left out); ``touch/gc`` shard-status
+entries the core read per grant+commit (machine-independent; flat in W means O(1)); ``ctl/clk/W`` control
+messages per clock per worker (scheduler <-> workers and driver); ``fetch/clk/W`` the owners' fetches of
+staged updates per clock per worker (data plane: O(W) per worker is O(W^2) per clock); ``B/item`` bytes
+of a work item; ``recheck/clk/W`` waiting long polls woken per clock per worker (every change wakes
+every waiting poll); ``once`` exactly-once; ``starve`` no healthy worker left without a shard in a clock.
+The CPU figures are this machine's (shared, loaded): compare rows, not machines.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+from bench.common import log, machine_info, pyplot, write_json
+from bench.sim import SimConfig, simulate
+
+COLUMNS = [("W", "W", 5), ("mode", "mode", 10), ("clocks", "clk", 3), ("wall_s", "wall_s", 7),
+           ("decisions_per_s", "dec/s", 8), ("cpu_us_per_grant_commit", "us/gc", 7),
+           ("median_us_per_grant_commit", "med us/gc", 9),
+           ("touched_per_grant_commit", "touch/gc", 8), ("control_msgs_per_clock_per_W", "ctl/clk/W", 9),
+           ("fetch_staged_per_clock_per_W", "fetch/clk/W", 11), ("item_bytes_per_grant", "B/item", 7),
+           ("poll_rechecks_per_clock_per_W", "recheck/clk/W", 13), ("exactly_once", "once", 5),
+           ("starvation_ok", "starve", 6), ("skipped", "skip", 4)]
+
+
+#: mode -> (consistency, backup policy on)
+MODES = {"bsp": ("bsp", False), "bsp+backup": ("bsp", True), "ssp+backup": ("ssp", True)}
+
+
+def scenario(workers: int, consistency: str, clocks: int, seed: int = 0, backup: bool = True) -> SimConfig:
+    """W workers, 4 shards each, 1 s steps (a clock takes about 4.5 s), 1 in 32 workers 4x slower, a
+    crash in clock 1, a join after it, a hang in clock 2 (found in clock 3: ``dscar.liveness``)."""
+    return SimConfig(workers, clocks=clocks, consistency=consistency, staleness=1, step_s=1.0,
+                     stragglers=max(1, workers // 32), losses=[(2.2, workers // 3)], hangs=[(5.5, 2 * workers // 3)],
+                     joins=[2.5], seed=seed, policies=("backup",) if backup else ())
+
+
+def table(rows: list[dict]) -> str:
+    head = " ".join(f"{h:>{w}}" for _, h, w in COLUMNS)
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        lines.append(" ".join(f"{str(r[k]):>{w}}" for k, _, w in COLUMNS))
+    return "\n".join(lines)
+
+
+def plot(rows: list[dict], path: str) -> None:
+    plt = pyplot()
+    fig, axes = plt.subplots(1, 3, figsize=(14, 4))
+    for mode in sorted({r["mode"] for r in rows}):
+        rs = sorted((r for r in rows if r["mode"] == mode), key=lambda r: r["W"])
+        ws = [r["W"] for r in rs]
+        axes[0].plot(ws, [r["cpu_us_per_grant_commit"] for r in rs], "o-", label=mode)
+        axes[1].plot(ws, [r["touched_per_grant_commit"] for r in rs], "o-", label=mode)
+        axes[2].plot(ws, [r["control_msgs_per_clock_per_W"] for r in rs], "o-", label=f"{mode} control")
+        axes[2].plot(ws, [r["fetch_staged_per_clock_per_W"] for r in rs], "s--", label=f"{mode} fetch_staged")
+    axes[0].axhline(20, color="grey", lw=0.8, ls=":", label="target 20 us")
+    for ax, title in zip(axes, ["core CPU per grant+commit (us)", "shard entries read per grant+commit",
+                                "messages per clock / W"]):
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("workers W")
+        ax.set_title(title)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    print(f"plot: {path}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--workers", type=int, nargs="+", default=[64, 256, 1024, 4096])
+    ap.add_argument("--modes", nargs="+", choices=list(MODES), default=list(MODES))
+    ap.add_argument("--max-w-scan", type=int, nargs=2, default=[1024, 256], metavar=("BACKUP", "SSP"),
+                    help="largest W for bsp+backup and for ssp+backup")
+    ap.add_argument("--clocks", type=int, default=4)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--quick", action="store_true", help="only W <= 256 (64 and 256 by default)")
+    ap.add_argument("--json")
+    ap.add_argument("--plot")
+    args = ap.parse_args(argv)
+    if args.quick:
+        args.workers, args.clocks = [w for w in args.workers if w <= 256] or [64], 4
+    t0 = time.perf_counter()
+    rows = []
+    caps = {"bsp": None, "bsp+backup": args.max_w_scan[0], "ssp+backup": args.max_w_scan[1]}
+    for mode in args.modes:
+        consistency, backup = MODES[mode]
+        for w in args.workers:
+            if caps[mode] is not None and w > caps[mode]:
+                continue
+            r = simulate(scenario(w, consistency, args.clocks, args.seed, backup=backup))
+            rows.append({**r.row(), "mode": mode})
+            log(t0, f"{mode} W={w}: {r.clocks_done} clocks in {r.wall_s:.1f} s, {r.cpu_us_per_grant_commit:.1f} us/gc")
+    print(table(rows))
+    ok = all(r["exactly_once"] and r["starvation_ok"] for r in rows)
+    print("exactly-once and no starvation at every W:", "yes" if ok else "NO")
+    if args.json:
+        write_json(args.json, {"machine": machine_info(), "clocks": args.clocks, "rows": rows})
+    if args.plot:
+        plot(rows, args.plot)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

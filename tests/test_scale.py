@@ -1,0 +1,150 @@
+"""The pure core at many workers, through the simulator (``bench.sim``): exactly-once, no starvation, no
+lost shard with stragglers, a crash, a hang and a join; and work per decision that does not grow with W,
+asserted on counts (shard entries read, messages), never on timings."""
+from __future__ import annotations
+
+import dataclasses
+import random
+import statistics
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from bench.scale import scenario
+from bench.sim import Sim, simulate
+from dscar.monitor import ThroughputMonitor
+from dscar.partitions import PartitionMap, TableLayout
+
+
+def run(workers: int, consistency: str, clocks: int = 4, **changes) -> tuple[Sim, object]:
+    sim = Sim(dataclasses.replace(scenario(workers, consistency, clocks), **changes))
+    return sim, sim.run()
+
+
+@pytest.mark.parametrize("workers, consistency", [(16, "bsp"), (64, "bsp"), (256, "bsp"), (16, "ssp"), (64, "ssp")])
+def test_every_update_is_applied_once_and_nobody_starves_with_stragglers_a_crash_a_hang_and_a_join(
+        workers, consistency):
+    sim, r = run(workers, consistency)
+    assert r.finished and r.clocks_done == 4, r.error
+    assert r.exactly_once, f"lost or doubled (clock, shard): {r.lost_shards}"
+    assert r.starvation_ok
+    assert len(r.skipped) <= 2  # (SSP skips the open clocks a restore touched) and the check has clocks to check
+    lost = [e["worker"] for e in sim.job.events if e["kind"] == "worker-lost"]
+    assert len(lost) == 2  # the crash and the hang (found by the liveness rule), both
+    joined = f"w{workers:05d}"
+    assert sum(rep["shards_per_worker"].get(joined, 0) for rep in sim.reports.values()) > 0  # it took shards
+
+
+def test_exactly_once_is_checked_where_it_counts():
+    """The check sees a doubled update: the sim's record of a clock's applies is what it asserts on."""
+    sim, r = run(16, "bsp", clocks=2)
+    assert r.exactly_once
+    sim.applied[(1, 3)] += 1
+    assert not type(r)(sim, 0.0).exactly_once
+
+
+def test_the_core_reads_a_bounded_number_of_shard_entries_per_grant_and_commit():
+    """Grants and commits read O(1) shard-status entries whatever W (the shard queue's indexes: a worker's
+    own TODO shards by holder, the DONE count, the DOING set). Without the backup policy, whose view
+    lists every running attempt at a pass's tail (``bench.scale`` reports that)."""
+    touched = {w: run(w, "bsp", clocks=3, policies=())[1].touched_per_grant_commit for w in (32, 256)}
+    assert touched[256] <= 10 and touched[256] <= 1.5 * touched[32] + 2, touched
+    sim, _ = run(256, "bsp", clocks=2, policies=())
+    assert sim.cpu["commit"][2] / sim.cpu["commit"][0] <= 5  # a commit reads its shard, and little else
+
+
+def test_control_messages_per_clock_grow_linearly_with_the_workers():
+    """Scheduler <-> worker and driver messages per clock per worker stay flat (O(W) per clock)."""
+    per_w = {w: run(w, "bsp", clocks=3)[1].control_per_clock / w for w in (32, 256)}
+    assert per_w[256] <= 12 and per_w[256] <= 1.2 * per_w[32], per_w
+
+
+@settings(max_examples=30, deadline=None)
+@given(seed=st.integers(0, 10_000))
+def test_the_monitor_s_running_figures_equal_a_scan(seed):
+    """The monitor keeps each worker's median step, the speeds' sum and the slowest step as steps arrive
+    (the hand-out asks them on every grant): always what a scan of the windows gives."""
+    rng = random.Random(seed)
+    m = ThroughputMonitor(window=4)
+    for _ in range(300):
+        w = f"w{rng.randrange(12)}"
+        if rng.random() < 0.05:
+            m.forget(w)
+        else:
+            m.record(w, rng.choice([0.1, 0.2, 1.0, rng.random()]))
+        ex = f"w{rng.randrange(14)}"
+        steps = {x: statistics.median(d) for x, d in m._steps.items() if d}
+        others = [s for x, s in steps.items() if x != ex]
+        assert m.median_step(ex) == (statistics.median(others) if others else None)
+        assert m.speeds() == {x: 1.0 / s for x, s in steps.items()}
+        assert m.total_speed() == pytest.approx(sum(1.0 / s for s in steps.values()), rel=1e-9, abs=1e-12)
+        assert m.slowest_step(ex) == (max(others) if others else None)
+
+
+def test_the_owners_message_is_built_once_per_change_and_follows_every_change():
+    pmap = PartitionMap([TableLayout("w", 100, 4)])
+    pmap.assign(["a", "b"])
+    first = pmap.to_msg()
+    assert pmap.to_msg() is first  # every work item carries it: not rebuilt per item
+    pmap.owners[("w", 0)] = "c"
+    assert pmap.to_msg()[0] == ["w", 0, "c"]
+    pmap.owners.update({("w", 1): "d"})
+    assert pmap.to_msg()[1] == ["w", 1, "d"]
+    pmap.owners = {("w", 0): "e"}  # replaced by a plain dict (tests do): no cache, still right
+    assert pmap.to_msg() == [["w", 0, "e"]]
+
+
+def _scan_choice(queue, worker):
+    """What ``next_shard`` chose for a worker with no shard of its own before its indexes: a scan."""
+    backlog = {}
+    for i in queue._todo:
+        h = queue._shards[i].holder
+        if (h is None and not queue.reloadable) or (h is not None and queue.sharding == "static"):
+            continue
+        backlog.setdefault(h, []).append(i)
+    if not backlog:
+        return None
+    return max(backlog[max(backlog, key=lambda h: (h is None, len(backlog[h]), h or ""))])
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_the_longest_backlog_index_picks_what_a_scan_of_every_shard_picked(seed):
+    """Random hand-outs, commits, failures, losses, moves and uncommits: a worker with no shard of its
+    own takes the shard the former scan took, and the indexes agree with a scan (``check``)."""
+    from dscar.shards import ShardQueue
+
+    rng = random.Random(seed)
+    workers = [f"w{i}" for i in range(rng.randint(2, 8))]
+    queue = ShardQueue(rng.randint(4, 40), reloadable=rng.random() < 0.5, sharding=rng.choice(["dynamic", "static"]))
+    for s in range(queue.n_shards):
+        queue.set_holder(s, rng.choice(workers + [None]))
+    queue.begin_clock(1)
+    running = []
+    for _ in range(200):
+        op, w = rng.random(), rng.choice(workers)
+        if op < 0.5:
+            own = bool(queue._local.get(w))
+            expected = None if own else _scan_choice(queue, w)
+            a = queue.next_shard(w, 0.0)
+            if not own:
+                assert (None if a is None else a.shard) == expected
+            if a is not None:
+                running.append(a)
+        elif op < 0.7 and running:
+            a = running.pop(rng.randrange(len(running)))
+            queue.commit(a.shard, a.attempt, a.worker)
+        elif op < 0.8 and running:
+            a = running.pop(rng.randrange(len(running)))
+            queue.fail(a.shard, a.attempt, a.worker, "x", count=False)
+        elif op < 0.85:
+            queue.worker_lost(w)
+            running = [a for a in running if a.worker != w]
+        elif op < 0.9:
+            queue.set_holder(rng.randrange(queue.n_shards), rng.choice(workers + [None]))
+        elif op < 0.95:
+            queue.uncommit(w)
+        elif queue.complete:
+            queue.begin_clock(queue.clock + 1)
+            running = []
+        queue.check()
