@@ -28,8 +28,11 @@ What it measures, per W
   W (``distributed.scheduler.heartbeat_interval``): target <= 2 intervals + 2 s.
 * **false positives**: workers lost in the healthy fits (every fit without a fault: the measured one
   and ``--healthy-runs`` more): target 0.
-* **exactly once**: every clock's report says each shard committed once (the committed shards per
-  worker sum to the shard count) and every row of the table counts exactly the clocks so far.
+* **exactly once**: in every healthy fit that lost no worker (a loss restores the table from its
+  initial values: no checkpoint store here), every clock's report says each shard committed once
+  (the committed shards per worker sum to the shard count) and every row counts exactly the clocks.
+* **event-loop lag** of each worker process (the loop its workers share) during the measured fit:
+  how late a 100 ms sleep wakes, p50 / p99 / max; and each process's CPU seconds.
 
 Usage: ``python -m bench.hollow [--quick] [--workers 64,256] [--procs P] [--json PATH] [--plot PATH]``.
 ``--quick``: W = 16 on 2 processes, few clocks (the test). The load average is printed with the figures.
@@ -109,14 +112,41 @@ async def _serve_scheduler(address_file: str) -> None:
         await s.finished()
 
 
+#: this worker process's event-loop lag samples (s): how late a 100 ms sleep on the loop woke up
+LOOP_LAG: list[float] = []
+LAG_TICK_S = 0.1
+
+
+async def _watch_loop_lag() -> None:
+    """Sample the event loop's lag every ``LAG_TICK_S`` (the loop every worker of this process shares)."""
+    loop = asyncio.get_running_loop()
+    while True:
+        t0 = loop.time()
+        await asyncio.sleep(LAG_TICK_S)
+        LOOP_LAG.append(max(0.0, loop.time() - t0 - LAG_TICK_S))
+
+
+def loop_lag_ms(dask_worker=None) -> dict[str, float]:
+    """The lag samples since the last call (run on a worker: its process's loop), in ms; forgets them."""
+    lags = sorted(LOOP_LAG)
+    LOOP_LAG.clear()
+    if not lags:
+        return {"n": 0}
+    return {"n": len(lags), "p50": lags[len(lags) // 2] * 1e3, "p99": lags[int(len(lags) * 0.99)] * 1e3,
+            "max": lags[-1] * 1e3}
+
+
 async def _serve_workers(address: str, n: int, prefix: str) -> None:
     """``n`` workers in this process's one event loop, until they are all closed."""
     from distributed import Worker
+
+    lag = asyncio.ensure_future(_watch_loop_lag())
 
     workers = [Worker(address, nthreads=1, name=f"{prefix}-{i}", host="127.0.0.1", memory_limit=0,
                       dashboard=False) for i in range(n)]
     await asyncio.gather(*workers)
     await asyncio.gather(*(w.finished() for w in workers))
+    lag.cancel()
 
 
 def serve(role: str, *args: str) -> None:
@@ -207,6 +237,14 @@ class HollowCluster:
             time.sleep(0.2)
         self.solo = self._add_solo(timeout)
         return self.solo
+
+    def loop_lag_ms(self) -> dict[str, dict[str, float]]:
+        """Each worker process's event-loop lag since the last call (``loop_lag_ms`` on one of its workers)."""
+        first: dict[str, str] = {}
+        for addr, name in sorted(self.worker_names().items(), key=lambda kv: kv[1]):
+            first.setdefault(name.rsplit("-", 1)[0], addr)
+        got = self.client.run(loop_lag_ms, workers=list(first.values()))
+        return {prefix: got[addr] for prefix, addr in first.items() if addr in got}
 
     def process_cpu_s(self) -> dict[str, float]:
         """User + system CPU seconds of each harness process so far."""
@@ -317,7 +355,7 @@ def loss_reasons(events: list[dict]) -> dict[str, int]:
 
 
 def dscar_fit(hc: HollowCluster, spw: int, step_s: float, clocks: int, idle_s: float = 0.0,
-              fault: list | None = None) -> tuple[dscar.FitResult, list[float], float | None]:
+              policies: list[str] | None = None) -> tuple[dscar.FitResult, list[float], float | None]:
     """One fit of ``clocks`` clocks on every worker: its result, the scheduler loop CPU at each clock
     boundary, and (``idle_s``) the loop CPU in ms/s while the job waits between clocks after the last."""
     n_shards = hc.n_workers * spw
@@ -332,19 +370,21 @@ def dscar_fit(hc: HollowCluster, spw: int, step_s: float, clocks: int, idle_s: f
 
     algo.on_clock = on_clock
     res = dscar.fit(algo, {"row": np.arange(n_shards * ROWS_PER_SHARD, dtype=np.int64)}, hc.cluster,
-                    n_shards=n_shards, max_clocks=clocks, progress=False, faults=fault or [])
+                    n_shards=n_shards, max_clocks=clocks, progress=False, policies=policies)
     return res, cpu_at, (idle[0] if idle else None)
 
 
-def hang_trial(hc: HollowCluster, victim: str, spw: int, step_s: float, clocks: int) -> dict[str, Any]:
+def hang_trial(hc: HollowCluster, victim: str, spw: int, step_s: float, clocks: int,
+               policies: list[str] | None = None) -> dict[str, Any]:
     """``victim`` (a worker alone in its process) hung at clock 2: how long until the coordinator loses it."""
-    n_total = hc.n_workers
+    n_total = len(hc.worker_names())  # (fewer than W when workers were lost before)
     t0 = time.perf_counter()
     algo = HollowStep(step_s)
     n_shards = n_total * spw
     try:
         res = dscar.fit(algo, {"row": np.arange(n_shards * ROWS_PER_SHARD, dtype=np.int64)}, hc.cluster,
-                        n_shards=n_shards, max_clocks=clocks, progress=False, faults=[faults.hang(victim, 2)])
+                        n_shards=n_shards, max_clocks=clocks, progress=False, faults=[faults.hang(victim, 2)],
+                        policies=policies)
         events, error = res.events, None
     except dscar.DscarError as e:
         events, error = [], f"{type(e).__name__}: {e}"
@@ -364,8 +404,8 @@ def hang_trial(hc: HollowCluster, victim: str, spw: int, step_s: float, clocks: 
 
 
 def measure(w: int, procs: int, spw: int, step_s: float, clocks: int, warmup: int, idle_s: float,
-            hang_trials: int, healthy_runs: int, t0: float) -> dict[str, Any]:
-    """Everything for one W (see the module docstring)."""
+            hang_trials: int, healthy_runs: int, t0: float, policies: list[str] | None = None) -> dict[str, Any]:
+    """Everything for one W (see the module docstring); ``policies`` as ``dscar.fit`` takes them."""
     row: dict[str, Any] = {"workers": w, "procs": procs, "shards_per_worker": spw, "n_shards": w * spw,
                            "step_s": step_s, "clocks": clocks, "warmup": warmup}
     from distributed.scheduler import heartbeat_interval
@@ -385,25 +425,32 @@ def measure(w: int, procs: int, spw: int, step_s: float, clocks: int, warmup: in
         hc.register()
         row["idle_ms_per_s_no_job"] = idle_cpu(client, idle_s)
         row["probe_cpu_ms"] = probe_cpu_ms(client)
+        hc.loop_lag_ms()  # (forget what came before the fit)
         cpu0 = hc.process_cpu_s()
         tf = time.perf_counter()
-        res, cpu_at, idle_job = dscar_fit(hc, spw, step_s, clocks, idle_s)
+        res, cpu_at, idle_job = dscar_fit(hc, spw, step_s, clocks, idle_s, policies)
         fit_wall = time.perf_counter() - tf
         cpu1 = hc.process_cpu_s()
+        row["loop_lag_ms"] = hc.loop_lag_ms()
         row["fit_wall_s"] = fit_wall
         row["setup_s"] = res.setup_seconds
         row["process_cpu_s"] = {k: cpu1[k] - cpu0.get(k, 0.0) for k in cpu1}
         row["idle_ms_per_s_job"] = idle_job
         row["clock_s"] = [r.seconds for r in res.history]
+        row["skipped_clocks"] = sum(r.skipped for r in res.history)  # cut short by a loss: no clock-end step
         row["stage_s"] = [dict(r.stage_s) for r in res.history]
         row["clock_cpu_ms"] = [(b - a) * 1e3 for a, b in zip(cpu_at, cpu_at[1:])]  # clocks 2.. (after each boundary)
-        row["exactly_once_violations"] = exactly_once(res, hc.n_workers * spw, hc.n_workers * spw * ROWS_PER_SHARD)
         healthy = [res]
-        log(t0, f"W={w}: dscar fit: setup {res.setup_seconds:.1f} s, clocks {[round(x, 3) for x in row['clock_s']]}")
+        log(t0, f"W={w}: dscar fit: setup {res.setup_seconds:.1f} s, clocks {[round(x, 3) for x in row['clock_s']]}, "
+                f"worker loops' lag p99 {[round(v.get('p99', 0)) for v in row['loop_lag_ms'].values()]} ms")
         for i in range(healthy_runs):
-            r, _, _ = dscar_fit(hc, spw, step_s, max(3, warmup + 1))
+            r, _, _ = dscar_fit(hc, spw, step_s, max(3, warmup + 1), policies=policies)
             healthy.append(r)
-            row["exactly_once_violations"] += exactly_once(r, hc.n_workers * spw, hc.n_workers * spw * ROWS_PER_SHARD)
+        # a loss restores the table from its initial values (no checkpoint store here): exactly once
+        # is checked on the fits that lost no worker
+        checked = [r for r in healthy if not losses(r.events)]
+        row["exactly_once_checked"] = len(checked)
+        row["exactly_once_violations"] = [v for r in checked for v in exactly_once(r, w * spw, w * spw * ROWS_PER_SHARD)]
         row["healthy_runs"] = len(healthy)
         row["false_positives"] = sum(len(losses(r.events)) for r in healthy)
         row["false_positive_events"] = [e for r in healthy for e in losses(r.events)]
@@ -416,7 +463,7 @@ def measure(w: int, procs: int, spw: int, step_s: float, clocks: int, warmup: in
                 f"{row['false_positive_reasons'] or ''}")
         row["hang"] = []
         for i in range(hang_trials):
-            h = hang_trial(hc, hc.solo if i == 0 else hc.replace_solo(), spw, step_s, max(4, warmup + 2))
+            h = hang_trial(hc, hc.solo if i == 0 else hc.replace_solo(), spw, step_s, max(4, warmup + 2), policies)
             row["hang"].append(h)
             log(t0, f"W={w}: hang trial {i + 1}: detected {h['detected']} after {h['detect_s']} s "
                     f"(heartbeat interval {h['heartbeat_interval_s']:g} s), other losses {h['other_losses']} "
@@ -469,7 +516,7 @@ def _num(x: float | None, fmt: str, scale: float = 1.0) -> str:
 def format_table(rows: list[dict]) -> str:
     head = (f"{'W':>4} {'procs':>5} {'clock ms':>8} {'x step':>6} {'dscar ovh':>9} {'Dask ovh':>8} {'ratio':>6} "
             f"{'sched CPU/clock':>15} {'Dask CPU/round':>14} {'idle Dask':>9} {'idle dscar':>10} {'idle job':>8} "
-            f"{'HB int':>6} {'hang found s':>14} {'FP/runs':>7} {'1x':>3}")
+            f"{'HB int':>6} {'hang found s':>14} {'FP/runs':>7} {'1x/fits':>7}")
     lines = [head]
     for r in rows:
         hang = ",".join(_num(x, ".1f") for x in r["hang_detect_s"]) or "-"
@@ -480,7 +527,7 @@ def format_table(rows: list[dict]) -> str:
             f"{_num(r['sched_cpu_ms_per_clock'], '.1f'):>12} ms {_num(r['dask_sched_cpu_ms_per_round'], '.1f'):>11} ms "
             f"{_num(r['idle_ms_per_s_dask'], '.1f'):>9} {_num(r['idle_ms_per_s_no_job'], '.1f'):>10} "
             f"{_num(r['idle_ms_per_s_job'], '.1f'):>8} {r['heartbeat_interval_s']:>5.2f}s {hang:>14} "
-            f"{r['false_positives']:>3}/{r['healthy_runs']:<3} {'ok' if not r['exactly_once_violations'] else 'NO':>3}")
+            f"{r['false_positives']:>3}/{r['healthy_runs']:<3} {'ok' if not r['exactly_once_violations'] else 'NO':>3}/{r['exactly_once_checked']}")
     return "\n".join(lines)
 
 
@@ -500,6 +547,9 @@ def target_lines(rows: list[dict]) -> list[str]:
                        f"+ {HANG_SLACK_S:g} s = {h['limit']:.1f} s: {v} {_met(h)}")
         fp = t["false_positives"]
         out.append(f"W={r['workers']}: false positives in {fp['runs']} healthy fit(s): {fp['value']} {_met(fp)}")
+        if r["skipped_clocks"]:
+            out.append(f"W={r['workers']}: {r['skipped_clocks']} of the measured fit's {len(r['clock_s'])} clocks were "
+                       "skipped (a loss cut them short)")
     return out
 
 
@@ -554,12 +604,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--hang-trials", type=int, default=None, help="hang trials per W (default 3, 1 with --quick)")
     ap.add_argument("--healthy-runs", type=int, default=None, help="extra healthy fits per W for false positives "
                     "(default 2, 1 with --quick)")
+    ap.add_argument("--policies", default="default", help="dscar's straggler policies: default (dscar.fit's), "
+                    "none, or comma-separated names (backup, adaptive, restart)")
     ap.add_argument("--json", metavar="PATH")
     ap.add_argument("--plot", metavar="PATH", default="hollow.png")
     args = ap.parse_args(argv)
     ws = [int(x) for x in args.workers.split(",")] if args.workers else ([16] if args.quick else [64, 256])
     clocks = args.clocks or (5 if args.quick else 12)
     idle_s = args.idle or (2.0 if args.quick else 5.0)
+    policies = (None if args.policies == "default" else [] if args.policies == "none"
+                else args.policies.split(","))
     hang_trials = args.hang_trials if args.hang_trials is not None else (1 if args.quick else 3)
     healthy = args.healthy_runs if args.healthy_runs is not None else (1 if args.quick else 2)
     if min(ws) < 2 or clocks <= args.warmup + 1:
@@ -570,15 +624,15 @@ def main(argv: list[str] | None = None) -> int:
     for w in ws:
         procs = args.procs or min(8, max(2, w // 32))
         rows.append(measure(w, procs, args.shards_per_worker, args.step, clocks, args.warmup, idle_s,
-                            hang_trials, healthy, t0))
+                            hang_trials, healthy, t0, policies))
     load = load_average()
     probes = ", ".join(f"{r['probe_cpu_ms']:.2f}" for r in rows)
     print(f"\nHollow workers: HollowStep (SleepStep, {args.step * 1e3:g} ms steps, {ROWS_PER_SHARD} rows a shard), "
           f"{args.shards_per_worker} shard(s) per worker, {clocks} clocks / plain Dask rounds, first {args.warmup} "
-          f"dropped; idle CPU over {idle_s:g} s (ms of scheduler loop CPU per s); scheduler CPU per clock includes "
-          f"one CPU read ({probes} ms)")
+          f"dropped; policies {args.policies}; idle CPU over {idle_s:g} s (ms of scheduler loop CPU per s); "
+          f"scheduler CPU per clock includes one CPU read ({probes} ms)")
     out = {"quick": args.quick, "workers": ws, "step_s": args.step, "clocks": clocks, "warmup": args.warmup,
-           "shards_per_worker": args.shards_per_worker, "idle_s": idle_s, "rows": rows,
+           "shards_per_worker": args.shards_per_worker, "idle_s": idle_s, "policies": args.policies, "rows": rows,
            "machine": {**machine, "loadavg_after": load}, "wall_s": time.perf_counter() - t0}
     if args.json:
         write_json(args.json, out)
@@ -592,4 +646,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # run as bench.hollow, not __main__: functions sent to the workers (client.run, the algorithm) are
+    # then pickled by reference and find this module's state there (LOOP_LAG), not a copy of it
+    from bench import hollow
+
+    sys.exit(hollow.main())

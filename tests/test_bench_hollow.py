@@ -55,9 +55,9 @@ def test_quick_benchmark_runs_the_protocol_on_shared_processes_and_computes_its_
     w, clocks, wu, step = r["workers"], r["clocks"], r["warmup"], r["step_s"]
     assert w == 16 and r["procs"] == 2 and r["n_shards"] == w * r["shards_per_worker"]
     # every clock of the measured fit completed, each shard committed once, every row counted once a clock
-    assert len(r["clock_s"]) == clocks and all(s > step for s in r["clock_s"])
-    assert r["exactly_once_violations"] == []
+    assert len(r["clock_s"]) == clocks and r["skipped_clocks"] == 0 and all(s > step for s in r["clock_s"])
     assert r["healthy_runs"] == 2 and r["false_positives"] == len(r["false_positive_events"]) == 0
+    assert r["exactly_once_checked"] == 2 and r["exactly_once_violations"] == []
     # figures from the measurements, not typed in
     ideal = r["shards_per_worker"] * step
     assert r["clock_median_s"] == pytest.approx(statistics.median(r["clock_s"][wu:]))
@@ -73,6 +73,9 @@ def test_quick_benchmark_runs_the_protocol_on_shared_processes_and_computes_its_
     # the shared worker processes and the scheduler's worked during the fit
     assert {"scheduler", "workers-0", "workers-1"} <= set(r["process_cpu_s"])
     assert all(r["process_cpu_s"][k] > 0 for k in ("scheduler", "workers-0", "workers-1"))
+    # each worker process's event loop was sampled through the fit (lag in ms: never negative)
+    assert {"hollow0", "hollow1", "solo1"} <= set(r["loop_lag_ms"])
+    assert all(v["n"] > 0 and 0 <= v["p50"] <= v["p99"] <= v["max"] for v in r["loop_lag_ms"].values())
     # the hung worker (alone in its process) was found, and its time is set against the heartbeat interval
     (h,) = r["hang"]
     assert h["fired"] and h["detected"] and h["other_losses"] == 0 and h["workers"] == w
@@ -85,3 +88,33 @@ def test_quick_benchmark_runs_the_protocol_on_shared_processes_and_computes_its_
     assert t["clock_ratio"]["met"] == (r["clock_ratio"] <= 1.2)
     assert t["overhead_ratio"]["met"] == (r["overhead_ratio"] <= 0.5)
     assert stdout.count("MET") == 4 and f"{w:>4} {r['procs']:>5} {r['clock_median_s'] * 1e3:>8.1f}" in stdout
+
+
+def test_the_driver_sets_up_at_most_setup_concurrency_workers_at_once():
+    """At 256 hollow workers a warm_up to every worker at once timed its connects out and stalled the
+    setup for SETUP_TIMEOUT_S; the driver now keeps SETUP_CONCURRENCY of them in flight, and still
+    reaches every worker."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from dscar import TableSpec, driver
+
+    n = 3 * driver.SETUP_CONCURRENCY + 5
+    workers = [f"tcp://w{i}" for i in range(n)]
+    calls, in_flight, most = [], 0, 0
+
+    async def call_unless_lost(worker, op, timeout, **kw):
+        nonlocal in_flight, most
+        in_flight += 1
+        most = max(most, in_flight)
+        await asyncio.sleep(0.001)
+        in_flight -= 1
+        calls.append((op, worker))
+        return "ok", {"status": "OK"}
+
+    run = SimpleNamespace(tables=[TableSpec("t", n, n_parts=n)], job_id="j", workers=workers,
+                          _call_unless_lost=call_unless_lost)
+    owners = [["t", i, w] for i, w in enumerate(workers)]
+    assert asyncio.run(driver._Run._init_partitions(run, owners, None)) is None
+    assert sorted(calls) == sorted([("init", w) for w in workers] + [("warm_up", w) for w in workers])
+    assert most == driver.SETUP_CONCURRENCY
