@@ -513,6 +513,11 @@ def _num(x: float | None, fmt: str, scale: float = 1.0) -> str:
     return "-" if x is None else format(x * scale, fmt)
 
 
+def _once(row: dict) -> str:
+    """Exactly once in the table: ok, NO (violations), or - (no fit without a loss to check)."""
+    return "-" if not row["exactly_once_checked"] else "NO" if row["exactly_once_violations"] else "ok"
+
+
 def format_table(rows: list[dict]) -> str:
     head = (f"{'W':>4} {'procs':>5} {'clock ms':>8} {'x step':>6} {'dscar ovh':>9} {'Dask ovh':>8} {'ratio':>6} "
             f"{'sched CPU/clock':>15} {'Dask CPU/round':>14} {'idle Dask':>9} {'idle dscar':>10} {'idle job':>8} "
@@ -527,7 +532,7 @@ def format_table(rows: list[dict]) -> str:
             f"{_num(r['sched_cpu_ms_per_clock'], '.1f'):>12} ms {_num(r['dask_sched_cpu_ms_per_round'], '.1f'):>11} ms "
             f"{_num(r['idle_ms_per_s_dask'], '.1f'):>9} {_num(r['idle_ms_per_s_no_job'], '.1f'):>10} "
             f"{_num(r['idle_ms_per_s_job'], '.1f'):>8} {r['heartbeat_interval_s']:>5.2f}s {hang:>14} "
-            f"{r['false_positives']:>3}/{r['healthy_runs']:<3} {'ok' if not r['exactly_once_violations'] else 'NO':>3}/{r['exactly_once_checked']}")
+            f"{r['false_positives']:>3}/{r['healthy_runs']:<3} {_once(r):>3}/{r['exactly_once_checked']}")
     return "\n".join(lines)
 
 
@@ -561,10 +566,13 @@ def plot(rows: list[dict], path: str) -> None:
     a1.plot(ws, [r["dask_overhead_s"] * 1e3 for r in rows], "s-", label="plain Dask (map + gather - step)")
     a1.set_ylabel("per-round overhead, ms")
     a1.set_title("overhead per round")
-    a2.plot(ws, [r["sched_cpu_ms_per_clock"] for r in rows], "o-", label="dscar, per clock")
+    nan = float("nan")
+    a2.plot(ws, [nan if r["sched_cpu_ms_per_clock"] is None else r["sched_cpu_ms_per_clock"] for r in rows], "o-",
+            label="dscar, per clock")
     a2.plot(ws, [r["dask_sched_cpu_ms_per_round"] for r in rows], "s-", label="plain Dask, per round")
     a2.plot(ws, [r["idle_ms_per_s_no_job"] for r in rows], "^--", label="idle, dscar no job (per s)")
-    a2.plot(ws, [r["idle_ms_per_s_job"] or 0.0 for r in rows], "v--", label="idle, job between clocks (per s)")
+    a2.plot(ws, [nan if r["idle_ms_per_s_job"] is None else r["idle_ms_per_s_job"] for r in rows], "v--",
+            label="idle, job between clocks (per s)")
     a2.plot(ws, [r["idle_ms_per_s_dask"] for r in rows], "x--", label="idle, plain Dask (per s)")
     a2.set_ylabel("scheduler loop CPU, ms")
     a2.set_title("scheduler CPU")
