@@ -48,6 +48,11 @@ MIN_SHARD_BYTES = 1 << 20
 PLACE_TIMEOUT_S = 60.0
 #: seconds a worker may take to set up its partitions (``init``) or kernels (``warm_up``)
 SETUP_TIMEOUT_S = 300.0
+#: setup calls (``init``, ``warm_up``) in flight at once: a call to each of hundreds of workers at
+#: once opens as many connections together; on a loaded machine connects then time out (``dscar.comm``:
+#: 3 s), and each such call waits out SETUP_TIMEOUT_S for a loss that never comes (bench.hollow, 256
+#: workers, load average 20: setup stuck over 300 s; 32 at a time: 47-72 s)
+SETUP_CONCURRENCY = 32
 #: seconds each long poll on a worker's loss lasts (a call that ended leaves its poll on the
 #: scheduler, woken by every change, until then)
 LOSS_POLL_S = 2.0
@@ -601,14 +606,18 @@ class _Run:
         fresh = by_owner(owners, [k for k in owners if k not in restored])
         # an owner lost meanwhile is the coordinator's: it restores those partitions (checkpoint 0) or
         # fails the job, as for a loss in any clock; one that neither answers nor is lost is an error
-        inits = await asyncio.gather(*(self._call_unless_lost(w, "init", SETUP_TIMEOUT_S, job_id=self.job_id,
-                                                              parts=parts) for w, parts in fresh.items()))
+        sem = asyncio.Semaphore(SETUP_CONCURRENCY)
+
+        async def setup(w: str, op: str, **kw) -> tuple[str, Any]:
+            async with sem:
+                return await self._call_unless_lost(w, op, SETUP_TIMEOUT_S, job_id=self.job_id, **kw)
+
+        inits = await asyncio.gather(*(setup(w, "init", parts=parts) for w, parts in fresh.items()))
         for w, (outcome, err) in zip(fresh, inits):
             if outcome == "failed":
                 raise ClusterError(f"worker {w} did not set up its partitions: {type(err).__name__}: {err}")
         # kernels loaded everywhere before clock 1; a worker lost meanwhile is the clocks' business
-        await asyncio.gather(*(self._call_unless_lost(w, "warm_up", SETUP_TIMEOUT_S, job_id=self.job_id)
-                               for w in self.workers), return_exceptions=True)
+        await asyncio.gather(*(setup(w, "warm_up") for w in self.workers), return_exceptions=True)
         if resume is None:
             return None
         cfg = self.options["checkpoint"]

@@ -1,0 +1,661 @@
+"""Hollow workers: dscar's real protocol at W = 64 and 256 workers on a 2-core machine.
+
+kubemark's "hollow node" idea: the real agent with a fake payload. A real Dask scheduler (its own
+process) runs dscar's ``Coordinator``; W real ``distributed.Worker`` objects (``nthreads=1``, each
+with dscar's ``ParamServer`` and so its own shard runner thread) run many to a process: ``--procs``
+processes each run W/P workers in one event loop. The algorithm is ``HollowStep``
+(``bench.stragglers.SleepStep``: each shard step sleeps, the one table has a few rows per shard), so
+what is measured is the engine's control plane, not compute.
+
+What it measures, per W
+-----------------------
+* **clock time vs step time**: ``ClockRecord.seconds`` (the driver's wall time from ``begin_clock`` to
+  the report), median over the clocks after ``--warmup``, divided by the ideal clock: shards per
+  worker x ``--step`` (target <= 1.2x).
+* **scheduler CPU per clock**: the scheduler loop thread's CPU (``bench.overhead.loop_cpu_s`` through
+  ``run_on_scheduler``) read at every clock boundary (from the algorithm's ``converged``, which the
+  driver calls between clocks), differenced, median over the steady clocks; one read's own cost is
+  in each figure (it is measured, ``probe_cpu_ms``).
+* **idle scheduler CPU** (ms of loop CPU per second): with plain Dask only (before dscar's plugins
+  are registered), with dscar registered and no job, and with a job registered between clocks (the
+  driver holds still inside ``converged`` after the last clock).
+* **per-round overhead, dscar vs plain Dask**: dscar's median clock time minus the step time, beside
+  plain Dask's: ``client.map`` of the same sleeps (one task per worker x shard) and a gather barrier,
+  per round, on the same workers before dscar is registered; ratio dscar / Dask (target <= 0.5x).
+* **hang detection**: one worker runs alone in a process of its own and is hung at clock 2
+  (``dscar.faults.hang``: SIGSTOP of that process); time from its ``fault-hang`` event to its
+  ``worker-lost`` event (both stamped by the coordinator), against Dask's heartbeat interval at that
+  W (``distributed.scheduler.heartbeat_interval``): target <= 2 intervals + 2 s.
+* **false positives**: workers lost in the healthy fits (every fit without a fault: the measured one
+  and ``--healthy-runs`` more): target 0.
+* **exactly once**: in every healthy fit that lost no worker (a loss restores the table from its
+  initial values: no checkpoint store here), every clock's report says each shard committed once
+  (the committed shards per worker sum to the shard count) and every row counts exactly the clocks.
+* **event-loop lag** of each worker process (the loop its workers share) during the measured fit:
+  how late a 100 ms sleep wakes, p50 / p99 / max; and each process's CPU seconds.
+
+Usage: ``python -m bench.hollow [--quick] [--workers 64,256] [--procs P] [--json PATH] [--plot PATH]``.
+``--quick``: W = 16 on 2 processes, few clocks (the test). The load average is printed with the figures.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+import dscar
+from bench.common import load_average, log, machine_info, pyplot, write_json
+from bench.overhead import loop_cpu_s
+from bench.stragglers import SleepStep
+from dscar import faults
+
+STEP_S = 0.1
+ROWS_PER_SHARD = 4
+TARGET_CLOCK_RATIO = 1.2  # clock time <= 1.2x the ideal (shards per worker x step)
+TARGET_OVERHEAD_RATIO = 0.5  # dscar's per-round overhead <= 0.5x plain Dask's
+HANG_INTERVALS, HANG_SLACK_S = 2, 2.0  # a hung worker found within 2 heartbeat intervals + 2 s
+ROOT = Path(__file__).resolve().parents[1]
+#: the Dask settings of every process of the harness: dscar's embedded-cluster settings (no
+#: profiler, a 200 ms tick) and its worker ttl, so the workers behave as dscar.Cluster's do
+DASK_CONFIG = {**dscar.cluster.EMBEDDED_CONFIG, "distributed.scheduler.worker-ttl": dscar.cluster.DEFAULT_WORKER_TTL}
+
+
+class HollowStep(SleepStep):
+    """``SleepStep`` that also reports the table's largest count, and calls ``on_clock`` (driver
+    only, never pickled to the workers) at every clock boundary."""
+
+    name = "hollowstep"
+    on_clock: Callable[[int], None] | None = None
+
+    def clock_end(self, ctx):
+        count = dscar.to_host(ctx.pull("count"))
+        return {"objective": float(count.sum()), "count_min": float(count.min()), "count_max": float(count.max())}
+
+    def converged(self, history, tol):
+        if self.on_clock is not None:
+            self.on_clock(len(history))
+        return False
+
+    def __getstate__(self):
+        return {k: v for k, v in self.__dict__.items() if k != "on_clock"}
+
+
+def hollow_sleep(seconds: float, i: int) -> int:
+    """Plain Dask's task: the same sleep as a shard step."""
+    time.sleep(seconds)
+    return i
+
+
+def sched_cpu_s(dask_scheduler=None) -> float:
+    """The scheduler loop thread's CPU seconds (``bench.overhead.loop_cpu_s``, run on the scheduler)."""
+    return loop_cpu_s()
+
+
+# --------------------------------------------------------------------------- the processes
+async def _serve_scheduler(address_file: str) -> None:
+    from distributed import Scheduler
+
+    async with Scheduler(host="127.0.0.1", port=0, dashboard=False) as s:
+        tmp = address_file + ".tmp"
+        Path(tmp).write_text(s.address)
+        os.replace(tmp, address_file)
+        await s.finished()
+
+
+#: this worker process's event-loop lag samples (s): how late a 100 ms sleep on the loop woke up
+LOOP_LAG: list[float] = []
+LAG_TICK_S = 0.1
+
+
+async def _watch_loop_lag() -> None:
+    """Sample the event loop's lag every ``LAG_TICK_S`` (the loop every worker of this process shares)."""
+    loop = asyncio.get_running_loop()
+    while True:
+        t0 = loop.time()
+        await asyncio.sleep(LAG_TICK_S)
+        LOOP_LAG.append(max(0.0, loop.time() - t0 - LAG_TICK_S))
+
+
+def loop_lag_ms(dask_worker=None) -> dict[str, float]:
+    """The lag samples since the last call (run on a worker: its process's loop), in ms; forgets them."""
+    lags = sorted(LOOP_LAG)
+    LOOP_LAG.clear()
+    if not lags:
+        return {"n": 0}
+    return {"n": len(lags), "p50": lags[len(lags) // 2] * 1e3, "p99": lags[int(len(lags) * 0.99)] * 1e3,
+            "max": lags[-1] * 1e3}
+
+
+async def _serve_workers(address: str, n: int, prefix: str) -> None:
+    """``n`` workers in this process's one event loop, until they are all closed."""
+    from distributed import Worker
+
+    lag = asyncio.ensure_future(_watch_loop_lag())
+
+    workers = [Worker(address, nthreads=1, name=f"{prefix}-{i}", host="127.0.0.1", memory_limit=0,
+                      dashboard=False) for i in range(n)]
+    await asyncio.gather(*workers)
+    await asyncio.gather(*(w.finished() for w in workers))
+    lag.cancel()
+
+
+def serve(role: str, *args: str) -> None:
+    """A harness process: ``scheduler ADDRESS_FILE`` or ``workers ADDRESS N PREFIX``."""
+    import dask
+
+    with dask.config.set(DASK_CONFIG):
+        if role == "scheduler":
+            asyncio.run(_serve_scheduler(args[0]))
+        else:
+            asyncio.run(_serve_workers(args[0], int(args[1]), args[2]))
+
+
+def _spawn(*args: str) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+           "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    return subprocess.Popen([sys.executable, "-m", "bench.hollow", "--serve", *args], cwd=ROOT, env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+class HollowCluster:
+    """A scheduler process and ``n_workers`` workers: ``procs`` processes share them, but with ``solo``
+    one of them runs alone in a process of its own (a hang stops only it; ``solo`` names it, and
+    ``replace_solo`` starts a new one). ``client`` is a plain Dask client until ``register``."""
+
+    def __init__(self, n_workers: int, procs: int, solo: bool = False, timeout: float = 120.0):
+        from distributed import Client
+
+        self.n_workers, self.procs = n_workers, procs
+        self._tmp = tempfile.TemporaryDirectory(prefix="dscar-hollow-")
+        self.processes: dict[str, subprocess.Popen] = {}
+        self.client = None
+        try:
+            addr_file = os.path.join(self._tmp.name, "scheduler")
+            self.processes["scheduler"] = _spawn("scheduler", addr_file)
+            deadline = time.monotonic() + timeout
+            while not os.path.exists(addr_file):
+                if self.processes["scheduler"].poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError("the scheduler process did not start")
+                time.sleep(0.1)
+            self.address = Path(addr_file).read_text()
+            shared = n_workers - int(solo)
+            sizes = [shared // procs + (i < shared % procs) for i in range(procs)]
+            for i, n in enumerate(sizes):
+                if n:
+                    self.processes[f"workers-{i}"] = _spawn("workers", self.address, str(n), f"hollow{i}")
+            import dask
+
+            with dask.config.set(DASK_CONFIG):
+                self.client = Client(self.address, set_as_default=False, timeout=timeout)
+            self.client.wait_for_workers(n_workers - int(solo), timeout=timeout)
+            self.cluster: dscar.Cluster | None = None
+            self._solo = 0
+            self.solo = self._add_solo(timeout) if solo else None
+        except BaseException:
+            self.close()
+            raise
+
+    def register(self) -> dscar.Cluster:
+        """dscar's plugins on the scheduler and every worker (from now on, every worker polls for work)."""
+        self.cluster = dscar.Cluster(self.client)
+        return self.cluster
+
+    def worker_names(self) -> dict[str, str]:
+        return {a: str(w.get("name")) for a, w in self.client.scheduler_info(n_workers=-1)["workers"].items()}
+
+    def _add_solo(self, timeout: float = 120.0) -> str:
+        """A process of one worker; its address once it has joined."""
+        self._solo += 1
+        name = f"solo{self._solo}"
+        self.processes[name] = _spawn("workers", self.address, "1", name)
+        deadline = time.monotonic() + timeout
+        while True:
+            found = [a for a, n in self.worker_names().items() if n == f"{name}-0"]
+            if found:
+                return found[0]
+            if self.processes[name].poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"worker process {name} did not join")
+            time.sleep(0.2)
+
+    def replace_solo(self, timeout: float = 120.0) -> str:
+        """End the one-worker process (hung or not), wait until the scheduler has forgotten its worker,
+        and start another."""
+        for name in [n for n in self.processes if n.startswith("solo")]:
+            self._end(self.processes.pop(name))
+        deadline = time.monotonic() + timeout
+        while any(n.startswith("solo") for n in self.worker_names().values()) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        self.solo = self._add_solo(timeout)
+        return self.solo
+
+    def loop_lag_ms(self) -> dict[str, dict[str, float]]:
+        """Each worker process's event-loop lag since the last call (``loop_lag_ms`` on one of its workers)."""
+        first: dict[str, str] = {}
+        for addr, name in sorted(self.worker_names().items(), key=lambda kv: kv[1]):
+            first.setdefault(name.rsplit("-", 1)[0], addr)
+        got = self.client.run(loop_lag_ms, workers=list(first.values()))
+        return {prefix: got[addr] for prefix, addr in first.items() if addr in got}
+
+    def process_cpu_s(self) -> dict[str, float]:
+        """User + system CPU seconds of each harness process so far."""
+        import psutil
+
+        out = {}
+        for name, p in self.processes.items():
+            try:
+                t = psutil.Process(p.pid).cpu_times()
+                out[name] = t.user + t.system
+            except psutil.Error:
+                pass
+        return out
+
+    @staticmethod
+    def _end(p: subprocess.Popen) -> None:
+        if p.poll() is None:
+            try:
+                os.kill(p.pid, signal.SIGCONT)  # a hung (stopped) process cannot act on SIGTERM
+                p.terminate()
+                p.wait(10)
+            except (subprocess.TimeoutExpired, OSError):
+                p.kill()
+                p.wait(10)
+
+    def close(self) -> None:
+        if self.cluster is not None:
+            self.cluster.close()
+        if self.client is not None:
+            try:
+                self.client.close(timeout=10)
+            except Exception:
+                pass
+        for name in [n for n in self.processes if n != "scheduler"] + ["scheduler"]:
+            if name in self.processes:
+                self._end(self.processes.pop(name))
+        self._tmp.cleanup()
+
+    def __enter__(self) -> "HollowCluster":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+# ------------------------------------------------------------------------------ measurements
+def idle_cpu(client, seconds: float) -> float:
+    """Scheduler loop CPU in ms per second while the driver holds still for ``seconds``."""
+    c0, t0 = client.run_on_scheduler(sched_cpu_s), time.perf_counter()
+    time.sleep(seconds)
+    c1, t1 = client.run_on_scheduler(sched_cpu_s), time.perf_counter()
+    return (c1 - c0) / (t1 - t0) * 1e3
+
+
+def probe_cpu_ms(client, n: int = 10) -> float:
+    """The scheduler loop CPU one ``run_on_scheduler(sched_cpu_s)`` read costs (ms), back to back."""
+    reads = [client.run_on_scheduler(sched_cpu_s) for _ in range(n + 1)]
+    return statistics.median(b - a for a, b in zip(reads, reads[1:])) * 1e3
+
+
+def plain_dask_rounds(client, n_tasks: int, step_s: float, rounds: int) -> dict[str, Any]:
+    """Rounds of ``client.map`` of ``n_tasks`` sleeps and a gather barrier: wall and scheduler CPU per round."""
+    walls, cpus = [], []
+    for r in range(rounds):
+        c0, t0 = client.run_on_scheduler(sched_cpu_s), time.perf_counter()
+        futs = client.map(hollow_sleep, [step_s] * n_tasks, range(n_tasks),
+                          key=[f"hollow-sleep-{r}-{i}" for i in range(n_tasks)])
+        got = client.gather(futs)
+        walls.append(time.perf_counter() - t0)
+        cpus.append(client.run_on_scheduler(sched_cpu_s) - c0)
+        if sorted(got) != list(range(n_tasks)):
+            raise RuntimeError(f"plain Dask round {r} returned {len(got)} results, not {n_tasks}")
+        del futs
+    return {"round_s": walls, "sched_cpu_s": cpus}
+
+
+def exactly_once(res: dscar.FitResult, n_shards: int, n_rows: int) -> list[str]:
+    """What breaks exactly-once in a fit without losses (empty: nothing): each clock's commits (one
+    per shard) and the table (every row counts the clocks so far)."""
+    bad = []
+    for rec in res.history:
+        committed = sum(rec.shards_per_worker.values())
+        if committed != n_shards:
+            bad.append(f"clock {rec.clock}: {committed} shards committed, expected {n_shards}")
+        m = rec.metrics
+        if not (m.get("count_min") == m.get("count_max") == rec.clock and m.get("objective") == n_rows * rec.clock):
+            bad.append(f"clock {rec.clock}: counts {m.get('count_min')}..{m.get('count_max')}, sum "
+                       f"{m.get('objective')}; expected every row = {rec.clock}")
+    np_count = res.params["count"]
+    if not np.all(np_count == res.n_clocks):
+        bad.append(f"final table: counts {np_count.min()}..{np_count.max()}, expected {res.n_clocks}")
+    return bad
+
+
+def losses(res_events: list[dict]) -> list[dict]:
+    """The workers the job lost (``worker-lost``)."""
+    return [e for e in res_events if e.get("kind") == "worker-lost"]
+
+
+def loss_reasons(events: list[dict]) -> dict[str, int]:
+    """Why the coordinator removed the lost workers (``worker-removed`` reasons, digits left out), by count."""
+    out: dict[str, int] = {}
+    for e in events:
+        if e.get("kind") == "worker-removed":
+            why = "".join("#" if c.isdigit() else c for c in str(e.get("reason")))
+            out[why] = out.get(why, 0) + 1
+    return out
+
+
+def dscar_fit(hc: HollowCluster, spw: int, step_s: float, clocks: int, idle_s: float = 0.0,
+              policies: list[str] | None = None) -> tuple[dscar.FitResult, list[float], float | None]:
+    """One fit of ``clocks`` clocks on every worker: its result, the scheduler loop CPU at each clock
+    boundary, and (``idle_s``) the loop CPU in ms/s while the job waits between clocks after the last."""
+    n_shards = hc.n_workers * spw
+    algo = HollowStep(step_s)
+    cpu_at: list[float] = []
+    idle: list[float] = []
+
+    def on_clock(n: int) -> None:
+        cpu_at.append(hc.client.run_on_scheduler(sched_cpu_s))
+        if n == clocks and idle_s > 0:
+            idle.append(idle_cpu(hc.client, idle_s))
+
+    algo.on_clock = on_clock
+    res = dscar.fit(algo, {"row": np.arange(n_shards * ROWS_PER_SHARD, dtype=np.int64)}, hc.cluster,
+                    n_shards=n_shards, max_clocks=clocks, progress=False, policies=policies)
+    return res, cpu_at, (idle[0] if idle else None)
+
+
+def hang_trial(hc: HollowCluster, victim: str, spw: int, step_s: float, clocks: int,
+               policies: list[str] | None = None) -> dict[str, Any]:
+    """``victim`` (a worker alone in its process) hung at clock 2: how long until the coordinator loses it."""
+    n_total = len(hc.worker_names())  # (fewer than W when workers were lost before)
+    t0 = time.perf_counter()
+    algo = HollowStep(step_s)
+    n_shards = n_total * spw
+    try:
+        res = dscar.fit(algo, {"row": np.arange(n_shards * ROWS_PER_SHARD, dtype=np.int64)}, hc.cluster,
+                        n_shards=n_shards, max_clocks=clocks, progress=False, faults=[faults.hang(victim, 2)],
+                        policies=policies)
+        events, error = res.events, None
+    except dscar.DscarError as e:
+        events, error = [], f"{type(e).__name__}: {e}"
+    hung = [e for e in events if e.get("kind") == "fault-hang" and e.get("worker") == victim]
+    lost = [e for e in events if e.get("kind") == "worker-lost" and e.get("worker") == victim]
+    others = [e for e in losses(events) if e.get("worker") != victim]
+    from distributed.scheduler import heartbeat_interval
+
+    out = {"workers": n_total, "victim": victim, "error": error, "fit_s": time.perf_counter() - t0,
+           "heartbeat_interval_s": heartbeat_interval(n_total),
+           "fired": bool(hung), "detected": bool(hung and lost),
+           "detect_s": lost[0]["time"] - hung[0]["time"] if hung and lost else None,
+           "other_losses": len(others), "other_loss_reasons": loss_reasons([e for e in events if e.get("worker") != victim]),
+           "removed_reason": next((e.get("reason") for e in events
+                                   if e.get("kind") == "worker-removed" and e.get("worker") == victim), None)}
+    return out
+
+
+def measure(w: int, procs: int, spw: int, step_s: float, clocks: int, warmup: int, idle_s: float,
+            hang_trials: int, healthy_runs: int, t0: float, policies: list[str] | None = None) -> dict[str, Any]:
+    """Everything for one W (see the module docstring); ``policies`` as ``dscar.fit`` takes them."""
+    row: dict[str, Any] = {"workers": w, "procs": procs, "shards_per_worker": spw, "n_shards": w * spw,
+                           "step_s": step_s, "clocks": clocks, "warmup": warmup}
+    from distributed.scheduler import heartbeat_interval
+
+    row["heartbeat_interval_s"] = heartbeat_interval(w)
+    ts = time.perf_counter()
+    with HollowCluster(w, procs, solo=hang_trials > 0) as hc:
+        row["start_s"] = time.perf_counter() - ts
+        log(t0, f"W={w}: workers in {procs} processes{' and one alone' if hc.solo else ''} up in {row['start_s']:.1f} s")
+        client = hc.client
+        # plain Dask first, before dscar's runners poll the scheduler
+        row["idle_ms_per_s_dask"] = idle_cpu(client, idle_s)
+        plain_dask_rounds(client, hc.n_workers * spw, step_s, 1)  # warm the workers up
+        dask_runs = plain_dask_rounds(client, hc.n_workers * spw, step_s, clocks)
+        row["dask"] = dask_runs
+        log(t0, f"W={w}: plain Dask rounds {[round(x, 3) for x in dask_runs['round_s']]}")
+        hc.register()
+        row["idle_ms_per_s_no_job"] = idle_cpu(client, idle_s)
+        row["probe_cpu_ms"] = probe_cpu_ms(client)
+        hc.loop_lag_ms()  # (forget what came before the fit)
+        cpu0 = hc.process_cpu_s()
+        tf = time.perf_counter()
+        res, cpu_at, idle_job = dscar_fit(hc, spw, step_s, clocks, idle_s, policies)
+        fit_wall = time.perf_counter() - tf
+        cpu1 = hc.process_cpu_s()
+        row["loop_lag_ms"] = hc.loop_lag_ms()
+        row["fit_wall_s"] = fit_wall
+        row["setup_s"] = res.setup_seconds
+        row["process_cpu_s"] = {k: cpu1[k] - cpu0.get(k, 0.0) for k in cpu1}
+        row["idle_ms_per_s_job"] = idle_job
+        row["clock_s"] = [r.seconds for r in res.history]
+        row["skipped_clocks"] = sum(r.skipped for r in res.history)  # cut short by a loss: no clock-end step
+        row["stage_s"] = [dict(r.stage_s) for r in res.history]
+        row["clock_cpu_ms"] = [(b - a) * 1e3 for a, b in zip(cpu_at, cpu_at[1:])]  # clocks 2.. (after each boundary)
+        healthy = [res]
+        log(t0, f"W={w}: dscar fit: setup {res.setup_seconds:.1f} s, clocks {[round(x, 3) for x in row['clock_s']]}, "
+                f"worker loops' lag p99 {[round(v.get('p99', 0)) for v in row['loop_lag_ms'].values()]} ms")
+        for i in range(healthy_runs):
+            r, _, _ = dscar_fit(hc, spw, step_s, max(3, warmup + 1), policies=policies)
+            healthy.append(r)
+        # a loss restores the table from its initial values (no checkpoint store here): exactly once
+        # is checked on the fits that lost no worker
+        checked = [r for r in healthy if not losses(r.events)]
+        row["exactly_once_checked"] = len(checked)
+        row["exactly_once_violations"] = [v for r in checked for v in exactly_once(r, w * spw, w * spw * ROWS_PER_SHARD)]
+        row["healthy_runs"] = len(healthy)
+        row["false_positives"] = sum(len(losses(r.events)) for r in healthy)
+        row["false_positive_events"] = [e for r in healthy for e in losses(r.events)]
+        row["event_counts"] = {}
+        for r in healthy:
+            for e in r.events:
+                row["event_counts"][e["kind"]] = row["event_counts"].get(e["kind"], 0) + 1
+        row["false_positive_reasons"] = loss_reasons([e for r in healthy for e in r.events])
+        log(t0, f"W={w}: {len(healthy)} healthy fit(s), {row['false_positives']} workers lost "
+                f"{row['false_positive_reasons'] or ''}")
+        row["hang"] = []
+        for i in range(hang_trials):
+            h = hang_trial(hc, hc.solo if i == 0 else hc.replace_solo(), spw, step_s, max(4, warmup + 2), policies)
+            row["hang"].append(h)
+            log(t0, f"W={w}: hang trial {i + 1}: detected {h['detected']} after {h['detect_s']} s "
+                    f"(heartbeat interval {h['heartbeat_interval_s']:g} s), other losses {h['other_losses']} "
+                    f"{h['other_loss_reasons'] or ''}")
+    return summarize(row)
+
+
+def summarize(row: dict[str, Any]) -> dict[str, Any]:
+    """The row's figures from its raw measurements: medians, ratios, targets."""
+    wu, spw, step = row["warmup"], row["shards_per_worker"], row["step_s"]
+    ideal = spw * step
+    steady = row["clock_s"][wu:] or row["clock_s"]
+    row["clock_median_s"] = statistics.median(steady)
+    row["clock_ratio"] = row["clock_median_s"] / ideal
+    row["dscar_overhead_s"] = row["clock_median_s"] - ideal
+    dsteady = row["dask"]["round_s"][wu:] or row["dask"]["round_s"]
+    row["dask_round_median_s"] = statistics.median(dsteady)
+    row["dask_overhead_s"] = row["dask_round_median_s"] - ideal
+    row["overhead_ratio"] = (row["dscar_overhead_s"] / row["dask_overhead_s"]) if row["dask_overhead_s"] > 0 else None
+    cc = row["clock_cpu_ms"][max(wu - 1, 0):] or row["clock_cpu_ms"]
+    row["sched_cpu_ms_per_clock"] = statistics.median(cc) if cc else None
+    dc = row["dask"]["sched_cpu_s"][wu:] or row["dask"]["sched_cpu_s"]
+    row["dask_sched_cpu_ms_per_round"] = statistics.median(dc) * 1e3
+    hangs = [h for h in row["hang"] if h["detected"]]
+    row["hang_detect_s"] = [h["detect_s"] for h in row["hang"]]
+    row["hang_limit_s"] = (HANG_INTERVALS * row["hang"][0]["heartbeat_interval_s"] + HANG_SLACK_S) if row["hang"] else None
+    row["targets"] = {
+        "clock_ratio": {"limit": TARGET_CLOCK_RATIO, "value": row["clock_ratio"],
+                        "met": row["clock_ratio"] <= TARGET_CLOCK_RATIO},
+        "overhead_ratio": {"limit": TARGET_OVERHEAD_RATIO, "value": row["overhead_ratio"],
+                           "met": row["overhead_ratio"] is not None and row["overhead_ratio"] <= TARGET_OVERHEAD_RATIO},
+        "false_positives": {"limit": 0, "value": row["false_positives"], "runs": row["healthy_runs"],
+                            "met": row["false_positives"] == 0},
+    }
+    if row["hang"]:
+        worst = max((h["detect_s"] for h in hangs), default=None)
+        row["targets"]["hang_detect"] = {"limit": row["hang_limit_s"], "value": worst, "trials": len(row["hang"]),
+                                         "met": len(hangs) == len(row["hang"]) and worst <= row["hang_limit_s"]}
+    return row
+
+
+def _met(t: dict) -> str:
+    return "MET" if t["met"] else "NOT MET"
+
+
+def _num(x: float | None, fmt: str, scale: float = 1.0) -> str:
+    return "-" if x is None else format(x * scale, fmt)
+
+
+def _once(row: dict) -> str:
+    """Exactly once in the table: ok, NO (violations), or - (no fit without a loss to check)."""
+    return "-" if not row["exactly_once_checked"] else "NO" if row["exactly_once_violations"] else "ok"
+
+
+def format_table(rows: list[dict]) -> str:
+    head = (f"{'W':>4} {'procs':>5} {'clock ms':>8} {'x step':>6} {'dscar ovh':>9} {'Dask ovh':>8} {'ratio':>6} "
+            f"{'sched CPU/clock':>15} {'Dask CPU/round':>14} {'idle Dask':>9} {'idle dscar':>10} {'idle job':>8} "
+            f"{'HB int':>6} {'hang found s':>14} {'FP/runs':>7} {'1x/fits':>7}")
+    lines = [head]
+    for r in rows:
+        hang = ",".join(_num(x, ".1f") for x in r["hang_detect_s"]) or "-"
+        lines.append(
+            f"{r['workers']:>4} {r['procs']:>5} {_num(r['clock_median_s'], '.1f', 1e3):>8} "
+            f"{_num(r['clock_ratio'], '.2f'):>6} {_num(r['dscar_overhead_s'], '.1f', 1e3):>9} "
+            f"{_num(r['dask_overhead_s'], '.1f', 1e3):>8} {_num(r['overhead_ratio'], '.2f'):>6} "
+            f"{_num(r['sched_cpu_ms_per_clock'], '.1f'):>12} ms {_num(r['dask_sched_cpu_ms_per_round'], '.1f'):>11} ms "
+            f"{_num(r['idle_ms_per_s_dask'], '.1f'):>9} {_num(r['idle_ms_per_s_no_job'], '.1f'):>10} "
+            f"{_num(r['idle_ms_per_s_job'], '.1f'):>8} {r['heartbeat_interval_s']:>5.2f}s {hang:>14} "
+            f"{r['false_positives']:>3}/{r['healthy_runs']:<3} {_once(r):>3}/{r['exactly_once_checked']}")
+    return "\n".join(lines)
+
+
+def target_lines(rows: list[dict]) -> list[str]:
+    out = []
+    for r in rows:
+        t = r["targets"]
+        out.append(f"W={r['workers']}: clock <= {TARGET_CLOCK_RATIO}x step: {t['clock_ratio']['value']:.2f}x "
+                   f"{_met(t['clock_ratio'])}")
+        v = t["overhead_ratio"]["value"]
+        out.append(f"W={r['workers']}: dscar overhead <= {TARGET_OVERHEAD_RATIO}x plain Dask's: "
+                   f"{'-' if v is None else f'{v:.2f}x'} {_met(t['overhead_ratio'])}")
+        if "hang_detect" in t:
+            h = t["hang_detect"]
+            v = "not found" if h["value"] is None else f"{h['value']:.1f} s (worst of {h['trials']})"
+            out.append(f"W={r['workers']}: hung worker found <= {HANG_INTERVALS} x {r['heartbeat_interval_s']:g} s "
+                       f"+ {HANG_SLACK_S:g} s = {h['limit']:.1f} s: {v} {_met(h)}")
+        fp = t["false_positives"]
+        out.append(f"W={r['workers']}: false positives in {fp['runs']} healthy fit(s): {fp['value']} {_met(fp)}")
+        if r["skipped_clocks"]:
+            out.append(f"W={r['workers']}: {r['skipped_clocks']} of the measured fit's {len(r['clock_s'])} clocks were "
+                       "skipped (a loss cut them short)")
+    return out
+
+
+def plot(rows: list[dict], path: str) -> None:
+    plt = pyplot()
+    fig, (a1, a2, a3) = plt.subplots(1, 3, figsize=(14, 4))
+    ws = [r["workers"] for r in rows]
+    a1.plot(ws, [r["dscar_overhead_s"] * 1e3 for r in rows], "o-", label="dscar (clock - step)")
+    a1.plot(ws, [r["dask_overhead_s"] * 1e3 for r in rows], "s-", label="plain Dask (map + gather - step)")
+    a1.set_ylabel("per-round overhead, ms")
+    a1.set_title("overhead per round")
+    nan = float("nan")
+    a2.plot(ws, [nan if r["sched_cpu_ms_per_clock"] is None else r["sched_cpu_ms_per_clock"] for r in rows], "o-",
+            label="dscar, per clock")
+    a2.plot(ws, [r["dask_sched_cpu_ms_per_round"] for r in rows], "s-", label="plain Dask, per round")
+    a2.plot(ws, [r["idle_ms_per_s_no_job"] for r in rows], "^--", label="idle, dscar no job (per s)")
+    a2.plot(ws, [nan if r["idle_ms_per_s_job"] is None else r["idle_ms_per_s_job"] for r in rows], "v--",
+            label="idle, job between clocks (per s)")
+    a2.plot(ws, [r["idle_ms_per_s_dask"] for r in rows], "x--", label="idle, plain Dask (per s)")
+    a2.set_ylabel("scheduler loop CPU, ms")
+    a2.set_title("scheduler CPU")
+    hw = [r for r in rows if r["hang"]]
+    for r in hw:
+        xs = [r["workers"]] * len(r["hang_detect_s"])
+        a3.plot(xs, [x if x is not None else float("nan") for x in r["hang_detect_s"]], "ko")
+    a3.plot([r["workers"] for r in hw], [r["hang_limit_s"] for r in hw], "r_", markersize=25,
+            label=f"target: {HANG_INTERVALS} heartbeat intervals + {HANG_SLACK_S:g} s")
+    a3.set_ylabel("seconds from hang to loss")
+    a3.set_title("hung worker detection")
+    for a in (a1, a2, a3):
+        a.set_xlabel("workers (W)")
+        a.set_xscale("log", base=2)
+        a.grid(True, alpha=0.3)
+        a.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--serve"]:
+        serve(*argv[1:])
+        return 0
+    ap = argparse.ArgumentParser(prog="python -m bench.hollow", description=__doc__.split("\n")[0])
+    ap.add_argument("--quick", action="store_true", help="W = 16 on 2 processes, 5 clocks, 1 hang trial (~1-2 min)")
+    ap.add_argument("--workers", default=None, help="comma-separated W (default 64,256; 16 with --quick)")
+    ap.add_argument("--procs", type=int, default=None, help="worker processes (default W/32, at least 2, at most 8)")
+    ap.add_argument("--shards-per-worker", type=int, default=1)
+    ap.add_argument("--step", type=float, default=STEP_S, help="seconds each shard step sleeps (default 0.1)")
+    ap.add_argument("--clocks", type=int, default=None, help="clocks of the measured fit and plain Dask rounds "
+                    "(default 12, 5 with --quick)")
+    ap.add_argument("--warmup", type=int, default=2, help="clocks / rounds left out of the medians")
+    ap.add_argument("--idle", type=float, default=None, help="seconds of each idle measurement (default 5, 2 with --quick)")
+    ap.add_argument("--hang-trials", type=int, default=None, help="hang trials per W (default 3, 1 with --quick)")
+    ap.add_argument("--healthy-runs", type=int, default=None, help="extra healthy fits per W for false positives "
+                    "(default 2, 1 with --quick)")
+    ap.add_argument("--policies", default="default", help="dscar's straggler policies: default (dscar.fit's), "
+                    "none, or comma-separated names (backup, adaptive, restart)")
+    ap.add_argument("--json", metavar="PATH")
+    ap.add_argument("--plot", metavar="PATH", default="hollow.png")
+    args = ap.parse_args(argv)
+    ws = [int(x) for x in args.workers.split(",")] if args.workers else ([16] if args.quick else [64, 256])
+    clocks = args.clocks or (5 if args.quick else 12)
+    idle_s = args.idle or (2.0 if args.quick else 5.0)
+    policies = (None if args.policies == "default" else [] if args.policies == "none"
+                else args.policies.split(","))
+    hang_trials = args.hang_trials if args.hang_trials is not None else (1 if args.quick else 3)
+    healthy = args.healthy_runs if args.healthy_runs is not None else (1 if args.quick else 2)
+    if min(ws) < 2 or clocks <= args.warmup + 1:
+        ap.error("need W >= 2 and more clocks than warmup + 1")
+    t0 = time.perf_counter()
+    machine = machine_info()
+    rows = []
+    for w in ws:
+        procs = args.procs or min(8, max(2, w // 32))
+        rows.append(measure(w, procs, args.shards_per_worker, args.step, clocks, args.warmup, idle_s,
+                            hang_trials, healthy, t0, policies))
+    load = load_average()
+    probes = ", ".join(f"{r['probe_cpu_ms']:.2f}" for r in rows)
+    print(f"\nHollow workers: HollowStep (SleepStep, {args.step * 1e3:g} ms steps, {ROWS_PER_SHARD} rows a shard), "
+          f"{args.shards_per_worker} shard(s) per worker, {clocks} clocks / plain Dask rounds, first {args.warmup} "
+          f"dropped; policies {args.policies}; idle CPU over {idle_s:g} s (ms of scheduler loop CPU per s); "
+          f"scheduler CPU per clock includes one CPU read ({probes} ms)")
+    out = {"quick": args.quick, "workers": ws, "step_s": args.step, "clocks": clocks, "warmup": args.warmup,
+           "shards_per_worker": args.shards_per_worker, "idle_s": idle_s, "policies": args.policies, "rows": rows,
+           "machine": {**machine, "loadavg_after": load}, "wall_s": time.perf_counter() - t0}
+    if args.json:
+        write_json(args.json, out)
+    print(format_table(rows))
+    for line in target_lines(rows):
+        print(line)
+    print(f"loadavg after: {load}")
+    plot(rows, args.plot)
+    print(f"plot: {args.plot}")
+    return 0
+
+
+if __name__ == "__main__":
+    # run as bench.hollow, not __main__: functions sent to the workers (client.run, the algorithm) are
+    # then pickled by reference and find this module's state there (LOOP_LAG), not a copy of it
+    from bench import hollow
+
+    sys.exit(hollow.main())
