@@ -26,7 +26,9 @@ def tier_of(item: pytest.Item) -> str:
     if item.path.name.startswith("test_bench_"):
         return "bench"
     fixtures = set(getattr(item, "fixturenames", ()))
-    source = _source_with_helpers(getattr(item, "function", None), getattr(item, "module", None))
+    module = getattr(item, "module", None)
+    source = _source_with_helpers(getattr(item, "function", None), module)
+    source += "".join(_source_with_helpers(f, module) for f in _own_fixtures(item))
     if "procs" in fixtures or any(sign in source for sign in PROCESS_SIGNS):
         return "processes"
     if "Cluster(" in source and "processes=False" not in source:
@@ -34,6 +36,16 @@ def tier_of(item: pytest.Item) -> str:
     if "inproc" in fixtures or any(sign in source for sign in CLUSTER_SIGNS):
         return "cluster"
     return "pure"
+
+
+def _own_fixtures(item: pytest.Item) -> list:
+    """The functions of the fixtures ``item`` uses that are defined in a test module (not
+    ``conftest.py``, whose ``procs`` and ``inproc`` are tiered by name): a test whose module
+    fixture fits on a cluster is a cluster test."""
+    defs = getattr(getattr(item, "_fixtureinfo", None), "name2fixturedefs", {})
+    here = Path(__file__).parent
+    return [d.func for ds in defs.values() for d in ds
+            if (inspect.getsourcefile(d.func) or "").startswith(str(here / "test_"))]
 
 
 def _source_with_helpers(function, module, depth: int = 2) -> str:
