@@ -44,6 +44,13 @@ A shard's
 saved state is whole: the manifest's ``states`` names, per shard, the newest
 entry that holds it.
 
+A manifest's ``clock`` is the clock whose end it was taken at. Under SSP the
+tables may then hold later clocks' updates of shards that ran ahead: its
+``cut`` (``{"shard": clock}``, every shard, present only when some shard is past
+``clock``) is, per shard, the newest clock whose update the saved tables and that
+shard's saved state hold. A resume starts each shard at the clock after its cut
+(``ClockWindow.resume_from``); without ``cut`` every shard starts at ``clock + 1``.
+
 Priority (SCAR): with fraction ``r`` every ``r * C`` clocks, each partition
 saves the ``r * rows`` rows (on average over saves: ``priority_count``) whose
 value moved most (L2 norm of current - last saved): the same rows, and with
@@ -579,6 +586,10 @@ def load_manifest(fs, root: str, version: int) -> dict:
     if m.get("format") != FORMAT:
         raise CorruptCheckpointError(f"{path}: checkpoint format {m.get('format', 1)!r}, this dscar reads {FORMAT} "
                                      "(written by another version)")
+    cut = m.get("cut", {})
+    if not isinstance(cut, dict) or not all(isinstance(c, int) and isinstance(m["clock"], int) and c >= m["clock"]
+                                            for c in cut.values()):
+        raise CorruptCheckpointError(f"{path}: malformed cut {cut!r} (shard -> a clock from the manifest's on)")
     try:
         entries = [e for chain in m["chains"].values() for e in chain] + list(m.get("states", {}).values())
         paths = [e["path"] for e in entries]

@@ -30,7 +30,7 @@ from .comm import fast_fail_pool
 from .data import ArrayData, FileData, PhasedData, as_data, is_dask
 from .errors import ClusterError, DscarError, InvalidInputError, JobFailedError
 from .faults import Fault, fire_point, resolve, unfired, why_unfired
-from .ledger import restore_candidates
+from .ledger import cut_refusal, restore_candidates
 from .membership import new_token
 from .monitor import ThroughputMonitor
 from .partitions import PartitionMap, by_owner
@@ -264,6 +264,9 @@ def fit(
                                     "the fit: pass cluster= (a dscar.Cluster, a Client or an address)")
         resume_from = ckpt.find_resume(checkpoint, _model_info(algorithm, d.meta), tables, notes) if resume else None
         if resume_from is not None:
+            for m in resume_from:  # (any of them may be the one that verifies)
+                if (why := cut_refusal(m, d.meta.n_shards, consistency, staleness or 0)) is not None:
+                    raise InvalidInputError(f"cannot resume from {checkpoint.url!r}: {why}")
             parts = {t: int(p) for t, _, p, _ in resume_from[0]["tables"]}
             tables = [replace(t, n_parts=parts[t.name]) for t in tables]
         if all(isinstance(f, Fault) and isinstance(f.worker, int) for f in faults):

@@ -663,7 +663,7 @@ class JobState:
             w = self.pmap.owners.get((t, p))
             if w in writers:
                 whole.setdefault(w, []).append((t, p))
-        version = self.ledger.start(clock, writers, [k for ks in whole.values() for k in ks])
+        version = self.ledger.start(clock, writers, [k for ks in whole.values() for k in ks], info.get("cut"))
         self.ckpt_cost[version] = {"stall": None, "write": 0.0, "written": False}
         self.schedule.taken(clock)
         self._replan(now)

@@ -43,6 +43,9 @@ class PendingVersion:
     failed: str | None = None
     #: partitions ``(table, part)`` this version saves whole (their chains reached ``max_chain``)
     whole: set = field(default_factory=set)
+    #: per shard, the newest clock whose update the saved tables hold (SSP: may pass ``clock``);
+    #: None: ``clock`` for every shard (BSP)
+    cut: list[int] | None = None
 
 
 class CheckpointLedger:
@@ -76,11 +79,15 @@ class CheckpointLedger:
         self.version = max(self.version, int(manifest["version"]))
         self.state_saved = {int(s): int(manifest["clock"]) for s in manifest.get("states", {})}
 
-    def start(self, clock: int, writers: Iterable[str], whole: Iterable[tuple[str, int]] = ()) -> int:
+    def start(self, clock: int, writers: Iterable[str], whole: Iterable[tuple[str, int]] = (),
+              cut: list[int] | None = None) -> int:
         """A new version: ``writers`` snapshot now and report when their files are durable;
-        the partitions of ``whole`` (``whole_due``) save all their rows."""
+        the partitions of ``whole`` (``whole_due``) save all their rows. ``cut``: per shard, the
+        newest clock whose update the snapshot holds (SSP), kept in the manifest so that a resume
+        applies none of them again."""
         self.version += 1
-        self.pending[self.version] = PendingVersion(self.version, clock, set(writers), whole=set(whole))
+        self.pending[self.version] = PendingVersion(self.version, clock, set(writers), whole=set(whole),
+                                                    cut=None if cut is None else [int(c) for c in cut])
         return self.version
 
     def whole_due(self, parts: dict[str, int]) -> list[tuple[str, int]]:
@@ -151,6 +158,8 @@ class CheckpointLedger:
                 **fields, "format": FORMAT, "version": v, "clock": p.clock, "policy": self.policy, "chains": chains,
                 "states": states, "bytes": sum(f["bytes"] for f in p.files), "created": now,
             }
+            if p.cut is not None and any(c != p.clock for c in p.cut):
+                manifest["cut"] = {str(shard): c for shard, c in enumerate(p.cut)}
             self.built = manifest
             self.to_publish.append(manifest)
             built.append(manifest)
@@ -168,6 +177,32 @@ class CheckpointLedger:
     def newest_first(self) -> list[dict]:
         """Every complete manifest a recovery may use, newest first."""
         return list(reversed(self.published + self.to_publish))
+
+
+def manifest_cut(manifest: dict, n_shards: int) -> list[int]:
+    """Per shard, the newest clock whose update ``manifest``'s tables hold: its ``cut`` (an SSP
+    checkpoint taken while shards ran ahead), else its clock for every shard (BSP, or a
+    manifest written before the cut was kept)."""
+    clock = int(manifest["clock"])
+    cut = manifest.get("cut") or {}
+    return [int(cut.get(str(s), clock)) for s in range(n_shards)]
+
+
+def cut_refusal(manifest: dict, n_shards: int, consistency: str, staleness: int) -> str | None:
+    """Why a fit of ``n_shards`` shards under ``consistency`` and ``staleness`` cannot resume from
+    ``manifest`` without applying some update twice or reading past its staleness (None: it can).
+    Its cut must name the same shards, and reach no further past its clock than the window allows."""
+    cut = manifest.get("cut")
+    if not cut:
+        return None
+    clock, ahead = int(manifest["clock"]), max(int(c) for c in cut.values()) - int(manifest["clock"])
+    if len(cut) != n_shards:
+        return (f"checkpoint version {manifest['version']} holds updates past its clock {clock} (an SSP cut) of "
+                f"{len(cut)} shards; resume it with {len(cut)} shards, not {n_shards}")
+    if consistency != "ssp" or ahead > staleness:
+        return (f"checkpoint version {manifest['version']} holds updates of shards up to {ahead} clock(s) past its "
+                f"clock {clock} (an SSP cut); resume it with consistency='ssp' and staleness >= {ahead}")
+    return None
 
 
 def restore_candidates(manifests: list[dict], table: str, part: int) -> list[tuple[int, list[dict]]]:

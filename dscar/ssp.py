@@ -60,6 +60,11 @@ Rules (``check`` asserts them, ``tests/test_ssp.py`` drives them with Hypothesis
   flight: its tables hold exactly the updates listed by ``cut()`` (shard ->
   newest clock applied, written-off updates counted as applied), and each
   shard's saved state is as of that clock.
+* **A resume from a cut.** The manifest keeps that cut; a window resumed from it
+  (``resume_from``) starts each shard at the clock after its own cut, counts its
+  updates up to the cut as applied (never handed out again: exactly once across
+  a resume) and skips the open clocks the cut reaches into (their reductions
+  were not saved, as after a restore).
 """
 from __future__ import annotations
 
@@ -181,6 +186,7 @@ class ClockWindow:
     _batches: int = 0
     _urgent: bool = False
     _rebuild_done: list[tuple[int, str]] = field(default_factory=list)
+    _first_floor: int = 0  # (the clocks up to it were an earlier fit's: a resume)
 
     def __post_init__(self):
         if self.n_shards < 1:
@@ -188,6 +194,7 @@ class ClockWindow:
         if self.staleness < 0:
             raise ValueError(f"staleness must be >= 0, not {self.staleness}")
         self._shards = [_Shard(self.floor + 1) for _ in range(self.n_shards)]
+        self._first_floor = self.floor
 
     # ------------------------------------------------------------ queries
     @property
@@ -238,6 +245,27 @@ class ClockWindow:
         return self.floor >= self.limit and not self.recovering
 
     # -------------------------------------------------------- transitions
+    def resume_from(self, cut: list[int]) -> None:
+        """The job resumes from a checkpoint of clock ``floor`` whose tables hold each shard's
+        updates up to ``cut[shard]`` (``ClockWindow.cut`` when it was taken): each shard starts at
+        the clock after its cut, and a clock some shard's cut reaches past ``floor`` is skipped
+        (its reduction sums were not saved). A cut of ``floor`` everywhere (BSP, or a manifest
+        without one) changes nothing. Only before anything started."""
+        if self.applied or self.in_flight is not None or any(
+                s.phase is not ShardPhase.TODO or s.clock != self.floor + 1 for s in self._shards):
+            raise ClockError("resume_from after the window started")
+        if len(cut) != self.n_shards:
+            raise ClockError(f"a cut of {len(cut)} shards for a window of {self.n_shards}")
+        for shard, c in enumerate(cut):
+            if not self.floor <= c <= self.floor + self.staleness:
+                raise ClockError(f"shard {shard}'s cut {c} is outside clocks {self.floor} .. "
+                                 f"{self.floor + self.staleness} (the checkpoint's clock + staleness)")
+        for shard, c in enumerate(cut):
+            self._shards[shard].clock = c + 1
+            self.applied |= {(shard, k) for k in range(max(1, self.floor), c + 1)}
+        for c in range(self.floor + 1, max(cut, default=self.floor) + 1):
+            self._note_skip(c, "the checkpoint resumed from holds updates of the clock, not its reductions")
+
     def allow(self, limit: int) -> list[Action]:
         """The driver allows clocks up to ``limit``."""
         self.limit = max(self.limit, limit)
@@ -483,7 +511,7 @@ class ClockWindow:
             assert (i, s.clock) not in self.applied, (i, s)
             if s.phase is ShardPhase.APPLYING:
                 assert self.in_flight is not None and any(u[0] == i for u in self.in_flight.updates), i
-        for c in range(1, self.floor + 1):
+        for c in range(self._first_floor + 1, self.floor + 1):
             assert c in self.finished and self.finished[c] in (ClockStatus.DONE, ClockStatus.SKIPPED), c
         assert not (self.in_flight is not None and self.clock_end is not None)
         if self.clock_end is not None:

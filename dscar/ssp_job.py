@@ -23,6 +23,7 @@ from typing import Any
 
 from .errors import ShardFailedError
 from .job import ApplyPass, Checkpoint, Effect, JobConfig, JobState, StartRecovery
+from .ledger import manifest_cut
 from .monitor import step_seconds
 from .partitions import PartitionMap
 from .shards import Attempt, ShardQueue, ShardStatus
@@ -41,6 +42,7 @@ class SspJobState(JobState):
                                   floor=self.machine.clock, limit=max_clocks)
         queue.reopen(range(cfg.n_shards))  # every shard waits for its first clock
         if kw.get("resume") is not None:  # the tables come back from the checkpoint: rebuild them first
+            self.window.resume_from(manifest_cut(kw["resume"], cfg.n_shards))
             self.window.needs_rebuild = self.window.applied_before = bool(cfg.rebuild)
         #: the driver began the fit (before, nothing is handed out: shards may still be placed)
         self.begun = False
@@ -348,6 +350,7 @@ class SspJobState(JobState):
         w = self.window
         self.window = ClockWindow(self.cfg.n_shards, w.staleness, has_rebuild=w.has_rebuild,
                                   floor=self.machine.clock, limit=w.limit)
+        self.window.resume_from(manifest_cut(manifest, self.cfg.n_shards))
         self.window.needs_rebuild = self.window.applied_before = w.needs_rebuild
 
     def recovered(self, covered: set[str], now: float) -> list[Effect]:

@@ -147,6 +147,50 @@ def test_out_of_order_starts_are_refused():
 
 
 # ------------------------------------------------------------------ stateful
+def test_a_window_resumed_from_a_cut_starts_each_shard_after_its_own_clock_and_skips_the_clocks_it_reaches():
+    """A checkpoint at the end of clock 4 held shard 1's update of clock 5 and shard 2's of clocks 5 and 6
+    (staleness 2): resumed, shard 0 starts at 5, shard 1 at 6, shard 2 at 7 (once clock 4 + 1 + 2 >= 7),
+    and clocks 5 and 6 are skipped (their reduction sums were not saved) without their clock ends."""
+    w = ClockWindow(n_shards=3, staleness=2, floor=4, limit=8)
+    w.resume_from([4, 5, 6])
+    w.check()
+    assert [w.shard_clock(s) for s in range(3)] == [5, 6, 7] and w.startable() == [0, 1, 2]
+    handed = []
+    while w.floor < w.limit:
+        for shard in w.startable():
+            clock = w.start(shard)
+            handed.append((shard, clock))
+            for a in w.commit(shard, clock, "a", w.epoch):
+                if isinstance(a, ApplyBatch):
+                    w.batch_applied(a.batch)
+        while w.clock_end is not None or w.in_flight is not None:
+            if w.in_flight is not None:
+                w.batch_applied(w.in_flight.batch)
+            else:
+                assert w.clock_end not in (5, 6), "a clock the cut reaches ran its clock end"
+                assert w.clock_end_done(w.clock_end, w.epoch)
+                w.go_on()
+        w.check()
+    assert sorted(handed) == sorted({(s, c) for s in range(3) for c in range(5, 9)} - {(1, 5), (2, 5), (2, 6)})
+    assert w.finished[5] is w.finished[6] is ClockStatus.SKIPPED
+    assert w.finished[7] is w.finished[8] is ClockStatus.DONE
+
+
+def test_a_cut_everywhere_at_the_checkpoints_clock_resumes_as_before_and_a_bad_cut_is_refused():
+    w = ClockWindow(n_shards=2, staleness=1, floor=3, limit=6)
+    w.resume_from([3, 3])
+    assert [w.shard_clock(s) for s in range(2)] == [4, 4] and not w.skip_reasons
+    w.check()
+    with pytest.raises(ClockError, match="outside clocks 3 .. 4"):
+        ClockWindow(n_shards=2, staleness=1, floor=3, limit=6).resume_from([3, 5])  # past the staleness
+    with pytest.raises(ClockError, match="a cut of 1 shards"):
+        ClockWindow(n_shards=2, staleness=1, floor=3, limit=6).resume_from([3])
+    started = ClockWindow(n_shards=2, staleness=1, floor=3, limit=6)
+    started.start(0)
+    with pytest.raises(ClockError, match="after the window started"):
+        started.resume_from([3, 4])
+
+
 WORKERS = ["w0", "w1", "w2", "w3"]
 OWNERS = {"w0": "param", "w1": "param", "w2": "reduction"}  # w3 owns nothing
 
@@ -156,9 +200,16 @@ class WindowFuzz(RuleBasedStateMachine):
     clocks open. The model checks what the window promises its readers and the applied updates."""
 
     @initialize(n=st.integers(1, 5), s=st.integers(0, 3), rebuild=st.booleans(), limit=st.integers(1, 10),
-                min_batch=st.integers(1, 3))
-    def setup(self, n, s, rebuild, limit, min_batch):
-        self.w = ClockWindow(n_shards=n, staleness=s, has_rebuild=rebuild, limit=limit, min_batch=min_batch)
+                min_batch=st.integers(1, 3), floor=st.integers(0, 3), ahead=st.lists(st.integers(0, 3), max_size=5))
+    def setup(self, n, s, rebuild, limit, min_batch, floor, ahead):
+        """A new fit (``floor`` 0), or a resume from a checkpoint of clock ``floor`` whose cut has shard
+        ``i`` ``ahead[i]`` clocks past it (at most ``s``): those updates were applied by the earlier fit."""
+        self.w = ClockWindow(n_shards=n, staleness=s, has_rebuild=rebuild, limit=floor + limit, min_batch=min_batch,
+                             floor=floor)
+        cut = [floor + min(s, ahead[i]) if i < len(ahead) else floor for i in range(n)]
+        if floor:
+            self.w.resume_from(cut)
+        self.first_floor = floor
         self.lost: set[str] = set()
         self.running: list[tuple[int, int, str, int]] = []  # (shard, clock, worker, epoch)
         self.batch: ApplyBatch | None = None
@@ -173,6 +224,11 @@ class WindowFuzz(RuleBasedStateMachine):
         self.version_of: dict[tuple[int, int], tuple[int, int]] = {}
         self.end_version: dict[int, tuple[int, int]] = {}
         self.writer_of: dict[tuple[int, int], str] = {}  # (shard, clock) -> the worker whose update was applied whole
+        if floor:  # what the earlier fit applied: a resume must hand none of it out again
+            self.times_applied = {(i, c): 1 for i in range(n) for c in range(1, cut[i] + 1)}
+            self.whole = dict.fromkeys(self.times_applied, True)
+            self.must_skip = set(range(floor + 1, max(cut) + 1))  # their reductions are not in the checkpoint
+            self.handle(self.w.allow(self.w.limit))  # (the job's ``begin``: skips what only the cut reached)
 
     def live(self):
         return [x for x in WORKERS if x not in self.lost]
@@ -207,7 +263,7 @@ class WindowFuzz(RuleBasedStateMachine):
         self.current[shard] = (clock, worker, w.epoch)
         if w.rebuilding is None:
             assert clock <= w.floor + 1 + w.staleness  # the window bound
-            for c in range(1, clock - w.staleness):  # reads see every update of clocks <= t - s - 1
+            for c in range(self.first_floor + 1, clock - w.staleness):  # reads see every update of clocks <= t - s - 1
                 assert w.finished.get(c) in (ClockStatus.DONE, ClockStatus.SKIPPED), (clock, c)
             assert all(self.times_applied.get((shard, c)) == 1 for c in range(1, clock))  # its own earlier updates
             # a copy of the tables as new as the read floor and the shard's own update holds all of that:

@@ -9,10 +9,11 @@ import pytest
 import dscar
 from dscar import TableSpec, faults
 from dscar.errors import InvalidInputError
-from dscar.job import ApplyPass, JobConfig, StartRecovery
+from dscar.job import ApplyPass, Checkpoint, JobConfig, StartRecovery
+from dscar.ledger import cut_refusal, manifest_cut
 from dscar.partitions import PartitionMap, TableLayout
 from dscar.shards import ShardQueue, ShardStatus
-from dscar.ssp import ShardPhase
+from dscar.ssp import ClockStatus, ShardPhase
 from dscar.ssp_job import SspJobState
 
 from conftest import RowCounter, row_data
@@ -45,18 +46,23 @@ class SspRowCounter(RowCounter):
         return {**super().clock_end(ctx), "stale": float(dscar.to_host(ctx.pull("stale"))[0])}
 
 
-def _job(n_shards=4, staleness=2, checkpoint=None) -> SspJobState:
+def _job(n_shards=4, staleness=2, checkpoint=None, resume=None, begin=True) -> SspJobState:
     cfg = JobConfig("j", n_shards, {"count": "param", "seen": "reduction"}, [], [""], checkpoint)
     pmap = PartitionMap([TableLayout("count", 8, 2), TableLayout("seen", 8, 1)])
     pmap.assign(["a", "b"])
     queue = ShardQueue(n_shards, reloadable=True)
     for s in range(n_shards):
         queue.set_holder(s, "a" if s % 2 == 0 else "b")
-    job = SspJobState(cfg, queue, pmap, staleness=staleness, max_clocks=10, policies=[])
+    job = SspJobState(cfg, queue, pmap, staleness=staleness, max_clocks=10, policies=[], resume=resume)
     job.workers = ["a", "b"]
-    job.begin(1, 0.0)
-    job.window.min_batch = 1  # every commit applied at once: the tests follow each batch
+    if begin:
+        _begin(job)
     return job
+
+
+def _begin(job):
+    job.begin(job.clock, 0.0)
+    job.window.min_batch = 1  # every commit applied at once: the tests follow each batch
 
 
 def _commit_item(job, item, worker, now):
@@ -144,6 +150,76 @@ def test_a_loss_with_several_clocks_open_voids_only_what_is_not_applied(tmp_path
     assert [w.phase(s) for s in range(4)] == [ShardPhase.TODO] * 4
     assert [job.queue.status(s) for s in range(4)] == [ShardStatus.TODO] * 4 and 2 in w.skip_reasons
     assert job.next_item("a", 0.8) is None  # nothing is handed out while recovering
+
+
+def _checkpoint_with_shards_ahead(tmp_path) -> tuple[dict, dict]:
+    """b holds shard 1 at clock 1 while a runs shards 0, 2 and 3 through clock 3 (staleness 2); then b
+    commits, clock 1 ends and a checkpoint is taken: returns (its manifest, the clocks whose updates
+    the tables held then, per shard)."""
+    job = _job(checkpoint=dscar.CheckpointConfig(str(tmp_path), policy="full", every=1))
+    held = job.next_item("b", 0.0)
+    while (item := job.next_item("a", 0.1)) is not None:
+        _apply_all(job, _commit_item(job, item, "a", 0.1), 0.1)
+    effects = _apply_all(job, _commit_item(job, held, "b", 0.2), 0.2)
+    end = job.next_item("a", 0.3)
+    assert end["op"] == "clock_end" and end["clock"] == 1 and effects
+    [ckpt] = [e for e in job.clock_end_done("a", end["run"], {"objective": 1.0}, 0.0, 0.3, clock=1)
+              if isinstance(e, Checkpoint)]
+    held_then = {s: job.window.shard_clock(s) - 1 for s in range(4)}
+    for w in ckpt.writers:
+        job.checkpoint_written(ckpt.version, w, [], None, 0.4)
+    [manifest] = job.ledger.to_publish
+    return manifest, held_then
+
+
+def _handed_out(job, worker, now) -> list[tuple[int, int]]:
+    """Run the job to its end on one worker: every (shard, clock) handed out."""
+    handed = []
+    while not job.window.done:
+        item = job.next_item(worker, now)
+        assert item is not None, job.stall_report()
+        if item["op"] == "clock_end":
+            assert job.window.finished.get(item["clock"]) is not ClockStatus.SKIPPED
+            job.clock_end_done(worker, item["run"], {"objective": 1.0}, 0.0, now, clock=item["clock"])
+            job.snapshotted("checkpoint", now)
+            continue
+        handed += [(m["shard"], m["clock"]) for m in item["shards"]]
+        _apply_all(job, _commit_item(job, item, worker, now), now)
+    return handed
+
+
+def test_a_checkpoint_keeps_its_cut_and_a_resume_from_it_hands_out_no_update_it_holds(tmp_path):
+    manifest, held = _checkpoint_with_shards_ahead(tmp_path)
+    assert manifest["clock"] == 1 and held == {0: 3, 1: 1, 2: 3, 3: 3}
+    assert manifest["cut"] == {"0": 3, "1": 1, "2": 3, "3": 3}
+    assert manifest_cut(manifest, 4) == [3, 1, 3, 3] and manifest_cut({"clock": 1}, 4) == [1] * 4
+    resumed = _job(checkpoint=dscar.CheckpointConfig(str(tmp_path), policy="full", every=100), resume=manifest)
+    assert [resumed.window.shard_clock(s) for s in range(4)] == [4, 2, 4, 4]
+    handed = _handed_out(resumed, "a", 1.0)
+    assert sorted(handed) == sorted({(s, c) for s in range(4) for c in range(held[s] + 1, 11)})  # each once
+    skipped = {c for c, st in resumed.window.finished.items() if st is ClockStatus.SKIPPED}
+    assert skipped == {2, 3}  # their reductions were not in the checkpoint
+
+
+def test_a_rebase_onto_an_older_manifest_opens_the_clocks_after_its_cut(tmp_path):
+    older, _ = _checkpoint_with_shards_ahead(tmp_path)
+    newest = {**older, "version": older["version"] + 1, "clock": 4}
+    newest.pop("cut")
+    job = _job(checkpoint=dscar.CheckpointConfig(str(tmp_path), policy="full", every=100), resume=newest, begin=False)
+    assert [job.window.shard_clock(s) for s in range(4)] == [5] * 4
+    job.rebase(older)  # the newest did not verify
+    _begin(job)
+    assert [job.window.shard_clock(s) for s in range(4)] == [4, 2, 4, 4]
+    handed = _handed_out(job, "b", 1.0)
+    assert len(handed) == len(set(handed)) and not {(s, c) for s, c in handed if c <= (3 if s != 1 else 1)}
+
+
+def test_a_resume_that_would_apply_a_cut_twice_or_read_past_its_staleness_is_refused():
+    m = {"version": 7, "clock": 4, "cut": {"0": 4, "1": 6}}
+    assert cut_refusal(m, 2, "ssp", 2) is None and cut_refusal({"version": 7, "clock": 4}, 2, "bsp", 0) is None
+    assert "consistency='ssp' and staleness >= 2" in cut_refusal(m, 2, "bsp", 0)
+    assert "consistency='ssp' and staleness >= 2" in cut_refusal(m, 2, "ssp", 1)
+    assert "with 2 shards, not 3" in cut_refusal(m, 3, "ssp", 2)
 
 
 def test_ssp_settings_are_checked_before_any_work(inproc):
@@ -259,8 +335,8 @@ def test_an_ssp_resume_whose_newest_checkpoint_is_corrupt_resumes_from_the_one_b
     window must then open the clock after that checkpoint's, not the newest one's, or the driver
     waits for ever for a report of a clock the window never runs.
 
-    Staleness 0: with s >= 1 a checkpoint before the last clock may hold updates of shards that ran
-    ahead (its cut), which a resume does not know today and applies again (a separate defect)."""
+    Staleness 0: the fallback is deterministic (with s >= 1 a checkpoint may hold a cut past its clock:
+    ``test_a_resume_from_a_checkpoint_with_shards_ahead_applies_each_update_exactly_once``)."""
     from dscar import checkpoint as ckpt
 
     cfg = dscar.CheckpointConfig(str(tmp_path), policy="full", every=2, keep=5)
@@ -281,3 +357,48 @@ def test_an_ssp_resume_whose_newest_checkpoint_is_corrupt_resumes_from_the_one_b
     for rec in res.history:
         assert rec.metrics["seen_min"] == rec.metrics["seen_max"] == 1.0, rec
     np.testing.assert_array_equal(res.params["count"], np.full(40, 8.0))
+
+
+@pytest.mark.timeout(150)
+def test_a_resume_from_a_checkpoint_with_shards_ahead_applies_each_update_exactly_once(inproc, tmp_path):
+    """Worker 1 is slowed five times (its own shards only: static sharding), so while it runs clock t
+    worker 0's shards run t + 1 (staleness 1) and a checkpoint at t's end holds their updates (its cut).
+    A resume from that checkpoint (the newest: the manifests after it removed; or an older one: the
+    newer ones corrupted, the rebase path) applies none of them again: every row counts 8 after 8
+    clocks, not 9, and the clocks the cut reached are skipped (their reductions were not saved)."""
+    from dscar import checkpoint as ckpt
+
+    for round_ in range(3):
+        cfg = dscar.CheckpointConfig(str(tmp_path / f"round{round_}"), policy="full", every=1, keep=10)
+        fit = dict(n_shards=4, checkpoint=cfg, consistency="ssp", staleness=1, policies=[], sharding="static",
+                   faults=[faults.slow(1, 5.0)])
+        dscar.fit(SspRowCounter(sleep=0.01), row_data(40), inproc, max_clocks=6, **fit)
+        fs, root = ckpt.fs_and_root(cfg.url)
+        manifests = [ckpt.load_manifest(fs, root, v) for v in ckpt.list_versions(fs, root)]
+        ahead = [m for m in manifests if "cut" in m]
+        assert ahead, [m["clock"] for m in manifests]  # some checkpoint held a clock past its own
+        chosen = ahead[-1]
+        for m in manifests:
+            if m["version"] <= chosen["version"]:
+                continue
+            if round_ == 0:  # the resume finds the chosen one newest
+                fs.rm(ckpt.manifest_path(root, m["version"]))
+                continue
+            for key, chain in m["chains"].items():  # it fails to verify: the resume falls back (rebase)
+                if key.startswith("count/"):
+                    with open(chain[-1]["path"], "r+b") as f:
+                        f.seek(int(chain[-1]["offset"]))
+                        f.write(b"garbage")
+        if round_ == 0:  # under BSP every shard would restart at the checkpoint's clock: refused before any work
+            with pytest.raises(InvalidInputError, match="resume it with consistency='ssp' and staleness >= 1"):
+                dscar.fit(SspRowCounter(sleep=0.01), row_data(40), inproc, max_clocks=8, resume=True,
+                          **{**fit, "consistency": "bsp", "staleness": None})
+        res = dscar.fit(SspRowCounter(sleep=0.01), row_data(40), inproc, max_clocks=8, resume=True, **fit)
+        assert next(e for e in res.events if e["kind"] == "resumed")["version"] == chosen["version"]
+        np.testing.assert_array_equal(res.params["count"], np.full(40, 8.0))  # each update once, across the resume
+        assert [r.clock for r in res.history] == list(range(chosen["clock"] + 1, 9))
+        reached = set(range(chosen["clock"] + 1, max(chosen["cut"].values()) + 1))
+        assert {r.clock for r in res.history if r.skipped} == reached
+        for rec in res.history:
+            if not rec.skipped:
+                assert rec.metrics["seen_min"] == rec.metrics["seen_max"] == 1.0, rec
