@@ -48,7 +48,7 @@ from .comm import fast_fail_pool
 from .errors import RefusedCallError
 from .inflight import Inflight
 from .job import ApplyPass, Checkpoint, JobConfig, JobState, Mirror, RestartWorker, StartRecovery
-from .ledger import describe, perturbations, restore_candidates
+from .ledger import describe, perturbations, restore_sources
 from .liveness import silence_limit, to_probe
 from .membership import DEFAULT_LEASE_S, SCHEDULER_RULES, Lease, Rule, key_digest, refusal, same
 from .monitor import ThroughputMonitor
@@ -317,6 +317,15 @@ class Coordinator(SchedulerPlugin):
             return False
         except Exception:
             return True  # it answered, if only with an error: not hung; a dead one is removed by its comm
+
+    async def _answers(self, worker: str) -> bool:
+        """``worker`` answers a message now (unlike ``_probe``, an error in reaching it is no answer)."""
+        try:
+            await asyncio.wait_for(self._pool(worker).dscar_info(job_id=""), PROBE_TIMEOUT_S)
+        except Exception:
+            return False
+        self._heard[worker] = time.time()
+        return True
 
     def _alive(self, worker: str) -> None:
         self._heard[worker] = time.time()
@@ -807,10 +816,14 @@ class Coordinator(SchedulerPlugin):
 
     async def _restore(self, job: JobState, restores: dict, manifests: list[dict],
                        from_memory: dict | None = None) -> None:
-        """Restore each partition on its target from the newest checkpoint that verifies.
+        """Restore each partition on its target from the first source that serves it
+        (``dscar.ledger.restore_sources``: a live buddy's memory copy, then each checkpoint that
+        verifies, newest first, then the initial values).
 
-        A target that cannot be reached is removed from the cluster; its partitions stay owned by
-        a lost worker, so the next round of ``_recover`` plans them again.
+        A source that fails (its holder gone, a corrupt file) sends the restore on to the next
+        source, on the same target. Only a target that itself cannot be reached (no answer, its
+        comm closed, and no answer to a probe either) is removed from the cluster; its partitions
+        stay owned by a lost worker, so the next round of ``_recover`` plans them again.
         """
         cfg = job.cfg.checkpoint
         from_memory = from_memory or {}
@@ -818,17 +831,27 @@ class Coordinator(SchedulerPlugin):
         async def one(key: tuple[str, int], target: str) -> None:
             table, part = key
             previous = job.pmap.owners.get(key)
-            # the memory tier's copy first (when its buddy still has it), then each checkpoint, newest first
-            candidates = [(None, [], from_memory[key][0])] if key in from_memory else []
-            candidates += [(version, chain, None) for version, chain in restore_candidates(
-                manifests if job.cfg.kinds[table] == "param" else [], table, part)]
-            for version, chain, buddy in candidates:
+            tried: set[tuple[int, str | None]] = set()
+            while True:
+                sources = restore_sources(manifests if job.cfg.kinds[table] == "param" else [], table, part,
+                                          from_memory.get(key), self._live(job), tried)
+                if not sources:
+                    break
+                version, chain, buddy = sources[0]
+                tried.add((version, buddy))
                 try:
                     r = await self._rpc(target, "restore", job_id=job.cfg.job_id, table=table, part=part,
                                         run=job.run_id,
                                         chain=chain, url=cfg.url if cfg else "", mirror_from=buddy,
                                         storage_options=cfg.storage_options if cfg else None)
                 except (OSError, asyncio.TimeoutError) as e:
+                    if target in self.scheduler.workers and target not in job.lost and (
+                            not isinstance(e, asyncio.TimeoutError) and await self._answers(target)):
+                        # it answers: the failure was not its being unreachable (an error inside the
+                        # handler that reads like one): the next source, on the same target
+                        job.event(time.time(), "restore-failed", table=table, part=part, target=target,
+                                  version=version, memory=buddy, error=repr(e))
+                        continue
                     await self._remove(target, f"restore did not reach it: {e!r}")
                     return
                 if r["status"] == "stopped":  # an injected kill
@@ -837,11 +860,14 @@ class Coordinator(SchedulerPlugin):
                 if r["status"] == "OK":
                     if target in job.lost:
                         return  # lost meanwhile: the next round restores it elsewhere
-                    job.restored(key, target, version or 0, time.time(),
+                    job.restored(key, target, version, time.time(),
                                  memory_clock=None if buddy is None else int(r["clock"]))
                     await self._perturbation(job, key, previous, target)
                     return
-                if buddy is None:  # (a buddy without the copy: simply the disk next)
+                if r["status"] == "source-gone":  # the memory copy's holder died: the disk next
+                    job.event(time.time(), "restore-source-gone", table=table, part=part, target=target,
+                              source=buddy, error=r.get("error"))
+                elif buddy is None:  # (a buddy without the copy: simply the disk next)
                     job.event(time.time(), "checkpoint-corrupt", table=table, part=part, version=version,
                               error=r.get("error"))
             job.fail(time.time(), f"partition {table}/{part}: no readable checkpoint, not even the initial values")

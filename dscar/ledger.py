@@ -19,7 +19,9 @@ costs: which partitions come back from where (partial recovery: the lost
 owner's only; full recovery: every param table rolls back), onto which live
 worker, and which shards take their state from a checkpoint. The same
 ``restore_candidates`` list (newest checkpoint that verifies first, then the
-initial values, "checkpoint 0") serves recovery and resume.
+initial values, "checkpoint 0") serves recovery and resume; ``restore_sources``
+puts a live buddy's memory copy before it and leaves out a copy whose holder died
+(the owner and its buddy lost together: their partitions come from disk).
 """
 from __future__ import annotations
 
@@ -210,6 +212,23 @@ def restore_candidates(manifests: list[dict], table: str, part: int) -> list[tup
     first, then ``(0, [])`` — the initial values, which always verify."""
     key = chain_key(table, part)
     return [(int(m["version"]), list(m["chains"].get(key, []))) for m in manifests] + [(0, [])]
+
+
+def restore_sources(manifests: list[dict], table: str, part: int, memory: tuple[str, int] | None,
+                    live: Iterable[str], tried: Iterable[tuple[int, str | None]] = ()) -> list[tuple[int, list[dict], str | None]]:
+    """``(version, chain, holder)`` to try in order for one partition, as things stand now.
+
+    First the memory tier's copy (``memory``: ``(holder, clock)``; ``version`` 0, no chain) while its
+    holder is ``live``, then ``restore_candidates`` (``holder`` None). ``tried``: ``(version, holder)``
+    of the sources already tried (failed, or their holder gone meanwhile): left out. A copy whose
+    holder died is no reason to give up on the partition, nor on the worker restoring it: the disk
+    tier serves it, and checkpoint 0 when no version saved it."""
+    live, tried = set(live), set(tried)
+    sources: list[tuple[int, list[dict], str | None]] = []
+    if memory is not None and memory[0] in live:
+        sources.append((0, [], memory[0]))
+    sources += [(v, chain, None) for v, chain in restore_candidates(manifests, table, part)]
+    return [s for s in sources if (s[0], s[2]) not in tried]
 
 
 @dataclass(frozen=True)

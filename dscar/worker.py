@@ -443,34 +443,41 @@ class ParamServer(WorkerPlugin):
     async def _h_restore(self, job_id: str, table: str, part: int, chain: list, url: str, run: int = -1,
                          storage_options: dict | None = None, mirror_from: str | None = None) -> dict:
         """Own a partition restored from a checkpoint chain (checksums verified); empty chain: initial
-        values. ``mirror_from``: from that buddy's memory copy instead (``missing`` if it has none).
-        ``run``: the recovery's run id: older work (a late clock end's assign, a pass) is stale here."""
+        values. ``mirror_from``: from that buddy's memory copy instead (``missing`` if it has none,
+        ``source-gone`` if the buddy cannot be reached: the coordinator then tries the disk; this
+        worker is fine). ``run``: the recovery's run id: older work (a late clock end's assign, a
+        pass) is stale here. The array work runs off the event loop."""
         job = await self._ajob(job_id)
         job.run_seen = max(job.run_seen, int(run))
         if await self._ainject(job, "recovery"):
             return {"status": "stopped"}
+        spec_ = job.specs[table]
         if mirror_from is not None:
-            r = await self._apeer(mirror_from, "get_mirror", job_id=job_id, key=part_key(table, part))
+            try:
+                r = await self._apeer(mirror_from, "get_mirror", job_id=job_id, key=part_key(table, part))
+            except (OSError, asyncio.TimeoutError) as e:  # (CommClosedError is an OSError)
+                return {"status": "source-gone", "source": mirror_from, "error": repr(e)}
             if r.get("status") != "OK":
                 return {"status": "missing"}
             # not the disk's baseline: the next priority checkpoint writes this partition whole
-            job.tables.own(table, part, job.xp.asarray(np.array(r["value"], dtype=job.specs[table].dtype)))
+            await asyncio.to_thread(lambda: job.tables.own(
+                table, part, job.xp.asarray(np.array(r["value"], dtype=spec_.dtype))))
             return {"status": "OK", "clock": r["clock"]}
-        spec_ = job.specs[table]
         a, b = job.layouts[table].bounds[part]
 
         def load():
             base = to_host(job.algorithm.init_rows(spec_, a, b, job.xp)).astype(spec_.dtype)
-            if not chain:
-                return base
-            fs, root = ckpt.fs_and_root(url, storage_options)
-            return ckpt.apply_chain(fs, root, base, list(chain))
+            if chain:
+                fs, root = ckpt.fs_and_root(url, storage_options)
+                base = ckpt.apply_chain(fs, root, base, list(chain))
+            job.tables.own(table, part, base, checkpointed=True)
 
         try:
-            values = await asyncio.to_thread(load)
+            await asyncio.to_thread(load)
         except ckpt.CorruptCheckpointError as e:
             return {"status": "corrupt", "error": str(e)}
-        job.tables.own(table, part, values, checkpointed=True)
+        except OSError as e:  # a file of the chain cannot be read (gone, unreadable): an older version next
+            return {"status": "corrupt", "error": f"{type(e).__name__}: {e}"}
         return {"status": "OK"}
 
     # ------------------------------------------------------------ memory tier

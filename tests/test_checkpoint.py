@@ -482,6 +482,32 @@ def test_recovery_takes_a_lost_partition_from_its_live_buddy_s_memory_and_else_f
         0: INITIAL_STATE, 1: INITIAL_STATE, 2: {"path": "s2"}, 3: INITIAL_STATE}
 
 
+def test_a_memory_copy_whose_holder_died_is_no_source_and_the_disk_then_checkpoint_0_serve():
+    """Owner and buddy lost together: the buddy's copy is skipped (or, once tried, left out), the disk's
+    chains come next, newest first, then the initial values; no source names a dead worker."""
+    from dscar.ledger import restore_sources
+
+    m5 = {"version": 5, "chains": {"w/1": [{"path": "v5"}]}}
+    m3 = {"version": 3, "chains": {"w/1": [{"path": "v3"}]}}
+    disk = [(5, [{"path": "v5"}], None), (3, [{"path": "v3"}], None), (0, [], None)]
+    assert restore_sources([m5, m3], "w", 1, ("c", 7), live=["a", "c"]) == [(0, [], "c")] + disk
+    assert restore_sources([m5, m3], "w", 1, ("c", 7), live=["a"]) == disk  # the buddy died before the restore
+    assert restore_sources([m5, m3], "w", 1, ("c", 7), live=["a", "c"], tried=[(0, "c")]) == disk  # ... or during it
+    assert restore_sources([m5, m3], "w", 1, None, live=["a"], tried=[(0, None), (5, None)]) == disk[1:2]
+    assert restore_sources([], "w", 1, ("c", 7), live=["a"]) == [(0, [], None)]  # no version: checkpoint 0
+
+
+@given(st.sets(st.sampled_from("abcd")), st.sampled_from("abcd"), st.integers(0, 3))
+def test_restore_sources_never_name_a_dead_holder_and_always_end_with_checkpoint_0(live, holder, n_versions):
+    from dscar.ledger import restore_sources
+
+    manifests = [{"version": v, "chains": {"w/0": [{"path": f"v{v}"}]}} for v in range(n_versions, 0, -1)]
+    sources = restore_sources(manifests, "w", 0, (holder, 4), live)
+    assert all(h is None or h in live for _, _, h in sources)
+    assert sources[-1] == (0, [], None) and [v for v, _, h in sources if h is None] == list(range(n_versions, -1, -1))
+    assert (sources[0][2] == holder) == (holder in live)
+
+
 def test_shard_states_rotate_oldest_first_at_the_priority_budget():
     assert ckpt.state_shards(5, 1.0, {0: 3}) == ([0, 1, 2, 3, 4], 0.0)
     saved: dict[int, int] = {}
