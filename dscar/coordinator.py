@@ -269,13 +269,13 @@ class Coordinator(SchedulerPlugin):
                 continue
             self._check_stalls(now_m)
             limit, now = hang_timeout(len(self.scheduler.workers)), time.time()
-            silent = to_probe({w: now - max(ws.last_seen, self._heard.get(w, 0.0))
-                               for w, ws in self.scheduler.workers.items()}, limit)
+            silence = {w: now - max(ws.last_seen, self._heard.get(w, 0.0)) for w, ws in self.scheduler.workers.items()}
+            silent = to_probe(silence, limit)
             probes = await asyncio.gather(*(self._probe(w) for w in silent))
             for w, alive in zip(silent, probes):
-                if not alive:
-                    await self._remove(w, f"no sign of life for {time.time() - self.scheduler.workers[w].last_seen:.1f} s"
-                                       if w in self.scheduler.workers else "hung")
+                if not alive and w in self.scheduler.workers:  # silent since before the probe, and it did not answer
+                    await self._remove(w, f"no sign of life for {silence[w] + time.time() - now:.1f} s (no heartbeat "
+                                          f"or message, and no answer to a probe in {PROBE_TIMEOUT_S} s)")
         self._watch = None
 
     def _check_stalls(self, now_m: float) -> None:

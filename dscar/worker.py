@@ -137,12 +137,14 @@ class ParamServer(WorkerPlugin):
         return self._install(job_id, self.call("job_spec", job_id=job_id, worker=self.address))
 
     async def _ajob(self, job_id: str) -> Job:
-        """``job`` for handlers on the event loop."""
+        """``job`` for handlers on the event loop (the spec is unpickled in a thread: it holds the
+        algorithm, whose import may take seconds, and heartbeats must flow)."""
         job = self.jobs.get(job_id)
         if job is None:
             if not self.registered:  # (a driver's first message may come before the runner registered)
                 await self._aregister()
-            job = self._install(job_id, await self._acall("job_spec", job_id=job_id, worker=self.address))
+            spec = await self._acall("job_spec", job_id=job_id, worker=self.address)
+            job = await asyncio.to_thread(self._install, job_id, spec)
         return job
 
     def _install(self, job_id: str, spec: bytes) -> Job:
@@ -232,22 +234,29 @@ class ParamServer(WorkerPlugin):
         return {"status": "OK"}
 
     async def _h_init(self, job_id: str, parts: list) -> dict:
-        """Create this worker's partitions from the algorithm's initial values."""
+        """Create this worker's partitions from the algorithm's initial values, in a thread: a model's
+        ``init_rows`` may take minutes on a loaded machine, and a worker whose event loop it held would
+        stop heartbeating and be removed as hung."""
         job = await self._ajob(job_id)
-        for table, part in parts:
-            spec_ = job.specs[table]
-            a, b = job.layouts[table].bounds[part]
-            job.tables.own(table, part, job.algorithm.init_rows(spec_, a, b, job.xp), checkpointed=True)  # checkpoint 0
+
+        def create() -> None:
+            for table, part in parts:
+                spec_ = job.specs[table]
+                a, b = job.layouts[table].bounds[part]
+                job.tables.own(table, part, job.algorithm.init_rows(spec_, a, b, job.xp), checkpointed=True)  # checkpoint 0
+
+        await asyncio.to_thread(create)
         return {"status": "OK", "device": device_of(self.xp)}
 
     async def _h_adopt(self, job_id: str, table: str, part: int, source: str) -> dict:
-        """Become the owner of a partition: copy it from its current owner."""
+        """Become the owner of a partition: copy it from its current owner (the copy to this
+        worker's device in a thread)."""
         job = await self._ajob(job_id)
         a, b = job.layouts[table].bounds[part]
         r = await self._apeer(source, "pull", job_id=job_id, table=table, part=part, lo=0, hi=b - a, holds=True)
         if r.get("status") != "OK":
             raise RuntimeError(f"partition {table}/{part} is not on {source} any more: {r.get('status')}")
-        job.tables.own(table, part, r["data"], holds=r.get("holds", ()))
+        await asyncio.to_thread(job.tables.own, table, part, r["data"], holds=r.get("holds", ()))
         return {"status": "OK"}
 
     def _h_pull(self, job_id: str, table: str, part: int, lo: int = 0, hi: int = 0, rows=None,

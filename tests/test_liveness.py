@@ -148,3 +148,31 @@ def test_a_message_to_a_dead_worker_fails_in_seconds_not_at_the_connect_deadline
         driver_took = time.monotonic() - t0
     assert how in ("OSError", "ConnectionRefusedError", "CommClosedError", "ConnectionError"), how
     assert took < 10 and driver_took < 10, (took, driver_took)
+
+
+class SlowSetup(RowCounter):
+    """RowCounter whose initial values take ``setup_s`` seconds per partition of ``count`` (a big
+    model's set-up on a loaded machine)."""
+
+    def __init__(self, setup_s, **kw):
+        super().__init__(**kw)
+        self.setup_s = setup_s
+
+    def init_rows(self, table, start, stop, xp):
+        if table.name == "count":
+            time.sleep(self.setup_s)
+        return super().init_rows(table, start, stop, xp)
+
+
+@pytest.mark.timeout(240)
+def test_a_worker_busy_setting_up_its_partitions_is_not_taken_for_hung():
+    """Issue 38 item 5: creating a worker's partitions takes 4x the hang timeout. It runs off the
+    worker's event loop, so heartbeats flow and nobody is probed, let alone removed."""
+    import dask.config
+
+    with dask.config.set({"dscar.hang-timeout": 0.5}), dscar.Cluster(n_workers=2) as cl:
+        res = dscar.fit(SlowSetup(2.0, n_parts=2), row_data(40), cl, n_shards=4, max_clocks=2)
+    k = kinds(res)
+    assert "worker-removed" not in k and "worker-lost" not in k, [e for e in res.events if e["kind"].startswith("worker-")]
+    assert res.n_clocks == 2
+    assert_each_completed_clock_applied_every_row_once(res)
