@@ -531,10 +531,8 @@ class JobState:
         if clock != self.machine.clock or not self.machine.handing_out:
             return
         self._started(worker, shard, attempt)
-        if lost_data:
-            self.queue.set_holder(shard, None)
         try:
-            self.queue.fail(shard, attempt, worker, error, count=run_id == self.machine.run_id)
+            self.queue.fail(shard, attempt, worker, error, count=run_id == self.machine.run_id, lost_data=lost_data)
         except ShardFailedError as e:
             self.fail(now, str(e))
 

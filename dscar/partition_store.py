@@ -74,6 +74,8 @@ class PartitionStore:
         self.holds: dict[Part, dict[Key, int]] = {}
         #: SSP: the newest finished clock the applies here were told of (its updates are in every partition)
         self.floor: int = 0
+        #: BSP: the run id of the newest pass applied here (every attempt of it or an older run lost)
+        self.applied_run: int = -1
 
     # ------------------------------------------------------------ owning
     def own(self, table: str, part: int, values, checkpointed: bool = False, holds: Iterable = ()) -> None:
@@ -103,6 +105,7 @@ class PartitionStore:
             self.staged.clear()
             self.sums.clear()
             self.holds.clear()
+            self.applied_run = -1
 
     def _values(self, table: str, part: int, clock: int | None):
         """A partition's values; for a reduction table under SSP (``clock`` given), its sums of
@@ -236,7 +239,9 @@ class PartitionStore:
                     applied += 1
             for key in [k for k, (r, _) in self.staged.items() if r < run or (floor is not None and k[0] <= floor)]:
                 del self.staged[key]
-            if floor is not None:
+            if floor is None:
+                self.applied_run = max(self.applied_run, run)
+            else:
                 for k in [k for k in self.sums if k[2] < floor]:
                     del self.sums[k]
                 self.floor = max(self.floor, floor)
@@ -255,6 +260,20 @@ class PartitionStore:
         with self.lock:
             holds = self.holds.get((part[0], int(part[1])), {})
             return [tuple(k) for k in keys if k[0] <= self.floor or holds.get(tuple(k)) == run]
+
+    def settled(self, part: Part | None, run: int, clock: int, shard: int, ssp: bool) -> bool:
+        """Whether an attempt of ``shard`` in ``clock`` under ``run`` can no longer commit, as far as
+        partition ``part`` tells (None: the store as a whole): under BSP a pass of ``run`` or newer
+        was applied here (every shard of it committed first); under SSP ``clock`` has finished, or
+        ``part`` holds an update of ``(clock, shard)`` of ``run`` (another attempt's, which won).
+        Rows read after that are not the ones the attempt started from."""
+        with self.lock:
+            if not ssp:
+                return run <= self.applied_run
+            if clock <= self.floor:
+                return True
+            holds = self.holds.get((part[0], int(part[1])), {}) if part is not None else {}
+            return any(k[0] == clock and k[1] == shard and r == run for k, r in holds.items())
 
     def holds_of(self, part: Part) -> list[tuple[int, int, int, int]]:
         """``(clock, shard, attempt, run)`` of the SSP updates in ``part`` (its adopter takes them)."""

@@ -98,8 +98,20 @@ class Job:
             if run < self.run_seen:
                 return {"status": "stale"}
             applied = self.tables.apply_pass(run, keys, fetched, reset, owned, floor)
-            self.shards.install([(s, a, w, c) for (c, s, a), w in zip(keys, workers)], me, drop_through)
+            self.shards.install([(s, a, w, c) for (c, s, a), w in zip(keys, workers)], me, drop_through, run)
         return {"applied": applied}
+
+    def lost_race(self, attempt: "list | tuple | None", part: tuple[str, int] | None = None) -> bool:
+        """Whether the attempt ``[run, clock, shard]`` can no longer commit, as this worker's stores
+        tell (``part``: a partition it reads; None: the stores as a whole): another attempt of its
+        shard won and was applied here. What it would read here now is not what it started from:
+        it stops quietly (``LostRace``) rather than run into an error. None: no such check."""
+        if attempt is None:
+            return False
+        run, clock, shard = (int(x) for x in attempt)
+        with self.tables.lock:
+            return (self.shards.lost(shard, run, clock)
+                    or self.tables.settled(part, run, clock, shard, self.ssp))
 
 
 class RunnerHost(Protocol):
@@ -257,17 +269,21 @@ class ShardRunner:
         failed (reported)."""
         clock, shard, attempt, run = item["clock"], item["shard"], item["attempt"], item["run"]
         lost_data, began = False, time.perf_counter()
+        # the attempt's reads stop it once another attempt of its shard is applied where it reads (under
+        # SSP the window's rebuild pass reuses clocks: its attempts are not raced)
+        race = [run, clock, shard] if not job.ssp or item["op"] == "shard" else None
         try:
             self._inject(job, clock, "start", item.get("phase"))
             t0 = time.perf_counter()
-            entry = self._shard_entry(job, shard, item.get("fetch_from"), item.get("backup", False))
+            _check_race(job, race)
+            entry = self._shard_entry(job, shard, item.get("fetch_from"), item.get("backup", False), race)
             if entry is None:
                 lost_data = not item.get("backup", False)  # a backup's miss: the primary still holds the data
                 raise LookupError(f"the data of shard {shard} is on no live worker")
             if item.get("state_file"):  # a recovery restores this shard's state from a checkpoint
                 self._restore_state(job, shard, entry, item)
             ctx = ShardStep(self, job, clock, shard, entry.state, item.get("batch_scale", 1.0), item.get("phase"),
-                            item.get("restored"))
+                            item.get("restored"), race)
             c1, t1 = time.thread_time(), time.perf_counter()
             if item["op"] == "rebuild":
                 job.algorithm.rebuild_step(ctx, entry.data)
@@ -286,6 +302,9 @@ class ShardRunner:
                     "compute_cpu_s": c2 - c1 - ctx.pull_cpu_s, "push_s": t3 - t2}, staged
         except _Stopped:
             raise
+        except LostRace as e:  # it could not commit: nothing to report, nothing wasted further
+            logger.debug("dscar shard %s clock %s: attempt %s stopped: %s", shard, clock, attempt, e)
+            return None
         except Exception as e:
             self._fail(item, e, lost_data, time.perf_counter() - began)
             return None
@@ -327,7 +346,8 @@ class ShardRunner:
                 self._report(job, item["clock"], "checkpoint-corrupt", shard=shard, error=str(e))
         entry.state = {k: job.xp.asarray(v) for k, v in (state or {}).items()}
 
-    def _shard_entry(self, job: Job, shard: int, fetch_from: str | None, backup: bool) -> ShardEntry | None:
+    def _shard_entry(self, job: Job, shard: int, fetch_from: str | None, backup: bool,
+                     race: list | None = None) -> ShardEntry | None:
         """The shard's data and state: held here, copied from its holder, or read from the source.
 
         Every attempt, a backup too, keeps what it fetched: its worker becomes the holder when it
@@ -340,9 +360,14 @@ class ShardRunner:
         arrays, state = None, {}
         if fetch_from and fetch_from != self.host.address:
             try:
-                r = self.host.peer(fetch_from, "copy_shard", job_id=job.id, shard=shard)
+                r = self.host.peer(fetch_from, "copy_shard", job_id=job.id, shard=shard,
+                                   **({} if race is None else {"race": race}))
+                if r["status"] == "lost-race":  # the holder applied another attempt's commit of it
+                    raise LostRace(f"{fetch_from} applied another attempt of shard {shard}")
                 if r["status"] == "OK":
                     arrays, state = r["arrays"], r["state"]
+            except LostRace:
+                raise
             except Exception as e:  # the holder is gone: fall back to the source
                 logger.info("could not copy shard %s from %s: %r", shard, fetch_from, e)
         if arrays is None and job.loader is not None:
@@ -444,10 +469,11 @@ class ShardRunner:
 
     # --------------------------------------------------- table row access
     def read_rows(self, job: Job, table: str, start: int, stop: int | None, clock: int | None = None,
-                  own: PullCache | None = None):
+                  own: PullCache | None = None, race: list | None = None):
         """Global rows ``[start, stop)`` of ``table``, gathered from their owners (under SSP a
         reduction table's sums of ``clock``; ``own``: the pull cache whose written-back updates
-        the rows must hold, ``PullCache.patch``)."""
+        the rows must hold, ``PullCache.patch``; ``race``: ``[run, clock, shard]`` of the attempt
+        reading, which stops (``LostRace``) where another attempt of its shard was applied)."""
         layout = job.layouts[table]
         stop = layout.n_rows if stop is None else stop
         mine = None if own is None else own.mine()
@@ -457,11 +483,12 @@ class ShardRunner:
             owner = job.owners[(table, part)]
             if owner == self.host.address:
                 with job.tables.lock:
+                    _check_race(job, race, (table, part))
                     piece = job.tables.rows(table, part, lo - a, hi - a, clock)
                     held = job.tables.held((table, part), *mine) if mine else []
             else:
                 r = _answered(self.host.peer(owner, "pull", job_id=job.id, table=table, part=part, lo=lo - a, hi=hi - a,
-                                             clock=clock, mine=mine), owner, table, part)
+                                             clock=clock, mine=mine, race=race), owner, table, part)
                 piece, held = job.xp.asarray(r["data"]), r.get("held", [])
             pieces.append(own.patch(piece, table, part, lo - a, held, job.xp) if mine else piece)
         if len(pieces) == 1:
@@ -472,11 +499,12 @@ class ShardRunner:
         spec = job.specs[table]
         return spec.n_rows * int(np.prod(spec.trailing)) * np.dtype(spec.dtype).itemsize <= SMALL_TABLE_BYTES
 
-    def read_small_tables(self, job: Job, clock: int | None = None, own: PullCache | None = None) -> dict[str, Any]:
+    def read_small_tables(self, job: Job, clock: int | None = None, own: PullCache | None = None,
+                          race: list | None = None) -> dict[str, Any]:
         """Every small table (``SMALL_TABLE_BYTES``), whole: the partitions held here copied, the
         others fetched with one message per owner, all owners at once. A small model's shard step
         or clock end reads several tables, and one message per table and owner is a round trip each.
-        ``own`` as for ``read_rows``."""
+        ``own`` and ``race`` as for ``read_rows``."""
         small = [t for t in job.specs if self.is_small(job, t)]
         remote = by_owner(job.owners, [(t, p) for t in small for p in range(job.layouts[t].n_parts)])
         mine = None if own is None else own.mine()
@@ -484,11 +512,12 @@ class ShardRunner:
         held: dict[tuple[str, int], list] = {}
         with job.tables.lock:
             for k in remote.pop(self.host.address, []):
+                _check_race(job, race, k)
                 pieces[k] = job.tables.rows(*k, 0, None, clock)
                 held[k] = job.tables.held(k, *mine) if mine else []
         if remote:
             replies = self.host.peer_all([(o, "pull_many", {"job_id": job.id, "parts": [list(k) for k in keys],
-                                                            "clock": clock, "mine": mine})
+                                                            "clock": clock, "mine": mine, "race": race})
                                           for o, keys in remote.items()])
             for (owner, keys), r in zip(remote.items(), replies):
                 r = _answered(r, owner, *keys[0])
@@ -519,8 +548,9 @@ class ShardRunner:
             out.update(zip(mine, got))
         return [out[p] for p in range(layout.n_parts)]
 
-    def read_row_set(self, job: Job, table: str, rows, clock: int | None = None):
-        """Arbitrary rows of ``table`` (in the order given), gathered from their owners."""
+    def read_row_set(self, job: Job, table: str, rows, clock: int | None = None, race: list | None = None):
+        """Arbitrary rows of ``table`` (in the order given), gathered from their owners (``race`` as
+        for ``read_rows``)."""
         layout, spec = job.layouts[table], job.specs[table]
         rows = np.asarray(to_host(rows), dtype=np.int64)
         if rows.size and (rows.min() < 0 or rows.max() >= layout.n_rows):
@@ -532,10 +562,12 @@ class ShardRunner:
             local = rows[sel] - layout.bounds[part][0]
             owner = job.owners[(table, int(part))]
             if owner == self.host.address:
-                vals = job.tables.row_set(table, int(part), local, clock)
+                with job.tables.lock:
+                    _check_race(job, race, (table, int(part)))
+                    vals = job.tables.row_set(table, int(part), local, clock)
             else:
                 r = _answered(self.host.peer(owner, "pull", job_id=job.id, table=table, part=int(part),
-                                             rows=to_serialize(local), clock=clock), owner, table, int(part))
+                                             rows=to_serialize(local), clock=clock, race=race), owner, table, int(part))
                 vals = job.xp.asarray(r["data"])
             out[job.xp.asarray(sel)] = vals
         return out
@@ -613,7 +645,10 @@ def _last_frames(e: BaseException) -> str:
 
 def _answered(reply: dict, owner: str, table: str, part: int) -> dict:
     """A pull's answer, or a ``LookupError`` when the owner no longer holds the partition (its job ended,
-    the partition moved): the attempt fails and is retried or dropped like any other."""
+    the partition moved): the attempt fails and is retried or dropped like any other; ``LostRace``
+    when the owner already applied another attempt of the reader's shard."""
+    if reply.get("status") == "lost-race":
+        raise LostRace(f"{owner} applied another attempt of the shard to {table}/{part}")
     if reply.get("status", "OK") != "OK":
         raise LookupError(f"{owner} no longer holds {table}/{part}")
     return reply
@@ -623,12 +658,24 @@ class _Stopped(Exception):
     """This attempt stops quietly: the worker was stopped by an injected fault, or its job ended."""
 
 
+class LostRace(Exception):
+    """This attempt stops quietly: another attempt of its shard won and was applied (``Job.lost_race``),
+    so what it would read now is not what it started from. Nothing is reported: it could not commit."""
+
+
+def _check_race(job: Job, race: list | None, part: tuple[str, int] | None = None) -> None:
+    if job.lost_race(race, part):
+        raise LostRace(f"another attempt of shard {race[2]} of clock {race[1]} was applied here")
+
+
 class ShardStep:
     """The ``ShardContext`` of one attempt: cached pulls, staged adds, staged state."""
 
     def __init__(self, server: ShardRunner, job: Job, clock: int, shard: int, state: dict, batch_scale: float,
-                 phase: str | None = None, restored: dict | None = None):
+                 phase: str | None = None, restored: dict | None = None, race: list | None = None):
         self._server, self._job = server, job
+        #: ``[run, clock, shard]``: a read that finds another attempt of the shard applied stops this one
+        self._race = race
         self.xp, self.clock, self.shard, self.meta, self.tol = job.xp, clock, shard, job.meta, job.tol
         self.phase = phase  # the data phase of the clock this step runs in (None: the algorithm has none)
         #: in a rebuild step, table -> row ranges a recovery restored from a checkpoint
@@ -656,14 +703,14 @@ class ShardStep:
         if self._server.is_small(self._job, table):  # every small table at once, then slices of it
             small = cache.get(SMALL)
             if small is None or (sums is not None and small[0] != sums):
-                small = (self._sums, self._server.read_small_tables(self._job, self._sums, own))
+                small = (self._sums, self._server.read_small_tables(self._job, self._sums, own, self._race))
                 cache.put(SMALL, small)
                 self._pulled(t0, c0)
             return small[1][table][start:stop]
         key = (table, start, stop, sums)
         rows = cache.get(key)
         if rows is None:
-            rows = self._server.read_rows(self._job, table, start, stop, self._sums, own)
+            rows = self._server.read_rows(self._job, table, start, stop, self._sums, own, self._race)
             cache.put(key, rows)
             self._pulled(t0, c0)
         return rows
@@ -686,7 +733,7 @@ class ShardStep:
     def pull_rows(self, table: str, rows):
         """Rows ``rows`` (any order, repeats allowed) of ``table`` as of this clock's start."""
         t0, c0 = time.perf_counter(), time.thread_time()
-        out = self._server.read_row_set(self._job, table, rows, self._sums)
+        out = self._server.read_row_set(self._job, table, rows, self._sums, self._race)
         self._pulled(t0, c0)
         return out
 

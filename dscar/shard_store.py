@@ -46,6 +46,9 @@ class ShardStore:
         self.shards: dict[int, ShardEntry] = {}
         #: (clock, shard, attempt) -> (entry, new state) of attempts run here, installed if they commit
         self.pending: dict[tuple[int, int, int], tuple[ShardEntry, dict]] = {}
+        #: shard -> (run, clock) of the newest commit of it applied here (its state installed, or the
+        #: copy here dropped for the winner's): attempts of that pass or clock, or older, lost
+        self.settled: dict[int, tuple[int, int]] = {}
 
     def put(self, shard: int, entry: ShardEntry) -> None:
         with self.lock:
@@ -77,17 +80,25 @@ class ShardStore:
         with self.lock:
             self.pending[tuple(key)] = (entry, dict(new_state))
 
-    def install(self, committed: Iterable, me: str, drop_through: int) -> None:
+    def lost(self, shard: int, run: int, clock: int) -> bool:
+        """Whether an attempt of ``shard`` in ``clock`` under ``run`` can no longer commit: a commit
+        of the shard of that run and clock or a newer one was applied here (``install``). A copy
+        of the shard taken now would not be the state that attempt must start from."""
+        with self.lock:
+            return self.settled.get(int(shard), (-1, -1)) >= (int(run), int(clock))
+
+    def install(self, committed: Iterable, me: str, drop_through: int, run: int = -1) -> None:
         """Apply a pass's (or an SSP batch's) shard side: for each committed ``(shard, attempt,
         worker, clock)`` the winner (``worker == me``) installs its attempt's state, any other copy
         held here is dropped; then every pending state of those shards up to their clock, and
         every pending state of a clock up to ``drop_through``, is dropped (no attempt of them
-        can commit any more)."""
+        can commit any more). ``run``: the pass's (or batch's) run id, kept per shard (``lost``)."""
         with self.lock:
             done: dict[int, int] = {}
             for shard, attempt, worker, clock in committed:
                 key = (int(clock), int(shard), int(attempt))
                 done[int(shard)] = int(clock)
+                self.settled[int(shard)] = max(self.settled.get(int(shard), (-1, -1)), (int(run), int(clock)))
                 if worker == me:
                     if key in self.pending:  # (not after this worker forgot the job: a simulated loss)
                         entry, new_state = self.pending[key]
@@ -109,3 +120,4 @@ class ShardStore:
         with self.lock:
             self.shards.clear()
             self.pending.clear()
+            self.settled.clear()

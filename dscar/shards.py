@@ -357,18 +357,24 @@ class ShardQueue:
         s.holder = worker  # the committed data and state live here now (not a TODO shard: no index)
         return True
 
-    def fail(self, shard: int, attempt: int, worker: str, reason: str, *, count: bool = True) -> None:
+    def fail(self, shard: int, attempt: int, worker: str, reason: str, *, count: bool = True,
+             lost_data: bool = False) -> None:
         """An attempt raised: back to TODO, or ShardFailedError past ``max_failures``.
 
         ``count=False``: the attempt failed because another worker was lost under it
         (not the shard's fault); it is retried without counting. A failure that leaves
         another attempt of the shard running is not counted either: that attempt may
         still commit (a backup that could not copy the data yet is no fault of the shard).
+        ``lost_data``: the attempt found the shard's data nowhere: the shard is unheld now. A
+        late report (of an attempt already superseded: its shard committed, or ran again)
+        changes nothing, its holder included: the shard's data is where the winner left it.
         """
         s = self._shards[shard]
         a = s.attempts.get(attempt)
         if a is None or a.worker != worker:
             return  # a late report of an attempt already superseded
+        if lost_data:
+            s.holder = None
         del s.attempts[attempt]
         if count and not s.attempts:
             s.failures.append(f"{worker}: {reason}")

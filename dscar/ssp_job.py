@@ -262,10 +262,8 @@ class SspJobState(JobState):
         if not current:
             return
         self._started(worker, shard, attempt)
-        if lost_data:
-            self.queue.set_holder(shard, None)
         try:
-            self.queue.fail(shard, attempt, worker, error, count=run_id == w.epoch)
+            self.queue.fail(shard, attempt, worker, error, count=run_id == w.epoch, lost_data=lost_data)
         except ShardFailedError as e:
             self.fail(now, str(e))
         self._give_back_idle()

@@ -260,14 +260,19 @@ class ParamServer(WorkerPlugin):
         return {"status": "OK"}
 
     def _h_pull(self, job_id: str, table: str, part: int, lo: int = 0, hi: int = 0, rows=None,
-                clock: int | None = None, mine: list | None = None, holds: bool = False) -> dict:
+                clock: int | None = None, mine: list | None = None, holds: bool = False,
+                race: list | None = None) -> dict:
         """Rows of a partition held here. ``mine``: ``[run, [[clock, shard, attempt], ...]]``, the
         caller's own SSP updates: the answer says which the rows hold (``held``); ``holds``: the
-        answer lists every SSP update in the partition (an adopter takes them)."""
+        answer lists every SSP update in the partition (an adopter takes them); ``race``: ``[run,
+        clock, shard]`` of the attempt reading: ``lost-race`` when another attempt of its shard
+        was applied here (``Job.lost_race``)."""
         job = self.jobs.get(job_id)
         if job is None:
             return {"status": "missing"}
         with job.tables.lock:
+            if job.lost_race(race, (table, int(part))):
+                return {"status": "lost-race"}
             out = job.tables.host_rows(table, part, lo, hi, rows, clock)
             if out is None:  # a late attempt of an ended job, a moved partition
                 return {"status": "missing"}
@@ -276,13 +281,17 @@ class ParamServer(WorkerPlugin):
                 extra["holds"] = job.tables.holds_of((table, part))
         return {"status": "OK", "data": to_serialize(out), **extra}
 
-    def _h_pull_many(self, job_id: str, parts: list, clock: int | None = None, mine: list | None = None) -> dict:
+    def _h_pull_many(self, job_id: str, parts: list, clock: int | None = None, mine: list | None = None,
+                     race: list | None = None) -> dict:
         """Whole partitions ``[[table, part], ...]`` held here (``read_small_tables``); under SSP a
-        reduction table's sums of ``clock``; ``mine`` as for ``pull`` (``held``: one list per partition)."""
+        reduction table's sums of ``clock``; ``mine`` and ``race`` as for ``pull`` (``held``: one
+        list per partition)."""
         job = self.jobs.get(job_id)
         if job is None:
             return {"status": "missing"}
         with job.tables.lock:
+            if any(job.lost_race(race, (t, int(p))) for t, p in parts):
+                return {"status": "lost-race"}
             out = job.tables.host_parts(parts, clock)
             if out is None:
                 return {"status": "missing"}
@@ -386,14 +395,21 @@ class ParamServer(WorkerPlugin):
         job.shards.put(shard, ShardEntry(prepared))
         return {"status": "OK"}
 
-    def _h_copy_shard(self, job_id: str, shard: int) -> dict:
+    def _h_copy_shard(self, job_id: str, shard: int, race: list | None = None) -> dict:
         """A copy of a shard's data and state for an attempt on another worker; ours stays held
-        until the pass is applied (``ShardStore.install`` drops it if that attempt committed)."""
+        until the pass is applied (``ShardStore.install`` drops it if that attempt committed).
+        ``race`` as for ``pull``: ``lost-race`` when another attempt of the shard was applied here
+        (the state here is newer than the attempt's, or gone with the loser's copy)."""
         job = self.jobs.get(job_id)
-        entry = None if job is None else job.shards.get(shard)
-        if entry is None:
+        if job is None:
             return {"status": "missing"}
-        host, state = entry.movable()
+        with job.tables.lock:
+            if job.lost_race(race):
+                return {"status": "lost-race"}
+            entry = job.shards.get(shard)
+            if entry is None:
+                return {"status": "missing"}
+            host, state = entry.movable()
         return {"status": "OK", "arrays": to_serialize(host), "state": to_serialize(state)}
 
     async def _h_checkpoint(self, job_id: str, version: int, url: str, fraction: float,

@@ -131,6 +131,22 @@ def test_a_stale_failure_report_is_ignored():
     assert q.status(0) is ShardStatus.DONE
 
 
+def test_a_late_report_of_lost_data_leaves_the_winners_holder_alone():
+    """Issue 38 item 6: a stolen attempt that lost its shard's commit (a backup won, the pass was
+    applied, the old holder dropped its copy) finds the data nowhere and says so; its shard's data
+    is with the winner all the same. Only a live attempt's lost data makes the shard unheld."""
+    q = queue(2)
+    primary = q.next_shard("a", 0)
+    backup = q.start_backup(primary.shard, "b", 1)
+    assert q.commit(backup.shard, backup.attempt, "b")
+    q.fail(primary.shard, primary.attempt, "a", "LookupError: on no live worker", lost_data=True)
+    assert q.holder(primary.shard) == "b" and q.status(primary.shard) is ShardStatus.DONE
+    live = q.next_shard("b", 2)
+    q.fail(live.shard, live.attempt, "b", "LookupError: on no live worker", lost_data=True)
+    assert q.holder(live.shard) is None and q.status(live.shard) is ShardStatus.TODO
+    q.check()
+
+
 def test_begin_clock_refuses_an_incomplete_clock():
     q = queue(2)
     q.next_shard("a", 0)

@@ -325,3 +325,42 @@ def test_a_shard_moves_with_its_device_sparse_arrays():
     assert is_array(csr) and is_array(np.zeros(2)) and not is_array({"gram": np.zeros(2)})
     entry = ShardEntry(data={"X": np.ones((2, 2)), "cache": {"gram": np.eye(2)}})
     assert set(entry.movable()[0]) == {"X"}
+
+
+def test_a_pass_applied_here_settles_every_attempt_of_its_run_and_older_bsp():
+    """Issue 38 item 6 (BSP): once the pass of run 5 is applied, an attempt of run 5 (a backup that lost)
+    reading these rows would read the winner's update: the store says it lost; run 6 has not."""
+    store = _store()
+    store.stage((3, 0, 0), 5, [_up(0, 0, [1, 1, 1])])
+    assert not store.settled(("w", 0), 5, 3, 0, ssp=False)
+    store.apply_pass(5, [(3, 0, 0)], {}, set(), store.owned())
+    assert store.settled(("w", 0), 5, 3, 1, ssp=False) and store.settled(None, 4, 3, 1, ssp=False)
+    assert not store.settled(("w", 0), 6, 3, 0, ssp=False)
+
+
+def test_under_ssp_only_an_applied_update_of_the_same_shard_and_clock_or_a_finished_clock_settles():
+    store = _store()
+    store.stage((3, 0, 0), 1, [_up(0, 0, [1, 1, 1])])
+    store.apply_pass(1, [(3, 0, 0)], {}, set(), store.owned(), floor=1)
+    assert store.settled(("w", 0), 1, 3, 0, ssp=True)  # shard 0's clock-3 update is in w/0: a backup lost
+    assert not store.settled(("w", 0), 1, 3, 1, ssp=True)  # shard 1 of clock 3 may still commit
+    assert not store.settled(("w", 0), 1, 4, 0, ssp=True)  # shard 0's next clock too
+    assert not store.settled(("w", 0), 2, 3, 0, ssp=True)  # a later epoch (a redo after a loss)
+    assert store.settled(("w", 1), 1, 1, 5, ssp=True)  # clock 1 has finished: every shard of it is in
+    assert not store.settled(None, 1, 3, 0, ssp=True)
+
+
+def test_the_shard_store_knows_which_attempts_lost_to_an_applied_commit():
+    """A commit applied here, installed (the winner) or dropped (a loser's copy), settles that shard's
+    attempts of its run and clock and older: a copy of it now is not what they started from."""
+    shards = ShardStore()
+    entry = ShardEntry({"x": np.zeros(2)}, {"z": np.zeros(2)})
+    shards.put(0, entry)
+    shards.put(1, ShardEntry({"x": np.ones(2)}))
+    shards.stage_state((3, 0, 0), entry, {"z": np.ones(2)})
+    assert not shards.lost(0, 5, 3)
+    shards.install([(0, 0, ME, 3), (1, 1, OTHER, 3)], ME, drop_through=0, run=5)
+    assert shards.lost(0, 5, 3) and shards.lost(1, 5, 3) and shards.lost(0, 4, 9)
+    assert not shards.lost(0, 6, 3) and not shards.lost(0, 5, 4) and not shards.lost(2, 5, 3)
+    shards.clear()
+    assert not shards.lost(0, 5, 3)
