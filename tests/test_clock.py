@@ -680,6 +680,33 @@ def test_a_late_attempt_still_tells_its_workers_speed():
     assert not ok and job.monitor.mean_step("b") == 0.5
 
 
+def test_a_late_report_of_lost_data_in_the_next_phase_leaves_the_winners_holder():
+    """Issue 38 item 6 ("the data of shard N is on no live worker" with no loss): a's backup of shard 1
+    (held by b) lost to b's attempt; the pass was applied and the clock's next data phase began before
+    the backup asked b for the shard, which b no longer gave. Its report that it found the data
+    nowhere says nothing of the shard now: it stays with b (it was unset, and the shard waited to be
+    placed again)."""
+    pmap = PartitionMap([TableLayout("x", 8, 2)])
+    pmap.assign(["a", "b"])
+    queue = ShardQueue(4, reloadable=False, phases=[2, 2])
+    for s in range(4):
+        queue.set_holder(s, "a" if s % 2 == 0 else "b")
+    job = JobState(JobConfig("j", 4, {"x": "param"}, [], ["user", "item"]), queue, pmap)
+    job.workers = ["a", "b"]
+    job.begin(1, 0.0)
+    run1 = job.machine.run_id
+    mine = job.next_item("b", 0.0)["shards"][0]  # shard 1, b's own
+    own = job.next_item("a", 0.0)["shards"][0]  # shard 0, a's own
+    assert job.commit("a", 1, run1, own["shard"], own["attempt"], 0.01)[0]
+    late = job.queue.start_backup(mine["shard"], "a", 0.02)  # a backs shard 1 up, to copy it from b ...
+    assert job.commit("b", 1, run1, mine["shard"], mine["attempt"], 0.03)[0]  # ... and b wins
+    job.applied(run1, 0.04)
+    assert job.machine.run_id > run1 and job.machine.stage is Stage.SHARDS  # the "item" phase
+    job.attempt_failed("a", 1, run1, late.shard, late.attempt, "LookupError: the data of shard 1 is on no live "
+                       "worker", 0.05, lost_data=True)
+    assert job.queue.holder(1) == "b"
+
+
 def test_an_attempt_that_ends_after_its_clock_still_tells_its_workers_speed():
     """With backups, an 8x-slowed worker's attempts are all won by others, and each ends after its
     whole clock did (the next clock has begun): its refused commit must still reach the monitor,
