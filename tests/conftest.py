@@ -87,6 +87,18 @@ def _pure_tests_start_no_scheduler(request, monkeypatch):
     monkeypatch.setattr(Scheduler, "__init__", refuse)
 
 
+def stop_processes(procs: list) -> None:
+    """Stop the ``subprocess.Popen`` processes a test started (a scheduler and its workers), the
+    last started first; kill those that do not exit in 20 s."""
+    for p in reversed(procs):
+        p.terminate()
+    for p in procs:
+        try:
+            p.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            p.kill()
+
+
 class RowCounter(Algorithm):
     """Test model: every clock, each data row adds 1 to its own counter.
 

@@ -9,6 +9,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from conftest import stop_processes
+
 DSCAR = [sys.executable, "-m", "dscar"]
 
 
@@ -116,13 +118,7 @@ def test_run_lasso_against_a_separately_started_scheduler_and_workers(tmp_path):
         r = run(["run", "lasso", "--scheduler", address, "--rows", "2000", "--features", "40", "--no-progress"])
         assert r.returncode == 0, r.stderr
     finally:
-        for p in reversed(procs):
-            p.terminate()
-        for p in procs:
-            try:
-                p.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        stop_processes(procs)
 
 
 @pytest.mark.parametrize("argv", [

@@ -14,7 +14,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import dscar
-from conftest import RowCounter, assert_exactly_once, row_data
+from conftest import RowCounter, assert_exactly_once, row_data, stop_processes
 from dscar.membership import (
     SCHEDULER_RULES,
     WORKER_INSTALLING,
@@ -382,10 +382,4 @@ def test_a_driver_killed_on_an_external_cluster_lets_its_lease_lapse_and_the_fit
     finally:
         if driver is not None and driver.poll() is None:
             driver.kill()
-        for p in reversed(procs):
-            p.terminate()
-        for p in procs:
-            try:
-                p.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        stop_processes(procs)
