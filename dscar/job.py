@@ -16,19 +16,21 @@ after a loss, always starts from the state as of the pass's start.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
-from .checkpoint import state_shards
+from .checkpoint_plan import Checkpoint, CheckpointPlanner, Mirror
 from .clock import Apply, ClockMachine, Recover, RunClockEnd, Skip, Stage, StartPass
 from .errors import ShardFailedError
-from .intervals import FixedSchedule, IntervalPlanner, rework_estimate
-from .ledger import INITIAL_STATE, CheckpointLedger, RecoveryPlan, plan_recovery
+from .events import EventLog
+from .ledger import RecoveryPlan
+from .losses import Losses
 from .monitor import ThroughputMonitor, step_seconds
 from .partitions import PartitionMap
 from .policies import Backup, ControllerView, Policy, Restart, Running, SetBatchScale
 from .shards import Attempt, ShardQueue
+from .tally import ClockTally
 
 
 @dataclass(frozen=True)
@@ -52,21 +54,6 @@ class ApplyPass:
 @dataclass(frozen=True)
 class StartRecovery:
     """Restore what lost workers took with them; the coordinator loops until ``unrecovered`` is empty."""
-
-
-@dataclass(frozen=True)
-class Checkpoint:
-    version: int
-    writers: dict[str, list[int]]  # worker -> shards whose state it saves (every param owner writes)
-    whole: dict[str, list[tuple[str, int]]] = field(default_factory=dict)  # worker -> partitions it saves whole
-
-
-@dataclass(frozen=True)
-class Mirror:
-    """The memory tier: each owner (key) copies its param partitions to its buddy (value) now."""
-
-    clock: int
-    buddies: dict[str, str]
 
 
 @dataclass(frozen=True)
@@ -98,8 +85,21 @@ class JobConfig:
     checkpoint: Any = None  # CheckpointConfig or None
 
 
+def _part(part: str, name: str) -> property:
+    """An attribute a part owns, read and set through the job (the coordinator's and the tests'
+    call surface: ``job.ledger`` is ``job.checkpoints.ledger``)."""
+    return property(lambda self: getattr(getattr(self, part), name),
+                    lambda self, value: setattr(getattr(self, part), name, value),
+                    doc=f"``{part}.{name}``")
+
+
 class JobState:
-    """The scheduler's truth of one fit. Every method is a pure decision."""
+    """The scheduler's truth of one fit. Every method is a pure decision.
+
+    Composed of parts with one job each: ``log`` (events, failure), ``tally`` (what each clock
+    did), ``checkpoints`` (ledger, interval, memory copies, snapshots), ``losses`` (lost workers and
+    their recovery), beside the shard queue, the ownership map, the monitor and the clock machine.
+    """
 
     def __init__(self, cfg: JobConfig, queue: ShardQueue, pmap: PartitionMap, *,
                  monitor: ThroughputMonitor | None = None, policies: list[Policy] | None = None,
@@ -114,42 +114,19 @@ class JobState:
         self.machine = ClockMachine(n_phases=len(cfg.phase_names), has_rebuild=bool(cfg.rebuild))
         #: per-worker speed from attempts (committed or still running)
         self.monitor = monitor or ThroughputMonitor()
+        #: the job's events and why it failed
+        self.log = EventLog(lambda: self.clock)
+        #: what each clock did (shards, timings, stage times, metrics, reports)
+        self.tally = ClockTally()
+        #: checkpoints and memory copies: ledger, interval, costs, what is being snapshotted
+        self.checkpoints = CheckpointPlanner(cfg, pmap, queue, self.log, resume)
+        #: lost workers and the recovery of what they held
+        self.losses = Losses(pmap, self.log, bool(cfg.rebuild))
         #: seconds a moved shard's data took to arrive and be prepared (the moved attempts' ``data_s``,
         #: smoothed); None until a shard has moved
         self.move_s: float | None = None
         #: straggler policies (backup at idle time; adaptive batch and restart at clock ends)
         self.policies = list(policies or ())
-        #: checkpoint versions (None without a store)
-        self.ledger = None if cfg.checkpoint is None else CheckpointLedger(
-            cfg.checkpoint.policy, cfg.checkpoint.keep, resume, cfg.checkpoint.max_chain)
-        ck = cfg.checkpoint
-        #: when checkpoints are due: every ``period`` clocks, or a period from measurements
-        #: (``interval="auto"``); None without a store
-        self.schedule = None if ck is None else (
-            IntervalPlanner(ck.period, ck.mtbf) if ck.interval == "auto" else FixedSchedule(ck))
-        #: workers a restart policy took down on purpose: their loss is not a failure (MTBF)
-        self.restarting: set[str] = set()
-        #: version -> {"stall": seconds its snapshot stalled the job (None: not yet), "write": its
-        #: longest write so far, "written": every writer has written} until its cost is recorded
-        self.ckpt_cost: dict[int, dict[str, Any]] = {}
-        #: shards' worth of state saves carried to the next checkpoint (``checkpoint.state_shards``)
-        self.state_credit = 0.0
-        #: owner -> squared norm of its param partitions' change not saved before the newest
-        #: checkpoint (the perturbation losing it then would have caused; ``rework_estimate``)
-        self.unsaved_sq: dict[str, float] = {}
-        #: the job's event log (dicts with time, clock, kind, ...)
-        self.events: list[dict[str, Any]] = []
-        #: workers lost to this job (a restarted worker comes back under a new address)
-        self.lost: set[str] = set()
-        #: lost workers whose partitions and shard states are not restored yet
-        self.unrecovered: set[str] = set()
-        #: shards whose state went with a lost worker, not restored yet
-        self.lost_shards: set[int] = set()
-        #: shard -> checkpoint file its state is restored from before its next step
-        self.restore_state: dict[int, dict] = {}
-        #: table -> row ranges restored from a checkpoint since the last rebuild pass was applied (the
-        #: rebuild steps' ``ShardContext.restored``; a memory-tier copy is as of the last clock: not listed)
-        self.restored_rows: dict[str, list[tuple[int, int]]] = {}
         #: worker -> batch scale (adaptive-batch policy)
         self.batch_scale: dict[str, float] = {}
         #: worker -> "transient" | "persistent"
@@ -172,38 +149,35 @@ class JobState:
         self.last_seen: dict[str, float] = {}
         #: the worker running the clock-end step, once handed out
         self.clock_end_worker: str | None = None
-        #: this clock's metrics (when DONE)
-        self.metrics: dict[str, float] = {}
-        #: (clock, objective) of every completed clock, in order (skipped clocks have none)
-        self.objectives: list[tuple[int, float]] = []
-        #: worker -> shards committed this clock
-        self.shards_done: dict[str, int] = {}
         #: workers handed a shard attempt this clock (each gets one, however slow: see ``_leave_to_others``)
         self.started: set[str] = set()
-        #: worker -> summed attempt timings this clock
-        self.timings: dict[str, dict[str, float]] = {}
-        #: wall seconds per stage this clock ("shards", "apply", "clock_end", "rebuild", "shards:<phase>", ...)
-        self.stage_s: dict[str, float] = {}
-        self._stage_t0 = self._clock_t0 = 0.0
-        #: the checkpoint period last chosen (``interval="auto"``; 0 before the first checkpoint)
-        self._last_period = 0.0
-        #: why the job failed (None while it runs)
-        self.error: str | None = None
         #: the live workers, refreshed by the coordinator before it asks for decisions (``workers``)
         self._workers: list[str] = []
         self._worker_set: frozenset[str] = frozenset()
-        #: what is being snapshotted ("checkpoint", "mirror"): the clock is not reported (nor the
-        #: next begun) before, so a snapshot labelled clock t never holds clock t+1's updates
-        self.snapshotting: set[str] = set()
-        #: (table, part) -> (buddy, clock) of the newest memory copy the buddy has (memory tier)
-        self.mirrors: dict[tuple[str, int], tuple[str, int]] = {}
-        #: shard -> (buddy, clock) of the newest memory copy of its state (memory tier)
-        self.state_mirrors: dict[int, tuple[str, int]] = {}
         if resume is not None:
             self.machine.clock = int(resume["clock"])
             self.machine.stage = Stage.DONE
             self.machine.needs_rebuild = bool(cfg.rebuild)
-            self._plan_states(range(cfg.n_shards), [resume])
+            self.losses.plan_states(cfg.n_shards, resume)
+
+    events = _part("log", "events")
+    error = _part("log", "error")
+    metrics = _part("tally", "metrics")
+    objectives = _part("tally", "objectives")
+    shards_done = _part("tally", "shards_done")
+    timings = _part("tally", "timings")
+    stage_s = _part("tally", "stage_s")
+    ledger = _part("checkpoints", "ledger")
+    schedule = _part("checkpoints", "interval")
+    snapshotting = _part("checkpoints", "snapshotting")
+    mirrors = _part("checkpoints", "mirrors")
+    state_mirrors = _part("checkpoints", "state_mirrors")
+    lost = _part("losses", "lost")
+    restarting = _part("losses", "restarting")
+    unrecovered = _part("losses", "unrecovered")
+    lost_shards = _part("losses", "lost_shards")
+    restore_state = _part("losses", "restore_state")
+    restored_rows = _part("losses", "restored_rows")
 
     # ----------------------------------------------------------------- util
     @property
@@ -236,31 +210,27 @@ class JobState:
         return self.machine.handing_out
 
     def event(self, now: float, kind: str, **info: Any) -> None:
-        self.events.append({"time": now, "clock": self.clock, "kind": kind, **info})
+        self.log.add(now, kind, **info)
 
     def fail(self, now: float, error: str) -> None:
-        if self.error is None:
-            self.error = error
-            self.event(now, "job-failed", error=error)
+        self.log.fail(now, error)
 
     @property
     def failed(self) -> bool:
-        return self.error is not None
+        return self.log.failed
 
     def live(self, workers: list[str]) -> list[str]:
         """``workers`` (the scheduler's) less those this job lost."""
-        return [w for w in sorted(workers) if w not in self.lost]
+        return self.losses.live(workers)
 
     def _book_stage(self, now: float) -> None:
         stage = self.machine.stage
-        if stage in (Stage.REBUILD, Stage.SHARDS, Stage.APPLY, Stage.CLOCK_END) and self._stage_t0:
-            name = {Stage.CLOCK_END: "clock_end"}.get(stage, stage.value)
-            dt = now - self._stage_t0
-            self.stage_s[name] = self.stage_s.get(name, 0.0) + dt
+        names = []
+        if stage in (Stage.REBUILD, Stage.SHARDS, Stage.APPLY, Stage.CLOCK_END):
+            names.append({Stage.CLOCK_END: "clock_end"}.get(stage, stage.value))
             if stage in (Stage.SHARDS, Stage.APPLY) and len(self.cfg.phase_names) > 1 and not self.machine.applying_rebuild:
-                key = f"{name}:{self.cfg.phase_names[self.machine.data_phase]}"
-                self.stage_s[key] = self.stage_s.get(key, 0.0) + dt
-        self._stage_t0 = now
+                names.append(f"{names[0]}:{self.cfg.phase_names[self.machine.data_phase]}")
+        self.tally.book_stage(names, now)
 
     def _carry_out(self, actions: list, now: float) -> list[Effect]:
         """Turn the clock machine's actions into queue changes and effects."""
@@ -299,18 +269,12 @@ class JobState:
         effects: list[Effect] = [RestartWorker(w) for w in self.pending_restarts]
         self.restarting.update(self.pending_restarts)
         self.pending_restarts = []
-        self.metrics, self.shards_done, self.timings, self.stage_s = {}, {}, {}, {}
+        self.tally.begin(now)
         self.started = set()
         self.clock_end_worker = None
-        self._stage_t0 = self._clock_t0 = now
-        self._start_schedule(now)
+        self.checkpoints.start_interval(now)
         actions = self.machine.begin(clock)
         return effects + self._carry_out(actions, now)
-
-    def _start_schedule(self, now: float) -> None:
-        """The automatic checkpoint interval counts its time from the first clock."""
-        if isinstance(self.schedule, IntervalPlanner) and self.schedule.started is None:
-            self.schedule.started = now
 
     def next_item(self, worker: str, now: float) -> dict | None:
         """The next work item for ``worker``: a batch of shard attempts, the clock-end step, or None."""
@@ -508,17 +472,14 @@ class JobState:
                        seconds=round(step_seconds(timings or {}), 4))
             return False, []
         self.restore_state.pop(shard, None)  # the attempt started from the restored state; it lives on now
-        sums = self.timings.setdefault(worker, {})
-        for k, v in (timings or {}).items():
-            sums[k] = sums.get(k, 0.0) + float(v)
+        self.tally.committed(worker, timings)
         if not self.queue.complete:
             return True, []
         self._book_stage(now)
         rebuild = self.machine.stage is Stage.REBUILD
         effects = self._carry_out(self.machine.pass_complete(run_id), now)
         if not rebuild:
-            for w, n in self.queue.committed_by().items():
-                self.shards_done[w] = self.shards_done.get(w, 0) + n
+            self.tally.pass_counted(self.queue.committed_by())
         return True, effects
 
     def attempt_failed(self, worker: str, clock: int, run_id: int, shard: int, attempt: int, error: str,
@@ -562,24 +523,20 @@ class JobState:
             return []
         self._book_stage(now)
         self.machine.clock_end_done(run_id)
-        self.metrics = dict(metrics)
         self.stage_s["clock_end_compute"] = float(seconds)
-        return self._clock_finished(clock, metrics, now, self._clock_t0)
+        return self._clock_finished(clock, metrics, now, self.tally.clock_t0)
 
     def _clock_finished(self, clock: int, metrics: dict, now: float, started: float) -> list[Effect]:
         """A clock's clock-end step reported: its objective, the clock-end policies, and the
         checkpoint or memory copy due now (taken before the tables change again: ``snapshotting``)."""
-        if math.isfinite(float(metrics.get("objective", math.nan))):
-            self.objectives.append((clock, float(metrics["objective"])))
+        self.tally.finished(clock, metrics)
         effects: list[Effect] = self._clock_policies(now)
-        cfg = self.cfg.checkpoint
-        if self.schedule is not None:
-            self.schedule.record_clock(now - started)
-            if self.schedule.due(clock):
-                effects.append(self._start_checkpoint(clock, now))
-        if cfg is not None and cfg.memory:
-            effects += self._start_mirror(clock)
-        return effects
+        return effects + self.checkpoints.clock_finished(clock, now - started, self.workers, self.lost, now,
+                                                         self._cut)
+
+    def _cut(self) -> list[int] | None:
+        """Per shard, the newest clock the tables hold (None: every shard's is the job's clock)."""
+        return None
 
     def clock_end_failed(self, worker: str, run_id: int, error: str, now: float,
                          clock: int | None = None) -> list[Effect]:
@@ -646,109 +603,23 @@ class JobState:
         return []
 
     # ----------------------------------------------------------- checkpoints
-    def _start_checkpoint(self, clock: int, now: float, **info: Any) -> Checkpoint:
-        cfg = self.cfg.checkpoint
-        saving, self.state_credit = state_shards(self.queue.n_shards, cfg.save_fraction, self.ledger.state_saved,
-                                                 self.state_credit)
-        writers: dict[str, list[int]] = {w: [] for (t, _), w in self.pmap.owners.items()
-                                         if self.cfg.kinds[t] == "param" and w not in self.lost}
-        for s in saving:
-            h = self.queue.holder(s)
-            if h is not None and h not in self.lost:
-                writers.setdefault(h, []).append(s)
-        whole: dict[str, list[tuple[str, int]]] = {}
-        for t, p in self.ledger.whole_due(self._param_parts()):
-            w = self.pmap.owners.get((t, p))
-            if w in writers:
-                whole.setdefault(w, []).append((t, p))
-        version = self.ledger.start(clock, writers, [k for ks in whole.values() for k in ks], info.get("cut"))
-        self.ckpt_cost[version] = {"stall": None, "write": 0.0, "written": False}
-        self.schedule.taken(clock)
-        self._replan(now)
-        self.snapshotting.add("checkpoint")
-        self.event(now, "checkpoint-started", version=version, policy=cfg.policy, fraction=cfg.save_fraction, **info)
-        return Checkpoint(version, writers, whole)
-
-    def _replan(self, now: float) -> None:
-        """The automatic interval chooses its period again; a change is an event."""
-        choice = self.schedule.replan(now)
-        if choice is None:  # a fixed period
-            return
-        if choice["period"] != self._last_period:
-            self.event(now, "checkpoint-interval", **{k: v for k, v in choice.items() if v is not None})
-        self._last_period = choice["period"]
-
-    def _start_mirror(self, clock: int) -> list[Effect]:
-        """Every param owner and shard holder copies its partitions and shard states to the next
-        live worker (a ring in address order)."""
-        live = [w for w in sorted(self.workers) if w not in self.lost]
-        owners = {w for (t, _), w in self.pmap.owners.items() if self.cfg.kinds[t] == "param"}
-        senders = [w for w in live if w in owners or self.queue.held_by(w)]
-        if len(live) < 2 or not senders:
-            return []
-        self.snapshotting.add("mirror")
-        return [Mirror(clock, {w: live[(live.index(w) + 1) % len(live)] for w in senders})]
-
     def mirrored(self, buddy: str, clock: int, parts: list, now: float, shards: list = ()) -> None:
         """``buddy`` holds the memory copies of ``parts`` and of the states of ``shards`` as of ``clock``."""
-        if buddy in self.lost:
-            return
-        for where, key in [(self.mirrors, (t, int(p))) for t, p in parts] + [(self.state_mirrors, int(s)) for s in shards]:
-            if key not in where or where[key][1] <= clock:  # a late, older copy's report changes nothing
-                where[key] = (buddy, int(clock))
+        if buddy not in self.lost:
+            self.checkpoints.mirrored(buddy, clock, parts, shards)
 
     def checkpoint_snapshotted(self, version: int, stall_s: float, unsaved_sq: dict[str, float], now: float) -> None:
-        """Every writer of ``version`` has its snapshot: it stalled the job ``stall_s`` seconds, and
-        each owner had ``unsaved_sq`` of change not saved before it."""
-        if unsaved_sq:
-            self.unsaved_sq = {w: float(v) for w, v in unsaved_sq.items()}
-        if version in self.ckpt_cost:
-            self.ckpt_cost[version]["stall"] = float(stall_s)
-            self._record_cost(version, now)
+        """Every writer of ``version`` has its snapshot (``CheckpointPlanner.checkpoint_snapshotted``)."""
+        self.checkpoints.checkpoint_snapshotted(version, stall_s, unsaved_sq, now)
 
     def checkpoint_written(self, version: int, worker: str, files: list, error: str | None, now: float,
                            seconds: float = 0.0) -> None:
-        if self.ledger is None:
-            return
-        pending = self.ledger.pending.get(version)
-        if not self.ledger.written(version, worker, files, error):
-            return
-        cost = self.ckpt_cost.get(version)
-        if cost is not None:
-            cost["write"] = max(cost["write"], float(seconds))
-            if pending.failed:
-                del self.ckpt_cost[version]
-            elif not pending.waiting:
-                cost["written"] = True
-                self._record_cost(version, now)
-        self._build_manifests(now)
-
-    def _record_cost(self, version: int, now: float) -> None:
-        """A checkpoint's cost, once snapshotted and written: the stall plus the longest write,
-        counted in full (an upper bound: the write runs beside training)."""
-        cost = self.ckpt_cost[version]
-        if cost["stall"] is not None and cost["written"]:
-            del self.ckpt_cost[version]
-            self.schedule.record_cost(cost["stall"] + cost["write"])
-            self._replan(now)
-
-    def _param_parts(self) -> dict[str, int]:
-        """Param table -> its number of partitions (the tables checkpoints save)."""
-        return {t: l.n_parts for t, l in self.pmap.layouts.items() if self.cfg.kinds[t] == "param"}
-
-    def _build_manifests(self, now: float) -> None:
-        _, abandoned = self.ledger.build(
-            self._param_parts(), now, job=self.cfg.job_id, fraction=self.cfg.checkpoint.save_fraction,
-            tables=[[t, l.n_rows, l.n_parts, self.cfg.kinds[t]] for t, l in self.pmap.layouts.items()])
-        for v, reason in abandoned:
-            self.ckpt_cost.pop(v, None)
-            self.schedule.abandoned()
-            self.event(now, "checkpoint-abandoned", version=v, reason=reason)
+        """``worker`` wrote its part of ``version`` (or failed to: ``error``)."""
+        self.checkpoints.checkpoint_written(version, worker, files, error, now, seconds)
 
     def published(self, version: int, now: float) -> None:
-        m = None if self.ledger is None else self.ledger.mark_published(version)
-        if m is not None:
-            self.event(now, "checkpoint-published", version=version, bytes=m["bytes"], clock=m["clock"])
+        """The driver published ``version``'s manifest."""
+        self.checkpoints.published(version, now)
 
     # --------------------------------------------------------------- losses
     def lose(self, worker: str, now: float) -> list[Effect]:
@@ -780,18 +651,10 @@ class JobState:
         (with rebuild tables) the state of the shards it ``held``. Returns its partitions and
         whether a restore is needed (None: the job failed)."""
         self.lost.add(worker)
-        if self.schedule is not None and worker not in self.restarting:  # a planned restart is no failure
-            self.schedule.record_loss()
-            self._replan(now)
-        # shard state lives with the data: with a rebuild pass, a lost holder's state must come back
-        state_lost = bool(held) and bool(self.cfg.rebuild)
+        self.checkpoints.worker_lost(worker, planned=worker in self.restarting, now=now)
         requeued = self.queue.worker_lost(worker) + self.queue.source_lost(worker)
         self.monitor.forget(worker)
-        self.mirrors = {k: v for k, v in self.mirrors.items() if v[0] != worker}  # its memory went with it
-        self.state_mirrors = {s: v for s, v in self.state_mirrors.items() if v[0] != worker}
-        for s, entry in self.restore_state.items():  # a planned copy from its memory: the saved file, or none
-            if entry.get("memory") == worker:  # (a message to a hung buddy would wait out its deadline)
-                self.restore_state[s] = entry.get("file") or INITIAL_STATE
+        self.losses.forget_memory(worker)
         self.batched.pop(worker, None)
         self.running_items.pop(worker, None)
         self.batch_scale.pop(worker, None)
@@ -799,55 +662,35 @@ class JobState:
         owned = self.pmap.owned_by(worker)
         self.event(now, "worker-lost", worker=worker, requeued=sorted({a.shard for a in requeued} | voided),
                    partitions=[list(p) for p in owned])
-        if self.ledger is not None:
-            self.ledger.writer_lost(worker)
-            self._build_manifests(now)
+        self.checkpoints.writer_lost(worker, now)
         if self.failed:
             return owned, None
         if owned and self.cfg.checkpoint is None:
             self.fail(now, f"worker {worker} owned partitions {owned} and was lost; restoring partitions "
                            "needs a checkpoint store (dscar.fit(..., checkpoint=...))")
             return owned, None
-        if owned or state_lost:
-            self.unrecovered.add(worker)
-            if state_lost:
-                self.lost_shards |= set(held)
-        return owned, bool(owned or state_lost)
+        return owned, self.losses.needs_restore(worker, bool(owned), held)
 
     def plan_recovery(self, live: list[str]) -> RecoveryPlan:
         """What to restore now for every unrecovered loss, onto the ``live`` workers."""
         cfg = self.cfg.checkpoint
-        rows = {(t, p): b - a for t, l in self.pmap.layouts.items() for p, (a, b) in enumerate(l.bounds)}
-        return plan_recovery(
-            owners=self.pmap.owners, kinds=self.cfg.kinds, rows=rows, lost=self.lost, live=live,
-            full=cfg is not None and cfg.recovery == "full",
-            manifests=self.ledger.newest_first() if self.ledger else [],
-            lost_shards=self.lost_shards, n_shards=self.queue.n_shards, mirrors=self.mirrors,
-            state_mirrors=self.state_mirrors)
+        return self.losses.plan(self.cfg.kinds, live, full=cfg is not None and cfg.recovery == "full",
+                                manifests=self.ledger.newest_first() if self.ledger else [],
+                                n_shards=self.queue.n_shards, mirrors=self.mirrors, state_mirrors=self.state_mirrors)
 
     def restored(self, key: tuple[str, int], target: str, version: int, now: float,
                  memory_clock: int | None = None) -> None:
-        """``target`` owns ``key`` now, restored from checkpoint ``version`` (0: the initial values)
-        or from a buddy's memory copy as of ``memory_clock``."""
-        self.pmap.owners[key] = target
-        if memory_clock is None and self.cfg.rebuild:  # (forgotten when a rebuild pass is applied)
-            self.restored_rows.setdefault(key[0], []).append(self.pmap.layouts[key[0]].bounds[key[1]])
-        where = {"version": version} if memory_clock is None else {"tier": "memory", "memory_clock": memory_clock}
-        self.event(now, "partition-restored", table=key[0], part=key[1], target=target, **where)
+        """``target`` owns ``key`` now (``Losses.restored``)."""
+        self.losses.restored(key, target, version, now, memory_clock)
 
     def recovery_planned(self, plan: RecoveryPlan, now: float) -> set[str]:
         """The plan is about to be carried out: record which losses it covers; returns them."""
-        covered = set(self.unrecovered)
-        for s, entry in plan.states.items():
-            self.restore_state[s] = entry
-        self.lost_shards.clear()
-        return covered
+        return self.losses.planned(plan)
 
     @property
     def needs_recovery(self) -> bool:
-        """A loss is not recovered yet, or a partition is owned by a lost worker (a restore target
-        lost before it took the partition over)."""
-        return bool(self.unrecovered) or any(w in self.lost for w in self.pmap.owners.values())
+        """A loss is not recovered yet, or a partition is owned by a lost worker."""
+        return self.losses.needs_recovery
 
     def recovered(self, covered: set[str], now: float) -> list[Effect]:
         """The plan that covered ``covered`` was carried out; the recovery ends when nothing is left."""
@@ -856,18 +699,11 @@ class JobState:
             return []
         return self._carry_out(self.machine.recovered(), now)
 
-    def _plan_states(self, shards, manifests: list[dict]) -> None:
-        saved = manifests[0].get("states", {}) if manifests else {}
-        for s in shards:
-            if str(s) in saved:
-                self.restore_state[int(s)] = saved[str(s)]
-
     def rebase(self, manifest: dict) -> None:
         """The job resumed from an older manifest than it was started with (a newer one did not verify)."""
         self.ledger.rebase(manifest)
         self.machine.clock = int(manifest["clock"])
-        self.restore_state.clear()
-        self._plan_states(range(self.queue.n_shards), [manifest])
+        self.losses.plan_states(self.queue.n_shards, manifest)
 
     # ------------------------------------------------------------- reports
     def snapshot(self, live: set[str], now: float) -> dict[str, Any]:
@@ -929,14 +765,7 @@ class JobState:
     def checkpoint_status(self) -> dict[str, Any] | None:
         """The newest complete checkpoint's age in clocks, the rework a loss now would cost
         (``intervals.rework_estimate``) and the period in force; None without a store."""
-        cfg = self.cfg.checkpoint
-        if cfg is None or self.ledger is None:
-            return None
-        built = self.ledger.built
-        age = self.clock - (int(built["clock"]) if built is not None else 0)
-        period = self._last_period or cfg.period
-        return {"age": age, "rework_estimate": rework_estimate(age, cfg.recovery, self.unsaved_sq, cfg.memory),
-                "period": float(period)}
+        return self.checkpoints.status(self.clock)
 
     def report(self) -> dict:
         return {

@@ -22,7 +22,7 @@ from functools import partial
 from typing import Any
 
 from .errors import ShardFailedError
-from .job import ApplyPass, Checkpoint, Effect, JobConfig, JobState, StartRecovery
+from .job import ApplyPass, Effect, JobConfig, JobState, StartRecovery
 from .ledger import manifest_cut
 from .monitor import step_seconds
 from .partitions import PartitionMap
@@ -46,10 +46,6 @@ class SspJobState(JobState):
             self.window.needs_rebuild = self.window.applied_before = bool(cfg.rebuild)
         #: the driver began the fit (before, nothing is handed out: shards may still be placed)
         self.begun = False
-        #: clock -> its report for the driver, once finished (kept until a newer one is read)
-        self.reports: dict[int, dict[str, Any]] = {}
-        #: clock -> {"t0": first hand-out, "shards_done": {worker: n}, "timings": {worker: {k: s}}}
-        self.tallies: dict[int, dict[str, Any]] = {}
 
     # ------------------------------------------------------------- queries
     @property
@@ -70,11 +66,9 @@ class SspJobState(JobState):
         return self.begun and not self.window.recovering
 
     def report_for(self, clock: int) -> dict | None:
-        if self.failed or self.window.holding or clock not in self.reports:
+        if self.failed or self.window.holding:
             return None
-        for c in [c for c in self.reports if c < clock]:
-            del self.reports[c]
-        return self.reports[clock]
+        return self.tally.report_for(clock)
 
     # ---------------------------------------------------------- carrying out
     def _sync_queue(self) -> None:
@@ -106,8 +100,8 @@ class SspJobState(JobState):
             elif isinstance(a, RunClockEnd):
                 self.clock_end_worker = None
             elif isinstance(a, SkipClock):
-                self.events.append({"time": now, "clock": a.clock, "kind": "clock-end-skipped", "reason": a.reason})
-                self.reports[a.clock] = self._report(a.clock, {"objective": float("nan"), "skipped": 1.0}, True)
+                self.log.add(now, "clock-end-skipped", clock=a.clock, reason=a.reason)
+                self.tally.reports[a.clock] = self._report(a.clock, {"objective": float("nan"), "skipped": 1.0}, True)
             elif isinstance(a, WindowRecovery):
                 effects.append(StartRecovery())
             elif isinstance(a, StartRebuild):
@@ -119,10 +113,10 @@ class SspJobState(JobState):
         return effects
 
     def _report(self, clock: int, metrics: dict, skipped: bool, seconds: float | None = None) -> dict[str, Any]:
-        t = self.tallies.pop(clock, {})
+        shards_done, timings = self.tally.close(clock)
         return {
             "status": "done", "metrics": dict(metrics), "skipped": skipped, "checkpoint": self.checkpoint_status(),
-            "shards_per_worker": dict(t.get("shards_done", {})), "timings": dict(t.get("timings", {})),
+            "shards_per_worker": shards_done, "timings": timings,
             "stage_s": {} if seconds is None else {"clock_end_compute": float(seconds)},
             "ahead": sum(1 for _, c in self.window.applied if c > clock),
             "workers": self._workers_report(),
@@ -136,7 +130,7 @@ class SspJobState(JobState):
             return []
         self.begun = True
         self.window.min_batch = max(1, 2 * len(self.workers))  # about two commits per worker per batch
-        self._start_schedule(now)
+        self.checkpoints.start_interval(now)
         return self._carry(self.window.allow(self.window.limit), now)
 
     def _held_back(self, worker: str) -> bool:
@@ -178,7 +172,7 @@ class SspJobState(JobState):
         if w.rebuilding is None:
             self.running_items[worker] = (now, len(batch))
             for c in set(clocks):
-                self.tallies.setdefault(c, {"t0": now, "shards_done": {}, "timings": {}})
+                self.tally.open(c, now)
         return self._ssp_item(batch, clocks)
 
     def _slack(self, clock: int) -> int:
@@ -244,12 +238,8 @@ class SspJobState(JobState):
                        seconds=round(step_seconds(timings or {}), 4))
             return False, []
         self.restore_state.pop(shard, None)  # the attempt started from the restored state; it lives on now
-        tally = self.tallies.get(clock)
-        if tally is not None and not rebuild:
-            tally["shards_done"][worker] = tally["shards_done"].get(worker, 0) + 1
-            sums = tally["timings"].setdefault(worker, {})
-            for k, v in (timings or {}).items():
-                sums[k] = sums.get(k, 0.0) + float(v)
+        if not rebuild:
+            self.tally.committed_in(clock, worker, timings)
         return True, self._carry(self.window.commit(shard, clock, worker, run_id), now)
 
     def attempt_failed(self, worker: str, clock: int, run_id: int, shard: int, attempt: int, error: str,
@@ -282,18 +272,17 @@ class SspJobState(JobState):
         if clock is None or worker != self.clock_end_worker or not self.window.clock_end_done(clock, run_id):
             return []
         self.clock_end_worker = None
-        self.metrics = dict(metrics)
-        started = self.tallies.get(clock, {}).get("t0", now)
-        self.reports[clock] = self._report(clock, metrics, False, seconds)
+        started = self.tally.started(clock, now)
+        self.tally.reports[clock] = self._report(clock, metrics, False, seconds)
         effects = self._clock_finished(clock, metrics, now, started)
         if not self.snapshotting:
             effects += self._carry(self.window.go_on(), now)
         return effects
 
-    def _start_checkpoint(self, clock: int, now: float, **info: Any) -> Checkpoint:
-        """At a clock end, while no batch applies: the tables hold exactly the updates ``cut`` lists
+    def _cut(self) -> list[int]:
+        """At a clock end, while no batch applies: the tables hold exactly the updates the cut lists
         (per shard, its newest clock applied) and each shard's saved state is as of that clock."""
-        return super()._start_checkpoint(clock, now, cut=self.window.cut(), **info)
+        return self.window.cut()
 
     def snapshotted(self, what: str, now: float) -> list[Effect]:
         self.snapshotting.discard(what)
