@@ -1,6 +1,6 @@
 """A discrete-event simulation of the control plane's pure core at W workers (no Dask here).
 
-It drives the real ``dscar.job.JobState`` (BSP) or ``dscar.ssp_job.SspJobState`` (SSP), with the real
+It drives the real ``dscar.job.JobState`` (with its BSP or SSP schedule, ``dscar.schedule``), with the real
 shard queue, partition map, checkpoint ledger, monitor and policies, through the calls
 ``dscar.coordinator.Coordinator`` makes, in the order it makes them: ``begin`` (driver), ``next_item`` and
 ``idle`` (a worker's long poll), ``releasable`` / ``released`` (taking batch members back for an idle
@@ -53,7 +53,6 @@ from dscar.monitor import ThroughputMonitor
 from dscar.partitions import PartitionMap, TableLayout
 from dscar.policies import make_policies
 from dscar.shards import ShardQueue
-from dscar.ssp_job import SspJobState
 
 #: Dask's heartbeat interval at n workers (``distributed.scheduler.heartbeat_interval``; copied: no Dask here)
 def heartbeat_interval(n: int) -> float:
@@ -154,10 +153,11 @@ class Sim:
         ck = CheckpointConfig("memory://dscar-sim", policy="full", every=cfg.checkpoint_every, keep=3)
         jcfg = JobConfig("sim", cfg.n_shards, {t: k for t, _, _, k in tables}, [], [""], ck)
         kw = dict(monitor=ThroughputMonitor(), policies=make_policies(list(cfg.policies)), resume=None)
-        self.job: JobState = (SspJobState(jcfg, queue, pmap, staleness=cfg.staleness, max_clocks=cfg.clocks, **kw)
-                              if cfg.consistency == "ssp" else JobState(jcfg, queue, pmap, **kw))
+        if cfg.consistency == "ssp":
+            kw.update(consistency="ssp", staleness=cfg.staleness, max_clocks=cfg.clocks)
+        self.job = JobState(jcfg, queue, pmap, **kw)
         queue._shards = CountingList(queue._shards)
-        if isinstance(self.job, SspJobState):
+        if self.job.consistency == "ssp":
             self.job.window._shards = CountingList(self.job.window._shards)
         self.job.workers = sorted(names)
         #: decision -> [calls, CPU ns, shard entries touched]
@@ -249,7 +249,7 @@ class Sim:
 
     def _applied(self, e: ApplyPass) -> None:
         job = self.job
-        if isinstance(job, SspJobState):
+        if job.consistency == "ssp":
             ok = job.window.in_flight is not None and job.window.in_flight.batch == e.batch
         else:
             ok = job.machine.stage is Stage.APPLY and job.machine.accepts(e.run_id)
@@ -448,7 +448,7 @@ class Sim:
             return
         if self._unplaced_possible:
             self._place()
-        if isinstance(job, SspJobState):
+        if job.consistency == "ssp":
             if self.next_clock == 1:
                 self._begin(1)
             while len(self.reports) < self.cfg.clocks:

@@ -54,7 +54,6 @@ from .membership import DEFAULT_LEASE_S, SCHEDULER_RULES, Lease, Rule, key_diges
 from .monitor import ThroughputMonitor
 from .partitions import PartitionMap, TableLayout, data_homes, placement_plan
 from .shards import ShardQueue
-from .ssp_job import SspJobState
 from .stall import StallWatch, workers_to_ask
 
 logger = logging.getLogger("dscar.coordinator")
@@ -360,8 +359,9 @@ class Coordinator(SchedulerPlugin):
                         [n for n, _ in phases], CheckpointConfig(**checkpoint) if checkpoint else None)
         kw = dict(monitor=ThroughputMonitor(**(monitor or {})), policies=loads(policies) if policies else [],
                   resume=resume)
-        job = (SspJobState(cfg, queue, pmap, staleness=int(staleness), max_clocks=int(max_clocks), **kw)
-               if consistency == "ssp" else JobState(cfg, queue, pmap, **kw))
+        if consistency == "ssp":
+            kw.update(consistency="ssp", staleness=int(staleness), max_clocks=int(max_clocks))
+        job = JobState(cfg, queue, pmap, **kw)
         job.workers = workers
         self._models[job_id] = model or job_id.rsplit("-", 1)[0]
         self.jobs[job_id] = job
@@ -384,7 +384,7 @@ class Coordinator(SchedulerPlugin):
         """The driver read its last clock, ``clock``: under SSP no later clock goes on, and this
         answers once nothing is being applied (the tables hold still for the gather)."""
         job = self.jobs.get(job_id)
-        if isinstance(job, SspJobState):
+        if job is not None and job.consistency == "ssp":
             job.stop(int(clock))
             self._wake()
             deadline = time.monotonic() + timeout

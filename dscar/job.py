@@ -1,12 +1,13 @@
 """One fit's control state on the scheduler, and every decision about it (no Dask here).
 
-``JobState`` joins the pure pieces — the clock state machine (``dscar.clock``),
-the shard queue (``dscar.shards``), the ownership map (``dscar.partitions``),
-the checkpoint ledger (``dscar.ledger``), the monitor and the policies — and
-answers the coordinator's questions: which work item a worker gets next, whether
-a commit is granted, what a loss means, what to do when a pass is complete.
-It returns *effects* for the coordinator to carry out (``Apply``, ``Recover``,
-``Checkpoint``, ``Restart``); the coordinator only sends messages.
+``JobState`` answers the coordinator's questions — which work item a worker gets next,
+whether a commit is granted, what a loss means, what follows a pass — from parts with one
+job each, composed: the schedule (``dscar.schedule``: BSP or SSP, what may run now, what a
+commit grants, when a clock ends, what a loss rewinds), the shard queue (``dscar.shards``),
+the ownership map (``dscar.partitions``), the dispatch rules here (batches, moves, stragglers,
+policies), the log (``dscar.events``), the clock tally (``dscar.tally``), checkpoint planning
+(``dscar.checkpoint_plan``) and losses (``dscar.losses``). It returns *effects*
+(``dscar.effects``) for the coordinator to carry out; the coordinator only sends messages.
 
 Shard state (LDA's topic assignments) follows the same rule as table updates:
 a committed attempt's new state is staged on the worker that ran it and
@@ -17,51 +18,23 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from functools import partial
 from typing import Any
 
 from .checkpoint_plan import Checkpoint, CheckpointPlanner, Mirror
-from .clock import Apply, ClockMachine, Recover, RunClockEnd, Skip, Stage, StartPass
-from .errors import ShardFailedError
+from .clock import ClockMachine
+from .effects import ApplyPass, Effect, RestartWorker, StartRecovery
 from .events import EventLog
 from .ledger import RecoveryPlan
 from .losses import Losses
-from .monitor import ThroughputMonitor, step_seconds
+from .monitor import ThroughputMonitor
 from .partitions import PartitionMap
 from .policies import Backup, ControllerView, Policy, Restart, Running, SetBatchScale
+from .schedule import BspSchedule, Schedule, SspSchedule
 from .shards import Attempt, ShardQueue
+from .ssp import ClockWindow
 from .tally import ClockTally
 
-
-@dataclass(frozen=True)
-class ApplyPass:
-    """Every live worker applies the committed attempts of the pass (tables and shard state)."""
-
-    run_id: int
-    clock: int
-    committed: list[tuple[int, int, str]]  # (shard, attempt, worker that ran it and holds its update)
-    reset: list[str]  # tables that start from zero
-    rebuild: bool = False  # the rebuild pass (its contributions rebuild tables, they are no clock's updates)
-    #: SSP: the batch id, each update's clock (``committed``'s order) and the newest finished clock
-    #: (staged updates, pending states and reduction sums of clocks up to it can go)
-    batch: int | None = None
-    clocks: list[int] | None = None
-    floor: int | None = None
-    #: the data phase whose pass this is (None: the algorithm has none; a fault may name it)
-    phase: str | None = None
-
-
-@dataclass(frozen=True)
-class StartRecovery:
-    """Restore what lost workers took with them; the coordinator loops until ``unrecovered`` is empty."""
-
-
-@dataclass(frozen=True)
-class RestartWorker:
-    worker: str
-
-
-Effect = ApplyPass | StartRecovery | Checkpoint | Mirror | RestartWorker
+__all__ = ["ApplyPass", "Checkpoint", "Effect", "JobConfig", "JobState", "Mirror", "RestartWorker", "StartRecovery"]
 
 #: a work item holds about this much shard work by the worker's measured step time; below
 #: ``BackupPolicy.min_s``, so a batch's waiting members never look late to the backup policy
@@ -103,15 +76,13 @@ class JobState:
 
     def __init__(self, cfg: JobConfig, queue: ShardQueue, pmap: PartitionMap, *,
                  monitor: ThroughputMonitor | None = None, policies: list[Policy] | None = None,
-                 resume: dict | None = None):
+                 resume: dict | None = None, consistency: str = "bsp", staleness: int = 0, max_clocks: int = 0):
         #: the job's fixed settings
         self.cfg = cfg
         #: shard states, attempts, commits, holders
         self.queue = queue
         #: partition -> owner: the coordinator's truth, not the scheduler's task state
         self.pmap = pmap
-        #: the clock state machine: stage, run id, what a loss left to do
-        self.machine = ClockMachine(n_phases=len(cfg.phase_names), has_rebuild=bool(cfg.rebuild))
         #: per-worker speed from attempts (committed or still running)
         self.monitor = monitor or ThroughputMonitor()
         #: the job's events and why it failed
@@ -147,17 +118,16 @@ class JobState:
         self.running_items: dict[str, tuple[float, int]] = {}
         #: when each worker last asked for work or committed (``_worth_moving``: a holder that stopped asking)
         self.last_seen: dict[str, float] = {}
-        #: the worker running the clock-end step, once handed out
-        self.clock_end_worker: str | None = None
-        #: workers handed a shard attempt this clock (each gets one, however slow: see ``_leave_to_others``)
-        self.started: set[str] = set()
         #: the live workers, refreshed by the coordinator before it asks for decisions (``workers``)
         self._workers: list[str] = []
         self._worker_set: frozenset[str] = frozenset()
+        #: "bsp" or "ssp": which schedule runs the clocks
+        self.consistency = consistency
+        #: how the clocks progress: what may run now, what a commit grants, what a loss rewinds
+        self.schedule: Schedule = (
+            SspSchedule(self, staleness=staleness, max_clocks=max_clocks, resume=resume) if consistency == "ssp"
+            else BspSchedule(self, resume))
         if resume is not None:
-            self.machine.clock = int(resume["clock"])
-            self.machine.stage = Stage.DONE
-            self.machine.needs_rebuild = bool(cfg.rebuild)
             self.losses.plan_states(cfg.n_shards, resume)
 
     events = _part("log", "events")
@@ -168,7 +138,7 @@ class JobState:
     timings = _part("tally", "timings")
     stage_s = _part("tally", "stage_s")
     ledger = _part("checkpoints", "ledger")
-    schedule = _part("checkpoints", "interval")
+    clock_end_worker = _part("schedule", "clock_end_worker")
     snapshotting = _part("checkpoints", "snapshotting")
     mirrors = _part("checkpoints", "mirrors")
     state_mirrors = _part("checkpoints", "state_mirrors")
@@ -193,21 +163,31 @@ class JobState:
     @property
     def clock(self) -> int:
         """The clock being run (under SSP the oldest open one)."""
-        return self.machine.clock
+        return self.schedule.clock
 
     @property
     def recovering(self) -> bool:
         """Losses are being recovered: nothing completes meanwhile."""
-        return self.machine.recovering
+        return self.schedule.recovering
 
     @property
     def run_id(self) -> int:
         """What work and messages are tagged with; older ones are stale (under SSP, the epoch)."""
-        return self.machine.run_id
+        return self.schedule.run_id
 
     @property
     def handing_out(self) -> bool:
-        return self.machine.handing_out
+        return self.schedule.handing_out
+
+    @property
+    def machine(self) -> ClockMachine:
+        """The BSP clock machine (``BspSchedule``)."""
+        return self.schedule.machine
+
+    @property
+    def window(self) -> ClockWindow:
+        """The SSP clock window (``SspSchedule``)."""
+        return self.schedule.window
 
     def event(self, now: float, kind: str, **info: Any) -> None:
         self.log.add(now, kind, **info)
@@ -223,97 +203,67 @@ class JobState:
         """``workers`` (the scheduler's) less those this job lost."""
         return self.losses.live(workers)
 
-    def _book_stage(self, now: float) -> None:
-        stage = self.machine.stage
-        names = []
-        if stage in (Stage.REBUILD, Stage.SHARDS, Stage.APPLY, Stage.CLOCK_END):
-            names.append({Stage.CLOCK_END: "clock_end"}.get(stage, stage.value))
-            if stage in (Stage.SHARDS, Stage.APPLY) and len(self.cfg.phase_names) > 1 and not self.machine.applying_rebuild:
-                names.append(f"{names[0]}:{self.cfg.phase_names[self.machine.data_phase]}")
-        self.tally.book_stage(names, now)
-
-    def _carry_out(self, actions: list, now: float) -> list[Effect]:
-        """Turn the clock machine's actions into queue changes and effects."""
-        effects: list[Effect] = []
-        for a in actions:
-            if isinstance(a, StartPass):
-                self.batched = {}
-                if a.data_phase is None:
-                    self.queue.begin_clock(self.machine.clock, None)
-                    self.event(now, "rebuild-started", tables=list(self.cfg.rebuild))
-                elif a.redo and self.queue.phase == a.data_phase:
-                    self.queue.restart_clock()
-                else:
-                    self.queue.begin_clock(self.machine.clock, a.data_phase)
-                if a.redo:
-                    self.event(now, "clock-restarted", stage=self.machine.stage.value,
-                               data_phase=self.cfg.phase_names[self.machine.data_phase] or None)
-            elif isinstance(a, Apply):
-                reset = list(self.cfg.rebuild) if a.reset_rebuild else (
-                    [t for t, k in self.cfg.kinds.items() if k == "reduction"] if a.reset_reductions else [])
-                effects.append(ApplyPass(a.run_id, self.machine.clock, self.queue.committed_attempts(), reset,
-                                         a.reset_rebuild, phase=None if a.reset_rebuild else
-                                         self.cfg.phase_names[self.machine.data_phase] or None))
-            elif isinstance(a, RunClockEnd):
-                self.clock_end_worker = None
-            elif isinstance(a, Recover):
-                effects.append(StartRecovery())
-            elif isinstance(a, Skip):
-                self.metrics = {"objective": math.nan, "skipped": 1.0}
-                self.event(now, "clock-end-skipped", reason=a.reason)
-        return effects
-
     # ---------------------------------------------------------------- clocks
     def begin(self, clock: int, now: float) -> list[Effect]:
-        """Start ``clock`` (the previous one finished and no recovery is under way)."""
-        effects: list[Effect] = [RestartWorker(w) for w in self.pending_restarts]
-        self.restarting.update(self.pending_restarts)
-        self.pending_restarts = []
-        self.tally.begin(now)
-        self.started = set()
-        self.clock_end_worker = None
-        self.checkpoints.start_interval(now)
-        actions = self.machine.begin(clock)
-        return effects + self._carry_out(actions, now)
+        """The driver begins ``clock`` (``Schedule.begin``)."""
+        return self.schedule.begin(clock, now)
 
     def next_item(self, worker: str, now: float) -> dict | None:
         """The next work item for ``worker``: a batch of shard attempts, the clock-end step, or None."""
-        self.last_seen[worker] = now
-        if self.failed or worker in self.lost or self.machine.recovering:
-            return None
-        if self.machine.handing_out:
-            if self._held_back(worker):
-                return None
-            a = self.queue.next_shard(worker, now, worth_moving=partial(self._worth_moving, worker, now))
-            if a is None and self.machine.stage is Stage.SHARDS:
-                a = self._idle_policies(worker, now)
-            elif a is not None and a.fetch_from:
-                self.event(now, "shard-moved", shard=a.shard, source=a.fetch_from, target=worker)
-            if a is None:
-                return None
-            batch = [a]
-            self.started.add(worker)
-            if a.fetch_from is None and not a.backup:  # more of the worker's own shards, while steps are short
-                size = self._batch_size(worker)
-                while len(batch) < size:
-                    b = self.queue.next_shard(worker, now, local_only=True)
-                    if b is None:
-                        break
-                    batch.append(b)
-            self._set_batched(worker, [(b.shard, b.attempt) for b in batch[1:]])  # its earlier items are done
-            if self.machine.stage is not Stage.REBUILD:
-                self.running_items[worker] = (now, len(batch))
-            return self._item(batch, self.machine.stage is Stage.REBUILD)
-        if self.machine.stage is Stage.CLOCK_END and self.clock_end_worker is None:
-            self.clock_end_worker = worker
-            return {"op": "clock_end", "job": self.cfg.job_id, "clock": self.machine.clock, "run": self.machine.run_id,
-                    "owners": self.pmap.to_msg()}
-        return None
+        return self.schedule.next_item(worker, now)
 
     def idle(self, worker: str, now: float) -> list[Effect]:
-        """``worker`` found nothing to do (under BSP nothing follows from it)."""
-        return []
+        """``worker`` found nothing to do (under SSP the waiting commits are applied)."""
+        return self.schedule.idle(worker, now)
 
+    def commit(self, worker: str, clock: int, run_id: int, shard: int, attempt: int, now: float,
+               timings: dict | None = None, rebuild: bool = False) -> tuple[bool, list[Effect]]:
+        """An attempt asks to commit: whether it is granted, and what follows (``Schedule.commit``)."""
+        return self.schedule.commit(worker, clock, run_id, shard, attempt, now, timings, rebuild)
+
+    def attempt_failed(self, worker: str, clock: int, run_id: int, shard: int, attempt: int, error: str,
+                       now: float, lost_data: bool = False, seconds: float = 0.0) -> None:
+        """An attempt raised after ``seconds`` of work (``Schedule.attempt_failed``)."""
+        self.schedule.attempt_failed(worker, clock, run_id, shard, attempt, error, now, lost_data, seconds)
+
+    def applied(self, run_id: int, now: float, batch: int | None = None) -> list[Effect]:
+        """Every live worker applied the pass of ``run_id`` (under SSP: the batch ``batch``)."""
+        return self.schedule.applied(run_id, now, batch)
+
+    def clock_end_done(self, worker: str, run_id: int, metrics: dict, seconds: float, now: float,
+                       clock: int | None = None) -> list[Effect]:
+        """The clock-end step of ``clock`` (None: the current one) reported."""
+        return self.schedule.clock_end_done(worker, run_id, metrics, seconds, now, clock)
+
+    def clock_end_failed(self, worker: str, run_id: int, error: str, now: float,
+                         clock: int | None = None) -> list[Effect]:
+        """The clock-end step raised: a loss under it skips the clock; otherwise the job fails."""
+        return self.schedule.clock_end_failed(worker, run_id, error, now, clock)
+
+    @property
+    def report_ready(self) -> bool:
+        """The BSP clock being run is finished and reportable."""
+        return self.schedule.report_ready
+
+    def report_for(self, clock: int) -> dict | None:
+        """Clock ``clock``'s report for the driver once it is finished (None: not yet)."""
+        return self.schedule.report_for(clock)
+
+    def snapshotted(self, what: str, now: float) -> list[Effect]:
+        """The ``what`` snapshot ("checkpoint", "mirror") is taken: the tables may change again."""
+        self.snapshotting.discard(what)
+        return self.schedule.snapshotted(now)
+
+    def stop(self, clock: int) -> None:
+        """The driver stops after ``clock`` (SSP: no later clock starts or applies)."""
+        self.schedule.stop(clock)
+
+    @property
+    def quiet(self) -> bool:
+        """Nothing is being applied or ended (SSP): the tables hold still."""
+        return self.schedule.quiet
+
+    # -------------------------------------------------------------- dispatch
     def _leave_to_others(self, worker: str, n_left: int | None = None) -> bool:
         """Whether the other workers would finish every shard still to do before ``worker`` finished
         one (by the monitor's step times): then it starts no more this clock, and the pass does not
@@ -350,7 +300,7 @@ class JobState:
         hung worker that stopped asking would otherwise keep its shards forever)."""
         mine, theirs = self.monitor.mean_step(worker), self.monitor.mean_step(holder)
         if (self.move_s is None or mine is None or theirs is None or holder not in self._worker_set
-                or self._held_back(holder)):
+                or self.schedule.held_back(holder)):
             return True
         running = self.running_items.get(holder)
         if running is not None and now - running[0] > 2 * running[1] * theirs:
@@ -358,11 +308,6 @@ class JobState:
         if running is None and now - self.last_seen.get(holder, -math.inf) > theirs:
             return True
         return self.move_s + mine < (backlog + 0.5) * theirs
-
-    def _held_back(self, worker: str) -> bool:
-        """Whether ``worker`` gets no more shards this pass (``next_item``'s straggler rule): its
-        shards are the others' to run, moves and all."""
-        return worker in self.started and self._leave_to_others(worker)
 
     def _note_move(self, attempt: Attempt | None, timings: dict | None) -> None:
         """A finished attempt that copied its shard from another worker measured a move: ``move_s``."""
@@ -396,11 +341,9 @@ class JobState:
             self.batched.pop(worker, None)
 
     def releasable(self, asker: str) -> tuple[str, list[tuple[int, int]]] | None:
-        """``asker`` found nothing to do in a pass: the worker with the most batch members that
-        may not have started, and the later half of them, to ask back (None: nothing to ask)."""
-        if self.machine.stage not in (Stage.SHARDS, Stage.REBUILD) or self.queue.n_todo:
-            return None
-        return self._ask_back(asker)
+        """``asker`` found nothing to do: the worker with the most batch members that may not have
+        started, and the later half of them, to ask back (None: nothing to ask, or work is left)."""
+        return self.schedule.releasable(asker)
 
     def _ask_back(self, asker: str) -> tuple[str, list[tuple[int, int]]] | None:
         live = {w: m for w, m in self.batched.items() if w != asker and w not in self.lost and m}
@@ -420,6 +363,7 @@ class JobState:
         self._set_batched(worker, [m for m in self.batched.get(worker, []) if m not in done])
         if back:
             self.event(now, "batch-released", worker=worker, shards=sorted(s for s, _ in back))
+        self.schedule.given_back()
 
     def _item(self, batch: list[Attempt], rebuild: bool) -> dict:
         shards = []
@@ -433,98 +377,16 @@ class JobState:
         self.items_handed += 1
         self.item_of[batch[0].worker] = self.items_handed
         item = {"op": "rebuild" if rebuild else "shard", "job": self.cfg.job_id, "item": self.items_handed,
-                "clock": self.machine.clock, "run": self.machine.run_id, "owners": self.pmap.to_msg(),
+                "clock": self.clock, "run": self.run_id, "owners": self.pmap.to_msg(),
                 "batch_scale": self.batch_scale.get(batch[0].worker, 1.0), "shards": shards}
         if rebuild and self.restored_rows:
             item["restored"] = {t: [list(r) for r in rs] for t, rs in self.restored_rows.items()}
         return item
 
-    def commit(self, worker: str, clock: int, run_id: int, shard: int, attempt: int, now: float,
-               timings: dict | None = None, rebuild: bool = False) -> tuple[bool, list[Effect]]:
-        """An attempt asks to commit: the first live attempt of the current run wins.
-
-        Every finished shard-step attempt tells its worker's speed first, whether it wins, is
-        refused, or is late: a straggler whose shards were all backed up finishes after its pass
-        is complete, often after its clock has ended, and not counting it would hide exactly the
-        worker the monitor is for. ``rebuild``: a rebuild-pass attempt (other work: not counted)."""
-        if self.failed or worker in self.lost:
-            return False, []
-        self.running_items.pop(worker, None)
-        self.last_seen[worker] = now
-        current = clock == self.machine.clock and self.machine.accepts(run_id)
-        # attempt numbers restart every pass: only the current run's can be looked up
-        mine = next((a for a in self.queue.running_attempts(shard) if a.attempt == attempt), None) \
-            if current else None
-        started = None if mine is None else mine.started
-        self._note_move(mine, timings)
-        if not rebuild:
-            step = step_seconds(timings) if timings else (None if started is None else now - started)
-            if step is not None:
-                self.monitor.record(worker, step)
-        if not current or not self.machine.handing_out:  # a lost backup, an attempt of a voided pass
-            self.event(now, "commit-refused", shard=shard, attempt=attempt, worker=worker, late=True,
-                       seconds=round(step_seconds(timings or {}), 4))  # its step time, wasted
-            return False, []
-        self._started(worker, shard, attempt)
-        granted = self.queue.commit(shard, attempt, worker)
-        if not granted:
-            self.event(now, "commit-refused", shard=shard, attempt=attempt, worker=worker, late=False,
-                       seconds=round(step_seconds(timings or {}), 4))
-            return False, []
-        self.restore_state.pop(shard, None)  # the attempt started from the restored state; it lives on now
-        self.tally.committed(worker, timings)
-        if not self.queue.complete:
-            return True, []
-        self._book_stage(now)
-        rebuild = self.machine.stage is Stage.REBUILD
-        effects = self._carry_out(self.machine.pass_complete(run_id), now)
-        if not rebuild:
-            self.tally.pass_counted(self.queue.committed_by())
-        return True, effects
-
-    def attempt_failed(self, worker: str, clock: int, run_id: int, shard: int, attempt: int, error: str,
-                       now: float, lost_data: bool = False, seconds: float = 0.0) -> None:
-        """An attempt raised after ``seconds`` of work. Every failure is an event; it counts against the
-        shard unless a loss (a newer run id) explains it or another attempt of the shard is still running."""
-        self.event(now, "shard-failed", shard=shard, attempt=attempt, worker=worker, error=error,
-                   late=clock != self.machine.clock or run_id != self.machine.run_id, seconds=round(seconds, 4))
-        self.running_items.pop(worker, None)
-        if clock != self.machine.clock or not self.machine.handing_out:
-            return
-        self._started(worker, shard, attempt)
-        try:
-            self.queue.fail(shard, attempt, worker, error, count=run_id == self.machine.run_id, lost_data=lost_data)
-        except ShardFailedError as e:
-            self.fail(now, str(e))
-
-    def applied(self, run_id: int, now: float, batch: int | None = None) -> list[Effect]:
-        """Every live worker applied the pass of ``run_id`` (under SSP: the batch ``batch``)."""
-        if self.machine.stage is not Stage.APPLY or not self.machine.accepts(run_id):
-            return []
-        self._book_stage(now)
-        rebuild = self.machine.applying_rebuild
-        actions = self.machine.applied(run_id)
-        if rebuild:
-            self.rebuild_done(now)
-        return self._carry_out(actions, now)
-
     def rebuild_done(self, now: float) -> None:
         """Every shard's rebuild step was applied: the restored rows are rebuilt."""
         self.restored_rows = {}
         self.event(now, "rebuild-done")
-
-    def clock_end_done(self, worker: str, run_id: int, metrics: dict, seconds: float, now: float,
-                       clock: int | None = None) -> list[Effect]:
-        """The clock-end step of ``clock`` (None: the current one) reported: the clock is DONE
-        (unless a loss made its report stale)."""
-        clock = self.machine.clock if clock is None else clock
-        if worker != self.clock_end_worker or clock != self.machine.clock or self.machine.stage is not Stage.CLOCK_END \
-                or not self.machine.accepts(run_id):
-            return []
-        self._book_stage(now)
-        self.machine.clock_end_done(run_id)
-        self.stage_s["clock_end_compute"] = float(seconds)
-        return self._clock_finished(clock, metrics, now, self.tally.clock_t0)
 
     def _clock_finished(self, clock: int, metrics: dict, now: float, started: float) -> list[Effect]:
         """A clock's clock-end step reported: its objective, the clock-end policies, and the
@@ -532,34 +394,7 @@ class JobState:
         self.tally.finished(clock, metrics)
         effects: list[Effect] = self._clock_policies(now)
         return effects + self.checkpoints.clock_finished(clock, now - started, self.workers, self.lost, now,
-                                                         self._cut)
-
-    def _cut(self) -> list[int] | None:
-        """Per shard, the newest clock the tables hold (None: every shard's is the job's clock)."""
-        return None
-
-    def clock_end_failed(self, worker: str, run_id: int, error: str, now: float,
-                         clock: int | None = None) -> list[Effect]:
-        """The clock-end step raised: a loss under it skips the clock; otherwise the job fails."""
-        if worker != self.clock_end_worker or clock not in (None, self.machine.clock) or self.machine.stage is not Stage.CLOCK_END:
-            return []
-        if run_id != self.machine.run_id or self.machine.recovering or self.machine.skip_reason:
-            return self._carry_out(self.machine.clock_end_failed(), now)
-        self.fail(now, f"clock_end of clock {self.machine.clock} failed on {worker}:\n{error}")
-        return []
-
-    @property
-    def report_ready(self) -> bool:
-        return self.machine.finished and not self.failed and not self.snapshotting
-
-    def report_for(self, clock: int) -> dict | None:
-        """Clock ``clock``'s report for the driver once it is finished (None: not yet)."""
-        return self.report() if self.machine.clock == clock and self.report_ready else None
-
-    def snapshotted(self, what: str, now: float) -> list[Effect]:
-        """The ``what`` snapshot ("checkpoint", "mirror") is taken: the tables may change again."""
-        self.snapshotting.discard(what)
-        return []
+                                                         self.schedule.cut)
 
     # ------------------------------------------------------------- policies
     def view(self, workers: list[str], now: float, idle_worker: str | None = None) -> ControllerView:
@@ -626,24 +461,7 @@ class JobState:
         """``worker`` is gone: requeue its attempts; plan a recovery if it took partitions or state."""
         if worker in self.lost:
             return []
-        held = self.queue.held_by(worker)  # (before ``uncommit`` unsets the holders of its voided commits)
-        applying = self.machine.stage is Stage.APPLY
-        unapplied = any(w == worker for _, _, w in self.queue.committed_attempts()) if applying else False
-        # its commits of a pass not yet applied went with it: those shards run again
-        voided = self.queue.uncommit(worker) if self.machine.stage in (Stage.SHARDS, Stage.REBUILD) else []
-        owned, restores = self._forget_worker(worker, held, set(voided), now)
-        if self.failed or restores is None:
-            return []
-        effects: list[Effect] = []
-        if unapplied and not restores:
-            effects += self._carry_out(self.machine.lose(restores=False, unapplied=True), now)
-        if restores:
-            reductions = any(self.cfg.kinds[t] == "reduction" for t, _ in owned)
-            effects += self._carry_out(self.machine.lose(restores=True, reductions_lost=reductions,
-                                                         unapplied=unapplied), now)
-        if self.machine.stage is Stage.CLOCK_END and self.clock_end_worker == worker:
-            effects += self._carry_out(self.machine.clock_end_failed(), now)  # while recovering: skipped after it
-        return effects
+        return self.schedule.lose(worker, now)
 
     def _forget_worker(self, worker: str, held: list[int], voided: set[int], now: float) -> tuple[list, bool | None]:
         """What a loss means whatever the consistency: ``worker``'s attempts requeued, its memory
@@ -695,14 +513,14 @@ class JobState:
     def recovered(self, covered: set[str], now: float) -> list[Effect]:
         """The plan that covered ``covered`` was carried out; the recovery ends when nothing is left."""
         self.unrecovered -= covered
-        if self.needs_recovery or not self.machine.recovering:
+        if self.needs_recovery:
             return []
-        return self._carry_out(self.machine.recovered(), now)
+        return self.schedule.recovered(now)
 
     def rebase(self, manifest: dict) -> None:
         """The job resumed from an older manifest than it was started with (a newer one did not verify)."""
+        self.schedule.rebase(manifest)
         self.ledger.rebase(manifest)
-        self.machine.clock = int(manifest["clock"])
         self.losses.plan_states(self.queue.n_shards, manifest)
 
     # ------------------------------------------------------------- reports
@@ -718,7 +536,7 @@ class JobState:
         stats = {st.worker: st for st in self.monitor.stats()}
         live = set(live) - self.lost
         done = dict(self.shards_done)  # the applied data phases, plus the active one while it runs
-        if self.machine.stage in (Stage.SHARDS, Stage.APPLY):
+        if self.schedule.counts_pass():
             for w, n in self.queue.committed_by().items():
                 done[w] = done.get(w, 0) + n
         workers = {}
@@ -730,25 +548,22 @@ class JobState:
         queue = dict(self.queue.counts())
         queue["backups"] = sum(1 for a in self.queue.running() if a.backup)
         published = self.ledger.published if self.ledger is not None else []
+        head, tail = self.schedule.snapshot_fields()
         return {
-            "job": self.cfg.job_id, "time": now, "clock": self.clock, "stage": self.machine.stage.value,
-            "data_phase": self.cfg.phase_names[self.machine.data_phase] or None,
-            "recovering": self.machine.recovering, "run_id": self.machine.run_id, "error": self.error,
+            "job": self.cfg.job_id, "time": now, "clock": self.clock, **head, "error": self.error,
             "metrics": {k: float(v) for k, v in self.metrics.items()}, "workers": workers, "queue": queue,
             "checkpoints": [{"version": int(m["version"]), "clock": int(m["clock"]), "bytes": int(m.get("bytes", 0))}
                             for m in published],
             "events": self.events[-200:], "n_events": len(self.events),
             "objectives": [[c, v] for c, v in self.objectives[-200:]], "n_objectives": len(self.objectives),
+            **tail,
         }
 
     def progress(self) -> tuple[Any, bool]:
         """A key that changes whenever the job moves on (an attempt started, committed or failed, a
         pass applied, a clock ended, a recovery step), and whether the job is working rather than
         waiting for its driver's next clock: what ``dscar.stall.StallWatch`` watches."""
-        m = self.machine
-        key = (m.run_id, self.clock, m.stage, m.data_phase, m.recovering, *self._queue_progress())
-        working = m.recovering or m.stage not in (Stage.IDLE, Stage.DONE, Stage.SKIPPED)
-        return key, working and not self.failed
+        return self.schedule.progress()
 
     def _queue_progress(self) -> tuple:
         """The shard queue's part of ``progress``: shards per status, attempts running."""
@@ -758,22 +573,15 @@ class JobState:
         """What a stalled job was doing (the ``job-stalled`` event): where its clock is and which
         attempts run where."""
         running = sorted((a.shard, a.attempt, a.worker) for a in self.queue.running())
-        return {"clock": self.clock, "stage": self.machine.stage.value, "run_id": self.run_id,
+        return {"clock": self.clock, "stage": self.schedule.stage_name, "run_id": self.run_id,
                 "recovering": self.recovering, "queue": dict(self.queue.counts()),
-                "running": [list(r) for r in running[:20]], "n_running": len(running)}
+                "running": [list(r) for r in running[:20]], "n_running": len(running),
+                **self.schedule.stall_fields()}
 
     def checkpoint_status(self) -> dict[str, Any] | None:
         """The newest complete checkpoint's age in clocks, the rework a loss now would cost
         (``intervals.rework_estimate``) and the period in force; None without a store."""
         return self.checkpoints.status(self.clock)
-
-    def report(self) -> dict:
-        return {
-            "status": "done", "metrics": dict(self.metrics), "skipped": self.machine.stage is Stage.SKIPPED,
-            "checkpoint": self.checkpoint_status(),
-            "shards_per_worker": dict(self.shards_done), "timings": self.timings, "stage_s": dict(self.stage_s),
-            "workers": self._workers_report(),
-        }
 
     def _workers_report(self) -> dict[str, dict[str, Any]]:
         """Per worker the monitor's view and its batch scale, for a clock's report."""
