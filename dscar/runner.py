@@ -336,6 +336,11 @@ class ShardRunner:
                 r = self.host.peer(source["memory"], "get_mirror", job_id=job.id, key=shard_key(shard))
                 if r.get("status") == "OK":
                     state = {k: np.array(v) for k, v in r["value"].items()}
+                    ckpt.check_state(state, job.algorithm.shard_state(entry.data), shard,
+                                     f"the memory copy on {source['memory']}")
+            except ckpt.CorruptCheckpointError as e:  # a wrong copy: the file, if any
+                self._report(job, item["clock"], "checkpoint-corrupt", shard=shard, error=str(e))
+                state = None
             except Exception as e:  # the buddy is gone: the file, if any
                 logger.info("could not copy shard %s's state from %s: %r", shard, source["memory"], e)
             source = source.get("file")
