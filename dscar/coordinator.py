@@ -465,6 +465,12 @@ class Coordinator(SchedulerPlugin):
             self._wake()
         return {"status": "OK"}
 
+    def _h_run(self, job_id: str, worker: str) -> dict:
+        """The job's current run id (None: no such job here): a worker asks before it takes a write
+        tagged with a run newer than it knows of (``membership.run_refusal``)."""
+        job = self.jobs.get(job_id)
+        return {"run": None if job is None else job.run_id}
+
     def _h_end_job(self, job_id: str) -> dict:
         job = self._drop(job_id)
         return {"status": "OK", "events": [] if job is None else job.events, "all_events": True,

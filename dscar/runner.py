@@ -73,6 +73,8 @@ class Job:
     ssp: bool = False
     clock_seen: int = 0  # the newest clock this worker was given work in (fault points outside attempts)
     run_seen: int = -1  # the newest run id this worker was given work in (an older pass's apply is stale)
+    #: the newest run id the coordinator confirmed as issued (a write of it needs no question: ``membership``)
+    run_confirmed: int = -1
     #: other workers' partitions and shard states kept here (the memory tier)
     mirrors: MirrorStore = field(default_factory=MirrorStore)
     #: set when the job ends here or the worker stops: a slowed attempt's sleep (``faults.slow``) ends
