@@ -522,17 +522,22 @@ class JobState:
         return True, effects
 
     def attempt_failed(self, worker: str, clock: int, run_id: int, shard: int, attempt: int, error: str,
-                       now: float, lost_data: bool = False, seconds: float = 0.0) -> None:
+                       now: float, lost_data: bool = False, seconds: float = 0.0, stopped: bool = False) -> None:
         """An attempt raised after ``seconds`` of work. Every failure is an event; it counts against the
-        shard unless a loss (a newer run id) explains it or another attempt of the shard is still running."""
-        self.event(now, "shard-failed", shard=shard, attempt=attempt, worker=worker, error=error,
-                   late=clock != self.machine.clock or run_id != self.machine.run_id, seconds=round(seconds, 4))
+        shard unless a loss (a newer run id) explains it or another attempt of the shard is still running.
+        ``stopped``: it stopped as one that lost its shard's race (``runner.LostRace``), no failure: an
+        ``attempt-stopped`` event, never counted; were it still live (``late=False``: a wrong verdict),
+        the shard runs again."""
+        self.event(now, "attempt-stopped" if stopped else "shard-failed", shard=shard, attempt=attempt,
+                   worker=worker, error=error, late=clock != self.machine.clock or run_id != self.machine.run_id,
+                   seconds=round(seconds, 4))
         self.running_items.pop(worker, None)
         if clock != self.machine.clock or not self.machine.handing_out:
             return
         self._started(worker, shard, attempt)
         try:
-            self.queue.fail(shard, attempt, worker, error, count=run_id == self.machine.run_id, lost_data=lost_data)
+            self.queue.fail(shard, attempt, worker, error, count=run_id == self.machine.run_id and not stopped,
+                            lost_data=lost_data)
         except ShardFailedError as e:
             self.fail(now, str(e))
 

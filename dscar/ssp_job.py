@@ -253,17 +253,17 @@ class SspJobState(JobState):
         return True, self._carry(self.window.commit(shard, clock, worker, run_id), now)
 
     def attempt_failed(self, worker: str, clock: int, run_id: int, shard: int, attempt: int, error: str,
-                       now: float, lost_data: bool = False, seconds: float = 0.0) -> None:
+                       now: float, lost_data: bool = False, seconds: float = 0.0, stopped: bool = False) -> None:
         w = self.window
         current = w.phase(shard) is ShardPhase.RUNNING and (w.rebuilding is not None or w.shard_clock(shard) == clock)
-        self.event(now, "shard-failed", shard=shard, attempt=attempt, worker=worker, error=error,
-                   late=not current or run_id != w.epoch, seconds=round(seconds, 4))
+        self.event(now, "attempt-stopped" if stopped else "shard-failed", shard=shard, attempt=attempt,
+                   worker=worker, error=error, late=not current or run_id != w.epoch, seconds=round(seconds, 4))
         self.running_items.pop(worker, None)
         if not current:
             return
         self._started(worker, shard, attempt)
         try:
-            self.queue.fail(shard, attempt, worker, error, count=run_id == w.epoch, lost_data=lost_data)
+            self.queue.fail(shard, attempt, worker, error, count=run_id == w.epoch and not stopped, lost_data=lost_data)
         except ShardFailedError as e:
             self.fail(now, str(e))
         self._give_back_idle()

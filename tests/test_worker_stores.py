@@ -389,3 +389,26 @@ def test_a_memory_copy_of_a_shard_state_unlike_the_declared_one_is_not_used():
     assert "'z' is float64 (3,), the model declares int32 (3,)" in kw["info"]["error"]
     runner._restore_state(job, 1, entry, {**item, "state_file": {"memory": "buddy-b", "clock": 3, "file": None}})
     assert entry.state["z"].tolist() == [0, 1, 2]
+
+
+def test_an_attempt_stopped_as_a_lost_race_is_named_in_its_item_s_commit():
+    """A lost-race stop reports no failure but is not silent: the item's commit names it (sent even
+    when nothing else of the item commits), so a wrong verdict costs one attempt, never the fit."""
+    from dscar.runner import LostRace
+
+    def loses(runner, shard):
+        if shard in (1, 2):
+            raise LostRace("another attempt was applied here")
+
+    runner, calls, ran = _runner_with_steps(loses)
+    runner._run_shards(_batch_item(3))
+    assert ran == [0, 1, 2]
+    [(op, kw)] = calls
+    assert op == "commit" and [c["shard"] for c in kw["commits"]] == [0]
+    assert [(s["shard"], s["attempt"], s["clock"]) for s in kw["stopped"]] == [(1, 0, 3), (2, 0, 3)]
+    assert all(s["seconds"] >= 0 for s in kw["stopped"])
+
+    runner, calls, _ = _runner_with_steps(lambda r, shard: loses(r, shard + 1))
+    runner._run_shards(_batch_item(1))
+    [(op, kw)] = calls
+    assert op == "commit" and kw["commits"] == [] and [s["shard"] for s in kw["stopped"]] == [0]
