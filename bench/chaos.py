@@ -64,10 +64,12 @@ Each run is a child process (``--one``) with its own embedded cluster of 3
 worker processes (``dscar.Cluster``, default settings); a run that outlives
 ``--deadline`` seconds is killed with its process group and counted as a hang.
 Beside the violations, each run counts from its events the attempts that did not
-commit (``attempt_waste``): failed attempts (``shard-failed``), commits refused
-to an attempt another beat (``commit-refused``: a lost backup), batch members
-given back unstarted (``batch-released``), and the step seconds wasted on the
-first two (their events' ``seconds``); a failed fit's events count too. A run
+commit (``attempt_waste``): failed attempts (``shard-failed``, and a lost-race
+stop of an attempt that was still live: a wrong verdict), commits refused to an
+attempt another beat (``commit-refused``: a lost backup), attempts stopped as
+lost races (``attempt-stopped``), batch members given back unstarted
+(``batch-released``), and the step seconds wasted on the failed, refused and
+stopped ones (their events' ``seconds``); a failed fit's events count too. A run
 without faults (no fault, no monkey) should have no failed attempt (issue 38):
 the summary says how many had one.
 
@@ -346,17 +348,23 @@ def classify_failure(dscar_error: bool, message: str, had_checkpoint: bool) -> t
 
 
 def attempt_waste(events: list[dict]) -> dict[str, Any]:
-    """The attempts of a fit that did not commit, from its events: failed ones (``shard-failed``),
-    refused commits (``commit-refused``: a backup or a late attempt another attempt beat), batch
-    members given back before they started (``batch-released``, no step run, no time lost), and
-    the step seconds the failed and refused ones spent (each event's ``seconds``)."""
+    """The attempts of a fit that did not commit, from its events: failed ones (``shard-failed``,
+    and ``attempt-stopped`` ones that were still live: a wrong lost-race verdict, which cost an
+    attempt), refused commits (``commit-refused``: a backup or a late attempt another attempt beat),
+    attempts stopped because another attempt of their shard was applied where they read
+    (``attempt-stopped``, every one), batch members given back before they started
+    (``batch-released``, no step run, no time lost), and the step seconds the failed, refused and
+    stopped ones spent (each event's ``seconds``)."""
     failed = [e for e in events if e.get("kind") == "shard-failed"]
     refused = [e for e in events if e.get("kind") == "commit-refused"]
+    stopped = [e for e in events if e.get("kind") == "attempt-stopped"]
+    misjudged = [e for e in stopped if e.get("late") is False]
     return {
-        "failed_attempts": len(failed),
+        "failed_attempts": len(failed) + len(misjudged),
         "refused_commits": len(refused),
+        "stopped_attempts": len(stopped),
         "released_members": sum(len(e.get("shards", ())) for e in events if e.get("kind") == "batch-released"),
-        "wasted_step_s": round(sum(float(e.get("seconds") or 0.0) for e in failed + refused), 3),
+        "wasted_step_s": round(sum(float(e.get("seconds") or 0.0) for e in failed + refused + stopped), 3),
     }
 
 

@@ -405,17 +405,26 @@ def read_state(fs, root: str, entry: dict, shard: int,
         raise CorruptCheckpointError(f"{entry.get('path')}: not a state entry of shard {shard}")
     data = _read_verified(fs, root, entry)
     state = {name: _array(data, where, entry["path"]) for name, where in arrays.items()}
-    if declared is not None:
-        if set(state) != set(declared):
-            raise CorruptCheckpointError(f"{entry['path']}: shard {shard}'s state holds {sorted(state)}, "
-                                         f"the model declares {sorted(declared)}")
-        for name, a in state.items():
-            want = declared[name]
-            if a.dtype != np.dtype(want.dtype) or a.shape != tuple(want.shape):
-                raise CorruptCheckpointError(
-                    f"{entry['path']}: shard {shard}'s state {name!r} is {a.dtype} {a.shape}, the model "
-                    f"declares {np.dtype(want.dtype)} {tuple(want.shape)}")
+    check_state(state, declared, shard, entry["path"])
     return state
+
+
+def check_state(state: Mapping[str, np.ndarray], declared: Mapping[str, Any] | None, shard: int, where: str) -> None:
+    """``CorruptCheckpointError`` (naming ``where`` the copy came from) unless shard ``shard``'s
+    ``state`` holds exactly the arrays the model declares (``Algorithm.shard_state``: name ->
+    ``StateSpec``), of those dtypes and shapes; nothing to check where the model declares none.
+    Every copy of a state is checked, the memory tier's as the disk's: a wrong one is never used."""
+    if declared is None:
+        return
+    if set(state) != set(declared):
+        raise CorruptCheckpointError(f"{where}: shard {shard}'s state holds {sorted(state)}, "
+                                     f"the model declares {sorted(declared)}")
+    for name, a in state.items():
+        want = declared[name]
+        if a.dtype != np.dtype(want.dtype) or a.shape != tuple(want.shape):
+            raise CorruptCheckpointError(
+                f"{where}: shard {shard}'s state {name!r} is {a.dtype} {a.shape}, the model "
+                f"declares {np.dtype(want.dtype)} {tuple(want.shape)}")
 
 
 def _read_range(fs, root: str, path: str, start: int, end: int) -> bytes:

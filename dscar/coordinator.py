@@ -465,6 +465,12 @@ class Coordinator(SchedulerPlugin):
             self._wake()
         return {"status": "OK"}
 
+    def _h_run(self, job_id: str, worker: str) -> dict:
+        """The job's current run id (None: no such job here): a worker asks before it takes a write
+        tagged with a run newer than it knows of (``membership.run_refusal``)."""
+        job = self.jobs.get(job_id)
+        return {"run": None if job is None else job.run_id}
+
     def _h_end_job(self, job_id: str) -> dict:
         job = self._drop(job_id)
         return {"status": "OK", "events": [] if job is None else job.events, "all_events": True,
@@ -606,17 +612,24 @@ class Coordinator(SchedulerPlugin):
                    for j in self.jobs.values())
 
     def _h_commit(self, job_id: str, clock: int, run: int, worker: str, commits: list[dict],
-                  rebuild: bool = False, released: list | None = None) -> dict:
+                  rebuild: bool = False, released: list | None = None, stopped: list | None = None) -> dict:
         """Grant or refuse the commits of a batch's attempts (each ``{"shard", "attempt", "timings"}``;
         ``rebuild``: the batch is of the rebuild pass); the answer carries the worker's next work item,
         if one is ready. ``released``: the batch's members the worker gave back unstarted, so those
-        whose release answer came too late are queued again, not left running nowhere."""
+        whose release answer came too late are queued again, not left running nowhere. ``stopped``:
+        its attempts that stopped as lost races (``{"shard", "attempt", "clock", "seconds"}``), so one
+        stopped wrongly runs again rather than hold its clock for ever."""
         self._alive(worker)
         job = self.jobs.get(job_id)
         if job is None:
             return {"granted": [False] * len(commits), "next": None}
         if released:
             job.released(worker, released, released, time.time())
+            self._wake()
+        for s in stopped or ():
+            job.attempt_failed(worker, int(s["clock"]), run, int(s["shard"]), int(s["attempt"]),
+                               "another attempt of the shard was applied where it read", time.time(),
+                               seconds=float(s.get("seconds", 0.0)), stopped=True)
             self._wake()
         granted = []
         for c in commits:

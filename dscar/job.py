@@ -222,9 +222,9 @@ class JobState:
         return self.schedule.commit(worker, clock, run_id, shard, attempt, now, timings, rebuild)
 
     def attempt_failed(self, worker: str, clock: int, run_id: int, shard: int, attempt: int, error: str,
-                       now: float, lost_data: bool = False, seconds: float = 0.0) -> None:
-        """An attempt raised after ``seconds`` of work (``Schedule.attempt_failed``)."""
-        self.schedule.attempt_failed(worker, clock, run_id, shard, attempt, error, now, lost_data, seconds)
+                       now: float, lost_data: bool = False, seconds: float = 0.0, stopped: bool = False) -> None:
+        """An attempt raised after ``seconds`` of work, or stopped as a lost race (``Schedule.attempt_failed``)."""
+        self.schedule.attempt_failed(worker, clock, run_id, shard, attempt, error, now, lost_data, seconds, stopped)
 
     def applied(self, run_id: int, now: float, batch: int | None = None) -> list[Effect]:
         """Every live worker applied the pass of ``run_id`` (under SSP: the batch ``batch``)."""

@@ -14,6 +14,11 @@ driving or corrupting a fit without a word:
   commit, report), so a worker asks only for its own work and commits only its own attempts.
 - **Lease**: a job lives while its driver renews it (``Lease``); a driver that dies stops
   renewing, and the coordinator ends the job once the lease has lapsed.
+- **Run of a write**: a call that writes a job's parameters (``WORKER_RUN_WRITES``) is tagged
+  with the run it belongs to; a run newer than the job's current one was issued by no member
+  of the job and is refused (``run_refusal``), so a caller holding the token still cannot make
+  its write outlive the run (a ``run=10**6`` assign would otherwise be taken for the newest work,
+  and make every later, real one look stale).
 """
 from __future__ import annotations
 
@@ -70,7 +75,7 @@ SCHEDULER_RULES: dict[str, Rule] = {
     # a worker's, as itself
     "next": Rule.WORKER, "commit": Rule.WORKER, "fail": Rule.WORKER, "clock_done": Rule.WORKER,
     "clock_failed": Rule.WORKER, "runner_failed": Rule.WORKER, "ckpt_written": Rule.WORKER,
-    "mirrored": Rule.WORKER, "event": Rule.WORKER, "job_spec": Rule.CLUSTER_WORKER,
+    "mirrored": Rule.WORKER, "event": Rule.WORKER, "run": Rule.WORKER, "job_spec": Rule.CLUSTER_WORKER,
     # anyone's: a worker's registration (checked by asking the worker), an operator's listing and cancel
     "hello": Rule.OPEN, "jobs": Rule.OPEN, "cancel": Rule.OPEN,
 }
@@ -80,6 +85,31 @@ SCHEDULER_RULES: dict[str, Rule] = {
 WORKER_OPEN = frozenset({"info", "stack", "peer_lost", "peer_joined", "confirm_key"})
 #: worker handlers that install the job they name when it is new there (its token comes with it)
 WORKER_INSTALLING = frozenset({"init", "warm_up", "adopt", "put_shard", "restore"})
+
+
+#: worker handlers that write a job's parameters for a run (``run=``): the coordinator's apply of a
+#: pass or batch, a clock end's assign, a recovery's restore
+WORKER_RUN_WRITES = frozenset({"apply", "assign", "restore"})
+
+
+def run_known(run: object, known: int) -> bool:
+    """Whether a write tagged ``run`` needs no question: an integer no newer than ``known``, the
+    newest run this worker knows the job has reached (a work item, a restore, a confirmation).
+    An older run is its handler's business (stale), not a forgery."""
+    return type(run) is int and run <= known
+
+
+def run_refusal(run: object, current: int | None) -> str | None:
+    """Why a write tagged ``run`` must be refused, given the job's ``current`` run as its
+    coordinator states it (None: the coordinator does not run the job, or did not answer), or
+    None to grant it. A run newer than the current one was issued by no member of the job."""
+    if type(run) is not int:
+        return f"its run {run!r} is not an integer"
+    if current is None:
+        return "the coordinator did not confirm the job's current run"
+    if run > current:
+        return f"its run {run} is newer than the job's current run {current}"
+    return None
 
 
 def worker_rule(op: str) -> Rule:

@@ -73,6 +73,8 @@ class Job:
     ssp: bool = False
     clock_seen: int = 0  # the newest clock this worker was given work in (fault points outside attempts)
     run_seen: int = -1  # the newest run id this worker was given work in (an older pass's apply is stale)
+    #: the newest run id the coordinator confirmed as issued (a write of it needs no question: ``membership``)
+    run_confirmed: int = -1
     #: other workers' partitions and shard states kept here (the memory tier)
     mirrors: MirrorStore = field(default_factory=MirrorStore)
     #: set when the job ends here or the worker stops: a slowed attempt's sleep (``faults.slow``) ends
@@ -210,6 +212,7 @@ class ShardRunner:
         common = {k: v for k, v in item.items() if k != "shards"}
         attempts = [{**common, **member} for member in item["shards"]]
         commits = []
+        stopped = []  # attempts stopped as lost races (``LostRace``): the coordinator hears of them
         staged: dict[tuple[int, int], list] = {}  # (shard, clock) -> the updates its attempt staged here
         with self._lock:  # the members after the first may be released to another worker until they start
             early = self._take_up(item)
@@ -225,7 +228,15 @@ class ShardRunner:
                     if i and key not in self._unstarted:
                         continue  # released: the coordinator gave it to another worker
                     self._unstarted.discard(key)
-                done = self._attempt(job, a)
+                began = time.perf_counter()
+                try:
+                    done = self._attempt(job, a)
+                except LostRace as e:
+                    logger.debug("dscar shard %s clock %s: attempt %s stopped: %s", a["shard"], a["clock"],
+                                 a["attempt"], e)
+                    stopped.append({"shard": a["shard"], "attempt": a["attempt"], "clock": a["clock"],
+                                    "seconds": time.perf_counter() - began})
+                    continue
                 if done is not None:
                     timings, staged[a["shard"], a["clock"]] = done
                     commits.append({"shard": a["shard"], "attempt": a["attempt"], "clock": a["clock"],
@@ -238,12 +249,12 @@ class ShardRunner:
             return None
         with self._lock:
             given_back, self._given_back = self._given_back, []
-        if not commits and not given_back:
+        if not commits and not given_back and not stopped:
             return None
         try:
             r = self.host.call("commit", job_id=item["job"], clock=item["clock"], run=item["run"],
                                worker=self.host.address, commits=commits, rebuild=item["op"] == "rebuild",
-                               released=given_back)
+                               released=given_back, stopped=stopped)
         except Exception as e:
             for a in attempts:
                 if any(c["shard"] == a["shard"] and c["attempt"] == a["attempt"] for c in commits):
@@ -266,13 +277,12 @@ class ShardRunner:
 
     def _attempt(self, job: Job, item: dict) -> tuple[dict, list] | None:
         """Run one attempt and stage its results; its timings and staged updates, or None when it
-        failed (reported)."""
+        failed (reported). ``LostRace`` when it stopped because another attempt of its shard won."""
         clock, shard, attempt, run = item["clock"], item["shard"], item["attempt"], item["run"]
         lost_data, began = False, time.perf_counter()
-        # the attempt's reads stop it once another attempt of its shard is applied where it reads. BSP only:
-        # under SSP a recovery can hand a clock out again under the run a worker already installed it in
-        # (bench.chaos --kinds kill-clock --seed 38 hung: every re-run attempt stopped as lost)
-        race = None if job.ssp else [run, clock, shard]
+        # the attempt's reads stop it once another attempt of its shard is applied where it reads (under
+        # SSP the window's rebuild pass reuses clocks: its attempts are not raced)
+        race = [run, clock, shard] if not job.ssp or item["op"] == "shard" else None
         try:
             self._inject(job, clock, "start", item.get("phase"))
             t0 = time.perf_counter()
@@ -301,11 +311,8 @@ class ShardRunner:
             t3 = time.perf_counter()
             return {"data_s": t1 - t0, "pull_s": ctx.pull_s, "compute_s": t2 - t1 - ctx.pull_s,
                     "compute_cpu_s": c2 - c1 - ctx.pull_cpu_s, "push_s": t3 - t2}, staged
-        except _Stopped:
+        except (_Stopped, LostRace):  # (a lost race is reported with the item's commit: ``_run_shards``)
             raise
-        except LostRace as e:  # it could not commit: nothing to report, nothing wasted further
-            logger.debug("dscar shard %s clock %s: attempt %s stopped: %s", shard, clock, attempt, e)
-            return None
         except Exception as e:
             self._fail(item, e, lost_data, time.perf_counter() - began)
             return None
@@ -336,6 +343,11 @@ class ShardRunner:
                 r = self.host.peer(source["memory"], "get_mirror", job_id=job.id, key=shard_key(shard))
                 if r.get("status") == "OK":
                     state = {k: np.array(v) for k, v in r["value"].items()}
+                    ckpt.check_state(state, job.algorithm.shard_state(entry.data), shard,
+                                     f"the memory copy on {source['memory']}")
+            except ckpt.CorruptCheckpointError as e:  # a wrong copy: the file, if any
+                self._report(job, item["clock"], "checkpoint-corrupt", shard=shard, error=str(e))
+                state = None
             except Exception as e:  # the buddy is gone: the file, if any
                 logger.info("could not copy shard %s's state from %s: %r", shard, source["memory"], e)
             source = source.get("file")
@@ -660,8 +672,10 @@ class _Stopped(Exception):
 
 
 class LostRace(Exception):
-    """This attempt stops quietly: another attempt of its shard won and was applied (``Job.lost_race``),
-    so what it would read now is not what it started from. Nothing is reported: it could not commit."""
+    """This attempt stops: another attempt of its shard won and was applied (``Job.lost_race``), so
+    what it would read now is not what it started from. No error is reported (it could not commit);
+    the item's commit names it (``stopped``), so were the verdict wrong, the coordinator runs the
+    shard again: a wrong verdict costs one attempt, never the fit."""
 
 
 def _check_race(job: Job, race: list | None, part: tuple[str, int] | None = None) -> None:

@@ -81,7 +81,7 @@ class Schedule(Protocol):
                timings: dict | None = None, rebuild: bool = False) -> tuple[bool, list[Effect]]: ...
 
     def attempt_failed(self, worker: str, clock: int, run_id: int, shard: int, attempt: int, error: str,
-                       now: float, lost_data: bool = False, seconds: float = 0.0) -> None: ...
+                       now: float, lost_data: bool = False, seconds: float = 0.0, stopped: bool = False) -> None: ...
 
     def applied(self, run_id: int, now: float, batch: int | None = None) -> list[Effect]: ...
 
@@ -325,18 +325,22 @@ class BspSchedule:
         return True, effects
 
     def attempt_failed(self, worker: str, clock: int, run_id: int, shard: int, attempt: int, error: str,
-                       now: float, lost_data: bool = False, seconds: float = 0.0) -> None:
+                       now: float, lost_data: bool = False, seconds: float = 0.0, stopped: bool = False) -> None:
         """An attempt raised after ``seconds`` of work. Every failure is an event; it counts against the
-        shard unless a loss (a newer run id) explains it or another attempt of the shard is still running."""
+        shard unless a loss (a newer run id) explains it or another attempt of the shard is still running.
+        ``stopped``: it stopped as one that lost its shard's race (``runner.LostRace``), no failure: an
+        ``attempt-stopped`` event, never counted; were it still live (``late=False``: a wrong verdict),
+        the shard runs again."""
         job, m = self.job, self.machine
-        job.event(now, "shard-failed", shard=shard, attempt=attempt, worker=worker, error=error,
-                  late=clock != m.clock or run_id != m.run_id, seconds=round(seconds, 4))
+        job.event(now, "attempt-stopped" if stopped else "shard-failed", shard=shard, attempt=attempt,
+                  worker=worker, error=error, late=clock != m.clock or run_id != m.run_id, seconds=round(seconds, 4))
         job.running_items.pop(worker, None)
         if clock != m.clock or not m.handing_out:
             return
         job._started(worker, shard, attempt)
         try:
-            job.queue.fail(shard, attempt, worker, error, count=run_id == m.run_id, lost_data=lost_data)
+            job.queue.fail(shard, attempt, worker, error, count=run_id == m.run_id and not stopped,
+                           lost_data=lost_data)
         except ShardFailedError as e:
             job.fail(now, str(e))
 
@@ -669,17 +673,17 @@ class SspSchedule:
         return True, self._carry(self.window.commit(shard, clock, worker, run_id), now)
 
     def attempt_failed(self, worker: str, clock: int, run_id: int, shard: int, attempt: int, error: str,
-                       now: float, lost_data: bool = False, seconds: float = 0.0) -> None:
+                       now: float, lost_data: bool = False, seconds: float = 0.0, stopped: bool = False) -> None:
         job, w = self.job, self.window
         current = w.phase(shard) is ShardPhase.RUNNING and (w.rebuilding is not None or w.shard_clock(shard) == clock)
-        job.event(now, "shard-failed", shard=shard, attempt=attempt, worker=worker, error=error,
-                  late=not current or run_id != w.epoch, seconds=round(seconds, 4))
+        job.event(now, "attempt-stopped" if stopped else "shard-failed", shard=shard, attempt=attempt,
+                  worker=worker, error=error, late=not current or run_id != w.epoch, seconds=round(seconds, 4))
         job.running_items.pop(worker, None)
         if not current:
             return
         job._started(worker, shard, attempt)
         try:
-            job.queue.fail(shard, attempt, worker, error, count=run_id == w.epoch, lost_data=lost_data)
+            job.queue.fail(shard, attempt, worker, error, count=run_id == w.epoch and not stopped, lost_data=lost_data)
         except ShardFailedError as e:
             job.fail(now, str(e))
         self.given_back()

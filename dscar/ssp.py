@@ -55,7 +55,9 @@ Rules (``check`` asserts them, ``tests/test_ssp.py`` drives them with Hypothesis
 * **Rebuild pass.** After a recovery, an algorithm with ``rebuild_tables``
   rebuilds them in one pass over every shard (from each shard's state as of its
   last applied clock) before any clock's shard runs again, as in BSP; not before
-  the first batch was applied (nothing to rebuild yet).
+  the first batch was applied (nothing to rebuild yet). The pass runs under an
+  epoch of its own, raised again when it is applied: no attempt of a clock
+  shares an epoch with a rebuild commit of its shard.
 * **A consistent cut.** A checkpoint is taken at a clock end, when no batch is in
   flight: its tables hold exactly the updates listed by ``cut()`` (shard ->
   newest clock applied, written-off updates counted as applied), and each
@@ -328,6 +330,10 @@ class ClockWindow:
         self.version += 1
         if b.rebuild:
             self._end_rebuild()
+            # the clocks go on under a new epoch, as BSP starts a pass after its rebuild pass: the rebuild
+            # batch's commits were tagged with the shards' next clocks, and an attempt of such a clock under
+            # the rebuild's epoch would read as one that lost to them (``ShardStore.lost``)
+            self.epoch += 1
             for s in self._shards:  # the rebuilt tables are what every read needs now
                 s.seen, s.writer = self.version, None
             return self._next()

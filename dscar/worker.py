@@ -50,7 +50,8 @@ from . import wire
 from .comm import fast_fail_pool
 from .errors import RefusedCallError
 from .inflight import Inflight
-from .membership import WORKER_INSTALLING, Rule, key_digest, new_token, refusal, same, worker_rule
+from .membership import (WORKER_INSTALLING, WORKER_RUN_WRITES, Rule, key_digest, new_token, refusal, run_known,
+                         run_refusal, same, worker_rule)
 from .mirror_store import part_key, shard_key
 from .partition_store import PartitionStore
 from .partitions import TableLayout
@@ -175,9 +176,10 @@ class ParamServer(WorkerPlugin):
     def _guarded(self, op: str, handler):
         """``handler`` behind the one check of its caller: a call about a job must carry the job's
         token (``membership.refusal``; a job new here is installed first, its token comes with
-        it). A refused call is answered with a ``RefusedCallError`` and reported to the coordinator
-        (a ``forged-call`` event), never handed on."""
-        rule, installs = worker_rule(op), op in WORKER_INSTALLING
+        it), and a parameter write a run the job has reached (``_run_refusal``). A refused call is
+        answered with a ``RefusedCallError`` and reported to the coordinator (a ``forged-call``
+        event), never handed on."""
+        rule, installs, writes = worker_rule(op), op in WORKER_INSTALLING, op in WORKER_RUN_WRITES
 
         async def guarded(comm, token: str | None = None, **kw):
             if rule is not Rule.OPEN:
@@ -186,6 +188,8 @@ class ParamServer(WorkerPlugin):
                 if job is None and installs and isinstance(job_id, str):
                     job = await self._ajob(job_id)
                 why = refusal(rule, job_token=None if job is None else job.token, token=token)
+                if why is None and writes and job is not None:
+                    why = await self._run_refusal(job, kw.get("run", -1))
                 if why is not None:
                     return await self._refuse(op, getattr(comm, "peer_address", None), why, job)
             out = handler(**kw)
@@ -193,6 +197,22 @@ class ParamServer(WorkerPlugin):
 
         guarded.__name__ = guarded.__qualname__ = f"dscar_{op}"
         return guarded
+
+    async def _run_refusal(self, job: Job, run: object) -> str | None:
+        """Why a write tagged ``run`` must be refused (``membership.run_refusal``): a run newer than
+        any this worker knows the job reached is checked with the coordinator, which alone issues
+        runs (one question per new run, and only on a worker no work item of it reached yet)."""
+        if run_known(run, max(job.run_seen, job.run_confirmed)):
+            return None
+        try:
+            current = (await self._acall("run", job_id=job.id, worker=self.address)).get("run")
+        except Exception as e:  # the coordinator is gone or refused us: nothing confirms the run
+            logger.info("dscar: could not confirm run %r of job %s: %r", run, job.id, e)
+            current = None
+        why = run_refusal(run, current)
+        if why is None:
+            job.run_confirmed = max(job.run_confirmed, int(current))
+        return why
 
     async def _refuse(self, op: str, caller: str | None, why: str, job: Job | None) -> dict:
         """The answer to a refused call, once the coordinator has its ``forged-call`` event."""

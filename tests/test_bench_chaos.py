@@ -1,7 +1,11 @@
 """The chaos benchmark: the exactly-once checker catches every kind of breach (as pure code and through a
 deliberately broken model on a real fit), plans are reproducible, and --quick reports what it promises."""
+import json
+import subprocess
+import sys
 import threading
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -177,11 +181,13 @@ def test_attempt_waste_is_counted_from_the_events():
         {"kind": "commit-refused", "shard": 3},  # an older dscar's event: no seconds, counted, no time
         {"kind": "batch-released", "shards": [4, 5]},  # given back unstarted: no time lost
         {"kind": "backup-attempt", "shard": 2, "seconds": 9.0},  # not a wasted attempt by itself
+        {"kind": "attempt-stopped", "shard": 6, "late": True, "seconds": 0.125},  # a lost race: waste, no failure
+        {"kind": "attempt-stopped", "shard": 7, "late": False, "seconds": 0.0625},  # a wrong verdict: a failure
     ]
-    assert chaos.attempt_waste(events) == {"failed_attempts": 1, "refused_commits": 2, "released_members": 2,
-                                           "wasted_step_s": 0.75}
-    assert chaos.attempt_waste([]) == {"failed_attempts": 0, "refused_commits": 0, "released_members": 0,
-                                       "wasted_step_s": 0.0}
+    assert chaos.attempt_waste(events) == {"failed_attempts": 2, "refused_commits": 2, "stopped_attempts": 2,
+                                           "released_members": 2, "wasted_step_s": 0.938}
+    assert chaos.attempt_waste([]) == {"failed_attempts": 0, "refused_commits": 0, "stopped_attempts": 0,
+                                       "released_members": 0, "wasted_step_s": 0.0}
 
 
 # --------------------------------------------------- the checker inside a real fit (in-process)
@@ -283,6 +289,28 @@ def test_the_checker_catches_a_lost_update(inproc3):
 def test_the_checker_catches_shard_state_that_disagrees_with_the_tables(inproc3):
     v, _ = violations(inproc3, StateDrifts(4))
     assert v[2]["state"] == 0 and v[3]["state"] == 1 and v[4]["state"] == 1
+
+
+# ----------------------------------------------------------------- one planned run (worker processes)
+
+
+@pytest.mark.processes
+@pytest.mark.timeout(400)
+def test_an_ssp_kill_with_a_rebuild_finishes_with_backups_racing(tmp_path):
+    """bench.chaos --kinds kill-clock --seed 38: SSP (staleness 2), backups on, a worker killed at the
+    start of clock 6, partial recovery, then the rebuild pass. With SSP attempts raced (an attempt stops
+    where another attempt of its shard was applied) and the clocks after the rebuild handed out under
+    the rebuild's own epoch, every attempt of the next clock stopped as lost and the fit hung: the
+    bench reports that run as a hang (its deadline kills it), which this test reads."""
+    out = tmp_path / "chaos.json"
+    r = subprocess.run([sys.executable, "-m", "bench.chaos", "--kinds", "kill-clock", "--runs", "1", "--seed", "38",
+                        "--deadline", "240", "--json", str(out), "--plot", str(tmp_path / "chaos.png")],
+                       cwd=Path(__file__).resolve().parents[1], capture_output=True, text=True, timeout=360)
+    assert r.returncode == 0, r.stderr[-3000:]
+    [run] = json.loads(out.read_text())["results"]
+    assert run["plan"]["staleness"] and "backup" in run["plan"]["policies"], run["plan"]  # the plan this test is about
+    assert run["status"] == "completed", (run["status"], run.get("error"))
+    assert run["violations"] == 0 and run["recoveries"] >= 1, run
 
 
 # ------------------------------------------------------------------------------- --quick

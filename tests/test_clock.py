@@ -884,3 +884,20 @@ def test_the_cost_of_moving_a_shard_is_measured_from_moved_attempts_only():
     assert other["fetch_from"] == "b"
     job.commit("a", 1, job.machine.run_id, other["shard"], other["attempt"], 0.0, {"data_s": 0.3, "compute_s": 0.01})
     assert job.move_s == 0.3
+
+
+def test_a_bsp_attempt_stopped_as_a_lost_race_while_still_live_runs_again_uncounted():
+    """A wrong lost-race verdict under BSP: the shard goes back to TODO, nothing counts against it,
+    and the event says the attempt was live (``late`` False); a stop of an attempt whose pass was
+    applied is ``late`` and changes nothing."""
+    job = _two_worker_job(2)
+    job.begin(1, 0.0)
+    run = job.machine.run_id
+    m = job.next_item("a", 0.0)["shards"][0]
+    for _ in range(job.queue.max_failures + 1):
+        job.attempt_failed("a", 1, run, m["shard"], m["attempt"], "lost race", 0.1, stopped=True)
+        again = next(x for x in job.next_item("a", 0.2)["shards"] if x["shard"] == m["shard"])
+        assert again["attempt"] > m["attempt"]
+        m = again
+    assert not job.failed and not [e for e in job.events if e["kind"] == "shard-failed"]
+    assert [e["late"] for e in job.events if e["kind"] == "attempt-stopped"] == [False] * (job.queue.max_failures + 1)

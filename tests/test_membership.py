@@ -18,11 +18,14 @@ from conftest import RowCounter, assert_exactly_once, row_data, stop_processes
 from dscar.membership import (
     SCHEDULER_RULES,
     WORKER_INSTALLING,
+    WORKER_RUN_WRITES,
     Lease,
     Rule,
     key_digest,
     new_token,
     refusal,
+    run_known,
+    run_refusal,
     worker_rule,
 )
 
@@ -84,6 +87,22 @@ def test_every_handler_has_a_rule():
     assert WORKER_INSTALLING <= worker_ops
     assert {op for op in worker_ops if worker_rule(op) is Rule.OPEN} == {"info", "stack", "peer_lost", "peer_joined",
                                                                          "confirm_key"}
+
+
+@given(run=st.integers(-2, 50), known=st.integers(-1, 50), current=st.none() | st.integers(-1, 50))
+def test_a_write_s_run_is_taken_only_when_the_job_has_reached_it(run, known, current):
+    """A write tagged with a run no newer than the worker knows of needs no question (an older one
+    is its handler's: stale); a newer one only when the coordinator's current run is at least as new."""
+    assert run_known(run, known) == (run <= known)
+    assert (run_refusal(run, current) is None) == (current is not None and run <= current)
+
+
+def test_a_write_s_run_that_is_no_integer_is_refused_and_the_writes_are_named():
+    for run in ("7", 7.0, None, True, [7]):
+        assert not run_known(run, 10) and "not an integer" in run_refusal(run, 10)
+    assert "newer than the job's current run 3" in run_refusal(10**6, 3)
+    assert WORKER_RUN_WRITES == {"apply", "assign", "restore"} and all(worker_rule(op) is Rule.JOB
+                                                                       for op in WORKER_RUN_WRITES)
 
 
 def test_a_lease_lapses_only_after_its_timeout_without_renewal():
@@ -198,6 +217,30 @@ def forge_worker_data_calls(address) -> dict:
     return out
 
 
+def forge_worker_run_writes(address) -> dict:
+    """A client holding the job's token (a stale driver's, a notebook's) writes a worker's partitions
+    tagged with a run the job never reached: the issue's ``dscar_assign(job, run=10**6, ...)``, an apply
+    of no pass (it would mark every later attempt's pass as applied already), a restore to initial values."""
+    from distributed import Client
+
+    from dscar import wire
+
+    job, token = _job_and_token(address)
+    j = job["job"]
+    out = {}
+    with Client(address, timeout=30) as c:
+        for w in job["workers"]:
+            r = c.rpc(w)
+            out[f"assign {w}"] = _refused(lambda: c.sync(
+                r.dscar_assign, job_id=j, run=10**6, chunks=[["count", 0, 0]],
+                arrays=wire.encode([np.full(5, 835.0)]), token=token))
+            out[f"apply {w}"] = _refused(lambda: c.sync(r.dscar_apply, job_id=j, clock=2, run=10**6, committed=[],
+                                                        reset=["count"], token=token))
+            out[f"restore {w}"] = _refused(lambda: c.sync(r.dscar_restore, job_id=j, table="count", part=0, chain=[],
+                                                          url="", run=10**6, token=token))
+    return out
+
+
 def forge_worker_peer_calls(address) -> dict:
     """A plain client calls the handlers workers call on each other (staged updates, shard copies,
     memory copies)."""
@@ -225,6 +268,7 @@ FAMILIES = {
     "scheduler-work": (forge_scheduler_work_calls, ("next", "commit", "fail", "hello"), False),
     "scheduler-job": (forge_scheduler_job_calls, ("begin_clock", "end_job", "simulate_loss", "job_spec"), False),
     "worker-data": (forge_worker_data_calls, ("pull", "assign", "apply"), True),
+    "worker-writes-of-no-run": (forge_worker_run_writes, ("assign", "apply", "restore"), True),
     "worker-peer": (forge_worker_peer_calls, ("fetch_staged", "copy_shard", "get_mirror", "keep_mirror"), True),
 }
 

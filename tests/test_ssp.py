@@ -391,3 +391,29 @@ class WindowFuzz(RuleBasedStateMachine):
 TestWindowFuzz = WindowFuzz.TestCase
 TestWindowFuzz.settings = settings(max_examples=300, stateful_step_count=100, deadline=None,
                                    suppress_health_check=[HealthCheck.too_slow])
+
+
+def test_no_attempt_of_a_clock_shares_an_epoch_with_the_rebuild_commits_of_its_shard():
+    """The rebuild pass's commits are applied tagged with each shard's next clock (the worker records
+    them per shard: ``ShardStore.lost``); were that clock's attempts handed out under the rebuild's
+    epoch, every one would read as an attempt that lost to them (bench.chaos --kinds kill-clock
+    --seed 38 hung: every attempt after the recovery stopped)."""
+    from dscar.shard_store import ShardStore
+
+    w = ClockWindow(n_shards=2, staleness=1, has_rebuild=True, limit=5)
+    for shard in (0, 1):
+        w.batch_applied(_one(w.commit(shard, w.start(shard), "a", w.epoch), ApplyBatch).batch)
+    _one(w.lose("b", restores=True), StartRecovery)
+    rebuild = _one(w.recovered(), StartRebuild)
+    w.start(0), w.start(1)
+    w.commit(0, 0, "a", rebuild.epoch)
+    batch = _one(w.commit(1, 0, "a", rebuild.epoch), ApplyBatch)
+    assert batch.rebuild and batch.epoch == rebuild.epoch
+    store = ShardStore()
+    store.install([(s, 0, "a", w.shard_clock(s)) for s, _, _ in batch.updates], "a", 0, batch.epoch)
+    w.batch_applied(batch.batch)
+    clock = w.start(0)
+    assert clock == 2 and w.epoch > rebuild.epoch
+    assert not store.lost(0, w.epoch, clock)  # the attempt runs; under the rebuild's epoch it would not
+    assert store.lost(0, rebuild.epoch, clock)
+    w.check()

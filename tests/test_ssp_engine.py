@@ -402,3 +402,36 @@ def test_a_resume_from_a_checkpoint_with_shards_ahead_applies_each_update_exactl
         for rec in res.history:
             if not rec.skipped:
                 assert rec.metrics["seen_min"] == rec.metrics["seen_max"] == 1.0, rec
+
+
+def test_an_attempt_stopped_as_a_lost_race_while_still_live_runs_again_uncounted():
+    """A wrong lost-race verdict (the worker stopped an attempt no other attempt beat) costs one
+    attempt: the shard is handed out again, nothing counts against it, and no failure is reported."""
+    job = _job()
+    item = job.next_item("b", 0.0)
+    m = item["shards"][0]
+    for _ in range(job.queue.max_failures + 1):  # as many wrong verdicts as it takes to fail a shard
+        job.attempt_failed("b", m["clock"], item["run"], m["shard"], m["attempt"], "lost race", 0.1,
+                           seconds=0.2, stopped=True)
+        assert job.queue.status(m["shard"]) is ShardStatus.TODO and job.window.phase(m["shard"]) is ShardPhase.TODO
+        again = next(x for x in job.next_item("b", 0.2)["shards"])
+        assert (again["shard"], again["clock"]) == (m["shard"], m["clock"]) and again["attempt"] > m["attempt"]
+        m = again
+    assert not job.failed and not [e for e in job.events if e["kind"] == "shard-failed"]
+    stops = [e for e in job.events if e["kind"] == "attempt-stopped"]
+    assert len(stops) == job.queue.max_failures + 1 and not any(e["late"] for e in stops)
+    assert stops[0]["seconds"] == 0.2
+
+
+def test_an_attempt_stopped_after_its_shard_moved_on_changes_nothing():
+    """The usual case: a backup stops because the primary's commit was applied where it read."""
+    job = _job()
+    item = job.next_item("a", 0.0)
+    m = item["shards"][0]
+    backup = job.queue.start_backup(m["shard"], "b", 0.05)
+    _apply_all(job, _commit_item(job, item, "a", 0.1), 0.1)
+    clock = job.window.shard_clock(m["shard"])
+    job.attempt_failed("b", m["clock"], item["run"], m["shard"], backup.attempt, "lost race", 0.2, stopped=True)
+    [e] = [e for e in job.events if e["kind"] == "attempt-stopped"]
+    assert e["late"] and job.window.shard_clock(m["shard"]) == clock
+    assert job.queue.status(m["shard"]) is ShardStatus.TODO and not job.failed

@@ -364,3 +364,51 @@ def test_the_shard_store_knows_which_attempts_lost_to_an_applied_commit():
     assert not shards.lost(0, 6, 3) and not shards.lost(0, 5, 4) and not shards.lost(2, 5, 3)
     shards.clear()
     assert not shards.lost(0, 5, 3)
+
+
+def test_a_memory_copy_of_a_shard_state_unlike_the_declared_one_is_not_used():
+    """The memory tier's copy is checked against the model's ``StateSpec`` as a disk copy is: a buddy
+    whose copy has another dtype or shape (a bug, a stale or forged copy) costs the state, reported
+    as ``checkpoint-corrupt``, and the shard's rebuild re-creates it; it is never read as the state."""
+    import dscar
+    from dscar.shard_store import ShardEntry
+
+    runner, calls, _ = _runner_with_steps()
+    job = runner.host.job("j")
+    job.algorithm = type("Declares", (), {"shard_state": staticmethod(
+        lambda data: {"z": dscar.StateSpec("int32", (3,))})})()
+    copies = {"buddy-a": {"z": np.arange(3, dtype=np.float64)}, "buddy-b": {"z": np.arange(3, dtype=np.int32)}}
+    runner.host.peer = lambda address, op, **kw: calls.append((op, address)) or {"status": "OK",
+                                                                              "value": copies[address]}
+    item = {"clock": 4, "state_file": {"memory": "buddy-a", "clock": 3, "file": None}}
+    entry = ShardEntry({"x": np.zeros(3)}, {"z": np.full(3, 7, np.int32)})
+    runner._restore_state(job, 1, entry, item)
+    assert entry.state == {}
+    [(op, kw)] = [c for c in calls if c[0] == "event"]
+    assert kw["kind"] == "checkpoint-corrupt" and "memory copy on buddy-a" in kw["info"]["error"]
+    assert "'z' is float64 (3,), the model declares int32 (3,)" in kw["info"]["error"]
+    runner._restore_state(job, 1, entry, {**item, "state_file": {"memory": "buddy-b", "clock": 3, "file": None}})
+    assert entry.state["z"].tolist() == [0, 1, 2]
+
+
+def test_an_attempt_stopped_as_a_lost_race_is_named_in_its_item_s_commit():
+    """A lost-race stop reports no failure but is not silent: the item's commit names it (sent even
+    when nothing else of the item commits), so a wrong verdict costs one attempt, never the fit."""
+    from dscar.runner import LostRace
+
+    def loses(runner, shard):
+        if shard in (1, 2):
+            raise LostRace("another attempt was applied here")
+
+    runner, calls, ran = _runner_with_steps(loses)
+    runner._run_shards(_batch_item(3))
+    assert ran == [0, 1, 2]
+    [(op, kw)] = calls
+    assert op == "commit" and [c["shard"] for c in kw["commits"]] == [0]
+    assert [(s["shard"], s["attempt"], s["clock"]) for s in kw["stopped"]] == [(1, 0, 3), (2, 0, 3)]
+    assert all(s["seconds"] >= 0 for s in kw["stopped"])
+
+    runner, calls, _ = _runner_with_steps(lambda r, shard: loses(r, shard + 1))
+    runner._run_shards(_batch_item(1))
+    [(op, kw)] = calls
+    assert op == "commit" and kw["commits"] == [] and [s["shard"] for s in kw["stopped"]] == [0]
