@@ -429,3 +429,45 @@ def word_stats(wt, beta, first_id, colsum, idsum):  # pragma: no cover - compile
             elif c >= L:
                 s += math.lgamma(c + beta) - lgb
     return low, s
+
+
+@njit(cache=True, nogil=True, fastmath=True)
+def init_docs(wl, doc_ptr, z, A, T, alpha, beta, vbeta, key, p):  # pragma: no cover - compiled
+    """The start of a shard: each token, in sampling order, draws its topic from the model built so far,
+
+        p(z = k) ∝ (n_wk + beta) (n_dk + alpha_k) / (n_k + V beta),
+
+    the counts ``A`` (the shard's word rows), ``T`` and the document's own holding only the tokens
+    already drawn (plus whatever ``A`` and ``T`` held on entry), every count updated after every
+    token: the first sweep of sequential Gibbs from empty tables (Griffiths & Steyvers' start, as
+    the ``lda`` package and Mallet do) instead of a uniform draw. ``z`` is written, not read; the
+    uniforms are number ``i`` of stream ``key``; ``p`` is K scratch floats.
+    """
+    K, Vs, nD, n = T.shape[0], A.shape[0], doc_ptr.shape[0] - 1, wl.shape[0]
+    if (A.shape[1] != K or alpha.shape[0] != K or z.shape[0] != n or p.shape[0] != K or nD < 0
+            or doc_ptr[0] != 0 or doc_ptr[nD] != n):
+        raise ValueError("lda init: inconsistent array shapes")
+    Dd = np.zeros(K, dtype=np.int32)
+    for dd in range(nD):
+        s, e = doc_ptr[dd], doc_ptr[dd + 1]
+        if e < s or e > n:
+            raise ValueError("lda init: bad document offsets")
+        for k in range(K):
+            Dd[k] = 0
+        for i in range(s, e):
+            j = wl[i]
+            if j < 0 or j >= Vs:
+                raise ValueError("lda init: word id out of range")
+            tot = np.float32(0)
+            for k in range(K):
+                v = (np.float32(A[j, k]) + beta) * (np.float32(Dd[k]) + alpha[k]) / (np.float32(T[k]) + vbeta)
+                tot += v
+                p[k] = tot
+            thr = uniform(key, i) * tot
+            k = 0
+            while k < K - 1 and p[k] <= thr:
+                k += 1
+            A[j, k] += 1
+            T[k] += 1
+            Dd[k] += 1
+            z[i] = k
