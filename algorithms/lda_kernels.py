@@ -96,10 +96,31 @@ def doc_end(dd, length, Dd, Dold, ddelta, alpha64, asum, lgs, lgtab, symmetric):
     return ll
 
 
+@njit(cache=True, nogil=True)
+def unsampled_stats(s, e, sel, sa, sb, z, wl, words, stats):  # pragma: no cover - compiled
+    """The per-topic checks (``stats``: tokens, sum of word id + 1) of the tokens of document
+    ``s:e`` that the sweep did not sample (not in ``sel[sa:sb]``, which is ascending)."""
+    ptr = sa
+    for i in range(s, e):
+        if ptr < sb and sel[ptr] == i:
+            ptr += 1
+            continue
+        j = wl[i]
+        if j < 0 or j >= words.shape[0]:
+            raise ValueError("lda sweep: word id out of range")
+        k = z[i]
+        stats[k, 0] += 1.0
+        stats[k, 1] += words[j] + 1.0
+
+
 @njit(cache=True, nogil=True, fastmath=True)
-def sweep_docs(wl, doc_ptr, z, A, T, alpha, alpha64, beta, vbeta, key, words, lgtab, symmetric,
+def sweep_docs(wl, doc_ptr, sel, sel_ptr, z, A, T, alpha, alpha64, beta, vbeta, key, words, lgtab, symmetric,
                p, bs, q, Dd, Dold, ddelta, stats):  # pragma: no cover - compiled
     """One exact collapsed Gibbs sweep of a shard, document by document, and its bookkeeping.
+
+    Only the tokens ``sel[sel_ptr[d]:sel_ptr[d + 1]]`` of each document ``d`` are resampled (ascending,
+    inside the document: ``arange(n)`` and ``doc_ptr`` for all of them); the others keep their topic
+    but count in their document's counts, the checks and log p(z) (``LDAGibbs``' partitioned schedule).
 
     Counts are int32 and updated after every token (``A``: the shard's word rows, ``T``: the
     topic totals; a document's counts ``Dd`` are recounted from ``z`` when it starts). Per
@@ -123,8 +144,10 @@ def sweep_docs(wl, doc_ptr, z, A, T, alpha, alpha64, beta, vbeta, key, words, lg
             or words.shape[0] != Vs or p.shape[0] < nb * B or bs.shape[0] < nb or q.shape[0] != K
             or Dd.shape[0] != K or Dold.shape[0] != K or ddelta.shape[0] != nD or ddelta.shape[1] != K
             or stats.shape[0] != K + 1 or stats.shape[1] != 2 or nD < 0
-            or doc_ptr[0] != 0 or doc_ptr[nD] != n):
+            or doc_ptr[0] != 0 or doc_ptr[nD] != n or sel_ptr.shape[0] != nD + 1 or sel_ptr[0] != 0
+            or sel_ptr[nD] != sel.shape[0]):
         raise ValueError("lda sweep: inconsistent array shapes")
+    nsel = sel.shape[0]
     for k in range(K, nb * B):
         p[k] = 0
     asum = 0.0
@@ -136,12 +159,18 @@ def sweep_docs(wl, doc_ptr, z, A, T, alpha, alpha64, beta, vbeta, key, words, lg
         s, e = doc_start(doc_ptr, dd, n, lgtab, symmetric, z, Dd, Dold)
         for k in range(K):
             q[k] = (np.float32(Dd[k]) + alpha[k]) / (np.float32(T[k]) + vbeta)
-        for i in range(s, e):
+        sa, sb = sel_ptr[dd], sel_ptr[dd + 1]
+        prev = s - 1
+        for ii in range(sa, sb):
+            i = sel[ii]
+            if i <= prev or i >= e:
+                raise ValueError("lda sweep: selected tokens out of order or outside their document")
+            prev = i
             j, a = wl[i], z[i]
             if j < 0 or j >= Vs:
                 raise ValueError("lda sweep: word id out of range")
-            if i + PREFETCH_AHEAD < n:
-                prefetch_row(A, wl[i + PREFETCH_AHEAD])
+            if ii + PREFETCH_AHEAD < nsel:
+                prefetch_row(A, wl[sel[ii + PREFETCH_AHEAD]])
             A[j, a] -= 1
             T[a] -= 1
             Dd[a] -= 1
@@ -178,12 +207,13 @@ def sweep_docs(wl, doc_ptr, z, A, T, alpha, alpha64, beta, vbeta, key, words, lg
             z[i] = k
             stats[k, 0] += 1.0  # the per-topic checks: tokens, and the sum of their word ids + 1
             stats[k, 1] += words[j] + 1.0
+        unsampled_stats(s, e, sel, sa, sb, z, wl, words, stats)
         ll += doc_end(dd, e - s, Dd, Dold, ddelta, alpha64, asum, lgs, lgtab, symmetric)
     stats[K, 0] += ll
 
 
 @njit(cache=True, nogil=True)
-def sweep_sparse(wl, doc_ptr, z, A, T, alpha, beta, vbeta, key, words, lgtab, symmetric,
+def sweep_sparse(wl, doc_ptr, sel, sel_ptr, z, A, T, alpha, beta, vbeta, key, words, lgtab, symmetric,
                  nzk, nzn, dk, dpos, Dd, Dold, qc, qp, ddelta, stats):  # pragma: no cover - compiled
     """The same exact sequential sweep as ``sweep_docs`` (same counts, bookkeeping, uniforms), sampling
     by SparseLDA's buckets (Yao, Mimno & McCallum 2009) instead of a dense pass over K:
@@ -203,7 +233,8 @@ def sweep_sparse(wl, doc_ptr, z, A, T, alpha, beta, vbeta, key, words, lgtab, sy
             or nzk.shape[0] != Vs or nzk.shape[1] != K or nzn.shape[0] != Vs or dk.shape[0] != K
             or dpos.shape[0] != K or Dd.shape[0] != K or Dold.shape[0] != K or qc.shape[0] != K
             or qp.shape[0] != K or ddelta.shape[0] != nD or ddelta.shape[1] != K
-            or stats.shape[0] != K + 1 or stats.shape[1] != 2 or nD < 0 or doc_ptr[0] != 0 or doc_ptr[nD] != n):
+            or stats.shape[0] != K + 1 or stats.shape[1] != 2 or nD < 0 or doc_ptr[0] != 0 or doc_ptr[nD] != n
+            or sel_ptr.shape[0] != nD + 1 or sel_ptr[0] != 0 or sel_ptr[nD] != sel.shape[0]):
         raise ValueError("lda sweep: inconsistent array shapes")
     for v in range(Vs):
         m = 0
@@ -236,7 +267,13 @@ def sweep_sparse(wl, doc_ptr, z, A, T, alpha, beta, vbeta, key, words, lgtab, sy
             den = T[k] + vbeta
             qc[k] = (alpha[k] + Dd[k]) / den
             rS += Dd[k] * beta / den
-        for i in range(s, e):
+        sa, sb = sel_ptr[dd], sel_ptr[dd + 1]
+        prev = s - 1
+        for ii in range(sa, sb):
+            i = sel[ii]
+            if i <= prev or i >= e:
+                raise ValueError("lda sweep: selected tokens out of order or outside their document")
+            prev = i
             j, a = wl[i], z[i]
             if j < 0 or j >= Vs:
                 raise ValueError("lda sweep: word id out of range")
@@ -315,6 +352,7 @@ def sweep_sparse(wl, doc_ptr, z, A, T, alpha, beta, vbeta, key, words, lgtab, sy
             z[i] = kn
             stats[kn, 0] += 1.0  # as in ``sweep_docs``
             stats[kn, 1] += words[j] + 1.0
+        unsampled_stats(s, e, sel, sa, sb, z, wl, words, stats)
         ll += doc_end(dd, e - s, Dd, Dold, ddelta, alpha, asum, lgs, lgtab, symmetric)
     stats[K, 0] += ll
 
