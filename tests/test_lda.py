@@ -739,6 +739,16 @@ def test_quick_benchmark_runs_and_reports_every_sampler(tmp_path):
         assert c["runs"]["dscar-2w"]["tokens_per_s"] == min(c["tokens_per_s_by_repeat"]["dscar-2w"])
         assert d["targets"][name]["dscar2_over_tomotopy2"] == pytest.approx(
             sum(c["paired"]["dscar2_over_tomotopy2"]) / 2)
+        # time to target: the peers' values at the run's last sweep (10), every sampler's seconds to them
+        assert set(c["time_to_target"]) == {"tomotopy-1t@10", "lda@10"}
+        for goal in c["time_to_target"].values():
+            assert set(goal["seconds"]) == set(c["runs"]) and -20 < goal["target"] < 0
+        assert c["time_to_target"]["tomotopy-1t@10"]["seconds"]["tomotopy-1t"] > 0  # its own value: reached
+        for sampler, curve in c["curves"].items():
+            assert curve[0][:2] == [0, 0.0] and curve[-1][0] == 10, sampler
+            assert all(b[1] >= a[1] for a, b in zip(curve, curve[1:]))  # seconds never go back
+        assert [p[0] for p in c["curves"]["dscar-2w"]][:3] == [0, 0.5, 1]  # partitioned: a sweep in 2 clocks
+        assert "time to target" in r.stdout
     assert "== kernel" in r.stdout and set(d["kernel"]["K"]) == {"20", "50"}
     for k in d["kernel"]["K"].values():
         assert {"dscar-1shard", "tomotopy-1t"} <= set(k) and k["ratio_wall"] > 0 and k["ratio_cpu"] > 0
