@@ -734,13 +734,14 @@ class LDAGibbs(Algorithm):
 
     def _blocks(self, shard: int, data, B: int) -> list[tuple[np.ndarray, np.ndarray]]:
         """Per block: the shard's tokens of that block and their per-document offsets (cached per thread)."""
-        wl = dscar.to_host(data["wl"])
-        key = ("blocks", int(shard), int(wl.shape[0]), int(B))
+        wl, words = dscar.to_host(data["wl"]), dscar.to_host(data["words"])
+        # the shard's layout in the key: a worker may hold a shard of the same number in another fit
+        key = ("blocks", int(shard), int(B), wl.shape[0], words.shape[0], int(data["doc_len"].shape[0]), int(words.sum()))
         sc = self._scratch()
         if key not in sc:
             doc_ptr = np.zeros(int(data["doc_len"].shape[0]) + 1, dtype=np.int64)
             np.cumsum(dscar.to_host(data["doc_len"]), out=doc_ptr[1:])
-            token_block = (dscar.to_host(data["words"]) % B)[wl]
+            token_block = (words % B)[wl]
             out = []
             for b in range(B):
                 sel = np.flatnonzero(token_block == b).astype(np.int64)
