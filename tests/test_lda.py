@@ -591,12 +591,14 @@ LOSS_EVENTS = {"worker-lost", "recovery-started", "partition-restored", "recover
                "shards-replaced"}
 
 
-def test_a_lost_worker_s_assignments_are_redrawn_and_the_counts_rebuilt(inproc, small, tmp_path):
+@pytest.mark.parametrize("schedule", ["adlda", "partitioned"])
+def test_a_lost_worker_s_assignments_are_redrawn_and_the_counts_rebuilt(inproc, small, tmp_path, schedule):
     """Shard state is not checkpointed: the lost worker's shards come back without ``z``. The rebuild
-    pass redraws it from the tables and recounts every table, so the counts equal the assignments."""
+    pass redraws it from the tables and recounts every table, so the counts equal the assignments
+    (under either schedule: the partitioned one changes which tokens a clock resamples, not the deltas)."""
     cfg = dscar.CheckpointConfig(str(tmp_path), policy="priority", every=2, fraction=0.5, recovery="partial")
-    res = fit(RebuildCheck(4, seed=5, early_stop=False, check_at=8), small.X, inproc, 8, n_shards=4,
-              checkpoint=cfg, faults=[dscar.faults.lose(1, 5)])
+    res = fit(RebuildCheck(4, seed=5, early_stop=False, check_at=8, schedule=schedule), small.X, inproc, 8,
+              n_shards=4, checkpoint=cfg, faults=[dscar.faults.lose(1, 5)])
     assert LOSS_EVENTS <= recovery_kinds(res), recovery_kinds(res)
     assert [r.metrics["count_error"] for r in res.history] == [0.0] * 8
     assert [r.metrics["tokens"] for r in res.history] == [small.n_tokens] * 8
