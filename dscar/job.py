@@ -417,6 +417,11 @@ class JobState:
             return 1
         return max(1, min(MAX_BATCH, int(BATCH_TARGET_S / step)))
 
+    def _live(self, shard: int, attempt: int, worker: str) -> bool:
+        """Whether that attempt may still commit (not beaten, failed or given back): a lost-race stop
+        of a live attempt was a wrong verdict (under BSP a pass being applied keeps its run id)."""
+        return any(a.attempt == attempt and a.worker == worker for a in self.queue.running_attempts(shard))
+
     def _started(self, worker: str, shard: int, attempt: int) -> None:
         members = self.batched.get(worker)
         if members and (shard, attempt) in members:
@@ -528,8 +533,9 @@ class JobState:
         ``stopped``: it stopped as one that lost its shard's race (``runner.LostRace``), no failure: an
         ``attempt-stopped`` event, never counted; were it still live (``late=False``: a wrong verdict),
         the shard runs again."""
+        late = clock != self.machine.clock or run_id != self.machine.run_id
         self.event(now, "attempt-stopped" if stopped else "shard-failed", shard=shard, attempt=attempt,
-                   worker=worker, error=error, late=clock != self.machine.clock or run_id != self.machine.run_id,
+                   worker=worker, error=error, late=late or (stopped and not self._live(shard, attempt, worker)),
                    seconds=round(seconds, 4))
         self.running_items.pop(worker, None)
         if clock != self.machine.clock or not self.machine.handing_out:

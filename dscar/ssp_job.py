@@ -256,8 +256,9 @@ class SspJobState(JobState):
                        now: float, lost_data: bool = False, seconds: float = 0.0, stopped: bool = False) -> None:
         w = self.window
         current = w.phase(shard) is ShardPhase.RUNNING and (w.rebuilding is not None or w.shard_clock(shard) == clock)
+        late = not current or run_id != w.epoch or (stopped and not self._live(shard, attempt, worker))
         self.event(now, "attempt-stopped" if stopped else "shard-failed", shard=shard, attempt=attempt,
-                   worker=worker, error=error, late=not current or run_id != w.epoch, seconds=round(seconds, 4))
+                   worker=worker, error=error, late=late, seconds=round(seconds, 4))
         self.running_items.pop(worker, None)
         if not current:
             return
