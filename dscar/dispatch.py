@@ -137,6 +137,11 @@ class Dispatch:
             return 1
         return max(1, min(MAX_BATCH, int(BATCH_TARGET_S / step)))
 
+    def live(self, shard: int, attempt: int, worker: str) -> bool:
+        """Whether that attempt may still commit (not beaten, failed or given back): a lost-race stop
+        of a live attempt was a wrong verdict (under BSP a pass being applied keeps its run id)."""
+        return any(a.attempt == attempt and a.worker == worker for a in self.job.queue.running_attempts(shard))
+
     def attempt_started(self, worker: str, shard: int, attempt: int) -> None:
         """``worker`` has started batch member ``(shard, attempt)`` (it commits or fails): not asked back."""
         members = self.batched.get(worker)

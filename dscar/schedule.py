@@ -124,7 +124,7 @@ class BspSchedule:
         self.machine = ClockMachine(n_phases=len(cfg.phase_names), has_rebuild=bool(cfg.rebuild))
         #: the worker running the clock-end step, once handed out
         self.clock_end_worker: str | None = None
-        #: workers handed a shard attempt this clock (each gets one, however slow: see ``_leave_to_others``)
+        #: workers handed a shard attempt this clock (each gets one, however slow: see ``Dispatch.leave_to_others``)
         self.started: set[str] = set()
         if resume is not None:
             self.machine.clock = int(resume["clock"])
@@ -334,8 +334,10 @@ class BspSchedule:
         ``attempt-stopped`` event, never counted; were it still live (``late=False``: a wrong verdict),
         the shard runs again."""
         job, m = self.job, self.machine
+        late = clock != m.clock or run_id != m.run_id
         job.event(now, "attempt-stopped" if stopped else "shard-failed", shard=shard, attempt=attempt,
-                  worker=worker, error=error, late=clock != m.clock or run_id != m.run_id, seconds=round(seconds, 4))
+                  worker=worker, error=error, late=late or (stopped and not job.dispatch.live(shard, attempt, worker)),
+                  seconds=round(seconds, 4))
         job.running_items.pop(worker, None)
         if clock != m.clock or not m.handing_out:
             return
@@ -678,8 +680,9 @@ class SspSchedule:
                        now: float, lost_data: bool = False, seconds: float = 0.0, stopped: bool = False) -> None:
         job, w = self.job, self.window
         current = w.phase(shard) is ShardPhase.RUNNING and (w.rebuilding is not None or w.shard_clock(shard) == clock)
+        late = not current or run_id != w.epoch or (stopped and not job.dispatch.live(shard, attempt, worker))
         job.event(now, "attempt-stopped" if stopped else "shard-failed", shard=shard, attempt=attempt,
-                  worker=worker, error=error, late=not current or run_id != w.epoch, seconds=round(seconds, 4))
+                  worker=worker, error=error, late=late, seconds=round(seconds, 4))
         job.running_items.pop(worker, None)
         if not current:
             return
