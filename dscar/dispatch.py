@@ -160,7 +160,7 @@ class Dispatch:
     def ask_back(self, asker: str) -> tuple[str, list[tuple[int, int]]] | None:
         """The worker with the most batch members that may not have started, and the later half of
         them, to ask back for ``asker`` (None: nobody has any)."""
-        live = {w: m for w, m in self.batched.items() if w != asker and w not in self.job.lost and m}
+        live = {w: m for w, m in self.batched.items() if w != asker and w not in self.job.losses.lost and m}
         if not live:
             return None
         victim = max(live, key=lambda w: (len(live[w]), w))
@@ -185,7 +185,7 @@ class Dispatch:
         for a in batch:
             member = {"shard": a.shard, "attempt": a.attempt, "fetch_from": a.fetch_from,
                       "backup": a.backup, "phase": self.job.cfg.phase_names[self.job.queue.phase_of(a.shard)] or None}
-            entry = self.job.restore_state.get(a.shard)
+            entry = self.job.losses.restore_state.get(a.shard)
             if entry is not None:
                 member["state_file"] = entry
             shards.append(member)
@@ -194,8 +194,8 @@ class Dispatch:
         item = {"op": "rebuild" if rebuild else "shard", "job": self.job.cfg.job_id, "item": self.items_handed,
                 "clock": self.job.clock, "run": self.job.run_id, "owners": self.job.pmap.to_msg(),
                 "batch_scale": self.batch_scale.get(batch[0].worker, 1.0), "shards": shards}
-        if rebuild and self.job.restored_rows:
-            item["restored"] = {t: [list(r) for r in rs] for t, rs in self.job.restored_rows.items()}
+        if rebuild and self.job.losses.restored_rows:
+            item["restored"] = {t: [list(r) for r in rs] for t, rs in self.job.losses.restored_rows.items()}
         return item
 
     def view(self, workers: list[str], now: float, idle_worker: str | None = None) -> ControllerView:

@@ -232,8 +232,8 @@ class BspSchedule:
     def next_item(self, worker: str, now: float) -> dict | None:
         """The next work item for ``worker``: a batch of shard attempts, the clock-end step, or None."""
         job, m = self.job, self.machine
-        job.last_seen[worker] = now
-        if job.failed or worker in job.lost or m.recovering:
+        job.dispatch.last_seen[worker] = now
+        if job.log.error is not None or worker in job.losses.lost or m.recovering:
             return None
         if m.handing_out:
             if self.held_back(worker):
@@ -256,7 +256,7 @@ class BspSchedule:
                     batch.append(b)
             job.dispatch.set_batched(worker, [(b.shard, b.attempt) for b in batch[1:]])  # its earlier items are done
             if m.stage is not Stage.REBUILD:
-                job.running_items[worker] = (now, len(batch))
+                job.dispatch.running_items[worker] = (now, len(batch))
             return job.dispatch.item(batch, m.stage is Stage.REBUILD)
         if m.stage is Stage.CLOCK_END and self.clock_end_worker is None:
             self.clock_end_worker = worker
@@ -292,10 +292,10 @@ class BspSchedule:
         is complete, often after its clock has ended, and not counting it would hide exactly the
         worker the monitor is for. ``rebuild``: a rebuild-pass attempt (other work: not counted)."""
         job, m = self.job, self.machine
-        if job.failed or worker in job.lost:
+        if job.log.error is not None or worker in job.losses.lost:
             return False, []
-        job.running_items.pop(worker, None)
-        job.last_seen[worker] = now
+        job.dispatch.running_items.pop(worker, None)
+        job.dispatch.last_seen[worker] = now
         current = clock == m.clock and m.accepts(run_id)
         # attempt numbers restart every pass: only the current run's can be looked up
         mine = next((a for a in job.queue.running_attempts(shard) if a.attempt == attempt), None) \
@@ -315,7 +315,7 @@ class BspSchedule:
             job.event(now, "commit-refused", shard=shard, attempt=attempt, worker=worker, late=False,
                       seconds=round(step_seconds(timings or {}), 4))
             return False, []
-        job.restore_state.pop(shard, None)  # the attempt started from the restored state; it lives on now
+        job.losses.restore_state.pop(shard, None)  # the attempt started from the restored state; it lives on now
         job.tally.committed(worker, timings)
         if not job.queue.complete:
             return True, []
@@ -578,8 +578,8 @@ class SspSchedule:
         """The clock-end step when one is due and nobody runs it, else a batch of shard attempts
         the window allows (or a backup), else None."""
         job, w = self.job, self.window
-        job.last_seen[worker] = now
-        if job.failed or worker in job.lost or not self.handing_out:
+        job.dispatch.last_seen[worker] = now
+        if job.log.error is not None or worker in job.losses.lost or not self.handing_out:
             return None
         if w.clock_end is not None and self.clock_end_worker is None:
             self.clock_end_worker = worker
@@ -607,7 +607,7 @@ class SspSchedule:
         job.dispatch.set_batched(worker, [(b.shard, b.attempt) for b in batch[1:]])  # its earlier items are done
         clocks = [w.shard_clock(b.shard) if b.backup else w.start(b.shard) for b in batch]
         if w.rebuilding is None:
-            job.running_items[worker] = (now, len(batch))
+            job.dispatch.running_items[worker] = (now, len(batch))
             for c in set(clocks):
                 job.tally.open(c, now)
         return self._item(batch, clocks)
@@ -655,10 +655,10 @@ class SspSchedule:
         """An attempt of ``shard`` in ``clock`` asks to commit: granted to the first live attempt of
         the shard's current clock and epoch; the window applies it in its next batch."""
         job = self.job
-        if job.failed or worker in job.lost:
+        if job.log.error is not None or worker in job.losses.lost:
             return False, []
-        job.running_items.pop(worker, None)
-        job.last_seen[worker] = now
+        job.dispatch.running_items.pop(worker, None)
+        job.dispatch.last_seen[worker] = now
         job.dispatch.note_move(next((a for a in job.queue.running_attempts(shard) if a.attempt == attempt), None), timings)
         if not rebuild and timings:
             job.monitor.record(worker, step_seconds(timings))
@@ -671,7 +671,7 @@ class SspSchedule:
             job.event(now, "commit-refused", shard=shard, attempt=attempt, worker=worker, late=False,
                       seconds=round(step_seconds(timings or {}), 4))
             return False, []
-        job.restore_state.pop(shard, None)  # the attempt started from the restored state; it lives on now
+        job.losses.restore_state.pop(shard, None)  # the attempt started from the restored state; it lives on now
         if not rebuild:
             job.tally.committed_in(clock, worker, timings)
         return True, self._carry(self.window.commit(shard, clock, worker, run_id), now)
