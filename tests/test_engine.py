@@ -154,6 +154,10 @@ def test_partitions_live_on_their_owners_and_pull_push_between_processes(procs):
             server = dask_worker.plugins["dscar-paramserver"]
             server.jobs["direct"].tables.stage(tuple(key), 1, updates)
 
+        def reached(run, dask_worker=None):  # what the coordinator answers once its job reached ``run``: no
+            dask_worker.plugins["dscar-paramserver"].jobs["direct"].run_confirmed = run  # clock loop runs here
+
+        client.run(reached, 2, workers=[w0])
         client.run(stage, [1, 0, 0], [["count", 0, 1, np.array([2.0, 3.0]), None]], workers=[w1])
         client.run(stage, [1, 1, 0], [["count", 0, 0, np.array([7.0]), None]], workers=[w1])
         r = client.sync(client.rpc(w0).dscar_apply, job_id="direct", clock=1, run=1,
