@@ -34,7 +34,7 @@ from . import wire
 from .algorithm import Algorithm, DataMeta, TableSpec
 from .ledger import INITIAL_STATE
 from .mirror_store import MirrorStore, shard_key
-from .partition_store import PartitionStore
+from .partition_store import PartitionStore, touched_parts
 from .pull_cache import SMALL, PullCache
 from .partitions import TableLayout, by_owner
 from .shard_store import ShardEntry, ShardStore
@@ -240,7 +240,8 @@ class ShardRunner:
                 if done is not None:
                     timings, staged[a["shard"], a["clock"]] = done
                     commits.append({"shard": a["shard"], "attempt": a["attempt"], "clock": a["clock"],
-                                    "timings": timings})
+                                    "timings": timings, "parts": touched_parts(staged[a["shard"], a["clock"]], {
+                                        t: lay.n_parts for t, lay in job.layouts.items()})})
         except _Stopped:
             return None
         except Exception as e:  # the job is unknown here: every attempt failed

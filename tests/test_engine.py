@@ -6,6 +6,7 @@ import os
 import signal
 import threading
 import time
+import functools
 from functools import partial
 
 import numpy as np
@@ -64,6 +65,49 @@ def test_a_fit_without_n_shards_cuts_small_data_into_one_shard_per_worker_and_bi
     assert sum(stale.history[0].shards_per_worker.values()) == 2  # more shards would cost it quality
     given = dscar.fit(RowCounter(), row_data(103), inproc, max_clocks=1, n_shards=6)
     assert sum(given.history[0].shards_per_worker.values()) == 6  # an explicit count wins
+
+
+class FirstPartOnly(dscar.Algorithm):
+    """Every shard adds 1 to each row of the first of two partitions of ``t``: its owner is the
+    only one with staged updates to collect."""
+
+    name = "first-part-only"
+    data_names = ("row",)
+
+    def tables(self, meta):
+        return [TableSpec("t", 8, n_parts=2)]
+
+    def shard_step(self, ctx, data):
+        ctx.add("t", ctx.xp.ones(4))
+
+    def clock_end(self, ctx):
+        return {"objective": float(dscar.to_host(ctx.pull("t")).sum())}
+
+    def converged(self, history, tol):
+        return False
+
+
+def _count_fetches(dask_worker):
+    h = dask_worker.handlers["dscar_fetch_staged"]
+    if not getattr(h, "_counted", False):
+        @functools.wraps(h)  # keeps the signature: distributed passes ``comm`` as the original wants it
+        def counted(*a, **k):
+            dask_worker._fetches = getattr(dask_worker, "_fetches", 0) + 1
+            return h(*a, **k)
+        counted._counted = True
+        dask_worker.handlers["dscar_fetch_staged"] = counted
+    return getattr(dask_worker, "_fetches", 0)
+
+
+def test_an_owner_fetches_staged_updates_only_from_workers_that_staged_some_for_it(inproc):
+    before = sum(inproc.client.run(_count_fetches).values())
+    res = dscar.fit(FirstPartOnly(), row_data(8), inproc, n_shards=8, max_clocks=4, sharding="static", policies=[])
+    after = sum(inproc.client.run(_count_fetches).values())
+    assert res.history[-1].objective == 4 * 8 * 4  # 4 clocks x 8 shards x 4 rows: every update applied once
+    np.testing.assert_array_equal(res.params["t"], [32.0] * 4 + [0.0] * 4)
+    # both workers ran shards; only the first partition's owner collects, from the other worker
+    assert all(n > 0 for n in res.history[-1].shards_per_worker.values())
+    assert after - before == 4  # one fetch a clock, not two
 
 
 def test_a_fast_worker_takes_shards_from_a_slow_one_and_the_data_moves(inproc):

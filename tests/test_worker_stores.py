@@ -412,3 +412,20 @@ def test_an_attempt_stopped_as_a_lost_race_is_named_in_its_item_s_commit():
     runner._run_shards(_batch_item(1))
     [(op, kw)] = calls
     assert op == "commit" and kw["commits"] == [] and [s["shard"] for s in kw["stopped"]] == [0]
+
+
+def test_a_commit_reports_the_partitions_its_updates_touched_and_owners_of_others_skip_its_worker():
+    from dscar.partition_store import merge_touched, touched_parts, touches
+
+    ups = [_up(1, 0, [1.0]), _up(1, 2, [1.0]), ("stats", 0, 0, np.ones(1), None)]
+    assert touched_parts(ups, {"w": 4, "stats": 1}) == {"w": [1], "stats": None}  # None: every partition
+    assert touched_parts([], {"w": 4}) == {}
+    merged: dict = {}
+    merge_touched(merged, {"w": (1,)})  # as a message carries it: tuples
+    merge_touched(merged, {"w": [3]})
+    assert merged == {"w": {1, 3}}
+    assert touches(merged, [("w", 3)]) and not touches(merged, [("w", 0), ("w", 2), ("stats", 0)])
+    merge_touched(merged, {"w": None})
+    assert merged == {"w": None} and touches(merged, [("w", 0)])
+    assert touches(None, [("w", 0)])  # unknown: fetch
+    assert not touches({}, [("w", 0)])  # an attempt that staged nothing
