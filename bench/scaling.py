@@ -21,7 +21,8 @@ worker helps). A 2-worker fit that never reaches it within ``2 x clocks`` shows 
 Where a clock goes (median over the clocks after the first, ms), from the coordinator's stage
 times (``ClockRecord.stage_s``) and the workers' step timings (``ClockRecord.timings``, the slowest
 worker): ``shards`` (first grant to last commit: the steps themselves are ``pull`` + ``compute`` +
-``push``), ``apply``, ``clock_end`` (its ``clock_end_compute`` is the algorithm's own work),
+``push``; ``cpu_share``: the steps' CPU seconds over their wall seconds, below 1 where a step waited
+for a core), ``apply``, ``clock_end`` (its ``clock_end_compute`` is the algorithm's own work),
 ``other`` (the clock's wall time less the stages: the driver's begin/report round trips), and the
 scheduler event loop's CPU per clock (``time.thread_time`` on that thread: the timed fit's less a
 2-clock fit's, over the clocks between, so setup and the final gather cancel).
@@ -128,9 +129,11 @@ def split(res: dscar.FitResult) -> dict[str, float]:
     recs = [r for r in res.history[1:] if not r.skipped] or res.history
     keys = ("shards", "apply", "clock_end", "clock_end_compute")
     out = {k: 1e3 * statistics.median(r.stage_s.get(k, 0.0) for r in recs) for k in keys}
-    for part in ("pull_s", "compute_s", "push_s"):
+    for part in ("pull_s", "compute_s", "compute_cpu_s", "push_s"):
         out[part[:-2]] = 1e3 * statistics.median(max((t.get(part, 0.0) for t in r.timings.values()), default=0.0)
                                                   for r in recs)
+    # the steps' CPU over their wall time (the slowest worker's): below 1, a step waited for a core
+    out["cpu_share"] = out["compute_cpu"] / out["compute"] if out["compute"] > 0 else float("nan")
     out["clock"] = 1e3 * statistics.median(r.seconds for r in recs)
     out["other"] = 1e3 * statistics.median(
         r.seconds - sum(r.stage_s.get(k, 0.0) for k in ("rebuild", "shards", "apply", "clock_end")) for r in recs)
@@ -194,8 +197,8 @@ def format_tables(rows: list[dict]) -> str:
                      f"{r['ratio_1w_over_2w']:>6.2f}  {r['criterion']}: {'MET' if r['met'] else 'NOT MET'}")
     lines.append("")
     lines.append("where a clock goes (median ms per clock; pull/compute/push: the slowest worker's steps)")
-    cols = ("n_shards", "clock", "shards", "pull", "compute", "push", "apply", "clock_end", "clock_end_compute",
-            "other", "sched_cpu_ms")
+    cols = ("n_shards", "clock", "shards", "pull", "compute", "cpu_share", "push", "apply", "clock_end",
+            "clock_end_compute", "other", "sched_cpu_ms")
     lines.append(f"{'case':<10} {'W':>2} " + " ".join(f"{c[:9]:>9}" for c in cols))
     for r in rows:
         for w, m in r["by_workers"].items():

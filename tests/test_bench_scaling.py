@@ -11,7 +11,7 @@ class _Rec:
     def __init__(self, objective, seconds, stage_s=None, timings=None):
         self.objective, self.seconds, self.skipped = objective, seconds, False
         self.stage_s = stage_s or {"shards": seconds / 2, "apply": seconds / 4}
-        self.timings = timings or {"w1": {"pull_s": 0.001, "compute_s": 0.002, "push_s": 0.0}}
+        self.timings = timings or {"w1": {"pull_s": 0.001, "compute_s": 0.002, "compute_cpu_s": 0.001, "push_s": 0.0}}
         self.shards_per_worker = {"w1": 2}
 
 
@@ -32,6 +32,7 @@ def test_split_takes_medians_after_the_first_clock_and_the_rest_is_other():
     sp = scaling.split(res)
     assert sp["clock"] == pytest.approx(20.0) and sp["shards"] == pytest.approx(10.0) and sp["apply"] == pytest.approx(5.0)
     assert sp["other"] == pytest.approx(5.0) and sp["pull"] == pytest.approx(1.0) and sp["n_shards"] == 2
+    assert sp["cpu_share"] == pytest.approx(0.5)  # the step had a core half of its time
 
 
 @pytest.mark.timeout(600)
