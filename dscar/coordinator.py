@@ -52,6 +52,7 @@ from .ledger import describe, perturbations, restore_sources
 from .liveness import silence_limit, to_probe
 from .membership import DEFAULT_LEASE_S, SCHEDULER_RULES, Lease, Rule, key_digest, refusal, same
 from .monitor import ThroughputMonitor
+from .partition_store import merge_touched
 from .partitions import PartitionMap, TableLayout, data_homes, placement_plan
 from .shards import ShardQueue
 from .ssp_job import SspJobState
@@ -122,6 +123,9 @@ class Coordinator(SchedulerPlugin):
         self._lease_watch: asyncio.Task | None = None
         #: job -> the name of its model (``dscar.jobs``)
         self._models: dict[str, str] = {}
+        #: job -> (run, clock, shard, attempt) of a granted commit -> the partitions its updates touched
+        #: (``partition_store.touched_parts``): each owner fetches from the workers that staged some for it
+        self._touched: dict[str, dict[tuple[int, int, int, int], dict]] = {}
         for op in SCHEDULER_RULES:  # every handler behind the caller check (``_guarded``)
             scheduler.handlers[f"dscar_{op}"] = self._guarded(op, getattr(self, f"_h_{op}"))
         self._specs: dict[str, bytes] = {}
@@ -485,6 +489,7 @@ class Coordinator(SchedulerPlugin):
         self._tokens.pop(job_id, None)
         self._leases.pop(job_id, None)
         self._models.pop(job_id, None)
+        self._touched.pop(job_id, None)
         if job is not None:  # the dashboard's last look at it (its snapshots are rate-limited)
             self._ended = job.snapshot(set(self.scheduler.workers), time.time())
         self._wake()
@@ -632,12 +637,37 @@ class Coordinator(SchedulerPlugin):
                                seconds=float(s.get("seconds", 0.0)), stopped=True)
             self._wake()
         granted = []
+        touched = self._touched.setdefault(job_id, {})
         for c in commits:
-            ok, effects = job.commit(worker, int(c.get("clock", clock)), run, c["shard"], c["attempt"], time.time(),
+            c_clock = int(c.get("clock", clock))
+            if c.get("parts") is not None:  # before job.commit: its effects may apply the pass at once
+                touched[(int(run), c_clock, int(c["shard"]), int(c["attempt"]))] = c["parts"]
+            ok, effects = job.commit(worker, c_clock, run, c["shard"], c["attempt"], time.time(),
                                      c.get("timings"), rebuild)
+            if not ok:
+                touched.pop((int(run), c_clock, int(c["shard"]), int(c["attempt"])), None)
             granted.append(ok)
             self._do(job, effects)
         return {"granted": granted, "next": self._item_for(worker) if worker in self.scheduler.workers else None}
+
+    def _sources(self, job_id: str, e: ApplyPass) -> list:
+        """``[worker, {table: parts or None}]`` for each worker whose committed attempts of the pass
+        staged updates: the partitions they touched, merged (a worker with an attempt not reported
+        is left out: owners fetch from it whatever it touched). Forgets the pass's entries and
+        those of older runs."""
+        touched = self._touched.get(job_id, {})
+        merged: dict[str, dict] = {}
+        unknown: set[str] = set()
+        for (shard, attempt, worker), clock in zip(e.committed, e.clocks or [e.clock] * len(e.committed)):
+            parts = touched.pop((int(e.run_id), int(clock), int(shard), int(attempt)), None)
+            if parts is None:
+                unknown.add(worker)
+            else:
+                merge_touched(merged.setdefault(worker, {}), parts)
+        for key in [k for k in touched if k[0] < e.run_id]:
+            del touched[key]
+        return [[w, {t: None if ps is None else sorted(ps) for t, ps in m.items()}]
+                for w, m in merged.items() if w not in unknown]
 
     def _h_fail(self, job_id: str, clock: int, run: int, shard: int, attempt: int, worker: str,
                 error: str, lost_data: bool = False, seconds: float = 0.0) -> dict:
@@ -653,6 +683,7 @@ class Coordinator(SchedulerPlugin):
         extra = {"clocks": e.clocks, "floor": e.floor} if e.batch is not None else {}
         if e.phase:
             extra["phase"] = e.phase
+        extra["touched"] = self._sources(job.cfg.job_id, e)
         results = await asyncio.gather(*(
             self._rpc(w, "apply", job_id=job.cfg.job_id, clock=e.clock, run=e.run_id, committed=e.committed,
                       reset=e.reset, **extra)

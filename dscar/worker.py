@@ -53,7 +53,7 @@ from .inflight import Inflight
 from .membership import (WORKER_INSTALLING, WORKER_RUN_WRITES, Rule, key_digest, new_token, refusal, run_known,
                          run_refusal, same, worker_rule)
 from .mirror_store import part_key, shard_key
-from .partition_store import PartitionStore
+from .partition_store import PartitionStore, touches
 from .partitions import TableLayout
 from .runner import Job, ShardRunner
 from .shard_store import ShardEntry, ShardStore
@@ -343,7 +343,8 @@ class ParamServer(WorkerPlugin):
                 "updates": [[list(key), [[t, p, lo, r is not None] for t, p, lo, _, r in ups]] for key, ups in selected]}
 
     async def _h_apply(self, job_id: str, clock: int, run: int, committed: list, reset: list | None = None,
-                       clocks: list | None = None, floor: int | None = None, phase: str | None = None) -> dict:
+                       clocks: list | None = None, floor: int | None = None, phase: str | None = None,
+                       touched: list | None = None) -> dict:
         """Apply the pass of ``run``: the committed attempts' updates to the partitions owned here
         (collected from the workers that ran them, one message per worker) and their new shard
         states to the shards held here; drop everything else of the clock.
@@ -352,7 +353,10 @@ class ParamServer(WorkerPlugin):
         ``reset`` start from zero (the reduction tables at a clock's first data phase, the rebuild
         tables in a rebuild pass). The array work runs off the event loop. Under SSP a batch spans
         clocks: ``clocks`` gives each attempt's, ``floor`` the newest finished clock. ``phase``: the
-        data phase whose pass this is (an injected fault may name it).
+        data phase whose pass this is (an injected fault may name it). ``touched``: ``[worker,
+        {table: parts or None}]``, the partitions each worker's committed attempts staged updates
+        for: none is fetched from a worker that staged nothing for the partitions owned here (one
+        not named: fetched from, whatever it staged).
         """
         job = self.jobs.get(job_id)
         if job is None:
@@ -369,7 +373,8 @@ class ParamServer(WorkerPlugin):
         for key, worker in zip(keys, workers):
             by_worker[worker].append(list(key))
         updates: dict[tuple, list] = {}
-        remote = [w for w in by_worker if w != me]
+        staged_for = {w: t for w, t in touched or ()}
+        remote = [w for w in by_worker if w != me and touches(staged_for.get(w), owned)]
         if parts and remote:
             await self._peers_started
             replies = await asyncio.gather(*(
