@@ -45,6 +45,7 @@ from distributed.scheduler import heartbeat_interval
 
 from .checkpoint import CheckpointConfig
 from .comm import fast_fail_pool
+from .elastic import adaptive_target, retirable, workers_wanted
 from .errors import RefusedCallError
 from .inflight import Inflight
 from .job import ApplyPass, Checkpoint, JobConfig, JobState, Mirror, RestartWorker, StartRecovery
@@ -136,13 +137,42 @@ class Coordinator(SchedulerPlugin):
         self._generation = 0
         #: addresses removed while a job ran: a worker joining at one of them is announced to the others
         self._removed: set[str] = set()
+        #: job -> how many workers it can use (``elastic.workers_wanted``): what adaptive scaling is told
+        self._wanted: dict[str, int] = {}
+        #: Dask's own handlers that the coordinator wraps (``_wrap_dask``), to put back at close
+        self._dask_handlers: dict[str, Any] = {}
+        self._wrap_dask(scheduler)
 
     async def close(self) -> None:
+        self.scheduler.handlers.update(self._dask_handlers)
         if self._watch is not None:
             self._watch.cancel()
         if self._lease_watch is not None:
             self._lease_watch.cancel()
         await self._pool.close()
+
+    # ------------------------------------------------------ elastic clusters
+    def _wrap_dask(self, scheduler) -> None:
+        """Put the running jobs into Dask's adaptive target (``elastic.adaptive_target``): Dask's
+        own target counts Dask tasks only, and dscar runs none. (``valid_workers_downscaling`` below
+        keeps the jobs' workers from being retired as idle.)"""
+        original = scheduler.handlers["adaptive_target"]
+        if getattr(original, "dscar_wrapped", False):  # (a plugin registered again: wrap once)
+            original = original.dscar_original
+        self._dask_handlers["adaptive_target"] = original
+
+        def target(target_duration=None) -> int:
+            return adaptive_target(original(target_duration=target_duration), self._wanted.values())
+
+        target.dscar_wrapped, target.dscar_original = True, original
+        scheduler.handlers["adaptive_target"] = target
+
+    def valid_workers_downscaling(self, scheduler, workers: list) -> list:
+        """Dask may retire as idle no worker of a running job (``elastic.retirable``): to Dask they
+        look idle, since dscar runs no Dask tasks."""
+        in_use = {w for job in self.jobs.values() if not job.failed for w in self._live(job)}
+        keep = set(retirable([ws.address for ws in workers], in_use))
+        return [ws for ws in workers if ws.address in keep]
 
     # ----------------------------------------------------------- callers
     def _guarded(self, op: str, handler):
@@ -335,7 +365,7 @@ class Coordinator(SchedulerPlugin):
                      monitor: dict | None = None, checkpoint: dict | None = None, rebuild: list | None = None,
                      resume: dict | None = None, phases: list | None = None, consistency: str = "bsp",
                      staleness: int = 0, max_clocks: int = 0, shard_bounds: list | None = None,
-                     token: str | None = None, model: str = "") -> dict:
+                     token: str | None = None, model: str = "", elastic_workers: int | None = None) -> dict:
         """A new job, with its token (every later call about it must carry it: ``membership``) and
         its driver's lease; refused while another job runs."""
         if not token:
@@ -364,6 +394,7 @@ class Coordinator(SchedulerPlugin):
         job = JobState(cfg, queue, pmap, **kw)
         job.workers = workers
         self._models[job_id] = model or job_id.rsplit("-", 1)[0]
+        self._wanted[job_id] = workers_wanted(n_shards, elastic_workers)
         self.jobs[job_id] = job
         self._specs[job_id] = spec
         self._tokens[job_id] = token
@@ -485,6 +516,7 @@ class Coordinator(SchedulerPlugin):
         self._tokens.pop(job_id, None)
         self._leases.pop(job_id, None)
         self._models.pop(job_id, None)
+        self._wanted.pop(job_id, None)
         if job is not None:  # the dashboard's last look at it (its snapshots are rate-limited)
             self._ended = job.snapshot(set(self.scheduler.workers), time.time())
         self._wake()

@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PURE = [
     "dscar.clock", "dscar.ssp", "dscar.shards", "dscar.job", "dscar.schedule", "dscar.effects", "dscar.ledger", "dscar.events",
     "dscar.tally", "dscar.losses", "dscar.checkpoint_plan",
-    "dscar.monitor", "dscar.policies", "dscar.liveness", "dscar.partitions", "dscar.intervals", "dscar.stall",
+    "dscar.monitor", "dscar.policies", "dscar.liveness", "dscar.elastic", "dscar.partitions", "dscar.intervals", "dscar.stall",
     "dscar.report", "dscar.validation", "dscar.errors", "dscar.checkpoint", "dscar.wire", "dscar.inflight",
     "dscar.faults", "dscar.algorithm", "dscar.data", "dscar.results", "dscar.estimator", "dscar.progress",
     "dscar.xp", "dscar.pull_cache", "dscar.partition_store", "dscar.shard_store", "dscar.mirror_store",

@@ -1,0 +1,115 @@
+"""Elastic membership (issue 41): dscar on Dask's adaptive clusters, and the hand-off plan of a
+worker that Dask retires."""
+import time
+
+import dask
+import pytest
+from distributed import LocalCluster
+from hypothesis import given
+from hypothesis import strategies as st
+
+import dscar
+from dscar.algorithms.datasets import make_regression
+from dscar.algorithms.lasso import LassoCD
+from dscar.coordinator import PLUGIN_NAME
+from dscar.elastic import adaptive_target, handoff_plan, retirable, workers_wanted
+from dscar.errors import InvalidInputError
+
+
+# ------------------------------------------------------------------ pure
+def test_a_job_wants_one_worker_per_shard_capped_by_the_user_setting():
+    assert workers_wanted(12) == 12
+    assert workers_wanted(12, 4) == 4
+    assert workers_wanted(3, 8) == 3
+    assert workers_wanted(5, 0) == 5  # 0: no cap of the user's
+    with pytest.raises(ValueError, match="elastic-workers"):
+        workers_wanted(5, -1)
+    with pytest.raises(ValueError, match="at least one shard"):
+        workers_wanted(0)
+
+
+def test_adaptive_is_told_the_larger_of_its_own_target_and_the_jobs_wants():
+    assert adaptive_target(1, []) == 1  # no job: Dask's own target
+    assert adaptive_target(0, [6]) == 6
+    assert adaptive_target(9, [6]) == 9  # Dask tasks want more: they get it
+
+
+def test_no_worker_of_a_running_job_is_retirable_as_idle():
+    assert retirable(["a", "b", "c"], {"b"}) == ["a", "c"]
+    assert retirable(["a", "b"], set()) == ["a", "b"]
+
+
+keys = st.lists(st.tuples(st.sampled_from("wxyz"), st.integers(0, 5)), unique=True, min_size=1, max_size=16)
+
+
+@given(keys, st.data())
+def test_a_hand_off_moves_exactly_the_leavers_partitions_to_stayers_and_evens_the_load(parts, data):
+    workers = ["a", "b", "c", "d"]
+    owners = {k: data.draw(st.sampled_from(workers)) for k in parts}
+    rows = {k: data.draw(st.integers(1, 100)) for k in parts}
+    leaving = set(data.draw(st.lists(st.sampled_from(workers), unique=True, max_size=3)))
+    staying = [w for w in workers if w not in leaving]
+    plan = handoff_plan(owners, rows, leaving, staying)
+    assert set(plan) == {k for k, w in owners.items() if w in leaving}
+    assert all(w in staying for w in plan.values())
+    # greedy least-loaded: after the move, the most loaded stayer received nothing it could have
+    # passed to the least loaded one without overtaking it
+    load = {w: sum(rows[k] for k, o in {**owners, **plan}.items() if o == w) for w in staying}
+    for k, target in plan.items():
+        assert load[target] - rows[k] <= min(load.values())
+
+
+def test_nobody_staying_means_no_hand_off():
+    assert handoff_plan({("w", 0): "a"}, {("w", 0): 5}, {"a"}, ["a"]) == {}
+
+
+def test_a_bad_elastic_workers_setting_is_refused_before_work_starts():
+    with dask.config.set({"dscar.elastic-workers": "four"}):
+        with pytest.raises(InvalidInputError, match="dscar.elastic-workers"):
+            dscar.fit(LassoCD(0.01), {"X": [[1.0]], "y": [1.0]}, "tcp://127.0.0.1:1")
+
+
+# --------------------------------------------------------------- cluster
+class StopOnceGrown(LassoCD):
+    """Lasso that stops (converges) only once every worker of a grown cluster has run shards of it:
+    the fit's length is tied to the cluster's state, not to a clock count or a timer."""
+
+    def __init__(self, alpha: float, local_cluster=None, client=None, grown_to: int = 0):
+        super().__init__(alpha)
+        self._cluster, self._client, self._grown_to = local_cluster, client, grown_to
+        #: what Dask would retire as idle, asked on the scheduler while the job ran (each clock)
+        self._closable: list[list[str]] = []
+
+    def __getstate__(self):  # (the cluster stays in the driver)
+        return {k: v for k, v in self.__dict__.items() if k not in ("_cluster", "_client", "_closable")}
+
+    def converged(self, history, tol) -> bool:
+        scheduler = self._cluster.scheduler
+        self._closable.append(self._client.run_on_scheduler(
+            lambda dask_scheduler: dask_scheduler.workers_to_close(n=len(dask_scheduler.workers))))
+        job = next(iter(scheduler.plugins[PLUGIN_NAME].jobs.values()))
+        workers = list(scheduler.workers)
+        return len(workers) >= self._grown_to and all(job.monitor.mean_step(w) is not None for w in workers)
+
+
+def wait_for(what, limit_s: float = 90.0) -> None:
+    """Wait until ``what()`` holds (state, not a timer: the limit only stops a broken run)."""
+    deadline = time.monotonic() + limit_s
+    while not what():
+        assert time.monotonic() < deadline, "state not reached"
+        time.sleep(0.05)
+
+
+def test_a_fit_on_an_adaptive_cluster_grows_it_to_the_maximum_keeps_its_workers_and_lets_it_shrink_after():
+    X, y, _ = make_regression(4000, 40, seed=3)
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=False, dashboard_address=":0") as lc:
+        lc.adapt(minimum=2, maximum=4, interval="100ms", wait_count=2)
+        cl = dscar.connect(lc)
+        algo = StopOnceGrown(0.001, lc, cl.client, grown_to=4)
+        res = dscar.fit(algo, {"X": X, "y": y}, cl, n_shards=8, max_clocks=2000, progress=False)
+        kinds = [e["kind"] for e in res.events]
+        assert kinds.count("worker-joined") >= 2  # grown from 2 to 4 during the fit
+        assert "worker-lost" not in kinds and "recovery-started" not in kinds
+        assert len(res.history) < 2000  # it stopped because every one of the 4 workers ran shards
+        assert algo._closable and not any(algo._closable)  # while it ran, Dask found no worker to retire
+        wait_for(lambda: len(lc.scheduler.workers) == 2)  # adaptive shrinks it to its minimum after the fit
