@@ -45,7 +45,7 @@ from distributed.scheduler import heartbeat_interval
 
 from .checkpoint import CheckpointConfig
 from .comm import fast_fail_pool
-from .elastic import adaptive_target, retirable, workers_wanted
+from .elastic import adaptive_target, handoff_plan, retirable, shard_handoff_plan, workers_wanted
 from .errors import RefusedCallError
 from .inflight import Inflight
 from .job import ApplyPass, Checkpoint, JobConfig, JobState, Mirror, RestartWorker, StartRecovery
@@ -78,6 +78,12 @@ def lease_timeout() -> float:
     """Seconds a job lives after its driver's last renewal (``dscar.lease-timeout``): a job whose
     driver died ends within about twice this (``Coordinator._watch_leases``)."""
     return float(dask.config.get("dscar.lease-timeout", DEFAULT_LEASE_S))
+
+
+def handoff_timeout() -> float:
+    """Seconds a retirement of a job's worker is held for its hand-off (``dscar.handoff-timeout``):
+    the job must reach a clock boundary first; past this, Dask retires it and it is a loss."""
+    return float(dask.config.get("dscar.handoff-timeout", 60.0))
 
 
 def stall_timeout() -> float:
@@ -141,6 +147,8 @@ class Coordinator(SchedulerPlugin):
         self._wanted: dict[str, int] = {}
         #: Dask's own handlers that the coordinator wraps (``_wrap_dask``), to put back at close
         self._dask_handlers: dict[str, Any] = {}
+        #: worker Dask is retiring -> done once it has handed off (or been given up): the retirement waits on it
+        self._leaving: dict[str, asyncio.Future] = {}
         self._wrap_dask(scheduler)
 
     async def close(self) -> None:
@@ -166,6 +174,86 @@ class Coordinator(SchedulerPlugin):
 
         target.dscar_wrapped, target.dscar_original = True, original
         scheduler.handlers["adaptive_target"] = target
+
+        retire = scheduler.handlers["retire_workers"]
+        if getattr(retire, "dscar_wrapped", False):
+            retire = retire.dscar_original
+        self._dask_handlers["retire_workers"] = retire
+
+        async def retire_workers(workers=None, *, names=None, **kw):
+            if workers is not None or names is not None:
+                await self._hand_off_first(self._addresses(workers, names))
+            return await retire(workers=workers, names=names, **kw)
+
+        retire_workers.dscar_wrapped, retire_workers.dscar_original = True, retire
+        scheduler.handlers["retire_workers"] = retire_workers
+
+    def _addresses(self, workers: list | None, names: list | None) -> list[str]:
+        """The addresses of the workers a ``retire_workers`` call names (by address or by name)."""
+        if workers is not None:
+            return [w for w in workers if w in self.scheduler.workers]
+        wanted = {str(n) for n in names or ()}
+        return [w for w, ws in self.scheduler.workers.items() if str(ws.name) in wanted]
+
+    async def _hand_off_first(self, workers: list[str]) -> None:
+        """Hold Dask's retirement of a running BSP job's ``workers`` until they have handed off their
+        partitions and shards at the job's next clock boundary (``_hand_off``), at most
+        ``handoff_timeout()``: Dask itself would close them at once (its ``RetireWorker`` policy waits
+        only for Dask keys, and dscar holds none). Under SSP clocks overlap and there is no boundary to
+        wait for: the retirement goes on and is a loss."""
+        waits = []
+        for job in self.jobs.values():
+            if job.failed or job.consistency != "bsp":
+                continue
+            for w in set(workers) & set(self._live(job)):
+                if w not in self._leaving:
+                    self._leaving[w] = asyncio.get_running_loop().create_future()
+                    job.event(time.time(), "worker-leaving", worker=w)
+                waits.append(self._leaving[w])
+        if not waits:
+            return
+        self._wake()
+        _, late = await asyncio.wait(waits, timeout=handoff_timeout())
+        for w in workers:
+            fut = self._leaving.get(w)
+            if fut is not None and fut in late:
+                self._leaving.pop(w)
+                for job in self.jobs.values():
+                    job.event(time.time(), "handoff-timeout", worker=w, timeout=handoff_timeout())
+
+    async def _hand_off(self, job: JobState, leaving: list[str]) -> None:
+        """At a clock boundary (nothing staged, nothing running), the leaving workers' partitions and
+        shards are copied from them to the others (``elastic.handoff_plan``), then the owners and
+        holders switch in one step and the leavers leave the job (``JobState.leave``): nothing to
+        restore, no rework. A leaver lost meanwhile goes the loss's way: nothing of it is switched."""
+        t0 = time.perf_counter()
+        staying = [w for w in self._live(job) if w not in leaving]
+        rows = {(t, p): b - a for t, layout in job.pmap.layouts.items() for p, (a, b) in enumerate(layout.bounds)}
+        parts = handoff_plan(job.pmap.owners, rows, leaving, staying)
+        shards = shard_handoff_plan({s: job.queue.holder(s) for s in range(job.queue.n_shards)}, leaving, staying)
+        sources = {k: job.pmap.owners[k] for k in parts}
+        copies = [self._rpc(w, "adopt", job_id=job.cfg.job_id, table=k[0], part=k[1], source=sources[k])
+                  for k, w in sorted(parts.items())]
+        copies += [self._rpc(w, "adopt_shard", job_id=job.cfg.job_id, shard=s, source=job.queue.holder(s))
+                   for s, w in sorted(shards.items())]
+        results = await asyncio.gather(*copies, return_exceptions=True)
+        ok = [isinstance(r, dict) and r.get("status") == "OK" for r in results]
+        part_ok, shard_ok = ok[:len(parts)], ok[len(parts):]
+        for (k, w), done in zip(sorted(parts.items()), part_ok):
+            if done and sources[k] not in job.lost and w not in job.lost:
+                job.pmap.owners[k] = w
+        for (s, w), done in zip(sorted(shards.items()), shard_ok):
+            if done and job.queue.holder(s) not in job.lost and w not in job.lost:
+                job.queue.set_holder(s, w)
+        for w in leaving:
+            if w not in job.lost:
+                self._do(job, job.leave(w, time.time()))
+        job.event(time.time(), "handoff", workers=sorted(leaving), partitions=sum(part_ok), shards=sum(shard_ok),
+                  failed=len(results) - sum(ok), seconds=round(time.perf_counter() - t0, 4))
+        for w in leaving:
+            fut = self._leaving.pop(w, None)
+            if fut is not None and not fut.done():
+                fut.set_result(True)
 
     def valid_workers_downscaling(self, scheduler, workers: list) -> list:
         """Dask may retire as idle no worker of a running job (``elastic.retirable``): to Dask they
@@ -480,6 +568,13 @@ class Coordinator(SchedulerPlugin):
             await self._wait_change(1.0)
         if job.failed:
             return {"status": "failed", "error": job.error}
+        leaving = [w for w in self._live(job) if w in self._leaving]
+        if leaving and job.consistency == "bsp":  # a clock boundary: Dask is retiring these
+            await self._hand_off(job, leaving)
+            while job.recovering and not job.failed:  # (a leaver that still owned something)
+                await self._wait_change(1.0)
+            if job.failed:
+                return {"status": "failed", "error": job.error}
         job.workers = self._live(job)
         effects = job.begin(clock, time.time())
         for e in effects:  # between clocks nothing is staged: safe to move partitions
@@ -517,6 +612,11 @@ class Coordinator(SchedulerPlugin):
         self._leases.pop(job_id, None)
         self._models.pop(job_id, None)
         self._wanted.pop(job_id, None)
+        if not self.jobs:  # no job holds a retirement back any more
+            for fut in self._leaving.values():
+                if not fut.done():
+                    fut.set_result(False)
+            self._leaving.clear()
         if job is not None:  # the dashboard's last look at it (its snapshots are rate-limited)
             self._ended = job.snapshot(set(self.scheduler.workers), time.time())
         self._wake()

@@ -62,3 +62,23 @@ def handoff_plan(owners: Mapping[tuple[str, int], str], rows: Mapping[tuple[str,
         plan[key] = target
         load[target] += rows[key]
     return plan
+
+
+def shard_handoff_plan(holders: Mapping[int, str | None], leaving: Iterable[str],
+                       staying: Iterable[str]) -> dict[int, str]:
+    """Where each shard held by the ``leaving`` workers goes (``holders``: shard -> holder): to the
+    ``staying`` worker holding the fewest shards at that point (ties by name). Empty when nobody stays."""
+    gone = set(leaving)
+    stay = sorted(set(staying) - gone)
+    if not stay:
+        return {}
+    held = {w: 0 for w in stay}
+    for w in holders.values():
+        if w in held:
+            held[w] += 1
+    plan: dict[int, str] = {}
+    for shard in sorted(s for s, w in holders.items() if w in gone):
+        target = min(stay, key=lambda w: (held[w], w))
+        plan[shard] = target
+        held[target] += 1
+    return plan

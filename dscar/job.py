@@ -104,6 +104,9 @@ class JobState:
         self.stragglers: dict[str, str] = {}
         #: workers a policy decided to restart at the next clock boundary
         self.pending_restarts: list[str] = []
+        #: workers that left on purpose (Dask retired them) after handing their partitions and shards
+        #: off: their departure is a ``worker-left``, not a loss (``leave``)
+        self.left: set[str] = set()
         #: worker -> (shard, attempt) of the members of its last work item that may not have started
         #: (the first of a batch starts at once); a pass start, a commit or a failure drops them
         self.batched: dict[str, list[tuple[int, int]]] = {}
@@ -463,13 +466,22 @@ class JobState:
             return []
         return self.schedule.lose(worker, now)
 
+    def leave(self, worker: str, now: float) -> list[Effect]:
+        """``worker`` leaves on purpose, at a clock boundary, having handed off its partitions and
+        shards (``dscar.elastic``): recorded as a ``worker-left``; what it still held goes the loss's
+        way (a partition it still owns is restored, a shard it still holds is placed again)."""
+        if worker in self.lost:
+            return []
+        self.left.add(worker)
+        return self.lose(worker, now)
+
     def _forget_worker(self, worker: str, held: list[int], voided: set[int], now: float) -> tuple[list, bool | None]:
         """What a loss means whatever the consistency: ``worker``'s attempts requeued, its memory
         copies forgotten, the event, the ledger; a recovery recorded when it took partitions or
         (with rebuild tables) the state of the shards it ``held``. Returns its partitions and
         whether a restore is needed (None: the job failed)."""
         self.lost.add(worker)
-        self.checkpoints.worker_lost(worker, planned=worker in self.restarting, now=now)
+        self.checkpoints.worker_lost(worker, planned=worker in self.restarting or worker in self.left, now=now)
         requeued = self.queue.worker_lost(worker) + self.queue.source_lost(worker)
         self.monitor.forget(worker)
         self.losses.forget_memory(worker)
@@ -478,7 +490,7 @@ class JobState:
         self.batch_scale.pop(worker, None)
         self.stragglers.pop(worker, None)
         owned = self.pmap.owned_by(worker)
-        self.event(now, "worker-lost", worker=worker, requeued=sorted({a.shard for a in requeued} | voided),
+        self.event(now, "worker-left" if worker in self.left else "worker-lost", worker=worker, requeued=sorted({a.shard for a in requeued} | voided),
                    partitions=[list(p) for p in owned])
         self.checkpoints.writer_lost(worker, now)
         if self.failed:

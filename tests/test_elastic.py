@@ -1,8 +1,10 @@
 """Elastic membership (issue 41): dscar on Dask's adaptive clusters, and the hand-off plan of a
 worker that Dask retires."""
+import threading
 import time
 
 import dask
+import numpy as np
 import pytest
 from distributed import LocalCluster
 from hypothesis import given
@@ -12,7 +14,7 @@ import dscar
 from dscar.algorithms.datasets import make_regression
 from dscar.algorithms.lasso import LassoCD
 from dscar.coordinator import PLUGIN_NAME
-from dscar.elastic import adaptive_target, handoff_plan, retirable, workers_wanted
+from dscar.elastic import adaptive_target, handoff_plan, retirable, shard_handoff_plan, workers_wanted
 from dscar.errors import InvalidInputError
 
 
@@ -113,3 +115,56 @@ def test_a_fit_on_an_adaptive_cluster_grows_it_to_the_maximum_keeps_its_workers_
         assert len(res.history) < 2000  # it stopped because every one of the 4 workers ran shards
         assert algo._closable and not any(algo._closable)  # while it ran, Dask found no worker to retire
         wait_for(lambda: len(lc.scheduler.workers) == 2)  # adaptive shrinks it to its minimum after the fit
+
+
+def test_a_shard_hand_off_spreads_the_leavers_shards_over_the_stayers():
+    holders = {0: "a", 1: "a", 2: "b", 3: "c", 4: None}
+    plan = shard_handoff_plan(holders, {"a"}, ["a", "b", "c"])
+    assert sorted(plan) == [0, 1] and sorted(plan.values()) == ["b", "c"]
+    assert shard_handoff_plan(holders, {"a", "b", "c"}, ["a", "b", "c"]) == {}
+
+
+class RetireMidFit(LassoCD):
+    """Lasso that asks Dask to retire a partition owner after ``at`` clocks (in a thread: the
+    retirement waits for the hand-off, which waits for the next clock), once it ran to the end."""
+
+    def __init__(self, alpha: float, local_cluster=None, client=None, at: int = 0):
+        super().__init__(alpha)
+        self._cluster, self._client, self._at = local_cluster, client, at
+        self.retired: list[str] = []
+        self._thread = None
+
+    def __getstate__(self):
+        return {k: v for k, v in self.__dict__.items() if k not in ("_cluster", "_client", "_thread", "retired")}
+
+    def converged(self, history, tol) -> bool:
+        if self._at and len(history) == self._at:
+            coordinator = self._cluster.scheduler.plugins[PLUGIN_NAME]
+            job = next(iter(coordinator.jobs.values()))
+            worker = sorted(set(job.pmap.owners.values()))[0]
+            self.retired.append(worker)
+            self._thread = threading.Thread(target=self._client.retire_workers, kwargs={"workers": [worker]})
+            self._thread.start()
+            wait_for(lambda: worker in coordinator._leaving)  # Dask asked: the next boundary hands it off
+        return False
+
+
+def test_a_worker_retired_mid_fit_hands_off_its_partitions_with_no_loss_and_no_rework():
+    X, y, _ = make_regression(3000, 30, seed=5)
+    data = {"X": X, "y": y}
+    with LocalCluster(n_workers=3, threads_per_worker=1, processes=False, dashboard_address=":0") as lc:
+        cl = dscar.connect(lc)
+        ref = dscar.fit(LassoCD(0.01), data, cl, n_shards=6, max_clocks=8, tol=1e-300, progress=False)
+        algo = RetireMidFit(0.01, lc, cl.client, at=3)
+        res = dscar.fit(algo, data, cl, n_shards=6, max_clocks=8, tol=1e-300, progress=False)
+        algo._thread.join(60)
+        kinds = [e["kind"] for e in res.events]
+        handoff = [e for e in res.events if e["kind"] == "handoff"]
+        assert len(handoff) == 1 and handoff[0]["workers"] == algo.retired and handoff[0]["failed"] == 0
+        assert handoff[0]["partitions"] > 0 and handoff[0]["seconds"] >= 0
+        assert "worker-left" in kinds
+        assert not {"worker-lost", "recovery-started", "partition-restored", "rollback"} & set(kinds)
+        assert [r.clock for r in res.history] == [r.clock for r in ref.history]  # no clock skipped or run again
+        np.testing.assert_allclose([r.metrics["objective"] for r in res.history],
+                                   [r.metrics["objective"] for r in ref.history], rtol=1e-9)
+        wait_for(lambda: algo.retired[0] not in lc.scheduler.workers)  # and Dask retired it
