@@ -6,8 +6,8 @@ shard queue, partition map, checkpoint ledger, monitor and policies, through the
 ``idle`` (a worker's long poll), ``releasable`` / ``released`` (taking batch members back for an idle
 worker), ``commit`` (a batch's commits, then the worker's next item), ``attempt_failed``, ``applied``
 (after every live worker applied a pass), ``clock_end_done``, ``lose`` (a crash, or a hang found by the
-liveness rule of ``dscar.liveness``), the recovery loop (``plan_recovery``, ``recovery_planned``,
-``restored``, ``recovered``) and the checkpoint effects (``snapshotted``, ``checkpoint_snapshotted``,
+liveness rule of ``dscar.liveness``), the recovery loop (``start_recovery_round``, ``restored``,
+``end_recovery_round``), ``placed`` and the checkpoint effects (``snapshotted``, ``checkpoint_snapshotted``,
 ``checkpoint_written``, ``published``). Workers are simulated: step times drawn from a log-normal
 around ``step_s``, some workers persistently slower (stragglers), losses, hangs and joins at given
 simulated times. Time is simulated; only the decisions are real, and each is timed
@@ -172,6 +172,8 @@ class Sim:
         self.reports: dict[int, dict] = {}
         self.next_clock = 1
         self.recovering = False
+        #: when the recovery under way began, and the first of its events (``end_recovery_round``)
+        self._recovery_t0, self._recovery_event = 0.0, 0
         self.done = False
         #: a loss may have left shards without a holder: the driver places them again
         self._unplaced_possible = False
@@ -222,6 +224,7 @@ class Sim:
             elif isinstance(e, StartRecovery):
                 if not self.recovering:
                     self.recovering = True
+                    self._recovery_t0, self._recovery_event = self.now, len(self.job.events)
                     self._at(self.now + NET_S, self._recover)
             elif isinstance(e, Checkpoint):
                 self._checkpoint(e)
@@ -285,13 +288,14 @@ class Sim:
         if not live:
             job.fail(self.now, "no live worker left")
             return
-        plan = self._decide("plan_recovery", job.plan_recovery, live)
-        covered = self._decide("recovery_planned", job.recovery_planned, plan, self.now)
+        plan, covered = self._decide("start_recovery_round", job.start_recovery_round, live, self.now)
         self._send("restore", len(plan.restores))
         for key, target in sorted(plan.restores.items()):
             if self.workers[target].alive:
                 self._decide("restored", job.restored, key, target, 0, self.now)
-        effects = self._decide("recovered", job.recovered, covered, self.now + 0.01)
+        now = self.now + 0.01
+        effects = self._decide("end_recovery_round", job.end_recovery_round, plan, covered, now,
+                               now - self._recovery_t0, self._recovery_event)
         if job.recovering and not job.failed:
             self._at(self.now + 0.01, self._recover)
             return
@@ -481,8 +485,7 @@ class Sim:
         if not missing or not live:
             return
         self._send("place", len(missing))
-        for i, shard in enumerate(missing):
-            queue.set_holder(shard, live[i % len(live)])
+        self.job.placed([(shard, live[i % len(live)]) for i, shard in enumerate(missing)], live)
         self._wake()
 
     def _begin(self, clock: int) -> None:

@@ -49,7 +49,6 @@ from .elastic import adaptive_target, handoff_plan, retirable, shard_handoff_pla
 from .errors import RefusedCallError
 from .inflight import Inflight
 from .job import ApplyPass, Checkpoint, JobConfig, JobState, Mirror, RestartWorker, StartRecovery
-from .ledger import describe, perturbations, restore_sources
 from .liveness import silence_limit, to_probe
 from .membership import DEFAULT_LEASE_S, SCHEDULER_RULES, Lease, Rule, key_digest, refusal, same
 from .monitor import ThroughputMonitor
@@ -546,9 +545,7 @@ class Coordinator(SchedulerPlugin):
     def _h_placed(self, job_id: str, placements: list) -> dict:
         job = self.jobs[job_id]
         self._placements[job_id] = self._placements.get(job_id, 0) + 1
-        for shard, worker in placements:
-            if worker in self.scheduler.workers and worker not in job.lost:
-                job.queue.set_holder(int(shard), worker)
+        job.placed(placements, self.scheduler.workers)
         self._wake()
         return {"status": "OK"}
 
@@ -587,7 +584,7 @@ class Coordinator(SchedulerPlugin):
         """A worker reports something that happened to it (an injected fault, ...)."""
         job = self.jobs.get(job_id)
         if job is not None:
-            job.events.append({"time": time.time(), "clock": clock, "kind": kind, "worker": worker, **(info or {})})
+            job.worker_event(time.time(), clock, kind, worker, info)
             self._wake()
         return {"status": "OK"}
 
@@ -840,22 +837,19 @@ class Coordinator(SchedulerPlugin):
             return
         for table, part in job.pmap.owned_by(worker):
             while True:
-                others = [w for w in others if w in self.scheduler.workers and w not in job.lost]
-                if not others or worker not in self.scheduler.workers:
+                others = [w for w in others if w in self.scheduler.workers]
+                new = job.adopter(others) if worker in self.scheduler.workers else None
+                if new is None:
                     job.event(time.time(), "restart-abandoned", worker=worker, table=table, part=part)
                     return
-                new = job.pmap.least_loaded(others)
                 try:
                     await self._rpc(new, "adopt", job_id=job.cfg.job_id, table=table, part=part, source=worker)
                     break
                 except Exception as e:
                     logger.info("dscar: %s could not adopt %s/%s from %s: %r", new, table, part, worker, e)
                     others.remove(new)
-            job.pmap.owners[(table, part)] = new
-            job.event(time.time(), "partition-moved", table=table, part=part, source=worker, target=new)
-        job.monitor.forget(worker)
-        job.batch_scale.pop(worker, None)
-        job.event(time.time(), "worker-restart", worker=worker)
+            job.partition_moved((table, part), worker, new, time.time())
+        job.restart_begun(worker, time.time())
         await self.scheduler.restart_workers([worker], wait_for_workers=False, on_error="return",
                                              stimulus_id=f"dscar-restart-{time.time()}")
 
@@ -940,16 +934,10 @@ class Coordinator(SchedulerPlugin):
                 if not live:
                     job.fail(time.time(), "no live worker left")
                     break
-                plan = job.plan_recovery(live)
-                covered = job.recovery_planned(plan, time.time())
-                job.event(time.time(), "recovery-started", workers=sorted(covered), **describe(plan))
+                plan, covered = job.start_recovery_round(live, time.time())
                 await self._restore(job, plan.restores, plan.manifests, plan.from_memory)
-                if job.cfg.checkpoint is not None and plan.full:
-                    job.event(time.time(), "rollback", to_clock=plan.manifests[0]["clock"] if plan.manifests else 0)
-                effects = job.recovered(covered, time.time())
+                effects = job.end_recovery_round(plan, covered, time.time(), time.perf_counter() - t0, first_event)
                 if not job.recovering:
-                    job.event(time.time(), "recovery-done", seconds=time.perf_counter() - t0,
-                              **perturbations(job.events[first_event:]))
                     self._do(job, effects)
                     break
         except Exception as e:  # a bug: say so rather than hang
@@ -978,8 +966,7 @@ class Coordinator(SchedulerPlugin):
             previous = job.pmap.owners.get(key)
             tried: set[tuple[int, str | None]] = set()
             while True:
-                sources = restore_sources(manifests if job.cfg.kinds[table] == "param" else [], table, part,
-                                          from_memory.get(key), self._live(job), tried)
+                sources = job.restore_sources(key, manifests, from_memory.get(key), self._live(job), tried)
                 if not sources:
                     break
                 version, chain, buddy = sources[0]

@@ -24,7 +24,7 @@ from .checkpoint_plan import Checkpoint, CheckpointPlanner, Mirror
 from .clock import ClockMachine
 from .effects import ApplyPass, Effect, RestartWorker, StartRecovery
 from .events import EventLog
-from .ledger import RecoveryPlan
+from .ledger import RecoveryPlan, describe, perturbations, restore_sources
 from .losses import Losses
 from .monitor import ThroughputMonitor
 from .partitions import PartitionMap
@@ -528,6 +528,63 @@ class JobState:
         if self.needs_recovery:
             return []
         return self.schedule.recovered(now)
+
+    def start_recovery_round(self, live: list[str], now: float) -> tuple[RecoveryPlan, set[str]]:
+        """One round of a recovery: the plan onto the ``live`` workers and the losses it covers
+        (the ``recovery-started`` event says what it restores from where)."""
+        plan = self.plan_recovery(live)
+        covered = self.recovery_planned(plan, now)
+        self.event(now, "recovery-started", workers=sorted(covered), **describe(plan))
+        return plan, covered
+
+    def end_recovery_round(self, plan: RecoveryPlan, covered: set[str], now: float, seconds: float,
+                           first_event: int) -> list[Effect]:
+        """The round's restores were carried out: the recovery ends when no loss is left (the
+        ``recovery-done`` event: its ``seconds`` since the first round, and the perturbations of the
+        partitions restored since event ``first_event``); the effects that follow its end."""
+        if self.cfg.checkpoint is not None and plan.full:
+            self.event(now, "rollback", to_clock=plan.manifests[0]["clock"] if plan.manifests else 0)
+        effects = self.recovered(covered, now)
+        if not self.recovering:
+            self.event(now, "recovery-done", seconds=seconds, **perturbations(self.events[first_event:]))
+        return effects
+
+    def restore_sources(self, key: tuple[str, int], manifests: list[dict], memory: tuple[str, int] | None,
+                        live: list[str], tried: set) -> list[tuple[int, list[dict], str | None]]:
+        """Where to restore partition ``key`` from, in order (``ledger.restore_sources``): a reduction
+        table's partitions start from zero (no checkpoint saves them)."""
+        table, part = key
+        return restore_sources(manifests if self.cfg.kinds[table] == "param" else [], table, part, memory, live, tried)
+
+    # ------------------------------------------------------------- restarts
+    def adopter(self, candidates: list[str]) -> str | None:
+        """Who adopts a partition of a worker a policy restarts: the least loaded of ``candidates``
+        this job has not lost (None: nobody is left)."""
+        live = [w for w in candidates if w not in self.lost]
+        return self.pmap.least_loaded(live) if live else None
+
+    def partition_moved(self, key: tuple[str, int], source: str, target: str, now: float) -> None:
+        """``target`` adopted ``key`` from ``source`` (a restart): it owns it now."""
+        self.pmap.owners[key] = target
+        self.event(now, "partition-moved", table=key[0], part=key[1], source=source, target=target)
+
+    def restart_begun(self, worker: str, now: float) -> None:
+        """``worker`` restarts (its partitions moved): its measurements and batch scale go with it."""
+        self.monitor.forget(worker)
+        self.batch_scale.pop(worker, None)
+        self.event(now, "worker-restart", worker=worker)
+
+    # ------------------------------------------------------------- placement
+    def placed(self, placements: list, live: set[str] | list[str]) -> None:
+        """The driver put shards' data on workers: each ``(shard, worker)`` makes the worker the
+        shard's holder, unless the worker is gone (not in ``live``, or lost to this job)."""
+        for shard, worker in placements:
+            if worker in live and worker not in self.lost:
+                self.queue.set_holder(int(shard), worker)
+
+    def worker_event(self, now: float, clock: int, kind: str, worker: str, info: dict | None = None) -> None:
+        """A worker reports something that happened to it (an injected fault, ...), in its clock."""
+        self.log.add(now, kind, **{"clock": clock, "worker": worker, **(info or {})})
 
     def rebase(self, manifest: dict) -> None:
         """The job resumed from an older manifest than it was started with (a newer one did not verify)."""

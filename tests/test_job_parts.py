@@ -152,3 +152,66 @@ def test_without_a_store_nothing_is_ever_due_and_reports_change_nothing():
     planner.worker_lost("a", planned=False, now=1.0)
     planner.writer_lost("a", 1.0)
     assert planner.status(5) is None and planner.log.events == []
+
+
+# ------------------------------------------- decisions the coordinator used to make itself
+def _job_with_store() -> "JobState":
+    from dscar.job import JobState
+
+    pmap = PartitionMap([TableLayout("x", 8, 2), TableLayout("r", 2, 1)])
+    pmap.assign(["a", "b"])
+    queue = ShardQueue(2, reloadable=True)
+    ckpt = CheckpointConfig("memory://m", policy="full", every=1, recovery="full")
+    job = JobState(JobConfig("j", 2, {"x": "param", "r": "reduction"}, [], [""], ckpt), queue, pmap)
+    job.workers = ["a", "b", "c"]
+    return job
+
+
+def test_a_restarted_worker_s_partition_goes_to_the_least_loaded_worker_not_lost():
+    job = _job_with_store()
+    assert job.adopter(["a", "c"]) == "c"  # c owns nothing
+    job.lost.add("c")
+    assert job.adopter(["a", "c"]) == "a" and job.adopter(["c"]) is None
+    job.partition_moved(("x", 0), "b", "a", 1.0)
+    job.restart_begun("b", 1.0)
+    assert job.pmap.owners[("x", 0)] == "a"
+    assert [e["kind"] for e in job.events] == ["partition-moved", "worker-restart"]
+
+
+def test_a_placement_on_a_worker_gone_or_lost_is_not_recorded():
+    job = _job_with_store()
+    job.lost.add("b")
+    job.placed([[0, "a"], [1, "b"]], {"a", "b"})
+    job.placed([[1, "d"]], {"a", "b"})
+    assert job.queue.holder(0) == "a" and job.queue.holder(1) is None
+
+
+def test_a_reduction_partition_is_restored_from_zero_and_a_param_one_from_the_checkpoint():
+    job = _job_with_store()
+    manifest = {"version": 3, "clock": 2, "chains": {"x/0": [{"path": "p", "offset": 0}],
+                                                     "r/0": [{"path": "q", "offset": 0}]}}
+    assert [v for v, _, _ in job.restore_sources(("x", 0), [manifest], None, ["a"], set())] == [3, 0]
+    assert [v for v, _, _ in job.restore_sources(("r", 0), [manifest], None, ["a"], set())] == [0]
+
+
+def test_a_full_recovery_round_rolls_back_and_the_last_round_says_it_is_done():
+    job = _job_with_store()
+    job.begin(1, 0.0)
+    job.lose("b", 0.5)
+    plan, covered = job.start_recovery_round(["a"], 1.0)
+    assert covered == {"b"} and plan.full
+    for key, target in plan.restores.items():
+        job.restored(key, target, plan.version, 1.5)
+    job.end_recovery_round(plan, covered, 2.0, 1.0, 0)
+    kinds = [e["kind"] for e in job.events]
+    # (the clock restarts as the recovery ends: the machine's actions come before the closing event)
+    assert kinds[kinds.index("recovery-started"):] == (
+        ["recovery-started"] + ["partition-restored"] * len(plan.restores) + ["rollback", "clock-restarted",
+                                                                              "recovery-done"])
+    assert not job.recovering
+
+
+def test_a_worker_s_event_is_logged_in_the_clock_it_names():
+    job = _job_with_store()
+    job.worker_event(1.0, 4, "fault-injected", "a", {"fault": "kill"})
+    assert job.events == [{"time": 1.0, "clock": 4, "kind": "fault-injected", "worker": "a", "fault": "kill"}]
