@@ -45,7 +45,7 @@ from distributed.scheduler import heartbeat_interval
 
 from .checkpoint import CheckpointConfig
 from .comm import fast_fail_pool
-from .elastic import adaptive_target, handoff_plan, retirable, shard_handoff_plan, workers_wanted
+from .elastic import adaptive_target, handoff_plan, join_plan, retirable, shard_handoff_plan, workers_wanted
 from .errors import RefusedCallError
 from .inflight import Inflight
 from .job import ApplyPass, Checkpoint, JobConfig, JobState, Mirror, RestartWorker, StartRecovery
@@ -148,6 +148,8 @@ class Coordinator(SchedulerPlugin):
         self._dask_handlers: dict[str, Any] = {}
         #: worker Dask is retiring -> done once it has handed off (or been given up): the retirement waits on it
         self._leaving: dict[str, asyncio.Future] = {}
+        #: job -> workers that joined while it ran, not yet offered partitions (``_take_on``)
+        self._joined: dict[str, set[str]] = {}
         self._wrap_dask(scheduler)
 
     async def close(self) -> None:
@@ -253,6 +255,27 @@ class Coordinator(SchedulerPlugin):
             fut = self._leaving.pop(w, None)
             if fut is not None and not fut.done():
                 fut.set_result(True)
+
+    async def _take_on(self, job: JobState, joined: list[str]) -> None:
+        """At a clock boundary, workers that joined mid-fit take partitions from the most loaded
+        owners while that lowers the largest load (``elastic.join_plan``): copied from the live owners,
+        then switched in one step; a copy that fails leaves its partition where it was."""
+        t0 = time.perf_counter()
+        rows = {(t, p): b - a for t, layout in job.pmap.layouts.items() for p, (a, b) in enumerate(layout.bounds)}
+        plan = join_plan(job.pmap.owners, rows, joined)
+        if not plan:
+            return
+        sources = {k: job.pmap.owners[k] for k in plan}
+        results = await asyncio.gather(*(
+            self._rpc(w, "adopt", job_id=job.cfg.job_id, table=k[0], part=k[1], source=sources[k])
+            for k, w in sorted(plan.items())), return_exceptions=True)
+        moved = 0
+        for (k, w), r in zip(sorted(plan.items()), results):
+            if isinstance(r, dict) and r.get("status") == "OK" and sources[k] not in job.lost and w not in job.lost:
+                job.pmap.owners[k] = w
+                moved += 1
+        job.event(time.time(), "partitions-taken-on", workers=sorted(joined), partitions=moved,
+                  failed=len(plan) - moved, seconds=round(time.perf_counter() - t0, 4))
 
     def valid_workers_downscaling(self, scheduler, workers: list) -> list:
         """Dask may retire as idle no worker of a running job (``elastic.retirable``): to Dask they
@@ -572,6 +595,9 @@ class Coordinator(SchedulerPlugin):
                 await self._wait_change(1.0)
             if job.failed:
                 return {"status": "failed", "error": job.error}
+        joined = [w for w in self._joined.pop(job_id, ()) if w in self._live(job)]
+        if joined and job.consistency == "bsp":  # a clock boundary: workers that joined take partitions
+            await self._take_on(job, joined)
         job.workers = self._live(job)
         effects = job.begin(clock, time.time())
         for e in effects:  # between clocks nothing is staged: safe to move partitions
@@ -609,6 +635,7 @@ class Coordinator(SchedulerPlugin):
         self._leases.pop(job_id, None)
         self._models.pop(job_id, None)
         self._wanted.pop(job_id, None)
+        self._joined.pop(job_id, None)
         if not self.jobs:  # no job holds a retirement back any more
             for fut in self._leaving.values():
                 if not fut.done():
@@ -1054,8 +1081,9 @@ class Coordinator(SchedulerPlugin):
         if worker in self._removed:  # a worker restarted at a removed one's address: reachable again
             self._removed.discard(worker)
             asyncio.ensure_future(self._tell_peers("peer_joined", worker, self._generation))
-        for job in self.jobs.values():
+        for job_id, job in self.jobs.items():
             job.event(time.time(), "worker-joined", worker=worker)
+            self._joined.setdefault(job_id, set()).add(worker)
         self._wake()
 
     # -------------------------------------------------------- driver side

@@ -82,3 +82,29 @@ def shard_handoff_plan(holders: Mapping[int, str | None], leaving: Iterable[str]
         plan[shard] = target
         held[target] += 1
     return plan
+
+
+def join_plan(owners: Mapping[tuple[str, int], str], rows: Mapping[tuple[str, int], int],
+              joined: Iterable[str]) -> dict[tuple[str, int], str]:
+    """Partitions that move to the ``joined`` workers (who own nothing yet): while moving one lowers
+    the largest owner's load (rows owned), the most loaded owner's largest partition that still
+    leaves the joiner below that owner's old load goes to the least loaded joiner. Returns partition
+    -> joiner; empty when no move would lower the largest load (a joiner then only takes shards)."""
+    new = sorted(set(joined) - set(owners.values()))
+    if not new:
+        return {}
+    owner = dict(owners)
+    load: dict[str, int] = {w: 0 for w in new}
+    for key, w in owner.items():
+        load[w] = load.get(w, 0) + rows[key]
+    plan: dict[tuple[str, int], str] = {}
+    while True:
+        top = max(load, key=lambda w: (load[w], w))
+        target = min(new, key=lambda w: (load[w], w))
+        fits = [k for k, w in owner.items() if w == top and load[target] + rows[k] < load[top]]
+        if not fits:
+            return plan
+        key = max(fits, key=lambda k: (rows[k], k))
+        owner[key], plan[key] = target, target
+        load[top] -= rows[key]
+        load[target] += rows[key]

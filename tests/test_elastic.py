@@ -14,7 +14,7 @@ import dscar
 from dscar.algorithms.datasets import make_regression
 from dscar.algorithms.lasso import LassoCD
 from dscar.coordinator import PLUGIN_NAME
-from dscar.elastic import adaptive_target, handoff_plan, retirable, shard_handoff_plan, workers_wanted
+from dscar.elastic import adaptive_target, handoff_plan, join_plan, retirable, shard_handoff_plan, workers_wanted
 from dscar.errors import InvalidInputError
 
 
@@ -168,3 +168,71 @@ def test_a_worker_retired_mid_fit_hands_off_its_partitions_with_no_loss_and_no_r
         np.testing.assert_allclose([r.metrics["objective"] for r in res.history],
                                    [r.metrics["objective"] for r in ref.history], rtol=1e-9)
         wait_for(lambda: algo.retired[0] not in lc.scheduler.workers)  # and Dask retired it
+
+
+@given(keys, st.data())
+def test_joiners_take_partitions_only_while_that_lowers_the_largest_load(parts, data):
+    owners = {k: data.draw(st.sampled_from(["a", "b"])) for k in parts}
+    rows = {k: data.draw(st.integers(1, 100)) for k in parts}
+    joined = data.draw(st.lists(st.sampled_from(["x", "y"]), unique=True, min_size=1))
+    plan = join_plan(owners, rows, joined)
+    after = {**owners, **plan}
+
+    def loads(own):
+        out = {w: 0 for w in ["a", "b", *joined]}
+        for k, w in own.items():
+            out[w] += rows[k]
+        return out
+
+    assert set(plan.values()) <= set(joined)
+    assert max(loads(after).values()) <= max(loads(owners).values())
+    if plan:  # every move shrinks the spread of the loads (their sum of squares)
+        assert sum(v * v for v in loads(after).values()) < sum(v * v for v in loads(owners).values())
+    # no further single move from the most loaded owner to a joiner would lower the largest load
+    load = loads(after)
+    top = max(load, key=lambda w: (load[w], w))
+    low = min(joined, key=lambda w: (load[w], w))
+    assert not [k for k, w in after.items() if w == top and load[low] + rows[k] < load[top]]
+
+
+def test_a_joiner_takes_nothing_when_moving_would_not_lower_the_largest_load():
+    assert join_plan({("w", 0): "a"}, {("w", 0): 10}, ["x"]) == {}  # it would only swap who holds 10
+    assert join_plan({("w", 0): "a", ("w", 1): "a"}, {("w", 0): 10, ("w", 1): 10}, ["x"]) == {("w", 1): "x"}
+
+
+class GrowMidFit(LassoCD):
+    """Lasso that adds a worker to its cluster after ``at`` clocks and waits until the job has seen
+    it join (the next clock boundary offers it partitions)."""
+
+    def __init__(self, alpha: float, local_cluster=None, at: int = 0):
+        super().__init__(alpha)
+        self._cluster, self._at = local_cluster, at
+
+    def __getstate__(self):
+        return {k: v for k, v in self.__dict__.items() if k != "_cluster"}
+
+    def converged(self, history, tol) -> bool:
+        if self._at and len(history) == self._at:
+            coordinator = self._cluster.scheduler.plugins[PLUGIN_NAME]
+            job_id = next(iter(coordinator.jobs))
+            self._cluster.scale(len(self._cluster.scheduler.workers) + 1)
+            wait_for(lambda: coordinator._joined.get(job_id))
+        return False
+
+
+def test_a_worker_added_mid_fit_takes_partitions_at_the_next_boundary_with_no_rework():
+    X, y, _ = make_regression(3000, 30, seed=5)
+    data = {"X": X, "y": y}
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=False, dashboard_address=":0") as lc:
+        cl = dscar.connect(lc)
+        ref = dscar.fit(LassoCD(0.01), data, cl, n_shards=6, max_clocks=8, tol=1e-300, progress=False)
+        res = dscar.fit(GrowMidFit(0.01, lc, at=3), data, cl, n_shards=6, max_clocks=8, tol=1e-300, progress=False)
+        taken = [e for e in res.events if e["kind"] == "partitions-taken-on"]
+        assert len(taken) == 1 and taken[0]["partitions"] > 0 and taken[0]["failed"] == 0
+        assert taken[0]["clock"] <= 5  # within 2 clocks of its joining
+        new = taken[0]["workers"][0]
+        assert any(new in r.shards_per_worker for r in res.history)  # and it ran shards
+        kinds = {e["kind"] for e in res.events}
+        assert not {"worker-lost", "recovery-started", "partition-restored", "rollback"} & kinds
+        np.testing.assert_allclose([r.metrics["objective"] for r in res.history],
+                                   [r.metrics["objective"] for r in ref.history], rtol=1e-9)
