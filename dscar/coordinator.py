@@ -229,6 +229,12 @@ class Coordinator(SchedulerPlugin):
         restore, no rework. A leaver lost meanwhile goes the loss's way: nothing of it is switched."""
         t0 = time.perf_counter()
         staying = [w for w in self._live(job) if w not in leaving]
+        if not staying:  # nobody to hand off to: the retirement goes on, and is a loss
+            for w in leaving:
+                fut = self._leaving.pop(w, None)
+                if fut is not None and not fut.done():
+                    fut.set_result(False)
+            return
         rows = {(t, p): b - a for t, layout in job.pmap.layouts.items() for p, (a, b) in enumerate(layout.bounds)}
         parts = handoff_plan(job.pmap.owners, rows, leaving, staying)
         shards = shard_handoff_plan({s: job.queue.holder(s) for s in range(job.queue.n_shards)}, leaving, staying)
