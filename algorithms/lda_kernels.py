@@ -96,10 +96,27 @@ def doc_end(dd, length, Dd, Dold, ddelta, alpha64, asum, lgs, lgtab, symmetric):
     return ll
 
 
+@njit(cache=True, nogil=True)
+def doc_stats(s, e, z, wl, words, stats):  # pragma: no cover - compiled
+    """The per-topic checks (``stats``: tokens, sum of word id + 1) of document ``s:e``'s tokens as
+    they stand after its sampling (one branch-free pass: cheaper than skipping the sampled ones)."""
+    for i in range(s, e):
+        j = wl[i]
+        if j < 0 or j >= words.shape[0]:
+            raise ValueError("lda sweep: word id out of range")
+        k = z[i]
+        stats[k, 0] += 1.0
+        stats[k, 1] += words[j] + 1.0
+
+
 @njit(cache=True, nogil=True, fastmath=True)
-def sweep_docs(wl, doc_ptr, z, A, T, alpha, alpha64, beta, vbeta, key, words, lgtab, symmetric,
+def sweep_docs(wl, doc_ptr, sel, sel_ptr, z, A, T, alpha, alpha64, beta, vbeta, key, words, lgtab, symmetric,
                p, bs, q, Dd, Dold, ddelta, stats):  # pragma: no cover - compiled
     """One exact collapsed Gibbs sweep of a shard, document by document, and its bookkeeping.
+
+    Only the tokens ``sel[sel_ptr[d]:sel_ptr[d + 1]]`` of each document ``d`` are resampled (ascending,
+    inside the document: ``arange(n)`` and ``doc_ptr`` for all of them); the others keep their topic
+    but count in their document's counts, the checks and log p(z) (``LDAGibbs``' partitioned schedule).
 
     Counts are int32 and updated after every token (``A``: the shard's word rows, ``T``: the
     topic totals; a document's counts ``Dd`` are recounted from ``z`` when it starts). Per
@@ -123,8 +140,10 @@ def sweep_docs(wl, doc_ptr, z, A, T, alpha, alpha64, beta, vbeta, key, words, lg
             or words.shape[0] != Vs or p.shape[0] < nb * B or bs.shape[0] < nb or q.shape[0] != K
             or Dd.shape[0] != K or Dold.shape[0] != K or ddelta.shape[0] != nD or ddelta.shape[1] != K
             or stats.shape[0] != K + 1 or stats.shape[1] != 2 or nD < 0
-            or doc_ptr[0] != 0 or doc_ptr[nD] != n):
+            or doc_ptr[0] != 0 or doc_ptr[nD] != n or sel_ptr.shape[0] != nD + 1 or sel_ptr[0] != 0
+            or sel_ptr[nD] != sel.shape[0]):
         raise ValueError("lda sweep: inconsistent array shapes")
+    nsel = sel.shape[0]
     for k in range(K, nb * B):
         p[k] = 0
     asum = 0.0
@@ -136,12 +155,18 @@ def sweep_docs(wl, doc_ptr, z, A, T, alpha, alpha64, beta, vbeta, key, words, lg
         s, e = doc_start(doc_ptr, dd, n, lgtab, symmetric, z, Dd, Dold)
         for k in range(K):
             q[k] = (np.float32(Dd[k]) + alpha[k]) / (np.float32(T[k]) + vbeta)
-        for i in range(s, e):
+        sa, sb = sel_ptr[dd], sel_ptr[dd + 1]
+        prev = s - 1
+        for ii in range(sa, sb):
+            i = sel[ii]
+            if i <= prev or i >= e:
+                raise ValueError("lda sweep: selected tokens out of order or outside their document")
+            prev = i
             j, a = wl[i], z[i]
             if j < 0 or j >= Vs:
                 raise ValueError("lda sweep: word id out of range")
-            if i + PREFETCH_AHEAD < n:
-                prefetch_row(A, wl[i + PREFETCH_AHEAD])
+            if ii + PREFETCH_AHEAD < nsel:
+                prefetch_row(A, wl[sel[ii + PREFETCH_AHEAD]])
             A[j, a] -= 1
             T[a] -= 1
             Dd[a] -= 1
@@ -176,14 +201,13 @@ def sweep_docs(wl, doc_ptr, z, A, T, alpha, alpha64, beta, vbeta, key, words, lg
             Dd[k] += 1
             q[k] = (np.float32(Dd[k]) + alpha[k]) / (np.float32(T[k]) + vbeta)
             z[i] = k
-            stats[k, 0] += 1.0  # the per-topic checks: tokens, and the sum of their word ids + 1
-            stats[k, 1] += words[j] + 1.0
+        doc_stats(s, e, z, wl, words, stats)
         ll += doc_end(dd, e - s, Dd, Dold, ddelta, alpha64, asum, lgs, lgtab, symmetric)
     stats[K, 0] += ll
 
 
 @njit(cache=True, nogil=True)
-def sweep_sparse(wl, doc_ptr, z, A, T, alpha, beta, vbeta, key, words, lgtab, symmetric,
+def sweep_sparse(wl, doc_ptr, sel, sel_ptr, z, A, T, alpha, beta, vbeta, key, words, lgtab, symmetric,
                  nzk, nzn, dk, dpos, Dd, Dold, qc, qp, ddelta, stats):  # pragma: no cover - compiled
     """The same exact sequential sweep as ``sweep_docs`` (same counts, bookkeeping, uniforms), sampling
     by SparseLDA's buckets (Yao, Mimno & McCallum 2009) instead of a dense pass over K:
@@ -203,7 +227,8 @@ def sweep_sparse(wl, doc_ptr, z, A, T, alpha, beta, vbeta, key, words, lgtab, sy
             or nzk.shape[0] != Vs or nzk.shape[1] != K or nzn.shape[0] != Vs or dk.shape[0] != K
             or dpos.shape[0] != K or Dd.shape[0] != K or Dold.shape[0] != K or qc.shape[0] != K
             or qp.shape[0] != K or ddelta.shape[0] != nD or ddelta.shape[1] != K
-            or stats.shape[0] != K + 1 or stats.shape[1] != 2 or nD < 0 or doc_ptr[0] != 0 or doc_ptr[nD] != n):
+            or stats.shape[0] != K + 1 or stats.shape[1] != 2 or nD < 0 or doc_ptr[0] != 0 or doc_ptr[nD] != n
+            or sel_ptr.shape[0] != nD + 1 or sel_ptr[0] != 0 or sel_ptr[nD] != sel.shape[0]):
         raise ValueError("lda sweep: inconsistent array shapes")
     for v in range(Vs):
         m = 0
@@ -236,7 +261,13 @@ def sweep_sparse(wl, doc_ptr, z, A, T, alpha, beta, vbeta, key, words, lgtab, sy
             den = T[k] + vbeta
             qc[k] = (alpha[k] + Dd[k]) / den
             rS += Dd[k] * beta / den
-        for i in range(s, e):
+        sa, sb = sel_ptr[dd], sel_ptr[dd + 1]
+        prev = s - 1
+        for ii in range(sa, sb):
+            i = sel[ii]
+            if i <= prev or i >= e:
+                raise ValueError("lda sweep: selected tokens out of order or outside their document")
+            prev = i
             j, a = wl[i], z[i]
             if j < 0 or j >= Vs:
                 raise ValueError("lda sweep: word id out of range")
@@ -313,8 +344,7 @@ def sweep_sparse(wl, doc_ptr, z, A, T, alpha, beta, vbeta, key, words, lgtab, sy
             rS += Dd[kn] * beta / den
             qc[kn] = (alpha[kn] + Dd[kn]) / den
             z[i] = kn
-            stats[kn, 0] += 1.0  # as in ``sweep_docs``
-            stats[kn, 1] += words[j] + 1.0
+        doc_stats(s, e, z, wl, words, stats)
         ll += doc_end(dd, e - s, Dd, Dold, ddelta, alpha, asum, lgs, lgtab, symmetric)
     stats[K, 0] += ll
 
@@ -429,3 +459,45 @@ def word_stats(wt, beta, first_id, colsum, idsum):  # pragma: no cover - compile
             elif c >= L:
                 s += math.lgamma(c + beta) - lgb
     return low, s
+
+
+@njit(cache=True, nogil=True, fastmath=True)
+def init_docs(wl, doc_ptr, z, A, T, alpha, beta, vbeta, key, p):  # pragma: no cover - compiled
+    """The start of a shard: each token, in sampling order, draws its topic from the model built so far,
+
+        p(z = k) ∝ (n_wk + beta) (n_dk + alpha_k) / (n_k + V beta),
+
+    the counts ``A`` (the shard's word rows), ``T`` and the document's own holding only the tokens
+    already drawn (plus whatever ``A`` and ``T`` held on entry), every count updated after every
+    token: the first sweep of sequential Gibbs from empty tables (Griffiths & Steyvers' start, as
+    the ``lda`` package and Mallet do) instead of a uniform draw. ``z`` is written, not read; the
+    uniforms are number ``i`` of stream ``key``; ``p`` is K scratch floats.
+    """
+    K, Vs, nD, n = T.shape[0], A.shape[0], doc_ptr.shape[0] - 1, wl.shape[0]
+    if (A.shape[1] != K or alpha.shape[0] != K or z.shape[0] != n or p.shape[0] != K or nD < 0
+            or doc_ptr[0] != 0 or doc_ptr[nD] != n):
+        raise ValueError("lda init: inconsistent array shapes")
+    Dd = np.zeros(K, dtype=np.int32)
+    for dd in range(nD):
+        s, e = doc_ptr[dd], doc_ptr[dd + 1]
+        if e < s or e > n:
+            raise ValueError("lda init: bad document offsets")
+        for k in range(K):
+            Dd[k] = 0
+        for i in range(s, e):
+            j = wl[i]
+            if j < 0 or j >= Vs:
+                raise ValueError("lda init: word id out of range")
+            tot = np.float32(0)
+            for k in range(K):
+                v = (np.float32(A[j, k]) + beta) * (np.float32(Dd[k]) + alpha[k]) / (np.float32(T[k]) + vbeta)
+                tot += v
+                p[k] = tot
+            thr = uniform(key, i) * tot
+            k = 0
+            while k < K - 1 and p[k] <= thr:
+                k += 1
+            A[j, k] += 1
+            T[k] += 1
+            Dd[k] += 1
+            z[i] = k

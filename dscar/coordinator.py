@@ -9,7 +9,7 @@ is done with long polls on an ``asyncio.Event``.
 
 Protocol of a pass: the worker asks ``dscar_next`` (a long poll) for its first
 work item, a batch of one or more shard attempts (several of its own shards when
-its measured steps are short: ``JobState._batch_size``). It runs them, staging
+its measured steps are short: ``Dispatch.batch_size``). It runs them, staging
 each attempt's updates on itself, then one ``dscar_commit`` answers which
 commits are granted *and* carries its next work item, if any. When a pass is
 complete every live worker is told to apply it (``dscar_apply``): owners collect

@@ -16,11 +16,11 @@ after a loss, always starts from the state as of the pass's start.
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any
 
 from .checkpoint_plan import Checkpoint, CheckpointPlanner, Mirror
+from .dispatch import Dispatch
 from .clock import ClockMachine
 from .effects import ApplyPass, Effect, RestartWorker, StartRecovery
 from .events import EventLog
@@ -28,23 +28,13 @@ from .ledger import RecoveryPlan, describe, perturbations, restore_sources
 from .losses import Losses
 from .monitor import ThroughputMonitor
 from .partitions import PartitionMap
-from .policies import Backup, ControllerView, Policy, Restart, Running, SetBatchScale
+from .policies import Policy
 from .schedule import BspSchedule, Schedule, SspSchedule
-from .shards import Attempt, ShardQueue
+from .shards import ShardQueue
 from .ssp import ClockWindow
 from .tally import ClockTally
 
 __all__ = ["ApplyPass", "Checkpoint", "Effect", "JobConfig", "JobState", "Mirror", "RestartWorker", "StartRecovery"]
-
-#: a work item holds about this much shard work by the worker's measured step time; below
-#: ``BackupPolicy.min_s``, so a batch's waiting members never look late to the backup policy
-BATCH_TARGET_S = 0.01
-#: at most this many shard attempts in one work item
-MAX_BATCH = 64
-#: a straggler is left out of a pass's tail only where that saves at least this long (seconds): for
-#: steps of microseconds the hand-out noise, and moving the shard's data to another worker, cost more
-HOLD_BACK_MIN_S = 0.005
-
 
 @dataclass
 class JobConfig:
@@ -93,34 +83,11 @@ class JobState:
         self.checkpoints = CheckpointPlanner(cfg, pmap, queue, self.log, resume)
         #: lost workers and the recovery of what they held
         self.losses = Losses(pmap, self.log, bool(cfg.rebuild))
-        #: seconds a moved shard's data took to arrive and be prepared (the moved attempts' ``data_s``,
-        #: smoothed); None until a shard has moved
-        self.move_s: float | None = None
-        #: straggler policies (backup at idle time; adaptive batch and restart at clock ends)
-        self.policies = list(policies or ())
-        #: worker -> batch scale (adaptive-batch policy)
-        self.batch_scale: dict[str, float] = {}
-        #: worker -> "transient" | "persistent"
-        self.stragglers: dict[str, str] = {}
-        #: workers a policy decided to restart at the next clock boundary
-        self.pending_restarts: list[str] = []
+        #: work items, moves, stragglers and policies
+        self.dispatch = Dispatch(self, policies)
         #: workers that left on purpose (Dask retired them) after handing their partitions and shards
         #: off: their departure is a ``worker-left``, not a loss (``leave``)
         self.left: set[str] = set()
-        #: worker -> (shard, attempt) of the members of its last work item that may not have started
-        #: (the first of a batch starts at once); a pass start, a commit or a failure drops them
-        self.batched: dict[str, list[tuple[int, int]]] = {}
-        #: worker -> id of the last work item handed to it: a release names it, so a worker asked
-        #: before that item reached it gives the members back all the same (``ShardRunner.release``)
-        self.item_of: dict[str, int] = {}
-        #: work items handed out so far (item ids count up from 1)
-        self.items_handed = 0
-        #: worker -> (hand-out time, shards) of the shard-pass work item it is running, until it
-        #: commits or fails (whatever clock it is of): the monitor's evidence of a worker that
-        #: does not finish, since backups may win its shards and close the pass without it
-        self.running_items: dict[str, tuple[float, int]] = {}
-        #: when each worker last asked for work or committed (``_worth_moving``: a holder that stopped asking)
-        self.last_seen: dict[str, float] = {}
         #: the live workers, refreshed by the coordinator before it asks for decisions (``workers``)
         self._workers: list[str] = []
         self._worker_set: frozenset[str] = frozenset()
@@ -151,6 +118,15 @@ class JobState:
     lost_shards = _part("losses", "lost_shards")
     restore_state = _part("losses", "restore_state")
     restored_rows = _part("losses", "restored_rows")
+    move_s = _part("dispatch", "move_s")
+    policies = _part("dispatch", "policies")
+    batch_scale = _part("dispatch", "batch_scale")
+    stragglers = _part("dispatch", "stragglers")
+    pending_restarts = _part("dispatch", "pending_restarts")
+    batched = _part("dispatch", "batched")
+    item_of = _part("dispatch", "item_of")
+    running_items = _part("dispatch", "running_items")
+    last_seen = _part("dispatch", "last_seen")
 
     # ----------------------------------------------------------------- util
     @property
@@ -267,178 +243,28 @@ class JobState:
         return self.schedule.quiet
 
     # -------------------------------------------------------------- dispatch
-    def _leave_to_others(self, worker: str, n_left: int | None = None) -> bool:
-        """Whether the other workers would finish every shard still to do before ``worker`` finished
-        one (by the monitor's step times): then it starts no more this clock, and the pass does not
-        wait at its tail for a straggler's step (``s`` times slower: up to ``s`` fast steps).
-
-        The others' time for the ``n`` shards left is about ``n / sum(speed)`` plus one step of the
-        slowest of them (a shard is not divisible), plus ``HOLD_BACK_MIN_S``, so a healthy cluster's
-        noise never crosses it. The caller gives every worker one attempt a clock first, so a
-        straggler that recovers is measured again. Dynamic sharding only: a static shard waits for
-        its holder anyway. ``n_left``: the shards the others may run before the pass waits for
-        ``worker``'s (default: every shard still to do)."""
-        if self.queue.sharding != "dynamic":
-            return False
-        monitor = self.monitor
-        mine = monitor.mean_step(worker)
-        if mine is None or monitor.n_measured() < 2:
-            return False
-        n = self.queue.n_todo if n_left is None else n_left
-        # the others' summed speed and slowest step, from the monitor's running figures: it forgets a
-        # lost worker (``_forget_worker``), so every worker it measures is live, and this is O(1)
-        others_speed = monitor.total_speed() - 1.0 / mine
-        return mine > n / others_speed + monitor.slowest_step(worker) + HOLD_BACK_MIN_S
-
-    def _worth_moving(self, worker: str, now: float, holder: str, backlog: int) -> bool:
-        """Whether ``worker``, out of shards of its own, should take one of ``holder``'s ``backlog``
-        TODO shards: only if it would finish it, data move included, before the holder would (its
-        current step half done, then the backlog), by the monitor's step times and ``move_s``.
-        Delay scheduling, as Spark's locality wait: a shard that runs in 80 ms and takes 200 ms to
-        move (ALS, 600k ratings) waits for its holder; a straggler's shards still move.
-
-        Yes while anything is unmeasured, for a holder that is gone or held back (a straggler the
-        others are to relieve: ``_held_back``), and for one that is late: its work item has run over
-        twice its expected time, or it has neither asked for work nor committed for a step's time (a
-        hung worker that stopped asking would otherwise keep its shards forever)."""
-        mine, theirs = self.monitor.mean_step(worker), self.monitor.mean_step(holder)
-        if (self.move_s is None or mine is None or theirs is None or holder not in self._worker_set
-                or self.schedule.held_back(holder)):
-            return True
-        running = self.running_items.get(holder)
-        if running is not None and now - running[0] > 2 * running[1] * theirs:
-            return True
-        if running is None and now - self.last_seen.get(holder, -math.inf) > theirs:
-            return True
-        return self.move_s + mine < (backlog + 0.5) * theirs
-
-    def _note_move(self, attempt: Attempt | None, timings: dict | None) -> None:
-        """A finished attempt that copied its shard from another worker measured a move: ``move_s``."""
-        if attempt is not None and attempt.fetch_from and timings and "data_s" in timings:
-            moved = float(timings["data_s"])
-            self.move_s = moved if self.move_s is None else 0.5 * (self.move_s + moved)
-
-    def _batch_size(self, worker: str) -> int:
-        """How many of its own shards ``worker`` gets in one work item: enough to run about
-        ``BATCH_TARGET_S`` by its measured step time (one before it has one). A short step then
-        costs one commit per batch, not one per shard. A batch does not pin its shards: members
-        not started yet are released to an idle worker (``releasable``), so dynamic sharding still
-        moves work away from a worker that suddenly slows down."""
-        step = self.monitor.mean_step(worker)
-        if step is None:
-            return 1
-        return max(1, min(MAX_BATCH, int(BATCH_TARGET_S / step)))
-
-    def _started(self, worker: str, shard: int, attempt: int) -> None:
-        members = self.batched.get(worker)
-        if members and (shard, attempt) in members:
-            members.remove((shard, attempt))
-            if not members:
-                del self.batched[worker]
-
-    def _set_batched(self, worker: str, members: list[tuple[int, int]]) -> None:
-        """``batched`` keeps only workers with members (``_ask_back`` looks at each of them)."""
-        if members:
-            self.batched[worker] = members
-        else:
-            self.batched.pop(worker, None)
-
     def releasable(self, asker: str) -> tuple[str, list[tuple[int, int]]] | None:
         """``asker`` found nothing to do: the worker with the most batch members that may not have
         started, and the later half of them, to ask back (None: nothing to ask, or work is left)."""
         return self.schedule.releasable(asker)
 
-    def _ask_back(self, asker: str) -> tuple[str, list[tuple[int, int]]] | None:
-        live = {w: m for w, m in self.batched.items() if w != asker and w not in self.lost and m}
-        if not live:
-            return None
-        victim = max(live, key=lambda w: (len(live[w]), w))
-        members = live[victim]
-        return victim, members[len(members) // 2:]
-
     def released(self, worker: str, asked: list[tuple[int, int]], released: list[tuple[int, int]],
                  now: float) -> None:
-        """``worker`` gave back the ``released`` members of those ``asked`` (it never started them);
-        the others have started, or the answer came too late to be heard (then the worker's commit
-        names them again): they are not asked for again."""
-        done = {(int(s), int(a)) for s, a in asked}
-        back = [(int(s), int(a)) for s, a in released if self.queue.release(int(s), int(a), worker)]
-        self._set_batched(worker, [m for m in self.batched.get(worker, []) if m not in done])
-        if back:
-            self.event(now, "batch-released", worker=worker, shards=sorted(s for s, _ in back))
-        self.schedule.given_back()
-
-    def _item(self, batch: list[Attempt], rebuild: bool) -> dict:
-        shards = []
-        for a in batch:
-            member = {"shard": a.shard, "attempt": a.attempt, "fetch_from": a.fetch_from,
-                      "backup": a.backup, "phase": self.cfg.phase_names[self.queue.phase_of(a.shard)] or None}
-            entry = self.restore_state.get(a.shard)
-            if entry is not None:
-                member["state_file"] = entry
-            shards.append(member)
-        self.items_handed += 1
-        self.item_of[batch[0].worker] = self.items_handed
-        item = {"op": "rebuild" if rebuild else "shard", "job": self.cfg.job_id, "item": self.items_handed,
-                "clock": self.clock, "run": self.run_id, "owners": self.pmap.to_msg(),
-                "batch_scale": self.batch_scale.get(batch[0].worker, 1.0), "shards": shards}
-        if rebuild and self.restored_rows:
-            item["restored"] = {t: [list(r) for r in rs] for t, rs in self.restored_rows.items()}
-        return item
+        """``worker`` gave back the ``released`` members of those ``asked`` (``Dispatch.released``)."""
+        self.dispatch.released(worker, asked, released, now)
 
     def rebuild_done(self, now: float) -> None:
         """Every shard's rebuild step was applied: the restored rows are rebuilt."""
         self.restored_rows = {}
         self.event(now, "rebuild-done")
 
-    def _clock_finished(self, clock: int, metrics: dict, now: float, started: float) -> list[Effect]:
+    def clock_finished(self, clock: int, metrics: dict, now: float, started: float) -> list[Effect]:
         """A clock's clock-end step reported: its objective, the clock-end policies, and the
         checkpoint or memory copy due now (taken before the tables change again: ``snapshotting``)."""
         self.tally.finished(clock, metrics)
-        effects: list[Effect] = self._clock_policies(now)
-        return effects + self.checkpoints.clock_finished(clock, now - started, self.workers, self.lost, now,
+        self.dispatch.clock_policies(now)
+        return self.checkpoints.clock_finished(clock, now - started, self.workers, self.lost, now,
                                                          self.schedule.cut)
-
-    # ------------------------------------------------------------- policies
-    def view(self, workers: list[str], now: float, idle_worker: str | None = None) -> ControllerView:
-        running = [Running(a.shard, a.worker, now - a.started, self.queue.attempts_started(a.shard))
-                   for a in self.queue.running()]
-        return ControllerView(self.clock, workers, self.queue.n_todo, running, self.monitor,
-                              dict(self.stragglers), idle_worker)
-
-    def _idle_policies(self, worker: str, now: float) -> Attempt | None:
-        for policy in self.policies:
-            if policy.when != "idle":
-                continue
-            for action in policy.decide(self.view(self.workers, now, worker)):
-                if isinstance(action, Backup):
-                    a = self.queue.start_backup(action.shard, action.worker, now)
-                    self.event(now, "backup-attempt", shard=a.shard, attempt=a.attempt, worker=worker,
-                               policy=policy.name)
-                    return a
-        return None
-
-    def _clock_policies(self, now: float) -> list[Effect]:
-        running = {w: (now - t0, n) for w, (t0, n) in self.running_items.items()}
-        stragglers = self.monitor.end_clock(running)
-        for w, kind in stragglers.items():
-            if self.stragglers.get(w) != kind:
-                self.event(now, "straggler", worker=w, straggler=kind)
-        for w in self.stragglers.keys() - stragglers.keys():
-            self.event(now, "straggler-recovered", worker=w)
-        self.stragglers = stragglers
-        for policy in self.policies:
-            if policy.when != "clock":
-                continue
-            for action in policy.decide(self.view(self.workers, now)):
-                if isinstance(action, SetBatchScale):
-                    self.batch_scale = dict(action.scales)
-                    self.event(now, "batch-scale", scales=self.batch_scale, policy=policy.name)
-                elif isinstance(action, Restart) and action.worker not in self.pending_restarts:
-                    self.pending_restarts.append(action.worker)
-                    self.event(now, "restart-planned", worker=action.worker, reason=action.reason,
-                               policy=policy.name)
-        return []
 
     # ----------------------------------------------------------- checkpoints
     def mirrored(self, buddy: str, clock: int, parts: list, now: float, shards: list = ()) -> None:
@@ -475,7 +301,7 @@ class JobState:
         self.left.add(worker)
         return self.lose(worker, now)
 
-    def _forget_worker(self, worker: str, held: list[int], voided: set[int], now: float) -> tuple[list, bool | None]:
+    def forget_worker(self, worker: str, held: list[int], voided: set[int], now: float) -> tuple[list, bool | None]:
         """What a loss means whatever the consistency: ``worker``'s attempts requeued, its memory
         copies forgotten, the event, the ledger; a recovery recorded when it took partitions or
         (with rebuild tables) the state of the shards it ``held``. Returns its partitions and
@@ -485,12 +311,10 @@ class JobState:
         requeued = self.queue.worker_lost(worker) + self.queue.source_lost(worker)
         self.monitor.forget(worker)
         self.losses.forget_memory(worker)
-        self.batched.pop(worker, None)
-        self.running_items.pop(worker, None)
-        self.batch_scale.pop(worker, None)
-        self.stragglers.pop(worker, None)
+        self.dispatch.forget(worker)
         owned = self.pmap.owned_by(worker)
-        self.event(now, "worker-left" if worker in self.left else "worker-lost", worker=worker, requeued=sorted({a.shard for a in requeued} | voided),
+        self.event(now, "worker-left" if worker in self.left else "worker-lost", worker=worker,
+                   requeued=sorted({a.shard for a in requeued} | voided),
                    partitions=[list(p) for p in owned])
         self.checkpoints.writer_lost(worker, now)
         if self.failed:
@@ -634,7 +458,7 @@ class JobState:
         waiting for its driver's next clock: what ``dscar.stall.StallWatch`` watches."""
         return self.schedule.progress()
 
-    def _queue_progress(self) -> tuple:
+    def queue_progress(self) -> tuple:
         """The shard queue's part of ``progress``: shards per status, attempts running."""
         return tuple(sorted(self.queue.counts().items())), len(self.queue.running())
 
@@ -652,7 +476,7 @@ class JobState:
         (``intervals.rework_estimate``) and the period in force; None without a store."""
         return self.checkpoints.status(self.clock)
 
-    def _workers_report(self) -> dict[str, dict[str, Any]]:
+    def workers_report(self) -> dict[str, dict[str, Any]]:
         """Per worker the monitor's view and its batch scale, for a clock's report."""
         return {st.worker: {"speed": st.speed, "mean_step_s": st.mean_step_s, "straggler": st.straggler,
                             "batch_scale": self.batch_scale.get(st.worker, 1.0)} for st in self.monitor.stats()}

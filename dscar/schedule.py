@@ -107,6 +107,8 @@ class Schedule(Protocol):
 
     def snapshot_fields(self) -> tuple[dict[str, Any], dict[str, Any]]: ...
 
+    def counts_pass(self) -> bool: ...
+
     def stall_fields(self) -> dict[str, Any]: ...
 
 
@@ -122,7 +124,7 @@ class BspSchedule:
         self.machine = ClockMachine(n_phases=len(cfg.phase_names), has_rebuild=bool(cfg.rebuild))
         #: the worker running the clock-end step, once handed out
         self.clock_end_worker: str | None = None
-        #: workers handed a shard attempt this clock (each gets one, however slow: see ``_leave_to_others``)
+        #: workers handed a shard attempt this clock (each gets one, however slow: see ``Dispatch.leave_to_others``)
         self.started: set[str] = set()
         if resume is not None:
             self.machine.clock = int(resume["clock"])
@@ -164,7 +166,7 @@ class BspSchedule:
             "status": "done", "metrics": dict(job.metrics), "skipped": self.machine.stage is Stage.SKIPPED,
             "checkpoint": job.checkpoint_status(),
             "shards_per_worker": dict(job.shards_done), "timings": job.timings, "stage_s": dict(job.stage_s),
-            "workers": job._workers_report(),
+            "workers": job.workers_report(),
         }
 
     def cut(self) -> None:
@@ -236,9 +238,9 @@ class BspSchedule:
         if m.handing_out:
             if self.held_back(worker):
                 return None
-            a = job.queue.next_shard(worker, now, worth_moving=partial(job._worth_moving, worker, now))
+            a = job.queue.next_shard(worker, now, worth_moving=partial(job.dispatch.worth_moving, worker, now))
             if a is None and m.stage is Stage.SHARDS:
-                a = job._idle_policies(worker, now)
+                a = job.dispatch.idle_policies(worker, now)
             elif a is not None and a.fetch_from:
                 job.event(now, "shard-moved", shard=a.shard, source=a.fetch_from, target=worker)
             if a is None:
@@ -246,16 +248,16 @@ class BspSchedule:
             batch = [a]
             self.started.add(worker)
             if a.fetch_from is None and not a.backup:  # more of the worker's own shards, while steps are short
-                size = job._batch_size(worker)
+                size = job.dispatch.batch_size(worker)
                 while len(batch) < size:
                     b = job.queue.next_shard(worker, now, local_only=True)
                     if b is None:
                         break
                     batch.append(b)
-            job._set_batched(worker, [(b.shard, b.attempt) for b in batch[1:]])  # its earlier items are done
+            job.dispatch.set_batched(worker, [(b.shard, b.attempt) for b in batch[1:]])  # its earlier items are done
             if m.stage is not Stage.REBUILD:
                 job.running_items[worker] = (now, len(batch))
-            return job._item(batch, m.stage is Stage.REBUILD)
+            return job.dispatch.item(batch, m.stage is Stage.REBUILD)
         if m.stage is Stage.CLOCK_END and self.clock_end_worker is None:
             self.clock_end_worker = worker
             return {"op": "clock_end", "job": job.cfg.job_id, "clock": m.clock, "run": m.run_id,
@@ -269,14 +271,14 @@ class BspSchedule:
     def held_back(self, worker: str) -> bool:
         """Whether ``worker`` gets no more shards this pass (``next_item``'s straggler rule): its
         shards are the others' to run, moves and all."""
-        return worker in self.started and self.job._leave_to_others(worker)
+        return worker in self.started and self.job.dispatch.leave_to_others(worker)
 
     def releasable(self, asker: str) -> tuple[str, list[tuple[int, int]]] | None:
         """``asker`` found nothing to do in a pass: the worker with the most batch members that
         may not have started, and the later half of them, to ask back (None: nothing to ask)."""
         if self.machine.stage not in (Stage.SHARDS, Stage.REBUILD) or self.job.queue.n_todo:
             return None
-        return self.job._ask_back(asker)
+        return self.job.dispatch.ask_back(asker)
 
     def given_back(self) -> None:
         """Shards went back to TODO in the queue: the queue is the pass's status, nothing follows."""
@@ -299,7 +301,7 @@ class BspSchedule:
         mine = next((a for a in job.queue.running_attempts(shard) if a.attempt == attempt), None) \
             if current else None
         started = None if mine is None else mine.started
-        job._note_move(mine, timings)
+        job.dispatch.note_move(mine, timings)
         if not rebuild:
             step = step_seconds(timings) if timings else (None if started is None else now - started)
             if step is not None:
@@ -308,7 +310,7 @@ class BspSchedule:
             job.event(now, "commit-refused", shard=shard, attempt=attempt, worker=worker, late=True,
                       seconds=round(step_seconds(timings or {}), 4))  # its step time, wasted
             return False, []
-        job._started(worker, shard, attempt)
+        job.dispatch.attempt_started(worker, shard, attempt)
         if not job.queue.commit(shard, attempt, worker):
             job.event(now, "commit-refused", shard=shard, attempt=attempt, worker=worker, late=False,
                       seconds=round(step_seconds(timings or {}), 4))
@@ -332,12 +334,14 @@ class BspSchedule:
         ``attempt-stopped`` event, never counted; were it still live (``late=False``: a wrong verdict),
         the shard runs again."""
         job, m = self.job, self.machine
+        late = clock != m.clock or run_id != m.run_id
         job.event(now, "attempt-stopped" if stopped else "shard-failed", shard=shard, attempt=attempt,
-                  worker=worker, error=error, late=clock != m.clock or run_id != m.run_id, seconds=round(seconds, 4))
+                  worker=worker, error=error, late=late or (stopped and not job.dispatch.live(shard, attempt, worker)),
+                  seconds=round(seconds, 4))
         job.running_items.pop(worker, None)
         if clock != m.clock or not m.handing_out:
             return
-        job._started(worker, shard, attempt)
+        job.dispatch.attempt_started(worker, shard, attempt)
         try:
             job.queue.fail(shard, attempt, worker, error, count=run_id == m.run_id and not stopped,
                            lost_data=lost_data)
@@ -368,7 +372,7 @@ class BspSchedule:
         self._book_stage(now)
         m.clock_end_done(run_id)
         job.stage_s["clock_end_compute"] = float(seconds)
-        return job._clock_finished(clock, metrics, now, job.tally.clock_t0)
+        return job.clock_finished(clock, metrics, now, job.tally.clock_t0)
 
     def clock_end_failed(self, worker: str, run_id: int, error: str, now: float,
                          clock: int | None = None) -> list[Effect]:
@@ -394,7 +398,7 @@ class BspSchedule:
         unapplied = any(w == worker for _, _, w in job.queue.committed_attempts()) if applying else False
         # its commits of a pass not yet applied went with it: those shards run again
         voided = job.queue.uncommit(worker) if m.stage in (Stage.SHARDS, Stage.REBUILD) else []
-        owned, restores = job._forget_worker(worker, held, set(voided), now)
+        owned, restores = job.forget_worker(worker, held, set(voided), now)
         if job.failed or restores is None:
             return []
         effects: list[Effect] = []
@@ -420,7 +424,7 @@ class BspSchedule:
     # ------------------------------------------------------------- reports
     def progress(self) -> tuple[Any, bool]:
         m = self.machine
-        key = (m.run_id, m.clock, m.stage, m.data_phase, m.recovering, *self.job._queue_progress())
+        key = (m.run_id, m.clock, m.stage, m.data_phase, m.recovering, *self.job.queue_progress())
         working = m.recovering or m.stage not in (Stage.IDLE, Stage.DONE, Stage.SKIPPED)
         return key, working and not self.job.failed
 
@@ -552,7 +556,7 @@ class SspSchedule:
             "shards_per_worker": shards_done, "timings": timings,
             "stage_s": {} if seconds is None else {"clock_end_compute": float(seconds)},
             "ahead": sum(1 for _, c in self.window.applied if c > clock),
-            "workers": job._workers_report(),
+            "workers": job.workers_report(),
         }
 
     # ---------------------------------------------------------------- clocks
@@ -583,24 +587,24 @@ class SspSchedule:
                     "owners": job.pmap.to_msg(), "version": w.version}
         tiers = self._oldest_first(w.startable())
         if worker in job.stragglers and w.rebuilding is None:
-            tiers = [t for t in tiers[::-1] if not job._leave_to_others(worker, self._slack(min(
+            tiers = [t for t in tiers[::-1] if not job.dispatch.leave_to_others(worker, self._slack(min(
                 w.shard_clock(s) for s in t)))]  # its shard holds its clock's end back least in the newest clock
-        worth = partial(job._worth_moving, worker, now)
+        worth = partial(job.dispatch.worth_moving, worker, now)
         a = next((a for among in tiers if (a := job.queue.next_shard(worker, now, among=among, worth_moving=worth))),
                  None)
         if a is None and w.rebuilding is None:
-            a = job._idle_policies(worker, now)
+            a = job.dispatch.idle_policies(worker, now)
         elif a is not None and a.fetch_from:
             job.event(now, "shard-moved", shard=a.shard, source=a.fetch_from, target=worker)
         if a is None:
             return None
         batch = [a]
         if a.fetch_from is None and not a.backup:  # more of the worker's own shards, while steps are short
-            size = job._batch_size(worker)
+            size = job.dispatch.batch_size(worker)
             for among in tiers:
                 while len(batch) < size and (b := job.queue.next_shard(worker, now, local_only=True, among=among)):
                     batch.append(b)
-        job._set_batched(worker, [(b.shard, b.attempt) for b in batch[1:]])  # its earlier items are done
+        job.dispatch.set_batched(worker, [(b.shard, b.attempt) for b in batch[1:]])  # its earlier items are done
         clocks = [w.shard_clock(b.shard) if b.backup else w.start(b.shard) for b in batch]
         if w.rebuilding is None:
             job.running_items[worker] = (now, len(batch))
@@ -626,7 +630,7 @@ class SspSchedule:
 
     def _item(self, batch: list[Attempt], clocks: list[int]) -> dict:
         w = self.window
-        item = self.job._item(batch, w.rebuilding is not None)
+        item = self.job.dispatch.item(batch, w.rebuilding is not None)
         for member, a, clock in zip(item["shards"], batch, clocks):
             seen, writer = w.own_update(a.shard)
             member.update(clock=clock, seen=seen, mine=writer == a.worker)
@@ -644,7 +648,7 @@ class SspSchedule:
     def releasable(self, asker: str) -> tuple[str, list[tuple[int, int]]] | None:
         if not self.handing_out or self.window.startable():
             return None
-        return self.job._ask_back(asker)
+        return self.job.dispatch.ask_back(asker)
 
     def commit(self, worker: str, clock: int, run_id: int, shard: int, attempt: int, now: float,
                timings: dict | None = None, rebuild: bool = False) -> tuple[bool, list[Effect]]:
@@ -655,14 +659,14 @@ class SspSchedule:
             return False, []
         job.running_items.pop(worker, None)
         job.last_seen[worker] = now
-        job._note_move(next((a for a in job.queue.running_attempts(shard) if a.attempt == attempt), None), timings)
+        job.dispatch.note_move(next((a for a in job.queue.running_attempts(shard) if a.attempt == attempt), None), timings)
         if not rebuild and timings:
             job.monitor.record(worker, step_seconds(timings))
         if not self.window.accepts(shard, clock, run_id):  # a lost backup, an attempt of a voided epoch
             job.event(now, "commit-refused", shard=shard, attempt=attempt, worker=worker, late=True,
                       seconds=round(step_seconds(timings or {}), 4))  # its step time, wasted
             return False, []
-        job._started(worker, shard, attempt)
+        job.dispatch.attempt_started(worker, shard, attempt)
         if not job.queue.commit(shard, attempt, worker):
             job.event(now, "commit-refused", shard=shard, attempt=attempt, worker=worker, late=False,
                       seconds=round(step_seconds(timings or {}), 4))
@@ -676,12 +680,13 @@ class SspSchedule:
                        now: float, lost_data: bool = False, seconds: float = 0.0, stopped: bool = False) -> None:
         job, w = self.job, self.window
         current = w.phase(shard) is ShardPhase.RUNNING and (w.rebuilding is not None or w.shard_clock(shard) == clock)
+        late = not current or run_id != w.epoch or (stopped and not job.dispatch.live(shard, attempt, worker))
         job.event(now, "attempt-stopped" if stopped else "shard-failed", shard=shard, attempt=attempt,
-                  worker=worker, error=error, late=not current or run_id != w.epoch, seconds=round(seconds, 4))
+                  worker=worker, error=error, late=late, seconds=round(seconds, 4))
         job.running_items.pop(worker, None)
         if not current:
             return
-        job._started(worker, shard, attempt)
+        job.dispatch.attempt_started(worker, shard, attempt)
         try:
             job.queue.fail(shard, attempt, worker, error, count=run_id == w.epoch and not stopped, lost_data=lost_data)
         except ShardFailedError as e:
@@ -705,7 +710,7 @@ class SspSchedule:
         self.clock_end_worker = None
         started = job.tally.started(clock, now)
         job.tally.reports[clock] = self._report(clock, metrics, False, seconds)
-        effects = job._clock_finished(clock, metrics, now, started)
+        effects = job.clock_finished(clock, metrics, now, started)
         if not job.snapshotting:
             effects += self._carry(self.window.go_on(), now)
         return effects
@@ -730,7 +735,7 @@ class SspSchedule:
     def lose(self, worker: str, now: float) -> list[Effect]:
         job, w = self.job, self.window
         in_flight = w.in_flight
-        owned, restores = job._forget_worker(worker, job.queue.held_by(worker), set(), now)
+        owned, restores = job.forget_worker(worker, job.queue.held_by(worker), set(), now)
         if job.failed or restores is None:
             return []
         self.given_back()  # its attempts were requeued by the queue
@@ -762,7 +767,7 @@ class SspSchedule:
     def progress(self) -> tuple[Any, bool]:
         w = self.window
         key = (w.epoch, w.floor, w.version, len(w.applied), w.clock_end, w.in_flight is not None, w.holding,
-               w.recovering, w.rebuilding is not None, *self.job._queue_progress())
+               w.recovering, w.rebuilding is not None, *self.job.queue_progress())
         return key, self.begun and not w.done and not self.job.failed
 
     def snapshot_fields(self) -> tuple[dict[str, Any], dict[str, Any]]:

@@ -337,7 +337,9 @@ def test_quick_benchmark_writes_summary_json_and_plot(quick_run):
             # counted from the fit's events, beside the violations
             assert r["failed_attempts"] == r["events"].get("shard-failed", 0)
             assert r["refused_commits"] == r["events"].get("commit-refused", 0)
-            assert r["wasted_step_s"] >= 0 and (r["wasted_step_s"] > 0) <= (r["failed_attempts"] + r["refused_commits"] > 0)
+            assert r["stopped_attempts"] == r["events"].get("attempt-stopped", 0)
+            assert r["wasted_step_s"] >= 0 and (r["wasted_step_s"] > 0) <= (
+                r["failed_attempts"] + r["refused_commits"] + r["stopped_attempts"] > 0)
             assert r["violations"] == sum(r["violations_by_kind"].values()) + r["final_violations"]
             assert r["left_stopped"] == 0  # no hang in the quick plans
         elif r["status"] == "failed":

@@ -833,7 +833,7 @@ def test_microsecond_steps_are_never_held_back():
             job.monitor.record(w, step)
         job.begin(1, 0.0)
         job.next_item("a", 0.0)  # one shard left
-        return job._leave_to_others("b")
+        return job.dispatch.leave_to_others("b")
 
     assert held_back(0.020, 0.050)  # 20 ms: a finishes the last shard 10 ms before b would
     assert not held_back(20e-6, 50e-6)
@@ -901,3 +901,20 @@ def test_a_bsp_attempt_stopped_as_a_lost_race_while_still_live_runs_again_uncoun
         m = again
     assert not job.failed and not [e for e in job.events if e["kind"] == "shard-failed"]
     assert [e["late"] for e in job.events if e["kind"] == "attempt-stopped"] == [False] * (job.queue.max_failures + 1)
+
+
+def test_a_bsp_backup_stopped_while_its_pass_is_applied_is_a_late_stop_not_a_wrong_verdict():
+    """An owner applies the pass (same run id until every owner has) and a backup reading there
+    stops: the shard's attempt is beaten, so the stop is ``late``, not a wrong verdict."""
+    job = _two_worker_job(2)
+    job.begin(1, 0.0)
+    run1 = job.machine.run_id
+    mine = job.next_item("b", 0.0)["shards"][0]
+    own = job.next_item("a", 0.0)["shards"][0]
+    assert job.commit("a", 1, run1, own["shard"], own["attempt"], 0.01)[0]
+    backup = job.queue.start_backup(mine["shard"], "a", 0.02)
+    assert job.commit("b", 1, run1, mine["shard"], mine["attempt"], 0.03)[0]
+    assert job.machine.stage is Stage.APPLY and job.machine.run_id == run1
+    job.attempt_failed("a", 1, run1, backup.shard, backup.attempt, "lost race", 0.04, stopped=True)
+    [e] = [e for e in job.events if e["kind"] == "attempt-stopped"]
+    assert e["late"] and job.queue.status(mine["shard"]).value == "done"

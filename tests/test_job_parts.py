@@ -215,3 +215,32 @@ def test_a_worker_s_event_is_logged_in_the_clock_it_names():
     job = _job_with_store()
     job.worker_event(1.0, 4, "fault-injected", "a", {"fault": "kill"})
     assert job.events == [{"time": 1.0, "clock": 4, "kind": "fault-injected", "worker": "a", "fault": "kill"}]
+
+
+# ----------------------------------------------------------------- dispatch
+def test_an_idle_worker_asks_back_the_later_half_of_the_biggest_batch_of_a_live_worker():
+    job = _job_with_store()
+    d = job.dispatch
+    d.set_batched("a", [(0, 1), (1, 1), (2, 1), (3, 1)])
+    d.set_batched("b", [(4, 1), (5, 1), (6, 1), (7, 1), (8, 1)])
+    d.set_batched("c", [])  # (an empty batch is not kept)
+    assert "c" not in d.batched
+    job.lost.add("b")
+    assert d.ask_back("c") == ("a", [(2, 1), (3, 1)])
+    assert d.ask_back("a") is None  # (its own members are not asked back of it)
+    d.attempt_started("a", 0, 1)
+    assert d.batched["a"] == [(1, 1), (2, 1), (3, 1)]
+    d.forget("a")
+    assert d.ask_back("c") is None
+
+
+def test_a_batch_holds_about_the_target_s_worth_of_steps_and_one_before_a_measurement():
+    from dscar.dispatch import BATCH_TARGET_S, MAX_BATCH
+
+    job = _job_with_store()
+    assert job.dispatch.batch_size("a") == 1
+    for _ in range(10):
+        job.monitor.record("a", BATCH_TARGET_S / 4)
+        job.monitor.record("b", BATCH_TARGET_S / 1e6)
+    assert job.monitor.mean_step("a") is not None
+    assert job.dispatch.batch_size("a") == 4 and job.dispatch.batch_size("b") == MAX_BATCH

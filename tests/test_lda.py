@@ -23,7 +23,7 @@ from dscar.algorithms.lda import (
     token_layout,
     uniforms,
 )
-from dscar import InvalidInputError, TableSpec
+from dscar import DataMeta, InvalidInputError, TableSpec
 
 lda = pytest.importorskip("lda")
 logging.getLogger("lda").setLevel(logging.WARNING)
@@ -360,6 +360,111 @@ def test_compiled_and_array_namespace_fits_agree(inproc, small):
     assert b.params["word_topic"].dtype == np.int32 and b.params["doc_topic"].dtype == np.int32
 
 
+# --------------------------------------------------- the partitioned schedule
+class _Ctx:
+    """What ``LDAGibbs.block_tokens`` reads of a shard context."""
+
+    def __init__(self, shard: int, clock: int, n_shards: int):
+        self.shard, self.clock = shard, clock
+        self.meta = DataMeta(n_rows=1, n_shards=n_shards, shapes={"X": (1,)}, dtypes={"X": "int64"},
+                             sparse={"X": True}, shard_bounds=((0, 1),))
+
+
+@pytest.mark.parametrize("B", [2, 3, 5])
+def test_partitioned_blocks_are_disjoint_across_shards_and_cover_each_shard_in_a_sweep(small, B):
+    algo = LDAGibbs(4, schedule="partitioned")
+    bounds = np.linspace(0, small.X.shape[0], B + 1).round().astype(int)
+    shards = [algo.prepare_shard({"X": small.X[a:b]}, np) for a, b in zip(bounds[:-1], bounds[1:])]
+    for clock in range(2, 2 + 2 * B):  # two sweeps
+        words = []
+        for s, data in enumerate(shards):
+            sel, sel_ptr = algo.block_tokens(_Ctx(s, clock, B), data)
+            assert (np.diff(sel) > 0).all() and sel_ptr[-1] == sel.size
+            words.append(set(data["words"][data["wl"][sel]].tolist()))
+        assert all(not (a & b) for i, a in enumerate(words) for b in words[i + 1:])  # no word in two shards
+    for s, data in enumerate(shards):  # each sweep of B clocks resamples every token once
+        sels = [algo.block_tokens(_Ctx(s, c, B), data)[0] for c in range(2, 2 + B)]
+        np.testing.assert_array_equal(np.sort(np.concatenate(sels)), np.arange(data["wl"].size))
+    assert LDAGibbs(4, schedule="partitioned").clocks_per_sweep(B) == B and LDAGibbs(4).clocks_per_sweep(B) == 1
+    assert LDAGibbs(4).block_tokens(_Ctx(0, 2, B), shards[0]) is None  # adlda: every token
+    with pytest.raises(InvalidInputError, match="schedule"):
+        LDAGibbs(4, schedule="rotating")
+
+
+@needs_numba
+@pytest.mark.parametrize("method", ["dense", "sparse"])
+def test_a_selective_sweep_moves_only_the_selected_tokens_and_counts_all(small, method):
+    K, V = 4, small.X.shape[1]
+    algo = LDAGibbs(K, schedule="partitioned")
+    data = algo.prepare_shard({"X": small.X}, np)
+    wl, words, d, doc_len = data["wl"], data["words"], data["d"], data["doc_len"]
+    z = np.random.default_rng(1).integers(0, K, wl.size).astype(np.int32)
+    A = np.bincount(wl * K + z, minlength=words.size * K).reshape(-1, K).astype(np.int32)
+    T = A.sum(axis=0).astype(np.int32)
+    sel, sel_ptr = algo._blocks(0, data, 3)[1]
+    z0, nd0 = z.copy(), doc_counts(np, d, z, doc_len.size, K)
+    res = compiled_sweep(wl, doc_len, z, A, T, algo.alphas(), 0.01, V, 7, words, {}, method=method, select=(sel, sel_ptr))
+    others = np.setdiff1d(np.arange(wl.size), sel)
+    np.testing.assert_array_equal(z[others], z0[others])
+    assert (z[sel] != z0[sel]).any()
+    np.testing.assert_array_equal(A, np.bincount(wl * K + z, minlength=words.size * K).reshape(-1, K))
+    np.testing.assert_array_equal(T, A.sum(axis=0))
+    nd = doc_counts(np, d, z, doc_len.size, K)
+    np.testing.assert_array_equal(res.doc_delta, nd - nd0)
+    np.testing.assert_array_equal(res.stats[:K, 0], np.bincount(z, minlength=K))  # every token, not just the moved
+    np.testing.assert_allclose(res.stats[:K, 1], np.bincount(z, weights=words[wl] + 1.0, minlength=K))
+    assert res.stats[K, 0] == pytest.approx(doc_loglik(nd, algo.alphas()))
+    with pytest.raises(ValueError, match="out of order"):
+        compiled_sweep(wl, doc_len, z, A, T, algo.alphas(), 0.01, V, 7, words, {}, method=method,
+                       select=(sel[::-1].copy(), sel_ptr))
+
+
+@pytest.mark.parametrize("backend", ["xp", "numba"])
+def test_partitioned_fits_keep_exact_counts(inproc, small, backend):
+    if backend == "numba" and not numba_available():
+        pytest.skip("numba not installed")
+    res = fit(LDAGibbs(4, seed=2, early_stop=False, schedule="partitioned", backend=backend), small.X, inproc,
+              3 * 4 + 1, n_shards=3)
+    assert [r.metrics["count_error"] for r in res.history] == [0.0] * 13
+    assert [r.metrics["iteration"] for r in res.history][:5] == pytest.approx([0, 1 / 3, 2 / 3, 1, 4 / 3])
+    assert_tables_match(res, small.X)
+    assert res.history[-1].metrics["loglik"] > res.history[0].metrics["loglik"] + 0.3
+
+
+@needs_numba
+def test_partitioned_sweeps_track_sequential_gibbs_where_adlda_trails(inproc):
+    """The point of the schedule (issue 43): per sweep, 4 partitioned shards stay near 1 shard (exact
+    sequential Gibbs), while 4 AD-LDA shards, each against the others' clock-start counts, trail.
+    40k tokens, K = 20, 8 sweeps, seeds 1 and 2 (measured: 1 shard -6.625 / -6.791, partitioned
+    -6.630 / -6.741, adlda -7.239 / -7.149 per token)."""
+    c = corpora.synthetic(800, 2000, 50, 20, seed=1)
+    sweeps = 8
+
+    K, V = 20, c.X.shape[1]
+
+    def final(schedule, n_shards, seed):
+        algo = LDAGibbs(K, seed=seed, early_stop=False, schedule=schedule)
+        res = fit(algo, c.X, inproc, sweeps * algo.clocks_per_sweep(n_shards) + 1, n_shards=n_shards)
+        assert res.history[-1].metrics["iteration"] == sweeps and res.history[-1].metrics["count_error"] == 0
+        return res.history[-1].metrics["loglik"]
+
+    def sequential(seed):  # one shard in this process: exact sequential Gibbs
+        algo = LDAGibbs(K, seed=seed)
+        data = algo.prepare_shard({"X": c.X}, np)
+        wl, words, d = data["wl"], data["words"], data["d"]
+        z = algo._rng(0, 1).integers(0, K, wl.size).astype(np.int32)
+        for clock in range(2, sweeps + 2):
+            rows = np.bincount(wl * K + z, minlength=words.size * K).reshape(-1, K)
+            algo.sweep(np, data, z, rows, rows.sum(axis=0), algo._key(0, clock), V)
+        wt = np.zeros((V, K), dtype=np.int64)
+        wt[words] = np.bincount(wl * K + z, minlength=words.size * K).reshape(-1, K)
+        return loglikelihood(wt, doc_counts(np, d, z, data["doc_len"].size, K), 0.1, 0.01) / wl.size
+
+    for seed in (1, 2):
+        one, part, adlda = sequential(seed), final("partitioned", 4, seed), final("adlda", 4, seed)
+        assert abs(part - one) < 0.3 * abs(adlda - one), (one, part, adlda)
+
+
 # --------------------------------------------------------- on the engine
 class RebuildCheck(LDAGibbs):
     """In clock ``check_at`` every shard runs ``rebuild_step`` (no sweep) into ``check_*`` reductions, so
@@ -486,12 +591,14 @@ LOSS_EVENTS = {"worker-lost", "recovery-started", "partition-restored", "recover
                "shards-replaced"}
 
 
-def test_a_lost_worker_s_assignments_are_redrawn_and_the_counts_rebuilt(inproc, small, tmp_path):
+@pytest.mark.parametrize("schedule", ["adlda", "partitioned"])
+def test_a_lost_worker_s_assignments_are_redrawn_and_the_counts_rebuilt(inproc, small, tmp_path, schedule):
     """Shard state is not checkpointed: the lost worker's shards come back without ``z``. The rebuild
-    pass redraws it from the tables and recounts every table, so the counts equal the assignments."""
+    pass redraws it from the tables and recounts every table, so the counts equal the assignments
+    (under either schedule: the partitioned one changes which tokens a clock resamples, not the deltas)."""
     cfg = dscar.CheckpointConfig(str(tmp_path), policy="priority", every=2, fraction=0.5, recovery="partial")
-    res = fit(RebuildCheck(4, seed=5, early_stop=False, check_at=8), small.X, inproc, 8, n_shards=4,
-              checkpoint=cfg, faults=[dscar.faults.lose(1, 5)])
+    res = fit(RebuildCheck(4, seed=5, early_stop=False, check_at=8, schedule=schedule), small.X, inproc, 8,
+              n_shards=4, checkpoint=cfg, faults=[dscar.faults.lose(1, 5)])
     assert LOSS_EVENTS <= recovery_kinds(res), recovery_kinds(res)
     assert [r.metrics["count_error"] for r in res.history] == [0.0] * 8
     assert [r.metrics["tokens"] for r in res.history] == [small.n_tokens] * 8
@@ -634,6 +741,16 @@ def test_quick_benchmark_runs_and_reports_every_sampler(tmp_path):
         assert c["runs"]["dscar-2w"]["tokens_per_s"] == min(c["tokens_per_s_by_repeat"]["dscar-2w"])
         assert d["targets"][name]["dscar2_over_tomotopy2"] == pytest.approx(
             sum(c["paired"]["dscar2_over_tomotopy2"]) / 2)
+        # time to target: the peers' values at the run's last sweep (10), every sampler's seconds to them
+        assert set(c["time_to_target"]) == {"tomotopy-1t@10", "lda@10"}
+        for goal in c["time_to_target"].values():
+            assert set(goal["seconds"]) == set(c["runs"]) and -20 < goal["target"] < 0
+        assert c["time_to_target"]["tomotopy-1t@10"]["seconds"]["tomotopy-1t"] > 0  # its own value: reached
+        for sampler, curve in c["curves"].items():
+            assert curve[0][:2] == [0, 0.0] and curve[-1][0] == 10, sampler
+            assert all(b[1] >= a[1] for a, b in zip(curve, curve[1:]))  # seconds never go back
+        assert [p[0] for p in c["curves"]["dscar-2w"]][:3] == [0, 0.5, 1]  # partitioned: a sweep in 2 clocks
+        assert "time to target" in r.stdout
     assert "== kernel" in r.stdout and set(d["kernel"]["K"]) == {"20", "50"}
     for k in d["kernel"]["K"].values():
         assert {"dscar-1shard", "tomotopy-1t"} <= set(k) and k["ratio_wall"] > 0 and k["ratio_cpu"] > 0

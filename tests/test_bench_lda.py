@@ -1,0 +1,37 @@
+"""bench.lda's time-to-target arithmetic on given curves (the samplers themselves run in test_lda's quick bench)."""
+import pytest
+
+from bench.lda import Run, time_targets, time_to_target, value_at
+
+
+def curve(*pts):
+    return [tuple(p) for p in pts]
+
+
+def test_time_to_target_interpolates_between_points_and_says_when_never():
+    c = curve((0, 0.0, -10.0), (1, 1.0, -9.0), (2, 3.0, -8.0))
+    assert time_to_target(c, -8.5) == pytest.approx(2.0)  # halfway from -9 (1 s) to -8 (3 s)
+    assert time_to_target(c, -9.0) == 1.0 and time_to_target(c, -11.0) == 0.0
+    assert time_to_target(c, -7.9) is None
+    assert value_at(c, 2) == -8.0 and value_at(c, 5) is None
+
+
+def run(sampler, pts):
+    return Run(sampler, "c", 5, 20, 100, pts[-1][1], pts[-1][1], pts[-1][2], curve=curve(*pts))
+
+
+def test_time_targets_pair_dscar_with_tomotopy_at_equal_cores():
+    fast = [(0, 0, -10.0), (10, 1.0, -9.0), (20, 2.0, -8.0)]
+    slow = [(0, 0, -10.0), (10, 2.0, -9.0), (20, 4.0, -8.0)]
+    never = [(0, 0, -10.0), (10, 1.0, -9.5), (20, 2.0, -9.0)]
+    by = {"lda": [run("lda", never)], "tomotopy-1t": [run("tomotopy-1t", slow)],
+          "tomotopy-2t": [run("tomotopy-2t", fast)], "dscar-1w": [run("dscar-1w", fast)],
+          "dscar-2w": [run("dscar-2w", slow)]}
+    t = time_targets(by, 20)
+    assert set(t) == {"tomotopy-1t@20", "lda@20"}
+    goal = t["tomotopy-1t@20"]
+    assert goal["target"] == -8.0 and goal["seconds"]["tomotopy-1t"] == 4.0 and goal["seconds"]["lda"] is None
+    assert goal["dscar1_over_tomotopy1"] == 0.5 and goal["dscar2_over_tomotopy2"] == 2.0
+    assert t["lda@20"]["target"] == -9.0 and t["lda@20"]["seconds"]["dscar-1w"] == 1.0
+    by["dscar-2w"] = [run("dscar-2w", never)]
+    assert time_targets(by, 20)["tomotopy-1t@20"]["dscar2_over_tomotopy2"] is None  # never reached: no ratio
