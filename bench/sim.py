@@ -1,13 +1,13 @@
 """A discrete-event simulation of the control plane's pure core at W workers (no Dask here).
 
-It drives the real ``dscar.job.JobState`` (BSP) or ``dscar.ssp_job.SspJobState`` (SSP), with the real
+It drives the real ``dscar.job.JobState`` (with its BSP or SSP schedule, ``dscar.schedule``), with the real
 shard queue, partition map, checkpoint ledger, monitor and policies, through the calls
 ``dscar.coordinator.Coordinator`` makes, in the order it makes them: ``begin`` (driver), ``next_item`` and
 ``idle`` (a worker's long poll), ``releasable`` / ``released`` (taking batch members back for an idle
 worker), ``commit`` (a batch's commits, then the worker's next item), ``attempt_failed``, ``applied``
 (after every live worker applied a pass), ``clock_end_done``, ``lose`` (a crash, or a hang found by the
-liveness rule of ``dscar.liveness``), the recovery loop (``plan_recovery``, ``recovery_planned``,
-``restored``, ``recovered``) and the checkpoint effects (``snapshotted``, ``checkpoint_snapshotted``,
+liveness rule of ``dscar.liveness``), the recovery loop (``start_recovery_round``, ``restored``,
+``end_recovery_round``), ``placed`` and the checkpoint effects (``snapshotted``, ``checkpoint_snapshotted``,
 ``checkpoint_written``, ``published``). Workers are simulated: step times drawn from a log-normal
 around ``step_s``, some workers persistently slower (stragglers), losses, hangs and joins at given
 simulated times. Time is simulated; only the decisions are real, and each is timed
@@ -53,7 +53,6 @@ from dscar.monitor import ThroughputMonitor
 from dscar.partitions import PartitionMap, TableLayout
 from dscar.policies import make_policies
 from dscar.shards import ShardQueue
-from dscar.ssp_job import SspJobState
 
 #: Dask's heartbeat interval at n workers (``distributed.scheduler.heartbeat_interval``; copied: no Dask here)
 def heartbeat_interval(n: int) -> float:
@@ -154,10 +153,11 @@ class Sim:
         ck = CheckpointConfig("memory://dscar-sim", policy="full", every=cfg.checkpoint_every, keep=3)
         jcfg = JobConfig("sim", cfg.n_shards, {t: k for t, _, _, k in tables}, [], [""], ck)
         kw = dict(monitor=ThroughputMonitor(), policies=make_policies(list(cfg.policies)), resume=None)
-        self.job: JobState = (SspJobState(jcfg, queue, pmap, staleness=cfg.staleness, max_clocks=cfg.clocks, **kw)
-                              if cfg.consistency == "ssp" else JobState(jcfg, queue, pmap, **kw))
+        if cfg.consistency == "ssp":
+            kw.update(consistency="ssp", staleness=cfg.staleness, max_clocks=cfg.clocks)
+        self.job = JobState(jcfg, queue, pmap, **kw)
         queue._shards = CountingList(queue._shards)
-        if isinstance(self.job, SspJobState):
+        if self.job.consistency == "ssp":
             self.job.window._shards = CountingList(self.job.window._shards)
         self.job.workers = sorted(names)
         #: decision -> [calls, CPU ns, shard entries touched]
@@ -172,6 +172,8 @@ class Sim:
         self.reports: dict[int, dict] = {}
         self.next_clock = 1
         self.recovering = False
+        #: when the recovery under way began, and the first of its events (``end_recovery_round``)
+        self._recovery_t0, self._recovery_event = 0.0, 0
         self.done = False
         #: a loss may have left shards without a holder: the driver places them again
         self._unplaced_possible = False
@@ -222,6 +224,7 @@ class Sim:
             elif isinstance(e, StartRecovery):
                 if not self.recovering:
                     self.recovering = True
+                    self._recovery_t0, self._recovery_event = self.now, len(self.job.events)
                     self._at(self.now + NET_S, self._recover)
             elif isinstance(e, Checkpoint):
                 self._checkpoint(e)
@@ -249,7 +252,7 @@ class Sim:
 
     def _applied(self, e: ApplyPass) -> None:
         job = self.job
-        if isinstance(job, SspJobState):
+        if job.consistency == "ssp":
             ok = job.window.in_flight is not None and job.window.in_flight.batch == e.batch
         else:
             ok = job.machine.stage is Stage.APPLY and job.machine.accepts(e.run_id)
@@ -285,13 +288,14 @@ class Sim:
         if not live:
             job.fail(self.now, "no live worker left")
             return
-        plan = self._decide("plan_recovery", job.plan_recovery, live)
-        covered = self._decide("recovery_planned", job.recovery_planned, plan, self.now)
+        plan, covered = self._decide("start_recovery_round", job.start_recovery_round, live, self.now)
         self._send("restore", len(plan.restores))
         for key, target in sorted(plan.restores.items()):
             if self.workers[target].alive:
                 self._decide("restored", job.restored, key, target, 0, self.now)
-        effects = self._decide("recovered", job.recovered, covered, self.now + 0.01)
+        now = self.now + 0.01
+        effects = self._decide("end_recovery_round", job.end_recovery_round, plan, covered, now,
+                               now - self._recovery_t0, self._recovery_event)
         if job.recovering and not job.failed:
             self._at(self.now + 0.01, self._recover)
             return
@@ -448,7 +452,7 @@ class Sim:
             return
         if self._unplaced_possible:
             self._place()
-        if isinstance(job, SspJobState):
+        if job.consistency == "ssp":
             if self.next_clock == 1:
                 self._begin(1)
             while len(self.reports) < self.cfg.clocks:
@@ -481,8 +485,7 @@ class Sim:
         if not missing or not live:
             return
         self._send("place", len(missing))
-        for i, shard in enumerate(missing):
-            queue.set_holder(shard, live[i % len(live)])
+        self.job.placed([(shard, live[i % len(live)]) for i, shard in enumerate(missing)], live)
         self._wake()
 
     def _begin(self, clock: int) -> None:

@@ -9,7 +9,7 @@ is done with long polls on an ``asyncio.Event``.
 
 Protocol of a pass: the worker asks ``dscar_next`` (a long poll) for its first
 work item, a batch of one or more shard attempts (several of its own shards when
-its measured steps are short: ``JobState._batch_size``). It runs them, staging
+its measured steps are short: ``Dispatch.batch_size``). It runs them, staging
 each attempt's updates on itself, then one ``dscar_commit`` answers which
 commits are granted *and* carries its next work item, if any. When a pass is
 complete every live worker is told to apply it (``dscar_apply``): owners collect
@@ -45,17 +45,16 @@ from distributed.scheduler import heartbeat_interval
 
 from .checkpoint import CheckpointConfig
 from .comm import fast_fail_pool
+from .elastic import adaptive_target, handoff_plan, join_plan, retirable, shard_handoff_plan, workers_wanted
 from .errors import RefusedCallError
 from .inflight import Inflight
 from .job import ApplyPass, Checkpoint, JobConfig, JobState, Mirror, RestartWorker, StartRecovery
-from .ledger import describe, perturbations, restore_sources
 from .liveness import silence_limit, to_probe
 from .membership import DEFAULT_LEASE_S, SCHEDULER_RULES, Lease, Rule, key_digest, refusal, same
 from .monitor import ThroughputMonitor
 from .partition_store import merge_touched
 from .partitions import PartitionMap, TableLayout, data_homes, placement_plan
 from .shards import ShardQueue
-from .ssp_job import SspJobState
 from .stall import StallWatch, workers_to_ask
 
 logger = logging.getLogger("dscar.coordinator")
@@ -79,6 +78,12 @@ def lease_timeout() -> float:
     """Seconds a job lives after its driver's last renewal (``dscar.lease-timeout``): a job whose
     driver died ends within about twice this (``Coordinator._watch_leases``)."""
     return float(dask.config.get("dscar.lease-timeout", DEFAULT_LEASE_S))
+
+
+def handoff_timeout() -> float:
+    """Seconds a retirement of a job's worker is held for its hand-off (``dscar.handoff-timeout``):
+    the job must reach a clock boundary first; past this, Dask retires it and it is a loss."""
+    return float(dask.config.get("dscar.handoff-timeout", 60.0))
 
 
 def stall_timeout() -> float:
@@ -141,13 +146,153 @@ class Coordinator(SchedulerPlugin):
         self._generation = 0
         #: addresses removed while a job ran: a worker joining at one of them is announced to the others
         self._removed: set[str] = set()
+        #: job -> how many workers it can use (``elastic.workers_wanted``): what adaptive scaling is told
+        self._wanted: dict[str, int] = {}
+        #: Dask's own handlers that the coordinator wraps (``_wrap_dask``), to put back at close
+        self._dask_handlers: dict[str, Any] = {}
+        #: worker Dask is retiring -> done once it has handed off (or been given up): the retirement waits on it
+        self._leaving: dict[str, asyncio.Future] = {}
+        #: job -> workers that joined while it ran, not yet offered partitions (``_take_on``)
+        self._joined: dict[str, set[str]] = {}
+        self._wrap_dask(scheduler)
 
     async def close(self) -> None:
+        self.scheduler.handlers.update(self._dask_handlers)
         if self._watch is not None:
             self._watch.cancel()
         if self._lease_watch is not None:
             self._lease_watch.cancel()
         await self._pool.close()
+
+    # ------------------------------------------------------ elastic clusters
+    def _wrap_dask(self, scheduler) -> None:
+        """Put the running jobs into Dask's adaptive target (``elastic.adaptive_target``): Dask's
+        own target counts Dask tasks only, and dscar runs none. (``valid_workers_downscaling`` below
+        keeps the jobs' workers from being retired as idle.)"""
+        original = scheduler.handlers["adaptive_target"]
+        if getattr(original, "dscar_wrapped", False):  # (a plugin registered again: wrap once)
+            original = original.dscar_original
+        self._dask_handlers["adaptive_target"] = original
+
+        def target(target_duration=None) -> int:
+            return adaptive_target(original(target_duration=target_duration), self._wanted.values())
+
+        target.dscar_wrapped, target.dscar_original = True, original
+        scheduler.handlers["adaptive_target"] = target
+
+        retire = scheduler.handlers["retire_workers"]
+        if getattr(retire, "dscar_wrapped", False):
+            retire = retire.dscar_original
+        self._dask_handlers["retire_workers"] = retire
+
+        async def retire_workers(workers=None, *, names=None, **kw):
+            if workers is not None or names is not None:
+                await self._hand_off_first(self._addresses(workers, names))
+            return await retire(workers=workers, names=names, **kw)
+
+        retire_workers.dscar_wrapped, retire_workers.dscar_original = True, retire
+        scheduler.handlers["retire_workers"] = retire_workers
+
+    def _addresses(self, workers: list | None, names: list | None) -> list[str]:
+        """The addresses of the workers a ``retire_workers`` call names (by address or by name)."""
+        if workers is not None:
+            return [w for w in workers if w in self.scheduler.workers]
+        wanted = {str(n) for n in names or ()}
+        return [w for w, ws in self.scheduler.workers.items() if str(ws.name) in wanted]
+
+    async def _hand_off_first(self, workers: list[str]) -> None:
+        """Hold Dask's retirement of a running BSP job's ``workers`` until they have handed off their
+        partitions and shards at the job's next clock boundary (``_hand_off``), at most
+        ``handoff_timeout()``: Dask itself would close them at once (its ``RetireWorker`` policy waits
+        only for Dask keys, and dscar holds none). Under SSP clocks overlap and there is no boundary to
+        wait for: the retirement goes on and is a loss."""
+        waits = []
+        for job in self.jobs.values():
+            if job.failed or job.consistency != "bsp":
+                continue
+            for w in set(workers) & set(self._live(job)):
+                if w not in self._leaving:
+                    self._leaving[w] = asyncio.get_running_loop().create_future()
+                    job.event(time.time(), "worker-leaving", worker=w)
+                waits.append(self._leaving[w])
+        if not waits:
+            return
+        self._wake()
+        _, late = await asyncio.wait(waits, timeout=handoff_timeout())
+        for w in workers:
+            fut = self._leaving.get(w)
+            if fut is not None and fut in late:
+                self._leaving.pop(w)
+                for job in self.jobs.values():
+                    job.event(time.time(), "handoff-timeout", worker=w, timeout=handoff_timeout())
+
+    async def _hand_off(self, job: JobState, leaving: list[str]) -> None:
+        """At a clock boundary (nothing staged, nothing running), the leaving workers' partitions and
+        shards are copied from them to the others (``elastic.handoff_plan``), then the owners and
+        holders switch in one step and the leavers leave the job (``JobState.leave``): nothing to
+        restore, no rework. A leaver lost meanwhile goes the loss's way: nothing of it is switched."""
+        t0 = time.perf_counter()
+        staying = [w for w in self._live(job) if w not in leaving]
+        if not staying:  # nobody to hand off to: the retirement goes on, and is a loss
+            for w in leaving:
+                fut = self._leaving.pop(w, None)
+                if fut is not None and not fut.done():
+                    fut.set_result(False)
+            return
+        rows = {(t, p): b - a for t, layout in job.pmap.layouts.items() for p, (a, b) in enumerate(layout.bounds)}
+        parts = handoff_plan(job.pmap.owners, rows, leaving, staying)
+        shards = shard_handoff_plan({s: job.queue.holder(s) for s in range(job.queue.n_shards)}, leaving, staying)
+        sources = {k: job.pmap.owners[k] for k in parts}
+        copies = [self._rpc(w, "adopt", job_id=job.cfg.job_id, table=k[0], part=k[1], source=sources[k])
+                  for k, w in sorted(parts.items())]
+        copies += [self._rpc(w, "adopt_shard", job_id=job.cfg.job_id, shard=s, source=job.queue.holder(s))
+                   for s, w in sorted(shards.items())]
+        results = await asyncio.gather(*copies, return_exceptions=True)
+        ok = [isinstance(r, dict) and r.get("status") == "OK" for r in results]
+        part_ok, shard_ok = ok[:len(parts)], ok[len(parts):]
+        for (k, w), done in zip(sorted(parts.items()), part_ok):
+            if done and sources[k] not in job.lost and w not in job.lost:
+                job.pmap.owners[k] = w
+        for (s, w), done in zip(sorted(shards.items()), shard_ok):
+            if done and job.queue.holder(s) not in job.lost and w not in job.lost:
+                job.queue.set_holder(s, w)
+        for w in leaving:
+            if w not in job.lost:
+                self._do(job, job.leave(w, time.time()))
+        job.event(time.time(), "handoff", workers=sorted(leaving), partitions=sum(part_ok), shards=sum(shard_ok),
+                  failed=len(results) - sum(ok), seconds=round(time.perf_counter() - t0, 4))
+        for w in leaving:
+            fut = self._leaving.pop(w, None)
+            if fut is not None and not fut.done():
+                fut.set_result(True)
+
+    async def _take_on(self, job: JobState, joined: list[str]) -> None:
+        """At a clock boundary, workers that joined mid-fit take partitions from the most loaded
+        owners while that lowers the largest load (``elastic.join_plan``): copied from the live owners,
+        then switched in one step; a copy that fails leaves its partition where it was."""
+        t0 = time.perf_counter()
+        rows = {(t, p): b - a for t, layout in job.pmap.layouts.items() for p, (a, b) in enumerate(layout.bounds)}
+        plan = join_plan(job.pmap.owners, rows, joined)
+        if not plan:
+            return
+        sources = {k: job.pmap.owners[k] for k in plan}
+        results = await asyncio.gather(*(
+            self._rpc(w, "adopt", job_id=job.cfg.job_id, table=k[0], part=k[1], source=sources[k])
+            for k, w in sorted(plan.items())), return_exceptions=True)
+        moved = 0
+        for (k, w), r in zip(sorted(plan.items()), results):
+            if isinstance(r, dict) and r.get("status") == "OK" and sources[k] not in job.lost and w not in job.lost:
+                job.pmap.owners[k] = w
+                moved += 1
+        job.event(time.time(), "partitions-taken-on", workers=sorted(joined), partitions=moved,
+                  failed=len(plan) - moved, seconds=round(time.perf_counter() - t0, 4))
+
+    def valid_workers_downscaling(self, scheduler, workers: list) -> list:
+        """Dask may retire as idle no worker of a running job (``elastic.retirable``): to Dask they
+        look idle, since dscar runs no Dask tasks."""
+        in_use = {w for job in self.jobs.values() if not job.failed for w in self._live(job)}
+        keep = set(retirable([ws.address for ws in workers], in_use))
+        return [ws for ws in workers if ws.address in keep]
 
     # ----------------------------------------------------------- callers
     def _guarded(self, op: str, handler):
@@ -340,7 +485,7 @@ class Coordinator(SchedulerPlugin):
                      monitor: dict | None = None, checkpoint: dict | None = None, rebuild: list | None = None,
                      resume: dict | None = None, phases: list | None = None, consistency: str = "bsp",
                      staleness: int = 0, max_clocks: int = 0, shard_bounds: list | None = None,
-                     token: str | None = None, model: str = "") -> dict:
+                     token: str | None = None, model: str = "", elastic_workers: int | None = None) -> dict:
         """A new job, with its token (every later call about it must carry it: ``membership``) and
         its driver's lease; refused while another job runs."""
         if not token:
@@ -364,10 +509,12 @@ class Coordinator(SchedulerPlugin):
                         [n for n, _ in phases], CheckpointConfig(**checkpoint) if checkpoint else None)
         kw = dict(monitor=ThroughputMonitor(**(monitor or {})), policies=loads(policies) if policies else [],
                   resume=resume)
-        job = (SspJobState(cfg, queue, pmap, staleness=int(staleness), max_clocks=int(max_clocks), **kw)
-               if consistency == "ssp" else JobState(cfg, queue, pmap, **kw))
+        if consistency == "ssp":
+            kw.update(consistency="ssp", staleness=int(staleness), max_clocks=int(max_clocks))
+        job = JobState(cfg, queue, pmap, **kw)
         job.workers = workers
         self._models[job_id] = model or job_id.rsplit("-", 1)[0]
+        self._wanted[job_id] = workers_wanted(n_shards, elastic_workers)
         self.jobs[job_id] = job
         self._specs[job_id] = spec
         self._tokens[job_id] = token
@@ -388,7 +535,7 @@ class Coordinator(SchedulerPlugin):
         """The driver read its last clock, ``clock``: under SSP no later clock goes on, and this
         answers once nothing is being applied (the tables hold still for the gather)."""
         job = self.jobs.get(job_id)
-        if isinstance(job, SspJobState):
+        if job is not None and job.consistency == "ssp":
             job.stop(int(clock))
             self._wake()
             deadline = time.monotonic() + timeout
@@ -431,9 +578,7 @@ class Coordinator(SchedulerPlugin):
     def _h_placed(self, job_id: str, placements: list) -> dict:
         job = self.jobs[job_id]
         self._placements[job_id] = self._placements.get(job_id, 0) + 1
-        for shard, worker in placements:
-            if worker in self.scheduler.workers and worker not in job.lost:
-                job.queue.set_holder(int(shard), worker)
+        job.placed(placements, self.scheduler.workers)
         self._wake()
         return {"status": "OK"}
 
@@ -453,6 +598,16 @@ class Coordinator(SchedulerPlugin):
             await self._wait_change(1.0)
         if job.failed:
             return {"status": "failed", "error": job.error}
+        leaving = [w for w in self._live(job) if w in self._leaving]
+        if leaving and job.consistency == "bsp":  # a clock boundary: Dask is retiring these
+            await self._hand_off(job, leaving)
+            while job.recovering and not job.failed:  # (a leaver that still owned something)
+                await self._wait_change(1.0)
+            if job.failed:
+                return {"status": "failed", "error": job.error}
+        joined = [w for w in self._joined.pop(job_id, ()) if w in self._live(job)]
+        if joined and job.consistency == "bsp":  # a clock boundary: workers that joined take partitions
+            await self._take_on(job, joined)
         job.workers = self._live(job)
         effects = job.begin(clock, time.time())
         for e in effects:  # between clocks nothing is staged: safe to move partitions
@@ -465,7 +620,7 @@ class Coordinator(SchedulerPlugin):
         """A worker reports something that happened to it (an injected fault, ...)."""
         job = self.jobs.get(job_id)
         if job is not None:
-            job.events.append({"time": time.time(), "clock": clock, "kind": kind, "worker": worker, **(info or {})})
+            job.worker_event(time.time(), clock, kind, worker, info)
             self._wake()
         return {"status": "OK"}
 
@@ -490,6 +645,13 @@ class Coordinator(SchedulerPlugin):
         self._leases.pop(job_id, None)
         self._models.pop(job_id, None)
         self._touched.pop(job_id, None)
+        self._wanted.pop(job_id, None)
+        self._joined.pop(job_id, None)
+        if not self.jobs:  # no job holds a retirement back any more
+            for fut in self._leaving.values():
+                if not fut.done():
+                    fut.set_result(False)
+            self._leaving.clear()
         if job is not None:  # the dashboard's last look at it (its snapshots are rate-limited)
             self._ended = job.snapshot(set(self.scheduler.workers), time.time())
         self._wake()
@@ -739,22 +901,19 @@ class Coordinator(SchedulerPlugin):
             return
         for table, part in job.pmap.owned_by(worker):
             while True:
-                others = [w for w in others if w in self.scheduler.workers and w not in job.lost]
-                if not others or worker not in self.scheduler.workers:
+                others = [w for w in others if w in self.scheduler.workers]
+                new = job.adopter(others) if worker in self.scheduler.workers else None
+                if new is None:
                     job.event(time.time(), "restart-abandoned", worker=worker, table=table, part=part)
                     return
-                new = job.pmap.least_loaded(others)
                 try:
                     await self._rpc(new, "adopt", job_id=job.cfg.job_id, table=table, part=part, source=worker)
                     break
                 except Exception as e:
                     logger.info("dscar: %s could not adopt %s/%s from %s: %r", new, table, part, worker, e)
                     others.remove(new)
-            job.pmap.owners[(table, part)] = new
-            job.event(time.time(), "partition-moved", table=table, part=part, source=worker, target=new)
-        job.monitor.forget(worker)
-        job.batch_scale.pop(worker, None)
-        job.event(time.time(), "worker-restart", worker=worker)
+            job.partition_moved((table, part), worker, new, time.time())
+        job.restart_begun(worker, time.time())
         await self.scheduler.restart_workers([worker], wait_for_workers=False, on_error="return",
                                              stimulus_id=f"dscar-restart-{time.time()}")
 
@@ -839,16 +998,10 @@ class Coordinator(SchedulerPlugin):
                 if not live:
                     job.fail(time.time(), "no live worker left")
                     break
-                plan = job.plan_recovery(live)
-                covered = job.recovery_planned(plan, time.time())
-                job.event(time.time(), "recovery-started", workers=sorted(covered), **describe(plan))
+                plan, covered = job.start_recovery_round(live, time.time())
                 await self._restore(job, plan.restores, plan.manifests, plan.from_memory)
-                if job.cfg.checkpoint is not None and plan.full:
-                    job.event(time.time(), "rollback", to_clock=plan.manifests[0]["clock"] if plan.manifests else 0)
-                effects = job.recovered(covered, time.time())
+                effects = job.end_recovery_round(plan, covered, time.time(), time.perf_counter() - t0, first_event)
                 if not job.recovering:
-                    job.event(time.time(), "recovery-done", seconds=time.perf_counter() - t0,
-                              **perturbations(job.events[first_event:]))
                     self._do(job, effects)
                     break
         except Exception as e:  # a bug: say so rather than hang
@@ -877,8 +1030,7 @@ class Coordinator(SchedulerPlugin):
             previous = job.pmap.owners.get(key)
             tried: set[tuple[int, str | None]] = set()
             while True:
-                sources = restore_sources(manifests if job.cfg.kinds[table] == "param" else [], table, part,
-                                          from_memory.get(key), self._live(job), tried)
+                sources = job.restore_sources(key, manifests, from_memory.get(key), self._live(job), tried)
                 if not sources:
                     break
                 version, chain, buddy = sources[0]
@@ -966,8 +1118,9 @@ class Coordinator(SchedulerPlugin):
         if worker in self._removed:  # a worker restarted at a removed one's address: reachable again
             self._removed.discard(worker)
             asyncio.ensure_future(self._tell_peers("peer_joined", worker, self._generation))
-        for job in self.jobs.values():
+        for job_id, job in self.jobs.items():
             job.event(time.time(), "worker-joined", worker=worker)
+            self._joined.setdefault(job_id, set()).add(worker)
         self._wake()
 
     # -------------------------------------------------------- driver side

@@ -16,6 +16,7 @@ import uuid
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+import dask.config
 import numpy as np
 import scipy.sparse as sp
 from distributed.comm.core import CommClosedError
@@ -150,6 +151,15 @@ class FitResult:
         return plot_fit(self, ax=ax)
 
 
+def elastic_workers() -> int | None:
+    """The user's cap on the workers a fit asks Dask's adaptive scaling for (``dscar.elastic-workers``;
+    None: one per shard, ``dscar.elastic.workers_wanted``)."""
+    value = dask.config.get("dscar.elastic-workers", None)
+    if value is not None and (type(value) is not int or value < 0):
+        raise InvalidInputError(f"dscar.elastic-workers must be a whole number >= 0 or None, not {value!r}")
+    return value
+
+
 def fit(
     algorithm: Algorithm,
     data: Any,
@@ -217,6 +227,7 @@ def fit(
         raise InvalidInputError(f"bad monitor options {monitor!r}: {e}") from None
     faults = list(faults)
     validation.fault_clocks(faults, max_clocks)
+    elastic_workers()  # (a bad setting is said before work starts)
     notes: list[dict] = []  # the driver's events from before the job starts
     temporary = ckpt.temporary_store() if checkpoint is None and not resume and ckpt.needs_store(faults) else None
     if temporary is not None:  # injected worker losses need checkpoints to recover from (removed at the end)
@@ -488,7 +499,7 @@ class _Run:
             checkpoint=None if cfg is None else cfg.to_msg(), rebuild=list(self.algorithm.rebuild_tables()),
             resume=None if resume is None else resume[0], phases=[list(p) for p in self.data.meta.phases] or None,
             consistency=opts["consistency"], staleness=opts["staleness"], max_clocks=max_clocks,
-            shard_bounds=[list(b) for b in self.data.meta.shard_bounds],
+            shard_bounds=[list(b) for b in self.data.meta.shard_bounds], elastic_workers=elastic_workers(),
         )
         if r["status"] == "busy":
             raise ClusterError(f"the cluster is running another dscar job ({', '.join(r['jobs'])})")

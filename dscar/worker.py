@@ -103,7 +103,7 @@ class ParamServer(WorkerPlugin):
         self._peers_started = asyncio.ensure_future(self.peers.start())
         #: messages waiting for a peer's answer (they fail at once when it is lost)
         self._inflight = Inflight()
-        for op in ("init", "warm_up", "pull", "fetch_staged", "apply", "assign", "put_shard", "copy_shard", "end_job", "info", "adopt",
+        for op in ("init", "warm_up", "pull", "fetch_staged", "apply", "assign", "put_shard", "copy_shard", "end_job", "info", "adopt", "adopt_shard",
                    "checkpoint", "restore", "forget", "perturbation", "peer_lost", "peer_joined", "release", "pull_many", "summarize", "mirror",
                    "keep_mirror", "get_mirror", "stack", "confirm_key"):
             worker.handlers[f"dscar_{op}"] = self._guarded(op, getattr(self, f"_h_{op}"))
@@ -277,6 +277,19 @@ class ParamServer(WorkerPlugin):
         if r.get("status") != "OK":
             raise RuntimeError(f"partition {table}/{part} is not on {source} any more: {r.get('status')}")
         await asyncio.to_thread(job.tables.own, table, part, r["data"], holds=r.get("holds", ()))
+        return {"status": "OK"}
+
+    async def _h_adopt_shard(self, job_id: str, shard: int, source: str) -> dict:
+        """Become the holder of a shard: copy its data and state from ``source``, a worker that
+        Dask is retiring (its hand-off: ``Coordinator._hand_off``), and prepare it in a thread."""
+        job = await self._ajob(job_id)
+        r = await self._apeer(source, "copy_shard", job_id=job_id, shard=shard)
+        if r.get("status") != "OK":
+            raise RuntimeError(f"shard {shard} is not on {source} any more: {r.get('status')}")
+        entry = await asyncio.to_thread(
+            lambda: ShardEntry(job.algorithm.prepare_shard(dict(r["arrays"]), job.xp),
+                               {k: job.xp.asarray(v) for k, v in r["state"].items()}))
+        job.shards.put(shard, entry)
         return {"status": "OK"}
 
     def _h_pull(self, job_id: str, table: str, part: int, lo: int = 0, hi: int = 0, rows=None,

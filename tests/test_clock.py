@@ -833,7 +833,7 @@ def test_microsecond_steps_are_never_held_back():
             job.monitor.record(w, step)
         job.begin(1, 0.0)
         job.next_item("a", 0.0)  # one shard left
-        return job._leave_to_others("b")
+        return job.dispatch.leave_to_others("b")
 
     assert held_back(0.020, 0.050)  # 20 ms: a finishes the last shard 10 ms before b would
     assert not held_back(20e-6, 50e-6)

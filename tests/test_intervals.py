@@ -109,6 +109,6 @@ def test_a_worker_restarted_by_policy_is_not_counted_as_a_failure():
     job.pending_restarts = ["c"]
     job.begin(1, now=0.0)
     job.lose("c", now=1.0)
-    assert job.schedule.losses == 0
+    assert job.checkpoints.interval.losses == 0
     job.lose("b", now=2.0)
-    assert job.schedule.losses == 1 and job.schedule.mtbf(now=2.0) == (2.0, "observed")
+    assert job.checkpoints.interval.losses == 1 and job.checkpoints.interval.mtbf(now=2.0) == (2.0, "observed")

@@ -1,4 +1,4 @@
-"""Stale-synchronous clocks in the engine: SspJobState (pure) and fits on real clusters."""
+"""Stale-synchronous clocks in the engine: the job with its SspSchedule (pure) and fits on real clusters."""
 from __future__ import annotations
 
 import math
@@ -9,12 +9,11 @@ import pytest
 import dscar
 from dscar import TableSpec, faults
 from dscar.errors import InvalidInputError
-from dscar.job import ApplyPass, Checkpoint, JobConfig, StartRecovery
+from dscar.job import ApplyPass, Checkpoint, JobConfig, JobState, StartRecovery
 from dscar.ledger import cut_refusal, manifest_cut
 from dscar.partitions import PartitionMap, TableLayout
 from dscar.shards import ShardQueue, ShardStatus
 from dscar.ssp import ClockStatus, ShardPhase
-from dscar.ssp_job import SspJobState
 
 from conftest import RowCounter, row_data
 
@@ -46,14 +45,14 @@ class SspRowCounter(RowCounter):
         return {**super().clock_end(ctx), "stale": float(dscar.to_host(ctx.pull("stale"))[0])}
 
 
-def _job(n_shards=4, staleness=2, checkpoint=None, resume=None, begin=True) -> SspJobState:
+def _job(n_shards=4, staleness=2, checkpoint=None, resume=None, begin=True) -> JobState:
     cfg = JobConfig("j", n_shards, {"count": "param", "seen": "reduction"}, [], [""], checkpoint)
     pmap = PartitionMap([TableLayout("count", 8, 2), TableLayout("seen", 8, 1)])
     pmap.assign(["a", "b"])
     queue = ShardQueue(n_shards, reloadable=True)
     for s in range(n_shards):
         queue.set_holder(s, "a" if s % 2 == 0 else "b")
-    job = SspJobState(cfg, queue, pmap, staleness=staleness, max_clocks=10, policies=[], resume=resume)
+    job = JobState(cfg, queue, pmap, consistency="ssp", staleness=staleness, max_clocks=10, policies=[], resume=resume)
     job.workers = ["a", "b"]
     if begin:
         _begin(job)
@@ -106,7 +105,7 @@ def test_a_fast_worker_commits_later_clocks_while_a_slow_one_holds_clock_one():
     assert {m["clock"] for m in job.next_item("a", t)["shards"]} == {2}  # b's shard's clock 2 first, then 4
 
 
-def _open_clocks_one_to_three(staleness=2) -> SspJobState:
+def _open_clocks_one_to_three(staleness=2) -> JobState:
     """b's attempt of shard 1 at clock 1 failed while a ran the other shards ahead: clocks 1 to 3 have
     shards to start."""
     job = _job(staleness=staleness)

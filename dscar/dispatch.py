@@ -1,0 +1,242 @@
+"""Who runs which shard attempt: batches, moves, stragglers and the policies (no Dask here).
+
+``Dispatch`` is the part of a job's control state that shapes work items whatever the
+consistency model: how many of its own shards a worker gets at once (by its measured step
+time), whether a shard is worth moving from its holder, whether a straggler is left out of a
+pass's tail, which unstarted batch members an idle worker may take back, and what the straggler
+policies decide (backups when idle; batch scales and restarts at clock ends). The job's schedule
+(``dscar.schedule``) says which shards may run now and asks this part how to hand them out.
+
+Invariants:
+
+- ``batched`` names only workers with members, and only members that may not have started (a
+  commit, a failure, a release or a pass start drops them): asking one back never stops work;
+- ``running_items`` holds a worker's shard-pass item until it commits or fails, whatever clock it
+  is of: the monitor's evidence of a worker that does not finish;
+- a lost worker is forgotten here at once (``forget``): nothing waits on it or is asked of it.
+"""
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+from .policies import Backup, ControllerView, Policy, Restart, Running, SetBatchScale
+from .shards import Attempt
+
+if TYPE_CHECKING:
+    from .job import JobState
+
+#: a work item holds about this much shard work by the worker's measured step time; below
+#: ``BackupPolicy.min_s``, so a batch's waiting members never look late to the backup policy
+BATCH_TARGET_S = 0.01
+#: at most this many shard attempts in one work item
+MAX_BATCH = 64
+#: a straggler is left out of a pass's tail only where that saves at least this long (seconds): for
+#: steps of microseconds the hand-out noise, and moving the shard's data to another worker, cost more
+HOLD_BACK_MIN_S = 0.005
+
+
+class Dispatch:
+    """Work items, moves, stragglers and policies for one fit."""
+
+    def __init__(self, job: JobState, policies: list[Policy] | None = None):
+        #: the job this part hands work out for (its queue, monitor, schedule, live workers)
+        self.job = job
+        #: seconds a moved shard's data took to arrive and be prepared (the moved attempts' ``data_s``,
+        #: smoothed); None until a shard has moved
+        self.move_s: float | None = None
+        #: straggler policies (backup at idle time; adaptive batch and restart at clock ends)
+        self.policies = list(policies or ())
+        #: worker -> batch scale (adaptive-batch policy)
+        self.batch_scale: dict[str, float] = {}
+        #: worker -> "transient" | "persistent"
+        self.stragglers: dict[str, str] = {}
+        #: workers a policy decided to restart at the next clock boundary
+        self.pending_restarts: list[str] = []
+        #: worker -> (shard, attempt) of the members of its last work item that may not have started
+        #: (the first of a batch starts at once); a pass start, a commit or a failure drops them
+        self.batched: dict[str, list[tuple[int, int]]] = {}
+        #: worker -> id of the last work item handed to it: a release names it, so a worker asked
+        #: before that item reached it gives the members back all the same (``ShardRunner.release``)
+        self.item_of: dict[str, int] = {}
+        #: work items handed out so far (item ids count up from 1)
+        self.items_handed = 0
+        #: worker -> (hand-out time, shards) of the shard-pass work item it is running, until it
+        #: commits or fails (whatever clock it is of): the monitor's evidence of a worker that
+        #: does not finish, since backups may win its shards and close the pass without it
+        self.running_items: dict[str, tuple[float, int]] = {}
+        #: when each worker last asked for work or committed (``worth_moving``: a holder that stopped asking)
+        self.last_seen: dict[str, float] = {}
+
+    def forget(self, worker: str) -> None:
+        """``worker`` is lost: its batch members, running item, batch scale and straggler flag go."""
+        self.batched.pop(worker, None)
+        self.running_items.pop(worker, None)
+        self.batch_scale.pop(worker, None)
+        self.stragglers.pop(worker, None)
+
+    def leave_to_others(self, worker: str, n_left: int | None = None) -> bool:
+        """Whether the other workers would finish every shard still to do before ``worker`` finished
+        one (by the monitor's step times): then it starts no more this clock, and the pass does not
+        wait at its tail for a straggler's step (``s`` times slower: up to ``s`` fast steps).
+
+        The others' time for the ``n`` shards left is about ``n / sum(speed)`` plus one step of the
+        slowest of them (a shard is not divisible), plus ``HOLD_BACK_MIN_S``, so a healthy cluster's
+        noise never crosses it. The caller gives every worker one attempt a clock first, so a
+        straggler that recovers is measured again. Dynamic sharding only: a static shard waits for
+        its holder anyway. ``n_left``: the shards the others may run before the pass waits for
+        ``worker``'s (default: every shard still to do)."""
+        if self.job.queue.sharding != "dynamic":
+            return False
+        monitor = self.job.monitor
+        mine = monitor.mean_step(worker)
+        if mine is None or monitor.n_measured() < 2:
+            return False
+        n = self.job.queue.n_todo if n_left is None else n_left
+        # the others' summed speed and slowest step, from the monitor's running figures: it forgets a
+        # lost worker (``JobState.forget_worker``), so every worker it measures is live, and this is O(1)
+        others_speed = monitor.total_speed() - 1.0 / mine
+        return mine > n / others_speed + monitor.slowest_step(worker) + HOLD_BACK_MIN_S
+
+    def worth_moving(self, worker: str, now: float, holder: str, backlog: int) -> bool:
+        """Whether ``worker``, out of shards of its own, should take one of ``holder``'s ``backlog``
+        TODO shards: only if it would finish it, data move included, before the holder would (its
+        current step half done, then the backlog), by the monitor's step times and ``move_s``.
+        Delay scheduling, as Spark's locality wait: a shard that runs in 80 ms and takes 200 ms to
+        move (ALS, 600k ratings) waits for its holder; a straggler's shards still move.
+
+        Yes while anything is unmeasured, for a holder that is gone or held back (a straggler the
+        others are to relieve: ``_held_back``), and for one that is late: its work item has run over
+        twice its expected time, or it has neither asked for work nor committed for a step's time (a
+        hung worker that stopped asking would otherwise keep its shards forever)."""
+        mine, theirs = self.job.monitor.mean_step(worker), self.job.monitor.mean_step(holder)
+        if (self.move_s is None or mine is None or theirs is None or holder not in self.job._worker_set
+                or self.job.schedule.held_back(holder)):
+            return True
+        running = self.running_items.get(holder)
+        if running is not None and now - running[0] > 2 * running[1] * theirs:
+            return True
+        if running is None and now - self.last_seen.get(holder, -math.inf) > theirs:
+            return True
+        return self.move_s + mine < (backlog + 0.5) * theirs
+
+    def note_move(self, attempt: Attempt | None, timings: dict | None) -> None:
+        """A finished attempt that copied its shard from another worker measured a move: ``move_s``."""
+        if attempt is not None and attempt.fetch_from and timings and "data_s" in timings:
+            moved = float(timings["data_s"])
+            self.move_s = moved if self.move_s is None else 0.5 * (self.move_s + moved)
+
+    def batch_size(self, worker: str) -> int:
+        """How many of its own shards ``worker`` gets in one work item: enough to run about
+        ``BATCH_TARGET_S`` by its measured step time (one before it has one). A short step then
+        costs one commit per batch, not one per shard. A batch does not pin its shards: members
+        not started yet are released to an idle worker (``releasable``), so dynamic sharding still
+        moves work away from a worker that suddenly slows down."""
+        step = self.job.monitor.mean_step(worker)
+        if step is None:
+            return 1
+        return max(1, min(MAX_BATCH, int(BATCH_TARGET_S / step)))
+
+    def live(self, shard: int, attempt: int, worker: str) -> bool:
+        """Whether that attempt may still commit (not beaten, failed or given back): a lost-race stop
+        of a live attempt was a wrong verdict (under BSP a pass being applied keeps its run id)."""
+        return any(a.attempt == attempt and a.worker == worker for a in self.job.queue.running_attempts(shard))
+
+    def attempt_started(self, worker: str, shard: int, attempt: int) -> None:
+        """``worker`` has started batch member ``(shard, attempt)`` (it commits or fails): not asked back."""
+        members = self.batched.get(worker)
+        if members and (shard, attempt) in members:
+            members.remove((shard, attempt))
+            if not members:
+                del self.batched[worker]
+
+    def set_batched(self, worker: str, members: list[tuple[int, int]]) -> None:
+        """``batched`` keeps only workers with members (``ask_back`` looks at each of them)."""
+        if members:
+            self.batched[worker] = members
+        else:
+            self.batched.pop(worker, None)
+
+    def ask_back(self, asker: str) -> tuple[str, list[tuple[int, int]]] | None:
+        """The worker with the most batch members that may not have started, and the later half of
+        them, to ask back for ``asker`` (None: nobody has any)."""
+        live = {w: m for w, m in self.batched.items() if w != asker and w not in self.job.lost and m}
+        if not live:
+            return None
+        victim = max(live, key=lambda w: (len(live[w]), w))
+        members = live[victim]
+        return victim, members[len(members) // 2:]
+
+    def released(self, worker: str, asked: list[tuple[int, int]], released: list[tuple[int, int]],
+                 now: float) -> None:
+        """``worker`` gave back the ``released`` members of those ``asked`` (it never started them);
+        the others have started, or the answer came too late to be heard (then the worker's commit
+        names them again): they are not asked for again."""
+        done = {(int(s), int(a)) for s, a in asked}
+        back = [(int(s), int(a)) for s, a in released if self.job.queue.release(int(s), int(a), worker)]
+        self.set_batched(worker, [m for m in self.batched.get(worker, []) if m not in done])
+        if back:
+            self.job.event(now, "batch-released", worker=worker, shards=sorted(s for s, _ in back))
+        self.job.schedule.given_back()
+
+    def item(self, batch: list[Attempt], rebuild: bool) -> dict:
+        """The work item message for ``batch`` (its first member's worker runs them in order)."""
+        shards = []
+        for a in batch:
+            member = {"shard": a.shard, "attempt": a.attempt, "fetch_from": a.fetch_from,
+                      "backup": a.backup, "phase": self.job.cfg.phase_names[self.job.queue.phase_of(a.shard)] or None}
+            entry = self.job.restore_state.get(a.shard)
+            if entry is not None:
+                member["state_file"] = entry
+            shards.append(member)
+        self.items_handed += 1
+        self.item_of[batch[0].worker] = self.items_handed
+        item = {"op": "rebuild" if rebuild else "shard", "job": self.job.cfg.job_id, "item": self.items_handed,
+                "clock": self.job.clock, "run": self.job.run_id, "owners": self.job.pmap.to_msg(),
+                "batch_scale": self.batch_scale.get(batch[0].worker, 1.0), "shards": shards}
+        if rebuild and self.job.restored_rows:
+            item["restored"] = {t: [list(r) for r in rs] for t, rs in self.job.restored_rows.items()}
+        return item
+
+    def view(self, workers: list[str], now: float, idle_worker: str | None = None) -> ControllerView:
+        """What a straggler policy sees (``dscar.policies``)."""
+        running = [Running(a.shard, a.worker, now - a.started, self.job.queue.attempts_started(a.shard))
+                   for a in self.job.queue.running()]
+        return ControllerView(self.job.clock, workers, self.job.queue.n_todo, running, self.job.monitor,
+                              dict(self.stragglers), idle_worker)
+
+    def idle_policies(self, worker: str, now: float) -> Attempt | None:
+        """``worker`` is idle: a backup attempt an idle-time policy starts for it (None: none)."""
+        for policy in self.policies:
+            if policy.when != "idle":
+                continue
+            for action in policy.decide(self.view(self.job.workers, now, worker)):
+                if isinstance(action, Backup):
+                    a = self.job.queue.start_backup(action.shard, action.worker, now)
+                    self.job.event(now, "backup-attempt", shard=a.shard, attempt=a.attempt, worker=worker,
+                               policy=policy.name)
+                    return a
+        return None
+
+    def clock_policies(self, now: float) -> None:
+        """A clock ended: the monitor names its stragglers, and the clock-end policies decide
+        (batch scales now; restarts at the next clock's start)."""
+        running = {w: (now - t0, n) for w, (t0, n) in self.running_items.items()}
+        stragglers = self.job.monitor.end_clock(running)
+        for w, kind in stragglers.items():
+            if self.stragglers.get(w) != kind:
+                self.job.event(now, "straggler", worker=w, straggler=kind)
+        for w in self.stragglers.keys() - stragglers.keys():
+            self.job.event(now, "straggler-recovered", worker=w)
+        self.stragglers = stragglers
+        for policy in self.policies:
+            if policy.when != "clock":
+                continue
+            for action in policy.decide(self.view(self.job.workers, now)):
+                if isinstance(action, SetBatchScale):
+                    self.batch_scale = dict(action.scales)
+                    self.job.event(now, "batch-scale", scales=self.batch_scale, policy=policy.name)
+                elif isinstance(action, Restart) and action.worker not in self.pending_restarts:
+                    self.pending_restarts.append(action.worker)
+                    self.job.event(now, "restart-planned", worker=action.worker, reason=action.reason,
+                                   policy=policy.name)

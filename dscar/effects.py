@@ -1,0 +1,44 @@
+"""What the pure core asks the coordinator to carry out (no Dask here).
+
+A decision of the job (``dscar.job``) returns a list of these; the coordinator (the Dask
+scheduler plugin) turns each into messages and reports back what happened. None of them is
+carried out by the core itself.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .checkpoint_plan import Checkpoint, Mirror
+
+
+@dataclass(frozen=True)
+class ApplyPass:
+    """Every live worker applies the committed attempts of the pass (tables and shard state)."""
+
+    run_id: int
+    clock: int
+    committed: list[tuple[int, int, str]]  # (shard, attempt, worker that ran it and holds its update)
+    reset: list[str]  # tables that start from zero
+    rebuild: bool = False  # the rebuild pass (its contributions rebuild tables, they are no clock's updates)
+    #: SSP: the batch id, each update's clock (``committed``'s order) and the newest finished clock
+    #: (staged updates, pending states and reduction sums of clocks up to it can go)
+    batch: int | None = None
+    clocks: list[int] | None = None
+    floor: int | None = None
+    #: the data phase whose pass this is (None: the algorithm has none; a fault may name it)
+    phase: str | None = None
+
+
+@dataclass(frozen=True)
+class StartRecovery:
+    """Restore what lost workers took with them; the coordinator loops until ``unrecovered`` is empty."""
+
+
+@dataclass(frozen=True)
+class RestartWorker:
+    """A restart policy's choice, between clocks: ``worker``'s partitions move to others, then it restarts."""
+
+    worker: str
+
+
+Effect = ApplyPass | StartRecovery | Checkpoint | Mirror | RestartWorker

@@ -1,0 +1,113 @@
+"""Which workers a fit lost, what they took with them, and what is restored from where (no Dask here).
+
+``Losses`` is the part of a job's control state that owns the lost workers and the recovery
+bookkeeping: which losses are not recovered yet, which shards' states must come back, the file
+(or memory copy) each of them is restored from, and the rows a rebuild pass must recompute. The
+plan itself is ``dscar.ledger.plan_recovery``'s; the coordinator carries it out and reports each
+restored partition here.
+
+Invariants:
+
+- ``lost`` only grows: a worker that comes back does so under a new address;
+- ``unrecovered`` and the owners of ``pmap`` name a lost worker only until a plan covering it is
+  carried out (``needs_recovery`` says whether one is);
+- no planned restore reads a lost buddy's memory (``forget_memory``): a message to a hung buddy
+  would wait out its deadline.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from .events import EventLog
+from .ledger import INITIAL_STATE, RecoveryPlan, plan_recovery
+from .partitions import PartitionMap
+
+
+class Losses:
+    """Lost workers and the recovery of what they held, for one fit."""
+
+    def __init__(self, pmap: PartitionMap, log: EventLog, has_rebuild: bool):
+        #: partition -> owner (the job's: a restore makes its target the owner)
+        self.pmap = pmap
+        #: where restore events go
+        self.log = log
+        #: the algorithm recomputes some tables after a restore (their rows are listed in ``restored_rows``)
+        self.has_rebuild = has_rebuild
+        #: workers lost to this job (a restarted worker comes back under a new address)
+        self.lost: set[str] = set()
+        #: workers a restart policy took down on purpose: their loss is not a failure (MTBF)
+        self.restarting: set[str] = set()
+        #: lost workers whose partitions and shard states are not restored yet
+        self.unrecovered: set[str] = set()
+        #: shards whose state went with a lost worker, not restored yet
+        self.lost_shards: set[int] = set()
+        #: shard -> checkpoint file its state is restored from before its next step
+        self.restore_state: dict[int, Any] = {}
+        #: table -> row ranges restored from a checkpoint since the last rebuild pass was applied (the
+        #: rebuild steps' ``ShardContext.restored``; a memory-tier copy is as of the last clock: not listed)
+        self.restored_rows: dict[str, list[tuple[int, int]]] = {}
+
+    def live(self, workers: list[str]) -> list[str]:
+        """``workers`` (the scheduler's) less those this job lost."""
+        return [w for w in sorted(workers) if w not in self.lost]
+
+    def forget_memory(self, worker: str) -> None:
+        """``worker`` is gone: a state planned to come from its memory comes from the saved file, or
+        from the initial state."""
+        for s, entry in self.restore_state.items():
+            if entry.get("memory") == worker:
+                self.restore_state[s] = entry.get("file") or INITIAL_STATE
+
+    def needs_restore(self, worker: str, owned: bool, held: list[int]) -> bool:
+        """``worker`` was lost owning partitions (``owned``) and holding the states of ``held``:
+        whether a recovery must restore something (shard state lives with the data: with a rebuild
+        pass, a lost holder's states must come back); records it if so."""
+        state_lost = bool(held) and self.has_rebuild
+        if owned or state_lost:
+            self.unrecovered.add(worker)
+            if state_lost:
+                self.lost_shards |= set(held)
+        return bool(owned or state_lost)
+
+    def plan(self, kinds: dict[str, str], live: list[str], full: bool, manifests: list[dict], n_shards: int,
+             mirrors: dict, state_mirrors: dict) -> RecoveryPlan:
+        """What to restore now for every unrecovered loss, onto the ``live`` workers."""
+        rows = {(t, p): b - a for t, l in self.pmap.layouts.items() for p, (a, b) in enumerate(l.bounds)}
+        return plan_recovery(
+            owners=self.pmap.owners, kinds=kinds, rows=rows, lost=self.lost, live=live, full=full,
+            manifests=manifests, lost_shards=self.lost_shards, n_shards=n_shards, mirrors=mirrors,
+            state_mirrors=state_mirrors)
+
+    def planned(self, plan: RecoveryPlan) -> set[str]:
+        """``plan`` is about to be carried out: the losses it covers (its shards' states are restored
+        from its entries before their next steps)."""
+        covered = set(self.unrecovered)
+        for s, entry in plan.states.items():
+            self.restore_state[s] = entry
+        self.lost_shards.clear()
+        return covered
+
+    def restored(self, key: tuple[str, int], target: str, version: int, now: float,
+                 memory_clock: int | None = None) -> None:
+        """``target`` owns ``key`` now, restored from checkpoint ``version`` (0: the initial values)
+        or from a buddy's memory copy as of ``memory_clock``."""
+        self.pmap.owners[key] = target
+        if memory_clock is None and self.has_rebuild:  # (forgotten when a rebuild pass is applied)
+            self.restored_rows.setdefault(key[0], []).append(self.pmap.layouts[key[0]].bounds[key[1]])
+        where = {"version": version} if memory_clock is None else {"tier": "memory", "memory_clock": memory_clock}
+        self.log.add(now, "partition-restored", table=key[0], part=key[1], target=target, **where)
+
+    @property
+    def needs_recovery(self) -> bool:
+        """A loss is not recovered yet, or a partition is owned by a lost worker (a restore target
+        lost before it took the partition over)."""
+        return bool(self.unrecovered) or any(w in self.lost for w in self.pmap.owners.values())
+
+    def plan_states(self, n_shards: int, manifest: dict | None) -> None:
+        """Every shard whose state ``manifest`` saved is restored from it before its next step
+        (a resume, or a rebase onto an older manifest: earlier plans are dropped)."""
+        self.restore_state.clear()
+        saved = manifest.get("states", {}) if manifest else {}
+        for s in range(n_shards):
+            if str(s) in saved:
+                self.restore_state[s] = saved[str(s)]

@@ -1,0 +1,787 @@
+"""How a fit's clocks progress: one protocol, two schedules (no Dask here).
+
+A ``Schedule`` answers the questions that depend on the consistency model: what may run now
+(the next work item for a worker), what a commit grants, when a pass is applied and a clock
+ends, what a loss rewinds, where a resume starts. ``BspSchedule`` drives the bulk-synchronous
+clock machine (``dscar.clock``): one clock at a time, each data phase a pass over every shard.
+``SspSchedule`` drives the stale-synchronous clock window (``dscar.ssp``): several clocks open
+at once, committed updates applied in batches.
+
+Both act on the job they belong to (``dscar.job.JobState``): its shard queue (attempts,
+first-commit-wins, holders), its dispatch helpers (batches, moves, straggler rules), its tally,
+log, losses and checkpoint planner. The job holds exactly one schedule and asks it; nothing
+else knows which model runs.
+
+Invariants (both): nothing is handed out while a recovery runs; a commit is granted only to an
+attempt of the current run (BSP: the run id; SSP: the epoch) and of the shard's current clock;
+a clock's report is given only once it has ended and no snapshot of it is being taken.
+Under SSP the window's shard phases and the queue's statuses agree after every action
+(``_sync_queue``: a shard the window runs is DOING, one it committed DONE, one it moved on TODO).
+"""
+from __future__ import annotations
+
+import math
+from collections import Counter
+from functools import partial
+from typing import TYPE_CHECKING, Any, Protocol
+
+from .clock import Apply, ClockMachine, Recover, RunClockEnd, Skip, Stage, StartPass
+from .effects import ApplyPass, Effect, RestartWorker, StartRecovery
+from .errors import ShardFailedError
+from .ledger import manifest_cut
+from .monitor import step_seconds
+from .shards import Attempt, ShardStatus
+from .ssp import ApplyBatch, ClockWindow, ShardPhase, SkipClock, StartRebuild
+from .ssp import RunClockEnd as WindowClockEnd
+from .ssp import StartRecovery as WindowRecovery
+
+if TYPE_CHECKING:
+    from .job import JobState
+
+
+class Schedule(Protocol):
+    """What the job asks whatever the consistency model (``JobState`` forwards these)."""
+
+    #: the worker running the clock-end step, once handed out
+    clock_end_worker: str | None
+
+    @property
+    def clock(self) -> int:
+        """The clock being run (under SSP the oldest open one)."""
+
+    @property
+    def run_id(self) -> int:
+        """What work and messages are tagged with; older ones are stale (under SSP, the epoch)."""
+
+    @property
+    def recovering(self) -> bool:
+        """Losses are being recovered: nothing completes meanwhile."""
+
+    @property
+    def handing_out(self) -> bool:
+        """Shard attempts may be handed out now."""
+
+    @property
+    def stage_name(self) -> str:
+        """Where the clock is, for reports ("shards", "apply", ...; "ssp" under SSP)."""
+
+    def begin(self, clock: int, now: float) -> list[Effect]: ...
+
+    def next_item(self, worker: str, now: float) -> dict | None: ...
+
+    def idle(self, worker: str, now: float) -> list[Effect]: ...
+
+    def held_back(self, worker: str) -> bool: ...
+
+    def releasable(self, asker: str) -> tuple[str, list[tuple[int, int]]] | None: ...
+
+    def given_back(self) -> None: ...
+
+    def commit(self, worker: str, clock: int, run_id: int, shard: int, attempt: int, now: float,
+               timings: dict | None = None, rebuild: bool = False) -> tuple[bool, list[Effect]]: ...
+
+    def attempt_failed(self, worker: str, clock: int, run_id: int, shard: int, attempt: int, error: str,
+                       now: float, lost_data: bool = False, seconds: float = 0.0, stopped: bool = False) -> None: ...
+
+    def applied(self, run_id: int, now: float, batch: int | None = None) -> list[Effect]: ...
+
+    def clock_end_done(self, worker: str, run_id: int, metrics: dict, seconds: float, now: float,
+                       clock: int | None = None) -> list[Effect]: ...
+
+    def clock_end_failed(self, worker: str, run_id: int, error: str, now: float,
+                         clock: int | None = None) -> list[Effect]: ...
+
+    def snapshotted(self, now: float) -> list[Effect]: ...
+
+    def report_for(self, clock: int) -> dict | None: ...
+
+    def cut(self) -> list[int] | None: ...
+
+    def lose(self, worker: str, now: float) -> list[Effect]: ...
+
+    def recovered(self, now: float) -> list[Effect]: ...
+
+    def rebase(self, manifest: dict) -> None: ...
+
+    def progress(self) -> tuple[Any, bool]: ...
+
+    def snapshot_fields(self) -> tuple[dict[str, Any], dict[str, Any]]: ...
+
+    def counts_pass(self) -> bool: ...
+
+    def stall_fields(self) -> dict[str, Any]: ...
+
+
+class BspSchedule:
+    """Bulk-synchronous clocks: the clock machine's stages, each data phase a pass over every shard
+    (the queue's statuses are the pass's)."""
+
+    def __init__(self, job: JobState, resume: dict | None = None):
+        cfg = job.cfg
+        #: the job this schedule decides for
+        self.job = job
+        #: the clock state machine: stage, run id, what a loss left to do
+        self.machine = ClockMachine(n_phases=len(cfg.phase_names), has_rebuild=bool(cfg.rebuild))
+        #: the worker running the clock-end step, once handed out
+        self.clock_end_worker: str | None = None
+        #: workers handed a shard attempt this clock (each gets one, however slow: see ``Dispatch.leave_to_others``)
+        self.started: set[str] = set()
+        if resume is not None:
+            self.machine.clock = int(resume["clock"])
+            self.machine.stage = Stage.DONE
+            self.machine.needs_rebuild = bool(cfg.rebuild)
+
+    # ------------------------------------------------------------- queries
+    @property
+    def clock(self) -> int:
+        return self.machine.clock
+
+    @property
+    def run_id(self) -> int:
+        return self.machine.run_id
+
+    @property
+    def recovering(self) -> bool:
+        return self.machine.recovering
+
+    @property
+    def handing_out(self) -> bool:
+        return self.machine.handing_out
+
+    @property
+    def stage_name(self) -> str:
+        return self.machine.stage.value
+
+    @property
+    def report_ready(self) -> bool:
+        return self.machine.finished and not self.job.failed and not self.job.snapshotting
+
+    def report_for(self, clock: int) -> dict | None:
+        """Clock ``clock``'s report for the driver once it is finished (None: not yet)."""
+        return self.report() if self.machine.clock == clock and self.report_ready else None
+
+    def report(self) -> dict:
+        job = self.job
+        return {
+            "status": "done", "metrics": dict(job.metrics), "skipped": self.machine.stage is Stage.SKIPPED,
+            "checkpoint": job.checkpoint_status(),
+            "shards_per_worker": dict(job.shards_done), "timings": job.timings, "stage_s": dict(job.stage_s),
+            "workers": job.workers_report(),
+        }
+
+    def cut(self) -> None:
+        """Every shard's newest clock in the tables is the job's clock: no cut."""
+        return None
+
+    # ---------------------------------------------------------- carrying out
+    def _book_stage(self, now: float) -> None:
+        job, stage = self.job, self.machine.stage
+        names = []
+        if stage in (Stage.REBUILD, Stage.SHARDS, Stage.APPLY, Stage.CLOCK_END):
+            names.append({Stage.CLOCK_END: "clock_end"}.get(stage, stage.value))
+            if stage in (Stage.SHARDS, Stage.APPLY) and len(job.cfg.phase_names) > 1 and not self.machine.applying_rebuild:
+                names.append(f"{names[0]}:{job.cfg.phase_names[self.machine.data_phase]}")
+        job.tally.book_stage(names, now)
+
+    def _carry(self, actions: list, now: float) -> list[Effect]:
+        """Turn the clock machine's actions into queue changes and effects."""
+        job, m = self.job, self.machine
+        effects: list[Effect] = []
+        for a in actions:
+            if isinstance(a, StartPass):
+                job.batched = {}
+                if a.data_phase is None:
+                    job.queue.begin_clock(m.clock, None)
+                    job.event(now, "rebuild-started", tables=list(job.cfg.rebuild))
+                elif a.redo and job.queue.phase == a.data_phase:
+                    job.queue.restart_clock()
+                else:
+                    job.queue.begin_clock(m.clock, a.data_phase)
+                if a.redo:
+                    job.event(now, "clock-restarted", stage=m.stage.value,
+                              data_phase=job.cfg.phase_names[m.data_phase] or None)
+            elif isinstance(a, Apply):
+                reset = list(job.cfg.rebuild) if a.reset_rebuild else (
+                    [t for t, k in job.cfg.kinds.items() if k == "reduction"] if a.reset_reductions else [])
+                effects.append(ApplyPass(a.run_id, m.clock, job.queue.committed_attempts(), reset,
+                                         a.reset_rebuild, phase=None if a.reset_rebuild else
+                                         job.cfg.phase_names[m.data_phase] or None))
+            elif isinstance(a, RunClockEnd):
+                self.clock_end_worker = None
+            elif isinstance(a, Recover):
+                effects.append(StartRecovery())
+            elif isinstance(a, Skip):
+                job.metrics = {"objective": math.nan, "skipped": 1.0}
+                job.event(now, "clock-end-skipped", reason=a.reason)
+        return effects
+
+    # ---------------------------------------------------------------- clocks
+    def begin(self, clock: int, now: float) -> list[Effect]:
+        """Start ``clock`` (the previous one finished and no recovery is under way); the restarts a
+        policy planned happen now, between clocks."""
+        job = self.job
+        effects: list[Effect] = [RestartWorker(w) for w in job.pending_restarts]
+        job.restarting.update(job.pending_restarts)
+        job.pending_restarts = []
+        job.tally.begin(now)
+        self.started = set()
+        self.clock_end_worker = None
+        job.checkpoints.start_interval(now)
+        return effects + self._carry(self.machine.begin(clock), now)
+
+    def next_item(self, worker: str, now: float) -> dict | None:
+        """The next work item for ``worker``: a batch of shard attempts, the clock-end step, or None."""
+        job, m = self.job, self.machine
+        job.last_seen[worker] = now
+        if job.failed or worker in job.lost or m.recovering:
+            return None
+        if m.handing_out:
+            if self.held_back(worker):
+                return None
+            a = job.queue.next_shard(worker, now, worth_moving=partial(job.dispatch.worth_moving, worker, now))
+            if a is None and m.stage is Stage.SHARDS:
+                a = job.dispatch.idle_policies(worker, now)
+            elif a is not None and a.fetch_from:
+                job.event(now, "shard-moved", shard=a.shard, source=a.fetch_from, target=worker)
+            if a is None:
+                return None
+            batch = [a]
+            self.started.add(worker)
+            if a.fetch_from is None and not a.backup:  # more of the worker's own shards, while steps are short
+                size = job.dispatch.batch_size(worker)
+                while len(batch) < size:
+                    b = job.queue.next_shard(worker, now, local_only=True)
+                    if b is None:
+                        break
+                    batch.append(b)
+            job.dispatch.set_batched(worker, [(b.shard, b.attempt) for b in batch[1:]])  # its earlier items are done
+            if m.stage is not Stage.REBUILD:
+                job.running_items[worker] = (now, len(batch))
+            return job.dispatch.item(batch, m.stage is Stage.REBUILD)
+        if m.stage is Stage.CLOCK_END and self.clock_end_worker is None:
+            self.clock_end_worker = worker
+            return {"op": "clock_end", "job": job.cfg.job_id, "clock": m.clock, "run": m.run_id,
+                    "owners": job.pmap.to_msg()}
+        return None
+
+    def idle(self, worker: str, now: float) -> list[Effect]:
+        """``worker`` found nothing to do (under BSP nothing follows from it)."""
+        return []
+
+    def held_back(self, worker: str) -> bool:
+        """Whether ``worker`` gets no more shards this pass (``next_item``'s straggler rule): its
+        shards are the others' to run, moves and all."""
+        return worker in self.started and self.job.dispatch.leave_to_others(worker)
+
+    def releasable(self, asker: str) -> tuple[str, list[tuple[int, int]]] | None:
+        """``asker`` found nothing to do in a pass: the worker with the most batch members that
+        may not have started, and the later half of them, to ask back (None: nothing to ask)."""
+        if self.machine.stage not in (Stage.SHARDS, Stage.REBUILD) or self.job.queue.n_todo:
+            return None
+        return self.job.dispatch.ask_back(asker)
+
+    def given_back(self) -> None:
+        """Shards went back to TODO in the queue: the queue is the pass's status, nothing follows."""
+
+    def commit(self, worker: str, clock: int, run_id: int, shard: int, attempt: int, now: float,
+               timings: dict | None = None, rebuild: bool = False) -> tuple[bool, list[Effect]]:
+        """An attempt asks to commit: the first live attempt of the current run wins.
+
+        Every finished shard-step attempt tells its worker's speed first, whether it wins, is
+        refused, or is late: a straggler whose shards were all backed up finishes after its pass
+        is complete, often after its clock has ended, and not counting it would hide exactly the
+        worker the monitor is for. ``rebuild``: a rebuild-pass attempt (other work: not counted)."""
+        job, m = self.job, self.machine
+        if job.failed or worker in job.lost:
+            return False, []
+        job.running_items.pop(worker, None)
+        job.last_seen[worker] = now
+        current = clock == m.clock and m.accepts(run_id)
+        # attempt numbers restart every pass: only the current run's can be looked up
+        mine = next((a for a in job.queue.running_attempts(shard) if a.attempt == attempt), None) \
+            if current else None
+        started = None if mine is None else mine.started
+        job.dispatch.note_move(mine, timings)
+        if not rebuild:
+            step = step_seconds(timings) if timings else (None if started is None else now - started)
+            if step is not None:
+                job.monitor.record(worker, step)
+        if not current or not m.handing_out:  # a lost backup, an attempt of a voided pass
+            job.event(now, "commit-refused", shard=shard, attempt=attempt, worker=worker, late=True,
+                      seconds=round(step_seconds(timings or {}), 4))  # its step time, wasted
+            return False, []
+        job.dispatch.attempt_started(worker, shard, attempt)
+        if not job.queue.commit(shard, attempt, worker):
+            job.event(now, "commit-refused", shard=shard, attempt=attempt, worker=worker, late=False,
+                      seconds=round(step_seconds(timings or {}), 4))
+            return False, []
+        job.restore_state.pop(shard, None)  # the attempt started from the restored state; it lives on now
+        job.tally.committed(worker, timings)
+        if not job.queue.complete:
+            return True, []
+        self._book_stage(now)
+        rebuild = m.stage is Stage.REBUILD
+        effects = self._carry(m.pass_complete(run_id), now)
+        if not rebuild:
+            job.tally.pass_counted(job.queue.committed_by())
+        return True, effects
+
+    def attempt_failed(self, worker: str, clock: int, run_id: int, shard: int, attempt: int, error: str,
+                       now: float, lost_data: bool = False, seconds: float = 0.0, stopped: bool = False) -> None:
+        """An attempt raised after ``seconds`` of work. Every failure is an event; it counts against the
+        shard unless a loss (a newer run id) explains it or another attempt of the shard is still running.
+        ``stopped``: it stopped as one that lost its shard's race (``runner.LostRace``), no failure: an
+        ``attempt-stopped`` event, never counted; were it still live (``late=False``: a wrong verdict),
+        the shard runs again."""
+        job, m = self.job, self.machine
+        late = clock != m.clock or run_id != m.run_id
+        job.event(now, "attempt-stopped" if stopped else "shard-failed", shard=shard, attempt=attempt,
+                  worker=worker, error=error, late=late or (stopped and not job.dispatch.live(shard, attempt, worker)),
+                  seconds=round(seconds, 4))
+        job.running_items.pop(worker, None)
+        if clock != m.clock or not m.handing_out:
+            return
+        job.dispatch.attempt_started(worker, shard, attempt)
+        try:
+            job.queue.fail(shard, attempt, worker, error, count=run_id == m.run_id and not stopped,
+                           lost_data=lost_data)
+        except ShardFailedError as e:
+            job.fail(now, str(e))
+
+    def applied(self, run_id: int, now: float, batch: int | None = None) -> list[Effect]:
+        """Every live worker applied the pass of ``run_id``."""
+        m = self.machine
+        if m.stage is not Stage.APPLY or not m.accepts(run_id):
+            return []
+        self._book_stage(now)
+        rebuild = m.applying_rebuild
+        actions = m.applied(run_id)
+        if rebuild:
+            self.job.rebuild_done(now)
+        return self._carry(actions, now)
+
+    def clock_end_done(self, worker: str, run_id: int, metrics: dict, seconds: float, now: float,
+                       clock: int | None = None) -> list[Effect]:
+        """The clock-end step of ``clock`` (None: the current one) reported: the clock is DONE
+        (unless a loss made its report stale)."""
+        job, m = self.job, self.machine
+        clock = m.clock if clock is None else clock
+        if worker != self.clock_end_worker or clock != m.clock or m.stage is not Stage.CLOCK_END \
+                or not m.accepts(run_id):
+            return []
+        self._book_stage(now)
+        m.clock_end_done(run_id)
+        job.stage_s["clock_end_compute"] = float(seconds)
+        return job.clock_finished(clock, metrics, now, job.tally.clock_t0)
+
+    def clock_end_failed(self, worker: str, run_id: int, error: str, now: float,
+                         clock: int | None = None) -> list[Effect]:
+        """The clock-end step raised: a loss under it skips the clock; otherwise the job fails."""
+        m = self.machine
+        if worker != self.clock_end_worker or clock not in (None, m.clock) or m.stage is not Stage.CLOCK_END:
+            return []
+        if run_id != m.run_id or m.recovering or m.skip_reason:
+            return self._carry(m.clock_end_failed(), now)
+        self.job.fail(now, f"clock_end of clock {m.clock} failed on {worker}:\n{error}")
+        return []
+
+    def snapshotted(self, now: float) -> list[Effect]:
+        """A snapshot is taken: the driver's next clock may begin once none is left (``report_ready``)."""
+        return []
+
+    # --------------------------------------------------------------- losses
+    def lose(self, worker: str, now: float) -> list[Effect]:
+        """``worker`` is gone: requeue its attempts; plan a recovery if it took partitions or state."""
+        job, m = self.job, self.machine
+        held = job.queue.held_by(worker)  # (before ``uncommit`` unsets the holders of its voided commits)
+        applying = m.stage is Stage.APPLY
+        unapplied = any(w == worker for _, _, w in job.queue.committed_attempts()) if applying else False
+        # its commits of a pass not yet applied went with it: those shards run again
+        voided = job.queue.uncommit(worker) if m.stage in (Stage.SHARDS, Stage.REBUILD) else []
+        owned, restores = job.forget_worker(worker, held, set(voided), now)
+        if job.failed or restores is None:
+            return []
+        effects: list[Effect] = []
+        if unapplied and not restores:
+            effects += self._carry(m.lose(restores=False, unapplied=True), now)
+        if restores:
+            reductions = any(job.cfg.kinds[t] == "reduction" for t, _ in owned)
+            effects += self._carry(m.lose(restores=True, reductions_lost=reductions, unapplied=unapplied), now)
+        if m.stage is Stage.CLOCK_END and self.clock_end_worker == worker:
+            effects += self._carry(m.clock_end_failed(), now)  # while recovering: skipped after it
+        return effects
+
+    def recovered(self, now: float) -> list[Effect]:
+        """Every loss is recovered: the machine goes on (a rebuild, a pass again, or a skip)."""
+        if not self.machine.recovering:
+            return []
+        return self._carry(self.machine.recovered(), now)
+
+    def rebase(self, manifest: dict) -> None:
+        """The job resumes from an older manifest: the next clock is the one after it."""
+        self.machine.clock = int(manifest["clock"])
+
+    # ------------------------------------------------------------- reports
+    def progress(self) -> tuple[Any, bool]:
+        m = self.machine
+        key = (m.run_id, m.clock, m.stage, m.data_phase, m.recovering, *self.job.queue_progress())
+        working = m.recovering or m.stage not in (Stage.IDLE, Stage.DONE, Stage.SKIPPED)
+        return key, working and not self.job.failed
+
+    def snapshot_fields(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        """The dashboard's fields for the clock (after ``clock``), and any at the end (none)."""
+        m = self.machine
+        return {"stage": m.stage.value, "data_phase": self.job.cfg.phase_names[m.data_phase] or None,
+                "recovering": m.recovering, "run_id": m.run_id}, {}
+
+    def counts_pass(self) -> bool:
+        """The active pass's commits count as shards done (the dashboard's, while it runs)."""
+        return self.machine.stage in (Stage.SHARDS, Stage.APPLY)
+
+    def stall_fields(self) -> dict[str, Any]:
+        return {}
+
+
+class SspSchedule:
+    """Stale-synchronous clocks: the clock window says which shards may start and in which clock,
+    when committed updates are applied (in batches, eagerly) and when a clock ends; the shard
+    queue still keeps attempts, first-commit-wins, backups and where each shard's data lives."""
+
+    def __init__(self, job: JobState, *, staleness: int, max_clocks: int, resume: dict | None = None):
+        cfg = job.cfg
+        #: the job this schedule decides for
+        self.job = job
+        #: the open clocks and each shard's place in them
+        self.window = ClockWindow(cfg.n_shards, staleness, has_rebuild=bool(cfg.rebuild),
+                                  floor=0 if resume is None else int(resume["clock"]), limit=max_clocks)
+        job.queue.reopen(range(cfg.n_shards))  # every shard waits for its first clock
+        if resume is not None:  # the tables come back from the checkpoint: rebuild them first
+            self.window.resume_from(manifest_cut(resume, cfg.n_shards))
+            self.window.needs_rebuild = self.window.applied_before = bool(cfg.rebuild)
+        #: the driver began the fit (before, nothing is handed out: shards may still be placed)
+        self.begun = False
+        #: the worker running the clock-end step, once handed out
+        self.clock_end_worker: str | None = None
+
+    # ------------------------------------------------------------- queries
+    @property
+    def clock(self) -> int:
+        """The oldest open clock."""
+        return self.window.floor + 1
+
+    @property
+    def recovering(self) -> bool:
+        return self.window.recovering
+
+    @property
+    def run_id(self) -> int:
+        return self.window.epoch
+
+    @property
+    def handing_out(self) -> bool:
+        return self.begun and not self.window.recovering
+
+    @property
+    def stage_name(self) -> str:
+        return "ssp"
+
+    def report_for(self, clock: int) -> dict | None:
+        if self.job.failed or self.window.holding:
+            return None
+        return self.job.tally.report_for(clock)
+
+    def cut(self) -> list[int]:
+        """At a clock end, while no batch applies: the tables hold exactly the updates the cut lists
+        (per shard, its newest clock applied) and each shard's saved state is as of that clock."""
+        return self.window.cut()
+
+    @property
+    def quiet(self) -> bool:
+        """Nothing is being applied or ended: the tables hold still (the driver gathers them)."""
+        return self.window.in_flight is None and self.window.clock_end is None and not self.job.snapshotting
+
+    def stop(self, clock: int) -> None:
+        """The driver stops after ``clock``: no later clock starts or applies."""
+        self.window.stop(clock)
+        self._sync_queue()
+
+    # ---------------------------------------------------------- carrying out
+    def _sync_queue(self) -> None:
+        """Every shard the window has back in TODO (applied, voided, written off) is TODO in the
+        queue too, with no attempt left: a late commit of an older attempt is refused there."""
+        w, queue = self.window, self.job.queue
+        back = [s for s in range(self.job.cfg.n_shards)
+                if w.phase(s) is ShardPhase.TODO and queue.status(s) is not ShardStatus.TODO]
+        if back:
+            queue.reopen(back)
+
+    def given_back(self) -> None:
+        """Shards the queue has in TODO again (every attempt failed, was lost or given back)."""
+        w, queue = self.window, self.job.queue
+        for s in range(self.job.cfg.n_shards):
+            if w.phase(s) is ShardPhase.RUNNING and queue.status(s) is ShardStatus.TODO:
+                w.give_back(s)
+
+    def _carry(self, actions: list, now: float) -> list[Effect]:
+        """Turn the window's actions into queue changes, events and effects."""
+        job, w = self.job, self.window
+        effects: list[Effect] = []
+        for a in actions:
+            if isinstance(a, ApplyBatch):
+                attempts = {s: (att, wk) for s, att, wk in job.queue.committed_attempts()}
+                committed = [(s, attempts[s][0], wk) for s, _, wk in a.updates]
+                clocks = [w.shard_clock(s) if a.rebuild else c for s, c, _ in a.updates]
+                effects.append(ApplyPass(a.epoch, max(clocks), committed, list(job.cfg.rebuild) if a.rebuild else [],
+                                         a.rebuild, batch=a.batch, clocks=clocks, floor=w.floor))
+            elif isinstance(a, WindowClockEnd):
+                self.clock_end_worker = None
+            elif isinstance(a, SkipClock):
+                job.log.add(now, "clock-end-skipped", clock=a.clock, reason=a.reason)
+                job.tally.reports[a.clock] = self._report(a.clock, {"objective": float("nan"), "skipped": 1.0}, True)
+            elif isinstance(a, WindowRecovery):
+                effects.append(StartRecovery())
+            elif isinstance(a, StartRebuild):
+                job.queue.reopen(range(job.cfg.n_shards))
+                job.event(now, "rebuild-started", tables=list(job.cfg.rebuild))
+        if w.clock_end is None:
+            self.clock_end_worker = None
+        self._sync_queue()
+        return effects
+
+    def _report(self, clock: int, metrics: dict, skipped: bool, seconds: float | None = None) -> dict[str, Any]:
+        job = self.job
+        shards_done, timings = job.tally.close(clock)
+        return {
+            "status": "done", "metrics": dict(metrics), "skipped": skipped, "checkpoint": job.checkpoint_status(),
+            "shards_per_worker": shards_done, "timings": timings,
+            "stage_s": {} if seconds is None else {"clock_end_compute": float(seconds)},
+            "ahead": sum(1 for _, c in self.window.applied if c > clock),
+            "workers": job.workers_report(),
+        }
+
+    # ---------------------------------------------------------------- clocks
+    def begin(self, clock: int, now: float) -> list[Effect]:
+        """The driver's first ``begin`` opens the window (up to ``max_clocks``); later ones only
+        wait for their clock's report, which the window produces on its own."""
+        if self.begun:
+            return []
+        self.begun = True
+        self.window.min_batch = max(1, 2 * len(self.job.workers))  # about two commits per worker per batch
+        self.job.checkpoints.start_interval(now)
+        return self._carry(self.window.allow(self.window.limit), now)
+
+    def held_back(self, worker: str) -> bool:
+        """Under SSP a straggler takes the newest clocks' shards, or none: its older ones move."""
+        return worker in self.job.stragglers
+
+    def next_item(self, worker: str, now: float) -> dict | None:
+        """The clock-end step when one is due and nobody runs it, else a batch of shard attempts
+        the window allows (or a backup), else None."""
+        job, w = self.job, self.window
+        job.last_seen[worker] = now
+        if job.failed or worker in job.lost or not self.handing_out:
+            return None
+        if w.clock_end is not None and self.clock_end_worker is None:
+            self.clock_end_worker = worker
+            return {"op": "clock_end", "job": job.cfg.job_id, "clock": w.clock_end, "run": w.epoch,
+                    "owners": job.pmap.to_msg(), "version": w.version}
+        tiers = self._oldest_first(w.startable())
+        if worker in job.stragglers and w.rebuilding is None:
+            tiers = [t for t in tiers[::-1] if not job.dispatch.leave_to_others(worker, self._slack(min(
+                w.shard_clock(s) for s in t)))]  # its shard holds its clock's end back least in the newest clock
+        worth = partial(job.dispatch.worth_moving, worker, now)
+        a = next((a for among in tiers if (a := job.queue.next_shard(worker, now, among=among, worth_moving=worth))),
+                 None)
+        if a is None and w.rebuilding is None:
+            a = job.dispatch.idle_policies(worker, now)
+        elif a is not None and a.fetch_from:
+            job.event(now, "shard-moved", shard=a.shard, source=a.fetch_from, target=worker)
+        if a is None:
+            return None
+        batch = [a]
+        if a.fetch_from is None and not a.backup:  # more of the worker's own shards, while steps are short
+            size = job.dispatch.batch_size(worker)
+            for among in tiers:
+                while len(batch) < size and (b := job.queue.next_shard(worker, now, local_only=True, among=among)):
+                    batch.append(b)
+        job.dispatch.set_batched(worker, [(b.shard, b.attempt) for b in batch[1:]])  # its earlier items are done
+        clocks = [w.shard_clock(b.shard) if b.backup else w.start(b.shard) for b in batch]
+        if w.rebuilding is None:
+            job.running_items[worker] = (now, len(batch))
+            for c in set(clocks):
+                job.tally.open(c, now)
+        return self._item(batch, clocks)
+
+    def _slack(self, clock: int) -> int:
+        """How many shard updates the window lets the other workers run while an attempt of
+        ``clock`` is running: every update of clocks up to ``clock + s`` (clock ``clock`` cannot end
+        before the attempt does, so no later clock can start)."""
+        w = self.window
+        top = min(clock + w.staleness, w.limit)
+        return sum(max(0, top - w.shard_clock(s) + 1) for s in range(self.job.cfg.n_shards)) - 1
+
+    def _oldest_first(self, shards: list[int]) -> list[set[int]]:
+        """``shards`` grouped by clock, oldest first: the oldest open clock's shards hold the window
+        back, so they go first (moving to another worker if theirs is busy)."""
+        by_clock: dict[int, set[int]] = {}
+        for s in shards:
+            by_clock.setdefault(self.window.shard_clock(s), set()).add(s)
+        return [by_clock[c] for c in sorted(by_clock)]
+
+    def _item(self, batch: list[Attempt], clocks: list[int]) -> dict:
+        w = self.window
+        item = self.job.dispatch.item(batch, w.rebuilding is not None)
+        for member, a, clock in zip(item["shards"], batch, clocks):
+            seen, writer = w.own_update(a.shard)
+            member.update(clock=clock, seen=seen, mine=writer == a.worker)
+        item.update(clock=max(clocks), run=w.epoch,
+                    version=w.version, floor=w.floor, read_floor=max(w.read_floor(a.shard) for a in batch))
+        return item
+
+    def idle(self, worker: str, now: float) -> list[Effect]:
+        """``worker`` found nothing to do: apply the commits waiting (their shards' next clocks may
+        be what it could run)."""
+        if not self.handing_out or worker in self.job.lost:
+            return []
+        return self._carry(self.window.flush(), now)
+
+    def releasable(self, asker: str) -> tuple[str, list[tuple[int, int]]] | None:
+        if not self.handing_out or self.window.startable():
+            return None
+        return self.job.dispatch.ask_back(asker)
+
+    def commit(self, worker: str, clock: int, run_id: int, shard: int, attempt: int, now: float,
+               timings: dict | None = None, rebuild: bool = False) -> tuple[bool, list[Effect]]:
+        """An attempt of ``shard`` in ``clock`` asks to commit: granted to the first live attempt of
+        the shard's current clock and epoch; the window applies it in its next batch."""
+        job = self.job
+        if job.failed or worker in job.lost:
+            return False, []
+        job.running_items.pop(worker, None)
+        job.last_seen[worker] = now
+        job.dispatch.note_move(next((a for a in job.queue.running_attempts(shard) if a.attempt == attempt), None), timings)
+        if not rebuild and timings:
+            job.monitor.record(worker, step_seconds(timings))
+        if not self.window.accepts(shard, clock, run_id):  # a lost backup, an attempt of a voided epoch
+            job.event(now, "commit-refused", shard=shard, attempt=attempt, worker=worker, late=True,
+                      seconds=round(step_seconds(timings or {}), 4))  # its step time, wasted
+            return False, []
+        job.dispatch.attempt_started(worker, shard, attempt)
+        if not job.queue.commit(shard, attempt, worker):
+            job.event(now, "commit-refused", shard=shard, attempt=attempt, worker=worker, late=False,
+                      seconds=round(step_seconds(timings or {}), 4))
+            return False, []
+        job.restore_state.pop(shard, None)  # the attempt started from the restored state; it lives on now
+        if not rebuild:
+            job.tally.committed_in(clock, worker, timings)
+        return True, self._carry(self.window.commit(shard, clock, worker, run_id), now)
+
+    def attempt_failed(self, worker: str, clock: int, run_id: int, shard: int, attempt: int, error: str,
+                       now: float, lost_data: bool = False, seconds: float = 0.0, stopped: bool = False) -> None:
+        job, w = self.job, self.window
+        current = w.phase(shard) is ShardPhase.RUNNING and (w.rebuilding is not None or w.shard_clock(shard) == clock)
+        late = not current or run_id != w.epoch or (stopped and not job.dispatch.live(shard, attempt, worker))
+        job.event(now, "attempt-stopped" if stopped else "shard-failed", shard=shard, attempt=attempt,
+                  worker=worker, error=error, late=late, seconds=round(seconds, 4))
+        job.running_items.pop(worker, None)
+        if not current:
+            return
+        job.dispatch.attempt_started(worker, shard, attempt)
+        try:
+            job.queue.fail(shard, attempt, worker, error, count=run_id == w.epoch and not stopped, lost_data=lost_data)
+        except ShardFailedError as e:
+            job.fail(now, str(e))
+        self.given_back()
+
+    def applied(self, run_id: int, now: float, batch: int | None = None) -> list[Effect]:
+        in_flight = self.window.in_flight
+        if batch is None or in_flight is None or in_flight.batch != batch:
+            return []
+        actions = self.window.batch_applied(batch)
+        if in_flight.rebuild:  # (the rebuild pass is one batch)
+            self.job.rebuild_done(now)
+        return self._carry(actions, now)
+
+    def clock_end_done(self, worker: str, run_id: int, metrics: dict, seconds: float, now: float,
+                       clock: int | None = None) -> list[Effect]:
+        job = self.job
+        if clock is None or worker != self.clock_end_worker or not self.window.clock_end_done(clock, run_id):
+            return []
+        self.clock_end_worker = None
+        started = job.tally.started(clock, now)
+        job.tally.reports[clock] = self._report(clock, metrics, False, seconds)
+        effects = job.clock_finished(clock, metrics, now, started)
+        if not job.snapshotting:
+            effects += self._carry(self.window.go_on(), now)
+        return effects
+
+    def snapshotted(self, now: float) -> list[Effect]:
+        """A snapshot is taken: once none is left, the window goes on (later clocks start and apply)."""
+        if self.job.snapshotting or not self.window.holding:
+            return []
+        return self._carry(self.window.go_on(), now)
+
+    def clock_end_failed(self, worker: str, run_id: int, error: str, now: float,
+                         clock: int | None = None) -> list[Effect]:
+        w = self.window
+        if worker != self.clock_end_worker or w.clock_end != clock:
+            return []
+        if run_id != w.epoch or w.recovering or clock in w.skip_reasons:
+            return self._carry(w.clock_end_failed(clock), now)
+        self.job.fail(now, f"clock_end of clock {clock} failed on {worker}:\n{error}")
+        return []
+
+    # --------------------------------------------------------------- losses
+    def lose(self, worker: str, now: float) -> list[Effect]:
+        job, w = self.job, self.window
+        in_flight = w.in_flight
+        owned, restores = job.forget_worker(worker, job.queue.held_by(worker), set(), now)
+        if job.failed or restores is None:
+            return []
+        self.given_back()  # its attempts were requeued by the queue
+        actions = w.lose(worker, restores=restores,
+                         reductions_lost=any(job.cfg.kinds[t] == "reduction" for t, _ in owned),
+                         owned_in_flight=bool(owned) and in_flight is not None)
+        if self.clock_end_worker == worker and w.clock_end is not None:
+            actions += w.clock_end_failed(w.clock_end)
+        return self._carry(actions, now)
+
+    def recovered(self, now: float) -> list[Effect]:
+        if not self.window.recovering:
+            return []
+        return self._carry(self.window.recovered(), now)
+
+    def rebase(self, manifest: dict) -> None:
+        """The job resumes from an older manifest than it was started with (a newer one did not
+        verify; the driver says so before its first clock): the window opens the clock after that
+        manifest's, or the driver would wait for ever for a clock the window never runs."""
+        if self.begun:
+            raise RuntimeError("rebase after the first clock began")
+        w = self.window
+        self.window = ClockWindow(self.job.cfg.n_shards, w.staleness, has_rebuild=w.has_rebuild,
+                                  floor=int(manifest["clock"]), limit=w.limit)
+        self.window.resume_from(manifest_cut(manifest, self.job.cfg.n_shards))
+        self.window.needs_rebuild = self.window.applied_before = w.needs_rebuild
+
+    # ------------------------------------------------------------- reports
+    def progress(self) -> tuple[Any, bool]:
+        w = self.window
+        key = (w.epoch, w.floor, w.version, len(w.applied), w.clock_end, w.in_flight is not None, w.holding,
+               w.recovering, w.rebuilding is not None, *self.job.queue_progress())
+        return key, self.begun and not w.done and not self.job.failed
+
+    def snapshot_fields(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        w = self.window
+        return ({"stage": "ssp", "data_phase": self.job.cfg.phase_names[0] or None, "recovering": w.recovering,
+                 "run_id": w.epoch}, {"open_clocks": w.open_clocks(), "staleness": w.staleness})
+
+    def counts_pass(self) -> bool:
+        """Shards done are counted per clock, in its report (the dashboard shows the applied ones)."""
+        return False
+
+    def stall_fields(self) -> dict[str, Any]:
+        w = self.window
+        phases = Counter(w.phase(s).value for s in range(self.job.cfg.n_shards))
+        return {"open_clocks": w.open_clocks(), "shard_phases": dict(phases),
+                "batch_in_flight": None if w.in_flight is None else [list(u) for u in w.in_flight.updates],
+                "clock_end": w.clock_end, "clock_end_worker": self.clock_end_worker, "holding": w.holding}

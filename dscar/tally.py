@@ -1,0 +1,103 @@
+"""What each clock did: shards per worker, step timings, stage times, metrics (no Dask here).
+
+``ClockTally`` is the part of a job's control state that counts a clock's work for its report
+(the driver's fit result, the dashboard, bench figures). Under BSP one clock runs at a time: the
+``shards_done`` / ``timings`` / ``stage_s`` of the clock being run. Under SSP several clocks run
+at once: each open clock has its own entry in ``per_clock`` until its report is made, and
+``reports`` keeps finished clocks' reports until the driver has read a newer one.
+
+Invariants: a committed attempt is counted once, in the clock it ran in; a rebuild attempt is
+not counted (it is no clock's work); ``objectives`` lists completed clocks in order, skipped
+clocks (no objective) left out.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+
+def add_timings(sums: dict[str, float], timings: dict | None) -> None:
+    """Add an attempt's ``timings`` (name -> seconds) into ``sums``."""
+    for k, v in (timings or {}).items():
+        sums[k] = sums.get(k, 0.0) + float(v)
+
+
+class ClockTally:
+    """Per-clock counts and reports for one fit."""
+
+    def __init__(self) -> None:
+        #: this clock's metrics (when DONE)
+        self.metrics: dict[str, float] = {}
+        #: (clock, objective) of every completed clock, in order (skipped clocks have none)
+        self.objectives: list[tuple[int, float]] = []
+        #: worker -> shards committed this clock
+        self.shards_done: dict[str, int] = {}
+        #: worker -> summed attempt timings this clock
+        self.timings: dict[str, dict[str, float]] = {}
+        #: wall seconds per stage this clock ("shards", "apply", "clock_end", "rebuild", "shards:<phase>", ...)
+        self.stage_s: dict[str, float] = {}
+        #: when the stage being run began (0: none yet) and when this clock began
+        self.stage_t0 = 0.0
+        self.clock_t0 = 0.0
+        #: SSP: clock -> {"t0": first hand-out, "shards_done": {worker: n}, "timings": {worker: {k: s}}}
+        self.per_clock: dict[int, dict[str, Any]] = {}
+        #: SSP: clock -> its report for the driver, once finished (kept until a newer one is read)
+        self.reports: dict[int, dict[str, Any]] = {}
+
+    def begin(self, now: float) -> None:
+        """A clock begins (BSP): its counts start from zero."""
+        self.metrics, self.shards_done, self.timings, self.stage_s = {}, {}, {}, {}
+        self.stage_t0 = self.clock_t0 = now
+
+    def book_stage(self, names: list[str], now: float) -> None:
+        """The stage that began at ``stage_t0`` ended at ``now``: its time goes to each of ``names``
+        (none: the stage is not timed); the next stage begins now."""
+        if names and self.stage_t0:
+            dt = now - self.stage_t0
+            for name in names:
+                self.stage_s[name] = self.stage_s.get(name, 0.0) + dt
+        self.stage_t0 = now
+
+    def committed(self, worker: str, timings: dict | None) -> None:
+        """An attempt of ``worker`` committed this clock (BSP): its timings count."""
+        add_timings(self.timings.setdefault(worker, {}), timings)
+
+    def pass_counted(self, committed_by: dict[str, int]) -> None:
+        """A data pass completed (BSP): its commits per worker count for this clock."""
+        for w, n in committed_by.items():
+            self.shards_done[w] = self.shards_done.get(w, 0) + n
+
+    def finished(self, clock: int, metrics: dict) -> None:
+        """Clock ``clock``'s clock-end step reported ``metrics``."""
+        self.metrics = dict(metrics)
+        if math.isfinite(float(metrics.get("objective", math.nan))):
+            self.objectives.append((clock, float(metrics["objective"])))
+
+    # -------------------------------------------------------------------- SSP
+    def open(self, clock: int, now: float) -> None:
+        """A shard of ``clock`` is handed out (SSP): the clock's count starts at its first."""
+        self.per_clock.setdefault(clock, {"t0": now, "shards_done": {}, "timings": {}})
+
+    def started(self, clock: int, now: float) -> float:
+        """When ``clock``'s first shard was handed out (SSP; ``now`` if none was)."""
+        return self.per_clock.get(clock, {}).get("t0", now)
+
+    def committed_in(self, clock: int, worker: str, timings: dict | None) -> None:
+        """An attempt of ``worker`` in ``clock`` committed (SSP)."""
+        t = self.per_clock.get(clock)
+        if t is not None:
+            t["shards_done"][worker] = t["shards_done"].get(worker, 0) + 1
+            add_timings(t["timings"].setdefault(worker, {}), timings)
+
+    def close(self, clock: int) -> tuple[dict[str, int], dict[str, dict[str, float]]]:
+        """``clock``'s counts, for its report (SSP): shards per worker and summed timings."""
+        t = self.per_clock.pop(clock, {})
+        return dict(t.get("shards_done", {})), dict(t.get("timings", {}))
+
+    def report_for(self, clock: int) -> dict | None:
+        """``clock``'s report once finished (SSP); older reports are dropped (the driver reads in order)."""
+        if clock not in self.reports:
+            return None
+        for c in [c for c in self.reports if c < clock]:
+            del self.reports[c]
+        return self.reports[clock]

@@ -1,0 +1,246 @@
+"""The parts a job's control state is composed of, each alone (pure: no Dask).
+
+``dscar.events`` (the log), ``dscar.tally`` (what each clock did), ``dscar.losses`` (lost
+workers and their recovery) and ``dscar.checkpoint_plan`` (checkpoints and memory copies):
+their invariants, checked without a ``JobState`` around them.
+"""
+from __future__ import annotations
+
+import math
+
+from dscar.checkpoint import CheckpointConfig
+from dscar.checkpoint_plan import Checkpoint, CheckpointPlanner, Mirror
+from dscar.events import EventLog
+from dscar.job import JobConfig
+from dscar.ledger import INITIAL_STATE, RecoveryPlan
+from dscar.losses import Losses
+from dscar.partitions import PartitionMap, TableLayout
+from dscar.shards import ShardQueue
+from dscar.tally import ClockTally
+
+
+# ------------------------------------------------------------------- events
+def test_the_first_failure_is_kept_and_logged_once():
+    log = EventLog(lambda: 7)
+    log.add(1.0, "started", workers=2)
+    log.fail(2.0, "first")
+    log.fail(3.0, "second")
+    assert log.failed and log.error == "first"
+    assert [e["kind"] for e in log.events] == ["started", "job-failed"]
+    assert log.events[1] == {"time": 2.0, "clock": 7, "kind": "job-failed", "error": "first"}
+
+
+def test_an_event_may_name_its_own_clock():
+    log = EventLog(lambda: 7)
+    log.add(1.0, "clock-end-skipped", clock=3, reason="loss")
+    assert log.events == [{"time": 1.0, "clock": 3, "kind": "clock-end-skipped", "reason": "loss"}]
+
+
+# -------------------------------------------------------------------- tally
+def test_a_clock_counts_stages_commits_and_only_finite_objectives():
+    tally = ClockTally()
+    tally.begin(10.0)
+    tally.book_stage(["shards", "shards:a"], 12.0)
+    tally.book_stage([], 13.0)  # an untimed stage moves the stage start on
+    tally.book_stage(["apply"], 13.5)
+    assert tally.stage_s == {"shards": 2.0, "shards:a": 2.0, "apply": 0.5}
+    tally.committed("w0", {"step_s": 0.25})
+    tally.committed("w0", {"step_s": 0.5})
+    tally.pass_counted({"w0": 2, "w1": 1})
+    assert tally.timings == {"w0": {"step_s": 0.75}} and tally.shards_done == {"w0": 2, "w1": 1}
+    tally.finished(1, {"objective": 3.0})
+    tally.finished(2, {"objective": math.nan, "skipped": 1.0})
+    assert tally.objectives == [(1, 3.0)] and tally.metrics["skipped"] == 1.0
+    tally.begin(20.0)
+    assert tally.shards_done == {} and tally.stage_s == {} and tally.clock_t0 == 20.0
+
+
+def test_ssp_clocks_count_apart_and_older_reports_go_once_a_newer_one_is_read():
+    tally = ClockTally()
+    tally.open(1, 5.0)
+    tally.open(2, 6.0)
+    tally.open(1, 9.0)  # (a later hand-out does not move the clock's start)
+    tally.committed_in(1, "w0", {"step_s": 1.0})
+    tally.committed_in(2, "w1", None)
+    tally.committed_in(3, "w1", None)  # a clock never handed out counts nothing
+    assert tally.started(1, 0.0) == 5.0 and tally.started(3, 8.0) == 8.0
+    assert tally.close(1) == ({"w0": 1}, {"w0": {"step_s": 1.0}})
+    assert tally.close(1) == ({}, {})
+    tally.reports.update({1: {"c": 1}, 2: {"c": 2}})
+    assert tally.report_for(3) is None and tally.report_for(2) == {"c": 2}
+    assert set(tally.reports) == {2}
+
+
+# ------------------------------------------------------------------- losses
+def _losses(rebuild: bool) -> Losses:
+    pmap = PartitionMap([TableLayout("x", 8, 2)])
+    pmap.assign(["a", "b"])
+    return Losses(pmap, EventLog(lambda: 1), rebuild)
+
+
+def test_a_lost_holder_s_shard_states_need_restoring_only_with_a_rebuild_pass():
+    plain = _losses(rebuild=False)
+    assert not plain.needs_restore("a", owned=False, held=[0, 1]) and not plain.unrecovered
+    assert plain.needs_restore("b", owned=True, held=[]) and plain.unrecovered == {"b"}
+    rebuilt = _losses(rebuild=True)
+    assert rebuilt.needs_restore("a", owned=False, held=[0, 1])
+    assert rebuilt.unrecovered == {"a"} and rebuilt.lost_shards == {0, 1}
+
+
+def test_a_lost_buddy_s_planned_copy_falls_back_to_the_file_or_the_initial_state():
+    losses = _losses(rebuild=True)
+    losses.restore_state = {0: {"memory": "b", "file": {"path": "s0"}}, 1: {"memory": "b"}, 2: {"memory": "c"}}
+    losses.forget_memory("b")
+    assert losses.restore_state == {0: {"path": "s0"}, 1: INITIAL_STATE, 2: {"memory": "c"}}
+
+
+def test_a_recovery_is_needed_until_no_partition_is_owned_by_a_lost_worker():
+    losses = _losses(rebuild=True)
+    owner = losses.pmap.owners[("x", 0)]
+    losses.lost.add(owner)
+    losses.needs_restore(owner, owned=True, held=[3])
+    plan = RecoveryPlan(restores={("x", 0): "spare"}, states={3: INITIAL_STATE}, manifests=[], full=False)
+    assert losses.planned(plan) == {owner} and losses.restore_state == {3: INITIAL_STATE} and not losses.lost_shards
+    losses.unrecovered.clear()
+    assert losses.needs_recovery  # the partition is still the lost worker's
+    losses.restored(("x", 0), "spare", 0, 5.0)
+    assert not losses.needs_recovery and losses.pmap.owners[("x", 0)] == "spare"
+    assert losses.restored_rows == {"x": [(0, 4)]}
+    assert losses.log.events[-1]["kind"] == "partition-restored"
+
+
+# -------------------------------------------------------------- checkpoints
+def _planner(memory: bool = True) -> CheckpointPlanner:
+    pmap = PartitionMap([TableLayout("x", 8, 2), TableLayout("r", 2, 1)])
+    pmap.assign(["a", "b"])
+    queue = ShardQueue(2, reloadable=True)
+    queue.set_holder(0, "a")
+    queue.set_holder(1, "c")
+    ckpt = CheckpointConfig("memory://m", policy="full", every=2, memory=memory)
+    cfg = JobConfig("j", 2, {"x": "param", "r": "reduction"}, [], [""], ckpt)
+    return CheckpointPlanner(cfg, pmap, queue, EventLog(lambda: 1))
+
+
+def test_a_checkpoint_is_due_every_period_and_a_lost_owner_writes_nothing():
+    planner = _planner(memory=False)
+    assert planner.clock_finished(1, 0.1, ["a", "b", "c"], set(), 1.0) == []
+    [ck] = planner.clock_finished(2, 0.1, ["a", "b", "c"], {"b"}, 2.0)
+    assert isinstance(ck, Checkpoint) and "b" not in ck.writers and "a" in ck.writers
+    assert planner.snapshotting == {"checkpoint"} and planner.ledger.pending
+    assert planner.log.events[-1]["kind"] == "checkpoint-started"
+
+
+def test_a_memory_copy_goes_round_the_live_workers_and_the_newest_report_wins():
+    planner = _planner()
+    [mirror] = planner.clock_finished(1, 0.1, ["c", "a", "b", "d"], {"d"}, 1.0)
+    assert mirror == Mirror(1, {"a": "b", "b": "c", "c": "a"})  # every owner and holder, to the next live worker
+    planner.mirrored("b", 3, [("x", 0)], [0])
+    planner.mirrored("c", 2, [("x", 0)])  # a late, older copy changes nothing
+    assert planner.mirrors == {("x", 0): ("b", 3)} and planner.state_mirrors == {0: ("b", 3)}
+    planner.worker_lost("b", planned=False, now=2.0)
+    assert planner.mirrors == {} and planner.state_mirrors == {}
+
+
+def test_without_a_store_nothing_is_ever_due_and_reports_change_nothing():
+    pmap = PartitionMap([TableLayout("x", 8, 2)])
+    pmap.assign(["a"])
+    planner = CheckpointPlanner(JobConfig("j", 1, {"x": "param"}, [], [""]), pmap, ShardQueue(1, reloadable=True),
+                                EventLog(lambda: 1))
+    assert planner.clock_finished(5, 0.1, ["a"], set(), 1.0) == []
+    planner.checkpoint_written(1, "a", [], None, 1.0)
+    planner.published(1, 1.0)
+    planner.worker_lost("a", planned=False, now=1.0)
+    planner.writer_lost("a", 1.0)
+    assert planner.status(5) is None and planner.log.events == []
+
+
+# ------------------------------------------- decisions the coordinator used to make itself
+def _job_with_store() -> "JobState":
+    from dscar.job import JobState
+
+    pmap = PartitionMap([TableLayout("x", 8, 2), TableLayout("r", 2, 1)])
+    pmap.assign(["a", "b"])
+    queue = ShardQueue(2, reloadable=True)
+    ckpt = CheckpointConfig("memory://m", policy="full", every=1, recovery="full")
+    job = JobState(JobConfig("j", 2, {"x": "param", "r": "reduction"}, [], [""], ckpt), queue, pmap)
+    job.workers = ["a", "b", "c"]
+    return job
+
+
+def test_a_restarted_worker_s_partition_goes_to_the_least_loaded_worker_not_lost():
+    job = _job_with_store()
+    assert job.adopter(["a", "c"]) == "c"  # c owns nothing
+    job.lost.add("c")
+    assert job.adopter(["a", "c"]) == "a" and job.adopter(["c"]) is None
+    job.partition_moved(("x", 0), "b", "a", 1.0)
+    job.restart_begun("b", 1.0)
+    assert job.pmap.owners[("x", 0)] == "a"
+    assert [e["kind"] for e in job.events] == ["partition-moved", "worker-restart"]
+
+
+def test_a_placement_on_a_worker_gone_or_lost_is_not_recorded():
+    job = _job_with_store()
+    job.lost.add("b")
+    job.placed([[0, "a"], [1, "b"]], {"a", "b"})
+    job.placed([[1, "d"]], {"a", "b"})
+    assert job.queue.holder(0) == "a" and job.queue.holder(1) is None
+
+
+def test_a_reduction_partition_is_restored_from_zero_and_a_param_one_from_the_checkpoint():
+    job = _job_with_store()
+    manifest = {"version": 3, "clock": 2, "chains": {"x/0": [{"path": "p", "offset": 0}],
+                                                     "r/0": [{"path": "q", "offset": 0}]}}
+    assert [v for v, _, _ in job.restore_sources(("x", 0), [manifest], None, ["a"], set())] == [3, 0]
+    assert [v for v, _, _ in job.restore_sources(("r", 0), [manifest], None, ["a"], set())] == [0]
+
+
+def test_a_full_recovery_round_rolls_back_and_the_last_round_says_it_is_done():
+    job = _job_with_store()
+    job.begin(1, 0.0)
+    job.lose("b", 0.5)
+    plan, covered = job.start_recovery_round(["a"], 1.0)
+    assert covered == {"b"} and plan.full
+    for key, target in plan.restores.items():
+        job.restored(key, target, plan.version, 1.5)
+    job.end_recovery_round(plan, covered, 2.0, 1.0, 0)
+    kinds = [e["kind"] for e in job.events]
+    # (the clock restarts as the recovery ends: the machine's actions come before the closing event)
+    assert kinds[kinds.index("recovery-started"):] == (
+        ["recovery-started"] + ["partition-restored"] * len(plan.restores) + ["rollback", "clock-restarted",
+                                                                              "recovery-done"])
+    assert not job.recovering
+
+
+def test_a_worker_s_event_is_logged_in_the_clock_it_names():
+    job = _job_with_store()
+    job.worker_event(1.0, 4, "fault-injected", "a", {"fault": "kill"})
+    assert job.events == [{"time": 1.0, "clock": 4, "kind": "fault-injected", "worker": "a", "fault": "kill"}]
+
+
+# ----------------------------------------------------------------- dispatch
+def test_an_idle_worker_asks_back_the_later_half_of_the_biggest_batch_of_a_live_worker():
+    job = _job_with_store()
+    d = job.dispatch
+    d.set_batched("a", [(0, 1), (1, 1), (2, 1), (3, 1)])
+    d.set_batched("b", [(4, 1), (5, 1), (6, 1), (7, 1), (8, 1)])
+    d.set_batched("c", [])  # (an empty batch is not kept)
+    assert "c" not in d.batched
+    job.lost.add("b")
+    assert d.ask_back("c") == ("a", [(2, 1), (3, 1)])
+    assert d.ask_back("a") is None  # (its own members are not asked back of it)
+    d.attempt_started("a", 0, 1)
+    assert d.batched["a"] == [(1, 1), (2, 1), (3, 1)]
+    d.forget("a")
+    assert d.ask_back("c") is None
+
+
+def test_a_batch_holds_about_the_target_s_worth_of_steps_and_one_before_a_measurement():
+    from dscar.dispatch import BATCH_TARGET_S, MAX_BATCH
+
+    job = _job_with_store()
+    assert job.dispatch.batch_size("a") == 1
+    for _ in range(10):
+        job.monitor.record("a", BATCH_TARGET_S / 4)
+        job.monitor.record("b", BATCH_TARGET_S / 1e6)
+    assert job.monitor.mean_step("a") is not None
+    assert job.dispatch.batch_size("a") == 4 and job.dispatch.batch_size("b") == MAX_BATCH
