@@ -579,6 +579,9 @@ class LDAGibbs(Algorithm):
     #: AD-LDA's counts of the other shards may be stale (a shard's own are always current):
     #: ``bench.staleness`` reaches the target at 1, 2 and 4 clocks stale in 1.36x, 1.86x, 2.79x the clocks
     max_staleness = 4
+    #: AD-LDA's shards of one clock sample from the same start: the more shards, the further each
+    #: sweep trails sequential Gibbs sampling (issue 43), so a fit not given n_shards runs one per worker
+    shards_cost_quality = True
 
     def __init__(self, n_topics: int = 20, alpha: float | Sequence[float] = 0.1, beta: float = 0.01, *,
                  seed: int = 0, tol: float = 1e-4, window: int = 10, early_stop: bool = True,

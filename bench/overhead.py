@@ -35,8 +35,8 @@ policies:
   from the driver's thread to the scheduler (as the driver steers clocks).
   Median over ``n`` calls.
 
-Targets (issue 9): <= 4 ms per clock at 1 worker x 4 shards and <= 8 ms at
-2 workers x 16 shards; the table marks them MET / NOT MET.
+Targets: <= 4 ms per clock at 1 worker x 4 shards (issue 9) and, on a quiet machine, at
+2 workers x 16 shards too (issue 43; issue 9 asked 8 ms); the table marks them MET / NOT MET.
 
 Usage: ``python -m bench.overhead [--quick] [--repeats N] [--json PATH] [--plot PATH]``.
 Run timing runs under ``flock /tmp/dscar-timing.lock``; the load average is printed with the figures.
@@ -59,8 +59,9 @@ import dscar
 from bench.common import load_average, log, machine_info, pyplot, write_json
 from dscar import Algorithm, TableSpec
 
-#: (workers, shards) -> the issue's target in ms per clock
-TARGETS_MS = {(1, 4): 4.0, (2, 16): 8.0}
+#: (workers, shards) -> the issues' target in ms per clock (issue 9: 1 x 4; issue 43: a second worker
+#: costs nothing fixed, so 2 x 16 too is held to 4 ms on a quiet machine)
+TARGETS_MS = {(1, 4): 4.0, (2, 16): 4.0}
 SHARDS = (4, 16)
 TABLE_ROWS = 8
 
@@ -256,7 +257,7 @@ def plot(rows: list[dict], path: str) -> None:
     labelled = False
     for i, r in enumerate(rows):
         if "target_ms" in r:
-            a1.plot([i - 0.4, i + 0.4], [r["target_ms"]] * 2, "r--", label=None if labelled else "target (issue 9)")
+            a1.plot([i - 0.4, i + 0.4], [r["target_ms"]] * 2, "r--", label=None if labelled else "target (issues 9, 43)")
             labelled = True
     a1.set_xticks(x, labels, rotation=30)
     a1.set_ylabel("ms")

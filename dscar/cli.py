@@ -102,7 +102,7 @@ def _add_common(run: argparse.ArgumentParser) -> None:
     g.add_argument("--tls-cert", metavar="PEM", help="TLS: client certificate (with --tls-key)")
     g.add_argument("--tls-key", metavar="PEM", help="TLS: client private key")
     g = run.add_argument_group("run")
-    g.add_argument("--shards", type=arg_int(1), help="data shards (default 4 per worker)")
+    g.add_argument("--shards", type=arg_int(1), help="data shards (default: one per worker, up to 4 for large data; see README, Data)")
     g.add_argument("--seed", type=arg_int(0), default=0, help="random seed (default 0)")
     g.add_argument("--tol", type=arg_float(0, strict_min=True), default=None,
                    help="convergence tolerance (default: the model's)")

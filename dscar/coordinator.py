@@ -45,12 +45,14 @@ from distributed.scheduler import heartbeat_interval
 
 from .checkpoint import CheckpointConfig
 from .comm import fast_fail_pool
+from .elastic import adaptive_target, handoff_plan, join_plan, retirable, shard_handoff_plan, workers_wanted
 from .errors import RefusedCallError
 from .inflight import Inflight
 from .job import ApplyPass, Checkpoint, JobConfig, JobState, Mirror, RestartWorker, StartRecovery
 from .liveness import silence_limit, to_probe
 from .membership import DEFAULT_LEASE_S, SCHEDULER_RULES, Lease, Rule, key_digest, refusal, same
 from .monitor import ThroughputMonitor
+from .partition_store import merge_touched
 from .partitions import PartitionMap, TableLayout, data_homes, placement_plan
 from .shards import ShardQueue
 from .stall import StallWatch, workers_to_ask
@@ -76,6 +78,12 @@ def lease_timeout() -> float:
     """Seconds a job lives after its driver's last renewal (``dscar.lease-timeout``): a job whose
     driver died ends within about twice this (``Coordinator._watch_leases``)."""
     return float(dask.config.get("dscar.lease-timeout", DEFAULT_LEASE_S))
+
+
+def handoff_timeout() -> float:
+    """Seconds a retirement of a job's worker is held for its hand-off (``dscar.handoff-timeout``):
+    the job must reach a clock boundary first; past this, Dask retires it and it is a loss."""
+    return float(dask.config.get("dscar.handoff-timeout", 60.0))
 
 
 def stall_timeout() -> float:
@@ -120,6 +128,9 @@ class Coordinator(SchedulerPlugin):
         self._lease_watch: asyncio.Task | None = None
         #: job -> the name of its model (``dscar.jobs``)
         self._models: dict[str, str] = {}
+        #: job -> (run, clock, shard, attempt) of a granted commit -> the partitions its updates touched
+        #: (``partition_store.touched_parts``): each owner fetches from the workers that staged some for it
+        self._touched: dict[str, dict[tuple[int, int, int, int], dict]] = {}
         for op in SCHEDULER_RULES:  # every handler behind the caller check (``_guarded``)
             scheduler.handlers[f"dscar_{op}"] = self._guarded(op, getattr(self, f"_h_{op}"))
         self._specs: dict[str, bytes] = {}
@@ -135,13 +146,153 @@ class Coordinator(SchedulerPlugin):
         self._generation = 0
         #: addresses removed while a job ran: a worker joining at one of them is announced to the others
         self._removed: set[str] = set()
+        #: job -> how many workers it can use (``elastic.workers_wanted``): what adaptive scaling is told
+        self._wanted: dict[str, int] = {}
+        #: Dask's own handlers that the coordinator wraps (``_wrap_dask``), to put back at close
+        self._dask_handlers: dict[str, Any] = {}
+        #: worker Dask is retiring -> done once it has handed off (or been given up): the retirement waits on it
+        self._leaving: dict[str, asyncio.Future] = {}
+        #: job -> workers that joined while it ran, not yet offered partitions (``_take_on``)
+        self._joined: dict[str, set[str]] = {}
+        self._wrap_dask(scheduler)
 
     async def close(self) -> None:
+        self.scheduler.handlers.update(self._dask_handlers)
         if self._watch is not None:
             self._watch.cancel()
         if self._lease_watch is not None:
             self._lease_watch.cancel()
         await self._pool.close()
+
+    # ------------------------------------------------------ elastic clusters
+    def _wrap_dask(self, scheduler) -> None:
+        """Put the running jobs into Dask's adaptive target (``elastic.adaptive_target``): Dask's
+        own target counts Dask tasks only, and dscar runs none. (``valid_workers_downscaling`` below
+        keeps the jobs' workers from being retired as idle.)"""
+        original = scheduler.handlers["adaptive_target"]
+        if getattr(original, "dscar_wrapped", False):  # (a plugin registered again: wrap once)
+            original = original.dscar_original
+        self._dask_handlers["adaptive_target"] = original
+
+        def target(target_duration=None) -> int:
+            return adaptive_target(original(target_duration=target_duration), self._wanted.values())
+
+        target.dscar_wrapped, target.dscar_original = True, original
+        scheduler.handlers["adaptive_target"] = target
+
+        retire = scheduler.handlers["retire_workers"]
+        if getattr(retire, "dscar_wrapped", False):
+            retire = retire.dscar_original
+        self._dask_handlers["retire_workers"] = retire
+
+        async def retire_workers(workers=None, *, names=None, **kw):
+            if workers is not None or names is not None:
+                await self._hand_off_first(self._addresses(workers, names))
+            return await retire(workers=workers, names=names, **kw)
+
+        retire_workers.dscar_wrapped, retire_workers.dscar_original = True, retire
+        scheduler.handlers["retire_workers"] = retire_workers
+
+    def _addresses(self, workers: list | None, names: list | None) -> list[str]:
+        """The addresses of the workers a ``retire_workers`` call names (by address or by name)."""
+        if workers is not None:
+            return [w for w in workers if w in self.scheduler.workers]
+        wanted = {str(n) for n in names or ()}
+        return [w for w, ws in self.scheduler.workers.items() if str(ws.name) in wanted]
+
+    async def _hand_off_first(self, workers: list[str]) -> None:
+        """Hold Dask's retirement of a running BSP job's ``workers`` until they have handed off their
+        partitions and shards at the job's next clock boundary (``_hand_off``), at most
+        ``handoff_timeout()``: Dask itself would close them at once (its ``RetireWorker`` policy waits
+        only for Dask keys, and dscar holds none). Under SSP clocks overlap and there is no boundary to
+        wait for: the retirement goes on and is a loss."""
+        waits = []
+        for job in self.jobs.values():
+            if job.failed or job.consistency != "bsp":
+                continue
+            for w in set(workers) & set(self._live(job)):
+                if w not in self._leaving:
+                    self._leaving[w] = asyncio.get_running_loop().create_future()
+                    job.event(time.time(), "worker-leaving", worker=w)
+                waits.append(self._leaving[w])
+        if not waits:
+            return
+        self._wake()
+        _, late = await asyncio.wait(waits, timeout=handoff_timeout())
+        for w in workers:
+            fut = self._leaving.get(w)
+            if fut is not None and fut in late:
+                self._leaving.pop(w)
+                for job in self.jobs.values():
+                    job.event(time.time(), "handoff-timeout", worker=w, timeout=handoff_timeout())
+
+    async def _hand_off(self, job: JobState, leaving: list[str]) -> None:
+        """At a clock boundary (nothing staged, nothing running), the leaving workers' partitions and
+        shards are copied from them to the others (``elastic.handoff_plan``), then the owners and
+        holders switch in one step and the leavers leave the job (``JobState.leave``): nothing to
+        restore, no rework. A leaver lost meanwhile goes the loss's way: nothing of it is switched."""
+        t0 = time.perf_counter()
+        staying = [w for w in self._live(job) if w not in leaving]
+        if not staying:  # nobody to hand off to: the retirement goes on, and is a loss
+            for w in leaving:
+                fut = self._leaving.pop(w, None)
+                if fut is not None and not fut.done():
+                    fut.set_result(False)
+            return
+        rows = {(t, p): b - a for t, layout in job.pmap.layouts.items() for p, (a, b) in enumerate(layout.bounds)}
+        parts = handoff_plan(job.pmap.owners, rows, leaving, staying)
+        shards = shard_handoff_plan({s: job.queue.holder(s) for s in range(job.queue.n_shards)}, leaving, staying)
+        sources = {k: job.pmap.owners[k] for k in parts}
+        copies = [self._rpc(w, "adopt", job_id=job.cfg.job_id, table=k[0], part=k[1], source=sources[k])
+                  for k, w in sorted(parts.items())]
+        copies += [self._rpc(w, "adopt_shard", job_id=job.cfg.job_id, shard=s, source=job.queue.holder(s))
+                   for s, w in sorted(shards.items())]
+        results = await asyncio.gather(*copies, return_exceptions=True)
+        ok = [isinstance(r, dict) and r.get("status") == "OK" for r in results]
+        part_ok, shard_ok = ok[:len(parts)], ok[len(parts):]
+        for (k, w), done in zip(sorted(parts.items()), part_ok):
+            if done and sources[k] not in job.lost and w not in job.lost:
+                job.pmap.owners[k] = w
+        for (s, w), done in zip(sorted(shards.items()), shard_ok):
+            if done and job.queue.holder(s) not in job.lost and w not in job.lost:
+                job.queue.set_holder(s, w)
+        for w in leaving:
+            if w not in job.lost:
+                self._do(job, job.leave(w, time.time()))
+        job.event(time.time(), "handoff", workers=sorted(leaving), partitions=sum(part_ok), shards=sum(shard_ok),
+                  failed=len(results) - sum(ok), seconds=round(time.perf_counter() - t0, 4))
+        for w in leaving:
+            fut = self._leaving.pop(w, None)
+            if fut is not None and not fut.done():
+                fut.set_result(True)
+
+    async def _take_on(self, job: JobState, joined: list[str]) -> None:
+        """At a clock boundary, workers that joined mid-fit take partitions from the most loaded
+        owners while that lowers the largest load (``elastic.join_plan``): copied from the live owners,
+        then switched in one step; a copy that fails leaves its partition where it was."""
+        t0 = time.perf_counter()
+        rows = {(t, p): b - a for t, layout in job.pmap.layouts.items() for p, (a, b) in enumerate(layout.bounds)}
+        plan = join_plan(job.pmap.owners, rows, joined)
+        if not plan:
+            return
+        sources = {k: job.pmap.owners[k] for k in plan}
+        results = await asyncio.gather(*(
+            self._rpc(w, "adopt", job_id=job.cfg.job_id, table=k[0], part=k[1], source=sources[k])
+            for k, w in sorted(plan.items())), return_exceptions=True)
+        moved = 0
+        for (k, w), r in zip(sorted(plan.items()), results):
+            if isinstance(r, dict) and r.get("status") == "OK" and sources[k] not in job.lost and w not in job.lost:
+                job.pmap.owners[k] = w
+                moved += 1
+        job.event(time.time(), "partitions-taken-on", workers=sorted(joined), partitions=moved,
+                  failed=len(plan) - moved, seconds=round(time.perf_counter() - t0, 4))
+
+    def valid_workers_downscaling(self, scheduler, workers: list) -> list:
+        """Dask may retire as idle no worker of a running job (``elastic.retirable``): to Dask they
+        look idle, since dscar runs no Dask tasks."""
+        in_use = {w for job in self.jobs.values() if not job.failed for w in self._live(job)}
+        keep = set(retirable([ws.address for ws in workers], in_use))
+        return [ws for ws in workers if ws.address in keep]
 
     # ----------------------------------------------------------- callers
     def _guarded(self, op: str, handler):
@@ -334,7 +485,7 @@ class Coordinator(SchedulerPlugin):
                      monitor: dict | None = None, checkpoint: dict | None = None, rebuild: list | None = None,
                      resume: dict | None = None, phases: list | None = None, consistency: str = "bsp",
                      staleness: int = 0, max_clocks: int = 0, shard_bounds: list | None = None,
-                     token: str | None = None, model: str = "") -> dict:
+                     token: str | None = None, model: str = "", elastic_workers: int | None = None) -> dict:
         """A new job, with its token (every later call about it must carry it: ``membership``) and
         its driver's lease; refused while another job runs."""
         if not token:
@@ -363,6 +514,7 @@ class Coordinator(SchedulerPlugin):
         job = JobState(cfg, queue, pmap, **kw)
         job.workers = workers
         self._models[job_id] = model or job_id.rsplit("-", 1)[0]
+        self._wanted[job_id] = workers_wanted(n_shards, elastic_workers)
         self.jobs[job_id] = job
         self._specs[job_id] = spec
         self._tokens[job_id] = token
@@ -446,6 +598,16 @@ class Coordinator(SchedulerPlugin):
             await self._wait_change(1.0)
         if job.failed:
             return {"status": "failed", "error": job.error}
+        leaving = [w for w in self._live(job) if w in self._leaving]
+        if leaving and job.consistency == "bsp":  # a clock boundary: Dask is retiring these
+            await self._hand_off(job, leaving)
+            while job.recovering and not job.failed:  # (a leaver that still owned something)
+                await self._wait_change(1.0)
+            if job.failed:
+                return {"status": "failed", "error": job.error}
+        joined = [w for w in self._joined.pop(job_id, ()) if w in self._live(job)]
+        if joined and job.consistency == "bsp":  # a clock boundary: workers that joined take partitions
+            await self._take_on(job, joined)
         job.workers = self._live(job)
         effects = job.begin(clock, time.time())
         for e in effects:  # between clocks nothing is staged: safe to move partitions
@@ -482,6 +644,14 @@ class Coordinator(SchedulerPlugin):
         self._tokens.pop(job_id, None)
         self._leases.pop(job_id, None)
         self._models.pop(job_id, None)
+        self._touched.pop(job_id, None)
+        self._wanted.pop(job_id, None)
+        self._joined.pop(job_id, None)
+        if not self.jobs:  # no job holds a retirement back any more
+            for fut in self._leaving.values():
+                if not fut.done():
+                    fut.set_result(False)
+            self._leaving.clear()
         if job is not None:  # the dashboard's last look at it (its snapshots are rate-limited)
             self._ended = job.snapshot(set(self.scheduler.workers), time.time())
         self._wake()
@@ -629,12 +799,37 @@ class Coordinator(SchedulerPlugin):
                                seconds=float(s.get("seconds", 0.0)), stopped=True)
             self._wake()
         granted = []
+        touched = self._touched.setdefault(job_id, {})
         for c in commits:
-            ok, effects = job.commit(worker, int(c.get("clock", clock)), run, c["shard"], c["attempt"], time.time(),
+            c_clock = int(c.get("clock", clock))
+            if c.get("parts") is not None:  # before job.commit: its effects may apply the pass at once
+                touched[(int(run), c_clock, int(c["shard"]), int(c["attempt"]))] = c["parts"]
+            ok, effects = job.commit(worker, c_clock, run, c["shard"], c["attempt"], time.time(),
                                      c.get("timings"), rebuild)
+            if not ok:
+                touched.pop((int(run), c_clock, int(c["shard"]), int(c["attempt"])), None)
             granted.append(ok)
             self._do(job, effects)
         return {"granted": granted, "next": self._item_for(worker) if worker in self.scheduler.workers else None}
+
+    def _sources(self, job_id: str, e: ApplyPass) -> list:
+        """``[worker, {table: parts or None}]`` for each worker whose committed attempts of the pass
+        staged updates: the partitions they touched, merged (a worker with an attempt not reported
+        is left out: owners fetch from it whatever it touched). Forgets the pass's entries and
+        those of older runs."""
+        touched = self._touched.get(job_id, {})
+        merged: dict[str, dict] = {}
+        unknown: set[str] = set()
+        for (shard, attempt, worker), clock in zip(e.committed, e.clocks or [e.clock] * len(e.committed)):
+            parts = touched.pop((int(e.run_id), int(clock), int(shard), int(attempt)), None)
+            if parts is None:
+                unknown.add(worker)
+            else:
+                merge_touched(merged.setdefault(worker, {}), parts)
+        for key in [k for k in touched if k[0] < e.run_id]:
+            del touched[key]
+        return [[w, {t: None if ps is None else sorted(ps) for t, ps in m.items()}]
+                for w, m in merged.items() if w not in unknown]
 
     def _h_fail(self, job_id: str, clock: int, run: int, shard: int, attempt: int, worker: str,
                 error: str, lost_data: bool = False, seconds: float = 0.0) -> dict:
@@ -650,6 +845,7 @@ class Coordinator(SchedulerPlugin):
         extra = {"clocks": e.clocks, "floor": e.floor} if e.batch is not None else {}
         if e.phase:
             extra["phase"] = e.phase
+        extra["touched"] = self._sources(job.cfg.job_id, e)
         results = await asyncio.gather(*(
             self._rpc(w, "apply", job_id=job.cfg.job_id, clock=e.clock, run=e.run_id, committed=e.committed,
                       reset=e.reset, **extra)
@@ -922,8 +1118,9 @@ class Coordinator(SchedulerPlugin):
         if worker in self._removed:  # a worker restarted at a removed one's address: reachable again
             self._removed.discard(worker)
             asyncio.ensure_future(self._tell_peers("peer_joined", worker, self._generation))
-        for job in self.jobs.values():
+        for job_id, job in self.jobs.items():
             job.event(time.time(), "worker-joined", worker=worker)
+            self._joined.setdefault(job_id, set()).add(worker)
         self._wake()
 
     # -------------------------------------------------------- driver side

@@ -16,6 +16,7 @@ import uuid
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+import dask.config
 import numpy as np
 import scipy.sparse as sp
 from distributed.comm.core import CommClosedError
@@ -23,7 +24,7 @@ from distributed.protocol import to_serialize
 from distributed.protocol.pickle import dumps
 
 from . import checkpoint as ckpt
-from . import report, results, validation, wire
+from . import report, results, shard_count, validation, wire
 from .algorithm import Algorithm, TableSpec
 from .cluster import Cluster, default_memory_limit
 from .comm import fast_fail_pool
@@ -39,11 +40,6 @@ from .progress import ProgressLine
 
 logger = logging.getLogger("dscar.driver")
 
-#: shards per worker when ``n_shards`` is not given
-SHARDS_PER_WORKER = 4
-#: ... unless that makes shards smaller than this (bytes of data): each shard costs about a
-#: millisecond to hand out, commit and apply, more than a step on this little data takes
-MIN_SHARD_BYTES = 1 << 20
 #: seconds one shard's placement on a worker may take before that worker is passed over
 PLACE_TIMEOUT_S = 60.0
 #: seconds a worker may take to set up its partitions (``init``) or kernels (``warm_up``)
@@ -155,6 +151,15 @@ class FitResult:
         return plot_fit(self, ax=ax)
 
 
+def elastic_workers() -> int | None:
+    """The user's cap on the workers a fit asks Dask's adaptive scaling for (``dscar.elastic-workers``;
+    None: one per shard, ``dscar.elastic.workers_wanted``)."""
+    value = dask.config.get("dscar.elastic-workers", None)
+    if value is not None and (type(value) is not int or value < 0):
+        raise InvalidInputError(f"dscar.elastic-workers must be a whole number >= 0 or None, not {value!r}")
+    return value
+
+
 def fit(
     algorithm: Algorithm,
     data: Any,
@@ -222,6 +227,7 @@ def fit(
         raise InvalidInputError(f"bad monitor options {monitor!r}: {e}") from None
     faults = list(faults)
     validation.fault_clocks(faults, max_clocks)
+    elastic_workers()  # (a bad setting is said before work starts)
     notes: list[dict] = []  # the driver's events from before the job starts
     temporary = ckpt.temporary_store() if checkpoint is None and not resume and ckpt.needs_store(faults) else None
     if temporary is not None:  # injected worker losses need checkpoints to recover from (removed at the end)
@@ -245,7 +251,8 @@ def fit(
             cl.wait_for_workers(n_workers)
         n_live = n_workers if owned else len(cl.wait_for_workers(1))
         if n_shards is None and not isinstance(data, FileData) and not is_dask(data):
-            n_shards = default_n_shards(n_live, *_data_size(data))
+            n_shards = default_n_shards(n_live, *_data_size(data), balancing=_balancing(o["sharding"], policy_objs),
+                                        shards_cost_quality=bool(algorithm.shards_cost_quality))
         d = as_data(data, n_shards, None if cl is None else cl.client)
         _check_phases(algorithm, d.meta)
         if consistency == "ssp" and d.meta.phases:
@@ -329,15 +336,17 @@ def lost_contact(e: BaseException) -> bool:
             or (type(e) is OSError and e.errno is None))
 
 
-def default_n_shards(n_workers: int, n_rows: int | None, n_bytes: int | None) -> int:
-    """``SHARDS_PER_WORKER`` per worker, fewer where shards would hold under ``MIN_SHARD_BYTES``
-    or no row, but one per worker at least (``fit`` then refuses data with fewer rows than workers)."""
-    n = SHARDS_PER_WORKER * n_workers
-    if n_bytes is not None:
-        n = min(n, n_bytes // MIN_SHARD_BYTES)
-    if n_rows is not None:
-        n = min(n, n_rows)
-    return max(n_workers, n)
+def default_n_shards(n_workers: int, n_rows: int | None, n_bytes: int | None, *, balancing: bool = True,
+                     shards_cost_quality: bool = False) -> int:
+    """The shard count of a fit not given ``n_shards``: ``dscar.shard_count`` decides (one per worker
+    unless the data's step work makes more worth their cost and the fit can balance them)."""
+    return shard_count.default_n_shards(n_workers, n_rows, n_bytes, balancing=balancing,
+                                        shards_cost_quality=shards_cost_quality)
+
+
+def _balancing(sharding: str, policies: list) -> bool:
+    """Extra shards can even out the workers' load: dynamic sharding moves them, a backup redoes one."""
+    return sharding == "dynamic" or any(getattr(p, "name", "") == "backup" for p in policies)
 
 
 def _data_size(data: Any) -> tuple[int | None, int | None]:
@@ -490,7 +499,7 @@ class _Run:
             checkpoint=None if cfg is None else cfg.to_msg(), rebuild=list(self.algorithm.rebuild_tables()),
             resume=None if resume is None else resume[0], phases=[list(p) for p in self.data.meta.phases] or None,
             consistency=opts["consistency"], staleness=opts["staleness"], max_clocks=max_clocks,
-            shard_bounds=[list(b) for b in self.data.meta.shard_bounds],
+            shard_bounds=[list(b) for b in self.data.meta.shard_bounds], elastic_workers=elastic_workers(),
         )
         if r["status"] == "busy":
             raise ClusterError(f"the cluster is running another dscar job ({', '.join(r['jobs'])})")

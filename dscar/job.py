@@ -85,6 +85,9 @@ class JobState:
         self.losses = Losses(pmap, self.log, bool(cfg.rebuild))
         #: work items, moves, stragglers and policies
         self.dispatch = Dispatch(self, policies)
+        #: workers that left on purpose (Dask retired them) after handing their partitions and shards
+        #: off: their departure is a ``worker-left``, not a loss (``leave``)
+        self.left: set[str] = set()
         #: the live workers, refreshed by the coordinator before it asks for decisions (``workers``)
         self._workers: list[str] = []
         self._worker_set: frozenset[str] = frozenset()
@@ -289,19 +292,29 @@ class JobState:
             return []
         return self.schedule.lose(worker, now)
 
+    def leave(self, worker: str, now: float) -> list[Effect]:
+        """``worker`` leaves on purpose, at a clock boundary, having handed off its partitions and
+        shards (``dscar.elastic``): recorded as a ``worker-left``; what it still held goes the loss's
+        way (a partition it still owns is restored, a shard it still holds is placed again)."""
+        if worker in self.lost:
+            return []
+        self.left.add(worker)
+        return self.lose(worker, now)
+
     def forget_worker(self, worker: str, held: list[int], voided: set[int], now: float) -> tuple[list, bool | None]:
         """What a loss means whatever the consistency: ``worker``'s attempts requeued, its memory
         copies forgotten, the event, the ledger; a recovery recorded when it took partitions or
         (with rebuild tables) the state of the shards it ``held``. Returns its partitions and
         whether a restore is needed (None: the job failed)."""
         self.lost.add(worker)
-        self.checkpoints.worker_lost(worker, planned=worker in self.restarting, now=now)
+        self.checkpoints.worker_lost(worker, planned=worker in self.restarting or worker in self.left, now=now)
         requeued = self.queue.worker_lost(worker) + self.queue.source_lost(worker)
         self.monitor.forget(worker)
         self.losses.forget_memory(worker)
         self.dispatch.forget(worker)
         owned = self.pmap.owned_by(worker)
-        self.event(now, "worker-lost", worker=worker, requeued=sorted({a.shard for a in requeued} | voided),
+        self.event(now, "worker-left" if worker in self.left else "worker-lost", worker=worker,
+                   requeued=sorted({a.shard for a in requeued} | voided),
                    partitions=[list(p) for p in owned])
         self.checkpoints.writer_lost(worker, now)
         if self.failed:

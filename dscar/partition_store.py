@@ -7,8 +7,9 @@ Exactly once: a shard attempt stages its contributions on the worker that ran it
 (``stage``, keyed ``(clock, shard, attempt)`` with its run id), then asks the
 coordinator to commit. When the pass is complete the coordinator tells every
 worker which ``(shard, attempt, worker)`` committed; each owner collects those
-attempts' updates to its partitions from the workers that ran them
-(``select_staged``: one message per worker and pass) and applies exactly those,
+attempts' updates to its partitions from the workers that ran them and staged
+some for it (each commit reports the partitions it touched, ``touched_parts``;
+``select_staged``: one message per such worker and pass) and applies exactly those,
 in shard order, so sums are deterministic (``apply_pass``); holders install
 exactly those shard states (``dscar.shard_store``); everything else is dropped.
 A staged update of an older run is never applied: ``select_staged`` answers
@@ -45,6 +46,36 @@ def add_update(xp, arr, lo: int, data, rows=None) -> None:
         arr[lo : lo + data.shape[0]] += xp.asarray(data)
     else:
         xp.add.at(arr, xp.asarray(rows), xp.asarray(data))
+
+
+def touched_parts(updates: Iterable[Update], n_parts: dict[str, int]) -> dict[str, list[int] | None]:
+    """The partitions ``updates`` add to, per table: a sorted list, or None where they add to every
+    partition of the table (``n_parts``: each table's partition count). An attempt's commit reports
+    it, so an owner fetches staged updates only from the workers that staged some for it."""
+    out: dict[str, set[int]] = {}
+    for table, part, *_ in updates:
+        out.setdefault(table, set()).add(int(part))
+    return {t: (None if len(ps) >= n_parts.get(t, len(ps) + 1) else sorted(ps)) for t, ps in out.items()}
+
+
+def merge_touched(into: dict[str, set[int] | None], touched: dict[str, Any]) -> None:
+    """Add one attempt's ``touched_parts`` (as a message carries it) to ``into`` (None: every partition)."""
+    for table, parts in touched.items():
+        if parts is None or into.get(table, set()) is None:
+            into[table] = None
+        else:
+            into.setdefault(table, set()).update(int(p) for p in parts)
+
+
+def touches(touched: dict[str, Any] | None, owned: Iterable[Part]) -> bool:
+    """Whether updates that touched ``touched`` (``touched_parts``, merged; None: unknown) may add to
+    any partition in ``owned``: an owner that would find none skips fetching from their worker."""
+    if touched is None:
+        return True
+    for table, part in owned:
+        if table in touched and (touched[table] is None or int(part) in touched[table]):
+            return True
+    return False
 
 
 class PartitionStore:

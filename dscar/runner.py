@@ -34,7 +34,7 @@ from . import wire
 from .algorithm import Algorithm, DataMeta, TableSpec
 from .ledger import INITIAL_STATE
 from .mirror_store import MirrorStore, shard_key
-from .partition_store import PartitionStore
+from .partition_store import PartitionStore, touched_parts
 from .pull_cache import SMALL, PullCache
 from .partitions import TableLayout, by_owner
 from .shard_store import ShardEntry, ShardStore
@@ -240,7 +240,8 @@ class ShardRunner:
                 if done is not None:
                     timings, staged[a["shard"], a["clock"]] = done
                     commits.append({"shard": a["shard"], "attempt": a["attempt"], "clock": a["clock"],
-                                    "timings": timings})
+                                    "timings": timings, "parts": touched_parts(staged[a["shard"], a["clock"]], {
+                                        t: lay.n_parts for t, lay in job.layouts.items()})})
         except _Stopped:
             return None
         except Exception as e:  # the job is unknown here: every attempt failed
@@ -490,20 +491,25 @@ class ShardRunner:
         layout = job.layouts[table]
         stop = layout.n_rows if stop is None else stop
         mine = None if own is None else own.mine()
+        spans = [(part, lo - layout.bounds[part][0], hi - layout.bounds[part][0], job.owners[(table, part)])
+                 for part, lo, hi in layout.split(start, stop)]
+        # every remote owner at once: a read spanning W owners costs one round trip, not W in a row
+        remote = [(part, owner) for part, _, _, owner in spans if owner != self.host.address]
+        replies = dict(zip(remote, self.host.peer_all([
+            (owner, "pull", {"job_id": job.id, "table": table, "part": part, "lo": lo, "hi": hi, "clock": clock,
+                             "mine": mine, "race": race})
+            for part, lo, hi, owner in spans if owner != self.host.address]))) if remote else {}
         pieces = []
-        for part, lo, hi in layout.split(start, stop):
-            a = layout.bounds[part][0]
-            owner = job.owners[(table, part)]
+        for part, lo, hi, owner in spans:
             if owner == self.host.address:
                 with job.tables.lock:
                     _check_race(job, race, (table, part))
-                    piece = job.tables.rows(table, part, lo - a, hi - a, clock)
+                    piece = job.tables.rows(table, part, lo, hi, clock)
                     held = job.tables.held((table, part), *mine) if mine else []
             else:
-                r = _answered(self.host.peer(owner, "pull", job_id=job.id, table=table, part=part, lo=lo - a, hi=hi - a,
-                                             clock=clock, mine=mine, race=race), owner, table, part)
+                r = _answered(replies[part, owner], owner, table, part)
                 piece, held = job.xp.asarray(r["data"]), r.get("held", [])
-            pieces.append(own.patch(piece, table, part, lo - a, held, job.xp) if mine else piece)
+            pieces.append(own.patch(piece, table, part, lo, held, job.xp) if mine else piece)
         if len(pieces) == 1:
             return pieces[0]
         return job.xp.concatenate(pieces) if pieces else job.xp.zeros((0, *job.specs[table].trailing))
@@ -570,18 +576,21 @@ class ShardRunner:
             raise IndexError(f"rows outside table {table!r} of {layout.n_rows} rows")
         out = job.xp.empty((rows.shape[0], *spec.trailing), dtype=spec.dtype)
         part_of = np.searchsorted([b for _, b in layout.bounds], rows, side="right")
+        wants = []  # (part, owner, positions in ``rows``, rows within the partition)
         for part in np.unique(part_of):
             sel = np.flatnonzero(part_of == part)
-            local = rows[sel] - layout.bounds[part][0]
-            owner = job.owners[(table, int(part))]
+            wants.append((int(part), job.owners[(table, int(part))], sel, rows[sel] - layout.bounds[part][0]))
+        remote = [(part, owner, local) for part, owner, _, local in wants if owner != self.host.address]
+        replies = dict(zip([(p, o) for p, o, _ in remote], self.host.peer_all([  # every remote owner at once
+            (owner, "pull", {"job_id": job.id, "table": table, "part": part, "rows": to_serialize(local),
+                             "clock": clock, "race": race}) for part, owner, local in remote]))) if remote else {}
+        for part, owner, sel, local in wants:
             if owner == self.host.address:
                 with job.tables.lock:
-                    _check_race(job, race, (table, int(part)))
-                    vals = job.tables.row_set(table, int(part), local, clock)
+                    _check_race(job, race, (table, part))
+                    vals = job.tables.row_set(table, part, local, clock)
             else:
-                r = _answered(self.host.peer(owner, "pull", job_id=job.id, table=table, part=int(part),
-                                             rows=to_serialize(local), clock=clock, race=race), owner, table, int(part))
-                vals = job.xp.asarray(r["data"])
+                vals = job.xp.asarray(_answered(replies[part, owner], owner, table, part)["data"])
             out[job.xp.asarray(sel)] = vals
         return out
 

@@ -53,7 +53,7 @@ from .inflight import Inflight
 from .membership import (WORKER_INSTALLING, WORKER_RUN_WRITES, Rule, key_digest, new_token, refusal, run_known,
                          run_refusal, same, worker_rule)
 from .mirror_store import part_key, shard_key
-from .partition_store import PartitionStore
+from .partition_store import PartitionStore, touches
 from .partitions import TableLayout
 from .runner import Job, ShardRunner
 from .shard_store import ShardEntry, ShardStore
@@ -103,7 +103,7 @@ class ParamServer(WorkerPlugin):
         self._peers_started = asyncio.ensure_future(self.peers.start())
         #: messages waiting for a peer's answer (they fail at once when it is lost)
         self._inflight = Inflight()
-        for op in ("init", "warm_up", "pull", "fetch_staged", "apply", "assign", "put_shard", "copy_shard", "end_job", "info", "adopt",
+        for op in ("init", "warm_up", "pull", "fetch_staged", "apply", "assign", "put_shard", "copy_shard", "end_job", "info", "adopt", "adopt_shard",
                    "checkpoint", "restore", "forget", "perturbation", "peer_lost", "peer_joined", "release", "pull_many", "summarize", "mirror",
                    "keep_mirror", "get_mirror", "stack", "confirm_key"):
             worker.handlers[f"dscar_{op}"] = self._guarded(op, getattr(self, f"_h_{op}"))
@@ -279,6 +279,19 @@ class ParamServer(WorkerPlugin):
         await asyncio.to_thread(job.tables.own, table, part, r["data"], holds=r.get("holds", ()))
         return {"status": "OK"}
 
+    async def _h_adopt_shard(self, job_id: str, shard: int, source: str) -> dict:
+        """Become the holder of a shard: copy its data and state from ``source``, a worker that
+        Dask is retiring (its hand-off: ``Coordinator._hand_off``), and prepare it in a thread."""
+        job = await self._ajob(job_id)
+        r = await self._apeer(source, "copy_shard", job_id=job_id, shard=shard)
+        if r.get("status") != "OK":
+            raise RuntimeError(f"shard {shard} is not on {source} any more: {r.get('status')}")
+        entry = await asyncio.to_thread(
+            lambda: ShardEntry(job.algorithm.prepare_shard(dict(r["arrays"]), job.xp),
+                               {k: job.xp.asarray(v) for k, v in r["state"].items()}))
+        job.shards.put(shard, entry)
+        return {"status": "OK"}
+
     def _h_pull(self, job_id: str, table: str, part: int, lo: int = 0, hi: int = 0, rows=None,
                 clock: int | None = None, mine: list | None = None, holds: bool = False,
                 race: list | None = None) -> dict:
@@ -343,7 +356,8 @@ class ParamServer(WorkerPlugin):
                 "updates": [[list(key), [[t, p, lo, r is not None] for t, p, lo, _, r in ups]] for key, ups in selected]}
 
     async def _h_apply(self, job_id: str, clock: int, run: int, committed: list, reset: list | None = None,
-                       clocks: list | None = None, floor: int | None = None, phase: str | None = None) -> dict:
+                       clocks: list | None = None, floor: int | None = None, phase: str | None = None,
+                       touched: list | None = None) -> dict:
         """Apply the pass of ``run``: the committed attempts' updates to the partitions owned here
         (collected from the workers that ran them, one message per worker) and their new shard
         states to the shards held here; drop everything else of the clock.
@@ -352,7 +366,10 @@ class ParamServer(WorkerPlugin):
         ``reset`` start from zero (the reduction tables at a clock's first data phase, the rebuild
         tables in a rebuild pass). The array work runs off the event loop. Under SSP a batch spans
         clocks: ``clocks`` gives each attempt's, ``floor`` the newest finished clock. ``phase``: the
-        data phase whose pass this is (an injected fault may name it).
+        data phase whose pass this is (an injected fault may name it). ``touched``: ``[worker,
+        {table: parts or None}]``, the partitions each worker's committed attempts staged updates
+        for: none is fetched from a worker that staged nothing for the partitions owned here (one
+        not named: fetched from, whatever it staged).
         """
         job = self.jobs.get(job_id)
         if job is None:
@@ -369,7 +386,8 @@ class ParamServer(WorkerPlugin):
         for key, worker in zip(keys, workers):
             by_worker[worker].append(list(key))
         updates: dict[tuple, list] = {}
-        remote = [w for w in by_worker if w != me]
+        staged_for = {w: t for w, t in touched or ()}
+        remote = [w for w in by_worker if w != me and touches(staged_for.get(w), owned)]
         if parts and remote:
             await self._peers_started
             replies = await asyncio.gather(*(

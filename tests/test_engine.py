@@ -6,6 +6,7 @@ import os
 import signal
 import threading
 import time
+import functools
 from functools import partial
 
 import numpy as np
@@ -31,13 +32,16 @@ def test_every_row_is_applied_once_per_clock_inproc(inproc):
     assert scheduler_jobs(inproc) == []  # the job is forgotten when fit returns
 
 
-def test_default_shards_are_four_per_worker_unless_they_would_hold_under_a_mib():
-    from dscar.driver import MIN_SHARD_BYTES, _data_size, default_n_shards
+def test_default_shards_follow_the_step_work_per_worker():
+    from dscar.driver import _data_size, default_n_shards
+    from dscar.shard_count import MIB
 
-    assert default_n_shards(2, 10**6, 800 * MIN_SHARD_BYTES) == 8
-    assert default_n_shards(2, 10**6, 5 * MIN_SHARD_BYTES) == 5  # each shard a MiB at least
+    assert default_n_shards(2, 10**8, 800 * MIB) == 8  # 400 MiB a worker: extra shards cost < 5 % of its steps
+    assert default_n_shards(2, 10**6, 8 * MIB) == 2  # 4 MiB a worker: one each
+    assert default_n_shards(2, 10**8, 800 * MIB, shards_cost_quality=True) == 2
+    assert default_n_shards(2, 10**8, 800 * MIB, balancing=False) == 2
     assert default_n_shards(3, 442, 38_896) == 3  # tiny data: one per worker
-    assert default_n_shards(2, 5, None) == 5  # bytes unknown: rows bound it
+    assert default_n_shards(2, 5, None) == 5  # bytes unknown: four per worker, rows bound it
     assert default_n_shards(4, 2, 10**9) == 4  # never fewer than the workers (fit then refuses 2 rows)
     X = sp.random(100, 10, density=0.5, format="csr", random_state=0)
     assert _data_size({"X": X, "y": np.zeros(100)}) == (100, X.data.nbytes + X.indices.nbytes + X.indptr.nbytes + 800)
@@ -45,12 +49,65 @@ def test_default_shards_are_four_per_worker_unless_they_would_hold_under_a_mib()
     assert _data_size({"X": [[1.0]]}) == (None, None) and _data_size(None) == (None, None)
 
 
-def test_a_fit_without_n_shards_cuts_tiny_data_into_one_shard_per_worker_and_big_data_into_four(inproc):
+def test_a_fit_without_n_shards_cuts_small_data_into_one_shard_per_worker_and_big_data_into_more(inproc):
     tiny = dscar.fit(RowCounter(), row_data(103), inproc, max_clocks=1)
     assert sum(tiny.history[0].shards_per_worker.values()) == 2
-    big = dscar.fit(RowCounter(), row_data(1 << 20), inproc, max_clocks=1)  # 8 MiB of int64 rows
-    assert sum(big.history[0].shards_per_worker.values()) == 8
-    assert_exactly_once(big, 1 << 20)
+    wide = {**row_data(1000), "pad": np.zeros((1000, 6 << 10))}  # 48 MiB: 24 a worker, 24 ms of steps a clock
+    big = dscar.fit(RowCounter(), wide, inproc, max_clocks=1)
+    assert sum(big.history[0].shards_per_worker.values()) == 4
+    assert_exactly_once(big, 1000)
+    static = dscar.fit(RowCounter(), wide, inproc, max_clocks=1, sharding="static", policies=[])
+    assert sum(static.history[0].shards_per_worker.values()) == 2  # nothing to balance: one each
+    class Stale(RowCounter):
+        shards_cost_quality = True
+
+    stale = dscar.fit(Stale(), wide, inproc, max_clocks=1)
+    assert sum(stale.history[0].shards_per_worker.values()) == 2  # more shards would cost it quality
+    given = dscar.fit(RowCounter(), row_data(103), inproc, max_clocks=1, n_shards=6)
+    assert sum(given.history[0].shards_per_worker.values()) == 6  # an explicit count wins
+
+
+class FirstPartOnly(dscar.Algorithm):
+    """Every shard adds 1 to each row of the first of two partitions of ``t``: its owner is the
+    only one with staged updates to collect."""
+
+    name = "first-part-only"
+    data_names = ("row",)
+
+    def tables(self, meta):
+        return [TableSpec("t", 8, n_parts=2)]
+
+    def shard_step(self, ctx, data):
+        ctx.add("t", ctx.xp.ones(4))
+
+    def clock_end(self, ctx):
+        return {"objective": float(dscar.to_host(ctx.pull("t")).sum())}
+
+    def converged(self, history, tol):
+        return False
+
+
+def _count_fetches(dask_worker):
+    h = dask_worker.handlers["dscar_fetch_staged"]
+    if not getattr(h, "_counted", False):
+        @functools.wraps(h)  # keeps the signature: distributed passes ``comm`` as the original wants it
+        def counted(*a, **k):
+            dask_worker._fetches = getattr(dask_worker, "_fetches", 0) + 1
+            return h(*a, **k)
+        counted._counted = True
+        dask_worker.handlers["dscar_fetch_staged"] = counted
+    return getattr(dask_worker, "_fetches", 0)
+
+
+def test_an_owner_fetches_staged_updates_only_from_workers_that_staged_some_for_it(inproc):
+    before = sum(inproc.client.run(_count_fetches).values())
+    res = dscar.fit(FirstPartOnly(), row_data(8), inproc, n_shards=8, max_clocks=4, sharding="static", policies=[])
+    after = sum(inproc.client.run(_count_fetches).values())
+    assert res.history[-1].objective == 4 * 8 * 4  # 4 clocks x 8 shards x 4 rows: every update applied once
+    np.testing.assert_array_equal(res.params["t"], [32.0] * 4 + [0.0] * 4)
+    # both workers ran shards; only the first partition's owner collects, from the other worker
+    assert all(n > 0 for n in res.history[-1].shards_per_worker.values())
+    assert after - before == 4  # one fetch a clock, not two
 
 
 def test_a_fast_worker_takes_shards_from_a_slow_one_and_the_data_moves(inproc):
@@ -154,6 +211,10 @@ def test_partitions_live_on_their_owners_and_pull_push_between_processes(procs):
             server = dask_worker.plugins["dscar-paramserver"]
             server.jobs["direct"].tables.stage(tuple(key), 1, updates)
 
+        def reached(run, dask_worker=None):  # what the coordinator answers once its job reached ``run``: no
+            dask_worker.plugins["dscar-paramserver"].jobs["direct"].run_confirmed = run  # clock loop runs here
+
+        client.run(reached, 2, workers=[w0])
         client.run(stage, [1, 0, 0], [["count", 0, 1, np.array([2.0, 3.0]), None]], workers=[w1])
         client.run(stage, [1, 1, 0], [["count", 0, 0, np.array([7.0]), None]], workers=[w1])
         r = client.sync(client.rpc(w0).dscar_apply, job_id="direct", clock=1, run=1,

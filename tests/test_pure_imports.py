@@ -20,10 +20,10 @@ ROOT = Path(__file__).resolve().parents[1]
 PURE = [
     "dscar.clock", "dscar.ssp", "dscar.shards", "dscar.job", "dscar.schedule", "dscar.effects", "dscar.ledger", "dscar.events",
     "dscar.tally", "dscar.losses", "dscar.checkpoint_plan", "dscar.dispatch",
-    "dscar.monitor", "dscar.policies", "dscar.liveness", "dscar.partitions", "dscar.intervals", "dscar.stall",
+    "dscar.monitor", "dscar.policies", "dscar.liveness", "dscar.elastic", "dscar.partitions", "dscar.intervals", "dscar.stall",
     "dscar.report", "dscar.validation", "dscar.errors", "dscar.checkpoint", "dscar.wire", "dscar.inflight",
     "dscar.faults", "dscar.algorithm", "dscar.data", "dscar.results", "dscar.estimator", "dscar.progress",
-    "dscar.xp", "dscar.pull_cache", "dscar.partition_store", "dscar.shard_store", "dscar.mirror_store",
+    "dscar.xp", "dscar.pull_cache", "dscar.partition_store", "dscar.shard_store", "dscar.mirror_store", "dscar.shard_count",
     # the simulator drives the pure core alone: bench.scale's figures are the core's, not Dask's
     "bench.sim",
 ]

@@ -412,3 +412,56 @@ def test_an_attempt_stopped_as_a_lost_race_is_named_in_its_item_s_commit():
     runner._run_shards(_batch_item(1))
     [(op, kw)] = calls
     assert op == "commit" and kw["commits"] == [] and [s["shard"] for s in kw["stopped"]] == [0]
+
+
+def test_a_commit_reports_the_partitions_its_updates_touched_and_owners_of_others_skip_its_worker():
+    from dscar.partition_store import merge_touched, touched_parts, touches
+
+    ups = [_up(1, 0, [1.0]), _up(1, 2, [1.0]), ("stats", 0, 0, np.ones(1), None)]
+    assert touched_parts(ups, {"w": 4, "stats": 1}) == {"w": [1], "stats": None}  # None: every partition
+    assert touched_parts([], {"w": 4}) == {}
+    merged: dict = {}
+    merge_touched(merged, {"w": (1,)})  # as a message carries it: tuples
+    merge_touched(merged, {"w": [3]})
+    assert merged == {"w": {1, 3}}
+    assert touches(merged, [("w", 3)]) and not touches(merged, [("w", 0), ("w", 2), ("stats", 0)])
+    merge_touched(merged, {"w": None})
+    assert merged == {"w": None} and touches(merged, [("w", 0)])
+    assert touches(None, [("w", 0)])  # unknown: fetch
+    assert not touches({}, [("w", 0)])  # an attempt that staged nothing
+
+
+def test_a_read_spanning_several_owners_asks_them_all_at_once():
+    """Rows of partitions held by W-1 other workers cost one round trip (``peer_all``), not W-1 in a row."""
+    import threading
+
+    from dscar.runner import Job, ShardRunner
+
+    store = _store(rows=9, parts=3)
+    for p in (1, 2):
+        store.parts.pop(("w", p))  # held by others
+    job = Job(id="j", algorithm=None, meta=None, specs=store.specs, layouts=store.layouts, loader=None,
+              tol=0.0, xp=np, tables=store, shards=ShardStore(store.lock),
+              owners={("w", 0): ME, ("w", 1): OTHER, ("w", 2): "tcp://third:3"})
+    batches = []
+
+    class Host:
+        address, stop, in_process = ME, threading.Event(), True
+
+        def peer(self, address, op, **kw):
+            raise AssertionError("one peer at a time")
+
+        def peer_all(self, calls):
+            batches.append([(a, op) for a, op, _ in calls])
+            out = []
+            for _, _, kw in calls:
+                a = 3 * kw["part"]
+                vals = np.arange(a, a + 3.0)
+                out.append({"status": "OK", "data": vals[kw["lo"]:kw["hi"]] if kw.get("rows") is None
+                            else vals[np.asarray(kw["rows"].data)]})
+            return out
+
+    runner = ShardRunner(Host())
+    np.testing.assert_array_equal(runner.read_rows(job, "w", 1, 8), np.arange(1.0, 8.0))
+    np.testing.assert_array_equal(runner.read_row_set(job, "w", [8, 0, 4, 2]), [8.0, 0.0, 4.0, 2.0])
+    assert batches == [[(OTHER, "pull"), ("tcp://third:3", "pull")]] * 2

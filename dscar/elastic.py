@@ -1,0 +1,110 @@
+"""Elastic membership: how many workers a job can use, which workers Dask may retire, and where a
+retiring worker's partitions go (pure: no Dask here).
+
+Dask's adaptive scaling counts only Dask tasks, and dscar runs none, so without help it sees a
+fit's workers as idle: it retires them mid-fit (a loss, and rework) and never asks for more. The
+coordinator (``dscar.coordinator``) answers Dask's two questions with these functions:
+
+- ``workers_wanted``: how many workers a running job can use (its shard count: a worker with no
+  shard to run adds nothing; or fewer, by the user's ``dscar.elastic-workers``), which the
+  coordinator puts under Dask's own ``adaptive_target`` (``adaptive_target``): adaptive grows the
+  cluster toward its ``maximum`` while a fit runs and shrinks it once the fit has ended;
+- ``retirable``: the candidates Dask may retire as idle (``valid_workers_downscaling``): none of a
+  running job's workers.
+
+A worker retired explicitly (``retire_workers([w])``, ``cluster.scale(n)``) is not vetoed: it hands
+its partitions off at the next clock boundary before Dask closes it (``handoff_plan``).
+"""
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+
+def workers_wanted(n_shards: int, setting: int | None = None) -> int:
+    """Workers a job can use: one per shard, at most ``setting`` (the user's ``dscar.elastic-workers``;
+    None or 0: no limit of the user's). Never fewer than one."""
+    if n_shards < 1:
+        raise ValueError(f"a job has at least one shard, not {n_shards}")
+    if setting is not None and (type(setting) is not int or setting < 0):
+        raise ValueError(f"dscar.elastic-workers must be a whole number >= 0, not {setting!r}")
+    return max(1, min(n_shards, setting) if setting else n_shards)
+
+
+def adaptive_target(dask_target: int, wanted: Iterable[int]) -> int:
+    """What Dask's adaptive scaling is told: the larger of its own target (from Dask tasks and
+    memory) and what the running jobs can use (``wanted``, one entry a job; none when no job runs)."""
+    return max([int(dask_target), *wanted])
+
+
+def retirable(candidates: Iterable[str], in_use: Iterable[str]) -> list[str]:
+    """The ``candidates`` Dask may retire as idle: those no running job uses (``in_use``)."""
+    busy = set(in_use)
+    return [w for w in candidates if w not in busy]
+
+
+def handoff_plan(owners: Mapping[tuple[str, int], str], rows: Mapping[tuple[str, int], int],
+                 leaving: Iterable[str], staying: Iterable[str]) -> dict[tuple[str, int], str]:
+    """Where each partition of the ``leaving`` workers goes: to the ``staying`` worker holding the
+    fewest rows at that point (largest partition first, ties by name), so the hand-off evens the
+    load rather than piling it on one worker. Returns partition -> new owner; empty when nobody
+    stays (the leavers' retirement is then a loss)."""
+    gone = set(leaving)
+    stay = sorted(set(staying) - gone)
+    if not stay:
+        return {}
+    load = {w: 0 for w in stay}
+    for key, w in owners.items():
+        if w in load:
+            load[w] += rows[key]
+    plan: dict[tuple[str, int], str] = {}
+    for key in sorted((k for k, w in owners.items() if w in gone), key=lambda k: (-rows[k], k)):
+        target = min(stay, key=lambda w: (load[w], w))
+        plan[key] = target
+        load[target] += rows[key]
+    return plan
+
+
+def shard_handoff_plan(holders: Mapping[int, str | None], leaving: Iterable[str],
+                       staying: Iterable[str]) -> dict[int, str]:
+    """Where each shard held by the ``leaving`` workers goes (``holders``: shard -> holder): to the
+    ``staying`` worker holding the fewest shards at that point (ties by name). Empty when nobody stays."""
+    gone = set(leaving)
+    stay = sorted(set(staying) - gone)
+    if not stay:
+        return {}
+    held = {w: 0 for w in stay}
+    for w in holders.values():
+        if w in held:
+            held[w] += 1
+    plan: dict[int, str] = {}
+    for shard in sorted(s for s, w in holders.items() if w in gone):
+        target = min(stay, key=lambda w: (held[w], w))
+        plan[shard] = target
+        held[target] += 1
+    return plan
+
+
+def join_plan(owners: Mapping[tuple[str, int], str], rows: Mapping[tuple[str, int], int],
+              joined: Iterable[str]) -> dict[tuple[str, int], str]:
+    """Partitions that move to the ``joined`` workers (who own nothing yet): while moving one lowers
+    the largest owner's load (rows owned), the most loaded owner's largest partition that still
+    leaves the joiner below that owner's old load goes to the least loaded joiner. Returns partition
+    -> joiner; empty when no move would lower the largest load (a joiner then only takes shards)."""
+    new = sorted(set(joined) - set(owners.values()))
+    if not new:
+        return {}
+    owner = dict(owners)
+    load: dict[str, int] = {w: 0 for w in new}
+    for key, w in owner.items():
+        load[w] = load.get(w, 0) + rows[key]
+    plan: dict[tuple[str, int], str] = {}
+    while True:
+        top = max(load, key=lambda w: (load[w], w))
+        target = min(new, key=lambda w: (load[w], w))
+        fits = [k for k, w in owner.items() if w == top and load[target] + rows[k] < load[top]]
+        if not fits:
+            return plan
+        key = max(fits, key=lambda k: (rows[k], k))
+        owner[key], plan[key] = target, target
+        load[top] -= rows[key]
+        load[target] += rows[key]

@@ -1,0 +1,48 @@
+"""bench.scaling: time to the same target on 1 and 2 workers, the clock split, and the entry point."""
+import math
+
+import pytest
+
+import dscar
+from bench import scaling
+
+
+class _Rec:
+    def __init__(self, objective, seconds, stage_s=None, timings=None):
+        self.objective, self.seconds, self.skipped = objective, seconds, False
+        self.stage_s = stage_s or {"shards": seconds / 2, "apply": seconds / 4}
+        self.timings = timings or {"w1": {"pull_s": 0.001, "compute_s": 0.002, "compute_cpu_s": 0.001, "push_s": 0.0}}
+        self.shards_per_worker = {"w1": 2}
+
+
+class _Res:
+    def __init__(self, recs):
+        self.history = recs
+
+
+def test_time_to_target_sums_clock_seconds_until_the_objective_reaches_it():
+    res = _Res([_Rec(3.0, 0.1), _Rec(2.0, 0.2), _Rec(1.0, 0.3)])
+    assert scaling.time_to(res, 2.0) == pytest.approx(0.3)
+    assert scaling.time_to(res, 3.5) == pytest.approx(0.1)
+    assert math.isinf(scaling.time_to(res, 0.5))
+
+
+def test_split_takes_medians_after_the_first_clock_and_the_rest_is_other():
+    res = _Res([_Rec(1.0, 1.0)] + [_Rec(1.0, s) for s in (0.010, 0.020, 0.030)])
+    sp = scaling.split(res)
+    assert sp["clock"] == pytest.approx(20.0) and sp["shards"] == pytest.approx(10.0) and sp["apply"] == pytest.approx(5.0)
+    assert sp["other"] == pytest.approx(5.0) and sp["pull"] == pytest.approx(1.0) and sp["n_shards"] == 2
+    assert sp["cpu_share"] == pytest.approx(0.5)  # the step had a core half of its time
+
+
+@pytest.mark.timeout(600)
+def test_quick_mlr_case_reports_both_worker_counts_the_ratio_and_a_plot(quick_bench):
+    stdout, d, png = quick_bench("scaling", "--cases", "mlr")
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    (case,) = d["cases"]
+    assert case["case"] == "mlr" and set(case["by_workers"]) == {"1", "2"}
+    t1, t2 = case["by_workers"]["1"]["time_s"], case["by_workers"]["2"]["time_s"]
+    assert t1 > 0 and case["ratio_1w_over_2w"] == pytest.approx(t1 / t2)
+    assert case["by_workers"]["1"]["n_shards"] == 1 and case["by_workers"]["2"]["n_shards"] == 2  # digits: 1 a worker
+    assert "load average" in stdout and "where a clock goes" in stdout
+    assert d["machine"]["env"]["OPENBLAS_NUM_THREADS"] == "1"

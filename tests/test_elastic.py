@@ -1,0 +1,238 @@
+"""Elastic membership (issue 41): dscar on Dask's adaptive clusters, and the hand-off plan of a
+worker that Dask retires."""
+import threading
+import time
+
+import dask
+import numpy as np
+import pytest
+from distributed import LocalCluster
+from hypothesis import given
+from hypothesis import strategies as st
+
+import dscar
+from dscar.algorithms.datasets import make_regression
+from dscar.algorithms.lasso import LassoCD
+from dscar.coordinator import PLUGIN_NAME
+from dscar.elastic import adaptive_target, handoff_plan, join_plan, retirable, shard_handoff_plan, workers_wanted
+from dscar.errors import InvalidInputError
+
+
+# ------------------------------------------------------------------ pure
+def test_a_job_wants_one_worker_per_shard_capped_by_the_user_setting():
+    assert workers_wanted(12) == 12
+    assert workers_wanted(12, 4) == 4
+    assert workers_wanted(3, 8) == 3
+    assert workers_wanted(5, 0) == 5  # 0: no cap of the user's
+    with pytest.raises(ValueError, match="elastic-workers"):
+        workers_wanted(5, -1)
+    with pytest.raises(ValueError, match="at least one shard"):
+        workers_wanted(0)
+
+
+def test_adaptive_is_told_the_larger_of_its_own_target_and_the_jobs_wants():
+    assert adaptive_target(1, []) == 1  # no job: Dask's own target
+    assert adaptive_target(0, [6]) == 6
+    assert adaptive_target(9, [6]) == 9  # Dask tasks want more: they get it
+
+
+def test_no_worker_of_a_running_job_is_retirable_as_idle():
+    assert retirable(["a", "b", "c"], {"b"}) == ["a", "c"]
+    assert retirable(["a", "b"], set()) == ["a", "b"]
+
+
+keys = st.lists(st.tuples(st.sampled_from("wxyz"), st.integers(0, 5)), unique=True, min_size=1, max_size=16)
+
+
+@given(keys, st.data())
+def test_a_hand_off_moves_exactly_the_leavers_partitions_to_stayers_and_evens_the_load(parts, data):
+    workers = ["a", "b", "c", "d"]
+    owners = {k: data.draw(st.sampled_from(workers)) for k in parts}
+    rows = {k: data.draw(st.integers(1, 100)) for k in parts}
+    leaving = set(data.draw(st.lists(st.sampled_from(workers), unique=True, max_size=3)))
+    staying = [w for w in workers if w not in leaving]
+    plan = handoff_plan(owners, rows, leaving, staying)
+    assert set(plan) == {k for k, w in owners.items() if w in leaving}
+    assert all(w in staying for w in plan.values())
+    # greedy least-loaded: after the move, the most loaded stayer received nothing it could have
+    # passed to the least loaded one without overtaking it
+    load = {w: sum(rows[k] for k, o in {**owners, **plan}.items() if o == w) for w in staying}
+    for k, target in plan.items():
+        assert load[target] - rows[k] <= min(load.values())
+
+
+def test_nobody_staying_means_no_hand_off():
+    assert handoff_plan({("w", 0): "a"}, {("w", 0): 5}, {"a"}, ["a"]) == {}
+
+
+def test_a_bad_elastic_workers_setting_is_refused_before_work_starts():
+    with dask.config.set({"dscar.elastic-workers": "four"}):
+        with pytest.raises(InvalidInputError, match="dscar.elastic-workers"):
+            dscar.fit(LassoCD(0.01), {"X": [[1.0]], "y": [1.0]}, "tcp://127.0.0.1:1")
+
+
+# --------------------------------------------------------------- cluster
+class StopOnceGrown(LassoCD):
+    """Lasso that stops (converges) only once every worker of a grown cluster has run shards of it:
+    the fit's length is tied to the cluster's state, not to a clock count or a timer."""
+
+    def __init__(self, alpha: float, local_cluster=None, client=None, grown_to: int = 0):
+        super().__init__(alpha)
+        self._cluster, self._client, self._grown_to = local_cluster, client, grown_to
+        #: what Dask would retire as idle, asked on the scheduler while the job ran (each clock)
+        self._closable: list[list[str]] = []
+
+    def __getstate__(self):  # (the cluster stays in the driver)
+        return {k: v for k, v in self.__dict__.items() if k not in ("_cluster", "_client", "_closable")}
+
+    def converged(self, history, tol) -> bool:
+        scheduler = self._cluster.scheduler
+        self._closable.append(self._client.run_on_scheduler(
+            lambda dask_scheduler: dask_scheduler.workers_to_close(n=len(dask_scheduler.workers))))
+        job = next(iter(scheduler.plugins[PLUGIN_NAME].jobs.values()))
+        workers = list(scheduler.workers)
+        return len(workers) >= self._grown_to and all(job.monitor.mean_step(w) is not None for w in workers)
+
+
+def wait_for(what, limit_s: float = 90.0) -> None:
+    """Wait until ``what()`` holds (state, not a timer: the limit only stops a broken run)."""
+    deadline = time.monotonic() + limit_s
+    while not what():
+        assert time.monotonic() < deadline, "state not reached"
+        time.sleep(0.05)
+
+
+def test_a_fit_on_an_adaptive_cluster_grows_it_to_the_maximum_keeps_its_workers_and_lets_it_shrink_after():
+    X, y, _ = make_regression(4000, 40, seed=3)
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=False, dashboard_address=":0") as lc:
+        lc.adapt(minimum=2, maximum=4, interval="100ms", wait_count=2)
+        cl = dscar.connect(lc)
+        algo = StopOnceGrown(0.001, lc, cl.client, grown_to=4)
+        res = dscar.fit(algo, {"X": X, "y": y}, cl, n_shards=8, max_clocks=2000, progress=False)
+        kinds = [e["kind"] for e in res.events]
+        assert kinds.count("worker-joined") >= 2  # grown from 2 to 4 during the fit
+        assert "worker-lost" not in kinds and "recovery-started" not in kinds
+        assert len(res.history) < 2000  # it stopped because every one of the 4 workers ran shards
+        assert algo._closable and not any(algo._closable)  # while it ran, Dask found no worker to retire
+        wait_for(lambda: len(lc.scheduler.workers) == 2)  # adaptive shrinks it to its minimum after the fit
+
+
+def test_a_shard_hand_off_spreads_the_leavers_shards_over_the_stayers():
+    holders = {0: "a", 1: "a", 2: "b", 3: "c", 4: None}
+    plan = shard_handoff_plan(holders, {"a"}, ["a", "b", "c"])
+    assert sorted(plan) == [0, 1] and sorted(plan.values()) == ["b", "c"]
+    assert shard_handoff_plan(holders, {"a", "b", "c"}, ["a", "b", "c"]) == {}
+
+
+class RetireMidFit(LassoCD):
+    """Lasso that asks Dask to retire a partition owner after ``at`` clocks (in a thread: the
+    retirement waits for the hand-off, which waits for the next clock), once it ran to the end."""
+
+    def __init__(self, alpha: float, local_cluster=None, client=None, at: int = 0):
+        super().__init__(alpha)
+        self._cluster, self._client, self._at = local_cluster, client, at
+        self.retired: list[str] = []
+        self._thread = None
+
+    def __getstate__(self):
+        return {k: v for k, v in self.__dict__.items() if k not in ("_cluster", "_client", "_thread", "retired")}
+
+    def converged(self, history, tol) -> bool:
+        if self._at and len(history) == self._at:
+            coordinator = self._cluster.scheduler.plugins[PLUGIN_NAME]
+            job = next(iter(coordinator.jobs.values()))
+            worker = sorted(set(job.pmap.owners.values()))[0]
+            self.retired.append(worker)
+            self._thread = threading.Thread(target=self._client.retire_workers, kwargs={"workers": [worker]})
+            self._thread.start()
+            wait_for(lambda: worker in coordinator._leaving)  # Dask asked: the next boundary hands it off
+        return False
+
+
+def test_a_worker_retired_mid_fit_hands_off_its_partitions_with_no_loss_and_no_rework():
+    X, y, _ = make_regression(3000, 30, seed=5)
+    data = {"X": X, "y": y}
+    with LocalCluster(n_workers=3, threads_per_worker=1, processes=False, dashboard_address=":0") as lc:
+        cl = dscar.connect(lc)
+        ref = dscar.fit(LassoCD(0.01), data, cl, n_shards=6, max_clocks=8, tol=1e-300, progress=False)
+        algo = RetireMidFit(0.01, lc, cl.client, at=3)
+        res = dscar.fit(algo, data, cl, n_shards=6, max_clocks=8, tol=1e-300, progress=False)
+        algo._thread.join(60)
+        kinds = [e["kind"] for e in res.events]
+        handoff = [e for e in res.events if e["kind"] == "handoff"]
+        assert len(handoff) == 1 and handoff[0]["workers"] == algo.retired and handoff[0]["failed"] == 0
+        assert handoff[0]["partitions"] > 0 and handoff[0]["seconds"] >= 0
+        assert "worker-left" in kinds
+        assert not {"worker-lost", "recovery-started", "partition-restored", "rollback"} & set(kinds)
+        assert [r.clock for r in res.history] == [r.clock for r in ref.history]  # no clock skipped or run again
+        np.testing.assert_allclose([r.metrics["objective"] for r in res.history],
+                                   [r.metrics["objective"] for r in ref.history], rtol=1e-9)
+        wait_for(lambda: algo.retired[0] not in lc.scheduler.workers)  # and Dask retired it
+
+
+@given(keys, st.data())
+def test_joiners_take_partitions_only_while_that_lowers_the_largest_load(parts, data):
+    owners = {k: data.draw(st.sampled_from(["a", "b"])) for k in parts}
+    rows = {k: data.draw(st.integers(1, 100)) for k in parts}
+    joined = data.draw(st.lists(st.sampled_from(["x", "y"]), unique=True, min_size=1))
+    plan = join_plan(owners, rows, joined)
+    after = {**owners, **plan}
+
+    def loads(own):
+        out = {w: 0 for w in ["a", "b", *joined]}
+        for k, w in own.items():
+            out[w] += rows[k]
+        return out
+
+    assert set(plan.values()) <= set(joined)
+    assert max(loads(after).values()) <= max(loads(owners).values())
+    if plan:  # every move shrinks the spread of the loads (their sum of squares)
+        assert sum(v * v for v in loads(after).values()) < sum(v * v for v in loads(owners).values())
+    # no further single move from the most loaded owner to a joiner would lower the largest load
+    load = loads(after)
+    top = max(load, key=lambda w: (load[w], w))
+    low = min(joined, key=lambda w: (load[w], w))
+    assert not [k for k, w in after.items() if w == top and load[low] + rows[k] < load[top]]
+
+
+def test_a_joiner_takes_nothing_when_moving_would_not_lower_the_largest_load():
+    assert join_plan({("w", 0): "a"}, {("w", 0): 10}, ["x"]) == {}  # it would only swap who holds 10
+    assert join_plan({("w", 0): "a", ("w", 1): "a"}, {("w", 0): 10, ("w", 1): 10}, ["x"]) == {("w", 1): "x"}
+
+
+class GrowMidFit(LassoCD):
+    """Lasso that adds a worker to its cluster after ``at`` clocks and waits until the job has seen
+    it join (the next clock boundary offers it partitions)."""
+
+    def __init__(self, alpha: float, local_cluster=None, at: int = 0):
+        super().__init__(alpha)
+        self._cluster, self._at = local_cluster, at
+
+    def __getstate__(self):
+        return {k: v for k, v in self.__dict__.items() if k != "_cluster"}
+
+    def converged(self, history, tol) -> bool:
+        if self._at and len(history) == self._at:
+            coordinator = self._cluster.scheduler.plugins[PLUGIN_NAME]
+            job_id = next(iter(coordinator.jobs))
+            self._cluster.scale(len(self._cluster.scheduler.workers) + 1)
+            wait_for(lambda: coordinator._joined.get(job_id))
+        return False
+
+
+def test_a_worker_added_mid_fit_takes_partitions_at_the_next_boundary_with_no_rework():
+    X, y, _ = make_regression(3000, 30, seed=5)
+    data = {"X": X, "y": y}
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=False, dashboard_address=":0") as lc:
+        cl = dscar.connect(lc)
+        ref = dscar.fit(LassoCD(0.01), data, cl, n_shards=6, max_clocks=8, tol=1e-300, progress=False)
+        res = dscar.fit(GrowMidFit(0.01, lc, at=3), data, cl, n_shards=6, max_clocks=8, tol=1e-300, progress=False)
+        taken = [e for e in res.events if e["kind"] == "partitions-taken-on"]
+        assert len(taken) == 1 and taken[0]["partitions"] > 0 and taken[0]["failed"] == 0
+        assert taken[0]["clock"] <= 5  # within 2 clocks of its joining
+        new = taken[0]["workers"][0]
+        assert any(new in r.shards_per_worker for r in res.history)  # and it ran shards
+        kinds = {e["kind"] for e in res.events}
+        assert not {"worker-lost", "recovery-started", "partition-restored", "rollback"} & kinds
+        np.testing.assert_allclose([r.metrics["objective"] for r in res.history],
+                                   [r.metrics["objective"] for r in ref.history], rtol=1e-9)
