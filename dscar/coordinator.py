@@ -875,9 +875,19 @@ class Coordinator(SchedulerPlugin):
             self._do(job, job.clock_end_done(worker, run, metrics, seconds, time.time(), clock))
         return {"status": "OK"}
 
-    def _h_clock_failed(self, job_id: str, clock: int, run: int, worker: str, error: str) -> dict:
+    async def _h_clock_failed(self, job_id: str, clock: int, run: int, worker: str, error: str,
+                              unreachable: str | None = None) -> dict:
+        """The clock end failed on ``worker``. Where it failed to reach another worker
+        (``unreachable``) that does not answer a probe either, that worker died and its loss is not
+        yet noticed: it is removed first, so the clock is skipped and recovered as any loss under a
+        clock end is, instead of failing the job."""
         job = self.jobs.get(job_id)
-        if job is not None:
+        if job is None:
+            return {"status": "OK"}
+        if (isinstance(unreachable, str) and unreachable != worker and unreachable in self.scheduler.workers
+                and unreachable in job.workers and not await self._answers(unreachable)):
+            await self._remove(unreachable, f"the clock end on {worker} could not reach it")
+        if self.jobs.get(job_id) is job:
             self._do(job, job.clock_end_failed(worker, run, error, time.time(), clock))
         return {"status": "OK"}
 

@@ -16,6 +16,17 @@ import asyncio
 from typing import Any, Awaitable
 
 
+class PeerUnreachable(ConnectionError):
+    """A message to ``address`` failed because that worker could not be reached (gone, or its
+    connection broke). It names the peer, so a step that failed on it (a clock end reading its
+    rows) is told from one that failed on its own: the first is a loss not yet noticed."""
+
+    def __init__(self, address: str, why: str):
+        super().__init__(f"{address} {why}")
+        #: the worker that could not be reached
+        self.address = address
+
+
 class Inflight:
     """Messages waiting for an answer, by target address, and the targets known to be gone."""
 
@@ -31,19 +42,24 @@ class Inflight:
 
     async def call(self, address: str, message: Awaitable[Any], timeout: float) -> Any:
         """Await ``message`` (a call to ``address``) for at most ``timeout`` seconds; a
-        ``ConnectionError`` at once if ``address`` is gone, or when ``cancel(address)`` is called meanwhile."""
+        ``PeerUnreachable`` (a ``ConnectionError``) at once if ``address`` is gone, when ``cancel(address)``
+        is called meanwhile, or when the connection to it fails."""
         if address in self._lost:
             if asyncio.iscoroutine(message):
                 message.close()  # never sent
-            raise ConnectionError(f"{address} is gone")
+            raise PeerUnreachable(address, "is gone")
         task = asyncio.ensure_future(asyncio.wait_for(message, timeout))
         self._waiting.setdefault(address, set()).add(task)
         try:
             return await task
         except asyncio.CancelledError:
             if task in self._gone:  # cancelled by ``cancel``, not because the caller was cancelled
-                raise ConnectionError(f"{address} is gone") from None
+                raise PeerUnreachable(address, "is gone") from None
             raise
+        except (PeerUnreachable, asyncio.TimeoutError):  # (a TimeoutError is an OSError: kept as it is)
+            raise
+        except OSError as e:  # (a broken connection: distributed's CommClosedError is an OSError)
+            raise PeerUnreachable(address, f"could not be reached: {e!r}") from e
         finally:
             self._waiting.get(address, set()).discard(task)
             self._gone.discard(task)

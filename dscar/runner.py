@@ -32,6 +32,7 @@ import numpy as np
 from . import checkpoint as ckpt
 from . import wire
 from .algorithm import Algorithm, DataMeta, TableSpec
+from .inflight import PeerUnreachable
 from .ledger import INITIAL_STATE
 from .mirror_store import MirrorStore, shard_key
 from .partition_store import PartitionStore, touched_parts
@@ -475,9 +476,10 @@ class ShardRunner:
             return
         except Exception as e:
             logger.warning("dscar clock_end of clock %s failed: %r", clock, e)
+            peer = _unreachable_peer(e)  # a read from a worker that died: a loss not yet noticed, not a bug
             try:
                 self.host.call("clock_failed", job_id=job_id, clock=clock, run=item["run"], worker=self.host.address,
-                               error=_last_frames(e))
+                               error=_last_frames(e), **({} if peer is None else {"unreachable": peer}))
             except Exception:
                 pass
 
@@ -663,6 +665,18 @@ class ShardRunner:
 def _last_frames(e: BaseException) -> str:
     """The end of ``e``'s traceback (its last frame and the message): what a failed job reports."""
     return "".join(traceback.format_exception(type(e), e, e.__traceback__)[-3:]).strip()
+
+
+def _unreachable_peer(error: BaseException) -> str | None:
+    """The worker ``error`` (or an exception it was raised from, as a model may wrap it) failed to
+    reach, if that is why it was raised."""
+    seen: set[int] = set()
+    while error is not None and id(error) not in seen:
+        if isinstance(error, PeerUnreachable):
+            return error.address
+        seen.add(id(error))
+        error = error.__cause__ or error.__context__
+    return None
 
 
 def _answered(reply: dict, owner: str, table: str, part: int) -> dict:

@@ -66,3 +66,24 @@ def test_a_message_to_a_lost_target_fails_at_once_until_a_worker_joins_there_aga
             await inflight.call("tcp://c", answer(), timeout=3600)
 
     asyncio.run(main())
+
+
+def test_a_broken_connection_names_the_peer_it_could_not_reach():
+    """A clock end that failed reading a dead worker's rows must say which worker (``PeerUnreachable``):
+    the coordinator then tells a loss it has not noticed yet from a failure of the step itself."""
+    from dscar.inflight import PeerUnreachable
+
+    async def main():
+        inflight = Inflight()
+
+        async def broken():
+            raise OSError("Connection reset by peer")
+
+        with pytest.raises(PeerUnreachable, match="tcp://a could not be reached: OSError") as info:
+            await inflight.call("tcp://a", broken(), timeout=3600)
+        assert info.value.address == "tcp://a" and isinstance(info.value, ConnectionError)
+        inflight.cancel("tcp://a", generation=1)
+        with pytest.raises(PeerUnreachable, match="tcp://a is gone"):
+            await inflight.call("tcp://a", broken(), timeout=3600)
+
+    asyncio.run(main())

@@ -465,3 +465,33 @@ def test_a_read_spanning_several_owners_asks_them_all_at_once():
     np.testing.assert_array_equal(runner.read_rows(job, "w", 1, 8), np.arange(1.0, 8.0))
     np.testing.assert_array_equal(runner.read_row_set(job, "w", [8, 0, 4, 2]), [8.0, 0.0, 4.0, 2.0])
     assert batches == [[(OTHER, "pull"), ("tcp://third:3", "pull")]] * 2
+
+
+def test_a_clock_end_that_could_not_reach_a_peer_names_it_in_its_failure():
+    """The coordinator removes a peer the clock end could not reach (if it does not answer a probe
+    either) before it handles the failure, so a worker that died under a clock end costs the clock,
+    not the fit (bench.chaos seed 902 run 9: ``clock_end of clock 5 failed``, a reset connection)."""
+    from dscar.inflight import PeerUnreachable
+
+    runner, calls, _ = _runner_with_steps()
+    job = runner.host.job("j")
+
+    def clock_end(ctx):
+        try:
+            raise PeerUnreachable("tcp://dead", "ConnectionResetError(104)")
+        except PeerUnreachable as e:
+            raise RuntimeError("the model's own wrapping") from e
+
+    job.algorithm = type("Ends", (), {"clock_end": staticmethod(clock_end)})()
+    job.pull_cache = type("Cache", (), {"prepare": staticmethod(lambda item: None)})()
+    job.ssp = False
+    runner._inject = lambda *a, **k: None
+    item = {"job": "j", "clock": 5, "run": 7, "owners": []}
+    runner._run_clock_end(item)
+    [(op, kw)] = calls
+    assert op == "clock_failed" and kw["unreachable"] == "tcp://dead" and kw["clock"] == 5
+    calls.clear()
+    job.algorithm = type("Ends", (), {"clock_end": staticmethod(lambda ctx: 1 / 0)})()
+    runner._run_clock_end(item)
+    [(op, kw)] = calls
+    assert op == "clock_failed" and "unreachable" not in kw and "ZeroDivisionError" in kw["error"]
