@@ -41,6 +41,7 @@ for _v in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):  # bef
     os.environ.setdefault(_v, "1")
 
 import argparse  # noqa: E402
+import copy  # noqa: E402
 import random  # noqa: E402
 import signal  # noqa: E402
 import statistics  # noqa: E402
@@ -58,7 +59,7 @@ from bench.common import load_average, log, machine_info, pyplot, write_json  # 
 
 KINDS = ("join", "retire", "kill")
 N_SHARDS = 12
-WORK_S = 0.03  #: seconds each shard step sleeps (a clock lasts about N_SHARDS * WORK_S / workers)
+WORK_S = 0.08  #: seconds each shard step sleeps (a clock lasts about N_SHARDS * WORK_S / workers)
 SETTLE_S = 60.0  #: longest wait for an event to settle (a worker gone or arrived)
 
 
@@ -153,13 +154,17 @@ class ChurnDriver:
             rec: dict[str, Any] = {"kind": kind, "clock": self.clock, "at": time.time(), "workers_before": len(before)}
             t0 = time.monotonic()
             if kind == "join":
-                self.lc.scale(len(self.lc.worker_spec) + 1)
+                # a spec of a name never used (scale() may reuse a retired worker's name, not yet forgotten)
+                self.lc.worker_spec[f"joined-{len(self.events)}"] = copy.deepcopy(self.lc.new_spec)
+                self.lc.scale(len(self.lc.worker_spec))
                 rec["settled"] = self._wait_until(lambda: len(set(self.workers()) - set(before)) >= 1)
             elif kind == "retire":
                 w = self.rng.choice(before)
                 rec["worker"] = w
+                name = self.lc.scheduler.workers[w].name
                 self.client.retire_workers(workers=[w])  # held until the clock boundary, then handed off
                 rec["settled"] = self._wait_until(lambda: w not in self.lc.scheduler.workers)
+                self.lc.worker_spec.pop(name, None)  # or the next scale() would start it again
             else:
                 pids = self.client.run(os.getpid)
                 w = self.rng.choice(sorted(pids))
