@@ -1,0 +1,389 @@
+"""Membership churn: a BSP fit on worker processes while workers join, retire and are killed (issue 41).
+
+A fit of ``bench.chaos.ExactlyOnce`` (every shard commit counted per clock, checked at every clock end
+and in the final parameters) runs on a ``LocalCluster`` of worker processes, each with a Nanny, with
+checkpoints (partial recovery). A churn driver, a thread of this process, waits a random 2-4 clocks,
+then does one event of the kinds asked for:
+
+* ``join``: ``cluster.scale(n + 1)`` adds a worker process (it takes shards at once and partitions at
+  the next clock boundary);
+* ``retire``: ``client.retire_workers([w])`` on a worker of the job (held until the next clock boundary,
+  where its partitions and shards are handed off: the ``handoff`` event's seconds);
+* ``kill``: SIGKILL of a worker process (a loss: recovered; the Nanny starts it again and it rejoins).
+
+and waits for it to settle (the worker gone or arrived) before it counts the next clocks. The live
+workers stay between ``--workers - 1`` and ``--workers + 1``. After the last event the fit runs 2
+more clocks and stops.
+
+Figures:
+
+* goodput: useful clocks (clocks that ran their clock end; a loss cuts a clock short and it is
+  run again) per second of the churn fit, against the clock rate a failure-free fit would have
+  had with the same live workers over time (DLRover's measure): failure-free reference fits run in
+  this same bench run, one per worker count seen, and the expected rate is their rates weighted by
+  the time the churn fit spent at each count;
+* hand-off seconds per retirement (``handoff`` events);
+* rework per event: clocks cut short by a loss (``skipped``) plus clocks rolled back, per event;
+* the exactly-once audit: updates lost (``missing``), applied twice (``duplicated``), and every
+  other breach ``bench.chaos.check_seen`` / ``check_final`` count, over every clock;
+* the final objective (``seen``'s sum: one per shard per clock applied) against the reference's.
+
+A PNG shows the live workers and the clock rate over time, with the events marked.
+
+Usage: ``python -m bench.elastic [--events N] [--kinds join,retire,kill] [--workers W] [--seed S]
+[--quick] [--json PATH] [--plot PATH]``.
+"""
+from __future__ import annotations
+
+import os
+
+for _v in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):  # before NumPy: one BLAS thread
+    os.environ.setdefault(_v, "1")
+
+import argparse  # noqa: E402
+import copy  # noqa: E402
+import random  # noqa: E402
+import signal  # noqa: E402
+import statistics  # noqa: E402
+import tempfile  # noqa: E402
+import threading  # noqa: E402
+import time  # noqa: E402
+from collections import Counter  # noqa: E402
+from typing import Any  # noqa: E402
+
+import numpy as np  # noqa: E402
+
+import dscar  # noqa: E402
+from bench.chaos import CHECK_KEYS, ExactlyOnce, check_final  # noqa: E402
+from bench.common import load_average, log, machine_info, pyplot, write_json  # noqa: E402
+
+KINDS = ("join", "retire", "kill")
+N_SHARDS = 12
+WORK_S = 0.08  #: seconds each shard step sleeps (a clock lasts about N_SHARDS * WORK_S / workers)
+SETTLE_S = 60.0  #: longest wait for an event to settle (a worker gone or arrived)
+
+
+class Churned(ExactlyOnce):
+    """``ExactlyOnce`` that reports each clock to the churn driver (``converged`` runs in this process) and
+    stops 2 clocks after the driver's last event."""
+
+    def __init__(self, clocks: int, work_s: float):
+        super().__init__(clocks, work_s)
+        self.driver: ChurnDriver | None = None
+        self.ticks: list[tuple[float, int]] = []  #: (time, clocks in the history) at each clock's end
+
+    def __getstate__(self):
+        return {k: v for k, v in self.__dict__.items() if k not in ("driver", "ticks")}
+
+    def converged(self, history, tol):
+        self.ticks.append((time.time(), len(history)))
+        if self.driver is None:
+            return False
+        self.driver.tick(len(history))
+        return self.driver.done_at is not None and len(history) >= self.driver.done_at + 2
+
+
+class ChurnDriver:
+    """Random joins, retirements and kills every few clocks, from a thread (see the module docstring)."""
+
+    def __init__(self, lc, client, kinds: list[str], events: int, workers: int, seed: int):
+        self.lc, self.client, self.kinds, self.n_events = lc, client, kinds, events
+        self.low, self.high = max(1, workers - 1), workers + 1
+        self.rng = random.Random(seed)
+        self.clock = 0  #: clocks ended so far
+        self.changed = threading.Condition()
+        self.done_at: int | None = None  #: the clock after which the last event settled
+        self.events: list[dict[str, Any]] = []  #: what the driver did: kind, worker, clock, at, settle_s
+        self.live: list[tuple[float, int]] = []  #: (time, live workers) samples
+        self.stop = threading.Event()
+        self.error: str | None = None
+        self._round: list[str] = []  #: kinds left in this round of ``choose``
+
+    def tick(self, clock: int) -> None:
+        with self.changed:
+            self.clock = clock
+            self.changed.notify_all()
+
+    def _wait_clock(self, clock: int) -> bool:
+        with self.changed:
+            return self.changed.wait_for(lambda: self.clock >= clock or self.stop.is_set(), timeout=600)
+
+    def workers(self) -> list[str]:
+        return sorted(self.lc.scheduler.workers)
+
+    def _wait_until(self, cond) -> bool:
+        t0 = time.monotonic()
+        while not cond():
+            if self.stop.wait(0.02) or time.monotonic() - t0 > SETTLE_S:
+                return False
+        return True
+
+    def choose(self, n_live: int) -> str:
+        """The next kind, round robin over the kinds in a shuffled order per round (so a few events cover
+        every kind), skipping one not allowed at ``n_live`` workers: no join at ``high``, no retirement or
+        kill at ``low``."""
+        ok = [k for k in self.kinds if not (k == "join" and n_live >= self.high)
+              and not (k in ("retire", "kill") and n_live <= self.low)] or self.kinds
+        if not any(k in ok for k in self._round):
+            self._round = self.rng.sample(self.kinds, len(self.kinds))
+        kind = next((k for k in self._round if k in ok), None) or self.rng.choice(ok)
+        if kind in self._round:
+            self._round.remove(kind)
+        return kind
+
+    def sample(self) -> None:
+        while not self.stop.wait(0.05):
+            self.live.append((time.time(), len(self.lc.scheduler.workers)))
+
+    def run(self) -> None:
+        try:
+            self._run()
+        except Exception as e:  # noqa: BLE001 - reported, the fit goes on
+            self.error = f"{type(e).__name__}: {e}"
+        finally:
+            self.done_at = self.clock
+
+    def _run(self) -> None:
+        self._wait_clock(2)
+        for _ in range(self.n_events):
+            if self.stop.is_set():
+                return
+            self._wait_clock(self.clock + self.rng.randint(2, 4))
+            before = self.workers()
+            kind = self.choose(len(before))
+            rec: dict[str, Any] = {"kind": kind, "clock": self.clock, "at": time.time(), "workers_before": len(before)}
+            t0 = time.monotonic()
+            if kind == "join":
+                # a spec of a name never used (scale() may reuse a retired worker's name, not yet forgotten)
+                self.lc.worker_spec[f"joined-{len(self.events)}"] = copy.deepcopy(self.lc.new_spec)
+                self.lc.scale(len(self.lc.worker_spec))
+                rec["settled"] = self._wait_until(lambda: len(set(self.workers()) - set(before)) >= 1)
+            elif kind == "retire":
+                w = self.rng.choice(before)
+                rec["worker"] = w
+                name = self.lc.scheduler.workers[w].name
+                self.client.retire_workers(workers=[w])  # held until the clock boundary, then handed off
+                rec["settled"] = self._wait_until(lambda: w not in self.lc.scheduler.workers)
+                self.lc.worker_spec.pop(name, None)  # or the next scale() would start it again
+            else:
+                pids = self.client.run(os.getpid)
+                w = self.rng.choice(sorted(pids))
+                rec["worker"] = w
+                os.kill(pids[w], signal.SIGKILL)
+                # settled once the Nanny's new process has joined
+                rec["settled"] = self._wait_until(lambda: w not in self.lc.scheduler.workers
+                                                  and len(self.lc.scheduler.workers) >= len(before))
+            rec["settle_s"] = round(time.monotonic() - t0, 3)
+            self.events.append(rec)
+
+
+def audit(res, clocks: int) -> dict[str, int]:
+    """The exactly-once figures over every clock that ran its clock end, plus the final parameters."""
+    out = {k: 0 for k in CHECK_KEYS}
+    checked = 0
+    for rec in res.history:
+        if rec.skipped:
+            continue
+        checked += 1
+        for k in CHECK_KEYS:
+            out[k] += int(rec.metrics[k])
+    last = res.history[-1]
+    restored = any(e["kind"] == "model-restored" for e in res.events)
+    out["final"] = check_final(res.params["seen"], last.clock, not last.skipped and not restored)
+    out["checked_clocks"] = checked
+    out["lost"], out["applied_twice"] = out["missing"], out["duplicated"]
+    out["violations"] = sum(out[k] for k in CHECK_KEYS) + out["final"]
+    return out
+
+
+def checkpoint_config(tmp: str) -> dscar.CheckpointConfig:
+    return dscar.CheckpointConfig(os.path.join(tmp, "ckpt"), policy="full", every=2, recovery="partial", memory=True)
+
+
+def churn_fit(args, tmp: str, t0: float) -> dict[str, Any]:
+    from distributed import LocalCluster
+
+    kinds = args.kinds.split(",")
+    clocks = args.events * 15 + 20  # room for the events (2-4 clocks apart, plus settling: a process start) and the tail
+    algo = Churned(clocks, WORK_S)
+    with LocalCluster(n_workers=args.workers, threads_per_worker=1, processes=True, dashboard_address=None) as lc:
+        cl = dscar.connect(lc)
+        cl.client.wait_for_workers(args.workers)
+        driver = ChurnDriver(lc, cl.client, kinds, args.events, args.workers, args.seed)
+        algo.driver = driver
+        threads = [threading.Thread(target=driver.run, daemon=True), threading.Thread(target=driver.sample, daemon=True)]
+        for t in threads:
+            t.start()
+        log(t0, f"churn fit: {args.events} events of {kinds} on {args.workers} workers")
+        t1 = time.time()
+        try:
+            res = dscar.fit(algo, {"x": np.arange(float(N_SHARDS))}, cl, n_shards=N_SHARDS, max_clocks=clocks,
+                            checkpoint=checkpoint_config(tmp), progress=False)
+        finally:
+            driver.stop.set()
+            with driver.changed:
+                driver.changed.notify_all()
+        t2 = time.time()
+        for t in threads:
+            t.join(SETTLE_S)
+    return {"res": res, "driver": driver, "start": t1, "end": t2, "ticks": algo.ticks}
+
+
+def reference_fit(n_workers: int, clocks: int, tmp: str) -> dict[str, Any]:
+    """A failure-free fit on ``n_workers`` worker processes: its clock rate (clocks 2.. over their seconds)."""
+    from distributed import LocalCluster
+
+    algo = Churned(clocks, WORK_S)
+    with LocalCluster(n_workers=n_workers, threads_per_worker=1, processes=True, dashboard_address=None) as lc:
+        cl = dscar.connect(lc)
+        cl.client.wait_for_workers(n_workers)
+        res = dscar.fit(algo, {"x": np.arange(float(N_SHARDS))}, cl, n_shards=N_SHARDS, max_clocks=clocks,
+                        checkpoint=checkpoint_config(tmp), progress=False)
+    ticks = algo.ticks
+    rate = (len(ticks) - 1) / (ticks[-1][0] - ticks[0][0])  # from the first clock's end: no set-up
+    return {"workers": n_workers, "clocks": res.n_clocks, "rate": rate, "objective": float(np.sum(res.params["seen"])),
+            "per_clock_objective": float(np.sum(res.params["seen"])) / max(1, res.n_clocks)}
+
+
+def time_at_counts(live: list[tuple[float, int]], start: float, end: float) -> dict[int, float]:
+    """Seconds spent at each live-worker count between ``start`` and ``end``, from ``(time, count)`` samples."""
+    out: Counter = Counter()
+    pts = [(t, n) for t, n in live if start <= t <= end]
+    for (ta, na), (tb, _) in zip(pts, pts[1:]):
+        out[na] += tb - ta
+    return dict(out)
+
+
+def expected_rate(seconds_at: dict[int, float], rates: dict[int, float]) -> float:
+    """The clock rate a failure-free fit would have had: each count's reference rate, weighted by time."""
+    total = sum(seconds_at.values())
+    return sum(rates[n] * s for n, s in seconds_at.items()) / total
+
+
+def rework(res) -> dict[str, int]:
+    """Clocks cut short by a loss (run again) and clocks rolled back by a full recovery."""
+    skipped = sum(rec.skipped for rec in res.history)
+    rolled = 0
+    for e in res.events:
+        if e["kind"] == "rollback" and e.get("clock") is not None:
+            rolled += max(0, int(e["clock"]) - int(e["to_clock"]))
+    return {"skipped_clocks": skipped, "rolled_back_clocks": rolled}
+
+
+def summarize(churn: dict[str, Any], refs: dict[int, dict[str, Any]]) -> dict[str, Any]:
+    res, driver = churn["res"], churn["driver"]
+    ticks = churn["ticks"]
+    useful = sum(not rec.skipped for rec in res.history[1:])  # from the first clock's end, as the references
+    span = ticks[-1][0] - ticks[0][0]
+    seconds_at = time_at_counts(driver.live, ticks[0][0], ticks[-1][0])
+    rate = useful / span
+    expected = expected_rate(seconds_at, {n: r["rate"] for n, r in refs.items()})
+    ev = Counter(e["kind"] for e in res.events)
+    handoffs = [e for e in res.events if e["kind"] == "handoff"]
+    rw = rework(res)
+    n_events = len(driver.events)
+    mean_workers = sum(n * s for n, s in seconds_at.items()) / max(1e-9, sum(seconds_at.values()))
+    final = float(np.sum(res.params["seen"]))
+    ref_per_clock = statistics.mean(r["per_clock_objective"] for r in refs.values())
+    return {
+        "events": n_events, "event_kinds": dict(Counter(e["kind"] for e in driver.events)),
+        "unsettled_events": sum(not e["settled"] for e in driver.events), "driver_error": driver.error,
+        "clocks": res.n_clocks, "useful_clocks": useful + 1, "fit_s": round(churn["end"] - churn["start"], 2),
+        "mean_workers": round(mean_workers, 3), "seconds_at_workers": {n: round(s, 2) for n, s in sorted(seconds_at.items())},
+        "clock_rate": round(rate, 3), "expected_rate": round(expected, 3), "goodput": round(rate / expected, 4),
+        "handoffs": len(handoffs), "handoff_s": [e["seconds"] for e in handoffs],
+        "handoff_s_mean": round(statistics.mean(e["seconds"] for e in handoffs), 4) if handoffs else None,
+        "handoff_s_max": max((e["seconds"] for e in handoffs), default=None),
+        "handoff_failed_copies": sum(e.get("failed", 0) for e in handoffs),
+        **rw, "rework_per_event": round((rw["skipped_clocks"] + rw["rolled_back_clocks"]) / max(1, n_events), 3),
+        "losses": ev["worker-lost"], "left": ev["worker-left"], "joined": ev["worker-joined"],
+        "recoveries": ev["recovery-started"], "partitions_taken_on": ev["partitions-taken-on"],
+        "audit": audit(res, res.n_clocks),
+        # seen's sum: one per shard per clock applied; the reference's per clock times this fit's clocks
+        "final_objective": final, "reference_objective": ref_per_clock * res.n_clocks,
+        "fit_events": dict(ev),
+    }
+
+
+def format_table(s: dict[str, Any], refs: dict[int, dict[str, Any]]) -> str:
+    a = s["audit"]
+    rows = [
+        ("events (driver)", f"{s['events']} {s['event_kinds']}, unsettled {s['unsettled_events']}"),
+        ("clocks / useful", f"{s['clocks']} / {s['useful_clocks']}"),
+        ("mean live workers", f"{s['mean_workers']} (seconds at each: {s['seconds_at_workers']})"),
+        ("clock rate", f"{s['clock_rate']} /s; failure-free at the same workers {s['expected_rate']} /s"),
+        ("goodput", f"{100 * s['goodput']:.1f} %"),
+        ("hand-offs", f"{s['handoffs']}, mean {s['handoff_s_mean']} s, max {s['handoff_s_max']} s, "
+                      f"failed copies {s['handoff_failed_copies']}"),
+        ("rework", f"{s['skipped_clocks']} clocks cut short + {s['rolled_back_clocks']} rolled back = "
+                   f"{s['rework_per_event']} per event"),
+        ("losses / left / joined", f"{s['losses']} / {s['left']} / {s['joined']} (recoveries {s['recoveries']}, "
+                                   f"partitions-taken-on {s['partitions_taken_on']})"),
+        ("exactly-once audit", f"lost {a['lost']}, applied twice {a['applied_twice']}, all breaches {a['violations']} "
+                               f"over {a['checked_clocks']} checked clocks"),
+        ("final objective", f"{s['final_objective']:g} (failure-free {s['reference_objective']:g})"),
+        ("references", ", ".join(f"{n} workers {r['rate']:.3f} clocks/s" for n, r in sorted(refs.items()))),
+    ]
+    return "\n".join(f"{k:<24}{v}" for k, v in rows)
+
+
+def plot(path: str, churn: dict[str, Any]) -> None:
+    plt = pyplot()
+    driver, ticks = churn["driver"], churn["ticks"]
+    t0 = churn["start"]
+    fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(9, 6), sharex=True)
+    lt = [t - t0 for t, _ in driver.live]
+    ax1.step(lt, [n for _, n in driver.live], where="post", color="k")
+    colors = {"join": "tab:green", "retire": "tab:blue", "kill": "tab:red"}
+    for e in driver.events:
+        ax1.axvline(e["at"] - t0, color=colors[e["kind"]], alpha=0.4, lw=1)
+    ax1.set_ylabel("live workers")
+    ax1.set_title("membership churn (lines: join green, retire blue, kill red)")
+    tt = np.array([t - t0 for t, _ in ticks])
+    if len(tt) > 1:
+        ax2.plot(tt[1:], 1.0 / np.maximum(np.diff(tt), 1e-6), ".-", ms=3)
+    ax2.set_ylabel("clock rate (1/s)")
+    ax2.set_xlabel("seconds")
+    fig.tight_layout()
+    fig.savefig(path, dpi=80)
+    print(f"plot: {path}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench.elastic", description=__doc__.split("\n")[0])
+    ap.add_argument("--events", type=int, default=None, help="membership events (default 30; 4 with --quick)")
+    ap.add_argument("--kinds", default="join,retire,kill", help="comma-separated event kinds: join, retire, kill")
+    ap.add_argument("--workers", type=int, default=3, help="live workers at the start (kept within +-1)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--quick", action="store_true", help="a few events (< 2 min)")
+    ap.add_argument("--json", metavar="PATH")
+    ap.add_argument("--plot", metavar="PATH", default="elastic.png")
+    args = ap.parse_args(argv)
+    bad = [k for k in args.kinds.split(",") if k not in KINDS]
+    if bad or args.workers < 2:
+        ap.error(f"unknown kinds {bad} (known: {', '.join(KINDS)})" if bad else "--workers must be at least 2")
+    if args.events is None:
+        args.events = 4 if args.quick else 30
+    t0 = time.perf_counter()
+    info = machine_info(threadpools=True)
+    tmp = tempfile.mkdtemp(prefix="dscar-elastic-")
+    churn = churn_fit(args, os.path.join(tmp, "churn"), t0)
+    counts = sorted({n for n in time_at_counts(churn["driver"].live, churn["ticks"][0][0], churn["ticks"][-1][0])})
+    refs = {}
+    for n in counts:
+        log(t0, f"failure-free reference on {n} workers")
+        refs[n] = reference_fit(n, 12 if args.quick else 30, os.path.join(tmp, f"ref{n}"))
+    s = summarize(churn, refs)
+    load = load_average()
+    print(format_table(s, refs))
+    print(f"load average {load}")
+    if args.json:
+        write_json(args.json, {"quick": args.quick, "kinds": args.kinds.split(","), "workers": args.workers,
+                               "seed": args.seed, "summary": s, "references": refs,
+                               "driver_events": churn["driver"].events, "load_average": load, "machine": info})
+    plot(args.plot, churn)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

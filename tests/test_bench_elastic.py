@@ -1,0 +1,49 @@
+"""The membership-churn benchmark: its pure figures, and --quick on worker processes (joins, retirements and
+kills during a BSP fit) with the exactly-once audit clean and the figures in the table and the JSON."""
+import pytest
+
+from bench import elastic
+
+
+def test_seconds_at_each_worker_count_come_from_the_samples_inside_the_window():
+    live = [(0.0, 3), (1.0, 4), (3.0, 3), (4.0, 2), (10.0, 2)]
+    assert elastic.time_at_counts(live, 0.5, 6.0) == {4: 2.0, 3: 1.0}  # from the first sample inside
+    assert elastic.time_at_counts(live, 0.0, 10.0) == {3: 2.0, 4: 2.0, 2: 6.0}
+
+
+def test_the_expected_rate_weights_each_reference_by_its_time():
+    assert elastic.expected_rate({2: 3.0, 4: 1.0}, {2: 1.0, 4: 5.0}) == pytest.approx(2.0)
+
+
+def test_the_driver_keeps_the_worker_count_within_one_of_the_start_and_covers_every_kind():
+    d = elastic.ChurnDriver(None, None, list(elastic.KINDS), 9, 3, seed=1)
+    assert sorted(d.choose(3) for _ in range(3)) == sorted(elastic.KINDS)  # one round: every kind
+    assert {d.choose(2) for _ in range(5)} == {"join"}  # at 2 = 3 - 1: no retirement, no kill
+    assert "join" not in {d.choose(4) for _ in range(5)}  # at 4 = 3 + 1: no join
+
+
+@pytest.fixture(scope="module")
+def quick_run(quick_bench):
+    return quick_bench("elastic")
+
+
+@pytest.mark.timeout(600)
+def test_quick_churn_commits_every_shard_update_exactly_once_and_reports_its_figures(quick_run):
+    stdout, d, png = quick_run
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    s = d["summary"]
+    assert d["quick"] is True and s["events"] == 4 and s["driver_error"] is None
+    assert set(s["event_kinds"]) == set(elastic.KINDS)  # a join, a retirement and a kill at least
+    a = s["audit"]
+    assert a["lost"] == 0 and a["applied_twice"] == 0 and a["violations"] == 0, a
+    assert a["checked_clocks"] == s["clocks"] - s["skipped_clocks"] > 0
+    # the updates kept in the final model: all of them but those a recovery rolled back to a checkpoint
+    assert 0 < s["final_objective"] <= s["reference_objective"]
+    # the figures: goodput against references at the worker counts seen, hand-offs from the events, rework
+    assert set(map(int, d["references"])) == set(map(int, s["seconds_at_workers"]))
+    assert 0 < s["goodput"] and s["clock_rate"] > 0 and s["expected_rate"] > 0
+    assert s["handoffs"] == s["event_kinds"]["retire"] == len(s["handoff_s"]) and s["left"] >= s["handoffs"]
+    assert s["losses"] >= s["event_kinds"]["kill"] and s["recoveries"] >= 1
+    assert s["rework_per_event"] == pytest.approx((s["skipped_clocks"] + s["rolled_back_clocks"]) / s["events"], abs=1e-3)
+    for label in ("goodput", "hand-offs", "rework", "exactly-once audit", "lost 0, applied twice 0", "load average"):
+        assert label in stdout
