@@ -146,7 +146,7 @@ def test_a_message_to_a_dead_worker_fails_in_seconds_not_at_the_connect_deadline
         with pytest.raises(OSError):
             run._sync(run._call_worker, dead, "info", job_id="")
         driver_took = time.monotonic() - t0
-    assert how in ("OSError", "ConnectionRefusedError", "CommClosedError", "ConnectionError"), how
+    assert how in ("OSError", "ConnectionRefusedError", "CommClosedError", "ConnectionError", "PeerUnreachable"), how
     assert took < 10 and driver_took < 10, (took, driver_took)
 
 
