@@ -457,10 +457,14 @@ class Coordinator(SchedulerPlugin):
         except Exception as e:  # gone, hung (no answer in time), or an older dscar there
             return [f"no answer: {e!r}"]
 
+    async def _ask_info(self, worker: str) -> None:
+        """One ``dscar_info`` to ``worker`` within ``PROBE_TIMEOUT_S``; an answer is a sign of life."""
+        await asyncio.wait_for(self._pool(worker).dscar_info(job_id=""), PROBE_TIMEOUT_S)
+        self._heard[worker] = time.time()
+
     async def _probe(self, worker: str) -> bool:
         try:
-            await asyncio.wait_for(self._pool(worker).dscar_info(job_id=""), PROBE_TIMEOUT_S)
-            self._heard[worker] = time.time()
+            await self._ask_info(worker)
             return True
         except asyncio.TimeoutError:
             return False
@@ -470,10 +474,9 @@ class Coordinator(SchedulerPlugin):
     async def _answers(self, worker: str) -> bool:
         """``worker`` answers a message now (unlike ``_probe``, an error in reaching it is no answer)."""
         try:
-            await asyncio.wait_for(self._pool(worker).dscar_info(job_id=""), PROBE_TIMEOUT_S)
+            await self._ask_info(worker)
         except Exception:
             return False
-        self._heard[worker] = time.time()
         return True
 
     def _alive(self, worker: str) -> None:
