@@ -23,7 +23,7 @@ PURE = [
     "dscar.monitor", "dscar.policies", "dscar.liveness", "dscar.elastic", "dscar.partitions", "dscar.intervals", "dscar.stall",
     "dscar.report", "dscar.validation", "dscar.errors", "dscar.checkpoint", "dscar.wire", "dscar.inflight",
     "dscar.faults", "dscar.algorithm", "dscar.data", "dscar.results", "dscar.estimator", "dscar.progress",
-    "dscar.xp", "dscar.pull_cache", "dscar.partition_store", "dscar.shard_store", "dscar.mirror_store", "dscar.shard_count",
+    "dscar.xp", "dscar.pull_cache", "dscar.apply_plan", "dscar.partition_store", "dscar.shard_store", "dscar.mirror_store", "dscar.shard_count",
     # the simulator drives the pure core alone: bench.scale's figures are the core's, not Dask's
     "bench.sim",
 ]

@@ -1,0 +1,238 @@
+"""Who fetches which staged updates from whom when a pass is applied: direct, or through a tree.
+
+Pure (no Dask). At the end of a pass every owner must apply, exactly once, the committed attempts'
+updates to its partitions, and those updates are staged on the workers that ran the attempts (the
+*stagers*). Fetching them **directly** costs one message per (owner, stager) pair whose stager staged
+something for the owner: W·(W−1) a pass where every shard touches every partition (MLR, Lasso's
+gradient tables), O(W²) messages a clock. Past ``direct_per_worker``·W such fetches the plan is an
+**aggregation tree** of fan-in ``fanin`` over the stagers: each stager *combines* (fetches its
+children's combined sets, all partitions, and adds its own committed attempts' updates), and each
+owner fetches only its partitions from the root, less the updates it staged itself. Every stager is
+fetched from once and every owner fetches once: fewer than 2·W messages a pass.
+
+Combining concatenates: each update keeps its key, table, partition, first row and rows, so the owner
+applies the same updates in the same (shard) order as under the direct plan, with the same sums to the
+last bit. (Adding dense deltas of one partition at a combiner would save bytes, but floating-point
+addition is not associative: the sums would differ from the direct plan's, so it is not done.)
+
+Keys are opaque here (the glue uses ``(clock, shard, attempt)``); ``touched`` is what the commits
+reported (``partition_store.touched_parts``, merged per worker): ``{table: [parts] or None}`` (None:
+every partition of the table), or None for a worker whose updates are not known (it may touch any).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Hashable, Iterable, Mapping
+
+#: ``(table, part)``
+Part = tuple[str, int]
+#: how many direct fetches per worker a pass may cost before the plan uses a tree (``dscar.apply-direct-per-worker``)
+DIRECT_PER_WORKER = 8
+#: how many children a combiner fetches from (``dscar.apply-fanin``)
+FANIN = 16
+
+
+def touches(touched: Mapping[str, Any] | None, owned: Iterable[Part]) -> bool:
+    """Whether updates that touched ``touched`` (None: unknown) may add to any partition in ``owned``."""
+    if touched is None:
+        return True
+    for table, part in owned:
+        if table in touched and (touched[table] is None or int(part) in touched[table]):
+            return True
+    return False
+
+
+@dataclass(frozen=True)
+class Combine:
+    """A stager's part in the tree: what it serves is its own keys' updates plus its children's sets."""
+
+    #: the committed keys staged on this worker (each checked to be staged here under the pass's run)
+    keys: tuple
+    #: ``(worker, height)`` of the stagers it fetches combined sets from (height: of their subtrees)
+    children: tuple[tuple[str, int], ...]
+    #: how many keys its combined set holds (its subtree's): a mismatch is a bug, not a loss
+    expect: int
+    #: this worker's height in the tree (a leaf's is 0)
+    height: int
+
+
+@dataclass(frozen=True)
+class Role:
+    """What one worker does when a pass is applied (its share of the apply message)."""
+
+    #: direct: ``(stager, keys)`` to fetch its updates to this owner's partitions from
+    fetch: tuple[tuple[str, tuple], ...] = ()
+    #: tree: the root to fetch this owner's partitions from (its own updates excepted), or None
+    root: str | None = None
+    #: tree: the root's height (how many hops its answer waits on)
+    root_height: int = 0
+    #: tree: how many keys the root's answer holds (every tree key this worker did not stage)
+    expect: int = 0
+    #: tree: this worker's combine step, when it is a stager in the tree
+    combine: Combine | None = None
+
+    def to_msg(self) -> dict:
+        """The role as the apply message carries it (lists and ints only)."""
+        out: dict[str, Any] = {}
+        if self.fetch:
+            out["fetch"] = [[w, [list(k) for k in keys]] for w, keys in self.fetch]
+        if self.root is not None:
+            out["tree"] = {"root": self.root, "height": self.root_height, "expect": self.expect}
+        if self.combine is not None:
+            c = self.combine
+            out["combine"] = {"keys": [list(k) for k in c.keys], "children": [[w, h] for w, h in c.children],
+                              "expect": c.expect, "height": c.height}
+        return out
+
+
+@dataclass(frozen=True)
+class ApplyPlan:
+    """Every worker's role in applying one pass (workers with nothing to do have none)."""
+
+    #: whether the updates go through the tree
+    tree: bool
+    #: worker -> its role
+    roles: dict[str, Role] = field(default_factory=dict)
+    #: the tree's members in heap order (node i's parent is node (i-1)//fanin); empty: direct
+    members: tuple[str, ...] = ()
+    fanin: int = FANIN
+
+    def role(self, worker: str) -> Role:
+        return self.roles.get(worker, Role())
+
+    def messages(self) -> int:
+        """Worker-to-worker messages the plan costs: fetches by owners and by combiners."""
+        return sum(fetch_count(self, w) for w in self.roles)
+
+    def depth(self) -> int:
+        """Edges from the deepest tree member up to the root (0: direct, or one member)."""
+        return max((_depth(i, self.fanin) for i in range(len(self.members))), default=0)
+
+
+def _depth(i: int, fanin: int) -> int:
+    d = 0
+    while i:
+        i, d = (i - 1) // fanin, d + 1
+    return d
+
+
+def plan_apply(stagers: Mapping[str, Iterable[Hashable]], touched: Mapping[str, Mapping[str, Any] | None],
+               owners: Mapping[str, Iterable[Part]], fanin: int = FANIN,
+               direct_per_worker: float = DIRECT_PER_WORKER) -> ApplyPlan:
+    """The fetch plan of a pass.
+
+    ``stagers``: worker -> the committed keys it ran (their updates are staged there); ``touched``:
+    worker -> the partitions those updates touched (a worker missing, or None: unknown, any);
+    ``owners``: every live worker -> the partitions it owns. Direct while the fetches it costs are at
+    most ``direct_per_worker`` times the number of workers, otherwise a tree of fan-in ``fanin``.
+    Its cost is O(W + partitions + what the commits touched), not O(W²), even where every stager
+    touches every owner (then the direct plan's count is cut short at its limit)."""
+    if fanin < 2:
+        raise ValueError(f"dscar.apply-fanin must be at least 2, not {fanin}")
+    if not direct_per_worker >= 0:
+        raise ValueError(f"dscar.apply-direct-per-worker must be a number >= 0, not {direct_per_worker}")
+    stagers = {w: tuple(keys) for w, keys in stagers.items() if keys}
+    owned = {w: [(t, int(p)) for t, p in parts] for w, parts in owners.items()}
+    touchers = _Touchers(stagers, touched)
+    limit = direct_per_worker * max(len(set(owned) | set(stagers)), 1)
+    need: dict[str, list[str]] = {}
+    count = 0
+    for o in sorted(owned):
+        for s in touchers.touching(owned[o], o):
+            need.setdefault(o, []).append(s)
+            count += 1
+            if count > limit:
+                break
+        if count > limit:
+            break
+    else:
+        return ApplyPlan(False, {o: Role(fetch=tuple((s, stagers[s]) for s in ss)) for o, ss in need.items()},
+                         fanin=fanin)
+    members = tuple(sorted(s for s in stagers if touchers.reaches_other(s, owned)))
+    needs = {o for o, parts in owned.items() if next(touchers.touching(parts, o), None) is not None}
+    index = {w: i for i, w in enumerate(members)}
+    children = {i: list(range(i * fanin + 1, min(i * fanin + fanin, len(members) - 1) + 1))
+                for i in range(len(members))}
+    height: dict[int, int] = {}
+    size: dict[int, int] = {}
+    for i in reversed(range(len(members))):  # children have larger indices: done first
+        height[i] = max((height[c] + 1 for c in children[i]), default=0)
+        size[i] = len(stagers[members[i]]) + sum(size[c] for c in children[i])
+    root, total = members[0], size[0]
+    roles: dict[str, Role] = {}
+    for w in sorted(needs | set(members)):
+        combine = None
+        if w in index:
+            i = index[w]
+            combine = Combine(stagers[w], tuple((members[c], height[c]) for c in children[i]), size[i], height[i])
+        own = len(stagers[w]) if w in index else 0
+        if w in needs:  # (the root reads its own combined set, without a message)
+            roles[w] = Role(root=root, root_height=height[0], expect=total - own, combine=combine)
+        else:
+            roles[w] = Role(combine=combine)
+    return ApplyPlan(True, roles, members, fanin)
+
+
+class _Touchers:
+    """Which stagers touched which partitions, indexed by partition (a stager of unknown updates, or
+    one that touched every partition of a table, is kept once, not once per partition)."""
+
+    def __init__(self, stagers: Mapping[str, tuple], touched: Mapping[str, Mapping[str, Any] | None]):
+        self.touched = {s: touched.get(s) for s in stagers}
+        #: stagers whose updates are unknown: they may touch any partition
+        self.anywhere = sorted(s for s, t in self.touched.items() if t is None)
+        #: table -> stagers that touched every partition of it
+        self.whole: dict[str, list[str]] = {}
+        #: (table, part) -> stagers that touched it (and not the whole table)
+        self.part: dict[Part, list[str]] = {}
+        #: (table, part) -> its live owner, made on first use by ``reaches_other``
+        self._owner_of: dict[Part, str] | None = None
+        for s in sorted(stagers):
+            for table, parts in (self.touched[s] or {}).items():
+                if parts is None:
+                    self.whole.setdefault(table, []).append(s)
+                else:
+                    for p in parts:
+                        self.part.setdefault((table, int(p)), []).append(s)
+
+    def touching(self, parts: list[Part], me: str):
+        """The stagers other than ``me`` that touched any of ``parts``, each once (lazily: a caller
+        that needs only the first, or a count up to a limit, pays for no more)."""
+        seen = {me}
+        for lists in ([self.anywhere], [self.whole.get(t, ()) for t in sorted({t for t, _ in parts})],
+                      [self.part.get(p, ()) for p in parts]):
+            for ss in lists:
+                for s in ss:
+                    if s not in seen:
+                        seen.add(s)
+                        yield s
+
+    def reaches_other(self, s: str, owned: Mapping[str, list[Part]]) -> bool:
+        """Whether ``s`` touched a partition another live worker owns (someone fetches from it)."""
+        if self._owner_of is None:
+            self._owner_of = {part: w for w, parts in owned.items() for part in parts}
+            self._owners = {w for w, parts in owned.items() if parts}
+            self._table_owners: dict[str, set[str]] = {}
+            for (table, _), w in self._owner_of.items():
+                self._table_owners.setdefault(table, set()).add(w)
+        t = self.touched[s]
+        if t is None:
+            return _other(self._owners, s)
+        for table, parts in t.items():
+            if parts is None:
+                if _other(self._table_owners.get(table, set()), s):
+                    return True
+            elif any(self._owner_of.get((table, int(p)), s) != s for p in parts):
+                return True
+        return False
+
+
+def _other(workers: set[str], s: str) -> bool:
+    """Whether ``workers`` holds one other than ``s``."""
+    return len(workers) > (s in workers)
+
+
+def fetch_count(plan: ApplyPlan, worker: str) -> int:
+    """The messages ``worker`` sends to apply the pass (the root fetches from itself locally)."""
+    r = plan.role(worker)
+    return len(r.fetch) + (r.root is not None and r.root != worker) + (len(r.combine.children) if r.combine else 0)
