@@ -43,6 +43,7 @@ from distributed.core import error_message
 from distributed.protocol.pickle import loads
 from distributed.scheduler import heartbeat_interval
 
+from .apply_plan import DIRECT_PER_WORKER, FANIN, ApplyPlan, plan_apply
 from .checkpoint import CheckpointConfig
 from .comm import fast_fail_pool
 from .elastic import adaptive_target, handoff_plan, join_plan, retirable, shard_handoff_plan, workers_wanted
@@ -815,11 +816,10 @@ class Coordinator(SchedulerPlugin):
             self._do(job, effects)
         return {"granted": granted, "next": self._item_for(worker) if worker in self.scheduler.workers else None}
 
-    def _sources(self, job_id: str, e: ApplyPass) -> list:
-        """``[worker, {table: parts or None}]`` for each worker whose committed attempts of the pass
+    def _sources(self, job_id: str, e: ApplyPass) -> dict[str, dict]:
+        """``{worker: {table: parts or None}}`` for each worker whose committed attempts of the pass
         staged updates: the partitions they touched, merged (a worker with an attempt not reported
-        is left out: owners fetch from it whatever it touched). Forgets the pass's entries and
-        those of older runs."""
+        is left out: it may have touched any). Forgets the pass's entries and those of older runs."""
         touched = self._touched.get(job_id, {})
         merged: dict[str, dict] = {}
         unknown: set[str] = set()
@@ -831,8 +831,23 @@ class Coordinator(SchedulerPlugin):
                 merge_touched(merged.setdefault(worker, {}), parts)
         for key in [k for k in touched if k[0] < e.run_id]:
             del touched[key]
-        return [[w, {t: None if ps is None else sorted(ps) for t, ps in m.items()}]
-                for w, m in merged.items() if w not in unknown]
+        return {w: m for w, m in merged.items() if w not in unknown}
+
+    def _apply_plan(self, job: JobState, e: ApplyPass, targets: list[str]) -> ApplyPlan:
+        """Who fetches the pass's updates from whom (``dscar.apply_plan``): direct while that is a few
+        messages per worker (``dscar.apply-direct-per-worker``), otherwise through a tree of fan-in
+        ``dscar.apply-fanin``."""
+        stagers: dict[str, list] = {}
+        for (shard, attempt, worker), clock in zip(e.committed, e.clocks or [e.clock] * len(e.committed)):
+            stagers.setdefault(worker, []).append((int(clock), int(shard), int(attempt)))
+        live = set(targets)
+        owners: dict[str, list] = {w: [] for w in targets}
+        for part, w in job.pmap.owners.items():
+            if w in live:
+                owners[w].append(part)
+        return plan_apply(stagers, self._sources(job.cfg.job_id, e), owners,
+                          fanin=int(dask.config.get("dscar.apply-fanin", FANIN)),  # (a bad one: ValueError)
+                          direct_per_worker=float(dask.config.get("dscar.apply-direct-per-worker", DIRECT_PER_WORKER)))
 
     def _h_fail(self, job_id: str, clock: int, run: int, shard: int, attempt: int, worker: str,
                 error: str, lost_data: bool = False, seconds: float = 0.0) -> dict:
@@ -848,10 +863,19 @@ class Coordinator(SchedulerPlugin):
         extra = {"clocks": e.clocks, "floor": e.floor} if e.batch is not None else {}
         if e.phase:
             extra["phase"] = e.phase
-        extra["touched"] = self._sources(job.cfg.job_id, e)
+        if e.batch is not None:
+            extra["batch"] = e.batch
+        try:
+            plan = self._apply_plan(job, e, targets)
+        except (TypeError, ValueError) as err:  # a bad ``dscar.apply-*`` setting
+            job.fail(time.time(), f"cannot plan the apply of clock {e.clock}: {err}")
+            self._wake()
+            return
+        # through a tree, an owner's fetch waits on the combine steps below the root (each level's deadline)
+        timeout = RPC_TIMEOUT_S + (plan.depth() + 2) * float(dask.config.get("dscar.rpc-timeout", 10.0)) * plan.tree
         results = await asyncio.gather(*(
-            self._rpc(w, "apply", job_id=job.cfg.job_id, clock=e.clock, run=e.run_id, committed=e.committed,
-                      reset=e.reset, **extra)
+            self._rpc(w, "apply", timeout=timeout, job_id=job.cfg.job_id, clock=e.clock, run=e.run_id,
+                      committed=e.committed, reset=e.reset, **extra, **plan.role(w).to_msg())
             for w in targets
         ), return_exceptions=True)
         for w, r in zip(targets, results):

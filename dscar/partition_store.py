@@ -9,7 +9,10 @@ coordinator to commit. When the pass is complete the coordinator tells every
 worker which ``(shard, attempt, worker)`` committed; each owner collects those
 attempts' updates to its partitions from the workers that ran them and staged
 some for it (each commit reports the partitions it touched, ``touched_parts``;
-``select_staged``: one message per such worker and pass) and applies exactly those,
+``select_staged``: one message per such worker and pass), or, where that would be
+O(W²) messages, from the root of an aggregation tree whose members hold their
+subtrees' updates (``hold_combined`` / ``select_combined``; ``dscar.apply_plan``),
+and applies exactly those,
 in shard order, so sums are deterministic (``apply_pass``); holders install
 exactly those shard states (``dscar.shard_store``); everything else is dropped.
 A staged update of an older run is never applied: ``select_staged`` answers
@@ -27,6 +30,7 @@ import numpy as np
 
 from . import checkpoint as ckpt
 from .algorithm import TableSpec
+from .apply_plan import touches  # noqa: F401 (where an owner's fetch is decided; tests import it here)
 from .partitions import TableLayout
 from .xp import to_host
 
@@ -67,17 +71,6 @@ def merge_touched(into: dict[str, set[int] | None], touched: dict[str, Any]) -> 
             into.setdefault(table, set()).update(int(p) for p in parts)
 
 
-def touches(touched: dict[str, Any] | None, owned: Iterable[Part]) -> bool:
-    """Whether updates that touched ``touched`` (``touched_parts``, merged; None: unknown) may add to
-    any partition in ``owned``: an owner that would find none skips fetching from their worker."""
-    if touched is None:
-        return True
-    for table, part in owned:
-        if table in touched and (touched[table] is None or int(part) in touched[table]):
-            return True
-    return False
-
-
 class PartitionStore:
     """The partitions of one job held by this worker, and the updates staged by attempts run here."""
 
@@ -107,6 +100,10 @@ class PartitionStore:
         self.floor: int = 0
         #: BSP: the run id of the newest pass applied here (every attempt of it or an older run lost)
         self.applied_run: int = -1
+        #: (run, clock or SSP batch) of a pass -> key -> (worker that staged it, updates): this worker's
+        #: combined set when the pass goes through an aggregation tree (``dscar.apply_plan``), served
+        #: to its parent and to the owners; kept until a newer pass is combined or applied here
+        self.combined: dict[tuple[int, int], dict[Key, tuple[str, list[Update]]]] = {}
 
     # ------------------------------------------------------------ owning
     def own(self, table: str, part: int, values, checkpointed: bool = False, holds: Iterable = ()) -> None:
@@ -134,6 +131,7 @@ class PartitionStore:
             self.saved.clear()
             self.debt.clear()
             self.staged.clear()
+            self.combined.clear()
             self.sums.clear()
             self.holds.clear()
             self.applied_run = -1
@@ -211,11 +209,11 @@ class PartitionStore:
             self.staged[tuple(key)] = (run, staged)
         return staged
 
-    def select_staged(self, run: int, keys: Iterable, parts: Iterable) -> tuple[Key | None, list]:
+    def select_staged(self, run: int, keys: Iterable, parts: Iterable | None) -> tuple[Key | None, list]:
         """The updates staged here by ``keys`` (committed attempts of ``run``) to ``parts`` (an
-        owner's partitions): ``(None, [(key, updates), ...])``, or ``(key, [])`` for the first key
-        not staged here under ``run`` (the owner cannot apply the pass)."""
-        want = {(t, int(p)) for t, p in parts}
+        owner's partitions; None: all, for a combine step): ``(None, [(key, updates), ...])``, or
+        ``(key, [])`` for the first key not staged here under ``run`` (the pass cannot be applied)."""
+        want = None if parts is None else {(t, int(p)) for t, p in parts}
         out = []
         with self.lock:
             for key in keys:
@@ -223,8 +221,28 @@ class PartitionStore:
                 staged_run, ups = self.staged.get(key, (None, ()))
                 if staged_run != run:
                     return key, []
-                out.append((key, [u for u in ups if (u[0], u[1]) in want]))
+                out.append((key, list(ups) if want is None else [u for u in ups if (u[0], u[1]) in want]))
         return None, out
+
+    def hold_combined(self, tag: tuple[int, int], entries: dict[Key, tuple[str, list[Update]]]) -> None:
+        """Keep a combine step's set for the pass ``tag`` (``(run, clock or batch)``); older sets go."""
+        tag = (int(tag[0]), int(tag[1]))
+        with self.lock:
+            for old in [t for t in self.combined if t < tag]:
+                del self.combined[old]
+            self.combined[tag] = entries
+
+    def select_combined(self, tag: tuple[int, int], parts: Iterable | None, exclude: str | None = None
+                        ) -> list[tuple[Key, str, list[Update]]] | None:
+        """The combined set of pass ``tag``: every key not staged by ``exclude`` (an owner applies its
+        own from ``staged``) with its updates to ``parts`` (None: all); None when not held here."""
+        want = None if parts is None else {(t, int(p)) for t, p in parts}
+        with self.lock:
+            entries = self.combined.get((int(tag[0]), int(tag[1])))
+            if entries is None:
+                return None
+            return [(key, source, list(ups) if want is None else [u for u in ups if (u[0], u[1]) in want])
+                    for key, (source, ups) in entries.items() if source != exclude]
 
     # ------------------------------------------------------------ applying
     def update_bytes(self, keys: Iterable[Key], fetched: dict[Key, list]) -> int:
@@ -270,6 +288,8 @@ class PartitionStore:
                     applied += 1
             for key in [k for k, (r, _) in self.staged.items() if r < run or (floor is not None and k[0] <= floor)]:
                 del self.staged[key]
+            for tag in [t for t in self.combined if t[0] < run]:
+                del self.combined[tag]
             if floor is None:
                 self.applied_run = max(self.applied_run, run)
             else:

@@ -33,7 +33,6 @@ import sys
 import threading
 import time
 import traceback
-from collections import defaultdict
 from types import ModuleType
 from typing import Any
 
@@ -53,7 +52,7 @@ from .inflight import Inflight
 from .membership import (WORKER_INSTALLING, WORKER_RUN_WRITES, Rule, key_digest, new_token, refusal, run_known,
                          run_refusal, same, worker_rule)
 from .mirror_store import part_key, shard_key
-from .partition_store import PartitionStore, touches
+from .partition_store import PartitionStore
 from .partitions import TableLayout
 from .runner import Job, ShardRunner
 from .shard_store import ShardEntry, ShardStore
@@ -103,7 +102,10 @@ class ParamServer(WorkerPlugin):
         self._peers_started = asyncio.ensure_future(self.peers.start())
         #: messages waiting for a peer's answer (they fail at once when it is lost)
         self._inflight = Inflight()
-        for op in ("init", "warm_up", "pull", "fetch_staged", "apply", "assign", "put_shard", "copy_shard", "end_job", "info", "adopt", "adopt_shard",
+        #: (job, pass tag) -> the answer of this worker's combine step of that pass (``_combine``),
+        #: once the apply message that names it came; a parent's fetch may come first and waits
+        self._combines: dict[tuple[str, tuple[int, int]], asyncio.Future] = {}
+        for op in ("init", "warm_up", "pull", "fetch_staged", "fetch_combined", "apply", "assign", "put_shard", "copy_shard", "end_job", "info", "adopt", "adopt_shard",
                    "checkpoint", "restore", "forget", "perturbation", "peer_lost", "peer_joined", "release", "pull_many", "summarize", "mirror",
                    "keep_mirror", "get_mirror", "stack", "confirm_key"):
             worker.handlers[f"dscar_{op}"] = self._guarded(op, getattr(self, f"_h_{op}"))
@@ -351,56 +353,168 @@ class ParamServer(WorkerPlugin):
         missing, selected = job.tables.select_staged(run, keys, parts)
         if missing is not None:
             return {"status": "missing", "key": list(missing)}
-        arrays = [a for _, ups in selected for _, _, _, d, r in ups for a in ((d,) if r is None else (d, r))]
-        return {"status": "OK", "arrays": wire.encode(arrays),
-                "updates": [[list(key), [[t, p, lo, r is not None] for t, p, lo, _, r in ups]] for key, ups in selected]}
+        return {"status": "OK", **_encode_updates([(key, self.address, ups) for key, ups in selected])}
+
+    def _combine_future(self, job_id: str, tag: tuple[int, int]) -> asyncio.Future | None:
+        """The future of this worker's combine step of pass ``tag`` (made by whichever comes first:
+        the apply message or a fetch); None when a newer pass of the job was combined here (stale)."""
+        if any(j == job_id and t > tag for j, t in self._combines):
+            return None
+        for key in [k for k, f in self._combines.items() if k[0] == job_id and k[1] < tag and f.done()]:
+            del self._combines[key]
+        return self._combines.setdefault((job_id, tag), asyncio.get_running_loop().create_future())
+
+    def _settle_combine(self, job_id: str, tag: tuple[int, int], answer: dict) -> None:
+        fut = self._combine_future(job_id, tag)
+        if fut is not None and not fut.done():
+            fut.set_result(answer)
+
+    async def _combine(self, job: Job, tag: tuple[int, int], combine: dict) -> None:
+        """The combine step of a pass applied through a tree (``dscar.apply_plan``): this worker's
+        committed attempts' updates (all partitions) and its children's combined sets, held here
+        under the pass (``PartitionStore.hold_combined``) for the parent and the owners to fetch.
+        A child that cannot be reached, or lacks a key, is answered as ``source-lost`` naming it
+        (the coordinator removes it: a loss, as for a direct fetch)."""
+        run = tag[0]
+        try:
+            missing, own = job.tables.select_staged(run, combine["keys"], None)
+            if missing is not None:
+                answer = {"status": "source-lost", "worker": self.address,
+                          "error": f"committed attempt {list(missing)} is not staged on {self.address}"}
+            else:
+                entries = {key: (self.address, ups) for key, ups in own}
+                children = combine.get("children", [])
+                replies = await asyncio.gather(*(
+                    self._apeer(w, "fetch_combined", job_id=job.id, tag=list(tag), height=h,
+                                deadline=rpc_timeout() * (h + 1))
+                    for w, h in children), return_exceptions=True)
+                answer = {"status": "OK"}
+                for (w, _), r in zip(children, replies):
+                    if isinstance(r, dict) and r.get("status") in ("stale", "source-lost", "error"):
+                        answer = r  # (a lost worker below the child, named by it)
+                        break
+                    if isinstance(r, Exception) or r.get("status") != "OK":
+                        answer = {"status": "source-lost", "worker": w, "error": repr(r)}
+                        break
+                    for key, source, ups in _decode_updates(r):
+                        if key in entries:
+                            raise RuntimeError(f"the apply tree reached key {list(key)} twice at {self.address}")
+                        entries[key] = (source, ups)
+                if answer["status"] == "OK":
+                    if len(entries) != int(combine["expect"]):
+                        raise RuntimeError(f"the apply tree's combined set at {self.address} holds {len(entries)} "
+                                           f"keys, not {combine['expect']}")
+                    job.tables.hold_combined(tag, entries)
+        except Exception as e:  # a bug: the owners fail the pass with it
+            logger.exception("dscar: combine step of pass %s failed", tag)
+            answer = {"status": "error", "error": f"combine step on {self.address} failed: {e!r}"}
+        self._settle_combine(job.id, tag, answer)
+
+    async def _h_fetch_combined(self, job_id: str, tag: list, height: int = 0, parts: list | None = None,
+                                exclude: str | None = None) -> dict:
+        """This worker's combined set of pass ``tag`` (waiting for its combine step, which waits on
+        ``height`` levels below it): every key's updates to ``parts`` (None: all, for a parent),
+        those staged by ``exclude`` left out."""
+        job = self.jobs.get(job_id)
+        if job is None:
+            return {"status": "ended"}
+        tag_ = (int(tag[0]), int(tag[1]))
+        fut = self._combine_future(job_id, tag_)
+        if fut is None:
+            return {"status": "stale"}
+        try:  # (the apply message that starts the step may still be on its way)
+            answer = await asyncio.wait_for(asyncio.shield(fut), rpc_timeout() * (int(height) + 2))
+        except asyncio.TimeoutError:
+            return {"status": "source-lost", "worker": self.address, "error": "its apply message never came"}
+        if answer.get("status") != "OK":
+            return answer
+        entries = job.tables.select_combined(tag_, parts, exclude)
+        if entries is None:  # a newer pass replaced it
+            return {"status": "stale"}
+        return {"status": "OK", **_encode_updates(entries)}
+
+    async def _fetch_updates(self, job: Job, tag: tuple[int, int], parts: list, fetch: list | None,
+                             tree: dict | None) -> tuple[dict, dict | None]:
+        """The committed attempts' updates to ``parts`` staged elsewhere: from each stager
+        (``fetch``: ``[worker, keys]``) or from the tree's root (``tree``); ``(updates, None)``, or
+        ``({}, answer)`` when the pass cannot be applied here (``source-lost``, ``stale``)."""
+        updates: dict[tuple, list] = {}
+        if fetch:
+            await self._peers_started
+            replies = await asyncio.gather(*(
+                self._apeer(w, "fetch_staged", job_id=job.id, run=tag[0], keys=keys, parts=parts)
+                for w, keys in fetch), return_exceptions=True)
+            for (w, _), r in zip(fetch, replies):
+                if isinstance(r, Exception) or r.get("status") != "OK":
+                    return {}, {"status": "source-lost", "worker": w, "error": repr(r)}
+                updates.update((key, ups) for key, _, ups in _decode_updates(r))
+        if tree:
+            root, me = tree["root"], self.address
+            if root == me:
+                fut = self._combine_future(job.id, tag)
+                r = {"status": "stale"} if fut is None else await fut
+                entries = job.tables.select_combined(tag, parts, me) if r.get("status") == "OK" else None
+            else:
+                try:
+                    r = await self._apeer(root, "fetch_combined", job_id=job.id, tag=list(tag),
+                                          height=int(tree["height"]), parts=parts, exclude=me,
+                                          deadline=rpc_timeout() * (int(tree["height"]) + 2))
+                except Exception as e:  # (the root is gone: as a direct fetch's source)
+                    r = {"status": "source-lost", "worker": root, "error": repr(e)}
+                entries = _decode_updates(r) if r.get("status") == "OK" else None
+            if r.get("status") == "error":
+                raise RuntimeError(r.get("error"))
+            if r.get("status") == "stale":
+                return {}, {"status": "stale"}
+            if entries is None:
+                return {}, {"status": "source-lost", "worker": r.get("worker", root), "error": repr(r)}
+            if len(entries) != int(tree["expect"]):
+                raise RuntimeError(f"the apply tree's root {root} sent {len(entries)} keys to {me}, "
+                                   f"not {tree['expect']}")
+            updates.update((key, ups) for key, _, ups in entries)
+        return updates, None
 
     async def _h_apply(self, job_id: str, clock: int, run: int, committed: list, reset: list | None = None,
                        clocks: list | None = None, floor: int | None = None, phase: str | None = None,
-                       touched: list | None = None) -> dict:
+                       batch: int | None = None, fetch: list | None = None, tree: dict | None = None,
+                       combine: dict | None = None) -> dict:
         """Apply the pass of ``run``: the committed attempts' updates to the partitions owned here
-        (collected from the workers that ran them, one message per worker) and their new shard
-        states to the shards held here; drop everything else of the clock.
+        and their new shard states to the shards held here; drop everything else of the clock.
 
         ``committed``: ``[shard, attempt, worker]`` of every committed attempt. The tables named in
         ``reset`` start from zero (the reduction tables at a clock's first data phase, the rebuild
         tables in a rebuild pass). The array work runs off the event loop. Under SSP a batch spans
-        clocks: ``clocks`` gives each attempt's, ``floor`` the newest finished clock. ``phase``: the
-        data phase whose pass this is (an injected fault may name it). ``touched``: ``[worker,
-        {table: parts or None}]``, the partitions each worker's committed attempts staged updates
-        for: none is fetched from a worker that staged nothing for the partitions owned here (one
-        not named: fetched from, whatever it staged).
+        clocks: ``clocks`` gives each attempt's, ``floor`` the newest finished clock, ``batch`` the
+        batch. ``phase``: the data phase whose pass this is (an injected fault may name it).
+
+        This worker's role in collecting the updates (``dscar.apply_plan.Role``): ``fetch``,
+        ``[worker, keys]`` to fetch from each worker that staged some for the partitions here;
+        ``tree``, ``{"root", "height", "expect"}`` to fetch them all from the tree's root instead;
+        ``combine``, its combine step when it staged some for others (``_combine``).
         """
         job = self.jobs.get(job_id)
+        tag = (int(run), int(clock if batch is None else batch))
         if job is None:
+            if combine is not None:  # (its parent waits for it)
+                self._settle_combine(job_id, tag, {"status": "ended"})
             return {"applied": 0}
         if run < job.run_seen:  # the machine moved on (a loss): applying it now could undo newer work here
+            if combine is not None:  # (its parent waits for it)
+                self._settle_combine(job_id, tag, {"status": "stale"})
             return {"status": "stale"}
         if await self._ainject(job, "apply", clock, phase):
+            if combine is not None:  # (its parent waits for it)
+                self._settle_combine(job_id, tag, {"status": "source-lost", "worker": self.address, "error": "stopped"})
             return {"status": "stopped"}
+        if combine is not None:
+            asyncio.ensure_future(self._combine(job, tag, combine))
         owned = job.tables.owned()  # the partitions as of now: one restored meanwhile is not this pass's to update
         me, parts = self.worker.address, [[t, p] for t, p in owned]
         keys = [(int(c), int(s), int(a)) for (s, a, _), c in zip(committed, clocks or [clock] * len(committed))]
         workers = [w for _, _, w in committed]
-        by_worker: dict[str, list] = defaultdict(list)
-        for key, worker in zip(keys, workers):
-            by_worker[worker].append(list(key))
-        updates: dict[tuple, list] = {}
-        staged_for = {w: t for w, t in touched or ()}
-        remote = [w for w in by_worker if w != me and touches(staged_for.get(w), owned)]
-        if parts and remote:
-            await self._peers_started
-            replies = await asyncio.gather(*(
-                self._apeer(w, "fetch_staged", job_id=job_id, run=run, keys=by_worker[w], parts=parts)
-                for w in remote), return_exceptions=True)
-            for w, r in zip(remote, replies):
-                if isinstance(r, Exception) or r.get("status") != "OK":
-                    return {"status": "source-lost", "worker": w, "error": repr(r)}
-                arrays = iter(wire.decode(r["arrays"]))
-                for key, ups in r["updates"]:
-                    updates[tuple(key)] = [(t, int(p), int(lo), next(arrays),
-                                            next(arrays).astype(np.int64, copy=False) if has_rows else None)
-                                           for t, p, lo, has_rows in ups]
+        updates, failed = await self._fetch_updates(job, tag, parts, fetch, tree) if parts else ({}, None)
+        if failed is not None:
+            return failed
         args = (run, keys, workers, updates, set(reset or ()), owned, me, clock if floor is None else floor, floor)
         if job.tables.update_bytes(keys, updates) <= INLINE_APPLY_BYTES:
             out = job.apply_pass(*args)  # a thread hop would cost more than the additions
@@ -679,13 +793,14 @@ class ParamServer(WorkerPlugin):
         self._stop_all()
         self.worker.loop.add_callback(self.worker.close, nanny=False, executor_wait=False)
 
-    async def _apeer(self, address: str, op: str, **kw) -> dict:
+    async def _apeer(self, address: str, op: str, deadline: float | None = None, **kw) -> dict:
         """A message to another worker; it fails at once when the coordinator says that worker is
         gone (``dscar_peer_lost``: a hung peer never answers, and waiting for the deadline would
-        stall the attempt, and its clock, for ``rpc_timeout()`` seconds)."""
+        stall the attempt, and its clock, for ``rpc_timeout()`` seconds). ``deadline``: seconds, when
+        the answer waits on further messages (an apply tree's combine steps below ``address``)."""
         await self._peers_started
         return await self._inflight.call(address, getattr(self.peers(address), f"dscar_{op}")(**self._signed(kw)),
-                                         rpc_timeout())
+                                         rpc_timeout() if deadline is None else deadline)
 
     def _h_peer_lost(self, address: str, generation: int) -> dict:
         """``address`` left the cluster: every message waiting for it fails now, and every later one
@@ -731,6 +846,23 @@ class ParamServer(WorkerPlugin):
                                                worker=self.worker.address, info=info), 5)
         except Exception:
             pass
+
+
+def _encode_updates(entries: list) -> dict:
+    """``[(key, worker that staged it, updates), ...]`` as a message: the arrays in one ``wire`` frame."""
+    arrays = [a for _, _, ups in entries for _, _, _, d, r in ups for a in ((d,) if r is None else (d, r))]
+    return {"arrays": wire.encode(arrays),
+            "updates": [[list(key), source, [[t, p, lo, r is not None] for t, p, lo, _, r in ups]]
+                        for key, source, ups in entries]}
+
+
+def _decode_updates(reply: dict) -> list[tuple[tuple, str, list]]:
+    """``_encode_updates``'s entries back from a message."""
+    arrays = iter(wire.decode(reply["arrays"]))
+    return [(tuple(int(k) for k in key), source,
+             [(t, int(p), int(lo), next(arrays), next(arrays).astype(np.int64, copy=False) if has_rows else None)
+              for t, p, lo, has_rows in ups])
+            for key, source, ups in reply["updates"]]
 
 
 def device_of(xp: ModuleType) -> str:
