@@ -20,11 +20,11 @@ What it counts, per clock and in all:
 * control messages by kind (one per RPC, answer included): ``next`` / ``commit`` / ``release`` /
   ``clock_done`` from workers, ``apply`` / ``restore`` / ``checkpoint`` to workers, ``probe`` (liveness),
   ``begin`` / ``wait`` from the driver;
-* data-plane messages the coordinator's decisions cause: ``fetch_staged`` (at an apply each owner
-  fetches the committed attempts' updates from every other worker that ran one: what
-  ``ParamServer._h_apply`` does), ``pull`` (a worker reads each table's owners once per run id);
+* data-plane messages the coordinator's decisions cause: ``fetch_staged`` / ``fetch_combined`` (at
+  an apply the owners collect the committed attempts' updates from the workers that ran them,
+  directly or through an aggregation tree, as ``dscar.apply_plan`` plans it), ``pull`` (a worker reads each table's owners once per run id);
 * bytes of the control messages that grow with W (work items carry the partition map, an apply
-  carries every committed attempt): estimated from their msgpack-like size;
+  carries every committed attempt and its worker's role in the fan-out): estimated from their msgpack-like size;
 * shard-status entries the core touched (``dscar.shards.ShardQueue`` and ``dscar.ssp.ClockWindow``
   keep them in lists; a counting list counts every read): a machine-independent measure of the work
   per decision, what the tests bound;
@@ -45,6 +45,7 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from dscar.apply_plan import plan_apply
 from dscar.checkpoint import CheckpointConfig
 from dscar.clock import Stage
 from dscar.job import ApplyPass, Checkpoint, JobConfig, JobState, Mirror, RestartWorker, StartRecovery
@@ -243,12 +244,23 @@ class Sim:
                 break
 
     def _apply(self, e: ApplyPass) -> None:
+        """The apply fan-out as ``Coordinator._apply`` plans it (``dscar.apply_plan``; every attempt
+        here touches every partition, as a data-parallel model's do): direct fetches count as
+        ``fetch_staged``, a tree's as ``fetch_combined``; each apply message carries the pass and
+        its worker's role."""
         live = self._live()
-        owners = {w for w in self.job.pmap.owners.values() if self.workers[w].alive}
-        sources = {w for _, _, w in e.committed}
-        self._send("apply", len(live), len(live) * _size([e.committed, e.clocks, e.reset]))
-        self._send("fetch_staged", sum(len(sources - {o}) for o in owners))
-        self._at(self.now + 4 * NET_S, self._applied, e)
+        stagers: dict[str, list] = {}
+        for (shard, attempt, w), clock in zip(e.committed, e.clocks or [e.clock] * len(e.committed)):
+            stagers.setdefault(w, []).append((clock, shard, attempt))
+        owners: dict[str, list] = {w: [] for w in live}
+        for part, w in self.job.pmap.owners.items():
+            if w in owners:
+                owners[w].append(part)
+        plan = plan_apply(stagers, {}, owners)
+        pass_size = _size([e.committed, e.clocks, e.reset])
+        self._send("apply", len(live), sum(pass_size + _size(plan.role(w).to_msg()) for w in live))
+        self._send("fetch_combined" if plan.tree else "fetch_staged", plan.messages())
+        self._at(self.now + (4 + 2 * plan.depth()) * NET_S, self._applied, e)
 
     def _applied(self, e: ApplyPass) -> None:
         job = self.job
@@ -549,8 +561,9 @@ class Result:
                    "probe", "begin", "wait")
         n = max(1, self.clocks_done)
         self.control_per_clock = sum(self.messages.get(k, 0) for k in control) / n
-        self.data_per_clock = sum(self.messages.get(k, 0) for k in ("fetch_staged", "pull")) / n
-        self.fetch_per_clock = self.messages.get("fetch_staged", 0) / n
+        fetches = ("fetch_staged", "fetch_combined")
+        self.data_per_clock = sum(self.messages.get(k, 0) for k in (*fetches, "pull")) / n
+        self.fetch_per_clock = sum(self.messages.get(k, 0) for k in fetches) / n
         self.item_bytes_per_grant = self.bytes.get("item_bytes", 0) / max(1, sim.cpu["next_item"][0])
         self.apply_bytes_per_clock = self.bytes.get("apply", 0) / n
         self.exactly_once, self.lost_shards = self._exactly_once(sim)
