@@ -23,8 +23,9 @@ What it counts, per clock and in all:
 * data-plane messages the coordinator's decisions cause: ``fetch_staged`` / ``fetch_combined`` (at
   an apply the owners collect the committed attempts' updates from the workers that ran them,
   directly or through an aggregation tree, as ``dscar.apply_plan`` plans it), ``pull`` (a worker reads each table's owners once per run id);
-* bytes of the control messages that grow with W (work items carry the partition map, an apply
-  carries every committed attempt and its worker's role in the fan-out): estimated from their msgpack-like size;
+* bytes of the control messages that grow with W (work items carry the partition map; a BSP apply
+  carries its worker's own commits, the pass's shards as ranges and its role in the fan-out, an SSP
+  one every committed attempt of the batch): estimated from their msgpack-like size;
 * shard-status entries the core touched (``dscar.shards.ShardQueue`` and ``dscar.ssp.ClockWindow``
   keep them in lists; a counting list counts every read): a machine-independent measure of the work
   per decision, what the tests bound;
@@ -45,7 +46,7 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from dscar.apply_plan import plan_apply
+from dscar.apply_plan import plan_apply, shard_ranges
 from dscar.checkpoint import CheckpointConfig
 from dscar.clock import Stage
 from dscar.job import ApplyPass, Checkpoint, JobConfig, JobState, Mirror, RestartWorker, StartRecovery
@@ -257,8 +258,16 @@ class Sim:
             if w in owners:
                 owners[w].append(part)
         plan = plan_apply(stagers, {}, owners)
-        pass_size = _size([e.committed, e.clocks, e.reset])
-        self._send("apply", len(live), sum(pass_size + _size(plan.role(w).to_msg()) for w in live))
+        if e.batch is None:  # BSP: a worker's own commits and the pass's shards as ranges
+            shards = _size(shard_ranges(s for s, _, _ in e.committed))
+            own: dict[str, list] = defaultdict(list)
+            for c in e.committed:
+                own[c[2]].append(list(c))
+            sizes = [shards + _size(own[w]) for w in live]
+        else:
+            sizes = [_size([e.committed, e.clocks])] * len(live)
+        self._send("apply", len(live), sum(n + _size(e.reset) + _size(plan.role(w).to_msg())
+                                           for n, w in zip(sizes, live)))
         self._send("fetch_combined" if plan.tree else "fetch_staged", plan.messages())
         self._at(self.now + (4 + 2 * plan.depth()) * NET_S, self._applied, e)
 

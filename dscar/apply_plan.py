@@ -236,3 +236,16 @@ def fetch_count(plan: ApplyPlan, worker: str) -> int:
     """The messages ``worker`` sends to apply the pass (the root fetches from itself locally)."""
     r = plan.role(worker)
     return len(r.fetch) + (r.root is not None and r.root != worker) + (len(r.combine.children) if r.combine else 0)
+
+
+def shard_ranges(shards: Iterable[int]) -> list[list[int]]:
+    """``[[lo, hi), ...]`` covering exactly ``shards``: what a BSP apply message says of the pass's
+    committed shards (every worker drops its copies of those another worker won), in a few numbers
+    where the pass's shards are a data phase's contiguous block."""
+    out: list[list[int]] = []
+    for s in sorted(set(int(s) for s in shards)):
+        if out and out[-1][1] == s:
+            out[-1][1] = s + 1
+        else:
+            out.append([s, s + 1])
+    return out

@@ -43,7 +43,7 @@ from distributed.core import error_message
 from distributed.protocol.pickle import loads
 from distributed.scheduler import heartbeat_interval
 
-from .apply_plan import DIRECT_PER_WORKER, FANIN, ApplyPlan, plan_apply
+from .apply_plan import DIRECT_PER_WORKER, FANIN, ApplyPlan, plan_apply, shard_ranges
 from .checkpoint import CheckpointConfig
 from .comm import fast_fail_pool
 from .elastic import adaptive_target, handoff_plan, join_plan, retirable, shard_handoff_plan, workers_wanted
@@ -873,9 +873,15 @@ class Coordinator(SchedulerPlugin):
             return
         # through a tree, an owner's fetch waits on the combine steps below the root (each level's deadline)
         timeout = RPC_TIMEOUT_S + (plan.depth() + 2) * float(dask.config.get("dscar.rpc-timeout", 10.0)) * plan.tree
+        if e.batch is None:  # BSP: each worker is told its own commits, and the pass's shards as ranges
+            committed: dict[str, list] = {w: [] for w in targets}
+            for c in e.committed:
+                committed.setdefault(c[2], []).append(list(c))
+            extra["shards"] = shard_ranges(s for s, _, _ in e.committed)
         results = await asyncio.gather(*(
             self._rpc(w, "apply", timeout=timeout, job_id=job.cfg.job_id, clock=e.clock, run=e.run_id,
-                      committed=e.committed, reset=e.reset, **extra, **plan.role(w).to_msg())
+                      committed=e.committed if e.batch is not None else committed[w], reset=e.reset, **extra,
+                      **plan.role(w).to_msg())
             for w in targets
         ), return_exceptions=True)
         for w, r in zip(targets, results):

@@ -477,11 +477,14 @@ class ParamServer(WorkerPlugin):
     async def _h_apply(self, job_id: str, clock: int, run: int, committed: list, reset: list | None = None,
                        clocks: list | None = None, floor: int | None = None, phase: str | None = None,
                        batch: int | None = None, fetch: list | None = None, tree: dict | None = None,
-                       combine: dict | None = None) -> dict:
+                       combine: dict | None = None, shards: list | None = None) -> dict:
         """Apply the pass of ``run``: the committed attempts' updates to the partitions owned here
         and their new shard states to the shards held here; drop everything else of the clock.
 
-        ``committed``: ``[shard, attempt, worker]`` of every committed attempt. The tables named in
+        ``committed``: ``[shard, attempt, worker]`` of every committed attempt, or with ``shards``
+        (a BSP pass: ``[[lo, hi), ...]``, the pass's committed shards) of those run here only: the
+        others' keys this worker needs come with their updates, and every other shard of
+        ``shards`` was won elsewhere (a copy held here is dropped). The tables named in
         ``reset`` start from zero (the reduction tables at a clock's first data phase, the rebuild
         tables in a rebuild pass). The array work runs off the event loop. Under SSP a batch spans
         clocks: ``clocks`` gives each attempt's, ``floor`` the newest finished clock, ``batch`` the
@@ -515,6 +518,12 @@ class ParamServer(WorkerPlugin):
         updates, failed = await self._fetch_updates(job, tag, parts, fetch, tree) if parts else ({}, None)
         if failed is not None:
             return failed
+        if shards is not None:  # the rest of the pass: the keys fetched, then the shards won elsewhere
+            own = set(keys)
+            keys += [k for k in updates if k not in own]
+            done = {k[1] for k in keys}
+            keys += [(int(clock), s, -1) for lo, hi in shards for s in range(int(lo), int(hi)) if s not in done]
+            workers += [""] * (len(keys) - len(workers))  # (not this worker: its copies of them go)
         args = (run, keys, workers, updates, set(reset or ()), owned, me, clock if floor is None else floor, floor)
         if job.tables.update_bytes(keys, updates) <= INLINE_APPLY_BYTES:
             out = job.apply_pass(*args)  # a thread hop would cost more than the additions

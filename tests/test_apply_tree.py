@@ -107,3 +107,45 @@ def test_a_combiner_killed_mid_apply_costs_its_clock_not_the_fit(tmp_path):
         assert rec.metrics["seen_min"] == rec.metrics["seen_max"] == 1.0, rec
         assert rec.metrics["count_min"] == rec.metrics["count_max"] == n, rec
     np.testing.assert_array_equal(res.params["count"], np.full(64, float(len(done))))
+
+
+def test_a_bsp_apply_message_names_only_its_workers_commits_and_the_shards_won_elsewhere_go(five):
+    """A BSP apply message carries the worker's own commits and the pass's shards as ranges: a copy
+    of a shard another worker won is dropped (``ShardStore.install``), its own winner installed."""
+    from distributed.protocol.pickle import dumps
+
+    from dscar.algorithm import DataMeta, TableSpec
+    from dscar.shard_store import ShardEntry
+
+    client = five.client
+    meta = DataMeta(n_rows=10, n_shards=3, shapes={"row": ()}, dtypes={"row": "int64"})
+    tables = [TableSpec("count", 10, n_parts=2), TableSpec("seen", 10, kind="reduction", n_parts=2)]
+    token = "slim-token"
+    spec = dumps({"algorithm": RowCounter(), "meta": meta, "tables": tables, "loader": None, "tol": 1e-6,
+                  "token": token})
+    client.sync(client.scheduler.dscar_start_job, job_id="slim", spec=spec, n_shards=3, reloadable=False,
+                tables=[["count", 10, 2, "param"], ["seen", 10, 2, "reduction"]], token=token)
+    try:
+        w0, w1 = sorted(five.workers)[:2]
+
+        def hold(dask_worker=None):  # shards 0, 1 and 2 held on w0; an attempt of shard 1 ran there
+            job = dask_worker.plugins["dscar-paramserver"].jobs["slim"]
+            for s in (0, 1, 2):
+                job.shards.put(s, ShardEntry({"row": np.arange(2)}, {"z": np.zeros(2)}))
+            job.shards.stage_state((1, 1, 0), job.shards.get(1), {"z": np.ones(2)})
+            job.run_confirmed = 1
+
+        def held(dask_worker=None):
+            job = dask_worker.plugins["dscar-paramserver"].jobs["slim"]
+            return {s: e.state["z"].tolist() for s, e in job.shards.shards.items()}
+
+        client.sync(client.rpc(w0).dscar_warm_up, job_id="slim", token=token)
+        client.run(hold, workers=[w0])
+        r = client.sync(client.rpc(w0).dscar_apply, job_id="slim", clock=1, run=1, committed=[[1, 0, w0]],
+                        shards=[[0, 2]], token=token)  # shards 0 and 1 committed: 1 here, 0 elsewhere
+        assert r.get("applied") == 0, r
+        assert client.run(held, workers=[w0])[w0] == {1: [1.0, 1.0], 2: [0.0, 0.0]}  # 0 dropped, 1 installed
+    finally:
+        client.sync(client.scheduler.dscar_end_job, job_id="slim", token=token)
+        for w in five.workers:
+            client.sync(client.rpc(w).dscar_end_job, job_id="slim", token=token)

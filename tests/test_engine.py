@@ -218,13 +218,14 @@ def test_partitions_live_on_their_owners_and_pull_push_between_processes(procs):
         client.run(stage, [1, 0, 0], [["count", 0, 1, np.array([2.0, 3.0]), None]], workers=[w1])
         client.run(stage, [1, 1, 0], [["count", 0, 0, np.array([7.0]), None]], workers=[w1])
         r = client.sync(client.rpc(w0).dscar_apply, job_id="direct", clock=1, run=1,
-                        committed=[[0, 0, w1]], token=token)  # only shard 0 committed: w0 collects it from w1
+                        committed=[[0, 0, w1]], fetch=[[w1, [[1, 0, 0]]]],  # its role (``dscar.apply_plan``)
+                        token=token)  # only shard 0 committed: w0 collects it from w1
         assert r["applied"] == 1, r
         got = client.sync(client.rpc(w0).dscar_pull, job_id="direct", table="count", part=0, lo=0, hi=5,
                           token=token)["data"]
         np.testing.assert_array_equal(got, [0.0, 2.0, 3.0, 0.0, 0.0])
         r = client.sync(client.rpc(w0).dscar_apply, job_id="direct", clock=1, run=2, committed=[[1, 0, w1]],
-                        token=token)
+                        fetch=[[w1, [[1, 1, 0]]]], token=token)
         assert r["status"] == "source-lost"  # staged under run 1, asked for run 2: never applied
         info = client.sync(client.rpc(w0).dscar_info, job_id="direct")
         assert info["device"] in ("cpu", "gpu")

@@ -150,9 +150,13 @@ def test_the_longest_backlog_index_picks_what_a_scan_of_every_shard_picked(seed)
         queue.check()
 
 
-def test_apply_fetches_per_clock_grow_linearly_with_the_workers():
+def test_apply_fetches_and_bytes_per_clock_grow_linearly_with_the_workers():
     """The owners' fetches of staged updates per clock per worker stay flat: every simulated attempt
     touches every partition, so a direct fan-out would cost W−1 per worker; the aggregation tree
     (``dscar.apply_plan``) costs under 2 per pass, a few passes per clock with a loss in the mix."""
-    per_w = {w: run(w, "bsp", clocks=3, policies=())[1].fetch_per_clock / w for w in (32, 256)}
+    results = {w: run(w, "bsp", clocks=3, policies=())[1] for w in (32, 256)}
+    per_w = {w: r.fetch_per_clock / w for w, r in results.items()}
     assert per_w[256] <= 4 and per_w[256] <= 1.2 * per_w[32], per_w
+    # and the apply messages' bytes: each carries its worker's own commits, not every worker's
+    bytes_per_w = {w: r.apply_bytes_per_clock / w for w, r in results.items()}
+    assert bytes_per_w[256] <= 1.2 * bytes_per_w[32], bytes_per_w
