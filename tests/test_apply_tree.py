@@ -86,6 +86,24 @@ def test_mlr_through_the_tree_equals_the_direct_plan(five):
     np.testing.assert_allclose(tree.params["W"], direct.params["W"], rtol=1e-12)
 
 
+def test_ssp_batches_through_the_tree_apply_each_update_once(five):
+    """Under SSP a batch's attempts span clocks and the combined set is held per (run, batch):
+    every clock's reduction still sums one update per row, no read is staler than the window."""
+    from test_ssp_engine import SspRowCounter
+
+    staged0, combined0 = _counts(five)
+    with dask.config.set(TREE):
+        res = dscar.fit(SspRowCounter(n_parts=5, sleep=0.02, slow_shards=(0,), staleness=2), {"row": np.arange(80)},
+                        five, n_shards=10, max_clocks=6, consistency="ssp", staleness=2, policies=[])
+    staged1, combined1 = _counts(five)
+    assert combined1 > combined0 and staged1 == staged0
+    assert res.n_clocks == 6
+    for rec in res.history:
+        assert rec.metrics["seen_min"] == rec.metrics["seen_max"] == 1.0, rec
+        assert rec.metrics["stale"] == 0, rec
+    np.testing.assert_array_equal(res.params["count"], np.full(80, 6.0))
+
+
 @pytest.mark.timeout(240)
 def test_a_combiner_killed_mid_apply_costs_its_clock_not_the_fit(tmp_path):
     """Worker processes; every worker stages updates for every partition, so each is in the binary
