@@ -350,6 +350,8 @@ def gibbs_sweep(xp, w, d, z, At, Dt, T, alpha, beta: float, u, bounds, vocab_siz
 #: how the shards share a sweep: ``"adlda"``, every clock a whole sweep against the clock-start counts of the other
 #: shards; ``"partitioned"``, a sweep in ``n_shards`` clocks over disjoint vocabulary blocks (``LDAGibbs.block_tokens``)
 SCHEDULES = ("adlda", "partitioned")
+#: how clock 1 draws the assignments (``LDAGibbs.initial_topics``)
+INITS = ("uniform", "model")
 
 
 #: ``kernel="auto"`` samples by SparseLDA's buckets when the tokens' words hold at most this fraction of the
@@ -586,7 +588,7 @@ class LDAGibbs(Algorithm):
     def __init__(self, n_topics: int = 20, alpha: float | Sequence[float] = 0.1, beta: float = 0.01, *,
                  seed: int = 0, tol: float = 1e-4, window: int = 10, early_stop: bool = True,
                  min_chunks: int = 64, max_chunk_elems: int = 1 << 21, backend: str = "auto", kernel: str = "auto",
-                 schedule: str = "adlda"):
+                 schedule: str = "adlda", init: str = "uniform"):
         if isinstance(n_topics, bool) or not isinstance(n_topics, (int, np.integer)) or n_topics < 1:
             raise InvalidInputError(f"n_topics (K) must be an integer >= 1, got {n_topics!r}")
         self.n_topics = int(n_topics)
@@ -618,8 +620,11 @@ class LDAGibbs(Algorithm):
             raise InvalidInputError(f"kernel must be 'auto', 'sparse' or 'dense', not {kernel!r}")
         if schedule not in SCHEDULES:
             raise InvalidInputError(f"schedule must be one of {SCHEDULES}, not {schedule!r}")
+        if init not in INITS:
+            raise InvalidInputError(f"init must be one of {INITS}, not {init!r}")
         self.kernel = kernel
         self.schedule = schedule
+        self.init = init
         self.backend = backend
         self.seed = int(seed)
         self.tol = float(tol)
@@ -691,7 +696,7 @@ class LDAGibbs(Algorithm):
         w, d = data["w"], data["d"]
         n_docs, n = int(data["doc_len"].shape[0]), int(w.shape[0])
         if ctx.clock == 1:
-            z = xp.asarray(self._rng(ctx.shard, 1).integers(0, K, n).astype(np.int32))
+            z = self.initial_topics(xp, data, ctx.shard, ctx.meta.shapes["X"][0])
             ctx.set_state("z", z)
             self._add_counts(ctx, data, z)
             self._add_checks(ctx, data, z, doc_counts(xp, d, z, n_docs, K))
@@ -716,6 +721,31 @@ class LDAGibbs(Algorithm):
         nd_new = doc_counts(xp, d, z, n_docs, K)
         self._push_deltas(ctx, data, z_old, z, nd_new - nd_old)
         self._add_checks(ctx, data, z, nd_new)
+
+    def initial_topics(self, xp, data, shard: int, vocab_size: int):
+        """Clock 1's assignments. ``init="uniform"`` (the default): every topic equally likely.
+        ``"model"`` (with numba): each token in turn drawn from the shard's model built so far
+        (``lda_kernels.init_docs``: the first sweep of sequential Gibbs from empty counts), so the
+        sweeps start from topics that already group words: on a 1M-token corpus drawn from the
+        model (V = 20k, K = 50, partitioned) it reached tomotopy's 20-sweep log-likelihood in 19
+        / 18 / 17 sweeps on 1 / 2 / 4 shards instead of 20 / 20 / more than 20. Not the default:
+        the shards of clock 1 start together, each from its own tokens only, so their topics are
+        numbered apart, and on a 4,800-token corpus (K = 4, ``test_estimator``'s fit) two true topics
+        stayed merged after 25 sweeps where the uniform start found all four. The uniforms are the sweep's
+        stream of ``(seed, shard, 1)``: reproducible."""
+        K, n = self.n_topics, int(data["w"].shape[0])
+        if self.init == "uniform" or not numba_available() or n == 0:
+            return xp.asarray(self._rng(shard, 1).integers(0, K, n).astype(np.int32))
+        host = dscar.to_host
+        wl, doc_len = host(data["wl"]), host(data["doc_len"])
+        doc_ptr = np.zeros(doc_len.shape[0] + 1, dtype=np.int64)
+        np.cumsum(doc_len, out=doc_ptr[1:])
+        z = np.empty(n, dtype=np.int32)
+        f = np.float32
+        _numba_kernels().init_docs(wl, doc_ptr, z, np.zeros((int(data["words"].shape[0]), K), dtype=np.int32),
+                                   np.zeros(K, dtype=np.int32), self.alphas().astype(f), f(self.beta),
+                                   f(vocab_size * self.beta), np.uint64(self._key(shard, 1)), np.empty(K, dtype=f))
+        return xp.asarray(z)
 
     def clocks_per_sweep(self, n_shards: int) -> int:
         """Clocks that make one Gibbs sweep of every token: ``n_shards`` when partitioned, else 1."""
@@ -784,6 +814,7 @@ class LDAGibbs(Algorithm):
                            self.beta, int(words.shape[0]), 1, words, {}, (wt, words), word_deltas=word_deltas,
                            method=method)
         kern.word_stats(wt, self.beta, 0, np.empty(K, dtype=np.int64), np.empty(K, dtype=np.int64))
+        self.initial_topics(np, data, 0, int(words.shape[0]))
 
     def use_device_kernel(self, xp) -> bool:
         """CuPy workers sweep with the device kernel (``gpu_kernels.lda_sweep``) unless ``backend="xp"``."""

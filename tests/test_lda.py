@@ -360,6 +360,20 @@ def test_compiled_and_array_namespace_fits_agree(inproc, small):
     assert b.params["word_topic"].dtype == np.int32 and b.params["doc_topic"].dtype == np.int32
 
 
+@needs_numba
+def test_a_start_drawn_from_the_model_keeps_exact_counts_and_starts_higher(inproc, small):
+    """``init="model"``: clock 1 draws each token from the shard's counts so far; the tables equal the
+    assignments every clock and the start is far above the uniform one."""
+    uniform = fit(LDAGibbs(4, seed=2, early_stop=False, schedule="partitioned"), small.X, inproc, 5, n_shards=2)
+    model = fit(LDAGibbs(4, seed=2, early_stop=False, schedule="partitioned", init="model"), small.X, inproc, 5,
+                n_shards=2)
+    assert [r.metrics["count_error"] for r in model.history] == [0.0] * 5
+    assert_tables_match(model, small.X)
+    assert model.history[0].metrics["loglik"] > uniform.history[0].metrics["loglik"] + 0.3
+    with pytest.raises(dscar.InvalidInputError, match="init"):
+        LDAGibbs(4, init="random")
+
+
 # --------------------------------------------------- the partitioned schedule
 class _Ctx:
     """What ``LDAGibbs.block_tokens`` reads of a shard context."""
