@@ -69,7 +69,11 @@ minute. ``--accuracy``: the acceptance check instead: Reuters, K = 20 and 50,
 worker) vs ``lda``, medians of the final log-likelihood per token (targets:
 within 1 %; 2 workers within 0.3 %, issue 43).
 
-Usage: ``python -m bench.lda [--quick] [--accuracy] [--iters N] [--big-iters N] [--repeats N] [--json PATH]
+``--init model``: dscar starts from assignments drawn from each shard's model so far
+(``LDAGibbs(init="model")``) instead of uniformly; that clock then counts in dscar's
+sampling time (a uniform start, like tomotopy's ``train(0)``, is not timed).
+
+Usage: ``python -m bench.lda [--quick] [--accuracy] [--iters N] [--big-iters N] [--repeats N] [--init I] [--json PATH]
 [--plot PATH]``
 (the plot defaults to the JSON's path with ``.png``).
 """
@@ -96,7 +100,7 @@ import dscar  # noqa: E402
 from bench.common import load_average, machine_info, pyplot, write_json  # noqa: E402
 from dscar import DataMeta  # noqa: E402
 from dscar.algorithms import corpora  # noqa: E402
-from dscar.algorithms.lda import LDAGibbs, lda_data, loglikelihood  # noqa: E402
+from dscar.algorithms.lda import INITS, LDAGibbs, lda_data, loglikelihood  # noqa: E402
 
 ALPHA, BETA = 0.1, 0.01
 #: every compiled kernel runs once on this corpus before any timing (numba loads code on first use)
@@ -278,14 +282,17 @@ def run_kernel(c: corpora.Corpus, name: str, K: int, sweeps: int, seed: int, ker
 
 
 def run_dscar(cl: dscar.Cluster, n_workers: int, c: corpora.Corpus, name: str, K: int, sweeps: int, seed: int,
-              n_shards: int | None = None, kernel: str = "auto", schedule: str = SCHEDULE) -> Run:
+              n_shards: int | None = None, kernel: str = "auto", schedule: str = SCHEDULE, init: str = "uniform") -> Run:
     data = lda_data(c.X)
-    algo = LDAGibbs(K, ALPHA, BETA, seed=seed, early_stop=False, kernel=kernel, schedule=schedule)
+    algo = LDAGibbs(K, ALPHA, BETA, seed=seed, early_stop=False, kernel=kernel, schedule=schedule, init=init)
     n_shards = n_shards or n_workers
     res = dscar.fit(algo, data, cl, n_shards=n_shards, max_clocks=sweeps * algo.clocks_per_sweep(n_shards) + 1,
                     progress=False)
-    sampling = sum(r.seconds for r in res.history[1:])
-    elapsed = np.cumsum([0.0] + [r.seconds for r in res.history[1:]])
+    # clock 1 draws the start: uniform, it is not timed (as tomotopy's untimed train(0)); drawn from the
+    # model (``init="model"``), it samples every token once and its time counts
+    start = res.history[0].seconds if init == "model" else 0.0
+    sampling = start + sum(r.seconds for r in res.history[1:])
+    elapsed = np.cumsum([start] + [r.seconds for r in res.history[1:]])
     pts = [(r.metrics["iteration"], float(t), r.metrics["loglik"]) for r, t in zip(res.history, elapsed)]
     ll = loglikelihood(res.params["word_topic"], res.params["doc_topic"], ALPHA, BETA) / c.n_tokens
     last = res.history[-1].metrics
@@ -293,7 +300,7 @@ def run_dscar(cl: dscar.Cluster, n_workers: int, c: corpora.Corpus, name: str, K
         raise RuntimeError(f"dscar's tables are inconsistent: {last}, recomputed {ll}")
     return Run(f"dscar-{n_workers}w", name, K, sweeps, c.n_tokens, sampling, res.seconds, ll, None,
                {"clock_ms_median": 1e3 * statistics.median(r.seconds for r in res.history[1:]),
-                "split_ms": clock_split(res), "n_shards": n_shards, "schedule": schedule}, pts)
+                "split_ms": clock_split(res), "n_shards": n_shards, "schedule": schedule, "init": init}, pts)
 
 
 def clock_split(res) -> dict[str, float]:
@@ -355,9 +362,10 @@ def median_run(runs: list[Run]) -> Run:
     return sorted(runs, key=lambda r: r.tokens_per_s)[(len(runs) - 1) // 2]
 
 
-def benchmark(quick: bool, sweeps: int, big_sweeps: int, seed: int = 1, repeats: int = 1) -> dict[str, Any]:
+def benchmark(quick: bool, sweeps: int, big_sweeps: int, seed: int = 1, repeats: int = 1,
+              init: str = "uniform") -> dict[str, Any]:
     out: dict[str, Any] = {"quick": quick, "sweeps": sweeps, "big_sweeps": big_sweeps, "seed": seed, "alpha": ALPHA,
-                           "beta": BETA, "repeats": repeats, "machine": machine(), "corpora": {}}
+                           "beta": BETA, "repeats": repeats, "init": init, "machine": machine(), "corpora": {}}
     with threadpoolctl.threadpool_limits(1):
         out["kernel"] = kernel_section(quick, sweeps, seed)
         cs = make_corpora(quick, sweeps, big_sweeps)
@@ -375,8 +383,10 @@ def benchmark(quick: bool, sweeps: int, big_sweeps: int, seed: int = 1, repeats:
                 # repeat by repeat, so each ratio pairs runs made under the same load
                 by: dict[str, list[Run]] = {"lda": [run_lda(c, name, K, n_sweeps, seed)]}
                 for _ in range(repeats):
-                    for r in (run_tomotopy(c, name, K, n_sweeps, seed, 1), run_dscar(c1, 1, c, name, K, n_sweeps, seed),
-                              run_tomotopy(c, name, K, n_sweeps, seed, 2), run_dscar(c2, 2, c, name, K, n_sweeps, seed)):
+                    for r in (run_tomotopy(c, name, K, n_sweeps, seed, 1),
+                              run_dscar(c1, 1, c, name, K, n_sweeps, seed, init=init),
+                              run_tomotopy(c, name, K, n_sweeps, seed, 2),
+                              run_dscar(c2, 2, c, name, K, n_sweeps, seed, init=init)):
                         by.setdefault(r.sampler, []).append(r)
                 entry["runs"] = {s: median_run(rs).row() for s, rs in by.items()}
                 entry["tokens_per_s_by_repeat"] = {s: [r.tokens_per_s for r in rs] for s, rs in by.items()}
@@ -596,6 +606,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeats", type=int, default=1,
                    help="interleaved repeats of the dscar and tomotopy runs of the engine section (default 1): "
                         "the figures are the median run's, the ratios the medians of the paired ones")
+    p.add_argument("--init", choices=INITS, default="uniform",
+                   help="dscar's start (LDAGibbs init): uniform (default, untimed as tomotopy's) or drawn from the "
+                        "model, whose clock counts in dscar's time")
     args = p.parse_args(argv)
     logging.getLogger("distributed").setLevel(logging.ERROR)
     t0 = time.perf_counter()
@@ -605,7 +618,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.repeats < 1:
             p.error("--repeats must be at least 1")
         out = benchmark(args.quick, args.iters or (10 if args.quick else 200), args.big_iters or (10 if args.quick else 20),
-                        repeats=args.repeats)
+                        repeats=args.repeats, init=args.init)
     out["wall_s"] = time.perf_counter() - t0
     out["loadavg_after"] = load()
     print(f"(wall {out['wall_s']:.1f} s; load average before: {out['machine']['loadavg'][0]:.2f}, "
