@@ -43,7 +43,7 @@ from __future__ import annotations
 import bisect
 import enum
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from .errors import ShardFailedError
 
@@ -107,6 +107,9 @@ class ShardQueue:
         self._n_done = 0
         #: DOING shards (the only ones with attempts): ``running`` without a scan
         self._doing: set[int] = set()
+        #: (shard, attempt) -> every live attempt, in the order they started (time does not go back):
+        #: the longest-running first without a scan (``oldest_attempts``: the backup policy's view)
+        self._live: dict[tuple[int, int], Attempt] = {}
         self._attempts_clock: int | None = None  # attempt numbers restart only with a new clock
 
     # ---------------------------------------------------------------- clocks
@@ -133,6 +136,7 @@ class ShardQueue:
         if phase is not None and not 0 <= phase < self.n_phases:
             raise ValueError(f"phase {phase} outside 0..{self.n_phases - 1}")
         self.clock = clock
+        self._live = {}
         for s in self._shards:
             s.status = ShardStatus.TODO
             s.attempts.clear()
@@ -178,8 +182,8 @@ class ShardQueue:
             if s.status is ShardStatus.DONE and i in active:
                 self._n_done -= 1
             self._doing.discard(i)
+            self._forget_attempts(s)
             s.status = ShardStatus.TODO
-            s.attempts.clear()
             s.committed = None
             s.failures = []
             s.started = 0
@@ -316,6 +320,7 @@ class ShardQueue:
         s.next_attempt += 1
         s.started += 1
         s.attempts[a.attempt] = a
+        self._live[(shard, a.attempt)] = a
         s.status = ShardStatus.DOING
         self._doing.add(shard)
         self._todo_discard(shard)
@@ -333,6 +338,7 @@ class ShardQueue:
         s.next_attempt += 1
         s.started += 1
         s.attempts[a.attempt] = a
+        self._live[(shard, a.attempt)] = a
         return a
 
     def attempts_started(self, shard: int) -> int:
@@ -342,6 +348,25 @@ class ShardQueue:
     def running_attempts(self, shard: int) -> list[Attempt]:
         return list(self._shards[shard].attempts.values())
 
+    def running_attempt(self, shard: int, attempt: int) -> Attempt | None:
+        """That live attempt of ``shard`` (None: it is not running)."""
+        return self._shards[shard].attempts.get(attempt)
+
+    @property
+    def n_running(self) -> int:
+        """Live attempts."""
+        return len(self._live)
+
+    def oldest_attempts(self) -> "Iterator[Attempt]":
+        """Every live attempt, the longest running first (do not change the queue while iterating)."""
+        return iter(self._live.values())
+
+    def _forget_attempts(self, s: _Shard) -> None:
+        """``s`` has no live attempt any more (committed, or back to TODO)."""
+        for a in s.attempts.values():
+            del self._live[(a.shard, a.attempt)]
+        s.attempts.clear()
+
     # --------------------------------------------------------------- results
     def commit(self, shard: int, attempt: int, worker: str) -> bool:
         """Grant the commit to the first live attempt that asks; refuse all others."""
@@ -350,7 +375,7 @@ class ShardQueue:
         if s.status is not ShardStatus.DOING or a is None or a.worker != worker:
             return False
         s.committed = a
-        s.attempts.clear()
+        self._forget_attempts(s)
         s.status = ShardStatus.DONE
         self._doing.discard(shard)
         self._n_done += 1  # (a DOING shard is an active one)
@@ -376,6 +401,7 @@ class ShardQueue:
         if lost_data:
             s.holder = None
         del s.attempts[attempt]
+        del self._live[(shard, attempt)]
         if count and not s.attempts:
             s.failures.append(f"{worker}: {reason}")
         if len(s.failures) >= self.max_failures:
@@ -393,6 +419,7 @@ class ShardQueue:
         if a is None or a.worker != worker or s.status is not ShardStatus.DOING:
             return False
         del s.attempts[attempt]
+        del self._live[(shard, attempt)]
         s.started -= 1
         if not s.attempts:
             s.status = ShardStatus.TODO
@@ -409,6 +436,7 @@ class ShardQueue:
             lost = [a for a in s.attempts.values() if a.worker == worker]
             for a in lost:
                 del s.attempts[a.attempt]
+                del self._live[(i, a.attempt)]
                 requeued.append(a)
             if lost and not s.attempts and s.status is ShardStatus.DOING:  # DOING: an active shard
                 s.status = ShardStatus.TODO
@@ -424,6 +452,7 @@ class ShardQueue:
             gone = [a for a in s.attempts.values() if a.fetch_from == worker and not a.backup]
             for a in gone:
                 del s.attempts[a.attempt]
+                del self._live[(i, a.attempt)]
                 doomed.append(a)
             if gone and not s.attempts and s.status is ShardStatus.DOING:
                 s.status = ShardStatus.TODO
@@ -511,6 +540,7 @@ class ShardQueue:
                     todo.append(i)
         q._todo_reset(todo)
         q._doing = set()
+        q._live = {}
         q._n_done = sum(1 for i in q.active if q._shards[i].status is ShardStatus.DONE)
         return q
 
@@ -519,6 +549,7 @@ class ShardQueue:
         active = self.active
         assert self._n_done == sum(1 for i in active if self._shards[i].status is ShardStatus.DONE)
         assert self._doing == {i for i, s in enumerate(self._shards) if s.status is ShardStatus.DOING}
+        assert self._live == {(i, n): a for i, s in enumerate(self._shards) for n, a in s.attempts.items()}
         assert {i for b in self._local.values() for i in b} == self._todo and all(
             self._shards[i].holder == h for h, b in self._local.items() for i in b)
         assert self._by_size == {n: sorted(h for h, b in self._local.items() if h is not None and len(b) == n)
