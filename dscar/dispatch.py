@@ -200,7 +200,7 @@ class Dispatch:
         self.set_batched(worker, [m for m in self.batched.get(worker, []) if m not in done])
         if back:
             self.job.event(now, "batch-released", worker=worker, shards=sorted(s for s, _ in back))
-        self.job.schedule.given_back()
+        self.job.schedule.given_back(s for s, _ in back)
 
     def item(self, batch: list[Attempt], rebuild: bool) -> dict:
         """The work item message for ``batch`` (its first member's worker runs them in order)."""

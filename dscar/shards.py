@@ -98,11 +98,14 @@ class ShardQueue:
         self.phase: int | None = 0  # the active phase; None: every shard is active (a rebuild pass)
         self._shards = [_Shard() for _ in range(n_shards)]
         self._todo: set[int] = set()
-        #: the ``_todo`` shards by holder (None: unheld): a worker's own shards without a scan
-        self._local: dict[str | None, set[int]] = {}
-        #: backlog size -> the holders (not None) with that many ``_todo`` shards, sorted: the longest
-        #: backlog without a scan of the holders
-        self._by_size: dict[int, list[str]] = {}
+        #: each shard's tier: TODO shards are handed out one tier at a time (``next_shard``); under
+        #: SSP a shard's tier is the clock of its next update, under BSP every shard's is 0
+        self._tier = [0] * n_shards
+        #: the ``_todo`` shards by (tier, holder) (holder None: unheld): a worker's own shards without a scan
+        self._local: dict[tuple[int, str | None], set[int]] = {}
+        #: tier -> backlog size -> the holders (not None) with that many ``_todo`` shards of the tier,
+        #: sorted: the longest backlog without a scan of the holders
+        self._by_size: dict[int, dict[int, list[str]]] = {}
         #: shards of the active phase that are DONE: ``complete`` without a scan
         self._n_done = 0
         #: DOING shards (the only ones with attempts): ``running`` without a scan
@@ -217,6 +220,19 @@ class ShardQueue:
             self._add_local(worker, shard)
         s.holder = worker
 
+    def set_tier(self, shard: int, tier: int) -> None:
+        """``shard`` is handed out with the other shards of ``tier`` (``next_shard``)."""
+        if self._tier[shard] != tier:
+            todo = shard in self._todo
+            if todo:
+                self._todo_discard(shard)
+            self._tier[shard] = tier
+            if todo:
+                self._todo_add(shard)
+
+    def tier(self, shard: int) -> int:
+        return self._tier[shard]
+
     def _todo_add(self, shard: int) -> None:
         if shard not in self._todo:
             self._todo.add(shard)
@@ -228,30 +244,35 @@ class ShardQueue:
             self._drop_local(self._shards[shard].holder, shard)
 
     def _add_local(self, holder: str | None, shard: int) -> None:
-        bucket = self._local.setdefault(holder, set())
+        tier = self._tier[shard]
+        bucket = self._local.setdefault((tier, holder), set())
         if shard not in bucket:
             bucket.add(shard)
-            self._resize(holder, len(bucket) - 1, len(bucket))
+            self._resize(tier, holder, len(bucket) - 1, len(bucket))
 
     def _drop_local(self, holder: str | None, shard: int) -> None:
-        bucket = self._local.get(holder)
+        tier = self._tier[shard]
+        bucket = self._local.get((tier, holder))
         if bucket is not None and shard in bucket:
             bucket.discard(shard)
-            self._resize(holder, len(bucket) + 1, len(bucket))
+            self._resize(tier, holder, len(bucket) + 1, len(bucket))
             if not bucket:
-                del self._local[holder]
+                del self._local[(tier, holder)]
 
-    def _resize(self, holder: str | None, old: int, new: int) -> None:
-        """``holder``'s backlog went from ``old`` to ``new`` shards (``_by_size``)."""
+    def _resize(self, tier: int, holder: str | None, old: int, new: int) -> None:
+        """``holder``'s backlog in ``tier`` went from ``old`` to ``new`` shards (``_by_size``)."""
         if holder is None:
             return
+        sizes = self._by_size.setdefault(tier, {})
         if old:
-            same = self._by_size[old]
+            same = sizes[old]
             del same[bisect.bisect_left(same, holder)]
             if not same:
-                del self._by_size[old]
+                del sizes[old]
         if new:
-            bisect.insort(self._by_size.setdefault(new, []), holder)
+            bisect.insort(sizes.setdefault(new, []), holder)
+        if not sizes:
+            del self._by_size[tier]
 
     def _todo_reset(self, shards) -> None:
         self._todo = set()
@@ -271,47 +292,33 @@ class ShardQueue:
         return [i for i, s in enumerate(self._shards) if s.holder is None]
 
     # ------------------------------------------------------------ hand-outs
-    def next_shard(self, worker: str, now: float, *, local_only: bool = False,
-                   among: "set[int] | None" = None,
+    def next_shard(self, worker: str, now: float, *, local_only: bool = False, tier: int = 0,
                    worth_moving: Callable[[str, int], bool] | None = None) -> Attempt | None:
-        """Start an attempt of the best TODO shard for ``worker`` (with ``local_only``, only of
-        one it holds; with ``among``, only of those), or None. ``worth_moving(holder, backlog)``:
-        whether to take one of another worker's ``backlog`` TODO shards, moving its data (default: yes)."""
+        """Start an attempt of the best TODO shard of ``tier`` for ``worker`` (with ``local_only``, only
+        of one it holds), or None. ``worth_moving(holder, backlog)``: whether to take one of another
+        worker's ``backlog`` TODO shards, moving its data (default: yes).
+
+        Its own shard first (the lowest id); else an unheld one when shards are reloadable (the
+        highest id); else, with dynamic sharding, the highest id of the holder with the longest
+        backlog (ties: the last name). Each from an index: no scan of the shards or the holders."""
         if not self._todo:
             return None
-        mine = self._local.get(worker, frozenset())
-        local = mine if among is None else mine & among
+        local = self._local.get((tier, worker))
         if local:
             return self._start(min(local), worker, now)
         if local_only:
             return None
-        if among is None:  # the longest backlog from the index (as the scan below would choose)
-            if self.reloadable and None in self._local:
-                victim = None
-            elif self.sharding == "static" or not self._by_size:
+        if self.reloadable and (tier, None) in self._local:
+            victim = None
+        else:
+            sizes = self._by_size.get(tier)
+            if self.sharding == "static" or not sizes:
                 return None
-            else:
-                victim = self._by_size[max(self._by_size)][-1]
-            ids = self._local[victim]
-            if victim is not None and worth_moving is not None and not worth_moving(victim, len(ids)):
-                return None
-            return self._start(max(ids), worker, now)
-        backlog: dict[str | None, set[int]] = {}
-        for h, bucket in self._local.items():  # (one entry per holder with shards to do, not per shard)
-            if h is None and not self.reloadable:
-                continue  # waits for the driver to place it
-            if h is not None and self.sharding == "static":
-                continue  # pinned to its holder
-            ids = bucket if among is None else bucket & among
-            if ids:
-                backlog[h] = ids
-        if not backlog:
+            victim = sizes[max(sizes)][-1]
+        ids = self._local[(tier, victim)]
+        if victim is not None and worth_moving is not None and not worth_moving(victim, len(ids)):
             return None
-        # unheld (reloadable) shards first, then the longest backlog, ties by name
-        victim = max(backlog, key=lambda h: (h is None, len(backlog[h]), h or ""))
-        if victim is not None and worth_moving is not None and not worth_moving(victim, len(backlog[victim])):
-            return None
-        return self._start(max(backlog[victim]), worker, now)
+        return self._start(max(ids), worker, now)
 
     def _start(self, shard: int, worker: str, now: float) -> Attempt:
         s = self._shards[shard]
@@ -475,6 +482,10 @@ class ShardQueue:
                 undone.append(i)
         return undone
 
+    def committed_attempt(self, shard: int) -> Attempt | None:
+        """The committed attempt of ``shard`` (None: none yet)."""
+        return self._shards[shard].committed
+
     def committed_attempts(self) -> list[tuple[int, int, str]]:
         """(shard, attempt, worker) of every committed attempt of the active phase, in shard order."""
         return [(i, c.attempt, c.worker) for i in self.active if (c := self._shards[i].committed)]
@@ -551,9 +562,10 @@ class ShardQueue:
         assert self._doing == {i for i, s in enumerate(self._shards) if s.status is ShardStatus.DOING}
         assert self._live == {(i, n): a for i, s in enumerate(self._shards) for n, a in s.attempts.items()}
         assert {i for b in self._local.values() for i in b} == self._todo and all(
-            self._shards[i].holder == h for h, b in self._local.items() for i in b)
-        assert self._by_size == {n: sorted(h for h, b in self._local.items() if h is not None and len(b) == n)
-                                 for n in {len(b) for h, b in self._local.items() if h is not None}}
+            self._shards[i].holder == h and self._tier[i] == t for (t, h), b in self._local.items() for i in b)
+        held = {(t, h): len(b) for (t, h), b in self._local.items() if h is not None}
+        assert self._by_size == {t: {n: sorted(h for (u, h), m in held.items() if u == t and m == n)
+                                     for (u, _), n in held.items() if u == t} for t, _ in held}
         for i, s in enumerate(self._shards):
             assert (i in self._todo) == (s.status is ShardStatus.TODO and i in active), i
             if i not in active:  # an earlier phase (DONE, or TODO after a rebuild pass) or a later one (TODO)

@@ -124,7 +124,7 @@ def test_the_longest_backlog_index_picks_what_a_scan_of_every_shard_picked(seed)
     for _ in range(200):
         op, w = rng.random(), rng.choice(workers)
         if op < 0.5:
-            own = bool(queue._local.get(w))
+            own = bool(queue._local.get((0, w)))
             expected = None if own else _scan_choice(queue, w)
             a = queue.next_shard(w, 0.0)
             if not own:
