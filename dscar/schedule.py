@@ -300,8 +300,7 @@ class BspSchedule:
         job.dispatch.last_seen[worker] = now
         current = clock == m.clock and m.accepts(run_id)
         # attempt numbers restart every pass: only the current run's can be looked up
-        mine = next((a for a in job.queue.running_attempts(shard) if a.attempt == attempt), None) \
-            if current else None
+        mine = job.queue.running_attempt(shard, attempt) if current else None
         started = None if mine is None else mine.started
         job.dispatch.note_move(mine, timings)
         if not rebuild:
@@ -659,7 +658,7 @@ class SspSchedule:
             return False, []
         job.dispatch.running_items.pop(worker, None)
         job.dispatch.last_seen[worker] = now
-        job.dispatch.note_move(next((a for a in job.queue.running_attempts(shard) if a.attempt == attempt), None), timings)
+        job.dispatch.note_move(job.queue.running_attempt(shard, attempt), timings)
         if not rebuild and timings:
             job.monitor.record(worker, step_seconds(timings))
         if not self.window.accepts(shard, clock, run_id):  # a lost backup, an attempt of a voided epoch

@@ -126,6 +126,8 @@ class ShardQueue:
         return range(self.n_shards) if self.phase is None else self.phase_ranges[self.phase]
 
     def phase_of(self, shard: int) -> int:
+        if len(self.phase_ranges) == 1:  # (asked for every member of every work item)
+            return 0
         return next(i for i, r in enumerate(self.phase_ranges) if shard in r)
 
     def begin_clock(self, clock: int, phase: int | None = 0) -> None:
