@@ -37,23 +37,29 @@ HOLD_BACK_MIN_S = 0.005
 
 
 class RunningAttempts:
-    """The queue's live attempts as a policy sees them (``Running``), the longest running first, each
-    built when it is read: the backup policy, asked on every idle poll at a pass's tail, reads the
-    oldest few and stops (a list of every running attempt per poll is O(W) a decision)."""
+    """The queue's running shards as a policy sees them (``Running``: each shard's longest-running
+    attempt), the longest running first, each built when it is read: the backup policy, asked on
+    every idle poll at a pass's tail, reads the oldest few it may back up and stops (a list of every
+    running attempt per poll is O(W) a decision; so is skipping, one by one, the shards that have all
+    the attempts they may have: ``longest_running`` does not look at them)."""
 
     def __init__(self, queue: ShardQueue, now: float):
         self.queue = queue
         self.now = now
 
     def __iter__(self) -> Iterator[Running]:
+        return self.longest_running()
+
+    def longest_running(self, fewer_attempts_than: int | None = None) -> Iterator[Running]:
+        """The running shards (with fewer than ``fewer_attempts_than`` attempts started this pass), the
+        longest running first."""
         queue, now = self.queue, self.now
-        for a in queue.oldest_attempts():
-            on = queue.running_attempts(a.shard)
+        for a in queue.longest_running(fewer_attempts_than):
             yield Running(a.shard, a.worker, now - a.started, queue.attempts_started(a.shard),
-                          tuple(b.worker for b in on))
+                          tuple(b.worker for b in queue.running_attempts(a.shard)))
 
     def __len__(self) -> int:
-        return self.queue.n_running
+        return self.queue.n_doing
 
     def __contains__(self, item: object) -> bool:
         return any(r == item for r in self)

@@ -21,7 +21,7 @@ itself is not a policy: it is the pull model, always on.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Collection, Iterable
+from typing import Collection, Iterable, Iterator
 
 from .errors import InvalidInputError
 from .monitor import ThroughputMonitor
@@ -43,12 +43,20 @@ class ControllerView:
     clock: int
     workers: list[str]
     todo: int
-    #: every live attempt, the longest running first (a job's view builds them as they are read:
-    #: a policy that stops early reads a few, not every one)
+    #: every running shard as its longest-running attempt, the longest running first (a job's view
+    #: builds them as they are read: a policy that stops early reads a few, not every one)
     running: Collection[Running]
     monitor: ThroughputMonitor
     stragglers: dict[str, str] = field(default_factory=dict)  # at clock boundaries
     idle_worker: str | None = None  # the worker asking for work, if any
+
+    def longest_running(self, fewer_attempts_than: int) -> Iterator[Running]:
+        """The running shards with fewer than ``fewer_attempts_than`` attempts this clock, the longest
+        running first (a job's view answers from its queue's index, without looking at the others)."""
+        indexed = getattr(self.running, "longest_running", None)
+        if indexed is not None:
+            return indexed(fewer_attempts_than)
+        return iter(sorted((r for r in self.running if r.n_attempts < fewer_attempts_than), key=lambda r: -r.elapsed_s))
 
 
 @dataclass(frozen=True)
@@ -102,10 +110,10 @@ class BackupPolicy(Policy):
             return []
         late_after = max(self.k * med, self.min_s)
         idle = view.idle_worker
-        for r in view.running:  # the longest running first: the first one it may back up is the latest
+        for r in view.longest_running(self.max_attempts):  # the first one it may back up is the latest
             if r.elapsed_s <= late_after:
                 break  # (and so is every one after it)
-            if r.n_attempts < self.max_attempts and r.worker != idle and idle not in r.workers:
+            if r.worker != idle and idle not in r.workers:
                 return [Backup(r.shard, idle)]
         return []
 

@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import bisect
 import enum
+import heapq
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
@@ -110,9 +111,12 @@ class ShardQueue:
         self._n_done = 0
         #: DOING shards (the only ones with attempts): ``running`` without a scan
         self._doing: set[int] = set()
-        #: (shard, attempt) -> every live attempt, in the order they started (time does not go back):
-        #: the longest-running first without a scan (``oldest_attempts``: the backup policy's view)
-        self._live: dict[tuple[int, int], Attempt] = {}
+        #: attempts started -> (start of its longest-running live attempt, shard) of every DOING shard
+        #: that started that many this pass, sorted: the longest-running shards with fewer than n
+        #: attempts without a scan (``longest_running``: the backup policy's view)
+        self._running: dict[int, list[tuple[float, int]]] = {}
+        #: DOING shard -> its key in ``_running``: (attempts started, start of its oldest live attempt)
+        self._running_key: dict[int, tuple[int, float]] = {}
         self._attempts_clock: int | None = None  # attempt numbers restart only with a new clock
 
     # ---------------------------------------------------------------- clocks
@@ -141,7 +145,7 @@ class ShardQueue:
         if phase is not None and not 0 <= phase < self.n_phases:
             raise ValueError(f"phase {phase} outside 0..{self.n_phases - 1}")
         self.clock = clock
-        self._live = {}
+        self._running, self._running_key = {}, {}
         for s in self._shards:
             s.status = ShardStatus.TODO
             s.attempts.clear()
@@ -187,11 +191,12 @@ class ShardQueue:
             if s.status is ShardStatus.DONE and i in active:
                 self._n_done -= 1
             self._doing.discard(i)
-            self._forget_attempts(s)
+            s.attempts.clear()
             s.status = ShardStatus.TODO
             s.committed = None
             s.failures = []
             s.started = 0
+            self._reindex(i)
             self._todo_add(i)
 
     @property
@@ -329,10 +334,10 @@ class ShardQueue:
         s.next_attempt += 1
         s.started += 1
         s.attempts[a.attempt] = a
-        self._live[(shard, a.attempt)] = a
         s.status = ShardStatus.DOING
         self._doing.add(shard)
         self._todo_discard(shard)
+        self._reindex(shard)
         return a
 
     def start_backup(self, shard: int, worker: str, now: float) -> Attempt:
@@ -347,7 +352,7 @@ class ShardQueue:
         s.next_attempt += 1
         s.started += 1
         s.attempts[a.attempt] = a
-        self._live[(shard, a.attempt)] = a
+        self._reindex(shard)
         return a
 
     def attempts_started(self, shard: int) -> int:
@@ -362,19 +367,36 @@ class ShardQueue:
         return self._shards[shard].attempts.get(attempt)
 
     @property
-    def n_running(self) -> int:
-        """Live attempts."""
-        return len(self._live)
+    def n_doing(self) -> int:
+        """DOING shards."""
+        return len(self._doing)
 
-    def oldest_attempts(self) -> "Iterator[Attempt]":
-        """Every live attempt, the longest running first (do not change the queue while iterating)."""
-        return iter(self._live.values())
+    def longest_running(self, fewer_started_than: int | None = None) -> Iterator[Attempt]:
+        """The longest-running live attempt of every DOING shard, the longest running first (time does
+        not go back); with ``fewer_started_than``, only of the shards that started fewer attempts this
+        pass, the others not even looked at. Do not change the queue while iterating."""
+        buckets = [b for k, b in self._running.items() if fewer_started_than is None or k < fewer_started_than]
+        for _, shard in heapq.merge(*buckets):
+            yield min(self._shards[shard].attempts.values(), key=lambda a: (a.started, a.attempt))
 
-    def _forget_attempts(self, s: _Shard) -> None:
-        """``s`` has no live attempt any more (committed, or back to TODO)."""
-        for a in s.attempts.values():
-            del self._live[(a.shard, a.attempt)]
-        s.attempts.clear()
+    def _reindex(self, shard: int) -> None:
+        """``shard``'s attempts changed: its place in ``_running`` follows."""
+        s = self._shards[shard]
+        key = None
+        if s.status is ShardStatus.DOING and s.attempts:
+            key = (s.started, min(a.started for a in s.attempts.values()))
+        old = self._running_key.get(shard)
+        if old == key:
+            return
+        if old is not None:
+            bucket = self._running[old[0]]
+            del bucket[bisect.bisect_left(bucket, (old[1], shard))]
+            if not bucket:
+                del self._running[old[0]]
+            del self._running_key[shard]
+        if key is not None:
+            bisect.insort(self._running.setdefault(key[0], []), (key[1], shard))
+            self._running_key[shard] = key
 
     # --------------------------------------------------------------- results
     def commit(self, shard: int, attempt: int, worker: str) -> bool:
@@ -384,9 +406,10 @@ class ShardQueue:
         if s.status is not ShardStatus.DOING or a is None or a.worker != worker:
             return False
         s.committed = a
-        self._forget_attempts(s)
+        s.attempts.clear()
         s.status = ShardStatus.DONE
         self._doing.discard(shard)
+        self._reindex(shard)
         self._n_done += 1  # (a DOING shard is an active one)
         s.holder = worker  # the committed data and state live here now (not a TODO shard: no index)
         return True
@@ -410,7 +433,7 @@ class ShardQueue:
         if lost_data:
             s.holder = None
         del s.attempts[attempt]
-        del self._live[(shard, attempt)]
+        self._reindex(shard)
         if count and not s.attempts:
             s.failures.append(f"{worker}: {reason}")
         if len(s.failures) >= self.max_failures:
@@ -428,12 +451,12 @@ class ShardQueue:
         if a is None or a.worker != worker or s.status is not ShardStatus.DOING:
             return False
         del s.attempts[attempt]
-        del self._live[(shard, attempt)]
         s.started -= 1
         if not s.attempts:
             s.status = ShardStatus.TODO
             self._doing.discard(shard)
             self._todo_add(shard)
+        self._reindex(shard)
         return True
 
     def worker_lost(self, worker: str) -> list[Attempt]:
@@ -445,12 +468,13 @@ class ShardQueue:
             lost = [a for a in s.attempts.values() if a.worker == worker]
             for a in lost:
                 del s.attempts[a.attempt]
-                del self._live[(i, a.attempt)]
                 requeued.append(a)
             if lost and not s.attempts and s.status is ShardStatus.DOING:  # DOING: an active shard
                 s.status = ShardStatus.TODO
                 self._doing.discard(i)
                 self._todo_add(i)
+            if lost:
+                self._reindex(i)
         return requeued
 
     def source_lost(self, worker: str) -> list[Attempt]:
@@ -461,13 +485,14 @@ class ShardQueue:
             gone = [a for a in s.attempts.values() if a.fetch_from == worker and not a.backup]
             for a in gone:
                 del s.attempts[a.attempt]
-                del self._live[(i, a.attempt)]
                 doomed.append(a)
             if gone and not s.attempts and s.status is ShardStatus.DOING:
                 s.status = ShardStatus.TODO
                 self._doing.discard(i)
                 self.set_holder(i, None)
                 self._todo_add(i)
+            if gone:
+                self._reindex(i)
         return doomed
 
     def uncommit(self, worker: str) -> list[int]:
@@ -553,7 +578,6 @@ class ShardQueue:
                     todo.append(i)
         q._todo_reset(todo)
         q._doing = set()
-        q._live = {}
         q._n_done = sum(1 for i in q.active if q._shards[i].status is ShardStatus.DONE)
         return q
 
@@ -562,7 +586,10 @@ class ShardQueue:
         active = self.active
         assert self._n_done == sum(1 for i in active if self._shards[i].status is ShardStatus.DONE)
         assert self._doing == {i for i, s in enumerate(self._shards) if s.status is ShardStatus.DOING}
-        assert self._live == {(i, n): a for i, s in enumerate(self._shards) for n, a in s.attempts.items()}
+        keys = {i: (s.started, min(a.started for a in s.attempts.values()))
+                for i, s in enumerate(self._shards) if s.status is ShardStatus.DOING and s.attempts}
+        assert self._running_key == keys
+        assert self._running == {k: sorted((t, i) for i, (n, t) in keys.items() if n == k) for k, _ in keys.values()}
         assert {i for b in self._local.values() for i in b} == self._todo and all(
             self._shards[i].holder == h and self._tier[i] == t for (t, h), b in self._local.items() for i in b)
         held = {(t, h): len(b) for (t, h), b in self._local.items() if h is not None}
