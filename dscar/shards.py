@@ -19,7 +19,11 @@ already holds, then takes one from the worker with the largest TODO backlog
 (that worker is behind; its shard moves to the asking worker) when the caller
 finds the move worth its cost (``worth_moving``). With
 ``sharding="static"`` (the BSP baseline) a worker only gets the shards it
-holds; shards whose holder was lost go to anyone.
+holds; shards whose holder was lost go to anyone. Each hand-out is among the
+TODO shards of one *tier* (``set_tier``): under BSP every shard is in tier 0,
+under SSP a shard's tier is the clock of its next update, so the oldest open
+clock's shards are handed out first. Indexes by tier and holder, and of the
+running shards by attempts started, answer without a scan of the shards.
 
 The data (and shard state) of a shard follows its commits: the *holder* is the
 worker whose store has the shard's data and state as of the last applied pass
