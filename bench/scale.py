@@ -86,7 +86,8 @@ def plot(rows: list[dict], path: str) -> None:
     for mode in sorted({r["mode"] for r in rows}):
         rs = sorted((r for r in rows if r["mode"] == mode), key=lambda r: r["W"])
         ws = [r["W"] for r in rs]
-        axes[0].plot(ws, [r["cpu_us_per_grant_commit"] for r in rs], "o-", label=mode)
+        line, = axes[0].plot(ws, [r["median_us_per_grant_commit"] for r in rs], "o-", label=f"{mode} (median)")
+        axes[0].plot(ws, [r["cpu_us_per_grant_commit"] for r in rs], "x:", color=line.get_color(), label=f"{mode} (mean)")
         axes[1].plot(ws, [r["touched_per_grant_commit"] for r in rs], "o-", label=mode)
         axes[2].plot(ws, [r["control_msgs_per_clock_per_W"] for r in rs], "o-", label=f"{mode} control")
         axes[2].plot(ws, [r["fetch_staged_per_clock_per_W"] for r in rs], "s--", label=f"{mode} fetch_staged")
