@@ -115,10 +115,13 @@ class ShardQueue:
         self._n_done = 0
         #: DOING shards (the only ones with attempts): ``running`` without a scan
         self._doing: set[int] = set()
-        #: attempts started -> (start of its longest-running live attempt, shard) of every DOING shard
-        #: that started that many this pass, sorted: the longest-running shards with fewer than n
-        #: attempts without a scan (``longest_running``: the backup policy's view)
-        self._running: dict[int, list[tuple[float, int]]] = {}
+        #: attempts started -> {shard: start of its longest-running live attempt} of every DOING shard
+        #: that started that many this pass, in start order (attempts start as time goes on: an entry
+        #: is appended, in O(1); one that is not in order marks its bucket ``_unsorted``, sorted when
+        #: next read): the longest-running shards with fewer than n attempts without a scan
+        #: (``longest_running``: the backup policy's view)
+        self._running: dict[int, dict[int, float]] = {}
+        self._unsorted: set[int] = set()
         #: DOING shard -> its key in ``_running``: (attempts started, start of its oldest live attempt)
         self._running_key: dict[int, tuple[int, float]] = {}
         self._attempts_clock: int | None = None  # attempt numbers restart only with a new clock
@@ -149,7 +152,7 @@ class ShardQueue:
         if phase is not None and not 0 <= phase < self.n_phases:
             raise ValueError(f"phase {phase} outside 0..{self.n_phases - 1}")
         self.clock = clock
-        self._running, self._running_key = {}, {}
+        self._running, self._running_key, self._unsorted = {}, {}, set()
         for s in self._shards:
             s.status = ShardStatus.TODO
             s.attempts.clear()
@@ -379,8 +382,15 @@ class ShardQueue:
         """The longest-running live attempt of every DOING shard, the longest running first (time does
         not go back); with ``fewer_started_than``, only of the shards that started fewer attempts this
         pass, the others not even looked at. Do not change the queue while iterating."""
-        buckets = [b for k, b in self._running.items() if fewer_started_than is None or k < fewer_started_than]
-        for _, shard in heapq.merge(*buckets):
+        buckets = []
+        for k in sorted(self._running):
+            if fewer_started_than is not None and k >= fewer_started_than:
+                break
+            if k in self._unsorted:
+                self._running[k] = dict(sorted(self._running[k].items(), key=lambda e: e[1]))
+                self._unsorted.discard(k)
+            buckets.append((start, shard) for shard, start in self._running[k].items())
+        for _, shard in heapq.merge(*buckets, key=lambda e: e[0]):
             yield min(self._shards[shard].attempts.values(), key=lambda a: (a.started, a.attempt))
 
     def _reindex(self, shard: int) -> None:
@@ -394,12 +404,16 @@ class ShardQueue:
             return
         if old is not None:
             bucket = self._running[old[0]]
-            del bucket[bisect.bisect_left(bucket, (old[1], shard))]
+            del bucket[shard]
             if not bucket:
                 del self._running[old[0]]
+                self._unsorted.discard(old[0])
             del self._running_key[shard]
         if key is not None:
-            bisect.insort(self._running.setdefault(key[0], []), (key[1], shard))
+            bucket = self._running.setdefault(key[0], {})
+            if bucket and next(reversed(bucket.values())) > key[1]:
+                self._unsorted.add(key[0])
+            bucket[shard] = key[1]
             self._running_key[shard] = key
 
     # --------------------------------------------------------------- results
@@ -593,7 +607,9 @@ class ShardQueue:
         keys = {i: (s.started, min(a.started for a in s.attempts.values()))
                 for i, s in enumerate(self._shards) if s.status is ShardStatus.DOING and s.attempts}
         assert self._running_key == keys
-        assert self._running == {k: sorted((t, i) for i, (n, t) in keys.items() if n == k) for k, _ in keys.values()}
+        assert self._running == {k: {i: t for i, (n, t) in keys.items() if n == k} for k, _ in keys.values()}
+        for k, bucket in self._running.items():
+            assert k in self._unsorted or list(bucket.values()) == sorted(bucket.values()), k
         assert {i for b in self._local.values() for i in b} == self._todo and all(
             self._shards[i].holder == h and self._tier[i] == t for (t, h), b in self._local.items() for i in b)
         held = {(t, h): len(b) for (t, h), b in self._local.items() if h is not None}
