@@ -18,10 +18,10 @@ Invariants:
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Iterator
 
 from .policies import Backup, ControllerView, Policy, Restart, Running, SetBatchScale
-from .shards import Attempt
+from .shards import Attempt, ShardQueue
 
 if TYPE_CHECKING:
     from .job import JobState
@@ -34,6 +34,35 @@ MAX_BATCH = 64
 #: a straggler is left out of a pass's tail only where that saves at least this long (seconds): for
 #: steps of microseconds the hand-out noise, and moving the shard's data to another worker, cost more
 HOLD_BACK_MIN_S = 0.005
+
+
+class RunningAttempts:
+    """The queue's running shards as a policy sees them (``Running``: each shard's longest-running
+    attempt), the longest running first, each built when it is read: the backup policy, asked on
+    every idle poll at a pass's tail, reads the oldest few it may back up and stops (a list of every
+    running attempt per poll is O(W) a decision; so is skipping, one by one, the shards that have all
+    the attempts they may have: ``longest_running`` does not look at them)."""
+
+    def __init__(self, queue: ShardQueue, now: float):
+        self.queue = queue
+        self.now = now
+
+    def __iter__(self) -> Iterator[Running]:
+        return self.longest_running()
+
+    def longest_running(self, fewer_attempts_than: int | None = None) -> Iterator[Running]:
+        """The running shards (with fewer than ``fewer_attempts_than`` attempts started this pass), the
+        longest running first."""
+        queue, now = self.queue, self.now
+        for a in queue.longest_running(fewer_attempts_than):
+            yield Running(a.shard, a.worker, now - a.started, queue.attempts_started(a.shard),
+                          tuple(b.worker for b in queue.running_attempts(a.shard)))
+
+    def __len__(self) -> int:
+        return self.queue.n_doing
+
+    def __contains__(self, item: object) -> bool:
+        return any(r == item for r in self)
 
 
 class Dispatch:
@@ -177,7 +206,7 @@ class Dispatch:
         self.set_batched(worker, [m for m in self.batched.get(worker, []) if m not in done])
         if back:
             self.job.event(now, "batch-released", worker=worker, shards=sorted(s for s, _ in back))
-        self.job.schedule.given_back()
+        self.job.schedule.given_back(s for s, _ in back)
 
     def item(self, batch: list[Attempt], rebuild: bool) -> dict:
         """The work item message for ``batch`` (its first member's worker runs them in order)."""
@@ -200,10 +229,8 @@ class Dispatch:
 
     def view(self, workers: list[str], now: float, idle_worker: str | None = None) -> ControllerView:
         """What a straggler policy sees (``dscar.policies``)."""
-        running = [Running(a.shard, a.worker, now - a.started, self.job.queue.attempts_started(a.shard))
-                   for a in self.job.queue.running()]
-        return ControllerView(self.job.clock, workers, self.job.queue.n_todo, running, self.job.monitor,
-                              dict(self.stragglers), idle_worker)
+        return ControllerView(self.job.clock, workers, self.job.queue.n_todo, RunningAttempts(self.job.queue, now),
+                              self.job.monitor, self.stragglers, idle_worker)
 
     def idle_policies(self, worker: str, now: float) -> Attempt | None:
         """``worker`` is idle: a backup attempt an idle-time policy starts for it (None: none)."""

@@ -93,8 +93,13 @@ class ThroughputMonitor:
         if worker not in self._warmup:
             self._warmup[worker] = step_s
         else:
-            self._steps[worker].append(step_s)
-            self._set_mean(worker, statistics.median(self._steps[worker]))
+            steps = self._steps[worker]
+            steps.append(step_s)
+            ordered = sorted(steps)  # (the median of a few: ``statistics.median`` costs more than it)
+            n = len(ordered)
+            mean = ordered[n // 2] if n % 2 else (ordered[n // 2 - 1] + ordered[n // 2]) / 2
+            if self._mean.get(worker) != mean:
+                self._set_mean(worker, mean)
 
     def _set_mean(self, worker: str, mean: float | None) -> None:
         old = self._mean.pop(worker, None)

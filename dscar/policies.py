@@ -21,7 +21,7 @@ itself is not a policy: it is the pull model, always on.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Iterable
+from typing import Collection, Iterable, Iterator
 
 from .errors import InvalidInputError
 from .monitor import ThroughputMonitor
@@ -33,6 +33,7 @@ class Running:
     worker: str
     elapsed_s: float
     n_attempts: int  # attempts of the shard started this clock (running or failed), the first included
+    workers: tuple[str, ...] = ()  # the workers of every live attempt of the shard (empty: only ``worker`` known)
 
 
 @dataclass
@@ -42,10 +43,20 @@ class ControllerView:
     clock: int
     workers: list[str]
     todo: int
-    running: list[Running]
+    #: every running shard as its longest-running attempt, the longest running first (a job's view
+    #: builds them as they are read: a policy that stops early reads a few, not every one)
+    running: Collection[Running]
     monitor: ThroughputMonitor
     stragglers: dict[str, str] = field(default_factory=dict)  # at clock boundaries
     idle_worker: str | None = None  # the worker asking for work, if any
+
+    def longest_running(self, fewer_attempts_than: int) -> Iterator[Running]:
+        """The running shards with fewer than ``fewer_attempts_than`` attempts this clock, the longest
+        running first (a job's view answers from its queue's index, without looking at the others)."""
+        indexed = getattr(self.running, "longest_running", None)
+        if indexed is not None:
+            return indexed(fewer_attempts_than)
+        return iter(sorted((r for r in self.running if r.n_attempts < fewer_attempts_than), key=lambda r: -r.elapsed_s))
 
 
 @dataclass(frozen=True)
@@ -97,15 +108,14 @@ class BackupPolicy(Policy):
         med = view.monitor.median_step()
         if view.todo or view.idle_worker is None or med is None:
             return []
-        mine = {r.shard for r in view.running if r.worker == view.idle_worker}
-        late = [
-            r for r in view.running
-            if r.shard not in mine and r.n_attempts < self.max_attempts and r.elapsed_s > max(self.k * med, self.min_s)
-        ]
-        if not late:
-            return []
-        worst = max(late, key=lambda r: r.elapsed_s)
-        return [Backup(worst.shard, view.idle_worker)]
+        late_after = max(self.k * med, self.min_s)
+        idle = view.idle_worker
+        for r in view.longest_running(self.max_attempts):  # the first one it may back up is the latest
+            if r.elapsed_s <= late_after:
+                break  # (and so is every one after it)
+            if r.worker != idle and idle not in r.workers:
+                return [Backup(r.shard, idle)]
+        return []
 
 
 class AdaptiveBatchPolicy(Policy):

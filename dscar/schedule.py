@@ -16,14 +16,16 @@ Invariants (both): nothing is handed out while a recovery runs; a commit is gran
 attempt of the current run (BSP: the run id; SSP: the epoch) and of the shard's current clock;
 a clock's report is given only once it has ended and no snapshot of it is being taken.
 Under SSP the window's shard phases and the queue's statuses agree after every action
-(``_sync_queue``: a shard the window runs is DOING, one it committed DONE, one it moved on TODO).
+(``_sync_queue``: a shard the window runs is DOING, one it committed DONE, one it moved on TODO),
+kept so by the shards each side names as changed (``ClockWindow.moved_back``, ``given_back``):
+no decision scans every shard.
 """
 from __future__ import annotations
 
 import math
 from collections import Counter
 from functools import partial
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Iterable, Protocol
 
 from .clock import Apply, ClockMachine, Recover, RunClockEnd, Skip, Stage, StartPass
 from .effects import ApplyPass, Effect, RestartWorker, StartRecovery
@@ -75,7 +77,7 @@ class Schedule(Protocol):
 
     def releasable(self, asker: str) -> tuple[str, list[tuple[int, int]]] | None: ...
 
-    def given_back(self) -> None: ...
+    def given_back(self, shards: Iterable[int] | None = None) -> None: ...
 
     def commit(self, worker: str, clock: int, run_id: int, shard: int, attempt: int, now: float,
                timings: dict | None = None, rebuild: bool = False) -> tuple[bool, list[Effect]]: ...
@@ -280,7 +282,7 @@ class BspSchedule:
             return None
         return self.job.dispatch.ask_back(asker)
 
-    def given_back(self) -> None:
+    def given_back(self, shards: Iterable[int] | None = None) -> None:
         """Shards went back to TODO in the queue: the queue is the pass's status, nothing follows."""
 
     def commit(self, worker: str, clock: int, run_id: int, shard: int, attempt: int, now: float,
@@ -298,8 +300,7 @@ class BspSchedule:
         job.dispatch.last_seen[worker] = now
         current = clock == m.clock and m.accepts(run_id)
         # attempt numbers restart every pass: only the current run's can be looked up
-        mine = next((a for a in job.queue.running_attempts(shard) if a.attempt == attempt), None) \
-            if current else None
+        mine = job.queue.running_attempt(shard, attempt) if current else None
         started = None if mine is None else mine.started
         job.dispatch.note_move(mine, timings)
         if not rebuild:
@@ -458,6 +459,7 @@ class SspSchedule:
         if resume is not None:  # the tables come back from the checkpoint: rebuild them first
             self.window.resume_from(manifest_cut(resume, cfg.n_shards))
             self.window.needs_rebuild = self.window.applied_before = bool(cfg.rebuild)
+        self._sync_queue(range(cfg.n_shards))
         #: the driver began the fit (before, nothing is handed out: shards may still be placed)
         self.begun = False
         #: the worker running the clock-end step, once handed out
@@ -506,19 +508,25 @@ class SspSchedule:
         self._sync_queue()
 
     # ---------------------------------------------------------- carrying out
-    def _sync_queue(self) -> None:
-        """Every shard the window has back in TODO (applied, voided, written off) is TODO in the
-        queue too, with no attempt left: a late commit of an older attempt is refused there."""
+    def _sync_queue(self, shards: Iterable[int] | None = None) -> None:
+        """Every shard the window moved back to TODO (applied, voided, written off) is TODO in the
+        queue too, with no attempt left (a late commit of an older attempt is refused there), in the
+        tier of its clock. ``shards``: those to look at (default: those the window moved)."""
         w, queue = self.window, self.job.queue
-        back = [s for s in range(self.job.cfg.n_shards)
-                if w.phase(s) is ShardPhase.TODO and queue.status(s) is not ShardStatus.TODO]
+        back = []
+        for s in w.moved_back() if shards is None else shards:
+            if w.phase(s) is ShardPhase.TODO:
+                queue.set_tier(s, w.shard_clock(s))
+                if queue.status(s) is not ShardStatus.TODO:
+                    back.append(s)
         if back:
             queue.reopen(back)
 
-    def given_back(self) -> None:
-        """Shards the queue has in TODO again (every attempt failed, was lost or given back)."""
+    def given_back(self, shards: Iterable[int] | None = None) -> None:
+        """``shards`` (None: any) may be TODO in the queue again (every attempt failed, was lost or
+        given back): the window may start them again."""
         w, queue = self.window, self.job.queue
-        for s in range(self.job.cfg.n_shards):
+        for s in range(self.job.cfg.n_shards) if shards is None else shards:
             if w.phase(s) is ShardPhase.RUNNING and queue.status(s) is ShardStatus.TODO:
                 w.give_back(s)
 
@@ -528,8 +536,7 @@ class SspSchedule:
         effects: list[Effect] = []
         for a in actions:
             if isinstance(a, ApplyBatch):
-                attempts = {s: (att, wk) for s, att, wk in job.queue.committed_attempts()}
-                committed = [(s, attempts[s][0], wk) for s, _, wk in a.updates]
+                committed = [(s, job.queue.committed_attempt(s).attempt, wk) for s, _, wk in a.updates]
                 clocks = [w.shard_clock(s) if a.rebuild else c for s, c, _ in a.updates]
                 effects.append(ApplyPass(a.epoch, max(clocks), committed, list(job.cfg.rebuild) if a.rebuild else [],
                                          a.rebuild, batch=a.batch, clocks=clocks, floor=w.floor))
@@ -585,13 +592,14 @@ class SspSchedule:
             self.clock_end_worker = worker
             return {"op": "clock_end", "job": job.cfg.job_id, "clock": w.clock_end, "run": w.epoch,
                     "owners": job.pmap.to_msg(), "version": w.version}
-        tiers = self._oldest_first(w.startable())
+        # the oldest open clock's shards hold the window back: they go first (moving to another worker
+        # if theirs is busy); a shard's tier in the queue is its clock
+        clocks = [c for c, _ in w.startable_by_clock()]
         if worker in job.stragglers and w.rebuilding is None:
-            tiers = [t for t in tiers[::-1] if not job.dispatch.leave_to_others(worker, self._slack(min(
-                w.shard_clock(s) for s in t)))]  # its shard holds its clock's end back least in the newest clock
+            clocks = [c for c in clocks[::-1] if not job.dispatch.leave_to_others(
+                worker, self._slack(c))]  # its shard holds its clock's end back least in the newest clock
         worth = partial(job.dispatch.worth_moving, worker, now)
-        a = next((a for among in tiers if (a := job.queue.next_shard(worker, now, among=among, worth_moving=worth))),
-                 None)
+        a = next((a for c in clocks if (a := job.queue.next_shard(worker, now, tier=c, worth_moving=worth))), None)
         if a is None and w.rebuilding is None:
             a = job.dispatch.idle_policies(worker, now)
         elif a is not None and a.fetch_from:
@@ -601,8 +609,8 @@ class SspSchedule:
         batch = [a]
         if a.fetch_from is None and not a.backup:  # more of the worker's own shards, while steps are short
             size = job.dispatch.batch_size(worker)
-            for among in tiers:
-                while len(batch) < size and (b := job.queue.next_shard(worker, now, local_only=True, among=among)):
+            for c in clocks:
+                while len(batch) < size and (b := job.queue.next_shard(worker, now, local_only=True, tier=c)):
                     batch.append(b)
         job.dispatch.set_batched(worker, [(b.shard, b.attempt) for b in batch[1:]])  # its earlier items are done
         clocks = [w.shard_clock(b.shard) if b.backup else w.start(b.shard) for b in batch]
@@ -617,16 +625,7 @@ class SspSchedule:
         ``clock`` is running: every update of clocks up to ``clock + s`` (clock ``clock`` cannot end
         before the attempt does, so no later clock can start)."""
         w = self.window
-        top = min(clock + w.staleness, w.limit)
-        return sum(max(0, top - w.shard_clock(s) + 1) for s in range(self.job.cfg.n_shards)) - 1
-
-    def _oldest_first(self, shards: list[int]) -> list[set[int]]:
-        """``shards`` grouped by clock, oldest first: the oldest open clock's shards hold the window
-        back, so they go first (moving to another worker if theirs is busy)."""
-        by_clock: dict[int, set[int]] = {}
-        for s in shards:
-            by_clock.setdefault(self.window.shard_clock(s), set()).add(s)
-        return [by_clock[c] for c in sorted(by_clock)]
+        return w.updates_up_to(min(clock + w.staleness, w.limit)) - 1
 
     def _item(self, batch: list[Attempt], clocks: list[int]) -> dict:
         w = self.window
@@ -646,7 +645,7 @@ class SspSchedule:
         return self._carry(self.window.flush(), now)
 
     def releasable(self, asker: str) -> tuple[str, list[tuple[int, int]]] | None:
-        if not self.handing_out or self.window.startable():
+        if not self.handing_out or self.window.startable_by_clock():
             return None
         return self.job.dispatch.ask_back(asker)
 
@@ -659,7 +658,7 @@ class SspSchedule:
             return False, []
         job.dispatch.running_items.pop(worker, None)
         job.dispatch.last_seen[worker] = now
-        job.dispatch.note_move(next((a for a in job.queue.running_attempts(shard) if a.attempt == attempt), None), timings)
+        job.dispatch.note_move(job.queue.running_attempt(shard, attempt), timings)
         if not rebuild and timings:
             job.monitor.record(worker, step_seconds(timings))
         if not self.window.accepts(shard, clock, run_id):  # a lost backup, an attempt of a voided epoch
@@ -691,7 +690,7 @@ class SspSchedule:
             job.queue.fail(shard, attempt, worker, error, count=run_id == w.epoch and not stopped, lost_data=lost_data)
         except ShardFailedError as e:
             job.fail(now, str(e))
-        self.given_back()
+        self.given_back([shard])
 
     def applied(self, run_id: int, now: float, batch: int | None = None) -> list[Effect]:
         in_flight = self.window.in_flight
@@ -762,6 +761,7 @@ class SspSchedule:
                                   floor=int(manifest["clock"]), limit=w.limit)
         self.window.resume_from(manifest_cut(manifest, self.job.cfg.n_shards))
         self.window.needs_rebuild = self.window.applied_before = w.needs_rebuild
+        self._sync_queue(range(self.job.cfg.n_shards))
 
     # ------------------------------------------------------------- reports
     def progress(self) -> tuple[Any, bool]:

@@ -19,7 +19,11 @@ already holds, then takes one from the worker with the largest TODO backlog
 (that worker is behind; its shard moves to the asking worker) when the caller
 finds the move worth its cost (``worth_moving``). With
 ``sharding="static"`` (the BSP baseline) a worker only gets the shards it
-holds; shards whose holder was lost go to anyone.
+holds; shards whose holder was lost go to anyone. Each hand-out is among the
+TODO shards of one *tier* (``set_tier``): under BSP every shard is in tier 0,
+under SSP a shard's tier is the clock of its next update, so the oldest open
+clock's shards are handed out first. Indexes by tier and holder, and of the
+running shards by attempts started, answer without a scan of the shards.
 
 The data (and shard state) of a shard follows its commits: the *holder* is the
 worker whose store has the shard's data and state as of the last applied pass
@@ -42,8 +46,9 @@ from __future__ import annotations
 
 import bisect
 import enum
+import heapq
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from .errors import ShardFailedError
 
@@ -98,15 +103,27 @@ class ShardQueue:
         self.phase: int | None = 0  # the active phase; None: every shard is active (a rebuild pass)
         self._shards = [_Shard() for _ in range(n_shards)]
         self._todo: set[int] = set()
-        #: the ``_todo`` shards by holder (None: unheld): a worker's own shards without a scan
-        self._local: dict[str | None, set[int]] = {}
-        #: backlog size -> the holders (not None) with that many ``_todo`` shards, sorted: the longest
-        #: backlog without a scan of the holders
-        self._by_size: dict[int, list[str]] = {}
+        #: each shard's tier: TODO shards are handed out one tier at a time (``next_shard``); under
+        #: SSP a shard's tier is the clock of its next update, under BSP every shard's is 0
+        self._tier = [0] * n_shards
+        #: the ``_todo`` shards by (tier, holder) (holder None: unheld): a worker's own shards without a scan
+        self._local: dict[tuple[int, str | None], set[int]] = {}
+        #: tier -> backlog size -> the holders (not None) with that many ``_todo`` shards of the tier,
+        #: sorted: the longest backlog without a scan of the holders
+        self._by_size: dict[int, dict[int, list[str]]] = {}
         #: shards of the active phase that are DONE: ``complete`` without a scan
         self._n_done = 0
         #: DOING shards (the only ones with attempts): ``running`` without a scan
         self._doing: set[int] = set()
+        #: attempts started -> {shard: start of its longest-running live attempt} of every DOING shard
+        #: that started that many this pass, in start order (attempts start as time goes on: an entry
+        #: is appended, in O(1); one that is not in order marks its bucket ``_unsorted``, sorted when
+        #: next read): the longest-running shards with fewer than n attempts without a scan
+        #: (``longest_running``: the backup policy's view)
+        self._running: dict[int, dict[int, float]] = {}
+        self._unsorted: set[int] = set()
+        #: DOING shard -> its key in ``_running``: (attempts started, start of its oldest live attempt)
+        self._running_key: dict[int, tuple[int, float]] = {}
         self._attempts_clock: int | None = None  # attempt numbers restart only with a new clock
 
     # ---------------------------------------------------------------- clocks
@@ -120,6 +137,8 @@ class ShardQueue:
         return range(self.n_shards) if self.phase is None else self.phase_ranges[self.phase]
 
     def phase_of(self, shard: int) -> int:
+        if len(self.phase_ranges) == 1:  # (asked for every member of every work item)
+            return 0
         return next(i for i, r in enumerate(self.phase_ranges) if shard in r)
 
     def begin_clock(self, clock: int, phase: int | None = 0) -> None:
@@ -133,6 +152,7 @@ class ShardQueue:
         if phase is not None and not 0 <= phase < self.n_phases:
             raise ValueError(f"phase {phase} outside 0..{self.n_phases - 1}")
         self.clock = clock
+        self._running, self._running_key, self._unsorted = {}, {}, set()
         for s in self._shards:
             s.status = ShardStatus.TODO
             s.attempts.clear()
@@ -178,11 +198,12 @@ class ShardQueue:
             if s.status is ShardStatus.DONE and i in active:
                 self._n_done -= 1
             self._doing.discard(i)
-            s.status = ShardStatus.TODO
             s.attempts.clear()
+            s.status = ShardStatus.TODO
             s.committed = None
             s.failures = []
             s.started = 0
+            self._reindex(i)
             self._todo_add(i)
 
     @property
@@ -213,6 +234,19 @@ class ShardQueue:
             self._add_local(worker, shard)
         s.holder = worker
 
+    def set_tier(self, shard: int, tier: int) -> None:
+        """``shard`` is handed out with the other shards of ``tier`` (``next_shard``)."""
+        if self._tier[shard] != tier:
+            todo = shard in self._todo
+            if todo:
+                self._todo_discard(shard)
+            self._tier[shard] = tier
+            if todo:
+                self._todo_add(shard)
+
+    def tier(self, shard: int) -> int:
+        return self._tier[shard]
+
     def _todo_add(self, shard: int) -> None:
         if shard not in self._todo:
             self._todo.add(shard)
@@ -224,30 +258,35 @@ class ShardQueue:
             self._drop_local(self._shards[shard].holder, shard)
 
     def _add_local(self, holder: str | None, shard: int) -> None:
-        bucket = self._local.setdefault(holder, set())
+        tier = self._tier[shard]
+        bucket = self._local.setdefault((tier, holder), set())
         if shard not in bucket:
             bucket.add(shard)
-            self._resize(holder, len(bucket) - 1, len(bucket))
+            self._resize(tier, holder, len(bucket) - 1, len(bucket))
 
     def _drop_local(self, holder: str | None, shard: int) -> None:
-        bucket = self._local.get(holder)
+        tier = self._tier[shard]
+        bucket = self._local.get((tier, holder))
         if bucket is not None and shard in bucket:
             bucket.discard(shard)
-            self._resize(holder, len(bucket) + 1, len(bucket))
+            self._resize(tier, holder, len(bucket) + 1, len(bucket))
             if not bucket:
-                del self._local[holder]
+                del self._local[(tier, holder)]
 
-    def _resize(self, holder: str | None, old: int, new: int) -> None:
-        """``holder``'s backlog went from ``old`` to ``new`` shards (``_by_size``)."""
+    def _resize(self, tier: int, holder: str | None, old: int, new: int) -> None:
+        """``holder``'s backlog in ``tier`` went from ``old`` to ``new`` shards (``_by_size``)."""
         if holder is None:
             return
+        sizes = self._by_size.setdefault(tier, {})
         if old:
-            same = self._by_size[old]
+            same = sizes[old]
             del same[bisect.bisect_left(same, holder)]
             if not same:
-                del self._by_size[old]
+                del sizes[old]
         if new:
-            bisect.insort(self._by_size.setdefault(new, []), holder)
+            bisect.insort(sizes.setdefault(new, []), holder)
+        if not sizes:
+            del self._by_size[tier]
 
     def _todo_reset(self, shards) -> None:
         self._todo = set()
@@ -267,47 +306,33 @@ class ShardQueue:
         return [i for i, s in enumerate(self._shards) if s.holder is None]
 
     # ------------------------------------------------------------ hand-outs
-    def next_shard(self, worker: str, now: float, *, local_only: bool = False,
-                   among: "set[int] | None" = None,
+    def next_shard(self, worker: str, now: float, *, local_only: bool = False, tier: int = 0,
                    worth_moving: Callable[[str, int], bool] | None = None) -> Attempt | None:
-        """Start an attempt of the best TODO shard for ``worker`` (with ``local_only``, only of
-        one it holds; with ``among``, only of those), or None. ``worth_moving(holder, backlog)``:
-        whether to take one of another worker's ``backlog`` TODO shards, moving its data (default: yes)."""
+        """Start an attempt of the best TODO shard of ``tier`` for ``worker`` (with ``local_only``, only
+        of one it holds), or None. ``worth_moving(holder, backlog)``: whether to take one of another
+        worker's ``backlog`` TODO shards, moving its data (default: yes).
+
+        Its own shard first (the lowest id); else an unheld one when shards are reloadable (the
+        highest id); else, with dynamic sharding, the highest id of the holder with the longest
+        backlog (ties: the last name). Each from an index: no scan of the shards or the holders."""
         if not self._todo:
             return None
-        mine = self._local.get(worker, frozenset())
-        local = mine if among is None else mine & among
+        local = self._local.get((tier, worker))
         if local:
             return self._start(min(local), worker, now)
         if local_only:
             return None
-        if among is None:  # the longest backlog from the index (as the scan below would choose)
-            if self.reloadable and None in self._local:
-                victim = None
-            elif self.sharding == "static" or not self._by_size:
+        if self.reloadable and (tier, None) in self._local:
+            victim = None
+        else:
+            sizes = self._by_size.get(tier)
+            if self.sharding == "static" or not sizes:
                 return None
-            else:
-                victim = self._by_size[max(self._by_size)][-1]
-            ids = self._local[victim]
-            if victim is not None and worth_moving is not None and not worth_moving(victim, len(ids)):
-                return None
-            return self._start(max(ids), worker, now)
-        backlog: dict[str | None, set[int]] = {}
-        for h, bucket in self._local.items():  # (one entry per holder with shards to do, not per shard)
-            if h is None and not self.reloadable:
-                continue  # waits for the driver to place it
-            if h is not None and self.sharding == "static":
-                continue  # pinned to its holder
-            ids = bucket if among is None else bucket & among
-            if ids:
-                backlog[h] = ids
-        if not backlog:
+            victim = sizes[max(sizes)][-1]
+        ids = self._local[(tier, victim)]
+        if victim is not None and worth_moving is not None and not worth_moving(victim, len(ids)):
             return None
-        # unheld (reloadable) shards first, then the longest backlog, ties by name
-        victim = max(backlog, key=lambda h: (h is None, len(backlog[h]), h or ""))
-        if victim is not None and worth_moving is not None and not worth_moving(victim, len(backlog[victim])):
-            return None
-        return self._start(max(backlog[victim]), worker, now)
+        return self._start(max(ids), worker, now)
 
     def _start(self, shard: int, worker: str, now: float) -> Attempt:
         s = self._shards[shard]
@@ -319,6 +344,7 @@ class ShardQueue:
         s.status = ShardStatus.DOING
         self._doing.add(shard)
         self._todo_discard(shard)
+        self._reindex(shard)
         return a
 
     def start_backup(self, shard: int, worker: str, now: float) -> Attempt:
@@ -333,6 +359,7 @@ class ShardQueue:
         s.next_attempt += 1
         s.started += 1
         s.attempts[a.attempt] = a
+        self._reindex(shard)
         return a
 
     def attempts_started(self, shard: int) -> int:
@@ -341,6 +368,53 @@ class ShardQueue:
 
     def running_attempts(self, shard: int) -> list[Attempt]:
         return list(self._shards[shard].attempts.values())
+
+    def running_attempt(self, shard: int, attempt: int) -> Attempt | None:
+        """That live attempt of ``shard`` (None: it is not running)."""
+        return self._shards[shard].attempts.get(attempt)
+
+    @property
+    def n_doing(self) -> int:
+        """DOING shards."""
+        return len(self._doing)
+
+    def longest_running(self, fewer_started_than: int | None = None) -> Iterator[Attempt]:
+        """The longest-running live attempt of every DOING shard, the longest running first (time does
+        not go back); with ``fewer_started_than``, only of the shards that started fewer attempts this
+        pass, the others not even looked at. Do not change the queue while iterating."""
+        buckets = []
+        for k in sorted(self._running):
+            if fewer_started_than is not None and k >= fewer_started_than:
+                break
+            if k in self._unsorted:
+                self._running[k] = dict(sorted(self._running[k].items(), key=lambda e: e[1]))
+                self._unsorted.discard(k)
+            buckets.append((start, shard) for shard, start in self._running[k].items())
+        for _, shard in heapq.merge(*buckets, key=lambda e: e[0]):
+            yield min(self._shards[shard].attempts.values(), key=lambda a: (a.started, a.attempt))
+
+    def _reindex(self, shard: int) -> None:
+        """``shard``'s attempts changed: its place in ``_running`` follows."""
+        s = self._shards[shard]
+        key = None
+        if s.status is ShardStatus.DOING and s.attempts:
+            key = (s.started, min(a.started for a in s.attempts.values()))
+        old = self._running_key.get(shard)
+        if old == key:
+            return
+        if old is not None:
+            bucket = self._running[old[0]]
+            del bucket[shard]
+            if not bucket:
+                del self._running[old[0]]
+                self._unsorted.discard(old[0])
+            del self._running_key[shard]
+        if key is not None:
+            bucket = self._running.setdefault(key[0], {})
+            if bucket and next(reversed(bucket.values())) > key[1]:
+                self._unsorted.add(key[0])
+            bucket[shard] = key[1]
+            self._running_key[shard] = key
 
     # --------------------------------------------------------------- results
     def commit(self, shard: int, attempt: int, worker: str) -> bool:
@@ -353,6 +427,7 @@ class ShardQueue:
         s.attempts.clear()
         s.status = ShardStatus.DONE
         self._doing.discard(shard)
+        self._reindex(shard)
         self._n_done += 1  # (a DOING shard is an active one)
         s.holder = worker  # the committed data and state live here now (not a TODO shard: no index)
         return True
@@ -376,6 +451,7 @@ class ShardQueue:
         if lost_data:
             s.holder = None
         del s.attempts[attempt]
+        self._reindex(shard)
         if count and not s.attempts:
             s.failures.append(f"{worker}: {reason}")
         if len(s.failures) >= self.max_failures:
@@ -398,6 +474,7 @@ class ShardQueue:
             s.status = ShardStatus.TODO
             self._doing.discard(shard)
             self._todo_add(shard)
+        self._reindex(shard)
         return True
 
     def worker_lost(self, worker: str) -> list[Attempt]:
@@ -414,6 +491,8 @@ class ShardQueue:
                 s.status = ShardStatus.TODO
                 self._doing.discard(i)
                 self._todo_add(i)
+            if lost:
+                self._reindex(i)
         return requeued
 
     def source_lost(self, worker: str) -> list[Attempt]:
@@ -430,6 +509,8 @@ class ShardQueue:
                 self._doing.discard(i)
                 self.set_holder(i, None)
                 self._todo_add(i)
+            if gone:
+                self._reindex(i)
         return doomed
 
     def uncommit(self, worker: str) -> list[int]:
@@ -445,6 +526,10 @@ class ShardQueue:
                 self._todo_add(i)
                 undone.append(i)
         return undone
+
+    def committed_attempt(self, shard: int) -> Attempt | None:
+        """The committed attempt of ``shard`` (None: none yet)."""
+        return self._shards[shard].committed
 
     def committed_attempts(self) -> list[tuple[int, int, str]]:
         """(shard, attempt, worker) of every committed attempt of the active phase, in shard order."""
@@ -519,10 +604,17 @@ class ShardQueue:
         active = self.active
         assert self._n_done == sum(1 for i in active if self._shards[i].status is ShardStatus.DONE)
         assert self._doing == {i for i, s in enumerate(self._shards) if s.status is ShardStatus.DOING}
+        keys = {i: (s.started, min(a.started for a in s.attempts.values()))
+                for i, s in enumerate(self._shards) if s.status is ShardStatus.DOING and s.attempts}
+        assert self._running_key == keys
+        assert self._running == {k: {i: t for i, (n, t) in keys.items() if n == k} for k, _ in keys.values()}
+        for k, bucket in self._running.items():
+            assert k in self._unsorted or list(bucket.values()) == sorted(bucket.values()), k
         assert {i for b in self._local.values() for i in b} == self._todo and all(
-            self._shards[i].holder == h for h, b in self._local.items() for i in b)
-        assert self._by_size == {n: sorted(h for h, b in self._local.items() if h is not None and len(b) == n)
-                                 for n in {len(b) for h, b in self._local.items() if h is not None}}
+            self._shards[i].holder == h and self._tier[i] == t for (t, h), b in self._local.items() for i in b)
+        held = {(t, h): len(b) for (t, h), b in self._local.items() if h is not None}
+        assert self._by_size == {t: {n: sorted(h for (u, h), m in held.items() if u == t and m == n)
+                                     for (u, _), n in held.items() if u == t} for t, _ in held}
         for i, s in enumerate(self._shards):
             assert (i in self._todo) == (s.status is ShardStatus.TODO and i in active), i
             if i not in active:  # an earlier phase (DONE, or TODO after a rebuild pass) or a later one (TODO)

@@ -72,6 +72,7 @@ from __future__ import annotations
 
 import enum
 import math
+from collections import Counter
 from dataclasses import dataclass, field
 
 from .clock import ClockError
@@ -189,6 +190,20 @@ class ClockWindow:
     _urgent: bool = False
     _rebuild_done: list[tuple[int, str]] = field(default_factory=list)
     _first_floor: int = 0  # (the clocks up to it were an earlier fit's: a resume)
+    # Indexes of the shards' places, kept by ``_move`` (the only writer of a shard's clock and phase), so
+    # that no decision scans every shard (``check`` compares them with a scan):
+    #: clock -> the TODO shards of that clock (no empty set)
+    _todo: dict[int, set[int]] = field(default_factory=dict)
+    #: clock -> how many shards' current clock it is (every shard's clock is ``floor + 1`` or later)
+    _n_at: dict[int, int] = field(default_factory=dict)
+    #: clock -> how many COMMITTED shards it has
+    _n_committed_at: dict[int, int] = field(default_factory=dict)
+    #: COMMITTED shards (their updates wait for a batch)
+    _committed: set[int] = field(default_factory=set)
+    #: RUNNING shards
+    _n_running: int = 0
+    #: shards that went (back) to TODO, or to another clock while TODO, since ``moved_back`` was last asked
+    _moved: list[int] = field(default_factory=list)
 
     def __post_init__(self):
         if self.n_shards < 1:
@@ -197,6 +212,8 @@ class ClockWindow:
             raise ValueError(f"staleness must be >= 0, not {self.staleness}")
         self._shards = [_Shard(self.floor + 1) for _ in range(self.n_shards)]
         self._first_floor = self.floor
+        self._todo = {self.floor + 1: set(range(self.n_shards))}
+        self._n_at = {self.floor + 1: self.n_shards}
 
     # ------------------------------------------------------------ queries
     @property
@@ -211,12 +228,35 @@ class ClockWindow:
         return self._shards[shard].phase
 
     def startable(self) -> list[int]:
-        """Shards whose next attempt may start now (their update's clock is open)."""
+        """Shards whose next attempt may start now (their update's clock is open), in order."""
+        return sorted(i for _, shards in self.startable_by_clock() for i in shards)
+
+    def startable_by_clock(self) -> list[tuple[int, set[int]]]:
+        """``startable`` as ``(clock, shards)``, oldest clock first (the sets are the window's own:
+        read them, do not change them). In a rebuild pass every TODO shard is startable (each of them
+        is still to rebuild)."""
         if self.recovering or self.needs_rebuild:
             return []
-        if self.rebuilding is not None:
-            return sorted(s for s in self.rebuilding if self._shards[s].phase is ShardPhase.TODO)
-        return [i for i, s in enumerate(self._shards) if s.phase is ShardPhase.TODO and s.clock <= self.top]
+        top = math.inf if self.rebuilding is not None else self.top
+        return [(c, self._todo[c]) for c in sorted(self._todo) if c <= top]
+
+    def may_start(self, shard: int) -> bool:
+        """Whether ``shard`` is ``startable`` (without listing them)."""
+        s = self._shards[shard]
+        if self.recovering or self.needs_rebuild or s.phase is not ShardPhase.TODO:
+            return False
+        return shard in self.rebuilding if self.rebuilding is not None else s.clock <= self.top
+
+    def updates_up_to(self, clock: int) -> int:
+        """How many shard updates of clocks up to ``clock`` are still to be applied (each shard's
+        from its current clock on)."""
+        return sum(n * (clock - c + 1) for c, n in self._n_at.items() if c <= clock)
+
+    def moved_back(self) -> list[int]:
+        """The shards that went back to TODO (or on to their next clock) since the last call: what
+        the shard queue must reopen (``SspSchedule``), without a scan of every shard."""
+        moved, self._moved = self._moved, []
+        return moved
 
     def read_floor(self, shard: int) -> int:
         """The oldest table version holding every update of clocks ``<= t - s - 1`` (``t``: the
@@ -263,7 +303,7 @@ class ClockWindow:
                 raise ClockError(f"shard {shard}'s cut {c} is outside clocks {self.floor} .. "
                                  f"{self.floor + self.staleness} (the checkpoint's clock + staleness)")
         for shard, c in enumerate(cut):
-            self._shards[shard].clock = c + 1
+            self._move(shard, c + 1, ShardPhase.TODO)
             self.applied |= {(shard, k) for k in range(max(1, self.floor), c + 1)}
         for c in range(self.floor + 1, max(cut, default=self.floor) + 1):
             self._note_skip(c, "the checkpoint resumed from holds updates of the clock, not its reductions")
@@ -282,16 +322,16 @@ class ClockWindow:
         """The first attempt of ``shard`` starts (backups are the shard queue's); returns its clock
         (the attempt carries ``epoch``)."""
         s = self._shards[shard]
-        if shard not in self.startable():
+        if not self.may_start(shard):
             raise ClockError(f"shard {shard} ({s.phase.value}, clock {s.clock}) may not start now")
-        s.phase = ShardPhase.RUNNING
+        self._move(shard, s.clock, ShardPhase.RUNNING)
         return s.clock
 
     def give_back(self, shard: int) -> None:
         """No attempt of ``shard`` runs any more (they failed, were lost or given back): it may start again."""
         s = self._shards[shard]
         if s.phase is ShardPhase.RUNNING:
-            s.phase = ShardPhase.TODO
+            self._move(shard, s.clock, ShardPhase.TODO)
 
     def commit(self, shard: int, clock: int, worker: str, epoch: int) -> list[Action]:
         """An attempt of ``shard`` in ``clock`` on ``worker``, started under ``epoch``, commits (the
@@ -305,14 +345,14 @@ class ClockWindow:
                 return []
             self.rebuilding.discard(shard)
             self._rebuild_done.append((shard, worker))
-            s.phase, s.worker = ShardPhase.COMMITTED, worker  # (its update is no clock's: see ``_next``)
+            self._move(shard, s.clock, ShardPhase.COMMITTED, worker)  # (its update is no clock's: see ``_next``)
             return self._send_rebuild_batch() if not self.rebuilding else []
         if s.clock != clock:
             return []
         if clock > self.limit:  # the fit stopped before this clock: its update is not applied
-            s.phase = ShardPhase.TODO
+            self._move(shard, s.clock, ShardPhase.TODO)
             return []
-        s.phase, s.worker = ShardPhase.COMMITTED, worker
+        self._move(shard, s.clock, ShardPhase.COMMITTED, worker)
         return self._next()
 
     def accepts(self, shard: int, clock: int, epoch: int) -> bool:
@@ -379,9 +419,9 @@ class ClockWindow:
             if self.rebuilding is not None:
                 self.needs_rebuild = True
                 self._end_rebuild()
-            for s in self._shards:  # whatever ran or waits read what is being restored
+            for i, s in enumerate(self._shards):  # whatever ran or waits read what is being restored
                 if s.phase in (ShardPhase.RUNNING, ShardPhase.COMMITTED):
-                    s.phase, s.worker = ShardPhase.TODO, None
+                    self._move(i, s.clock, ShardPhase.TODO)
             # updates of open clocks applied before the loss are gone from what is restored (a partition
             # back to its checkpoint, tables rebuilt from older shard states): those clocks cannot count
             why = ("a reduction partition was lost" if reductions_lost else "a restore took back updates") \
@@ -395,9 +435,9 @@ class ClockWindow:
                 self.recovering = True
                 out.append(StartRecovery(self.epoch))
             return out
-        for s in self._shards:  # its waiting commits (their updates were there); its running attempts
-            if s.worker == worker and s.phase is ShardPhase.COMMITTED:  # are the caller's (``give_back``)
-                s.phase, s.worker = ShardPhase.TODO, None
+        for i in sorted(self._committed):  # its waiting commits (their updates were there); its running
+            if self._shards[i].worker == worker:  # attempts are the caller's (``give_back``)
+                self._move(i, self._shards[i].clock, ShardPhase.TODO)
         if self.rebuilding is not None:
             self.rebuilding |= {i for i, w in self._rebuild_done if w == worker}
             self._rebuild_done = [(i, w) for i, w in self._rebuild_done if w != worker]
@@ -425,7 +465,40 @@ class ClockWindow:
         s = self._shards[shard]
         self.applied.add((shard, clock))
         if s.clock == clock:
-            s.clock, s.phase, s.worker, s.seen, s.writer = clock + 1, ShardPhase.TODO, None, self.version, writer
+            self._move(shard, clock + 1, ShardPhase.TODO)
+            s.seen, s.writer = self.version, writer
+
+    def _move(self, shard: int, clock: int, phase: ShardPhase, worker: str | None = None) -> None:
+        """``shard``'s update is now that of ``clock``, in ``phase`` (COMMITTED or APPLYING: that of
+        ``worker``'s attempt); the indexes follow."""
+        s = self._shards[shard]
+        old_clock, old_phase = s.clock, s.phase
+        if old_phase is ShardPhase.TODO:
+            todo = self._todo[old_clock]
+            todo.discard(shard)
+            if not todo:
+                del self._todo[old_clock]
+        elif old_phase is ShardPhase.RUNNING:
+            self._n_running -= 1
+        elif old_phase is ShardPhase.COMMITTED:
+            self._committed.discard(shard)
+            self._n_committed_at[old_clock] -= 1
+            if not self._n_committed_at[old_clock]:
+                del self._n_committed_at[old_clock]
+        self._n_at[old_clock] -= 1
+        if not self._n_at[old_clock]:
+            del self._n_at[old_clock]
+        s.clock, s.phase, s.worker = clock, phase, worker
+        self._n_at[clock] = self._n_at.get(clock, 0) + 1
+        if phase is ShardPhase.TODO:
+            self._todo.setdefault(clock, set()).add(shard)
+            if old_phase is not ShardPhase.TODO or old_clock != clock:
+                self._moved.append(shard)
+        elif phase is ShardPhase.RUNNING:
+            self._n_running += 1
+        elif phase is ShardPhase.COMMITTED:
+            self._committed.add(shard)
+            self._n_committed_at[clock] = self._n_committed_at.get(clock, 0) + 1
 
     def _finish(self, clock: int, status: ClockStatus) -> None:
         """Clock ``clock`` (= floor + 1) finished; what is kept of clocks before it goes."""
@@ -438,9 +511,9 @@ class ClockWindow:
 
     def _end_rebuild(self) -> None:
         self.rebuilding, self._rebuild_done = None, []
-        for s in self._shards:
+        for i, s in enumerate(self._shards):
             if s.phase in (ShardPhase.RUNNING, ShardPhase.COMMITTED):
-                s.phase, s.worker = ShardPhase.TODO, None
+                self._move(i, s.clock, ShardPhase.TODO)
 
     def _note_skip(self, clock: int, reason: str) -> None:
         if clock > self.floor:
@@ -461,7 +534,7 @@ class ClockWindow:
         out: list[Action] = []
         while True:
             t = self.floor + 1
-            if t > self.limit or not all(s.clock > t for s in self._shards):
+            if t > self.limit or t in self._n_at:  # (a shard's update of ``t`` is still to apply)
                 break
             if t not in self.skip_reasons:
                 break
@@ -476,17 +549,19 @@ class ClockWindow:
                 self.epoch += 1
                 return out + [StartRebuild(self.epoch)]
         t = self.floor + 1
-        if t <= self.limit and all(s.clock > t for s in self._shards):  # first: later clocks wait on it
+        if t <= self.limit and t not in self._n_at:  # first: later clocks wait on it
             self.clock_end = t
             self.finished[t] = ClockStatus.CLOCK_END
             return out + [RunClockEnd(t, self.epoch)]
-        waiting = [(i, s.clock, s.worker) for i, s in enumerate(self._shards)
-                   if s.phase is ShardPhase.COMMITTED and s.clock <= self.limit]
-        if waiting and self._due(len(waiting)):
+        n_waiting = sum(n for c, n in self._n_committed_at.items() if c <= self.limit)
+        if n_waiting and self._due(n_waiting):
+            shards = self._shards
+            waiting = [(i, shards[i].clock, shards[i].worker) for i in sorted(self._committed)
+                       if shards[i].clock <= self.limit]
             self._batches += 1
             self._urgent = False
-            for i, _, _ in waiting:
-                self._shards[i].phase = ShardPhase.APPLYING
+            for i, clock, worker in waiting:
+                self._move(i, clock, ShardPhase.APPLYING, worker)
             self.in_flight = ApplyBatch(self._batches, self.epoch, tuple(waiting))
             return out + [self.in_flight]
         return out
@@ -500,12 +575,10 @@ class ClockWindow:
         """Whether the commits waiting go out now: ``min_batch`` of them, a ``flush``, no attempt
         left running (nothing else will come), or the oldest open clock wholly committed (its
         clock end waits for them)."""
-        if waiting >= self.min_batch or self._urgent:
-            return True
-        if not any(s.phase is ShardPhase.RUNNING for s in self._shards):
+        if waiting >= self.min_batch or self._urgent or not self._n_running:
             return True
         t = self.floor + 1
-        return all(s.clock > t or s.phase is ShardPhase.COMMITTED for s in self._shards)
+        return self._n_at.get(t, 0) == self._n_committed_at.get(t, 0)
 
     def check(self) -> None:
         """Assert the invariants in the module docstring."""
@@ -520,6 +593,18 @@ class ClockWindow:
         for c in range(self._first_floor + 1, self.floor + 1):
             assert c in self.finished and self.finished[c] in (ClockStatus.DONE, ClockStatus.SKIPPED), c
         assert not (self.in_flight is not None and self.clock_end is not None)
+        todo: dict[int, set[int]] = {}
+        for i, s in enumerate(self._shards):
+            if s.phase is ShardPhase.TODO:
+                todo.setdefault(s.clock, set()).add(i)
+        assert self._todo == todo, (self._todo, todo)
+        assert self._n_at == dict(Counter(s.clock for s in self._shards))
+        committed = {i for i, s in enumerate(self._shards) if s.phase is ShardPhase.COMMITTED}
+        assert self._committed == committed
+        assert self._n_committed_at == dict(Counter(self._shards[i].clock for i in committed))
+        assert self._n_running == sum(1 for s in self._shards if s.phase is ShardPhase.RUNNING)
+        if self.rebuilding is not None:  # (so in a rebuild pass every TODO shard is startable)
+            assert {i for shards in todo.values() for i in shards} <= self.rebuilding
         if self.clock_end is not None:
             assert self.clock_end == self.floor + 1
             assert all(s.clock > self.clock_end for s in self._shards)

@@ -76,7 +76,8 @@ class ClockTally:
     # -------------------------------------------------------------------- SSP
     def open(self, clock: int, now: float) -> None:
         """A shard of ``clock`` is handed out (SSP): the clock's count starts at its first."""
-        self.per_clock.setdefault(clock, {"t0": now, "shards_done": {}, "timings": {}})
+        if clock not in self.per_clock:
+            self.per_clock[clock] = {"t0": now, "shards_done": {}, "timings": {}}
 
     def started(self, clock: int, now: float) -> float:
         """When ``clock``'s first shard was handed out (SSP; ``now`` if none was)."""

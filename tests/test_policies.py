@@ -106,7 +106,9 @@ def test_monitor_rejects_bad_options():
 
 
 def view(monitor, todo=0, running=(), idle="d", stragglers=None):
-    return ControllerView(5, ["a", "b", "c", "d"], todo, list(running), monitor, stragglers or {}, idle)
+    """A view as a job builds it: the running attempts the longest running first."""
+    running = sorted(running, key=lambda r: -r.elapsed_s)
+    return ControllerView(5, ["a", "b", "c", "d"], todo, running, monitor, stragglers or {}, idle)
 
 
 def test_backup_only_when_the_queue_is_empty_and_an_attempt_is_late():
@@ -118,6 +120,7 @@ def test_backup_only_when_the_queue_is_empty_and_an_attempt_is_late():
     assert p.decide(view(m, running=[Running(3, "c", 1.5, 1)])) == []  # not late yet
     assert p.decide(view(m, running=[Running(3, "c", 9.0, 3)])) == []  # three attempts already this clock
     assert p.decide(view(m, running=[Running(3, "d", 9.0, 1)])) == []  # never on its own worker
+    assert p.decide(view(m, running=[Running(3, "c", 9.0, 2, ("c", "d"))])) == []  # nor beside its own attempt
     assert p.decide(view(ThroughputMonitor(), running=[late])) == []  # nothing measured yet
 
 
@@ -125,6 +128,49 @@ def test_backup_picks_the_latest_attempt():
     m = monitor_with({"a": [1.0]})
     runs = [Running(1, "a", 3.0, 1), Running(2, "b", 5.0, 1)]
     assert BackupPolicy().decide(view(m, running=runs)) == [Backup(2, "d")]
+    runs.append(Running(4, "c", 7.0, 3))  # the latest, but three attempts already: the next one
+    assert BackupPolicy().decide(view(m, running=runs)) == [Backup(2, "d")]
+
+
+def test_a_job_s_view_lists_the_running_shards_longest_running_first_and_builds_only_those_read():
+    """The view a job gives the policies (``Dispatch.view``): each running shard's longest-running
+    attempt, in the order they started, with its shard's attempt count and workers; the backup policy
+    reads up to the first one it backs up, and never the shards that have all their attempts (an idle
+    poll at a pass's tail is not O(W), however many stragglers' shards are backed up already)."""
+    from dscar.dispatch import RunningAttempts
+    from dscar.shards import ShardQueue
+
+    q = ShardQueue(40, reloadable=True)
+    for s in range(40):
+        q.set_holder(s, f"w{s % 8}")
+    q.begin_clock(1)
+    for t in range(40):
+        q.next_shard(f"w{t % 8}", float(t))
+    q.start_backup(5, "w7", 50.0)
+    q.start_backup(2, "w3", 51.0)
+    q.start_backup(2, "w4", 52.0)
+    q.commit(0, 0, "w0")
+    q.check()
+    running = RunningAttempts(q, now=60.0)
+    assert len(running) == 39
+    listed = list(running)
+    assert [r.shard for r in listed] == list(range(1, 40))
+    assert [r.elapsed_s for r in listed] == sorted((r.elapsed_s for r in listed), reverse=True)
+    assert listed[0] == Running(1, "w1", 59.0, 1, ("w1",))
+    assert listed[4] == Running(5, "w5", 55.0, 2, ("w5", "w7"))
+    assert [r.shard for r in running.longest_running(3)][:3] == [1, 3, 4]  # shard 2 has 3 attempts
+    m = monitor_with({"a": [1.0]})
+    read = []
+
+    class Counting(RunningAttempts):
+        def longest_running(self, fewer_attempts_than=None):
+            for r in super().longest_running(fewer_attempts_than):
+                read.append(r.shard)
+                yield r
+
+    v = ControllerView(1, [], 0, Counting(q, 60.0), m, {}, "w1")
+    assert BackupPolicy().decide(v) == [Backup(3, "w1")]  # shard 1 is its own, shard 2 has its 3 attempts
+    assert read == [1, 3]
 
 
 def test_adaptive_batch_is_proportional_to_speed_with_mean_one():

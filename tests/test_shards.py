@@ -1,4 +1,6 @@
 """The shard service state machine, every transition, without Dask."""
+import random
+
 import pytest
 
 from dscar.errors import ShardFailedError
@@ -352,3 +354,48 @@ def test_a_backup_of_a_stolen_shard_copies_from_its_holder_too():
     assert backup.fetch_from == primary.fetch_from  # the holder has it, whether c received it or not (hung)
     local = q.next_shard("a", 0)
     assert q.start_backup(local.shard, "d", 1).fetch_from == "a"
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_the_longest_running_index_lists_what_a_sort_of_the_running_attempts_lists(seed):
+    """Random hand-outs (at times that may go back), backups, commits, failures, releases and losses:
+    ``longest_running(n)`` gives each DOING shard with fewer than ``n`` attempts started, by its
+    longest-running live attempt, oldest first: what sorting every running attempt gives."""
+    rng = random.Random(seed)
+    workers = [f"w{i}" for i in range(rng.randint(2, 6))]
+    q = ShardQueue(rng.randint(4, 30), reloadable=True)
+    q.begin_clock(1)
+    t = 0.0
+    for _ in range(300):
+        t += rng.choice([1.0, 1.0, 1.0, -0.5])  # (a clock that goes back: out-of-order entries)
+        op, w = rng.random(), rng.choice(workers)
+        running = q.running()
+        if op < 0.4:
+            q.next_shard(w, t)
+        elif op < 0.55 and running:
+            a = rng.choice(running)
+            if all(b.worker != w for b in q.running_attempts(a.shard)):
+                q.start_backup(a.shard, w, t)
+        elif op < 0.7 and running:
+            a = rng.choice(running)
+            q.commit(a.shard, a.attempt, a.worker)
+        elif op < 0.8 and running:
+            a = rng.choice(running)
+            q.fail(a.shard, a.attempt, a.worker, "x", count=False)
+        elif op < 0.88 and running:
+            a = rng.choice(running)
+            q.release(a.shard, a.attempt, a.worker)
+        elif op < 0.92:
+            q.worker_lost(w)
+        elif q.complete:
+            q.begin_clock(q.clock + 1)
+        q.check()
+        bound = rng.choice([None, 2, 3])
+        oldest = {}
+        for a in q.running():
+            if bound is None or q.attempts_started(a.shard) < bound:
+                if a.shard not in oldest or (a.started, a.attempt) < (oldest[a.shard].started, oldest[a.shard].attempt):
+                    oldest[a.shard] = a
+        got = list(q.longest_running(bound))
+        assert sorted(got, key=lambda a: a.shard) == sorted(oldest.values(), key=lambda a: a.shard)
+        assert [a.started for a in got] == sorted(a.started for a in got)
