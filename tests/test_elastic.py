@@ -14,7 +14,8 @@ import dscar
 from dscar.algorithms.datasets import make_regression
 from dscar.algorithms.lasso import LassoCD
 from dscar.coordinator import PLUGIN_NAME
-from dscar.elastic import adaptive_target, handoff_plan, join_plan, retirable, shard_handoff_plan, workers_wanted
+from dscar.elastic import (adaptive_target, handoff_plan, join_plan, retirable, shard_handoff_plan, ssp_leave_step,
+                           workers_wanted)
 from dscar.errors import InvalidInputError
 from bench.chaos import CHECK_KEYS, ExactlyOnce, check_final
 
@@ -64,6 +65,18 @@ def test_a_hand_off_moves_exactly_the_leavers_partitions_to_stayers_and_evens_th
 
 def test_nobody_staying_means_no_hand_off():
     assert handoff_plan({("w", 0): "a"}, {("w", 0): 5}, {"a"}, ["a"]) == {}
+
+
+@given(running=st.sets(st.sampled_from("abc")), unapplied=st.sets(st.sampled_from("abc")), quiet=st.booleans())
+def test_an_ssp_leaver_hands_off_only_once_nothing_of_it_is_in_flight_and_the_tables_hold_still(running, unapplied, quiet):
+    step = ssp_leave_step("a", running, unapplied, quiet)
+    assert (step == "hand-off") == ("a" not in running and "a" not in unapplied and quiet)
+    if "a" in running:
+        assert step == "drain"  # its attempts first: a hand-off now would lose their updates
+    elif "a" in unapplied:
+        assert step == "flush"
+    # the others' attempts and staged updates do not hold it back (they are not its to lose)
+    assert ssp_leave_step("a", running - {"a"}, unapplied - {"a"}, True) == "hand-off"
 
 
 def test_a_bad_elastic_workers_setting_is_refused_before_work_starts():
