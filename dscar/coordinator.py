@@ -160,7 +160,7 @@ class Coordinator(SchedulerPlugin):
         #: job -> partition -> (joiner, owner): copied to the joiner in the background, switched at the
         #: next clock boundary (``_switch_copies``)
         self._copies: dict[str, dict[tuple[str, int], tuple[str, str]]] = {}
-        #: the joiners' preparations under way (kept referenced until done)
+        #: the joiners' preparations and copies under way (kept referenced until done)
         self._preparations: set[asyncio.Future] = set()
         self._wrap_dask(scheduler)
 
@@ -274,6 +274,12 @@ class Coordinator(SchedulerPlugin):
             if fut is not None and not fut.done():
                 fut.set_result(True)
 
+    def _background(self, coro) -> None:
+        """Run ``coro`` beside the clock loop (kept referenced until done)."""
+        task = asyncio.ensure_future(coro)
+        self._preparations.add(task)
+        task.add_done_callback(self._preparations.discard)
+
     async def _prepare_joiner(self, job_id: str, worker: str) -> None:
         """A worker joined mid-fit: it installs the job and loads the kernels (``warm_up``) before it
         is handed work, so its first shard does not hold the clock's barrier; then, under BSP, the
@@ -299,7 +305,7 @@ class Coordinator(SchedulerPlugin):
         """Copy to a joiner, while clocks run, the partitions that moving to it lowers the largest
         owner's load (``elastic.join_plan``, counting the copies already under way as moved); each is
         switched at the next clock boundary (``_switch_copies``). A copy that fails is not moved."""
-        copies = self._copies.setdefault(job.cfg.job_id, {})
+        copies = self._copies.get(job.cfg.job_id, {})
         rows = {(t, p): b - a for t, layout in job.pmap.layouts.items() for p, (a, b) in enumerate(layout.bounds)}
         planned = {**job.pmap.owners, **{k: w for k, (w, _) in copies.items()}}
         plan = {k: w for k, w in join_plan(planned, rows, [worker]).items() if k not in copies}
@@ -311,7 +317,8 @@ class Coordinator(SchedulerPlugin):
             for k, w in sorted(plan.items())), return_exceptions=True)
         for (k, w), r in zip(sorted(plan.items()), results):
             if isinstance(r, dict) and r.get("status") == "OK" and job.cfg.job_id in self.jobs:
-                copies[k] = (w, sources[k])
+                # (not into ``copies``: a boundary may have taken that dict while these copies ran)
+                self._copies.setdefault(job.cfg.job_id, {})[k] = (w, sources[k])
 
     async def _switch_copies(self, job: JobState) -> None:
         """At a clock boundary, the partitions copied to joiners switch owner in one step: each joiner
@@ -325,6 +332,8 @@ class Coordinator(SchedulerPlugin):
         live = set(self._live(job))
         moves = sorted((k, w, src) for k, (w, src) in pending.items()
                        if job.pmap.owners.get(k) == src and w in live and src in live)
+        for w in sorted({w for k, (w, src) in pending.items() if w in live} - {w for _, w, _ in moves}):
+            self._background(self._copy_to_joiner(job, w))  # its copies went stale (a loss, a hand-off): plan anew
         results = await asyncio.gather(*(
             self._rpc(w, "adopt", job_id=job.cfg.job_id, table=k[0], part=k[1], source=src, step="switch")
             for k, w, src in moves), return_exceptions=True)
@@ -1194,9 +1203,7 @@ class Coordinator(SchedulerPlugin):
             asyncio.ensure_future(self._tell_peers("peer_joined", worker, self._generation))
         for job_id, job in self.jobs.items():
             job.event(time.time(), "worker-joined", worker=worker)
-            task = asyncio.ensure_future(self._prepare_joiner(job_id, worker))
-            self._preparations.add(task)
-            task.add_done_callback(self._preparations.discard)
+            self._background(self._prepare_joiner(job_id, worker))
         self._wake()
 
     # -------------------------------------------------------- driver side
