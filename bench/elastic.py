@@ -138,13 +138,16 @@ class ChurnDriver:
         """Workers live or on their way (a join asked for and not arrived yet; a killed one restarting)."""
         return len(self.lc.worker_spec)
 
-    def choose(self, n_live: int, n_members: int | None = None) -> str:
+    def choose(self, n_live: int, n_members: int | None = None) -> str | None:
         """The next kind, round robin over the kinds in a shuffled order per round (so a few events cover
         every kind), skipping one not allowed: no join at ``high`` workers live or on their way
-        (``n_members``, default ``n_live``), no retirement or kill at ``low`` live or on their way."""
+        (``n_members``, default ``n_live``), no retirement or kill at ``low`` live or on their way; None
+        when no kind is allowed (joins on their way, too few live yet)."""
         members = n_live if n_members is None else n_members
         ok = [k for k in self.kinds if not (k == "join" and members >= self.high)
-              and not (k in ("retire", "kill") and min(n_live, members) <= self.low)] or self.kinds
+              and not (k in ("retire", "kill") and min(n_live, members) <= self.low)]
+        if not ok:  # (joins on their way and too few live: wait for them)
+            return None
         if not any(k in ok for k in self._round):
             self._round = self.rng.sample(self.kinds, len(self.kinds))
         kind = next((k for k in self._round if k in ok), None) or self.rng.choice(ok)
@@ -166,12 +169,18 @@ class ChurnDriver:
 
     def _run(self) -> None:
         self._wait_clock(2)
-        for _ in range(self.n_events):
+        while len(self.events) < self.n_events:
             if self.stop.is_set():
                 return
             self._wait_clock(self.clock + self.rng.randint(2, 4))
             before = self.workers()
             kind = self.choose(len(before), self.n_members())
+            while kind is None and not self.stop.is_set():  # a join on its way: its arrival, then a clock
+                self._wait_clock(self.clock + 1)
+                before = self.workers()
+                kind = self.choose(len(before), self.n_members())
+            if kind is None:
+                return
             rec: dict[str, Any] = {"kind": kind, "clock": self.clock, "at": time.time(), "workers_before": len(before)}
             t0 = time.monotonic()
             if kind == "join":
@@ -240,6 +249,11 @@ def churn_fit(args, tmp: str, t0: float) -> dict[str, Any]:
         try:
             res = dscar.fit(algo, {"x": np.arange(float(N_SHARDS))}, cl, n_shards=N_SHARDS, max_clocks=clocks,
                             checkpoint=checkpoint_config(tmp), progress=False)
+        except Exception:
+            log(t0, "the churn fit failed after these events: " + "; ".join(
+                f"{e['kind']} {e.get('worker', '')} at clock {e['clock']} ({e['workers_before']} before)"
+                for e in driver.events) + f"; live now {driver.workers()}")
+            raise
         finally:
             driver.stop.set()
             with driver.changed:

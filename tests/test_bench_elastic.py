@@ -47,6 +47,7 @@ def test_the_driver_keeps_the_worker_count_within_one_of_the_start_and_covers_ev
     assert "join" not in {d.choose(4) for _ in range(5)}  # at 4 = 3 + 1: no join
     assert {d.choose(3, 4) for _ in range(5)} <= {"retire", "kill"}  # 3 live and a join on its way: none more
     assert {d.choose(2, 3) for _ in range(5)} == {"join"}  # 2 live (one restarting): no retirement, no kill
+    assert d.choose(2, 4) is None  # 2 live and 2 joins on their way: wait for them
 
 
 @pytest.fixture(scope="module")
