@@ -61,9 +61,9 @@ logger = logging.getLogger("dscar.coordinator")
 
 PLUGIN_NAME = "dscar-coordinator"
 IDLE_RECHECK_S = 0.02  # how often an idle worker's long poll looks again while a backup may turn due
-RPC_TIMEOUT_S = 30.0
+RPC_TIMEOUT_S = 30.0  # a coordinator -> worker message that takes longer means a hung worker
 #: seconds a joining worker may take to install a job and load its kernels before it is handed work anyway
-WARM_UP_TIMEOUT_S = 60.0  # a coordinator -> worker message that takes longer means a hung worker
+WARM_UP_TIMEOUT_S = 60.0
 #: how long the coordinator waits for a worker to give back batch members it has not started
 RELEASE_TIMEOUT_S = 1.0
 SNAPSHOT_TIMEOUT_S = 10.0  # an owner that cannot snapshot its partitions in this long fails the version
