@@ -674,8 +674,12 @@ class Coordinator(SchedulerPlugin):
                 await self._wait_change(1.0)
             if job.failed:
                 return {"status": "failed", "error": job.error}
-        if job.consistency == "bsp":  # a clock boundary: partitions copied to joiners switch owner
+        if job.consistency == "bsp" and self._copies.get(job_id):  # a boundary: copies to joiners switch owner
             await self._switch_copies(job)
+            while job.recovering and not job.failed:  # (a loss while they switched: the clock begins after it)
+                await self._wait_change(1.0)
+            if job.failed:
+                return {"status": "failed", "error": job.error}
         job.workers = self._live(job)
         effects = job.begin(clock, time.time())
         for e in effects:  # between clocks nothing is staged: safe to move partitions
