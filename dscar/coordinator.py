@@ -63,6 +63,8 @@ logger = logging.getLogger("dscar.coordinator")
 PLUGIN_NAME = "dscar-coordinator"
 IDLE_RECHECK_S = 0.02  # how often an idle worker's long poll looks again while a backup may turn due
 RPC_TIMEOUT_S = 30.0  # a coordinator -> worker message that takes longer means a hung worker
+#: seconds a joining worker may take to install a job and load its kernels before it is handed work anyway
+WARM_UP_TIMEOUT_S = 60.0
 #: how long the coordinator waits for a worker to give back batch members it has not started
 RELEASE_TIMEOUT_S = 1.0
 SNAPSHOT_TIMEOUT_S = 10.0  # an owner that cannot snapshot its partitions in this long fails the version
@@ -153,8 +155,14 @@ class Coordinator(SchedulerPlugin):
         self._dask_handlers: dict[str, Any] = {}
         #: worker Dask is retiring -> done once it has handed off (or been given up): the retirement waits on it
         self._leaving: dict[str, asyncio.Future] = {}
-        #: job -> workers that joined while it ran, not yet offered partitions (``_take_on``)
-        self._joined: dict[str, set[str]] = {}
+        #: job -> workers that joined while it ran and are being prepared (the job installed, the
+        #: kernels loaded, partitions copied in the background): no work is handed to them meanwhile
+        self._preparing: dict[str, set[str]] = {}
+        #: job -> partition -> (joiner, owner): copied to the joiner in the background, switched at the
+        #: next clock boundary (``_switch_copies``)
+        self._copies: dict[str, dict[tuple[str, int], tuple[str, str]]] = {}
+        #: the joiners' preparations and copies under way (kept referenced until done)
+        self._preparations: set[asyncio.Future] = set()
         self._wrap_dask(scheduler)
 
     async def close(self) -> None:
@@ -267,26 +275,84 @@ class Coordinator(SchedulerPlugin):
             if fut is not None and not fut.done():
                 fut.set_result(True)
 
-    async def _take_on(self, job: JobState, joined: list[str]) -> None:
-        """At a clock boundary, workers that joined mid-fit take partitions from the most loaded
-        owners while that lowers the largest load (``elastic.join_plan``): copied from the live owners,
-        then switched in one step; a copy that fails leaves its partition where it was."""
+    def _background(self, coro) -> None:
+        """Run ``coro`` beside the clock loop (kept referenced until done)."""
+        task = asyncio.ensure_future(coro)
+        self._preparations.add(task)
+        task.add_done_callback(self._preparations.discard)
+
+    async def _prepare_joiner(self, job_id: str, worker: str) -> None:
+        """A worker joined mid-fit: it installs the job and loads the kernels (``warm_up``) before it
+        is handed work, so its first shard does not hold the clock's barrier; then, under BSP, the
+        partitions it should take are copied to it while clocks run (``_copy_to_joiner``)."""
         t0 = time.perf_counter()
+        preparing = self._preparing.setdefault(job_id, set())
+        preparing.add(worker)
+        try:
+            await self._rpc(worker, "warm_up", timeout=WARM_UP_TIMEOUT_S, job_id=job_id)
+        except Exception as e:  # noqa: BLE001 - gone (its loss is handled as any), or slow: it works unwarmed
+            logger.info("dscar: joiner %s did not warm up for job %s: %r", worker, job_id, e)
+        finally:
+            preparing.discard(worker)
+            self._wake()
+        job = self.jobs.get(job_id)
+        if job is None or job.failed or worker not in self._live(job):
+            return
+        job.event(time.time(), "worker-ready", worker=worker, seconds=round(time.perf_counter() - t0, 4))
+        if job.consistency == "bsp":
+            await self._copy_to_joiner(job, worker)
+
+    async def _copy_to_joiner(self, job: JobState, worker: str) -> None:
+        """Copy to a joiner, while clocks run, the partitions that moving to it lowers the largest
+        owner's load (``elastic.join_plan``, counting the copies already under way as moved); each is
+        switched at the next clock boundary (``_switch_copies``). A copy that fails is not moved."""
+        copies = self._copies.get(job.cfg.job_id, {})
         rows = {(t, p): b - a for t, layout in job.pmap.layouts.items() for p, (a, b) in enumerate(layout.bounds)}
-        plan = join_plan(job.pmap.owners, rows, joined)
+        planned = {**job.pmap.owners, **{k: w for k, (w, _) in copies.items()}}
+        plan = {k: w for k, w in join_plan(planned, rows, [worker]).items() if k not in copies}
         if not plan:
             return
         sources = {k: job.pmap.owners[k] for k in plan}
         results = await asyncio.gather(*(
-            self._rpc(w, "adopt", job_id=job.cfg.job_id, table=k[0], part=k[1], source=sources[k])
+            self._rpc(w, "adopt", job_id=job.cfg.job_id, table=k[0], part=k[1], source=sources[k], step="copy")
             for k, w in sorted(plan.items())), return_exceptions=True)
-        moved = 0
         for (k, w), r in zip(sorted(plan.items()), results):
-            if isinstance(r, dict) and r.get("status") == "OK" and sources[k] not in job.lost and w not in job.lost:
+            if isinstance(r, dict) and r.get("status") == "OK" and job.cfg.job_id in self.jobs:
+                # (not into ``copies``: a boundary may have taken that dict while these copies ran)
+                self._copies.setdefault(job.cfg.job_id, {})[k] = (w, sources[k])
+
+    async def _switch_copies(self, job: JobState) -> None:
+        """At a clock boundary, the partitions copied to joiners switch owner in one step: each joiner
+        takes the rows changed since its copy (``adopt`` step "switch"), the owner map changes, and the
+        old owners drop them. A copy whose joiner or owner is gone, or whose partition moved meanwhile
+        (a loss, a hand-off), is not switched; one that fails stays with its owner."""
+        pending = self._copies.pop(job.cfg.job_id, {})
+        if not pending:
+            return
+        t0 = time.perf_counter()
+        live = set(self._live(job))
+        moves = sorted((k, w, src) for k, (w, src) in pending.items()
+                       if job.pmap.owners.get(k) == src and w in live and src in live)
+        for w in sorted({w for k, (w, src) in pending.items() if w in live} - {w for _, w, _ in moves}):
+            self._background(self._copy_to_joiner(job, w))  # its copies went stale (a loss, a hand-off): plan anew
+        results = await asyncio.gather(*(
+            self._rpc(w, "adopt", job_id=job.cfg.job_id, table=k[0], part=k[1], source=src, step="switch")
+            for k, w, src in moves), return_exceptions=True)
+        switched = []
+        for (k, w, src), r in zip(moves, results):
+            if isinstance(r, dict) and r.get("status") == "OK" and src not in job.lost and w not in job.lost:
                 job.pmap.owners[k] = w
-                moved += 1
-        job.event(time.time(), "partitions-taken-on", workers=sorted(joined), partitions=moved,
-                  failed=len(plan) - moved, seconds=round(time.perf_counter() - t0, 4))
+                switched.append((k, w, src, int(r.get("rows_resent", 0))))
+        await asyncio.gather(*(
+            self._rpc(src, "lend", job_id=job.cfg.job_id, table=k[0], part=k[1], step="drop")
+            for k, _, src, _ in switched), return_exceptions=True)  # (an old owner lost meanwhile holds nothing)
+        if switched:
+            job.event(time.time(), "partitions-taken-on", workers=sorted({w for _, w, _, _ in switched}),
+                      partitions=len(switched), moved=[list(k) for k, *_ in switched], failed=len(pending) - len(switched),
+                      rows_resent=sum(n for *_, n in switched), rows=sum(job.pmap.layouts[k[0]].bounds[k[1]][1]
+                                                                        - job.pmap.layouts[k[0]].bounds[k[1]][0]
+                                                                        for k, *_ in switched),
+                      seconds=round(time.perf_counter() - t0, 4))
 
     def valid_workers_downscaling(self, scheduler, workers: list) -> list:
         """Dask may retire as idle no worker of a running job (``elastic.retirable``): to Dask they
@@ -609,9 +675,12 @@ class Coordinator(SchedulerPlugin):
                 await self._wait_change(1.0)
             if job.failed:
                 return {"status": "failed", "error": job.error}
-        joined = [w for w in self._joined.pop(job_id, ()) if w in self._live(job)]
-        if joined and job.consistency == "bsp":  # a clock boundary: workers that joined take partitions
-            await self._take_on(job, joined)
+        if job.consistency == "bsp" and self._copies.get(job_id):  # a boundary: copies to joiners switch owner
+            await self._switch_copies(job)
+            while job.recovering and not job.failed:  # (a loss while they switched: the clock begins after it)
+                await self._wait_change(1.0)
+            if job.failed:
+                return {"status": "failed", "error": job.error}
         job.workers = self._live(job)
         effects = job.begin(clock, time.time())
         for e in effects:  # between clocks nothing is staged: safe to move partitions
@@ -650,7 +719,8 @@ class Coordinator(SchedulerPlugin):
         self._models.pop(job_id, None)
         self._touched.pop(job_id, None)
         self._wanted.pop(job_id, None)
-        self._joined.pop(job_id, None)
+        self._preparing.pop(job_id, None)
+        self._copies.pop(job_id, None)
         if not self.jobs:  # no job holds a retirement back any more
             for fut in self._leaving.values():
                 if not fut.done():
@@ -732,7 +802,9 @@ class Coordinator(SchedulerPlugin):
     # ------------------------------------------------------- worker side
     def _item_for(self, worker: str) -> dict | None:
         now = time.time()
-        for job in self.jobs.values():
+        for job_id, job in self.jobs.items():
+            if worker in self._preparing.get(job_id, ()):
+                continue  # a joiner warming up: work handed to it now would hold the clock's barrier
             job.workers = self._live(job)
             item = job.next_item(worker, now)
             if item is None and (effects := job.idle(worker, now)):
@@ -763,7 +835,9 @@ class Coordinator(SchedulerPlugin):
     async def _take_back_for(self, worker: str) -> dict | None:
         """Nothing to hand ``worker``: ask the worker with the most batch members not started yet
         to give some back (``JobState.releasable``), then hand ``worker`` one of them."""
-        for job in list(self.jobs.values()):
+        for job_id, job in list(self.jobs.items()):
+            if worker in self._preparing.get(job_id, ()):
+                continue
             ask = job.releasable(worker)
             if ask is None:
                 continue
@@ -1163,7 +1237,7 @@ class Coordinator(SchedulerPlugin):
             asyncio.ensure_future(self._tell_peers("peer_joined", worker, self._generation))
         for job_id, job in self.jobs.items():
             job.event(time.time(), "worker-joined", worker=worker)
-            self._joined.setdefault(job_id, set()).add(worker)
+            self._background(self._prepare_joiner(job_id, worker))
         self._wake()
 
     # -------------------------------------------------------- driver side

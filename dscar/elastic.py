@@ -108,3 +108,26 @@ def join_plan(owners: Mapping[tuple[str, int], str], rows: Mapping[tuple[str, in
         owner[key], plan[key] = target, target
         load[top] -= rows[key]
         load[target] += rows[key]
+
+
+def ssp_leave_step(leaver: str, running: Iterable[str], unapplied: Iterable[str], quiet: bool) -> str:
+    """The next step of an SSP job's retirement of ``leaver`` (BSP waits for a clock boundary; under
+    SSP clocks overlap and there is none, so the leaver is drained instead):
+
+    - "drain": it still runs attempts (``running``: the workers that do): it is handed no new work,
+      and those it runs commit (or are released) as usual;
+    - "flush": committed updates of it are staged on it and not yet applied by every owner
+      (``unapplied``: the workers holding such updates): the applies fetch them first, or they would
+      be lost with it and their shards run again;
+    - "wait": nothing of it is in flight but an apply or a clock end is (not ``quiet``): the tables
+      move;
+    - "hand-off": its partitions (with the SSP updates they hold) and shards are copied to the others
+      and switched in one step (``handoff_plan``, ``shard_handoff_plan``), then it leaves, as under BSP.
+
+    Each step's condition is checked in this order, so a leaver never hands off while an update of
+    it could still be lost."""
+    if leaver in set(running):
+        return "drain"
+    if leaver in set(unapplied):
+        return "flush"
+    return "hand-off" if quiet else "wait"

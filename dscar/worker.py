@@ -105,10 +105,14 @@ class ParamServer(WorkerPlugin):
         #: (job, pass tag) -> the answer of this worker's combine step of that pass (``_combine``),
         #: once the apply message that names it came; a parent's fetch may come first and waits
         self._combines: dict[tuple[str, tuple[int, int]], asyncio.Future] = {}
-        for op in ("init", "warm_up", "pull", "fetch_staged", "fetch_combined", "apply", "assign", "put_shard", "copy_shard", "end_job", "info", "adopt", "adopt_shard",
+        for op in ("init", "warm_up", "pull", "fetch_staged", "fetch_combined", "apply", "assign", "put_shard", "copy_shard", "end_job", "info", "adopt", "adopt_shard", "lend",
                    "checkpoint", "restore", "forget", "perturbation", "peer_lost", "peer_joined", "release", "pull_many", "summarize", "mirror",
                    "keep_mirror", "get_mirror", "stack", "confirm_key"):
             worker.handlers[f"dscar_{op}"] = self._guarded(op, getattr(self, f"_h_{op}"))
+        #: (job, table, part) -> a partition copied here for a join, owned from its switch (``adopt``)
+        self._incoming: dict[tuple[str, str, int], np.ndarray] = {}
+        #: (job, table, part) -> what this owner lent a joiner, until the switch asks what changed since
+        self._lent: dict[tuple[str, str, int], np.ndarray] = {}
         self.runner = ShardRunner(self, self.poll_timeout)
         self._thread = threading.Thread(target=self.runner.loop, name="dscar-loop", daemon=True)
         self._thread.start()
@@ -270,16 +274,71 @@ class ParamServer(WorkerPlugin):
         await asyncio.to_thread(create)
         return {"status": "OK", "device": device_of(self.xp)}
 
-    async def _h_adopt(self, job_id: str, table: str, part: int, source: str) -> dict:
-        """Become the owner of a partition: copy it from its current owner (the copy to this
-        worker's device in a thread)."""
+    async def _h_adopt(self, job_id: str, table: str, part: int, source: str, step: str = "whole") -> dict:
+        """Become the owner of a partition, copied from its current owner ``source``.
+
+        ``step`` "whole": copy it and own it at once (a hand-off or a restart, at a clock boundary).
+        A join moves it in two steps, so the clock loop never waits for the whole copy: "copy" takes
+        it while clocks run and keeps it aside, not owned (``source`` keeps what it lent: ``lend``);
+        "switch", at a clock boundary, takes the rows that changed since the copy and owns it
+        (``rows_resent`` says how many)."""
         job = await self._ajob(job_id)
         a, b = job.layouts[table].bounds[part]
-        r = await self._apeer(source, "pull", job_id=job_id, table=table, part=part, lo=0, hi=b - a, holds=True)
+        key = (job_id, table, int(part))
+        if step == "switch":
+            base = self._incoming.pop(key, None)
+            if base is None:
+                raise RuntimeError(f"partition {table}/{part} was not copied here before its switch")
+            r = await self._apeer(source, "lend", job_id=job_id, table=table, part=part, step="changes")
+            if r.get("status") != "OK":
+                raise RuntimeError(f"partition {table}/{part} is not on {source} any more: {r.get('status')}")
+            rows = np.asarray(r["rows"], dtype=np.int64)
+            if len(rows):
+                base[rows] = r["data"]
+            await asyncio.to_thread(job.tables.own, table, part, base, holds=r.get("holds", ()))
+            return {"status": "OK", "rows_resent": int(len(rows))}
+        if step == "copy":
+            r = await self._apeer(source, "lend", job_id=job_id, table=table, part=part, step="copy")
+        else:
+            r = await self._apeer(source, "pull", job_id=job_id, table=table, part=part, lo=0, hi=b - a, holds=True)
         if r.get("status") != "OK":
             raise RuntimeError(f"partition {table}/{part} is not on {source} any more: {r.get('status')}")
+        if step == "copy":
+            self._incoming[key] = np.array(r["data"], copy=True)  # (writable: the switch patches it)
+            return {"status": "OK", "rows": int(b - a)}
         await asyncio.to_thread(job.tables.own, table, part, r["data"], holds=r.get("holds", ()))
         return {"status": "OK"}
+
+    def _h_lend(self, job_id: str, table: str, part: int, step: str) -> dict:
+        """The owner's side of a join's move (``adopt`` steps "copy" and "switch"). "copy": the
+        partition's rows now, kept here as lent; "changes": the rows (local indices) that differ from
+        what was lent and their values, the lent copy forgotten; "drop": the partition is the joiner's
+        now (the coordinator switched its owner): this worker holds it no more, so no apply or
+        checkpoint here touches it again."""
+        job = self.jobs.get(job_id)
+        if job is None:
+            return {"status": "missing"}
+        key = (job_id, table, int(part))
+        if step == "drop":
+            self._lent.pop(key, None)
+            job.tables.disown(table, int(part))
+            return {"status": "OK"}
+        b, e = job.layouts[table].bounds[part]
+        with job.tables.lock:
+            now = job.tables.host_rows(table, part, 0, e - b)
+            if now is None:
+                return {"status": "missing"}
+            if step == "copy":
+                self._lent[key] = now
+                return {"status": "OK", "data": to_serialize(now)}
+            lent = self._lent.pop(key, None)
+            if lent is None:
+                return {"status": "missing"}
+            holds = job.tables.holds_of((table, int(part)))
+        differ = now != lent  # (a NaN differs from itself: re-sent, harmlessly)
+        rows = np.flatnonzero(differ.reshape(len(now), -1).any(axis=1)) if now.size else np.zeros(0, np.int64)
+        return {"status": "OK", "rows": rows.tolist(), "data": to_serialize(np.ascontiguousarray(now[rows])),
+                "holds": holds}
 
     async def _h_adopt_shard(self, job_id: str, shard: int, source: str) -> dict:
         """Become the holder of a shard: copy its data and state from ``source``, a worker that
@@ -754,6 +813,9 @@ class ParamServer(WorkerPlugin):
     def _h_end_job(self, job_id: str) -> dict:
         with self._lock:
             job = self.jobs.pop(job_id, None)
+            for moving in (self._incoming, self._lent):  # a join's move the job ended before
+                for key in [k for k in moving if k[0] == job_id]:
+                    del moving[key]
         if job is not None:
             job.ended.set()
         return {"status": "OK"}

@@ -13,6 +13,31 @@ def test_seconds_at_each_worker_count_come_from_the_samples_inside_the_window():
 
 def test_the_expected_rate_weights_each_reference_by_its_time():
     assert elastic.expected_rate({2: 3.0, 4: 1.0}, {2: 1.0, 4: 5.0}) == pytest.approx(2.0)
+    assert elastic.expected_rate({1: 1.0}, {2: 1.0, 4: 5.0}) == 1.0  # no reference at 1: the nearest count's
+
+
+def test_time_lost_is_each_clock_s_excess_over_a_reference_clock_summed_by_the_event_before_it():
+    ticks = [(0.0, 1), (1.0, 2), (3.0, 3), (4.0, 4), (6.5, 5)]
+    live = [(0.0, 2), (3.5, 4)]
+    events = [{"kind": "join", "at": 2.0}, {"kind": "retire", "at": 5.0}]
+    lost = elastic.lost_by_event(ticks, live, events, {2: 1.0, 4: 2.0})
+    assert lost["none"] == {"events": 0, "clocks": 1, "lost_s": 0.0, "lost_s_landing": 0.0, "lost_s_per_event": None}
+    # after the join: 2 s (1 s lost, in the clock it lands in), then 1 s at 2 workers (0 lost)
+    assert lost["join"] == {"events": 1, "clocks": 2, "lost_s": 1.0, "lost_s_landing": 1.0, "lost_s_per_event": 1.0}
+    # the retirement lands in a clock of 2.5 s at 4 workers (0.5 s each): 2.0 s lost
+    assert lost["retire"]["lost_s"] == 2.0 and lost["retire"]["clocks"] == 1
+
+
+def test_clocks_from_joining_to_owning_partitions_come_from_the_fit_s_events():
+    events = [{"kind": "worker-joined", "worker": "a", "clock": 3}, {"kind": "worker-joined", "worker": "b", "clock": 4},
+              {"kind": "partitions-taken-on", "workers": ["a", "b"], "clock": 5}]
+    assert elastic.join_clocks(events) == [2, 1]
+
+
+def test_references_before_and_after_are_averaged_and_their_spread_reported():
+    runs = [{"workers": 2, "rate": 1.0, "per_clock_objective": 12.0}, {"workers": 2, "rate": 3.0, "per_clock_objective": 12.0}]
+    merged = elastic.merge_references(runs)
+    assert merged[2]["rate"] == 2.0 and merged[2]["rates"] == [1.0, 3.0] and merged[2]["spread"] == 1.0
 
 
 def test_the_driver_keeps_the_worker_count_within_one_of_the_start_and_covers_every_kind():
@@ -20,6 +45,9 @@ def test_the_driver_keeps_the_worker_count_within_one_of_the_start_and_covers_ev
     assert sorted(d.choose(3) for _ in range(3)) == sorted(elastic.KINDS)  # one round: every kind
     assert {d.choose(2) for _ in range(5)} == {"join"}  # at 2 = 3 - 1: no retirement, no kill
     assert "join" not in {d.choose(4) for _ in range(5)}  # at 4 = 3 + 1: no join
+    assert {d.choose(3, 4) for _ in range(5)} <= {"retire", "kill"}  # 3 live and a join on its way: none more
+    assert {d.choose(2, 3) for _ in range(5)} == {"join"}  # 2 live (one restarting): no retirement, no kill
+    assert d.choose(2, 4) is None  # 2 live and 2 joins on their way: wait for them
 
 
 @pytest.fixture(scope="module")
@@ -40,7 +68,10 @@ def test_quick_churn_commits_every_shard_update_exactly_once_and_reports_its_fig
     # the updates kept in the final model: all of them but those a recovery rolled back to a checkpoint
     assert 0 < s["final_objective"] <= s["reference_objective"]
     # the figures: goodput against references at the worker counts seen, hand-offs from the events, rework
-    assert set(map(int, d["references"])) == set(map(int, s["seconds_at_workers"]))
+    w = d["workers"]  # references at W - 1, W and W + 1, before and after the churn fit
+    assert set(map(int, d["references"])) == {w - 1, w, w + 1}
+    assert all(len(r["rates"]) == 2 for r in d["references"].values())
+    assert set(s["lost_by_event"]) <= {"none", *elastic.KINDS}
     assert 0 < s["goodput"] and s["clock_rate"] > 0 and s["expected_rate"] > 0
     assert s["handoffs"] == s["event_kinds"]["retire"] == len(s["handoff_s"]) and s["left"] >= s["handoffs"]
     assert s["losses"] >= s["event_kinds"]["kill"] and s["recoveries"] >= 1

@@ -14,8 +14,10 @@ import dscar
 from dscar.algorithms.datasets import make_regression
 from dscar.algorithms.lasso import LassoCD
 from dscar.coordinator import PLUGIN_NAME
-from dscar.elastic import adaptive_target, handoff_plan, join_plan, retirable, shard_handoff_plan, workers_wanted
+from dscar.elastic import (adaptive_target, handoff_plan, join_plan, retirable, shard_handoff_plan, ssp_leave_step,
+                           workers_wanted)
 from dscar.errors import InvalidInputError
+from bench.chaos import CHECK_KEYS, ExactlyOnce, check_final
 
 
 # ------------------------------------------------------------------ pure
@@ -63,6 +65,18 @@ def test_a_hand_off_moves_exactly_the_leavers_partitions_to_stayers_and_evens_th
 
 def test_nobody_staying_means_no_hand_off():
     assert handoff_plan({("w", 0): "a"}, {("w", 0): 5}, {"a"}, ["a"]) == {}
+
+
+@given(running=st.sets(st.sampled_from("abc")), unapplied=st.sets(st.sampled_from("abc")), quiet=st.booleans())
+def test_an_ssp_leaver_hands_off_only_once_nothing_of_it_is_in_flight_and_the_tables_hold_still(running, unapplied, quiet):
+    step = ssp_leave_step("a", running, unapplied, quiet)
+    assert (step == "hand-off") == ("a" not in running and "a" not in unapplied and quiet)
+    if "a" in running:
+        assert step == "drain"  # its attempts first: a hand-off now would lose their updates
+    elif "a" in unapplied:
+        assert step == "flush"
+    # the others' attempts and staged updates do not hold it back (they are not its to lose)
+    assert ssp_leave_step("a", running - {"a"}, unapplied - {"a"}, True) == "hand-off"
 
 
 def test_a_bad_elastic_workers_setting_is_refused_before_work_starts():
@@ -200,39 +214,108 @@ def test_a_joiner_takes_nothing_when_moving_would_not_lower_the_largest_load():
     assert join_plan({("w", 0): "a", ("w", 1): "a"}, {("w", 0): 10, ("w", 1): 10}, ["x"]) == {("w", 1): "x"}
 
 
+def grow_mid_fit(algo, history) -> None:
+    """After ``algo._at`` clocks, add a worker to the cluster and hold the clock loop until the new
+    worker has partitions copied to it; put their switch off by one clock, so rows of the copy change
+    before it (as they do when the copy runs beside a clock); count the pulls the new worker serves."""
+    coordinator = algo._cluster.scheduler.plugins[PLUGIN_NAME]
+    if len(history) == algo._at + 1:
+        del coordinator._switch_copies  # the next boundary switches
+    if len(history) != algo._at:
+        return
+    job_id = next(iter(coordinator.jobs))
+
+    async def not_yet(job):
+        pass
+
+    coordinator._switch_copies = not_yet
+    before = set(algo._cluster.scheduler.workers)
+    algo._cluster.scale(len(before) + 1)
+    wait_for(lambda: any(w not in before for w, _ in coordinator._copies.get(job_id, {}).values()))
+    new = next(w for w, _ in coordinator._copies[job_id].values())
+    worker = next(w for w in algo._cluster.workers.values() if w.address == new)
+    for op in ("pull", "pull_many"):
+        handler = worker.handlers[f"dscar_{op}"]
+
+        def counted(comm, _handler=handler, _op=op, **kw):  # (Dask passes ``comm`` by its name)
+            algo.pulls_served.append(_op)
+            return _handler(comm, **kw)
+
+        worker.handlers[f"dscar_{op}"] = counted
+
+
 class GrowMidFit(LassoCD):
-    """Lasso that adds a worker to its cluster after ``at`` clocks and waits until the job has seen
-    it join (the next clock boundary offers it partitions)."""
+    """Lasso that grows its cluster mid-fit (``grow_mid_fit``)."""
 
     def __init__(self, alpha: float, local_cluster=None, at: int = 0):
         super().__init__(alpha)
         self._cluster, self._at = local_cluster, at
+        self.pulls_served: list[str] = []  #: the pull messages the joiner answered (each its op)
 
     def __getstate__(self):
-        return {k: v for k, v in self.__dict__.items() if k != "_cluster"}
+        return {k: v for k, v in self.__dict__.items() if k not in ("_cluster", "pulls_served")}
 
     def converged(self, history, tol) -> bool:
-        if self._at and len(history) == self._at:
-            coordinator = self._cluster.scheduler.plugins[PLUGIN_NAME]
-            job_id = next(iter(coordinator.jobs))
-            self._cluster.scale(len(self._cluster.scheduler.workers) + 1)
-            wait_for(lambda: coordinator._joined.get(job_id))
+        grow_mid_fit(self, history)
         return False
 
 
-def test_a_worker_added_mid_fit_takes_partitions_at_the_next_boundary_with_no_rework():
+class CountedGrowMidFit(ExactlyOnce):
+    """``bench.chaos.ExactlyOnce`` (every shard's update counted in param tables, checked at each clock
+    end) that grows its cluster mid-fit (``grow_mid_fit``): a row of a moved partition left stale
+    shows as an update lost."""
+
+    def __init__(self, clocks: int, local_cluster=None, at: int = 0):
+        super().__init__(clocks)
+        self._cluster, self._at = local_cluster, at
+        self.pulls_served: list[str] = []
+
+    def __getstate__(self):
+        return {k: v for k, v in self.__dict__.items() if k not in ("_cluster", "pulls_served")}
+
+    def converged(self, history, tol) -> bool:
+        grow_mid_fit(self, history)
+        return False
+
+
+def test_a_worker_added_mid_fit_owns_partitions_at_the_boundary_after_its_copy_and_serves_pulls_with_no_rework():
+    """The partitions are copied while clocks run (``adopt`` step "copy") and switch owner at a clock
+    boundary with the rows changed since the copy re-sent: the objective trajectory is the same as
+    without the join, to rounding."""
     X, y, _ = make_regression(3000, 30, seed=5)
     data = {"X": X, "y": y}
     with LocalCluster(n_workers=2, threads_per_worker=1, processes=False, dashboard_address=":0") as lc:
         cl = dscar.connect(lc)
         ref = dscar.fit(LassoCD(0.01), data, cl, n_shards=6, max_clocks=8, tol=1e-300, progress=False)
-        res = dscar.fit(GrowMidFit(0.01, lc, at=3), data, cl, n_shards=6, max_clocks=8, tol=1e-300, progress=False)
+        algo = GrowMidFit(0.01, lc, at=3)
+        res = dscar.fit(algo, data, cl, n_shards=6, max_clocks=8, tol=1e-300, progress=False)
         taken = [e for e in res.events if e["kind"] == "partitions-taken-on"]
         assert len(taken) == 1 and taken[0]["partitions"] > 0 and taken[0]["failed"] == 0
-        assert taken[0]["clock"] <= 5  # within 2 clocks of its joining
+        assert taken[0]["clock"] == 4  # at the boundary it was let switch at: clock 4 ended
+        assert 0 < taken[0]["rows_resent"] <= taken[0]["rows"]  # clock 4 changed rows of the copy: re-sent
         new = taken[0]["workers"][0]
-        assert any(new in r.shards_per_worker for r in res.history)  # and it ran shards
+        ready = [e for e in res.events if e["kind"] == "worker-ready"]
+        assert [e["worker"] for e in ready] == [new]
+        assert any(new in r.shards_per_worker for r in res.history)  # it ran shards
+        assert algo.pulls_served  # and served the pulls of the partitions it owns
         kinds = {e["kind"] for e in res.events}
         assert not {"worker-lost", "recovery-started", "partition-restored", "rollback"} & kinds
         np.testing.assert_allclose([r.metrics["objective"] for r in res.history],
                                    [r.metrics["objective"] for r in ref.history], rtol=1e-9)
+
+
+def test_a_joiner_s_switch_re_sends_the_rows_changed_since_its_copy_so_no_update_is_lost():
+    clocks = 8
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=False, dashboard_address=":0") as lc:
+        cl = dscar.connect(lc)
+        algo = CountedGrowMidFit(clocks, lc, at=3)
+        res = dscar.fit(algo, {"x": np.arange(6.0)}, cl, n_shards=6, max_clocks=clocks, progress=False)
+        taken = [e for e in res.events if e["kind"] == "partitions-taken-on"]
+        assert len(taken) == 1 and taken[0]["rows_resent"] > 0 and algo.pulls_served
+        assert len(res.history) == clocks and not any(r.skipped for r in res.history)
+        for r in res.history:  # every shard's update applied once in every clock, in every table
+            assert all(r.metrics[k] == 0 for k in CHECK_KEYS), (r.clock, r.metrics)
+        assert check_final(res.params["seen"], clocks, True) == 0
+        # the partitions that moved (fanout's, the largest): every shard step of every clock adds 1 to each row
+        assert "fanout" in {t for t, _ in taken[0]["moved"]}
+        np.testing.assert_array_equal(res.params["fanout"], clocks * 6.0)
