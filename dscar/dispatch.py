@@ -20,14 +20,15 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
+from .protocol import Member, WorkItem
 from .policies import Backup, ControllerView, Policy, Restart, Running, SetBatchScale
 from .shards import Attempt
 
 if TYPE_CHECKING:
     from .job import JobState
 
-#: a work item holds about this much shard work by the worker's measured step time; below
-#: ``BackupPolicy.min_s``, so a batch's waiting members never look late to the backup policy
+#: a work item holds at least this much shard work by the worker's measured step time (and at least
+#: the worker's share of the pass: ``Dispatch.pass_share``)
 BATCH_TARGET_S = 0.01
 #: at most this many shard attempts in one work item
 MAX_BATCH = 64
@@ -128,14 +129,28 @@ class Dispatch:
 
     def batch_size(self, worker: str) -> int:
         """How many of its own shards ``worker`` gets in one work item: enough to run about
-        ``BATCH_TARGET_S`` by its measured step time (one before it has one). A short step then
-        costs one commit per batch, not one per shard. A batch does not pin its shards: members
-        not started yet are released to an idle worker (``releasable``), so dynamic sharding still
-        moves work away from a worker that suddenly slows down."""
+        ``BATCH_TARGET_S`` by its measured step time, and under BSP at least its share of the pass
+        (``pass_share``); one before it has a step time. A short step then costs one commit per
+        batch, not one per shard, and k long ones a clock one commit, not k. A batch does not pin
+        its shards: members not started yet are released to an idle worker (``releasable``), so
+        dynamic sharding still moves work away from a worker that suddenly slows down."""
         step = self.job.monitor.mean_step(worker)
         if step is None:
             return 1
-        return max(1, min(MAX_BATCH, int(BATCH_TARGET_S / step)))
+        # under SSP a shard's commit is what lets its next clock start and the window move on: a batch
+        # committed at its end would hold them back, so there a batch is sized by time only
+        share = self.pass_share(worker, step) if self.job.consistency == "bsp" else 0
+        return max(1, min(MAX_BATCH, max(int(BATCH_TARGET_S / step), share)))
+
+    def pass_share(self, worker: str, step: float) -> int:
+        """How many of a pass's shards ``worker`` runs by its speed's share of the live workers'
+        (one not measured yet counted as fast as it): a worker with k shards a clock gets them in
+        one item, so they cost one grant and one commit, not k. A slow worker's share is small,
+        and members it has not started are released to a worker that runs out (``ask_back``)."""
+        monitor, speed = self.job.monitor, 1.0 / step
+        unmeasured = max(0, len(self.job.workers) - monitor.n_measured())
+        total = monitor.total_speed() + unmeasured * speed
+        return round(len(self.job.queue.active) * speed / total) if total > 0 else 1
 
     def live(self, shard: int, attempt: int, worker: str) -> bool:
         """Whether that attempt may still commit (not beaten, failed or given back): a lost-race stop
@@ -181,27 +196,24 @@ class Dispatch:
 
     def item(self, batch: list[Attempt], rebuild: bool) -> dict:
         """The work item message for ``batch`` (its first member's worker runs them in order)."""
-        shards = []
-        for a in batch:
-            member = {"shard": a.shard, "attempt": a.attempt, "fetch_from": a.fetch_from,
-                      "backup": a.backup, "phase": self.job.cfg.phase_names[self.job.queue.phase_of(a.shard)] or None}
-            entry = self.job.losses.restore_state.get(a.shard)
-            if entry is not None:
-                member["state_file"] = entry
-            shards.append(member)
+        job = self.job
+        members = [Member(a.shard, a.attempt, a.fetch_from, a.backup,
+                          job.cfg.phase_names[job.queue.phase_of(a.shard)] or None, job.losses.restore_state.get(a.shard))
+                   for a in batch]
         self.items_handed += 1
         self.item_of[batch[0].worker] = self.items_handed
-        item = {"op": "rebuild" if rebuild else "shard", "job": self.job.cfg.job_id, "item": self.items_handed,
-                "clock": self.job.clock, "run": self.job.run_id, "owners": self.job.pmap.to_msg(),
-                "batch_scale": self.batch_scale.get(batch[0].worker, 1.0), "shards": shards}
-        if rebuild and self.job.losses.restored_rows:
-            item["restored"] = {t: [list(r) for r in rs] for t, rs in self.job.losses.restored_rows.items()}
-        return item
+        restored = ({t: [list(r) for r in rs] for t, rs in job.losses.restored_rows.items()}
+                    if rebuild and job.losses.restored_rows else None)
+        return WorkItem("rebuild" if rebuild else "shard", job.cfg.job_id, self.items_handed, job.clock, job.run_id,
+                        job.pmap.to_msg(), members, self.batch_scale.get(batch[0].worker, 1.0), restored).to_msg()
 
     def view(self, workers: list[str], now: float, idle_worker: str | None = None) -> ControllerView:
-        """What a straggler policy sees (``dscar.policies``)."""
+        """What a straggler policy sees (``dscar.policies``). Batch members that may not have started
+        (``batched``) are not shown running: they wait behind their batch's earlier members, and an
+        idle worker asks them back (``ask_back``) rather than back them up; asked once, they show."""
+        waiting = {(w, m) for w, members in self.batched.items() for m in members}  # may not have started
         running = [Running(a.shard, a.worker, now - a.started, self.job.queue.attempts_started(a.shard))
-                   for a in self.job.queue.running()]
+                   for a in self.job.queue.running() if (a.worker, (a.shard, a.attempt)) not in waiting]
         return ControllerView(self.job.clock, workers, self.job.queue.n_todo, running, self.job.monitor,
                               dict(self.stragglers), idle_worker)
 
