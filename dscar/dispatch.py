@@ -32,6 +32,9 @@ if TYPE_CHECKING:
 BATCH_TARGET_S = 0.01
 #: at most this many shard attempts in one work item
 MAX_BATCH = 64
+#: a worker's share of a pass goes in items of at most about this much work by its step time: a
+#: commit is the job's visible progress (the stall watch, the dashboard), so one comes this often
+SHARE_MAX_S = 2.0
 #: a straggler is left out of a pass's tail only where that saves at least this long (seconds): for
 #: steps of microseconds the hand-out noise, and moving the shard's data to another worker, cost more
 HOLD_BACK_MIN_S = 0.005
@@ -130,7 +133,7 @@ class Dispatch:
     def batch_size(self, worker: str) -> int:
         """How many of its own shards ``worker`` gets in one work item: enough to run about
         ``BATCH_TARGET_S`` by its measured step time, and under BSP at least its share of the pass
-        (``pass_share``); one before it has a step time. A short step then costs one commit per
+        (``pass_share``, up to ``SHARE_MAX_S`` of steps); one before it has a step time. A short step then costs one commit per
         batch, not one per shard, and k long ones a clock one commit, not k. A batch does not pin
         its shards: members not started yet are released to an idle worker (``releasable``), so
         dynamic sharding still moves work away from a worker that suddenly slows down."""
@@ -139,7 +142,7 @@ class Dispatch:
             return 1
         # under SSP a shard's commit is what lets its next clock start and the window move on: a batch
         # committed at its end would hold them back, so there a batch is sized by time only
-        share = self.pass_share(worker, step) if self.job.consistency == "bsp" else 0
+        share = min(self.pass_share(worker, step), int(SHARE_MAX_S / step)) if self.job.consistency == "bsp" else 0
         return max(1, min(MAX_BATCH, max(int(BATCH_TARGET_S / step), share)))
 
     def pass_share(self, worker: str, step: float) -> int:
@@ -210,12 +213,21 @@ class Dispatch:
     def view(self, workers: list[str], now: float, idle_worker: str | None = None) -> ControllerView:
         """What a straggler policy sees (``dscar.policies``). Batch members that may not have started
         (``batched``) are not shown running: they wait behind their batch's earlier members, and an
-        idle worker asks them back (``ask_back``) rather than back them up; asked once, they show."""
+        idle worker asks them back (``ask_back``) rather than back them up; asked once, they show.
+        An attempt of a batch of n commits with the batch's last: its time is shown as the item's
+        pace (the item's time over n), so it looks late once the item has run k times n steps, not
+        k steps (else every batch's first member would look late before its batch could end)."""
         waiting = {(w, m) for w, members in self.batched.items() for m in members}  # may not have started
-        running = [Running(a.shard, a.worker, now - a.started, self.job.queue.attempts_started(a.shard))
+        running = [Running(a.shard, a.worker, (now - a.started) / self._item_size(a.worker),
+                           self.job.queue.attempts_started(a.shard))
                    for a in self.job.queue.running() if (a.worker, (a.shard, a.attempt)) not in waiting]
         return ControllerView(self.job.clock, workers, self.job.queue.n_todo, running, self.job.monitor,
                               dict(self.stragglers), idle_worker)
+
+    def _item_size(self, worker: str) -> int:
+        """How many attempts the shard-pass item ``worker`` is running holds (1: none, or one)."""
+        running = self.running_items.get(worker)
+        return max(1, running[1]) if running is not None else 1
 
     def idle_policies(self, worker: str, now: float) -> Attempt | None:
         """``worker`` is idle: a backup attempt an idle-time policy starts for it (None: none)."""

@@ -67,8 +67,9 @@ def tracked():
 
 def test_a_worker_commits_its_shards_of_a_clock_in_one_call(tracked):
     """8 shards of 50 ms steps on 2 workers: once the steps are measured (the first clocks), each
-    worker gets its 4 shards in one item and commits them in one call: about 2 commits a clock, not 8
-    (a shard moved or given back between workers costs one more)."""
+    worker gets its 4 shards in one item and commits them in one call: 2 commits a clock, not 8 as
+    one shard an item costs. A worker that runs out first asks the other's unstarted members back,
+    and a member it takes costs one commit more: on a loaded machine about 3 a clock; 5 is the bound."""
 
     def commits(clocks: int) -> int:
         before = tracked.client.run_on_scheduler(_calls).get("dscar_commit", 0)
@@ -78,7 +79,8 @@ def test_a_worker_commits_its_shards_of_a_clock_in_one_call(tracked):
 
     short, long = commits(3), commits(9)
     per_clock = (long - short) / 6
-    assert per_clock <= 4, f"{per_clock:.1f} commits a clock for 8 shards on 2 workers"
+    print(f"{per_clock:.2f} commits a clock for 8 shards on 2 workers")
+    assert per_clock <= 5, f"{per_clock:.1f} commits a clock for 8 shards on 2 workers"
 
 
 class HoldStill(RowCounter):

@@ -131,3 +131,26 @@ def test_the_handler_tables_name_every_handler_once_and_every_scheduler_op_has_a
     assert WORKER_OPEN | WORKER_INSTALLING | WORKER_RUN_WRITES <= set(worker_side)
     for table in (scheduler_side, worker_side):
         assert all(f.__name__ == f"_h_{op}" for op, f in table.items())  # op -> its own handler
+
+
+def test_a_batch_s_running_member_looks_late_only_once_the_batch_has_run_k_times_its_steps():
+    job = _job([BackupPolicy(k=2.0, max_attempts=2, min_s=0.0)])
+    job.begin(1, 0.0)
+    _measure(job, {w: 0.1 for w in WORKERS})
+    items = {w: job.next_item(w, 1.0) for w in WORKERS}
+    for w in ("a", "c", "d"):
+        job.commit_many(w, job.run_id, [(1, m["shard"], m["attempt"], {"compute_s": 0.1})
+                                        for m in items[w]["shards"]], 1.3)
+    job.released("b", [(m["shard"], m["attempt"]) for m in items["b"]["shards"][1:]], [], 1.3)  # all started
+    # b's batch of 4 steps of 100 ms has run 0.7 s: 1.75 steps a member, under k = 2
+    assert job.next_item("a", 1.7) is None
+    backup = job.next_item("a", 1.9)  # 2.25 steps a member: late
+    assert backup["shards"][0]["backup"] and job.queue.holder(backup["shards"][0]["shard"]) == "b"
+
+
+def test_a_share_of_long_steps_goes_in_items_of_a_few_seconds_so_commits_still_show_progress():
+    from dscar.dispatch import SHARE_MAX_S
+
+    job = _job()
+    _measure(job, {w: SHARE_MAX_S / 2 for w in WORKERS})
+    assert job.dispatch.batch_size("a") == 2  # not its 4 shards: 2 steps' time at most
