@@ -7,11 +7,12 @@ recovery, and watches the workers' heartbeats. Its handlers move only ids,
 timings, file names and scalar metrics, and never block the event loop: waiting
 is done with long polls on an ``asyncio.Event``.
 
-Protocol of a pass: the worker asks ``dscar_next`` (a long poll) for its first
-work item, a batch of one or more shard attempts (several of its own shards when
-its measured steps are short: ``Dispatch.batch_size``). It runs them, staging
-each attempt's updates on itself, then one ``dscar_commit`` answers which
-commits are granted *and* carries its next work item, if any. When a pass is
+Protocol of a pass (the messages: ``dscar.protocol``): the worker asks
+``dscar_next`` (a long poll, woken by new work or a job's end, not by a timer)
+for its first work item, a batch of one or more shard attempts (its own shards,
+its share of the pass by its measured speed: ``Dispatch.batch_size``). It runs
+them, staging each attempt's updates on itself, then one ``dscar_commit`` answers
+which commits are granted *and* carries its next work item, if any. When a pass is
 complete every live worker is told to apply it (``dscar_apply``): owners collect
 the committed attempts' updates from the workers that ran them, holders install
 the committed shard state.
@@ -35,7 +36,7 @@ import asyncio
 import inspect
 import logging
 import time
-from typing import Any
+from typing import Any, Callable
 
 import dask.config
 from distributed import SchedulerPlugin
@@ -54,6 +55,7 @@ from .liveness import silence_limit, to_probe
 from .membership import DEFAULT_LEASE_S, SCHEDULER_RULES, Lease, Rule, key_digest, refusal, same
 from .monitor import ThroughputMonitor
 from .partition_store import merge_touched
+from .protocol import IDLE, Commit, CommitAnswer, handler_name
 from .partitions import PartitionMap, TableLayout, data_homes, placement_plan
 from .shards import ShardQueue
 from .stall import StallWatch, workers_to_ask
@@ -62,6 +64,8 @@ logger = logging.getLogger("dscar.coordinator")
 
 PLUGIN_NAME = "dscar-coordinator"
 IDLE_RECHECK_S = 0.02  # how often an idle worker's long poll looks again while a backup may turn due
+#: how often a waiting long poll looks again while a pass has shards to do (a late holder's may turn movable)
+MOVE_RECHECK_S = 1.0
 RPC_TIMEOUT_S = 30.0  # a coordinator -> worker message that takes longer means a hung worker
 #: seconds a joining worker may take to install a job and load its kernels before it is handed work anyway
 WARM_UP_TIMEOUT_S = 60.0
@@ -69,12 +73,22 @@ WARM_UP_TIMEOUT_S = 60.0
 RELEASE_TIMEOUT_S = 1.0
 SNAPSHOT_TIMEOUT_S = 10.0  # an owner that cannot snapshot its partitions in this long fails the version
 PROBE_TIMEOUT_S = 1.5  # a worker silent past the hang timeout is hung if it cannot answer within this
+#: an idle worker's long poll (``dscar_next``) is answered ``idle`` after this many of Dask's heartbeat
+#: intervals: it is woken by new work or a job's end, so its timeout only bounds a lost wake; scaled with
+#: the interval, idle polls cost the scheduler a fixed fraction of what Dask's own heartbeats cost
+IDLE_POLL_HEARTBEATS = 20
 
 
 def hang_timeout(n_workers: int = 0) -> float:
     """Seconds without a sign of life after which a worker is probed, then removed: ``dscar.hang-timeout``,
     or longer on a cluster of ``n_workers`` whose heartbeats come further apart (``dscar.liveness``)."""
     return silence_limit(float(dask.config.get("dscar.hang-timeout", 3.0)), heartbeat_interval(n_workers))
+
+
+def idle_poll_timeout(n_workers: int = 0) -> float:
+    """Seconds a worker's long poll for work waits when nothing is to do (``IDLE_POLL_HEARTBEATS``
+    of Dask's heartbeat intervals on a cluster of ``n_workers``: 10 s up to 10 workers, 120 s at 1,000)."""
+    return IDLE_POLL_HEARTBEATS * heartbeat_interval(n_workers)
 
 
 def lease_timeout() -> float:
@@ -134,8 +148,8 @@ class Coordinator(SchedulerPlugin):
         #: job -> (run, clock, shard, attempt) of a granted commit -> the partitions its updates touched
         #: (``partition_store.touched_parts``): each owner fetches from the workers that staged some for it
         self._touched: dict[str, dict[tuple[int, int, int, int], dict]] = {}
-        for op in SCHEDULER_RULES:  # every handler behind the caller check (``_guarded``)
-            scheduler.handlers[f"dscar_{op}"] = self._guarded(op, getattr(self, f"_h_{op}"))
+        for op, handler in self.handlers().items():  # every handler behind the caller check (``_guarded``)
+            scheduler.handlers[handler_name(op)] = self._guarded(op, handler)
         self._specs: dict[str, bytes] = {}
         #: job -> how many placements the driver reported done (``placed``): an ``until_lost`` poll
         #: guards one placement and ends with it, not after its timeout (every wake runs every poll)
@@ -164,6 +178,25 @@ class Coordinator(SchedulerPlugin):
         #: the joiners' preparations and copies under way (kept referenced until done)
         self._preparations: set[asyncio.Future] = set()
         self._wrap_dask(scheduler)
+
+    def handlers(self) -> dict[str, Callable]:
+        """The coordinator's handlers by op (Dask's name: ``protocol.handler_name``); each one's
+        caller rule is ``membership.SCHEDULER_RULES[op]``."""
+        return {
+            # the driver's
+            "start_job": self._h_start_job, "placed": self._h_placed, "begin_clock": self._h_begin_clock,
+            "wait": self._h_wait, "end_job": self._h_end_job, "owners": self._h_owners, "flush": self._h_flush,
+            "rebase": self._h_rebase, "published": self._h_published, "stop": self._h_stop,
+            "until_lost": self._h_until_lost, "renew": self._h_renew, "simulate_loss": self._h_simulate_loss,
+            # a worker's shard runner (``protocol``: work items and commits)
+            "next": self._h_next, "commit": self._h_commit, "fail": self._h_fail, "clock_done": self._h_clock_done,
+            "clock_failed": self._h_clock_failed, "runner_failed": self._h_runner_failed,
+            # a worker's other reports
+            "ckpt_written": self._h_ckpt_written, "mirrored": self._h_mirrored, "event": self._h_event,
+            "run": self._h_run, "job_spec": self._h_job_spec, "hello": self._h_hello,
+            # an operator's
+            "jobs": self._h_jobs, "cancel": self._h_cancel,
+        }
 
     async def close(self) -> None:
         self.scheduler.handlers.update(self._dask_handlers)
@@ -388,20 +421,20 @@ class Coordinator(SchedulerPlugin):
                 kw["comm"] = comm
             return handler(**kw)  # a coroutine for an async handler: distributed awaits it
 
-        guarded.__name__ = guarded.__qualname__ = f"dscar_{op}"
+        guarded.__name__ = guarded.__qualname__ = handler_name(op)
         return guarded
 
     def _refuse(self, op: str, caller: str | None, why: str, job_id: str | None, worker: str | None) -> dict:
         """The answer to a refused call, recorded as a ``forged-call`` event in the job it names
         (in every running job when it names none) and in the log."""
-        info = {"handler": f"dscar_{op}", "caller": caller, "reason": why}
+        info = {"handler": handler_name(op), "caller": caller, "reason": why}
         if isinstance(worker, str):
             info["claimed"] = worker
         for job in [self.jobs[job_id]] if job_id in self.jobs else list(self.jobs.values()):
             job.event(time.time(), "forged-call", **info)
         logger.warning("dscar: refused dscar_%s from %s%s: %s", op, caller,
                        f" claiming to be {worker}" if isinstance(worker, str) else "", why)
-        return error_message(RefusedCallError(f"dscar_{op} refused: {why}"), status="uncaught-error")
+        return error_message(RefusedCallError(f"{handler_name(op)} refused: {why}"), status="uncaught-error")
 
     async def _h_hello(self, comm, worker: str, key: str) -> dict:
         """A worker registers its key. Believed once the worker listening at ``worker`` confirms,
@@ -458,7 +491,7 @@ class Coordinator(SchedulerPlugin):
         worker is removed meanwhile."""
         if kw.get("job_id") in self._tokens:
             kw["token"] = self._tokens[kw["job_id"]]
-        return await self._inflight.call(worker, getattr(self._pool(worker), f"dscar_{op}")(**kw), timeout)
+        return await self._inflight.call(worker, getattr(self._pool(worker), handler_name(op))(**kw), timeout)
 
     async def _remove(self, worker: str, why: str) -> None:
         """Take ``worker`` out of the cluster (hung or unreachable); ``remove_worker`` below recovers."""
@@ -817,8 +850,12 @@ class Coordinator(SchedulerPlugin):
                 return item
         return None
 
-    async def _h_next(self, worker: str, timeout: float = 1.0) -> dict:
-        """Long poll: the next work item for ``worker``, or ``idle`` after ``timeout``."""
+    async def _h_next(self, worker: str, timeout: float | None = None) -> dict:
+        """Long poll: the next work item for ``worker``, or ``idle`` after ``timeout`` (None:
+        ``idle_poll_timeout``). It waits on the coordinator's changes (new work, a job's end), not
+        on a clock: an idle worker costs the scheduler one call per timeout."""
+        if timeout is None:
+            timeout = idle_poll_timeout(len(self.scheduler.workers))
         deadline = time.monotonic() + timeout
         self._alive(worker)
         while True:
@@ -828,9 +865,8 @@ class Coordinator(SchedulerPlugin):
                     return item
             left = deadline - time.monotonic()
             if left <= 0:
-                return {"op": "idle"}
-            # idle-time policies (backups) turn due with time, not with an event: look again soon
-            await self._wait_change(min(left, IDLE_RECHECK_S) if self._idle_work_possible() else left)
+                return dict(IDLE)
+            await self._wait_change(min(left, self._recheck_s()))
 
     async def _take_back_for(self, worker: str) -> dict | None:
         """Nothing to hand ``worker``: ask the worker with the most batch members not started yet
@@ -856,39 +892,49 @@ class Coordinator(SchedulerPlugin):
         return any(j.handing_out and any(p.when == "idle" for p in j.policies) and j.queue.running()
                    for j in self.jobs.values())
 
+    def _recheck_s(self) -> float:
+        """How long a waiting long poll may go without looking again when nothing wakes it. Some
+        decisions turn due with time, not with an event: a backup (``IDLE_RECHECK_S``), a shard of
+        a holder that is late becoming worth moving (``MOVE_RECHECK_S``, while a pass has shards
+        to do). Otherwise none: a job between clocks, or no job, costs no call."""
+        if self._idle_work_possible():
+            return IDLE_RECHECK_S
+        if any(j.handing_out and j.queue.n_todo for j in self.jobs.values()):
+            return MOVE_RECHECK_S
+        return float("inf")
+
     def _h_commit(self, job_id: str, clock: int, run: int, worker: str, commits: list[dict],
                   rebuild: bool = False, released: list | None = None, stopped: list | None = None) -> dict:
-        """Grant or refuse the commits of a batch's attempts (each ``{"shard", "attempt", "timings"}``;
-        ``rebuild``: the batch is of the rebuild pass); the answer carries the worker's next work item,
-        if one is ready. ``released``: the batch's members the worker gave back unstarted, so those
-        whose release answer came too late are queued again, not left running nowhere. ``stopped``:
-        its attempts that stopped as lost races (``{"shard", "attempt", "clock", "seconds"}``), so one
-        stopped wrongly runs again rather than hold its clock for ever."""
+        """Grant or refuse the commits of a batch's attempts in one decision (``protocol.Commit``:
+        ``commits``, each ``protocol.Finished``; ``rebuild``: the batch is of the rebuild pass); the
+        answer (``protocol.CommitAnswer``) carries the worker's next work item, if one is ready.
+        ``released``: the batch's members the worker gave back unstarted, so those whose release
+        answer came too late are queued again, not left running nowhere. ``stopped``: its attempts
+        that stopped as lost races (``protocol.Stopped``), so one stopped wrongly runs again rather
+        than hold its clock for ever."""
+        msg = Commit.from_msg(job_id, clock, run, worker, commits, rebuild, released, stopped)
         self._alive(worker)
         job = self.jobs.get(job_id)
         if job is None:
-            return {"granted": [False] * len(commits), "next": None}
-        if released:
-            job.released(worker, released, released, time.time())
-            self._wake()
-        for s in stopped or ():
-            job.attempt_failed(worker, int(s["clock"]), run, int(s["shard"]), int(s["attempt"]),
-                               "another attempt of the shard was applied where it read", time.time(),
-                               seconds=float(s.get("seconds", 0.0)), stopped=True)
-            self._wake()
-        granted = []
+            return CommitAnswer([False] * len(msg.commits)).to_msg()
+        now = time.time()
+        if msg.released:
+            job.released(worker, msg.released, msg.released, now)
+        for s in msg.stopped:
+            job.attempt_failed(worker, s.clock, msg.run, s.shard, s.attempt,
+                               "another attempt of the shard was applied where it read", now,
+                               seconds=s.seconds, stopped=True)
         touched = self._touched.setdefault(job_id, {})
-        for c in commits:
-            c_clock = int(c.get("clock", clock))
-            if c.get("parts") is not None:  # before job.commit: its effects may apply the pass at once
-                touched[(int(run), c_clock, int(c["shard"]), int(c["attempt"]))] = c["parts"]
-            ok, effects = job.commit(worker, c_clock, run, c["shard"], c["attempt"], time.time(),
-                                     c.get("timings"), rebuild)
+        for c in msg.commits:  # before the commits: their effects may apply the pass at once
+            if c.parts is not None:
+                touched[(msg.run, c.clock, c.shard, c.attempt)] = c.parts
+        granted, effects = job.commit_many(worker, msg.run, [(c.clock, c.shard, c.attempt, c.timings)
+                                                             for c in msg.commits], now, msg.rebuild)
+        for c, ok in zip(msg.commits, granted):
             if not ok:
-                touched.pop((int(run), c_clock, int(c["shard"]), int(c["attempt"])), None)
-            granted.append(ok)
-            self._do(job, effects)
-        return {"granted": granted, "next": self._item_for(worker) if worker in self.scheduler.workers else None}
+                touched.pop((msg.run, c.clock, c.shard, c.attempt), None)
+        self._do(job, effects)  # (one wake for the whole commit)
+        return CommitAnswer(granted, self._item_for(worker) if worker in self.scheduler.workers else None).to_msg()
 
     def _sources(self, job_id: str, e: ApplyPass) -> dict[str, dict]:
         """``{worker: {table: parts or None}}`` for each worker whose committed attempts of the pass

@@ -18,19 +18,23 @@ Invariants:
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Iterator
+from typing import TYPE_CHECKING, Callable, Iterator
 
+from .protocol import Member, WorkItem
 from .policies import Backup, ControllerView, Policy, Restart, Running, SetBatchScale
 from .shards import Attempt, ShardQueue
 
 if TYPE_CHECKING:
     from .job import JobState
 
-#: a work item holds about this much shard work by the worker's measured step time; below
-#: ``BackupPolicy.min_s``, so a batch's waiting members never look late to the backup policy
+#: a work item holds at least this much shard work by the worker's measured step time (and at least
+#: the worker's share of the pass: ``Dispatch.pass_share``)
 BATCH_TARGET_S = 0.01
 #: at most this many shard attempts in one work item
 MAX_BATCH = 64
+#: a worker's share of a pass goes in items of at most about this much work by its step time: a
+#: commit is the job's visible progress (the stall watch, the dashboard), so one comes this often
+SHARE_MAX_S = 2.0
 #: a straggler is left out of a pass's tail only where that saves at least this long (seconds): for
 #: steps of microseconds the hand-out noise, and moving the shard's data to another worker, cost more
 HOLD_BACK_MIN_S = 0.005
@@ -41,11 +45,20 @@ class RunningAttempts:
     attempt), the longest running first, each built when it is read: the backup policy, asked on
     every idle poll at a pass's tail, reads the oldest few it may back up and stops (a list of every
     running attempt per poll is O(W) a decision; so is skipping, one by one, the shards that have all
-    the attempts they may have: ``longest_running`` does not look at them)."""
+    the attempts they may have: ``longest_running`` does not look at them).
 
-    def __init__(self, queue: ShardQueue, now: float):
+    ``waiting``: an attempt that is a batch member which may not have started is not shown (its
+    shard shows its next attempt, if any). ``pace``: how many attempts the item of a worker holds;
+    an attempt's time is shown divided by it. The order stays by start time, so with batches of
+    different sizes a policy that stops at the first attempt that is not late may look again at
+    its next poll before it sees a later one (it backs up the earlier one first as it ages)."""
+
+    def __init__(self, queue: ShardQueue, now: float, waiting: Callable[[Attempt], bool] | None = None,
+                 pace: Callable[[str], int] | None = None):
         self.queue = queue
         self.now = now
+        self.waiting = waiting
+        self.pace = pace
 
     def __iter__(self) -> Iterator[Running]:
         return self.longest_running()
@@ -53,10 +66,19 @@ class RunningAttempts:
     def longest_running(self, fewer_attempts_than: int | None = None) -> Iterator[Running]:
         """The running shards (with fewer than ``fewer_attempts_than`` attempts started this pass), the
         longest running first."""
-        queue, now = self.queue, self.now
+        queue, now, waiting = self.queue, self.now, self.waiting
         for a in queue.longest_running(fewer_attempts_than):
-            yield Running(a.shard, a.worker, now - a.started, queue.attempts_started(a.shard),
-                          tuple(b.worker for b in queue.running_attempts(a.shard)))
+            others = queue.running_attempts(a.shard)
+            if waiting is not None and waiting(a):
+                shown = [b for b in others if not waiting(b)]
+                if not shown:
+                    continue
+                a = min(shown, key=lambda b: (b.started, b.attempt))
+            elapsed = now - a.started
+            if self.pace is not None:
+                elapsed /= self.pace(a.worker)
+            yield Running(a.shard, a.worker, elapsed, queue.attempts_started(a.shard),
+                          tuple(b.worker for b in others))
 
     def __len__(self) -> int:
         return self.queue.n_doing
@@ -157,14 +179,28 @@ class Dispatch:
 
     def batch_size(self, worker: str) -> int:
         """How many of its own shards ``worker`` gets in one work item: enough to run about
-        ``BATCH_TARGET_S`` by its measured step time (one before it has one). A short step then
-        costs one commit per batch, not one per shard. A batch does not pin its shards: members
-        not started yet are released to an idle worker (``releasable``), so dynamic sharding still
-        moves work away from a worker that suddenly slows down."""
+        ``BATCH_TARGET_S`` by its measured step time, and under BSP at least its share of the pass
+        (``pass_share``, up to ``SHARE_MAX_S`` of steps); one before it has a step time. A short step then costs one commit per
+        batch, not one per shard, and k long ones a clock one commit, not k. A batch does not pin
+        its shards: members not started yet are released to an idle worker (``releasable``), so
+        dynamic sharding still moves work away from a worker that suddenly slows down."""
         step = self.job.monitor.mean_step(worker)
         if step is None:
             return 1
-        return max(1, min(MAX_BATCH, int(BATCH_TARGET_S / step)))
+        # under SSP a shard's commit is what lets its next clock start and the window move on: a batch
+        # committed at its end would hold them back, so there a batch is sized by time only
+        share = min(self.pass_share(worker, step), int(SHARE_MAX_S / step)) if self.job.consistency == "bsp" else 0
+        return max(1, min(MAX_BATCH, max(int(BATCH_TARGET_S / step), share)))
+
+    def pass_share(self, worker: str, step: float) -> int:
+        """How many of a pass's shards ``worker`` runs by its speed's share of the live workers'
+        (one not measured yet counted as fast as it): a worker with k shards a clock gets them in
+        one item, so they cost one grant and one commit, not k. A slow worker's share is small,
+        and members it has not started are released to a worker that runs out (``ask_back``)."""
+        monitor, speed = self.job.monitor, 1.0 / step
+        unmeasured = max(0, len(self.job.workers) - monitor.n_measured())
+        total = monitor.total_speed() + unmeasured * speed
+        return round(len(self.job.queue.active) * speed / total) if total > 0 else 1
 
     def live(self, shard: int, attempt: int, worker: str) -> bool:
         """Whether that attempt may still commit (not beaten, failed or given back): a lost-race stop
@@ -210,27 +246,36 @@ class Dispatch:
 
     def item(self, batch: list[Attempt], rebuild: bool) -> dict:
         """The work item message for ``batch`` (its first member's worker runs them in order)."""
-        shards = []
-        for a in batch:
-            member = {"shard": a.shard, "attempt": a.attempt, "fetch_from": a.fetch_from,
-                      "backup": a.backup, "phase": self.job.cfg.phase_names[self.job.queue.phase_of(a.shard)] or None}
-            entry = self.job.losses.restore_state.get(a.shard)
-            if entry is not None:
-                member["state_file"] = entry
-            shards.append(member)
+        job = self.job
+        members = [Member(a.shard, a.attempt, a.fetch_from, a.backup,
+                          job.cfg.phase_names[job.queue.phase_of(a.shard)] or None, job.losses.restore_state.get(a.shard))
+                   for a in batch]
         self.items_handed += 1
         self.item_of[batch[0].worker] = self.items_handed
-        item = {"op": "rebuild" if rebuild else "shard", "job": self.job.cfg.job_id, "item": self.items_handed,
-                "clock": self.job.clock, "run": self.job.run_id, "owners": self.job.pmap.to_msg(),
-                "batch_scale": self.batch_scale.get(batch[0].worker, 1.0), "shards": shards}
-        if rebuild and self.job.losses.restored_rows:
-            item["restored"] = {t: [list(r) for r in rs] for t, rs in self.job.losses.restored_rows.items()}
-        return item
+        restored = ({t: [list(r) for r in rs] for t, rs in job.losses.restored_rows.items()}
+                    if rebuild and job.losses.restored_rows else None)
+        return WorkItem("rebuild" if rebuild else "shard", job.cfg.job_id, self.items_handed, job.clock, job.run_id,
+                        job.pmap.to_msg(), members, self.batch_scale.get(batch[0].worker, 1.0), restored).to_msg()
 
     def view(self, workers: list[str], now: float, idle_worker: str | None = None) -> ControllerView:
-        """What a straggler policy sees (``dscar.policies``)."""
-        return ControllerView(self.job.clock, workers, self.job.queue.n_todo, RunningAttempts(self.job.queue, now),
+        """What a straggler policy sees (``dscar.policies``). Batch members that may not have started
+        (``batched``) are not shown running: they wait behind their batch's earlier members, and an
+        idle worker asks them back (``ask_back``) rather than back them up; asked once, they show.
+        An attempt of a batch of n commits with the batch's last: its time is shown as the item's
+        pace (the item's time over n), so it looks late once the item has run k times n steps, not
+        k steps (else every batch's first member would look late before its batch could end)."""
+        return ControllerView(self.job.clock, workers, self.job.queue.n_todo,
+                              RunningAttempts(self.job.queue, now, self._waiting, self._item_size),
                               self.job.monitor, self.stragglers, idle_worker)
+
+    def _waiting(self, a: Attempt) -> bool:
+        """``a`` is a member of a batch that may not have started yet."""
+        return (a.shard, a.attempt) in self.batched.get(a.worker, ())
+
+    def _item_size(self, worker: str) -> int:
+        """How many attempts the shard-pass item ``worker`` is running holds (1: none, or one)."""
+        running = self.running_items.get(worker)
+        return max(1, running[1]) if running is not None else 1
 
     def idle_policies(self, worker: str, now: float) -> Attempt | None:
         """``worker`` is idle: a backup attempt an idle-time policy starts for it (None: none)."""

@@ -37,6 +37,7 @@ from .monitor import ThroughputMonitor
 from .partitions import PartitionMap, by_owner
 from .policies import Policy, make_policies
 from .progress import ProgressLine
+from .protocol import handler_name
 
 logger = logging.getLogger("dscar.driver")
 
@@ -423,11 +424,11 @@ class _Run:
         return self._pool(address)
 
     async def _call_worker(self, address: str, op: str, **kw) -> Any:
-        return await getattr(await self._worker(address), f"dscar_{op}")(token=self.token, **kw)
+        return await getattr(await self._worker(address), handler_name(op))(token=self.token, **kw)
 
     async def _scall(self, op: str, **kw) -> Any:
         """The coordinator's handler ``dscar_<op>`` about this job (with its token: it renews the lease)."""
-        return await getattr(self.client.scheduler, f"dscar_{op}")(job_id=self.job_id, token=self.token, **kw)
+        return await getattr(self.client.scheduler, handler_name(op))(job_id=self.job_id, token=self.token, **kw)
 
     async def _start_renewing(self, lease_s: float) -> None:
         self._renewing = asyncio.ensure_future(self._renew(lease_s / 3))

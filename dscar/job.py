@@ -200,6 +200,18 @@ class JobState:
         """An attempt asks to commit: whether it is granted, and what follows (``Schedule.commit``)."""
         return self.schedule.commit(worker, clock, run_id, shard, attempt, now, timings, rebuild)
 
+    def commit_many(self, worker: str, run_id: int, finished: list[tuple[int, int, int, dict | None]], now: float,
+                    rebuild: bool = False) -> tuple[list[bool], list[Effect]]:
+        """Several attempts of one worker ask to commit in one message (``protocol.Commit``):
+        ``(clock, shard, attempt, timings)`` each, decided in order as ``commit`` decides one."""
+        granted: list[bool] = []
+        effects: list[Effect] = []
+        for clock, shard, attempt, timings in finished:
+            ok, more = self.commit(worker, clock, run_id, shard, attempt, now, timings, rebuild)
+            granted.append(ok)
+            effects += more
+        return granted, effects
+
     def attempt_failed(self, worker: str, clock: int, run_id: int, shard: int, attempt: int, error: str,
                        now: float, lost_data: bool = False, seconds: float = 0.0, stopped: bool = False) -> None:
         """An attempt raised after ``seconds`` of work, or stopped as a lost race (``Schedule.attempt_failed``)."""

@@ -36,6 +36,7 @@ from .inflight import PeerUnreachable
 from .ledger import INITIAL_STATE
 from .mirror_store import MirrorStore, shard_key
 from .partition_store import PartitionStore, touched_parts
+from .protocol import Commit, CommitAnswer, Finished, Stopped, WorkItem
 from .pull_cache import SMALL, PullCache
 from .partitions import TableLayout, by_owner
 from .shard_store import ShardEntry, ShardStore
@@ -139,9 +140,10 @@ class RunnerHost(Protocol):
 class ShardRunner:
     """Runs the work items the coordinator hands this worker, on a thread of its own."""
 
-    def __init__(self, host: RunnerHost, poll_timeout: float = 1.0):
+    def __init__(self, host: RunnerHost, poll_timeout: float | None = None):
         self.host = host
-        #: seconds a ``dscar_next`` long poll waits for work
+        #: seconds a ``dscar_next`` long poll waits for work (None: the coordinator's
+        #: ``idle_poll_timeout``, scaled to Dask's heartbeat interval)
         self.poll_timeout = poll_timeout
         #: guards the release bookkeeping below and a job's per-item fields (owners, pull cache)
         self._lock = threading.RLock()
@@ -210,10 +212,9 @@ class ShardRunner:
     def _run_shards(self, item: dict) -> dict | None:
         """Run a work item's attempts, then commit those that succeeded in one message; return
         the next work item the commit's answer carried (None: ask)."""
-        common = {k: v for k, v in item.items() if k != "shards"}
-        attempts = [{**common, **member} for member in item["shards"]]
-        commits = []
-        stopped = []  # attempts stopped as lost races (``LostRace``): the coordinator hears of them
+        attempts = WorkItem.from_msg(item).attempts()
+        commits: list[Finished] = []
+        stopped: list[Stopped] = []  # attempts stopped as lost races (``LostRace``): the coordinator hears of them
         staged: dict[tuple[int, int], list] = {}  # (shard, clock) -> the updates its attempt staged here
         with self._lock:  # the members after the first may be released to another worker until they start
             early = self._take_up(item)
@@ -235,14 +236,12 @@ class ShardRunner:
                 except LostRace as e:
                     logger.debug("dscar shard %s clock %s: attempt %s stopped: %s", a["shard"], a["clock"],
                                  a["attempt"], e)
-                    stopped.append({"shard": a["shard"], "attempt": a["attempt"], "clock": a["clock"],
-                                    "seconds": time.perf_counter() - began})
+                    stopped.append(Stopped(a["shard"], a["attempt"], a["clock"], time.perf_counter() - began))
                     continue
                 if done is not None:
                     timings, staged[a["shard"], a["clock"]] = done
-                    commits.append({"shard": a["shard"], "attempt": a["attempt"], "clock": a["clock"],
-                                    "timings": timings, "parts": touched_parts(staged[a["shard"], a["clock"]], {
-                                        t: lay.n_parts for t, lay in job.layouts.items()})})
+                    commits.append(Finished(a["shard"], a["attempt"], a["clock"], timings, touched_parts(
+                        staged[a["shard"], a["clock"]], {t: lay.n_parts for t, lay in job.layouts.items()})))
         except _Stopped:
             return None
         except Exception as e:  # the job is unknown here: every attempt failed
@@ -253,19 +252,20 @@ class ShardRunner:
             given_back, self._given_back = self._given_back, []
         if not commits and not given_back and not stopped:
             return None
+        commit = Commit(item["job"], item["clock"], item["run"], self.host.address, commits, item["op"] == "rebuild",
+                        given_back, stopped)
         try:
-            r = self.host.call("commit", job_id=item["job"], clock=item["clock"], run=item["run"],
-                               worker=self.host.address, commits=commits, rebuild=item["op"] == "rebuild",
-                               released=given_back, stopped=stopped)
+            answer = CommitAnswer.from_msg(self.host.call("commit", **commit.to_msg()))
         except Exception as e:
+            sent = {(c.shard, c.attempt) for c in commits}
             for a in attempts:
-                if any(c["shard"] == a["shard"] and c["attempt"] == a["attempt"] for c in commits):
+                if (a["shard"], a["attempt"]) in sent:
                     self._fail(a, e)
             return None
         if job.ssp and item["op"] == "shard":
-            self._write_back(job, item["run"], [(c["shard"], c["clock"], c["attempt"])
-                                                for c, ok in zip(commits, r["granted"]) if ok], staged)
-        return r.get("next")
+            self._write_back(job, item["run"], [(c.shard, c.clock, c.attempt)
+                                                for c, ok in zip(commits, answer.granted) if ok], staged)
+        return answer.next
 
     def _write_back(self, job: Job, run: int, granted: list[tuple[int, int, int]], staged: dict) -> None:
         """Add this worker's granted SSP updates to its pulled copy (``PullCache.write_back``): its

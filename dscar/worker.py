@@ -34,7 +34,7 @@ import threading
 import time
 import traceback
 from types import ModuleType
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import dask.config
@@ -54,6 +54,7 @@ from .membership import (WORKER_INSTALLING, WORKER_RUN_WRITES, Rule, key_digest,
 from .mirror_store import part_key, shard_key
 from .partition_store import PartitionStore
 from .partitions import TableLayout
+from .protocol import handler_name
 from .runner import Job, ShardRunner
 from .shard_store import ShardEntry, ShardStore
 from .xp import select_namespace, to_host
@@ -78,7 +79,7 @@ class ParamServer(WorkerPlugin):
     name = PLUGIN_NAME
     idempotent = True
 
-    def __init__(self, poll_timeout: float = 1.0):
+    def __init__(self, poll_timeout: float | None = None):
         self.poll_timeout = poll_timeout
 
     # ------------------------------------------------------------ lifecycle
@@ -105,10 +106,8 @@ class ParamServer(WorkerPlugin):
         #: (job, pass tag) -> the answer of this worker's combine step of that pass (``_combine``),
         #: once the apply message that names it came; a parent's fetch may come first and waits
         self._combines: dict[tuple[str, tuple[int, int]], asyncio.Future] = {}
-        for op in ("init", "warm_up", "pull", "fetch_staged", "fetch_combined", "apply", "assign", "put_shard", "copy_shard", "end_job", "info", "adopt", "adopt_shard", "lend",
-                   "checkpoint", "restore", "forget", "perturbation", "peer_lost", "peer_joined", "release", "pull_many", "summarize", "mirror",
-                   "keep_mirror", "get_mirror", "stack", "confirm_key"):
-            worker.handlers[f"dscar_{op}"] = self._guarded(op, getattr(self, f"_h_{op}"))
+        for op, handler in self.handlers().items():
+            worker.handlers[handler_name(op)] = self._guarded(op, handler)
         #: (job, table, part) -> a partition copied here for a join, owned from its switch (``adopt``)
         self._incoming: dict[tuple[str, str, int], np.ndarray] = {}
         #: (job, table, part) -> what this owner lent a joiner, until the switch asks what changed since
@@ -116,6 +115,27 @@ class ParamServer(WorkerPlugin):
         self.runner = ShardRunner(self, self.poll_timeout)
         self._thread = threading.Thread(target=self.runner.loop, name="dscar-loop", daemon=True)
         self._thread.start()
+
+    def handlers(self) -> dict[str, Callable]:
+        """This worker's handlers by op (Dask's name: ``protocol.handler_name``); each one's caller
+        rule is ``membership.worker_rule(op)``."""
+        return {
+            # a job's partitions and shards: set-up, pulls, a pass's apply, clock-end writes, moves
+            "init": self._h_init, "warm_up": self._h_warm_up, "pull": self._h_pull, "pull_many": self._h_pull_many,
+            "summarize": self._h_summarize, "fetch_staged": self._h_fetch_staged, "fetch_combined": self._h_fetch_combined,
+            "apply": self._h_apply,
+            "assign": self._h_assign, "put_shard": self._h_put_shard, "copy_shard": self._h_copy_shard,
+            "adopt": self._h_adopt, "adopt_shard": self._h_adopt_shard, "lend": self._h_lend, "end_job": self._h_end_job,
+            # checkpoints, restores, memory copies, simulated losses
+            "checkpoint": self._h_checkpoint, "restore": self._h_restore, "forget": self._h_forget,
+            "perturbation": self._h_perturbation, "mirror": self._h_mirror, "keep_mirror": self._h_keep_mirror,
+            "get_mirror": self._h_get_mirror,
+            # the shard runner's batch (``protocol``): members given back unstarted
+            "release": self._h_release,
+            # liveness, peers, keys
+            "info": self._h_info, "stack": self._h_stack, "peer_lost": self._h_peer_lost,
+            "peer_joined": self._h_peer_joined, "confirm_key": self._h_confirm_key,
+        }
 
     def teardown(self, worker) -> None:
         self._stop_all()
@@ -201,7 +221,7 @@ class ParamServer(WorkerPlugin):
             out = handler(**kw)
             return (await out) if inspect.isawaitable(out) else out
 
-        guarded.__name__ = guarded.__qualname__ = f"dscar_{op}"
+        guarded.__name__ = guarded.__qualname__ = handler_name(op)
         return guarded
 
     async def _run_refusal(self, job: Job, run: object) -> str | None:
@@ -224,9 +244,9 @@ class ParamServer(WorkerPlugin):
         """The answer to a refused call, once the coordinator has its ``forged-call`` event."""
         logger.warning("dscar: refused dscar_%s from %s: %s", op, caller, why)
         if job is not None:
-            await self._areport(job, job.clock_seen, "forged-call", {"handler": f"dscar_{op}", "caller": caller,
+            await self._areport(job, job.clock_seen, "forged-call", {"handler": handler_name(op), "caller": caller,
                                                                       "reason": why})
-        return error_message(RefusedCallError(f"dscar_{op} refused on {self.address}: {why}"), status="uncaught-error")
+        return error_message(RefusedCallError(f"{handler_name(op)} refused on {self.address}: {why}"), status="uncaught-error")
 
     def _h_confirm_key(self, digest: str) -> dict:
         """Whether this process holds the key whose hash is ``digest`` (the coordinator asks before
@@ -249,7 +269,7 @@ class ParamServer(WorkerPlugin):
 
     async def _acall(self, op: str, **kw) -> Any:
         """The scheduler's handler ``dscar_<op>``, as this worker: with its key and the job's token."""
-        return await getattr(self.worker.scheduler, f"dscar_{op}")(key=self.key, **self._signed(kw))
+        return await getattr(self.worker.scheduler, handler_name(op))(key=self.key, **self._signed(kw))
 
     # ------------------------------------------------------------- handlers
     async def _h_warm_up(self, job_id: str) -> dict:
@@ -870,7 +890,7 @@ class ParamServer(WorkerPlugin):
         stall the attempt, and its clock, for ``rpc_timeout()`` seconds). ``deadline``: seconds, when
         the answer waits on further messages (an apply tree's combine steps below ``address``)."""
         await self._peers_started
-        return await self._inflight.call(address, getattr(self.peers(address), f"dscar_{op}")(**self._signed(kw)),
+        return await self._inflight.call(address, getattr(self.peers(address), handler_name(op))(**self._signed(kw)),
                                          rpc_timeout() if deadline is None else deadline)
 
     def _h_peer_lost(self, address: str, generation: int) -> dict:

@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[1]
 #: modules that decide, or hold data, without Dask (the control plane's pure core first)
 PURE = [
     "dscar.clock", "dscar.ssp", "dscar.shards", "dscar.job", "dscar.schedule", "dscar.effects", "dscar.ledger", "dscar.events",
-    "dscar.tally", "dscar.losses", "dscar.checkpoint_plan", "dscar.dispatch",
+    "dscar.tally", "dscar.losses", "dscar.checkpoint_plan", "dscar.dispatch", "dscar.protocol",
     "dscar.monitor", "dscar.policies", "dscar.liveness", "dscar.elastic", "dscar.partitions", "dscar.intervals", "dscar.stall",
     "dscar.report", "dscar.validation", "dscar.errors", "dscar.checkpoint", "dscar.wire", "dscar.inflight",
     "dscar.faults", "dscar.algorithm", "dscar.data", "dscar.results", "dscar.estimator", "dscar.progress",

@@ -1,0 +1,216 @@
+"""The messages between the coordinator and the workers' shard runners, typed (no Dask here).
+
+A worker's runner asks for work (``dscar_next``, a long poll) and gets a work item: a batch of one
+or more shard attempts (``WorkItem``, ``op`` "shard" or "rebuild"), a clock-end step
+(``ClockEndItem``) or ``idle``. It runs the batch's attempts, then sends one ``Commit`` naming every
+attempt that finished (``Finished``), those stopped as lost races (``Stopped``) and the members it
+gave back unstarted; the ``CommitAnswer`` says which were granted and carries its next work item.
+So a worker with k shards a clock costs about one grant and one commit, not k of each.
+
+On the wire every message is a plain dict of ints, strings, lists and dicts (msgpack); the classes
+here are what each side builds and reads: ``to_msg`` at the sending edge, ``from_msg`` at the
+receiving one, and the wire stays what it was. (The apply message is not typed here yet.)
+
+The handler tables (``Coordinator.handlers``, ``ParamServer.handlers``) name each handler by its op;
+``handler_name`` is the one place that makes Dask's handler name of it.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+#: the prefix of every dscar handler on the scheduler and the workers
+PREFIX = "dscar_"
+
+#: the answer of a long poll that found nothing to do
+IDLE: dict[str, str] = {"op": "idle"}
+
+
+def handler_name(op: str) -> str:
+    """Dask's name of the dscar handler ``op`` (``next`` -> ``dscar_next``)."""
+    return PREFIX + op
+
+
+@dataclass
+class Member:
+    """One shard attempt of a work item."""
+
+    shard: int
+    attempt: int
+    #: the worker to copy the shard's data from (None: it is here)
+    fetch_from: str | None = None
+    #: a backup attempt (the shard's primary still runs)
+    backup: bool = False
+    #: the name of the data phase the shard belongs to (None: the model has one)
+    phase: str | None = None
+    #: where a recovery restores the shard's state from (a checkpoint entry), if it does
+    state_file: Any = None
+    #: under SSP, the clock of this attempt, the newest own update it has seen, and whether its writer is it
+    clock: int | None = None
+    seen: Any = None
+    mine: bool | None = None
+
+    _OPTIONAL = ("state_file", "clock", "seen", "mine")
+
+    def to_msg(self) -> dict[str, Any]:
+        msg = {"shard": self.shard, "attempt": self.attempt, "fetch_from": self.fetch_from, "backup": self.backup,
+               "phase": self.phase}
+        msg.update((k, getattr(self, k)) for k in self._OPTIONAL if getattr(self, k) is not None)
+        return msg
+
+    @classmethod
+    def from_msg(cls, msg: dict[str, Any]) -> "Member":
+        return cls(int(msg["shard"]), int(msg["attempt"]), msg.get("fetch_from"), bool(msg.get("backup", False)),
+                   msg.get("phase"), *(msg.get(k) for k in cls._OPTIONAL))
+
+
+@dataclass
+class WorkItem:
+    """A batch of shard attempts for one worker, run in order (``op``: "shard", or "rebuild" for a
+    rebuild pass). Members not started yet may be given back (``dscar_release``)."""
+
+    op: str
+    job: str
+    #: the item's id (counts up per job): a release names it
+    item: int
+    clock: int
+    run: int
+    #: ``[table, part, owner]`` of every partition
+    owners: list
+    shards: list[Member]
+    #: this worker's share of a fixed global batch (adaptive batch policy)
+    batch_scale: float = 1.0
+    #: in a rebuild pass, table -> row ranges a recovery restored
+    restored: dict | None = None
+    #: under SSP: the window's version, its floor and the oldest clock the batch may read
+    version: int | None = None
+    floor: int | None = None
+    read_floor: int | None = None
+    #: where restored shard states are read from, when a member has a ``state_file``
+    ckpt_url: str | None = None
+    storage_options: dict | None = None
+
+    _OPTIONAL = ("restored", "version", "floor", "read_floor", "ckpt_url", "storage_options")
+
+    def to_msg(self) -> dict[str, Any]:
+        msg = {"op": self.op, "job": self.job, "item": self.item, "clock": self.clock, "run": self.run,
+               "owners": self.owners, "batch_scale": self.batch_scale, "shards": [m.to_msg() for m in self.shards]}
+        msg.update((k, getattr(self, k)) for k in self._OPTIONAL if getattr(self, k) is not None)
+        return msg
+
+    @classmethod
+    def from_msg(cls, msg: dict[str, Any]) -> "WorkItem":
+        return cls(msg["op"], msg["job"], int(msg["item"]), int(msg["clock"]), int(msg["run"]), msg["owners"],
+                   [Member.from_msg(m) for m in msg["shards"]], float(msg.get("batch_scale", 1.0)),
+                   *(msg.get(k) for k in cls._OPTIONAL))
+
+    def attempts(self) -> list[dict[str, Any]]:
+        """Each member with the item's fields, as the runner runs it (a member's own ``clock``
+        under SSP wins over the item's)."""
+        common = {k: v for k, v in self.to_msg().items() if k != "shards"}
+        return [{**common, **m.to_msg()} for m in self.shards]
+
+
+@dataclass
+class ClockEndItem:
+    """The clock-end step of ``clock`` (under SSP, of the window's ``version``)."""
+
+    job: str
+    clock: int
+    run: int
+    owners: list
+    version: int | None = None
+    op: str = "clock_end"
+
+    def to_msg(self) -> dict[str, Any]:
+        msg = {"op": self.op, "job": self.job, "clock": self.clock, "run": self.run, "owners": self.owners}
+        if self.version is not None:
+            msg["version"] = self.version
+        return msg
+
+    @classmethod
+    def from_msg(cls, msg: dict[str, Any]) -> "ClockEndItem":
+        return cls(msg["job"], int(msg["clock"]), int(msg["run"]), msg["owners"], msg.get("version"))
+
+
+@dataclass
+class Finished:
+    """An attempt that ran to its end and staged its results: it asks to commit."""
+
+    shard: int
+    attempt: int
+    clock: int
+    #: seconds by part of the step (``data_s``, ``pull_s``, ``compute_s``, ...)
+    timings: dict | None = None
+    #: table -> the partitions its updates touched (None: every one): owners fetch only from stagers
+    parts: dict | None = None
+
+    def to_msg(self) -> dict[str, Any]:
+        return {"shard": self.shard, "attempt": self.attempt, "clock": self.clock, "timings": self.timings,
+                "parts": self.parts}
+
+    @classmethod
+    def from_msg(cls, msg: dict[str, Any], clock: int) -> "Finished":
+        return cls(int(msg["shard"]), int(msg["attempt"]), int(msg.get("clock", clock)), msg.get("timings"),
+                   msg.get("parts"))
+
+
+@dataclass
+class Stopped:
+    """An attempt that stopped as a lost race after ``seconds`` (another attempt of its shard won)."""
+
+    shard: int
+    attempt: int
+    clock: int
+    seconds: float = 0.0
+
+    def to_msg(self) -> dict[str, Any]:
+        return {"shard": self.shard, "attempt": self.attempt, "clock": self.clock, "seconds": self.seconds}
+
+    @classmethod
+    def from_msg(cls, msg: dict[str, Any]) -> "Stopped":
+        return cls(int(msg["shard"]), int(msg["attempt"]), int(msg["clock"]), float(msg.get("seconds", 0.0)))
+
+
+@dataclass
+class Commit:
+    """One worker's commit of a work item's attempts (``dscar_commit``): what finished, what stopped,
+    and the members it gave back unstarted (``[shard, attempt]``)."""
+
+    job_id: str
+    clock: int
+    run: int
+    worker: str
+    commits: list[Finished] = field(default_factory=list)
+    #: the item was of a rebuild pass
+    rebuild: bool = False
+    released: list = field(default_factory=list)
+    stopped: list[Stopped] = field(default_factory=list)
+
+    def to_msg(self) -> dict[str, Any]:
+        """The handler's keyword arguments."""
+        return {"job_id": self.job_id, "clock": self.clock, "run": self.run, "worker": self.worker,
+                "commits": [c.to_msg() for c in self.commits], "rebuild": self.rebuild,
+                "released": [list(m) for m in self.released], "stopped": [s.to_msg() for s in self.stopped]}
+
+    @classmethod
+    def from_msg(cls, job_id: str, clock: int, run: int, worker: str, commits: list, rebuild: bool = False,
+                 released: list | None = None, stopped: list | None = None) -> "Commit":
+        return cls(job_id, int(clock), int(run), worker, [Finished.from_msg(c, int(clock)) for c in commits],
+                   bool(rebuild), [[int(s), int(a)] for s, a in released or ()],
+                   [Stopped.from_msg(s) for s in stopped or ()])
+
+
+@dataclass
+class CommitAnswer:
+    """Which of a commit's attempts were granted (in order), and the worker's next work item (None: it asks)."""
+
+    granted: list[bool]
+    next: dict | None = None
+
+    def to_msg(self) -> dict[str, Any]:
+        return {"granted": list(self.granted), "next": self.next}
+
+    @classmethod
+    def from_msg(cls, msg: dict[str, Any]) -> "CommitAnswer":
+        return cls([bool(g) for g in msg["granted"]], msg.get("next"))
