@@ -676,7 +676,7 @@ class MF(dscar.EstimatorMixin):
                 raise InvalidInputError(f"the ratings DataFrame has no column(s) {missing} (its columns: "
                                         f"{list(X.columns)}); name them with MF(columns=(user, item, rating))")
             df = X[list(names)]
-            if dscar.data.is_dask(df):
+            if dscar.api.data.is_dask(df):
                 # e.g. dd.read_parquet: ALS groups the ratings by user and by item, so the three
                 # columns come to the driver (24 bytes a rating)
                 df = self._compute_small(df)

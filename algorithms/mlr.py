@@ -59,7 +59,7 @@ from sklearn.base import ClassifierMixin
 
 import dscar
 from dscar import Algorithm, DataMeta, InvalidInputError, TableSpec, check_indices
-from dscar.estimator import check_features
+from dscar.api.estimator import check_features
 
 SCHEDULES = ("constant", "inverse")
 MODES = ("local", "gradient")
@@ -377,7 +377,7 @@ class MLR(ClassifierMixin, dscar.EstimatorMixin):
         return tags
 
     def fit(self, X, y) -> "MLR":
-        if dscar.data.is_dask(y):  # the labels stay on the cluster: only their distinct values come here
+        if dscar.api.data.is_dask(y):  # the labels stay on the cluster: only their distinct values come here
             import dask.array as da
 
             X = check_features(self, X, reset=True)

@@ -85,8 +85,8 @@ def run_child(model: str, argv: list[str], workers: int) -> dict[str, Any]:
     """One fit in this process (the parent set ``DSCAR_DEVICE``): what the table and the JSON need."""
     from distributed import Client, LocalCluster
 
-    from dscar.cli import build_parser, load_models
-    from dscar.driver import fit
+    from dscar.api.cli import build_parser, load_models
+    from dscar.api.driver import fit
 
     models = load_models()
     args = build_parser(models).parse_args(["run", *argv, "--workers", str(workers), "--no-progress"])

@@ -258,7 +258,7 @@ def probe_child(consistency: str, deadline: float) -> None:
 
     from dscar.algorithms import corpora
     from dscar.algorithms.lda import LDAGibbs, lda_data
-    from dscar.driver import fit
+    from dscar.api.driver import fit
 
     faulthandler.dump_traceback_later(deadline, exit=True)
     X = corpora.synthetic(PROBE["docs"], PROBE["vocab"], PROBE["length"], PROBE["K"], seed=0).X

@@ -67,7 +67,7 @@ HANG_INTERVALS, HANG_SLACK_S = 2, 2.0  # a hung worker found within 2 heartbeat 
 ROOT = Path(__file__).resolve().parents[1]
 #: the Dask settings of every process of the harness: dscar's embedded-cluster settings (no
 #: profiler, a 200 ms tick) and its worker ttl, so the workers behave as dscar.Cluster's do
-DASK_CONFIG = {**dscar.cluster.EMBEDDED_CONFIG, "distributed.scheduler.worker-ttl": dscar.cluster.DEFAULT_WORKER_TTL}
+DASK_CONFIG = {**dscar.api.cluster.EMBEDDED_CONFIG, "distributed.scheduler.worker-ttl": dscar.api.cluster.DEFAULT_WORKER_TTL}
 
 
 class HollowStep(SleepStep):

@@ -42,7 +42,7 @@ import numpy as np  # noqa: E402
 import dscar  # noqa: E402
 from bench.common import machine_info, pyplot, write_json  # noqa: E402
 from bench.recovery import WIDTH, SparseTouch  # noqa: E402
-from dscar.intervals import expected_waste, young_daly_s  # noqa: E402
+from dscar.core.intervals import expected_waste, young_daly_s  # noqa: E402
 
 
 def one_fit(setting: str, mb: float, n_workers: int, clocks: int, mtbf: float, ckpt_dir: str | None) -> dict[str, Any]:

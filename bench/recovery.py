@@ -91,7 +91,7 @@ def one_fit(mb: float, n_workers: int, clocks: int, kill_clock: int | None, memo
         out["restored"] = [{k: e.get(k) for k in ("part", "tier", "memory_clock", "version")} for e in restored]
         # the perturbation SCAR's bound is about, measured exactly: every clock adds m(r) to row r
         # (m: how often r is named), so a row's final value tells how many clocks of progress it lost
-        from dscar.partitions import row_bounds
+        from dscar.core.partitions import row_bounds
 
         m = np.bincount(data["idx"], minlength=table_rows).astype(np.float64)
         w = res.params["w"][:, 0]

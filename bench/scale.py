@@ -47,7 +47,7 @@ MODES = {"bsp": ("bsp", False), "bsp+backup": ("bsp", True), "ssp+backup": ("ssp
 
 def scenario(workers: int, consistency: str, clocks: int, seed: int = 0, backup: bool = True) -> SimConfig:
     """W workers, 4 shards each, 1 s steps (a clock takes about 4.5 s), 1 in 32 workers 4x slower, a
-    crash in clock 1, a join after it, a hang in clock 2 (found in clock 3: ``dscar.liveness``)."""
+    crash in clock 1, a join after it, a hang in clock 2 (found in clock 3: ``dscar.core.liveness``)."""
     return SimConfig(workers, clocks=clocks, consistency=consistency, staleness=1, step_s=1.0,
                      stragglers=max(1, workers // 32), losses=[(2.2, workers // 3)], hangs=[(5.5, 2 * workers // 3)],
                      joins=[2.5], seed=seed, policies=("backup",) if backup else ())

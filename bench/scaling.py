@@ -4,7 +4,7 @@ What it measures
 ----------------
 For each case, an embedded cluster of 1 worker process and one of 2 (one thread each, BLAS and
 numba pinned to 1 thread) fit the same model on the same data with the engine's default shard
-count (``dscar.driver.default_n_shards``; ``--shards-per-worker N`` fixes it):
+count (``dscar.api.driver.default_n_shards``; ``--shards-per-worker N`` fixes it):
 
 * ``lda``  LDA, K = 200 (20 with ``--quick``), on the ``lda`` package's Reuters corpus;
 * ``als``  ALS, rank 20, on 70k generated ratings (3k users x 1k items; 20k with ``--quick``);
@@ -110,7 +110,7 @@ def _data(case: Case, data: Any, n_workers: int, spw: int | None) -> tuple[Any, 
 
         train, test, nu, ni = data
         if spw is None:  # ratings_data needs a count: the engine's default for one phase's data
-            from dscar.driver import _data_size, default_n_shards
+            from dscar.api.driver import _data_size, default_n_shards
 
             spw_n = default_n_shards(n_workers, *_data_size({"row": train[0], "col": train[1], "rating": train[2]}))
         else:

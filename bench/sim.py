@@ -1,12 +1,12 @@
 """A discrete-event simulation of the control plane's pure core at W workers (no Dask here).
 
-It drives the real ``dscar.job.JobState`` (with its BSP or SSP schedule, ``dscar.schedule``), with the real
+It drives the real ``dscar.core.job.JobState`` (with its BSP or SSP schedule, ``dscar.core.schedule``), with the real
 shard queue, partition map, checkpoint ledger, monitor and policies, through the calls
-``dscar.coordinator.Coordinator`` makes, in the order it makes them: ``begin`` (driver), ``next_item`` and
+``dscar.scheduler.coordinator.Coordinator`` makes, in the order it makes them: ``begin`` (driver), ``next_item`` and
 ``idle`` (a worker's long poll), ``releasable`` / ``released`` (taking batch members back for an idle
 worker), ``commit`` (a batch's commits, then the worker's next item), ``attempt_failed``, ``applied``
 (after every live worker applied a pass), ``clock_end_done``, ``lose`` (a crash, or a hang found by the
-liveness rule of ``dscar.liveness``), the recovery loop (``start_recovery_round``, ``restored``,
+liveness rule of ``dscar.core.liveness``), the recovery loop (``start_recovery_round``, ``restored``,
 ``end_recovery_round``), ``placed`` and the checkpoint effects (``snapshotted``, ``checkpoint_snapshotted``,
 ``checkpoint_written``, ``published``). Workers are simulated: step times drawn from a log-normal
 around ``step_s``, some workers persistently slower (stragglers), losses, hangs and joins at given
@@ -22,11 +22,11 @@ What it counts, per clock and in all:
   ``begin`` / ``wait`` from the driver;
 * data-plane messages the coordinator's decisions cause: ``fetch_staged`` / ``fetch_combined`` (at
   an apply the owners collect the committed attempts' updates from the workers that ran them,
-  directly or through an aggregation tree, as ``dscar.apply_plan`` plans it), ``pull`` (a worker reads each table's owners once per run id);
+  directly or through an aggregation tree, as ``dscar.core.apply_plan`` plans it), ``pull`` (a worker reads each table's owners once per run id);
 * bytes of the control messages that grow with W (work items carry the partition map; a BSP apply
   carries its worker's own commits, the pass's shards as ranges and its role in the fan-out, an SSP
   one every committed attempt of the batch): estimated from their msgpack-like size;
-* shard-status entries the core touched (``dscar.shards.ShardQueue`` and ``dscar.ssp.ClockWindow``
+* shard-status entries the core touched (``dscar.core.shards.ShardQueue`` and ``dscar.core.ssp.ClockWindow``
   keep them in lists; a counting list counts every read): a machine-independent measure of the work
   per decision, what the tests bound;
 * exactly-once: every update a worker applies is recorded as (clock, shard); a finished clock must
@@ -46,15 +46,15 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from dscar.apply_plan import plan_apply, shard_ranges
+from dscar.core.apply_plan import plan_apply, shard_ranges
 from dscar.checkpoint import CheckpointConfig
-from dscar.clock import Stage
-from dscar.job import ApplyPass, Checkpoint, JobConfig, JobState, Mirror, RestartWorker, StartRecovery
-from dscar.liveness import silence_limit
-from dscar.monitor import ThroughputMonitor
-from dscar.partitions import PartitionMap, TableLayout
-from dscar.policies import make_policies
-from dscar.shards import ShardQueue
+from dscar.core.clock import Stage
+from dscar.core.job import ApplyPass, Checkpoint, JobConfig, JobState, Mirror, RestartWorker, StartRecovery
+from dscar.core.liveness import silence_limit
+from dscar.core.monitor import ThroughputMonitor
+from dscar.core.partitions import PartitionMap, TableLayout
+from dscar.core.policies import make_policies
+from dscar.core.shards import ShardQueue
 
 #: Dask's heartbeat interval at n workers (``distributed.scheduler.heartbeat_interval``; copied: no Dask here)
 def heartbeat_interval(n: int) -> float:
@@ -245,7 +245,7 @@ class Sim:
                 break
 
     def _apply(self, e: ApplyPass) -> None:
-        """The apply fan-out as ``Coordinator._apply`` plans it (``dscar.apply_plan``; every attempt
+        """The apply fan-out as ``Coordinator._apply`` plans it (``dscar.core.apply_plan``; every attempt
         here touches every partition, as a data-parallel model's do): direct fetches count as
         ``fetch_staged``, a tree's as ``fetch_combined``; each apply message carries the pass and
         its worker's role."""

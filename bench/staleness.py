@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 
 import dscar
-from dscar.data import as_data
+from dscar.api.data import as_data
 
 from bench.common import load_average, machine_info, pyplot, write_json
 

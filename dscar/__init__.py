@@ -1,10 +1,11 @@
 """dscar: iterative-convergent ML on Dask that keeps training through slow and lost workers."""
-from . import faults, policies, validation
+from . import faults, validation
+from .core import policies
 from .algorithm import Algorithm, ClockContext, DataMeta, ShardContext, StateSpec, TableSpec
 from .checkpoint import CheckpointConfig, CorruptCheckpointError
-from .cluster import Cluster, connect
-from .data import ArrayData, FileData, PhasedData, check_indices
-from .driver import ClockRecord, FitResult, cancel, fit, jobs
+from .api.cluster import Cluster, connect
+from .api.data import ArrayData, FileData, PhasedData, check_indices
+from .api.driver import ClockRecord, FitResult, cancel, fit, jobs
 from .errors import (
     ClusterError,
     ConvergenceWarning,
@@ -14,7 +15,7 @@ from .errors import (
     RefusedCallError,
     ShardFailedError,
 )
-from .estimator import EstimatorMixin
+from .api.estimator import EstimatorMixin
 from .xp import to_host
 
 __all__ = [

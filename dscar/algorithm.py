@@ -149,7 +149,7 @@ class Algorithm:
     #: excepted. 0: every clock is a barrier. A measured property: ``python -m bench.staleness``
     max_staleness: int = 0
     #: its convergence per clock suffers as its data is cut into more shards (AD-LDA's shards of a
-    #: clock sample from the same start): a fit not given ``n_shards`` runs one per worker (``dscar.shard_count``)
+    #: clock sample from the same start): a fit not given ``n_shards`` runs one per worker (``dscar.core.shard_count``)
     shards_cost_quality: bool = False
 
     def validate(self, meta: DataMeta) -> None:

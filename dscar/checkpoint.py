@@ -107,7 +107,7 @@ class CheckpointConfig:
     and buddy are lost together). ``interval``: ``"fixed"`` (a checkpoint every
     ``period`` clocks) or ``"auto"``: every Young/Daly period ``sqrt(2 cost MTBF)``,
     from the checkpoints' measured cost and ``mtbf`` (seconds; None: observed from
-    the job's own losses, and ``period`` until one happens); see ``dscar.intervals``.
+    the job's own losses, and ``period`` until one happens); see ``dscar.core.intervals``.
     ``max_chain``: the most entries a partition's priority chain holds before its
     next save writes it whole; bounds the manifests, the files kept and what a
     restore reads, however long the fit runs.

@@ -45,7 +45,7 @@ class ConvergenceWarning(_SklearnConvergenceWarning):
 
 class RefusedCallError(DscarError, PermissionError):
     """A dscar handler refused a call: it lacked the job's token, or claimed to come from a worker
-    it is not (``dscar.membership``). Nothing of it was applied; the job records a ``forged-call`` event."""
+    it is not (``dscar.core.membership``). Nothing of it was applied; the job records a ``forged-call`` event."""
 
 
 def describe(e: BaseException) -> str:

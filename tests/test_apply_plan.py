@@ -1,4 +1,4 @@
-"""The apply fan-out's plan (``dscar.apply_plan``): every committed update reaches each owner of a
+"""The apply fan-out's plan (``dscar.core.apply_plan``): every committed update reaches each owner of a
 partition it touched exactly once, in fewer than 2·W messages once the direct plan would cost more
 than a few per worker, through a tree without cycles and no deeper than ceil(log_fanin W)."""
 from __future__ import annotations
@@ -8,7 +8,7 @@ import math
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from dscar.apply_plan import ApplyPlan, plan_apply, touches
+from dscar.core.apply_plan import ApplyPlan, plan_apply, touches
 
 TABLES = {"w": 6, "g": 3}
 

@@ -1,4 +1,4 @@
-"""The apply fan-out through an aggregation tree (``dscar.apply_plan``) on real clusters: the same
+"""The apply fan-out through an aggregation tree (``dscar.core.apply_plan``) on real clusters: the same
 fit as the direct plan to the last bit, exactly once, and a combiner killed mid-apply is a loss like
 any other (its clock skipped and recovered), not a failed fit."""
 from __future__ import annotations
@@ -143,7 +143,7 @@ def test_a_bsp_apply_message_names_only_its_workers_commits_and_the_shards_won_e
     from distributed.protocol.pickle import dumps
 
     from dscar.algorithm import DataMeta, TableSpec
-    from dscar.shard_store import ShardEntry
+    from dscar.worker.shard_store import ShardEntry
 
     client = five.client
     meta = DataMeta(n_rows=10, n_shards=3, shapes={"row": ()}, dtypes={"row": "int64"})

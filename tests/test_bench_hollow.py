@@ -97,7 +97,8 @@ def test_the_driver_sets_up_at_most_setup_concurrency_workers_at_once():
     import asyncio
     from types import SimpleNamespace
 
-    from dscar import TableSpec, driver
+    from dscar import TableSpec
+    from dscar.api import driver
 
     n = 3 * driver.SETUP_CONCURRENCY + 5
     workers = [f"tcp://w{i}" for i in range(n)]

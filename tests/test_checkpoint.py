@@ -376,14 +376,14 @@ def test_lda_declares_its_topic_assignments():
     assert LDAGibbs(n_topics=3).shard_state({"w": w}) == {"z": dscar.StateSpec("int32", (7,))}
 
 
-# ------------------------------------------------ the checkpoint ledger (dscar.ledger, pure)
+# ------------------------------------------------ the checkpoint ledger (dscar.core.ledger, pure)
 
 
 def coordinator_job(policy="priority"):
     """A job with table ``w`` (param, partitions on a and b) and ``g`` (reduction, on a)."""
-    from dscar.job import JobConfig, JobState
-    from dscar.partitions import PartitionMap, TableLayout
-    from dscar.shards import ShardQueue
+    from dscar.core.job import JobConfig, JobState
+    from dscar.core.partitions import PartitionMap, TableLayout
+    from dscar.core.shards import ShardQueue
 
     pm = PartitionMap([TableLayout("w", 10, 2), TableLayout("g", 4, 1)])
     pm.owners = {("w", 0): "a", ("w", 1): "b", ("g", 0): "a"}
@@ -433,7 +433,7 @@ def test_a_writer_lost_mid_checkpoint_abandons_that_version_only():
 
 
 def test_recovery_plans_restore_only_lost_partitions_onto_the_least_loaded_and_full_rolls_back_all():
-    from dscar.ledger import plan_recovery, restore_candidates
+    from dscar.core.ledger import plan_recovery, restore_candidates
 
     owners = {("w", 0): "a", ("w", 1): "b", ("w", 2): "c", ("g", 0): "b"}
     kinds = {"w": "param", "g": "reduction"}
@@ -450,7 +450,7 @@ def test_recovery_plans_restore_only_lost_partitions_onto_the_least_loaded_and_f
 
 
 def test_recovery_takes_a_lost_partition_from_its_live_buddy_s_memory_and_else_from_disk():
-    from dscar.ledger import INITIAL_STATE, describe, plan_recovery
+    from dscar.core.ledger import INITIAL_STATE, describe, plan_recovery
 
     owners = {("w", 0): "a", ("w", 1): "b", ("w", 2): "c", ("g", 0): "b"}
     kinds = {"w": "param", "g": "reduction"}
@@ -485,7 +485,7 @@ def test_recovery_takes_a_lost_partition_from_its_live_buddy_s_memory_and_else_f
 def test_a_memory_copy_whose_holder_died_is_no_source_and_the_disk_then_checkpoint_0_serve():
     """Owner and buddy lost together: the buddy's copy is skipped (or, once tried, left out), the disk's
     chains come next, newest first, then the initial values; no source names a dead worker."""
-    from dscar.ledger import restore_sources
+    from dscar.core.ledger import restore_sources
 
     m5 = {"version": 5, "chains": {"w/1": [{"path": "v5"}]}}
     m3 = {"version": 3, "chains": {"w/1": [{"path": "v3"}]}}
@@ -499,7 +499,7 @@ def test_a_memory_copy_whose_holder_died_is_no_source_and_the_disk_then_checkpoi
 
 @given(st.sets(st.sampled_from("abcd")), st.sampled_from("abcd"), st.integers(0, 3))
 def test_restore_sources_never_name_a_dead_holder_and_always_end_with_checkpoint_0(live, holder, n_versions):
-    from dscar.ledger import restore_sources
+    from dscar.core.ledger import restore_sources
 
     manifests = [{"version": v, "chains": {"w/0": [{"path": f"v{v}"}]}} for v in range(n_versions, 0, -1)]
     sources = restore_sources(manifests, "w", 0, (holder, 4), live)
@@ -581,7 +581,7 @@ def test_whole_saves_in_a_priority_chain_are_paid_for_by_the_next_saves(n, r, ma
 
 
 def test_a_chain_at_max_chain_is_saved_whole_next_and_starts_anew():
-    from dscar.ledger import CheckpointLedger
+    from dscar.core.ledger import CheckpointLedger
 
     led = CheckpointLedger("priority", keep=3, max_chain=3)
     parts = {"w": 4}

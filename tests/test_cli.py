@@ -132,7 +132,7 @@ def test_run_lasso_against_a_separately_started_scheduler_and_workers(tmp_path):
 ])
 def test_bad_options_of_any_model_are_one_line_errors(argv, capsys):
     """Every bad flag, engine or model, is one line ``dscar: error: ...`` and exit status 2."""
-    from dscar.cli import main
+    from dscar.api.cli import main
 
     try:
         code = main(argv + ["--no-progress"])
@@ -181,7 +181,7 @@ def test_version():
 
 
 #: ``dscar run`` in a process where the ``lda`` package cannot be imported
-WITHOUT_LDA = [sys.executable, "-c", "import sys; sys.modules['lda'] = None; from dscar.cli import main; "
+WITHOUT_LDA = [sys.executable, "-c", "import sys; sys.modules['lda'] = None; from dscar.api.cli import main; "
                "sys.exit(main(sys.argv[1:]))"]
 
 
@@ -208,7 +208,7 @@ def test_setup_problems_are_one_line_before_any_data_is_built():
 def test_clock_sample_keeps_the_first_and_last_clock(n, most):
     """As many clocks as allowed (all when they fit), in order, the first and the last always, and
     evenly spread: no gap between shown clocks more than one wider than another."""
-    from dscar.cli import clock_sample
+    from dscar.api.cli import clock_sample
 
     shown = clock_sample(n, most)
     assert shown[0] == 0 and shown[-1] == n - 1 and len(shown) == min(n, most)
@@ -237,7 +237,7 @@ def test_the_first_run_line_looks_for_numba_s_cache(tmp_path, monkeypatch):
     import importlib.util
     from pathlib import Path
 
-    from dscar import cli
+    from dscar.api import cli
 
     src = Path(importlib.util.find_spec("dscar.algorithms.lasso_kernels").origin)
     fake = tmp_path / "algorithms"

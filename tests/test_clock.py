@@ -4,7 +4,7 @@
 glue and the workers around a real ``JobState`` (clock machine, shard queue,
 ownership map, checkpoint ledger) and fires commits, backups, late failures,
 losses at every stage and losses during a recovery in any order, checking the
-invariants of ``dscar.clock`` after every step.
+invariants of ``dscar.core.clock`` after every step.
 """
 from __future__ import annotations
 
@@ -16,11 +16,11 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from dscar.checkpoint import CheckpointConfig
-from dscar.clock import Apply, ClockError, ClockMachine, Recover, RunClockEnd, Skip, Stage, StartPass
-from dscar.job import ApplyPass, Checkpoint, JobConfig, JobState, StartRecovery
-from dscar.partitions import PartitionMap, TableLayout
-from dscar.policies import BackupPolicy
-from dscar.shards import ShardQueue
+from dscar.core.clock import Apply, ClockError, ClockMachine, Recover, RunClockEnd, Skip, Stage, StartPass
+from dscar.core.job import ApplyPass, Checkpoint, JobConfig, JobState, StartRecovery
+from dscar.core.partitions import PartitionMap, TableLayout
+from dscar.core.policies import BackupPolicy
+from dscar.core.shards import ShardQueue
 
 WORKERS = ["w0", "w1", "w2", "w3"]
 
@@ -192,7 +192,7 @@ def test_an_idle_worker_gets_back_the_batch_members_not_started_yet():
 
 
 def test_with_the_memory_tier_every_clock_end_copies_each_owner_to_the_next_worker_before_reporting():
-    from dscar.job import Mirror
+    from dscar.core.job import Mirror
 
     pmap = PartitionMap([TableLayout("x", 8, 3), TableLayout("r", 2, 1)])
     pmap.assign(["a", "b", "c"])
@@ -225,7 +225,7 @@ def test_with_the_memory_tier_every_clock_end_copies_each_owner_to_the_next_work
 def test_a_shard_state_planned_from_a_buddy_lost_before_the_shard_ran_comes_from_the_file_or_is_none():
     """Found by bench.chaos (a hang, then a second loss): the restored shard's attempt asked the hung
     buddy for the copy and waited out the message deadline (10 s) per shard."""
-    from dscar.ledger import INITIAL_STATE
+    from dscar.core.ledger import INITIAL_STATE
 
     pmap = PartitionMap([TableLayout("x", 8, 3)])
     pmap.assign(["a", "b", "c"])
@@ -340,7 +340,7 @@ class JobFuzz(RuleBasedStateMachine):
         self.batches = 0  # work items with more than one attempt
         self.released = 0  # batch members given back unstarted
         self.released_unheard = 0  # of them, those the coordinator heard of from the batch's commit
-        # where shard data lives, as the workers' shard stores (dscar.shard_store) keep it
+        # where shard data lives, as the workers' shard stores (dscar.worker.shard_store) keep it
         self.has: dict[str, set[int]] = {w: set() for w in WORKERS}  # shards in each worker's store
         self.pending: set[tuple[str, int, int, int]] = set()  # (worker, clock, shard, attempt) staged there
         self.run_seen = {w: -1 for w in WORKERS}  # the newest run id each worker was given work in

@@ -6,7 +6,7 @@ import urllib.request
 import numpy as np
 import pytest
 
-from dscar.dashboard import ROUTE, Collector
+from dscar.scheduler.dashboard import ROUTE, Collector
 
 A, B = "tcp://127.0.0.1:1001", "tcp://127.0.0.1:1002"
 T = 1_700_000_000.0
@@ -79,7 +79,7 @@ def test_the_bokeh_document_holds_the_collectors_figures():
     pytest.importorskip("bokeh")
     from bokeh.document import Document
 
-    from dscar.dashboard import PLUGIN_NAME, dscar_doc
+    from dscar.scheduler.dashboard import PLUGIN_NAME, dscar_doc
 
     c = Collector(sample_every=0.0)
     c.ingest(snap(1, "done", 0.5, metrics={"objective": 5.0}, events=[START, CKPT], objectives=[(1, 5.0)]))
@@ -105,7 +105,7 @@ def test_the_bokeh_document_holds_the_collectors_figures():
 
 
 def _collector_state(dask_scheduler):
-    from dscar.dashboard import PLUGIN_NAME
+    from dscar.scheduler.dashboard import PLUGIN_NAME
 
     c = dask_scheduler.plugins[PLUGIN_NAME].collector
     return {"job": c.job, "objective": dict(c.objective), "running": bool(getattr(
@@ -118,7 +118,7 @@ def test_the_route_answers_while_a_fit_runs_and_holds_its_figures():
     import dscar
     from dscar.algorithms.datasets import make_classification
     from dscar.algorithms.mlr import MLRSGD
-    from dscar.dashboard import page_url
+    from dscar.scheduler.dashboard import page_url
 
     X, y, _ = make_classification(4000, 20, 4, seed=0)
     with dscar.Cluster(n_workers=2) as cl:

@@ -22,7 +22,7 @@ def test_chunks_become_shards_and_match_the_numpy_fit(inproc):
     ref = dscar.fit(LassoCD(0.01), {"X": X, "y": y}, inproc, n_shards=6)
     Xd, yd = da.from_array(X, chunks=(500, 7)), da.from_array(y, chunks=500)  # column chunks are joined
     res = dscar.fit(LassoCD(0.01), {"X": Xd, "y": yd}, inproc)
-    d = dscar.data.DaskData({"X": Xd, "y": yd}, client=inproc.client)
+    d = dscar.api.data.DaskData({"X": Xd, "y": yd}, client=inproc.client)
     assert d.meta.shard_bounds == tuple((a, a + 500) for a in range(0, 3000, 500)) and d.meta.shapes["X"] == (20,)
     assert res.converged and abs(res.objective - ref.objective) <= 1e-9 * ref.objective
     np.testing.assert_allclose(res.params["w"], ref.params["w"], atol=1e-8)
@@ -73,7 +73,7 @@ def test_bad_dask_inputs_are_named(inproc):
     with pytest.raises(InvalidInputError, match=r"computing the Dask data failed .*OSError: disk gone"):
         dscar.fit(LassoCD(0.1), {"X": good.map_blocks(boom, dtype=float), "y": da.ones(100, chunks=50)}, inproc)
     with pytest.raises(InvalidInputError, match="dict of name"):
-        dscar.data.as_data(good, 2, inproc.client)
+        dscar.api.data.as_data(good, 2, inproc.client)
 
 
 def _regression_frame(n=3000, p=6):

@@ -13,8 +13,8 @@ from hypothesis import strategies as st
 import dscar
 from dscar.algorithms.datasets import make_regression
 from dscar.algorithms.lasso import LassoCD
-from dscar.coordinator import PLUGIN_NAME
-from dscar.elastic import (adaptive_target, handoff_plan, join_plan, retirable, shard_handoff_plan, ssp_leave_step,
+from dscar.scheduler.coordinator import PLUGIN_NAME
+from dscar.core.elastic import (adaptive_target, handoff_plan, join_plan, retirable, shard_handoff_plan, ssp_leave_step,
                            workers_wanted)
 from dscar.errors import InvalidInputError
 from bench.chaos import CHECK_KEYS, ExactlyOnce, check_final
@@ -80,8 +80,8 @@ def test_an_ssp_leaver_hands_off_only_once_nothing_of_it_is_in_flight_and_the_ta
 
 
 def test_a_bad_elastic_workers_setting_is_refused_before_work_starts():
-    with dask.config.set({"dscar.elastic-workers": "four"}):
-        with pytest.raises(InvalidInputError, match="dscar.elastic-workers"):
+    with dask.config.set({"dscar.core.elastic-workers": "four"}):
+        with pytest.raises(InvalidInputError, match="dscar.core.elastic-workers"):
             dscar.fit(LassoCD(0.01), {"X": [[1.0]], "y": [1.0]}, "tcp://127.0.0.1:1")
 
 

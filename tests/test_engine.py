@@ -33,8 +33,8 @@ def test_every_row_is_applied_once_per_clock_inproc(inproc):
 
 
 def test_default_shards_follow_the_step_work_per_worker():
-    from dscar.driver import _data_size, default_n_shards
-    from dscar.shard_count import MIB
+    from dscar.api.driver import _data_size, default_n_shards
+    from dscar.core.shard_count import MIB
 
     assert default_n_shards(2, 10**8, 800 * MIB) == 8  # 400 MiB a worker: extra shards cost < 5 % of its steps
     assert default_n_shards(2, 10**6, 8 * MIB) == 2  # 4 MiB a worker: one each
@@ -195,7 +195,7 @@ def test_partitions_live_on_their_owners_and_pull_push_between_processes(procs):
     client = procs.client
     meta = DataMeta(n_rows=10, n_shards=2, shapes={"row": ()}, dtypes={"row": "int64"})
     tables = [TableSpec("count", 10, n_parts=2), TableSpec("seen", 10, kind="reduction", n_parts=2)]
-    token = "direct-token"  # the job's: every call about it carries it (``dscar.membership``)
+    token = "direct-token"  # the job's: every call about it carries it (``dscar.core.membership``)
     spec = dumps({"algorithm": RowCounter(), "meta": meta, "tables": tables, "loader": None, "tol": 1e-6, "token": token})
     r = client.sync(client.scheduler.dscar_start_job, job_id="direct", spec=spec, n_shards=2, reloadable=False,
                     tables=[["count", 10, 2, "param"], ["seen", 10, 2, "reduction"]], token=token)
@@ -218,7 +218,7 @@ def test_partitions_live_on_their_owners_and_pull_push_between_processes(procs):
         client.run(stage, [1, 0, 0], [["count", 0, 1, np.array([2.0, 3.0]), None]], workers=[w1])
         client.run(stage, [1, 1, 0], [["count", 0, 0, np.array([7.0]), None]], workers=[w1])
         r = client.sync(client.rpc(w0).dscar_apply, job_id="direct", clock=1, run=1,
-                        committed=[[0, 0, w1]], fetch=[[w1, [[1, 0, 0]]]],  # its role (``dscar.apply_plan``)
+                        committed=[[0, 0, w1]], fetch=[[w1, [[1, 0, 0]]]],  # its role (``dscar.core.apply_plan``)
                         token=token)  # only shard 0 committed: w0 collects it from w1
         assert r["applied"] == 1, r
         got = client.sync(client.rpc(w0).dscar_pull, job_id="direct", table="count", part=0, lo=0, hi=5,
@@ -401,7 +401,7 @@ class ScatterCounter(dscar.Algorithm):
 
 
 def expected_hits(n_rows, n_shards, clocks):
-    from dscar.partitions import row_bounds
+    from dscar.core.partitions import row_bounds
 
     hits = np.zeros(50)
     for a, b in row_bounds(n_rows, n_shards):
@@ -577,7 +577,7 @@ def test_a_loss_in_the_second_phase_redoes_that_phase_only(inproc, tmp_path):
     lost partition was restored from a checkpoint (even values) and then missed clock 2's ``a``
     but not its ``b`` (redone): its rows end odd (a whole-clock redo would leave them even).
     """
-    from dscar.partitions import row_bounds
+    from dscar.core.partitions import row_bounds
 
     n = 40
     # static sharding: worker 1 runs its own phase-b shards of clock 2, so the loss fires there (with
@@ -720,7 +720,7 @@ def test_the_watches_of_a_placement_end_with_it():
 def test_the_end_of_a_fit_messages_the_live_workers_not_the_one_it_lost(monkeypatch):
     """The job's state is dropped on every worker still there, and no message goes to a lost worker
     (one waits out the connect timeout: 3 s at the end of every fit that lost an in-process worker)."""
-    from dscar import driver
+    from dscar.api import driver
 
     ended: list[str] = []
     call = driver._Run._call_worker

@@ -15,7 +15,7 @@ from dscar.algorithms.lasso import LassoCD
 from dscar.algorithms.lda import LDAGibbs, lda_data
 from dscar.algorithms.mf import ALS, ratings_data
 from dscar.algorithms.mlr import MLRSGD
-from dscar.policies import BackupPolicy
+from dscar.core.policies import BackupPolicy
 from bench.chaos import ExactlyOnce
 
 #: seconds shard 0's step waits before it reads anything: its backup (on the other worker) copies the

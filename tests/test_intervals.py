@@ -1,4 +1,4 @@
-"""Checkpoint intervals from measurements and the live rework estimate (``dscar.intervals``; no cluster),
+"""Checkpoint intervals from measurements and the live rework estimate (``dscar.core.intervals``; no cluster),
 then the automatic interval on a real cluster."""
 import math
 
@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 import dscar
 from dscar import CheckpointConfig
-from dscar.intervals import IntervalPlanner, expected_waste, rework_estimate, young_daly_s
+from dscar.core.intervals import IntervalPlanner, expected_waste, rework_estimate, young_daly_s
 
 from conftest import RowCounter, row_data
 
@@ -97,9 +97,9 @@ def test_the_automatic_interval_follows_the_measured_cost_on_a_cluster(tmp_path)
 
 def test_a_worker_restarted_by_policy_is_not_counted_as_a_failure():
     """The observed MTBF counts failures: a straggler restarted on purpose is not one."""
-    from dscar.job import JobConfig, JobState
-    from dscar.partitions import PartitionMap, TableLayout
-    from dscar.shards import ShardQueue
+    from dscar.core.job import JobConfig, JobState
+    from dscar.core.partitions import PartitionMap, TableLayout
+    from dscar.core.shards import ShardQueue
 
     pm = PartitionMap([TableLayout("w", 10, 2)])
     pm.owners = {("w", 0): "a", ("w", 1): "b"}

@@ -1,7 +1,7 @@
 """The parts a job's control state is composed of, each alone (pure: no Dask).
 
-``dscar.events`` (the log), ``dscar.tally`` (what each clock did), ``dscar.losses`` (lost
-workers and their recovery) and ``dscar.checkpoint_plan`` (checkpoints and memory copies):
+``dscar.core.events`` (the log), ``dscar.core.tally`` (what each clock did), ``dscar.core.losses`` (lost
+workers and their recovery) and ``dscar.core.checkpoint_plan`` (checkpoints and memory copies):
 their invariants, checked without a ``JobState`` around them.
 """
 from __future__ import annotations
@@ -9,14 +9,14 @@ from __future__ import annotations
 import math
 
 from dscar.checkpoint import CheckpointConfig
-from dscar.checkpoint_plan import Checkpoint, CheckpointPlanner, Mirror
-from dscar.events import EventLog
-from dscar.job import JobConfig
-from dscar.ledger import INITIAL_STATE, RecoveryPlan
-from dscar.losses import Losses
-from dscar.partitions import PartitionMap, TableLayout
-from dscar.shards import ShardQueue
-from dscar.tally import ClockTally
+from dscar.core.checkpoint_plan import Checkpoint, CheckpointPlanner, Mirror
+from dscar.core.events import EventLog
+from dscar.core.job import JobConfig
+from dscar.core.ledger import INITIAL_STATE, RecoveryPlan
+from dscar.core.losses import Losses
+from dscar.core.partitions import PartitionMap, TableLayout
+from dscar.core.shards import ShardQueue
+from dscar.core.tally import ClockTally
 
 
 # ------------------------------------------------------------------- events
@@ -156,7 +156,7 @@ def test_without_a_store_nothing_is_ever_due_and_reports_change_nothing():
 
 # ------------------------------------------- decisions the coordinator used to make itself
 def _job_with_store() -> "JobState":
-    from dscar.job import JobState
+    from dscar.core.job import JobState
 
     pmap = PartitionMap([TableLayout("x", 8, 2), TableLayout("r", 2, 1)])
     pmap.assign(["a", "b"])
@@ -235,7 +235,7 @@ def test_an_idle_worker_asks_back_the_later_half_of_the_biggest_batch_of_a_live_
 
 
 def test_a_batch_holds_about_the_target_s_worth_of_steps_and_one_before_a_measurement():
-    from dscar.dispatch import BATCH_TARGET_S, MAX_BATCH
+    from dscar.core.dispatch import BATCH_TARGET_S, MAX_BATCH
 
     job = _job_with_store()
     assert job.dispatch.batch_size("a") == 1

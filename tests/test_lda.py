@@ -717,7 +717,7 @@ def test_synthetic_corpus(small):
 
 
 def test_cli_builds_reuters_and_synthetic_runs():
-    from dscar.cli import build_parser, load_models
+    from dscar.api.cli import build_parser, load_models
 
     models = load_models()
     assert "lda" in models

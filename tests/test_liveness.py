@@ -111,7 +111,7 @@ def test_a_worker_computing_for_20_seconds_is_not_taken_for_hung(tmp_path):
 
 async def _message_to_a_dead_address(dask_scheduler, address):
     """Seconds until the coordinator's message to ``address`` fails, and how (runs on the scheduler)."""
-    from dscar.coordinator import PLUGIN_NAME
+    from dscar.scheduler.coordinator import PLUGIN_NAME
 
     coord = dask_scheduler.plugins[PLUGIN_NAME]
     t0 = time.monotonic()
@@ -138,8 +138,8 @@ def test_a_message_to_a_dead_worker_fails_in_seconds_not_at_the_connect_deadline
         dscar.fit(RowCounter(n_parts=1), row_data(8), cl, n_shards=2, max_clocks=1)  # the coordinator is up
         took, how = cl.client.run_on_scheduler(_message_to_a_dead_address, address=dead)
         # the driver's messages (placing a lost worker's shards on a worker that died meanwhile)
-        from dscar.data import as_data
-        from dscar.driver import _Run
+        from dscar.api.data import as_data
+        from dscar.api.driver import _Run
 
         run = _Run(cl, RowCounter(n_parts=1), as_data(row_data(8), 2, cl.client), [], 1e-9, 3)
         t0 = time.monotonic()

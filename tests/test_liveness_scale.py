@@ -1,4 +1,4 @@
-"""Liveness relative to Dask's heartbeat interval (``dscar.liveness``; the coordinator's ``hang_timeout``)."""
+"""Liveness relative to Dask's heartbeat interval (``dscar.core.liveness``; the coordinator's ``hang_timeout``)."""
 from __future__ import annotations
 
 import dask.config
@@ -7,8 +7,8 @@ from distributed.scheduler import heartbeat_interval
 from hypothesis import given
 from hypothesis import strategies as st
 
-from dscar.coordinator import hang_timeout
-from dscar.liveness import MAX_PROBES, MARGIN_S, MISSED_HEARTBEATS, silence_limit, to_probe
+from dscar.scheduler.coordinator import hang_timeout
+from dscar.core.liveness import MAX_PROBES, MARGIN_S, MISSED_HEARTBEATS, silence_limit, to_probe
 
 
 def test_small_clusters_keep_the_configured_timeout_and_large_ones_wait_for_missed_heartbeats():

@@ -1,4 +1,4 @@
-"""Job tokens, worker keys and the job lease (``dscar.membership``): the pure decisions, then
+"""Job tokens, worker keys and the job lease (``dscar.core.membership``): the pure decisions, then
 forged calls against a running fit, a cancelled job, and a driver SIGKILLed on an external cluster."""
 import json
 import os
@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 import dscar
 from conftest import RowCounter, assert_exactly_once, row_data, stop_processes
-from dscar.membership import (
+from dscar.core.membership import (
     SCHEDULER_RULES,
     WORKER_INSTALLING,
     WORKER_RUN_WRITES,
@@ -79,8 +79,8 @@ def test_a_granted_call_carries_what_its_rule_asks(rule, job_token, token, worke
 
 
 def test_every_handler_has_a_rule():
-    from dscar.coordinator import Coordinator
-    from dscar.worker import ParamServer
+    from dscar.scheduler.coordinator import Coordinator
+    from dscar.worker.plugin import ParamServer
 
     assert {n[3:] for n in dir(Coordinator) if n.startswith("_h_")} == set(SCHEDULER_RULES)
     worker_ops = {n[3:] for n in dir(ParamServer) if n.startswith("_h_")}

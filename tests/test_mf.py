@@ -184,7 +184,7 @@ def test_a_killed_worker_process_does_not_stop_training(tmp_path, dense_split):
 
 
 def test_cli_builds_synthetic_ratings():
-    from dscar.cli import build_parser
+    from dscar.api.cli import build_parser
 
     parser = build_parser({"mf": CLI})
     args = parser.parse_args(["run", "mf", "--users", "300", "--items", "100", "--ratings", "5000", "--rank", "4",

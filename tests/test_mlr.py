@@ -238,7 +238,7 @@ def test_labels_are_mapped_to_classes(inproc):
 
 
 def test_cli_builds_digits_and_synthetic():
-    from dscar.cli import build_parser
+    from dscar.api.cli import build_parser
 
     parser = build_parser({"mlr": CLI})
     args = parser.parse_args(["run", "mlr", "--steps", "12", "--lr", "0.3"])

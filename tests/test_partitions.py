@@ -1,6 +1,6 @@
 import pytest
 
-from dscar.partitions import PartitionMap, TableLayout, data_homes, placement_plan, row_bounds
+from dscar.core.partitions import PartitionMap, TableLayout, data_homes, placement_plan, row_bounds
 
 
 def test_row_bounds_cover_all_rows_contiguously():
@@ -31,7 +31,7 @@ def test_assignment_gives_every_partition_one_owner_and_balances_rows():
 
 
 def test_by_owner_groups_keys_in_the_order_given():
-    from dscar.partitions import by_owner
+    from dscar.core.partitions import by_owner
 
     owners = {("w", 0): "a", ("w", 1): "b", ("g", 0): "a", ("g", 1): "a"}
     assert by_owner(owners, [("w", 1), ("g", 1), ("w", 0), ("g", 0)]) == {"b": [("w", 1)], "a": [("g", 1), ("w", 0), ("g", 0)]}

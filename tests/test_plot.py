@@ -4,8 +4,8 @@ import sys
 
 import pytest
 
-from dscar import plot
-from dscar.driver import ClockRecord, FitResult
+from dscar.api import plot
+from dscar.api.driver import ClockRecord, FitResult
 
 mpl = pytest.importorskip("matplotlib")
 T = 1_700_000_000.0
@@ -82,7 +82,7 @@ def test_dscar_run_writes_the_plot(tmp_path):
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     assert f"plot: {out}" in r.stdout and out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    from dscar.dashboard import available
+    from dscar.scheduler.dashboard import available
 
     if available():  # the dashboard page's address is printed when the job starts
         assert "dscar: dashboard page of job lasso-" in r.stdout and "/dscar\n" in r.stdout

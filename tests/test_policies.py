@@ -2,8 +2,8 @@
 import pytest
 
 from dscar import InvalidInputError, faults
-from dscar.monitor import ThroughputMonitor
-from dscar.policies import (
+from dscar.core.monitor import ThroughputMonitor
+from dscar.core.policies import (
     AdaptiveBatchPolicy, Backup, BackupPolicy, ControllerView, Restart, RestartPolicy, Running,
     SetBatchScale, make_policies,
 )
@@ -137,8 +137,8 @@ def test_a_job_s_view_lists_the_running_shards_longest_running_first_and_builds_
     attempt, in the order they started, with its shard's attempt count and workers; the backup policy
     reads up to the first one it backs up, and never the shards that have all their attempts (an idle
     poll at a pass's tail is not O(W), however many stragglers' shards are backed up already)."""
-    from dscar.dispatch import RunningAttempts
-    from dscar.shards import ShardQueue
+    from dscar.core.dispatch import RunningAttempts
+    from dscar.core.shards import ShardQueue
 
     q = ShardQueue(40, reloadable=True)
     for s in range(40):

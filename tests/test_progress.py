@@ -1,6 +1,6 @@
-"""dscar.progress: the progress line from each clock's record and the new events (pure)."""
-from dscar.driver import ClockRecord
-from dscar.progress import ProgressLine
+"""dscar.api.progress: the progress line from each clock's record and the new events (pure)."""
+from dscar.api.driver import ClockRecord
+from dscar.api.progress import ProgressLine
 
 A, B, C = "tcp://a:1", "tcp://b:1", "tcp://c:1"
 

@@ -1,16 +1,16 @@
-"""The typed runner <-> coordinator messages (``dscar.protocol``) and the pure decisions behind
+"""The typed runner <-> coordinator messages (``dscar.core.protocol``) and the pure decisions behind
 batched grants and commits: a worker gets its share of a pass in one work item, commits it in one
 message, and its waiting members are asked back, not backed up."""
 from __future__ import annotations
 
 import pytest
 
-from dscar.job import ApplyPass, JobConfig, JobState
-from dscar.partitions import PartitionMap, TableLayout
-from dscar.policies import BackupPolicy
-from dscar.protocol import (IDLE, ClockEndItem, Commit, CommitAnswer, Finished, Member, Stopped, WorkItem,
+from dscar.core.job import ApplyPass, JobConfig, JobState
+from dscar.core.partitions import PartitionMap, TableLayout
+from dscar.core.policies import BackupPolicy
+from dscar.core.protocol import (IDLE, ClockEndItem, Commit, CommitAnswer, Finished, Member, Stopped, WorkItem,
                             handler_name)
-from dscar.shards import ShardQueue
+from dscar.core.shards import ShardQueue
 
 pytestmark = pytest.mark.pure
 
@@ -121,9 +121,9 @@ def test_a_batch_s_waiting_members_are_asked_back_not_backed_up():
 
 
 def test_the_handler_tables_name_every_handler_once_and_every_scheduler_op_has_a_caller_rule():
-    from dscar.coordinator import Coordinator
-    from dscar.membership import SCHEDULER_RULES, WORKER_INSTALLING, WORKER_OPEN, WORKER_RUN_WRITES
-    from dscar.worker import ParamServer
+    from dscar.scheduler.coordinator import Coordinator
+    from dscar.core.membership import SCHEDULER_RULES, WORKER_INSTALLING, WORKER_OPEN, WORKER_RUN_WRITES
+    from dscar.worker.plugin import ParamServer
 
     scheduler_side = Coordinator().handlers()
     assert set(scheduler_side) == set(SCHEDULER_RULES)
@@ -149,7 +149,7 @@ def test_a_batch_s_running_member_looks_late_only_once_the_batch_has_run_k_times
 
 
 def test_a_share_of_long_steps_goes_in_items_of_a_few_seconds_so_commits_still_show_progress():
-    from dscar.dispatch import SHARE_MAX_S
+    from dscar.core.dispatch import SHARE_MAX_S
 
     job = _job()
     _measure(job, {w: SHARE_MAX_S / 2 for w in WORKERS})

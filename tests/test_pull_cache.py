@@ -8,10 +8,10 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from dscar.algorithm import TableSpec
-from dscar.partition_store import PartitionStore
-from dscar.partitions import TableLayout
-from dscar.pull_cache import SMALL, PullCache
-from dscar.ssp import copy_serves
+from dscar.worker.partition_store import PartitionStore
+from dscar.core.partitions import TableLayout
+from dscar.worker.pull_cache import SMALL, PullCache
+from dscar.core.ssp import copy_serves
 
 ROWS, PARTS, RUN = 12, 3, 7
 SPECS = {"w": TableSpec("w", ROWS, trailing=(2,), dtype="int64", n_parts=PARTS)}

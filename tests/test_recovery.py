@@ -22,7 +22,7 @@ def kinds(res):
 
 
 def counts_by_partition(res, n_rows, n_parts):
-    from dscar.partitions import row_bounds
+    from dscar.core.partitions import row_bounds
 
     out = []
     for a, b in row_bounds(n_rows, n_parts):
@@ -79,7 +79,7 @@ def test_a_simulated_loss_measures_the_perturbation_of_each_restored_partition(t
     """RowCounter's counts are the clock number on every row: losing worker 1 at the start of clock
     7 loses counts of 6; restored from the version-v checkpoint (full, every 4 clocks: clock 4v) they
     are 4v, so ``||restored - lost||`` is (6 - 4v) sqrt(rows) per partition, ``||lost||`` 6 sqrt(rows)."""
-    from dscar.partitions import row_bounds
+    from dscar.core.partitions import row_bounds
 
     n_rows, n_parts = 60, 3
     cfg = CheckpointConfig(str(tmp_path), policy="full", every=4, recovery="partial")
@@ -393,7 +393,7 @@ def test_shard_state_stays_with_the_winning_attempt_under_backups_and_steals(see
     slow = [faults.slow(int(rng.integers(0, 3)), float(rng.choice([8.0, 16.0])))]
     with dscar.Cluster(n_workers=3, processes=False) as cl:
         res = dscar.fit(ShardClock(), row_data(48), cl, n_shards=12, max_clocks=10, faults=slow,
-                        policies=[dscar.policies.BackupPolicy(k=1.5)])
+                        policies=[dscar.core.policies.BackupPolicy(k=1.5)])
     assert res.n_clocks == 10
     assert "backup-attempt" in kinds(res)
     np.testing.assert_array_equal(res.params["seen"], np.full(12, 10.0))
@@ -403,7 +403,7 @@ def test_an_owner_lost_while_the_model_is_gathered_is_recovered_and_the_gather_r
     """The fit's last step gathers the param tables from their owners. An owner lost right then (here a
     simulated loss, as a kill would be) is recovered by the coordinator, and the driver asks for the
     owners again instead of failing the fit."""
-    from dscar.driver import _Run
+    from dscar.api.driver import _Run
 
     real = _Run._gather_from
     lost = []
@@ -427,7 +427,7 @@ def test_an_owner_lost_while_the_model_is_gathered_is_recovered_and_the_gather_r
 
 def test_a_loss_after_the_last_clock_is_reported_with_the_model_it_returns():
     """The model gathered after such a loss is the one recovery restored: a model-restored event says so."""
-    from dscar.driver import _Run
+    from dscar.api.driver import _Run
 
     run = object.__new__(_Run)
     run.events = [{"time": 5.0, "kind": "worker-lost", "worker": "a"}, {"time": 9.0, "kind": "worker-lost", "worker": "b"}]
@@ -481,8 +481,8 @@ def test_a_memory_buddy_lost_after_the_plan_sends_the_restore_to_disk_and_keeps_
     worker (that worker reports the source gone). Either way the partitions come from disk onto
     live workers that stay; only the two dead workers leave the job."""
     from bench.chaos import ExactlyOnce
-    from dscar.coordinator import Coordinator
-    from dscar.worker import ParamServer
+    from dscar.scheduler.coordinator import Coordinator
+    from dscar.worker.plugin import ParamServer
 
     lost_buddies: list[str] = []
     if when == "before-the-restore":

@@ -1,7 +1,7 @@
-"""dscar.report: event lines in order with relative times, repeats grouped, the workers' fate (pure)."""
+"""dscar.api.report: event lines in order with relative times, repeats grouped, the workers' fate (pure)."""
 import pytest
 
-from dscar import report
+from dscar.api import report
 
 A, B, C, D = (f"tcp://127.0.0.1:{p}" for p in (1001, 1002, 1003, 1004))
 T = 1_700_000_000.0

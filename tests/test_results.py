@@ -15,7 +15,7 @@ da = pytest.importorskip("dask.array")
 @pytest.mark.timeout(120)
 def test_a_table_over_the_budget_stays_on_the_cluster(procs, monkeypatch):
     n = 5000  # 'count': 40 kB, over a 10 kB budget; the driver must not pull it
-    from dscar import driver
+    from dscar.api import driver
 
     pulled = []
     real = driver._Run._gather

@@ -13,8 +13,8 @@ from hypothesis import strategies as st
 
 from bench.scale import scenario
 from bench.sim import Sim, simulate
-from dscar.monitor import ThroughputMonitor
-from dscar.partitions import PartitionMap, TableLayout
+from dscar.core.monitor import ThroughputMonitor
+from dscar.core.partitions import PartitionMap, TableLayout
 
 
 def run(workers: int, consistency: str, clocks: int = 4, **changes) -> tuple[Sim, object]:
@@ -123,7 +123,7 @@ def _scan_choice(queue, worker):
 def test_the_longest_backlog_index_picks_what_a_scan_of_every_shard_picked(seed):
     """Random hand-outs, commits, failures, losses, moves and uncommits: a worker with no shard of its
     own takes the shard the former scan took, and the indexes agree with a scan (``check``)."""
-    from dscar.shards import ShardQueue
+    from dscar.core.shards import ShardQueue
 
     rng = random.Random(seed)
     workers = [f"w{i}" for i in range(rng.randint(2, 8))]
@@ -164,7 +164,7 @@ def test_the_longest_backlog_index_picks_what_a_scan_of_every_shard_picked(seed)
 def test_apply_fetches_and_bytes_per_clock_grow_linearly_with_the_workers():
     """The owners' fetches of staged updates per clock per worker stay flat: every simulated attempt
     touches every partition, so a direct fan-out would cost W−1 per worker; the aggregation tree
-    (``dscar.apply_plan``) costs under 2 per pass, a few passes per clock with a loss in the mix."""
+    (``dscar.core.apply_plan``) costs under 2 per pass, a few passes per clock with a loss in the mix."""
     results = {w: run(w, "bsp", clocks=3, policies=())[1] for w in (32, 256)}
     per_w = {w: r.fetch_per_clock / w for w, r in results.items()}
     assert per_w[256] <= 4 and per_w[256] <= 1.2 * per_w[32], per_w

@@ -1,4 +1,4 @@
-"""One schedule interface, two implementations (``dscar.schedule``): pure, no Dask.
+"""One schedule interface, two implementations (``dscar.core.schedule``): pure, no Dask.
 
 The job asks its schedule every question that depends on the consistency model; the coordinator
 asks the job the same questions whichever schedule runs. So one driver loop, written against
@@ -12,10 +12,10 @@ from collections import Counter
 
 import pytest
 
-from dscar.job import ApplyPass, JobConfig, JobState
-from dscar.partitions import PartitionMap, TableLayout
-from dscar.schedule import BspSchedule, Schedule, SspSchedule
-from dscar.shards import ShardQueue
+from dscar.core.job import ApplyPass, JobConfig, JobState
+from dscar.core.partitions import PartitionMap, TableLayout
+from dscar.core.schedule import BspSchedule, Schedule, SspSchedule
+from dscar.core.shards import ShardQueue
 
 WORKERS = ["a", "b", "c"]
 N_SHARDS = 6

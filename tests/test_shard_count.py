@@ -1,9 +1,9 @@
-"""The default shard count (``dscar.shard_count``): one per worker unless the step work makes more worth their cost."""
+"""The default shard count (``dscar.core.shard_count``): one per worker unless the step work makes more worth their cost."""
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from dscar.shard_count import (MAX_PER_WORKER, MIB, SHARD_COST_S, SHARD_COST_SHARE, STEP_S_PER_MIB,
+from dscar.core.shard_count import (MAX_PER_WORKER, MIB, SHARD_COST_S, SHARD_COST_SHARE, STEP_S_PER_MIB,
                                default_n_shards, shards_per_worker)
 
 pytestmark = pytest.mark.pure

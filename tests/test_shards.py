@@ -4,7 +4,7 @@ import random
 import pytest
 
 from dscar.errors import ShardFailedError
-from dscar.shards import ShardQueue, ShardStatus
+from dscar.core.shards import ShardQueue, ShardStatus
 
 
 def queue(n=4, reloadable=False, **kw):

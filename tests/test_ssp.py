@@ -1,4 +1,4 @@
-"""The stale-synchronous clock window (dscar.ssp): pure logic, no Dask."""
+"""The stale-synchronous clock window (dscar.core.ssp): pure logic, no Dask."""
 from __future__ import annotations
 
 import pytest
@@ -6,8 +6,8 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from dscar.clock import ClockError
-from dscar.ssp import (ApplyBatch, ClockStatus, ClockWindow, RunClockEnd, ShardPhase, SkipClock,
+from dscar.core.clock import ClockError
+from dscar.core.ssp import (ApplyBatch, ClockStatus, ClockWindow, RunClockEnd, ShardPhase, SkipClock,
                        StartRebuild, StartRecovery)
 
 
@@ -398,7 +398,7 @@ def test_no_attempt_of_a_clock_shares_an_epoch_with_the_rebuild_commits_of_its_s
     them per shard: ``ShardStore.lost``); were that clock's attempts handed out under the rebuild's
     epoch, every one would read as an attempt that lost to them (bench.chaos --kinds kill-clock
     --seed 38 hung: every attempt after the recovery stopped)."""
-    from dscar.shard_store import ShardStore
+    from dscar.worker.shard_store import ShardStore
 
     w = ClockWindow(n_shards=2, staleness=1, has_rebuild=True, limit=5)
     for shard in (0, 1):

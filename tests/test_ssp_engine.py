@@ -9,11 +9,11 @@ import pytest
 import dscar
 from dscar import TableSpec, faults
 from dscar.errors import InvalidInputError
-from dscar.job import ApplyPass, Checkpoint, JobConfig, JobState, StartRecovery
-from dscar.ledger import cut_refusal, manifest_cut
-from dscar.partitions import PartitionMap, TableLayout
-from dscar.shards import ShardQueue, ShardStatus
-from dscar.ssp import ClockStatus, ShardPhase
+from dscar.core.job import ApplyPass, Checkpoint, JobConfig, JobState, StartRecovery
+from dscar.core.ledger import cut_refusal, manifest_cut
+from dscar.core.partitions import PartitionMap, TableLayout
+from dscar.core.shards import ShardQueue, ShardStatus
+from dscar.core.ssp import ClockStatus, ShardPhase
 
 from conftest import RowCounter, row_data
 
@@ -257,7 +257,7 @@ def test_an_engine_error_after_a_commit_fails_the_fit_instead_of_stopping_the_wo
     granted update into the pulled copy) fails the fit with its message. It used to end the worker's
     runner thread: the worker stayed alive but asked for no more work, and once every worker had hit
     it the fit waited for ever."""
-    from dscar.pull_cache import PullCache
+    from dscar.worker.pull_cache import PullCache
 
     def broken(self, *args, **kw):
         raise RuntimeError("write-back broke")

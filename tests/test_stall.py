@@ -1,4 +1,4 @@
-"""A job that stops moving on while its workers answer is reported once (``dscar.stall``)."""
+"""A job that stops moving on while its workers answer is reported once (``dscar.core.stall``)."""
 from __future__ import annotations
 
 import threading
@@ -7,7 +7,7 @@ import dask
 import pytest
 
 import dscar
-from dscar.stall import StallWatch, workers_to_ask
+from dscar.core.stall import StallWatch, workers_to_ask
 
 from conftest import RowCounter, row_data
 from test_ssp_engine import _apply_all, _commit_item, _job
@@ -85,7 +85,7 @@ def test_a_fit_blocked_inside_a_step_is_reported_stalled_with_the_attempt_that_r
 
     t = threading.Thread(target=watcher, daemon=True)
     t.start()
-    with dask.config.set({"dscar.stall-timeout": 1.0}):
+    with dask.config.set({"dscar.core.stall-timeout": 1.0}):
         res = dscar.fit(BlockedShard(), row_data(32), inproc, n_shards=4, max_clocks=3, policies=[])
     release.set()
     t.join()

@@ -24,7 +24,7 @@ def no_cluster(monkeypatch):
     def refuse(*a, **kw):
         raise AssertionError("a cluster was started before the bad input was refused")
 
-    monkeypatch.setattr(dscar.driver, "Cluster", refuse)
+    monkeypatch.setattr(dscar.api.driver, "Cluster", refuse)
 
 
 # 1. integer options given as floats, strings or bools

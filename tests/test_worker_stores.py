@@ -2,9 +2,9 @@
 import numpy as np
 
 from dscar.algorithm import TableSpec
-from dscar.partition_store import PartitionStore
-from dscar.partitions import TableLayout
-from dscar.shard_store import ShardEntry, ShardStore
+from dscar.worker.partition_store import PartitionStore
+from dscar.core.partitions import TableLayout
+from dscar.worker.shard_store import ShardEntry, ShardStore
 
 ME, OTHER = "tcp://me:1", "tcp://other:2"
 
@@ -144,7 +144,7 @@ def test_a_pass_applied_after_newer_work_arrived_here_is_stale_and_changes_nothi
     """A loss during an apply moves the machine on; the old apply may still reach this worker after
     it ran an attempt of the next run. Installing it would drop the shard that attempt put here (and
     its staged state): the shard's holder would not have it."""
-    from dscar.runner import Job
+    from dscar.worker.runner import Job
 
     store = _store()
     shards = ShardStore(store.lock)
@@ -169,7 +169,7 @@ def test_memory_copies_keep_the_newest_and_go_with_a_crash():
     assert [(t, p) for t, p, _ in copies] == [("w", 0), ("w", 1)]
     copies[0][2][0] = 99.0  # a copy: the partition is untouched
     assert store.parts[("w", 0)][0] == 0.0
-    from dscar.mirror_store import MirrorStore, part_key, shard_key
+    from dscar.worker.mirror_store import MirrorStore, part_key, shard_key
 
     mirrors = MirrorStore()
     mirrors.keep(part_key("v", 3), 5, np.ones(2))
@@ -187,7 +187,7 @@ def _runner_with_steps(during=None):
     each), and the messages it sends the coordinator."""
     import threading
 
-    from dscar.runner import Job, ShardRunner
+    from dscar.worker.runner import Job, ShardRunner
 
     store = _store()
     job = Job(id="j", algorithm=None, meta=None, specs=store.specs, layouts=store.layouts, loader=None,
@@ -291,11 +291,11 @@ def test_the_stores_import_no_dask():
     import ast
     import inspect
 
-    import dscar.mirror_store
-    import dscar.partition_store
-    import dscar.shard_store
+    import dscar.worker.mirror_store
+    import dscar.worker.partition_store
+    import dscar.worker.shard_store
 
-    for mod in (dscar.partition_store, dscar.shard_store, dscar.mirror_store):
+    for mod in (dscar.worker.partition_store, dscar.worker.shard_store, dscar.worker.mirror_store):
         tree = ast.parse(inspect.getsource(mod))
         names = [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
         names += [n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and not n.level]
@@ -371,7 +371,7 @@ def test_a_memory_copy_of_a_shard_state_unlike_the_declared_one_is_not_used():
     whose copy has another dtype or shape (a bug, a stale or forged copy) costs the state, reported
     as ``checkpoint-corrupt``, and the shard's rebuild re-creates it; it is never read as the state."""
     import dscar
-    from dscar.shard_store import ShardEntry
+    from dscar.worker.shard_store import ShardEntry
 
     runner, calls, _ = _runner_with_steps()
     job = runner.host.job("j")
@@ -394,7 +394,7 @@ def test_a_memory_copy_of_a_shard_state_unlike_the_declared_one_is_not_used():
 def test_an_attempt_stopped_as_a_lost_race_is_named_in_its_item_s_commit():
     """A lost-race stop reports no failure but is not silent: the item's commit names it (sent even
     when nothing else of the item commits), so a wrong verdict costs one attempt, never the fit."""
-    from dscar.runner import LostRace
+    from dscar.worker.runner import LostRace
 
     def loses(runner, shard):
         if shard in (1, 2):
@@ -415,7 +415,7 @@ def test_an_attempt_stopped_as_a_lost_race_is_named_in_its_item_s_commit():
 
 
 def test_a_commit_reports_the_partitions_its_updates_touched_and_owners_of_others_skip_its_worker():
-    from dscar.partition_store import merge_touched, touched_parts, touches
+    from dscar.worker.partition_store import merge_touched, touched_parts, touches
 
     ups = [_up(1, 0, [1.0]), _up(1, 2, [1.0]), ("stats", 0, 0, np.ones(1), None)]
     assert touched_parts(ups, {"w": 4, "stats": 1}) == {"w": [1], "stats": None}  # None: every partition
@@ -435,7 +435,7 @@ def test_a_read_spanning_several_owners_asks_them_all_at_once():
     """Rows of partitions held by W-1 other workers cost one round trip (``peer_all``), not W-1 in a row."""
     import threading
 
-    from dscar.runner import Job, ShardRunner
+    from dscar.worker.runner import Job, ShardRunner
 
     store = _store(rows=9, parts=3)
     for p in (1, 2):

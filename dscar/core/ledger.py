@@ -28,7 +28,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
-from .checkpoint import FORMAT, MAX_CHAIN, chain_key
+from ..checkpoint import FORMAT, MAX_CHAIN, chain_key
 
 
 @dataclass

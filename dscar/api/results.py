@@ -17,9 +17,9 @@ from typing import Any
 
 import numpy as np
 
-from .errors import InvalidInputError
-from .partitions import row_bounds
-from .validation import table_bytes
+from ..errors import InvalidInputError
+from ..core.partitions import row_bounds
+from ..validation import table_bytes
 
 #: the saved form's file names: the arrays (``np.savez``, read with ``allow_pickle=False``) and the
 #: JSON document, written last so a reader never sees half of a saved result
@@ -37,7 +37,7 @@ def _pull_own_partition(job_id: str, table: str, part: int, n: int) -> np.ndarra
     from distributed.utils import sync
 
     w = get_worker()
-    token = w.plugins["dscar-paramserver"].jobs[job_id].token  # (the job's: ``dscar.membership``)
+    token = w.plugins["dscar-paramserver"].jobs[job_id].token  # (the job's: ``dscar.core.membership``)
     r = sync(w.loop, w.rpc(w.address).dscar_pull, job_id=job_id, table=table, part=part, lo=0, hi=n, token=token)
     return np.asarray(r["data"])
 
@@ -79,7 +79,7 @@ def json_value(name: str, v: Any) -> Any:
 def write_saved(path: str, doc: dict[str, Any], arrays: dict[str, np.ndarray],
                 storage_options: dict | None = None) -> None:
     """``arrays`` and the JSON ``doc`` under ``path`` (a directory: local or an fsspec URL)."""
-    from .checkpoint import fs_and_root
+    from ..checkpoint import fs_and_root
 
     for k, a in arrays.items():
         if a.dtype == object:
@@ -98,7 +98,7 @@ def read_saved(path: str, fmt: str, version: int,
                storage_options: dict | None = None) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
     """``(doc, arrays)`` that ``write_saved`` wrote under ``path``; ``InvalidInputError`` when
     nothing of format ``fmt`` and ``version`` is there."""
-    from .checkpoint import fs_and_root
+    from ..checkpoint import fs_and_root
 
     fs, root = fs_and_root(path, storage_options)
     try:

@@ -50,7 +50,7 @@ import heapq
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
-from .errors import ShardFailedError
+from ..errors import ShardFailedError
 
 
 class ShardStatus(str, enum.Enum):

@@ -21,7 +21,7 @@ Stages of clock ``t`` (``Stage``)::
   tables last changed is ever used after.
 * **Updates are staged before commit.** A shard attempt stages its update on
   its own worker, then asks to commit; the first attempt to ask wins
-  (``dscar.shards``). When every shard of the pass has committed, ``APPLY``
+  (``dscar.core.shards``). When every shard of the pass has committed, ``APPLY``
   tells every owner to collect and apply exactly the committed attempts'
   updates of this run id; the rest are dropped: each shard's update is applied
   exactly once per completed clock. A worker lost with committed, unapplied

@@ -18,7 +18,7 @@ from typing import Any, Iterable
 
 import numpy as np
 
-from .xp import is_array, to_host
+from ..xp import is_array, to_host
 
 @dataclass
 class ShardEntry:

@@ -1,6 +1,6 @@
 """One job's table partitions on one worker: values, checkpointed copies, staged updates.
 
-Pure (no Dask): ``dscar.worker`` holds one ``PartitionStore`` per job and answers
+Pure (no Dask): ``dscar.worker.plugin`` holds one ``PartitionStore`` per job and answers
 the ``dscar_*`` handlers from it; the store decides nothing the coordinator decides.
 
 Exactly once: a shard attempt stages its contributions on the worker that ran it
@@ -11,10 +11,10 @@ attempts' updates to its partitions from the workers that ran them and staged
 some for it (each commit reports the partitions it touched, ``touched_parts``;
 ``select_staged``: one message per such worker and pass), or, where that would be
 O(W²) messages, from the root of an aggregation tree whose members hold their
-subtrees' updates (``hold_combined`` / ``select_combined``; ``dscar.apply_plan``),
+subtrees' updates (``hold_combined`` / ``select_combined``; ``dscar.core.apply_plan``),
 and applies exactly those,
 in shard order, so sums are deterministic (``apply_pass``); holders install
-exactly those shard states (``dscar.shard_store``); everything else is dropped.
+exactly those shard states (``dscar.worker.shard_store``); everything else is dropped.
 A staged update of an older run is never applied: ``select_staged`` answers
 ``missing`` for it and ``apply_pass`` drops it. A worker lost with committed,
 unapplied attempts takes them with it: the coordinator runs those shards again
@@ -28,11 +28,11 @@ from typing import Any, Iterable
 
 import numpy as np
 
-from . import checkpoint as ckpt
-from .algorithm import TableSpec
-from .apply_plan import touches  # noqa: F401 (where an owner's fetch is decided; tests import it here)
-from .partitions import TableLayout
-from .xp import to_host
+from .. import checkpoint as ckpt
+from ..algorithm import TableSpec
+from ..core.apply_plan import touches  # noqa: F401 (where an owner's fetch is decided; tests import it here)
+from ..core.partitions import TableLayout
+from ..xp import to_host
 
 #: ``(table, part)``: a partition of a table
 Part = tuple[str, int]
@@ -101,7 +101,7 @@ class PartitionStore:
         #: BSP: the run id of the newest pass applied here (every attempt of it or an older run lost)
         self.applied_run: int = -1
         #: (run, clock or SSP batch) of a pass -> key -> (worker that staged it, updates): this worker's
-        #: combined set when the pass goes through an aggregation tree (``dscar.apply_plan``), served
+        #: combined set when the pass goes through an aggregation tree (``dscar.core.apply_plan``), served
         #: to its parent and to the owners; kept until a newer pass is combined or applied here
         self.combined: dict[tuple[int, int], dict[Key, tuple[str, list[Update]]]] = {}
 

@@ -1,6 +1,6 @@
 """What the pure core asks the coordinator to carry out (no Dask here).
 
-A decision of the job (``dscar.job``) returns a list of these; the coordinator (the Dask
+A decision of the job (``dscar.core.job``) returns a list of these; the coordinator (the Dask
 scheduler plugin) turns each into messages and reports back what happened. None of them is
 carried out by the core itself.
 """

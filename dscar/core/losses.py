@@ -3,7 +3,7 @@
 ``Losses`` is the part of a job's control state that owns the lost workers and the recovery
 bookkeeping: which losses are not recovered yet, which shards' states must come back, the file
 (or memory copy) each of them is restored from, and the rows a rebuild pass must recompute. The
-plan itself is ``dscar.ledger.plan_recovery``'s; the coordinator carries it out and reports each
+plan itself is ``dscar.core.ledger.plan_recovery``'s; the coordinator carries it out and reports each
 restored partition here.
 
 Invariants:

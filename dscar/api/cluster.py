@@ -9,9 +9,9 @@ from typing import Any
 import dask
 from distributed import Client, LocalCluster, Security
 
-from .coordinator import Coordinator
-from .errors import ClusterError, InvalidInputError
-from .worker import ParamServer
+from ..scheduler.coordinator import Coordinator
+from ..errors import ClusterError, InvalidInputError
+from ..worker.plugin import ParamServer
 
 #: how long a silent (hung) worker may stay before the scheduler drops it
 DEFAULT_WORKER_TTL = "10s"
@@ -36,7 +36,7 @@ EMBEDDED_CONFIG = {"distributed.worker.profile.enabled": False, "distributed.adm
 #: most of it: pull 5.4-6.5 ms)
 WORKER_MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": str(64 << 20), "MALLOC_TRIM_THRESHOLD_": str(256 << 20)}
 #: the engine's part of what the embedded cluster's forkserver imports once (``worker_preload``)
-WORKER_PRELOAD = ("distributed", "numpy", "scipy.sparse", "dscar.worker")
+WORKER_PRELOAD = ("distributed", "numpy", "scipy.sparse", "dscar.worker.plugin")
 
 
 def worker_preload() -> list[str]:
@@ -154,7 +154,7 @@ class Cluster:
         security: "Security | bool | None" = None,
         set_as_default: bool = True,
     ):
-        from .validation import integer, number
+        from ..validation import integer, number
 
         self._owned: list[Any] = []
         security = _security(security)
@@ -199,7 +199,7 @@ class Cluster:
             )
         self.client.register_plugin(Coordinator())
         self.client.register_plugin(ParamServer())
-        from .dashboard import register as register_dashboard
+        from ..scheduler.dashboard import register as register_dashboard
 
         register_dashboard(self.client)  # the /dscar page on the scheduler's dashboard (needs bokeh)
 

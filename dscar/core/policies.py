@@ -23,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Collection, Iterable, Iterator
 
-from .errors import InvalidInputError
+from ..errors import InvalidInputError
 from .monitor import ThroughputMonitor
 
 
@@ -173,5 +173,5 @@ def make_policies(spec: "Iterable[str | Policy] | None") -> list[Policy]:
         elif isinstance(p, str) and p in POLICIES:
             out.append(POLICIES[p]())
         else:
-            raise InvalidInputError(f"unknown policy {p!r}; known: {sorted(POLICIES)} or a dscar.policies.Policy")
+            raise InvalidInputError(f"unknown policy {p!r}; known: {sorted(POLICIES)} or a dscar.core.policies.Policy")
     return out

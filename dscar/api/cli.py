@@ -6,8 +6,8 @@ import sys
 import time
 from typing import Any, Protocol
 
-from .errors import DscarError, InvalidInputError
-from .validation import arg_float, arg_int, fault_clocks
+from ..errors import DscarError, InvalidInputError
+from ..validation import arg_float, arg_int, fault_clocks
 
 
 class _Parser(argparse.ArgumentParser):
@@ -47,7 +47,7 @@ def build_parser(models: dict[str, CliModel] | None = None) -> argparse.Argument
         epilog=f"models (dscar run MODEL --help for each one's flags):\n{listing}",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    from . import __version__
+    from .. import __version__
 
     p.add_argument("--version", action="version", version=f"dscar {__version__}")
     sub = p.add_subparsers(dest="command", required=True)
@@ -91,7 +91,7 @@ def _jobs_command(args) -> int:
 
 
 def _add_common(run: argparse.ArgumentParser) -> None:
-    from .checkpoint import MAX_CHAIN
+    from ..checkpoint import MAX_CHAIN
 
     g = run.add_argument_group("cluster")
     g.add_argument("--workers", type=arg_int(1), default=2, help="worker processes of the embedded cluster (default 2)")
@@ -166,7 +166,7 @@ def _add_common(run: argparse.ArgumentParser) -> None:
 def _checkpoint_config(args, faults: list):
     """The run's ``CheckpointConfig`` (None without one); with injected worker losses and no
     --checkpoint, a temporary store that ``main`` removes at the end (as ``dscar.fit`` does)."""
-    from .checkpoint import CheckpointConfig, needs_store, temporary_store
+    from ..checkpoint import CheckpointConfig, needs_store, temporary_store
 
     url = args.checkpoint
     every = CHECKPOINT_EVERY if args.checkpoint_every is None else args.checkpoint_every
@@ -272,7 +272,7 @@ def _quiet_dask() -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from .checkpoint import remove_temporary
+    from ..checkpoint import remove_temporary
 
     models = load_models()
     args = build_parser(models).parse_args(argv)
@@ -284,7 +284,7 @@ def main(argv: list[str] | None = None) -> int:
             return 2
     from .driver import fit
 
-    from . import faults as faults_mod
+    from .. import faults as faults_mod
 
     checkpoint = cluster = None
     try:

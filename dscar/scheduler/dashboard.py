@@ -26,7 +26,7 @@ import logging
 import time
 from typing import Any
 
-from .report import event_lines, worker_names
+from ..api.report import event_lines, worker_names
 
 logger = logging.getLogger("dscar.dashboard")
 

@@ -24,10 +24,10 @@ from typing import Any, Mapping
 import numpy as np
 import scipy.sparse as sp
 
-from .algorithm import DataMeta
-from .errors import InvalidInputError, describe
-from .partitions import row_bounds
-from .validation import integer
+from ..algorithm import DataMeta
+from ..errors import InvalidInputError, describe
+from ..core.partitions import row_bounds
+from ..validation import integer
 
 
 def _check_finite(name: str, a: Any, where: str = "") -> None:

@@ -4,7 +4,7 @@
 
     obj=0.5937643 s/clock=0.073 workers=2/3 stragglers=1 ckpt=v6 1 clock ago rework~0.3 lost=1 recoveries=1
 
-``rework~`` (with a checkpoint store) is the clocks a loss now would cost (``dscar.intervals``).
+``rework~`` (with a checkpoint store) is the clocks a loss now would cost (``dscar.core.intervals``).
 
 ``events`` is the run's append-only event list; only the entries added since the last call are read.
 Pure (no Dask, no tqdm), so the driver's hook is one line and the rules are tested directly.
@@ -63,7 +63,7 @@ class ProgressLine:
             age = max(record.clock - c, 0)
             parts.append(f"ckpt=v{v} {age} clock{'' if age == 1 else 's'} ago")
         est = getattr(record, "checkpoint", None)
-        if est:  # what a loss now would cost (dscar.intervals.rework_estimate)
+        if est:  # what a loss now would cost (dscar.core.intervals.rework_estimate)
             parts.append(f"rework~{est['rework_estimate']:.2g}")
         if self.lost:
             parts.append(f"lost={self.lost}")

@@ -1,13 +1,13 @@
 """The control plane's Dask side: ``Coordinator``, a SchedulerPlugin.
 
-Every decision is made by ``dscar.job.JobState`` (pure); this plugin only
+Every decision is made by ``dscar.core.job.JobState`` (pure); this plugin only
 carries decisions out: it answers the workers' and the driver's RPCs, fans the
 apply and checkpoint messages out to the workers, restores partitions during a
 recovery, and watches the workers' heartbeats. Its handlers move only ids,
 timings, file names and scalar metrics, and never block the event loop: waiting
 is done with long polls on an ``asyncio.Event``.
 
-Protocol of a pass (the messages: ``dscar.protocol``): the worker asks
+Protocol of a pass (the messages: ``dscar.core.protocol``): the worker asks
 ``dscar_next`` (a long poll, woken by new work or a job's end, not by a timer)
 for its first work item, a batch of one or more shard attempts (its own shards,
 its share of the pass by its measured speed: ``Dispatch.batch_size``). It runs
@@ -22,13 +22,13 @@ closes). A hung one (SIGSTOP, a stuck event loop) stops heartbeating; the
 coordinator probes any worker silent for ``dscar.hang-timeout`` seconds
 (default 3 s; heartbeats come every 0.5 s on clusters of up to 10 workers), or
 for two of Dask's heartbeat intervals where those are longer (a large cluster's:
-``dscar.liveness``), at most ``liveness.MAX_PROBES`` a sweep, and
+``dscar.core.liveness``), at most ``liveness.MAX_PROBES`` a sweep, and
 removes it if it cannot answer within 1.5 s, instead of waiting for distributed's
 ttl sweep, which runs only every ttl; a starved but live worker answers, late.
 Shard steps run on the worker's own thread, so heartbeats flow while kernels run.
-A job whose workers all answer while it stops moving on for ``dscar.stall-timeout``
+A job whose workers all answer while it stops moving on for ``dscar.core.stall-timeout``
 seconds (default 60) is reported once: a ``job-stalled`` event with its state and the
-innermost frames of the runner threads holding it (``dscar.stall``, ``dscar_stack``).
+innermost frames of the runner threads holding it (``dscar.core.stall``, ``dscar_stack``).
 """
 from __future__ import annotations
 
@@ -44,21 +44,21 @@ from distributed.core import error_message
 from distributed.protocol.pickle import loads
 from distributed.scheduler import heartbeat_interval
 
-from .apply_plan import DIRECT_PER_WORKER, FANIN, ApplyPlan, plan_apply, shard_ranges
-from .checkpoint import CheckpointConfig
-from .comm import fast_fail_pool
-from .elastic import adaptive_target, handoff_plan, join_plan, retirable, shard_handoff_plan, workers_wanted
-from .errors import RefusedCallError
-from .inflight import Inflight
-from .job import ApplyPass, Checkpoint, JobConfig, JobState, Mirror, RestartWorker, StartRecovery
-from .liveness import silence_limit, to_probe
-from .membership import DEFAULT_LEASE_S, SCHEDULER_RULES, Lease, Rule, key_digest, refusal, same
-from .monitor import ThroughputMonitor
-from .partition_store import merge_touched
-from .protocol import IDLE, Commit, CommitAnswer, handler_name
-from .partitions import PartitionMap, TableLayout, data_homes, placement_plan
-from .shards import ShardQueue
-from .stall import StallWatch, workers_to_ask
+from ..core.apply_plan import DIRECT_PER_WORKER, FANIN, ApplyPlan, plan_apply, shard_ranges
+from ..checkpoint import CheckpointConfig
+from ..comm import fast_fail_pool
+from ..core.elastic import adaptive_target, handoff_plan, join_plan, retirable, shard_handoff_plan, workers_wanted
+from ..errors import RefusedCallError
+from ..inflight import Inflight
+from ..core.job import ApplyPass, Checkpoint, JobConfig, JobState, Mirror, RestartWorker, StartRecovery
+from ..core.liveness import silence_limit, to_probe
+from ..core.membership import DEFAULT_LEASE_S, SCHEDULER_RULES, Lease, Rule, key_digest, refusal, same
+from ..core.monitor import ThroughputMonitor
+from ..worker.partition_store import merge_touched
+from ..core.protocol import IDLE, Commit, CommitAnswer, handler_name
+from ..core.partitions import PartitionMap, TableLayout, data_homes, placement_plan
+from ..core.shards import ShardQueue
+from ..core.stall import StallWatch, workers_to_ask
 
 logger = logging.getLogger("dscar.coordinator")
 
@@ -81,7 +81,7 @@ IDLE_POLL_HEARTBEATS = 20
 
 def hang_timeout(n_workers: int = 0) -> float:
     """Seconds without a sign of life after which a worker is probed, then removed: ``dscar.hang-timeout``,
-    or longer on a cluster of ``n_workers`` whose heartbeats come further apart (``dscar.liveness``)."""
+    or longer on a cluster of ``n_workers`` whose heartbeats come further apart (``dscar.core.liveness``)."""
     return silence_limit(float(dask.config.get("dscar.hang-timeout", 3.0)), heartbeat_interval(n_workers))
 
 
@@ -104,8 +104,8 @@ def handoff_timeout() -> float:
 
 
 def stall_timeout() -> float:
-    """Seconds a working job may go without moving on before it is reported stalled (``dscar.stall-timeout``)."""
-    return float(dask.config.get("dscar.stall-timeout", 60.0))
+    """Seconds a working job may go without moving on before it is reported stalled (``dscar.core.stall-timeout``)."""
+    return float(dask.config.get("dscar.core.stall-timeout", 60.0))
 
 
 class Coordinator(SchedulerPlugin):
@@ -134,7 +134,7 @@ class Coordinator(SchedulerPlugin):
         self._stalls: dict[str, StallWatch] = {}
         #: stall reports gathering their workers' stacks (kept referenced until done)
         self._stall_reports: set[asyncio.Future] = set()
-        #: job -> its token (``dscar.membership``): every call about the job carries it
+        #: job -> its token (``dscar.core.membership``): every call about the job carries it
         self._tokens: dict[str, str] = {}
         #: worker address -> the key its process registered and confirmed (``dscar_hello``)
         self._keys: dict[str, str] = {}
@@ -529,7 +529,7 @@ class Coordinator(SchedulerPlugin):
 
     def _check_stalls(self, now_m: float) -> None:
         """Report, once per episode, a job that is working and has not moved on for ``stall_timeout()``
-        seconds while its workers answer (``dscar.stall``): an event with its state, and a warning."""
+        seconds while its workers answer (``dscar.core.stall``): an event with its state, and a warning."""
         for job_id, job in self.jobs.items():
             watch = self._stalls.setdefault(job_id, StallWatch(stall_timeout()))
             key, working = job.progress()
@@ -954,7 +954,7 @@ class Coordinator(SchedulerPlugin):
         return {w: m for w, m in merged.items() if w not in unknown}
 
     def _apply_plan(self, job: JobState, e: ApplyPass, targets: list[str]) -> ApplyPlan:
-        """Who fetches the pass's updates from whom (``dscar.apply_plan``): direct while that is a few
+        """Who fetches the pass's updates from whom (``dscar.core.apply_plan``): direct while that is a few
         messages per worker (``dscar.apply-direct-per-worker``), otherwise through a tree of fan-in
         ``dscar.apply-fanin``."""
         stagers: dict[str, list] = {}
@@ -1177,7 +1177,7 @@ class Coordinator(SchedulerPlugin):
     async def _restore(self, job: JobState, restores: dict, manifests: list[dict],
                        from_memory: dict | None = None) -> None:
         """Restore each partition on its target from the first source that serves it
-        (``dscar.ledger.restore_sources``: a live buddy's memory copy, then each checkpoint that
+        (``dscar.core.ledger.restore_sources``: a live buddy's memory copy, then each checkpoint that
         verifies, newest first, then the initial values).
 
         A source that fails (its holder gone, a corrupt file) sends the restore on to the next

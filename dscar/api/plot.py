@@ -92,7 +92,7 @@ def check_target(path: str) -> None:
     or a file type matplotlib does not write."""
     import os
 
-    from .errors import InvalidInputError
+    from ..errors import InvalidInputError
 
     try:
         plt = _pyplot()

@@ -1,7 +1,7 @@
 """When a fit takes checkpoints and memory copies, who writes what, and what they cost (no Dask here).
 
 ``CheckpointPlanner`` is the part of a job's control state that owns the checkpoint ledger
-(``dscar.ledger``), the interval in force (``dscar.intervals``), the memory tier's copies and
+(``dscar.core.ledger``), the interval in force (``dscar.core.intervals``), the memory tier's copies and
 what is being snapshotted. The job asks it at each clock end whether a checkpoint or a memory
 copy is due and gets the ``Checkpoint`` / ``Mirror`` effect to carry out; the coordinator's
 reports (snapshotted, written, published, mirrored) come back here.
@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from .checkpoint import state_shards
+from ..checkpoint import state_shards
 from .events import EventLog
 from .intervals import FixedSchedule, IntervalPlanner, rework_estimate
 from .ledger import CheckpointLedger

@@ -4,13 +4,13 @@ A thread of its own pulls work from the coordinator (``dscar_next``, a long
 poll), so no Dask task is ever pinned to a worker. For a work item it runs the
 batch's attempts one after another (members not started yet may be given back:
 ``release``, the ``dscar_release`` handler), stages each attempt's updates and
-new shard state in the job's stores (``dscar.partition_store``,
-``dscar.shard_store``), and commits those that succeeded in one ``dscar_commit``,
+new shard state in the job's stores (``dscar.worker.partition_store``,
+``dscar.worker.shard_store``), and commits those that succeeded in one ``dscar_commit``,
 whose answer carries the next work item. It also runs clock-end steps, and
 injects the faults of ``dscar.faults`` at the points of this thread.
 
 It reaches the scheduler and other workers only through ``RunnerHost``, which
-``dscar.worker.ParamServer`` implements: every message to a peer goes through a
+``dscar.worker.plugin.ParamServer`` implements: every message to a peer goes through a
 connection pool with a short connect timeout and a deadline
 (``dscar.rpc-timeout``), so a dead or hung peer fails the attempt in seconds.
 """
@@ -29,18 +29,18 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from . import checkpoint as ckpt
-from . import wire
-from .algorithm import Algorithm, DataMeta, TableSpec
-from .inflight import PeerUnreachable
-from .ledger import INITIAL_STATE
+from .. import checkpoint as ckpt
+from .. import wire
+from ..algorithm import Algorithm, DataMeta, TableSpec
+from ..inflight import PeerUnreachable
+from ..core.ledger import INITIAL_STATE
 from .mirror_store import MirrorStore, shard_key
 from .partition_store import PartitionStore, touched_parts
-from .protocol import Commit, CommitAnswer, Finished, Stopped, WorkItem
+from ..core.protocol import Commit, CommitAnswer, Finished, Stopped, WorkItem
 from .pull_cache import SMALL, PullCache
-from .partitions import TableLayout, by_owner
+from ..core.partitions import TableLayout, by_owner
 from .shard_store import ShardEntry, ShardStore
-from .xp import to_host
+from ..xp import to_host
 
 from distributed.protocol import to_serialize
 
@@ -87,7 +87,7 @@ class Job:
     forgotten: dict[tuple[str, int], np.ndarray] = field(default_factory=dict)
     #: set once a simulated loss has set ``forgotten`` aside
     forgot: threading.Event = field(default_factory=threading.Event)
-    #: the job's token (``dscar.membership``): every call about the job carries it
+    #: the job's token (``dscar.core.membership``): every call about the job carries it
     token: str | None = None
 
     def apply_pass(self, run: int, keys: list, workers: list, fetched: dict, reset: set, owned: dict,

@@ -2,12 +2,12 @@
 
 ``JobState`` answers the coordinator's questions — which work item a worker gets next,
 whether a commit is granted, what a loss means, what follows a pass — from parts with one
-job each, composed: the schedule (``dscar.schedule``: BSP or SSP, what may run now, what a
-commit grants, when a clock ends, what a loss rewinds), the shard queue (``dscar.shards``),
-the ownership map (``dscar.partitions``), the dispatch rules here (batches, moves, stragglers,
-policies), the log (``dscar.events``), the clock tally (``dscar.tally``), checkpoint planning
-(``dscar.checkpoint_plan``) and losses (``dscar.losses``). It returns *effects*
-(``dscar.effects``) for the coordinator to carry out; the coordinator only sends messages.
+job each, composed: the schedule (``dscar.core.schedule``: BSP or SSP, what may run now, what a
+commit grants, when a clock ends, what a loss rewinds), the shard queue (``dscar.core.shards``),
+the ownership map (``dscar.core.partitions``), the dispatch rules here (batches, moves, stragglers,
+policies), the log (``dscar.core.events``), the clock tally (``dscar.core.tally``), checkpoint planning
+(``dscar.core.checkpoint_plan``) and losses (``dscar.core.losses``). It returns *effects*
+(``dscar.core.effects``) for the coordinator to carry out; the coordinator only sends messages.
 
 Shard state (LDA's topic assignments) follows the same rule as table updates:
 a committed attempt's new state is staged on the worker that ran it and
@@ -306,7 +306,7 @@ class JobState:
 
     def leave(self, worker: str, now: float) -> list[Effect]:
         """``worker`` leaves on purpose, at a clock boundary, having handed off its partitions and
-        shards (``dscar.elastic``): recorded as a ``worker-left``; what it still held goes the loss's
+        shards (``dscar.core.elastic``): recorded as a ``worker-left``; what it still held goes the loss's
         way (a partition it still owns is restored, a shard it still holds is placed again)."""
         if worker in self.lost:
             return []
@@ -430,7 +430,7 @@ class JobState:
 
     # ------------------------------------------------------------- reports
     def snapshot(self, live: set[str], now: float) -> dict[str, Any]:
-        """The job's state as plain JSON-able data, for the dashboard page (``dscar.dashboard``).
+        """The job's state as plain JSON-able data, for the dashboard page (``dscar.scheduler.dashboard``).
 
         Read-only and cheap (no I/O): clock, stage, per worker (live, shards done this clock,
         speed, straggler flag), the active pass's queue counts (todo / doing / done, running
@@ -467,7 +467,7 @@ class JobState:
     def progress(self) -> tuple[Any, bool]:
         """A key that changes whenever the job moves on (an attempt started, committed or failed, a
         pass applied, a clock ended, a recovery step), and whether the job is working rather than
-        waiting for its driver's next clock: what ``dscar.stall.StallWatch`` watches."""
+        waiting for its driver's next clock: what ``dscar.core.stall.StallWatch`` watches."""
         return self.schedule.progress()
 
     def queue_progress(self) -> tuple:

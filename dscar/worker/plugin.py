@@ -1,18 +1,18 @@
 """The data plane: ``ParamServer``, a WorkerPlugin on every worker.
 
 The worker side is split by role, as distributed's ``shuffle/`` is: per job, a
-partition store (``dscar.partition_store``: the table partitions this worker
+partition store (``dscar.worker.partition_store``: the table partitions this worker
 owns and the updates staged by attempts run here), a shard store
-(``dscar.shard_store``: the shards whose data it holds) and a shard runner
-(``dscar.runner``: the worker's own thread that pulls and runs work). This
+(``dscar.worker.shard_store``: the shards whose data it holds) and a shard runner
+(``dscar.worker.runner``: the worker's own thread that pulls and runs work). This
 plugin is the glue: lifecycle, job install, the ``dscar_*`` handlers, peer
 messaging, and moving array work (large applies, checkpoint snapshots and
 writes) off the event loop. Parameter and shard bytes move worker to worker
 through the handlers below, as zero-copy frames; the scheduler only ever sees
 ids and small dicts.
 
-Exactly once: the rule lives where it is kept, in ``dscar.partition_store``
-(staged updates, applied in shard order) and ``dscar.shard_store`` (pending
+Exactly once: the rule lives where it is kept, in ``dscar.worker.partition_store``
+(staged updates, applied in shard order) and ``dscar.worker.shard_store`` (pending
 shard states, installed for the winning attempt only); the handlers here are
 thin glue over those two stores.
 
@@ -44,20 +44,20 @@ from distributed.protocol import to_serialize
 from distributed.protocol.pickle import loads
 from distributed.utils import sync
 
-from . import checkpoint as ckpt
-from . import wire
-from .comm import fast_fail_pool
-from .errors import RefusedCallError
-from .inflight import Inflight
-from .membership import (WORKER_INSTALLING, WORKER_RUN_WRITES, Rule, key_digest, new_token, refusal, run_known,
+from .. import checkpoint as ckpt
+from .. import wire
+from ..comm import fast_fail_pool
+from ..errors import RefusedCallError
+from ..inflight import Inflight
+from ..core.membership import (WORKER_INSTALLING, WORKER_RUN_WRITES, Rule, key_digest, new_token, refusal, run_known,
                          run_refusal, same, worker_rule)
 from .mirror_store import part_key, shard_key
 from .partition_store import PartitionStore
-from .partitions import TableLayout
-from .protocol import handler_name
+from ..core.partitions import TableLayout
+from ..core.protocol import handler_name
 from .runner import Job, ShardRunner
 from .shard_store import ShardEntry, ShardStore
-from .xp import select_namespace, to_host
+from ..xp import select_namespace, to_host
 
 logger = logging.getLogger("dscar.worker")
 
@@ -449,7 +449,7 @@ class ParamServer(WorkerPlugin):
             fut.set_result(answer)
 
     async def _combine(self, job: Job, tag: tuple[int, int], combine: dict) -> None:
-        """The combine step of a pass applied through a tree (``dscar.apply_plan``): this worker's
+        """The combine step of a pass applied through a tree (``dscar.core.apply_plan``): this worker's
         committed attempts' updates (all partitions) and its children's combined sets, held here
         under the pass (``PartitionStore.hold_combined``) for the parent and the owners to fetch.
         A child that cannot be reached, or lacks a key, is answered as ``source-lost`` naming it
@@ -569,7 +569,7 @@ class ParamServer(WorkerPlugin):
         clocks: ``clocks`` gives each attempt's, ``floor`` the newest finished clock, ``batch`` the
         batch. ``phase``: the data phase whose pass this is (an injected fault may name it).
 
-        This worker's role in collecting the updates (``dscar.apply_plan.Role``): ``fetch``,
+        This worker's role in collecting the updates (``dscar.core.apply_plan.Role``): ``fetch``,
         ``[worker, keys]`` to fetch from each worker that staged some for the partitions here;
         ``tree``, ``{"root", "height", "expect"}`` to fetch them all from the tree's root instead;
         ``combine``, its combine step when it staged some for others (``_combine``).

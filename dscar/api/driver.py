@@ -23,21 +23,23 @@ from distributed.comm.core import CommClosedError
 from distributed.protocol import to_serialize
 from distributed.protocol.pickle import dumps
 
-from . import checkpoint as ckpt
-from . import report, results, shard_count, validation, wire
-from .algorithm import Algorithm, TableSpec
+from .. import checkpoint as ckpt
+from . import report, results
+from ..core import shard_count
+from .. import validation, wire
+from ..algorithm import Algorithm, TableSpec
 from .cluster import Cluster, default_memory_limit
-from .comm import fast_fail_pool
+from ..comm import fast_fail_pool
 from .data import ArrayData, FileData, PhasedData, as_data, is_dask
-from .errors import ClusterError, DscarError, InvalidInputError, JobFailedError
-from .faults import Fault, fire_point, resolve, unfired, why_unfired
-from .ledger import cut_refusal, restore_candidates
-from .membership import new_token
-from .monitor import ThroughputMonitor
-from .partitions import PartitionMap, by_owner
-from .policies import Policy, make_policies
+from ..errors import ClusterError, DscarError, InvalidInputError, JobFailedError
+from ..faults import Fault, fire_point, resolve, unfired, why_unfired
+from ..core.ledger import cut_refusal, restore_candidates
+from ..core.membership import new_token
+from ..core.monitor import ThroughputMonitor
+from ..core.partitions import PartitionMap, by_owner
+from ..core.policies import Policy, make_policies
 from .progress import ProgressLine
-from .protocol import handler_name
+from ..core.protocol import handler_name
 
 logger = logging.getLogger("dscar.driver")
 
@@ -77,7 +79,7 @@ class ClockRecord:
     #: a loss cut the clock short: no clock-end step ran, metrics are {"objective": nan, "skipped": 1}
     skipped: bool = False
     #: with a checkpoint store: the newest complete checkpoint's ``age`` (clocks), the
-    #: ``rework_estimate`` of a loss now (clocks, ``dscar.intervals``) and the ``period`` in force
+    #: ``rework_estimate`` of a loss now (clocks, ``dscar.core.intervals``) and the ``period`` in force
     checkpoint: dict[str, float] | None = None
     #: under SSP: shard updates of later clocks already applied when this clock ended (how far
     #: fast workers ran ahead instead of waiting at its barrier); 0 under BSP
@@ -141,23 +143,23 @@ class FitResult:
         return report.event_lines(self.events, hide=hide)
 
     def events_frame(self):
-        """The events as a ``pandas.DataFrame`` (pandas needed), one row each; see ``dscar.report``."""
+        """The events as a ``pandas.DataFrame`` (pandas needed), one row each; see ``dscar.api.report``."""
         return report.events_frame(self.events)
 
     def plot(self, ax=None):
         """The objective per clock with losses, recoveries, checkpoints and stragglers marked (matplotlib
-        needed: the ``plot`` extra); returns the figure. See ``dscar.plot.plot_fit``."""
+        needed: the ``plot`` extra); returns the figure. See ``dscar.api.plot.plot_fit``."""
         from .plot import plot_fit
 
         return plot_fit(self, ax=ax)
 
 
 def elastic_workers() -> int | None:
-    """The user's cap on the workers a fit asks Dask's adaptive scaling for (``dscar.elastic-workers``;
-    None: one per shard, ``dscar.elastic.workers_wanted``)."""
-    value = dask.config.get("dscar.elastic-workers", None)
+    """The user's cap on the workers a fit asks Dask's adaptive scaling for (``dscar.core.elastic-workers``;
+    None: one per shard, ``dscar.core.elastic.workers_wanted``)."""
+    value = dask.config.get("dscar.core.elastic-workers", None)
     if value is not None and (type(value) is not int or value < 0):
-        raise InvalidInputError(f"dscar.elastic-workers must be a whole number >= 0 or None, not {value!r}")
+        raise InvalidInputError(f"dscar.core.elastic-workers must be a whole number >= 0 or None, not {value!r}")
     return value
 
 
@@ -193,7 +195,7 @@ def fit(
 
     Stragglers: ``sharding="dynamic"`` (workers pull shards; the default) or
     ``"static"`` (each worker keeps its own shards: the BSP baseline);
-    ``policies``: names or ``dscar.policies.Policy`` objects (``"backup"``,
+    ``policies``: names or ``dscar.core.policies.Policy`` objects (``"backup"``,
     ``"adaptive"``, ``"restart"``; None for the defaults, ``[]`` for none);
     ``monitor``: ``ThroughputMonitor`` options (window, fraction,
     persistent_after). ``faults``: ``dscar.faults.slow / kill / hang / lose`` specs.
@@ -339,7 +341,7 @@ def lost_contact(e: BaseException) -> bool:
 
 def default_n_shards(n_workers: int, n_rows: int | None, n_bytes: int | None, *, balancing: bool = True,
                      shards_cost_quality: bool = False) -> int:
-    """The shard count of a fit not given ``n_shards``: ``dscar.shard_count`` decides (one per worker
+    """The shard count of a fit not given ``n_shards``: ``dscar.core.shard_count`` decides (one per worker
     unless the data's step work makes more worth their cost and the fit can balance them)."""
     return shard_count.default_n_shards(n_workers, n_rows, n_bytes, balancing=balancing,
                                         shards_cost_quality=shards_cost_quality)
@@ -400,7 +402,7 @@ class _Run:
         self.algorithm, self.data, self.tables, self.tol = algorithm, data, tables, tol
         self.max_failures = max_failures
         self.job_id = f"{algorithm.name}-{uuid.uuid4().hex[:10]}"
-        #: the job's token (``dscar.membership``): every call about the job carries it
+        #: the job's token (``dscar.core.membership``): every call about the job carries it
         self.token = new_token()
         #: the background renewal of the job's lease (``_renew``), while the job runs
         self._renewing: asyncio.Future | None = None
@@ -510,7 +512,7 @@ class _Run:
         self._sync(self._start_renewing, float(r["lease"]))
         failure: DscarError | None = None
         finished = False  # the clocks ran and the model was gathered (an unexpected error leaves it False)
-        from .dashboard import page_url
+        from ..scheduler.dashboard import page_url
 
         if url := page_url(self.client):
             logger.info("dashboard page of job %s: %s", self.job_id, url)

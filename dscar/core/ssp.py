@@ -3,7 +3,7 @@
 Under ``consistency="ssp"`` with staleness ``s`` a clock is no barrier: a shard's
 attempt of clock ``t`` may start while shards of clocks ``t - s … t - 1`` still run
 elsewhere. This module is the specification of that window, the SSP counterpart
-of ``dscar.clock`` (which stays the BSP machine, and the one for algorithms with
+of ``dscar.core.clock`` (which stays the BSP machine, and the one for algorithms with
 data phases). The coordinator feeds it what happened and carries out the actions
 it returns.
 
@@ -20,7 +20,7 @@ Rules (``check`` asserts them, ``tests/test_ssp.py`` drives them with Hypothesis
   its pulled copy while the copy serves (``copy_serves``): new enough for the
   clocks ``<= t - s - 1``, and holding the shard's own update either because it
   was pulled after that update was applied or because this worker's attempt
-  made it and added it to the copy when granted (``dscar.pull_cache``).
+  made it and added it to the copy when granted (``dscar.worker.pull_cache``).
 * **Eager apply.** A committed attempt's update is applied without waiting for
   its clock's other shards: whenever nothing is being applied, every commit
   waiting is applied in one batch (``ApplyBatch``), whatever clocks it spans.

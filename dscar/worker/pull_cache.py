@@ -6,7 +6,7 @@ a round trip. The copy is good for one run id (a new one means a new pass, a red
 recovery); under SSP it is also as new as ``version`` (``ClockWindow.version`` when it was
 cleared), and the worker adds its own granted updates to it (**write-back**: ``written_back``),
 so that its next attempts of the same shards read their own writes without a fresh pull
-(``dscar.ssp.copy_serves`` decides whether the copy serves an item).
+(``dscar.core.ssp.copy_serves`` decides whether the copy serves an item).
 
 Invariant: every entry holds each update in ``written_back`` and ``settled`` exactly once. An
 entry fetched before the update was granted gets it added (``write_back``); one fetched after
@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from .partition_store import add_update
-from .ssp import copy_serves
+from ..core.ssp import copy_serves
 
 #: the key of the entry holding every small table whole (one message per owner for all of them)
 SMALL = ("small tables",)

@@ -17,8 +17,8 @@ import numpy as np
 from sklearn.base import BaseEstimator, clone
 from sklearn.utils.validation import check_is_fitted
 
-from . import validation
-from .errors import ConvergenceWarning, InvalidInputError
+from .. import validation
+from ..errors import ConvergenceWarning, InvalidInputError
 from .results import json_value, read_saved, write_saved
 
 

@@ -3,10 +3,10 @@ retiring worker's partitions go (pure: no Dask here).
 
 Dask's adaptive scaling counts only Dask tasks, and dscar runs none, so without help it sees a
 fit's workers as idle: it retires them mid-fit (a loss, and rework) and never asks for more. The
-coordinator (``dscar.coordinator``) answers Dask's two questions with these functions:
+coordinator (``dscar.scheduler.coordinator``) answers Dask's two questions with these functions:
 
 - ``workers_wanted``: how many workers a running job can use (its shard count: a worker with no
-  shard to run adds nothing; or fewer, by the user's ``dscar.elastic-workers``), which the
+  shard to run adds nothing; or fewer, by the user's ``dscar.core.elastic-workers``), which the
   coordinator puts under Dask's own ``adaptive_target`` (``adaptive_target``): adaptive grows the
   cluster toward its ``maximum`` while a fit runs and shrinks it once the fit has ended;
 - ``retirable``: the candidates Dask may retire as idle (``valid_workers_downscaling``): none of a
@@ -21,12 +21,12 @@ from collections.abc import Iterable, Mapping
 
 
 def workers_wanted(n_shards: int, setting: int | None = None) -> int:
-    """Workers a job can use: one per shard, at most ``setting`` (the user's ``dscar.elastic-workers``;
+    """Workers a job can use: one per shard, at most ``setting`` (the user's ``dscar.core.elastic-workers``;
     None or 0: no limit of the user's). Never fewer than one."""
     if n_shards < 1:
         raise ValueError(f"a job has at least one shard, not {n_shards}")
     if setting is not None and (type(setting) is not int or setting < 0):
-        raise ValueError(f"dscar.elastic-workers must be a whole number >= 0, not {setting!r}")
+        raise ValueError(f"dscar.core.elastic-workers must be a whole number >= 0, not {setting!r}")
     return max(1, min(n_shards, setting) if setting else n_shards)
 
 

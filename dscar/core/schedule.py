@@ -3,11 +3,11 @@
 A ``Schedule`` answers the questions that depend on the consistency model: what may run now
 (the next work item for a worker), what a commit grants, when a pass is applied and a clock
 ends, what a loss rewinds, where a resume starts. ``BspSchedule`` drives the bulk-synchronous
-clock machine (``dscar.clock``): one clock at a time, each data phase a pass over every shard.
-``SspSchedule`` drives the stale-synchronous clock window (``dscar.ssp``): several clocks open
+clock machine (``dscar.core.clock``): one clock at a time, each data phase a pass over every shard.
+``SspSchedule`` drives the stale-synchronous clock window (``dscar.core.ssp``): several clocks open
 at once, committed updates applied in batches.
 
-Both act on the job they belong to (``dscar.job.JobState``): its shard queue (attempts,
+Both act on the job they belong to (``dscar.core.job.JobState``): its shard queue (attempts,
 first-commit-wins, holders), its dispatch helpers (batches, moves, straggler rules), its tally,
 log, losses and checkpoint planner. The job holds exactly one schedule and asks it; nothing
 else knows which model runs.
@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any, Iterable, Protocol
 
 from .clock import Apply, ClockMachine, Recover, RunClockEnd, Skip, Stage, StartPass
 from .effects import ApplyPass, Effect, RestartWorker, StartRecovery
-from .errors import ShardFailedError
+from ..errors import ShardFailedError
 from .ledger import manifest_cut
 from .monitor import step_seconds
 from .shards import Attempt, ShardStatus

@@ -5,7 +5,7 @@ consistency model: how many of its own shards a worker gets at once (by its meas
 time), whether a shard is worth moving from its holder, whether a straggler is left out of a
 pass's tail, which unstarted batch members an idle worker may take back, and what the straggler
 policies decide (backups when idle; batch scales and restarts at clock ends). The job's schedule
-(``dscar.schedule``) says which shards may run now and asks this part how to hand them out.
+(``dscar.core.schedule``) says which shards may run now and asks this part how to hand them out.
 
 Invariants:
 
@@ -258,7 +258,7 @@ class Dispatch:
                         job.pmap.to_msg(), members, self.batch_scale.get(batch[0].worker, 1.0), restored).to_msg()
 
     def view(self, workers: list[str], now: float, idle_worker: str | None = None) -> ControllerView:
-        """What a straggler policy sees (``dscar.policies``). Batch members that may not have started
+        """What a straggler policy sees (``dscar.core.policies``). Batch members that may not have started
         (``batched``) are not shown running: they wait behind their batch's earlier members, and an
         idle worker asks them back (``ask_back``) rather than back them up; asked once, they show.
         An attempt of a batch of n commits with the batch's last: its time is shown as the item's

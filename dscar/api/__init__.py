@@ -1,0 +1,1 @@
+"""The user API: estimators, ``fit`` (the driver), clusters, results, the CLI and its reports."""

@@ -1,0 +1,2 @@
+"""The worker side: the ParamServer plugin, the shard runner, and the stores of partitions, shards and
+pulled rows."""
