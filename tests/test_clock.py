@@ -151,7 +151,7 @@ def _run_clock(job: JobState, clock: int, step_s: float) -> list[list[int]]:
     return batches
 
 
-def test_short_steps_come_in_batches_of_the_workers_own_shards_and_long_steps_one_by_one():
+def test_short_steps_come_in_batches_of_the_workers_own_shards_and_long_steps_as_its_share_of_the_pass():
     job = _two_worker_job()
     # measured after its second step (the first is a warm-up)
     assert _run_clock(job, 1, 0.001) == [[0], [1], [2, 3], [7], [6], [5], [4]]
@@ -159,8 +159,13 @@ def test_short_steps_come_in_batches_of_the_workers_own_shards_and_long_steps_on
     job.clock_end_done(job.next_item("b", 0.0) and "b", job.machine.run_id, {"objective": 1.0}, 0.0, 0.0)
     # b's shards moved to a in clock 1: all 8 are a's own now; 0.01 s / 0.001 s allows batches of 10
     assert _run_clock(job, 2, 0.001) == [[0, 1, 2, 3, 4, 5, 6, 7]]
+    # long steps: once measured, the worker's share of the pass in one item (b, not measured, counts
+    # as fast as a: a's share is 4), so a's own 2 and 3 together; another's shards move one by one
     slow = _two_worker_job()
-    assert _run_clock(slow, 1, 0.05) == [[0], [1], [2], [3], [7], [6], [5], [4]]
+    assert _run_clock(slow, 1, 0.05) == [[0], [1], [2, 3], [7], [6], [5], [4]]
+    # ... at most ~2 s of steps an item (a commit comes that often): 1.5 s steps one by one
+    slower = _two_worker_job()
+    assert _run_clock(slower, 1, 1.5) == [[0], [1], [2], [3], [7], [6], [5], [4]]
 
 
 def test_an_idle_worker_gets_back_the_batch_members_not_started_yet():
@@ -850,12 +855,16 @@ def test_a_shard_moves_only_where_that_beats_waiting_for_its_holder():
             job.monitor.record(w, step)
         job.move_s = move_s
         job.begin(1, 0.0)
-        assert job.next_item("b", 0.0)["shards"][0]["shard"] == 2  # b's own
-        for _ in range(2):  # a runs its own two
-            item = job.next_item("a", 0.0)
-            assert item["shards"][0]["fetch_from"] is None
-            job.commit("a", 1, item["run"], item["shards"][0]["shard"], item["shards"][0]["attempt"], 0.0,
-                       {"compute_s": 0.08})
+        # each worker's share of the pass comes in one item: a's own 0 and 1, b's own 2 and 3 (only 2
+        # where b is so slow that its share is 1)
+        b_item = [m["shard"] for m in job.next_item("b", 0.0)["shards"]]
+        assert b_item == ([2, 3] if step_b < 0.2 else [2])
+        item = job.next_item("a", 0.0)
+        assert [(m["shard"], m["fetch_from"]) for m in item["shards"]] == [(0, None), (1, None)]
+        for m in item["shards"]:
+            job.commit("a", 1, item["run"], m["shard"], m["attempt"], 0.0, {"compute_s": 0.08})
+        if 3 in b_item:  # a ran out: b gives back shard 3, not started (ask_back)
+            job.released("b", [(3, 0)], [(3, 0)], 0.0)
         if b_commits:  # b finished shard 2 at 0.0 and has not asked again since
             job.commit("b", 1, job.machine.run_id, 2, 0, 0.0, {"compute_s": step_b})
         item = job.next_item("a", now)  # b's shard 3 is the only one left

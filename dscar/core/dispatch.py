@@ -241,6 +241,8 @@ class Dispatch:
         back = [(int(s), int(a)) for s, a in released if self.job.queue.release(int(s), int(a), worker)]
         self.set_batched(worker, [m for m in self.batched.get(worker, []) if m not in done])
         if back:
+            if (running := self.running_items.get(worker)) is not None:  # its item now holds fewer
+                self.running_items[worker] = (running[0], max(1, running[1] - len(back)))
             self.job.event(now, "batch-released", worker=worker, shards=sorted(s for s, _ in back))
         self.job.schedule.given_back(s for s, _ in back)
 
