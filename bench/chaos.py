@@ -766,7 +766,8 @@ WARMUP_CLOCKS = 3
 
 
 def run_hollow(plans: list[dict], w: int, procs: int, deadline: float, t0: float,
-               hang_timeout: float | None = None) -> tuple[list[dict], list[dict]]:
+               hang_timeout: float | None = None,
+               on_result: Callable[[list[dict]], None] | None = None) -> tuple[list[dict], list[dict]]:
     """``plans`` one after another on a hollow cluster of ``w`` workers (``procs`` shared processes and
     ``N_WORKERS`` one-worker ones); the runs' results, and the warm-up fits'.
 
@@ -794,7 +795,7 @@ def run_hollow(plans: list[dict], w: int, procs: int, deadline: float, t0: float
         r = hollow_run(warm, c, deadline)
         warmups.append(r)
         log(t0, f"W={w}: warm-up fit {r['status']} in {r['fit_s']:.1f} s, {r.get('losses', '-')} workers lost "
-                f"{r.get('loss_reasons') or ''}")
+                f"{r.get('loss_reasons') or ''}" + (f" ({r.get('error', '')[:200]})" if r["status"] != "completed" else ""))
         return c
 
     try:
@@ -810,6 +811,8 @@ def run_hollow(plans: list[dict], w: int, procs: int, deadline: float, t0: float
             if r["status"] != "hang":
                 r["loop_lag_ms"] = hc.loop_lag_ms()
             results.append(r)
+            if on_result is not None:
+                on_result(results)
             found = ", ".join(f"{d['what']} {'-' if d['s'] is None else format(d['s'], '.1f')}s"
                               for d in r["detections"])
             lag = max((v.get("max", 0.0) for k, v in r.get("loop_lag_ms", {}).items() if k.startswith("hollow")),
@@ -994,7 +997,12 @@ def main(argv: list[str] | None = None) -> int:
 
         procs = args.procs or min(8, max(2, w // 32))
         plans = hollow_plans(plans, w, args.shards_per_worker)
-        results, warmups = run_hollow(plans, w, procs, deadline, t0, args.hang_timeout)
+        def partial(so_far: list[dict]) -> None:
+            if args.json:
+                write_json(args.json, {"partial": True, "seed": args.seed, "runs": n, "hollow": w, "results": so_far,
+                                       "summary": summarize(so_far)})
+
+        results, warmups = run_hollow(plans, w, procs, deadline, t0, args.hang_timeout, partial)
         hb = heartbeat_interval(w)
         hang_limit = 2 * hb + 2.0  # issue 39: a hung worker found within 2 heartbeat intervals + 2 s
         where = (f"{w} hollow workers each ({w - N_WORKERS} sharing {procs} processes, {N_WORKERS} alone: the "
