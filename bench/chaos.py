@@ -98,12 +98,13 @@ import threading
 import time
 import traceback
 from collections import Counter
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
 import dscar
 from bench.common import load_average, log, machine_info, pyplot, write_json
+from bench.hollow import HollowCluster, loss_reasons
 from dscar import Algorithm, TableSpec
 
 KINDS = ("none", "kill-clock", "kill-apply", "kill-clock-end", "kill-checkpoint", "kill-recovery", "double-kill",
@@ -461,10 +462,12 @@ def worker_processes() -> list:
 
 
 def _monkey(delays: list[float], chase: list[float], marker: str, stop: threading.Event, kills: list[dict],
-            seed: int) -> None:
+            seed: int, candidates: Callable[[], list] | None = None) -> None:
     """The external chaos monkey. From the first shard step on, SIGKILL a random worker process at each
     of ``delays`` (s), and ``chase[k]`` s after the k-th worker process that died (or stopped) of
-    something else, so a second loss lands while the first is being recovered."""
+    something else, so a second loss lands while the first is being recovered. ``candidates``: the
+    live worker processes it may kill (``psutil.Process``es; default ``worker_processes``)."""
+    candidates = candidates or worker_processes
     rng = random.Random(seed)
     while not os.path.exists(marker):
         if stop.wait(0.01):
@@ -474,10 +477,10 @@ def _monkey(delays: list[float], chase: list[float], marker: str, stop: threadin
     chase = list(chase)
     due: list[float] = []  # when chase kills are due (monotonic)
     mine: set[int] = set()
-    known = {p.pid for p in worker_processes()}
+    known = {p.pid for p in candidates()}
     while (timed or chase or due) and not stop.wait(0.005):
         now = time.monotonic()
-        live = {p.pid: p for p in worker_processes()}
+        live = {p.pid: p for p in candidates()}
         gone = known - set(live) - mine
         for _ in gone:  # a death the monkey did not cause: chase it
             if chase:
@@ -496,9 +499,57 @@ def _monkey(delays: list[float], chase: list[float], marker: str, stop: threadin
             try:
                 live.pop(pid).send_signal(signal.SIGKILL)
                 mine.add(pid)
-                kills.append({"at_s": time.monotonic() - t0, "pid": pid, "why": why})
+                kills.append({"at_s": time.monotonic() - t0, "time": time.time(), "pid": pid, "why": why})
             except Exception:  # noqa: BLE001 - it died meanwhile
                 pass
+
+
+def fault_specs(plan: dict[str, Any], target: Callable[[int], int | str] = lambda w: w) -> list:
+    """The plan's faults as ``dscar.faults`` specs; ``target`` maps a plan's worker index to the
+    fault's worker (an index into the job's workers, or an address)."""
+    from dscar import faults as F
+
+    specs = []
+    for f in plan["faults"]:
+        w = target(f["worker"])
+        if f["kind"] == "kill":
+            specs.append(F.kill(w, f["clock"], point=f["point"]))
+        elif f["kind"] == "hang":
+            specs.append(F.hang(w, f["clock"]))
+        elif f["kind"] == "lose":
+            specs.append(F.lose(w, f["clock"]))
+        elif f["kind"] == "slow":
+            specs.append(F.slow(w, f["factor"], f["clock"]))
+    return specs
+
+
+def checkpoint_config(plan: dict[str, Any], folder: str) -> dscar.CheckpointConfig | None:
+    """The plan's checkpoint configuration, its store under ``folder`` (None: no checkpoint store)."""
+    ck = plan["checkpoint"]
+    return None if ck is None else dscar.CheckpointConfig(
+        os.path.join(folder, "ckpt"), policy=ck["policy"], every=ck["every"], fraction=ck["fraction"],
+        recovery=ck["recovery"], memory=ck.get("memory", False), max_chain=ck.get("max_chain", dscar.checkpoint.MAX_CHAIN))
+
+
+def failure(e: BaseException, had_checkpoint: bool) -> dict[str, Any]:
+    """A failed fit's fields of a run's result: the error, whether it is legitimate, where it was raised
+    (dscar's frames) and the attempts its events say were wasted."""
+    msg = "".join(traceback.format_exception_only(type(e), e)).strip()
+    legit, why = classify_failure(isinstance(e, dscar.DscarError), msg, had_checkpoint)
+    return {**attempt_waste(list(getattr(e, "events", ()))),  # a DscarError carries the fit's events
+            "status": "failed", "error_type": f"{type(e).__module__}.{type(e).__qualname__}", "error": msg,
+            "legit": legit, "legit_why": why,
+            "traceback": "".join(traceback.format_exception(type(e), e, e.__traceback__))[-3000:],
+            "where": [f"{os.path.basename(fr.filename)}:{fr.lineno} {fr.name}"  # dscar's frames
+                      for fr in traceback.extract_tb(e.__traceback__) if f"{os.sep}dscar{os.sep}" in fr.filename]}
+
+
+def fit_kwargs(plan: dict[str, Any], specs: list, cfg: dscar.CheckpointConfig | None) -> dict[str, Any]:
+    """``dscar.fit``'s keywords for the plan (its data and model aside)."""
+    s = plan.get("staleness", 0)
+    return {"n_shards": plan["n_shards"], "max_clocks": plan["clocks"], "checkpoint": cfg,
+            "policies": plan["policies"], "faults": specs, "progress": False,
+            **({"consistency": "ssp", "staleness": s} if s else {})}
 
 
 def run_one(plan: dict[str, Any]) -> dict[str, Any]:
@@ -508,28 +559,13 @@ def run_one(plan: dict[str, Any]) -> dict[str, Any]:
     the process group."""
     import psutil
 
-    from dscar import faults as F
-
     tmp = tempfile.mkdtemp(prefix="dscar-chaos-")
     marker = os.path.join(tmp, "started")
     out: dict[str, Any] = {"index": plan["index"], "kind": plan["kind"]}
     t0 = time.perf_counter()
-    specs = []
-    for f in plan["faults"]:
-        if f["kind"] == "kill":
-            specs.append(F.kill(f["worker"], f["clock"], point=f["point"]))
-        elif f["kind"] == "hang":
-            specs.append(F.hang(f["worker"], f["clock"]))
-        elif f["kind"] == "lose":
-            specs.append(F.lose(f["worker"], f["clock"]))
-        elif f["kind"] == "slow":
-            specs.append(F.slow(f["worker"], f["factor"], f["clock"]))
-    ck = plan["checkpoint"]
-    cfg = None if ck is None else dscar.CheckpointConfig(
-        os.path.join(tmp, "ckpt"), policy=ck["policy"], every=ck["every"], fraction=ck["fraction"],
-        recovery=ck["recovery"], memory=ck.get("memory", False), max_chain=ck.get("max_chain", dscar.checkpoint.MAX_CHAIN))
-    s = plan.get("staleness", 0)
-    algo = ExactlyOnce(plan["clocks"], plan["work_s"], marker, s)
+    specs = fault_specs(plan)
+    cfg = checkpoint_config(plan, tmp)
+    algo = ExactlyOnce(plan["clocks"], plan["work_s"], marker, plan.get("staleness", 0))
     data = {"x": np.arange(plan["n_shards"], dtype=np.float64)}
     kills: list[dict] = []
     stop = threading.Event()
@@ -544,17 +580,9 @@ def run_one(plan: dict[str, Any]) -> dict[str, Any]:
             monkey.start()
         t1 = time.perf_counter()
         try:
-            res = dscar.fit(algo, data, cl, n_shards=plan["n_shards"], max_clocks=plan["clocks"], checkpoint=cfg,
-                            policies=plan["policies"], faults=specs, progress=False,
-                            **({"consistency": "ssp", "staleness": s} if s else {}))
+            res = dscar.fit(algo, data, cl, **fit_kwargs(plan, specs, cfg))
         except Exception as e:  # noqa: BLE001 - every failure is a finding
-            msg = "".join(traceback.format_exception_only(type(e), e)).strip()
-            legit, why = classify_failure(isinstance(e, dscar.DscarError), msg, cfg is not None)
-            out.update(attempt_waste(list(getattr(e, "events", ()))))  # a DscarError carries the fit's events
-            out.update(status="failed", error_type=f"{type(e).__module__}.{type(e).__qualname__}", error=msg,
-                       legit=legit, legit_why=why, traceback=traceback.format_exc()[-3000:],
-                       where=[f"{os.path.basename(fr.filename)}:{fr.lineno} {fr.name}"  # dscar's frames
-                              for fr in traceback.extract_tb(e.__traceback__) if f"{os.sep}dscar{os.sep}" in fr.filename])
+            out.update(failure(e, cfg is not None))
             res = None
         out["fit_s"] = time.perf_counter() - t1
         stop.set()
@@ -614,6 +642,222 @@ def _analyse(res: dscar.FitResult, plan: dict) -> dict[str, Any]:
         "faults_fired": {k: v for k, v in ev.items() if k.startswith("fault-")},
         "events": dict(ev), "checkpoints": len(res.checkpoints), **attempt_waste(res.events),
     }
+
+
+# ------------------------------------------------------- hollow workers (issue 39)
+#: seconds a hollow run may take before it counts as a hang (W = 64 workers set up and recover slower)
+HOLLOW_DEADLINE_S = 300.0
+
+
+def hollow_plans(plans: list[dict], w: int, shards_per_worker: int) -> list[dict]:
+    """The plans for ``w`` hollow workers: a shard per worker (``shards_per_worker``), so each fault's
+    target runs shard steps, where most faults fire."""
+    return [{**p, "n_shards": w * shards_per_worker, "hollow": w} for p in plans]
+
+
+def detections(events: list[dict], kills: list[dict], pid_worker: dict[int, str]) -> list[dict]:
+    """Per fault that takes a worker away (an injected kill or hang, a monkey's SIGKILL): the seconds
+    from the fault (the coordinator's stamp of its event; the monkey's clock for a SIGKILL) to the
+    job's ``worker-lost`` of that worker (``s`` None: never lost)."""
+    lost: dict[str, list[float]] = {}
+    for e in events:
+        if e.get("kind") == "worker-lost":
+            lost.setdefault(e["worker"], []).append(e["time"])
+    faults = [(f"{e['kind'][len('fault-'):]}@{e.get('point', 'start')}", e.get("worker"), e["time"])
+              for e in events if e.get("kind") in ("fault-kill", "fault-hang")]
+    faults += [("monkey", pid_worker.get(k["pid"]), k["time"]) for k in kills]
+    out = []
+    for what, worker, t in faults:
+        at = min((x for x in lost.get(worker, ()) if x >= t), default=None)
+        out.append({"what": what, "worker": worker, "s": None if at is None else round(at - t, 3)})
+    return out
+
+
+def false_losses(events: list[dict], kills: list[dict], pid_worker: dict[int, str]) -> list[dict]:
+    """Workers the job lost that no fault took away (a kill, hang or loss that fired, a monkey's
+    SIGKILL): healthy workers judged lost; each with the reason the coordinator gave for removing it."""
+    taken = {e.get("worker") for e in events if e.get("kind") in ("fault-kill", "fault-hang", "fault-lose")}
+    taken |= {pid_worker.get(k["pid"]) for k in kills}
+    why = {e.get("worker"): e.get("reason") for e in events if e.get("kind") == "worker-removed"}
+    return [{**e, "reason": why.get(e.get("worker"))} for e in events
+            if e.get("kind") == "worker-lost" and e.get("worker") not in taken]
+
+
+def hollow_run(plan: dict[str, Any], hc, deadline: float) -> dict[str, Any]:
+    """Run ``plan`` on the hollow cluster ``hc`` (``bench.hollow.HollowCluster`` with ``N_WORKERS``
+    one-worker processes, dscar registered); the result as ``run_one``'s, with ``detections`` and
+    ``false_losses``. The plan's fault targets (indices) are the one-worker processes' workers, and
+    the chaos monkey kills only those processes: a kill or hang takes one worker, as on a real
+    cluster, never the shared process of many. A fit still running after ``deadline`` s is a hang
+    (it is left running: the caller discards the cluster)."""
+    import psutil
+
+    tmp = tempfile.mkdtemp(prefix="dscar-hollow-chaos-")
+    marker = os.path.join(tmp, "started")
+    targets = list(hc.solos.values())
+    pid_worker = {hc.processes[name].pid: addr for name, addr in hc.solos.items()}
+    out: dict[str, Any] = {"index": plan["index"], "kind": plan["kind"], "workers": len(hc.worker_names()),
+                           "targets": targets}
+    t0 = time.perf_counter()
+    specs = fault_specs(plan, lambda i: targets[i])
+    cfg = checkpoint_config(plan, tmp)
+    algo = ExactlyOnce(plan["clocks"], plan["work_s"], marker, plan.get("staleness", 0))
+    data = {"x": np.arange(plan["n_shards"], dtype=np.float64)}
+
+    def solo_processes(statuses: tuple[str, ...] | None = None) -> list:
+        """The one-worker processes (``statuses``: in one of these; default: live, not stopped)."""
+        found = []
+        for pid in pid_worker:
+            try:
+                proc = psutil.Process(pid)
+                st = proc.status()
+            except psutil.Error:
+                continue
+            if (st in statuses) if statuses else st not in (psutil.STATUS_STOPPED, psutil.STATUS_ZOMBIE):
+                found.append(proc)
+        return found
+
+    kills: list[dict] = []
+    stop = threading.Event()
+    monkey = None
+    if plan["monkey"] or plan.get("chase"):
+        monkey = threading.Thread(target=_monkey, args=(plan["monkey"], plan.get("chase", []), marker, stop, kills,
+                                                        plan["seed"] * 7919 + plan["index"], solo_processes),
+                                  daemon=True)
+        monkey.start()
+    got: dict[str, Any] = {}
+
+    def fit() -> None:
+        try:
+            got["res"] = dscar.fit(algo, data, hc.cluster, **fit_kwargs(plan, specs, cfg))
+        except Exception as e:  # noqa: BLE001 - every failure is a finding
+            got["error"] = e
+
+    runner = threading.Thread(target=fit, daemon=True)
+    runner.start()
+    runner.join(deadline)
+    out["fit_s"] = time.perf_counter() - t0
+    stop.set()
+    if monkey is not None:
+        monkey.join(5)
+    out["monkey_kills"] = kills
+    events: list[dict] = []
+    if runner.is_alive():
+        out.update(status="hang", error=f"still running after {deadline:.0f}s")
+    elif "error" in got:
+        out.update(failure(got["error"], cfg is not None))
+        events = list(getattr(got["error"], "events", ()))
+    else:
+        out.update(status="completed", **_analyse(got["res"], plan))
+        events = got["res"].events
+    out["left_stopped"] = len(solo_processes((psutil.STATUS_STOPPED,)))
+    out["detections"] = detections(events, kills, pid_worker)
+    out["false_losses"] = false_losses(events, kills, pid_worker)
+    out["loss_reasons"] = loss_reasons(events)
+    shutil.rmtree(tmp, ignore_errors=True)
+    out["seconds"] = out["wall_s"] = time.perf_counter() - t0
+    out["plan"] = plan
+    out["outcome"] = outcome(out)
+    return out
+
+
+#: clocks of the fault-free fit that warms a new hollow cluster up (not counted)
+WARMUP_CLOCKS = 3
+
+
+def run_hollow(plans: list[dict], w: int, procs: int, deadline: float, t0: float,
+               hang_timeout: float | None = None,
+               on_result: Callable[[list[dict]], None] | None = None) -> tuple[list[dict], list[dict]]:
+    """``plans`` one after another on a hollow cluster of ``w`` workers (``procs`` shared processes and
+    ``N_WORKERS`` one-worker ones); the runs' results, and the warm-up fits'.
+
+    A new cluster first runs a fault-free fit of ``WARMUP_CLOCKS`` clocks, not counted: a job's first
+    clocks open every worker's connections to every partition owner (W² connects), which on shared
+    processes of a loaded machine stalls their event loops for seconds. After each run the one-worker
+    processes that died, stopped or left are replaced; a cluster that lost a shared worker (the
+    coordinator closes a worker it removes) or whose job hung (stuck on the scheduler) is replaced
+    whole: every run starts on ``w`` workers. Each run records how late its shared processes' event
+    loops woke (``loop_lag_ms``), beside any false loss. ``hang_timeout``: the scheduler's
+    ``dscar.hang-timeout`` (None: dscar's default)."""
+    results: list[dict] = []
+    warmups: list[dict] = []
+    hc = None
+
+    def build() -> HollowCluster:
+        ts = time.perf_counter()
+        c = HollowCluster(w, procs, solo=N_WORKERS,
+                          config=None if hang_timeout is None else {"dscar.hang-timeout": hang_timeout})
+        c.register()
+        log(t0, f"W={w}: {w - N_WORKERS} workers in {procs} processes and {N_WORKERS} alone, up in "
+                f"{time.perf_counter() - ts:.1f} s")
+        warm = {**plans[0], "index": -1 - len(warmups), "kind": "none", "clocks": WARMUP_CLOCKS, "faults": [],
+                "monkey": [], "chase": [], "checkpoint": None, "staleness": 0}
+        r = hollow_run(warm, c, deadline)
+        warmups.append(r)
+        log(t0, f"W={w}: warm-up fit {r['status']} in {r['fit_s']:.1f} s, {r.get('losses', '-')} workers lost "
+                f"{r.get('loss_reasons') or ''}" + (f" ({r.get('error', '')[:200]})" if r["status"] != "completed" else ""))
+        return c
+
+    try:
+        for plan in plans:
+            for _ in range(2):  # a cluster whose warm-up lost workers is built again, once
+                if hc is not None and len(hc.worker_names()) < w:
+                    hc.close()
+                    hc = None
+                if hc is None:
+                    hc = build()
+            hc.loop_lag_ms()  # (forget what came before the run)
+            r = hollow_run(plan, hc, deadline)
+            if r["status"] != "hang":
+                r["loop_lag_ms"] = hc.loop_lag_ms()
+            results.append(r)
+            if on_result is not None:
+                on_result(results)
+            found = ", ".join(f"{d['what']} {'-' if d['s'] is None else format(d['s'], '.1f')}s"
+                              for d in r["detections"])
+            lag = max((v.get("max", 0.0) for k, v in r.get("loop_lag_ms", {}).items() if k.startswith("hollow")),
+                      default=None)
+            log(t0, describe(r) + (f" | lost after: {found}" if found else "")
+                + (f" | FALSE LOSSES {len(r['false_losses'])} {r['loss_reasons']}" if r["false_losses"] else "")
+                + (f" | shared loops late <= {lag / 1e3:.1f} s" if lag is not None else ""))
+            if r["status"] == "hang":
+                hc.close()
+                hc = None
+                continue
+            names = hc.worker_names()
+            spent = [a for n, a in hc.solos.items()
+                     if hc.processes[n].poll() is not None or a not in names or _stopped(hc.processes[n].pid)]
+            if spent:
+                hc.replace_solos(spent)
+    finally:
+        if hc is not None:
+            hc.close()
+    return results, warmups
+
+
+def _stopped(pid: int) -> bool:
+    import psutil
+
+    try:
+        return psutil.Process(pid).status() in (psutil.STATUS_STOPPED, psutil.STATUS_ZOMBIE)
+    except psutil.Error:
+        return True
+
+
+def detection_table(results: list[dict], limit_s: float) -> str:
+    """Seconds from a fault that takes a worker away to its loss, per kind of fault: count, found,
+    median, max, over the limit."""
+    by: dict[str, list] = {}
+    for r in results:
+        for d in r.get("detections", ()):
+            by.setdefault(d["what"], []).append(d["s"])
+    lines = [f"{'taken by':<18}{'faults':>7}{'lost':>6}{'median s':>10}{'max s':>8}{f'> {limit_s:g} s':>9}"]
+    for what, xs in sorted(by.items()):
+        found = [x for x in xs if x is not None]
+        lines.append(f"{what:<18}{len(xs):>7}{len(found):>6}"
+                     f"{(format(statistics.median(found), '.2f') if found else '-'):>10}"
+                     f"{(format(max(found), '.2f') if found else '-'):>8}{sum(x > limit_s for x in found):>9}")
+    return "\n".join(lines)
 
 
 # --------------------------------------------------------------------- the parent
@@ -708,7 +952,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--runs", type=int, default=None, help="number of runs (default 40; 3 with --quick)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--quick", action="store_true", help="3 short runs (kill, lose, chaos monkey)")
-    ap.add_argument("--deadline", type=float, default=90.0, help="seconds before a run counts as a hang")
+    ap.add_argument("--deadline", type=float, default=None, help="seconds before a run counts as a hang "
+                    f"(default 90; {HOLLOW_DEADLINE_S:g} with --hollow)")
+    ap.add_argument("--hollow", type=int, metavar="W", default=None,
+                    help=f"run every plan on one cluster of W hollow workers (bench.hollow): {N_WORKERS} of them "
+                         "alone in a process each (the faults' targets, the monkey's prey), the rest sharing --procs")
+    ap.add_argument("--procs", type=int, default=None, help="--hollow: processes the other workers share "
+                    "(default W/32, at least 2, at most 8)")
+    ap.add_argument("--shards-per-worker", type=int, default=1, help="--hollow: shards per worker (default 1)")
+    ap.add_argument("--hang-timeout", type=float, default=None, help="--hollow: the scheduler's dscar.hang-timeout "
+                    "(s; default dscar's): a loaded machine can stall a shared process's event loop for seconds")
     ap.add_argument("--kinds", default=None, help=f"comma-separated fault kinds (default all: {','.join(KINDS)})")
     ap.add_argument("--json", metavar="PATH", help="write every run as JSON")
     ap.add_argument("--plot", metavar="PATH", default="chaos.png", help="PNG plot (default chaos.png)")
@@ -730,26 +983,67 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"unknown fault kind(s) {bad}; choose from {', '.join(KINDS)}")
     n = args.runs if args.runs is not None else (len(QUICK_KINDS) if args.quick else 40)
     clocks = 8 if args.quick else 12
+    w = args.hollow
+    if w is not None and w < N_WORKERS + 2:
+        ap.error(f"--hollow needs W >= {N_WORKERS + 2} (the {N_WORKERS} fault targets alone, the rest shared)")
+    deadline = args.deadline or (HOLLOW_DEADLINE_S if w else 90.0)
     points = supported_points()
     t0 = time.perf_counter()
     machine = machine_info(versions=("psutil",))
     plans = plan_runs(args.seed, n, kinds, points, clocks)
     log(t0, f"{n} runs, seed {args.seed}; kill points supported: {', '.join(points)}")
-    results = []
-    for plan in plans:
-        r = spawn(plan, args.deadline)
-        results.append(r)
-        log(t0, describe(r))
+    if w:
+        from distributed.scheduler import heartbeat_interval
+
+        procs = args.procs or min(8, max(2, w // 32))
+        plans = hollow_plans(plans, w, args.shards_per_worker)
+        def partial(so_far: list[dict]) -> None:
+            if args.json:
+                write_json(args.json, {"partial": True, "seed": args.seed, "runs": n, "hollow": w, "results": so_far,
+                                       "summary": summarize(so_far)})
+
+        results, warmups = run_hollow(plans, w, procs, deadline, t0, args.hang_timeout, partial)
+        hb = heartbeat_interval(w)
+        hang_limit = 2 * hb + 2.0  # issue 39: a hung worker found within 2 heartbeat intervals + 2 s
+        where = (f"{w} hollow workers each ({w - N_WORKERS} sharing {procs} processes, {N_WORKERS} alone: the "
+                 f"fault targets), {w * args.shards_per_worker} shards, dscar.hang-timeout "
+                 f"{'default' if args.hang_timeout is None else format(args.hang_timeout, 'g') + ' s'}")
+    else:
+        results = []
+        for plan in plans:
+            r = spawn(plan, deadline)
+            results.append(r)
+            log(t0, describe(r))
+        where = f"{N_WORKERS} worker processes each, 6 shards"
     table = summarize(results)
-    print(f"\nChaos: {n} runs (seed {args.seed}), {N_WORKERS} worker processes each, {clocks} clocks, 6 shards; "
+    print(f"\nChaos: {n} runs (seed {args.seed}), {where}, {clocks} clocks; "
           f"kill points supported: {', '.join(points)}"
           + (f"; approximated: {', '.join(f'{p}->{FALLBACK[p]}' for p in ALL_POINTS if p not in points)}"
              + (" (kill-recovery runs: a monkey chase kill)" if "recovery" not in points else "")
              if set(ALL_POINTS) - set(points) else ""))
     load = load_average()
-    print(f"load average: {', '.join(f'{x:.2f}' for x in load) if load else 'n/a'}; deadline {args.deadline:.0f}s per run")
+    print(f"load average: {', '.join(f'{x:.2f}' for x in load) if load else 'n/a'}; deadline {deadline:.0f}s per run")
     print(format_table(table))
     t = table["total"]
+    extra: dict[str, Any] = {}
+    if w:
+        n_false = sum(len(r.get("false_losses", ())) for r in results)
+        hangs_found = [d["s"] for r in results for d in r.get("detections", ()) if d["what"].startswith("hang")]
+        print(f"seconds from a fault to the loss of its worker (heartbeat interval at W={w}: {hb:g} s; "
+              f"limit for a hang {hang_limit:g} s):")
+        print(detection_table(results, hang_limit))
+        print(f"acceptance (issue 39: chaos at W={w} hollow workers, 0 exactly-once violations, 0 hangs): "
+              f"runs={t['runs']} violations={t['violations']} hangs={t['hangs']} failed(not legit)="
+              f"{t['failed_not_legit']} false losses={n_false} hung workers found late or never="
+              f"{sum(x is None or x > hang_limit for x in hangs_found)}/{len(hangs_found)} -> "
+              + ("MET" if t["violations"] == 0 and t["hangs"] == 0 and t["failed_not_legit"] == 0 and n_false == 0
+                 else "NOT MET"))
+        print(f"warm-up fits (fault-free, {WARMUP_CLOCKS} clocks, not counted): {len(warmups)}, workers lost in them: "
+              f"{[r.get('losses', r['status']) for r in warmups]}")
+        extra = {"procs": procs, "shards_per_worker": args.shards_per_worker, "heartbeat_interval_s": hb,
+                 "hang_timeout": args.hang_timeout,
+                 "warmups": warmups,
+                 "hang_limit_s": hang_limit, "false_losses": n_false, "hang_detect_s": hangs_found}
     print(f"acceptance (issue 9: >= 200 runs, 0 violations, 0 hangs, 0 failed fits): runs={t['runs']} "
           f"violations={t['violations']} hangs={t['hangs']} failed(not legit)={t['failed_not_legit']} -> "
           + ("MET" if t["runs"] >= 200 and t["violations"] == 0 and t["hangs"] == 0 and t["failed_not_legit"] == 0
@@ -772,8 +1066,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         write_json(args.json, {
             "quick": args.quick, "seed": args.seed, "runs": n, "kinds": list(kinds), "clocks": clocks,
-            "n_workers": N_WORKERS, "deadline_s": args.deadline, "points_supported": points,
-            "summary": table, "results": results,
+            "n_workers": w or N_WORKERS, "hollow": w, "deadline_s": deadline, "points_supported": points,
+            "summary": table, "results": results, **extra,
             "acceptance": {"runs": t["runs"] >= 200, "violations": t["violations"] == 0, "hangs": t["hangs"] == 0,
                            "failed": t["failed_not_legit"] == 0,
                            "fault_free_failed_attempts": None if not free else free_failed == 0},

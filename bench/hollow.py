@@ -149,39 +149,56 @@ async def _serve_workers(address: str, n: int, prefix: str) -> None:
     lag.cancel()
 
 
+#: the environment variable that carries a harness's own Dask settings (JSON) to its processes
+CONFIG_ENV = "DSCAR_HOLLOW_CONFIG"
+
+
 def serve(role: str, *args: str) -> None:
     """A harness process: ``scheduler ADDRESS_FILE`` or ``workers ADDRESS N PREFIX``."""
+    import json
+
     import dask
 
-    with dask.config.set(DASK_CONFIG):
+    with dask.config.set({**DASK_CONFIG, **json.loads(os.environ.get(CONFIG_ENV) or "{}")}):
         if role == "scheduler":
             asyncio.run(_serve_scheduler(args[0]))
         else:
             asyncio.run(_serve_workers(args[0], int(args[1]), args[2]))
 
 
-def _spawn(*args: str) -> subprocess.Popen:
+def _spawn(*args: str, config: dict[str, Any] | None = None) -> subprocess.Popen:
+    """A harness process (``serve``); ``config``: Dask settings of its own beside ``DASK_CONFIG``."""
+    import json
+
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
-           "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+           "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
+           CONFIG_ENV: json.dumps(config or {})}
     return subprocess.Popen([sys.executable, "-m", "bench.hollow", "--serve", *args], cwd=ROOT, env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
 class HollowCluster:
-    """A scheduler process and ``n_workers`` workers: ``procs`` processes share them, but with ``solo``
-    one of them runs alone in a process of its own (a hang stops only it; ``solo`` names it, and
-    ``replace_solo`` starts a new one). ``client`` is a plain Dask client until ``register``."""
+    """A scheduler process and ``n_workers`` workers: ``procs`` processes share them, but ``solo`` of
+    them run each alone in a process of its own (a hang or a kill stops only that worker; ``solos``
+    maps each such process to its worker's address, ``replace_solos`` starts new ones). ``client`` is
+    a plain Dask client until ``register``. ``config``: Dask settings of the scheduler process beside
+    ``DASK_CONFIG`` (e.g. ``dscar.hang-timeout``)."""
 
-    def __init__(self, n_workers: int, procs: int, solo: bool = False, timeout: float = 120.0):
+    def __init__(self, n_workers: int, procs: int, solo: int = 0, timeout: float = 120.0,
+                 config: dict[str, Any] | None = None):
         from distributed import Client
 
         self.n_workers, self.procs = n_workers, procs
         self._tmp = tempfile.TemporaryDirectory(prefix="dscar-hollow-")
         self.processes: dict[str, subprocess.Popen] = {}
+        #: each one-worker process (its name in ``processes``) -> its worker's address
+        self.solos: dict[str, str] = {}
         self.client = None
+        self.cluster: dscar.Cluster | None = None
+        self._solo = 0
         try:
             addr_file = os.path.join(self._tmp.name, "scheduler")
-            self.processes["scheduler"] = _spawn("scheduler", addr_file)
+            self.processes["scheduler"] = _spawn("scheduler", addr_file, config=config)
             deadline = time.monotonic() + timeout
             while not os.path.exists(addr_file):
                 if self.processes["scheduler"].poll() is not None or time.monotonic() > deadline:
@@ -197,13 +214,16 @@ class HollowCluster:
 
             with dask.config.set(DASK_CONFIG):
                 self.client = Client(self.address, set_as_default=False, timeout=timeout)
-            self.client.wait_for_workers(n_workers - int(solo), timeout=timeout)
-            self.cluster: dscar.Cluster | None = None
-            self._solo = 0
-            self.solo = self._add_solo(timeout) if solo else None
+            self.client.wait_for_workers(shared, timeout=timeout)
+            self._add_solos(int(solo), timeout)
         except BaseException:
             self.close()
             raise
+
+    @property
+    def solo(self) -> str | None:
+        """The first one-worker process's worker (None: there is none)."""
+        return next(iter(self.solos.values()), None)
 
     def register(self) -> dscar.Cluster:
         """dscar's plugins on the scheduler and every worker (from now on, every worker polls for work)."""
@@ -213,30 +233,41 @@ class HollowCluster:
     def worker_names(self) -> dict[str, str]:
         return {a: str(w.get("name")) for a, w in self.client.scheduler_info(n_workers=-1)["workers"].items()}
 
-    def _add_solo(self, timeout: float = 120.0) -> str:
-        """A process of one worker; its address once it has joined."""
-        self._solo += 1
-        name = f"solo{self._solo}"
-        self.processes[name] = _spawn("workers", self.address, "1", name)
+    def _add_solos(self, k: int, timeout: float = 120.0) -> list[str]:
+        """``k`` processes of one worker each; their workers' addresses once they have all joined."""
+        names = []
+        for _ in range(k):
+            self._solo += 1
+            names.append(f"solo{self._solo}")
+            self.processes[names[-1]] = _spawn("workers", self.address, "1", names[-1])
         deadline = time.monotonic() + timeout
         while True:
-            found = [a for a, n in self.worker_names().items() if n == f"{name}-0"]
-            if found:
-                return found[0]
-            if self.processes[name].poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"worker process {name} did not join")
+            joined = {n.rsplit("-", 1)[0]: a for a, n in self.worker_names().items()}
+            self.solos.update({n: joined[n] for n in names if n in joined})
+            missing = [n for n in names if n not in self.solos]
+            if not missing:
+                return [self.solos[n] for n in names]
+            if any(self.processes[n].poll() is not None for n in missing) or time.monotonic() > deadline:
+                raise RuntimeError(f"worker process(es) {missing} did not join")
             time.sleep(0.2)
 
-    def replace_solo(self, timeout: float = 120.0) -> str:
-        """End the one-worker process (hung or not), wait until the scheduler has forgotten its worker,
-        and start another."""
-        for name in [n for n in self.processes if n.startswith("solo")]:
+    def replace_solos(self, addresses: list[str] | None = None, timeout: float = 120.0) -> list[str]:
+        """End the one-worker processes whose workers are ``addresses`` (default: all; hung, dead or
+        not), wait until the scheduler has forgotten those workers, and start as many new ones; their
+        addresses."""
+        names = [n for n, a in self.solos.items() if addresses is None or a in addresses]
+        for name in names:
+            self.solos.pop(name)
             self._end(self.processes.pop(name))
         deadline = time.monotonic() + timeout
-        while any(n.startswith("solo") for n in self.worker_names().values()) and time.monotonic() < deadline:
+        while (any(n.rsplit("-", 1)[0] in names for n in self.worker_names().values())
+               and time.monotonic() < deadline):
             time.sleep(0.2)
-        self.solo = self._add_solo(timeout)
-        return self.solo
+        return self._add_solos(len(names), timeout)
+
+    def replace_solo(self, timeout: float = 120.0) -> str:
+        """``replace_solos`` for a cluster of one one-worker process: its new worker."""
+        return self.replace_solos(timeout=timeout)[0]
 
     def loop_lag_ms(self) -> dict[str, dict[str, float]]:
         """Each worker process's event-loop lag since the last call (``loop_lag_ms`` on one of its workers)."""
@@ -471,6 +502,78 @@ def measure(w: int, procs: int, spw: int, step_s: float, clocks: int, warmup: in
     return summarize(row)
 
 
+#: heartbeat intervals the driver holds still at each clock boundary of a watch (``watch``): the
+#: silence after which a worker is probed (``dscar.core.liveness.MISSED_HEARTBEATS``)
+WATCH_INTERVALS = 2
+
+
+def watch(w: int, procs: int, windows: int, hang_trials: int, step_s: float, t0: float,
+          policies: list[str] | None = None) -> dict[str, Any]:
+    """False positives and hang detection at ``w`` workers for the price of one fit (a W = 256 fit's
+    setup takes minutes here): one cluster, one fit whose first ``windows`` clocks are healthy, the
+    driver holding still for ``WATCH_INTERVALS`` heartbeat intervals after each (a job registered,
+    every worker polling: a window in which a healthy worker must not be judged silent), then
+    ``hang_trials`` one-worker processes hung two clocks apart. False positives: workers lost that
+    were not hung, per window; detection: from each ``fault-hang`` to that worker's ``worker-lost``."""
+    from distributed.scheduler import heartbeat_interval
+
+    hb = heartbeat_interval(w)
+    hold = WATCH_INTERVALS * hb
+    row: dict[str, Any] = {"workers": w, "procs": procs, "windows": windows, "hold_s": hold,
+                           "heartbeat_interval_s": hb, "hang_limit_s": HANG_INTERVALS * hb + HANG_SLACK_S,
+                           "load_before": load_average()}
+    ts = time.perf_counter()
+    with HollowCluster(w, procs, solo=hang_trials) as hc:
+        row["start_s"] = time.perf_counter() - ts
+        hc.register()
+        log(t0, f"W={w} watch: {w - hang_trials} workers in {procs} processes and {hang_trials} alone, up in "
+                f"{row['start_s']:.1f} s; {windows} windows of {hold:.2f} s, then {hang_trials} hang(s)")
+        victims = list(hc.solos.values())
+        hang_at = [windows + 1 + 2 * i for i in range(hang_trials)]
+        clocks = windows + 2 * hang_trials + 1
+        n_shards = w
+        algo = HollowStep(step_s)
+        algo.on_clock = lambda n: time.sleep(hold)
+        tf = time.perf_counter()
+        res = dscar.fit(algo, {"row": np.arange(n_shards * ROWS_PER_SHARD, dtype=np.int64)}, hc.cluster,
+                        n_shards=n_shards, max_clocks=clocks, progress=False, policies=policies,
+                        faults=[faults.hang(v, c) for v, c in zip(victims, hang_at)])
+        row["fit_s"] = time.perf_counter() - tf
+        row["setup_s"] = res.setup_seconds
+    row["clock_s"] = [r.seconds for r in res.history]
+    lost = losses(res.events)
+    false = [e for e in lost if e.get("worker") not in victims]
+    row["false_positives"] = len(false)
+    row["false_positive_windows"] = len({e["clock"] for e in false if e["clock"] <= windows})
+    row["false_positive_events"] = false
+    row["false_positive_reasons"] = loss_reasons([e for e in res.events if e.get("worker") not in victims])
+    row["hang"] = []
+    for v, c in zip(victims, hang_at):
+        hung = [e for e in res.events if e.get("kind") == "fault-hang" and e.get("worker") == v]
+        gone = [e for e in lost if e.get("worker") == v]
+        row["hang"].append({"victim": v, "clock": c, "fired": bool(hung), "detected": bool(hung and gone),
+                            "detect_s": gone[0]["time"] - hung[0]["time"] if hung and gone else None})
+    row["load_after"] = load_average()
+    return row
+
+
+def format_watch(row: dict[str, Any]) -> str:
+    found = [h["detect_s"] for h in row["hang"]]
+    worst = max((x for x in found if x is not None), default=None)
+    met = bool(found) and None not in found and worst <= row["hang_limit_s"]
+    return "\n".join([
+        f"W={row['workers']} ({row['procs']} shared processes; heartbeat interval {row['heartbeat_interval_s']:g} s), "
+        f"one fit: setup {row['setup_s']:.1f} s, {row['windows']} healthy windows of a clock + {row['hold_s']:.2f} s "
+        f"held still, then {len(row['hang'])} hung worker(s); load {row['load_before']} -> {row['load_after']}",
+        f"W={row['workers']}: false positives in {row['windows']} healthy windows: {row['false_positive_windows']} "
+        f"window(s), {row['false_positives']} worker(s) lost that were not hung in the whole fit "
+        f"{row['false_positive_reasons'] or ''} {'MET' if row['false_positives'] == 0 else 'NOT MET'}",
+        f"W={row['workers']}: hung worker found <= {HANG_INTERVALS} x {row['heartbeat_interval_s']:g} s + "
+        f"{HANG_SLACK_S:g} s = {row['hang_limit_s']:.2f} s: "
+        + ", ".join("not found" if x is None else f"{x:.2f} s" for x in found) + f" {'MET' if met else 'NOT MET'}",
+    ])
+
+
 def summarize(row: dict[str, Any]) -> dict[str, Any]:
     """The row's figures from its raw measurements: medians, ratios, targets."""
     wu, spw, step = row["warmup"], row["shards_per_worker"], row["step_s"]
@@ -614,6 +717,9 @@ def main(argv: list[str] | None = None) -> int:
                     "(default 2, 1 with --quick)")
     ap.add_argument("--policies", default="default", help="dscar's straggler policies: default (dscar.fit's), "
                     "none, or comma-separated names (backup, adaptive, restart)")
+    ap.add_argument("--watch", type=int, metavar="N", default=None,
+                    help="instead: false positives and hang detection in one fit per W (N healthy windows of a clock "
+                         f"and {WATCH_INTERVALS} heartbeat intervals held still, then --hang-trials hangs)")
     ap.add_argument("--json", metavar="PATH")
     ap.add_argument("--plot", metavar="PATH", default="hollow.png")
     args = ap.parse_args(argv)
@@ -628,6 +734,16 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("need W >= 2 and more clocks than warmup + 1")
     t0 = time.perf_counter()
     machine = machine_info()
+    if args.watch:
+        watched = [watch(w, args.procs or min(8, max(2, w // 32)), args.watch, hang_trials, args.step, t0, policies)
+                   for w in ws]
+        for row in watched:
+            print(format_watch(row))
+        if args.json:
+            write_json(args.json, {"watch": args.watch, "workers": ws, "step_s": args.step, "rows": watched,
+                                   "machine": {**machine, "loadavg_after": load_average()},
+                                   "wall_s": time.perf_counter() - t0})
+        return 0
     rows = []
     for w in ws:
         procs = args.procs or min(8, max(2, w // 32))

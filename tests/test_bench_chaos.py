@@ -356,3 +356,72 @@ def test_quick_benchmark_writes_summary_json_and_plot(quick_run):
     assert "failed-att" in stdout and "wasted-s" in stdout and "issue 38" in stdout
     assert "acceptance (issue 9" in stdout and "NOT MET" in stdout  # 3 runs never meet ">= 200 runs"
     assert "fault kind" in stdout and "total" in stdout
+
+
+# ------------------------------------------------------------------- hollow workers (--hollow)
+
+
+def test_detections_and_false_losses_are_read_from_the_events_and_the_monkey_s_kills():
+    events = [
+        {"time": 10.0, "kind": "fault-kill", "worker": "a", "point": "apply"},
+        {"time": 10.2, "kind": "worker-lost", "worker": "a"},
+        {"time": 20.0, "kind": "fault-hang", "worker": "b", "point": "start"},
+        {"time": 24.5, "kind": "worker-removed", "worker": "b", "reason": "no sign of life"},
+        {"time": 24.5, "kind": "worker-lost", "worker": "b"},
+        {"time": 30.0, "kind": "worker-removed", "worker": "d", "reason": "no sign of life for 6 s"},
+        {"time": 30.0, "kind": "worker-lost", "worker": "d"},  # nothing took d away: a false loss
+        {"time": 31.0, "kind": "fault-lose", "worker": "e"},
+        {"time": 31.1, "kind": "worker-lost", "worker": "e"},
+    ]
+    kills = [{"pid": 7, "time": 40.0}, {"pid": 8, "time": 41.0}]  # the monkey's; pid 8's worker never lost
+    events.append({"time": 40.3, "kind": "worker-lost", "worker": "c"})
+    got = chaos.detections(events, kills, {7: "c", 8: "f"})
+    assert got == [{"what": "kill@apply", "worker": "a", "s": 0.2}, {"what": "hang@start", "worker": "b", "s": 4.5},
+                   {"what": "monkey", "worker": "c", "s": 0.3}, {"what": "monkey", "worker": "f", "s": None}]
+    [false] = chaos.false_losses(events, kills, {7: "c", 8: "f"})
+    assert false["worker"] == "d" and false["reason"] == "no sign of life for 6 s"
+    table = chaos.detection_table([{"detections": got}], 4.0)
+    assert "hang@start" in table and "kill@apply" in table and "monkey" in table
+
+
+@pytest.fixture(scope="module")
+def hollow_run(quick_bench):
+    return quick_bench("chaos", "--hollow", "8", "--procs", "2", "--runs", "2", "--seed", "3",
+                       "--kinds", "kill-clock,hang")
+
+
+@pytest.mark.timeout(1200)
+def test_hollow_mode_runs_the_plans_on_one_cluster_and_a_fault_takes_one_worker(hollow_run):
+    """``--hollow W``: every plan runs on one cluster of W workers (two shared processes and three
+    workers alone, the faults' targets), each run's verdict comes from the exactly-once model, and a
+    kill or hang takes its one worker: any other worker lost was judged silent by the coordinator (a
+    false loss, with its reason), never taken down with a shared process."""
+    stdout, d, _ = hollow_run
+    assert d["hollow"] == d["n_workers"] == 8 and d["procs"] == 2 and len(d["results"]) == 2
+    assert [r["kind"] for r in d["results"]] == [p["kind"] for p in chaos.plan_runs(3, 2, ("kill-clock", "hang"),
+                                                                                   d["points_supported"], 8)]
+    assert d["warmups"] and all(w["kind"] == "none" for w in d["warmups"])
+    n_false = 0
+    for r in d["results"]:
+        assert r["workers"] == 8 and len(r["targets"]) == chaos.N_WORKERS and r["plan"]["n_shards"] == 8
+        assert r["status"] == "completed", (r["status"], r.get("error"))
+        # the verdict: the model's exactly-once checks of every completed clock, and the final table
+        assert r["violations"] == sum(r["violations_by_kind"].values()) + r["final_violations"] == 0, r
+        assert r["clocks"] == 8 == r["checked_clocks"] + r["skipped_clocks"] + r["unchecked_clocks"]
+        assert r["outcome"] == chaos.outcome(r) == "ok"
+        # the fault fired on its target, alone in its process, and the job lost that worker
+        [fault] = r["plan"]["faults"]
+        [d_] = r["detections"]
+        assert d_["worker"] == r["targets"][fault["worker"]] and d_["what"].startswith(fault["kind"])
+        assert d_["s"] is not None and d_["s"] >= 0
+        assert r["faults_fired"] == {f"fault-{fault['kind']}": 1}
+        # anything else lost was removed by the coordinator as silent (a shared process's loop
+        # starved), not taken down with the target
+        assert all(e["reason"] for e in r["false_losses"]), r["false_losses"]
+        assert r["losses"] == 1 + len(r["false_losses"])
+        n_false += len(r["false_losses"])
+    total = d["summary"]["total"]
+    assert (total["runs"], total["violations"], total["hangs"]) == (2, 0, 0)
+    assert d["false_losses"] == n_false and len(d["hang_detect_s"]) == 1
+    assert d["hang_limit_s"] == pytest.approx(2 * d["heartbeat_interval_s"] + 2.0)
+    assert "acceptance (issue 39: chaos at W=8 hollow workers" in stdout and "taken by" in stdout
