@@ -177,3 +177,33 @@ def test_a_bsp_apply_message_names_only_its_workers_commits_and_the_shards_won_e
         client.sync(client.scheduler.dscar_end_job, job_id="slim", token=token)
         for w in five.workers:
             client.sync(client.rpc(w).dscar_end_job, job_id="slim", token=token)
+
+
+def _flaky_fetch(dask_worker, times: int) -> None:
+    """This worker's next ``times`` answers to a fetch of its staged updates say a key is missing, as a
+    worker that could not be reached looks to its owner (``source-lost``)."""
+    name = "dscar_fetch_staged"
+    h = dask_worker.handlers[name]
+    left = [times]
+
+    @functools.wraps(h)  # keeps the signature: distributed passes ``comm`` as the original wants it
+    def flaky(*a, **k):
+        if left[0] > 0:
+            left[0] -= 1
+            return {"status": "missing", "key": [-1, -1, -1]}
+        return h(*a, **k)
+
+    dask_worker.handlers[name] = flaky
+
+
+def test_a_source_that_answers_a_probe_is_not_lost_and_its_pass_is_applied_once(five):
+    """A fetch of staged updates that fails (on a loaded machine: a connect timing out to a live worker)
+    is not taken for a loss while that worker answers a probe: the pass is sent again, and every row
+    still counts each clock once (a worker that had applied it does not apply it again)."""
+    first = sorted(five.client.scheduler_info()["workers"])[0]
+    five.client.run(_flaky_fetch, times=2, workers=[first])
+    res = dscar.fit(ScatteredRowCounter(n_parts=5), scattered_rows(103), five, n_shards=10, max_clocks=4)
+    kinds = [e["kind"] for e in res.events]
+    assert "apply-retried" in kinds
+    assert "worker-lost" not in kinds and "recovery-started" not in kinds
+    assert_exactly_once(res, 103)

@@ -67,6 +67,7 @@ IDLE_RECHECK_S = 0.02  # how often an idle worker's long poll looks again while 
 #: how often a waiting long poll looks again while a pass has shards to do (a late holder's may turn movable)
 MOVE_RECHECK_S = 1.0
 RPC_TIMEOUT_S = 30.0  # a coordinator -> worker message that takes longer means a hung worker
+APPLY_TRIES = 3  # a pass is sent at most this often while the workers that could not be reached answer probes
 #: seconds a joining worker may take to install a job and load its kernels before it is handed work anyway
 WARM_UP_TIMEOUT_S = 60.0
 #: how long the coordinator waits for a worker to give back batch members it has not started
@@ -953,7 +954,7 @@ class Coordinator(SchedulerPlugin):
             del touched[key]
         return {w: m for w, m in merged.items() if w not in unknown}
 
-    def _apply_plan(self, job: JobState, e: ApplyPass, targets: list[str]) -> ApplyPlan:
+    def _apply_plan(self, job: JobState, e: ApplyPass, targets: list[str], direct: bool = False) -> ApplyPlan:
         """Who fetches the pass's updates from whom (``dscar.core.apply_plan``): direct while that is a few
         messages per worker (``dscar.apply-direct-per-worker``), otherwise through a tree of fan-in
         ``dscar.apply-fanin``."""
@@ -967,7 +968,8 @@ class Coordinator(SchedulerPlugin):
                 owners[w].append(part)
         return plan_apply(stagers, self._sources(job.cfg.job_id, e), owners,
                           fanin=int(dask.config.get("dscar.apply-fanin", FANIN)),  # (a bad one: ValueError)
-                          direct_per_worker=float(dask.config.get("dscar.apply-direct-per-worker", DIRECT_PER_WORKER)))
+                          direct_per_worker=(float("inf") if direct else
+                                             float(dask.config.get("dscar.apply-direct-per-worker", DIRECT_PER_WORKER))))
 
     def _h_fail(self, job_id: str, clock: int, run: int, shard: int, attempt: int, worker: str,
                 error: str, lost_data: bool = False, seconds: float = 0.0) -> dict:
@@ -978,7 +980,13 @@ class Coordinator(SchedulerPlugin):
         return {"status": "OK"}
 
     async def _apply(self, job: JobState, e: ApplyPass) -> None:
-        """Every live worker applies the pass: owners their tables' updates, holders the shard state."""
+        """Every live worker applies the pass: owners their tables' updates, holders the shard state.
+
+        A worker that could not be reached (the apply message, or a peer's fetch of its staged
+        updates) is probed before it is taken for lost: on a loaded machine a connect can time out
+        to a worker that is alive. If every such worker answers, a BSP pass is sent again, with
+        direct fetches (workers that applied it answer at once: one pass is applied once), up to
+        ``APPLY_TRIES`` times; a worker that does not answer is lost, as before."""
         targets = self._live(job)
         extra = {"clocks": e.clocks, "floor": e.floor} if e.batch is not None else {}
         if e.phase:
@@ -991,35 +999,51 @@ class Coordinator(SchedulerPlugin):
             job.fail(time.time(), f"cannot plan the apply of clock {e.clock}: {err}")
             self._wake()
             return
-        # through a tree, an owner's fetch waits on the combine steps below the root (each level's deadline)
-        timeout = RPC_TIMEOUT_S + (plan.depth() + 2) * float(dask.config.get("dscar.rpc-timeout", 10.0)) * plan.tree
-        if e.batch is None:  # BSP: each worker is told its own commits, and the pass's shards as ranges
-            committed: dict[str, list] = {w: [] for w in targets}
-            for c in e.committed:
-                committed.setdefault(c[2], []).append(list(c))
-            extra["shards"] = shard_ranges(s for s, _, _ in e.committed)
-        results = await asyncio.gather(*(
-            self._rpc(w, "apply", timeout=timeout, job_id=job.cfg.job_id, clock=e.clock, run=e.run_id,
-                      committed=e.committed if e.batch is not None else committed[w], reset=e.reset, **extra,
-                      **plan.role(w).to_msg())
-            for w in targets
-        ), return_exceptions=True)
-        for w, r in zip(targets, results):
-            if isinstance(r, dict) and r.get("status") == "stopped":  # an injected kill
-                await self._remove(w, "stopped by an injected fault")
+        for attempt in range(APPLY_TRIES):
+            # through a tree, an owner's fetch waits on the combine steps below the root (each level's deadline)
+            timeout = RPC_TIMEOUT_S + (plan.depth() + 2) * float(dask.config.get("dscar.rpc-timeout", 10.0)) * plan.tree
+            if e.batch is None:  # BSP: each worker is told its own commits, and the pass's shards as ranges
+                committed: dict[str, list] = {w: [] for w in targets}
+                for c in e.committed:
+                    committed.setdefault(c[2], []).append(list(c))
+                extra["shards"] = shard_ranges(s for s, _, _ in e.committed)
+            results = await asyncio.gather(*(
+                self._rpc(w, "apply", timeout=timeout, job_id=job.cfg.job_id, clock=e.clock, run=e.run_id,
+                          committed=e.committed if e.batch is not None else committed[w], reset=e.reset, **extra,
+                          **plan.role(w).to_msg())
+                for w in targets
+            ), return_exceptions=True)
+            unreached: dict[str, str] = {}  # worker -> why it looks lost
+            for w, r in zip(targets, results):
+                if isinstance(r, dict) and r.get("status") == "stopped":  # an injected kill
+                    await self._remove(w, "stopped by an injected fault")
+                    return
+                if isinstance(r, dict) and r.get("status") == "source-lost":  # a worker that ran attempts is gone?
+                    if r["worker"] in self.scheduler.workers and r["worker"] not in job.lost:
+                        unreached.setdefault(r["worker"], f"its staged updates could not be collected: {r.get('error')}")
+                elif isinstance(r, Exception) and w in self.scheduler.workers and w not in job.lost:
+                    if not isinstance(r, (OSError, asyncio.TimeoutError)):
+                        job.fail(time.time(), f"applying clock {e.clock}'s updates on {w} failed: {r!r}")
+                        self._wake()
+                        return
+                    unreached.setdefault(w, f"apply did not reach it: {r!r}")
+            if not unreached:
+                if any(isinstance(r, dict) and r.get("status") == "source-lost" for r in results):
+                    return  # (the named worker is gone already: its loss skips the clock)
+                self._do(job, job.applied(e.run_id, time.time(), e.batch))
                 return
-            if isinstance(r, dict) and r.get("status") == "source-lost":  # a worker that ran attempts is gone
-                if r["worker"] in self.scheduler.workers and r["worker"] not in job.lost:
-                    await self._remove(r["worker"], f"its staged updates could not be collected: {r.get('error')}")
-                return
-            if isinstance(r, Exception) and w in self.scheduler.workers and w not in job.lost:
-                if isinstance(r, (OSError, asyncio.TimeoutError)):
-                    await self._remove(w, f"apply did not reach it: {r!r}")  # the loss skips the clock
-                else:
-                    job.fail(time.time(), f"applying clock {e.clock}'s updates on {w} failed: {r!r}")
+            answering = await asyncio.gather(*(self._answers(w) for w in unreached))
+            lost = [w for w, ok in zip(unreached, answering) if not ok]
+            if lost or e.batch is not None or attempt + 1 == APPLY_TRIES or self.jobs.get(job.cfg.job_id) is not job:
+                for w in lost or list(unreached):
+                    if w in self.scheduler.workers and w not in job.lost:
+                        await self._remove(w, unreached[w])  # the loss skips the clock
                 self._wake()
                 return
-        self._do(job, job.applied(e.run_id, time.time(), e.batch))
+            job.event(time.time(), "apply-retried", clock=e.clock, run=e.run_id, workers=sorted(unreached),
+                      reason="; ".join(unreached.values())[:500])
+            targets = self._live(job)
+            plan = self._apply_plan(job, e, targets, direct=True)
 
     def _h_clock_done(self, job_id: str, clock: int, run: int, worker: str, metrics: dict, seconds: float) -> dict:
         job = self.jobs.get(job_id)

@@ -588,6 +588,20 @@ class ParamServer(WorkerPlugin):
             if combine is not None:  # (its parent waits for it)
                 self._settle_combine(job_id, tag, {"status": "source-lost", "worker": self.address, "error": "stopped"})
             return {"status": "stopped"}
+        if floor is None:  # BSP: the coordinator may send a pass again (a peer it could not reach answered a
+            async with job.apply_lock:  # probe); one that was applied here is not applied twice
+                if run <= job.tables.applied_run:
+                    return {"status": "OK", "applied": 0, "again": True}
+                return await self._apply_here(job, tag, clock, run, committed, reset, clocks, floor, fetch, tree,
+                                              combine, shards)
+        return await self._apply_here(job, tag, clock, run, committed, reset, clocks, floor, fetch, tree, combine,
+                                      shards)
+
+    async def _apply_here(self, job: Job, tag: tuple[int, int], clock: int, run: int, committed: list,
+                          reset: list | None, clocks: list | None, floor: int | None, fetch: list | None,
+                          tree: dict | None, combine: dict | None, shards: list | None) -> dict:
+        """``_h_apply``'s work once the pass is to be applied here."""
+        job_id = job.id
         if combine is not None:
             asyncio.ensure_future(self._combine(job, tag, combine))
         owned = job.tables.owned()  # the partitions as of now: one restored meanwhile is not this pass's to update

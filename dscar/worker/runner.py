@@ -16,6 +16,7 @@ connection pool with a short connect timeout and a deadline
 """
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import signal
@@ -89,6 +90,9 @@ class Job:
     forgot: threading.Event = field(default_factory=threading.Event)
     #: the job's token (``dscar.core.membership``): every call about the job carries it
     token: str | None = None
+    #: one BSP pass applied here at a time: a pass sent again (``Coordinator._apply``'s retry) waits for
+    #: the first message's apply, then finds it applied (``PartitionStore.applied_run``)
+    apply_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
     def apply_pass(self, run: int, keys: list, workers: list, fetched: dict, reset: set, owned: dict,
                    me: str, drop_through: int, floor: int | None = None) -> dict:
