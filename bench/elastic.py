@@ -140,19 +140,21 @@ class ChurnDriver:
 
     def choose(self, n_live: int, n_members: int | None = None) -> str | None:
         """The next kind, round robin over the kinds in a shuffled order per round (so a few events cover
-        every kind), skipping one not allowed: no join at ``high`` workers live or on their way
-        (``n_members``, default ``n_live``), no retirement or kill at ``low`` live or on their way; None
-        when no kind is allowed (joins on their way, too few live yet)."""
+        every kind: a kind not allowed now stays in its round, and an allowed one fills in). Not allowed:
+        a join at ``high`` workers live or on their way (``n_members``, default ``n_live``), a retirement
+        or kill at ``low`` live or on their way; None when no kind is allowed (joins on their way, too
+        few live yet)."""
         members = n_live if n_members is None else n_members
         ok = [k for k in self.kinds if not (k == "join" and members >= self.high)
               and not (k in ("retire", "kill") and min(n_live, members) <= self.low)]
         if not ok:  # (joins on their way and too few live: wait for them)
             return None
-        if not any(k in ok for k in self._round):
+        if not self._round:
             self._round = self.rng.sample(self.kinds, len(self.kinds))
-        kind = next((k for k in self._round if k in ok), None) or self.rng.choice(ok)
-        if kind in self._round:
-            self._round.remove(kind)
+        kind = next((k for k in self._round if k in ok), None)
+        if kind is None:  # the round's kinds are not allowed now: another in between, the round keeps them
+            return self.rng.choice(ok)
+        self._round.remove(kind)
         return kind
 
     def sample(self) -> None:
