@@ -415,7 +415,8 @@ def test_an_attempt_stopped_as_a_lost_race_is_named_in_its_item_s_commit():
 
 
 def test_a_commit_reports_the_partitions_its_updates_touched_and_owners_of_others_skip_its_worker():
-    from dscar.worker.partition_store import merge_touched, touched_parts, touches
+    from dscar.core.apply_plan import merge_touched, touches
+    from dscar.worker.partition_store import touched_parts
 
     ups = [_up(1, 0, [1.0]), _up(1, 2, [1.0]), ("stats", 0, 0, np.ones(1), None)]
     assert touched_parts(ups, {"w": 4, "stats": 1}) == {"w": [1], "stats": None}  # None: every partition

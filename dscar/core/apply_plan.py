@@ -32,6 +32,15 @@ DIRECT_PER_WORKER = 8
 FANIN = 16
 
 
+def merge_touched(into: dict[str, set[int] | None], touched: dict[str, Any]) -> None:
+    """Add one attempt's ``touched_parts`` (as a message carries it) to ``into`` (None: every partition)."""
+    for table, parts in touched.items():
+        if parts is None or into.get(table, set()) is None:
+            into[table] = None
+        else:
+            into.setdefault(table, set()).update(int(p) for p in parts)
+
+
 def touches(touched: Mapping[str, Any] | None, owned: Iterable[Part]) -> bool:
     """Whether updates that touched ``touched`` (None: unknown) may add to any partition in ``owned``."""
     if touched is None:

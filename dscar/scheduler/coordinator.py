@@ -44,7 +44,7 @@ from distributed.core import error_message
 from distributed.protocol.pickle import loads
 from distributed.scheduler import heartbeat_interval
 
-from ..core.apply_plan import DIRECT_PER_WORKER, FANIN, ApplyPlan, plan_apply, shard_ranges
+from ..core.apply_plan import DIRECT_PER_WORKER, FANIN, ApplyPlan, merge_touched, plan_apply, shard_ranges
 from ..checkpoint import CheckpointConfig
 from ..comm import fast_fail_pool
 from ..core.elastic import adaptive_target, handoff_plan, join_plan, retirable, shard_handoff_plan, workers_wanted
@@ -54,7 +54,6 @@ from ..core.job import ApplyPass, Checkpoint, JobConfig, JobState, Mirror, Resta
 from ..core.liveness import silence_limit, to_probe
 from ..core.membership import DEFAULT_LEASE_S, SCHEDULER_RULES, Lease, Rule, key_digest, refusal, same
 from ..core.monitor import ThroughputMonitor
-from ..worker.partition_store import merge_touched
 from ..core.protocol import IDLE, Commit, CommitAnswer, handler_name
 from ..core.partitions import PartitionMap, TableLayout, data_homes, placement_plan
 from ..core.shards import ShardQueue
@@ -668,16 +667,21 @@ class Coordinator(SchedulerPlugin):
                 return {"lost": gone, "ended": job is None}
             await self._wait_change(left)
 
-    async def _h_owners(self, job_id: str) -> dict:
-        """The partitions' owners, once no recovery is under way (the driver gathers the model)."""
+    async def _recovered(self, job_id: str) -> tuple[JobState | None, dict | None]:
+        """The job once no recovery is under way, or the answer that says why there is none."""
         job = self.jobs.get(job_id)
         if job is None:
-            return {"status": "failed", "error": self._unknown(job_id)}
+            return None, {"status": "failed", "error": self._unknown(job_id)}
         while job.recovering and not job.failed:
             await self._wait_change(1.0)
         if job.failed:
-            return {"status": "failed", "error": job.error}
-        return {"status": "OK", "owners": job.pmap.to_msg()}
+            return None, {"status": "failed", "error": job.error}
+        return job, None
+
+    async def _h_owners(self, job_id: str) -> dict:
+        """The partitions' owners, once no recovery is under way (the driver gathers the model)."""
+        job, failed = await self._recovered(job_id)
+        return failed or {"status": "OK", "owners": job.pmap.to_msg()}
 
     def _h_placed(self, job_id: str, placements: list) -> dict:
         job = self.jobs[job_id]
@@ -695,20 +699,15 @@ class Coordinator(SchedulerPlugin):
         return await self._h_wait(job_id, clock, wait, events_from)
 
     async def _begin(self, job_id: str, clock: int) -> dict:
-        job = self.jobs.get(job_id)
-        if job is None:
-            return {"status": "failed", "error": self._unknown(job_id)}
-        while job.recovering and not job.failed:
-            await self._wait_change(1.0)
-        if job.failed:
-            return {"status": "failed", "error": job.error}
+        job, failed = await self._recovered(job_id)
+        if failed:
+            return failed
         leaving = [w for w in self._live(job) if w in self._leaving]
         if leaving and job.consistency == "bsp":  # a clock boundary: Dask is retiring these
             await self._hand_off(job, leaving)
-            while job.recovering and not job.failed:  # (a leaver that still owned something)
-                await self._wait_change(1.0)
-            if job.failed:
-                return {"status": "failed", "error": job.error}
+            job, failed = await self._recovered(job_id)  # (a leaver that still owned something)
+            if failed:
+                return failed
         if job.consistency == "bsp" and self._copies.get(job_id):  # a boundary: copies to joiners switch owner
             await self._switch_copies(job)
             while job.recovering and not job.failed:  # (a loss while they switched: the clock begins after it)

@@ -30,7 +30,6 @@ import numpy as np
 
 from .. import checkpoint as ckpt
 from ..algorithm import TableSpec
-from ..core.apply_plan import touches  # noqa: F401 (where an owner's fetch is decided; tests import it here)
 from ..core.partitions import TableLayout
 from ..xp import to_host
 
@@ -60,15 +59,6 @@ def touched_parts(updates: Iterable[Update], n_parts: dict[str, int]) -> dict[st
     for table, part, *_ in updates:
         out.setdefault(table, set()).add(int(part))
     return {t: (None if len(ps) >= n_parts.get(t, len(ps) + 1) else sorted(ps)) for t, ps in out.items()}
-
-
-def merge_touched(into: dict[str, set[int] | None], touched: dict[str, Any]) -> None:
-    """Add one attempt's ``touched_parts`` (as a message carries it) to ``into`` (None: every partition)."""
-    for table, parts in touched.items():
-        if parts is None or into.get(table, set()) is None:
-            into[table] = None
-        else:
-            into.setdefault(table, set()).update(int(p) for p in parts)
 
 
 class PartitionStore:
