@@ -29,7 +29,7 @@ from sklearn.base import RegressorMixin
 
 import dscar
 from dscar import Algorithm, DataMeta, InvalidInputError, TableSpec
-from dscar.api.estimator import check_features
+from dscar import check_features
 
 
 KERNELS = ("compiled", "namespace")

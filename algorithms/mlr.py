@@ -59,7 +59,7 @@ from sklearn.base import ClassifierMixin
 
 import dscar
 from dscar import Algorithm, DataMeta, InvalidInputError, TableSpec, check_indices
-from dscar.api.estimator import check_features
+from dscar import check_features
 
 SCHEDULES = ("constant", "inverse")
 MODES = ("local", "gradient")

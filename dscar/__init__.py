@@ -15,13 +15,13 @@ from .errors import (
     RefusedCallError,
     ShardFailedError,
 )
-from .api.estimator import EstimatorMixin
+from .api.estimator import EstimatorMixin, check_features
 from .xp import to_host
 
 __all__ = [
     "Algorithm", "ArrayData", "CheckpointConfig", "CorruptCheckpointError", "ClockContext", "ClockRecord", "Cluster", "ClusterError", "ConvergenceWarning", "DataMeta",
     "DscarError", "EstimatorMixin", "FileData", "FitResult", "InvalidInputError", "JobFailedError", "PhasedData",
-    "RefusedCallError", "ShardContext", "ShardFailedError", "StateSpec", "TableSpec", "cancel", "check_indices", "connect",
+    "RefusedCallError", "ShardContext", "ShardFailedError", "StateSpec", "TableSpec", "cancel", "check_features", "check_indices", "connect",
     "faults", "fit", "jobs", "policies",
     "to_host", "validation",
 ]
