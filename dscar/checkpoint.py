@@ -80,6 +80,9 @@ from .errors import DscarError, InvalidInputError
 MANIFEST_RE = re.compile(r"manifest-(\d{8})\.json$")
 DATA_DIR_RE = re.compile(r"^v(\d{8})$")  #: a version's data folder (``data_dir``)
 MAX_CHAIN = 50  #: the default ``CheckpointConfig.max_chain``
+#: the key ``find_resume`` adds to the manifests it returns (never written to a store): the newest
+#: version number the store showed, so the resumed fit's ledger numbers its versions past it
+NEWEST_TAKEN = "newest_taken"
 #: the store layout manifests describe (2: one raw file per writer and version, ranges per entry)
 FORMAT = 2
 
@@ -634,7 +637,12 @@ def find_resume(cfg: CheckpointConfig, want: dict, tables: list, skipped: list[d
     fs, root = fs_and_root(cfg.url, cfg.storage_options)
     names = {t.name: t.n_rows for t in tables}
     found, links = [], []
-    versions = list_versions(fs, root, links)
+    listed = _ls(fs, root, links)
+    versions = _versions(listed, MANIFEST_RE)
+    # every version number the store shows (a manifest, readable or not; a data folder, published
+    # or abandoned; a link): a resumed fit numbers its versions past all of them, so none of its
+    # writes lands in a folder or on a manifest name an older run left behind
+    taken = versions + _versions(listed, DATA_DIR_RE) + _versions(links, MANIFEST_RE) + _versions(links, DATA_DIR_RE)
     for link in links:
         if (m := MANIFEST_RE.search(posixpath.basename(link))) is not None:
             skipped.append({"time": time.time(), "kind": "checkpoint-skipped", "version": int(m.group(1)),
@@ -663,6 +671,8 @@ def find_resume(cfg: CheckpointConfig, want: dict, tables: list, skipped: list[d
     if not found:
         more = f" ({len(skipped)} unreadable manifest(s) skipped)" if skipped else ""
         raise InvalidInputError(f"nothing to resume: {cfg.url!r} holds no published checkpoint{more}")
+    for m in found:
+        m[NEWEST_TAKEN] = max(taken)
     return found
 
 

@@ -189,6 +189,29 @@ def test_resume_skips_a_corrupt_newest_checkpoint(tmp_path):
     np.testing.assert_array_equal(res.params["count"], np.full(40, 8.0))
 
 
+def test_a_resume_numbers_its_versions_past_every_version_the_store_shows(tmp_path):
+    """The newest manifest cannot be read (the resume passes over it) and an abandoned version left
+    a data folder with no manifest: the resumed fit writes neither name again, so the unreadable
+    manifest is kept as it was for a person to look at and no file lands among another run's."""
+    cfg = CheckpointConfig(str(tmp_path), policy="full", every=2, keep=5)
+    fs, root = ckpt.fs_and_root(str(tmp_path))
+    with dscar.Cluster(n_workers=2, processes=False) as cl:
+        dscar.fit(RowCounter(), row_data(40), cl, n_shards=4, max_clocks=6, checkpoint=cfg)
+        newest = ckpt.list_versions(fs, root)[-1]
+        with open(ckpt.manifest_path(root, newest), "r+b") as f:
+            f.truncate(10)
+        torn = bytes(open(ckpt.manifest_path(root, newest), "rb").read())
+        abandoned = newest + 2
+        os.makedirs(ckpt.data_dir(root, abandoned))
+        res = dscar.fit(RowCounter(), row_data(40), cl, n_shards=4, max_clocks=10, checkpoint=cfg, resume=True)
+    assert [e["version"] for e in res.events if e["kind"] == "checkpoint-skipped"] == [newest]
+    assert next(e for e in res.events if e["kind"] == "resumed")["version"] == newest - 1
+    written = [c["version"] for c in res.checkpoints]
+    assert written and min(written) == abandoned + 1, written
+    assert open(ckpt.manifest_path(root, newest), "rb").read() == torn
+    np.testing.assert_array_equal(res.params["count"], np.full(40, 10.0))
+
+
 def test_resume_refuses_a_linked_newest_version_and_uses_the_older_one(tmp_path):
     """The newest version's data folder moved outside the store and a link put in its place (the
     same bytes: every checksum would match): the resume passes over that version with an event,

@@ -28,7 +28,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
-from ..checkpoint import FORMAT, MAX_CHAIN, chain_key
+from ..checkpoint import FORMAT, MAX_CHAIN, NEWEST_TAKEN, chain_key
 
 
 @dataclass
@@ -76,9 +76,12 @@ class CheckpointLedger:
             self.rebase(resume)
 
     def rebase(self, manifest: dict) -> None:
-        """Continue from ``manifest`` (a resume: its chains are the ones the next version extends)."""
+        """Continue from ``manifest`` (a resume: its chains are the ones the next version extends).
+        New versions are numbered past ``manifest``'s and past every number the store showed
+        (``NEWEST_TAKEN``, set by ``checkpoint.find_resume``: a newer manifest that could not be read,
+        an abandoned version's folder), so no version is written over another."""
         self.published, self.built = [manifest], manifest
-        self.version = max(self.version, int(manifest["version"]))
+        self.version = max(self.version, int(manifest["version"]), int(manifest.get(NEWEST_TAKEN, 0)))
         self.state_saved = {int(s): int(manifest["clock"]) for s in manifest.get("states", {})}
 
     def start(self, clock: int, writers: Iterable[str], whole: Iterable[tuple[str, int]] = (),
