@@ -338,6 +338,30 @@ def test_a_driver_busy_between_calls_for_longer_than_its_lease_keeps_its_job(inp
     assert_exactly_once(res, 20)
 
 
+@pytest.mark.timeout(120)
+def test_a_worker_asking_for_the_spec_of_a_job_that_has_ended_is_told_so(inproc, caplog):
+    """A joiner's warm-up or a runner's first item may ask for a job's spec after the job ended: the
+    answer is a ``JobFailedError`` naming the job, and the scheduler logs no fault of its own."""
+    import logging
+
+    res = dscar.fit(RowCounter(), row_data(20), inproc, n_shards=2, max_clocks=1, policies=[])
+    assert res.n_clocks == 1
+    ended = "job-that-ended"
+
+    async def ask(dask_worker):
+        server = dask_worker.plugins["dscar-paramserver"]
+        try:
+            await server._acall("job_spec", job_id=ended, worker=dask_worker.address)
+        except dscar.JobFailedError as e:
+            return str(e)
+        return "answered"
+
+    with caplog.at_level(logging.ERROR, logger="distributed"):
+        said = list(inproc.client.run(ask).values())
+    assert said and all(ended in s and "not running" in s for s in said), said
+    assert not [r for r in caplog.records if "job_spec" in r.getMessage() or "KeyError" in r.getMessage()]
+
+
 def test_the_jobs_commands_say_what_is_wrong_in_one_line():
     for argv in (["jobs", "--scheduler", "nonsense"], ["cancel", "some-job", "--scheduler", "nonsense"],
                  ["cancel", "--scheduler", "tcp://127.0.0.1:1"], ["jobs"]):

@@ -48,7 +48,7 @@ from ..core.apply_plan import DIRECT_PER_WORKER, FANIN, ApplyPlan, merge_touched
 from ..checkpoint import CheckpointConfig
 from ..comm import fast_fail_pool
 from ..core.elastic import adaptive_target, handoff_plan, join_plan, retirable, shard_handoff_plan, workers_wanted
-from ..errors import RefusedCallError
+from ..errors import JobFailedError, RefusedCallError
 from ..inflight import Inflight
 from ..core.job import ApplyPass, Checkpoint, JobConfig, JobState, Mirror, RestartWorker, StartRecovery
 from ..core.liveness import silence_limit, to_probe
@@ -648,8 +648,13 @@ class Coordinator(SchedulerPlugin):
                 return {"status": "failed", "error": job.error}
         return {"status": "OK"}
 
-    def _h_job_spec(self, job_id: str, worker: str) -> bytes:
-        """The job's spec (with its token) for a registered worker that joins it."""
+    def _h_job_spec(self, job_id: str, worker: str) -> bytes | dict:
+        """The job's spec (with its token) for a registered worker that joins it; a job that has
+        ended (a joiner's late warm-up, a runner's late first item) is answered with a
+        ``JobFailedError`` that names it, not a ``KeyError`` logged as a scheduler fault."""
+        if job_id not in self._specs:
+            return error_message(JobFailedError(f"job {job_id} is not running: it has ended or never began"),
+                                 status="uncaught-error")
         return self._specs[job_id]
 
     async def _h_until_lost(self, job_id: str, workers: list, timeout: float = 60.0) -> dict:

@@ -47,7 +47,7 @@ from distributed.utils import sync
 from .. import checkpoint as ckpt
 from .. import wire
 from ..comm import fast_fail_pool
-from ..errors import RefusedCallError
+from ..errors import JobFailedError, RefusedCallError
 from ..inflight import Inflight
 from ..core.membership import (WORKER_INSTALLING, WORKER_RUN_WRITES, Rule, key_digest, new_token, refusal, run_known,
                          run_refusal, same, worker_rule)
@@ -274,8 +274,11 @@ class ParamServer(WorkerPlugin):
     # ------------------------------------------------------------- handlers
     async def _h_warm_up(self, job_id: str) -> dict:
         """Load the algorithm's kernels before clock 1, off the event loop (a compile may take
-        seconds, and heartbeats must flow)."""
-        job = await self._ajob(job_id)
+        seconds, and heartbeats must flow). A job that ended before its joiner warmed up is no fault."""
+        try:
+            job = await self._ajob(job_id)
+        except JobFailedError as e:
+            return {"status": "ended", "error": str(e)}
         await asyncio.to_thread(job.algorithm.warm_up, job.xp)
         return {"status": "OK"}
 
