@@ -5,7 +5,7 @@ carries decisions out: it answers the workers' and the driver's RPCs, fans the
 apply and checkpoint messages out to the workers, restores partitions during a
 recovery, and watches the workers' heartbeats. Its handlers move only ids,
 timings, file names and scalar metrics, and never block the event loop: waiting
-is done with long polls on an ``asyncio.Event``.
+is done with long polls, each woken only when its answer may have changed (``dscar.core.wake``).
 
 Protocol of a pass (the messages: ``dscar.core.protocol``): the worker asks
 ``dscar_next`` (a long poll, woken by new work or a job's end, not by a timer)
@@ -57,13 +57,17 @@ from ..core.monitor import ThroughputMonitor
 from ..core.protocol import IDLE, Commit, CommitAnswer, handler_name
 from ..core.partitions import PartitionMap, TableLayout, data_homes, placement_plan
 from ..core.shards import ShardQueue
+from ..core.wake import WaitLine, Woken
 from ..core.stall import StallWatch, workers_to_ask
 
 logger = logging.getLogger("dscar.coordinator")
 
 PLUGIN_NAME = "dscar-coordinator"
-IDLE_RECHECK_S = 0.02  # how often an idle worker's long poll looks again while a backup may turn due
-#: how often a waiting long poll looks again while a pass has shards to do (a late holder's may turn movable)
+#: how often the head of the line of waiting polls looks again, at most, while a backup may turn due
+#: (it is woken when the next one does, by the policy's ``due_in``)
+IDLE_RECHECK_S = 0.02
+#: how often the head of the line of waiting polls looks again while a pass has shards to do (a late
+#: holder's may turn movable)
 MOVE_RECHECK_S = 1.0
 RPC_TIMEOUT_S = 30.0  # a coordinator -> worker message that takes longer means a hung worker
 APPLY_TRIES = 3  # a pass is sent at most this often while the workers that could not be reached answer probes
@@ -124,9 +128,18 @@ class Coordinator(SchedulerPlugin):
         self._recovering: set[str] = set()
         #: job -> workers whose loss was simulated (``faults.lose``): they kept what they lost
         self._simulated: dict[str, set[str]] = {}
+        #: set on every change: the driver's and the coordinator's own waits (a few) wait on it
         self._changed = asyncio.Event()
-        #: how many times the long polls were woken (every wake runs every waiting poll once more)
+        #: how many changes woke the waits
         self.wakes = 0
+        #: the workers whose long poll for work waits (``dscar.core.wake``): a change wakes those it may concern
+        self._line = WaitLine()
+        #: worker -> the future its waiting long poll waits on (resolved with its ``Woken``)
+        self._polls: dict[str, asyncio.Future] = {}
+        #: waiting long polls woken so far (each looks once more)
+        self.poll_wakes = 0
+        #: wakes the head of the line when a time-driven decision turns due (``_tick``)
+        self._ticker: asyncio.Task | None = None
         self._watch: asyncio.Task | None = None
         #: worker -> when a dscar message of it last arrived (a sign of life besides heartbeats)
         self._heard: dict[str, float] = {}
@@ -327,7 +340,7 @@ class Coordinator(SchedulerPlugin):
             logger.info("dscar: joiner %s did not warm up for job %s: %r", worker, job_id, e)
         finally:
             preparing.discard(worker)
-            self._wake()
+            self._wake(everyone=True)
         job = self.jobs.get(job_id)
         if job is None or job.failed or worker not in self._live(job):
             return
@@ -454,10 +467,61 @@ class Coordinator(SchedulerPlugin):
         return {"status": "OK"}
 
     # ----------------------------------------------------------- plumbing
-    def _wake(self) -> None:
+    def _wake(self, everyone: bool = False, polls: bool = True) -> None:
+        """Something changed: the waits on ``_changed`` look again, and the waiting long polls for work
+        it may concern (every one with ``everyone``: a clock or pass begins, shards are placed, a recovery
+        ends; none with ``polls=False``)."""
         self.wakes += 1
         self._changed.set()
         self._changed = asyncio.Event()
+        if polls and len(self._line):
+            self._wake_polls(self._line.wake(everyone=everyone, owners=() if everyone else self._owners()))
+
+    def _owners(self) -> set[str]:
+        """The workers that hold shards they may start now (a change wakes their polls first)."""
+        owners: set[str] = set()
+        for job in self.jobs.values():
+            if job.handing_out and job.queue.n_todo:
+                top = (job.window.top if job.consistency == "ssp" and job.window.rebuilding is None
+                       else float("inf"))
+                owners |= job.queue.holders_with_todo(top)
+        return owners
+
+    def _wake_polls(self, woken: list[Woken]) -> None:
+        for w in woken:
+            fut = self._polls.pop(w.worker, None)
+            if fut is not None and not fut.done():
+                self.poll_wakes += 1
+                fut.set_result(w)
+
+    async def _wait_poll(self, worker: str, timeout: float) -> Woken | None:
+        """``worker``'s long poll waits in the line until it is woken (its ``Woken``) or ``timeout``."""
+        fut = self._polls.get(worker)
+        if fut is None or fut.done():
+            fut = self._polls[worker] = asyncio.get_running_loop().create_future()
+        self._line.wait(worker)
+        if self._ticker is None:
+            self._ticker = asyncio.ensure_future(self._tick())
+        try:
+            return await asyncio.wait_for(asyncio.shield(fut), timeout)
+        except asyncio.TimeoutError:
+            return None
+
+    async def _tick(self) -> None:
+        """While polls wait: wake the head of the line when a time-driven decision may have turned due (a
+        backup, a late holder's shard worth moving: ``_recheck_s``), not every poll on a timer."""
+        due_at = float("inf")
+        try:
+            while len(self._line):
+                now = time.monotonic()
+                due_at = min(due_at, now + self._recheck_s())  # (a change may bring it forward)
+                if now >= due_at:
+                    due_at = float("inf")
+                    self._wake_polls(self._line.wake(spare=1))
+                    continue
+                await self._wait_change(min(due_at - now, MOVE_RECHECK_S))
+        finally:
+            self._ticker = None
 
     async def _wait_change(self, timeout: float) -> bool:
         try:
@@ -687,7 +751,7 @@ class Coordinator(SchedulerPlugin):
         job = self.jobs[job_id]
         self._placements[job_id] = self._placements.get(job_id, 0) + 1
         job.placed(placements, self.scheduler.workers)
-        self._wake()
+        self._wake(everyone=True)
         return {"status": "OK"}
 
     async def _h_begin_clock(self, job_id: str, clock: int, wait: float = 0.0, events_from: int = 0) -> dict:
@@ -720,6 +784,7 @@ class Coordinator(SchedulerPlugin):
             if isinstance(e, RestartWorker):
                 await self._restart(job, e.worker)
         self._do(job, [e for e in effects if not isinstance(e, RestartWorker)])
+        self._wake(everyone=True)  # (a pass begins: every worker may have shards of its own)
         return {"status": "OK"}
 
     def _h_event(self, job_id: str, clock: int, kind: str, worker: str, info: dict | None = None) -> dict:
@@ -846,7 +911,7 @@ class Coordinator(SchedulerPlugin):
                 if job.cfg.checkpoint is not None and any("state_file" in m for m in item.get("shards", ())):
                     item["ckpt_url"] = job.cfg.checkpoint.url
                     item["storage_options"] = job.cfg.checkpoint.storage_options
-                self._wake()
+                self._wake(polls=False)  # (the waiting polls: a poll that gets an item passes a wake on)
                 return item
         return None
 
@@ -858,15 +923,22 @@ class Coordinator(SchedulerPlugin):
             timeout = idle_poll_timeout(len(self.scheduler.workers))
         deadline = time.monotonic() + timeout
         self._alive(worker)
-        while True:
-            if worker in self.scheduler.workers:
-                item = self._item_for(worker) or await self._take_back_for(worker)
+        woken: Woken | None = None
+        try:
+            while True:
+                item = None
+                if worker in self.scheduler.workers:
+                    item = self._item_for(worker) or await self._take_back_for(worker)
+                if woken is not None:  # there may be more (got one), or it was not for this worker (none)
+                    self._wake_polls(self._line.pass_on(woken, item is not None))
                 if item is not None:
                     return item
-            left = deadline - time.monotonic()
-            if left <= 0:
-                return dict(IDLE)
-            await self._wait_change(min(left, self._recheck_s()))
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return dict(IDLE)
+                woken = await self._wait_poll(worker, left)
+        finally:
+            self._line.leave(worker)
 
     async def _take_back_for(self, worker: str) -> dict | None:
         """Nothing to hand ``worker``: ask the worker with the most batch members not started yet
@@ -893,15 +965,31 @@ class Coordinator(SchedulerPlugin):
                    for j in self.jobs.values())
 
     def _recheck_s(self) -> float:
-        """How long a waiting long poll may go without looking again when nothing wakes it. Some
-        decisions turn due with time, not with an event: a backup (``IDLE_RECHECK_S``), a shard of
-        a holder that is late becoming worth moving (``MOVE_RECHECK_S``, while a pass has shards
-        to do). Otherwise none: a job between clocks, or no job, costs no call."""
+        """How long the waiting long polls may go without one of them looking again when nothing wakes
+        them. Some decisions turn due with time, not with an event: a backup (when the idle policy says
+        one may: ``due_in``, at least ``IDLE_RECHECK_S`` apart), a shard of a holder that is late
+        becoming worth moving (``MOVE_RECHECK_S``, while a pass has shards to do). Otherwise none: a job
+        between clocks, or no job, costs no call."""
         if self._idle_work_possible():
-            return IDLE_RECHECK_S
+            return max(IDLE_RECHECK_S, self._backup_due_in())
         if any(j.handing_out and j.queue.n_todo for j in self.jobs.values()):
             return MOVE_RECHECK_S
         return float("inf")
+
+    def _backup_due_in(self) -> float:
+        """Seconds until an idle-time policy of a job may start a backup (0: it may now)."""
+        now, due = time.time(), float("inf")
+        for job in self.jobs.values():
+            view = None
+            for p in job.policies:
+                if p.when == "idle" and job.handing_out:
+                    if not hasattr(p, "due_in"):
+                        return 0.0  # (a policy that cannot tell: look every IDLE_RECHECK_S)
+                    view = view or job.dispatch.view(job.workers, now)
+                    d = p.due_in(view)
+                    if d is not None:
+                        due = min(due, d)
+        return due
 
     def _h_commit(self, job_id: str, clock: int, run: int, worker: str, commits: list[dict],
                   rebuild: bool = False, released: list | None = None, stopped: list | None = None) -> dict:
@@ -1195,7 +1283,7 @@ class Coordinator(SchedulerPlugin):
             job.fail(time.time(), f"recovery failed: {e!r}")
         finally:
             self._recovering.discard(job.cfg.job_id)
-            self._wake()
+            self._wake(everyone=True)
 
     async def _restore(self, job: JobState, restores: dict, manifests: list[dict],
                        from_memory: dict | None = None) -> None:
