@@ -25,10 +25,18 @@ still finds nothing joins it again, at its end).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import AbstractSet, Iterable
+from typing import TYPE_CHECKING, AbstractSet, Iterable
+
+if TYPE_CHECKING:
+    from .job import JobState
 
 #: how many times in a row a wake is passed on by polls that found nothing
 MISSES = 2
+#: how often the head of the line looks again, at most, while a backup may turn due (it is woken when
+#: the next one does, by the idle policy's ``due_in``)
+IDLE_RECHECK_S = 0.02
+#: how often the head of the line looks again while a pass has shards to do (a late holder's may turn movable)
+MOVE_RECHECK_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -98,7 +106,34 @@ class WaitLine:
         return self.wake(spare=1, misses=woken.misses_left if got_item else woken.misses_left - 1)
 
 
-def next_due(*times: float | None) -> float | None:
-    """The earliest of the times at which a time-driven decision turns due (None: none will)."""
-    due = [t for t in times if t is not None]
-    return min(due) if due else None
+def owners(jobs: Iterable["JobState"]) -> set[str]:
+    """The workers that hold shards they may start now (under SSP, of a clock the window lets start):
+    a change wakes their waiting polls first."""
+    found: set[str] = set()
+    for job in jobs:
+        if job.handing_out and job.queue.n_todo:
+            ssp = job.consistency == "ssp" and job.window.rebuilding is None
+            found |= job.queue.holders_with_todo(job.window.top if ssp else float("inf"))
+    return found
+
+
+def recheck_s(jobs: Iterable["JobState"], now: float) -> float:
+    """Seconds until the head of the line must look again though nothing woke it, because a decision
+    turns due with time: a backup (when an idle policy says one may, ``due_in``; at least
+    ``IDLE_RECHECK_S`` apart, and every ``IDLE_RECHECK_S`` for a policy that cannot say), a late
+    holder's shard worth moving (``MOVE_RECHECK_S`` while a pass has shards to do). inf: none (a job
+    between clocks, or no job, costs no look)."""
+    due, moves = float("inf"), False
+    for job in jobs:
+        if not job.handing_out:
+            continue
+        moves = moves or bool(job.queue.n_todo)
+        idle = [p for p in job.policies if p.when == "idle"]
+        if not idle or not job.queue.n_doing:
+            continue
+        view = job.dispatch.view(job.workers, now)
+        for p in idle:
+            d = p.due_in(view) if hasattr(p, "due_in") else 0.0
+            if d is not None:
+                due = min(due, max(IDLE_RECHECK_S, d))
+    return min(due, MOVE_RECHECK_S) if moves else due

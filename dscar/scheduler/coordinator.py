@@ -57,18 +57,12 @@ from ..core.monitor import ThroughputMonitor
 from ..core.protocol import IDLE, Commit, CommitAnswer, handler_name
 from ..core.partitions import PartitionMap, TableLayout, data_homes, placement_plan
 from ..core.shards import ShardQueue
-from ..core.wake import WaitLine, Woken
+from ..core.wake import MOVE_RECHECK_S, WaitLine, Woken, owners, recheck_s
 from ..core.stall import StallWatch, workers_to_ask
 
 logger = logging.getLogger("dscar.coordinator")
 
 PLUGIN_NAME = "dscar-coordinator"
-#: how often the head of the line of waiting polls looks again, at most, while a backup may turn due
-#: (it is woken when the next one does, by the policy's ``due_in``)
-IDLE_RECHECK_S = 0.02
-#: how often the head of the line of waiting polls looks again while a pass has shards to do (a late
-#: holder's may turn movable)
-MOVE_RECHECK_S = 1.0
 RPC_TIMEOUT_S = 30.0  # a coordinator -> worker message that takes longer means a hung worker
 APPLY_TRIES = 3  # a pass is sent at most this often while the workers that could not be reached answer probes
 #: seconds a joining worker may take to install a job and load its kernels before it is handed work anyway
@@ -475,17 +469,8 @@ class Coordinator(SchedulerPlugin):
         self._changed.set()
         self._changed = asyncio.Event()
         if polls and len(self._line):
-            self._wake_polls(self._line.wake(everyone=everyone, owners=() if everyone else self._owners()))
-
-    def _owners(self) -> set[str]:
-        """The workers that hold shards they may start now (a change wakes their polls first)."""
-        owners: set[str] = set()
-        for job in self.jobs.values():
-            if job.handing_out and job.queue.n_todo:
-                top = (job.window.top if job.consistency == "ssp" and job.window.rebuilding is None
-                       else float("inf"))
-                owners |= job.queue.holders_with_todo(top)
-        return owners
+            mine = () if everyone else owners(self.jobs.values())
+            self._wake_polls(self._line.wake(everyone=everyone, owners=mine))
 
     def _wake_polls(self, woken: list[Woken]) -> None:
         for w in woken:
@@ -960,36 +945,10 @@ class Coordinator(SchedulerPlugin):
             return self._item_for(worker)
         return None
 
-    def _idle_work_possible(self) -> bool:
-        return any(j.handing_out and any(p.when == "idle" for p in j.policies) and j.queue.running()
-                   for j in self.jobs.values())
-
     def _recheck_s(self) -> float:
-        """How long the waiting long polls may go without one of them looking again when nothing wakes
-        them. Some decisions turn due with time, not with an event: a backup (when the idle policy says
-        one may: ``due_in``, at least ``IDLE_RECHECK_S`` apart), a shard of a holder that is late
-        becoming worth moving (``MOVE_RECHECK_S``, while a pass has shards to do). Otherwise none: a job
-        between clocks, or no job, costs no call."""
-        if self._idle_work_possible():
-            return max(IDLE_RECHECK_S, self._backup_due_in())
-        if any(j.handing_out and j.queue.n_todo for j in self.jobs.values()):
-            return MOVE_RECHECK_S
-        return float("inf")
-
-    def _backup_due_in(self) -> float:
-        """Seconds until an idle-time policy of a job may start a backup (0: it may now)."""
-        now, due = time.time(), float("inf")
-        for job in self.jobs.values():
-            view = None
-            for p in job.policies:
-                if p.when == "idle" and job.handing_out:
-                    if not hasattr(p, "due_in"):
-                        return 0.0  # (a policy that cannot tell: look every IDLE_RECHECK_S)
-                    view = view or job.dispatch.view(job.workers, now)
-                    d = p.due_in(view)
-                    if d is not None:
-                        due = min(due, d)
-        return due
+        """How long the waiting long polls may go without one of them looking again when nothing
+        wakes them (``dscar.core.wake.recheck_s``: a backup or a move turning due)."""
+        return recheck_s(self.jobs.values(), time.time())
 
     def _h_commit(self, job_id: str, clock: int, run: int, worker: str, commits: list[dict],
                   rebuild: bool = False, released: list | None = None, stopped: list | None = None) -> dict:
