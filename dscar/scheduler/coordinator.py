@@ -134,6 +134,9 @@ class Coordinator(SchedulerPlugin):
         self.poll_wakes = 0
         #: wakes the head of the line when a time-driven decision turns due (``_tick``)
         self._ticker: asyncio.Task | None = None
+        #: job -> (membership generation, workers it lost) when its live workers were last told it: a
+        #: poll tells it again only after a change (``_live`` sorts every worker: O(W) a poll)
+        self._told_live: dict[str, tuple[int, int]] = {}
         self._watch: asyncio.Task | None = None
         #: worker -> when a dscar message of it last arrived (a sign of life besides heartbeats)
         self._heard: dict[str, float] = {}
@@ -489,8 +492,11 @@ class Coordinator(SchedulerPlugin):
             self._ticker = asyncio.ensure_future(self._tick())
         try:
             return await asyncio.wait_for(asyncio.shield(fut), timeout)
-        except asyncio.TimeoutError:
-            return None
+        except asyncio.TimeoutError:  # it looks again out of the line: a wake meanwhile goes to another
+            self._line.leave(worker)
+            if self._polls.get(worker) is fut:
+                del self._polls[worker]
+            return fut.result() if fut.done() else None
 
     async def _tick(self) -> None:
         """While polls wait: wake the head of the line when a time-driven decision may have turned due (a
@@ -804,6 +810,7 @@ class Coordinator(SchedulerPlugin):
         self._wanted.pop(job_id, None)
         self._preparing.pop(job_id, None)
         self._copies.pop(job_id, None)
+        self._told_live.pop(job_id, None)
         if not self.jobs:  # no job holds a retirement back any more
             for fut in self._leaving.values():
                 if not fut.done():
@@ -888,7 +895,10 @@ class Coordinator(SchedulerPlugin):
         for job_id, job in self.jobs.items():
             if worker in self._preparing.get(job_id, ()):
                 continue  # a joiner warming up: work handed to it now would hold the clock's barrier
-            job.workers = self._live(job)
+            told = (self._generation, len(job.lost))  # (a job's lost workers only grow)
+            if self._told_live.get(job_id) != told:
+                job.workers = self._live(job)
+                self._told_live[job_id] = told
             item = job.next_item(worker, now)
             if item is None and (effects := job.idle(worker, now)):
                 self._do(job, effects)  # no effect, no wake: every idle poll would wake the others' polls
@@ -902,8 +912,9 @@ class Coordinator(SchedulerPlugin):
 
     async def _h_next(self, worker: str, timeout: float | None = None) -> dict:
         """Long poll: the next work item for ``worker``, or ``idle`` after ``timeout`` (None:
-        ``idle_poll_timeout``). It waits on the coordinator's changes (new work, a job's end), not
-        on a clock: an idle worker costs the scheduler one call per timeout."""
+        ``idle_poll_timeout``). It waits in the line of waiting polls until a change that may concern
+        it wakes it (``dscar.core.wake``), not on a clock: an idle worker costs the scheduler one call
+        per timeout. A woken poll passes the wake on as the rule says, whether it found work or not."""
         if timeout is None:
             timeout = idle_poll_timeout(len(self.scheduler.workers))
         deadline = time.monotonic() + timeout
