@@ -57,7 +57,7 @@ from ..core.monitor import ThroughputMonitor
 from ..core.protocol import IDLE, Commit, CommitAnswer, handler_name
 from ..core.partitions import PartitionMap, TableLayout, data_homes, placement_plan
 from ..core.shards import ShardQueue
-from ..core.wake import MOVE_RECHECK_S, WaitLine, Woken, owners, recheck_s
+from ..core.wake import IDLE_RECHECK_S, MOVE_RECHECK_S, WaitLine, Woken, owners, recheck_s
 from ..core.stall import StallWatch, workers_to_ask
 
 logger = logging.getLogger("dscar.coordinator")
@@ -510,7 +510,9 @@ class Coordinator(SchedulerPlugin):
                     due_at = float("inf")
                     self._wake_polls(self._line.wake(spare=1))
                     continue
-                await self._wait_change(min(due_at - now, MOVE_RECHECK_S))
+                if await self._wait_change(min(due_at - now, MOVE_RECHECK_S)):
+                    # a burst of changes (every commit is one) is looked at once, not once each
+                    await asyncio.sleep(min(IDLE_RECHECK_S, max(0.0, due_at - time.monotonic())))
         finally:
             self._ticker = None
 
