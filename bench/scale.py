@@ -14,8 +14,8 @@ each decision's median call (a loaded machine's preemptions left out); ``touch/g
 entries the core read per grant+commit (machine-independent; flat in W means O(1)); ``ctl/clk/W`` control
 messages per clock per worker (scheduler <-> workers and driver); ``fetch/clk/W`` the owners' fetches of
 staged updates per clock per worker (data plane: O(W) per worker is O(W^2) per clock); ``B/item`` bytes
-of a work item; ``recheck/clk/W`` waiting long polls woken per clock per worker (every change wakes
-every waiting poll); ``once`` exactly-once; ``starve`` no healthy worker left without a shard in a clock.
+of a work item; ``recheck/clk/W`` waiting long polls woken per clock per worker (a change wakes those it
+may concern: ``dscar.core.wake``); ``once`` exactly-once; ``starve`` no healthy worker left without a shard in a clock.
 The CPU figures are this machine's (shared, loaded): compare rows, not machines.
 
 A second table sums up the targets per mode (issue 39: the core's CPU per grant+commit <= 20 us and

@@ -42,7 +42,7 @@ import math
 import random
 import statistics
 import time
-from collections import Counter, defaultdict
+from collections import Counter, defaultdict, deque
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -55,6 +55,7 @@ from dscar.core.monitor import ThroughputMonitor
 from dscar.core.partitions import PartitionMap, TableLayout
 from dscar.core.policies import make_policies
 from dscar.core.shards import ShardQueue
+from dscar.core.wake import WaitLine, Woken, owners, recheck_s
 
 #: Dask's heartbeat interval at n workers (``distributed.scheduler.heartbeat_interval``; copied: no Dask here)
 def heartbeat_interval(n: int) -> float:
@@ -170,7 +171,7 @@ class Sim:
         self.bytes: Counter = Counter()
         self.per_clock: dict[int, Counter] = defaultdict(Counter)
         self.applied: Counter = Counter()  #: (clock, shard) -> times applied
-        self.poll_rechecks = 0  #: waiting long polls a wake would run once more (``Coordinator._wake``)
+        self.poll_rechecks = 0  #: waiting long polls woken to look once more (``Coordinator._wake``, ``_tick``)
         self.reports: dict[int, dict] = {}
         self.next_clock = 1
         self.recovering = False
@@ -181,8 +182,13 @@ class Sim:
         self._unplaced_possible = False
         self._owners_size: tuple[Any, int] = (None, 0)
         self._members_changed = True
-        #: workers waiting in a long poll, in the order they began waiting
-        self._idle: dict[str, None] = {}
+        #: workers waiting in a long poll, in the order they began waiting (``dscar.core.wake``)
+        self._line = WaitLine()
+        #: when the head of the line looks again though nothing woke it (``Coordinator._tick``)
+        self._tick_at = math.inf
+        #: woken polls still to look (``_run_woken``), and whether they are being run
+        self._woken: deque[Woken] = deque()
+        self._running_woken = False
 
     # ------------------------------------------------------------ machinery
     def _at(self, t: float, fn: Callable, *args: Any) -> None:
@@ -234,15 +240,49 @@ class Sim:
                 pass  # not configured here
         self._wake()
 
-    def _wake(self) -> None:
-        """Every waiting long poll runs once more (``Coordinator._wake``). The simulator counts them all
-        and asks the core for the waiting workers in order until one gets nothing: the others would get
-        nothing as well unless they hold shards of their own, which a waiting worker does not."""
-        idle = [w for w in self._idle if self.workers[w].alive and not self.workers[w].hung]
-        self.poll_rechecks += len(idle)
-        for w in idle:
-            if not self._poll(w):
-                break
+    def _wake(self, everyone: bool = False) -> None:
+        """The waiting long polls a change may concern look once more (``Coordinator._wake``, the rule of
+        ``dscar.core.wake``: the waiting owners of startable shards and the head of the line, whose wake
+        is passed on), each counted; then the next time-driven look is due (``_arm_tick``)."""
+        if len(self._line):
+            self._run_woken(self._line.wake(everyone=everyone, owners=() if everyone else owners([self.job])))
+        self._arm_tick()
+
+    def _run_woken(self, woken: list[Woken]) -> None:
+        """The woken polls look, in turn (a loop, not a recursion: a chain of wakes may be W long)."""
+        self._woken.extend(woken)
+        if self._running_woken:
+            return
+        self._running_woken = True
+        try:
+            while self._woken:
+                w = self._woken.popleft()
+                self.poll_rechecks += 1
+                s = self.workers[w.worker]
+                if s.alive and not s.hung:
+                    self._poll(w.worker, w)
+                else:  # (its poll finds nothing: the scheduler no longer lists it, or it would not hear)
+                    self._woken.extend(self._line.pass_on(w, False))
+        finally:
+            self._running_woken = False
+
+    def _arm_tick(self) -> None:
+        """``Coordinator._tick``: the head of the line looks again when a backup or a move may turn
+        due (``dscar.core.wake.recheck_s``), not every poll on a timer."""
+        if not len(self._line):
+            return
+        due = self.now + recheck_s([self.job], self.now)
+        if due < self._tick_at:
+            self._tick_at = due
+            self._at(due, self._tick, due)
+
+    def _tick(self, due: float) -> None:
+        if due != self._tick_at:
+            return  # (brought forward meanwhile)
+        self._tick_at = math.inf
+        if len(self._line):
+            self._run_woken(self._line.wake(spare=1))
+        self._arm_tick()
 
     def _apply(self, e: ApplyPass) -> None:
         """The apply fan-out as ``Coordinator._apply`` plans it (``dscar.core.apply_plan``; every attempt
@@ -322,20 +362,25 @@ class Sim:
             return
         self.recovering = False
         self._do(effects)
+        self._wake(everyone=True)
 
     # ------------------------------------------------------------ workers
-    def _poll(self, w: str) -> bool:
-        """A worker's long poll looks once (``_h_next``): an item, or it keeps waiting."""
+    def _poll(self, w: str, woken: Woken | None = None) -> bool:
+        """A worker's long poll looks once (``_h_next``): an item, or it keeps waiting in the line; one
+        that was woken passes the wake on first (``WaitLine.pass_on``)."""
         item = self._item_for(w)
         if item is None:
             item = self._take_back_for(w)
         s = self.workers[w]
+        if woken is not None:
+            self._run_woken(self._line.pass_on(woken, item is not None))
         if item is None:
             s.idle = True
-            self._idle[w] = None
+            self._line.wait(w)
+            self._arm_tick()
             return False
         s.idle = False
-        self._idle.pop(w, None)
+        self._line.leave(w)
         self._start(w, item)
         return True
 
@@ -452,7 +497,7 @@ class Sim:
         """``Coordinator.remove_worker``: the job loses it."""
         s = self.workers[w]
         s.alive, s.idle = False, False
-        self._idle.pop(w, None)
+        self._line.leave(w)
         self._members_changed = True
         self._unplaced_possible = True
         self._do(self._decide("lose", self.job.lose, w, self.now))
@@ -507,13 +552,14 @@ class Sim:
             return
         self._send("place", len(missing))
         self.job.placed([(shard, live[i % len(live)]) for i, shard in enumerate(missing)], live)
-        self._wake()
+        self._wake(everyone=True)
 
     def _begin(self, clock: int) -> None:
         self._send("begin")
         self._refresh_workers()
         self.next_clock = clock + 1
         self._do(self._decide("begin", self.job.begin, clock, self.now))
+        self._wake(everyone=True)
 
     # ------------------------------------------------------------ run
     def run(self) -> "Result":

@@ -684,6 +684,27 @@ def test_idle_long_polls_do_not_wake_each_other():
     assert per_clock < 100, per_clock
 
 
+def test_a_change_wakes_the_waiting_polls_it_may_concern_not_every_one():
+    """A commit, a grant or an effect wakes the waiting polls that hold shards of their own and the head
+    of the line (``dscar.core.wake``), not every waiting poll (that was O(W^2) rechecks a clock): over a
+    fit, the polls woken are at most W a clock begun, plus ``MISSES + 1`` a change, plus the shards."""
+    from dscar.core.wake import MISSES
+
+    def counts(dask_scheduler):
+        c = dask_scheduler.plugins["dscar-coordinator"]
+        return c.wakes, c.poll_wakes
+
+    n_workers, clocks, n_shards = 16, 6, 16
+    with dscar.Cluster(n_workers=n_workers, processes=False) as cl:
+        wakes0, polls0 = cl.client.run_on_scheduler(counts)
+        # one slow shard a clock: fifteen workers wait in their polls while every change goes on
+        res = dscar.fit(RowCounter(sleep=0.05, slow_shards=(0,)), row_data(40), cl, n_shards=n_shards,
+                        max_clocks=clocks, policies=[])
+        wakes, polls = (b - a for a, b in zip((wakes0, polls0), cl.client.run_on_scheduler(counts)))
+    assert_exactly_once(res, 40)
+    assert polls <= (MISSES + 1) * wakes + (n_workers + n_shards) * (clocks + 1), (polls, wakes)
+
+
 class PlacementWatches(RowCounter):
     """RowCounter whose clock end counts the ``until_lost`` polls waiting on the in-process scheduler(s)."""
 

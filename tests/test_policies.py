@@ -124,6 +124,20 @@ def test_backup_only_when_the_queue_is_empty_and_an_attempt_is_late():
     assert p.decide(view(ThroughputMonitor(), running=[late])) == []  # nothing measured yet
 
 
+def test_backup_says_when_the_longest_running_attempt_turns_late_so_waiting_polls_need_not_look_on_a_timer():
+    """``due_in``: the seconds until ``decide`` may back one up (the coordinator wakes a waiting poll
+    then, not every 20 ms); never later than ``decide`` would."""
+    m = monitor_with({"a": [1.0], "b": [1.0]})
+    p = BackupPolicy(k=2.0)
+    assert p.due_in(view(m, running=[Running(3, "c", 1.5, 1), Running(4, "c", 0.5, 1)])) == pytest.approx(0.5)
+    assert p.due_in(view(m, running=[Running(3, "c", 2.5, 1)])) == 0.0  # late now
+    assert p.decide(view(m, running=[Running(3, "c", 1.5 + 0.5 + 1e-9, 1)])) == [Backup(3, "d")]
+    assert p.due_in(view(m, running=[Running(3, "c", 9.0, 3), Running(5, "c", 0.5, 1)])) == pytest.approx(1.5)
+    assert p.due_in(view(m, todo=1, running=[Running(3, "c", 1.5, 1)])) is None  # work left in the queue
+    assert p.due_in(view(m, running=[])) is None  # nothing running: no backup turns due by time
+    assert p.due_in(view(ThroughputMonitor(), running=[Running(3, "c", 1.5, 1)])) is None  # nothing measured
+
+
 def test_backup_picks_the_latest_attempt():
     m = monitor_with({"a": [1.0]})
     runs = [Running(1, "a", 3.0, 1), Running(2, "b", 5.0, 1)]

@@ -171,3 +171,16 @@ def test_apply_fetches_and_bytes_per_clock_grow_linearly_with_the_workers():
     # and the apply messages' bytes: each carries its worker's own commits, not every worker's
     bytes_per_w = {w: r.apply_bytes_per_clock / w for w, r in results.items()}
     assert bytes_per_w[256] <= 1.2 * bytes_per_w[32], bytes_per_w
+
+
+@pytest.mark.parametrize("consistency, policies", [("bsp", ()), ("bsp", ("backup",)), ("ssp", ("backup",))])
+def test_waiting_polls_woken_per_clock_do_not_grow_with_w(consistency, policies):
+    """A change wakes the waiting polls it may concern (``dscar.core.wake``), and a time-driven decision
+    the head of the line: the polls woken a clock are O(W), a few per worker whatever W (waking every
+    waiting poll on every change was ~1.1 W per worker a clock: O(W^2))."""
+    per_w = {}
+    for w in (64, 256):
+        sim, r = run(w, consistency, clocks=3, policies=policies)
+        assert r.exactly_once and r.starvation_ok
+        per_w[w] = r.poll_rechecks / max(1, r.clocks_done) / w
+    assert per_w[256] <= 12 and per_w[256] <= 1.5 * per_w[64] + 1, per_w

@@ -236,3 +236,16 @@ def test_a_slowed_attempt_that_lost_to_its_backup_does_not_sleep_into_the_next_f
     res = dscar.fit(RowCounter(), row_data(16), inproc, n_shards=2, max_clocks=2, sharding="static", progress=False)
     assert_exactly_once(res, 16)
     assert all(len(r.shards_per_worker) == 2 for r in res.history)
+
+
+def test_a_backup_turning_due_wakes_a_waiting_poll_though_nothing_else_changes():
+    """The idle workers wait in their polls while a slowed worker's shard runs; nothing changes until it
+    commits. The backup turns due with time: the coordinator wakes the head of the line when it does
+    (``BackupPolicy.due_in``, ``Coordinator._tick``), so the backup starts and wins long before the
+    slowed attempt would finish, instead of the waiting polls sleeping through it."""
+    with dscar.Cluster(n_workers=3, processes=False) as cl:
+        res = dscar.fit(RowCounter(n_parts=1, sleep=0.02), row_data(30), cl, n_shards=3, max_clocks=3,
+                        faults=[faults.slow(0, 500.0, clock=2, until=2)], policies=["backup"])
+    assert_exactly_once(res, 30)
+    backups = [e for e in res.events if e["kind"] == "backup-attempt"]
+    assert backups and all(e["clock"] == 2 for e in backups if "clock" in e), backups

@@ -118,6 +118,19 @@ class BackupPolicy(Policy):
         return []
 
 
+    def due_in(self, view: ControllerView) -> float | None:
+        """Seconds until ``decide`` may start a backup at the earliest (the longest-running shard turns
+        late), or None while none will by time alone. An attempt's time may be shown slowed by its
+        batch's pace: then this is early, never late (a waiting poll looks once too often, not too late)."""
+        med = view.monitor.median_step()
+        if view.todo or med is None:
+            return None
+        late_after = max(self.k * med, self.min_s)
+        for r in view.longest_running(self.max_attempts):
+            return max(0.0, late_after - r.elapsed_s)
+        return None
+
+
 class AdaptiveBatchPolicy(Policy):
     name = "adaptive"
     when = "clock"

@@ -301,6 +301,11 @@ class ShardQueue:
     def held_by(self, worker: str) -> list[int]:
         return [i for i, s in enumerate(self._shards) if s.holder == worker]
 
+    def holders_with_todo(self, max_tier: float = float("inf")) -> set[str]:
+        """The workers holding TODO shards of a tier up to ``max_tier``, from the index (no scan of the
+        shards): the waiting polls a change wakes first (``dscar.core.wake``)."""
+        return {h for tier, h in self._local if h is not None and tier <= max_tier}
+
     def unplaced(self) -> list[int]:
         """Shards whose data no worker holds (only meaningful when not reloadable)."""
         return [i for i, s in enumerate(self._shards) if s.holder is None]

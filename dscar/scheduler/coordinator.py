@@ -5,7 +5,7 @@ carries decisions out: it answers the workers' and the driver's RPCs, fans the
 apply and checkpoint messages out to the workers, restores partitions during a
 recovery, and watches the workers' heartbeats. Its handlers move only ids,
 timings, file names and scalar metrics, and never block the event loop: waiting
-is done with long polls on an ``asyncio.Event``.
+is done with long polls, each woken only when its answer may have changed (``dscar.core.wake``).
 
 Protocol of a pass (the messages: ``dscar.core.protocol``): the worker asks
 ``dscar_next`` (a long poll, woken by new work or a job's end, not by a timer)
@@ -57,14 +57,12 @@ from ..core.monitor import ThroughputMonitor
 from ..core.protocol import IDLE, Commit, CommitAnswer, handler_name
 from ..core.partitions import PartitionMap, TableLayout, data_homes, placement_plan
 from ..core.shards import ShardQueue
+from ..core.wake import IDLE_RECHECK_S, MOVE_RECHECK_S, WaitLine, Woken, owners, recheck_s
 from ..core.stall import StallWatch, workers_to_ask
 
 logger = logging.getLogger("dscar.coordinator")
 
 PLUGIN_NAME = "dscar-coordinator"
-IDLE_RECHECK_S = 0.02  # how often an idle worker's long poll looks again while a backup may turn due
-#: how often a waiting long poll looks again while a pass has shards to do (a late holder's may turn movable)
-MOVE_RECHECK_S = 1.0
 RPC_TIMEOUT_S = 30.0  # a coordinator -> worker message that takes longer means a hung worker
 APPLY_TRIES = 3  # a pass is sent at most this often while the workers that could not be reached answer probes
 #: seconds a joining worker may take to install a job and load its kernels before it is handed work anyway
@@ -124,9 +122,21 @@ class Coordinator(SchedulerPlugin):
         self._recovering: set[str] = set()
         #: job -> workers whose loss was simulated (``faults.lose``): they kept what they lost
         self._simulated: dict[str, set[str]] = {}
+        #: set on every change: the driver's and the coordinator's own waits (a few) wait on it
         self._changed = asyncio.Event()
-        #: how many times the long polls were woken (every wake runs every waiting poll once more)
+        #: how many changes woke the waits
         self.wakes = 0
+        #: the workers whose long poll for work waits (``dscar.core.wake``): a change wakes those it may concern
+        self._line = WaitLine()
+        #: worker -> the future its waiting long poll waits on (resolved with its ``Woken``)
+        self._polls: dict[str, asyncio.Future] = {}
+        #: waiting long polls woken so far (each looks once more)
+        self.poll_wakes = 0
+        #: wakes the head of the line when a time-driven decision turns due (``_tick``)
+        self._ticker: asyncio.Task | None = None
+        #: job -> (membership generation, workers it lost) when its live workers were last told it: a
+        #: poll tells it again only after a change (``_live`` sorts every worker: O(W) a poll)
+        self._told_live: dict[str, tuple[int, int]] = {}
         self._watch: asyncio.Task | None = None
         #: worker -> when a dscar message of it last arrived (a sign of life besides heartbeats)
         self._heard: dict[str, float] = {}
@@ -327,7 +337,7 @@ class Coordinator(SchedulerPlugin):
             logger.info("dscar: joiner %s did not warm up for job %s: %r", worker, job_id, e)
         finally:
             preparing.discard(worker)
-            self._wake()
+            self._wake(everyone=True)
         job = self.jobs.get(job_id)
         if job is None or job.failed or worker not in self._live(job):
             return
@@ -454,10 +464,57 @@ class Coordinator(SchedulerPlugin):
         return {"status": "OK"}
 
     # ----------------------------------------------------------- plumbing
-    def _wake(self) -> None:
+    def _wake(self, everyone: bool = False, polls: bool = True) -> None:
+        """Something changed: the waits on ``_changed`` look again, and the waiting long polls for work
+        it may concern (every one with ``everyone``: a clock or pass begins, shards are placed, a recovery
+        ends; none with ``polls=False``)."""
         self.wakes += 1
         self._changed.set()
         self._changed = asyncio.Event()
+        if polls and len(self._line):
+            mine = () if everyone else owners(self.jobs.values())
+            self._wake_polls(self._line.wake(everyone=everyone, owners=mine))
+
+    def _wake_polls(self, woken: list[Woken]) -> None:
+        for w in woken:
+            fut = self._polls.pop(w.worker, None)
+            if fut is not None and not fut.done():
+                self.poll_wakes += 1
+                fut.set_result(w)
+
+    async def _wait_poll(self, worker: str, timeout: float) -> Woken | None:
+        """``worker``'s long poll waits in the line until it is woken (its ``Woken``) or ``timeout``."""
+        fut = self._polls.get(worker)
+        if fut is None or fut.done():
+            fut = self._polls[worker] = asyncio.get_running_loop().create_future()
+        self._line.wait(worker)
+        if self._ticker is None:
+            self._ticker = asyncio.ensure_future(self._tick())
+        try:
+            return await asyncio.wait_for(asyncio.shield(fut), timeout)
+        except asyncio.TimeoutError:  # it looks again out of the line: a wake meanwhile goes to another
+            self._line.leave(worker)
+            if self._polls.get(worker) is fut:
+                del self._polls[worker]
+            return fut.result() if fut.done() else None
+
+    async def _tick(self) -> None:
+        """While polls wait: wake the head of the line when a time-driven decision may have turned due (a
+        backup, a late holder's shard worth moving: ``_recheck_s``), not every poll on a timer."""
+        due_at = float("inf")
+        try:
+            while len(self._line):
+                now = time.monotonic()
+                due_at = min(due_at, now + self._recheck_s())  # (a change may bring it forward)
+                if now >= due_at:
+                    due_at = float("inf")
+                    self._wake_polls(self._line.wake(spare=1))
+                    continue
+                if await self._wait_change(min(due_at - now, MOVE_RECHECK_S)):
+                    # a burst of changes (every commit is one) is looked at once, not once each
+                    await asyncio.sleep(min(IDLE_RECHECK_S, max(0.0, due_at - time.monotonic())))
+        finally:
+            self._ticker = None
 
     async def _wait_change(self, timeout: float) -> bool:
         try:
@@ -692,7 +749,7 @@ class Coordinator(SchedulerPlugin):
         job = self.jobs[job_id]
         self._placements[job_id] = self._placements.get(job_id, 0) + 1
         job.placed(placements, self.scheduler.workers)
-        self._wake()
+        self._wake(everyone=True)
         return {"status": "OK"}
 
     async def _h_begin_clock(self, job_id: str, clock: int, wait: float = 0.0, events_from: int = 0) -> dict:
@@ -725,6 +782,7 @@ class Coordinator(SchedulerPlugin):
             if isinstance(e, RestartWorker):
                 await self._restart(job, e.worker)
         self._do(job, [e for e in effects if not isinstance(e, RestartWorker)])
+        self._wake(everyone=True)  # (a pass begins: every worker may have shards of its own)
         return {"status": "OK"}
 
     def _h_event(self, job_id: str, clock: int, kind: str, worker: str, info: dict | None = None) -> dict:
@@ -759,6 +817,7 @@ class Coordinator(SchedulerPlugin):
         self._wanted.pop(job_id, None)
         self._preparing.pop(job_id, None)
         self._copies.pop(job_id, None)
+        self._told_live.pop(job_id, None)
         if not self.jobs:  # no job holds a retirement back any more
             for fut in self._leaving.values():
                 if not fut.done():
@@ -843,7 +902,10 @@ class Coordinator(SchedulerPlugin):
         for job_id, job in self.jobs.items():
             if worker in self._preparing.get(job_id, ()):
                 continue  # a joiner warming up: work handed to it now would hold the clock's barrier
-            job.workers = self._live(job)
+            told = (self._generation, len(job.lost))  # (a job's lost workers only grow)
+            if self._told_live.get(job_id) != told:
+                job.workers = self._live(job)
+                self._told_live[job_id] = told
             item = job.next_item(worker, now)
             if item is None and (effects := job.idle(worker, now)):
                 self._do(job, effects)  # no effect, no wake: every idle poll would wake the others' polls
@@ -851,27 +913,35 @@ class Coordinator(SchedulerPlugin):
                 if job.cfg.checkpoint is not None and any("state_file" in m for m in item.get("shards", ())):
                     item["ckpt_url"] = job.cfg.checkpoint.url
                     item["storage_options"] = job.cfg.checkpoint.storage_options
-                self._wake()
+                self._wake(polls=False)  # (the waiting polls: a poll that gets an item passes a wake on)
                 return item
         return None
 
     async def _h_next(self, worker: str, timeout: float | None = None) -> dict:
         """Long poll: the next work item for ``worker``, or ``idle`` after ``timeout`` (None:
-        ``idle_poll_timeout``). It waits on the coordinator's changes (new work, a job's end), not
-        on a clock: an idle worker costs the scheduler one call per timeout."""
+        ``idle_poll_timeout``). It waits in the line of waiting polls until a change that may concern
+        it wakes it (``dscar.core.wake``), not on a clock: an idle worker costs the scheduler one call
+        per timeout. A woken poll passes the wake on as the rule says, whether it found work or not."""
         if timeout is None:
             timeout = idle_poll_timeout(len(self.scheduler.workers))
         deadline = time.monotonic() + timeout
         self._alive(worker)
-        while True:
-            if worker in self.scheduler.workers:
-                item = self._item_for(worker) or await self._take_back_for(worker)
+        woken: Woken | None = None
+        try:
+            while True:
+                item = None
+                if worker in self.scheduler.workers:
+                    item = self._item_for(worker) or await self._take_back_for(worker)
+                if woken is not None:  # there may be more (got one), or it was not for this worker (none)
+                    self._wake_polls(self._line.pass_on(woken, item is not None))
                 if item is not None:
                     return item
-            left = deadline - time.monotonic()
-            if left <= 0:
-                return dict(IDLE)
-            await self._wait_change(min(left, self._recheck_s()))
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return dict(IDLE)
+                woken = await self._wait_poll(worker, left)
+        finally:
+            self._line.leave(worker)
 
     async def _take_back_for(self, worker: str) -> dict | None:
         """Nothing to hand ``worker``: ask the worker with the most batch members not started yet
@@ -893,20 +963,10 @@ class Coordinator(SchedulerPlugin):
             return self._item_for(worker)
         return None
 
-    def _idle_work_possible(self) -> bool:
-        return any(j.handing_out and any(p.when == "idle" for p in j.policies) and j.queue.running()
-                   for j in self.jobs.values())
-
     def _recheck_s(self) -> float:
-        """How long a waiting long poll may go without looking again when nothing wakes it. Some
-        decisions turn due with time, not with an event: a backup (``IDLE_RECHECK_S``), a shard of
-        a holder that is late becoming worth moving (``MOVE_RECHECK_S``, while a pass has shards
-        to do). Otherwise none: a job between clocks, or no job, costs no call."""
-        if self._idle_work_possible():
-            return IDLE_RECHECK_S
-        if any(j.handing_out and j.queue.n_todo for j in self.jobs.values()):
-            return MOVE_RECHECK_S
-        return float("inf")
+        """How long the waiting long polls may go without one of them looking again when nothing
+        wakes them (``dscar.core.wake.recheck_s``: a backup or a move turning due)."""
+        return recheck_s(self.jobs.values(), time.time())
 
     def _h_commit(self, job_id: str, clock: int, run: int, worker: str, commits: list[dict],
                   rebuild: bool = False, released: list | None = None, stopped: list | None = None) -> dict:
@@ -1200,7 +1260,7 @@ class Coordinator(SchedulerPlugin):
             job.fail(time.time(), f"recovery failed: {e!r}")
         finally:
             self._recovering.discard(job.cfg.job_id)
-            self._wake()
+            self._wake(everyone=True)
 
     async def _restore(self, job: JobState, restores: dict, manifests: list[dict],
                        from_memory: dict | None = None) -> None:
