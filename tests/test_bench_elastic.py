@@ -100,3 +100,22 @@ def test_quick_churn_commits_every_shard_update_exactly_once_and_reports_its_fig
     assert s["rework_per_event"] == pytest.approx((s["skipped_clocks"] + s["rolled_back_clocks"]) / s["events"], abs=1e-3)
     for label in ("goodput", "hand-offs", "rework", "exactly-once audit", "lost 0, applied twice 0", "load average"):
         assert label in stdout
+
+
+def test_pull_bound_phases_split_clocks_by_the_state_at_their_end_and_count_rows_served_per_clock():
+    # (time, clocks, workers, owners) at each clock's end
+    ticks = [(0.0, 1, 2, 2), (1.0, 2, 2, 2), (2.0, 3, 2, 2), (3.0, 4, 3, 2), (4.5, 5, 3, 2), (6.0, 6, 3, 3),
+             (6.5, 7, 3, 3), (7.0, 8, 3, 3)]
+    served = {"a": [(0.5, 7), (1.5, 100), (2.5, 300), (6.7, 50)], "b": [(1.2, 200)], "c": [(6.2, 10), (6.8, 30)]}
+    phases = elastic.pull_phases(ticks, served)
+    # before: clocks (0,1) and (1,2) end at 2 workers; the first left out
+    assert phases["before"]["clocks"] == 1 and phases["before"]["clock_s_median"] == 1.0
+    assert phases["before"]["rows_served_per_clock"] == {"a": 100.0, "b": 200.0}
+    assert phases["before"]["max_owner_rows_per_clock"] == 200.0
+    # joined: (2,3) and (3,4.5) end at 3 workers, 2 owners: the first left out
+    assert phases["joined"]["clocks"] == 1 and phases["joined"]["clock_s_median"] == 1.5
+    assert phases["joined"]["rows_served_per_clock"] == {}
+    # owning: (4.5,6), (6,6.5), (6.5,7) end with 3 owners: the first left out
+    assert phases["owning"]["clocks"] == 2 and phases["owning"]["rows_served_per_clock"] == {"a": 25.0, "c": 20.0}
+    assert elastic.arrival_to_owning(ticks) == 2  # the third worker seen at clock 4's end, owning at clock 6's
+    assert elastic.arrival_to_owning(ticks[:4]) is None
