@@ -335,18 +335,32 @@ def count_at(live: list[tuple[float, int]], t: float) -> int:
     return n
 
 
+def rate_over(live: list[tuple[float, int]], start: float, end: float, rates: dict[int, float]) -> float:
+    """The failure-free clock rate over ``[start, end)``: each live-worker count's reference rate weighted
+    by the time spent at it (the count at ``start`` until the first sample inside, then the samples). A
+    clock that begins as a retired worker leaves, or a joiner arrives, runs mostly at the new count:
+    the count at its start alone would take the whole clock for the old one."""
+    pts = [(start, count_at(live, start))] + [(t, n) for t, n in live if start < t < end] + [(end, 0)]
+    seconds: Counter = Counter()
+    for (ta, n), (tb, _) in zip(pts, pts[1:]):
+        seconds[n] += tb - ta
+    total = sum(seconds.values())
+    if total <= 0:
+        return rate_at(pts[0][1], rates)
+    return sum(rate_at(n, rates) * s for n, s in seconds.items()) / total
+
+
 def lost_by_event(ticks: list[tuple[float, int]], live: list[tuple[float, int]], events: list[dict[str, Any]],
                   rates: dict[int, float]) -> dict[str, dict[str, float]]:
-    """Where the time goes: each clock's seconds beyond a failure-free clock at its worker count
-    (``1 / rates[n]``, n sampled at its start), summed by the kind of the driver's latest event before
+    """Where the time goes: each clock's seconds beyond a failure-free clock at its worker counts
+    (``1 / rate_over`` the clock), summed by the kind of the driver's latest event before
     the clock ended ("none": clocks before the first event, the reference's own noise), split into the
     clock the event lands in and the clocks after it until the next event."""
     out: dict[str, dict[str, float]] = {}
     at = sorted((e["at"], e["kind"]) for e in events)
     seen: set[float] = set()
     for (ta, _), (tb, _) in zip(ticks, ticks[1:]):
-        n = count_at(live, ta)
-        excess = (tb - ta) - 1.0 / rate_at(n, rates)
+        excess = (tb - ta) - 1.0 / rate_over(live, ta, tb, rates)
         last = [(t, k) for t, k in at if t < tb]
         kind = last[-1][1] if last else "none"
         row = out.setdefault(kind, {"events": 0, "clocks": 0, "lost_s": 0.0, "lost_s_landing": 0.0})

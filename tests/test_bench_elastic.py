@@ -22,10 +22,19 @@ def test_time_lost_is_each_clock_s_excess_over_a_reference_clock_summed_by_the_e
     events = [{"kind": "join", "at": 2.0}, {"kind": "retire", "at": 5.0}]
     lost = elastic.lost_by_event(ticks, live, events, {2: 1.0, 4: 2.0})
     assert lost["none"] == {"events": 0, "clocks": 1, "lost_s": 0.0, "lost_s_landing": 0.0, "lost_s_per_event": None}
-    # after the join: 2 s (1 s lost, in the clock it lands in), then 1 s at 2 workers (0 lost)
-    assert lost["join"] == {"events": 1, "clocks": 2, "lost_s": 1.0, "lost_s_landing": 1.0, "lost_s_per_event": 1.0}
+    # after the join: 2 s at 2 workers (1 s lost, in the clock it lands in), then 1 s of which half at 4 workers
+    # (a failure-free clock: 1 / (0.5 * 1.0 + 0.5 * 2.0) s, so 1 / 3 s lost)
+    assert lost["join"] == {"events": 1, "clocks": 2, "lost_s": 1.333, "lost_s_landing": 1.0, "lost_s_per_event": 1.333}
     # the retirement lands in a clock of 2.5 s at 4 workers (0.5 s each): 2.0 s lost
     assert lost["retire"]["lost_s"] == 2.0 and lost["retire"]["clocks"] == 1
+
+
+def test_a_clock_s_failure_free_rate_weights_each_worker_count_by_its_time_in_the_clock():
+    live = [(0.0, 3), (2.0, 2), (2.5, 2), (10.0, 3)]
+    rates = {2: 1.0, 3: 1.5}
+    assert elastic.rate_over(live, 0.5, 1.5, rates) == 1.5  # no sample inside: the count at its start
+    assert elastic.rate_over(live, 1.0, 3.0, rates) == pytest.approx((1.0 * 1.5 + 1.0 * 1.0) / 2.0)
+    assert elastic.rate_over(live, 9.0, 11.0, rates) == pytest.approx((1.0 * 1.0 + 1.0 * 1.5) / 2.0)
 
 
 def test_clocks_from_joining_to_owning_partitions_come_from_the_fit_s_events():
