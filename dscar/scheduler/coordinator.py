@@ -304,11 +304,19 @@ class Coordinator(SchedulerPlugin):
                 if ready:
                     job.schedule.pause()
                     self._switching.add(job_id)
+                    # attempts handed out before the switch read by the old owner map: Dask closes the
+                    # leavers only once they are done (a pull from a closed leaver would fail the attempt)
+                    before = {(a.shard, a.attempt) for a in job.queue.running()}
                     try:
-                        await self._hand_off(job, ready)
+                        await self._hand_off(job, ready, release=False)
                     finally:
                         self._switching.discard(job_id)
                         self._do(job, job.schedule.resume(time.time()))
+                    deadline = time.monotonic() + handoff_timeout()
+                    while (job_id in self.jobs and time.monotonic() < deadline
+                           and any((a.shard, a.attempt) in before for a in job.queue.running())):
+                        await self._wait_change(0.5)
+                    self._release_leavers(ready)
                     continue
                 await self._wait_change(0.5)
         finally:
@@ -317,7 +325,7 @@ class Coordinator(SchedulerPlugin):
             if job is not None and job.consistency == "ssp" and job.schedule.window.paused:
                 self._do(job, job.schedule.resume(time.time()))
 
-    async def _hand_off(self, job: JobState, leaving: list[str]) -> None:
+    async def _hand_off(self, job: JobState, leaving: list[str], release: bool = True) -> None:
         """At a clock boundary (nothing staged, nothing running), the leaving workers' partitions and
         shards are copied from them to the others (``elastic.handoff_plan``), then the owners and
         holders switch in one step and the leavers leave the job (``JobState.leave``): nothing to
@@ -352,6 +360,11 @@ class Coordinator(SchedulerPlugin):
                 self._do(job, job.leave(w, time.time()))
         job.event(time.time(), "handoff", workers=sorted(leaving), partitions=sum(part_ok), shards=sum(shard_ok),
                   failed=len(results) - sum(ok), seconds=round(time.perf_counter() - t0, 4))
+        if release:
+            self._release_leavers(leaving)
+
+    def _release_leavers(self, leaving: list[str]) -> None:
+        """Dask's retirement of ``leaving`` goes on: they have handed off."""
         for w in leaving:
             fut = self._leaving.pop(w, None)
             if fut is not None and not fut.done():
