@@ -44,8 +44,13 @@ share, not the engine; the sleep floor makes a clock's time fall with the worker
 cluster. Its objective is exact (``seen``'s sum counts every shard update applied), so "within the
 model's tolerance of a failure-free run" is equality, less what a recovery rolled back.
 
+``--pull-bound`` measures a join instead (``pull_bound``): a model whose steps are pulls (``PullBound``)
+on 2 worker processes whose pull serving is sleep-floored (``SlowServing``), a third added mid-fit;
+time per clock and rows served per clock by each owner before the join, while the joiner owns
+nothing, and once it owns partitions.
+
 Usage: ``python -m bench.elastic [--events N] [--kinds join,retire,kill] [--workers W] [--seed S]
-[--quick] [--json PATH] [--plot PATH]``.
+[--quick] [--json PATH] [--plot PATH]``; ``python -m bench.elastic --pull-bound [--json PATH]``.
 """
 from __future__ import annotations
 
@@ -55,6 +60,7 @@ for _v in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):  # bef
     os.environ.setdefault(_v, "1")
 
 import argparse  # noqa: E402
+import asyncio  # noqa: E402
 import copy  # noqa: E402
 import random  # noqa: E402
 import signal  # noqa: E402
@@ -68,7 +74,10 @@ from typing import Any  # noqa: E402
 import numpy as np  # noqa: E402
 
 import dscar  # noqa: E402
+from distributed.diagnostics.plugin import WorkerPlugin  # noqa: E402
+
 from bench.chaos import CHECK_KEYS, ExactlyOnce, check_final  # noqa: E402
+from dscar import Algorithm, TableSpec  # noqa: E402
 from bench.common import load_average, log, machine_info, pyplot, write_json  # noqa: E402
 
 KINDS = ("join", "retire", "kill")
@@ -326,18 +335,32 @@ def count_at(live: list[tuple[float, int]], t: float) -> int:
     return n
 
 
+def rate_over(live: list[tuple[float, int]], start: float, end: float, rates: dict[int, float]) -> float:
+    """The failure-free clock rate over ``[start, end)``: each live-worker count's reference rate weighted
+    by the time spent at it (the count at ``start`` until the first sample inside, then the samples). A
+    clock that begins as a retired worker leaves, or a joiner arrives, runs mostly at the new count:
+    the count at its start alone would take the whole clock for the old one."""
+    pts = [(start, count_at(live, start))] + [(t, n) for t, n in live if start < t < end] + [(end, 0)]
+    seconds: Counter = Counter()
+    for (ta, n), (tb, _) in zip(pts, pts[1:]):
+        seconds[n] += tb - ta
+    total = sum(seconds.values())
+    if total <= 0:
+        return rate_at(pts[0][1], rates)
+    return sum(rate_at(n, rates) * s for n, s in seconds.items()) / total
+
+
 def lost_by_event(ticks: list[tuple[float, int]], live: list[tuple[float, int]], events: list[dict[str, Any]],
                   rates: dict[int, float]) -> dict[str, dict[str, float]]:
-    """Where the time goes: each clock's seconds beyond a failure-free clock at its worker count
-    (``1 / rates[n]``, n sampled at its start), summed by the kind of the driver's latest event before
+    """Where the time goes: each clock's seconds beyond a failure-free clock at its worker counts
+    (``1 / rate_over`` the clock), summed by the kind of the driver's latest event before
     the clock ended ("none": clocks before the first event, the reference's own noise), split into the
     clock the event lands in and the clocks after it until the next event."""
     out: dict[str, dict[str, float]] = {}
     at = sorted((e["at"], e["kind"]) for e in events)
     seen: set[float] = set()
     for (ta, _), (tb, _) in zip(ticks, ticks[1:]):
-        n = count_at(live, ta)
-        excess = (tb - ta) - 1.0 / rate_at(n, rates)
+        excess = (tb - ta) - 1.0 / rate_over(live, ta, tb, rates)
         last = [(t, k) for t, k in at if t < tb]
         kind = last[-1][1] if last else "none"
         row = out.setdefault(kind, {"events": 0, "clocks": 0, "lost_s": 0.0, "lost_s_landing": 0.0})
@@ -471,6 +494,170 @@ def plot(path: str, churn: dict[str, Any]) -> None:
     print(f"plot: {path}")
 
 
+# ------------------------------------------------------------------ the pull-bound join (--pull-bound)
+#: the pull-bound model's table: large (pulled by row ranges, not whole: over ``SMALL_TABLE_BYTES``),
+#: in partitions that split evenly over 2 and over 3 owners
+PB_ROWS, PB_COLS, PB_PARTS, PB_SHARDS = 24_000, 8, 6, 12
+#: seconds an owner takes per row it serves, one pull at a time (an asyncio sleep under a lock in the
+#: owner's pull handler, ``SlowServing``): on 2 shared cores serving CPU does not grow with owners, a
+#: sleep floor does, as a real owner's network and memory bandwidth would
+SERVE_S_PER_ROW = 150e-6
+#: clocks on 2 workers before the join, and after the joiner owns partitions
+PB_BEFORE, PB_AFTER = 6, 8
+
+
+class PullBound(Algorithm):
+    """A model whose shard step is one pull of ``1 / n_shards`` of the rows of ``w``, spread over every
+    partition (so a step asks every owner at once, and each owner's share of the pulls is its share of
+    the rows), and a one-row update: nothing else. It
+    reports each clock to ``pull_bound`` (``converged`` runs in this process), which grows the cluster
+    and stops the fit."""
+
+    name = "pull-bound"
+    data_names = ("x",)
+
+    def __init__(self, n_shards: int = PB_SHARDS):
+        self.n_shards = n_shards
+        self.hook = None  #: called at each clock's end with the history's length: True stops the fit
+
+    def __getstate__(self):
+        return {k: v for k, v in self.__dict__.items() if k != "hook"}
+
+    def tables(self, meta):
+        return [TableSpec("w", PB_ROWS, (PB_COLS,), n_parts=PB_PARTS)]
+
+    def shard_step(self, ctx, data):
+        rows = np.arange(ctx.shard, PB_ROWS, self.n_shards)  # a row in n_shards of every partition: every owner at once
+        ctx.pull_rows("w", rows)
+        ctx.add("w", ctx.xp.ones((1, PB_COLS)), start=ctx.shard)
+
+    def clock_end(self, ctx):
+        return {"objective": float(dscar.to_host(ctx.pull("w", 0, 1)).sum())}
+
+    def converged(self, history, tol):
+        return bool(self.hook(len(history))) if self.hook is not None else False
+
+
+class SlowServing(WorkerPlugin):
+    """Every worker (a joiner too: a plugin is set up on each worker that arrives) serves ``pull``s one
+    at a time at ``s_per_row`` seconds per row, and records ``(time, rows)`` of each pull it served."""
+
+    name = "dscar-bench-slow-serving"
+
+    def __init__(self, s_per_row: float):
+        self.s_per_row = s_per_row
+
+    def setup(self, worker) -> None:
+        handler = worker.handlers["dscar_pull"]  # (dscar's plugin was registered first: it is set up first)
+        lock = asyncio.Lock()
+        served: list[tuple[float, int]] = []
+        worker.dscar_bench_served = served
+        s_per_row = self.s_per_row
+
+        async def pull(comm, **kw):
+            rows = len(kw["rows"]) if kw.get("rows") is not None else int(kw.get("hi") or 0) - int(kw.get("lo") or 0)
+            async with lock:
+                await asyncio.sleep(rows * s_per_row)
+            served.append((time.time(), rows))
+            out = handler(comm, **kw)
+            return await out if asyncio.iscoroutine(out) else out
+
+        worker.handlers["dscar_pull"] = pull
+
+
+def pull_phases(ticks: list[tuple[float, int, int, int]],
+                served: dict[str, list[tuple[float, int]]]) -> dict[str, dict[str, Any]]:
+    """Per phase of the fit, the clocks' seconds and the pull load. ``ticks``: ``(time, clocks, workers,
+    owners)`` at each clock's end (a clock is in the phase of the state at its end: partitions switch
+    owner as a clock begins, so the owners read at its end are those it ran with); phases: "before"
+    (2 workers), "joined" (a joiner is in, owning nothing yet), "owning" (it owns partitions). A
+    phase's first clock is left out (a worker arriving lands in it). ``served``: worker -> ``(time,
+    rows)`` of each pull it served; the load is rows served per clock by each worker."""
+    clocks: dict[str, list[tuple[float, float]]] = {}
+    for (ta, _, _, _), (tb, _, workers, owners) in zip(ticks, ticks[1:]):
+        phase = "before" if workers <= 2 else ("joined" if owners <= 2 else "owning")
+        clocks.setdefault(phase, []).append((ta, tb))
+    out: dict[str, dict[str, Any]] = {}
+    for phase, spans in clocks.items():
+        spans = spans[1:] or spans
+        secs = [tb - ta for ta, tb in spans]
+        load = {w: sum(r for t, r in rows if any(ta <= t < tb for ta, tb in spans)) / len(spans)
+                for w, rows in served.items()}
+        load = {w: round(v, 1) for w, v in sorted(load.items()) if v > 0}
+        out[phase] = {"clocks": len(spans), "clock_s_median": round(statistics.median(secs), 3),
+                      "clock_s_mean": round(statistics.mean(secs), 3), "rows_served_per_clock": load,
+                      "max_owner_rows_per_clock": max(load.values(), default=0.0),
+                      "rows_served_per_clock_total": round(sum(load.values()), 1)}
+    return out
+
+
+def arrival_to_owning(ticks: list[tuple[float, int, int, int]]) -> int | None:
+    """Clocks from the first clock end at which the scheduler had the third worker to the first at which
+    it owned partitions (``ticks`` as for ``pull_phases``); None if either never came."""
+    arrived = next((n for _, n, workers, _ in ticks if workers > 2), None)
+    owning = next((n for _, n, _, owners in ticks if owners > 2), None)
+    return None if arrived is None or owning is None else owning - arrived
+
+
+def pull_bound(args, t0: float) -> dict[str, Any]:
+    """2 workers run ``PullBound``; after ``PB_BEFORE`` clocks a third joins; the fit stops ``PB_AFTER``
+    clocks after the joiner owns partitions (or at ``max_clocks``)."""
+    from distributed import LocalCluster
+
+    from dscar.scheduler.coordinator import PLUGIN_NAME
+
+    algo = PullBound()
+    ticks: list[tuple[float, int, int, int]] = []
+    owning_since: list[int] = []
+    max_clocks = PB_BEFORE + PB_AFTER + 40  # room for the joiner's process start and warm-up
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None) as lc:
+        cl = dscar.connect(lc)
+        cl.client.wait_for_workers(2)
+        cl.client.register_plugin(SlowServing(SERVE_S_PER_ROW))
+        coordinator = lc.scheduler.plugins[PLUGIN_NAME]
+
+        def hook(n: int) -> bool:
+            job = next(iter(coordinator.jobs.values()), None)
+            owners = len(set(job.pmap.owners.values())) if job is not None else 0
+            ticks.append((time.time(), n, len(lc.scheduler.workers), owners))
+            if n == PB_BEFORE:
+                log(t0, f"clock {n}: a third worker joins")
+                lc.scale(3)
+            if owners >= 3 and not owning_since:
+                owning_since.append(n)
+                log(t0, f"clock {n}: the joiner owns partitions")
+            return bool(owning_since) and n >= owning_since[0] + PB_AFTER
+
+        algo.hook = hook
+        log(t0, f"pull-bound fit: {PB_ROWS} x {PB_COLS} rows in {PB_PARTS} partitions, {PB_SHARDS} shards, "
+                f"{SERVE_S_PER_ROW * 1e6:g} us per row served")
+        res = dscar.fit(algo, {"x": np.arange(float(PB_SHARDS))}, cl, n_shards=PB_SHARDS, max_clocks=max_clocks,
+                        progress=False)
+        served = cl.client.run(lambda dask_worker: getattr(dask_worker, "dscar_bench_served", []))
+    taken = [e for e in res.events if e["kind"] == "partitions-taken-on"]
+    return {"phases": pull_phases(ticks, served), "clocks": res.n_clocks,
+            "arrival_to_owning_clocks": arrival_to_owning(ticks), "partitions_taken_on": [e["partitions"] for e in taken],
+            "rows_resent": [e.get("rows_resent") for e in taken], "serve_s_per_row": SERVE_S_PER_ROW,
+            "losses": sum(e["kind"] == "worker-lost" for e in res.events)}
+
+
+def format_pull_bound(r: dict[str, Any]) -> str:
+    rows = [("clocks", f"{r['clocks']}; the joiner owned partitions {r['arrival_to_owning_clocks']} clocks after it "
+                       f"arrived "
+                       f"(partitions moved {r['partitions_taken_on']}, rows re-sent {r['rows_resent']}); "
+                       f"losses {r['losses']}")]
+    for phase in ("before", "joined", "owning"):
+        p = r["phases"].get(phase)
+        if p is None:
+            rows.append((phase, "no clock"))
+            continue
+        rows.append((phase, f"{p['clocks']} clocks, {p['clock_s_median']} s per clock (median; mean "
+                            f"{p['clock_s_mean']}), rows served per clock by each worker "
+                            f"{list(p['rows_served_per_clock'].values())} (max {p['max_owner_rows_per_clock']}, "
+                            f"total {p['rows_served_per_clock_total']})"))
+    return "\n".join(f"{k:<10}{v}" for k, v in rows)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.elastic", description=__doc__.split("\n")[0])
     ap.add_argument("--events", type=int, default=None, help="membership events (default 100; 4 with --quick)")
@@ -480,6 +667,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="a few events (< 2 min)")
     ap.add_argument("--json", metavar="PATH")
     ap.add_argument("--plot", metavar="PATH", default="elastic.png")
+    ap.add_argument("--pull-bound", action="store_true",
+                    help="instead: a model whose pulls dominate on 2 workers, a third joining mid-fit "
+                         "(time per clock and rows served per owner before the join, after it, and once it owns partitions)")
     args = ap.parse_args(argv)
     bad = [k for k in args.kinds.split(",") if k not in KINDS]
     if bad or args.workers < 2:
@@ -487,6 +677,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.events is None:
         args.events = 4 if args.quick else 100
     t0 = time.perf_counter()
+    if args.pull_bound:
+        r = pull_bound(args, t0)
+        print(format_pull_bound(r))
+        print(f"load average {load_average()}")
+        if args.json:
+            write_json(args.json, {"pull_bound": r, "load_average": load_average(), "machine": machine_info()})
+        return 0
     info = machine_info(threadpools=True)
     tmp = tempfile.mkdtemp(prefix="dscar-elastic-")
     counts = [max(1, args.workers - 1), args.workers, args.workers + 1]

@@ -64,6 +64,10 @@ class Inflight:
             self._waiting.get(address, set()).discard(task)
             self._gone.discard(task)
 
+    def is_gone(self, address: str) -> bool:
+        """Whether messages to ``address`` fail at once (it was lost and has not joined again)."""
+        return address in self._lost
+
     def cancel(self, address: str, generation: int) -> None:
         """``address`` is gone (as of ``generation``): every message waiting for it fails now, and
         every later one at once, unless a worker joined there in a later generation."""

@@ -22,10 +22,19 @@ def test_time_lost_is_each_clock_s_excess_over_a_reference_clock_summed_by_the_e
     events = [{"kind": "join", "at": 2.0}, {"kind": "retire", "at": 5.0}]
     lost = elastic.lost_by_event(ticks, live, events, {2: 1.0, 4: 2.0})
     assert lost["none"] == {"events": 0, "clocks": 1, "lost_s": 0.0, "lost_s_landing": 0.0, "lost_s_per_event": None}
-    # after the join: 2 s (1 s lost, in the clock it lands in), then 1 s at 2 workers (0 lost)
-    assert lost["join"] == {"events": 1, "clocks": 2, "lost_s": 1.0, "lost_s_landing": 1.0, "lost_s_per_event": 1.0}
+    # after the join: 2 s at 2 workers (1 s lost, in the clock it lands in), then 1 s of which half at 4 workers
+    # (a failure-free clock: 1 / (0.5 * 1.0 + 0.5 * 2.0) s, so 1 / 3 s lost)
+    assert lost["join"] == {"events": 1, "clocks": 2, "lost_s": 1.333, "lost_s_landing": 1.0, "lost_s_per_event": 1.333}
     # the retirement lands in a clock of 2.5 s at 4 workers (0.5 s each): 2.0 s lost
     assert lost["retire"]["lost_s"] == 2.0 and lost["retire"]["clocks"] == 1
+
+
+def test_a_clock_s_failure_free_rate_weights_each_worker_count_by_its_time_in_the_clock():
+    live = [(0.0, 3), (2.0, 2), (2.5, 2), (10.0, 3)]
+    rates = {2: 1.0, 3: 1.5}
+    assert elastic.rate_over(live, 0.5, 1.5, rates) == 1.5  # no sample inside: the count at its start
+    assert elastic.rate_over(live, 1.0, 3.0, rates) == pytest.approx((1.0 * 1.5 + 1.0 * 1.0) / 2.0)
+    assert elastic.rate_over(live, 9.0, 11.0, rates) == pytest.approx((1.0 * 1.0 + 1.0 * 1.5) / 2.0)
 
 
 def test_clocks_from_joining_to_owning_partitions_come_from_the_fit_s_events():
@@ -100,3 +109,22 @@ def test_quick_churn_commits_every_shard_update_exactly_once_and_reports_its_fig
     assert s["rework_per_event"] == pytest.approx((s["skipped_clocks"] + s["rolled_back_clocks"]) / s["events"], abs=1e-3)
     for label in ("goodput", "hand-offs", "rework", "exactly-once audit", "lost 0, applied twice 0", "load average"):
         assert label in stdout
+
+
+def test_pull_bound_phases_split_clocks_by_the_state_at_their_end_and_count_rows_served_per_clock():
+    # (time, clocks, workers, owners) at each clock's end
+    ticks = [(0.0, 1, 2, 2), (1.0, 2, 2, 2), (2.0, 3, 2, 2), (3.0, 4, 3, 2), (4.5, 5, 3, 2), (6.0, 6, 3, 3),
+             (6.5, 7, 3, 3), (7.0, 8, 3, 3)]
+    served = {"a": [(0.5, 7), (1.5, 100), (2.5, 300), (6.7, 50)], "b": [(1.2, 200)], "c": [(6.2, 10), (6.8, 30)]}
+    phases = elastic.pull_phases(ticks, served)
+    # before: clocks (0,1) and (1,2) end at 2 workers; the first left out
+    assert phases["before"]["clocks"] == 1 and phases["before"]["clock_s_median"] == 1.0
+    assert phases["before"]["rows_served_per_clock"] == {"a": 100.0, "b": 200.0}
+    assert phases["before"]["max_owner_rows_per_clock"] == 200.0
+    # joined: (2,3) and (3,4.5) end at 3 workers, 2 owners: the first left out
+    assert phases["joined"]["clocks"] == 1 and phases["joined"]["clock_s_median"] == 1.5
+    assert phases["joined"]["rows_served_per_clock"] == {}
+    # owning: (4.5,6), (6,6.5), (6.5,7) end with 3 owners: the first left out
+    assert phases["owning"]["clocks"] == 2 and phases["owning"]["rows_served_per_clock"] == {"a": 25.0, "c": 20.0}
+    assert elastic.arrival_to_owning(ticks) == 2  # the third worker seen at clock 4's end, owning at clock 6's
+    assert elastic.arrival_to_owning(ticks[:4]) is None

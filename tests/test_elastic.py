@@ -79,6 +79,24 @@ def test_an_ssp_leaver_hands_off_only_once_nothing_of_it_is_in_flight_and_the_ta
     assert ssp_leave_step("a", running - {"a"}, unapplied - {"a"}, True) == "hand-off"
 
 
+def test_a_paused_ssp_window_starts_no_batch_until_resumed_and_names_the_writers_of_unapplied_updates():
+    from dscar.core.ssp import ApplyBatch, ClockWindow
+
+    w = ClockWindow(n_shards=2, staleness=1, limit=5, min_batch=2)
+    w.allow(5)
+    for shard in (0, 1):
+        w.start(shard)
+    assert w.commit(0, 1, "a", w.epoch) == [] and w.unapplied_writers() == {"a"}  # waits for a batch
+    w.pause()
+    assert w.commit(1, 1, "b", w.epoch) == [] and w.in_flight is None  # a batch was due: the pause holds it
+    assert w.unapplied_writers() == {"a", "b"}
+    (batch,) = w.resume()
+    assert isinstance(batch, ApplyBatch) and w.unapplied_writers() == {"a", "b"}  # in flight: not applied yet
+    w.batch_applied(batch.batch)
+    assert w.unapplied_writers() == set()
+    w.check()
+
+
 def test_a_bad_elastic_workers_setting_is_refused_before_work_starts():
     with dask.config.set({"dscar.core.elastic-workers": "four"}):
         with pytest.raises(InvalidInputError, match="dscar.core.elastic-workers"):
@@ -181,6 +199,63 @@ def test_a_worker_retired_mid_fit_hands_off_its_partitions_with_no_loss_and_no_r
         assert [r.clock for r in res.history] == [r.clock for r in ref.history]  # no clock skipped or run again
         np.testing.assert_allclose([r.metrics["objective"] for r in res.history],
                                    [r.metrics["objective"] for r in ref.history], rtol=1e-9)
+        wait_for(lambda: algo.retired[0] not in lc.scheduler.workers)  # and Dask retired it
+
+
+class SspRetireMidFit(ExactlyOnce):
+    """``bench.chaos.ExactlyOnce`` under SSP (every shard's update counted in param tables, its shard
+    state checked against them) that asks Dask to retire a partition owner after ``at`` clocks (in a
+    thread: the retirement waits for the leaver's drain and hand-off)."""
+
+    def __init__(self, clocks: int, local_cluster=None, client=None, at: int = 0, staleness: int = 0,
+                 work_s: float = 0.0):
+        super().__init__(clocks, work_s=work_s, staleness=staleness)
+        self._cluster, self._client, self._at = local_cluster, client, at
+        self.retired: list[str] = []
+        self._thread = None
+
+    def __getstate__(self):
+        return {k: v for k, v in self.__dict__.items() if k not in ("_cluster", "_client", "_thread", "retired")}
+
+    def converged(self, history, tol) -> bool:
+        if self._at and len(history) == self._at:
+            coordinator = self._cluster.scheduler.plugins[PLUGIN_NAME]
+            job = next(iter(coordinator.jobs.values()))
+            worker = sorted(set(job.pmap.owners.values()))[0]
+            self.retired.append(worker)
+            self._thread = threading.Thread(target=self._client.retire_workers, kwargs={"workers": [worker]})
+            self._thread.start()
+            wait_for(lambda: worker in coordinator._leaving or worker in job.lost)  # asked (or handed off already)
+        return False
+
+
+def test_a_worker_retired_mid_fit_under_ssp_is_drained_and_hands_off_with_no_loss_and_no_rework():
+    """Under SSP clocks overlap: the leaver is handed no more work, its committed updates are applied,
+    then its partitions (with the SSP updates they hold) and shard states are copied and switched while
+    the tables hold still. No checkpoint store: a retirement taken for a loss would fail the fit."""
+    clocks, n_shards = 10, 6
+    data = {"x": np.arange(float(n_shards))}
+    kw = dict(n_shards=n_shards, max_clocks=clocks, consistency="ssp", staleness=1, progress=False)
+    with LocalCluster(n_workers=3, threads_per_worker=1, processes=False, dashboard_address=":0") as lc:
+        cl = dscar.connect(lc)
+        ref = dscar.fit(ExactlyOnce(clocks, work_s=0.02, staleness=1), data, cl, **kw)
+        algo = SspRetireMidFit(clocks, lc, cl.client, at=3, staleness=1, work_s=0.02)
+        res = dscar.fit(algo, data, cl, **kw)
+        algo._thread.join(60)
+        kinds = [e["kind"] for e in res.events]
+        handoff = [e for e in res.events if e["kind"] == "handoff"]
+        assert len(handoff) == 1 and handoff[0]["workers"] == algo.retired and handoff[0]["failed"] == 0
+        assert handoff[0]["partitions"] > 0 and handoff[0]["seconds"] >= 0
+        left = [e for e in res.events if e["kind"] == "worker-left"]
+        assert [e["worker"] for e in left] == algo.retired and left[0]["requeued"] == []  # nothing of it ran again
+        assert not {"worker-lost", "recovery-started", "partition-restored", "rollback", "clock-end-skipped",
+                    "handoff-timeout", "commit-refused", "shard-failed"} & set(kinds)
+        assert [r.clock for r in res.history] == [r.clock for r in ref.history]
+        for r in res.history:  # every shard's update applied once, in every clock; shard states carried over
+            assert not r.skipped and all(r.metrics[k] == 0 for k in CHECK_KEYS), (r.clock, r.metrics)
+        assert check_final(res.params["seen"], clocks, True, staleness=1) == 0
+        for table in ("seen", "bad", "steps", "fanout"):  # the same model as the run without the retirement
+            np.testing.assert_array_equal(res.params[table], ref.params[table])
         wait_for(lambda: algo.retired[0] not in lc.scheduler.workers)  # and Dask retired it
 
 

@@ -235,6 +235,41 @@ def test_batch_members_not_started_when_their_pass_is_applied_are_skipped():
     assert op == "commit" and [c["shard"] for c in kw["commits"]] == [0, 1] and kw["released"] == []
 
 
+def test_batch_members_of_a_run_voided_by_an_owner_s_loss_fail_without_running_their_step():
+    """A kill voids the run; the worker hears of the loss at once but of the new run only with its next
+    item: the rest of a batch handed out before the loss is reported failed, not run (each step would
+    be run for nothing and hold back the requeued shards)."""
+    dead = "tcp://dead:1"
+    runner, calls, ran = _runner_with_steps()
+    host = runner.host
+    gone: set[str] = set()
+    host.peer_gone = lambda address: address in gone
+    answer = host.call
+    run = {"run": 5}
+    host.call = lambda op, **kw: dict(run) if op == "run" else answer(op, **kw)
+
+    def loss_during_the_first(r, shard):
+        if shard == 0:
+            gone.add(dead)
+            run["run"] = 7  # the coordinator voided run 5
+
+    runner._attempt = lambda job, a: (ran.append(a["shard"]), loss_during_the_first(runner, a["shard"]),
+                                      ({"compute_s": 0.0}, []))[-1]
+    item = {**_batch_item(4), "owners": [["w", 0, ME], ["w", 1, dead]]}
+    runner._run_shards(item)
+    assert ran == [0]  # the others were not run
+    fails = [kw for op, kw in calls if op == "fail"]
+    assert [kw["shard"] for kw in fails] == [1, 2, 3] and all("voided by the loss of tcp://dead:1" in kw["error"]
+                                                               for kw in fails)
+    # an owner gone but the run still current (the coordinator has not voided it): the members run
+    calls.clear()
+    ran.clear()
+    run["run"] = 5
+    runner._attempt = lambda job, a: (ran.append(a["shard"]), ({"compute_s": 0.0}, []))[-1]
+    runner._run_shards({**_batch_item(3, item=2), "owners": [["w", 0, ME], ["w", 1, dead]]})
+    assert ran == [0, 1, 2] and not [op for op, _ in calls if op == "fail"]
+
+
 def test_a_backup_keeps_the_shard_it_copied_since_its_commit_makes_its_worker_the_holder():
     """A loss may void the pass before it is applied; it then runs again from the committed
     attempt's worker, which must hold the shard then (with its state as of the pass's start)."""

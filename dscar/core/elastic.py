@@ -13,7 +13,8 @@ coordinator (``dscar.scheduler.coordinator``) answers Dask's two questions with 
   running job's workers.
 
 A worker retired explicitly (``retire_workers([w])``, ``cluster.scale(n)``) is not vetoed: it hands
-its partitions off at the next clock boundary before Dask closes it (``handoff_plan``).
+its partitions off at the next clock boundary before Dask closes it (``handoff_plan``); under SSP,
+once it is drained and the tables hold still (``ssp_leave_step``).
 """
 from __future__ import annotations
 

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any, Iterable, Protocol
 
 from .clock import Apply, ClockMachine, Recover, RunClockEnd, Skip, Stage, StartPass
 from .effects import ApplyPass, Effect, RestartWorker, StartRecovery
+from .elastic import ssp_leave_step
 from ..errors import ShardFailedError
 from .ledger import manifest_cut
 from .monitor import step_seconds
@@ -506,6 +507,26 @@ class SspSchedule:
         """The driver stops after ``clock``: no later clock starts or applies."""
         self.window.stop(clock)
         self._sync_queue()
+
+    # --------------------------------------------------------- retirements
+    def leave_step(self, worker: str) -> str:
+        """The next step of ``worker``'s retirement (``elastic.ssp_leave_step``). It "drains" while
+        an attempt runs on it or copies a shard from it (that copy needs it until the attempt
+        commits), and "flush"es while an update of it waits to be applied."""
+        running = {w for a in self.job.queue.running() for w in (a.worker, a.fetch_from) if w is not None}
+        return ssp_leave_step(worker, running, self.window.unapplied_writers(), self.quiet)
+
+    def flush_now(self, now: float) -> list[Effect]:
+        """Apply the commits waiting now, however few (a leaver's staged updates must not wait for
+        a full batch)."""
+        return self._carry(self.window.flush(), now) if self.handing_out else []
+
+    def pause(self) -> None:
+        """No batch or clock end starts until ``resume``: a hand-off copies tables that hold still."""
+        self.window.pause()
+
+    def resume(self, now: float) -> list[Effect]:
+        return self._carry(self.window.resume(), now)
 
     # ---------------------------------------------------------- carrying out
     def _sync_queue(self, shards: Iterable[int] | None = None) -> None:

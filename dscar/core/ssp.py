@@ -173,6 +173,9 @@ class ClockWindow:
     clock_end: int | None = None
     #: a clock end just finished: nothing is applied until ``go_on`` (the cut is being saved)
     holding: bool = False
+    #: a retiring worker's partitions are being handed off: no batch or clock end starts until
+    #: ``resume`` (an update applied to the old owner after its copy would be lost)
+    paused: bool = False
     #: (shard, clock) of every update put in a batch (applied, or written off), of clocks from ``floor`` on
     applied: set[tuple[int, int]] = field(default_factory=set)
     #: clock -> why it will be skipped, for open clocks that will be
@@ -529,7 +532,7 @@ class ClockWindow:
         """Whatever can happen now: finish or skip clocks, start a rebuild, run a clock end (before
         any batch: the window cannot move on without it), or send a batch; at most one batch or
         clock end at a time."""
-        if self.recovering or self.holding or self.in_flight is not None or self.clock_end is not None:
+        if self.recovering or self.holding or self.paused or self.in_flight is not None or self.clock_end is not None:
             return []
         out: list[Action] = []
         while True:
@@ -565,6 +568,24 @@ class ClockWindow:
             self.in_flight = ApplyBatch(self._batches, self.epoch, tuple(waiting))
             return out + [self.in_flight]
         return out
+
+    def pause(self) -> None:
+        """No batch or clock end starts until ``resume`` (those under way finish): a hand-off waits
+        for the tables to hold still, then copies them."""
+        self.paused = True
+
+    def resume(self) -> list[Action]:
+        """Batches and clock ends go on after a ``pause``."""
+        self.paused = False
+        return self._next()
+
+    def unapplied_writers(self) -> set[str]:
+        """The workers whose committed updates are not applied yet (waiting for a batch, or in the
+        batch in flight): their staged updates are still needed."""
+        out = {self._shards[i].worker for i in self._committed} | {w for _, w in self._rebuild_done}
+        if self.in_flight is not None:
+            out |= {w for _, _, w in self.in_flight.updates}
+        return {w for w in out if w is not None}
 
     def flush(self) -> list[Action]:
         """A worker found nothing to start: apply the commits waiting now, however few."""

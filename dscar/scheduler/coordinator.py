@@ -187,6 +187,10 @@ class Coordinator(SchedulerPlugin):
         self._copies: dict[str, dict[tuple[str, int], tuple[str, str]]] = {}
         #: the joiners' preparations and copies under way (kept referenced until done)
         self._preparations: set[asyncio.Future] = set()
+        #: SSP jobs whose leavers are being drained and handed off (``_ssp_hand_off``)
+        self._ssp_leaving: set[str] = set()
+        #: SSP jobs handing a leaver's partitions off right now: no work is handed out meanwhile
+        self._switching: set[str] = set()
         self._wrap_dask(scheduler)
 
     def handlers(self) -> dict[str, Callable]:
@@ -253,20 +257,23 @@ class Coordinator(SchedulerPlugin):
         return [w for w, ws in self.scheduler.workers.items() if str(ws.name) in wanted]
 
     async def _hand_off_first(self, workers: list[str]) -> None:
-        """Hold Dask's retirement of a running BSP job's ``workers`` until they have handed off their
-        partitions and shards at the job's next clock boundary (``_hand_off``), at most
-        ``handoff_timeout()``: Dask itself would close them at once (its ``RetireWorker`` policy waits
-        only for Dask keys, and dscar holds none). Under SSP clocks overlap and there is no boundary to
-        wait for: the retirement goes on and is a loss."""
+        """Hold Dask's retirement of a running job's ``workers`` until they have handed off their
+        partitions and shards (``_hand_off``), at most ``handoff_timeout()``: Dask itself would close
+        them at once (its ``RetireWorker`` policy waits only for Dask keys, and dscar holds none).
+        Under BSP the hand-off waits for the job's next clock boundary; under SSP clocks overlap and
+        there is none, so the leavers are drained first (``_ssp_hand_off``)."""
         waits = []
-        for job in self.jobs.values():
-            if job.failed or job.consistency != "bsp":
+        for job_id, job in self.jobs.items():
+            if job.failed:
                 continue
             for w in set(workers) & set(self._live(job)):
                 if w not in self._leaving:
                     self._leaving[w] = asyncio.get_running_loop().create_future()
                     job.event(time.time(), "worker-leaving", worker=w)
                 waits.append(self._leaving[w])
+                if job.consistency == "ssp" and job_id not in self._ssp_leaving:
+                    self._ssp_leaving.add(job_id)
+                    self._background(self._ssp_hand_off(job_id))
         if not waits:
             return
         self._wake()
@@ -278,7 +285,58 @@ class Coordinator(SchedulerPlugin):
                 for job in self.jobs.values():
                     job.event(time.time(), "handoff-timeout", worker=w, timeout=handoff_timeout())
 
-    async def _hand_off(self, job: JobState, leaving: list[str]) -> None:
+    async def _ssp_hand_off(self, job_id: str) -> None:
+        """Retire an SSP job's leavers with no rework, each by the steps of ``SspSchedule.leave_step``:
+        it is handed no work (``_item_for``) until nothing runs on it or copies from it, its committed
+        updates are applied at once, then no batch or clock end starts (``SspSchedule.pause``) until
+        those under way are done; once the tables hold still, hand-outs stop too (``_switching``) for
+        as long as its partitions and shards are copied and switched (``_hand_off``), which is short."""
+        try:
+            while True:
+                job = self.jobs.get(job_id)
+                if job is None or job.failed:
+                    return
+                leaving = [w for w in self._live(job) if w in self._leaving]
+                if not leaving:
+                    return
+                if job.recovering or not job.schedule.handing_out:
+                    await self._wait_change(1.0)
+                    continue
+                steps = {w: job.schedule.leave_step(w) for w in leaving}
+                if {"drain", "flush"} & set(steps.values()):
+                    if job.schedule.window.paused:  # (a leaver that came later is not drained yet)
+                        self._do(job, job.schedule.resume(time.time()))
+                    if "flush" in steps.values():
+                        self._do(job, job.schedule.flush_now(time.time()))
+                else:
+                    job.schedule.pause()  # (the batch or clock end under way finishes: then it is quiet)
+                ready = [w for w, step in steps.items() if step == "hand-off"]
+                if ready:
+                    job.schedule.pause()
+                    self._switching.add(job_id)
+                    # attempts handed out before the switch read by the old owner map: Dask closes the
+                    # leavers only once they are done (a pull from a closed leaver would fail the attempt)
+                    before = {(a.shard, a.attempt) for a in job.queue.running()}
+                    try:
+                        await self._hand_off(job, ready, release=False)
+                    finally:
+                        self._switching.discard(job_id)
+                        self._do(job, job.schedule.resume(time.time()))
+                        self._wake(everyone=True)  # (the polls turned away while it switched)
+                    deadline = time.monotonic() + handoff_timeout()
+                    while (job_id in self.jobs and time.monotonic() < deadline
+                           and any((a.shard, a.attempt) in before for a in job.queue.running())):
+                        await self._wait_change(0.5)
+                    self._release_leavers(ready)
+                    continue
+                await self._wait_change(0.5)
+        finally:
+            self._ssp_leaving.discard(job_id)
+            job = self.jobs.get(job_id)
+            if job is not None and job.consistency == "ssp" and job.schedule.window.paused:
+                self._do(job, job.schedule.resume(time.time()))
+
+    async def _hand_off(self, job: JobState, leaving: list[str], release: bool = True) -> None:
         """At a clock boundary (nothing staged, nothing running), the leaving workers' partitions and
         shards are copied from them to the others (``elastic.handoff_plan``), then the owners and
         holders switch in one step and the leavers leave the job (``JobState.leave``): nothing to
@@ -306,13 +364,18 @@ class Coordinator(SchedulerPlugin):
             if done and sources[k] not in job.lost and w not in job.lost:
                 job.pmap.owners[k] = w
         for (s, w), done in zip(sorted(shards.items()), shard_ok):
-            if done and job.queue.holder(s) not in job.lost and w not in job.lost:
+            if done and job.queue.holder(s) in leaving and job.queue.holder(s) not in job.lost and w not in job.lost:
                 job.queue.set_holder(s, w)
         for w in leaving:
             if w not in job.lost:
                 self._do(job, job.leave(w, time.time()))
         job.event(time.time(), "handoff", workers=sorted(leaving), partitions=sum(part_ok), shards=sum(shard_ok),
                   failed=len(results) - sum(ok), seconds=round(time.perf_counter() - t0, 4))
+        if release:
+            self._release_leavers(leaving)
+
+    def _release_leavers(self, leaving: list[str]) -> None:
+        """Dask's retirement of ``leaving`` goes on: they have handed off."""
         for w in leaving:
             fut = self._leaving.pop(w, None)
             if fut is not None and not fut.done():
@@ -902,6 +965,8 @@ class Coordinator(SchedulerPlugin):
         for job_id, job in self.jobs.items():
             if worker in self._preparing.get(job_id, ()):
                 continue  # a joiner warming up: work handed to it now would hold the clock's barrier
+            if job.consistency == "ssp" and (worker in self._leaving or job_id in self._switching):
+                continue  # a leaver drains; while one hands off, the shards and tables hold still
             told = (self._generation, len(job.lost))  # (a job's lost workers only grow)
             if self._told_live.get(job_id) != told:
                 job.workers = self._live(job)
@@ -947,7 +1012,8 @@ class Coordinator(SchedulerPlugin):
         """Nothing to hand ``worker``: ask the worker with the most batch members not started yet
         to give some back (``JobState.releasable``), then hand ``worker`` one of them."""
         for job_id, job in list(self.jobs.items()):
-            if worker in self._preparing.get(job_id, ()):
+            if worker in self._preparing.get(job_id, ()) or (
+                    job.consistency == "ssp" and (worker in self._leaving or job_id in self._switching)):
                 continue
             ask = job.releasable(worker)
             if ask is None:

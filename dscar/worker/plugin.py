@@ -910,6 +910,10 @@ class ParamServer(WorkerPlugin):
         return await self._inflight.call(address, getattr(self.peers(address), handler_name(op))(**self._signed(kw)),
                                          rpc_timeout() if deadline is None else deadline)
 
+    def peer_gone(self, address: str) -> bool:
+        """Whether the coordinator said ``address`` is gone (``dscar_peer_lost``; safe from the runner's thread)."""
+        return self._inflight.is_gone(address)
+
     def _h_peer_lost(self, address: str, generation: int) -> dict:
         """``address`` left the cluster: every message waiting for it fails now, and every later one
         at once (a stale owner map or memory buddy would otherwise wait out the deadline)."""

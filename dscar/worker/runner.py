@@ -139,6 +139,7 @@ class RunnerHost(Protocol):
     def peer_all(self, calls: list[tuple[str, str, dict]]) -> list[dict]: ...
     def closing(self) -> bool: ...
     def close_worker(self) -> None: ...
+    def peer_gone(self, address: str) -> bool: ...
 
 
 class ShardRunner:
@@ -228,12 +229,17 @@ class ShardRunner:
         try:
             job = self.host.job(item["job"])
             self._prepare(job, item)
+            voided = None
             for i, a in enumerate(attempts):
                 with self._lock:
                     key = (item["job"], a["shard"], a["attempt"])
                     if i and key not in self._unstarted:
                         continue  # released: the coordinator gave it to another worker
                     self._unstarted.discard(key)
+                voided = voided or self._voided(job, item)
+                if voided:  # (its step would run for nothing, and hold back the run that replaced it)
+                    self._fail(a, RuntimeError(voided))
+                    continue
                 began = time.perf_counter()
                 try:
                     done = self._attempt(job, a)
@@ -270,6 +276,24 @@ class ShardRunner:
             self._write_back(job, item["run"], [(c.shard, c.clock, c.attempt)
                                                 for c, ok in zip(commits, answer.granted) if ok], staged)
         return answer.next
+
+    def _voided(self, job: Job, item: dict) -> str | None:
+        """Why the item's attempts cannot commit, or None: a loss voided its run (the coordinator's run
+        is newer). A worker learns of a loss at once (``dscar_peer_lost``) but of the new run only with
+        its next item, so the members of a batch handed out before a loss would each run their step
+        and then fail, reading from the lost owner, while the requeued shards wait for this worker.
+        The coordinator is asked only when an owner in the item's map is gone."""
+        gone = sorted({w for w in job.owners.values() if self.host.peer_gone(w)})
+        if not gone:
+            return None
+        try:
+            current = self.host.call("run", job_id=item["job"], worker=self.host.address).get("run")
+        except Exception:  # noqa: BLE001 - the coordinator did not answer: run it, as before
+            return None
+        if current is None or int(current) <= int(item["run"]):
+            return None
+        return (f"not started: run {item['run']} was voided by the loss of {', '.join(gone)} "
+                f"(the job's run is {current})")
 
     def _write_back(self, job: Job, run: int, granted: list[tuple[int, int, int]], staged: dict) -> None:
         """Add this worker's granted SSP updates to its pulled copy (``PullCache.write_back``): its
