@@ -171,3 +171,16 @@ def test_apply_fetches_and_bytes_per_clock_grow_linearly_with_the_workers():
     # and the apply messages' bytes: each carries its worker's own commits, not every worker's
     bytes_per_w = {w: r.apply_bytes_per_clock / w for w, r in results.items()}
     assert bytes_per_w[256] <= 1.2 * bytes_per_w[32], bytes_per_w
+
+
+def test_ssp_messages_per_clock_grow_linearly_with_the_workers():
+    """Under SSP an idle worker's flush sends the commits waiting only once a share of a batch waits
+    (``ClockWindow.flush_share``): at scale some worker is always idle, and a batch a flush (an apply to
+    every owner, and the owners' fetches) made the messages per clock per worker grow with W (37 at
+    W = 64, 97 at 256, 141 at 1,024)."""
+    results = {w: run(w, "ssp", clocks=3)[1] for w in (32, 256)}
+    control = {w: r.control_per_clock / w for w, r in results.items()}
+    fetches = {w: r.fetch_per_clock / w for w, r in results.items()}
+    assert control[256] <= 20 and control[256] <= 1.3 * control[32], control
+    assert fetches[256] <= 20 and fetches[256] <= 1.3 * fetches[32], fetches
+    assert all(r.exactly_once and r.starvation_ok for r in results.values())
