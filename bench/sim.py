@@ -181,6 +181,7 @@ class Sim:
         #: a loss may have left shards without a holder: the driver places them again
         self._unplaced_possible = False
         self._owners_size: tuple[Any, int] = (None, 0)
+        self._owner_set: tuple[Any, set[str]] = (None, set())  #: (partition map's version, its owners)
         self._members_changed = True
         #: workers waiting in a long poll, in the order they began waiting (``dscar.core.wake``)
         self._line = WaitLine()
@@ -436,8 +437,18 @@ class Sim:
             return
         if item["run"] not in s.pulled:  # the tables' owners, once per run id
             s.pulled.add(item["run"])
-            self._send("pull", len({o for o in self.job.pmap.owners.values() if o != w}))
+            self._send("pull", self._other_owners(w))
         self._at(self.now + NET_S, self._run_member, w, item)
+
+    def _other_owners(self, w: str) -> int:
+        """How many workers other than ``w`` own partitions (the owners ``w`` pulls from): the set of
+        owners is built once per change of the partition map, not once per worker (O(W^2) a run id)."""
+        owners = self.job.pmap.owners
+        version = getattr(owners, "version", None)
+        if version is None or self._owner_set[0] != (id(owners), version):
+            self._owner_set = ((id(owners), version), set(owners.values()))
+        distinct = self._owner_set[1]
+        return len(distinct) - (w in distinct)
 
     def _run_member(self, w: str, item: dict) -> None:
         s = self.workers[w]

@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import math
 
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
+
 from dscar.checkpoint import CheckpointConfig
 from dscar.core.checkpoint_plan import Checkpoint, CheckpointPlanner, Mirror
 from dscar.core.events import EventLog
@@ -244,3 +247,32 @@ def test_a_batch_holds_about_the_target_s_worth_of_steps_and_one_before_a_measur
         job.monitor.record("b", BATCH_TARGET_S / 1e6)
     assert job.monitor.mean_step("a") is not None
     assert job.dispatch.batch_size("a") == 4 and job.dispatch.batch_size("b") == MAX_BATCH
+
+
+_NAMES = ["a", "ab", "b", "w00010", "w00009", "w0001", "tcp://h:9", "tcp://h:10", "\u00e9"]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["set", "start", "forget", "reset", "lose", "ask"]),
+                          st.sampled_from(_NAMES), st.integers(0, 6)), max_size=80))
+@example([("set", "a", 2), ("set", "ab", 2), ("ask", "b", 0)])  # (a name's prefix sorts before it)
+def test_asking_back_from_the_batch_index_picks_what_a_scan_of_every_worker_would(ops):
+    """``Dispatch.ask_back`` (a heap with lazy deletion, ``BatchIndex``) against the scan it replaces:
+    the worker with the most members (ties: the last name), not the asker, not lost."""
+    job = _job_with_store()
+    d = job.dispatch
+    for op, w, n in ops:
+        if op == "set":
+            d.set_batched(w, [(s, 1) for s in range(n)])
+        elif op == "start" and d.batched.get(w):
+            d.attempt_started(w, *d.batched[w][min(n, len(d.batched[w]) - 1)])
+        elif op == "forget":
+            d.forget(w)
+        elif op == "reset":
+            job.batched = {}
+        elif op == "lose":
+            job.lost.add(w)
+        live = {v: m for v, m in d.batched.items() if v != w and v not in job.lost and m}
+        victim = max(live, key=lambda v: (len(live[v]), v)) if live else None
+        assert d.ask_back(w) == (None if victim is None else (victim, live[victim][len(live[victim]) // 2:]))
+        d._batch_index.check()

@@ -1,4 +1,6 @@
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from dscar.core.partitions import PartitionMap, TableLayout, data_homes, placement_plan, row_bounds
 
@@ -62,3 +64,36 @@ def test_partitions_of_the_datas_rows_start_on_the_workers_of_their_shards():
     pm = PartitionMap(layouts)
     pm.assign(["a", "c"], homes)  # a home on a worker not given: balanced like the rest
     assert set(pm.owners.values()) <= {"a", "c"} and len(pm.owners) == 5
+
+
+def _assign_by_scan(layouts, workers, homes):
+    """``PartitionMap.assign`` as it was: each partition to the least-loaded worker by a scan."""
+    load = {w: 0 for w in sorted(workers)}
+    homes = {k: w for k, w in homes.items() if w in load}
+    owners = {}
+    for t in layouts:
+        for part, (a, b) in enumerate(t.bounds):
+            if (t.name, part) in homes:
+                owners[(t.name, part)] = homes[(t.name, part)]
+                load[homes[(t.name, part)]] += b - a
+    for t in layouts:
+        for part, (a, b) in enumerate(t.bounds):
+            if (t.name, part) not in homes:
+                w = min(load, key=lambda w: (load[w], w))
+                owners[(t.name, part)] = w
+                load[w] += b - a
+    return owners
+
+
+@settings(max_examples=200, deadline=None)
+@given(tables=st.lists(st.tuples(st.integers(1, 60), st.integers(1, 8)), min_size=1, max_size=4),
+       workers=st.lists(st.sampled_from(["a", "b", "c", "w10", "w9", "tcp://x:1"]), min_size=1, unique=True),
+       home_seed=st.lists(st.tuples(st.integers(0, 3), st.integers(0, 7), st.sampled_from(["a", "b", "z"])),
+                          max_size=6))
+def test_assign_gives_each_partition_to_the_worker_a_scan_would(tables, workers, home_seed):
+    """The least-loaded worker comes from a heap (O(P log W), not O(P W)): the same owners as the scan."""
+    layouts = [TableLayout(f"t{i}", max(rows, parts), parts) for i, (rows, parts) in enumerate(tables)]
+    homes = {(f"t{i}", p): w for i, p, w in home_seed if i < len(layouts) and p < layouts[i].n_parts}
+    pm = PartitionMap(layouts)
+    pm.assign(workers, homes)
+    assert dict(pm.owners) == _assign_by_scan(layouts, workers, homes)

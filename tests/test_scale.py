@@ -184,3 +184,16 @@ def test_waiting_polls_woken_per_clock_do_not_grow_with_w(consistency, policies)
         assert r.exactly_once and r.starvation_ok
         per_w[w] = r.poll_rechecks / max(1, r.clocks_done) / w
     assert per_w[256] <= 12 and per_w[256] <= 1.5 * per_w[64] + 1, per_w
+
+
+def test_ssp_messages_per_clock_grow_linearly_with_the_workers():
+    """Under SSP an idle worker's flush sends the commits waiting only once a share of a batch waits
+    (``ClockWindow.flush_share``): at scale some worker is always idle, and a batch a flush (an apply to
+    every owner, and the owners' fetches) made the messages per clock per worker grow with W (37 at
+    W = 64, 97 at 256, 141 at 1,024)."""
+    results = {w: run(w, "ssp", clocks=3)[1] for w in (32, 256)}
+    control = {w: r.control_per_clock / w for w, r in results.items()}
+    fetches = {w: r.fetch_per_clock / w for w, r in results.items()}
+    assert control[256] <= 20 and control[256] <= 1.3 * control[32], control
+    assert fetches[256] <= 20 and fetches[256] <= 1.3 * fetches[32], fetches
+    assert all(r.exactly_once and r.starvation_ok for r in results.values())

@@ -105,6 +105,19 @@ def test_commits_wait_for_a_batch_of_min_batch_unless_needed_sooner():
     assert [u[0] for u in b.updates] == [2, 3] and w.version == 1  # one batch applied, no clock end
 
 
+def test_a_flush_waits_for_a_share_of_a_batch_while_attempts_still_run():
+    """At scale some worker is always idle: a batch per flush would make a clock's batches (each an
+    apply to every owner) grow with the workers. A flush sends once ``min_batch // flush_share`` wait."""
+    w = ClockWindow(n_shards=8, staleness=1, limit=5, min_batch=16, flush_share=8)
+    for s in range(8):
+        w.start(s)
+    assert w.commit(0, 1, "a", 0) == [] and w.flush() == []  # one waiting, seven running: not yet
+    b = _one(w.commit(1, 1, "b", 0), ApplyBatch)  # two waiting: the flush asked for them is due now
+    assert [u[0] for u in b.updates] == [0, 1]
+    w.batch_applied(b.batch)
+    assert w.commit(2, 1, "c", 0) == []  # (no flush asked since: it waits for min_batch)
+
+
 def test_a_worker_lost_without_partitions_voids_only_its_own_work():
     w = ClockWindow(n_shards=2, staleness=1, limit=5)
     w.start(0)
@@ -200,12 +213,13 @@ class WindowFuzz(RuleBasedStateMachine):
     clocks open. The model checks what the window promises its readers and the applied updates."""
 
     @initialize(n=st.integers(1, 5), s=st.integers(0, 3), rebuild=st.booleans(), limit=st.integers(1, 10),
-                min_batch=st.integers(1, 3), floor=st.integers(0, 3), ahead=st.lists(st.integers(0, 3), max_size=5))
-    def setup(self, n, s, rebuild, limit, min_batch, floor, ahead):
+                min_batch=st.integers(1, 3), flush_share=st.integers(1, 3), floor=st.integers(0, 3),
+                ahead=st.lists(st.integers(0, 3), max_size=5))
+    def setup(self, n, s, rebuild, limit, min_batch, flush_share, floor, ahead):
         """A new fit (``floor`` 0), or a resume from a checkpoint of clock ``floor`` whose cut has shard
         ``i`` ``ahead[i]`` clocks past it (at most ``s``): those updates were applied by the earlier fit."""
         self.w = ClockWindow(n_shards=n, staleness=s, has_rebuild=rebuild, limit=floor + limit, min_batch=min_batch,
-                             floor=floor)
+                             flush_share=flush_share, floor=floor)
         cut = [floor + min(s, ahead[i]) if i < len(ahead) else floor for i in range(n)]
         if floor:
             self.w.resume_from(cut)

@@ -10,13 +10,16 @@ policies decide (backups when idle; batch scales and restarts at clock ends). Th
 Invariants:
 
 - ``batched`` names only workers with members, and only members that may not have started (a
-  commit, a failure, a release or a pass start drops them): asking one back never stops work;
+  commit, a failure, a release or a pass start drops them): asking one back never stops work. It
+  changes only through ``set_batched``, ``attempt_started``, ``released``, ``forget`` or a whole
+  new dict, which keep its index (``BatchIndex``) in step;
 - ``running_items`` holds a worker's shard-pass item until it commits or fails, whatever clock it
   is of: the monitor's evidence of a worker that does not finish;
 - a lost worker is forgotten here at once (``forget``): nothing waits on it or is asked of it.
 """
 from __future__ import annotations
 
+import heapq
 import math
 from typing import TYPE_CHECKING, Callable, Iterator
 
@@ -87,6 +90,76 @@ class RunningAttempts:
         return any(r == item for r in self)
 
 
+def _descending(name: str) -> tuple[int, ...]:
+    """A key that orders names the other way round (``a < b`` iff ``key(a) > key(b)``): a min-heap
+    on it pops the largest name first. A name's prefix sorts before it, so the end mark (1) is above
+    every character's (<= 0)."""
+    return (*(-ord(c) for c in name), 1)
+
+
+class BatchIndex:
+    """The workers with batch members that may not have started, the most members first (ties: the
+    last name): ``Dispatch.ask_back``'s pick without a scan of the workers (an idle worker at a
+    pass's tail asks on every poll; a scan is O(W) a decision).
+
+    A heap of ``(-members, name key, worker)`` entries, one pushed at every change of a worker's
+    count; an entry whose count is no longer its worker's is stale and dropped when it comes to
+    the top (lazy deletion). The heap is rebuilt when stale entries outnumber the live ones."""
+
+    def __init__(self, batched: dict[str, list[tuple[int, int]]]):
+        #: worker -> its members (the dict ``Dispatch.batched`` is)
+        self.batched = batched
+        self._heap: list[tuple[int, tuple[int, ...], str]] = []
+        self._keys: dict[str, tuple[int, ...]] = {}
+        self.rebuild()
+
+    def rebuild(self) -> None:
+        self._keys = {w: self._keys.get(w) or _descending(w) for w in self.batched}
+        self._heap = [(-len(m), self._keys[w], w) for w, m in self.batched.items() if m]
+        heapq.heapify(self._heap)
+
+    def changed(self, worker: str) -> None:
+        """``worker``'s members changed (or it has none now)."""
+        members = self.batched.get(worker)
+        if not members:
+            self._keys.pop(worker, None)
+            return
+        key = self._keys.get(worker)
+        if key is None:
+            key = self._keys[worker] = _descending(worker)
+        heapq.heappush(self._heap, (-len(members), key, worker))
+        if len(self._heap) > 2 * len(self.batched) + 32:
+            self.rebuild()
+
+    def _fresh(self, entry: tuple[int, tuple[int, ...], str]) -> bool:
+        members = self.batched.get(entry[2])
+        return members is not None and len(members) == -entry[0]
+
+    def most(self, skip: Callable[[str], bool]) -> str | None:
+        """The worker with the most members (ties: the last name) that ``skip`` does not rule out."""
+        heap, passed, out = self._heap, [], None
+        seen: set[str] = set()
+        while heap:
+            entry = heap[0]
+            w = entry[2]
+            if w in seen or not self._fresh(entry):
+                heapq.heappop(heap)
+            elif skip(w):
+                seen.add(w)
+                passed.append(heapq.heappop(heap))
+            else:
+                out = w
+                break
+        for entry in passed:
+            heapq.heappush(heap, entry)
+        return out
+
+    def check(self) -> None:
+        """Every worker with members has a fresh entry; no fresh entry names one without."""
+        fresh = {e[2] for e in self._heap if self._fresh(e)}
+        assert fresh == {w for w, m in self.batched.items() if m}, (fresh, self.batched)
+
+
 class Dispatch:
     """Work items, moves, stragglers and policies for one fit."""
 
@@ -104,9 +177,8 @@ class Dispatch:
         self.stragglers: dict[str, str] = {}
         #: workers a policy decided to restart at the next clock boundary
         self.pending_restarts: list[str] = []
-        #: worker -> (shard, attempt) of the members of its last work item that may not have started
-        #: (the first of a batch starts at once); a pass start, a commit or a failure drops them
-        self.batched: dict[str, list[tuple[int, int]]] = {}
+        #: ``batched`` (worker -> its members that may not have started), the most members first
+        self._batch_index = BatchIndex({})
         #: worker -> id of the last work item handed to it: a release names it, so a worker asked
         #: before that item reached it gives the members back all the same (``ShardRunner.release``)
         self.item_of: dict[str, int] = {}
@@ -119,9 +191,20 @@ class Dispatch:
         #: when each worker last asked for work or committed (``worth_moving``: a holder that stopped asking)
         self.last_seen: dict[str, float] = {}
 
+    @property
+    def batched(self) -> dict[str, list[tuple[int, int]]]:
+        """worker -> (shard, attempt) of the members of its last work item that may not have started
+        (the first of a batch starts at once); a pass start, a commit or a failure drops them."""
+        return self._batch_index.batched
+
+    @batched.setter
+    def batched(self, value: dict[str, list[tuple[int, int]]]) -> None:
+        self._batch_index = BatchIndex(value)
+
     def forget(self, worker: str) -> None:
         """``worker`` is lost: its batch members, running item, batch scale and straggler flag go."""
         self.batched.pop(worker, None)
+        self._batch_index.changed(worker)
         self.running_items.pop(worker, None)
         self.batch_scale.pop(worker, None)
         self.stragglers.pop(worker, None)
@@ -214,6 +297,7 @@ class Dispatch:
             members.remove((shard, attempt))
             if not members:
                 del self.batched[worker]
+            self._batch_index.changed(worker)
 
     def set_batched(self, worker: str, members: list[tuple[int, int]]) -> None:
         """``batched`` keeps only workers with members (``ask_back`` looks at each of them)."""
@@ -221,15 +305,16 @@ class Dispatch:
             self.batched[worker] = members
         else:
             self.batched.pop(worker, None)
+        self._batch_index.changed(worker)
 
     def ask_back(self, asker: str) -> tuple[str, list[tuple[int, int]]] | None:
         """The worker with the most batch members that may not have started, and the later half of
-        them, to ask back for ``asker`` (None: nobody has any)."""
-        live = {w: m for w, m in self.batched.items() if w != asker and w not in self.job.losses.lost and m}
-        if not live:
+        them, to ask back for ``asker`` (None: nobody has any). From ``BatchIndex``: O(log W)."""
+        lost = self.job.losses.lost
+        victim = self._batch_index.most(lambda w: w == asker or w in lost)
+        if victim is None:
             return None
-        victim = max(live, key=lambda w: (len(live[w]), w))
-        members = live[victim]
+        members = self.batched[victim]
         return victim, members[len(members) // 2:]
 
     def released(self, worker: str, asked: list[tuple[int, int]], released: list[tuple[int, int]],

@@ -153,6 +153,12 @@ class ClockWindow:
     #: engine asks for two per worker: LDA, 4 workers, 32 shards, no straggler, 10 clocks took
     #: 1.53 s with one per worker, 1.26-1.32 s with two, against BSP's 1.16-1.24 s)
     min_batch: int = 1
+    #: a ``flush`` (an idle worker) sends the commits waiting once there are ``min_batch //
+    #: flush_share`` of them (at least one): at scale some worker is always idle, and a batch per
+    #: flush would apply a few commits a round trip, each batch an apply message to every owner (a
+    #: clock's batches, and so its messages per worker, would grow with W). With ``min_batch`` two
+    #: commits a worker, a clock of k shards a worker makes at most about 4k batches this way.
+    flush_share: int = 8
     #: the newest finished clock: every clock up to it is DONE or SKIPPED
     floor: int = 0
     #: the newest clock the driver allows to start (its stopping rule and ``max_clocks``)
@@ -588,15 +594,19 @@ class ClockWindow:
         return {w for w in out if w is not None}
 
     def flush(self) -> list[Action]:
-        """A worker found nothing to start: apply the commits waiting now, however few."""
+        """A worker found nothing to start: apply the commits waiting as soon as a share of a batch
+        waits (``flush_share``; at once with a few workers)."""
         self._urgent = True
         return self._next()
 
     def _due(self, waiting: int) -> bool:
-        """Whether the commits waiting go out now: ``min_batch`` of them, a ``flush``, no attempt
+        """Whether the commits waiting go out now: ``min_batch`` of them, a ``flush`` (once a share of
+        ``min_batch`` waits: ``flush_share``), no attempt
         left running (nothing else will come), or the oldest open clock wholly committed (its
         clock end waits for them)."""
-        if waiting >= self.min_batch or self._urgent or not self._n_running:
+        if waiting >= self.min_batch or not self._n_running:
+            return True
+        if self._urgent and waiting >= max(1, self.min_batch // self.flush_share):
             return True
         t = self.floor + 1
         return self._n_at.get(t, 0) == self._n_committed_at.get(t, 0)
