@@ -144,8 +144,9 @@ def sweep_docs(wl, doc_ptr, sel, sel_ptr, z, A, T, alpha, alpha64, beta, vbeta, 
     The checks' word-id sums: with ``have_sums``, ``id_sums`` (K, int64, read only) holds them for
     ``z`` as it comes and every resampled token moves its word's id + 1 from its old topic's sum to
     its new one (the tokens per topic come from the documents' counts): no pass of its own over the
-    tokens (that pass was 7-8 % of a sweep on the 5M-token corpus, twice that per clock of a
-    partitioned shard, which samples half its tokens but checks all of them). Without, ``doc_stats``
+    tokens (about 7 % of a sweep on the 5M-token corpus, of which the moves' updates take back most
+    on a whole sweep, -2 % net, but not on a partitioned clock, which samples one block of the
+    shard's tokens and still checked all of them: -6 % at 2 blocks). Without, ``doc_stats``
     recounts them token by token. The running sums are arrays of the kernel's own: stores into an
     argument would make LLVM reload the others after each (it cannot rule out that they overlap).
     """
