@@ -396,7 +396,7 @@ class SweepResult(NamedTuple):
 def compiled_sweep(wl, doc_len, z, A, T, alpha, beta: float, vocab_size: int, key: int, words=None,
                    scratch: dict | None = None, before: tuple[np.ndarray, np.ndarray] | None = None,
                    word_deltas: bool = True, method: str = "auto",
-                   select: tuple[np.ndarray, np.ndarray] | None = None) -> SweepResult:
+                   select: tuple[np.ndarray, np.ndarray] | None = None, id_sums: np.ndarray | None = None) -> SweepResult:
     """One exact sequential Gibbs sweep by the compiled kernel (``z``, ``A``, ``T`` updated in place).
 
     ``wl`` (int32): each token's row of ``A``, tokens grouped by document in
@@ -417,6 +417,9 @@ def compiled_sweep(wl, doc_len, z, A, T, alpha, beta: float, vocab_size: int, ke
     choice), else dense; ``select``: ``(sel, sel_ptr)``, resample only the tokens ``sel`` (int64,
     ascending; ``sel_ptr``: each document's first entry in ``sel``, n_docs + 1 offsets): the others
     keep their topics and count as they are (``LDAGibbs``' partitioned schedule); default all.
+    ``id_sums``: per topic, the sum of global word id + 1 over the tokens ``z`` gives it as it comes
+    (K, int64; read, not written): the checks' id sums then follow the moves instead of a pass over
+    every token (``stats`` comes back the same either way).
     """
     if method not in ("sparse", "dense", "auto"):
         raise ValueError(f"method must be 'sparse', 'dense' or 'auto', not {method!r}")
@@ -445,19 +448,26 @@ def compiled_sweep(wl, doc_len, z, A, T, alpha, beta: float, vocab_size: int, ke
     if select is None:
         select = (buf.get(("all tokens", wl.shape[0]), lambda: np.arange(wl.shape[0], dtype=np.int64)), doc_ptr)
     sel, sel_ptr = select
+    have_sums = id_sums is not None
+    if have_sums:
+        if id_sums.shape != (K,):
+            raise ValueError(f"id_sums must hold {K} sums, got shape {id_sums.shape}")
+        zsum = np.ascontiguousarray(id_sums, dtype=np.int64)
+    else:
+        zsum = buf.get(("no id sums", K), lambda: np.zeros(K, dtype=np.int64))
     f = np.float32
     if method == "dense":
         kern.sweep_docs(
             wl, doc_ptr, sel, sel_ptr, z, A, T, alpha64.astype(f), alpha64, f(beta), f(vocab_size * beta), np.uint64(key), words,
             lgtab, symmetric, buf.empty("p", (nb * BLOCK,), f), buf.empty("bs", (nb,), f), buf.empty("q", (K,), f),
-            buf.empty("Dd", (K,), np.int32), buf.empty("Dold", (K,), np.int32), ddelta, stats)
+            buf.empty("Dd", (K,), np.int32), buf.empty("Dold", (K,), np.int32), ddelta, stats, zsum, have_sums)
     else:
         kern.sweep_sparse(
             wl, doc_ptr, sel, sel_ptr, z, A, T, alpha64, float(beta), float(vocab_size * beta), np.uint64(key), words, lgtab,
             symmetric, buf.empty("nzk", (Vs, K), np.uint8 if K <= 256 else np.int32), buf.empty("nzn", (Vs,), np.int32),
             buf.empty("dk", (K,), np.int32), buf.empty("dpos", (K,), np.int32), buf.empty("Dd", (K,), np.int32),
             buf.empty("Dold", (K,), np.int32), buf.empty("qc", (K,), np.float64), buf.empty("qp", (K,), np.float64),
-            ddelta, stats)
+            ddelta, stats, zsum, have_sums)
     if not word_deltas:
         return SweepResult(np.zeros(0, dtype=np.int64), np.zeros((0, K), dtype=np.int32), T.astype(np.int64) - T0,
                            ddelta, stats, method)
@@ -699,7 +709,9 @@ class LDAGibbs(Algorithm):
             z = self.initial_topics(xp, data, ctx.shard, ctx.meta.shapes["X"][0])
             ctx.set_state("z", z)
             self._add_counts(ctx, data, z)
-            self._add_checks(ctx, data, z, doc_counts(xp, d, z, n_docs, K))
+            stats = self._add_checks(ctx, data, z, doc_counts(xp, d, z, n_docs, K))
+            if self.use_numba(xp):
+                self._keep_id_sums(ctx.shard, z, stats[:K, 1])
             return
         if "z" not in ctx.state:
             raise RuntimeError(f"shard {ctx.shard} has no topic assignments at clock {ctx.clock}")
@@ -942,8 +954,10 @@ class LDAGibbs(Algorithm):
         every_word = Vs == V  # the shard holds the whole vocabulary: the delta is A minus the pulled table
         res = compiled_sweep(data["wl"], doc_len, z, A, T, self.alphas(), self.beta, V, self._key(ctx.shard, ctx.clock), words,
                              self._scratch(),
-                             before, word_deltas=not every_word, method=self.kernel, select=select)
+                             before, word_deltas=not every_word, method=self.kernel, select=select,
+                             id_sums=self._id_sums(ctx))
         ctx.set_state("z", z)
+        self._keep_id_sums(ctx.shard, z, res.stats[:K, 1])
         if every_word:  # one dense block (staged, i.e. copied, by the engine before this worker's next step)
             dt = np.int16 if self._max_word_count(ctx.shard, data) <= INT16_MAX else np.int32  # bounds |delta|
             ctx.add("word_topic", np.subtract(A, src, out=self._buf("dense", (V, K), dt), casting="unsafe"))
@@ -957,6 +971,21 @@ class LDAGibbs(Algorithm):
         ctx.add("topic_total", res.topic_delta)
         ctx.add("doc_topic", res.doc_delta, start=ctx.meta.shard_bounds[ctx.shard][0])
         ctx.add("stats", res.stats)
+
+    def _id_sums(self, ctx) -> np.ndarray | None:
+        """The checks' word-id sums per topic of the shard's assignments as they stand, when this thread
+        computed them for that very array (``_keep_id_sums``), else None (the sweep recounts them).
+
+        The array's identity is the key: the shard's state ``z`` is replaced, never changed in place
+        (a step samples a copy), and the kept reference keeps it alive, so an identical object is the
+        same assignments. Any other ``z`` (restored from a buddy or a checkpoint, redrawn, or
+        committed by another worker's attempt) misses: the checks stay a function of the assignments."""
+        kept = self._scratch().get(("id sums", int(ctx.shard)))
+        return kept[1] if kept is not None and kept[0] is ctx.state.get("z") else None
+
+    def _keep_id_sums(self, shard: int, z, id_sums) -> None:
+        """Keep ``z``'s word-id sums per topic (``stats[:K, 1]``, exact integers) for the next clock's sweep."""
+        self._scratch()[("id sums", int(shard))] = (z, np.asarray(dscar.to_host(id_sums)).astype(np.int64))
 
     def _max_word_count(self, shard: int, data) -> int:
         """The most tokens of one word in the shard (cached per thread and shard layout)."""
@@ -996,9 +1025,9 @@ class LDAGibbs(Algorithm):
         ctx.add("topic_total", xp.bincount(zi, minlength=K))
         ctx.add("doc_topic", doc_counts(xp, d, z, n_docs, K).astype(np.int32), start=ctx.meta.shard_bounds[ctx.shard][0])
 
-    def _add_checks(self, ctx, data, z, nd) -> None:
+    def _add_checks(self, ctx, data, z, nd):
         """This clock's checks from the assignments themselves: per-topic token counts and word-id sums,
-        and the shard's documents' part of log p(z)."""
+        and the shard's documents' part of log p(z). Returns them."""
         xp, K = ctx.xp, self.n_topics
         zi = z.astype(np.int64)
         stats = xp.zeros((K + 1, 2))
@@ -1006,6 +1035,7 @@ class LDAGibbs(Algorithm):
         stats[:K, 1] = xp.bincount(zi, weights=(data["w"] + 1).astype(np.float64), minlength=K)
         stats[K, 0] = doc_loglik(dscar.to_host(nd), self.alphas())
         ctx.add("stats", stats)
+        return stats
 
     # -------------------------------------------------------- clock end
     def clock_end(self, ctx) -> dict[str, float]:

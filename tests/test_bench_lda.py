@@ -1,7 +1,7 @@
 """bench.lda's time-to-target arithmetic on given curves (the samplers themselves run in test_lda's quick bench)."""
 import pytest
 
-from bench.lda import Run, time_targets, time_to_target, value_at
+from bench.lda import Run, clock_cpu_estimate, time_targets, time_to_target, value_at
 
 
 def curve(*pts):
@@ -35,3 +35,24 @@ def test_time_targets_pair_dscar_with_tomotopy_at_equal_cores():
     assert t["lda@20"]["target"] == -9.0 and t["lda@20"]["seconds"]["dscar-1w"] == 1.0
     by["dscar-2w"] = [run("dscar-2w", never)]
     assert time_targets(by, 20)["tomotopy-1t@20"]["dscar2_over_tomotopy2"] is None  # never reached: no ratio
+
+
+class Rec:
+    def __init__(self, seconds, timings):
+        self.seconds, self.timings = seconds, timings
+
+
+def test_a_clocks_cpu_estimate_is_the_slowest_workers_step_cpu_plus_the_clocks_time_outside_its_steps():
+    rec = Rec(0.50, {"a": {"compute_s": 0.40, "compute_cpu_s": 0.25}, "b": {"compute_s": 0.45, "compute_cpu_s": 0.20}})
+    assert clock_cpu_estimate(rec) == pytest.approx(0.25 + (0.50 - 0.40))  # worker a used the most CPU
+    assert clock_cpu_estimate(Rec(0.3, {})) == 0.3  # no step ran: the wall time
+
+
+def test_time_targets_read_the_curve_they_are_given():
+    wall = [(0, 0, -10.0), (20, 4.0, -8.0)]
+    cpu = [(0, 0, -10.0), (20, 1.0, -8.0)]
+    by = {s: [Run(s, "c", 5, 20, 100, 4.0, 4.0, -8.0, curve=curve(*wall),
+                  cpu_curve=curve(*(cpu if s.startswith("dscar") else wall)))]
+          for s in ("lda", "tomotopy-1t", "tomotopy-2t", "dscar-1w", "dscar-2w")}
+    assert time_targets(by, 20)["tomotopy-1t@20"]["dscar1_over_tomotopy1"] == 1.0
+    assert time_targets(by, 20, "cpu_curve")["tomotopy-1t@20"]["dscar1_over_tomotopy1"] == 0.25

@@ -433,6 +433,83 @@ def test_a_selective_sweep_moves_only_the_selected_tokens_and_counts_all(small, 
                        select=(sel[::-1].copy(), sel_ptr))
 
 
+@needs_numba
+@pytest.mark.parametrize("method", ["dense", "sparse"])
+@pytest.mark.parametrize("block", [None, 1])
+def test_checks_kept_from_the_moves_equal_the_checks_recounted(small, method, block):
+    """Given the word-id sums of ``z`` as it comes (``id_sums``), the sweep follows the moves instead of
+    recounting every token: same moves, same tables, and the same checks, which are those of the new
+    assignments (all tokens, the unselected too)."""
+    K, V = 4, small.X.shape[1]
+    algo = LDAGibbs(K, schedule="partitioned")
+    data = algo.prepare_shard({"X": small.X}, np)
+    wl, words, doc_len = data["wl"], data["words"], data["doc_len"]
+    z0 = np.random.default_rng(3).integers(0, K, wl.size).astype(np.int32)
+    A0 = np.bincount(wl * K + z0, minlength=words.size * K).reshape(-1, K).astype(np.int32)
+    select = None if block is None else algo._blocks(0, data, 3)[block]
+    sums = np.bincount(z0, weights=words[wl] + 1.0, minlength=K).astype(np.int64)
+    out = []
+    for id_sums in (None, sums):
+        z, A, T = z0.copy(), A0.copy(), A0.sum(axis=0).astype(np.int32)
+        res = compiled_sweep(wl, doc_len, z, A, T, algo.alphas(), 0.01, V, 5, words, {}, method=method, select=select,
+                             id_sums=id_sums)
+        out.append((z, A, T, res.doc_delta, res.stats))
+    assert (out[0][0] != z0).any()
+    for a, b in zip(*out):
+        np.testing.assert_array_equal(a, b)
+    z = out[1][0]
+    np.testing.assert_array_equal(out[1][4][:K, 0], np.bincount(z, minlength=K))
+    np.testing.assert_array_equal(out[1][4][:K, 1], np.bincount(z, weights=words[wl] + 1.0, minlength=K))
+    np.testing.assert_array_equal(sums, np.bincount(z0, weights=words[wl] + 1.0, minlength=K))  # read, not written
+    with pytest.raises(ValueError, match="id_sums"):
+        compiled_sweep(wl, doc_len, z, A, T, algo.alphas(), 0.01, V, 5, words, {}, method=method, id_sums=sums[:2])
+
+
+class IdSumsSeen(LDAGibbs):
+    """Counts, per clock, the shards whose sweep was given the word-id sums kept from their last clock."""
+
+    def tables(self, meta):
+        return super().tables(meta) + [TableSpec("id_sums_kept", 1, kind="reduction", n_parts=1)]
+
+    def _id_sums(self, ctx):
+        kept = super()._id_sums(ctx)
+        ctx.add("id_sums_kept", np.array([float(kept is not None)]))
+        return kept
+
+    def clock_end(self, ctx):
+        return super().clock_end(ctx) | {"kept": float(dscar.to_host(ctx.pull("id_sums_kept"))[0])}
+
+
+@needs_numba
+@pytest.mark.parametrize("schedule", ["adlda", "partitioned"])
+def test_a_worker_keeps_its_shards_checks_between_clocks_and_they_stay_exact(procs, small, schedule):
+    """On worker processes whose shards stay put, every sweep after the first clock starts from the
+    word-id sums its worker kept (no recount) and the checks still find the tables equal to the
+    assignments at every clock."""
+    res = fit(IdSumsSeen(4, seed=2, early_stop=False, schedule=schedule), small.X, procs, 7, n_shards=2,
+              sharding="static")
+    assert [r.metrics["count_error"] for r in res.history] == [0.0] * 7
+    assert [r.metrics.get("kept") for r in res.history[1:]] == [2.0] * 6
+    assert_tables_match(res, small.X)
+
+
+def test_kept_checks_belong_to_the_very_assignments_they_were_kept_for():
+    """``_id_sums`` gives the kept sums only for the array they were kept with: an equal copy (as a
+    restored or moved shard's ``z``) misses, so the sweep recounts."""
+
+    class Ctx:
+        shard, state = 0, {}
+
+    algo, z = LDAGibbs(3), np.array([0, 1, 1, 2], dtype=np.int32)
+    algo._keep_id_sums(0, z, np.array([1.0, 5.0, 3.0]))
+    Ctx.state = {"z": z}
+    np.testing.assert_array_equal(algo._id_sums(Ctx), [1, 5, 3])
+    Ctx.state = {"z": z.copy()}
+    assert algo._id_sums(Ctx) is None
+    Ctx.shard, Ctx.state = 1, {"z": z}
+    assert algo._id_sums(Ctx) is None
+
+
 @pytest.mark.parametrize("backend", ["xp", "numba"])
 def test_partitioned_fits_keep_exact_counts(inproc, small, backend):
     if backend == "numba" and not numba_available():
