@@ -15,7 +15,8 @@ entries the core read per grant+commit (machine-independent; flat in W means O(1
 messages per clock per worker (scheduler <-> workers and driver); ``fetch/clk/W`` the owners' fetches of
 staged updates per clock per worker (data plane: O(W) per worker is O(W^2) per clock); ``B/item`` bytes
 of a work item; ``recheck/clk/W`` waiting long polls woken per clock per worker (a change wakes those it
-may concern: ``dscar.core.wake``); ``once`` exactly-once; ``starve`` no healthy worker left without a shard in a clock.
+may concern: ``dscar.core.wake``); ``wake us`` CPU microseconds of that rule per change that found polls
+waiting; ``once`` exactly-once; ``starve`` no healthy worker left without a shard in a clock.
 The CPU figures are this machine's (shared, loaded): compare rows, not machines.
 
 A second table sums up the targets per mode (issue 39: the core's CPU per grant+commit <= 20 us and
@@ -37,7 +38,8 @@ COLUMNS = [("W", "W", 5), ("mode", "mode", 10), ("clocks", "clk", 3), ("wall_s",
            ("median_us_per_grant_commit", "med us/gc", 9),
            ("touched_per_grant_commit", "touch/gc", 8), ("control_msgs_per_clock_per_W", "ctl/clk/W", 9),
            ("fetch_staged_per_clock_per_W", "fetch/clk/W", 11), ("item_bytes_per_grant", "B/item", 7),
-           ("poll_rechecks_per_clock_per_W", "recheck/clk/W", 13), ("exactly_once", "once", 5),
+           ("poll_rechecks_per_clock_per_W", "recheck/clk/W", 13), ("wake_us_per_change", "wake us", 7),
+           ("exactly_once", "once", 5),
            ("starvation_ok", "starve", 6), ("skipped", "skip", 4)]
 
 

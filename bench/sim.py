@@ -246,7 +246,8 @@ class Sim:
         ``dscar.core.wake``: the waiting owners of startable shards and the head of the line, whose wake
         is passed on), each counted; then the next time-driven look is due (``_arm_tick``)."""
         if len(self._line):
-            self._run_woken(self._line.wake(everyone=everyone, owners=() if everyone else owners([self.job])))
+            self._run_woken(self._decide("wake", lambda: self._line.wake(
+                everyone=everyone, owners=() if everyone else owners([self.job]))))
         self._arm_tick()
 
     def _run_woken(self, woken: list[Woken]) -> None:
@@ -632,6 +633,10 @@ class Result:
         self.fetch_per_clock = sum(self.messages.get(k, 0) for k in fetches) / n
         self.item_bytes_per_grant = self.bytes.get("item_bytes", 0) / max(1, sim.cpu["next_item"][0])
         self.apply_bytes_per_clock = self.bytes.get("apply", 0) / n
+        #: CPU microseconds of the wake rule (``dscar.core.wake``: which waiting polls a change wakes) per
+        #: change that found polls waiting: the coordinator pays it at every such change
+        wake = sim.cpu.get("wake", [0, 0, 0])
+        self.wake_us_per_change = round(wake[1] / 1e3 / max(1, wake[0]), 2)
         self.exactly_once, self.lost_shards = self._exactly_once(sim)
         self.starvation_ok = self.finished and self._no_starvation(sim)
 
@@ -669,6 +674,7 @@ class Result:
             "item_bytes_per_grant": round(self.item_bytes_per_grant),
             "apply_bytes_per_clock_per_W": round(self.apply_bytes_per_clock / w),
             "poll_rechecks_per_clock_per_W": round(self.poll_rechecks / max(1, self.clocks_done) / w, 1),
+            "wake_us_per_change": self.wake_us_per_change,
             "exactly_once": self.exactly_once, "starvation_ok": self.starvation_ok, "finished": self.finished,
             "skipped": len(self.skipped), "error": self.error,
         }

@@ -399,3 +399,32 @@ def test_the_longest_running_index_lists_what_a_sort_of_the_running_attempts_lis
         got = list(q.longest_running(bound))
         assert sorted(got, key=lambda a: a.shard) == sorted(oldest.values(), key=lambda a: a.shard)
         assert [a.started for a in got] == sorted(a.started for a in got)
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_the_holders_with_shards_to_start_come_from_the_index_as_a_scan_of_the_shards_says(seed):
+    """Random tiers (SSP: a shard's tier is the clock of its next update), holders, hand-outs and
+    commits: which workers hold TODO shards of a tier up to a limit (``holders_with_todo``: the polls
+    a change wakes first, ``dscar.core.wake``) is what a scan of every shard says (``check`` asks at
+    every tier present)."""
+    rng = random.Random(seed)
+    workers = [f"w{i}" for i in range(rng.randint(2, 6))]
+    q = ShardQueue(rng.randint(3, 24), reloadable=rng.random() < 0.5)
+    for s in range(q.n_shards):
+        q.set_holder(s, rng.choice(workers + [None]))
+    q.begin_clock(1)
+    running = []
+    for _ in range(150):
+        op, w, s = rng.random(), rng.choice(workers), rng.randrange(q.n_shards)
+        if op < 0.3:
+            q.set_tier(s, rng.randint(0, 3))
+        elif op < 0.45:
+            q.set_holder(s, rng.choice(workers + [None]))
+        elif op < 0.8:
+            a = q.next_shard(w, 0.0, tier=rng.randint(0, 3))
+            if a is not None:
+                running.append(a)
+        elif running:
+            a = running.pop(rng.randrange(len(running)))
+            q.commit(a.shard, a.attempt, a.worker)
+        q.check()

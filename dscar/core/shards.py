@@ -618,6 +618,9 @@ class ShardQueue:
         assert {i for b in self._local.values() for i in b} == self._todo and all(
             self._shards[i].holder == h and self._tier[i] == t for (t, h), b in self._local.items() for i in b)
         held = {(t, h): len(b) for (t, h), b in self._local.items() if h is not None}
+        for top in {*self._tier, float("inf")}:  # the index's answer is the shards' own
+            want = {self._shards[i].holder for i in self._todo if self._tier[i] <= top} - {None}
+            assert self.holders_with_todo(top) == want, (top, want)
         assert self._by_size == {t: {n: sorted(h for (u, h), m in held.items() if u == t and m == n)
                                      for (u, _), n in held.items() if u == t} for t, _ in held}
         for i, s in enumerate(self._shards):
