@@ -156,12 +156,12 @@ def test_a_shard_hand_off_spreads_the_leavers_shards_over_the_stayers():
     assert shard_handoff_plan(holders, {"a", "b", "c"}, ["a", "b", "c"]) == {}
 
 
-class RetireMidFit(LassoCD):
-    """Lasso that asks Dask to retire a partition owner after ``at`` clocks (in a thread: the
-    retirement waits for the hand-off, which waits for the next clock), once it ran to the end."""
+class RetiresAnOwner:
+    """A model that asks Dask to retire a partition owner after ``at`` clocks (from the driver, in a
+    thread: the retirement waits for the hand-off, which waits for a clock boundary, or under SSP for
+    the leaver's drain), and waits until the coordinator heard of it."""
 
-    def __init__(self, alpha: float, local_cluster=None, client=None, at: int = 0):
-        super().__init__(alpha)
+    def _retire_at(self, local_cluster, client, at: int) -> None:
         self._cluster, self._client, self._at = local_cluster, client, at
         self.retired: list[str] = []
         self._thread = None
@@ -177,8 +177,16 @@ class RetireMidFit(LassoCD):
             self.retired.append(worker)
             self._thread = threading.Thread(target=self._client.retire_workers, kwargs={"workers": [worker]})
             self._thread.start()
-            wait_for(lambda: worker in coordinator._leaving)  # Dask asked: the next boundary hands it off
+            wait_for(lambda: worker in coordinator._leaving or worker in job.lost)  # asked (or handed off already)
         return False
+
+
+class RetireMidFit(RetiresAnOwner, LassoCD):
+    """Lasso that retires a partition owner after ``at`` clocks (``RetiresAnOwner``)."""
+
+    def __init__(self, alpha: float, local_cluster=None, client=None, at: int = 0):
+        super().__init__(alpha)
+        self._retire_at(local_cluster, client, at)
 
 
 def test_a_worker_retired_mid_fit_hands_off_its_partitions_with_no_loss_and_no_rework():
@@ -202,31 +210,14 @@ def test_a_worker_retired_mid_fit_hands_off_its_partitions_with_no_loss_and_no_r
         wait_for(lambda: algo.retired[0] not in lc.scheduler.workers)  # and Dask retired it
 
 
-class SspRetireMidFit(ExactlyOnce):
+class SspRetireMidFit(RetiresAnOwner, ExactlyOnce):
     """``bench.chaos.ExactlyOnce`` under SSP (every shard's update counted in param tables, its shard
-    state checked against them) that asks Dask to retire a partition owner after ``at`` clocks (in a
-    thread: the retirement waits for the leaver's drain and hand-off)."""
+    state checked against them) that retires a partition owner after ``at`` clocks (``RetiresAnOwner``)."""
 
     def __init__(self, clocks: int, local_cluster=None, client=None, at: int = 0, staleness: int = 0,
                  work_s: float = 0.0):
         super().__init__(clocks, work_s=work_s, staleness=staleness)
-        self._cluster, self._client, self._at = local_cluster, client, at
-        self.retired: list[str] = []
-        self._thread = None
-
-    def __getstate__(self):
-        return {k: v for k, v in self.__dict__.items() if k not in ("_cluster", "_client", "_thread", "retired")}
-
-    def converged(self, history, tol) -> bool:
-        if self._at and len(history) == self._at:
-            coordinator = self._cluster.scheduler.plugins[PLUGIN_NAME]
-            job = next(iter(coordinator.jobs.values()))
-            worker = sorted(set(job.pmap.owners.values()))[0]
-            self.retired.append(worker)
-            self._thread = threading.Thread(target=self._client.retire_workers, kwargs={"workers": [worker]})
-            self._thread.start()
-            wait_for(lambda: worker in coordinator._leaving or worker in job.lost)  # asked (or handed off already)
-        return False
+        self._retire_at(local_cluster, client, at)
 
 
 def test_a_worker_retired_mid_fit_under_ssp_is_drained_and_hands_off_with_no_loss_and_no_rework():
