@@ -276,3 +276,106 @@ def test_asking_back_from_the_batch_index_picks_what_a_scan_of_every_worker_woul
         victim = max(live, key=lambda v: (len(live[v]), v)) if live else None
         assert d.ask_back(w) == (None if victim is None else (victim, live[victim][len(live[victim]) // 2:]))
         d._batch_index.check()
+
+
+def _former_decide(policy, view) -> list:
+    """``BackupPolicy.decide`` as it was before the view kept an index of the started attempts: every
+    running shard, the longest running first, until the first one that is not late."""
+    from dscar.core.policies import Backup
+
+    med = view.monitor.median_step()
+    if view.todo or view.idle_worker is None or med is None:
+        return []
+    late_after = max(policy.k * med, policy.min_s)
+    for r in view.longest_running(policy.max_attempts):
+        if r.elapsed_s <= late_after:
+            break
+        if r.worker != view.idle_worker and view.idle_worker not in r.workers:
+            return [Backup(r.shard, view.idle_worker)]
+    return []
+
+
+def _former_due_in(policy, view) -> float | None:
+    med = view.monitor.median_step()
+    if view.todo or med is None:
+        return None
+    for r in view.longest_running(policy.max_attempts):
+        return max(0.0, max(policy.k * med, policy.min_s) - r.elapsed_s)
+    return None
+
+
+_WORKERS = ["a", "b", "c", "d", "e"]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["hand", "start", "commit", "fail", "release", "backup", "lose",
+                                           "pass", "reopen", "end", "step", "time"]),
+                          st.sampled_from(_WORKERS), st.integers(0, 5)), max_size=120))
+def test_the_backup_policy_decides_from_the_started_attempts_index_what_it_did_stepping_over_every_member(ops):
+    """The view a job gives the backup policy (``Dispatch.view``: the queue's index of the shards with a
+    started attempt, ``ShardQueue.set_waiting``; ``oldest_elapsed``) against the one it replaces (every
+    running shard, the batch members that have not started stepped over one by one) on random hand-outs,
+    starts, commits, failures, releases, backups, losses, passes and times (ties included): the same
+    shards in the same order, the same backups for every idle worker, the same ``due_in``."""
+    from dscar.core.dispatch import RunningAttempts
+    from dscar.core.job import JobState
+    from dscar.core.policies import BackupPolicy, ControllerView
+
+    pmap = PartitionMap([TableLayout("x", 8, 2)])
+    pmap.assign(["a", "b"])
+    queue = ShardQueue(12, reloadable=True)
+    for s in range(12):
+        queue.set_holder(s, _WORKERS[s % 4])
+    job = JobState(JobConfig("j", 12, {"x": "param"}, [], [""]), queue, pmap)
+    job.workers = list(_WORKERS)
+    d, policy, now = job.dispatch, BackupPolicy(k=2.0, min_s=0.0), 0.0
+    queue.begin_clock(1)
+    for op, w, n in ops:
+        live = [a for a in queue.running() if a.worker == w]
+        members = d.batched.get(w, [])
+        if op == "hand":
+            batch = [a] if (a := queue.next_shard(w, now)) else []
+            while batch and len(batch) <= n and (b := queue.next_shard(w, now, local_only=True)):
+                batch.append(b)
+            if batch:
+                d.set_batched(w, [(b.shard, b.attempt) for b in batch[1:]])
+                d.running_items[w] = (now, len(batch))
+        elif op == "start" and members:
+            d.attempt_started(w, *members[n % len(members)])
+        elif op == "commit" and live:
+            queue.commit(live[n % len(live)].shard, live[n % len(live)].attempt, w)
+        elif op == "fail" and live:
+            queue.fail(live[n % len(live)].shard, live[n % len(live)].attempt, w, "x", count=False)
+        elif op == "release" and members:
+            d.released(w, members[n % len(members):], members[n % len(members):][::2], now)
+        elif op == "backup":
+            doing = [a.shard for a in queue.running() if all(b.worker != w for b in queue.running_attempts(a.shard))]
+            if doing:
+                queue.start_backup(doing[n % len(doing)], w, now)
+        elif op == "lose":
+            queue.worker_lost(w)
+            d.forget(w)
+        elif op == "pass":
+            job.batched = {} if n % 2 else {v: list(m) for v, m in d.batched.items()}
+            queue.begin_clock(queue.clock)
+        elif op == "reopen":
+            done = [s for s in range(12) if queue.committed_attempt(s) is not None]
+            queue.reopen(done[n % len(done):][:2] if done else [])
+        elif op == "end":
+            d.running_items.pop(w, None)
+        elif op == "step":
+            job.monitor.record(w, 0.5 + n)
+        elif op == "time":
+            now += n / 2
+        queue.check()
+        new = d.view(job.workers, now)
+        former = RunningAttempts(queue, now, d._waiting, d._item_size)
+        for fewer in (None, 2, 3):
+            shown = list(former.longest_running(fewer))
+            assert list(new.running.longest_running(fewer)) == shown
+            assert new.running.oldest_elapsed(fewer) == (shown[0].elapsed_s if shown else None)
+        for idle in job.workers:
+            views = [ControllerView(job.clock, job.workers, queue.n_todo, running, job.monitor, {}, idle)
+                     for running in (new.running, former)]
+            assert policy.decide(views[0]) == _former_decide(policy, views[1])
+            assert policy.due_in(views[0]) == _former_due_in(policy, views[1])

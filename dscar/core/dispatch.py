@@ -12,7 +12,8 @@ Invariants:
 - ``batched`` names only workers with members, and only members that may not have started (a
   commit, a failure, a release or a pass start drops them): asking one back never stops work. It
   changes only through ``set_batched``, ``attempt_started``, ``released``, ``forget`` or a whole
-  new dict, which keep its index (``BatchIndex``) in step;
+  new dict, which keep its index (``BatchIndex``) and the queue's waiting attempts
+  (``ShardQueue.set_waiting``: the policies' view of the started ones) in step;
 - ``running_items`` holds a worker's shard-pass item until it commits or fails, whatever clock it
   is of: the monitor's evidence of a worker that does not finish;
 - a lost worker is forgotten here at once (``forget``): nothing waits on it or is asked of it.
@@ -51,17 +52,25 @@ class RunningAttempts:
     the attempts they may have: ``longest_running`` does not look at them).
 
     ``waiting``: an attempt that is a batch member which may not have started is not shown (its
-    shard shows its next attempt, if any). ``pace``: how many attempts the item of a worker holds;
-    an attempt's time is shown divided by it. The order stays by start time, so with batches of
+    shard shows its next attempt, if any); with ``started_only`` the queue's index of the shards
+    with a started attempt is read (``ShardQueue.set_waiting`` says the same as ``waiting``), so the
+    members are not even stepped over: at a pass's tail most running shards are such members, and
+    an idle poll stepped over all of them to find the longest running. ``pace``: how many attempts
+    the item of a worker holds; an attempt's time is shown divided by it. The order stays by start time, so with batches of
     different sizes a policy that stops at the first attempt that is not late may look again at
     its next poll before it sees a later one (it backs up the earlier one first as it ages)."""
 
+    __slots__ = ("queue", "now", "waiting", "pace", "started_only")
+
     def __init__(self, queue: ShardQueue, now: float, waiting: Callable[[Attempt], bool] | None = None,
-                 pace: Callable[[str], int] | None = None):
+                 pace: Callable[[str], int] | None = None, started_only: bool = False):
         self.queue = queue
         self.now = now
         self.waiting = waiting
         self.pace = pace
+        #: ``waiting`` says what the queue's waiting attempts say (``ShardQueue.set_waiting``): its index of
+        #: the shards with a started attempt is read, and the shards it would skip are not looked at
+        self.started_only = started_only
 
     def __iter__(self) -> Iterator[Running]:
         return self.longest_running()
@@ -69,10 +78,11 @@ class RunningAttempts:
     def longest_running(self, fewer_attempts_than: int | None = None) -> Iterator[Running]:
         """The running shards (with fewer than ``fewer_attempts_than`` attempts started this pass), the
         longest running first."""
-        queue, now, waiting = self.queue, self.now, self.waiting
-        for a in queue.longest_running(fewer_attempts_than):
+        queue, now, waiting, started_only = self.queue, self.now, self.waiting, self.started_only
+        for a in queue.longest_running(fewer_attempts_than, started_only=started_only):
             others = queue.running_attempts(a.shard)
-            if waiting is not None and waiting(a):
+            # (a shard the queue shows with one attempt shows a started one)
+            if waiting is not None and not (started_only and len(others) == 1) and waiting(a):
                 shown = [b for b in others if not waiting(b)]
                 if not shown:
                     continue
@@ -82,6 +92,20 @@ class RunningAttempts:
                 elapsed /= self.pace(a.worker)
             yield Running(a.shard, a.worker, elapsed, queue.attempts_started(a.shard),
                           tuple(b.worker for b in others))
+
+    def oldest_elapsed(self, fewer_attempts_than: int | None = None) -> float | None:
+        """The time ``longest_running`` shows first (None: none), without building it: an idle poll
+        asks whether the longest running is late, and at a pass's tail it is mostly not."""
+        if self.started_only:
+            oldest = self.queue.oldest_started(fewer_attempts_than)
+            if oldest is None:
+                return None
+            a, n_attempts = oldest
+            if self.waiting is None or n_attempts == 1 or not self.waiting(a):
+                elapsed = self.now - a.started
+                return elapsed / self.pace(a.worker) if self.pace is not None else elapsed
+        first = next(self.longest_running(fewer_attempts_than), None)
+        return None if first is None else first.elapsed_s
 
     def __len__(self) -> int:
         return self.queue.n_doing
@@ -179,6 +203,8 @@ class Dispatch:
         self.pending_restarts: list[str] = []
         #: ``batched`` (worker -> its members that may not have started), the most members first
         self._batch_index = BatchIndex({})
+        #: worker -> the members the queue was last told may not have started (``_mark``)
+        self._marked: dict[str, set[tuple[int, int]]] = {}
         #: worker -> id of the last work item handed to it: a release names it, so a worker asked
         #: before that item reached it gives the members back all the same (``ShardRunner.release``)
         self.item_of: dict[str, int] = {}
@@ -200,11 +226,32 @@ class Dispatch:
     @batched.setter
     def batched(self, value: dict[str, list[tuple[int, int]]]) -> None:
         self._batch_index = BatchIndex(value)
+        self._marked = {}
+        self.job.queue.clear_waiting()
+        for worker in value:
+            self._mark(worker)
+
+    def _changed(self, worker: str) -> None:
+        """``worker``'s members changed: the index and the queue's waiting attempts follow."""
+        self._batch_index.changed(worker)
+        self._mark(worker)
+
+    def _mark(self, worker: str) -> None:
+        """The queue's waiting attempts of ``worker`` become its members (``RunningAttempts.started_only``)."""
+        old = self._marked.get(worker, set())
+        new = set(self.batched.get(worker, ()))
+        if new == old:
+            return
+        self.job.queue.set_waiting(worker, new - old, old - new)
+        if new:
+            self._marked[worker] = new
+        else:
+            self._marked.pop(worker, None)
 
     def forget(self, worker: str) -> None:
         """``worker`` is lost: its batch members, running item, batch scale and straggler flag go."""
         self.batched.pop(worker, None)
-        self._batch_index.changed(worker)
+        self._changed(worker)
         self.running_items.pop(worker, None)
         self.batch_scale.pop(worker, None)
         self.stragglers.pop(worker, None)
@@ -297,7 +344,7 @@ class Dispatch:
             members.remove((shard, attempt))
             if not members:
                 del self.batched[worker]
-            self._batch_index.changed(worker)
+            self._changed(worker)
 
     def set_batched(self, worker: str, members: list[tuple[int, int]]) -> None:
         """``batched`` keeps only workers with members (``ask_back`` looks at each of them)."""
@@ -305,7 +352,7 @@ class Dispatch:
             self.batched[worker] = members
         else:
             self.batched.pop(worker, None)
-        self._batch_index.changed(worker)
+        self._changed(worker)
 
     def ask_back(self, asker: str) -> tuple[str, list[tuple[int, int]]] | None:
         """The worker with the most batch members that may not have started, and the later half of
@@ -352,7 +399,7 @@ class Dispatch:
         pace (the item's time over n), so it looks late once the item has run k times n steps, not
         k steps (else every batch's first member would look late before its batch could end)."""
         return ControllerView(self.job.clock, workers, self.job.queue.n_todo,
-                              RunningAttempts(self.job.queue, now, self._waiting, self._item_size),
+                              RunningAttempts(self.job.queue, now, self._waiting, self._item_size, started_only=True),
                               self.job.monitor, self.stragglers, idle_worker)
 
     def _waiting(self, a: Attempt) -> bool:

@@ -87,6 +87,9 @@ class ThroughputMonitor:
         self._by_step: list[tuple[float, str]] = []
         #: the summed speeds of the measured workers, kept as their step times change
         self._speed_sum = 0.0
+        #: ``median_step()`` since ``_by_step`` last changed (False: not known): an idle poll asks the
+        #: backup policy, which asks it, far more often than a worker's mean step changes
+        self._median: float | None | bool = False
 
     def record(self, worker: str, step_s: float) -> None:
         step_s = max(float(step_s), 1e-9)
@@ -102,6 +105,7 @@ class ThroughputMonitor:
                 self._set_mean(worker, mean)
 
     def _set_mean(self, worker: str, mean: float | None) -> None:
+        self._median = False
         old = self._mean.pop(worker, None)
         if old is not None:
             del self._by_step[bisect.bisect_left(self._by_step, (old, worker))]
@@ -125,6 +129,8 @@ class ThroughputMonitor:
 
     def median_step(self, exclude: str | None = None) -> float | None:
         """Median over workers (but ``exclude``) of their typical step time."""
+        if exclude is None and self._median is not False:
+            return self._median
         steps = self._by_step  # (sorted: the median by position, ``exclude`` skipped)
         skip = bisect.bisect_left(steps, (self._mean[exclude], exclude)) if exclude in self._mean else None
         n = len(steps) - (skip is not None)
@@ -134,7 +140,10 @@ class ThroughputMonitor:
         def nth(i: int) -> float:
             return steps[i if skip is None or i < skip else i + 1][0]
 
-        return nth(n // 2) if n % 2 else (nth(n // 2 - 1) + nth(n // 2)) / 2
+        median = nth(n // 2) if n % 2 else (nth(n // 2 - 1) + nth(n // 2)) / 2
+        if skip is None:
+            self._median = median
+        return median
 
     def n_measured(self) -> int:
         """Workers with a typical step time."""

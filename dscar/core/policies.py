@@ -58,6 +58,15 @@ class ControllerView:
             return indexed(fewer_attempts_than)
         return iter(sorted((r for r in self.running if r.n_attempts < fewer_attempts_than), key=lambda r: -r.elapsed_s))
 
+    def oldest_elapsed(self, fewer_attempts_than: int) -> float | None:
+        """The time of the first of ``longest_running(fewer_attempts_than)`` (None: there is none); a
+        job's view answers without building the running shards."""
+        indexed = getattr(self.running, "oldest_elapsed", None)
+        if indexed is not None:
+            return indexed(fewer_attempts_than)
+        first = next(self.longest_running(fewer_attempts_than), None)
+        return None if first is None else first.elapsed_s
+
 
 @dataclass(frozen=True)
 class Backup:
@@ -109,6 +118,9 @@ class BackupPolicy(Policy):
         if view.todo or view.idle_worker is None or med is None:
             return []
         late_after = max(self.k * med, self.min_s)
+        oldest = view.oldest_elapsed(self.max_attempts)
+        if oldest is None or oldest <= late_after:
+            return []  # (the loop below would stop at its first shard: nothing is late)
         idle = view.idle_worker
         for r in view.longest_running(self.max_attempts):  # the first one it may back up is the latest
             if r.elapsed_s <= late_after:
@@ -125,10 +137,8 @@ class BackupPolicy(Policy):
         med = view.monitor.median_step()
         if view.todo or med is None:
             return None
-        late_after = max(self.k * med, self.min_s)
-        for r in view.longest_running(self.max_attempts):
-            return max(0.0, late_after - r.elapsed_s)
-        return None
+        oldest = view.oldest_elapsed(self.max_attempts)
+        return None if oldest is None else max(0.0, max(self.k * med, self.min_s) - oldest)
 
 
 class AdaptiveBatchPolicy(Policy):

@@ -53,6 +53,21 @@ from typing import Any, Callable, Iterator
 from ..errors import ShardFailedError
 
 
+def _merge_by_start(lists: list[list[tuple[float, int, int]]]) -> Iterator[tuple[float, int, int]]:
+    """The entries of sorted ``lists`` merged by start, ties in the order of the lists (as
+    ``heapq.merge`` with a key, which costs more to set up than a few lists take to merge)."""
+    pos = [0] * len(lists)
+    while True:
+        best, head = -1, None
+        for i, entries in enumerate(lists):
+            if pos[i] < len(entries) and (head is None or entries[pos[i]][0] < head[0]):
+                best, head = i, entries[pos[i]]
+        if head is None:
+            return
+        pos[best] += 1
+        yield head
+
+
 class ShardStatus(str, enum.Enum):
     TODO = "todo"
     DOING = "doing"
@@ -124,6 +139,18 @@ class ShardQueue:
         self._unsorted: set[int] = set()
         #: DOING shard -> its key in ``_running``: (attempts started, start of its oldest live attempt)
         self._running_key: dict[int, tuple[int, float]] = {}
+        #: DOING shard -> when it entered its ``_running`` bucket (a count): the bucket's order of equal starts
+        self._entered: dict[int, int] = {}
+        self._n_entered = 0
+        #: (shard, attempt, worker) of the batch members that may not have started (``Dispatch.batched``,
+        #: which keeps it in step through ``set_waiting``): ``longest_running(started_only=True)`` hides them
+        self._waiting: set[tuple[int, int, str]] = set()
+        #: the ``_running`` entries of the shards with a live attempt that is not waiting, per bucket, as
+        #: lists of (start, entered, shard) in order: at a pass's tail most running shards are batch
+        #: members that have not started, and the backup policy's view steps over none of them
+        self._started: dict[int, list[tuple[float, int, int]]] = {}
+        #: shard -> its bucket and entry in ``_started``
+        self._started_key: dict[int, tuple[int, tuple[float, int, int]]] = {}
         self._attempts_clock: int | None = None  # attempt numbers restart only with a new clock
 
     # ---------------------------------------------------------------- clocks
@@ -153,6 +180,7 @@ class ShardQueue:
             raise ValueError(f"phase {phase} outside 0..{self.n_phases - 1}")
         self.clock = clock
         self._running, self._running_key, self._unsorted = {}, {}, set()
+        self._entered, self._started, self._started_key = {}, {}, {}
         for s in self._shards:
             s.status = ShardStatus.TODO
             s.attempts.clear()
@@ -383,10 +411,23 @@ class ShardQueue:
         """DOING shards."""
         return len(self._doing)
 
-    def longest_running(self, fewer_started_than: int | None = None) -> Iterator[Attempt]:
+    def longest_running(self, fewer_started_than: int | None = None, *,
+                        started_only: bool = False) -> Iterator[Attempt]:
         """The longest-running live attempt of every DOING shard, the longest running first (time does
         not go back); with ``fewer_started_than``, only of the shards that started fewer attempts this
-        pass, the others not even looked at. Do not change the queue while iterating."""
+        pass, the others not even looked at. ``started_only``: only of the shards with a live attempt
+        that is not waiting (``set_waiting``), in the same order, the others not looked at either. Do
+        not change the queue while iterating."""
+        if started_only:
+            lists = [self._started[k] for k in sorted(self._started)
+                     if fewer_started_than is None or k < fewer_started_than]
+            for _, _, shard in (lists[0] if len(lists) == 1 else _merge_by_start(lists)):
+                attempts = self._shards[shard].attempts
+                if len(attempts) == 1:
+                    yield next(iter(attempts.values()))
+                else:
+                    yield min(attempts.values(), key=lambda a: (a.started, a.attempt))
+            return
         buckets = []
         for k in sorted(self._running):
             if fewer_started_than is not None and k >= fewer_started_than:
@@ -398,6 +439,22 @@ class ShardQueue:
         for _, shard in heapq.merge(*buckets, key=lambda e: e[0]):
             yield min(self._shards[shard].attempts.values(), key=lambda a: (a.started, a.attempt))
 
+    def oldest_started(self, fewer_started_than: int | None = None) -> tuple[Attempt, int] | None:
+        """What ``longest_running(fewer_started_than, started_only=True)`` yields first, and how many
+        live attempts its shard has, without a generator (the backup policy asks on every idle poll
+        whether the longest running is late)."""
+        best, head = None, None
+        for k, entries in self._started.items():
+            if (fewer_started_than is None or k < fewer_started_than) and (
+                    head is None or (entries[0][0], k) < (head[0], best)):
+                best, head = k, entries[0]
+        if head is None:
+            return None
+        attempts = self._shards[head[2]].attempts
+        if len(attempts) == 1:
+            return next(iter(attempts.values())), 1
+        return min(attempts.values(), key=lambda a: (a.started, a.attempt)), len(attempts)
+
     def _reindex(self, shard: int) -> None:
         """``shard``'s attempts changed: its place in ``_running`` follows."""
         s = self._shards[shard]
@@ -405,21 +462,72 @@ class ShardQueue:
         if s.status is ShardStatus.DOING and s.attempts:
             key = (s.started, min(a.started for a in s.attempts.values()))
         old = self._running_key.get(shard)
-        if old == key:
+        if old != key:
+            if old is not None:
+                bucket = self._running[old[0]]
+                del bucket[shard]
+                if not bucket:
+                    del self._running[old[0]]
+                    self._unsorted.discard(old[0])
+                del self._running_key[shard]
+                del self._entered[shard]
+            if key is not None:
+                bucket = self._running.setdefault(key[0], {})
+                if bucket and next(reversed(bucket.values())) > key[1]:
+                    self._unsorted.add(key[0])
+                bucket[shard] = key[1]
+                self._running_key[shard] = key
+                self._n_entered += 1
+                self._entered[shard] = self._n_entered
+        self._reshow(shard)
+
+    def _reshow(self, shard: int) -> None:
+        """``shard``'s attempts, its ``_running`` entry or its waiting attempts changed: its place in
+        ``_started`` follows. A ``_running`` bucket is in the order of (start, entered): appended in
+        that order, and sorted stably by start when it is not (``longest_running``)."""
+        key = self._running_key.get(shard)
+        entry = None
+        if key is not None:
+            waiting = self._waiting
+            if not waiting or any((shard, a.attempt, a.worker) not in waiting
+                                  for a in self._shards[shard].attempts.values()):
+                entry = (key[0], (key[1], self._entered[shard], shard))
+        old = self._started_key.get(shard)
+        if old == entry:
             return
         if old is not None:
-            bucket = self._running[old[0]]
-            del bucket[shard]
-            if not bucket:
-                del self._running[old[0]]
-                self._unsorted.discard(old[0])
-            del self._running_key[shard]
-        if key is not None:
-            bucket = self._running.setdefault(key[0], {})
-            if bucket and next(reversed(bucket.values())) > key[1]:
-                self._unsorted.add(key[0])
-            bucket[shard] = key[1]
-            self._running_key[shard] = key
+            started = self._started[old[0]]
+            del started[bisect.bisect_left(started, old[1])]
+            if not started:
+                del self._started[old[0]]
+            del self._started_key[shard]
+        if entry is not None:
+            started = self._started.setdefault(entry[0], [])
+            if not started or started[-1] < entry[1]:
+                started.append(entry[1])
+            else:
+                bisect.insort(started, entry[1])
+            self._started_key[shard] = entry
+
+    def set_waiting(self, worker: str, added, removed) -> None:
+        """``worker``'s batch members ``added`` ((shard, attempt) pairs) may not have started; those
+        ``removed`` have, or are no members any more (``Dispatch.batched`` says so)."""
+        touched = set()
+        for shard, attempt in removed:
+            self._waiting.discard((shard, attempt, worker))
+            touched.add(shard)
+        for shard, attempt in added:
+            self._waiting.add((shard, attempt, worker))
+            touched.add(shard)
+        for shard in touched:
+            if shard in self._running_key:
+                self._reshow(shard)
+
+    def clear_waiting(self) -> None:
+        """No batch member is waiting (``Dispatch.batched`` is a new dict)."""
+        self._waiting = set()
+        for shard in list(self._running_key):
+            self._reshow(shard)
 
     # --------------------------------------------------------------- results
     def commit(self, shard: int, attempt: int, worker: str) -> bool:
@@ -615,6 +723,11 @@ class ShardQueue:
         assert self._running == {k: {i: t for i, (n, t) in keys.items() if n == k} for k, _ in keys.values()}
         for k, bucket in self._running.items():
             assert k in self._unsorted or list(bucket.values()) == sorted(bucket.values()), k
+        assert self._entered.keys() == keys.keys()
+        shown = {i: (k, (t, self._entered[i], i)) for i, (k, t) in keys.items()
+                 if any((i, a.attempt, a.worker) not in self._waiting for a in self._shards[i].attempts.values())}
+        assert self._started_key == shown
+        assert self._started == {k: sorted(e for u, e in shown.values() if u == k) for k, _ in shown.values()}
         assert {i for b in self._local.values() for i in b} == self._todo and all(
             self._shards[i].holder == h and self._tier[i] == t for (t, h), b in self._local.items() for i in b)
         held = {(t, h): len(b) for (t, h), b in self._local.items() if h is not None}
