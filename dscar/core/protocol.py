@@ -55,7 +55,9 @@ class Member:
     def to_msg(self) -> dict[str, Any]:
         msg = {"shard": self.shard, "attempt": self.attempt, "fetch_from": self.fetch_from, "backup": self.backup,
                "phase": self.phase}
-        msg.update((k, getattr(self, k)) for k in self._OPTIONAL if getattr(self, k) is not None)
+        for k in self._OPTIONAL:
+            if (v := getattr(self, k)) is not None:
+                msg[k] = v
         return msg
 
     @classmethod
@@ -95,7 +97,9 @@ class WorkItem:
     def to_msg(self) -> dict[str, Any]:
         msg = {"op": self.op, "job": self.job, "item": self.item, "clock": self.clock, "run": self.run,
                "owners": self.owners, "batch_scale": self.batch_scale, "shards": [m.to_msg() for m in self.shards]}
-        msg.update((k, getattr(self, k)) for k in self._OPTIONAL if getattr(self, k) is not None)
+        for k in self._OPTIONAL:
+            if (v := getattr(self, k)) is not None:
+                msg[k] = v
         return msg
 
     @classmethod

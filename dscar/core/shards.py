@@ -460,7 +460,8 @@ class ShardQueue:
         s = self._shards[shard]
         key = None
         if s.status is ShardStatus.DOING and s.attempts:
-            key = (s.started, min(a.started for a in s.attempts.values()))
+            attempts = s.attempts.values()
+            key = (s.started, next(iter(attempts)).started if len(attempts) == 1 else min(a.started for a in attempts))
         old = self._running_key.get(shard)
         if old != key:
             if old is not None:
