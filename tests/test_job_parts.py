@@ -379,3 +379,36 @@ def test_the_backup_policy_decides_from_the_started_attempts_index_what_it_did_s
                      for running in (new.running, former)]
             assert policy.decide(views[0]) == _former_decide(policy, views[1])
             assert policy.due_in(views[0]) == _former_due_in(policy, views[1])
+
+
+def test_an_idle_poll_at_a_pass_s_tail_does_not_step_over_the_batch_members_waiting():
+    """A pass's tail as an in-process fit had it (64 workers, items of 16 shards, each item's first
+    committed, the rest not known to have started until each commits): the backup policy's view
+    looks at none of the 960 members (it stepped over all of them on every idle poll: ~2.6 ms)."""
+    from dscar.core.job import JobState
+    from dscar.core.policies import Backup, BackupPolicy
+
+    workers, size = [f"w{i}" for i in range(64)], 16
+    pmap = PartitionMap([TableLayout("x", 8, 2)])
+    pmap.assign(workers[:2])
+    queue = ShardQueue(len(workers) * size, reloadable=True)
+    for s in range(len(workers) * size):
+        queue.set_holder(s, workers[s // size])
+    job = JobState(JobConfig("j", len(workers) * size, {"x": "param"}, [], [""]), queue, pmap)
+    job.workers, d = workers, job.dispatch
+    queue.begin_clock(1)
+    for i, w in enumerate(workers):
+        batch = [queue.next_shard(w, i * 1e-3, local_only=True) for _ in range(size)]
+        d.set_batched(w, [(a.shard, a.attempt) for a in batch[1:]])
+        d.running_items[w] = (0.0, size)
+        queue.commit(batch[0].shard, batch[0].attempt, w)
+        job.monitor.record(w, 1.0)
+        job.monitor.record(w, 1.0)
+    looked = []
+    d._waiting = lambda a: looked.append(a) or type(d)._waiting(d, a)
+    view = d.view(workers, 100.0, "w0")
+    assert BackupPolicy().decide(view) == [] and BackupPolicy().due_in(view) is None
+    assert list(view.running) == [] and looked == []
+    d.attempt_started("w3", *d.batched["w3"][0])  # (its commit says so): the one shard shown
+    assert [r.shard for r in d.view(workers, 100.0, "w0").running] == [3 * size + 1] and looked == []
+    assert BackupPolicy().decide(d.view(workers, 100.0, "w0")) == [Backup(3 * size + 1, "w0")]
