@@ -344,7 +344,13 @@ class Dispatch:
             members.remove((shard, attempt))
             if not members:
                 del self.batched[worker]
-            self._changed(worker)
+            self._batch_index.changed(worker)
+            if (shard, attempt) not in members:  # (no copy of it left: ``_mark`` without the set diff)
+                marked = self._marked[worker]
+                marked.discard((shard, attempt))
+                if not marked:
+                    del self._marked[worker]
+                self.job.queue.set_waiting(worker, (), ((shard, attempt),))
 
     def set_batched(self, worker: str, members: list[tuple[int, int]]) -> None:
         """``batched`` keeps only workers with members (``ask_back`` looks at each of them)."""
