@@ -480,9 +480,9 @@ class ShardQueue:
                 self._running_key[shard] = key
                 self._n_entered += 1
                 self._entered[shard] = self._n_entered
-        self._reshow(shard)
+        self._reshow(shard, s)
 
-    def _reshow(self, shard: int) -> None:
+    def _reshow(self, shard: int, s: _Shard | None = None) -> None:
         """``shard``'s attempts, its ``_running`` entry or its waiting attempts changed: its place in
         ``_started`` follows. A ``_running`` bucket is in the order of (start, entered): appended in
         that order, and sorted stably by start when it is not (``longest_running``)."""
@@ -491,7 +491,7 @@ class ShardQueue:
         if key is not None:
             waiting = self._waiting
             if not waiting or any((shard, a.attempt, a.worker) not in waiting
-                                  for a in self._shards[shard].attempts.values()):
+                                  for a in (s or self._shards[shard]).attempts.values()):
                 entry = (key[0], (key[1], self._entered[shard], shard))
         old = self._started_key.get(shard)
         if old == entry:
