@@ -56,9 +56,10 @@ class RunningAttempts:
     with a started attempt is read (``ShardQueue.set_waiting`` says the same as ``waiting``), so the
     members are not even stepped over: at a pass's tail most running shards are such members, and
     an idle poll stepped over all of them to find the longest running. ``pace``: how many attempts
-    the item of a worker holds; an attempt's time is shown divided by it. The order stays by start time, so with batches of
-    different sizes a policy that stops at the first attempt that is not late may look again at
-    its next poll before it sees a later one (it backs up the earlier one first as it ages)."""
+    the item of a worker holds; an attempt's time is shown divided by it. The order stays by start
+    time, so with batches of different sizes a policy that stops at the first attempt that is not
+    late may look again at its next poll before it sees a later one (it backs up the earlier one
+    first as it ages)."""
 
     __slots__ = ("queue", "now", "waiting", "pace", "started_only")
 

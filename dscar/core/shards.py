@@ -23,7 +23,8 @@ holds; shards whose holder was lost go to anyone. Each hand-out is among the
 TODO shards of one *tier* (``set_tier``): under BSP every shard is in tier 0,
 under SSP a shard's tier is the clock of its next update, so the oldest open
 clock's shards are handed out first. Indexes by tier and holder, and of the
-running shards by attempts started, answer without a scan of the shards.
+running shards by attempts started (all of them, and those with an attempt that is
+not a waiting batch member: ``set_waiting``), answer without a scan of the shards.
 
 The data (and shard state) of a shard follows its commits: the *holder* is the
 worker whose store has the shard's data and state as of the last applied pass
@@ -48,7 +49,7 @@ import bisect
 import enum
 import heapq
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 from ..errors import ShardFailedError
 
@@ -461,7 +462,8 @@ class ShardQueue:
         key = None
         if s.status is ShardStatus.DOING and s.attempts:
             attempts = s.attempts.values()
-            key = (s.started, next(iter(attempts)).started if len(attempts) == 1 else min(a.started for a in attempts))
+            oldest = next(iter(attempts)).started if len(attempts) == 1 else min(a.started for a in attempts)
+            key = (s.started, oldest)
         old = self._running_key.get(shard)
         if old != key:
             if old is not None:
@@ -491,7 +493,7 @@ class ShardQueue:
         if key is not None:
             waiting = self._waiting
             if not waiting or any((shard, a.attempt, a.worker) not in waiting
-                                  for a in (s or self._shards[shard]).attempts.values()):
+                                  for a in (s if s is not None else self._shards[shard]).attempts.values()):
                 entry = (key[0], (key[1], self._entered[shard], shard))
         old = self._started_key.get(shard)
         if old == entry:
@@ -510,7 +512,7 @@ class ShardQueue:
                 bisect.insort(started, entry[1])
             self._started_key[shard] = entry
 
-    def set_waiting(self, worker: str, added, removed) -> None:
+    def set_waiting(self, worker: str, added: Iterable[tuple[int, int]], removed: Iterable[tuple[int, int]]) -> None:
         """``worker``'s batch members ``added`` ((shard, attempt) pairs) may not have started; those
         ``removed`` have, or are no members any more (``Dispatch.batched`` says so)."""
         touched = set()
