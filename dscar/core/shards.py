@@ -491,9 +491,15 @@ class ShardQueue:
         key = self._running_key.get(shard)
         entry = None
         if key is not None:
-            waiting = self._waiting
-            if not waiting or any((shard, a.attempt, a.worker) not in waiting
-                                  for a in (s if s is not None else self._shards[shard]).attempts.values()):
+            shown, waiting = True, self._waiting
+            if waiting:
+                attempts = (s if s is not None else self._shards[shard]).attempts
+                if len(attempts) == 1:
+                    a = next(iter(attempts.values()))
+                    shown = (shard, a.attempt, a.worker) not in waiting
+                else:
+                    shown = any((shard, a.attempt, a.worker) not in waiting for a in attempts.values())
+            if shown:
                 entry = (key[0], (key[1], self._entered[shard], shard))
         old = self._started_key.get(shard)
         if old == entry:
