@@ -326,9 +326,10 @@ def test_the_backup_policy_decides_from_the_started_attempts_index_what_it_did_s
     queue = ShardQueue(12, reloadable=True)
     for s in range(12):
         queue.set_holder(s, _WORKERS[s % 4])
-    job = JobState(JobConfig("j", 12, {"x": "param"}, [], [""]), queue, pmap)
+    policy = BackupPolicy(k=2.0, min_s=0.0)
+    job = JobState(JobConfig("j", 12, {"x": "param"}, [], [""]), queue, pmap, policies=[policy])
     job.workers = list(_WORKERS)
-    d, policy, now = job.dispatch, BackupPolicy(k=2.0, min_s=0.0), 0.0
+    d, now = job.dispatch, 0.0
     queue.begin_clock(1)
     for op, w, n in ops:
         live = [a for a in queue.running() if a.worker == w]
@@ -394,7 +395,8 @@ def test_an_idle_poll_at_a_pass_s_tail_does_not_step_over_the_batch_members_wait
     queue = ShardQueue(len(workers) * size, reloadable=True)
     for s in range(len(workers) * size):
         queue.set_holder(s, workers[s // size])
-    job = JobState(JobConfig("j", len(workers) * size, {"x": "param"}, [], [""]), queue, pmap)
+    job = JobState(JobConfig("j", len(workers) * size, {"x": "param"}, [], [""]), queue, pmap,
+                   policies=[BackupPolicy()])
     job.workers, d = workers, job.dispatch
     queue.begin_clock(1)
     for i, w in enumerate(workers):

@@ -196,6 +196,9 @@ class Dispatch:
         self.move_s: float | None = None
         #: straggler policies (backup at idle time; adaptive batch and restart at clock ends)
         self.policies = list(policies or ())
+        #: the queue keeps its index of the started attempts (``ShardQueue.set_waiting``) only for an
+        #: idle-time policy, which reads it on every idle poll; without one a commit does not pay for it
+        self._track_started = any(p.when == "idle" for p in self.policies)
         #: worker -> batch scale (adaptive-batch policy)
         self.batch_scale: dict[str, float] = {}
         #: worker -> "transient" | "persistent"
@@ -228,9 +231,10 @@ class Dispatch:
     def batched(self, value: dict[str, list[tuple[int, int]]]) -> None:
         self._batch_index = BatchIndex(value)
         self._marked = {}
-        self.job.queue.clear_waiting()
-        for worker in value:
-            self._mark(worker)
+        if self._track_started:
+            self.job.queue.clear_waiting()
+            for worker in value:
+                self._mark(worker)
 
     def _changed(self, worker: str) -> None:
         """``worker``'s members changed: the index and the queue's waiting attempts follow."""
@@ -239,6 +243,8 @@ class Dispatch:
 
     def _mark(self, worker: str) -> None:
         """The queue's waiting attempts of ``worker`` become its members (``RunningAttempts.started_only``)."""
+        if not self._track_started:
+            return
         old = self._marked.get(worker, set())
         new = set(self.batched.get(worker, ()))
         if new == old:
@@ -346,7 +352,7 @@ class Dispatch:
             if not members:
                 del self.batched[worker]
             self._batch_index.changed(worker)
-            if (shard, attempt) not in members:  # (no copy of it left: ``_mark`` without the set diff)
+            if self._track_started and (shard, attempt) not in members:  # (``_mark`` without the set diff)
                 marked = self._marked[worker]
                 marked.discard((shard, attempt))
                 if not marked:
@@ -406,7 +412,8 @@ class Dispatch:
         pace (the item's time over n), so it looks late once the item has run k times n steps, not
         k steps (else every batch's first member would look late before its batch could end)."""
         return ControllerView(self.job.clock, workers, self.job.queue.n_todo,
-                              RunningAttempts(self.job.queue, now, self._waiting, self._item_size, started_only=True),
+                              RunningAttempts(self.job.queue, now, self._waiting, self._item_size,
+                                              started_only=self._track_started),
                               self.job.monitor, self.stragglers, idle_worker)
 
     def _waiting(self, a: Attempt) -> bool:

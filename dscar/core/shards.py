@@ -152,6 +152,9 @@ class ShardQueue:
         self._started: dict[int, list[tuple[float, int, int]]] = {}
         #: shard -> its bucket and entry in ``_started``
         self._started_key: dict[int, tuple[int, tuple[float, int, int]]] = {}
+        #: ``_started`` is kept (from the first waiting attempt on): until then it would be ``_running``,
+        #: which ``longest_running`` reads in its place (SSP's items of one shard never pay for it)
+        self._started_on = False
         self._attempts_clock: int | None = None  # attempt numbers restart only with a new clock
 
     # ---------------------------------------------------------------- clocks
@@ -419,7 +422,7 @@ class ShardQueue:
         pass, the others not even looked at. ``started_only``: only of the shards with a live attempt
         that is not waiting (``set_waiting``), in the same order, the others not looked at either. Do
         not change the queue while iterating."""
-        if started_only:
+        if started_only and self._started_on:
             lists = [self._started[k] for k in sorted(self._started)
                      if fewer_started_than is None or k < fewer_started_than]
             for _, _, shard in (lists[0] if len(lists) == 1 else _merge_by_start(lists)):
@@ -444,6 +447,9 @@ class ShardQueue:
         """What ``longest_running(fewer_started_than, started_only=True)`` yields first, and how many
         live attempts its shard has, without a generator (the backup policy asks on every idle poll
         whether the longest running is late)."""
+        if not self._started_on:  # (nothing waits: every running shard shows)
+            a = next(self.longest_running(fewer_started_than), None)
+            return None if a is None else (a, len(self._shards[a.shard].attempts))
         best, head = None, None
         for k, entries in self._started.items():
             if (fewer_started_than is None or k < fewer_started_than) and (
@@ -488,6 +494,8 @@ class ShardQueue:
         """``shard``'s attempts, its ``_running`` entry or its waiting attempts changed: its place in
         ``_started`` follows. A ``_running`` bucket is in the order of (start, entered): appended in
         that order, and sorted stably by start when it is not (``longest_running``)."""
+        if not self._started_on:
+            return
         key = self._running_key.get(shard)
         entry = None
         if key is not None:
@@ -521,6 +529,10 @@ class ShardQueue:
     def set_waiting(self, worker: str, added: Iterable[tuple[int, int]], removed: Iterable[tuple[int, int]]) -> None:
         """``worker``'s batch members ``added`` ((shard, attempt) pairs) may not have started; those
         ``removed`` have, or are no members any more (``Dispatch.batched`` says so)."""
+        if added and not self._started_on:  # the first attempt to wait: ``_started`` is kept from now on
+            self._started_on = True
+            for shard in self._running_key:
+                self._reshow(shard)
         touched = set()
         for shard, attempt in removed:
             self._waiting.discard((shard, attempt, worker))
@@ -735,8 +747,9 @@ class ShardQueue:
         assert self._entered.keys() == keys.keys()
         shown = {i: (k, (t, self._entered[i], i)) for i, (k, t) in keys.items()
                  if any((i, a.attempt, a.worker) not in self._waiting for a in self._shards[i].attempts.values())}
-        assert self._started_key == shown
-        assert self._started == {k: sorted(e for u, e in shown.values() if u == k) for k, _ in shown.values()}
+        assert self._started_key == (shown if self._started_on else {}) and (self._started_on or not self._waiting)
+        assert self._started == {k: sorted(e for u, e in self._started_key.values() if u == k)
+                                 for k, _ in self._started_key.values()}
         assert {i for b in self._local.values() for i in b} == self._todo and all(
             self._shards[i].holder == h and self._tier[i] == t for (t, h), b in self._local.items() for i in b)
         held = {(t, h): len(b) for (t, h), b in self._local.items() if h is not None}
