@@ -362,6 +362,23 @@ def test_a_worker_asking_for_the_spec_of_a_job_that_has_ended_is_told_so(inproc,
     assert not [r for r in caplog.records if "job_spec" in r.getMessage() or "KeyError" in r.getMessage()]
 
 
+@pytest.mark.cluster
+def test_asking_for_the_jobs_registers_nothing_on_the_workers():
+    """``dscar.jobs`` and ``dscar.cancel`` are questions to the scheduler: they register its
+    coordinator (the handlers) and send nothing to the workers, whose plugin registration goes to
+    every worker (a worker closing meanwhile made it fail with ``CommClosedError``)."""
+    from distributed import Client, LocalCluster
+
+    with LocalCluster(n_workers=2, processes=False, dashboard_address=":0") as lc, \
+            Client(lc, set_as_default=False) as c:
+        assert dscar.jobs(lc) == [] and dscar.jobs(c) == []
+        with pytest.raises(dscar.InvalidInputError, match="no dscar job 'nope'"):
+            dscar.cancel("nope", c)
+        plugins = c.run(lambda dask_worker: sorted(dask_worker.plugins))
+        assert not any("dscar" in p for ps in plugins.values() for p in ps), plugins
+        assert c.run_on_scheduler(lambda dask_scheduler: "dscar-coordinator" in dask_scheduler.plugins)
+
+
 def test_the_jobs_commands_say_what_is_wrong_in_one_line():
     for argv in (["jobs", "--scheduler", "nonsense"], ["cancel", "some-job", "--scheduler", "nonsense"],
                  ["cancel", "--scheduler", "tcp://127.0.0.1:1"], ["jobs"]):

@@ -73,7 +73,7 @@ def _jobs_command(args) -> int:
     from .cluster import Cluster
     from .driver import cancel, jobs
 
-    cluster = Cluster(args.scheduler, timeout=args.timeout)
+    cluster = Cluster(args.scheduler, timeout=args.timeout, set_as_default=False, coordinator_only=True)
     try:
         if args.command == "cancel":
             cancel(args.job, cluster)

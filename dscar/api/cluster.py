@@ -140,6 +140,10 @@ class Cluster:
     ``set_as_default``: the client this ``Cluster`` makes (not one it is given) becomes the process's
     default Dask client until it closes, as ``distributed.Client`` does, so collections on this cluster
     (tables a fit keeps there, ``res.params["w"]``) compute with a plain ``.compute()``.
+
+    ``coordinator_only``: register the scheduler's coordinator and nothing on the workers, for a
+    question to the scheduler (``dscar.jobs``, ``dscar.cancel``): registering the worker plugin sends
+    it to every worker, which a one-off question need not pay or wait for.
     """
 
     def __init__(
@@ -153,6 +157,7 @@ class Cluster:
         timeout: float | None = None,
         security: "Security | bool | None" = None,
         set_as_default: bool = True,
+        coordinator_only: bool = False,
     ):
         from ..validation import integer, number
 
@@ -198,6 +203,8 @@ class Cluster:
                 f"not {type(address).__name__}"
             )
         self.client.register_plugin(Coordinator())
+        if coordinator_only:
+            return
         self.client.register_plugin(ParamServer())
         from ..scheduler.dashboard import register as register_dashboard
 

@@ -792,7 +792,7 @@ def jobs(cluster: "Cluster | str | Any") -> list[dict[str, Any]]:
     """The dscar jobs running on ``cluster`` (a ``dscar.Cluster``, a ``distributed.Client`` or a
     scheduler address): for each, ``job`` (its id), ``model``, ``clock``, ``workers`` (live),
     ``lease_age`` (seconds since its driver last renewed its lease) and ``lease_timeout``."""
-    cl = Cluster(cluster)
+    cl = Cluster(cluster, set_as_default=False, coordinator_only=True)
     try:
         return list(cl.client.sync(cl.client.scheduler.dscar_jobs)["jobs"])
     finally:
@@ -805,7 +805,7 @@ def cancel(job_id: str, cluster: "Cluster | str | Any") -> None:
     ``InvalidInputError`` when no such job runs there."""
     if not isinstance(job_id, str) or not job_id:
         raise InvalidInputError(f"job_id must be a job's id (see dscar.jobs), not {job_id!r}")
-    cl = Cluster(cluster)
+    cl = Cluster(cluster, set_as_default=False, coordinator_only=True)
     try:
         r = cl.client.sync(cl.client.scheduler.dscar_cancel, job_id=job_id)
     finally:
