@@ -38,7 +38,7 @@ import inspect
 import logging
 import time
 from functools import partial
-from typing import Any, Callable
+from typing import Any, Callable, Coroutine
 
 import dask.config
 from distributed import SchedulerPlugin
@@ -1096,7 +1096,7 @@ class Coordinator(SchedulerPlugin):
 
     def _h_commit(self, job_id: str, clock: int, run: int, worker: str, commits: list[dict],
                   rebuild: bool = False, released: list | None = None, stopped: list | None = None,
-                  wait: bool = False, wait_timeout: float | None = None) -> dict:
+                  wait: bool = False, wait_timeout: float | None = None) -> dict | Coroutine[Any, Any, dict]:
         """Grant or refuse the commits of a batch's attempts in one decision (``protocol.Commit``:
         ``commits``, each ``protocol.Finished``; ``rebuild``: the batch is of the rebuild pass); the
         answer (``protocol.CommitAnswer``) carries the worker's next work item, if one is ready.
@@ -1128,8 +1128,9 @@ class Coordinator(SchedulerPlugin):
             if not ok:
                 touched.pop((msg.run, c.clock, c.shard, c.attempt), None)
         self._do(job, effects)  # (one wake for the whole commit)
-        item = self._item_for(worker) if worker in self.scheduler.workers else None
-        if item is None and msg.wait:
+        here = worker in self.scheduler.workers
+        item = self._item_for(worker) if here else None
+        if item is None and msg.wait and here:
             return self._commit_then_poll(granted, worker, msg.wait_timeout)  # (distributed awaits it)
         return CommitAnswer(granted, item).to_msg()
 
