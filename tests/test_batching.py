@@ -55,7 +55,9 @@ def _calls(dask_scheduler=None) -> dict:
 
 
 def _waiting_polls(calls: dict) -> int:
-    return calls.get("dscar_next", 0) - calls.get("dscar_next:done", 0)
+    """The runners' long polls for work now waiting: ``dscar_next``, and BSP commits waiting for their
+    worker's next item (``protocol.Commit.wait``)."""
+    return sum(calls.get(h, 0) - calls.get(h + ":done", 0) for h in ("dscar_next", "dscar_commit"))
 
 
 @pytest.fixture(scope="module")
