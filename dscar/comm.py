@@ -15,6 +15,13 @@ from distributed.core import ConnectionPool
 CONNECT_TIMEOUT_S = 3.0
 
 
-def fast_fail_pool(connection_args: dict[str, Any], server: Any = None, limit: int = 256) -> ConnectionPool:
-    """A connection pool whose connects give up after ``CONNECT_TIMEOUT_S`` (call ``await pool.start()``)."""
-    return ConnectionPool(limit=limit, connection_args=connection_args, timeout=CONNECT_TIMEOUT_S, server=server)
+def fast_fail_pool(connection_args: dict[str, Any], server: Any = None, limit: int = 256,
+                   metadata_only: bool = False) -> ConnectionPool:
+    """A connection pool whose connects give up after ``CONNECT_TIMEOUT_S`` (call ``await pool.start()``).
+
+    ``metadata_only``: every message through it is small (the coordinator's). distributed otherwise
+    walks each outgoing message with ``dask.sizeof`` (Python, every element) to decide whether to
+    serialize it in a thread; for a few hundred bytes that walk is the dearest part of the send, and
+    Dask's scheduler turns it off for its own rpc in the same way."""
+    return ConnectionPool(limit=limit, connection_args=connection_args, timeout=CONNECT_TIMEOUT_S, server=server,
+                          allow_offload=not metadata_only)

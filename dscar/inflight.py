@@ -40,7 +40,7 @@ class Inflight:
         #: address -> the generation of its newest join
         self._joined: dict[str, int] = {}
 
-    async def call(self, address: str, message: Awaitable[Any], timeout: float) -> Any:
+    async def call(self, address: str, message: Awaitable[Any], timeout: float | None) -> Any:
         """Await ``message`` (a call to ``address``) for at most ``timeout`` seconds; a
         ``PeerUnreachable`` (a ``ConnectionError``) at once if ``address`` is gone, when ``cancel(address)``
         is called meanwhile, or when the connection to it fails."""
@@ -48,19 +48,27 @@ class Inflight:
             if asyncio.iscoroutine(message):
                 message.close()  # never sent
             raise PeerUnreachable(address, "is gone")
-        task = asyncio.ensure_future(asyncio.wait_for(message, timeout))
+        # the message as one task, cancelled by a timer at its deadline (``asyncio.wait_for`` in a task
+        # was two tasks and a future a message: the coordinator sends one to every worker a clock)
+        task = asyncio.ensure_future(message)
+        expired: list[bool] = []
+        timer = None if timeout is None else asyncio.get_running_loop().call_later(timeout, _expire, task, expired)
         self._waiting.setdefault(address, set()).add(task)
         try:
             return await task
         except asyncio.CancelledError:
             if task in self._gone:  # cancelled by ``cancel``, not because the caller was cancelled
                 raise PeerUnreachable(address, "is gone") from None
+            if expired and not asyncio.current_task().cancelling():  # its deadline, not its caller's end
+                raise asyncio.TimeoutError(f"no answer from {address} in {timeout:g} s") from None
             raise
         except (PeerUnreachable, asyncio.TimeoutError):  # (a TimeoutError is an OSError: kept as it is)
             raise
         except OSError as e:  # (a broken connection: distributed's CommClosedError is an OSError)
             raise PeerUnreachable(address, f"could not be reached: {e!r}") from e
         finally:
+            if timer is not None:
+                timer.cancel()
             self._waiting.get(address, set()).discard(task)
             self._gone.discard(task)
 
@@ -84,3 +92,10 @@ class Inflight:
         self._joined[address] = max(generation, self._joined.get(address, generation))
         if self._lost.get(address, generation) < generation:
             self._lost.pop(address, None)
+
+
+def _expire(task: asyncio.Future, expired: list[bool]) -> None:
+    """A message's deadline: cancel it, and say why (``Inflight.call`` raises ``TimeoutError``)."""
+    if not task.done():
+        expired.append(True)
+        task.cancel()

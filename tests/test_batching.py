@@ -55,7 +55,9 @@ def _calls(dask_scheduler=None) -> dict:
 
 
 def _waiting_polls(calls: dict) -> int:
-    return calls.get("dscar_next", 0) - calls.get("dscar_next:done", 0)
+    """The runners' long polls for work now waiting: ``dscar_next``, and BSP commits waiting for their
+    worker's next item (``protocol.Commit.wait``)."""
+    return sum(calls.get(h, 0) - calls.get(h + ":done", 0) for h in ("dscar_next", "dscar_commit"))
 
 
 @pytest.fixture(scope="module")
@@ -81,6 +83,24 @@ def test_a_worker_commits_its_shards_of_a_clock_in_one_call(tracked):
     per_clock = (long - short) / 6
     print(f"{per_clock:.2f} commits a clock for 8 shards on 2 workers")
     assert per_clock <= 5, f"{per_clock:.1f} commits a clock for 8 shards on 2 workers"
+
+
+def test_a_bsp_worker_s_commit_waits_for_its_next_item_instead_of_a_poll_more(tracked):
+    """Under BSP a worker needs its grants only with its next item, so its last commit of a pass waits
+    for that item (``protocol.Commit.wait``) rather than answer at once and be followed by a
+    ``dscar_next``: the only poll left a clock is the clock-end runner's after its report (it was
+    one more per worker: 3 a clock on 2 workers). Exactly once still holds."""
+
+    def polls(clocks: int) -> int:
+        before = tracked.client.run_on_scheduler(_calls).get("dscar_next", 0)
+        res = dscar.fit(RowCounter(sleep=0.01), row_data(64), tracked, n_shards=8, max_clocks=clocks)
+        assert_exactly_once(res, 64)
+        return tracked.client.run_on_scheduler(_calls).get("dscar_next", 0) - before
+
+    short, long = polls(3), polls(9)
+    per_clock = (long - short) / 6
+    print(f"{per_clock:.2f} dscar_next a clock on 2 workers")
+    assert per_clock <= 1.5, f"{per_clock:.1f} dscar_next a clock on 2 workers"
 
 
 class HoldStill(RowCounter):

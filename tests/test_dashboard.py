@@ -147,7 +147,7 @@ def test_the_route_answers_while_a_fit_runs_and_holds_its_figures():
         res = out["res"]
         want = {r.clock: r.objective for r in res.history}
         st = cl.client.run_on_scheduler(_collector_state)
-        while len(st["objective"]) < len(want):  # the collector's snapshots are 0.1 s apart: its last one
+        while len(st["objective"]) < len(want):  # the collector's snapshots are SNAPSHOT_EVERY_S apart: its last one
             st = cl.client.run_on_scheduler(_collector_state)
     assert st["job"] == seen_running["job"] and st["job"].startswith("mlr-")
     assert st["objective"] == pytest.approx(want)  # every clock's objective, as the driver saw it

@@ -62,6 +62,11 @@ def test_a_commit_and_its_answer_go_through_their_messages_unchanged():
     assert Commit.from_msg("j", 3, 2, "a", [{"shard": 1, "attempt": 1}]).commits == [Finished(1, 1, 3)]
     answer = CommitAnswer([True, False], {"op": "shard"})
     assert CommitAnswer.from_msg(answer.to_msg()) == answer
+    # a commit that waits for the worker's next item says so (and its timeout); one that does not adds nothing
+    waits = Commit("j", 3, 2, "a", [Finished(1, 1, 3)], wait=True, wait_timeout=2.5)
+    assert Commit.from_msg(**waits.to_msg()) == waits and waits.to_msg()["wait"] is True
+    assert Commit.from_msg(**Commit("j", 3, 2, "a", wait=True).to_msg()).wait_timeout is None
+    assert "wait" not in commit.to_msg() and "wait_timeout" not in commit.to_msg()
 
 
 # ------------------------------------------------------------------- batched grants

@@ -4,8 +4,9 @@ A worker's runner asks for work (``dscar_next``, a long poll) and gets a work it
 or more shard attempts (``WorkItem``, ``op`` "shard" or "rebuild"), a clock-end step
 (``ClockEndItem``) or ``idle``. It runs the batch's attempts, then sends one ``Commit`` naming every
 attempt that finished (``Finished``), those stopped as lost races (``Stopped``) and the members it
-gave back unstarted; the ``CommitAnswer`` says which were granted and carries its next work item.
-So a worker with k shards a clock costs about one grant and one commit, not k of each.
+gave back unstarted; the ``CommitAnswer`` says which were granted and carries its next work item
+(a BSP commit waits for it, as a long poll: ``Commit.wait``). So a worker with k shards a clock costs
+about one commit, not k grants and k commits.
 
 On the wire every message is a plain dict of ints, strings, lists and dicts (msgpack); the classes
 here are what each side builds and reads: ``to_msg`` at the sending edge, ``from_msg`` at the
@@ -190,19 +191,31 @@ class Commit:
     rebuild: bool = False
     released: list = field(default_factory=list)
     stopped: list[Stopped] = field(default_factory=list)
+    #: when no next item is ready, the answer waits for one (a long poll, as ``dscar_next``): the worker
+    #: needs the grants only with its next item (BSP), so its commit and its next poll are one round trip
+    wait: bool = False
+    #: the wait's timeout (None: the coordinator's idle poll timeout); then the answer's next item is ``IDLE``
+    wait_timeout: float | None = None
 
     def to_msg(self) -> dict[str, Any]:
         """The handler's keyword arguments."""
-        return {"job_id": self.job_id, "clock": self.clock, "run": self.run, "worker": self.worker,
-                "commits": [c.to_msg() for c in self.commits], "rebuild": self.rebuild,
-                "released": [list(m) for m in self.released], "stopped": [s.to_msg() for s in self.stopped]}
+        msg = {"job_id": self.job_id, "clock": self.clock, "run": self.run, "worker": self.worker,
+               "commits": [c.to_msg() for c in self.commits], "rebuild": self.rebuild,
+               "released": [list(m) for m in self.released], "stopped": [s.to_msg() for s in self.stopped]}
+        if self.wait:
+            msg["wait"] = True
+            if self.wait_timeout is not None:
+                msg["wait_timeout"] = self.wait_timeout
+        return msg
 
     @classmethod
     def from_msg(cls, job_id: str, clock: int, run: int, worker: str, commits: list, rebuild: bool = False,
-                 released: list | None = None, stopped: list | None = None) -> "Commit":
+                 released: list | None = None, stopped: list | None = None, wait: bool = False,
+                 wait_timeout: float | None = None) -> "Commit":
         return cls(job_id, int(clock), int(run), worker, [Finished.from_msg(c, int(clock)) for c in commits],
                    bool(rebuild), [[int(s), int(a)] for s, a in released or ()],
-                   [Stopped.from_msg(s) for s in stopped or ()])
+                   [Stopped.from_msg(s) for s in stopped or ()], bool(wait),
+                   None if wait_timeout is None else float(wait_timeout))
 
 
 @dataclass

@@ -12,7 +12,8 @@ Protocol of a pass (the messages: ``dscar.core.protocol``): the worker asks
 for its first work item, a batch of one or more shard attempts (its own shards,
 its share of the pass by its measured speed: ``Dispatch.batch_size``). It runs
 them, staging each attempt's updates on itself, then one ``dscar_commit`` answers
-which commits are granted *and* carries its next work item, if any. When a pass is
+which commits are granted *and* carries its next work item (under BSP the answer waits
+for one, as ``dscar_next`` would: one round trip a batch). When a pass is
 complete every live worker is told to apply it (``dscar_apply``): owners collect
 the committed attempts' updates from the workers that ran them, holders install
 the committed shard state.
@@ -36,7 +37,8 @@ import asyncio
 import inspect
 import logging
 import time
-from typing import Any, Callable
+from functools import partial
+from typing import Any, Callable, Coroutine
 
 import dask.config
 from distributed import SchedulerPlugin
@@ -69,6 +71,8 @@ APPLY_TRIES = 3  # a pass is sent at most this often while the workers that coul
 WARM_UP_TIMEOUT_S = 60.0
 #: how long the coordinator waits for a worker to give back batch members it has not started
 RELEASE_TIMEOUT_S = 1.0
+#: how often, at most, the liveness watch looks for stalled jobs (a quarter of ``stall_timeout()`` when shorter)
+STALL_CHECK_S = 1.0
 SNAPSHOT_TIMEOUT_S = 10.0  # an owner that cannot snapshot its partitions in this long fails the version
 PROBE_TIMEOUT_S = 1.5  # a worker silent past the hang timeout is hung if it cannot answer within this
 #: an idle worker's long poll (``dscar_next``) is answered ``idle`` after this many of Dask's heartbeat
@@ -106,6 +110,27 @@ def stall_timeout() -> float:
     return float(dask.config.get("dscar.core.stall-timeout", 60.0))
 
 
+async def _timed_wait(loop: asyncio.AbstractEventLoop, fut: asyncio.Future, timeout: float, expired: Any) -> Any:
+    """``fut``'s result, or ``expired`` once ``timeout`` seconds pass first (``fut`` then holds it too).
+    Cancelling the caller cancels ``fut``."""
+    timer = loop.call_later(max(timeout, 0.0), _resolve, fut, expired)
+    try:
+        return await fut
+    finally:
+        timer.cancel()
+
+
+def _resolve(fut: asyncio.Future, value: Any) -> None:
+    if not fut.done():
+        fut.set_result(value)
+
+
+def _relay(mine: asyncio.Future, source: asyncio.Future) -> None:
+    """``source``'s result into ``mine`` (a done callback of ``source``, which is never cancelled)."""
+    if not source.cancelled():
+        _resolve(mine, source.result())
+
+
 class Coordinator(SchedulerPlugin):
     """Shard service, ownership, clocks, checkpoints and recovery on the scheduler (glue over ``JobState``)."""
 
@@ -122,8 +147,10 @@ class Coordinator(SchedulerPlugin):
         self._recovering: set[str] = set()
         #: job -> workers whose loss was simulated (``faults.lose``): they kept what they lost
         self._simulated: dict[str, set[str]] = {}
-        #: set on every change: the driver's and the coordinator's own waits (a few) wait on it
+        #: set and replaced on every change (the dashboard's collector waits on it)
         self._changed = asyncio.Event()
+        #: the coordinator's own waits for the next change (``_wait_change``): each resolved by ``_wake``
+        self._change_waits: set[asyncio.Future] = set()
         #: how many changes woke the waits
         self.wakes = 0
         #: the workers whose long poll for work waits (``dscar.core.wake``): a change wakes those it may concern
@@ -165,7 +192,7 @@ class Coordinator(SchedulerPlugin):
         #: guards one placement and ends with it, not after its timeout (every wake runs every poll)
         self._placements: dict[str, int] = {}
         #: messages to workers: a dead worker fails a message in seconds (``dscar.comm``)
-        self._pool = fast_fail_pool(scheduler.connection_args, server=scheduler)
+        self._pool = fast_fail_pool(scheduler.connection_args, server=scheduler, metadata_only=True)
         await self._pool.start()
         #: messages waiting for a worker's answer (they fail at once when it is removed)
         self._inflight = Inflight()
@@ -534,6 +561,11 @@ class Coordinator(SchedulerPlugin):
         self.wakes += 1
         self._changed.set()
         self._changed = asyncio.Event()
+        if self._change_waits:
+            waits, self._change_waits = self._change_waits, set()
+            for fut in waits:
+                if not fut.done():
+                    fut.set_result(True)
         if polls and len(self._line):
             mine = () if everyone else owners(self.jobs.values())
             self._wake_polls(self._line.wake(everyone=everyone, owners=mine))
@@ -546,20 +578,32 @@ class Coordinator(SchedulerPlugin):
                 fut.set_result(w)
 
     async def _wait_poll(self, worker: str, timeout: float) -> Woken | None:
-        """``worker``'s long poll waits in the line until it is woken (its ``Woken``) or ``timeout``."""
+        """``worker``'s long poll waits in the line until it is woken (its ``Woken``) or ``timeout`` (None).
+
+        Every poll waits once or twice a clock, so this is a timer and a future of its own fed by the
+        worker's (``_timed_wait``; a poll that is cancelled cancels only its own, not another poll's
+        of the same worker), not ``asyncio.wait_for`` of a shielded future (three futures more)."""
+        loop = asyncio.get_running_loop()
         fut = self._polls.get(worker)
         if fut is None or fut.done():
-            fut = self._polls[worker] = asyncio.get_running_loop().create_future()
+            fut = self._polls[worker] = loop.create_future()
         self._line.wait(worker)
         if self._ticker is None:
             self._ticker = asyncio.ensure_future(self._tick())
+        mine = loop.create_future()
+        relay = partial(_relay, mine)
+        fut.add_done_callback(relay)
         try:
-            return await asyncio.wait_for(asyncio.shield(fut), timeout)
-        except asyncio.TimeoutError:  # it looks again out of the line: a wake meanwhile goes to another
+            woken = await _timed_wait(loop, mine, timeout, None)
+        finally:
+            fut.remove_done_callback(relay)
+        if woken is None:  # it looks again out of the line: a wake meanwhile goes to another
             self._line.leave(worker)
             if self._polls.get(worker) is fut:
                 del self._polls[worker]
-            return fut.result() if fut.done() else None
+            if fut.done():  # (woken just as its time ran out: the relay had not run yet)
+                woken = fut.result()
+        return woken
 
     async def _tick(self) -> None:
         """While polls wait: wake the head of the line when a time-driven decision may have turned due (a
@@ -580,11 +624,16 @@ class Coordinator(SchedulerPlugin):
             self._ticker = None
 
     async def _wait_change(self, timeout: float) -> bool:
+        """Whether a change (``_wake``) came within ``timeout`` seconds. The driver's long poll for
+        its clock's report waits here once per change, so this is a future and a timer
+        (``_timed_wait``), not ``asyncio.wait_for`` of ``Event.wait()`` (a task a wait)."""
+        loop = asyncio.get_running_loop()
+        fut = loop.create_future()
+        self._change_waits.add(fut)
         try:
-            await asyncio.wait_for(self._changed.wait(), timeout)
-            return True
-        except asyncio.TimeoutError:
-            return False
+            return await _timed_wait(loop, fut, timeout, False)
+        finally:
+            self._change_waits.discard(fut)
 
     def _live(self, job: JobState) -> list[str]:
         return job.live(list(self.scheduler.workers))
@@ -629,14 +678,16 @@ class Coordinator(SchedulerPlugin):
         workers' messages may be waiting unread) removes nobody. The probe tells a starved
         worker (it answers, late) from a hung one (it cannot answer at all)."""
         tick = 0.25
-        last = time.monotonic()
+        last = stalls_at = time.monotonic()
         while self.jobs:
             await asyncio.sleep(tick)
             now_m = time.monotonic()
             lagged, last = now_m - last > 4 * tick, now_m
             if lagged:
                 continue
-            self._check_stalls(now_m)
+            if now_m >= stalls_at:  # (a job's progress key counts its shards: not at every tick)
+                self._check_stalls(now_m)
+                stalls_at = now_m + min(STALL_CHECK_S, stall_timeout() / 4)
             limit, now = hang_timeout(len(self.scheduler.workers)), time.time()
             silence = {w: now - max(ws.last_seen, self._heard.get(w, 0.0)) for w, ws in self.scheduler.workers.items()}
             silent = to_probe(silence, limit)
@@ -987,6 +1038,11 @@ class Coordinator(SchedulerPlugin):
         ``idle_poll_timeout``). It waits in the line of waiting polls until a change that may concern
         it wakes it (``dscar.core.wake``), not on a clock: an idle worker costs the scheduler one call
         per timeout. A woken poll passes the wake on as the rule says, whether it found work or not."""
+        return await self._poll(worker, timeout)
+
+    async def _poll(self, worker: str, timeout: float | None, looked: bool = False) -> dict:
+        """``_h_next``'s long poll; ``looked``: ``_item_for(worker)`` just found nothing (a commit's
+        answer), so the first look asks only for batch members back (``_take_back_for``)."""
         if timeout is None:
             timeout = idle_poll_timeout(len(self.scheduler.workers))
         deadline = time.monotonic() + timeout
@@ -996,7 +1052,11 @@ class Coordinator(SchedulerPlugin):
             while True:
                 item = None
                 if worker in self.scheduler.workers:
-                    item = self._item_for(worker) or await self._take_back_for(worker)
+                    if looked:
+                        looked = False
+                        item = await self._take_back_for(worker)
+                    else:
+                        item = self._item_for(worker) or await self._take_back_for(worker)
                 if woken is not None:  # there may be more (got one), or it was not for this worker (none)
                     self._wake_polls(self._line.pass_on(woken, item is not None))
                 if item is not None:
@@ -1035,15 +1095,18 @@ class Coordinator(SchedulerPlugin):
         return recheck_s(self.jobs.values(), time.time())
 
     def _h_commit(self, job_id: str, clock: int, run: int, worker: str, commits: list[dict],
-                  rebuild: bool = False, released: list | None = None, stopped: list | None = None) -> dict:
+                  rebuild: bool = False, released: list | None = None, stopped: list | None = None,
+                  wait: bool = False, wait_timeout: float | None = None) -> dict | Coroutine[Any, Any, dict]:
         """Grant or refuse the commits of a batch's attempts in one decision (``protocol.Commit``:
         ``commits``, each ``protocol.Finished``; ``rebuild``: the batch is of the rebuild pass); the
         answer (``protocol.CommitAnswer``) carries the worker's next work item, if one is ready.
         ``released``: the batch's members the worker gave back unstarted, so those whose release
         answer came too late are queued again, not left running nowhere. ``stopped``: its attempts
         that stopped as lost races (``protocol.Stopped``), so one stopped wrongly runs again rather
-        than hold its clock for ever."""
-        msg = Commit.from_msg(job_id, clock, run, worker, commits, rebuild, released, stopped)
+        than hold its clock for ever. ``wait``: when no item is ready, the answer waits for one as
+        ``dscar_next`` does (``wait_timeout``: its ``timeout``; then ``next`` is ``idle``): a BSP
+        worker's last commit of a pass and its poll for the next pass are one round trip, not two."""
+        msg = Commit.from_msg(job_id, clock, run, worker, commits, rebuild, released, stopped, wait, wait_timeout)
         self._alive(worker)
         job = self.jobs.get(job_id)
         if job is None:
@@ -1065,7 +1128,15 @@ class Coordinator(SchedulerPlugin):
             if not ok:
                 touched.pop((msg.run, c.clock, c.shard, c.attempt), None)
         self._do(job, effects)  # (one wake for the whole commit)
-        return CommitAnswer(granted, self._item_for(worker) if worker in self.scheduler.workers else None).to_msg()
+        here = worker in self.scheduler.workers
+        item = self._item_for(worker) if here else None
+        if item is None and msg.wait and here:
+            return self._commit_then_poll(granted, worker, msg.wait_timeout)  # (distributed awaits it)
+        return CommitAnswer(granted, item).to_msg()
+
+    async def _commit_then_poll(self, granted: list[bool], worker: str, timeout: float | None) -> dict:
+        """A commit's answer once the worker's next item is ready (``_poll``; ``idle`` after ``timeout``)."""
+        return CommitAnswer(granted, await self._poll(worker, timeout, looked=True)).to_msg()
 
     def _sources(self, job_id: str, e: ApplyPass) -> dict[str, dict]:
         """``{worker: {table: parts or None}}`` for each worker whose committed attempts of the pass

@@ -262,8 +262,9 @@ class ShardRunner:
             given_back, self._given_back = self._given_back, []
         if not commits and not given_back and not stopped:
             return None
+        # under BSP the grants matter only with the next item: the commit waits for it (one round trip)
         commit = Commit(item["job"], item["clock"], item["run"], self.host.address, commits, item["op"] == "rebuild",
-                        given_back, stopped)
+                        given_back, stopped, wait=not job.ssp, wait_timeout=self.poll_timeout)
         try:
             answer = CommitAnswer.from_msg(self.host.call("commit", **commit.to_msg()))
         except Exception as e:

@@ -1,0 +1,83 @@
+"""The coordinator's own waits: a change wakes them, a timeout ends them, and a cancelled long poll
+takes no other poll of its worker with it (``Coordinator._wait_change``, ``Coordinator._wait_poll``).
+
+They run on a coordinator that was never started (no scheduler): only the attributes these waits use."""
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from dscar.core.wake import WaitLine, Woken
+from dscar.scheduler.coordinator import Coordinator
+
+pytestmark = pytest.mark.pure
+
+
+def _bare() -> Coordinator:
+    c = Coordinator.__new__(Coordinator)
+    c.jobs = {}
+    c.wakes = c.poll_wakes = 0
+    c._changed = asyncio.Event()
+    c._change_waits = set()
+    c._line = WaitLine()
+    c._polls = {}
+    c._ticker = asyncio.get_running_loop().create_future()  # (a ticker "runs": none is started)
+    return c
+
+
+def test_a_change_wakes_the_waits_and_a_timeout_ends_them_leaving_nothing_behind():
+    async def main():
+        c = _bare()
+        waits = [asyncio.ensure_future(c._wait_change(30.0)) for _ in range(3)]
+        await asyncio.sleep(0)
+        assert len(c._change_waits) == 3
+        c._wake()
+        assert await asyncio.gather(*waits) == [True] * 3
+        assert await c._wait_change(0.01) is False  # nothing changed
+        assert await c._wait_change(0.0) is False
+        late = asyncio.ensure_future(c._wait_change(30.0))
+        await asyncio.sleep(0)
+        late.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await late
+        assert not c._change_waits  # (timed out and cancelled waits are forgotten, not resolved later)
+        dashboard_event = c._changed
+        c._wake()
+        assert dashboard_event.is_set() and c._changed is not dashboard_event  # the dashboard's event still moves
+
+    asyncio.run(main())
+
+
+def test_a_poll_is_woken_with_its_woken_or_leaves_the_line_at_its_timeout():
+    async def main():
+        c = _bare()
+        poll = asyncio.ensure_future(c._wait_poll("w1", 30.0))
+        await asyncio.sleep(0)
+        assert "w1" in c._line
+        c._wake(everyone=True)
+        woken = await poll
+        assert isinstance(woken, Woken) and woken.worker == "w1" and c.poll_wakes == 1
+        assert await c._wait_poll("w1", 0.01) is None
+        assert "w1" not in c._line and "w1" not in c._polls
+
+    asyncio.run(main())
+
+
+def test_a_cancelled_poll_leaves_another_poll_of_the_same_worker_waiting_for_its_wake():
+    """Two polls of one worker share its wake; a poll whose caller went away (its comm closed) is
+    cancelled, and the other still gets the wake. (Awaiting the shared future directly would cancel it.)"""
+    async def main():
+        c = _bare()
+        first = asyncio.ensure_future(c._wait_poll("w1", 30.0))
+        second = asyncio.ensure_future(c._wait_poll("w1", 30.0))
+        await asyncio.sleep(0)
+        first.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await first
+        assert not c._polls["w1"].done()
+        c._wake(everyone=True)
+        woken = await asyncio.wait_for(second, 5.0)
+        assert isinstance(woken, Woken) and woken.worker == "w1"
+
+    asyncio.run(main())
