@@ -11,7 +11,8 @@ Modes: ``bsp`` (BSP, no straggler policy), ``bsp+backup`` (BSP with the default 
 Columns: ``dec/s`` decisions per CPU second of the core; ``us/gc`` CPU microseconds of the core per
 grant+commit (the worker's polls, releases and commits, over the commits); ``med us/gc`` the same from
 each decision's median call (a loaded machine's preemptions left out); ``touch/gc`` shard-status
-entries the core read per grant+commit (machine-independent; flat in W means O(1)); ``ctl/clk/W`` control
+entries the core read per grant+commit (machine-independent; flat in W means O(1)); ``att/cmt`` attempts
+per commit message (a work item's members: 1.0 when every item holds one shard); ``ctl/clk/W`` control
 messages per clock per worker (scheduler <-> workers and driver); ``fetch/clk/W`` the owners' fetches of
 staged updates per clock per worker (data plane: O(W) per worker is O(W^2) per clock); ``B/item`` bytes
 of a work item; ``recheck/clk/W`` waiting long polls woken per clock per worker (a change wakes those it
@@ -36,7 +37,7 @@ from bench.sim import SimConfig, simulate
 COLUMNS = [("W", "W", 5), ("mode", "mode", 10), ("clocks", "clk", 3), ("wall_s", "wall_s", 7),
            ("decisions_per_s", "dec/s", 8), ("cpu_us_per_grant_commit", "us/gc", 7),
            ("median_us_per_grant_commit", "med us/gc", 9),
-           ("touched_per_grant_commit", "touch/gc", 8), ("control_msgs_per_clock_per_W", "ctl/clk/W", 9),
+           ("touched_per_grant_commit", "touch/gc", 8), ("attempts_per_commit", "att/cmt", 7), ("control_msgs_per_clock_per_W", "ctl/clk/W", 9),
            ("fetch_staged_per_clock_per_W", "fetch/clk/W", 11), ("item_bytes_per_grant", "B/item", 7),
            ("poll_rechecks_per_clock_per_W", "recheck/clk/W", 13), ("wake_us_per_change", "wake us", 7),
            ("exactly_once", "once", 5),

@@ -171,6 +171,9 @@ class Sim:
         self.bytes: Counter = Counter()
         self.per_clock: dict[int, Counter] = defaultdict(Counter)
         self.applied: Counter = Counter()  #: (clock, shard) -> times applied
+        #: attempts that asked to commit (granted or not), and each commit's number of them
+        self.attempts_committed = 0
+        self.members: list[int] = []
         self.poll_rechecks = 0  #: waiting long polls woken to look once more (``Coordinator._wake``, ``_tick``)
         self.reports: dict[int, dict] = {}
         self.next_clock = 1
@@ -469,11 +472,14 @@ class Sim:
         self._send("commit")
         job = self.job
         step = self.cfg.step_s * s.factor
-        for m in item["shards"]:
-            clock = m.get("clock", item["clock"])
-            _, effects = self._decide("commit", job.commit, w, clock, item["run"], m["shard"], m["attempt"],
-                                      self.now, {"compute_s": step}, item["op"] == "rebuild")
-            self._do(effects)
+        finished = [(m.get("clock", item["clock"]), m["shard"], m["attempt"], {"compute_s": step})
+                    for m in item["shards"]]
+        # one decision for the item's commits and one wake after it, as ``Coordinator._h_commit``
+        self.attempts_committed += len(finished)
+        self.members.append(len(finished))
+        _, effects = self._decide("commit", job.commit_many, w, item["run"], finished, self.now,
+                                  item["op"] == "rebuild")
+        self._do(effects)
         s.item = None
         self._poll(w)
 
@@ -610,9 +616,13 @@ class Result:
         self.poll_rechecks = sim.poll_rechecks
         self.cpu = {k: {"calls": v[0], "cpu_us": v[1] / 1e3, "touched": v[2]} for k, v in sim.cpu.items()}
         gc = [sim.cpu[k] for k in GRANT_COMMIT if k in sim.cpu]
+        #: commit messages (each one decision: ``JobState.commit_many``), and the attempts they named
         self.commits = sim.cpu["commit"][0] if "commit" in sim.cpu else 0
-        #: grant+commit rounds: one per committed attempt (a grant and its commit)
-        self.grant_commits = max(1, self.commits)
+        self.attempts = sim.attempts_committed
+        #: attempts per commit message (1.0: every work item held one attempt)
+        self.attempts_per_commit = round(self.attempts / max(1, self.commits), 2)
+        #: grant+commit rounds: one per attempt that asked to commit (its grant and its commit)
+        self.grant_commits = max(1, self.attempts)
         self.cpu_us_per_grant_commit = sum(v[1] for v in gc) / 1e3 / self.grant_commits
         self.touched_per_grant_commit = sum(v[2] for v in gc) / self.grant_commits
         #: as ``cpu_us_per_grant_commit`` with each decision's median call in place of its mean: the
@@ -668,6 +678,7 @@ class Result:
             "cpu_us_per_grant_commit": round(self.cpu_us_per_grant_commit, 2),
             "median_us_per_grant_commit": round(self.median_us_per_grant_commit, 2),
             "touched_per_grant_commit": round(self.touched_per_grant_commit, 1),
+            "attempts_per_commit": self.attempts_per_commit,
             "control_msgs_per_clock": round(self.control_per_clock, 1),
             "control_msgs_per_clock_per_W": round(self.control_per_clock / w, 2),
             "fetch_staged_per_clock_per_W": round(self.fetch_per_clock / w, 1),

@@ -11,7 +11,7 @@ Invariants:
 
 - ``batched`` names only workers with members, and only members that may not have started (a
   commit, a failure, a release or a pass start drops them): asking one back never stops work. It
-  changes only through ``set_batched``, ``attempt_started``, ``released``, ``forget`` or a whole
+  changes only through ``set_batched``, ``attempt_started``, ``voided``, ``released``, ``forget`` or a whole
   new dict, which keep its index (``BatchIndex``) and the queue's waiting attempts
   (``ShardQueue.set_waiting``: the policies' view of the started ones) in step;
 - ``running_items`` holds a worker's shard-pass item until it commits or fails, whatever clock it
@@ -316,17 +316,19 @@ class Dispatch:
 
     def batch_size(self, worker: str) -> int:
         """How many of its own shards ``worker`` gets in one work item: enough to run about
-        ``BATCH_TARGET_S`` by its measured step time, and under BSP at least its share of the pass
-        (``pass_share``, up to ``SHARE_MAX_S`` of steps); one before it has a step time. A short step then costs one commit per
-        batch, not one per shard, and k long ones a clock one commit, not k. A batch does not pin
-        its shards: members not started yet are released to an idle worker (``releasable``), so
-        dynamic sharding still moves work away from a worker that suddenly slows down."""
+        ``BATCH_TARGET_S`` by its measured step time, and at least its share of a pass
+        (``pass_share``, up to ``SHARE_MAX_S`` of steps); one before it has a step time. A short step
+        then costs one commit per batch, not one per shard, and k long ones a clock one commit, not k.
+        Under SSP too: each member is a shard the window lets start, at its own clock, and a shard's
+        next clock waits for the batch's commit, as a BSP clock waits for its pass (a worker with k
+        shards a clock then runs its clock in one item, not k, and the window's hand-out is paid once).
+        A batch does not pin its shards: members not started yet are released to an idle worker
+        (``releasable``), so dynamic sharding still moves work away from a worker that suddenly slows
+        down."""
         step = self.job.monitor.mean_step(worker)
         if step is None:
             return 1
-        # under SSP a shard's commit is what lets its next clock start and the window move on: a batch
-        # committed at its end would hold them back, so there a batch is sized by time only
-        share = min(self.pass_share(worker, step), int(SHARE_MAX_S / step)) if self.job.consistency == "bsp" else 0
+        share = min(self.pass_share(worker, step), int(SHARE_MAX_S / step))
         return max(1, min(MAX_BATCH, max(int(BATCH_TARGET_S / step), share)))
 
     def pass_share(self, worker: str, step: float) -> int:
@@ -358,6 +360,11 @@ class Dispatch:
                 if not marked:
                     del self._marked[worker]
                 self.job.queue.set_waiting(worker, (), ((shard, attempt),))
+
+    def voided(self, attempt: Attempt) -> None:
+        """``attempt`` can no longer commit (a recovery voided it, its shard starts again): if it was a
+        batch member, it is none any more (asking it back would find nothing)."""
+        self.attempt_started(attempt.worker, attempt.shard, attempt.attempt)
 
     def set_batched(self, worker: str, members: list[tuple[int, int]]) -> None:
         """``batched`` keeps only workers with members (``ask_back`` looks at each of them)."""

@@ -541,6 +541,10 @@ class SspSchedule:
                 if queue.status(s) is not ShardStatus.TODO:
                     back.append(s)
         if back:
+            for s in back:  # attempts the window voided (a recovery): no batch member to ask back any more
+                if queue.status(s) is ShardStatus.DOING:
+                    for a in queue.running_attempts(s):
+                        self.job.dispatch.voided(a)
             queue.reopen(back)
 
     def given_back(self, shards: Iterable[int] | None = None) -> None:
