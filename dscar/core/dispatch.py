@@ -22,7 +22,8 @@ from __future__ import annotations
 
 import heapq
 import math
-from typing import TYPE_CHECKING, Callable, Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from .protocol import Member, WorkItem
 from .policies import Backup, ControllerView, Policy, Restart, Running, SetBatchScale
@@ -30,6 +31,19 @@ from .shards import Attempt, ShardQueue
 
 if TYPE_CHECKING:
     from .job import JobState
+
+@dataclass(frozen=True)
+class SspFields:
+    """What an SSP work item carries of the clock window (``SspSchedule``): per member ``(clock, seen,
+    mine)`` (``protocol.Member``), the item's newest clock, the window's version and floor, and the
+    oldest table version its reads may use."""
+
+    members: list[tuple[int, Any, bool]]
+    clock: int
+    version: int
+    floor: int
+    read_floor: int
+
 
 #: a work item holds at least this much shard work by the worker's measured step time (and at least
 #: the worker's share of the pass: ``Dispatch.pass_share``)
@@ -398,18 +412,28 @@ class Dispatch:
             self.job.event(now, "batch-released", worker=worker, shards=sorted(s for s, _ in back))
         self.job.schedule.given_back(s for s, _ in back)
 
-    def item(self, batch: list[Attempt], rebuild: bool) -> dict:
-        """The work item message for ``batch`` (its first member's worker runs them in order)."""
+    def item(self, batch: list[Attempt], rebuild: bool, window: SspFields | None = None) -> dict:
+        """The work item message for ``batch`` (its first member's worker runs them in order);
+        ``window``: under SSP, what each member and the item carry of the clock window."""
         job = self.job
-        members = [Member(a.shard, a.attempt, a.fetch_from, a.backup,
-                          job.cfg.phase_names[job.queue.phase_of(a.shard)] or None, job.losses.restore_state.get(a.shard))
-                   for a in batch]
+        phases, restore = job.cfg.phase_names, job.losses.restore_state
+        if window is None:
+            members = [Member(a.shard, a.attempt, a.fetch_from, a.backup, phases[job.queue.phase_of(a.shard)] or None,
+                              restore.get(a.shard)) for a in batch]
+            clock, extra = job.clock, {}
+        else:
+            members = [Member(a.shard, a.attempt, a.fetch_from, a.backup, phases[job.queue.phase_of(a.shard)] or None,
+                              restore.get(a.shard), c, seen, mine)
+                       for a, (c, seen, mine) in zip(batch, window.members)]
+            clock, extra = window.clock, {"version": window.version, "floor": window.floor,
+                                          "read_floor": window.read_floor}
         self.items_handed += 1
         self.item_of[batch[0].worker] = self.items_handed
         restored = ({t: [list(r) for r in rs] for t, rs in job.losses.restored_rows.items()}
                     if rebuild and job.losses.restored_rows else None)
-        return WorkItem("rebuild" if rebuild else "shard", job.cfg.job_id, self.items_handed, job.clock, job.run_id,
-                        job.pmap.to_msg(), members, self.batch_scale.get(batch[0].worker, 1.0), restored).to_msg()
+        return WorkItem("rebuild" if rebuild else "shard", job.cfg.job_id, self.items_handed, clock, job.run_id,
+                        job.pmap.to_msg(), members, self.batch_scale.get(batch[0].worker, 1.0), restored,
+                        **extra).to_msg()
 
     def view(self, workers: list[str], now: float, idle_worker: str | None = None) -> ControllerView:
         """What a straggler policy sees (``dscar.core.policies``). Batch members that may not have started

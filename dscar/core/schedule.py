@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any, Iterable, Protocol
 
 from .clock import Apply, ClockMachine, Recover, RunClockEnd, Skip, Stage, StartPass
 from .effects import ApplyPass, Effect, RestartWorker, StartRecovery
+from .dispatch import SspFields
 from .elastic import ssp_leave_step
 from ..errors import ShardFailedError
 from .ledger import manifest_cut
@@ -654,13 +655,12 @@ class SspSchedule:
 
     def _item(self, batch: list[Attempt], clocks: list[int]) -> dict:
         w = self.window
-        item = self.job.dispatch.item(batch, w.rebuilding is not None)
-        for member, a, clock in zip(item["shards"], batch, clocks):
+        members = []
+        for a, clock in zip(batch, clocks):
             seen, writer = w.own_update(a.shard)
-            member.update(clock=clock, seen=seen, mine=writer == a.worker)
-        item.update(clock=max(clocks), run=w.epoch,
-                    version=w.version, floor=w.floor, read_floor=max(w.read_floor(a.shard) for a in batch))
-        return item
+            members.append((clock, seen, writer == a.worker))
+        return self.job.dispatch.item(batch, w.rebuilding is not None, SspFields(
+            members, max(clocks), w.version, w.floor, max(w.read_floor(a.shard) for a in batch)))
 
     def idle(self, worker: str, now: float) -> list[Effect]:
         """``worker`` found nothing to do: apply the commits waiting (their shards' next clocks may
