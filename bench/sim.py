@@ -28,7 +28,7 @@ What it counts, per clock and in all:
   one every committed attempt of the batch): estimated from their msgpack-like size;
 * shard-status entries the core touched (``dscar.core.shards.ShardQueue`` and ``dscar.core.ssp.ClockWindow``
   keep them in lists; a counting list counts every read): a machine-independent measure of the work
-  per decision, what the tests bound;
+  per decision, what the tests bound (the counting costs the timed decisions: ``count_reads``);
 * exactly-once: every update a worker applies is recorded as (clock, shard); a finished clock must
   hold each of its shards once, and no (clock, shard) twice.
 
@@ -89,6 +89,10 @@ class SimConfig:
     policies: tuple[str, ...] = ("backup",)
     seed: int = 0
     max_sim_s: float = 3600.0  #: a fit not done by then is stalled
+    #: wrap the shard-status lists in counting lists (``touched``); each counted read costs the timed
+    #: decision ~0.3 us more than a list's (SSP's window reads its shards often: ~14 us per grant+commit
+    #: at W = 256, BSP ~3.5), so ``bench.scale`` times a run without them and counts in another
+    count_reads: bool = True
 
     @property
     def n_shards(self) -> int:
@@ -159,9 +163,10 @@ class Sim:
         if cfg.consistency == "ssp":
             kw.update(consistency="ssp", staleness=cfg.staleness, max_clocks=cfg.clocks)
         self.job = JobState(jcfg, queue, pmap, **kw)
-        queue._shards = CountingList(queue._shards)
-        if self.job.consistency == "ssp":
-            self.job.window._shards = CountingList(self.job.window._shards)
+        if cfg.count_reads:
+            queue._shards = CountingList(queue._shards)
+            if self.job.consistency == "ssp":
+                self.job.window._shards = CountingList(self.job.window._shards)
         self.job.workers = sorted(names)
         #: decision -> [calls, CPU ns, shard entries touched]
         self.cpu: dict[str, list[int]] = defaultdict(lambda: [0, 0, 0])
