@@ -134,6 +134,7 @@ class _Worker:
     idle: bool = False  #: waiting in a long poll
     item: dict | None = None
     started: int = 0  #: members of ``item`` started so far
+    finished: list = field(default_factory=list)  #: members of ``item`` that ran their step (its commit names them)
     pulled: set = field(default_factory=set)  #: run ids whose tables it has pulled
 
 
@@ -440,7 +441,7 @@ class Sim:
 
     def _start(self, w: str, item: dict) -> None:
         s = self.workers[w]
-        s.item, s.started = item, 0
+        s.item, s.started, s.finished = item, 0, []
         if item["op"] == "clock_end":
             self._at(self.now + NET_S + self.cfg.step_s / 10, self._clock_end_done, w, item)
             return
@@ -467,8 +468,22 @@ class Sim:
         if s.started >= len(item["shards"]):
             self._at(self.now + NET_S, self._commit, w, item)
             return
+        m = item["shards"][s.started]
         s.started += 1
+        if self._voided(item):  # ``ShardRunner._voided``: not run, reported failed
+            self._decide("attempt_failed", self.job.attempt_failed, w, m.get("clock", item["clock"]), item["run"],
+                         m["shard"], m["attempt"], "not started: the item's run was voided by a loss", self.now)
+            self._run_member(w, item)
+            return
+        s.finished.append(m)
         self._at(self.now + self._step_s(w), self._run_member, w, item)
+
+    def _voided(self, item: dict) -> bool:
+        """``ShardRunner._voided``: an owner in the item's map is gone (the worker was told) and the
+        coordinator's run is newer than the item's: a loss voided it, and its steps would run for nothing."""
+        if item["run"] >= self.job.run_id:
+            return False
+        return any(not self.workers[o].alive for _, _, o in item["owners"] if o in self.workers)
 
     def _commit(self, w: str, item: dict) -> None:
         s = self.workers[w]
@@ -478,7 +493,12 @@ class Sim:
         job = self.job
         step = self.cfg.step_s * s.factor
         finished = [(m.get("clock", item["clock"]), m["shard"], m["attempt"], {"compute_s": step})
-                    for m in item["shards"]]
+                    for m in s.finished]
+        if not finished:  # (every member was voided: ``ShardRunner`` sends no commit, it asks for work)
+            s.item = None
+            self._send("next")
+            self._poll(w)
+            return
         # one decision for the item's commits and one wake after it, as ``Coordinator._h_commit``
         self.attempts_committed += len(finished)
         self.members.append(len(finished))
