@@ -698,7 +698,9 @@ class SspSchedule:
         job.losses.restore_state.pop(shard, None)  # the attempt started from the restored state; it lives on now
         if not rebuild:
             job.tally.committed_in(clock, worker, timings)
-        return True, self._carry(self.window.commit(shard, clock, worker, run_id), now)
+        actions = self.window.commit(shard, clock, worker, run_id)
+        # (most commits wait for a batch: no action, no shard moved back, nothing to carry out)
+        return True, self._carry(actions, now) if actions or self.window.moved_any else []
 
     def attempt_failed(self, worker: str, clock: int, run_id: int, shard: int, attempt: int, error: str,
                        now: float, lost_data: bool = False, seconds: float = 0.0, stopped: bool = False) -> None:
