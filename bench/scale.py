@@ -6,10 +6,10 @@ messages per clock, exactly-once and starvation, with stragglers, a crash, a han
     python -m bench.scale --workers 64 1024 --modes bsp --json out.json --plot out.png
 
 Modes: ``bsp`` (BSP, no straggler policy), ``bsp+backup`` (BSP with the default backup policy) and
-``ssp+backup`` (staleness 1). Every mode runs at every W (the full run takes about 3 minutes here).
+``ssp+backup`` (staleness 1). Every mode runs at every W, twice (timed, then counted: below; the full run takes about 2 minutes here).
 
 Columns: ``dec/s`` decisions per CPU second of the core; ``us/gc`` CPU microseconds of the core per
-grant+commit (the worker's polls, releases and commits, over the commits); ``med us/gc`` the same from
+grant+commit (the worker's polls, releases and commits, over the attempts committed); ``med us/gc`` the same from
 each decision's median call (a loaded machine's preemptions left out); ``touch/gc`` shard-status
 entries the core read per grant+commit (machine-independent; flat in W means O(1)); ``att/cmt`` attempts
 per commit message (a work item's members: 1.0 when every item holds one shard); ``ctl/clk/W`` control
