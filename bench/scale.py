@@ -6,18 +6,21 @@ messages per clock, exactly-once and starvation, with stragglers, a crash, a han
     python -m bench.scale --workers 64 1024 --modes bsp --json out.json --plot out.png
 
 Modes: ``bsp`` (BSP, no straggler policy), ``bsp+backup`` (BSP with the default backup policy) and
-``ssp+backup`` (staleness 1). Every mode runs at every W (the full run takes about 3 minutes here).
+``ssp+backup`` (staleness 1). Every mode runs at every W, twice (timed, then counted: below; the full run takes about 2 minutes here).
 
 Columns: ``dec/s`` decisions per CPU second of the core; ``us/gc`` CPU microseconds of the core per
-grant+commit (the worker's polls, releases and commits, over the commits); ``med us/gc`` the same from
+grant+commit (the worker's polls, releases and commits, over the attempts committed); ``med us/gc`` the same from
 each decision's median call (a loaded machine's preemptions left out); ``touch/gc`` shard-status
-entries the core read per grant+commit (machine-independent; flat in W means O(1)); ``ctl/clk/W`` control
+entries the core read per grant+commit (machine-independent; flat in W means O(1)); ``att/cmt`` attempts
+per commit message (a work item's members: 1.0 when every item holds one shard); ``ctl/clk/W`` control
 messages per clock per worker (scheduler <-> workers and driver); ``fetch/clk/W`` the owners' fetches of
 staged updates per clock per worker (data plane: O(W) per worker is O(W^2) per clock); ``B/item`` bytes
 of a work item; ``recheck/clk/W`` waiting long polls woken per clock per worker (a change wakes those it
 may concern: ``dscar.core.wake``); ``wake us`` CPU microseconds of that rule per change that found polls
 waiting; ``once`` exactly-once; ``starve`` no healthy worker left without a shard in a clock.
-The CPU figures are this machine's (shared, loaded): compare rows, not machines.
+The CPU figures are this machine's (shared, loaded): compare rows, not machines. They come from a run
+without the counting lists (``SimConfig.count_reads``); ``touch/gc`` from a second run of the same
+scenario, which makes the same decisions (``--counted-cpu``: one run, timed with the counting lists).
 
 A second table sums up the targets per mode (issue 39: the core's CPU per grant+commit <= 20 us and
 flat in W, >= 50,000 decisions/s): the median-based us/gc at each W, the grant+commits per second
@@ -27,6 +30,7 @@ the smallest W's (``x W``: 1.0 is flat).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 import time
 
@@ -36,7 +40,7 @@ from bench.sim import SimConfig, simulate
 COLUMNS = [("W", "W", 5), ("mode", "mode", 10), ("clocks", "clk", 3), ("wall_s", "wall_s", 7),
            ("decisions_per_s", "dec/s", 8), ("cpu_us_per_grant_commit", "us/gc", 7),
            ("median_us_per_grant_commit", "med us/gc", 9),
-           ("touched_per_grant_commit", "touch/gc", 8), ("control_msgs_per_clock_per_W", "ctl/clk/W", 9),
+           ("touched_per_grant_commit", "touch/gc", 8), ("attempts_per_commit", "att/cmt", 7), ("control_msgs_per_clock_per_W", "ctl/clk/W", 9),
            ("fetch_staged_per_clock_per_W", "fetch/clk/W", 11), ("item_bytes_per_grant", "B/item", 7),
            ("poll_rechecks_per_clock_per_W", "recheck/clk/W", 13), ("wake_us_per_change", "wake us", 7),
            ("exactly_once", "once", 5),
@@ -113,6 +117,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--clocks", type=int, default=4)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--quick", action="store_true", help="only W <= 256 (64 and 256 by default)")
+    ap.add_argument("--counted-cpu", action="store_true",
+                    help="time the run that counts shard-entry reads (one run, as before: each counted read "
+                         "adds ~0.3 us to the decision that makes it)")
     ap.add_argument("--json")
     ap.add_argument("--plot")
     args = ap.parse_args(argv)
@@ -123,8 +130,14 @@ def main(argv: list[str] | None = None) -> int:
     for mode in args.modes:
         consistency, backup = MODES[mode]
         for w in args.workers:
-            r = simulate(scenario(w, consistency, args.clocks, args.seed, backup=backup))
-            rows.append({**r.row(), "mode": mode})
+            cfg = scenario(w, consistency, args.clocks, args.seed, backup=backup)
+            r = counted = simulate(cfg)
+            if not args.counted_cpu:  # the CPU from a run without counting lists: the same decisions
+                r = simulate(dataclasses.replace(cfg, count_reads=False))
+                if (r.decisions, r.messages) != (counted.decisions, counted.messages):
+                    print(f"warning: {mode} W={w}: the timed run's decisions differ from the counted run's")
+            rows.append({**r.row(), "touched_per_grant_commit": round(counted.touched_per_grant_commit, 1),
+                         "mode": mode})
             log(t0, f"{mode} W={w}: {r.clocks_done} clocks in {r.wall_s:.1f} s, {r.cpu_us_per_grant_commit:.1f} us/gc")
     print(table(rows))
     print()

@@ -28,7 +28,7 @@ What it counts, per clock and in all:
   one every committed attempt of the batch): estimated from their msgpack-like size;
 * shard-status entries the core touched (``dscar.core.shards.ShardQueue`` and ``dscar.core.ssp.ClockWindow``
   keep them in lists; a counting list counts every read): a machine-independent measure of the work
-  per decision, what the tests bound;
+  per decision, what the tests bound (the counting costs the timed decisions: ``count_reads``);
 * exactly-once: every update a worker applies is recorded as (clock, shard); a finished clock must
   hold each of its shards once, and no (clock, shard) twice.
 
@@ -89,6 +89,10 @@ class SimConfig:
     policies: tuple[str, ...] = ("backup",)
     seed: int = 0
     max_sim_s: float = 3600.0  #: a fit not done by then is stalled
+    #: wrap the shard-status lists in counting lists (``touched``); each counted read costs the timed
+    #: decision ~0.3 us more than a list's (SSP's window reads its shards often: ~14 us per grant+commit
+    #: at W = 256, BSP ~3.5), so ``bench.scale`` times a run without them and counts in another
+    count_reads: bool = True
 
     @property
     def n_shards(self) -> int:
@@ -130,6 +134,7 @@ class _Worker:
     idle: bool = False  #: waiting in a long poll
     item: dict | None = None
     started: int = 0  #: members of ``item`` started so far
+    finished: list = field(default_factory=list)  #: members of ``item`` that ran their step (its commit names them)
     pulled: set = field(default_factory=set)  #: run ids whose tables it has pulled
 
 
@@ -159,9 +164,10 @@ class Sim:
         if cfg.consistency == "ssp":
             kw.update(consistency="ssp", staleness=cfg.staleness, max_clocks=cfg.clocks)
         self.job = JobState(jcfg, queue, pmap, **kw)
-        queue._shards = CountingList(queue._shards)
-        if self.job.consistency == "ssp":
-            self.job.window._shards = CountingList(self.job.window._shards)
+        if cfg.count_reads:
+            queue._shards = CountingList(queue._shards)
+            if self.job.consistency == "ssp":
+                self.job.window._shards = CountingList(self.job.window._shards)
         self.job.workers = sorted(names)
         #: decision -> [calls, CPU ns, shard entries touched]
         self.cpu: dict[str, list[int]] = defaultdict(lambda: [0, 0, 0])
@@ -171,6 +177,9 @@ class Sim:
         self.bytes: Counter = Counter()
         self.per_clock: dict[int, Counter] = defaultdict(Counter)
         self.applied: Counter = Counter()  #: (clock, shard) -> times applied
+        #: attempts that asked to commit (granted or not), and each commit's number of them
+        self.attempts_committed = 0
+        self.members: list[int] = []
         self.poll_rechecks = 0  #: waiting long polls woken to look once more (``Coordinator._wake``, ``_tick``)
         self.reports: dict[int, dict] = {}
         self.next_clock = 1
@@ -432,7 +441,7 @@ class Sim:
 
     def _start(self, w: str, item: dict) -> None:
         s = self.workers[w]
-        s.item, s.started = item, 0
+        s.item, s.started, s.finished = item, 0, []
         if item["op"] == "clock_end":
             self._at(self.now + NET_S + self.cfg.step_s / 10, self._clock_end_done, w, item)
             return
@@ -459,8 +468,22 @@ class Sim:
         if s.started >= len(item["shards"]):
             self._at(self.now + NET_S, self._commit, w, item)
             return
+        m = item["shards"][s.started]
         s.started += 1
+        if self._voided(item):  # ``ShardRunner._voided``: not run, reported failed
+            self._decide("attempt_failed", self.job.attempt_failed, w, m.get("clock", item["clock"]), item["run"],
+                         m["shard"], m["attempt"], "not started: the item's run was voided by a loss", self.now)
+            self._run_member(w, item)
+            return
+        s.finished.append(m)
         self._at(self.now + self._step_s(w), self._run_member, w, item)
+
+    def _voided(self, item: dict) -> bool:
+        """``ShardRunner._voided``: an owner in the item's map is gone (the worker was told) and the
+        coordinator's run is newer than the item's: a loss voided it, and its steps would run for nothing."""
+        if item["run"] >= self.job.run_id:
+            return False
+        return any(not self.workers[o].alive for _, _, o in item["owners"] if o in self.workers)
 
     def _commit(self, w: str, item: dict) -> None:
         s = self.workers[w]
@@ -469,11 +492,19 @@ class Sim:
         self._send("commit")
         job = self.job
         step = self.cfg.step_s * s.factor
-        for m in item["shards"]:
-            clock = m.get("clock", item["clock"])
-            _, effects = self._decide("commit", job.commit, w, clock, item["run"], m["shard"], m["attempt"],
-                                      self.now, {"compute_s": step}, item["op"] == "rebuild")
-            self._do(effects)
+        finished = [(m.get("clock", item["clock"]), m["shard"], m["attempt"], {"compute_s": step})
+                    for m in s.finished]
+        if not finished:  # (every member was voided: ``ShardRunner`` sends no commit, it asks for work)
+            s.item = None
+            self._send("next")
+            self._poll(w)
+            return
+        # one decision for the item's commits and one wake after it, as ``Coordinator._h_commit``
+        self.attempts_committed += len(finished)
+        self.members.append(len(finished))
+        _, effects = self._decide("commit", job.commit_many, w, item["run"], finished, self.now,
+                                  item["op"] == "rebuild")
+        self._do(effects)
         s.item = None
         self._poll(w)
 
@@ -610,9 +641,13 @@ class Result:
         self.poll_rechecks = sim.poll_rechecks
         self.cpu = {k: {"calls": v[0], "cpu_us": v[1] / 1e3, "touched": v[2]} for k, v in sim.cpu.items()}
         gc = [sim.cpu[k] for k in GRANT_COMMIT if k in sim.cpu]
+        #: commit messages (each one decision: ``JobState.commit_many``), and the attempts they named
         self.commits = sim.cpu["commit"][0] if "commit" in sim.cpu else 0
-        #: grant+commit rounds: one per committed attempt (a grant and its commit)
-        self.grant_commits = max(1, self.commits)
+        self.attempts = sim.attempts_committed
+        #: attempts per commit message (1.0: every work item held one attempt)
+        self.attempts_per_commit = round(self.attempts / max(1, self.commits), 2)
+        #: grant+commit rounds: one per attempt that asked to commit (its grant and its commit)
+        self.grant_commits = max(1, self.attempts)
         self.cpu_us_per_grant_commit = sum(v[1] for v in gc) / 1e3 / self.grant_commits
         self.touched_per_grant_commit = sum(v[2] for v in gc) / self.grant_commits
         #: as ``cpu_us_per_grant_commit`` with each decision's median call in place of its mean: the
@@ -668,6 +703,7 @@ class Result:
             "cpu_us_per_grant_commit": round(self.cpu_us_per_grant_commit, 2),
             "median_us_per_grant_commit": round(self.median_us_per_grant_commit, 2),
             "touched_per_grant_commit": round(self.touched_per_grant_commit, 1),
+            "attempts_per_commit": self.attempts_per_commit,
             "control_msgs_per_clock": round(self.control_per_clock, 1),
             "control_msgs_per_clock_per_W": round(self.control_per_clock / w, 2),
             "fetch_staged_per_clock_per_W": round(self.fetch_per_clock / w, 1),

@@ -10,6 +10,7 @@ import inspect
 import time
 from collections import Counter
 
+import numpy as np
 import pytest
 from distributed.scheduler import heartbeat_interval
 
@@ -101,6 +102,36 @@ def test_a_bsp_worker_s_commit_waits_for_its_next_item_instead_of_a_poll_more(tr
     per_clock = (long - short) / 6
     print(f"{per_clock:.2f} dscar_next a clock on 2 workers")
     assert per_clock <= 1.5, f"{per_clock:.1f} dscar_next a clock on 2 workers"
+
+
+class SspRows(RowCounter):
+    """``RowCounter`` that tolerates a clock of staleness (its updates commute)."""
+
+    max_staleness = 1
+
+
+def test_under_ssp_a_worker_commits_several_shards_of_its_own_in_one_call(tracked):
+    """The same fit under SSP (staleness 1): a work item holds several of the worker's shards, each
+    at its own next clock, answered by one commit, so a clock of 8 shards costs fewer than 8 commits
+    (one shard an item cost 8). A shard's next clock starts only once its update is applied, so a
+    worker's shards may split into two items a clock (one runs while the other's commits apply): 6 is
+    the bound. Every clock's reduction still sums exactly one update per row, no read is more than a
+    clock ahead, and the model holds every update once."""
+
+    def commits(clocks: int) -> int:
+        before = tracked.client.run_on_scheduler(_calls).get("dscar_commit", 0)
+        res = dscar.fit(SspRows(sleep=0.05), row_data(64), tracked, n_shards=8, max_clocks=clocks,
+                        consistency="ssp", staleness=1)
+        for rec in res.history:
+            assert rec.metrics["seen_min"] == rec.metrics["seen_max"] == 1.0, rec  # this clock's sums, exactly
+            assert rec.clock <= rec.metrics["count_min"] and rec.metrics["count_max"] <= rec.clock + 1, rec
+        np.testing.assert_array_equal(res.params["count"], np.full(64, float(clocks)))
+        return tracked.client.run_on_scheduler(_calls).get("dscar_commit", 0) - before
+
+    short, long = commits(3), commits(9)
+    per_clock = (long - short) / 6
+    print(f"{per_clock:.2f} commits a clock for 8 shards on 2 workers under SSP")
+    assert per_clock <= 6, f"{per_clock:.1f} commits a clock for 8 shards on 2 workers under SSP"
 
 
 class HoldStill(RowCounter):

@@ -67,7 +67,7 @@ def _begin(job):
 def _commit_item(job, item, worker, now):
     effects = []
     for m in item["shards"]:
-        ok, eff = job.commit(worker, m["clock"], item["run"], m["shard"], m["attempt"], now, {"compute_s": 0.05})  # one shard per item
+        ok, eff = job.commit(worker, m["clock"], item["run"], m["shard"], m["attempt"], now, {"compute_s": 0.05})
         assert ok
         effects += eff
     return effects
@@ -179,8 +179,9 @@ def _handed_out(job, worker, now) -> list[tuple[int, int]]:
         assert item is not None, job.stall_report()
         if item["op"] == "clock_end":
             assert job.window.finished.get(item["clock"]) is not ClockStatus.SKIPPED
-            job.clock_end_done(worker, item["run"], {"objective": 1.0}, 0.0, now, clock=item["clock"])
-            job.snapshotted("checkpoint", now)
+            # (the window goes on after the clock end: a commit that waited for it may be applied now)
+            effects = job.clock_end_done(worker, item["run"], {"objective": 1.0}, 0.0, now, clock=item["clock"])
+            _apply_all(job, effects + job.snapshotted("checkpoint", now), now)
             continue
         handed += [(m["shard"], m["clock"]) for m in item["shards"]]
         _apply_all(job, _commit_item(job, item, worker, now), now)

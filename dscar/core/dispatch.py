@@ -11,7 +11,7 @@ Invariants:
 
 - ``batched`` names only workers with members, and only members that may not have started (a
   commit, a failure, a release or a pass start drops them): asking one back never stops work. It
-  changes only through ``set_batched``, ``attempt_started``, ``released``, ``forget`` or a whole
+  changes only through ``set_batched``, ``attempt_started``, ``voided``, ``released``, ``forget`` or a whole
   new dict, which keep its index (``BatchIndex``) and the queue's waiting attempts
   (``ShardQueue.set_waiting``: the policies' view of the started ones) in step;
 - ``running_items`` holds a worker's shard-pass item until it commits or fails, whatever clock it
@@ -22,7 +22,8 @@ from __future__ import annotations
 
 import heapq
 import math
-from typing import TYPE_CHECKING, Callable, Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from .protocol import Member, WorkItem
 from .policies import Backup, ControllerView, Policy, Restart, Running, SetBatchScale
@@ -30,6 +31,19 @@ from .shards import Attempt, ShardQueue
 
 if TYPE_CHECKING:
     from .job import JobState
+
+@dataclass(frozen=True)
+class SspFields:
+    """What an SSP work item carries of the clock window (``SspSchedule``): per member ``(clock, seen,
+    mine)`` (``protocol.Member``), the item's newest clock, the window's version and floor, and the
+    oldest table version its reads may use."""
+
+    members: list[tuple[int, Any, bool]]
+    clock: int
+    version: int
+    floor: int
+    read_floor: int
+
 
 #: a work item holds at least this much shard work by the worker's measured step time (and at least
 #: the worker's share of the pass: ``Dispatch.pass_share``)
@@ -316,17 +330,19 @@ class Dispatch:
 
     def batch_size(self, worker: str) -> int:
         """How many of its own shards ``worker`` gets in one work item: enough to run about
-        ``BATCH_TARGET_S`` by its measured step time, and under BSP at least its share of the pass
-        (``pass_share``, up to ``SHARE_MAX_S`` of steps); one before it has a step time. A short step then costs one commit per
-        batch, not one per shard, and k long ones a clock one commit, not k. A batch does not pin
-        its shards: members not started yet are released to an idle worker (``releasable``), so
-        dynamic sharding still moves work away from a worker that suddenly slows down."""
+        ``BATCH_TARGET_S`` by its measured step time, and at least its share of a pass
+        (``pass_share``, up to ``SHARE_MAX_S`` of steps); one before it has a step time. A short step
+        then costs one commit per batch, not one per shard, and k long ones a clock one commit, not k.
+        Under SSP too: each member is a shard the window lets start, at its own clock, and a shard's
+        next clock waits for the batch's commit, as a BSP clock waits for its pass (a worker with k
+        shards a clock then runs its clock in one item, not k, and the window's hand-out is paid once).
+        A batch does not pin its shards: members not started yet are released to an idle worker
+        (``releasable``), so dynamic sharding still moves work away from a worker that suddenly slows
+        down."""
         step = self.job.monitor.mean_step(worker)
         if step is None:
             return 1
-        # under SSP a shard's commit is what lets its next clock start and the window move on: a batch
-        # committed at its end would hold them back, so there a batch is sized by time only
-        share = min(self.pass_share(worker, step), int(SHARE_MAX_S / step)) if self.job.consistency == "bsp" else 0
+        share = min(self.pass_share(worker, step), int(SHARE_MAX_S / step))
         return max(1, min(MAX_BATCH, max(int(BATCH_TARGET_S / step), share)))
 
     def pass_share(self, worker: str, step: float) -> int:
@@ -358,6 +374,11 @@ class Dispatch:
                 if not marked:
                     del self._marked[worker]
                 self.job.queue.set_waiting(worker, (), ((shard, attempt),))
+
+    def voided(self, attempt: Attempt) -> None:
+        """``attempt`` can no longer commit (a recovery voided it, its shard starts again): if it was a
+        batch member, it is none any more (asking it back would find nothing)."""
+        self.attempt_started(attempt.worker, attempt.shard, attempt.attempt)
 
     def set_batched(self, worker: str, members: list[tuple[int, int]]) -> None:
         """``batched`` keeps only workers with members (``ask_back`` looks at each of them)."""
@@ -391,18 +412,28 @@ class Dispatch:
             self.job.event(now, "batch-released", worker=worker, shards=sorted(s for s, _ in back))
         self.job.schedule.given_back(s for s, _ in back)
 
-    def item(self, batch: list[Attempt], rebuild: bool) -> dict:
-        """The work item message for ``batch`` (its first member's worker runs them in order)."""
+    def item(self, batch: list[Attempt], rebuild: bool, window: SspFields | None = None) -> dict:
+        """The work item message for ``batch`` (its first member's worker runs them in order);
+        ``window``: under SSP, what each member and the item carry of the clock window."""
         job = self.job
-        members = [Member(a.shard, a.attempt, a.fetch_from, a.backup,
-                          job.cfg.phase_names[job.queue.phase_of(a.shard)] or None, job.losses.restore_state.get(a.shard))
-                   for a in batch]
+        phases, restore = job.cfg.phase_names, job.losses.restore_state
+        if window is None:
+            members = [Member(a.shard, a.attempt, a.fetch_from, a.backup, phases[job.queue.phase_of(a.shard)] or None,
+                              restore.get(a.shard)) for a in batch]
+            clock, extra = job.clock, {}
+        else:
+            members = [Member(a.shard, a.attempt, a.fetch_from, a.backup, phases[job.queue.phase_of(a.shard)] or None,
+                              restore.get(a.shard), c, seen, mine)
+                       for a, (c, seen, mine) in zip(batch, window.members)]
+            clock, extra = window.clock, {"version": window.version, "floor": window.floor,
+                                          "read_floor": window.read_floor}
         self.items_handed += 1
         self.item_of[batch[0].worker] = self.items_handed
         restored = ({t: [list(r) for r in rs] for t, rs in job.losses.restored_rows.items()}
                     if rebuild and job.losses.restored_rows else None)
-        return WorkItem("rebuild" if rebuild else "shard", job.cfg.job_id, self.items_handed, job.clock, job.run_id,
-                        job.pmap.to_msg(), members, self.batch_scale.get(batch[0].worker, 1.0), restored).to_msg()
+        return WorkItem("rebuild" if rebuild else "shard", job.cfg.job_id, self.items_handed, clock, job.run_id,
+                        job.pmap.to_msg(), members, self.batch_scale.get(batch[0].worker, 1.0), restored,
+                        **extra).to_msg()
 
     def view(self, workers: list[str], now: float, idle_worker: str | None = None) -> ControllerView:
         """What a straggler policy sees (``dscar.core.policies``). Batch members that may not have started

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any, Iterable, Protocol
 
 from .clock import Apply, ClockMachine, Recover, RunClockEnd, Skip, Stage, StartPass
 from .effects import ApplyPass, Effect, RestartWorker, StartRecovery
+from .dispatch import SspFields
 from .elastic import ssp_leave_step
 from ..errors import ShardFailedError
 from .ledger import manifest_cut
@@ -541,6 +542,10 @@ class SspSchedule:
                 if queue.status(s) is not ShardStatus.TODO:
                     back.append(s)
         if back:
+            for s in back:  # attempts the window voided (a recovery): no batch member to ask back any more
+                if queue.status(s) is ShardStatus.DOING:
+                    for a in queue.running_attempts(s):
+                        self.job.dispatch.voided(a)
             queue.reopen(back)
 
     def given_back(self, shards: Iterable[int] | None = None) -> None:
@@ -650,13 +655,12 @@ class SspSchedule:
 
     def _item(self, batch: list[Attempt], clocks: list[int]) -> dict:
         w = self.window
-        item = self.job.dispatch.item(batch, w.rebuilding is not None)
-        for member, a, clock in zip(item["shards"], batch, clocks):
+        members = []
+        for a, clock in zip(batch, clocks):
             seen, writer = w.own_update(a.shard)
-            member.update(clock=clock, seen=seen, mine=writer == a.worker)
-        item.update(clock=max(clocks), run=w.epoch,
-                    version=w.version, floor=w.floor, read_floor=max(w.read_floor(a.shard) for a in batch))
-        return item
+            members.append((clock, seen, writer == a.worker))
+        return self.job.dispatch.item(batch, w.rebuilding is not None, SspFields(
+            members, max(clocks), w.version, w.floor, max(w.read_floor(a.shard) for a in batch)))
 
     def idle(self, worker: str, now: float) -> list[Effect]:
         """``worker`` found nothing to do: apply the commits waiting (their shards' next clocks may
@@ -694,7 +698,9 @@ class SspSchedule:
         job.losses.restore_state.pop(shard, None)  # the attempt started from the restored state; it lives on now
         if not rebuild:
             job.tally.committed_in(clock, worker, timings)
-        return True, self._carry(self.window.commit(shard, clock, worker, run_id), now)
+        actions = self.window.commit(shard, clock, worker, run_id)
+        # (most commits wait for a batch: no action, no shard moved back, nothing to carry out)
+        return True, self._carry(actions, now) if actions or self.window.moved_any else []
 
     def attempt_failed(self, worker: str, clock: int, run_id: int, shard: int, attempt: int, error: str,
                        now: float, lost_data: bool = False, seconds: float = 0.0, stopped: bool = False) -> None:

@@ -334,9 +334,16 @@ class ShardQueue:
         return [i for i, s in enumerate(self._shards) if s.holder == worker]
 
     def holders_with_todo(self, max_tier: float = float("inf")) -> set[str]:
-        """The workers holding TODO shards of a tier up to ``max_tier``, from the index (no scan of the
-        shards): the waiting polls a change wakes first (``dscar.core.wake``)."""
-        return {h for tier, h in self._local if h is not None and tier <= max_tier}
+        """The workers holding TODO shards of a tier up to ``max_tier``, from the index of backlogs by
+        tier (``_by_size``): the waiting polls a change wakes first (``dscar.core.wake``). O(tiers +
+        those holders): under SSP most holders' TODO shards wait in a tier past the window's top (their
+        next clock), and a scan of every holder's bucket made each change cost O(W)."""
+        found: set[str] = set()
+        for tier, sizes in self._by_size.items():
+            if tier <= max_tier:
+                for holders in sizes.values():
+                    found.update(holders)
+        return found
 
     def unplaced(self) -> list[int]:
         """Shards whose data no worker holds (only meaningful when not reloadable)."""

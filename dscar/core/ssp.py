@@ -267,6 +267,11 @@ class ClockWindow:
         moved, self._moved = self._moved, []
         return moved
 
+    @property
+    def moved_any(self) -> bool:
+        """Whether ``moved_back`` has shards to name."""
+        return bool(self._moved)
+
     def read_floor(self, shard: int) -> int:
         """The oldest table version holding every update of clocks ``<= t - s - 1`` (``t``: the
         shard's next clock). A worker keeps its pulled copy while it is at least this new and holds
