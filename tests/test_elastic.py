@@ -226,7 +226,9 @@ def test_a_worker_retired_mid_fit_under_ssp_is_drained_and_hands_off_with_no_los
     the tables hold still. No checkpoint store: a retirement taken for a loss would fail the fit."""
     clocks, n_shards = 10, 6
     data = {"x": np.arange(float(n_shards))}
-    kw = dict(n_shards=n_shards, max_clocks=clocks, consistency="ssp", staleness=1, progress=False)
+    # no straggler policy: on a loaded machine a backup's race loser is a refused commit by design,
+    # which is not the hand-off's rework this test looks for
+    kw = dict(n_shards=n_shards, max_clocks=clocks, consistency="ssp", staleness=1, progress=False, policies=[])
     with LocalCluster(n_workers=3, threads_per_worker=1, processes=False, dashboard_address=":0") as lc:
         cl = dscar.connect(lc)
         ref = dscar.fit(ExactlyOnce(clocks, work_s=0.02, staleness=1), data, cl, **kw)
