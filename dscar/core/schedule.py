@@ -625,34 +625,6 @@ class SspSchedule:
             "workers": job.workers_report(),
         }
 
-    def _fold(self, a: Apply) -> dict | None:
-        """The clock-end item to fold into the apply of pass ``a``, when it is the clock's last and
-        the clock end follows it (no loss has doomed the clock): run by the live worker owning the
-        most partitions (the fewest remote reads), the first such in ``workers`` order."""
-        job, m = self.job, self.machine
-        self.folded = None
-        if (not self.fold_clock_end or a.reset_rebuild or m.applying_rebuild or m.recovering
-                or m.data_phase + 1 < m.n_phases or m.skip_reason is not None):
-            return None
-        live = [w for w in job.workers if w not in job.losses.lost]
-        if not live:
-            return None
-        owned = Counter(job.pmap.owners.values())
-        self.folded = max(live, key=lambda w: (owned[w], -live.index(w)))
-        return {"op": "clock_end", "job": job.cfg.job_id, "clock": m.clock, "run": a.run_id,
-                "owners": job.pmap.to_msg(), "worker": self.folded}
-
-    def unfold_clock_end(self, worker: str) -> list[Effect]:
-        """The clock end folded into ``worker``'s apply did not run there (its worker stopped, a peer's
-        table was not applied in time, the apply was sent again): the item path runs it as it did
-        before folding, handed to the first worker that asks."""
-        if self.folded != worker:
-            return []
-        self.folded = None
-        if self.machine.stage is Stage.CLOCK_END and self.clock_end_worker == worker:
-            self.clock_end_worker = None
-        return []
-
     # ---------------------------------------------------------------- clocks
     def begin(self, clock: int, now: float) -> list[Effect]:
         """The driver's first ``begin`` opens the window (up to ``max_clocks``); later ones only
