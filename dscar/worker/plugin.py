@@ -24,7 +24,6 @@ later message to it until a worker joins at that address again (``dscar_peer_joi
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import hashlib
 import inspect
 import logging
@@ -54,7 +53,7 @@ from ..core.membership import (WORKER_INSTALLING, WORKER_RUN_WRITES, Rule, key_d
                          run_refusal, same, worker_rule)
 from .mirror_store import part_key, shard_key
 from .partition_store import PartitionStore
-from ..core.partitions import TableLayout, by_owner
+from ..core.partitions import TableLayout
 from ..core.protocol import handler_name
 from .runner import Job, ShardRunner
 from .shard_store import ShardEntry, ShardStore
@@ -706,32 +705,9 @@ class ParamServer(WorkerPlugin):
         off the event loop); an apply of the same pass sent again gets the same one, never a second run."""
         folded = self._folded.get(job.id)
         if folded is None or folded[0] != run:
-            prefetched = self._prefetch_small_tables(job, run, item)
-            folded = self._folded[job.id] = (run, asyncio.ensure_future(asyncio.to_thread(
-                self.runner.clock_end_here, item, prefetched)))
+            folded = self._folded[job.id] = (run, asyncio.ensure_future(asyncio.to_thread(self.runner.clock_end_here,
+                                                                                          item)))
         return await asyncio.shield(folded[1])
-
-    def _prefetch_small_tables(self, job: Job, run: int, item: dict) -> concurrent.futures.Future | None:
-        """The other owners' partitions of the small tables, asked for from the event loop as the folded
-        clock end starts (each owner answers once it applied the pass: ``after``), so its first read of
-        them (``ShardRunner.read_small_tables``) does not wait for a message sent from its thread. The
-        answers, ``{owner: reply}`` (an exception where one failed); None: no other owner holds any."""
-        owners = {(t, int(p)): w for t, p, w in item["owners"]}
-        small = [t for t in job.specs if self.runner.is_small(job, t)]
-        remote = by_owner(owners, [(t, p) for t in small for p in range(job.layouts[t].n_parts)])
-        remote.pop(self.address, None)
-        if not remote:
-            return None
-        answers: concurrent.futures.Future = concurrent.futures.Future()
-
-        async def fetch() -> None:
-            replies = await asyncio.gather(*(
-                self._apeer(o, "pull_many", job_id=job.id, parts=[list(k) for k in keys], after=run)
-                for o, keys in remote.items()), return_exceptions=True)
-            answers.set_result(dict(zip(remote, replies)))
-
-        asyncio.ensure_future(fetch())
-        return answers
 
     def _h_assign(self, job_id: str, run: int, chunks: list, arrays: dict) -> dict:
         """A clock end's rows for partitions owned here: ``chunks`` ``[[table, part, lo], ...]``, their

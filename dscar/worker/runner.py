@@ -17,7 +17,6 @@ connection pool with a short connect timeout and a deadline
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import logging
 import os
 import signal
@@ -495,20 +494,19 @@ class ShardRunner:
             raise ValueError(f"{type(job.algorithm).__name__}.clock_end returned no 'objective'")
         return metrics
 
-    def clock_end_here(self, item: dict, prefetched: concurrent.futures.Future | None = None) -> dict:
+    def clock_end_here(self, item: dict) -> dict:
         """The clock end folded into this worker's apply of the clock's last pass (``item``, a
         clock-end item), run once that apply is done: its outcome (``protocol.ClockEndOutcome``) goes
         back with the apply's answer instead of a ``clock_done`` or ``clock_failed`` message.
         Where it did not run (stopped by a fault, an owner that had not applied in time, nothing
-        written yet) the coordinator hands the clock end out as an item instead. ``prefetched``: the
-        other owners' answers for its first read of the small tables (``ParamServer._prefetch_small_tables``)."""
+        written yet) the coordinator hands the clock end out as an item instead."""
         clock, ctx = item["clock"], None
         try:
             job = self.host.job(item["job"])
             self._prepare(job, item)
             self._inject(job, clock, "clock-end")
             t0 = time.perf_counter()
-            ctx = ClockEnd(self, job, clock, item["run"], folded=True, prefetched=prefetched)
+            ctx = ClockEnd(self, job, clock, item["run"], folded=True)
             metrics = self._clock_end(job, ctx)
             return ClockEndOutcome(metrics=metrics, seconds=time.perf_counter() - t0).to_msg()
         except _Stopped:
@@ -582,14 +580,11 @@ class ShardRunner:
         return spec.n_rows * int(np.prod(spec.trailing)) * np.dtype(spec.dtype).itemsize <= SMALL_TABLE_BYTES
 
     def read_small_tables(self, job: Job, clock: int | None = None, own: PullCache | None = None,
-                          race: list | None = None, after: int | None = None,
-                          answers: dict[str, Any] | None = None) -> dict[str, Any]:
+                          race: list | None = None, after: int | None = None) -> dict[str, Any]:
         """Every small table (``SMALL_TABLE_BYTES``), whole: the partitions held here copied, the
         others fetched with one message per owner, all owners at once. A small model's shard step
         or clock end reads several tables, and one message per table and owner is a round trip each.
-        ``own``, ``race`` and ``after`` as for ``read_rows``; ``answers``: the other owners' answers to
-        these very reads, asked for already (a folded clock end's, ``clock_end_here``), used when they
-        cover exactly the owners read."""
+        ``own``, ``race`` and ``after`` as for ``read_rows``."""
         small = [t for t in job.specs if self.is_small(job, t)]
         remote = by_owner(job.owners, [(t, p) for t in small for p in range(job.layouts[t].n_parts)])
         mine = None if own is None else own.mine()
@@ -601,16 +596,10 @@ class ShardRunner:
                 pieces[k] = job.tables.rows(*k, 0, None, clock)
                 held[k] = job.tables.held(k, *mine) if mine else []
         if remote:
-            if answers is not None and set(answers) == set(remote):
-                replies = [answers[o] for o in remote]
-                for r in replies:
-                    if isinstance(r, BaseException):
-                        raise r  # (as ``peer_all`` would have)
-            else:
-                replies = self.host.peer_all([(o, "pull_many", {"job_id": job.id, "parts": [list(k) for k in keys],
-                                                                "clock": clock, "mine": mine, "race": race,
-                                                                **_after(after)})
-                                              for o, keys in remote.items()])
+            replies = self.host.peer_all([(o, "pull_many", {"job_id": job.id, "parts": [list(k) for k in keys],
+                                                            "clock": clock, "mine": mine, "race": race,
+                                                            **_after(after)})
+                                          for o, keys in remote.items()])
             for (owner, keys), r in zip(remote.items(), replies):
                 r = _answered(r, owner, *keys[0])
                 pieces.update((k, job.xp.asarray(d)) for k, d in zip(keys, wire.decode(r["data"])))
@@ -885,17 +874,13 @@ class ClockEnd:
     """The ``ClockContext`` of a clock-end step: fresh pulls (of the tables as this step left
     them), assignments."""
 
-    def __init__(self, server: ShardRunner, job: Job, clock: int, run: int, folded: bool = False,
-                 prefetched: concurrent.futures.Future | None = None):
+    def __init__(self, server: ShardRunner, job: Job, clock: int, run: int, folded: bool = False):
         self._server, self._job, self._run = server, job, run
         #: folded into this worker's apply (``ShardRunner.clock_end_here``): every other owner's
         #: answer waits until it applied the pass of ``run``
         self._after = run if folded else None
         #: some row was assigned (a folded clock end that stops after it cannot be run again elsewhere)
         self.wrote = False
-        #: the other owners' answers to the first read of the small tables, asked for as the folded
-        #: clock end started (``ParamServer._prefetch_small_tables``); used once, before any write
-        self._prefetched = prefetched
         self.xp, self.clock, self.meta, self.tol = job.xp, clock, job.meta, job.tol
         self._small: dict[str, Any] | None = None  # the small tables, read once until an assign
         self._sums = clock if job.ssp else None  # under SSP reduction tables are read per clock
@@ -911,9 +896,7 @@ class ClockEnd:
             self.flush()
         if self._server.is_small(self._job, table):
             if self._small is None:
-                prefetched, self._prefetched = self._prefetched, None
-                answers = None if prefetched is None or self.wrote else prefetched.result()
-                self._small = self._server.read_small_tables(self._job, self._sums, after=self._after, answers=answers)
+                self._small = self._server.read_small_tables(self._job, self._sums, after=self._after)
             return self._small[table][start:stop].copy()  # the caller may change its copy
         return self._server.read_rows(self._job, table, start, stop, self._sums, after=self._after)
 
