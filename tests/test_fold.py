@@ -98,17 +98,22 @@ def test_a_folded_clock_end_that_an_owner_cannot_serve_runs_as_an_item(inproc, m
     assert not any(r.metrics.get("skipped") for r in res.history)
 
 
-@pytest.mark.parametrize("worker", [0, 1])
-def test_a_loss_under_the_folded_clock_end_skips_its_clock_and_the_fit_goes_on(inproc, tmp_path, worker):
-    """A loss at the clock end of clock 2 fires only where the clock end runs (folded: on the worker
-    owning the most partitions); the clock is skipped, as a loss under an unfolded clock end skips it."""
-    res, calls = _fit(inproc, clocks=4, faults=[dscar.faults.lose(worker, 2, point="clock-end")],
-                      checkpoint=dscar.CheckpointConfig(str(tmp_path), policy="full", every=1))
-    fired = [e for e in res.events if e["kind"] == "fault-lose"]
-    if not fired:  # the other worker ran clock 2's clock end: nothing to see here
-        assert [r.metrics.get("skipped") for r in res.history] == [None] * 4
-        return
-    assert fired[0]["clock"] == 2 and fired[0]["point"] == "clock-end"
-    assert res.n_clocks == 4 and res.history[1].metrics.get("skipped") == 1.0, res.history[1]
-    for rec in (res.history[0], *res.history[2:]):
-        assert rec.metrics["seen_min"] == rec.metrics["seen_max"] == 1.0, rec  # exactly once, every clock that counts
+def test_a_loss_under_the_folded_clock_end_skips_its_clock_and_the_fit_goes_on(inproc, tmp_path):
+    """A loss at the clock end of clock 2, aimed at each worker in turn, fires only where that clock
+    end runs (folded: on the worker owning the most partitions; no clock_done on either fit); the clock
+    is skipped, as a loss under an unfolded clock end skips it, and every other clock counts."""
+    fired_on = []
+    for worker in (0, 1):
+        res, calls = _fit(inproc, clocks=4, faults=[dscar.faults.lose(worker, 2, point="clock-end")],
+                          checkpoint=dscar.CheckpointConfig(str(tmp_path / str(worker)), policy="full", every=1))
+        assert calls.get("dscar_clock_done", 0) == 0, calls
+        fired = [e for e in res.events if e["kind"] == "fault-lose"]
+        if not fired:  # the other worker ran clock 2's clock end
+            assert [r.metrics.get("skipped") for r in res.history] == [None] * 4
+            continue
+        fired_on.append(worker)
+        assert fired[0]["clock"] == 2 and fired[0]["point"] == "clock-end"
+        assert res.n_clocks == 4 and res.history[1].metrics.get("skipped") == 1.0, res.history[1]
+        for rec in (res.history[0], *res.history[2:]):
+            assert rec.metrics["seen_min"] == rec.metrics["seen_max"] == 1.0, rec  # exactly once where it counts
+    assert len(fired_on) == 1, fired_on  # clock 2's clock end ran on exactly one worker
