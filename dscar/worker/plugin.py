@@ -933,6 +933,8 @@ class ParamServer(WorkerPlugin):
             for moving in (self._incoming, self._lent):  # a join's move the job ended before
                 for key in [k for k in moving if k[0] == job_id]:
                     del moving[key]
+        self._folded.pop(job_id, None)
+        self._not_applied.pop(job_id, None)
         if job is not None:
             job.ended.set()
         return {"status": "OK"}
