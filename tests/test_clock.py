@@ -315,8 +315,8 @@ class JobFuzz(RuleBasedStateMachine):
 
     @initialize(phases=st.sampled_from([(6,), (3, 3)]), rebuild=st.booleans(),
                 policy=st.sampled_from(["full", "priority"]), recovery=st.sampled_from(["partial", "full"]),
-                backups=st.booleans(), step_s=st.sampled_from([0.0005, 0.05]))
-    def setup(self, phases, rebuild, policy, recovery, backups, step_s=0.05):
+                backups=st.booleans(), step_s=st.sampled_from([0.0005, 0.05]), fold=st.booleans())
+    def setup(self, phases, rebuild, policy, recovery, backups, step_s=0.05, fold=False):
         n_shards = sum(phases)
         names = ["a", "b"][: len(phases)] if len(phases) > 1 else [""]
         layouts = [TableLayout("x", 8, 4), TableLayout("r", 4, 2)]
@@ -327,6 +327,8 @@ class JobFuzz(RuleBasedStateMachine):
         cfg = JobConfig("job", n_shards, {"x": "param", "r": "reduction"}, ["x"] if rebuild else [], names, ckpt)
         self.job = JobState(cfg, queue, pmap, policies=[BackupPolicy(k=0.001)] if backups else [])
         self.job.workers = list(WORKERS)
+        self.job.schedule.fold_clock_end = fold  # the clock end folded into the last apply (``BspSchedule._fold``)
+        self.folds = 0  # folded clock ends that reported
         self.now = 1.0
         self.inflight: dict[tuple[int, int], dict] = {}  # (shard, attempt) -> item, running on item["worker"]
         self.given_late: dict[str, list[tuple[int, int]]] = {}  # released unheard: its batch's commit names them
@@ -474,8 +476,11 @@ class JobFuzz(RuleBasedStateMachine):
                                 "boom", self.tick())
 
     @precondition(lambda self: getattr(self, "applies", None))
-    @rule(installed=st.sets(st.sampled_from(WORKERS)))
-    def owners_apply(self, installed):
+    @rule(installed=st.sets(st.sampled_from(WORKERS)), folded_ran=st.booleans())
+    def owners_apply(self, installed, folded_ran=True):
+        """The owners apply; a clock end folded into the apply (``ApplyPass.clock_end``) reports with
+        its worker's answer (``folded_ran``) or did not run there (an owner that had not applied in
+        time, a stop): then the item path hands it out."""
         e = self.applies.pop(0)
         if any(w in self.job.lost for _, _, w in e.committed):
             # an owner cannot collect a lost worker's updates: its apply fails (the loss decided);
@@ -492,6 +497,12 @@ class JobFuzz(RuleBasedStateMachine):
         self.handle(self.job.applied(e.run_id, self.tick()))
         if len([ev for ev in self.job.events if ev["kind"] == "rebuild-done"]) > done:
             self.restored_since = {}
+        if e.clock_end is not None:
+            assert not e.rebuild and e.clock_end["run"] == e.run_id
+            if folded_ran and e.clock_end["worker"] in self.live():  # (a lost worker answers nothing)
+                self.clock_end_reports(dict(e.clock_end))
+            else:
+                self.handle(self.job.unfold_clock_end(e.clock_end["worker"]))
 
     def install(self, e: ApplyPass, workers: list[str]) -> None:
         """``ShardStore.install`` on ``workers`` (each ignores a pass older than its newest work)."""
@@ -507,12 +518,16 @@ class JobFuzz(RuleBasedStateMachine):
 
     @precondition(lambda self: getattr(self, "clock_end", None) is not None)
     @rule()
-    def clock_end_reports(self):
-        item, self.clock_end = self.clock_end, None
+    def clock_end_reports(self, folded: dict | None = None):
+        if folded is None:
+            item, self.clock_end = self.clock_end, None
+        else:
+            item = folded
         before = self.job.machine.stage
         effects = self.job.clock_end_done(item["worker"], item["run"], {"objective": 1.0}, 0.0, self.tick())
         if before is Stage.CLOCK_END and self.job.machine.stage is Stage.DONE:
             self.clock_end_ran.add(item["clock"])
+            self.folds += folded is not None
             clock = item["clock"]
             for s in range(self.job.queue.n_shards):
                 assert self.applied.get((clock, s), 0) == 1, (clock, s, self.applied)
@@ -618,7 +633,8 @@ def _random_run(f: JobFuzz, rnd, steps: int, reached: set[str]) -> None:
             moves.append(("take-back", lambda: f.idle_worker_takes_back(rnd.choice(WORKERS), rnd.randrange(4),
                                                                         rnd.random() < 0.3)))
         if f.applies:
-            moves.append(("apply", lambda: f.owners_apply({w for w in WORKERS if rnd.random() < 0.5})))
+            moves.append(("apply", lambda: f.owners_apply({w for w in WORKERS if rnd.random() < 0.5},
+                                                          folded_ran=rnd.random() < 0.7)))
         if f.clock_end is not None:
             moves.append(("clock_end", f.clock_end_reports))
         if len(f.live()) > 1 and len(f.job.lost) < 3 and rnd.random() < 0.08:
@@ -638,6 +654,8 @@ def _random_run(f: JobFuzz, rnd, steps: int, reached: set[str]) -> None:
     if f.skipped:
         reached.add("skipped")
     reached.update(f"done:{c}" for c in f.clock_end_ran)
+    if f.folds:
+        reached.add("folded")
 
 
 def test_seeded_walks_reach_every_stage_and_fault_and_keep_the_invariants():
@@ -652,7 +670,7 @@ def test_seeded_walks_reach_every_stage_and_fault_and_keep_the_invariants():
         f = JobFuzz()
         f.setup(phases=rnd.choice([(6,), (3, 3)]), rebuild=rnd.random() < 0.5,
                 policy=rnd.choice(["full", "priority"]), recovery=rnd.choice(["partial", "full"]),
-                backups=rnd.random() < 0.5, step_s=rnd.choice([0.0005, 0.05]))
+                backups=rnd.random() < 0.5, step_s=rnd.choice([0.0005, 0.05]), fold=rnd.random() < 0.5)
         _random_run(f, rnd, 160, reached)
         if f.batches:
             reached.add("batch")
@@ -663,7 +681,7 @@ def test_seeded_walks_reach_every_stage_and_fault_and_keep_the_invariants():
         if f.copies_checked:
             reached.add("copied")
     for want in ("batch", "released", "released-unheard", "copied", "lose@shards", "lose@apply", "lose@clock-end", "lose@rebuild", "skipped", "restore", "fail",
-                 "done:4"):
+                 "done:4", "folded"):
         assert want in reached, sorted(reached)
     assert any(k.endswith("+recovering") for k in reached), sorted(reached)
 

@@ -27,6 +27,9 @@ class ApplyPass:
     floor: int | None = None
     #: the data phase whose pass this is (None: the algorithm has none; a fault may name it)
     phase: str | None = None
+    #: BSP, the clock's last pass: the clock-end item (``worker`` names who runs it) folded into that
+    #: worker's apply message; it answers the apply with the clock end's outcome (None: not folded)
+    clock_end: dict | None = None
 
 
 @dataclass(frozen=True)

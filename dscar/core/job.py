@@ -231,6 +231,10 @@ class JobState:
         """The clock-end step raised: a loss under it skips the clock; otherwise the job fails."""
         return self.schedule.clock_end_failed(worker, run_id, error, now, clock)
 
+    def unfold_clock_end(self, worker: str) -> list[Effect]:
+        """The clock end folded into ``worker``'s apply did not run: the item path runs it."""
+        return self.schedule.unfold_clock_end(worker)
+
     @property
     def report_ready(self) -> bool:
         """The BSP clock being run is finished and reportable."""

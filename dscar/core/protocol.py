@@ -139,6 +139,38 @@ class ClockEndItem:
 
 
 @dataclass
+class ClockEndOutcome:
+    """What a clock end folded into a worker's apply (``ApplyPass.clock_end``) came to, sent back in
+    the apply's answer (``clock_end``): its ``metrics`` (and ``seconds``), or the ``error`` it raised
+    (``unreachable``: the worker it failed to reach), or why it did not run (``not_run``: the item
+    path runs it then)."""
+
+    metrics: dict[str, float] | None = None
+    seconds: float = 0.0
+    error: str | None = None
+    unreachable: str | None = None
+    not_run: str | None = None
+
+    def to_msg(self) -> dict[str, Any]:
+        if self.metrics is not None:
+            return {"metrics": self.metrics, "seconds": self.seconds}
+        if self.error is not None:
+            return {"error": self.error, **({} if self.unreachable is None else {"unreachable": self.unreachable})}
+        return {"not_run": self.not_run or "not run"}
+
+    @classmethod
+    def from_msg(cls, msg: dict[str, Any] | None) -> "ClockEndOutcome":
+        """None (no answer, or an apply answered without one): not run."""
+        if not isinstance(msg, dict):
+            return cls(not_run="no clock-end outcome in the apply's answer")
+        if isinstance(msg.get("metrics"), dict):
+            return cls(metrics={str(k): float(v) for k, v in msg["metrics"].items()}, seconds=float(msg.get("seconds", 0.0)))
+        if msg.get("error") is not None:
+            return cls(error=str(msg["error"]), unreachable=msg.get("unreachable"))
+        return cls(not_run=str(msg.get("not_run", "not run")))
+
+
+@dataclass
 class Finished:
     """An attempt that ran to its end and staged its results: it asks to commit."""
 

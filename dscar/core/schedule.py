@@ -95,6 +95,8 @@ class Schedule(Protocol):
     def clock_end_failed(self, worker: str, run_id: int, error: str, now: float,
                          clock: int | None = None) -> list[Effect]: ...
 
+    def unfold_clock_end(self, worker: str) -> list[Effect]: ...
+
     def snapshotted(self, now: float) -> list[Effect]: ...
 
     def report_for(self, clock: int) -> dict | None: ...
@@ -130,6 +132,11 @@ class BspSchedule:
         self.clock_end_worker: str | None = None
         #: workers handed a shard attempt this clock (each gets one, however slow: see ``Dispatch.leave_to_others``)
         self.started: set[str] = set()
+        #: the clock end runs folded into the apply of the clock's last pass on a worker chosen then
+        #: (``ApplyPass.clock_end``): no clock-end item and no ``clock_done`` message on a clock's path
+        self.fold_clock_end = False
+        #: the worker the current clock's clock end is folded into (None: not folded, or given back)
+        self.folded: str | None = None
         if resume is not None:
             self.machine.clock = int(resume["clock"])
             self.machine.stage = Stage.DONE
@@ -209,15 +216,44 @@ class BspSchedule:
                     [t for t, k in job.cfg.kinds.items() if k == "reduction"] if a.reset_reductions else [])
                 effects.append(ApplyPass(a.run_id, m.clock, job.queue.committed_attempts(), reset,
                                          a.reset_rebuild, phase=None if a.reset_rebuild else
-                                         job.cfg.phase_names[m.data_phase] or None))
+                                         job.cfg.phase_names[m.data_phase] or None,
+                                         clock_end=self._fold(a)))
             elif isinstance(a, RunClockEnd):
-                self.clock_end_worker = None
+                self.clock_end_worker = self.folded  # (None: the item goes to the first worker that asks)
             elif isinstance(a, Recover):
                 effects.append(StartRecovery())
             elif isinstance(a, Skip):
                 job.metrics = {"objective": math.nan, "skipped": 1.0}
                 job.event(now, "clock-end-skipped", reason=a.reason)
         return effects
+
+    def _fold(self, a: Apply) -> dict | None:
+        """The clock-end item to fold into the apply of pass ``a``, when it is the clock's last and
+        the clock end follows it (no loss has doomed the clock): run by the live worker owning the
+        most partitions (the fewest remote reads), the first such in ``workers`` order."""
+        job, m = self.job, self.machine
+        self.folded = None
+        if (not self.fold_clock_end or a.reset_rebuild or m.applying_rebuild or m.recovering
+                or m.data_phase + 1 < m.n_phases or m.skip_reason is not None):
+            return None
+        live = [w for w in job.workers if w not in job.losses.lost]
+        if not live:
+            return None
+        owned = Counter(job.pmap.owners.values())
+        self.folded = max(live, key=lambda w: (owned[w], -live.index(w)))
+        return {"op": "clock_end", "job": job.cfg.job_id, "clock": m.clock, "run": a.run_id,
+                "owners": job.pmap.to_msg(), "worker": self.folded}
+
+    def unfold_clock_end(self, worker: str) -> list[Effect]:
+        """The clock end folded into ``worker``'s apply did not run there (its worker stopped, a peer's
+        table was not applied in time, the apply was sent again): the item path runs it as it did
+        before folding, handed to the first worker that asks."""
+        if self.folded != worker:
+            return []
+        self.folded = None
+        if self.machine.stage is Stage.CLOCK_END and self.clock_end_worker == worker:
+            self.clock_end_worker = None
+        return []
 
     # ---------------------------------------------------------------- clocks
     def begin(self, clock: int, now: float) -> list[Effect]:
@@ -229,7 +265,7 @@ class BspSchedule:
         job.pending_restarts = []
         job.tally.begin(now)
         self.started = set()
-        self.clock_end_worker = None
+        self.clock_end_worker = self.folded = None
         job.checkpoints.start_interval(now)
         return effects + self._carry(self.machine.begin(clock), now)
 
@@ -412,6 +448,8 @@ class BspSchedule:
             effects += self._carry(m.lose(restores=True, reductions_lost=reductions, unapplied=unapplied), now)
         if m.stage is Stage.CLOCK_END and self.clock_end_worker == worker:
             effects += self._carry(m.clock_end_failed(), now)  # while recovering: skipped after it
+        elif self.folded == worker:  # lost before the apply ended: if the clock still ends, the item path runs it
+            self.folded = None
         return effects
 
     def recovered(self, now: float) -> list[Effect]:
@@ -755,6 +793,11 @@ class SspSchedule:
         if run_id != w.epoch or w.recovering or clock in w.skip_reasons:
             return self._carry(w.clock_end_failed(clock), now)
         self.job.fail(now, f"clock_end of clock {clock} failed on {worker}:\n{error}")
+        return []
+
+    def unfold_clock_end(self, worker: str) -> list[Effect]:
+        """Nothing to give back: SSP keeps the clock-end item (its applies are batches that do not end
+        a clock, so no apply message could carry a clock end)."""
         return []
 
     # --------------------------------------------------------------- losses

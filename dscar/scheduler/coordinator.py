@@ -56,7 +56,7 @@ from ..core.job import ApplyPass, Checkpoint, JobConfig, JobState, Mirror, Resta
 from ..core.liveness import silence_limit, to_probe
 from ..core.membership import DEFAULT_LEASE_S, SCHEDULER_RULES, Lease, Rule, key_digest, refusal, same
 from ..core.monitor import ThroughputMonitor
-from ..core.protocol import IDLE, Commit, CommitAnswer, handler_name
+from ..core.protocol import IDLE, ClockEndOutcome, Commit, CommitAnswer, handler_name
 from ..core.partitions import PartitionMap, TableLayout, data_homes, placement_plan
 from ..core.shards import ShardQueue
 from ..core.wake import IDLE_RECHECK_S, MOVE_RECHECK_S, WaitLine, Woken, owners, recheck_s
@@ -787,6 +787,8 @@ class Coordinator(SchedulerPlugin):
             kw.update(consistency="ssp", staleness=int(staleness), max_clocks=int(max_clocks))
         job = JobState(cfg, queue, pmap, **kw)
         job.workers = workers
+        if consistency != "ssp":  # (SSP keeps the clock-end item: see ``SspSchedule.unfold_clock_end``)
+            job.schedule.fold_clock_end = bool(dask.config.get("dscar.fold-clock-end", True))
         self._models[job_id] = model or job_id.rsplit("-", 1)[0]
         self._wanted[job_id] = workers_wanted(n_shards, elastic_workers)
         self.jobs[job_id] = job
@@ -1200,6 +1202,7 @@ class Coordinator(SchedulerPlugin):
             job.fail(time.time(), f"cannot plan the apply of clock {e.clock}: {err}")
             self._wake()
             return
+        folded = None if e.clock_end is None else e.clock_end["worker"]  # (its apply answers once its clock end ran)
         for attempt in range(APPLY_TRIES):
             # through a tree, an owner's fetch waits on the combine steps below the root (each level's deadline)
             timeout = RPC_TIMEOUT_S + (plan.depth() + 2) * float(dask.config.get("dscar.rpc-timeout", 10.0)) * plan.tree
@@ -1208,10 +1211,11 @@ class Coordinator(SchedulerPlugin):
                 for c in e.committed:
                     committed.setdefault(c[2], []).append(list(c))
                 extra["shards"] = shard_ranges(s for s, _, _ in e.committed)
+            # the clock end has no deadline, as its item has none: a hung worker is found by the liveness watch
             results = await asyncio.gather(*(
-                self._rpc(w, "apply", timeout=timeout, job_id=job.cfg.job_id, clock=e.clock, run=e.run_id,
-                          committed=e.committed if e.batch is not None else committed[w], reset=e.reset, **extra,
-                          **plan.role(w).to_msg())
+                self._rpc(w, "apply", timeout=None if w == folded else timeout, job_id=job.cfg.job_id, clock=e.clock,
+                          run=e.run_id, committed=e.committed if e.batch is not None else committed[w], reset=e.reset,
+                          **extra, **plan.role(w).to_msg(), **({"clock_end": e.clock_end} if w == folded else {}))
                 for w in targets
             ), return_exceptions=True)
             unreached: dict[str, str] = {}  # worker -> why it looks lost
@@ -1232,6 +1236,8 @@ class Coordinator(SchedulerPlugin):
                 if any(isinstance(r, dict) and r.get("status") == "source-lost" for r in results):
                     return  # (the named worker is gone already: its loss skips the clock)
                 self._do(job, job.applied(e.run_id, time.time(), e.batch))
+                if folded is not None:
+                    await self._folded_clock_end(job, e, dict(zip(targets, results)).get(folded))
                 return
             answering = await asyncio.gather(*(self._answers(w) for w in unreached))
             lost = [w for w, ok in zip(unreached, answering) if not ok]
@@ -1245,6 +1251,21 @@ class Coordinator(SchedulerPlugin):
                       reason="; ".join(unreached.values())[:500])
             targets = self._live(job)
             plan = self._apply_plan(job, e, targets, direct=True)
+
+    async def _folded_clock_end(self, job: JobState, e: ApplyPass, answer: Any) -> None:
+        """The clock end folded into the apply of ``e`` (``ApplyPass.clock_end``) answered with that
+        worker's apply: carried out as its ``clock_done`` or ``clock_failed`` message would have been;
+        where it did not run there, the clock-end item goes to the first worker that asks, as unfolded."""
+        worker = e.clock_end["worker"]
+        out = ClockEndOutcome.from_msg(answer.get("clock_end") if isinstance(answer, dict) else None)
+        if out.metrics is not None:
+            self._h_clock_done(job.cfg.job_id, e.clock, e.run_id, worker, out.metrics, out.seconds)
+        elif out.error is not None:
+            await self._h_clock_failed(job.cfg.job_id, e.clock, e.run_id, worker, out.error, out.unreachable)
+        else:
+            if job.clock_end_worker == worker:
+                job.event(time.time(), "clock-end-unfolded", worker=worker, reason=out.not_run)
+            self._do(job, job.unfold_clock_end(worker))
 
     def _h_clock_done(self, job_id: str, clock: int, run: int, worker: str, metrics: dict, seconds: float) -> dict:
         job = self.jobs.get(job_id)

@@ -72,6 +72,12 @@ def rpc_timeout() -> float:
     return float(dask.config.get("dscar.rpc-timeout", 10.0))
 
 
+#: the handlers a folded clock end tags with ``after`` (its run): each answers once the pass of that
+#: run is applied here (``ParamServer._until_applied``), so the clock end reads and writes the tables
+#: as they are after the pass, although it started before every owner had applied it
+AFTER_APPLIED = frozenset({"pull", "pull_many", "summarize", "assign"})
+
+
 class ParamServer(WorkerPlugin):
     """Holds each job's stores and answers the ``dscar_*`` handlers; starts the shard runner
     (and is its ``RunnerHost``)."""
@@ -106,6 +112,12 @@ class ParamServer(WorkerPlugin):
         #: (job, pass tag) -> the answer of this worker's combine step of that pass (``_combine``),
         #: once the apply message that names it came; a parent's fetch may come first and waits
         self._combines: dict[tuple[str, tuple[int, int]], asyncio.Future] = {}
+        #: job -> the newest BSP pass whose apply was refused or cut short here (``_until_applied``)
+        self._not_applied: dict[str, int] = {}
+        #: woken (their results set) whenever a BSP pass is applied here or will not be
+        self._apply_waiters: list[asyncio.Future] = []
+        #: job -> (run, the clock end folded into that pass's apply here): an apply sent again awaits it
+        self._folded: dict[str, tuple[int, asyncio.Future]] = {}
         for op, handler in self.handlers().items():
             worker.handlers[handler_name(op)] = self._guarded(op, handler)
         #: (job, table, part) -> a partition copied here for a join, owned from its switch (``adopt``)
@@ -207,7 +219,10 @@ class ParamServer(WorkerPlugin):
         event), never handed on."""
         rule, installs, writes = worker_rule(op), op in WORKER_INSTALLING, op in WORKER_RUN_WRITES
 
+        waits = op in AFTER_APPLIED
+
         async def guarded(comm, token: str | None = None, **kw):
+            after = kw.pop("after", None) if waits else None
             if rule is not Rule.OPEN:
                 job_id = kw.get("job_id")
                 job = self.jobs.get(job_id) if isinstance(job_id, str) else None
@@ -218,11 +233,51 @@ class ParamServer(WorkerPlugin):
                     why = await self._run_refusal(job, kw.get("run", -1))
                 if why is not None:
                     return await self._refuse(op, getattr(comm, "peer_address", None), why, job)
+            if after is not None:
+                why = await self._until_applied(kw.get("job_id"), int(after))
+                if why is not None:
+                    return {"status": "not-applied", "error": why}
             out = handler(**kw)
             return (await out) if inspect.isawaitable(out) else out
 
         guarded.__name__ = guarded.__qualname__ = handler_name(op)
         return guarded
+
+    async def _until_applied(self, job_id: object, run: int) -> str | None:
+        """None once the BSP pass of ``run`` (or a newer one) is applied here; otherwise why it is not:
+        its apply was refused or cut short here, a newer run reached this worker, or it did not come
+        within half ``rpc_timeout()`` (a bounded wait, answered before the reader's own deadline: a
+        folded clock end then goes back to the item path)."""
+        deadline = time.monotonic() + rpc_timeout() / 2
+        while True:
+            job = self.jobs.get(job_id) if isinstance(job_id, str) else None
+            if job is None:
+                return f"job {job_id} is not on {self.address}"
+            if job.tables.applied_run >= run:
+                return None
+            if job.run_seen > run or self._not_applied.get(job.id, -1) >= run:
+                return f"pass {run} will not be applied on {self.address}"
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return f"pass {run} was not applied on {self.address} within {rpc_timeout() / 2} s"
+            waiter = asyncio.get_running_loop().create_future()
+            self._apply_waiters.append(waiter)
+            try:
+                await asyncio.wait_for(waiter, left)
+            except asyncio.TimeoutError:
+                pass
+            finally:
+                if waiter in self._apply_waiters:
+                    self._apply_waiters.remove(waiter)
+
+    def _applies_settled(self, job_id: str, run: int, applied: bool) -> None:
+        """A BSP pass was applied here, or will not be: wake the reads waiting for it."""
+        if not applied:
+            self._not_applied[job_id] = max(self._not_applied.get(job_id, -1), run)
+        waiters, self._apply_waiters = self._apply_waiters, []
+        for w in waiters:
+            if not w.done():
+                w.set_result(None)
 
     async def _run_refusal(self, job: Job, run: object) -> str | None:
         """Why a write tagged ``run`` must be refused (``membership.run_refusal``): a run newer than
@@ -559,7 +614,8 @@ class ParamServer(WorkerPlugin):
     async def _h_apply(self, job_id: str, clock: int, run: int, committed: list, reset: list | None = None,
                        clocks: list | None = None, floor: int | None = None, phase: str | None = None,
                        batch: int | None = None, fetch: list | None = None, tree: dict | None = None,
-                       combine: dict | None = None, shards: list | None = None) -> dict:
+                       combine: dict | None = None, shards: list | None = None,
+                       clock_end: dict | None = None) -> dict:
         """Apply the pass of ``run``: the committed attempts' updates to the partitions owned here
         and their new shard states to the shards held here; drop everything else of the clock.
 
@@ -576,6 +632,10 @@ class ParamServer(WorkerPlugin):
         ``[worker, keys]`` to fetch from each worker that staged some for the partitions here;
         ``tree``, ``{"root", "height", "expect"}`` to fetch them all from the tree's root instead;
         ``combine``, its combine step when it staged some for others (``_combine``).
+
+        ``clock_end``: a BSP clock's last pass, the clock-end item folded into this worker's apply
+        (``dscar.core.schedule.BspSchedule._fold``): once the pass is applied here, this worker runs
+        the clock end and answers with its outcome too (``clock_end``, ``protocol.ClockEndOutcome``).
         """
         job = self.jobs.get(job_id)
         tag = (int(run), int(clock if batch is None else batch))
@@ -586,6 +646,8 @@ class ParamServer(WorkerPlugin):
         if run < job.run_seen:  # the machine moved on (a loss): applying it now could undo newer work here
             if combine is not None:  # (its parent waits for it)
                 self._settle_combine(job_id, tag, {"status": "stale"})
+            if floor is None:
+                self._applies_settled(job_id, run, False)
             return {"status": "stale"}
         if await self._ainject(job, "apply", clock, phase):
             if combine is not None:  # (its parent waits for it)
@@ -594,9 +656,18 @@ class ParamServer(WorkerPlugin):
         if floor is None:  # BSP: the coordinator may send a pass again (a peer it could not reach answered a
             async with job.apply_lock:  # probe); one that was applied here is not applied twice
                 if run <= job.tables.applied_run:
-                    return {"status": "OK", "applied": 0, "again": True}
-                return await self._apply_here(job, tag, clock, run, committed, reset, clocks, floor, fetch, tree,
-                                              combine, shards)
+                    out = {"status": "OK", "applied": 0, "again": True}
+                else:
+                    try:
+                        out = await self._apply_here(job, tag, clock, run, committed, reset, clocks, floor, fetch,
+                                                     tree, combine, shards)
+                    except BaseException:
+                        self._applies_settled(job_id, run, False)
+                        raise
+                    self._applies_settled(job_id, run, "applied" in out)
+            if clock_end is not None and "applied" in out:
+                out = {**out, "clock_end": await self._clock_end_here(job, run, clock_end)}
+            return out
         return await self._apply_here(job, tag, clock, run, committed, reset, clocks, floor, fetch, tree, combine,
                                       shards)
 
@@ -628,6 +699,15 @@ class ParamServer(WorkerPlugin):
         if "applied" in out and floor is None:  # (an SSP batch is no pass: a batch's members run on)
             self.runner.pass_applied(job_id)
         return out
+
+    async def _clock_end_here(self, job: Job, run: int, item: dict) -> dict:
+        """The outcome of the clock end folded into the apply of ``run`` (``ShardRunner.clock_end_here``,
+        off the event loop); an apply of the same pass sent again gets the same one, never a second run."""
+        folded = self._folded.get(job.id)
+        if folded is None or folded[0] != run:
+            folded = self._folded[job.id] = (run, asyncio.ensure_future(asyncio.to_thread(self.runner.clock_end_here,
+                                                                                          item)))
+        return await asyncio.shield(folded[1])
 
     def _h_assign(self, job_id: str, run: int, chunks: list, arrays: dict) -> dict:
         """A clock end's rows for partitions owned here: ``chunks`` ``[[table, part, lo], ...]``, their
@@ -853,6 +933,8 @@ class ParamServer(WorkerPlugin):
             for moving in (self._incoming, self._lent):  # a join's move the job ended before
                 for key in [k for k in moving if k[0] == job_id]:
                     del moving[key]
+        self._folded.pop(job_id, None)
+        self._not_applied.pop(job_id, None)
         if job is not None:
             job.ended.set()
         return {"status": "OK"}

@@ -37,7 +37,7 @@ from ..inflight import PeerUnreachable
 from ..core.ledger import INITIAL_STATE
 from .mirror_store import MirrorStore, shard_key
 from .partition_store import PartitionStore, touched_parts
-from ..core.protocol import Commit, CommitAnswer, Finished, Stopped, WorkItem
+from ..core.protocol import ClockEndOutcome, Commit, CommitAnswer, Finished, Stopped, WorkItem
 from .pull_cache import SMALL, PullCache
 from ..core.partitions import TableLayout, by_owner
 from .shard_store import ShardEntry, ShardStore
@@ -486,6 +486,41 @@ class ShardRunner:
         self._inject(job, key[0], "mid-push", phase)  # staged, not yet committed
         return staged
 
+    def _clock_end(self, job: Job, ctx: ClockEnd) -> dict[str, float]:
+        """The algorithm's clock-end step, its writes sent: its metrics."""
+        metrics = job.algorithm.clock_end(ctx)
+        ctx.flush()
+        metrics = {str(k): float(v) for k, v in dict(metrics).items()}
+        if "objective" not in metrics:
+            raise ValueError(f"{type(job.algorithm).__name__}.clock_end returned no 'objective'")
+        return metrics
+
+    def clock_end_here(self, item: dict) -> dict:
+        """The clock end folded into this worker's apply of the clock's last pass (``item``, a
+        clock-end item), run once that apply is done: its outcome (``protocol.ClockEndOutcome``) goes
+        back with the apply's answer instead of a ``clock_done`` or ``clock_failed`` message.
+        Where it did not run (stopped by a fault, an owner that had not applied in time, nothing
+        written yet) the coordinator hands the clock end out as an item instead."""
+        clock, ctx = item["clock"], None
+        try:
+            job = self.host.job(item["job"])
+            self._prepare(job, item)
+            self._inject(job, clock, "clock-end")
+            t0 = time.perf_counter()
+            ctx = ClockEnd(self, job, clock, item["run"], folded=True)
+            metrics = self._clock_end(job, ctx)
+            return ClockEndOutcome(metrics=metrics, seconds=time.perf_counter() - t0).to_msg()
+        except _Stopped:
+            return ClockEndOutcome(not_run="stopped").to_msg()
+        except NotApplied as e:
+            if ctx is None or not ctx.wrote:
+                return ClockEndOutcome(not_run=str(e)).to_msg()
+            error: BaseException = e
+        except Exception as e:
+            error = e
+        logger.warning("dscar clock_end of clock %s (folded) failed: %r", clock, error)
+        return ClockEndOutcome(error=_last_frames(error), unreachable=_unreachable_peer(error)).to_msg()
+
     def _run_clock_end(self, item: dict) -> None:
         job_id, clock = item["job"], item["clock"]
         try:
@@ -493,12 +528,7 @@ class ShardRunner:
             self._prepare(job, item)
             self._inject(job, clock, "clock-end")
             t0 = time.perf_counter()
-            ctx = ClockEnd(self, job, clock, item["run"])
-            metrics = job.algorithm.clock_end(ctx)
-            ctx.flush()
-            metrics = {str(k): float(v) for k, v in dict(metrics).items()}
-            if "objective" not in metrics:
-                raise ValueError(f"{type(job.algorithm).__name__}.clock_end returned no 'objective'")
+            metrics = self._clock_end(job, ClockEnd(self, job, clock, item["run"]))
             self.host.call("clock_done", job_id=job_id, clock=clock, run=item["run"], worker=self.host.address,
                            metrics=metrics, seconds=time.perf_counter() - t0)
         except _Stopped:
@@ -514,11 +544,12 @@ class ShardRunner:
 
     # --------------------------------------------------- table row access
     def read_rows(self, job: Job, table: str, start: int, stop: int | None, clock: int | None = None,
-                  own: PullCache | None = None, race: list | None = None):
+                  own: PullCache | None = None, race: list | None = None, after: int | None = None):
         """Global rows ``[start, stop)`` of ``table``, gathered from their owners (under SSP a
         reduction table's sums of ``clock``; ``own``: the pull cache whose written-back updates
         the rows must hold, ``PullCache.patch``; ``race``: ``[run, clock, shard]`` of the attempt
-        reading, which stops (``LostRace``) where another attempt of its shard was applied)."""
+        reading, which stops (``LostRace``) where another attempt of its shard was applied;
+        ``after``: a folded clock end's run, each owner answers once it applied that pass)."""
         layout = job.layouts[table]
         stop = layout.n_rows if stop is None else stop
         mine = None if own is None else own.mine()
@@ -528,7 +559,7 @@ class ShardRunner:
         remote = [(part, owner) for part, _, _, owner in spans if owner != self.host.address]
         replies = dict(zip(remote, self.host.peer_all([
             (owner, "pull", {"job_id": job.id, "table": table, "part": part, "lo": lo, "hi": hi, "clock": clock,
-                             "mine": mine, "race": race})
+                             "mine": mine, "race": race, **_after(after)})
             for part, lo, hi, owner in spans if owner != self.host.address]))) if remote else {}
         pieces = []
         for part, lo, hi, owner in spans:
@@ -550,11 +581,11 @@ class ShardRunner:
         return spec.n_rows * int(np.prod(spec.trailing)) * np.dtype(spec.dtype).itemsize <= SMALL_TABLE_BYTES
 
     def read_small_tables(self, job: Job, clock: int | None = None, own: PullCache | None = None,
-                          race: list | None = None) -> dict[str, Any]:
+                          race: list | None = None, after: int | None = None) -> dict[str, Any]:
         """Every small table (``SMALL_TABLE_BYTES``), whole: the partitions held here copied, the
         others fetched with one message per owner, all owners at once. A small model's shard step
         or clock end reads several tables, and one message per table and owner is a round trip each.
-        ``own`` and ``race`` as for ``read_rows``."""
+        ``own``, ``race`` and ``after`` as for ``read_rows``."""
         small = [t for t in job.specs if self.is_small(job, t)]
         remote = by_owner(job.owners, [(t, p) for t in small for p in range(job.layouts[t].n_parts)])
         mine = None if own is None else own.mine()
@@ -567,7 +598,8 @@ class ShardRunner:
                 held[k] = job.tables.held(k, *mine) if mine else []
         if remote:
             replies = self.host.peer_all([(o, "pull_many", {"job_id": job.id, "parts": [list(k) for k in keys],
-                                                            "clock": clock, "mine": mine, "race": race})
+                                                            "clock": clock, "mine": mine, "race": race,
+                                                            **_after(after)})
                                           for o, keys in remote.items()])
             for (owner, keys), r in zip(remote.items(), replies):
                 r = _answered(r, owner, *keys[0])
@@ -577,16 +609,18 @@ class ShardRunner:
             pieces = {k: own.patch(v, *k, 0, held[k], job.xp) for k, v in pieces.items()}
         return {t: job.xp.concatenate([pieces[(t, p)] for p in range(job.layouts[t].n_parts)]) for t in small}
 
-    def summarize(self, job: Job, table: str, clock: int | None = None) -> list[list[np.ndarray]]:
+    def summarize(self, job: Job, table: str, clock: int | None = None,
+                  after: int | None = None) -> list[list[np.ndarray]]:
         """The algorithm's ``summarize`` of every partition of ``table``, in row order, each run by
-        the partition's owner (one message per other owner, all at once)."""
+        the partition's owner (one message per other owner, all at once; ``after`` as for ``read_rows``)."""
         layout = job.layouts[table]
         remote = by_owner(job.owners, [(table, p) for p in range(layout.n_parts)])
         mine = [p for _, p in remote.pop(self.host.address, [])]
         out: dict[int, list] = {}
         if remote:
             replies = self.host.peer_all([(o, "summarize", {"job_id": job.id, "table": table,
-                                                             "parts": [p for _, p in keys], "clock": clock})
+                                                             "parts": [p for _, p in keys], "clock": clock,
+                                                             **_after(after)})
                                           for o, keys in remote.items()])
             for (owner, keys), r in zip(remote.items(), replies):
                 arrays = iter(wire.decode(_answered(r, owner, *keys[0])["data"]))
@@ -598,9 +632,10 @@ class ShardRunner:
             out.update(zip(mine, got))
         return [out[p] for p in range(layout.n_parts)]
 
-    def read_row_set(self, job: Job, table: str, rows, clock: int | None = None, race: list | None = None):
-        """Arbitrary rows of ``table`` (in the order given), gathered from their owners (``race`` as
-        for ``read_rows``)."""
+    def read_row_set(self, job: Job, table: str, rows, clock: int | None = None, race: list | None = None,
+                     after: int | None = None):
+        """Arbitrary rows of ``table`` (in the order given), gathered from their owners (``race`` and
+        ``after`` as for ``read_rows``)."""
         layout, spec = job.layouts[table], job.specs[table]
         rows = np.asarray(to_host(rows), dtype=np.int64)
         if rows.size and (rows.min() < 0 or rows.max() >= layout.n_rows):
@@ -614,7 +649,8 @@ class ShardRunner:
         remote = [(part, owner, local) for part, owner, _, local in wants if owner != self.host.address]
         replies = dict(zip([(p, o) for p, o, _ in remote], self.host.peer_all([  # every remote owner at once
             (owner, "pull", {"job_id": job.id, "table": table, "part": part, "rows": to_serialize(local),
-                             "clock": clock, "race": race}) for part, owner, local in remote]))) if remote else {}
+                             "clock": clock, "race": race, **_after(after)})
+            for part, owner, local in remote]))) if remote else {}
         for part, owner, sel, local in wants:
             if owner == self.host.address:
                 with job.tables.lock:
@@ -645,16 +681,19 @@ class ShardRunner:
                 remote[owner].append((table, part, lo - a, chunk))
         return remote
 
-    def send_writes(self, job: Job, writes: dict[str, list], run: int) -> None:
+    def send_writes(self, job: Job, writes: dict[str, list], run: int, after: int | None = None) -> None:
         """One message per owner, all owners at once: a clock end that assigns several tables
-        costs one round trip, not one per table and owner."""
+        costs one round trip, not one per table and owner (``after`` as for ``read_rows``: a row
+        written before its owner applied the pass would be added to by that apply)."""
         if not writes:
             return
         replies = self.host.peer_all([(o, "assign", {"job_id": job.id, "run": run,
                                                      "chunks": [[t, p, lo] for t, p, lo, _ in c],
-                                                     "arrays": wire.encode([d for *_, d in c])})
+                                                     "arrays": wire.encode([d for *_, d in c]), **_after(after)})
                                       for o, c in writes.items()])
         for owner, r in zip(writes, replies):
+            if r.get("status") == "not-applied":
+                raise NotApplied(f"{owner}: {r.get('error')}")
             if r.get("status") != "OK":
                 raise LookupError(f"{owner} no longer holds a partition this clock end assigns")
 
@@ -714,9 +753,21 @@ def _answered(reply: dict, owner: str, table: str, part: int) -> dict:
     when the owner already applied another attempt of the reader's shard."""
     if reply.get("status") == "lost-race":
         raise LostRace(f"{owner} applied another attempt of the shard to {table}/{part}")
+    if reply.get("status") == "not-applied":
+        raise NotApplied(f"{owner}: {reply.get('error')}")
     if reply.get("status", "OK") != "OK":
         raise LookupError(f"{owner} no longer holds {table}/{part}")
     return reply
+
+
+def _after(run: int | None) -> dict:
+    """A read's or write's ``after`` field, sent only by a folded clock end (other messages stay as they were)."""
+    return {} if run is None else {"after": run}
+
+
+class NotApplied(LookupError):
+    """A folded clock end's read or write reached an owner that did not apply the clock's last
+    pass in time, or will not (``ParamServer._until_applied``): the clock end did not run there."""
 
 
 class _Stopped(Exception):
@@ -824,8 +875,13 @@ class ClockEnd:
     """The ``ClockContext`` of a clock-end step: fresh pulls (of the tables as this step left
     them), assignments."""
 
-    def __init__(self, server: ShardRunner, job: Job, clock: int, run: int):
+    def __init__(self, server: ShardRunner, job: Job, clock: int, run: int, folded: bool = False):
         self._server, self._job, self._run = server, job, run
+        #: folded into this worker's apply (``ShardRunner.clock_end_here``): every other owner's
+        #: answer waits until it applied the pass of ``run``
+        self._after = run if folded else None
+        #: some row was assigned (a folded clock end that stops after it cannot be run again elsewhere)
+        self.wrote = False
         self.xp, self.clock, self.meta, self.tol = job.xp, clock, job.meta, job.tol
         self._small: dict[str, Any] | None = None  # the small tables, read once until an assign
         self._sums = clock if job.ssp else None  # under SSP reduction tables are read per clock
@@ -834,28 +890,29 @@ class ClockEnd:
     def flush(self) -> None:
         """Send the assigned rows other workers own (before a pull reads them, and at the step's end)."""
         writes, self._writes = self._writes, defaultdict(list)
-        self._server.send_writes(self._job, writes, self._run)
+        self._server.send_writes(self._job, writes, self._run, self._after)
 
     def pull(self, table: str, start: int = 0, stop: int | None = None):
         if self._writes:
             self.flush()
         if self._server.is_small(self._job, table):
             if self._small is None:
-                self._small = self._server.read_small_tables(self._job, self._sums)
+                self._small = self._server.read_small_tables(self._job, self._sums, after=self._after)
             return self._small[table][start:stop].copy()  # the caller may change its copy
-        return self._server.read_rows(self._job, table, start, stop, self._sums)
+        return self._server.read_rows(self._job, table, start, stop, self._sums, after=self._after)
 
     def pull_rows(self, table: str, rows):
         if self._writes:
             self.flush()
-        return self._server.read_row_set(self._job, table, rows, self._sums)
+        return self._server.read_row_set(self._job, table, rows, self._sums, after=self._after)
 
     def summaries(self, table: str) -> list[list[np.ndarray]]:
         if self._writes:
             self.flush()
-        return self._server.summarize(self._job, table, self._sums)
+        return self._server.summarize(self._job, table, self._sums, self._after)
 
     def assign(self, table: str, values, start: int = 0) -> None:
+        self.wrote = True
         for owner, chunks in self._server.write_rows(self._job, table, values, start, self._run).items():
             self._writes[owner] += chunks
         self._small = None
