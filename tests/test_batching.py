@@ -68,20 +68,30 @@ def tracked():
         yield cl
 
 
+def _calls_a_clock(tracked, handler: str, fit) -> float:
+    """``handler``'s calls a clock on the scheduler: those of ``fit(9)`` less those of ``fit(3)``, over
+    the 6 clocks between (setup and the final gather cancel)."""
+
+    def calls(clocks: int) -> int:
+        before = tracked.client.run_on_scheduler(_calls).get(handler, 0)
+        fit(clocks)
+        return tracked.client.run_on_scheduler(_calls).get(handler, 0) - before
+
+    short, long = calls(3), calls(9)
+    return (long - short) / 6
+
+
 def test_a_worker_commits_its_shards_of_a_clock_in_one_call(tracked):
     """8 shards of 50 ms steps on 2 workers: once the steps are measured (the first clocks), each
     worker gets its 4 shards in one item and commits them in one call: 2 commits a clock, not 8 as
     one shard an item costs. A worker that runs out first asks the other's unstarted members back,
     and a member it takes costs one commit more: on a loaded machine about 3 a clock; 5 is the bound."""
 
-    def commits(clocks: int) -> int:
-        before = tracked.client.run_on_scheduler(_calls).get("dscar_commit", 0)
+    def fit(clocks: int) -> None:
         res = dscar.fit(RowCounter(sleep=0.05), row_data(64), tracked, n_shards=8, max_clocks=clocks)
         assert_exactly_once(res, 64)
-        return tracked.client.run_on_scheduler(_calls).get("dscar_commit", 0) - before
 
-    short, long = commits(3), commits(9)
-    per_clock = (long - short) / 6
+    per_clock = _calls_a_clock(tracked, "dscar_commit", fit)
     print(f"{per_clock:.2f} commits a clock for 8 shards on 2 workers")
     assert per_clock <= 5, f"{per_clock:.1f} commits a clock for 8 shards on 2 workers"
 
@@ -89,17 +99,14 @@ def test_a_worker_commits_its_shards_of_a_clock_in_one_call(tracked):
 def test_a_bsp_worker_s_commit_waits_for_its_next_item_instead_of_a_poll_more(tracked):
     """Under BSP a worker needs its grants only with its next item, so its last commit of a pass waits
     for that item (``protocol.Commit.wait``) rather than answer at once and be followed by a
-    ``dscar_next``: the only poll left a clock is the clock-end runner's after its report (it was
-    one more per worker: 3 a clock on 2 workers). Exactly once still holds."""
+    ``dscar_next`` (it was one more per worker: 3 a clock on 2 workers; a clock end sent as an item,
+    not folded into the apply, leaves one poll a clock). Exactly once still holds."""
 
-    def polls(clocks: int) -> int:
-        before = tracked.client.run_on_scheduler(_calls).get("dscar_next", 0)
+    def fit(clocks: int) -> None:
         res = dscar.fit(RowCounter(sleep=0.01), row_data(64), tracked, n_shards=8, max_clocks=clocks)
         assert_exactly_once(res, 64)
-        return tracked.client.run_on_scheduler(_calls).get("dscar_next", 0) - before
 
-    short, long = polls(3), polls(9)
-    per_clock = (long - short) / 6
+    per_clock = _calls_a_clock(tracked, "dscar_next", fit)
     print(f"{per_clock:.2f} dscar_next a clock on 2 workers")
     assert per_clock <= 1.5, f"{per_clock:.1f} dscar_next a clock on 2 workers"
 
@@ -118,18 +125,15 @@ def test_under_ssp_a_worker_commits_several_shards_of_its_own_in_one_call(tracke
     the bound. Every clock's reduction still sums exactly one update per row, no read is more than a
     clock ahead, and the model holds every update once."""
 
-    def commits(clocks: int) -> int:
-        before = tracked.client.run_on_scheduler(_calls).get("dscar_commit", 0)
+    def fit(clocks: int) -> None:
         res = dscar.fit(SspRows(sleep=0.05), row_data(64), tracked, n_shards=8, max_clocks=clocks,
                         consistency="ssp", staleness=1)
         for rec in res.history:
             assert rec.metrics["seen_min"] == rec.metrics["seen_max"] == 1.0, rec  # this clock's sums, exactly
             assert rec.clock <= rec.metrics["count_min"] and rec.metrics["count_max"] <= rec.clock + 1, rec
         np.testing.assert_array_equal(res.params["count"], np.full(64, float(clocks)))
-        return tracked.client.run_on_scheduler(_calls).get("dscar_commit", 0) - before
 
-    short, long = commits(3), commits(9)
-    per_clock = (long - short) / 6
+    per_clock = _calls_a_clock(tracked, "dscar_commit", fit)
     print(f"{per_clock:.2f} commits a clock for 8 shards on 2 workers under SSP")
     assert per_clock <= 6, f"{per_clock:.1f} commits a clock for 8 shards on 2 workers under SSP"
 
