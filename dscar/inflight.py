@@ -99,3 +99,20 @@ def _expire(task: asyncio.Future, expired: list[bool]) -> None:
     if not task.done():
         expired.append(True)
         task.cancel()
+
+
+async def timed_wait(fut: asyncio.Future, timeout: float, expired: Any) -> Any:
+    """``fut``'s result, or ``expired`` once ``timeout`` seconds pass first (``fut`` then holds it too).
+    Cancelling the caller cancels ``fut``. A timer, not ``asyncio.wait_for`` (a task a wait): the
+    coordinator's long polls and the workers' waits for an apply run it several times a clock."""
+    timer = asyncio.get_running_loop().call_later(max(timeout, 0.0), resolve, fut, expired)
+    try:
+        return await fut
+    finally:
+        timer.cancel()
+
+
+def resolve(fut: asyncio.Future, value: Any) -> None:
+    """Set ``fut``'s result to ``value`` unless it is done."""
+    if not fut.done():
+        fut.set_result(value)

@@ -51,7 +51,7 @@ from ..checkpoint import CheckpointConfig
 from ..comm import fast_fail_pool
 from ..core.elastic import adaptive_target, handoff_plan, join_plan, retirable, shard_handoff_plan, workers_wanted
 from ..errors import JobFailedError, RefusedCallError
-from ..inflight import Inflight
+from ..inflight import Inflight, resolve, timed_wait
 from ..core.job import ApplyPass, Checkpoint, JobConfig, JobState, Mirror, RestartWorker, StartRecovery
 from ..core.liveness import silence_limit, to_probe
 from ..core.membership import DEFAULT_LEASE_S, SCHEDULER_RULES, Lease, Rule, key_digest, refusal, same
@@ -110,25 +110,10 @@ def stall_timeout() -> float:
     return float(dask.config.get("dscar.core.stall-timeout", 60.0))
 
 
-async def _timed_wait(loop: asyncio.AbstractEventLoop, fut: asyncio.Future, timeout: float, expired: Any) -> Any:
-    """``fut``'s result, or ``expired`` once ``timeout`` seconds pass first (``fut`` then holds it too).
-    Cancelling the caller cancels ``fut``."""
-    timer = loop.call_later(max(timeout, 0.0), _resolve, fut, expired)
-    try:
-        return await fut
-    finally:
-        timer.cancel()
-
-
-def _resolve(fut: asyncio.Future, value: Any) -> None:
-    if not fut.done():
-        fut.set_result(value)
-
-
 def _relay(mine: asyncio.Future, source: asyncio.Future) -> None:
     """``source``'s result into ``mine`` (a done callback of ``source``, which is never cancelled)."""
     if not source.cancelled():
-        _resolve(mine, source.result())
+        resolve(mine, source.result())
 
 
 class Coordinator(SchedulerPlugin):
@@ -581,7 +566,7 @@ class Coordinator(SchedulerPlugin):
         """``worker``'s long poll waits in the line until it is woken (its ``Woken``) or ``timeout`` (None).
 
         Every poll waits once or twice a clock, so this is a timer and a future of its own fed by the
-        worker's (``_timed_wait``; a poll that is cancelled cancels only its own, not another poll's
+        worker's (``dscar.inflight.timed_wait``; a poll that is cancelled cancels only its own, not another poll's
         of the same worker), not ``asyncio.wait_for`` of a shielded future (three futures more)."""
         loop = asyncio.get_running_loop()
         fut = self._polls.get(worker)
@@ -594,7 +579,7 @@ class Coordinator(SchedulerPlugin):
         relay = partial(_relay, mine)
         fut.add_done_callback(relay)
         try:
-            woken = await _timed_wait(loop, mine, timeout, None)
+            woken = await timed_wait(mine, timeout, None)
         finally:
             fut.remove_done_callback(relay)
         if woken is None:  # it looks again out of the line: a wake meanwhile goes to another
@@ -626,12 +611,12 @@ class Coordinator(SchedulerPlugin):
     async def _wait_change(self, timeout: float) -> bool:
         """Whether a change (``_wake``) came within ``timeout`` seconds. The driver's long poll for
         its clock's report waits here once per change, so this is a future and a timer
-        (``_timed_wait``), not ``asyncio.wait_for`` of ``Event.wait()`` (a task a wait)."""
+        (``dscar.inflight.timed_wait``), not ``asyncio.wait_for`` of ``Event.wait()`` (a task a wait)."""
         loop = asyncio.get_running_loop()
         fut = loop.create_future()
         self._change_waits.add(fut)
         try:
-            return await _timed_wait(loop, fut, timeout, False)
+            return await timed_wait(fut, timeout, False)
         finally:
             self._change_waits.discard(fut)
 

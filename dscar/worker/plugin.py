@@ -48,7 +48,7 @@ from .. import checkpoint as ckpt
 from .. import wire
 from ..comm import fast_fail_pool
 from ..errors import JobFailedError, RefusedCallError
-from ..inflight import Inflight
+from ..inflight import Inflight, timed_wait
 from ..core.membership import (WORKER_INSTALLING, WORKER_RUN_WRITES, Rule, key_digest, new_token, refusal, run_known,
                          run_refusal, same, worker_rule)
 from .mirror_store import part_key, shard_key
@@ -263,9 +263,7 @@ class ParamServer(WorkerPlugin):
             waiter = asyncio.get_running_loop().create_future()
             self._apply_waiters.append(waiter)
             try:
-                await asyncio.wait_for(waiter, left)
-            except asyncio.TimeoutError:
-                pass
+                await timed_wait(waiter, left, None)
             finally:
                 if waiter in self._apply_waiters:
                     self._apply_waiters.remove(waiter)
