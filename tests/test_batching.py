@@ -81,17 +81,23 @@ def _calls_a_clock(tracked, handler: str, fit) -> float:
     return (long - short) / 6
 
 
+def _bsp_fit(tracked, sleep: float):
+    """A fit of 8 shards of 64 rows on ``tracked`` for ``_calls_a_clock``, checked exactly once."""
+
+    def fit(clocks: int) -> None:
+        res = dscar.fit(RowCounter(sleep=sleep), row_data(64), tracked, n_shards=8, max_clocks=clocks)
+        assert_exactly_once(res, 64)
+
+    return fit
+
+
 def test_a_worker_commits_its_shards_of_a_clock_in_one_call(tracked):
     """8 shards of 50 ms steps on 2 workers: once the steps are measured (the first clocks), each
     worker gets its 4 shards in one item and commits them in one call: 2 commits a clock, not 8 as
     one shard an item costs. A worker that runs out first asks the other's unstarted members back,
     and a member it takes costs one commit more: on a loaded machine about 3 a clock; 5 is the bound."""
 
-    def fit(clocks: int) -> None:
-        res = dscar.fit(RowCounter(sleep=0.05), row_data(64), tracked, n_shards=8, max_clocks=clocks)
-        assert_exactly_once(res, 64)
-
-    per_clock = _calls_a_clock(tracked, "dscar_commit", fit)
+    per_clock = _calls_a_clock(tracked, "dscar_commit", _bsp_fit(tracked, sleep=0.05))
     print(f"{per_clock:.2f} commits a clock for 8 shards on 2 workers")
     assert per_clock <= 5, f"{per_clock:.1f} commits a clock for 8 shards on 2 workers"
 
@@ -102,11 +108,7 @@ def test_a_bsp_worker_s_commit_waits_for_its_next_item_instead_of_a_poll_more(tr
     ``dscar_next`` (it was one more per worker: 3 a clock on 2 workers; a clock end sent as an item,
     not folded into the apply, leaves one poll a clock). Exactly once still holds."""
 
-    def fit(clocks: int) -> None:
-        res = dscar.fit(RowCounter(sleep=0.01), row_data(64), tracked, n_shards=8, max_clocks=clocks)
-        assert_exactly_once(res, 64)
-
-    per_clock = _calls_a_clock(tracked, "dscar_next", fit)
+    per_clock = _calls_a_clock(tracked, "dscar_next", _bsp_fit(tracked, sleep=0.01))
     print(f"{per_clock:.2f} dscar_next a clock on 2 workers")
     assert per_clock <= 1.5, f"{per_clock:.1f} dscar_next a clock on 2 workers"
 
