@@ -22,6 +22,7 @@ Bokeh is optional (the ``dashboard`` extra; distributed's own dashboard needs it
 from __future__ import annotations
 
 import asyncio
+import importlib
 import logging
 import time
 from typing import Any
@@ -248,6 +249,8 @@ class DashboardPlugin(SchedulerPlugin):
         self.collector = Collector()
         self._closing = False
         try:
+            # importing Bokeh takes ~0.5 s of CPU: in a thread, so the scheduler's loop keeps answering meanwhile
+            await asyncio.to_thread(importlib.import_module, "distributed.dashboard.core")
             from tornado.ioloop import IOLoop
 
             from distributed.dashboard.core import BokehApplication
