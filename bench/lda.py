@@ -51,6 +51,11 @@ Sections
    acceptance (issue 43): on the 5M-token corpus dscar reaches
    ``tomotopy-1t@20`` in <= 0.9x tomotopy's time on 1 and on 2 cores; on
    Reuters after 200 sweeps dscar on 2 workers is within 0.3 % of ``lda``.
+   dscar's curve has a point per clock (a partitioned sweep's ``1/B`` steps),
+   the peers' one per sweep: the linear interpolation between coarser points
+   of a rising, flattening curve is late, so this favours dscar slightly
+   (its 2-worker time to ``tomotopy-1t@20`` read off sweep ends only: +0.1 to
+   +0.4 % wall, -0.03 to +0.25 % CPU-estimated, on three runs of 3 repeats).
    The plot's second row: the curves, with the targets as dotted lines.
 4. **Time to target, CPU-estimated** (``CPU_ESTIMATE``; the same runs): on a
    shared 2-core machine the load moves a run's wall time by up to 2x from one
