@@ -34,7 +34,8 @@ On dscar (AD-LDA, Newman et al. 2009):
   rows (``pull_rows``) when they are at most half the table, else the whole
   table (one pull per worker and clock, shared by its shards), and pushes
   int32 deltas of the rows that moved (``add_rows``), or one dense int32
-  block when more than a quarter of the vocabulary moved;
+  block when more than a quarter of the vocabulary moved; a partitioned
+  clock reads and pushes only the rows of its block (``_block_step``);
 * ``z`` is checkpointed with the tables (a full checkpoint saves every
   shard's, a priority one the fraction ``r`` of shards saved longest ago).
   After a worker loss the shards it held get their ``z`` back before their
@@ -69,7 +70,11 @@ workers, and both samplers can be fed the same draws.
   / 200 against dense 18.5 / 15.3 / 8.6; but on the 5M-token synthetic corpus
   (20k words, almost no repeats within a document) dense was faster in the
   first 20 sweeps, while the words still hold many topics (an F+tree or
-  alias/MH sampler pays off at larger K than these; not built). Tracking the word deltas per move
+  alias/MH sampler pays off at larger K than these; not built); ``"auto"``
+  turns sparse there at sweep 19 (word density 0.25), where the sparse sweep
+  now matches or beats the dense one (it keeps ``1 / (n_k + V beta)`` per
+  topic and prefetches the word's rows: 0.30 s against 0.32-0.34 s a sweep,
+  1.3-1.5x slower before). Tracking the word deltas per move
   inside the loop cost 15-20 %, so they are taken from the table afterwards
   (``row_deltas``). The bookkeeping (doc-topic deltas, per-topic checks, the
   shard's log p(z)) rides along in the same pass.
@@ -582,7 +587,8 @@ class LDAGibbs(Algorithm):
     table, once per worker, when they are more than half of it) and pushes its
     deltas: changed ``word_topic`` rows (one dense block when more than a
     quarter of the rows changed), ``topic_total`` and its documents'
-    ``doc_topic`` rows, as int16 when their bounds allow. A worker keeps scratch
+    ``doc_topic`` rows, as int16 when their bounds allow; partitioned, only the rows of the clock's
+    vocabulary block (``_block_step``). A worker keeps scratch
     arrays between clocks (per thread, per shard shape).
     """
 
@@ -937,6 +943,9 @@ class LDAGibbs(Algorithm):
         the corpus than int16 holds (its pulled row sums): half the bytes a random row read brings
         into the cache (+8-10 % tokens/s on a 2.5M-token shard of a 20k-word vocabulary, whose int32
         rows outgrow this machine's 2 MB L2; nothing on Reuters' 4k words)."""
+        if select is not None:
+            self._block_step(ctx, data, z, select)
+            return
         K, V = self.n_topics, ctx.meta.shapes["X"][0]
         words, doc_len = data["words"], data["doc_len"]
         Vs = int(words.shape[0])
@@ -971,6 +980,73 @@ class LDAGibbs(Algorithm):
         ctx.add("topic_total", res.topic_delta)
         ctx.add("doc_topic", res.doc_delta, start=ctx.meta.shard_bounds[ctx.shard][0])
         ctx.add("stats", res.stats)
+
+    def _block_step(self, ctx, data, z, select) -> None:
+        """A partitioned clock on the compiled path (``block_tokens``): it reads and writes only the
+        ``word_topic`` rows of its block, the words its selected tokens hold.
+
+        Where the shard's words are at most half the table (``_pull_own_rows``) it pulls just the
+        block's rows (``pull_rows``: about ``1/B`` of what ``_compiled_step`` reads) and the topic
+        totals; else the whole table (one range read per worker and clock, shared by its shards),
+        whose column sums are the totals. The sweep's ``A`` keeps a row per word of the shard, but
+        only the block's are filled: the others, never read by the selected tokens, keep valid counts
+        of an earlier clock (zeros at first), which the sparse kernel's index build reads and checks.
+        Pushes the deltas of the block's rows that moved: one dense block (int16 where no block row
+        sums to more than int16 holds, as ``_compiled_step``) when they are more than a
+        quarter of the vocabulary, else int32 rows (``add_rows``: NumPy's ``add.at`` with int16 values
+        into int32 rows took 7x as long as with int32 ones)."""
+        K, V = self.n_topics, ctx.meta.shapes["X"][0]
+        words = data["words"]
+        Vs = int(words.shape[0])
+        kern = _numba_kernels()
+        local, wl_sel = self._block_rows(ctx, data)
+        glob = words[local]
+        if self._pull_own_rows(ctx, data):
+            src = np.asarray(ctx.pull_rows("word_topic", glob))
+            T = np.array(ctx.pull("topic_total"), dtype=np.int32)
+        else:
+            table = np.asarray(ctx.pull("word_topic"))
+            src, T = table[glob], table.sum(axis=0, dtype=np.int64).astype(np.int32)
+        # a sweep keeps each word's row sum, and moves at most the shard's tokens of a word: both bound by the row sum
+        narrow = kern.row_sum_max(src, np.arange(local.shape[0], dtype=np.int64)) <= INT16_MAX
+        A = self._buf("A", (Vs, K), np.int16 if narrow else np.int32, fill=0)
+        A[local] = src
+        method = self.kernel
+        if method == "auto":  # by the block's own words: the other rows of A are not current
+            method = "sparse" if kern.word_topic_density(A, wl_sel, 64) <= SPARSE_DENSITY else "dense"
+        res = compiled_sweep(data["wl"], data["doc_len"], z, A, T, self.alphas(), self.beta, V,
+                             self._key(ctx.shard, ctx.clock), words, self._scratch(), word_deltas=False,
+                             method=method, select=select, id_sums=self._id_sums(ctx))
+        ctx.set_state("z", z)
+        self._keep_id_sums(ctx.shard, z, res.stats[:K, 1])
+        delta = np.subtract(A[local], src, dtype=np.int32)
+        moved = delta.any(axis=1)
+        n_moved = int(moved.sum())
+        if n_moved > V // 4:  # as ``_compiled_step``: one dense block is cheaper to send and to apply
+            dense = self._buf("dense", (V, K), np.int16 if narrow else np.int32)
+            dense[:] = 0
+            dense[glob[moved]] = delta[moved]
+            ctx.add("word_topic", dense)
+        elif n_moved:
+            ctx.add_rows("word_topic", glob[moved], delta[moved])
+        ctx.add("topic_total", res.topic_delta)
+        ctx.add("doc_topic", res.doc_delta, start=ctx.meta.shard_bounds[ctx.shard][0])
+        ctx.add("stats", res.stats)
+
+    def _block_rows(self, ctx, data) -> tuple[np.ndarray, np.ndarray]:
+        """This clock's block (``block_tokens``) as the shard's rows of its words (ascending indices
+        into ``words``) and the row of each of its selected tokens (``wl`` of them): cached per thread
+        and shard layout, as ``_blocks``."""
+        B = ctx.meta.n_shards
+        wl, words = data["wl"], data["words"]
+        key = ("block rows", int(ctx.shard), int(B), wl.shape[0], words.shape[0], int(data["doc_len"].shape[0]),
+               int(words.sum()))
+        sc = self._scratch()
+        if key not in sc:
+            sels = self._blocks(ctx.shard, data, B)
+            sc[key] = [(np.flatnonzero(words % B == b).astype(np.int64), np.ascontiguousarray(wl[sels[b][0]]))
+                       for b in range(B)]
+        return sc[key][(ctx.shard + ctx.clock - 2) % B]
 
     def _id_sums(self, ctx) -> np.ndarray | None:
         """The checks' word-id sums per topic of the shard's assignments as they stand, when this thread

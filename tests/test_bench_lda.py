@@ -1,7 +1,11 @@
 """bench.lda's time-to-target arithmetic on given curves (the samplers themselves run in test_lda's quick bench)."""
+import sys
+import threading
+import time
+
 import pytest
 
-from bench.lda import Run, clock_cpu_estimate, time_targets, time_to_target, value_at
+from bench.lda import Run, SamplerCPU, clock_cpu_estimate, time_targets, time_to_target, value_at
 
 
 def curve(*pts):
@@ -56,3 +60,30 @@ def test_time_targets_read_the_curve_they_are_given():
           for s in ("lda", "tomotopy-1t", "tomotopy-2t", "dscar-1w", "dscar-2w")}
     assert time_targets(by, 20)["tomotopy-1t@20"]["dscar1_over_tomotopy1"] == 1.0
     assert time_targets(by, 20, "cpu_curve")["tomotopy-1t@20"]["dscar1_over_tomotopy1"] == 0.25
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="per-thread CPU from /proc")
+def test_a_peers_cpu_leaves_out_the_threads_already_running():
+    """The embedded clusters' threads live in the bench's process: a thread started before the meter
+    spends 0.2 s of CPU while the calling thread waits; the process counts it, the meter does not."""
+    go, spent, read = threading.Event(), threading.Event(), threading.Event()
+
+    def busy():
+        go.wait()
+        start = time.thread_time()
+        while time.thread_time() - start < 0.2:
+            pass
+        spent.set()
+        read.wait()  # alive until the meter has read it
+
+    worker = threading.Thread(target=busy)
+    worker.start()
+    meter = SamplerCPU()
+    m0, p0 = meter(), time.process_time()
+    go.set()
+    spent.wait()
+    m1, p1 = meter(), time.process_time()
+    read.set()
+    worker.join()
+    assert p1 - p0 >= 0.2
+    assert m1 - m0 < 0.1
