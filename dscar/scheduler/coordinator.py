@@ -36,6 +36,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
+import math
 import time
 from functools import partial
 from typing import Any, Callable, Coroutine
@@ -69,6 +70,10 @@ RPC_TIMEOUT_S = 30.0  # a coordinator -> worker message that takes longer means 
 APPLY_TRIES = 3  # a pass is sent at most this often while the workers that could not be reached answer probes
 #: seconds a joining worker may take to install a job and load its kernels before it is handed work anyway
 WARM_UP_TIMEOUT_S = 60.0
+#: seconds after it joins the cluster that a worker which has not registered its key yet is not probed as hung:
+#: its event loop is busy setting up its plugins (dscar's imports, ~1 s of CPU, several seconds on a loaded
+#: machine), so it cannot answer a probe; a joiner or a restarted worker removed then was a healthy one lost
+START_GRACE_S = 30.0
 #: how long the coordinator waits for a worker to give back batch members it has not started
 RELEASE_TIMEOUT_S = 1.0
 #: how often, at most, the liveness watch looks for stalled jobs (a quarter of ``stall_timeout()`` when shorter)
@@ -160,6 +165,8 @@ class Coordinator(SchedulerPlugin):
         self._tokens: dict[str, str] = {}
         #: worker address -> the key its process registered and confirmed (``dscar_hello``)
         self._keys: dict[str, str] = {}
+        #: worker -> when it joined the cluster (monotonic seconds; ``START_GRACE_S``)
+        self._arrived: dict[str, float] = {}
         #: job -> its driver's lease
         self._leases: dict[str, Lease] = {}
         #: job -> why the coordinator ended it (lease lapsed, cancelled), for its driver if it comes back
@@ -674,7 +681,8 @@ class Coordinator(SchedulerPlugin):
                 self._check_stalls(now_m)
                 stalls_at = now_m + min(STALL_CHECK_S, stall_timeout() / 4)
             limit, now = hang_timeout(len(self.scheduler.workers)), time.time()
-            silence = {w: now - max(ws.last_seen, self._heard.get(w, 0.0)) for w, ws in self.scheduler.workers.items()}
+            silence = {w: now - max(ws.last_seen, self._heard.get(w, 0.0)) for w, ws in self.scheduler.workers.items()
+                       if w in self._keys or now_m - self._arrived.get(w, -math.inf) > START_GRACE_S}
             silent = to_probe(silence, limit)
             probes = await asyncio.gather(*(self._probe(w) for w in silent))
             for w, alive in zip(silent, probes):
@@ -1481,6 +1489,7 @@ class Coordinator(SchedulerPlugin):
                       perturbation=r["perturbation"], lost_norm=r["lost_norm"])
 
     def remove_worker(self, scheduler, worker: str, **kwargs) -> None:
+        self._arrived.pop(worker, None)
         self._generation += 1
         self._inflight.cancel(worker, self._generation)
         for job in list(self.jobs.values()):
@@ -1507,6 +1516,7 @@ class Coordinator(SchedulerPlugin):
         return {"status": "OK"}
 
     def add_worker(self, scheduler, worker: str) -> None:
+        self._arrived[worker] = time.monotonic()  # (``START_GRACE_S``: not probed before its key, for a while)
         self._generation += 1
         self._inflight.revive(worker, self._generation)
         if worker in self._removed:  # a worker restarted at a removed one's address: reachable again
