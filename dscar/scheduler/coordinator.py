@@ -362,6 +362,8 @@ class Coordinator(SchedulerPlugin):
         restore, no rework. A leaver lost meanwhile goes the loss's way: nothing of it is switched."""
         t0 = time.perf_counter()
         staying = [w for w in self._live(job) if w not in leaving]
+        fresh = self._setting_up(job)  # (a copy to one would wait, at the boundary, for its set-up)
+        staying = [w for w in staying if w not in fresh] or staying
         if not staying:  # nobody to hand off to: the retirement goes on, and is a loss
             for w in leaving:
                 fut = self._leaving.pop(w, None)
@@ -1175,6 +1177,23 @@ class Coordinator(SchedulerPlugin):
             self._wake()
         return {"status": "OK"}
 
+    def _setting_up(self, job: JobState) -> set[str]:
+        """The job's live workers still setting up dscar (no key registered yet: a joiner, a restarted
+        worker) that own no partition and hold no shard: they cannot have run or staged anything (every
+        call as a worker needs the key), and a message to one waits for its event loop, busy with its
+        plugins' imports for seconds on a loaded machine."""
+        fresh = {w for w in self._live(job) if w not in self._keys}
+        if fresh:
+            fresh -= set(job.pmap.owners.values())
+            fresh -= {job.queue.holder(s) for s in range(job.queue.n_shards)}
+        return fresh
+
+    def _apply_targets(self, job: JobState) -> list[str]:
+        """The workers a pass is applied on: the live ones, less those setting up (``_setting_up``), which
+        have nothing to apply and would hold the clock until they can answer."""
+        fresh = self._setting_up(job)
+        return [w for w in self._live(job) if w not in fresh]
+
     async def _apply(self, job: JobState, e: ApplyPass) -> None:
         """Every live worker applies the pass: owners their tables' updates, holders the shard state.
 
@@ -1183,7 +1202,7 @@ class Coordinator(SchedulerPlugin):
         to a worker that is alive. If every such worker answers, a BSP pass is sent again, with
         direct fetches (workers that applied it answer at once: one pass is applied once), up to
         ``APPLY_TRIES`` times; a worker that does not answer is lost, as before."""
-        targets = self._live(job)
+        targets = self._apply_targets(job)
         extra = {"clocks": e.clocks, "floor": e.floor} if e.batch is not None else {}
         if e.phase:
             extra["phase"] = e.phase
@@ -1242,7 +1261,7 @@ class Coordinator(SchedulerPlugin):
                 return
             job.event(time.time(), "apply-retried", clock=e.clock, run=e.run_id, workers=sorted(unreached),
                       reason="; ".join(unreached.values())[:500])
-            targets = self._live(job)
+            targets = self._apply_targets(job)
             plan = self._apply_plan(job, e, targets, direct=True)
 
     async def _folded_clock_end(self, job: JobState, e: ApplyPass, answer: Any) -> None:
