@@ -50,7 +50,8 @@ from distributed.scheduler import heartbeat_interval
 from ..core.apply_plan import DIRECT_PER_WORKER, FANIN, ApplyPlan, merge_touched, plan_apply, shard_ranges
 from ..checkpoint import CheckpointConfig
 from ..comm import fast_fail_pool
-from ..core.elastic import adaptive_target, handoff_plan, join_plan, retirable, shard_handoff_plan, workers_wanted
+from ..core.elastic import (adaptive_target, handoff_plan, handoff_targets, join_plan, retirable, setting_up,
+                            shard_handoff_plan, workers_wanted)
 from ..errors import JobFailedError, RefusedCallError
 from ..inflight import Inflight, resolve, timed_wait
 from ..core.job import ApplyPass, Checkpoint, JobConfig, JobState, Mirror, RestartWorker, StartRecovery
@@ -362,8 +363,7 @@ class Coordinator(SchedulerPlugin):
         restore, no rework. A leaver lost meanwhile goes the loss's way: nothing of it is switched."""
         t0 = time.perf_counter()
         staying = [w for w in self._live(job) if w not in leaving]
-        fresh = self._setting_up(job)  # (a copy to one would wait, at the boundary, for its set-up)
-        staying = [w for w in staying if w not in fresh] or staying
+        staying = handoff_targets(staying, self._setting_up(job))  # (a copy to one would wait, at the boundary)
         if not staying:  # nobody to hand off to: the retirement goes on, and is a loss
             for w in leaving:
                 fut = self._leaving.pop(w, None)
@@ -1178,15 +1178,9 @@ class Coordinator(SchedulerPlugin):
         return {"status": "OK"}
 
     def _setting_up(self, job: JobState) -> set[str]:
-        """The job's live workers still setting up dscar (no key registered yet: a joiner, a restarted
-        worker) that own no partition and hold no shard: they cannot have run or staged anything (every
-        call as a worker needs the key), and a message to one waits for its event loop, busy with its
-        plugins' imports for seconds on a loaded machine."""
-        fresh = {w for w in self._live(job) if w not in self._keys}
-        if fresh:
-            fresh -= set(job.pmap.owners.values())
-            fresh -= {job.queue.holder(s) for s in range(job.queue.n_shards)}
-        return fresh
+        """The job's live workers still setting up dscar, with nothing of the job (``elastic.setting_up``)."""
+        return setting_up(self._live(job), self._keys, job.pmap.owners.values(),
+                          (job.queue.holder(s) for s in range(job.queue.n_shards)))
 
     def _apply_targets(self, job: JobState) -> list[str]:
         """The workers a pass is applied on: the live ones, less those setting up (``_setting_up``), which
