@@ -438,7 +438,9 @@ def losses_by_cause(fit_events: list[dict[str, Any]], events: list[dict[str, Any
     removed it, ``worker-removed``'s reason, or its process died); workers lost twice; kills with no loss."""
     killed = {e["worker"] for e in events if e["kind"] == "kill"}
     retired = {e["worker"] for e in events if e["kind"] == "retire"}
+    kills_at = sorted(e["at"] for e in events if e["kind"] == "kill" and "at" in e)
     removed = {e["worker"]: e.get("reason") for e in fit_events if e["kind"] == "worker-removed"}
+    joined = {e["worker"]: e for e in fit_events if e["kind"] == "worker-joined"}
     lost = [e for e in fit_events if e["kind"] == "worker-lost"]
     times = Counter(e["worker"] for e in lost)
     by_cause: Counter = Counter()
@@ -447,8 +449,14 @@ def losses_by_cause(fit_events: list[dict[str, Any]], events: list[dict[str, Any
         cause = "kill" if e["worker"] in killed else "retire" if e["worker"] in retired else "other"
         by_cause[cause] += 1
         if cause != "kill":
+            came = joined.get(e["worker"])
+            before = [t for t in kills_at if "time" in e and t < e["time"]]
             untraced.append({"worker": e["worker"], "clock": e.get("clock"), "cause": cause,
-                             "removed": removed.get(e["worker"])})
+                             "removed": removed.get(e["worker"]),
+                             # a worker that joined mid-fit (a join, or a killed worker's restart), and when
+                             "joined_clock": came.get("clock") if came else None,
+                             "joined_s_before_loss": round(e["time"] - came["time"], 3) if came and "time" in e else None,
+                             "s_since_last_kill": round(e["time"] - before[-1], 3) if before else None})
     return {"by_cause": dict(by_cause), "lost_twice": sorted(w for w, n in times.items() if n > 1),
             "kills_without_loss": len(killed - set(times)), "removed_by_dscar": len(removed), "untraced": untraced}
 
@@ -541,6 +549,10 @@ def summarize(churn: dict[str, Any], refs: dict[int, dict[str, Any]]) -> dict[st
         # seen's sum: one per shard per clock applied; the reference's per clock times this fit's clocks
         "final_objective": final, "reference_objective": ref_per_clock * res.n_clocks,
         "fit_events": dict(ev),
+        # who came and went, in order: the untraced losses' stories
+        "membership_events": [{k: e[k] for k in ("time", "clock", "kind", "worker", "reason") if k in e}
+                              for e in res.events if e["kind"] in ("worker-joined", "worker-ready", "worker-lost",
+                                                                   "worker-left", "worker-removed")],
         "lost_by_event": lost_by_event(ticks, driver.live, driver.events, {n: r["rate"] for n, r in refs.items()}),
         "join_phases": join_phases(ticks, driver.live, driver.events, res.events, {n: r["rate"] for n, r in refs.items()}),
         "losses_by_cause": losses_by_cause(res.events, driver.events),

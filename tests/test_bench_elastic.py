@@ -51,15 +51,19 @@ def test_time_lost_after_a_join_is_split_by_where_the_joiner_was():
 
 
 def test_losses_are_traced_to_what_the_driver_did_to_the_worker():
-    events = [{"kind": "kill", "worker": "a"}, {"kind": "retire", "worker": "b"}, {"kind": "kill", "worker": "c"},
-              {"kind": "join"}]
-    fit_events = [{"kind": "worker-lost", "worker": "a", "clock": 3},
-                  {"kind": "worker-removed", "worker": "d", "reason": "no sign of life"},
-                  {"kind": "worker-lost", "worker": "d", "clock": 4}, {"kind": "worker-left", "worker": "b"},
-                  {"kind": "worker-lost", "worker": "a", "clock": 5}]
+    events = [{"kind": "kill", "worker": "a", "at": 1.0}, {"kind": "retire", "worker": "b", "at": 2.0},
+              {"kind": "kill", "worker": "c", "at": 3.0}, {"kind": "join", "at": 4.0}]
+    fit_events = [{"kind": "worker-lost", "worker": "a", "clock": 3, "time": 1.1},
+                  {"kind": "worker-joined", "worker": "d", "clock": 3, "time": 2.5},
+                  {"kind": "worker-removed", "worker": "d", "reason": "no sign of life", "time": 3.5},
+                  {"kind": "worker-lost", "worker": "d", "clock": 4, "time": 3.5},
+                  {"kind": "worker-left", "worker": "b", "time": 2.2},
+                  {"kind": "worker-lost", "worker": "a", "clock": 5, "time": 5.0}]
     c = elastic.losses_by_cause(fit_events, events)
     assert c["by_cause"] == {"kill": 2, "other": 1} and c["lost_twice"] == ["a"] and c["kills_without_loss"] == 1
-    assert c["untraced"] == [{"worker": "d", "clock": 4, "cause": "other", "removed": "no sign of life"}]
+    # d joined at clock 3 (1 s before its loss), 0.5 s after the kill of c
+    assert c["untraced"] == [{"worker": "d", "clock": 4, "cause": "other", "removed": "no sign of life",
+                              "joined_clock": 3, "joined_s_before_loss": 1.0, "s_since_last_kill": 0.5}]
     assert c["removed_by_dscar"] == 1
 
 
@@ -145,6 +149,7 @@ def test_quick_churn_commits_every_shard_update_exactly_once_and_reports_its_fig
     assert 0 < s["goodput"] and s["clock_rate"] > 0 and s["expected_rate"] > 0
     assert s["handoffs"] == s["event_kinds"]["retire"] == len(s["handoff_s"]) and s["left"] >= s["handoffs"]
     assert s["losses"] >= s["event_kinds"]["kill"] and s["recoveries"] >= 1
+    assert sum(e["kind"] == "worker-lost" for e in s["membership_events"]) == s["losses"]
     assert s["rework_per_event"] == pytest.approx((s["skipped_clocks"] + s["rolled_back_clocks"]) / s["events"], abs=1e-3)
     for label in ("goodput", "hand-offs", "rework", "exactly-once audit", "lost 0, applied twice 0", "load average"):
         assert label in stdout
