@@ -96,16 +96,45 @@ class Churned(ExactlyOnce):
         super().__init__(clocks, work_s)
         self.driver: ChurnDriver | None = None
         self.ticks: list[tuple[float, int]] = []  #: (time, clocks in the history) at each clock's end
+        self.coordinator = None  #: the in-process scheduler's dscar coordinator, read at each clock's end
+        self.layouts: list[dict[str, Any] | None] = []  #: ``layout_of`` at each clock's end (as ``ticks``)
 
     def __getstate__(self):
-        return {k: v for k, v in self.__dict__.items() if k not in ("driver", "ticks")}
+        return {k: v for k, v in self.__dict__.items() if k not in ("driver", "ticks", "coordinator", "layouts")}
 
     def converged(self, history, tol):
         self.ticks.append((time.time(), len(history)))
+        if self.coordinator is not None:
+            self.layouts.append(layout_of(self.coordinator))
         if self.driver is None:
             return False
         self.driver.tick(len(history))
         return self.driver.done_at is not None and len(history) >= self.driver.done_at + 2
+
+
+def coordinator_of(lc):
+    """The dscar coordinator of an in-process ``LocalCluster``'s scheduler (imported here: the workers
+    unpickle this module's model, and need not import the scheduler's code)."""
+    from dscar.scheduler.coordinator import PLUGIN_NAME
+
+    return lc.scheduler.plugins[PLUGIN_NAME]
+
+
+def layout_of(coordinator) -> dict[str, Any] | None:
+    """Where the running job's work lies now: live workers, and the largest rows, partitions and shards
+    one worker owns or holds (read from another thread: a snapshot good enough to count)."""
+    job = next(iter(list(coordinator.jobs.values())), None)
+    if job is None:
+        return None
+    owners = dict(job.pmap.owners)
+    rows: Counter = Counter()
+    for (t, p), w in owners.items():
+        a, b = job.pmap.layouts[t].bounds[p]
+        rows[w] += b - a
+    held = Counter(job.queue.holder(s) for s in range(job.queue.n_shards))
+    return {"live": len(coordinator.scheduler.workers), "max_rows": max(rows.values()),
+            "max_parts": max(Counter(owners.values()).values()), "max_shards": max(held.values()),
+            "owners": len(rows)}
 
 
 class ChurnDriver:
@@ -250,6 +279,7 @@ def churn_fit(args, tmp: str, t0: float) -> dict[str, Any]:
     with LocalCluster(n_workers=args.workers, threads_per_worker=1, processes=True, dashboard_address=None) as lc:
         cl = dscar.connect(lc)
         cl.client.wait_for_workers(args.workers)
+        algo.coordinator = coordinator_of(lc)
         driver = ChurnDriver(lc, cl.client, kinds, args.events, args.workers, args.seed)
         algo.driver = driver
         threads = [threading.Thread(target=driver.run, daemon=True), threading.Thread(target=driver.sample, daemon=True)]
@@ -272,7 +302,7 @@ def churn_fit(args, tmp: str, t0: float) -> dict[str, Any]:
         t2 = time.time()
         for t in threads:
             t.join(SETTLE_S)
-    return {"res": res, "driver": driver, "start": t1, "end": t2, "ticks": algo.ticks}
+    return {"res": res, "driver": driver, "start": t1, "end": t2, "ticks": algo.ticks, "layouts": algo.layouts}
 
 
 def reference_fit(n_workers: int, clocks: int, tmp: str) -> dict[str, Any]:
@@ -283,12 +313,14 @@ def reference_fit(n_workers: int, clocks: int, tmp: str) -> dict[str, Any]:
     with LocalCluster(n_workers=n_workers, threads_per_worker=1, processes=True, dashboard_address=None) as lc:
         cl = dscar.connect(lc)
         cl.client.wait_for_workers(n_workers)
+        algo.coordinator = coordinator_of(lc)
         res = dscar.fit(algo, {"x": np.arange(float(N_SHARDS))}, cl, n_shards=N_SHARDS, max_clocks=clocks,
                         checkpoint=checkpoint_config(tmp), progress=False)
     ticks = algo.ticks
     rate = (len(ticks) - 1) / (ticks[-1][0] - ticks[0][0])  # from the first clock's end: no set-up
+    last = next((lay for lay in reversed(algo.layouts) if lay is not None), None)
     return {"workers": n_workers, "clocks": res.n_clocks, "rate": rate, "objective": float(np.sum(res.params["seen"])),
-            "per_clock_objective": float(np.sum(res.params["seen"])) / max(1, res.n_clocks)}
+            "per_clock_objective": float(np.sum(res.params["seen"])) / max(1, res.n_clocks), "layout": last}
 
 
 def time_at_counts(live: list[tuple[float, int]], start: float, end: float) -> dict[int, float]:
@@ -378,6 +410,90 @@ def lost_by_event(ticks: list[tuple[float, int]], live: list[tuple[float, int]],
     return out
 
 
+def join_phases(ticks: list[tuple[float, int]], live: list[tuple[float, int]], events: list[dict[str, Any]],
+                fit_events: list[dict[str, Any]], rates: dict[int, float]) -> dict[str, dict[str, float]]:
+    """The time lost after joins (as ``lost_by_event``) split by where the joiner was when the clock ended:
+    "starting" (its process was starting: the scheduler did not have it yet, and the bench counts it
+    only from then), "landing" (the clock it arrived in), "after" (later clocks, until the next event).
+    A joiner arrives at the first ``worker-joined`` event of the fit after the driver asked for it."""
+    at = sorted((e["at"], e["kind"]) for e in events)
+    joined = sorted(e["time"] for e in fit_events if e["kind"] == "worker-joined")
+    out = {k: {"clocks": 0, "lost_s": 0.0} for k in ("starting", "landing", "after")}
+    for (ta, _), (tb, _) in zip(ticks, ticks[1:]):
+        last = [t for t, _ in at if t < tb]
+        if not last or dict(at)[last[-1]] != "join":
+            continue
+        arrival = next((t for t in joined if t > last[-1]), None)
+        phase = "starting" if arrival is None or arrival >= tb else ("landing" if arrival > ta else "after")
+        out[phase]["clocks"] += 1
+        out[phase]["lost_s"] += (tb - ta) - 1.0 / rate_over(live, ta, tb, rates)
+    for row in out.values():
+        row["lost_s"] = round(row["lost_s"], 3)
+    return out
+
+
+def losses_by_cause(fit_events: list[dict[str, Any]], events: list[dict[str, Any]]) -> dict[str, Any]:
+    """Each ``worker-lost`` of the fit by what the driver did to that worker: "kill" (it SIGKILLed it),
+    "retire" (a retirement that went the loss's way), "other" (the driver did nothing to it: dscar
+    removed it, ``worker-removed``'s reason, or its process died); workers lost twice; kills with no loss."""
+    killed = {e["worker"] for e in events if e["kind"] == "kill"}
+    retired = {e["worker"] for e in events if e["kind"] == "retire"}
+    kills_at = sorted(e["at"] for e in events if e["kind"] == "kill" and "at" in e)
+    removed = {e["worker"]: e.get("reason") for e in fit_events if e["kind"] == "worker-removed"}
+    joined = {e["worker"]: e for e in fit_events if e["kind"] == "worker-joined"}
+    lost = [e for e in fit_events if e["kind"] == "worker-lost"]
+    times = Counter(e["worker"] for e in lost)
+    by_cause: Counter = Counter()
+    untraced = []
+    for e in lost:
+        cause = "kill" if e["worker"] in killed else "retire" if e["worker"] in retired else "other"
+        by_cause[cause] += 1
+        if cause != "kill":
+            came = joined.get(e["worker"])
+            before = [t for t in kills_at if "time" in e and t < e["time"]]
+            untraced.append({"worker": e["worker"], "clock": e.get("clock"), "cause": cause,
+                             "removed": removed.get(e["worker"]),
+                             # a worker that joined mid-fit (a join, or a killed worker's restart), and when
+                             "joined_clock": came.get("clock") if came else None,
+                             "joined_s_before_loss": round(e["time"] - came["time"], 3) if came and "time" in e else None,
+                             "s_since_last_kill": round(e["time"] - before[-1], 3) if before else None})
+    return {"by_cause": dict(by_cause), "lost_twice": sorted(w for w, n in times.items() if n > 1),
+            "kills_without_loss": len(killed - set(times)), "removed_by_dscar": len(removed), "untraced": untraced}
+
+
+def layout_vs_reference(ticks: list[tuple[float, int]], live: list[tuple[float, int]],
+                        layouts: list[dict[str, Any] | None], ref_layouts: dict[int, dict[str, Any] | None],
+                        rates: dict[int, float], events: list[dict[str, Any]]) -> dict[str, Any]:
+    """The layout at each clock's end against the reference's at the same live count (largest rows one
+    worker owns, largest shards one holds), and the mean excess seconds of clocks whose top owner
+    holds more rows than the reference's ("above") or not ("even"), leaving out the clocks an event
+    lands in (``layouts``: ``layout_of`` at each tick, as ``ticks``)."""
+    at = sorted(e["at"] for e in events)
+    per_count: dict[int, dict[str, Any]] = {}
+    excess: dict[str, list[float]] = {"above": [], "even": []}
+    for i, ((ta, _), (tb, _)) in enumerate(zip(ticks, ticks[1:])):
+        lay = layouts[i + 1] if i + 1 < len(layouts) else None
+        ref = ref_layouts.get(lay["live"]) if lay else None
+        if lay is None or ref is None or lay["owners"] != lay["live"]:  # (a joiner not owning yet: not a layout)
+            continue
+        row = per_count.setdefault(lay["live"], {"clocks": 0, "max_rows": 0.0, "max_shards": 0.0, "above": 0,
+                                                 "reference_max_rows": ref["max_rows"],
+                                                 "reference_max_shards": ref["max_shards"]})
+        row["clocks"] += 1
+        row["max_rows"] += lay["max_rows"]
+        row["max_shards"] += lay["max_shards"]
+        above = lay["max_rows"] > ref["max_rows"]
+        row["above"] += above
+        if not any(ta < t < tb for t in at):
+            excess["above" if above else "even"].append((tb - ta) - 1.0 / rate_over(live, ta, tb, rates))
+    for row in per_count.values():
+        row["max_rows"] = round(row["max_rows"] / row["clocks"], 2)
+        row["max_shards"] = round(row["max_shards"] / row["clocks"], 2)
+    return {"per_count": dict(sorted(per_count.items())),
+            "excess_s_per_clock": {k: (round(statistics.mean(v), 4) if v else None) for k, v in excess.items()},
+            "clocks": {k: len(v) for k, v in excess.items()}}
+
+
 def join_clocks(fit_events: list[dict[str, Any]]) -> list[int]:
     """For each worker that took partitions, the clocks from its joining to owning them (the clocks its
     warm-up and background copy ran beside)."""
@@ -433,7 +549,16 @@ def summarize(churn: dict[str, Any], refs: dict[int, dict[str, Any]]) -> dict[st
         # seen's sum: one per shard per clock applied; the reference's per clock times this fit's clocks
         "final_objective": final, "reference_objective": ref_per_clock * res.n_clocks,
         "fit_events": dict(ev),
+        # who came and went, in order: the untraced losses' stories
+        "membership_events": [{k: e[k] for k in ("time", "clock", "kind", "worker", "reason") if k in e}
+                              for e in res.events if e["kind"] in ("worker-joined", "worker-ready", "worker-lost",
+                                                                   "worker-left", "worker-removed")],
         "lost_by_event": lost_by_event(ticks, driver.live, driver.events, {n: r["rate"] for n, r in refs.items()}),
+        "join_phases": join_phases(ticks, driver.live, driver.events, res.events, {n: r["rate"] for n, r in refs.items()}),
+        "losses_by_cause": losses_by_cause(res.events, driver.events),
+        "layout": layout_vs_reference(ticks, driver.live, churn.get("layouts", []),
+                                      {n: r.get("layout") for n, r in refs.items()},
+                                      {n: r["rate"] for n, r in refs.items()}, driver.events),
         "reference_spread": {n: round(r["spread"], 4) for n, r in refs.items()},
         "partitions_moved_to_joiners": sum(e.get("partitions", 0) for e in res.events if e["kind"] == "partitions-taken-on"),
         "join_to_owning_clocks": join_clocks(res.events),
@@ -469,6 +594,20 @@ def format_table(s: dict[str, Any], refs: dict[int, dict[str, Any]]) -> str:
         rows.append((f"time lost after {kind}", f"{row['lost_s']} s over {row['clocks']} clocks "
                                                f"({row['lost_s_landing']} s in the clocks they land in; "
                                                f"{row['lost_s_per_event']} s per event)"))
+    rows.append(("  after joins, by phase", "; ".join(f"{k} {v['lost_s']} s over {v['clocks']} clocks"
+                                                      for k, v in s["join_phases"].items())))
+    c = s["losses_by_cause"]
+    rows.append(("losses by cause", f"{c['by_cause']}, lost twice {c['lost_twice']}, kills with no loss "
+                                    f"{c['kills_without_loss']}, removed by dscar {c['removed_by_dscar']}; "
+                                    f"untraced {c['untraced']}"))
+    lay = s["layout"]
+    rows.append(("layout vs reference", "; ".join(
+        f"{n} workers: top owner {r['max_rows']} rows (reference {r['reference_max_rows']}), above it in {r['above']} "
+        f"of {r['clocks']} clocks, top holder {r['max_shards']} shards (reference {r['reference_max_shards']})"
+        for n, r in lay["per_count"].items())))
+    rows.append(("  excess s per clock", f"top owner above the reference {lay['excess_s_per_clock']['above']} "
+                                         f"({lay['clocks']['above']} clocks), even {lay['excess_s_per_clock']['even']} "
+                                         f"({lay['clocks']['even']} clocks; no event in them)"))
     return "\n".join(f"{k:<24}{v}" for k, v in rows)
 
 
@@ -604,8 +743,6 @@ def pull_bound(args, t0: float) -> dict[str, Any]:
     clocks after the joiner owns partitions (or at ``max_clocks``)."""
     from distributed import LocalCluster
 
-    from dscar.scheduler.coordinator import PLUGIN_NAME
-
     algo = PullBound()
     ticks: list[tuple[float, int, int, int]] = []
     owning_since: list[int] = []
@@ -614,7 +751,7 @@ def pull_bound(args, t0: float) -> dict[str, Any]:
         cl = dscar.connect(lc)
         cl.client.wait_for_workers(2)
         cl.client.register_plugin(SlowServing(SERVE_S_PER_ROW))
-        coordinator = lc.scheduler.plugins[PLUGIN_NAME]
+        coordinator = coordinator_of(lc)
 
         def hook(n: int) -> bool:
             job = next(iter(coordinator.jobs.values()), None)

@@ -8,14 +8,12 @@ from .api.data import ArrayData, FileData, PhasedData, check_indices
 from .api.driver import ClockRecord, FitResult, cancel, fit, jobs
 from .errors import (
     ClusterError,
-    ConvergenceWarning,
     DscarError,
     InvalidInputError,
     JobFailedError,
     RefusedCallError,
     ShardFailedError,
 )
-from .api.estimator import EstimatorMixin, check_features
 from .xp import to_host
 
 __all__ = [
@@ -26,3 +24,14 @@ __all__ = [
     "to_host", "validation",
 ]
 __version__ = "0.1.0"
+
+#: names whose modules import scikit-learn: loaded on first use (``dscar.errors.__getattr__`` says why)
+_SKLEARN_NAMES = {"EstimatorMixin": "api.estimator", "check_features": "api.estimator", "ConvergenceWarning": "errors"}
+
+
+def __getattr__(name: str):
+    if name not in _SKLEARN_NAMES:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(f".{_SKLEARN_NAMES[name]}", __name__), name)

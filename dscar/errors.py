@@ -1,9 +1,8 @@
 """dscar's exceptions: one family, each naming the problem it reports."""
 from __future__ import annotations
 
+import threading
 from typing import Sequence
-
-from sklearn.exceptions import ConvergenceWarning as _SklearnConvergenceWarning
 
 
 class DscarError(Exception):
@@ -38,11 +37,6 @@ class JobFailedError(DscarError, RuntimeError):
     """The job stopped on the cluster; the message carries the cause."""
 
 
-class ConvergenceWarning(_SklearnConvergenceWarning):
-    """A fit stopped at its iteration limit before its stopping rule held: a scikit-learn
-    ``ConvergenceWarning`` (and so a ``UserWarning``), so filters on either catch it."""
-
-
 class RefusedCallError(DscarError, PermissionError):
     """A dscar handler refused a call: it lacked the job's token, or claimed to come from a worker
     it is not (``dscar.core.membership``). Nothing of it was applied; the job records a ``forged-call`` event."""
@@ -62,3 +56,26 @@ def describe(e: BaseException) -> str:
             parts.append(f"{type(cur).__name__}: {text}" if text else type(cur).__name__)
         cur = cur.__cause__ or cur.__context__
     return parts[0] + "".join(f" (caused by {p})" for p in parts[1:])
+
+
+_made = threading.Lock()
+
+
+def __getattr__(name: str) -> type:
+    """``ConvergenceWarning``, made on first use: it subclasses scikit-learn's, and importing
+    scikit-learn (scipy, pandas) costs every process that imports dscar ~1.2 s of CPU, which a
+    worker process starting mid-fit (a joiner, a killed worker's restart) takes from the running
+    workers' clocks; only the driver's estimators warn with it."""
+    if name != "ConvergenceWarning":
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    with _made:
+        if name not in globals():
+            from sklearn.exceptions import ConvergenceWarning as SklearnConvergenceWarning
+
+            class ConvergenceWarning(SklearnConvergenceWarning):
+                """A fit stopped at its iteration limit before its stopping rule held: a scikit-learn
+                ``ConvergenceWarning`` (and so a ``UserWarning``), so filters on either catch it."""
+
+            ConvergenceWarning.__qualname__ = "ConvergenceWarning"  # (pickled by reference: dscar.errors.ConvergenceWarning)
+            globals()[name] = ConvergenceWarning
+    return globals()[name]

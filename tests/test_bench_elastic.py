@@ -37,6 +37,49 @@ def test_a_clock_s_failure_free_rate_weights_each_worker_count_by_its_time_in_th
     assert elastic.rate_over(live, 9.0, 11.0, rates) == pytest.approx((1.0 * 1.0 + 1.0 * 1.5) / 2.0)
 
 
+def test_time_lost_after_a_join_is_split_by_where_the_joiner_was():
+    ticks = [(0.0, 1), (1.0, 2), (3.0, 3), (4.0, 4), (5.0, 5), (6.0, 6)]
+    live = [(0.0, 2), (3.5, 4)]
+    events = [{"kind": "join", "at": 0.5}, {"kind": "retire", "at": 5.5}]
+    fit_events = [{"kind": "worker-joined", "time": 3.5}]  # the joiner's process was up 3 s after the request
+    phases = elastic.join_phases(ticks, live, events, fit_events, {2: 1.0, 4: 2.0})
+    assert phases["starting"] == {"clocks": 2, "lost_s": 1.0}  # the clocks ending at 1.0 and 3.0, before it arrived: 0 s + 1 s
+    assert phases["landing"]["clocks"] == 1 and phases["landing"]["lost_s"] == pytest.approx(1 - 1 / 1.5, abs=1e-3)
+    assert phases["after"] == {"clocks": 1, "lost_s": 0.5}  # (4, 5] at 4 workers: 1 s for a 0.5 s clock
+    # a join whose worker never arrived: every clock after it is "starting"
+    assert elastic.join_phases(ticks, live, events, [], {2: 1.0, 4: 2.0})["starting"]["clocks"] == 4
+
+
+def test_losses_are_traced_to_what_the_driver_did_to_the_worker():
+    events = [{"kind": "kill", "worker": "a", "at": 1.0}, {"kind": "retire", "worker": "b", "at": 2.0},
+              {"kind": "kill", "worker": "c", "at": 3.0}, {"kind": "join", "at": 4.0}]
+    fit_events = [{"kind": "worker-lost", "worker": "a", "clock": 3, "time": 1.1},
+                  {"kind": "worker-joined", "worker": "d", "clock": 3, "time": 2.5},
+                  {"kind": "worker-removed", "worker": "d", "reason": "no sign of life", "time": 3.5},
+                  {"kind": "worker-lost", "worker": "d", "clock": 4, "time": 3.5},
+                  {"kind": "worker-left", "worker": "b", "time": 2.2},
+                  {"kind": "worker-lost", "worker": "a", "clock": 5, "time": 5.0}]
+    c = elastic.losses_by_cause(fit_events, events)
+    assert c["by_cause"] == {"kill": 2, "other": 1} and c["lost_twice"] == ["a"] and c["kills_without_loss"] == 1
+    # d joined at clock 3 (1 s before its loss), 0.5 s after the kill of c
+    assert c["untraced"] == [{"worker": "d", "clock": 4, "cause": "other", "removed": "no sign of life",
+                              "joined_clock": 3, "joined_s_before_loss": 1.0, "s_since_last_kill": 0.5}]
+    assert c["removed_by_dscar"] == 1
+
+
+def test_the_layout_is_compared_with_the_reference_s_at_the_same_count():
+    ticks = [(0.0, 1), (1.0, 2), (2.5, 3), (3.5, 4), (4.5, 5)]
+    live = [(0.0, 2)]
+    lay = lambda rows, shards: {"live": 2, "max_rows": rows, "max_parts": 1, "max_shards": shards, "owners": 2}
+    layouts = [lay(6, 3), lay(6, 3), lay(8, 4), lay(6, 3), {**lay(9, 3), "owners": 1}]
+    events = [{"at": 1.2}]  # lands in the clock (1.0, 2.5): left out of the excess
+    out = elastic.layout_vs_reference(ticks, live, layouts, {2: lay(6, 3)}, {2: 1.0}, events)
+    # the last clock's joiner owns nothing: not a layout
+    assert out["per_count"][2] == {"clocks": 3, "max_rows": 6.67, "max_shards": 3.33, "above": 1,
+                                   "reference_max_rows": 6, "reference_max_shards": 3}
+    assert out["clocks"] == {"above": 0, "even": 2} and out["excess_s_per_clock"]["even"] == 0.0
+
+
 def test_clocks_from_joining_to_owning_partitions_come_from_the_fit_s_events():
     events = [{"kind": "worker-joined", "worker": "a", "clock": 3}, {"kind": "worker-joined", "worker": "b", "clock": 4},
               {"kind": "partitions-taken-on", "workers": ["a", "b"], "clock": 5}]
@@ -106,6 +149,7 @@ def test_quick_churn_commits_every_shard_update_exactly_once_and_reports_its_fig
     assert 0 < s["goodput"] and s["clock_rate"] > 0 and s["expected_rate"] > 0
     assert s["handoffs"] == s["event_kinds"]["retire"] == len(s["handoff_s"]) and s["left"] >= s["handoffs"]
     assert s["losses"] >= s["event_kinds"]["kill"] and s["recoveries"] >= 1
+    assert sum(e["kind"] == "worker-lost" for e in s["membership_events"]) == s["losses"]
     assert s["rework_per_event"] == pytest.approx((s["skipped_clocks"] + s["rolled_back_clocks"]) / s["events"], abs=1e-3)
     for label in ("goodput", "hand-offs", "rework", "exactly-once audit", "lost 0, applied twice 0", "load average"):
         assert label in stdout

@@ -14,8 +14,8 @@ import dscar
 from dscar.algorithms.datasets import make_regression
 from dscar.algorithms.lasso import LassoCD
 from dscar.scheduler.coordinator import PLUGIN_NAME
-from dscar.core.elastic import (adaptive_target, handoff_plan, join_plan, retirable, shard_handoff_plan, ssp_leave_step,
-                           workers_wanted)
+from dscar.core.elastic import (adaptive_target, handoff_plan, handoff_targets, join_plan, retirable, setting_up,
+                           shard_handoff_plan, ssp_leave_step, workers_wanted)
 from dscar.errors import InvalidInputError
 from bench.chaos import CHECK_KEYS, ExactlyOnce, check_final
 
@@ -275,6 +275,25 @@ def test_joiners_take_partitions_only_while_that_lowers_the_largest_load(parts, 
     top = max(load, key=lambda w: (load[w], w))
     low = min(joined, key=lambda w: (load[w], w))
     assert not [k for k, w in after.items() if w == top and load[low] + rows[k] < load[top]]
+
+
+WORKERS = ["a", "b", "c", "d", "e"]
+
+
+@given(st.sets(st.sampled_from(WORKERS)), st.sets(st.sampled_from(WORKERS)),
+       st.lists(st.sampled_from(WORKERS)), st.lists(st.sampled_from([*WORKERS, None])))
+def test_workers_setting_up_are_the_unregistered_live_ones_with_nothing_of_the_job(live, registered, owners, holders):
+    fresh = setting_up(live, registered, owners, holders)
+    assert fresh <= live and not fresh & registered and not fresh & set(owners) and not fresh & set(holders)
+    # every live worker left out has registered, or owns or holds something (an apply must reach it)
+    assert all(w in registered or w in owners or w in holders for w in live - fresh)
+    staying = sorted(live)
+    targets = handoff_targets(staying, fresh)
+    assert set(targets) <= live and (not staying or targets)  # someone takes a leaver's partitions
+    if live - fresh:  # only workers set up, all of them
+        assert set(targets) == live - fresh
+    else:  # nobody is set up: anyone staying
+        assert targets == staying
 
 
 def test_a_joiner_takes_nothing_when_moving_would_not_lower_the_largest_load():

@@ -18,7 +18,7 @@ once it is drained and the tables hold still (``ssp_leave_step``).
 """
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Container, Iterable, Mapping
 
 
 def workers_wanted(n_shards: int, setting: int | None = None) -> int:
@@ -83,6 +83,26 @@ def shard_handoff_plan(holders: Mapping[int, str | None], leaving: Iterable[str]
         plan[shard] = target
         held[target] += 1
     return plan
+
+
+def setting_up(live: Iterable[str], registered: Container[str], owners: Iterable[str],
+               holders: Iterable[str | None]) -> set[str]:
+    """The ``live`` workers still setting up dscar: not ``registered`` (no key yet: a joiner, a restarted
+    worker, whose event loop is busy importing as its plugins are set up), owning no partition and
+    holding no shard. Such a worker cannot have run or staged anything (every call as a worker needs
+    its key), so no apply pass or hand-off copy need go to it, and one would wait for its set-up."""
+    fresh = {w for w in live if w not in registered}
+    if fresh:
+        fresh -= set(owners)
+        fresh -= set(holders)
+    return fresh
+
+
+def handoff_targets(staying: Iterable[str], fresh: Container[str]) -> list[str]:
+    """Who may take a leaver's partitions and shards: the ``staying`` workers set up (not in ``fresh``,
+    ``setting_up``'s), or every staying one when none is."""
+    stay = list(staying)
+    return [w for w in stay if w not in fresh] or stay
 
 
 def join_plan(owners: Mapping[tuple[str, int], str], rows: Mapping[tuple[str, int], int],

@@ -36,6 +36,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
+import math
 import time
 from functools import partial
 from typing import Any, Callable, Coroutine
@@ -49,7 +50,8 @@ from distributed.scheduler import heartbeat_interval
 from ..core.apply_plan import DIRECT_PER_WORKER, FANIN, ApplyPlan, merge_touched, plan_apply, shard_ranges
 from ..checkpoint import CheckpointConfig
 from ..comm import fast_fail_pool
-from ..core.elastic import adaptive_target, handoff_plan, join_plan, retirable, shard_handoff_plan, workers_wanted
+from ..core.elastic import (adaptive_target, handoff_plan, handoff_targets, join_plan, retirable, setting_up,
+                            shard_handoff_plan, workers_wanted)
 from ..errors import JobFailedError, RefusedCallError
 from ..inflight import Inflight, resolve, timed_wait
 from ..core.job import ApplyPass, Checkpoint, JobConfig, JobState, Mirror, RestartWorker, StartRecovery
@@ -69,6 +71,10 @@ RPC_TIMEOUT_S = 30.0  # a coordinator -> worker message that takes longer means 
 APPLY_TRIES = 3  # a pass is sent at most this often while the workers that could not be reached answer probes
 #: seconds a joining worker may take to install a job and load its kernels before it is handed work anyway
 WARM_UP_TIMEOUT_S = 60.0
+#: seconds after it joins the cluster that a worker which has not registered its key yet is not probed as hung:
+#: its event loop is busy setting up its plugins (dscar's imports, ~1 s of CPU, several seconds on a loaded
+#: machine), so it cannot answer a probe; a joiner or a restarted worker removed then was a healthy one lost
+START_GRACE_S = 30.0
 #: how long the coordinator waits for a worker to give back batch members it has not started
 RELEASE_TIMEOUT_S = 1.0
 #: how often, at most, the liveness watch looks for stalled jobs (a quarter of ``stall_timeout()`` when shorter)
@@ -160,6 +166,8 @@ class Coordinator(SchedulerPlugin):
         self._tokens: dict[str, str] = {}
         #: worker address -> the key its process registered and confirmed (``dscar_hello``)
         self._keys: dict[str, str] = {}
+        #: worker -> when it joined the cluster (monotonic seconds; ``START_GRACE_S``)
+        self._arrived: dict[str, float] = {}
         #: job -> its driver's lease
         self._leases: dict[str, Lease] = {}
         #: job -> why the coordinator ended it (lease lapsed, cancelled), for its driver if it comes back
@@ -355,6 +363,7 @@ class Coordinator(SchedulerPlugin):
         restore, no rework. A leaver lost meanwhile goes the loss's way: nothing of it is switched."""
         t0 = time.perf_counter()
         staying = [w for w in self._live(job) if w not in leaving]
+        staying = handoff_targets(staying, self._setting_up(job))  # (a copy to one would wait, at the boundary)
         if not staying:  # nobody to hand off to: the retirement goes on, and is a loss
             for w in leaving:
                 fut = self._leaving.pop(w, None)
@@ -674,7 +683,8 @@ class Coordinator(SchedulerPlugin):
                 self._check_stalls(now_m)
                 stalls_at = now_m + min(STALL_CHECK_S, stall_timeout() / 4)
             limit, now = hang_timeout(len(self.scheduler.workers)), time.time()
-            silence = {w: now - max(ws.last_seen, self._heard.get(w, 0.0)) for w, ws in self.scheduler.workers.items()}
+            silence = {w: now - max(ws.last_seen, self._heard.get(w, 0.0)) for w, ws in self.scheduler.workers.items()
+                       if w in self._keys or now_m - self._arrived.get(w, -math.inf) > START_GRACE_S}
             silent = to_probe(silence, limit)
             probes = await asyncio.gather(*(self._probe(w) for w in silent))
             for w, alive in zip(silent, probes):
@@ -1167,6 +1177,17 @@ class Coordinator(SchedulerPlugin):
             self._wake()
         return {"status": "OK"}
 
+    def _setting_up(self, job: JobState) -> set[str]:
+        """The job's live workers still setting up dscar, with nothing of the job (``elastic.setting_up``)."""
+        return setting_up(self._live(job), self._keys, job.pmap.owners.values(),
+                          (job.queue.holder(s) for s in range(job.queue.n_shards)))
+
+    def _apply_targets(self, job: JobState) -> list[str]:
+        """The workers a pass is applied on: the live ones, less those setting up (``_setting_up``), which
+        have nothing to apply and would hold the clock until they can answer."""
+        fresh = self._setting_up(job)
+        return [w for w in self._live(job) if w not in fresh]
+
     async def _apply(self, job: JobState, e: ApplyPass) -> None:
         """Every live worker applies the pass: owners their tables' updates, holders the shard state.
 
@@ -1175,7 +1196,7 @@ class Coordinator(SchedulerPlugin):
         to a worker that is alive. If every such worker answers, a BSP pass is sent again, with
         direct fetches (workers that applied it answer at once: one pass is applied once), up to
         ``APPLY_TRIES`` times; a worker that does not answer is lost, as before."""
-        targets = self._live(job)
+        targets = self._apply_targets(job)
         extra = {"clocks": e.clocks, "floor": e.floor} if e.batch is not None else {}
         if e.phase:
             extra["phase"] = e.phase
@@ -1234,7 +1255,7 @@ class Coordinator(SchedulerPlugin):
                 return
             job.event(time.time(), "apply-retried", clock=e.clock, run=e.run_id, workers=sorted(unreached),
                       reason="; ".join(unreached.values())[:500])
-            targets = self._live(job)
+            targets = self._apply_targets(job)
             plan = self._apply_plan(job, e, targets, direct=True)
 
     async def _folded_clock_end(self, job: JobState, e: ApplyPass, answer: Any) -> None:
@@ -1481,6 +1502,7 @@ class Coordinator(SchedulerPlugin):
                       perturbation=r["perturbation"], lost_norm=r["lost_norm"])
 
     def remove_worker(self, scheduler, worker: str, **kwargs) -> None:
+        self._arrived.pop(worker, None)
         self._generation += 1
         self._inflight.cancel(worker, self._generation)
         for job in list(self.jobs.values()):
@@ -1507,6 +1529,7 @@ class Coordinator(SchedulerPlugin):
         return {"status": "OK"}
 
     def add_worker(self, scheduler, worker: str) -> None:
+        self._arrived[worker] = time.monotonic()  # (``START_GRACE_S``: not probed before its key, for a while)
         self._generation += 1
         self._inflight.revive(worker, self._generation)
         if worker in self._removed:  # a worker restarted at a removed one's address: reachable again
