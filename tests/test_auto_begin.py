@@ -135,14 +135,15 @@ def _fit_both(cluster, algorithm, data, **kw):
 
 
 def _same(a: dscar.FitResult, b: dscar.FitResult, rtol: float = 0.0) -> None:
-    """Same clocks, stop and metrics and parameters: exactly, or to ``rtol`` where two fits of the model
-    differ in rounding anyway (2 workers: the order a clock's updates are summed in is the commits')."""
+    """Same clocks, stop and metrics and parameters: exactly, or to ``rtol`` (and 1e-12 absolute: Lasso's
+    gap at rounding level) where two fits of the model differ in rounding anyway (2 workers: the order a
+    clock's updates are summed in is the commits')."""
     assert [r.clock for r in a.history] == [r.clock for r in b.history]
     assert a.converged == b.converged
     assert [sorted(r.metrics) for r in a.history] == [sorted(r.metrics) for r in b.history]
     for ra, rb in zip(a.history, b.history):
         np.testing.assert_allclose([ra.metrics[k] for k in sorted(ra.metrics)],
-                                   [rb.metrics[k] for k in sorted(ra.metrics)], rtol=rtol, atol=0.0)
+                                   [rb.metrics[k] for k in sorted(ra.metrics)], rtol=rtol, atol=1e-12 if rtol else 0.0)
     assert a.params.keys() == b.params.keys()
     for k in a.params:
         np.testing.assert_allclose(a.params[k], b.params[k], rtol=rtol, atol=1e-12 if rtol else 0.0)
@@ -156,6 +157,34 @@ def test_a_fit_whose_clocks_the_coordinator_begins_equals_one_whose_driver_begin
     assert calls_driven.get("dscar_begin_clock") == 5, calls_driven
     assert not auto.converged and auto.n_clocks == 5  # the driver's last clock: none begun after it
     np.testing.assert_array_equal(auto.params["count"], np.full(40, 5.0))
+
+
+class _WhereRuleRuns(RowCounter):
+    """``RowCounter`` that records, at each evaluation of its stopping rule, whether it ran in the
+    driver's thread (this test's) or elsewhere (a worker's thread: the cluster is in-process)."""
+
+    in_driver: list = []
+
+    def converged(self, history, tol):
+        _WhereRuleRuns.in_driver.append(threading.current_thread() is threading.main_thread())
+        return False
+
+
+class _RuleInTheDriver(_WhereRuleRuns):
+    converged_on_workers = False
+
+
+@pytest.mark.parametrize("model, in_driver, begins", [(_WhereRuleRuns, [False] * 4 + [True], 1),
+                                                      (_RuleInTheDriver, [True] * 5, 5)])
+def test_a_model_whose_rule_must_run_in_the_driver_has_every_clock_begun_by_it(inproc, model, in_driver, begins):
+    """By default the rule runs with the clock end, on a worker (at the driver's last clock, nothing
+    follows: the driver evaluates it); ``converged_on_workers = False`` keeps it in the driver's process."""
+    _WhereRuleRuns.in_driver = []
+    inproc.client.run_on_scheduler(_count_calls)
+    res = dscar.fit(model(), row_data(40), inproc, n_shards=4, max_clocks=5, progress=False)
+    assert _WhereRuleRuns.in_driver == in_driver
+    assert inproc.client.run_on_scheduler(_calls).get("dscar_begin_clock") == begins
+    assert_exactly_once(res, 40)
 
 
 def _mlr():

@@ -145,6 +145,8 @@ class HoldStill(RowCounter):
     """``RowCounter`` whose driver, between clocks 2 and 3, watches the runners' calls while the job
     idles (``watch``): the job is registered, no clock runs."""
 
+    converged_on_workers = False  # (the driver holds the job between clocks: it begins them)
+
     seen: dict = {}
 
     def converged(self, history, tol):
