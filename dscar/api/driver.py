@@ -68,6 +68,8 @@ class ClockRecord:
     """What one clock did: its metrics, its wall time and where the work ran."""
 
     clock: int
+    #: wall seconds in the driver from its begin_clock to the report, or from the previous clock's report
+    #: where the coordinator began this clock itself (``dscar.auto-begin``)
     seconds: float
     metrics: dict[str, float]
     shards_per_worker: dict[str, int]
