@@ -1,17 +1,20 @@
 """Where a clock's time goes: the timeline of bench.overhead's trivial clock, handler by handler.
 
 Every ``dscar_*`` handler of the scheduler and of each worker is stamped at its entry and its
-exit (``time.time()``: one machine, one clock for every process), and so is the driver's
-``begin_clock``; for each clock after ``warmup`` the stamps are taken relative to that clock's
-``begin_clock`` entry at the scheduler, and the table gives each handler's median entry and exit
+exit (``time.time()``: one machine, one clock for every process), and so is the coordinator's
+``begin`` of a clock (``Coordinator._begin``: asked by the driver's ``begin_clock``, or by the
+coordinator itself where it begins the next clock, ``dscar.auto-begin``); for each clock after
+``warmup`` the stamps are taken relative to that clock's ``begin`` entry at the scheduler, and the
+table gives each handler's median entry and exit
 over the clocks (the n-th call of a handler in a clock is its own row, ``#n``). Workers are named
 by their rank among the worker addresses (``W0``, ``W1``, ...). The gaps between rows are the
 hops: a message in flight, a thread or process waiting for a CPU, a handler's own work.
 
 ``--fold off`` runs the same with the clock end handed out as an item (``dscar.fold-clock-end``),
-to compare the two paths side by side.
+to compare the two paths side by side; ``--auto-begin off`` has the driver begin every clock.
 
-Usage: ``python -m bench.clock_trace [--quick] [--workers 2] [--shards 16] [--clocks N] [--fold on|off] [--json PATH]``.
+Usage: ``python -m bench.clock_trace [--quick] [--workers 2] [--shards 16] [--clocks N] [--fold on|off]
+[--auto-begin on|off] [--json PATH]``.
 """
 from __future__ import annotations
 
@@ -65,9 +68,16 @@ def _stamped(handler, name: str, who: str, log: list):
 
 
 def install_stamps(dask_scheduler=None, dask_worker=None, who: str = "S") -> int:
-    """Stamp every ``dscar_*`` handler of this server (idempotent); how many."""
+    """Stamp every ``dscar_*`` handler of this server (idempotent), and on the scheduler the
+    coordinator's ``_begin`` as ``begin``; how many handlers."""
+    from dscar.scheduler.coordinator import PLUGIN_NAME
+
     server = dask_scheduler if dask_scheduler is not None else dask_worker
     log = server.__dict__.setdefault("_clock_trace_log", [])
+    coordinator = getattr(server, "plugins", {}).get(PLUGIN_NAME)  # (a run passes a worker as dask_scheduler too)
+    if coordinator is not None:
+        if not getattr(coordinator._begin, "_clock_trace", False):
+            coordinator._begin = _stamped(coordinator._begin, "begin", who, log)
     n = 0
     for name, h in list(server.handlers.items()):
         if name.startswith("dscar_"):
@@ -86,10 +96,12 @@ def take_stamps(dask_scheduler=None, dask_worker=None) -> list:
 
 # ------------------------------------------------------------------------ the timeline
 def timeline(stamps: list[tuple[str, str, float, float]], warmup: int = WARMUP) -> tuple[list[dict], int]:
-    """Median entry and exit (ms from the clock's ``begin_clock`` entry) of each (server, handler, #n)
-    over the clocks after ``warmup`` (the last begin has no next one and is left out); rows seen in
-    fewer than half the clocks are dropped. The rows in order of entry, and the clocks counted."""
-    begins = sorted(s[2] for s in stamps if s[0] == "S" and s[1] == "begin_clock")
+    """Median entry and exit (ms from the clock's ``begin`` entry, or ``begin_clock``'s in stamps
+    without one) of each (server, handler, #n) over the clocks after ``warmup`` (the last begin has no
+    next one and is left out); rows seen in fewer than half the clocks are dropped. The rows in order
+    of entry, and the clocks counted."""
+    anchor = "begin" if any(s[0] == "S" and s[1] == "begin" for s in stamps) else "begin_clock"
+    begins = sorted(s[2] for s in stamps if s[0] == "S" and s[1] == anchor)
     per: dict[tuple[str, str, int], list[tuple[float, float]]] = defaultdict(list)
     ordered = sorted(stamps, key=lambda s: s[2])
     clocks = list(zip(begins[warmup:-1], begins[warmup + 1:]))
@@ -113,10 +125,11 @@ def format_timeline(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def trace(n_workers: int, n_shards: int, clocks: int, fold: bool) -> dict[str, Any]:
+def trace(n_workers: int, n_shards: int, clocks: int, fold: bool, auto_begin: bool = True) -> dict[str, Any]:
     data = {"x": np.arange(2 * n_shards, dtype=np.float64)}
-    # (the embedded cluster's scheduler runs in this process: its coordinator reads the setting at each fit)
-    with dask.config.set({"dscar.fold-clock-end": fold}), dscar.Cluster(n_workers=n_workers) as cl:
+    # (the embedded cluster's scheduler runs in this process: its coordinator reads the settings at each fit)
+    settings = {"dscar.fold-clock-end": fold, "dscar.auto-begin": auto_begin}
+    with dask.config.set(settings), dscar.Cluster(n_workers=n_workers) as cl:
         dscar.fit(Trivial(), data, cl, n_shards=n_shards, max_clocks=3, progress=False)  # warm the processes
         names = {w: f"W{i}" for i, w in enumerate(sorted(cl.workers))}
         cl.client.run_on_scheduler(install_stamps)
@@ -129,7 +142,8 @@ def trace(n_workers: int, n_shards: int, clocks: int, fold: bool) -> dict[str, A
         stamps = [tuple(s) for s in cl.client.run_on_scheduler(take_stamps)]
         stamps += [tuple(s) for per in cl.client.run(take_stamps).values() for s in per]
     rows, n = timeline(stamps)
-    return {"workers": n_workers, "shards": n_shards, "fold": fold, "clocks": n, "load_average": load,
+    return {"workers": n_workers, "shards": n_shards, "fold": fold, "auto_begin": auto_begin, "clocks": n,
+            "load_average": load,
             "ms_per_clock": statistics.median(r.seconds for r in res.history[WARMUP:]) * 1e3, "rows": rows}
 
 
@@ -140,15 +154,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--shards", type=int, default=16)
     p.add_argument("--clocks", type=int, default=None, help="clocks of the traced fit (default 60; 20 with --quick)")
     p.add_argument("--fold", choices=("on", "off"), default="on", help="dscar.fold-clock-end")
+    p.add_argument("--auto-begin", choices=("on", "off"), default="on", help="dscar.auto-begin")
     p.add_argument("--json", default=None)
     a = p.parse_args(argv)
     clocks = a.clocks or (20 if a.quick else 60)
     if clocks < WARMUP + 3:
         p.error(f"--clocks must be at least {WARMUP + 3}")
-    out = trace(a.workers, a.shards, clocks, a.fold == "on")
-    print(f"{a.workers} worker(s) x {a.shards} shards, clock end folded: {a.fold}; {out['clocks']} clocks traced, "
-          f"median {out['ms_per_clock']:.2f} ms a clock; load average {out['load_average']}")
-    print("median ms from the clock's begin_clock entry at the scheduler (S), per handler entry and exit:")
+    out = trace(a.workers, a.shards, clocks, a.fold == "on", a.auto_begin == "on")
+    print(f"{a.workers} worker(s) x {a.shards} shards, clock end folded: {a.fold}, auto-begin: {a.auto_begin}; "
+          f"{out['clocks']} clocks traced, median {out['ms_per_clock']:.2f} ms a clock; load average {out['load_average']}")
+    print("median ms from the clock's begin entry at the scheduler (S), per handler entry and exit:")
     print(format_timeline(out["rows"]))
     if a.json:
         write_json(a.json, out)

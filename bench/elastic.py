@@ -92,6 +92,8 @@ class Churned(ExactlyOnce):
     """``ExactlyOnce`` that reports each clock to the churn driver (``converged`` runs in this process) and
     stops 2 clocks after the driver's last event."""
 
+    converged_on_workers = False  # (the churn driver's hook: it runs in the driver's process)
+
     def __init__(self, clocks: int, work_s: float):
         super().__init__(clocks, work_s)
         self.driver: ChurnDriver | None = None
@@ -654,6 +656,7 @@ class PullBound(Algorithm):
 
     name = "pull-bound"
     data_names = ("x",)
+    converged_on_workers = False  # (the hook runs in the driver's process)
 
     def __init__(self, n_shards: int = PB_SHARDS):
         self.n_shards = n_shards

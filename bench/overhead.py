@@ -13,7 +13,8 @@ each; 1 and 2 with ``--quick``) x 4 and 16 shards (in total), with the default
 policies:
 
 * **ms per clock**: ``ClockRecord.seconds`` (the driver's wall time from
-  ``begin_clock`` to the report), median over the clocks after ``warmup``, then
+  ``begin_clock`` to the report, or from the previous report where the coordinator
+  began the clock itself: ``dscar.auto-begin``), median over the clocks after ``warmup``, then
   median over repeats (the per-repeat medians are in the JSON).
 * **RPCs per clock**: every scheduler and worker handler whose name starts with
   ``dscar_`` is wrapped with a counter before the fits (``client.run_on_scheduler``

@@ -151,6 +151,11 @@ class Algorithm:
     #: its convergence per clock suffers as its data is cut into more shards (AD-LDA's shards of a
     #: clock sample from the same start): a fit not given ``n_shards`` runs one per worker (``dscar.core.shard_count``)
     shards_cost_quality: bool = False
+    #: ``converged`` reads only its arguments (the history and ``tol``), as a stopping rule should, so it
+    #: may run on a worker with the clock end and the next clock begin there, without a round trip to the
+    #: driver (``dscar.auto-begin``). False for a ``converged`` that acts in the driver's process (a test's or
+    #: a benchmark's hook): the driver then evaluates it and begins every clock
+    converged_on_workers: bool = True
 
     def validate(self, meta: DataMeta) -> None:
         """Raise ``InvalidInputError`` for data or hyperparameters this model cannot fit."""

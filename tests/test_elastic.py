@@ -108,6 +108,8 @@ class StopOnceGrown(LassoCD):
     """Lasso that stops (converges) only once every worker of a grown cluster has run shards of it:
     the fit's length is tied to the cluster's state, not to a clock count or a timer."""
 
+    converged_on_workers = False  # (its rule reads the cluster from the driver's process)
+
     def __init__(self, alpha: float, local_cluster=None, client=None, grown_to: int = 0):
         super().__init__(alpha)
         self._cluster, self._client, self._grown_to = local_cluster, client, grown_to
@@ -160,6 +162,8 @@ class RetiresAnOwner:
     """A model that asks Dask to retire a partition owner after ``at`` clocks (from the driver, in a
     thread: the retirement waits for the hand-off, which waits for a clock boundary, or under SSP for
     the leaver's drain), and waits until the coordinator heard of it."""
+
+    converged_on_workers = False  # (its hook runs in the driver's process)
 
     def _retire_at(self, local_cluster, client, at: int) -> None:
         self._cluster, self._client, self._at = local_cluster, client, at
@@ -334,6 +338,8 @@ def grow_mid_fit(algo, history) -> None:
 class GrowMidFit(LassoCD):
     """Lasso that grows its cluster mid-fit (``grow_mid_fit``)."""
 
+    converged_on_workers = False  # (its hook runs in the driver's process)
+
     def __init__(self, alpha: float, local_cluster=None, at: int = 0):
         super().__init__(alpha)
         self._cluster, self._at = local_cluster, at
@@ -351,6 +357,8 @@ class CountedGrowMidFit(ExactlyOnce):
     """``bench.chaos.ExactlyOnce`` (every shard's update counted in param tables, checked at each clock
     end) that grows its cluster mid-fit (``grow_mid_fit``): a row of a moved partition left stale
     shows as an update lost."""
+
+    converged_on_workers = False  # (its hook runs in the driver's process)
 
     def __init__(self, clocks: int, local_cluster=None, at: int = 0):
         super().__init__(clocks)

@@ -129,6 +129,8 @@ class Forger(RowCounter):
     """RowCounter whose driver-side stopping rule, at clock 2, makes ``forge(address)`` run while the
     fit waits between clocks (the job is known, its workers hold its partitions)."""
 
+    converged_on_workers = False  # (its hook runs in the driver's process, between clocks the driver begins)
+
     def __init__(self, forge, address, **kw):
         super().__init__(**kw)
         self.forge, self.address, self.outcomes = forge, address, None
@@ -322,6 +324,8 @@ def test_a_job_cancelled_by_hand_ends_on_the_cluster_and_its_driver_says_so(proc
 class BusyDriver(RowCounter):
     """RowCounter whose driver, after clock 1, is busy for 2.5 s without a call to the coordinator
     (as while it places data or publishes a checkpoint)."""
+
+    converged_on_workers = False  # (the driver is the one busy)
 
     def converged(self, history, tol):
         if len(history) == 1:

@@ -3,7 +3,10 @@
 It validates everything it can before any work starts, starts the job on the
 coordinator, creates the partitions on their owners, places the data shards,
 then runs clocks: begin, wait for the coordinator's report, ask the algorithm
-whether it converged. Parameter bytes go worker -> driver only once, at the
+whether it converged. Under BSP with a folded clock end the stopping rule is
+evaluated there and the coordinator begins the next clock itself
+(``dscar.auto-begin``): the driver then only reads each clock's report, off the
+clocks' critical path. Parameter bytes go worker -> driver only once, at the
 end, for the result.
 """
 from __future__ import annotations
@@ -65,6 +68,8 @@ class ClockRecord:
     """What one clock did: its metrics, its wall time and where the work ran."""
 
     clock: int
+    #: wall seconds in the driver from its begin_clock to the report, or from the previous clock's report
+    #: where the coordinator began this clock itself (``dscar.auto-begin``)
     seconds: float
     metrics: dict[str, float]
     shards_per_worker: dict[str, int]
@@ -716,11 +721,17 @@ class _Run:
         history: list[ClockRecord] = []
         metrics_hist: list[dict[str, float]] = []
         converged = False
+        begun = False  # the coordinator began this clock itself (the last report's ``next_begun``)
+        t0 = time.perf_counter()
         try:
             bar.update(first - 1)
             for clock in range(first, max_clocks + 1):
-                t0 = time.perf_counter()
-                r = self._sync(self._scall, "begin_clock", clock=clock, wait=1.0, events_from=self._seen)
+                if begun:  # (its time counts from the last report)
+                    r = self._sync(self._scall, "wait", clock=clock, timeout=1.0, events_from=self._seen)
+                else:
+                    t0 = time.perf_counter()
+                    r = self._sync(self._scall, "begin_clock", clock=clock, wait=1.0, events_from=self._seen,
+                                   until=max_clocks if self.algorithm.converged_on_workers else 0)
                 while True:  # the coordinator's answers until the clock's report
                     self._take_events(r)
                     self._publish(r.get("publish", []))
@@ -737,12 +748,17 @@ class _Run:
                                   dict(r["shards_per_worker"]), dict(r["timings"]), dict(r["stage_s"]),
                                   dict(r.get("workers", {})), bool(r.get("skipped")), r.get("checkpoint"),
                                   int(r.get("ahead", 0)))
+                t0 = time.perf_counter()
                 history.append(rec)
                 if not rec.skipped:  # the stopping rule sees completed clocks only
                     metrics_hist.append(rec.metrics)
                 bar.update(1)
                 bar.set_postfix_str(line.update(rec, self.events))
-                if not rec.skipped and self.algorithm.converged(metrics_hist, self.tol):
+                # the rule as the clock end evaluated it on the same history, where it did; the next
+                # clock then runs already unless it said stop (``BspSchedule.clock_end_done``)
+                begun = bool(r.get("next_begun"))
+                stop = r.get("stop")
+                if not rec.skipped and (self.algorithm.converged(metrics_hist, self.tol) if stop is None else stop):
                     converged = True
                     break
         finally:

@@ -44,4 +44,13 @@ class RestartWorker:
     worker: str
 
 
-Effect = ApplyPass | StartRecovery | Checkpoint | Mirror | RestartWorker
+@dataclass(frozen=True)
+class BeginClock:
+    """BSP: the clock before ``clock`` ended, its stopping rule said go on and the driver's last
+    clock is not reached: the coordinator begins ``clock`` itself once that clock's report is ready
+    (``BspSchedule.auto_until``), without waiting for the driver to ask."""
+
+    clock: int
+
+
+Effect = ApplyPass | StartRecovery | Checkpoint | Mirror | RestartWorker | BeginClock

@@ -22,7 +22,7 @@ from typing import Any
 from .checkpoint_plan import Checkpoint, CheckpointPlanner, Mirror
 from .dispatch import Dispatch
 from .clock import ClockMachine
-from .effects import ApplyPass, Effect, RestartWorker, StartRecovery
+from .effects import ApplyPass, BeginClock, Effect, RestartWorker, StartRecovery
 from .events import EventLog
 from .ledger import RecoveryPlan, describe, perturbations, restore_sources
 from .losses import Losses
@@ -34,7 +34,7 @@ from .shards import ShardQueue
 from .ssp import ClockWindow
 from .tally import ClockTally
 
-__all__ = ["ApplyPass", "Checkpoint", "Effect", "JobConfig", "JobState", "Mirror", "RestartWorker", "StartRecovery"]
+__all__ = ["ApplyPass", "BeginClock", "Checkpoint", "Effect", "JobConfig", "JobState", "Mirror", "RestartWorker", "StartRecovery"]
 
 @dataclass
 class JobConfig:
@@ -222,9 +222,10 @@ class JobState:
         return self.schedule.applied(run_id, now, batch)
 
     def clock_end_done(self, worker: str, run_id: int, metrics: dict, seconds: float, now: float,
-                       clock: int | None = None) -> list[Effect]:
-        """The clock-end step of ``clock`` (None: the current one) reported."""
-        return self.schedule.clock_end_done(worker, run_id, metrics, seconds, now, clock)
+                       clock: int | None = None, stop: bool | None = None) -> list[Effect]:
+        """The clock-end step of ``clock`` (None: the current one) reported (``stop``: the stopping
+        rule evaluated with it, BSP folded; ``BspSchedule.clock_end_done``)."""
+        return self.schedule.clock_end_done(worker, run_id, metrics, seconds, now, clock, stop)
 
     def clock_end_failed(self, worker: str, run_id: int, error: str, now: float,
                          clock: int | None = None) -> list[Effect]:

@@ -143,17 +143,20 @@ class ClockEndOutcome:
     """What a clock end folded into a worker's apply (``ApplyPass.clock_end``) came to, sent back in
     the apply's answer (``clock_end``): its ``metrics`` (and ``seconds``), or the ``error`` it raised
     (``unreachable``: the worker it failed to reach), or why it did not run (``not_run``: the item
-    path runs it then)."""
+    path runs it then). ``stop``: the algorithm's stopping rule on the fit's history with these
+    metrics (``RuleHistory``; None: not evaluated there, so the driver evaluates it)."""
 
     metrics: dict[str, float] | None = None
     seconds: float = 0.0
     error: str | None = None
     unreachable: str | None = None
     not_run: str | None = None
+    stop: bool | None = None
 
     def to_msg(self) -> dict[str, Any]:
         if self.metrics is not None:
-            return {"metrics": self.metrics, "seconds": self.seconds}
+            return {"metrics": self.metrics, "seconds": self.seconds,
+                    **({} if self.stop is None else {"stop": self.stop})}
         if self.error is not None:
             return {"error": self.error, **({} if self.unreachable is None else {"unreachable": self.unreachable})}
         return {"not_run": self.not_run or "not run"}
@@ -164,10 +167,50 @@ class ClockEndOutcome:
         if not isinstance(msg, dict):
             return cls(not_run="no clock-end outcome in the apply's answer")
         if isinstance(msg.get("metrics"), dict):
-            return cls(metrics={str(k): float(v) for k, v in msg["metrics"].items()}, seconds=float(msg.get("seconds", 0.0)))
+            stop = msg.get("stop")
+            return cls(metrics={str(k): float(v) for k, v in msg["metrics"].items()}, seconds=float(msg.get("seconds", 0.0)),
+                       stop=None if stop is None else bool(stop))
         if msg.get("error") is not None:
             return cls(error=str(msg["error"]), unreachable=msg.get("unreachable"))
         return cls(not_run=str(msg.get("not_run", "not run")))
+
+
+@dataclass
+class RuleHistory:
+    """The metrics of a fit's completed clocks in order, skipped clocks left out: the history the
+    stopping rule (``Algorithm.converged``) reads, as the driver keeps it. The coordinator keeps it
+    and sends a worker that runs a folded clock end only the entries it lacks (``part_for``); the
+    worker keeps its copy (``extend_copy``) and evaluates the rule there (``ClockEndOutcome.stop``)."""
+
+    #: each completed clock's metrics, from the job's first clock
+    metrics: list[dict[str, float]] = field(default_factory=list)
+    #: worker -> how many entries it was sent (its copy holds them, unless it lost it)
+    sent: dict[str, int] = field(default_factory=dict)
+
+    def add(self, metrics: dict[str, float]) -> None:
+        """A clock completed (not skipped) with ``metrics``."""
+        self.metrics.append(dict(metrics))
+
+    def part_for(self, worker: str) -> dict[str, Any]:
+        """What ``worker``'s copy lacks: ``{"from": index of the first entry, "metrics": entries}``."""
+        start = self.sent.get(worker, 0)
+        self.sent[worker] = len(self.metrics)
+        return {"from": start, "metrics": self.metrics[start:]}
+
+    def forget(self, worker: str) -> None:
+        """``worker`` could not evaluate the rule (its copy is not what it was sent): send it everything next."""
+        self.sent.pop(worker, None)
+
+
+def extend_copy(copy: list[dict[str, float]], part: dict[str, Any]) -> bool:
+    """A worker's ``copy`` of the history brought up to date with ``part`` (``RuleHistory.part_for``);
+    False, leaving it as it was, when it lacks entries sent before (a copy the worker no longer has)."""
+    start = int(part["from"])
+    if len(copy) < start:
+        return False
+    del copy[start:]
+    copy.extend({str(k): float(v) for k, v in m.items()} for m in part["metrics"])
+    return True
 
 
 @dataclass

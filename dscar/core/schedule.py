@@ -28,12 +28,13 @@ from functools import partial
 from typing import TYPE_CHECKING, Any, Iterable, Protocol
 
 from .clock import Apply, ClockMachine, Recover, RunClockEnd, Skip, Stage, StartPass
-from .effects import ApplyPass, Effect, RestartWorker, StartRecovery
+from .effects import ApplyPass, BeginClock, Effect, RestartWorker, StartRecovery
 from .dispatch import SspFields
 from .elastic import ssp_leave_step
 from ..errors import ShardFailedError
 from .ledger import manifest_cut
 from .monitor import step_seconds
+from .protocol import RuleHistory
 from .shards import Attempt, ShardStatus
 from .ssp import ApplyBatch, ClockWindow, ShardPhase, SkipClock, StartRebuild
 from .ssp import RunClockEnd as WindowClockEnd
@@ -90,7 +91,7 @@ class Schedule(Protocol):
     def applied(self, run_id: int, now: float, batch: int | None = None) -> list[Effect]: ...
 
     def clock_end_done(self, worker: str, run_id: int, metrics: dict, seconds: float, now: float,
-                       clock: int | None = None) -> list[Effect]: ...
+                       clock: int | None = None, stop: bool | None = None) -> list[Effect]: ...
 
     def clock_end_failed(self, worker: str, run_id: int, error: str, now: float,
                          clock: int | None = None) -> list[Effect]: ...
@@ -137,6 +138,16 @@ class BspSchedule:
         self.fold_clock_end = False
         #: the worker the current clock's clock end is folded into (None: not folded, or given back)
         self.folded: str | None = None
+        #: the coordinator may begin the next clock itself (``dscar.auto-begin``)
+        self.auto_begin = False
+        #: the last clock the coordinator may begin itself: the driver's last (0: none, the driver begins each)
+        self.auto_until = 0
+        #: the completed clocks' metrics, the stopping rule's history: sent with a folded clock end
+        self.rule = RuleHistory()
+        #: the current clock's stopping rule as the folded clock end evaluated it (None: not evaluated)
+        self.stop: bool | None = None
+        #: the clock after this one was begun by the coordinator (``BeginClock``), not to be begun by the driver
+        self.next_begun = False
         if resume is not None:
             self.machine.clock = int(resume["clock"])
             self.machine.stage = Stage.DONE
@@ -168,7 +179,11 @@ class BspSchedule:
         return self.machine.finished and not self.job.failed and not self.job.snapshotting
 
     def report_for(self, clock: int) -> dict | None:
-        """Clock ``clock``'s report for the driver once it is finished (None: not yet)."""
+        """Clock ``clock``'s report for the driver once it is finished (None: not yet); that of a
+        clock the coordinator began the next one after is kept until the driver reads a newer one."""
+        kept = self.job.tally.report_for(clock)
+        if kept is not None:
+            return kept
         return self.report() if self.machine.clock == clock and self.report_ready else None
 
     def report(self) -> dict:
@@ -177,8 +192,12 @@ class BspSchedule:
             "status": "done", "metrics": dict(job.metrics), "skipped": self.machine.stage is Stage.SKIPPED,
             "checkpoint": job.checkpoint_status(),
             "shards_per_worker": dict(job.shards_done), "timings": job.timings, "stage_s": dict(job.stage_s),
-            "workers": job.workers_report(),
+            "workers": job.workers_report(), "stop": self.stop, "next_begun": self.next_begun,
         }
+
+    def keep_report(self) -> None:
+        """The coordinator begins the next clock itself (``BeginClock``): this one's report is kept for the driver."""
+        self.job.tally.reports[self.machine.clock] = self.report()
 
     def cut(self) -> None:
         """Every shard's newest clock in the tables is the job's clock: no cut."""
@@ -241,8 +260,11 @@ class BspSchedule:
             return None
         owned = Counter(job.pmap.owners.values())
         self.folded = max(live, key=lambda w: (owned[w], -live.index(w)))
-        return {"op": "clock_end", "job": job.cfg.job_id, "clock": m.clock, "run": a.run_id,
+        item = {"op": "clock_end", "job": job.cfg.job_id, "clock": m.clock, "run": a.run_id,
                 "owners": job.pmap.to_msg(), "worker": self.folded}
+        if self.auto_begin and m.clock < self.auto_until:  # (the rule decides whether a next clock begins here)
+            item["rule"] = self.rule.part_for(self.folded)
+        return item
 
     def unfold_clock_end(self, worker: str) -> list[Effect]:
         """The clock end folded into ``worker``'s apply did not run there (its worker stopped, a peer's
@@ -266,6 +288,7 @@ class BspSchedule:
         job.tally.begin(now)
         self.started = set()
         self.clock_end_worker = self.folded = None
+        self.stop, self.next_begun = None, False
         job.checkpoints.start_interval(now)
         return effects + self._carry(self.machine.begin(clock), now)
 
@@ -400,9 +423,11 @@ class BspSchedule:
         return self._carry(actions, now)
 
     def clock_end_done(self, worker: str, run_id: int, metrics: dict, seconds: float, now: float,
-                       clock: int | None = None) -> list[Effect]:
+                       clock: int | None = None, stop: bool | None = None) -> list[Effect]:
         """The clock-end step of ``clock`` (None: the current one) reported: the clock is DONE
-        (unless a loss made its report stale)."""
+        (unless a loss made its report stale). ``stop``: the stopping rule, evaluated with the clock
+        end (folded); where it says go on and the driver's last clock is not reached, the next clock
+        begins here (``BeginClock``) without a round trip to the driver."""
         job, m = self.job, self.machine
         clock = m.clock if clock is None else clock
         if worker != self.clock_end_worker or clock != m.clock or m.stage is not Stage.CLOCK_END \
@@ -411,7 +436,11 @@ class BspSchedule:
         self._book_stage(now)
         m.clock_end_done(run_id)
         job.stage_s["clock_end_compute"] = float(seconds)
-        return job.clock_finished(clock, metrics, now, job.tally.clock_t0)
+        effects = job.clock_finished(clock, metrics, now, job.tally.clock_t0)
+        self.rule.add(job.metrics)  # (as the driver's history: the report's metrics)
+        self.stop = stop
+        self.next_begun = self.auto_begin and stop is False and clock < self.auto_until and not job.failed
+        return effects + ([BeginClock(clock + 1)] if self.next_begun else [])
 
     def clock_end_failed(self, worker: str, run_id: int, error: str, now: float,
                          clock: int | None = None) -> list[Effect]:
@@ -767,7 +796,8 @@ class SspSchedule:
         return self._carry(actions, now)
 
     def clock_end_done(self, worker: str, run_id: int, metrics: dict, seconds: float, now: float,
-                       clock: int | None = None) -> list[Effect]:
+                       clock: int | None = None, stop: bool | None = None) -> list[Effect]:
+        """(``stop`` is BSP's: SSP clocks are begun by the driver.)"""
         job = self.job
         if clock is None or worker != self.clock_end_worker or not self.window.clock_end_done(clock, run_id):
             return []

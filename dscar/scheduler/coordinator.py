@@ -54,7 +54,7 @@ from ..core.elastic import (adaptive_target, handoff_plan, handoff_targets, join
                             shard_handoff_plan, workers_wanted)
 from ..errors import JobFailedError, RefusedCallError
 from ..inflight import Inflight, resolve, timed_wait
-from ..core.job import ApplyPass, Checkpoint, JobConfig, JobState, Mirror, RestartWorker, StartRecovery
+from ..core.job import ApplyPass, BeginClock, Checkpoint, JobConfig, JobState, Mirror, RestartWorker, StartRecovery
 from ..core.liveness import silence_limit, to_probe
 from ..core.membership import DEFAULT_LEASE_S, SCHEDULER_RULES, Lease, Rule, key_digest, refusal, same
 from ..core.monitor import ThroughputMonitor
@@ -647,6 +647,8 @@ class Coordinator(SchedulerPlugin):
                 asyncio.ensure_future(self._mirror(job, e))
             elif isinstance(e, RestartWorker):
                 pass  # carried out in begin_clock, where nothing is staged
+            elif isinstance(e, BeginClock):
+                self._background(self._auto_begin(job, e.clock))
         self._wake()
 
     async def _rpc(self, worker: str, op: str, timeout: float = RPC_TIMEOUT_S, **kw) -> Any:
@@ -784,6 +786,7 @@ class Coordinator(SchedulerPlugin):
         job.workers = workers
         if consistency != "ssp":  # (SSP keeps the clock-end item: see ``SspSchedule.unfold_clock_end``)
             job.schedule.fold_clock_end = bool(dask.config.get("dscar.fold-clock-end", True))
+            job.schedule.auto_begin = bool(dask.config.get("dscar.auto-begin", True))
         self._models[job_id] = model or job_id.rsplit("-", 1)[0]
         self._wanted[job_id] = workers_wanted(n_shards, elastic_workers)
         self.jobs[job_id] = job
@@ -863,9 +866,15 @@ class Coordinator(SchedulerPlugin):
         self._wake(everyone=True)
         return {"status": "OK"}
 
-    async def _h_begin_clock(self, job_id: str, clock: int, wait: float = 0.0, events_from: int = 0) -> dict:
+    async def _h_begin_clock(self, job_id: str, clock: int, wait: float = 0.0, events_from: int = 0,
+                             until: int = 0) -> dict:
         """Begin ``clock``; with ``wait``, then long-poll for its report as ``dscar_wait`` does (one
-        round trip where a clock is quick)."""
+        round trip where a clock is quick). ``until``: the driver's last clock; under BSP the
+        coordinator begins the clocks up to it itself while the stopping rule, evaluated with a
+        folded clock end, says go on (``BeginClock``): a report says so (``next_begun``)."""
+        job = self.jobs.get(job_id)
+        if job is not None and job.consistency == "bsp":
+            job.schedule.auto_until = int(until)
         r = await self._begin(job_id, clock)
         if r["status"] != "OK" or wait <= 0:
             return r
@@ -895,6 +904,23 @@ class Coordinator(SchedulerPlugin):
         self._do(job, [e for e in effects if not isinstance(e, RestartWorker)])
         self._wake(everyone=True)  # (a pass begins: every worker may have shards of its own)
         return {"status": "OK"}
+
+    async def _auto_begin(self, job: JobState, clock: int) -> None:
+        """``BeginClock``: once the previous clock's report is ready (its snapshots taken, a loss
+        meanwhile recovered), keep that report for the driver and begin ``clock`` here, as the
+        driver's ``begin_clock`` would."""
+        job_id = job.cfg.job_id
+        while self.jobs.get(job_id) is job and not job.failed and not job.report_ready:
+            await self._wait_change(1.0)
+        if self.jobs.get(job_id) is not job or job.failed or job.schedule.clock != clock - 1:
+            return
+        job.schedule.keep_report()
+        try:
+            await self._begin(job_id, clock)
+        except Exception as e:  # noqa: BLE001 - no driver call to raise it in: the job fails with it
+            logger.exception("dscar: beginning clock %d of job %s failed", clock, job_id)
+            job.fail(time.time(), f"beginning clock {clock} failed: {e!r}")
+            self._wake()
 
     def _h_event(self, job_id: str, clock: int, kind: str, worker: str, info: dict | None = None) -> dict:
         """A worker reports something that happened to it (an injected fault, ...)."""
@@ -1265,7 +1291,9 @@ class Coordinator(SchedulerPlugin):
         worker = e.clock_end["worker"]
         out = ClockEndOutcome.from_msg(answer.get("clock_end") if isinstance(answer, dict) else None)
         if out.metrics is not None:
-            self._h_clock_done(job.cfg.job_id, e.clock, e.run_id, worker, out.metrics, out.seconds)
+            if out.stop is None and "rule" in e.clock_end:  # its copy of the history was not what it was sent
+                job.schedule.rule.forget(worker)
+            self._h_clock_done(job.cfg.job_id, e.clock, e.run_id, worker, out.metrics, out.seconds, out.stop)
         elif out.error is not None:
             await self._h_clock_failed(job.cfg.job_id, e.clock, e.run_id, worker, out.error, out.unreachable)
         else:
@@ -1273,11 +1301,12 @@ class Coordinator(SchedulerPlugin):
                 job.event(time.time(), "clock-end-unfolded", worker=worker, reason=out.not_run)
             self._do(job, job.unfold_clock_end(worker))
 
-    def _h_clock_done(self, job_id: str, clock: int, run: int, worker: str, metrics: dict, seconds: float) -> dict:
+    def _h_clock_done(self, job_id: str, clock: int, run: int, worker: str, metrics: dict, seconds: float,
+                      stop: bool | None = None) -> dict:
         job = self.jobs.get(job_id)
         if job is not None:
             job.workers = self._live(job)
-            self._do(job, job.clock_end_done(worker, run, metrics, seconds, time.time(), clock))
+            self._do(job, job.clock_end_done(worker, run, metrics, seconds, time.time(), clock, stop))
         return {"status": "OK"}
 
     async def _h_clock_failed(self, job_id: str, clock: int, run: int, worker: str, error: str,

@@ -54,7 +54,7 @@ from ..core.membership import (WORKER_INSTALLING, WORKER_RUN_WRITES, Rule, key_d
 from .mirror_store import part_key, shard_key
 from .partition_store import PartitionStore
 from ..core.partitions import TableLayout
-from ..core.protocol import handler_name
+from ..core.protocol import extend_copy, handler_name
 from .runner import Job, ShardRunner
 from .shard_store import ShardEntry, ShardStore
 from ..xp import select_namespace, to_host
@@ -118,6 +118,9 @@ class ParamServer(WorkerPlugin):
         self._apply_waiters: list[asyncio.Future] = []
         #: job -> (run, the clock end folded into that pass's apply here): an apply sent again awaits it
         self._folded: dict[str, tuple[int, asyncio.Future]] = {}
+        #: job -> this worker's copy of the stopping rule's history (``protocol.RuleHistory``), as sent
+        #: with the folded clock ends it ran
+        self._rule_copies: dict[str, list[dict[str, float]]] = {}
         for op, handler in self.handlers().items():
             worker.handlers[handler_name(op)] = self._guarded(op, handler)
         #: (job, table, part) -> a partition copied here for a join, owned from its switch (``adopt``)
@@ -703,9 +706,26 @@ class ParamServer(WorkerPlugin):
         off the event loop); an apply of the same pass sent again gets the same one, never a second run."""
         folded = self._folded.get(job.id)
         if folded is None or folded[0] != run:
-            folded = self._folded[job.id] = (run, asyncio.ensure_future(asyncio.to_thread(self.runner.clock_end_here,
-                                                                                          item)))
+            folded = self._folded[job.id] = (run, asyncio.ensure_future(asyncio.to_thread(self._clock_end_and_rule,
+                                                                                          job, item)))
         return await asyncio.shield(folded[1])
+
+    def _clock_end_and_rule(self, job: Job, item: dict) -> dict:
+        """The folded clock end's outcome; with the item's ``rule`` (the history this worker lacks), the
+        stopping rule evaluated on the history with its metrics (``stop``), so the coordinator can
+        begin the next clock without asking the driver. A rule that raises is left to the driver,
+        which raises it as it would have."""
+        out = self.runner.clock_end_here(item)
+        if "metrics" not in out or item.get("rule") is None:
+            return out
+        copy = self._rule_copies.setdefault(job.id, [])
+        if not extend_copy(copy, item["rule"]):
+            return out
+        try:
+            stop = bool(job.algorithm.converged([*copy, dict(out["metrics"])], job.tol))
+        except Exception:  # noqa: BLE001 - the driver evaluates it again and raises it
+            return out
+        return {**out, "stop": stop}
 
     def _h_assign(self, job_id: str, run: int, chunks: list, arrays: dict) -> dict:
         """A clock end's rows for partitions owned here: ``chunks`` ``[[table, part, lo], ...]``, their
@@ -932,6 +952,7 @@ class ParamServer(WorkerPlugin):
                 for key in [k for k in moving if k[0] == job_id]:
                     del moving[key]
         self._folded.pop(job_id, None)
+        self._rule_copies.pop(job_id, None)
         self._not_applied.pop(job_id, None)
         if job is not None:
             job.ended.set()
