@@ -76,6 +76,9 @@ class HollowStep(SleepStep):
 
     name = "hollowstep"
     on_clock: Callable[[int], None] | None = None
+    #: the driver begins every clock and calls ``converged`` between them (``dscar.auto-begin`` left
+    #: out), so ``on_clock`` reads the scheduler's CPU at each boundary
+    converged_on_workers = False
 
     def clock_end(self, ctx):
         count = dscar.to_host(ctx.pull("count"))

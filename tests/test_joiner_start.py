@@ -46,6 +46,8 @@ class GrowOnce(ExactlyOnce):
     """``ExactlyOnce`` that adds a worker after ``at`` clocks and stops 2 clocks after the joiner holds a
     shard (it ran one), or once a worker was removed."""
 
+    converged_on_workers = False  # (its hook runs in the driver's process)
+
     def __init__(self, clocks: int, work_s: float, at: int, retire: bool = False):
         super().__init__(clocks, work_s)
         self.at, self.retire = at, retire
