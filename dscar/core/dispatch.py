@@ -373,7 +373,7 @@ class Dispatch:
                 marked.discard((shard, attempt))
                 if not marked:
                     del self._marked[worker]
-                self.job.queue.set_waiting(worker, (), ((shard, attempt),))
+                self.job.queue.unwait(shard, attempt, worker)
 
     def voided(self, attempt: Attempt) -> None:
         """``attempt`` can no longer commit (a recovery voided it, its shard starts again): if it was a

@@ -54,18 +54,18 @@ from typing import Any, Callable, Iterable, Iterator
 from ..errors import ShardFailedError
 
 
-def _merge_by_start(lists: list[list[tuple[float, int, int]]]) -> Iterator[tuple[float, int, int]]:
-    """The entries of sorted ``lists`` merged by start, ties in the order of the lists (as
-    ``heapq.merge`` with a key, which costs more to set up than a few lists take to merge)."""
-    pos = [0] * len(lists)
+def _merge_by_start(runs: list[Iterator[tuple[float, int, int]]]) -> Iterator[tuple[float, int, int]]:
+    """The entries of sorted ``runs`` merged by start, ties in the order of the runs (as
+    ``heapq.merge`` with a key, which costs more to set up than a few runs take to merge)."""
+    heads = [next(run, None) for run in runs]
     while True:
         best, head = -1, None
-        for i, entries in enumerate(lists):
-            if pos[i] < len(entries) and (head is None or entries[pos[i]][0] < head[0]):
-                best, head = i, entries[pos[i]]
+        for i, entry in enumerate(heads):
+            if entry is not None and (head is None or entry[0] < head[0]):
+                best, head = i, entry
         if head is None:
             return
-        pos[best] += 1
+        heads[best] = next(runs[best], None)
         yield head
 
 
@@ -148,10 +148,22 @@ class ShardQueue:
         self._waiting: set[tuple[int, int, str]] = set()
         #: the ``_running`` entries of the shards with a live attempt that is not waiting, per bucket, as
         #: lists of (start, entered, shard) in order: at a pass's tail most running shards are batch
-        #: members that have not started, and the backup policy's view steps over none of them
+        #: members that have not started, and the backup policy's view steps over none of them. An
+        #: entry that goes is left in its list, stale, until a quarter or more of the list is
+        #: (deleting from a list of W entries moved the ones after it: O(W) a commit); an entry is live
+        #: while ``_started_key`` names it, and a bucket is listed while it has a live one
         self._started: dict[int, list[tuple[float, int, int]]] = {}
-        #: shard -> its bucket and entry in ``_started``
+        #: bucket -> index in its list before which every entry is stale (the reads start there)
+        self._started_head: dict[int, int] = {}
+        #: bucket -> how many entries of its list are stale
+        self._started_stale: dict[int, int] = {}
+        #: shard -> its bucket and entry in ``_started`` (its live one)
         self._started_key: dict[int, tuple[int, tuple[float, int, int]]] = {}
+        #: shards whose place in ``_started`` may have changed since it was last read: it follows them
+        #: when read (``_flush_started``). A batch member is shown when its attempt starts, hidden as
+        #: the hand-out marks it waiting, shown again when its commit unmarks it and gone as it
+        #: commits: each pair cancels out before anything reads the index, and is never paid
+        self._started_dirty: set[int] = set()
         #: ``_started`` is kept (from the first waiting attempt on): until then it would be ``_running``,
         #: which ``longest_running`` reads in its place (SSP's items of one shard never pay for it)
         self._started_on = False
@@ -185,6 +197,7 @@ class ShardQueue:
         self.clock = clock
         self._running, self._running_key, self._unsorted = {}, {}, set()
         self._entered, self._started, self._started_key = {}, {}, {}
+        self._started_head, self._started_stale, self._started_dirty = {}, {}, set()
         for s in self._shards:
             s.status = ShardStatus.TODO
             s.attempts.clear()
@@ -430,9 +443,10 @@ class ShardQueue:
         that is not waiting (``set_waiting``), in the same order, the others not looked at either. Do
         not change the queue while iterating."""
         if started_only and self._started_on:
-            lists = [self._started[k] for k in sorted(self._started)
-                     if fewer_started_than is None or k < fewer_started_than]
-            for _, _, shard in (lists[0] if len(lists) == 1 else _merge_by_start(lists)):
+            self._flush_started()
+            runs = [self._live_started(k) for k in sorted(self._started)
+                    if fewer_started_than is None or k < fewer_started_than]
+            for _, _, shard in (runs[0] if len(runs) == 1 else _merge_by_start(runs)):
                 attempts = self._shards[shard].attempts
                 if len(attempts) == 1:
                     yield next(iter(attempts.values()))
@@ -457,11 +471,13 @@ class ShardQueue:
         if not self._started_on:  # (nothing waits: every running shard shows)
             a = next(self.longest_running(fewer_started_than), None)
             return None if a is None else (a, len(self._shards[a.shard].attempts))
+        self._flush_started()
         best, head = None, None
-        for k, entries in self._started.items():
-            if (fewer_started_than is None or k < fewer_started_than) and (
-                    head is None or (entries[0][0], k) < (head[0], best)):
-                best, head = k, entries[0]
+        for k in self._started:
+            if fewer_started_than is None or k < fewer_started_than:
+                first = self._first_started(k)
+                if head is None or (first[0], k) < (head[0], best):
+                    best, head = k, first
         if head is None:
             return None
         attempts = self._shards[head[2]].attempts
@@ -495,20 +511,31 @@ class ShardQueue:
                 self._running_key[shard] = key
                 self._n_entered += 1
                 self._entered[shard] = self._n_entered
-        self._reshow(shard, s)
+        self._reshow(shard)
 
-    def _reshow(self, shard: int, s: _Shard | None = None) -> None:
+    def _reshow(self, shard: int) -> None:
         """``shard``'s attempts, its ``_running`` entry or its waiting attempts changed: its place in
-        ``_started`` follows. A ``_running`` bucket is in the order of (start, entered): appended in
-        that order, and sorted stably by start when it is not (``longest_running``)."""
-        if not self._started_on:
-            return
+        ``_started`` follows when the index is next read."""
+        if self._started_on:
+            self._started_dirty.add(shard)
+
+    def _flush_started(self) -> None:
+        """``_started`` follows every shard that changed since it was last read."""
+        if self._started_dirty:
+            for shard in self._started_dirty:
+                self._place_started(shard)
+            self._started_dirty.clear()
+
+    def _place_started(self, shard: int) -> None:
+        """``shard``'s place in ``_started``, from its attempts, ``_running`` entry and waiting
+        attempts. A ``_running`` bucket is in the order of (start, entered): appended in that order,
+        and sorted stably by start when it is not (``longest_running``)."""
         key = self._running_key.get(shard)
         entry = None
         if key is not None:
             shown, waiting = True, self._waiting
             if waiting:
-                attempts = (s if s is not None else self._shards[shard]).attempts
+                attempts = self._shards[shard].attempts
                 if len(attempts) == 1:
                     a = next(iter(attempts.values()))
                     shown = (shard, a.attempt, a.worker) not in waiting
@@ -519,43 +546,79 @@ class ShardQueue:
         old = self._started_key.get(shard)
         if old == entry:
             return
-        if old is not None:
-            started = self._started[old[0]]
-            del started[bisect.bisect_left(started, old[1])]
-            if not started:
-                del self._started[old[0]]
+        if old is not None:  # (left in its list, stale)
             del self._started_key[shard]
+            k = old[0]
+            stale = self._started_stale[k] = self._started_stale[k] + 1
+            started = self._started[k]
+            if stale == len(started):
+                del self._started[k], self._started_head[k], self._started_stale[k]
+            elif 4 * stale >= len(started) + 64:
+                self._compact_started(k)
         if entry is not None:
-            started = self._started.setdefault(entry[0], [])
-            if not started or started[-1] < entry[1]:
-                started.append(entry[1])
-            else:
-                bisect.insort(started, entry[1])
+            k, e = entry
             self._started_key[shard] = entry
+            started = self._started.get(k)
+            if started is None:
+                self._started[k], self._started_head[k], self._started_stale[k] = [e], 0, 0
+            elif started[-1] < e:
+                started.append(e)
+            else:
+                i = bisect.bisect_left(started, e)
+                if i < len(started) and started[i] == e:  # its stale copy is live again
+                    self._started_stale[k] -= 1
+                else:
+                    started.insert(i, e)
+                if i < self._started_head[k]:
+                    self._started_head[k] = i
+
+    def _live_started(self, k: int) -> Iterator[tuple[float, int, int]]:
+        """The live entries of bucket ``k`` of ``_started``, in order."""
+        started, live = self._started[k], self._started_key
+        for i in range(self._started_head[k], len(started)):
+            e = started[i]
+            if live.get(e[2]) == (k, e):
+                yield e
+
+    def _first_started(self, k: int) -> tuple[float, int, int]:
+        """The first live entry of bucket ``k`` of ``_started`` (a listed bucket has one); the stale
+        ones before it are not looked at again."""
+        started, live, i = self._started[k], self._started_key, self._started_head[k]
+        while live.get(started[i][2]) != (k, started[i]):
+            i += 1
+        self._started_head[k] = i
+        return started[i]
+
+    def _compact_started(self, k: int) -> None:
+        """Bucket ``k``'s list without its stale entries."""
+        self._started[k] = list(self._live_started(k))
+        self._started_head[k] = self._started_stale[k] = 0
 
     def set_waiting(self, worker: str, added: Iterable[tuple[int, int]], removed: Iterable[tuple[int, int]]) -> None:
         """``worker``'s batch members ``added`` ((shard, attempt) pairs) may not have started; those
         ``removed`` have, or are no members any more (``Dispatch.batched`` says so)."""
         if added and not self._started_on:  # the first attempt to wait: ``_started`` is kept from now on
             self._started_on = True
-            for shard in self._running_key:
-                self._reshow(shard)
-        touched = set()
+            self._started_dirty.update(self._running_key)
+        waiting, dirty = self._waiting, (self._started_dirty if self._started_on else set())
         for shard, attempt in removed:
-            self._waiting.discard((shard, attempt, worker))
-            touched.add(shard)
+            waiting.discard((shard, attempt, worker))
+            dirty.add(shard)
         for shard, attempt in added:
-            self._waiting.add((shard, attempt, worker))
-            touched.add(shard)
-        for shard in touched:
-            if shard in self._running_key:
-                self._reshow(shard)
+            waiting.add((shard, attempt, worker))
+            dirty.add(shard)
+
+    def unwait(self, shard: int, attempt: int, worker: str) -> None:
+        """``set_waiting(worker, (), [(shard, attempt)])``: a member started (every commit of one says so)."""
+        self._waiting.discard((shard, attempt, worker))
+        if self._started_on:
+            self._started_dirty.add(shard)
 
     def clear_waiting(self) -> None:
         """No batch member is waiting (``Dispatch.batched`` is a new dict)."""
         self._waiting = set()
-        for shard in list(self._running_key):
-            self._reshow(shard)
+        if self._started_on:
+            self._started_dirty.update(self._running_key)
 
     # --------------------------------------------------------------- results
     def commit(self, shard: int, attempt: int, worker: str) -> bool:
@@ -754,9 +817,14 @@ class ShardQueue:
         assert self._entered.keys() == keys.keys()
         shown = {i: (k, (t, self._entered[i], i)) for i, (k, t) in keys.items()
                  if any((i, a.attempt, a.worker) not in self._waiting for a in self._shards[i].attempts.values())}
+        self._flush_started()  # (the index as a read sees it)
         assert self._started_key == (shown if self._started_on else {}) and (self._started_on or not self._waiting)
-        assert self._started == {k: sorted(e for u, e in self._started_key.values() if u == k)
-                                 for k, _ in self._started_key.values()}
+        live = {k: sorted(e for u, e in self._started_key.values() if u == k) for k, _ in self._started_key.values()}
+        assert {k: list(self._live_started(k)) for k in self._started} == live
+        for k, started in self._started.items():  # sorted, each entry once; the stale ones counted, none live before the head
+            assert started == sorted(set(started)), k
+            assert self._started_stale[k] == len(started) - len(live[k]), k
+            assert all(self._started_key.get(e[2]) != (k, e) for e in started[:self._started_head[k]]), k
         assert {i for b in self._local.values() for i in b} == self._todo and all(
             self._shards[i].holder == h and self._tier[i] == t for (t, h), b in self._local.items() for i in b)
         held = {(t, h): len(b) for (t, h), b in self._local.items() if h is not None}
