@@ -99,6 +99,10 @@ class _Shard:
 class ShardQueue:
     """Per-clock shard states, attempts, commits and data locality."""
 
+    #: a list of ``_started`` is rebuilt without its stale entries once they are a quarter of it and
+    #: this many more (a few stale entries cost the reads less than rebuilding small lists)
+    stale_slack = 64
+
     def __init__(self, n_shards: int, *, reloadable: bool, max_failures: int = 3,
                  sharding: str = "dynamic", phases: "list[int] | tuple[int, ...] | None" = None):
         if n_shards < 1:
@@ -150,7 +154,7 @@ class ShardQueue:
         #: lists of (start, entered, shard) in order: at a pass's tail most running shards are batch
         #: members that have not started, and the backup policy's view steps over none of them. An
         #: entry that goes is left in its list, stale, until a quarter or more of the list is
-        #: (deleting from a list of W entries moved the ones after it: O(W) a commit); an entry is live
+        #: (``stale_slack``; deleting from a list of W entries moved the ones after it: O(W) a commit); an entry is live
         #: while ``_started_key`` names it, and a bucket is listed while it has a live one
         self._started: dict[int, list[tuple[float, int, int]]] = {}
         #: bucket -> index in its list before which every entry is stale (the reads start there)
@@ -553,7 +557,7 @@ class ShardQueue:
             started = self._started[k]
             if stale == len(started):
                 del self._started[k], self._started_head[k], self._started_stale[k]
-            elif 4 * stale >= len(started) + 64:
+            elif 4 * stale >= len(started) + self.stale_slack:
                 self._compact_started(k)
         if entry is not None:
             k, e = entry
