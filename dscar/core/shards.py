@@ -163,10 +163,11 @@ class ShardQueue:
         self._started_stale: dict[int, int] = {}
         #: shard -> its bucket and entry in ``_started`` (its live one)
         self._started_key: dict[int, tuple[int, tuple[float, int, int]]] = {}
-        #: shards whose place in ``_started`` may have changed since it was last read: it follows them
-        #: when read (``_flush_started``). A batch member is shown when its attempt starts, hidden as
-        #: the hand-out marks it waiting, shown again when its commit unmarks it and gone as it
-        #: commits: each pair cancels out before anything reads the index, and is never paid
+        #: shards whose place in ``_started`` may have changed since it was last placed: it follows
+        #: them when read, and at the end of a hand-out's ``set_waiting`` and of a ``commit``
+        #: (``_flush_started``: each decision pays for its own changes). A batch member is shown when
+        #: its attempt starts, hidden as the hand-out marks it waiting, shown again when its commit
+        #: unmarks it and gone as it commits: each pair cancels out in this set, and is never paid
         self._started_dirty: set[int] = set()
         #: ``_started`` is kept (from the first waiting attempt on): until then it would be ``_running``,
         #: which ``longest_running`` reads in its place (SSP's items of one shard never pay for it)
@@ -611,6 +612,7 @@ class ShardQueue:
         for shard, attempt in added:
             waiting.add((shard, attempt, worker))
             dirty.add(shard)
+        self._flush_started()  # (a hand-out ends here: its members' starts and waits cancel out)
 
     def unwait(self, shard: int, attempt: int, worker: str) -> None:
         """``set_waiting(worker, (), [(shard, attempt)])``: a member started (every commit of one says so)."""
@@ -638,6 +640,7 @@ class ShardQueue:
         self._reindex(shard)
         self._n_done += 1  # (a DOING shard is an active one)
         s.holder = worker  # the committed data and state live here now (not a TODO shard: no index)
+        self._flush_started()  # (its attempt's unwait and its commit cancel out)
         return True
 
     def fail(self, shard: int, attempt: int, worker: str, reason: str, *, count: bool = True,

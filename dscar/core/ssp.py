@@ -249,6 +249,12 @@ class ClockWindow:
         top = math.inf if self.rebuilding is not None else self.top
         return [(c, self._todo[c]) for c in sorted(self._todo) if c <= top]
 
+    def any_startable(self) -> bool:
+        """Whether ``startable_by_clock`` lists any shard (without listing them)."""
+        if self.recovering or self.needs_rebuild or not self._todo:
+            return False
+        return self.rebuilding is not None or min(self._todo) <= self.top
+
     def may_start(self, shard: int) -> bool:
         """Whether ``shard`` is ``startable`` (without listing them)."""
         s = self._shards[shard]
@@ -644,6 +650,7 @@ class ClockWindow:
         if self.clock_end is not None:
             assert self.clock_end == self.floor + 1
             assert all(s.clock > self.clock_end for s in self._shards)
+        assert self.any_startable() == bool(self.startable_by_clock())
         assert math.isfinite(self.epoch)
 
 
