@@ -42,6 +42,9 @@ from .ssp import StartRecovery as WindowRecovery
 if TYPE_CHECKING:
     from .job import JobState
 
+#: stages every hand-out reads, as module names (an enum member's lookup through its class costs ~75 ns)
+_SHARDS, _REBUILD = Stage.SHARDS, Stage.REBUILD
+
 
 class Schedule(Protocol):
     """What the job asks whatever the consistency model (``JobState`` forwards these)."""
@@ -280,7 +283,7 @@ class BspSchedule:
                 return None
             a = job.queue.next_shard(worker, now, worth_moving=partial(job.dispatch.worth_moving, worker, now)) \
                 if job.queue.n_todo else None  # (at a pass's tail most looks find none: no partial built)
-            if a is None and m.stage is Stage.SHARDS:
+            if a is None and m.stage is _SHARDS:
                 a = job.dispatch.idle_policies(worker, now)
             elif a is not None and a.fetch_from:
                 job.event(now, "shard-moved", shard=a.shard, source=a.fetch_from, target=worker)
@@ -296,9 +299,9 @@ class BspSchedule:
                         break
                     batch.append(b)
             job.dispatch.set_batched(worker, [(b.shard, b.attempt) for b in batch[1:]])  # its earlier items are done
-            if m.stage is not Stage.REBUILD:
+            if m.stage is not _REBUILD:
                 job.dispatch.running_items[worker] = (now, len(batch))
-            return job.dispatch.item(batch, m.stage is Stage.REBUILD)
+            return job.dispatch.item(batch, m.stage is _REBUILD)
         if m.stage is Stage.CLOCK_END and self.clock_end_worker is None:
             self.clock_end_worker = worker
             return {"op": "clock_end", "job": job.cfg.job_id, "clock": m.clock, "run": m.run_id,
@@ -660,11 +663,14 @@ class SspSchedule:
         # the oldest open clock's shards hold the window back: they go first (moving to another worker
         # if theirs is busy); a shard's tier in the queue is its clock
         clocks = [c for c, _ in w.startable_by_clock()]
-        if worker in job.stragglers and w.rebuilding is None:
+        if clocks and worker in job.dispatch.stragglers and w.rebuilding is None:
             clocks = [c for c in clocks[::-1] if not job.dispatch.leave_to_others(
                 worker, self._slack(c))]  # its shard holds its clock's end back least in the newest clock
-        worth = partial(job.dispatch.worth_moving, worker, now)
-        a = next((a for c in clocks if (a := job.queue.next_shard(worker, now, tier=c, worth_moving=worth))), None)
+        a = None
+        if clocks:  # (at a clock's tail most looks find none: nothing built)
+            worth = partial(job.dispatch.worth_moving, worker, now)
+            a = next((a for c in clocks if (a := job.queue.next_shard(worker, now, tier=c, worth_moving=worth))),
+                     None)
         if a is None and w.rebuilding is None:
             a = job.dispatch.idle_policies(worker, now)
         elif a is not None and a.fetch_from:
@@ -725,7 +731,8 @@ class SspSchedule:
         dispatch, queue = job.dispatch, job.queue
         dispatch.running_items.pop(worker, None)
         dispatch.last_seen[worker] = now
-        dispatch.note_move(queue.running_attempt(shard, attempt), timings)
+        if timings and "data_s" in timings:  # (``note_move`` measures only a data move)
+            dispatch.note_move(queue.running_attempt(shard, attempt), timings)
         if not rebuild and timings:
             job.monitor.record(worker, step_seconds(timings))
         if not window.accepts(shard, clock, run_id):  # a lost backup, an attempt of a voided epoch

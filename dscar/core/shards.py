@@ -75,6 +75,11 @@ class ShardStatus(str, enum.Enum):
     DONE = "done"
 
 
+#: the statuses as module names: the decisions read them all the time, and an enum member's lookup
+#: through its class costs ~75 ns in CPython 3.11 (a global's ~7)
+_TODO, _DOING, _DONE = ShardStatus.TODO, ShardStatus.DOING, ShardStatus.DONE
+
+
 @dataclass(frozen=True)
 class Attempt:
     shard: int
@@ -87,7 +92,7 @@ class Attempt:
 
 @dataclass
 class _Shard:
-    status: ShardStatus = ShardStatus.TODO
+    status: ShardStatus = _TODO
     holder: str | None = None
     attempts: dict[int, Attempt] = field(default_factory=dict)  # live attempts
     committed: Attempt | None = None
@@ -204,7 +209,7 @@ class ShardQueue:
         self._entered, self._started, self._started_key = {}, {}, {}
         self._started_head, self._started_stale, self._started_dirty = {}, {}, set()
         for s in self._shards:
-            s.status = ShardStatus.TODO
+            s.status = _TODO
             s.attempts.clear()
             s.committed = None
             s.next_attempt = 0 if clock != self._attempts_clock else s.next_attempt
@@ -223,7 +228,7 @@ class ShardQueue:
         if not self.complete:
             raise RuntimeError(f"phase {self.phase} of clock {self.clock} is not complete")
         self.phase += 1
-        self._n_done = sum(1 for i in self.active if self._shards[i].status is ShardStatus.DONE)
+        self._n_done = sum(1 for i in self.active if self._shards[i].status is _DONE)
         self._todo_reset(self.active)
         return self.phase
 
@@ -245,11 +250,11 @@ class ShardQueue:
         active = self.active
         for i in shards:
             s = self._shards[i]
-            if s.status is ShardStatus.DONE and i in active:
+            if s.status is _DONE and i in active:
                 self._n_done -= 1
             self._doing.discard(i)
             s.attempts.clear()
-            s.status = ShardStatus.TODO
+            s.status = _TODO
             s.committed = None
             s.failures = []
             s.started = 0
@@ -403,7 +408,7 @@ class ShardQueue:
         s.next_attempt += 1
         s.started += 1
         s.attempts[a.attempt] = a
-        s.status = ShardStatus.DOING
+        s.status = _DOING
         self._doing.add(shard)
         self._todo_discard(shard)
         self._reindex(shard)
@@ -412,7 +417,7 @@ class ShardQueue:
     def start_backup(self, shard: int, worker: str, now: float) -> Attempt:
         """A second attempt of a DOING shard on ``worker``; it copies the holder's data."""
         s = self._shards[shard]
-        if s.status is not ShardStatus.DOING:
+        if s.status is not _DOING:
             raise ValueError(f"shard {shard} is {s.status.value}, not doing: no backup")
         if any(a.worker == worker for a in s.attempts.values()):
             raise ValueError(f"shard {shard} already runs on {worker}")
@@ -494,7 +499,7 @@ class ShardQueue:
         """``shard``'s attempts changed: its place in ``_running`` follows."""
         s = self._shards[shard]
         key = None
-        if s.status is ShardStatus.DOING and s.attempts:
+        if s.status is _DOING and s.attempts:
             attempts = s.attempts.values()
             oldest = next(iter(attempts)).started if len(attempts) == 1 else min(a.started for a in attempts)
             key = (s.started, oldest)
@@ -631,11 +636,11 @@ class ShardQueue:
         """Grant the commit to the first live attempt that asks; refuse all others."""
         s = self._shards[shard]
         a = s.attempts.get(attempt)
-        if s.status is not ShardStatus.DOING or a is None or a.worker != worker:
+        if s.status is not _DOING or a is None or a.worker != worker:
             return False
         s.committed = a
         s.attempts.clear()
-        s.status = ShardStatus.DONE
+        s.status = _DONE
         self._doing.discard(shard)
         self._reindex(shard)
         self._n_done += 1  # (a DOING shard is an active one)
@@ -668,7 +673,7 @@ class ShardQueue:
         if len(s.failures) >= self.max_failures:
             raise ShardFailedError(shard, self.clock, s.failures)
         if not s.attempts:
-            s.status = ShardStatus.TODO
+            s.status = _TODO
             self._doing.discard(shard)
             self._todo_add(shard)
 
@@ -677,12 +682,12 @@ class ShardQueue:
         now): back to TODO, its data still where it was, and nothing counted against the shard."""
         s = self._shards[shard]
         a = s.attempts.get(attempt)
-        if a is None or a.worker != worker or s.status is not ShardStatus.DOING:
+        if a is None or a.worker != worker or s.status is not _DOING:
             return False
         del s.attempts[attempt]
         s.started -= 1
         if not s.attempts:
-            s.status = ShardStatus.TODO
+            s.status = _TODO
             self._doing.discard(shard)
             self._todo_add(shard)
         self._reindex(shard)
@@ -698,8 +703,8 @@ class ShardQueue:
             for a in lost:
                 del s.attempts[a.attempt]
                 requeued.append(a)
-            if lost and not s.attempts and s.status is ShardStatus.DOING:  # DOING: an active shard
-                s.status = ShardStatus.TODO
+            if lost and not s.attempts and s.status is _DOING:  # DOING: an active shard
+                s.status = _TODO
                 self._doing.discard(i)
                 self._todo_add(i)
             if lost:
@@ -715,8 +720,8 @@ class ShardQueue:
             for a in gone:
                 del s.attempts[a.attempt]
                 doomed.append(a)
-            if gone and not s.attempts and s.status is ShardStatus.DOING:
-                s.status = ShardStatus.TODO
+            if gone and not s.attempts and s.status is _DOING:
+                s.status = _TODO
                 self._doing.discard(i)
                 self.set_holder(i, None)
                 self._todo_add(i)
@@ -730,8 +735,8 @@ class ShardQueue:
         undone = []
         for i in self.active:
             s = self._shards[i]
-            if s.status is ShardStatus.DONE and s.committed is not None and s.committed.worker == worker:
-                s.status, s.committed = ShardStatus.TODO, None
+            if s.status is _DONE and s.committed is not None and s.committed.worker == worker:
+                s.status, s.committed = _TODO, None
                 self._n_done -= 1
                 self.set_holder(i, None)
                 self._todo_add(i)
@@ -797,26 +802,26 @@ class ShardQueue:
             s.holder = d["holder"]
             s.next_attempt = d["next_attempt"]
             s.failures = list(d["failures"])
-            if d["status"] == ShardStatus.DONE.value:
+            if d["status"] == _DONE.value:
                 att, w = d["committed"]
-                s.status = ShardStatus.DONE
+                s.status = _DONE
                 s.committed = Attempt(i, att, w, 0.0, None)
             else:
-                s.status = ShardStatus.TODO
+                s.status = _TODO
                 if i in q.active:
                     todo.append(i)
         q._todo_reset(todo)
         q._doing = set()
-        q._n_done = sum(1 for i in q.active if q._shards[i].status is ShardStatus.DONE)
+        q._n_done = sum(1 for i in q.active if q._shards[i].status is _DONE)
         return q
 
     def check(self) -> None:
         """Assert the invariants in the module docstring."""
         active = self.active
-        assert self._n_done == sum(1 for i in active if self._shards[i].status is ShardStatus.DONE)
-        assert self._doing == {i for i, s in enumerate(self._shards) if s.status is ShardStatus.DOING}
+        assert self._n_done == sum(1 for i in active if self._shards[i].status is _DONE)
+        assert self._doing == {i for i, s in enumerate(self._shards) if s.status is _DOING}
         keys = {i: (s.started, min(a.started for a in s.attempts.values()))
-                for i, s in enumerate(self._shards) if s.status is ShardStatus.DOING and s.attempts}
+                for i, s in enumerate(self._shards) if s.status is _DOING and s.attempts}
         assert self._running_key == keys
         assert self._running == {k: {i: t for i, (n, t) in keys.items() if n == k} for k, _ in keys.values()}
         for k, bucket in self._running.items():
@@ -841,13 +846,13 @@ class ShardQueue:
         assert self._by_size == {t: {n: sorted(h for (u, h), m in held.items() if u == t and m == n)
                                      for (u, _), n in held.items() if u == t} for t, _ in held}
         for i, s in enumerate(self._shards):
-            assert (i in self._todo) == (s.status is ShardStatus.TODO and i in active), i
+            assert (i in self._todo) == (s.status is _TODO and i in active), i
             if i not in active:  # an earlier phase (DONE, or TODO after a rebuild pass) or a later one (TODO)
-                assert s.status is not ShardStatus.DOING and not s.attempts, i
-                assert s.status is ShardStatus.TODO or i < active.start, i
-            if s.status is ShardStatus.DOING:
+                assert s.status is not _DOING and not s.attempts, i
+                assert s.status is _TODO or i < active.start, i
+            if s.status is _DOING:
                 assert s.attempts and s.committed is None, i
-            elif s.status is ShardStatus.DONE:
+            elif s.status is _DONE:
                 assert not s.attempts and s.committed is not None, i
             else:
                 assert not s.attempts and s.committed is None, i
