@@ -506,13 +506,7 @@ class ShardQueue:
         old = self._running_key.get(shard)
         if old != key:
             if old is not None:
-                bucket = self._running[old[0]]
-                del bucket[shard]
-                if not bucket:
-                    del self._running[old[0]]
-                    self._unsorted.discard(old[0])
-                del self._running_key[shard]
-                del self._entered[shard]
+                self._unrun(shard)
             if key is not None:
                 bucket = self._running.setdefault(key[0], {})
                 if bucket and next(reversed(bucket.values())) > key[1]:
@@ -522,6 +516,17 @@ class ShardQueue:
                 self._n_entered += 1
                 self._entered[shard] = self._n_entered
         self._reshow(shard)
+
+    def _unrun(self, shard: int) -> None:
+        """``shard`` runs no more: its ``_running`` entry goes (its ``_started`` one when next placed)."""
+        old = self._running_key.pop(shard, None)
+        if old is not None:
+            bucket = self._running[old[0]]
+            del bucket[shard]
+            if not bucket:
+                del self._running[old[0]]
+                self._unsorted.discard(old[0])
+            del self._entered[shard]
 
     def _reshow(self, shard: int) -> None:
         """``shard``'s attempts, its ``_running`` entry or its waiting attempts changed: its place in
@@ -642,10 +647,12 @@ class ShardQueue:
         s.attempts.clear()
         s.status = _DONE
         self._doing.discard(shard)
-        self._reindex(shard)
+        self._unrun(shard)  # (``_reindex`` for a shard that is DONE)
         self._n_done += 1  # (a DOING shard is an active one)
         s.holder = worker  # the committed data and state live here now (not a TODO shard: no index)
-        self._flush_started()  # (its attempt's unwait and its commit cancel out)
+        if self._started_on:
+            self._started_dirty.add(shard)
+            self._flush_started()  # (its attempt's unwait and its commit cancel out)
         return True
 
     def fail(self, shard: int, attempt: int, worker: str, reason: str, *, count: bool = True,

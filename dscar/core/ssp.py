@@ -377,7 +377,11 @@ class ClockWindow:
         if clock > self.limit:  # the fit stopped before this clock: its update is not applied
             self._move(shard, s.clock, _TODO)
             return []
-        self._move(shard, s.clock, _COMMITTED, worker)
+        # ``_move(shard, clock, COMMITTED, worker)`` from RUNNING in the same clock (its count stays)
+        self._n_running -= 1
+        s.phase, s.worker = _COMMITTED, worker
+        self._committed.add(shard)
+        self._n_committed_at[clock] = self._n_committed_at.get(clock, 0) + 1
         return self._next()
 
     def accepts(self, shard: int, clock: int, epoch: int) -> bool:
