@@ -344,7 +344,8 @@ class BspSchedule:
         # attempt numbers restart every pass: only the current run's can be looked up
         mine = job.queue.running_attempt(shard, attempt) if current else None
         started = None if mine is None else mine.started
-        job.dispatch.note_move(mine, timings)
+        if timings and "data_s" in timings:  # (``note_move`` measures only a data move)
+            job.dispatch.note_move(mine, timings)
         if not rebuild:
             step = step_seconds(timings) if timings else (None if started is None else now - started)
             if step is not None:
