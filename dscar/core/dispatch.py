@@ -387,6 +387,8 @@ class Dispatch:
         else:
             self.batched.pop(worker, None)
         self._changed(worker)
+        if self._track_started:  # (every hand-out ends here: it pays for its own changes of the index)
+            self.job.queue.settle_started()
 
     def ask_back(self, asker: str) -> tuple[str, list[tuple[int, int]]] | None:
         """The worker with the most batch members that may not have started, and the later half of

@@ -169,7 +169,7 @@ class ShardQueue:
         #: shard -> its bucket and entry in ``_started`` (its live one)
         self._started_key: dict[int, tuple[int, tuple[float, int, int]]] = {}
         #: shards whose place in ``_started`` may have changed since it was last placed: it follows
-        #: them when read, and at the end of a hand-out's ``set_waiting`` and of a ``commit``
+        #: them when read, at the end of a hand-out (``settle_started``) and of a ``commit``
         #: (``_flush_started``: each decision pays for its own changes). A batch member is shown when
         #: its attempt starts, hidden as the hand-out marks it waiting, shown again when its commit
         #: unmarks it and gone as it commits: each pair cancels out in this set, and is never paid
@@ -534,8 +534,15 @@ class ShardQueue:
         if self._started_on:
             self._started_dirty.add(shard)
 
+    def settle_started(self) -> None:
+        """A decision that started, marked or dropped attempts ends (a hand-out: ``Dispatch.set_batched``):
+        the index of the started attempts follows them now, so each decision pays for its own changes,
+        not the next idle poll that reads the index (a batch's members, started and marked waiting in
+        the same hand-out, cancel out first)."""
+        self._flush_started()
+
     def _flush_started(self) -> None:
-        """``_started`` follows every shard that changed since it was last read."""
+        """``_started`` follows every shard that changed since it was last placed."""
         if self._started_dirty:
             for shard in self._started_dirty:
                 self._place_started(shard)
@@ -622,7 +629,6 @@ class ShardQueue:
         for shard, attempt in added:
             waiting.add((shard, attempt, worker))
             dirty.add(shard)
-        self._flush_started()  # (a hand-out ends here: its members' starts and waits cancel out)
 
     def unwait(self, shard: int, attempt: int, worker: str) -> None:
         """``set_waiting(worker, (), [(shard, attempt)])``: a member started (every commit of one says so)."""
