@@ -4,6 +4,7 @@ messages per clock, exactly-once and starvation, with stragglers, a crash, a han
     python -m bench.scale                      # W = 64, 256, 1024, 4096 (see the modes below)
     python -m bench.scale --quick              # W = 64, 256
     python -m bench.scale --workers 64 1024 --modes bsp --json out.json --plot out.png
+    PYTHONHASHSEED=0 python -m bench.scale --digests --workers 64 256   # a digest of every decision (tests/test_scale.py)
 
 Modes: ``bsp`` (BSP, no straggler policy), ``bsp+backup`` (BSP with the default backup policy) and
 ``ssp+backup`` (staleness 1). Every mode runs at every W, twice (timed, then counted: below; the full run takes about 2 minutes here).
@@ -31,11 +32,12 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import sys
 import time
 
 from bench.common import log, machine_info, pyplot, write_json
-from bench.sim import SimConfig, simulate
+from bench.sim import SimConfig, decision_digest, simulate
 
 COLUMNS = [("W", "W", 5), ("mode", "mode", 10), ("clocks", "clk", 3), ("wall_s", "wall_s", 7),
            ("decisions_per_s", "dec/s", 8), ("cpu_us_per_grant_commit", "us/gc", 7),
@@ -122,7 +124,15 @@ def main(argv: list[str] | None = None) -> int:
                          "adds ~0.3 us to the decision that makes it)")
     ap.add_argument("--json")
     ap.add_argument("--plot")
+    ap.add_argument("--digests", action="store_true",
+                    help="print a digest of every decision of each mode and W (``bench.sim.decision_digest``; "
+                         "run under one PYTHONHASHSEED) as JSON, and nothing else")
     args = ap.parse_args(argv)
+    if args.digests:
+        print(json.dumps({f"{mode} W={w}": decision_digest(scenario(w, MODES[mode][0], args.clocks, args.seed,
+                                                                    backup=MODES[mode][1]))
+                          for mode in args.modes for w in args.workers}))
+        return 0
     if args.quick:
         args.workers, args.clocks = [w for w in args.workers if w <= 256] or [64], 4
     t0 = time.perf_counter()

@@ -36,6 +36,8 @@ Used by ``bench/scale.py`` (tables, JSON, a plot) and ``tests/test_scale.py`` (t
 """
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import heapq
 import itertools
 import math
@@ -718,3 +720,29 @@ class Result:
 
 def simulate(cfg: SimConfig) -> Result:
     return Sim(cfg).run()
+
+
+class TracedSim(Sim):
+    """``Sim`` that hashes every decision it asks of the core (the decision's name, its arguments and its
+    answer), and at the end the job's events and the messages counted: two runs of a scenario made the
+    same decisions if and only if their digests are equal (``decision_digest``). It shows that a change
+    of how the core keeps its indexes or caches changes no decision. (Python's string hashing orders some
+    sets the decisions read: digests are comparable under one ``PYTHONHASHSEED``.)"""
+
+    def __init__(self, cfg: SimConfig):
+        super().__init__(cfg)
+        self.digest = hashlib.sha256()
+
+    def _decide(self, name: str, fn: Callable, *args: Any) -> Any:
+        out = super()._decide(name, fn, *args)
+        self.digest.update(f"{name} {args!r} -> {out!r}\n".encode())
+        return out
+
+
+def decision_digest(cfg: SimConfig) -> str:
+    """A digest of every decision of the simulated fit ``cfg`` (``TracedSim``), its events and messages."""
+    sim = TracedSim(dataclasses.replace(cfg, count_reads=False))
+    r = sim.run()
+    sim.digest.update(repr(sim.job.events).encode())
+    sim.digest.update(repr(sorted(r.messages.items())).encode())
+    return sim.digest.hexdigest()[:16]

@@ -310,13 +310,17 @@ _WORKERS = ["a", "b", "c", "d", "e"]
 @settings(max_examples=300, deadline=None)
 @given(st.lists(st.tuples(st.sampled_from(["hand", "start", "commit", "fail", "release", "backup", "lose",
                                            "pass", "reopen", "end", "step", "time"]),
-                          st.sampled_from(_WORKERS), st.integers(0, 5)), max_size=120))
-def test_the_backup_policy_decides_from_the_started_attempts_index_what_it_did_stepping_over_every_member(ops):
+                          st.sampled_from(_WORKERS), st.integers(0, 5)), max_size=120),
+       st.sampled_from([0, 2, 64]), st.integers(1, 4))
+def test_the_backup_policy_decides_from_the_started_attempts_index_what_it_did_stepping_over_every_member(
+        ops, stale_slack, look_every):
     """The view a job gives the backup policy (``Dispatch.view``: the queue's index of the shards with a
     started attempt, ``ShardQueue.set_waiting``; ``oldest_elapsed``) against the one it replaces (every
     running shard, the batch members that have not started stepped over one by one) on random hand-outs,
     starts, commits, failures, releases, backups, losses, passes and times (ties included): the same
-    shards in the same order, the same backups for every idle worker, the same ``due_in``."""
+    shards in the same order, the same backups for every idle worker, the same ``due_in``. The index
+    follows its shards when read, every ``look_every`` operations here, and keeps removed entries
+    stale until ``stale_slack`` allows (0: a list is rebuilt once a quarter of it is stale)."""
     from dscar.core.dispatch import RunningAttempts
     from dscar.core.job import JobState
     from dscar.core.policies import BackupPolicy, ControllerView
@@ -324,6 +328,7 @@ def test_the_backup_policy_decides_from_the_started_attempts_index_what_it_did_s
     pmap = PartitionMap([TableLayout("x", 8, 2)])
     pmap.assign(["a", "b"])
     queue = ShardQueue(12, reloadable=True)
+    queue.stale_slack = stale_slack
     for s in range(12):
         queue.set_holder(s, _WORKERS[s % 4])
     policy = BackupPolicy(k=2.0, min_s=0.0)
@@ -331,7 +336,7 @@ def test_the_backup_policy_decides_from_the_started_attempts_index_what_it_did_s
     job.workers = list(_WORKERS)
     d, now = job.dispatch, 0.0
     queue.begin_clock(1)
-    for op, w, n in ops:
+    for i, (op, w, n) in enumerate(ops):
         live = [a for a in queue.running() if a.worker == w]
         members = d.batched.get(w, [])
         if op == "hand":
@@ -368,7 +373,8 @@ def test_the_backup_policy_decides_from_the_started_attempts_index_what_it_did_s
             job.monitor.record(w, 0.5 + n)
         elif op == "time":
             now += n / 2
-        queue.check()
+        if i % look_every:
+            continue  # (the index reads nothing: its shards' changes wait)
         new = d.view(job.workers, now)
         former = RunningAttempts(queue, now, d._waiting, d._item_size)
         for fewer in (None, 2, 3):
@@ -380,6 +386,7 @@ def test_the_backup_policy_decides_from_the_started_attempts_index_what_it_did_s
                      for running in (new.running, former)]
             assert policy.decide(views[0]) == _former_decide(policy, views[1])
             assert policy.due_in(views[0]) == _former_due_in(policy, views[1])
+        queue.check()
 
 
 def test_an_idle_poll_at_a_pass_s_tail_does_not_step_over_the_batch_members_waiting():

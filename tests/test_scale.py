@@ -4,8 +4,13 @@ asserted on counts (shard entries read, messages), never on timings."""
 from __future__ import annotations
 
 import dataclasses
+import json
+import os
 import random
 import statistics
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
@@ -34,6 +39,30 @@ def test_every_update_is_applied_once_and_nobody_starves_with_stragglers_a_crash
     assert len(lost) == 2  # the crash and the hang (found by the liveness rule), both
     joined = f"w{workers:05d}"
     assert sum(rep["shards_per_worker"].get(joined, 0) for rep in sim.reports.values()) > 0  # it took shards
+
+
+#: ``PYTHONHASHSEED=0 python -m bench.scale --digests --workers 64 256``, taken before the core's indexes
+#: of the started attempts, its hand-out and commit paths were made cheaper (issue 39: CPU per grant+commit)
+DECISION_DIGESTS = {
+    "bsp W=64": "cc1973db550f5922", "bsp W=256": "3ebbb8c95ee0f091",
+    "bsp+backup W=64": "0cf8ac7fd21fd345", "bsp+backup W=256": "645e2fe847418b5a",
+    "ssp+backup W=64": "82a24aed1c79f48c", "ssp+backup W=256": "691d5fe38e8c40e7",
+}
+
+
+@pytest.mark.pure  # (its subprocess runs the simulator of the pure core: no Dask, no worker)
+def test_the_core_makes_the_decisions_it_made_before_its_upkeep_was_made_cheaper():
+    """Every decision of ``bench.scale``'s scenario in each mode at W = 64 and 256 (each decision's
+    arguments and answer, then the job's events and the messages: ``bench.sim.decision_digest``)
+    hashes as when ``DECISION_DIGESTS`` were taken: a change of how the core keeps its indexes and
+    caches changes no decision. A change meant to change decisions takes new digests (the command
+    above ``DECISION_DIGESTS``). Run in a process of its own: some sets of worker names are read in
+    hash order, so the digests hold under one ``PYTHONHASHSEED``."""
+    out = subprocess.run([sys.executable, "-m", "bench.scale", "--digests", "--workers", "64", "256"],
+                         cwd=Path(__file__).resolve().parents[1], env={**os.environ, "PYTHONHASHSEED": "0"},
+                         capture_output=True, text=True, timeout=110)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout) == DECISION_DIGESTS
 
 
 def test_exactly_once_is_checked_where_it_counts():

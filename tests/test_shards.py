@@ -2,6 +2,8 @@
 import random
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from dscar.errors import ShardFailedError
 from dscar.core.shards import ShardQueue, ShardStatus
@@ -399,6 +401,70 @@ def test_the_longest_running_index_lists_what_a_sort_of_the_running_attempts_lis
         got = list(q.longest_running(bound))
         assert sorted(got, key=lambda a: a.shard) == sorted(oldest.values(), key=lambda a: a.shard)
         assert [a.started for a in got] == sorted(a.started for a in got)
+
+
+@settings(max_examples=60, deadline=None)
+@given(seed=st.integers(0, 10_000), stale_slack=st.sampled_from([0, 3, 64]))
+def test_the_started_attempts_index_lists_what_the_running_ones_less_the_waiting_list(seed, stale_slack):
+    """``longest_running(n, started_only=True)`` and ``oldest_started(n)`` (the index of the shards with
+    a started attempt: it follows its shards when read, and leaves removed entries stale in its lists
+    until ``stale_slack`` allows) against a filter of ``longest_running(n)``: every running shard, in
+    the same order, less those whose every live attempt waits (``set_waiting``), on random hand-outs
+    (at times that may go back), waits, unwaits, backups, commits, failures, releases, losses, reopens
+    and passes, read at about one op in four, so that changes pile up between reads."""
+    rng = random.Random(seed)
+    workers = [f"w{i}" for i in range(6)]
+    q = ShardQueue(40, reloadable=True)
+    q.stale_slack = stale_slack
+    for s in range(40):
+        q.set_holder(s, workers[s % 4])
+    q.begin_clock(1)
+    waiting: set[tuple[int, int, str]] = set()
+    t = 0.0
+    for _ in range(400):
+        t += rng.choice([1.0, 1.0, 1.0, -0.5])  # (a clock that goes back: out-of-order entries)
+        op, w = rng.random(), rng.choice(workers)
+        running = q.running()
+        pick = rng.choice(running) if running else None
+        if op < 0.25:
+            q.next_shard(w, t)
+        elif op < 0.4 and pick is not None:
+            if (pick.shard, pick.attempt, pick.worker) not in waiting:
+                q.set_waiting(pick.worker, [(pick.shard, pick.attempt)], [])
+                waiting.add((pick.shard, pick.attempt, pick.worker))
+        elif op < 0.47 and waiting:
+            shard, attempt, worker = rng.choice(sorted(waiting))
+            if rng.random() < 0.5:
+                q.unwait(shard, attempt, worker)
+            else:
+                q.set_waiting(worker, [], [(shard, attempt)])
+            waiting.discard((shard, attempt, worker))
+        elif op < 0.48:
+            q.clear_waiting()
+            waiting.clear()
+        elif op < 0.53 and pick is not None:
+            if all(b.worker != w for b in q.running_attempts(pick.shard)):
+                q.start_backup(pick.shard, w, t)
+        elif op < 0.63 and pick is not None:
+            q.commit(pick.shard, pick.attempt, pick.worker)
+        elif op < 0.67 and pick is not None:
+            q.fail(pick.shard, pick.attempt, pick.worker, "x", count=False)
+        elif op < 0.71 and pick is not None:
+            q.release(pick.shard, pick.attempt, pick.worker)
+        elif op < 0.72:
+            q.worker_lost(w)
+        elif op < 0.74:
+            q.reopen(rng.sample(range(40), 3))
+        elif op < 0.75 and q.complete:
+            q.begin_clock(q.clock + 1)
+        if rng.random() < 0.25:
+            for bound in (None, 2, 3):  # (the oldest first: it reads the index before the listing does)
+                oldest = q.oldest_started(bound)
+                shown = [a for a in q.longest_running(bound)
+                         if any((a.shard, b.attempt, b.worker) not in waiting for b in q.running_attempts(a.shard))]
+                assert list(q.longest_running(bound, started_only=True)) == shown
+                assert oldest == ((shown[0], len(q.running_attempts(shown[0].shard))) if shown else None)
+    q.check()
 
 
 @pytest.mark.parametrize("seed", range(30))

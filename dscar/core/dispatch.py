@@ -373,7 +373,7 @@ class Dispatch:
                 marked.discard((shard, attempt))
                 if not marked:
                     del self._marked[worker]
-                self.job.queue.set_waiting(worker, (), ((shard, attempt),))
+                self.job.queue.unwait(shard, attempt, worker)
 
     def voided(self, attempt: Attempt) -> None:
         """``attempt`` can no longer commit (a recovery voided it, its shard starts again): if it was a
@@ -387,6 +387,8 @@ class Dispatch:
         else:
             self.batched.pop(worker, None)
         self._changed(worker)
+        if self._track_started:  # (every hand-out ends here: it pays for its own changes of the index)
+            self.job.queue.settle_started()
 
     def ask_back(self, asker: str) -> tuple[str, list[tuple[int, int]]] | None:
         """The worker with the most batch members that may not have started, and the later half of

@@ -206,10 +206,12 @@ class JobState:
         ``(clock, shard, attempt, timings)`` each, decided in order as ``commit`` decides one."""
         granted: list[bool] = []
         effects: list[Effect] = []
+        commit = self.schedule.commit  # (what ``commit`` forwards to, looked up once a message)
         for clock, shard, attempt, timings in finished:
-            ok, more = self.commit(worker, clock, run_id, shard, attempt, now, timings, rebuild)
+            ok, more = commit(worker, clock, run_id, shard, attempt, now, timings, rebuild)
             granted.append(ok)
-            effects += more
+            if more:
+                effects += more
         return granted, effects
 
     def attempt_failed(self, worker: str, clock: int, run_id: int, shard: int, attempt: int, error: str,

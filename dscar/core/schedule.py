@@ -43,6 +43,9 @@ from .ssp import StartRecovery as WindowRecovery
 if TYPE_CHECKING:
     from .job import JobState
 
+#: stages every hand-out reads, as module names (an enum member's lookup through its class costs ~75 ns)
+_SHARDS, _REBUILD = Stage.SHARDS, Stage.REBUILD
+
 
 class Schedule(Protocol):
     """What the job asks whatever the consistency model (``JobState`` forwards these)."""
@@ -301,8 +304,9 @@ class BspSchedule:
         if m.handing_out:
             if self.held_back(worker):
                 return None
-            a = job.queue.next_shard(worker, now, worth_moving=partial(job.dispatch.worth_moving, worker, now))
-            if a is None and m.stage is Stage.SHARDS:
+            a = job.queue.next_shard(worker, now, worth_moving=partial(job.dispatch.worth_moving, worker, now)) \
+                if job.queue.n_todo else None  # (at a pass's tail most looks find none: no partial built)
+            if a is None and m.stage is _SHARDS:
                 a = job.dispatch.idle_policies(worker, now)
             elif a is not None and a.fetch_from:
                 job.event(now, "shard-moved", shard=a.shard, source=a.fetch_from, target=worker)
@@ -318,9 +322,9 @@ class BspSchedule:
                         break
                     batch.append(b)
             job.dispatch.set_batched(worker, [(b.shard, b.attempt) for b in batch[1:]])  # its earlier items are done
-            if m.stage is not Stage.REBUILD:
+            if m.stage is not _REBUILD:
                 job.dispatch.running_items[worker] = (now, len(batch))
-            return job.dispatch.item(batch, m.stage is Stage.REBUILD)
+            return job.dispatch.item(batch, m.stage is _REBUILD)
         if m.stage is Stage.CLOCK_END and self.clock_end_worker is None:
             self.clock_end_worker = worker
             return {"op": "clock_end", "job": job.cfg.job_id, "clock": m.clock, "run": m.run_id,
@@ -363,7 +367,8 @@ class BspSchedule:
         # attempt numbers restart every pass: only the current run's can be looked up
         mine = job.queue.running_attempt(shard, attempt) if current else None
         started = None if mine is None else mine.started
-        job.dispatch.note_move(mine, timings)
+        if timings and "data_s" in timings:  # (``note_move`` measures only a data move)
+            job.dispatch.note_move(mine, timings)
         if not rebuild:
             step = step_seconds(timings) if timings else (None if started is None else now - started)
             if step is not None:
@@ -688,11 +693,14 @@ class SspSchedule:
         # the oldest open clock's shards hold the window back: they go first (moving to another worker
         # if theirs is busy); a shard's tier in the queue is its clock
         clocks = [c for c, _ in w.startable_by_clock()]
-        if worker in job.stragglers and w.rebuilding is None:
+        if clocks and worker in job.dispatch.stragglers and w.rebuilding is None:
             clocks = [c for c in clocks[::-1] if not job.dispatch.leave_to_others(
                 worker, self._slack(c))]  # its shard holds its clock's end back least in the newest clock
-        worth = partial(job.dispatch.worth_moving, worker, now)
-        a = next((a for c in clocks if (a := job.queue.next_shard(worker, now, tier=c, worth_moving=worth))), None)
+        a = None
+        if clocks:  # (at a clock's tail most looks find none: nothing built)
+            worth = partial(job.dispatch.worth_moving, worker, now)
+            a = next((a for c in clocks if (a := job.queue.next_shard(worker, now, tier=c, worth_moving=worth))),
+                     None)
         if a is None and w.rebuilding is None:
             a = job.dispatch.idle_policies(worker, now)
         elif a is not None and a.fetch_from:
@@ -732,12 +740,14 @@ class SspSchedule:
     def idle(self, worker: str, now: float) -> list[Effect]:
         """``worker`` found nothing to do: apply the commits waiting (their shards' next clocks may
         be what it could run)."""
-        if not self.handing_out or worker in self.job.lost:
+        if not self.handing_out or worker in self.job.losses.lost:
             return []
-        return self._carry(self.window.flush(), now)
+        actions = self.window.flush()
+        # (mostly too few commits wait for a batch: no action, no shard moved back, nothing to carry out)
+        return self._carry(actions, now) if actions or self.window.moved_any else []
 
     def releasable(self, asker: str) -> tuple[str, list[tuple[int, int]]] | None:
-        if not self.handing_out or self.window.startable_by_clock():
+        if not self.handing_out or self.window.any_startable():
             return None
         return self.job.dispatch.ask_back(asker)
 
@@ -745,29 +755,31 @@ class SspSchedule:
                timings: dict | None = None, rebuild: bool = False) -> tuple[bool, list[Effect]]:
         """An attempt of ``shard`` in ``clock`` asks to commit: granted to the first live attempt of
         the shard's current clock and epoch; the window applies it in its next batch."""
-        job = self.job
+        job, window = self.job, self.window
         if job.log.error is not None or worker in job.losses.lost:
             return False, []
-        job.dispatch.running_items.pop(worker, None)
-        job.dispatch.last_seen[worker] = now
-        job.dispatch.note_move(job.queue.running_attempt(shard, attempt), timings)
+        dispatch, queue = job.dispatch, job.queue
+        dispatch.running_items.pop(worker, None)
+        dispatch.last_seen[worker] = now
+        if timings and "data_s" in timings:  # (``note_move`` measures only a data move)
+            dispatch.note_move(queue.running_attempt(shard, attempt), timings)
         if not rebuild and timings:
             job.monitor.record(worker, step_seconds(timings))
-        if not self.window.accepts(shard, clock, run_id):  # a lost backup, an attempt of a voided epoch
+        if not window.accepts(shard, clock, run_id):  # a lost backup, an attempt of a voided epoch
             job.event(now, "commit-refused", shard=shard, attempt=attempt, worker=worker, late=True,
                       seconds=round(step_seconds(timings or {}), 4))  # its step time, wasted
             return False, []
-        job.dispatch.attempt_started(worker, shard, attempt)
-        if not job.queue.commit(shard, attempt, worker):
+        dispatch.attempt_started(worker, shard, attempt)
+        if not queue.commit(shard, attempt, worker):
             job.event(now, "commit-refused", shard=shard, attempt=attempt, worker=worker, late=False,
                       seconds=round(step_seconds(timings or {}), 4))
             return False, []
         job.losses.restore_state.pop(shard, None)  # the attempt started from the restored state; it lives on now
         if not rebuild:
             job.tally.committed_in(clock, worker, timings)
-        actions = self.window.commit(shard, clock, worker, run_id)
+        actions = window.commit(shard, clock, worker, run_id)
         # (most commits wait for a batch: no action, no shard moved back, nothing to carry out)
-        return True, self._carry(actions, now) if actions or self.window.moved_any else []
+        return True, self._carry(actions, now) if actions or window.moved_any else []
 
     def attempt_failed(self, worker: str, clock: int, run_id: int, shard: int, attempt: int, error: str,
                        now: float, lost_data: bool = False, seconds: float = 0.0, stopped: bool = False) -> None:

@@ -54,18 +54,18 @@ from typing import Any, Callable, Iterable, Iterator
 from ..errors import ShardFailedError
 
 
-def _merge_by_start(lists: list[list[tuple[float, int, int]]]) -> Iterator[tuple[float, int, int]]:
-    """The entries of sorted ``lists`` merged by start, ties in the order of the lists (as
-    ``heapq.merge`` with a key, which costs more to set up than a few lists take to merge)."""
-    pos = [0] * len(lists)
+def _merge_by_start(runs: list[Iterator[tuple[float, int, int]]]) -> Iterator[tuple[float, int, int]]:
+    """The entries of sorted ``runs`` merged by start, ties in the order of the runs (as
+    ``heapq.merge`` with a key, which costs more to set up than a few runs take to merge)."""
+    heads = [next(run, None) for run in runs]
     while True:
         best, head = -1, None
-        for i, entries in enumerate(lists):
-            if pos[i] < len(entries) and (head is None or entries[pos[i]][0] < head[0]):
-                best, head = i, entries[pos[i]]
+        for i, entry in enumerate(heads):
+            if entry is not None and (head is None or entry[0] < head[0]):
+                best, head = i, entry
         if head is None:
             return
-        pos[best] += 1
+        heads[best] = next(runs[best], None)
         yield head
 
 
@@ -73,6 +73,11 @@ class ShardStatus(str, enum.Enum):
     TODO = "todo"
     DOING = "doing"
     DONE = "done"
+
+
+#: the statuses as module names: the decisions read them all the time, and an enum member's lookup
+#: through its class costs ~75 ns in CPython 3.11 (a global's ~7)
+_TODO, _DOING, _DONE = ShardStatus.TODO, ShardStatus.DOING, ShardStatus.DONE
 
 
 @dataclass(frozen=True)
@@ -87,7 +92,7 @@ class Attempt:
 
 @dataclass
 class _Shard:
-    status: ShardStatus = ShardStatus.TODO
+    status: ShardStatus = _TODO
     holder: str | None = None
     attempts: dict[int, Attempt] = field(default_factory=dict)  # live attempts
     committed: Attempt | None = None
@@ -98,6 +103,10 @@ class _Shard:
 
 class ShardQueue:
     """Per-clock shard states, attempts, commits and data locality."""
+
+    #: a list of ``_started`` is rebuilt without its stale entries once they are a quarter of it and
+    #: this many more (a few stale entries cost the reads less than rebuilding small lists)
+    stale_slack = 64
 
     def __init__(self, n_shards: int, *, reloadable: bool, max_failures: int = 3,
                  sharding: str = "dynamic", phases: "list[int] | tuple[int, ...] | None" = None):
@@ -148,10 +157,23 @@ class ShardQueue:
         self._waiting: set[tuple[int, int, str]] = set()
         #: the ``_running`` entries of the shards with a live attempt that is not waiting, per bucket, as
         #: lists of (start, entered, shard) in order: at a pass's tail most running shards are batch
-        #: members that have not started, and the backup policy's view steps over none of them
+        #: members that have not started, and the backup policy's view steps over none of them. An
+        #: entry that goes is left in its list, stale, until a quarter or more of the list is
+        #: (``stale_slack``; deleting from a list of W entries moved the ones after it: O(W) a commit); an entry is live
+        #: while ``_started_key`` names it, and a bucket is listed while it has a live one
         self._started: dict[int, list[tuple[float, int, int]]] = {}
-        #: shard -> its bucket and entry in ``_started``
+        #: bucket -> index in its list before which every entry is stale (the reads start there)
+        self._started_head: dict[int, int] = {}
+        #: bucket -> how many entries of its list are stale
+        self._started_stale: dict[int, int] = {}
+        #: shard -> its bucket and entry in ``_started`` (its live one)
         self._started_key: dict[int, tuple[int, tuple[float, int, int]]] = {}
+        #: shards whose place in ``_started`` may have changed since it was last placed: it follows
+        #: them when read, at the end of a hand-out (``settle_started``) and of a ``commit``
+        #: (``_flush_started``: each decision pays for its own changes). A batch member is shown when
+        #: its attempt starts, hidden as the hand-out marks it waiting, shown again when its commit
+        #: unmarks it and gone as it commits: each pair cancels out in this set, and is never paid
+        self._started_dirty: set[int] = set()
         #: ``_started`` is kept (from the first waiting attempt on): until then it would be ``_running``,
         #: which ``longest_running`` reads in its place (SSP's items of one shard never pay for it)
         self._started_on = False
@@ -185,8 +207,9 @@ class ShardQueue:
         self.clock = clock
         self._running, self._running_key, self._unsorted = {}, {}, set()
         self._entered, self._started, self._started_key = {}, {}, {}
+        self._started_head, self._started_stale, self._started_dirty = {}, {}, set()
         for s in self._shards:
-            s.status = ShardStatus.TODO
+            s.status = _TODO
             s.attempts.clear()
             s.committed = None
             s.next_attempt = 0 if clock != self._attempts_clock else s.next_attempt
@@ -205,7 +228,7 @@ class ShardQueue:
         if not self.complete:
             raise RuntimeError(f"phase {self.phase} of clock {self.clock} is not complete")
         self.phase += 1
-        self._n_done = sum(1 for i in self.active if self._shards[i].status is ShardStatus.DONE)
+        self._n_done = sum(1 for i in self.active if self._shards[i].status is _DONE)
         self._todo_reset(self.active)
         return self.phase
 
@@ -227,11 +250,11 @@ class ShardQueue:
         active = self.active
         for i in shards:
             s = self._shards[i]
-            if s.status is ShardStatus.DONE and i in active:
+            if s.status is _DONE and i in active:
                 self._n_done -= 1
             self._doing.discard(i)
             s.attempts.clear()
-            s.status = ShardStatus.TODO
+            s.status = _TODO
             s.committed = None
             s.failures = []
             s.started = 0
@@ -385,7 +408,7 @@ class ShardQueue:
         s.next_attempt += 1
         s.started += 1
         s.attempts[a.attempt] = a
-        s.status = ShardStatus.DOING
+        s.status = _DOING
         self._doing.add(shard)
         self._todo_discard(shard)
         self._reindex(shard)
@@ -394,7 +417,7 @@ class ShardQueue:
     def start_backup(self, shard: int, worker: str, now: float) -> Attempt:
         """A second attempt of a DOING shard on ``worker``; it copies the holder's data."""
         s = self._shards[shard]
-        if s.status is not ShardStatus.DOING:
+        if s.status is not _DOING:
             raise ValueError(f"shard {shard} is {s.status.value}, not doing: no backup")
         if any(a.worker == worker for a in s.attempts.values()):
             raise ValueError(f"shard {shard} already runs on {worker}")
@@ -430,9 +453,10 @@ class ShardQueue:
         that is not waiting (``set_waiting``), in the same order, the others not looked at either. Do
         not change the queue while iterating."""
         if started_only and self._started_on:
-            lists = [self._started[k] for k in sorted(self._started)
-                     if fewer_started_than is None or k < fewer_started_than]
-            for _, _, shard in (lists[0] if len(lists) == 1 else _merge_by_start(lists)):
+            self._flush_started()
+            runs = [self._live_started(k) for k in sorted(self._started)
+                    if fewer_started_than is None or k < fewer_started_than]
+            for _, _, shard in (runs[0] if len(runs) == 1 else _merge_by_start(runs)):
                 attempts = self._shards[shard].attempts
                 if len(attempts) == 1:
                     yield next(iter(attempts.values()))
@@ -457,11 +481,13 @@ class ShardQueue:
         if not self._started_on:  # (nothing waits: every running shard shows)
             a = next(self.longest_running(fewer_started_than), None)
             return None if a is None else (a, len(self._shards[a.shard].attempts))
+        self._flush_started()
         best, head = None, None
-        for k, entries in self._started.items():
-            if (fewer_started_than is None or k < fewer_started_than) and (
-                    head is None or (entries[0][0], k) < (head[0], best)):
-                best, head = k, entries[0]
+        for k in self._started:
+            if fewer_started_than is None or k < fewer_started_than:
+                first = self._first_started(k)
+                if head is None or (first[0], k) < (head[0], best):
+                    best, head = k, first
         if head is None:
             return None
         attempts = self._shards[head[2]].attempts
@@ -473,20 +499,14 @@ class ShardQueue:
         """``shard``'s attempts changed: its place in ``_running`` follows."""
         s = self._shards[shard]
         key = None
-        if s.status is ShardStatus.DOING and s.attempts:
+        if s.status is _DOING and s.attempts:
             attempts = s.attempts.values()
             oldest = next(iter(attempts)).started if len(attempts) == 1 else min(a.started for a in attempts)
             key = (s.started, oldest)
         old = self._running_key.get(shard)
         if old != key:
             if old is not None:
-                bucket = self._running[old[0]]
-                del bucket[shard]
-                if not bucket:
-                    del self._running[old[0]]
-                    self._unsorted.discard(old[0])
-                del self._running_key[shard]
-                del self._entered[shard]
+                self._unrun(shard)
             if key is not None:
                 bucket = self._running.setdefault(key[0], {})
                 if bucket and next(reversed(bucket.values())) > key[1]:
@@ -495,20 +515,49 @@ class ShardQueue:
                 self._running_key[shard] = key
                 self._n_entered += 1
                 self._entered[shard] = self._n_entered
-        self._reshow(shard, s)
+        self._reshow(shard)
 
-    def _reshow(self, shard: int, s: _Shard | None = None) -> None:
+    def _unrun(self, shard: int) -> None:
+        """``shard`` runs no more: its ``_running`` entry goes (its ``_started`` one when next placed)."""
+        old = self._running_key.pop(shard, None)
+        if old is not None:
+            bucket = self._running[old[0]]
+            del bucket[shard]
+            if not bucket:
+                del self._running[old[0]]
+                self._unsorted.discard(old[0])
+            del self._entered[shard]
+
+    def _reshow(self, shard: int) -> None:
         """``shard``'s attempts, its ``_running`` entry or its waiting attempts changed: its place in
-        ``_started`` follows. A ``_running`` bucket is in the order of (start, entered): appended in
-        that order, and sorted stably by start when it is not (``longest_running``)."""
-        if not self._started_on:
-            return
+        ``_started`` follows when the index is next read."""
+        if self._started_on:
+            self._started_dirty.add(shard)
+
+    def settle_started(self) -> None:
+        """A decision that started, marked or dropped attempts ends (a hand-out: ``Dispatch.set_batched``):
+        the index of the started attempts follows them now, so each decision pays for its own changes,
+        not the next idle poll that reads the index (a batch's members, started and marked waiting in
+        the same hand-out, cancel out first)."""
+        self._flush_started()
+
+    def _flush_started(self) -> None:
+        """``_started`` follows every shard that changed since it was last placed."""
+        if self._started_dirty:
+            for shard in self._started_dirty:
+                self._place_started(shard)
+            self._started_dirty.clear()
+
+    def _place_started(self, shard: int) -> None:
+        """``shard``'s place in ``_started``, from its attempts, ``_running`` entry and waiting
+        attempts. A ``_running`` bucket is in the order of (start, entered): appended in that order,
+        and sorted stably by start when it is not (``longest_running``)."""
         key = self._running_key.get(shard)
         entry = None
         if key is not None:
             shown, waiting = True, self._waiting
             if waiting:
-                attempts = (s if s is not None else self._shards[shard]).attempts
+                attempts = self._shards[shard].attempts
                 if len(attempts) == 1:
                     a = next(iter(attempts.values()))
                     shown = (shard, a.attempt, a.worker) not in waiting
@@ -519,58 +568,97 @@ class ShardQueue:
         old = self._started_key.get(shard)
         if old == entry:
             return
-        if old is not None:
-            started = self._started[old[0]]
-            del started[bisect.bisect_left(started, old[1])]
-            if not started:
-                del self._started[old[0]]
+        if old is not None:  # (left in its list, stale)
             del self._started_key[shard]
+            k = old[0]
+            stale = self._started_stale[k] = self._started_stale[k] + 1
+            started = self._started[k]
+            if stale == len(started):
+                del self._started[k], self._started_head[k], self._started_stale[k]
+            elif 4 * stale >= len(started) + self.stale_slack:
+                self._compact_started(k)
         if entry is not None:
-            started = self._started.setdefault(entry[0], [])
-            if not started or started[-1] < entry[1]:
-                started.append(entry[1])
-            else:
-                bisect.insort(started, entry[1])
+            k, e = entry
             self._started_key[shard] = entry
+            started = self._started.get(k)
+            if started is None:
+                self._started[k], self._started_head[k], self._started_stale[k] = [e], 0, 0
+            elif started[-1] < e:
+                started.append(e)
+            else:
+                i = bisect.bisect_left(started, e)
+                if i < len(started) and started[i] == e:  # its stale copy is live again
+                    self._started_stale[k] -= 1
+                else:
+                    started.insert(i, e)
+                if i < self._started_head[k]:
+                    self._started_head[k] = i
+
+    def _live_started(self, k: int) -> Iterator[tuple[float, int, int]]:
+        """The live entries of bucket ``k`` of ``_started``, in order."""
+        started, live = self._started[k], self._started_key
+        for i in range(self._started_head[k], len(started)):
+            e = started[i]
+            if live.get(e[2]) == (k, e):
+                yield e
+
+    def _first_started(self, k: int) -> tuple[float, int, int]:
+        """The first live entry of bucket ``k`` of ``_started`` (a listed bucket has one); the stale
+        ones before it are not looked at again."""
+        started, live, i = self._started[k], self._started_key, self._started_head[k]
+        while live.get(started[i][2]) != (k, started[i]):
+            i += 1
+        self._started_head[k] = i
+        return started[i]
+
+    def _compact_started(self, k: int) -> None:
+        """Bucket ``k``'s list without its stale entries."""
+        self._started[k] = list(self._live_started(k))
+        self._started_head[k] = self._started_stale[k] = 0
 
     def set_waiting(self, worker: str, added: Iterable[tuple[int, int]], removed: Iterable[tuple[int, int]]) -> None:
         """``worker``'s batch members ``added`` ((shard, attempt) pairs) may not have started; those
         ``removed`` have, or are no members any more (``Dispatch.batched`` says so)."""
         if added and not self._started_on:  # the first attempt to wait: ``_started`` is kept from now on
             self._started_on = True
-            for shard in self._running_key:
-                self._reshow(shard)
-        touched = set()
+            self._started_dirty.update(self._running_key)
+        waiting, dirty = self._waiting, (self._started_dirty if self._started_on else set())
         for shard, attempt in removed:
-            self._waiting.discard((shard, attempt, worker))
-            touched.add(shard)
+            waiting.discard((shard, attempt, worker))
+            dirty.add(shard)
         for shard, attempt in added:
-            self._waiting.add((shard, attempt, worker))
-            touched.add(shard)
-        for shard in touched:
-            if shard in self._running_key:
-                self._reshow(shard)
+            waiting.add((shard, attempt, worker))
+            dirty.add(shard)
+
+    def unwait(self, shard: int, attempt: int, worker: str) -> None:
+        """``set_waiting(worker, (), [(shard, attempt)])``: a member started (every commit of one says so)."""
+        self._waiting.discard((shard, attempt, worker))
+        if self._started_on:
+            self._started_dirty.add(shard)
 
     def clear_waiting(self) -> None:
         """No batch member is waiting (``Dispatch.batched`` is a new dict)."""
         self._waiting = set()
-        for shard in list(self._running_key):
-            self._reshow(shard)
+        if self._started_on:
+            self._started_dirty.update(self._running_key)
 
     # --------------------------------------------------------------- results
     def commit(self, shard: int, attempt: int, worker: str) -> bool:
         """Grant the commit to the first live attempt that asks; refuse all others."""
         s = self._shards[shard]
         a = s.attempts.get(attempt)
-        if s.status is not ShardStatus.DOING or a is None or a.worker != worker:
+        if s.status is not _DOING or a is None or a.worker != worker:
             return False
         s.committed = a
         s.attempts.clear()
-        s.status = ShardStatus.DONE
+        s.status = _DONE
         self._doing.discard(shard)
-        self._reindex(shard)
+        self._unrun(shard)  # (``_reindex`` for a shard that is DONE)
         self._n_done += 1  # (a DOING shard is an active one)
         s.holder = worker  # the committed data and state live here now (not a TODO shard: no index)
+        if self._started_on:
+            self._started_dirty.add(shard)
+            self._flush_started()  # (its attempt's unwait and its commit cancel out)
         return True
 
     def fail(self, shard: int, attempt: int, worker: str, reason: str, *, count: bool = True,
@@ -598,7 +686,7 @@ class ShardQueue:
         if len(s.failures) >= self.max_failures:
             raise ShardFailedError(shard, self.clock, s.failures)
         if not s.attempts:
-            s.status = ShardStatus.TODO
+            s.status = _TODO
             self._doing.discard(shard)
             self._todo_add(shard)
 
@@ -607,12 +695,12 @@ class ShardQueue:
         now): back to TODO, its data still where it was, and nothing counted against the shard."""
         s = self._shards[shard]
         a = s.attempts.get(attempt)
-        if a is None or a.worker != worker or s.status is not ShardStatus.DOING:
+        if a is None or a.worker != worker or s.status is not _DOING:
             return False
         del s.attempts[attempt]
         s.started -= 1
         if not s.attempts:
-            s.status = ShardStatus.TODO
+            s.status = _TODO
             self._doing.discard(shard)
             self._todo_add(shard)
         self._reindex(shard)
@@ -628,8 +716,8 @@ class ShardQueue:
             for a in lost:
                 del s.attempts[a.attempt]
                 requeued.append(a)
-            if lost and not s.attempts and s.status is ShardStatus.DOING:  # DOING: an active shard
-                s.status = ShardStatus.TODO
+            if lost and not s.attempts and s.status is _DOING:  # DOING: an active shard
+                s.status = _TODO
                 self._doing.discard(i)
                 self._todo_add(i)
             if lost:
@@ -645,8 +733,8 @@ class ShardQueue:
             for a in gone:
                 del s.attempts[a.attempt]
                 doomed.append(a)
-            if gone and not s.attempts and s.status is ShardStatus.DOING:
-                s.status = ShardStatus.TODO
+            if gone and not s.attempts and s.status is _DOING:
+                s.status = _TODO
                 self._doing.discard(i)
                 self.set_holder(i, None)
                 self._todo_add(i)
@@ -660,8 +748,8 @@ class ShardQueue:
         undone = []
         for i in self.active:
             s = self._shards[i]
-            if s.status is ShardStatus.DONE and s.committed is not None and s.committed.worker == worker:
-                s.status, s.committed = ShardStatus.TODO, None
+            if s.status is _DONE and s.committed is not None and s.committed.worker == worker:
+                s.status, s.committed = _TODO, None
                 self._n_done -= 1
                 self.set_holder(i, None)
                 self._todo_add(i)
@@ -727,26 +815,26 @@ class ShardQueue:
             s.holder = d["holder"]
             s.next_attempt = d["next_attempt"]
             s.failures = list(d["failures"])
-            if d["status"] == ShardStatus.DONE.value:
+            if d["status"] == _DONE.value:
                 att, w = d["committed"]
-                s.status = ShardStatus.DONE
+                s.status = _DONE
                 s.committed = Attempt(i, att, w, 0.0, None)
             else:
-                s.status = ShardStatus.TODO
+                s.status = _TODO
                 if i in q.active:
                     todo.append(i)
         q._todo_reset(todo)
         q._doing = set()
-        q._n_done = sum(1 for i in q.active if q._shards[i].status is ShardStatus.DONE)
+        q._n_done = sum(1 for i in q.active if q._shards[i].status is _DONE)
         return q
 
     def check(self) -> None:
         """Assert the invariants in the module docstring."""
         active = self.active
-        assert self._n_done == sum(1 for i in active if self._shards[i].status is ShardStatus.DONE)
-        assert self._doing == {i for i, s in enumerate(self._shards) if s.status is ShardStatus.DOING}
+        assert self._n_done == sum(1 for i in active if self._shards[i].status is _DONE)
+        assert self._doing == {i for i, s in enumerate(self._shards) if s.status is _DOING}
         keys = {i: (s.started, min(a.started for a in s.attempts.values()))
-                for i, s in enumerate(self._shards) if s.status is ShardStatus.DOING and s.attempts}
+                for i, s in enumerate(self._shards) if s.status is _DOING and s.attempts}
         assert self._running_key == keys
         assert self._running == {k: {i: t for i, (n, t) in keys.items() if n == k} for k, _ in keys.values()}
         for k, bucket in self._running.items():
@@ -754,9 +842,14 @@ class ShardQueue:
         assert self._entered.keys() == keys.keys()
         shown = {i: (k, (t, self._entered[i], i)) for i, (k, t) in keys.items()
                  if any((i, a.attempt, a.worker) not in self._waiting for a in self._shards[i].attempts.values())}
+        self._flush_started()  # (the index as a read sees it)
         assert self._started_key == (shown if self._started_on else {}) and (self._started_on or not self._waiting)
-        assert self._started == {k: sorted(e for u, e in self._started_key.values() if u == k)
-                                 for k, _ in self._started_key.values()}
+        live = {k: sorted(e for u, e in self._started_key.values() if u == k) for k, _ in self._started_key.values()}
+        assert {k: list(self._live_started(k)) for k in self._started} == live
+        for k, started in self._started.items():  # sorted, each entry once; the stale ones counted, none live before the head
+            assert started == sorted(set(started)), k
+            assert self._started_stale[k] == len(started) - len(live[k]), k
+            assert all(self._started_key.get(e[2]) != (k, e) for e in started[:self._started_head[k]]), k
         assert {i for b in self._local.values() for i in b} == self._todo and all(
             self._shards[i].holder == h and self._tier[i] == t for (t, h), b in self._local.items() for i in b)
         held = {(t, h): len(b) for (t, h), b in self._local.items() if h is not None}
@@ -766,13 +859,13 @@ class ShardQueue:
         assert self._by_size == {t: {n: sorted(h for (u, h), m in held.items() if u == t and m == n)
                                      for (u, _), n in held.items() if u == t} for t, _ in held}
         for i, s in enumerate(self._shards):
-            assert (i in self._todo) == (s.status is ShardStatus.TODO and i in active), i
+            assert (i in self._todo) == (s.status is _TODO and i in active), i
             if i not in active:  # an earlier phase (DONE, or TODO after a rebuild pass) or a later one (TODO)
-                assert s.status is not ShardStatus.DOING and not s.attempts, i
-                assert s.status is ShardStatus.TODO or i < active.start, i
-            if s.status is ShardStatus.DOING:
+                assert s.status is not _DOING and not s.attempts, i
+                assert s.status is _TODO or i < active.start, i
+            if s.status is _DOING:
                 assert s.attempts and s.committed is None, i
-            elif s.status is ShardStatus.DONE:
+            elif s.status is _DONE:
                 assert not s.attempts and s.committed is not None, i
             else:
                 assert not s.attempts and s.committed is None, i
