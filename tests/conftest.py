@@ -1,8 +1,10 @@
+import contextlib
 import inspect
 import json
 import subprocess
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -141,6 +143,19 @@ class RowCounter(Algorithm):
 
 def row_data(n):
     return {"row": np.arange(n, dtype=np.int64)}
+
+
+@contextlib.contextmanager
+def scheduler_calls(client):
+    """The ``dscar_*`` calls the scheduler answered inside the block, by handler (``bench.overhead``'s
+    counters; a handler not called is absent): the dict yielded is filled at the block's end."""
+    from bench.overhead import diff, install_counters, read_counters
+
+    client.run_on_scheduler(install_counters)
+    before = Counter(client.run_on_scheduler(read_counters))
+    calls: dict[str, int] = {}
+    yield calls
+    calls.update(diff(before, Counter(client.run_on_scheduler(read_counters))))
 
 
 def assert_exactly_once(res, n_rows):

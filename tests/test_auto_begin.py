@@ -2,10 +2,8 @@
 stopping rule is evaluated with the folded clock end on the history it was sent (``protocol.RuleHistory``),
 and where it says go on and the driver's last clock is not reached, clock t+1 begins without a round trip
 to the driver. A fit gives the same clocks, metrics and parameters as one whose driver begins each clock."""
-import functools
 import threading
 import time
-from collections import Counter
 
 import dask
 import numpy as np
@@ -13,7 +11,7 @@ import pytest
 from distributed import LocalCluster
 
 import dscar
-from conftest import RowCounter, assert_exactly_once, row_data
+from conftest import RowCounter, assert_exactly_once, row_data, scheduler_calls
 from dscar.algorithms import corpora
 from dscar.algorithms.datasets import lasso_alpha_max, make_classification, make_regression
 from dscar.algorithms.lasso import LassoCD
@@ -25,10 +23,6 @@ from dscar.core.partitions import PartitionMap, TableLayout
 from dscar.core.protocol import ClockEndOutcome, RuleHistory, extend_copy
 from dscar.core.shards import ShardQueue
 from dscar.scheduler.coordinator import PLUGIN_NAME
-
-#: the scheduler handlers counted: who begins clocks
-COUNTED = ("dscar_begin_clock", "dscar_wait")
-
 
 # ------------------------------------------------------------------------------ pure
 def test_a_worker_s_copy_of_the_history_gets_only_what_it_lacks_and_a_lost_copy_gets_everything_again():
@@ -103,34 +97,13 @@ def test_the_next_clock_begins_on_the_coordinator_only_where_the_rule_said_go_on
 
 
 # --------------------------------------------------------------------------- cluster
-def _count_calls(dask_scheduler=None) -> None:
-    """Wrap the counted handlers of this scheduler with a counter (idempotent), reset it."""
-    dask_scheduler._auto_test_counts = Counter()
-    for name in COUNTED:
-        handler = dask_scheduler.handlers[name]
-        original = getattr(handler, "_auto_test_original", handler)
-
-        @functools.wraps(original)  # (its signature: distributed passes ``comm`` when the original wants it)
-        def counted(*args, _name=name, _original=original, **kwargs):
-            dask_scheduler._auto_test_counts[_name] += 1
-            return _original(*args, **kwargs)
-
-        counted._auto_test_original = original
-        dask_scheduler.handlers[name] = counted
-
-
-def _calls(dask_scheduler=None) -> dict:
-    return dict(dask_scheduler._auto_test_counts)
-
-
 def _fit_both(cluster, algorithm, data, **kw):
     """The same fit with auto-begin on, then off: each result and its counted calls."""
     out = []
     for auto in (True, False):
-        cluster.client.run_on_scheduler(_count_calls)
-        with dask.config.set({"dscar.auto-begin": auto}):
+        with dask.config.set({"dscar.auto-begin": auto}), scheduler_calls(cluster.client) as calls:
             res = dscar.fit(algorithm, data, cluster, progress=False, **kw)
-        out.append((res, cluster.client.run_on_scheduler(_calls)))
+        out.append((res, calls))
     return out
 
 
@@ -180,10 +153,10 @@ def test_a_model_whose_rule_must_run_in_the_driver_has_every_clock_begun_by_it(i
     """By default the rule runs with the clock end, on a worker (at the driver's last clock, nothing
     follows: the driver evaluates it); ``converged_on_workers = False`` keeps it in the driver's process."""
     _WhereRuleRuns.in_driver = []
-    inproc.client.run_on_scheduler(_count_calls)
-    res = dscar.fit(model(), row_data(40), inproc, n_shards=4, max_clocks=5, progress=False)
+    with scheduler_calls(inproc.client) as calls:
+        res = dscar.fit(model(), row_data(40), inproc, n_shards=4, max_clocks=5, progress=False)
     assert _WhereRuleRuns.in_driver == in_driver
-    assert inproc.client.run_on_scheduler(_calls).get("dscar_begin_clock") == begins
+    assert calls.get("dscar_begin_clock") == begins
     assert_exactly_once(res, 40)
 
 
@@ -257,9 +230,8 @@ def test_a_worker_retired_at_a_boundary_the_coordinator_crosses_hands_off_with_n
             _wait_for(lambda: worker in coordinator._leaving)
 
         _AtClockEnd.hook = retire_an_owner
-        cl.client.run_on_scheduler(_count_calls)
-        res = dscar.fit(_AtClockEnd(at=3), row_data(60), cl, n_shards=6, max_clocks=6, progress=False)
-        calls = cl.client.run_on_scheduler(_calls)
+        with scheduler_calls(cl.client) as calls:
+            res = dscar.fit(_AtClockEnd(at=3), row_data(60), cl, n_shards=6, max_clocks=6, progress=False)
         threads[0].join(60)
     (handoff,) = [e for e in res.events if e["kind"] == "handoff"]
     assert handoff["workers"] == retired and handoff["partitions"] > 0 and handoff["failed"] == 0
@@ -282,9 +254,8 @@ def test_a_joiner_s_copies_switch_at_a_boundary_the_coordinator_crosses():
             _wait_for(lambda: any(w not in before for w, _ in coordinator._copies.get(job_id, {}).values()))
 
         _AtClockEnd.hook = add_a_worker
-        cl.client.run_on_scheduler(_count_calls)
-        res = dscar.fit(_AtClockEnd(at=3), row_data(60), cl, n_shards=6, max_clocks=6, progress=False)
-        calls = cl.client.run_on_scheduler(_calls)
+        with scheduler_calls(cl.client) as calls:
+            res = dscar.fit(_AtClockEnd(at=3), row_data(60), cl, n_shards=6, max_clocks=6, progress=False)
     (taken,) = [e for e in res.events if e["kind"] == "partitions-taken-on"]
     assert taken["partitions"] > 0 and taken["failed"] == 0
     assert taken["clock"] == 3, taken  # at the boundary after clock 3, which the coordinator crossed

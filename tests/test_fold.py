@@ -1,47 +1,21 @@
 """The clock end folded into the apply of a BSP clock's last pass (``BspSchedule._fold``): a
 fault-free clock sends no clock-end item and no ``clock_done``; a folded clock end reads every owner's
 tables as applied; one that cannot run goes back to the item path; a loss under it skips the clock."""
-import functools
 import time
-from collections import Counter
 
 import dask
 import numpy as np
 import pytest
 
 import dscar
-from conftest import RowCounter, assert_exactly_once, row_data
+from conftest import RowCounter, assert_exactly_once, row_data, scheduler_calls
 from dscar.worker import plugin as worker_plugin
 from dscar.worker.plugin import ParamServer
 
-#: the scheduler handlers counted: a clock end reported outside an apply
-COUNTED = ("dscar_clock_done", "dscar_clock_failed")
-
-
-def _count_calls(dask_scheduler=None) -> None:
-    """Wrap the counted handlers of this scheduler with a counter (idempotent), reset it."""
-    dask_scheduler._fold_test_counts = Counter()
-    for name in COUNTED:
-        handler = dask_scheduler.handlers[name]
-        original = getattr(handler, "_fold_test_original", handler)
-
-        @functools.wraps(original)  # (its signature: distributed passes ``comm`` when the original wants it)
-        def counted(*args, _name=name, _original=original, **kwargs):
-            dask_scheduler._fold_test_counts[_name] += 1
-            return _original(*args, **kwargs)
-
-        counted._fold_test_original = original
-        dask_scheduler.handlers[name] = counted
-
-
-def _calls(dask_scheduler=None) -> dict:
-    return dict(dask_scheduler._fold_test_counts)
-
-
 def _fit(cluster, clocks: int = 4, **kw):
-    cluster.client.run_on_scheduler(_count_calls)
-    res = dscar.fit(RowCounter(), row_data(40), cluster, n_shards=4, max_clocks=clocks, **kw)
-    return res, cluster.client.run_on_scheduler(_calls)
+    with scheduler_calls(cluster.client) as calls:
+        res = dscar.fit(RowCounter(), row_data(40), cluster, n_shards=4, max_clocks=clocks, **kw)
+    return res, calls
 
 
 def test_a_fault_free_fit_sends_no_clock_done_and_matches_the_unfolded_fit(inproc):
