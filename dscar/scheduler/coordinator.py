@@ -1203,16 +1203,18 @@ class Coordinator(SchedulerPlugin):
             self._wake()
         return {"status": "OK"}
 
-    def _setting_up(self, job: JobState) -> set[str]:
-        """The job's live workers still setting up dscar, with nothing of the job (``elastic.setting_up``)."""
-        return setting_up(self._live(job), self._keys, job.pmap.owners.values(),
+    def _setting_up(self, job: JobState, live: list[str] | None = None) -> set[str]:
+        """The job's ``live`` workers (None: ``_live``) still setting up dscar, with nothing of the job
+        (``elastic.setting_up``)."""
+        return setting_up(self._live(job) if live is None else live, self._keys, job.pmap.owners.values(),
                           (job.queue.holder(s) for s in range(job.queue.n_shards)))
 
     def _apply_targets(self, job: JobState) -> list[str]:
         """The workers a pass is applied on: the live ones, less those setting up (``_setting_up``), which
         have nothing to apply and would hold the clock until they can answer."""
-        fresh = self._setting_up(job)
-        return [w for w in self._live(job) if w not in fresh]
+        live = self._live(job)  # (sorts every worker: once an apply)
+        fresh = self._setting_up(job, live)
+        return [w for w in live if w not in fresh] if fresh else live
 
     async def _apply(self, job: JobState, e: ApplyPass) -> None:
         """Every live worker applies the pass: owners their tables' updates, holders the shard state.
