@@ -1,5 +1,6 @@
 """The overhead benchmark: its RPC counters count (and only dscar_* handlers), and --quick reports what it promises."""
 import asyncio
+import gc
 import inspect
 
 import pytest
@@ -48,11 +49,20 @@ def test_counted_fits_count_dscar_calls_and_more_clocks_make_more_calls():
         cl.wait_for_workers(1)
         cl.client.run_on_scheduler(overhead.install_counters)
         cl.client.run(overhead.install_counters)
-        short, c_short, cpu_short = overhead.one_fit(cl, 4, 3)
-        long, c_long, cpu_long = overhead.one_fit(cl, 4, 30)
+        # the in-process scheduler's loop runs in this process: a full garbage collection of a test process
+        # that has run hundreds of tests cost the loop 0.38 s once, in the middle of the short fit (CI, stop 49).
+        # Collections are not the loop's work; they are kept out of the measured fits, and each fit is run
+        # twice and its cheaper run kept, so one stray pause cannot reverse the order
+        gc.collect()
+        gc.disable()
+        try:
+            short, c_short, cpu_short = min((overhead.one_fit(cl, 4, 3) for _ in range(2)), key=lambda r: r[2])
+            long, c_long, cpu_long = min((overhead.one_fit(cl, 4, 30) for _ in range(2)), key=lambda r: r[2])
+        finally:
+            gc.enable()
     assert (short.n_clocks, long.n_clocks) == (3, 30)
-    # the scheduler loop's CPU: more clocks cost more. 27 extra clocks (~2 ms of loop CPU each) against a
-    # fit's fixed cost of ~20 ms that varies by a few ms under load (job start, key checks, lease
+    # the scheduler loop's CPU: more clocks cost more. 27 extra clocks (~1-2 ms of loop CPU each) against a
+    # fit's fixed cost of ~10-20 ms that varies by a few ms under load (job start, key checks, lease
     # renewals, heartbeats): with 6 extra clocks the fixed cost's noise reversed the order once in a loaded run
     assert 0 < cpu_short < cpu_long
     assert c_short and all(k.startswith("dscar_") for k in {*c_short, *c_long})
