@@ -25,11 +25,9 @@ so ``X^T r`` is already the centred gradient and the Gram is corrected by
 from __future__ import annotations
 
 import numpy as np
-from sklearn.base import RegressorMixin
 
 import dscar
 from dscar import Algorithm, DataMeta, InvalidInputError, TableSpec
-from dscar import check_features
 
 
 KERNELS = ("compiled", "namespace")
@@ -362,59 +360,6 @@ def next_working_set(w: np.ndarray, c: np.ndarray, lam: float, cap: int, start: 
     return out
 
 
-class Lasso(RegressorMixin, dscar.EstimatorMixin):
-    """scikit-learn Lasso trained by dscar (``fit``, ``predict``, ``score`` (R²), ``coef_``,
-    ``intercept_``, ``n_features_in_``).
-
-    ``cluster`` is anything ``dscar.fit`` accepts; None starts an embedded
-    LocalCluster of ``n_workers`` processes for each ``fit``.
-    """
-
-    def __init__(self, alpha: float = 1.0, *, fit_intercept: bool = True, tol: float = 1e-6,
-                 max_iter: int = 200, cluster=None, n_workers: int = 2, n_shards: int | None = None,
-                 progress: bool | None = None):
-        self.alpha = alpha
-        self.fit_intercept = fit_intercept
-        self.tol = tol
-        self.max_iter = max_iter
-        self.cluster = cluster
-        self.n_workers = n_workers
-        self.n_shards = n_shards
-        self.progress = progress
-
-    def __sklearn_tags__(self):
-        tags = super().__sklearn_tags__()
-        tags.input_tags.sparse = True
-        return tags
-
-    def fit(self, X, y) -> "Lasso":
-        X, y = check_features(self, X, y, reset=True, accept_sparse=("csr", "csc"), y_numeric=True,
-                              dtype=(np.float64, np.float32))
-        algo = LassoCD(self.alpha, fit_intercept=self.fit_intercept, tol=self.tol)
-        opts = self._engine_options()
-        res = dscar.fit(algo, {"X": X, "y": y}, self.cluster, n_workers=opts["n_workers"],
-                        n_shards=opts["n_shards"], max_clocks=opts["max_iter"], progress=opts["progress"])
-        self._warn_unconverged(res)
-        self.coef_ = res.params["w"]
-        moments, n_rows = res.params["moments"], np.shape(X)[0]
-        if not isinstance(n_rows, (int, np.integer)):  # a Dask DataFrame's row count: counted on the cluster
-            n_rows = int(self._compute_small(n_rows))
-        if self.fit_intercept:
-            self.intercept_ = float(moments[0] / n_rows - (res.params["colsum"] / n_rows) @ self.coef_)
-        else:
-            self.intercept_ = 0.0
-        self.n_iter_ = res.n_clocks
-        self.converged_ = res.converged
-        self.dual_gap_ = res.history[-1].metrics["gap"]
-        self.result_ = res
-        return self
-
-    def predict(self, X) -> np.ndarray:
-        self._check_fitted("coef_")
-        X = check_features(self, X, reset=False, accept_sparse=("csr", "csc"))
-        return X @ self.coef_ + self.intercept_
-
-
 class LassoCommand:
     """``dscar run lasso``: a generated regression problem, or X.npy / y.npy files."""
 
@@ -450,3 +395,12 @@ class LassoCommand:
 
 
 CLI = LassoCommand()
+
+
+def __getattr__(name: str):
+    """``Lasso``, the scikit-learn estimator, loads on first use: algorithms/estimators.py says why."""
+    if name == "Lasso":
+        from . import estimators
+
+        return getattr(estimators, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -106,7 +106,6 @@ from typing import Any, NamedTuple
 
 import numpy as np
 import scipy.sparse as sp
-from sklearn.base import TransformerMixin
 
 import dscar
 from dscar import Algorithm, DataMeta, InvalidInputError, TableSpec
@@ -1240,144 +1239,6 @@ class LDAGibbs(Algorithm):
 
 
 # ------------------------------------------------------------ estimator
-class LDA(TransformerMixin, dscar.EstimatorMixin):
-    """scikit-learn style LDA trained by dscar's collapsed Gibbs sampler.
-
-    ``fit(X)`` with a documents x vocabulary count matrix or a list of token-id
-    lists; then ``components_`` / ``topic_word_`` (K x V, rows sum to 1, as in
-    the ``lda`` package), ``doc_topic_`` (D x K), ``word_topic_`` (V x K
-    counts), ``loglikelihoods_`` (log p(w, z) per token after each sweep,
-    the first entry being the random initialisation), ``top_words(n)``,
-    ``transform(X)`` (fold-in of new documents against the fitted topics), ``score(X)``
-    (log-likelihood of documents under the fitted topics, higher is better) and
-    ``perplexity(X)``.
-    ``n_iter`` is the number of Gibbs sweeps (``n_iter + 1`` clocks).
-    ``n_shards`` defaults to one per worker. ``schedule``: ``"partitioned"`` (default: a sweep is
-    ``n_shards`` clocks over disjoint vocabulary blocks, as exact per sweep as sequential Gibbs) or
-    ``"adlda"`` (a sweep a clock, every shard against the clock-start counts: its approximation
-    grows with the number of shards); see ``LDAGibbs.block_tokens``.
-    """
-
-    def __init__(self, n_topics: int = 10, *, alpha: float | Sequence[float] = 0.1, beta: float = 0.01,
-                 n_iter: int = 200, seed: int = 0, early_stop: bool = False, tol: float = 1e-4,
-                 cluster=None, n_workers: int = 2, n_shards: int | None = None, progress: bool | None = None,
-                 schedule: str = "partitioned"):
-        self.n_topics = n_topics
-        self.alpha = alpha
-        self.beta = beta
-        self.n_iter = n_iter
-        self.seed = seed
-        self.early_stop = early_stop
-        self.tol = tol
-        self.cluster = cluster
-        self.n_workers = n_workers
-        self.n_shards = n_shards
-        self.progress = progress
-        self.schedule = schedule
-
-    def _algorithm(self) -> LDAGibbs:
-        return LDAGibbs(self.n_topics, self.alpha, self.beta, seed=self.seed, tol=self.tol,
-                        early_stop=self.early_stop, schedule=self.schedule)
-
-    def fit(self, X, y=None, *, vocab: Sequence[str] | None = None) -> "LDA":
-        n_iter = dscar.validation.integer("n_iter", self.n_iter, 1)
-        opts = self._engine_options()
-        algo = self._algorithm()
-        data = lda_data(X)
-        if vocab is not None and len(vocab) != data["X"].shape[1]:
-            raise InvalidInputError(f"vocab has {len(vocab)} words, X has {data['X'].shape[1]} columns")
-        n_shards = self.n_shards
-        if n_shards is None:
-            n_shards = self.n_workers if self.cluster is None else _n_workers(self.cluster)
-            n_shards = max(1, min(n_shards, data["X"].shape[0]))
-        per = algo.clocks_per_sweep(n_shards)
-        res = dscar.fit(algo, data, self.cluster, n_workers=opts["n_workers"], n_shards=n_shards,
-                        max_clocks=n_iter * per + 1, progress=opts["progress"])
-        if self.early_stop:  # without early stopping, n_iter sweeps is the plan, not a limit hit
-            self._warn_unconverged(res, "n_iter")
-        self.word_topic_ = res.params["word_topic"]
-        self.doc_topic_counts_ = res.params["doc_topic"]
-        a, b = algo.alphas(), algo.beta
-        tw = self.word_topic_.T + b
-        self.components_ = tw / tw.sum(axis=1, keepdims=True)
-        self.topic_word_ = self.components_
-        dt = self.doc_topic_counts_ + a
-        self.doc_topic_ = dt / dt.sum(axis=1, keepdims=True)
-        self.loglikelihoods_ = [rec.metrics["loglik"] for rec in res.history[::per]]  # the start, then each sweep
-        self.n_iter_ = (res.n_clocks - 1) // per
-        self.vocab_ = None if vocab is None else tuple(vocab)
-        self.n_features_in_ = data["X"].shape[1]
-        self.result_ = res
-        return self
-
-    def loglikelihood(self) -> float:
-        """log p(w, z) of the final assignments (total, like ``lda.LDA.loglikelihood()``)."""
-        return loglikelihood(self.word_topic_, self.doc_topic_counts_, self._algorithm().alphas(), self.beta)
-
-    def top_words(self, n: int = 10) -> list[list]:
-        """The ``n`` most probable words of every topic (vocabulary strings when fitted with ``vocab``)."""
-        idx = np.argsort(-self.components_, axis=1, kind="stable")[:, :n]
-        if self.vocab_ is None:
-            return idx.tolist()
-        return [[self.vocab_[i] for i in row] for row in idx]
-
-    def transform(self, X, max_iter: int = 50, tol: float = 1e-8) -> np.ndarray:
-        """Document-topic mixtures of new documents, the topics held fixed (EM fold-in)."""
-        return self._fold_in(self._counts(X), max_iter, tol)
-
-    def score(self, X, y=None) -> float:
-        """Log-likelihood of documents ``X`` under the fitted topics, each document's mixture
-        folded in (``transform``): ``sum_d sum_w x_dw log(theta_d . phi_w)``; higher is better."""
-        Xc = self._counts(X)
-        theta = self._fold_in(Xc, 50, 1e-8)
-        rows = np.repeat(np.arange(Xc.shape[0]), np.diff(Xc.indptr))
-        p = np.einsum("ik,ki->i", theta[rows], self.components_[:, Xc.indices])
-        return float(Xc.data @ np.log(np.maximum(p, 1e-300)))
-
-    def perplexity(self, X) -> float:
-        """``exp(-score(X) / tokens of X)``: lower is better (as scikit-learn's LDA reports it)."""
-        Xc = self._counts(X)
-        return float(np.exp(-self.score(Xc) / Xc.sum()))
-
-    def _counts(self, X) -> sp.csr_matrix:
-        """``X`` as a float count matrix over the fitted vocabulary (``NotFittedError`` before ``fit``)."""
-        self._check_fitted("components_")
-        return lda_data(X, vocab_size=self.components_.shape[1])["X"].astype(np.float64)
-
-    def _fold_in(self, Xc: sp.csr_matrix, max_iter: int, tol: float) -> np.ndarray:
-        phi = self.components_  # K x V
-        D, K = Xc.shape[0], phi.shape[0]
-        theta = np.full((D, K), 1.0 / K)
-        rows = np.repeat(np.arange(D), np.diff(Xc.indptr))
-        cols = Xc.indices
-        for _ in range(max_iter):
-            denom = np.einsum("ik,ki->i", theta[rows], phi[:, cols])
-            R = sp.csr_matrix((Xc.data / denom, cols, Xc.indptr), shape=Xc.shape)
-            new = theta * (R @ phi.T)
-            new /= np.maximum(new.sum(axis=1, keepdims=True), 1e-300)
-            done = np.abs(new - theta).max() < tol
-            theta = new
-            if done:
-                break
-        empty = np.diff(Xc.indptr) == 0
-        theta[empty] = 1.0 / K
-        return theta
-
-    def fit_transform(self, X, y=None, **kw) -> np.ndarray:
-        return self.fit(X, **kw).doc_topic_
-
-
-def _n_workers(cluster) -> int:
-    """Workers of a cluster given as a ``dscar.Cluster``, a Client, a LocalCluster or an address."""
-    if isinstance(cluster, dscar.Cluster):
-        return len(cluster.workers)
-    cl = dscar.Cluster(cluster)
-    try:
-        return len(cl.workers)
-    finally:
-        cl.close()
-
-
 # ------------------------------------------------------------------ CLI
 class LDACommand:
     """``dscar run lda``: the ``lda`` package's Reuters corpus, or a synthetic one."""
@@ -1418,3 +1279,12 @@ class LDACommand:
 
 
 CLI = LDACommand()
+
+
+def __getattr__(name: str):
+    """``LDA``, the scikit-learn estimator, loads on first use: algorithms/estimators.py says why."""
+    if name == "LDA":
+        from . import estimators
+
+        return getattr(estimators, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -624,112 +624,6 @@ def rmse(model: dict[str, Any], ratings, mean: float = 0.0) -> float:
 
 
 # ------------------------------------------------------------ estimator
-class MF(dscar.EstimatorMixin):
-    """scikit-learn style explicit matrix factorization by ALS, trained by dscar.
-
-    ``bias_reg``: the ridge on each bias (not scaled by its rating count); the other
-    hyperparameters as ``ALS``.
-
-    ``fit(X, test=None)``: ``X`` is ``(users, items, ratings)`` (COO arrays), a SciPy
-    sparse users x items matrix, or a pandas / Dask DataFrame whose ``columns`` (names of the
-    user, item and rating columns; default ``("user", "item", "rating")``) hold them; ``test`` optional held-out ratings in either form, scored
-    every clock. Fitted: ``user_factors_``, ``item_factors_``, ``user_bias_``, ``item_bias_``
-    (zeros without biases), ``global_mean_``, ``history_`` (per clock: objective, train_rmse,
-    test_rmse), ``n_iter_``. ``predict(users, items)``; ``rmse(X)``: the RMSE on ratings ``X``;
-    ``score(X)``: minus that RMSE (scikit-learn's rule: higher is better).
-    """
-
-    def __init__(self, rank: int = 20, *, reg: float = 0.1, reg_mode: str = "weighted", biases: bool = True,
-                 bias_reg: float = BIAS_REG, max_iter: int = 20, tol: float = 1e-4, seed: int = 0, n_users: int | None = None,
-                 n_items: int | None = None, dtype: str = "float64", cluster=None, n_workers: int = 2,
-                 n_shards: int = 8, checkpoint=None, faults=(), progress: bool | None = None,
-                 columns: tuple[str, str, str] = RATING_COLUMNS):
-        self.rank = rank
-        self.reg = reg
-        self.reg_mode = reg_mode
-        self.biases = biases
-        self.bias_reg = bias_reg
-        self.max_iter = max_iter
-        self.tol = tol
-        self.seed = seed
-        self.n_users = n_users
-        self.n_items = n_items
-        self.dtype = dtype
-        self.cluster = cluster
-        self.n_workers = n_workers
-        self.n_shards = n_shards
-        self.checkpoint = checkpoint
-        self.faults = faults
-        self.progress = progress
-        self.columns = columns
-
-    def _coo(self, X):
-        if sp.issparse(X):
-            return from_sparse(X)
-        if hasattr(X, "columns") and hasattr(X, "__getitem__"):  # a pandas or Dask DataFrame
-            names = self.columns
-            if (not isinstance(names, (tuple, list)) or len(names) != 3
-                    or not all(isinstance(c, str) for c in names)):
-                raise InvalidInputError(f"columns must name the user, item and rating columns, got {names!r}")
-            missing = [c for c in names if c not in X.columns]
-            if missing:
-                raise InvalidInputError(f"the ratings DataFrame has no column(s) {missing} (its columns: "
-                                        f"{list(X.columns)}); name them with MF(columns=(user, item, rating))")
-            df = X[list(names)]
-            if dscar.api.data.is_dask(df):
-                # e.g. dd.read_parquet: ALS groups the ratings by user and by item, so the three
-                # columns come to the driver (24 bytes a rating)
-                df = self._compute_small(df)
-            return tuple(df[c].to_numpy() for c in names)
-        try:
-            u, i, r = X
-        except (TypeError, ValueError):
-            raise InvalidInputError("ratings must be (users, items, ratings) arrays or a SciPy sparse matrix") from None
-        return u, i, r
-
-    def fit(self, X, test=None) -> "MF":
-        shape = X.shape if sp.issparse(X) else (None, None)
-        nu, ni = self.n_users or shape[0], self.n_items or shape[1]
-        u, i, r, nu, ni = check_ratings(*self._coo(X), nu, ni)
-        test_coo = None if test is None else check_ratings(*self._coo(test), nu, ni)[:3]
-        mean = float(r.mean()) if self.biases else 0.0
-        algo = ALS(nu, ni, self.rank, reg=self.reg, reg_mode=self.reg_mode, biases=self.biases,
-                   bias_reg=self.bias_reg, mean=mean, seed=self.seed, tol=self.tol, dtype=self.dtype)  # hyperparameters checked before any work
-        data = ratings_data((u, i, r), test_coo, n_users=nu, n_items=ni, n_shards=_int("n_shards", self.n_shards))
-        opts = self._engine_options()
-        res = dscar.fit(algo, data, self.cluster, n_workers=opts["n_workers"], max_clocks=opts["max_iter"],
-                        progress=opts["progress"], checkpoint=self.checkpoint, faults=list(self.faults))
-        self._warn_unconverged(res)
-        p = res.params
-        self.user_factors_, self.item_factors_ = p["user"], p["item"]
-        self.user_bias_ = p.get("user_bias", np.zeros(nu))
-        self.item_bias_ = p.get("item_bias", np.zeros(ni))
-        self.global_mean_ = mean
-        self.history_ = [dict(h.metrics) for h in res.history]
-        self.n_iter_ = res.n_clocks
-        self.converged_ = res.converged
-        self.result_ = res
-        return self
-
-    def _model(self) -> dict[str, np.ndarray]:
-        return {"user": self.user_factors_, "item": self.item_factors_, "user_bias": self.user_bias_,
-                "item_bias": self.item_bias_}
-
-    def predict(self, users, items) -> np.ndarray:
-        self._check_fitted("user_factors_")
-        return predict(self._model(), users, items, self.global_mean_)
-
-    def rmse(self, X) -> float:
-        """Root mean squared error of the predicted ratings ``X`` (lower is better)."""
-        self._check_fitted("user_factors_")
-        return rmse(self._model(), self._coo(X), self.global_mean_)
-
-    def score(self, X, y=None) -> float:
-        """Minus ``rmse(X)``: higher is better, as scikit-learn's model selection expects."""
-        return -self.rmse(X)
-
-
-# ------------------------------------------------------------------ CLI
 class MFCommand:
     """``dscar run mf``: ALS on synthetic explicit ratings (``dscar.algorithms.datasets.make_ratings``)."""
 
@@ -775,3 +669,12 @@ class MFCommand:
 
 
 CLI = MFCommand()
+
+
+def __getattr__(name: str):
+    """``MF``, the scikit-learn estimator, loads on first use: algorithms/estimators.py says why."""
+    if name == "MF":
+        from . import estimators
+
+        return getattr(estimators, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

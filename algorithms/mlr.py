@@ -55,11 +55,9 @@ import math
 
 import numpy as np
 
-from sklearn.base import ClassifierMixin
 
 import dscar
 from dscar import Algorithm, DataMeta, InvalidInputError, TableSpec, check_indices
-from dscar import check_features
 
 SCHEDULES = ("constant", "inverse")
 MODES = ("local", "gradient")
@@ -334,113 +332,6 @@ def objective(X, y, W, b, l2: float) -> float:
     return float(ce.mean() + 0.5 * l2 * (W * W).sum())
 
 
-class MLR(ClassifierMixin, dscar.EstimatorMixin):
-    """scikit-learn style multinomial logistic regression trained by dscar.
-
-    ``fit``, ``predict``, ``predict_proba``, ``decision_function``, ``score`` (accuracy),
-    ``coef_`` (classes x features, like scikit-learn), ``intercept_``, ``classes_``. Labels: any
-    sortable values (integers, strings, ...), at least two distinct; ``classes_`` are the
-    distinct labels, sorted. ``l2``: see the module docstring
-    (scikit-learn's ``C = 1 / (n_samples * l2)``). ``cluster``: anything ``dscar.fit``
-    accepts; None starts an embedded LocalCluster of ``n_workers`` processes per ``fit``.
-    """
-
-    def __init__(self, l2: float = 1e-3, *, lr: float = 0.5, schedule: str = "inverse", decay: float = 0.05,
-                 momentum: float = 0.0, batch_size: int = 32, steps: int | None = None, mode: str = "local",
-                 tol: float = 1e-3, max_iter: int = 100, seed: int = 0, cluster=None, n_workers: int = 2,
-                 n_shards: int | None = None, policies=None, progress: bool | None = None):
-        self.l2 = l2
-        self.lr = lr
-        self.schedule = schedule
-        self.decay = decay
-        self.momentum = momentum
-        self.batch_size = batch_size
-        self.steps = steps
-        self.mode = mode
-        self.tol = tol
-        self.max_iter = max_iter
-        self.seed = seed
-        self.cluster = cluster
-        self.n_workers = n_workers
-        self.n_shards = n_shards
-        self.policies = policies
-        self.progress = progress
-
-    def _algorithm(self, n_classes: int) -> MLRSGD:
-        return MLRSGD(n_classes, l2=self.l2, lr=self.lr, schedule=self.schedule, decay=self.decay,
-                      momentum=self.momentum, batch_size=self.batch_size, steps=self.steps, mode=self.mode,
-                      seed=self.seed, tol=self.tol)
-
-    def __sklearn_tags__(self):
-        tags = super().__sklearn_tags__()
-        tags.input_tags.sparse = True
-        return tags
-
-    def fit(self, X, y) -> "MLR":
-        if dscar.api.data.is_dask(y):  # the labels stay on the cluster: only their distinct values come here
-            import dask.array as da
-
-            X = check_features(self, X, reset=True)
-            y = y.to_dask_array(lengths=True) if hasattr(y, "to_dask_array") else y
-            self.classes_ = _classes(self._compute_small(da.unique(y)))
-            classes = self.classes_
-            codes = y.map_blocks(lambda b: np.searchsorted(classes, np.asarray(b).reshape(-1)).astype(np.int64),
-                                 dtype=np.int64, chunks=(y.chunks[0],), drop_axis=list(range(1, y.ndim)))
-        else:
-            X, y = check_features(self, X, y, reset=True, accept_sparse="csr", dtype=(np.float64, np.float32))
-            self.classes_ = _classes(np.unique(y))
-            codes = np.searchsorted(self.classes_, y)
-        algo = self._algorithm(len(self.classes_))  # hyperparameters checked before any work
-        opts = self._engine_options()
-        res = dscar.fit(algo, {"X": X, "y": codes.astype(np.int64)}, self.cluster, n_workers=opts["n_workers"],
-                        n_shards=opts["n_shards"], max_clocks=opts["max_iter"], progress=opts["progress"],
-                        policies=self.policies)
-        self._warn_unconverged(res)
-        self.coef_ = np.ascontiguousarray(res.params["W"][:-1].T)
-        self.intercept_ = res.params["W"][-1].copy()
-        self.n_iter_ = res.n_clocks
-        self.converged_ = res.converged
-        self.objective_ = res.objective
-        self.result_ = res
-        return self
-
-    def _scores(self, X) -> np.ndarray:
-        self._check_fitted("coef_")
-        X = check_features(self, X, reset=False, accept_sparse="csr")
-        return np.asarray(X @ self.coef_.T) + self.intercept_
-
-    def decision_function(self, X) -> np.ndarray:
-        """Class scores (samples x classes); with two classes, as scikit-learn, one column: the
-        second class's score less the first's (positive: the second class is predicted)."""
-        scores = self._scores(X)
-        return scores[:, 1] - scores[:, 0] if scores.shape[1] == 2 else scores
-
-    def predict_proba(self, X) -> np.ndarray:
-        return softmax(np, self._scores(X))
-
-    def predict(self, X) -> np.ndarray:
-        scores = self._scores(X)
-        return self.classes_[np.argmax(scores, axis=1)]
-
-
-def _classes(values) -> np.ndarray:
-    """The sorted distinct labels of a classifier, or ``InvalidInputError`` (one class; a
-    continuous target, as scikit-learn refuses it)."""
-    from sklearn.utils.multiclass import check_classification_targets
-
-    classes = np.unique(np.asarray(values))
-    try:
-        check_classification_targets(classes)
-    except ValueError as e:
-        raise InvalidInputError(f"labels y must be classes (integers, strings, ...): {e}") from None
-    if classes.size < 2:
-        raise InvalidInputError(f"labels y hold a single class ({classes[0]!r}); a classifier needs at least two")
-    return classes
-
-
-LogisticRegression = MLR
-
-
 def load_digits_split(test_size: float = 0.25, seed: int = 0, standardise: bool = True):
     """scikit-learn's digits, standardised with the training split's statistics (constant pixels
     get scale 1), or with ``standardise=False`` as intensities in [0, 1] (pixels / 16):
@@ -510,3 +401,13 @@ class MLRCommand:
 
 
 CLI = MLRCommand()
+
+
+def __getattr__(name: str):
+    """``MLR`` (and its alias ``LogisticRegression``), the scikit-learn estimator, loads on first use:
+    algorithms/estimators.py says why."""
+    if name in ("MLR", "LogisticRegression"):
+        from . import estimators
+
+        return getattr(estimators, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -66,3 +66,29 @@ def test_the_lazy_names_are_the_same_objects_everywhere():
             raise AssertionError("dscar.NoSuchName did not raise")
     """)
     assert r.returncode == 0, r.stderr[-2000:]
+
+
+def test_a_worker_that_loads_a_bundled_model_does_not_import_scikit_learn():
+    """A worker unpickles a bundled model's ``Algorithm`` from its module; the model's scikit-learn
+    estimator lives in ``algorithms/estimators.py`` and loads only where it is used (the driver), at its
+    home's name (``dscar.algorithms.lasso.Lasso``), pickled by reference to it."""
+    r = run_child("""
+        import pickle, sys
+        import dscar.algorithms.lasso, dscar.algorithms.lda, dscar.algorithms.mf, dscar.algorithms.mlr
+        import dscar.algorithms
+        loaded = sorted(m for m in sys.modules if m.split(".")[0] == "sklearn")
+        assert not loaded, loaded[:5]
+        from dscar.algorithms.lasso import Lasso
+        from dscar.algorithms.mlr import MLR, LogisticRegression
+        from dscar.algorithms import Lasso as Lasso2
+        assert "sklearn" in sys.modules and Lasso2 is Lasso and LogisticRegression is MLR
+        assert Lasso.__module__ == "dscar.algorithms.lasso" and MLR.__module__ == "dscar.algorithms.mlr"
+        assert type(pickle.loads(pickle.dumps(MLR(max_iter=3)))) is MLR
+        try:
+            dscar.algorithms.lasso.NoSuch
+        except AttributeError as e:
+            assert "NoSuch" in str(e)
+        else:
+            raise AssertionError("no AttributeError")
+    """)
+    assert r.returncode == 0, r.stderr[-2000:]
