@@ -105,7 +105,8 @@ import numpy as np
 import dscar
 from bench.common import load_average, log, machine_info, pyplot, write_json
 from bench.hollow import HollowCluster, loss_reasons
-from dscar import Algorithm, TableSpec
+# the model and its checker: in a module of their own, what a (re)started worker imports
+from bench.worker_models import CHECK_KEYS, FANOUT_ROWS, ExactlyOnce, check_final, check_seen  # noqa: F401
 
 KINDS = ("none", "kill-clock", "kill-apply", "kill-clock-end", "kill-checkpoint", "kill-recovery", "double-kill",
          "monkey", "hang", "slow", "lose", "mixed")
@@ -115,105 +116,6 @@ ALL_POINTS = ("start", "mid-push", "apply", "clock-end", "checkpoint", "recovery
 #: where a point is not supported: (point used, how the plan approximates it)
 FALLBACK = {"apply": "mid-push", "clock-end": "start", "checkpoint": "start", "recovery": "start"}
 N_WORKERS = 3
-FANOUT_ROWS = 16  #: rows of the table every shard step adds to (one partition per worker)
-CHECK_KEYS = ("missing", "duplicated", "corrupt", "ahead", "past", "state")
-
-
-# ------------------------------------------------------------------- the checker (pure)
-def check_seen(seen: np.ndarray, bad: np.ndarray, clock: int, staleness: int = 0) -> dict[str, int]:
-    """Exactly-once check of a completed clock (see the module docstring); counts per kind of breach.
-
-    ``seen`` / ``bad``: (n_shards, n_columns) as of the clock's clock-end step; column c counts the
-    applied updates of clock c. Under SSP (``staleness`` s) the columns of clocks ``clock + 1 ..
-    clock + s`` may already hold updates (0 or 1 each: shards run ahead), later ones none.
-    """
-    seen = np.asarray(seen, dtype=float)
-    bad = np.asarray(bad, dtype=float)
-    if not 1 <= clock < seen.shape[1]:
-        raise ValueError(f"clock {clock} outside the table's columns 1..{seen.shape[1] - 1}")
-    col = seen[:, clock]
-    out = {
-        "missing": int(np.sum(col == 0)),
-        "duplicated": int(np.sum(col >= 2)),
-        "corrupt": int(np.sum((col != 0) & (col != 1) & (col < 2))),  # negative, fractional, NaN
-        "ahead": int(np.count_nonzero(seen[:, clock + 1 + staleness:])) + int(np.count_nonzero(seen[:, 0]))
-        + int(np.sum((seen[:, clock + 1:clock + 1 + staleness] != 0) & (seen[:, clock + 1:clock + 1 + staleness] != 1))),
-        "past": int(np.sum((seen[:, 1:clock] != 0) & (seen[:, 1:clock] != 1))),
-        "state": int(np.count_nonzero(bad[:, clock])),
-    }
-    out["violations"] = sum(out[k] for k in CHECK_KEYS)
-    return out
-
-
-def check_final(seen: np.ndarray, last_clock: int, last_completed: bool, staleness: int = 0) -> int:
-    """Breaches in the final parameters: every column 0 or 1, nothing after ``last_clock`` (under SSP
-    after ``last_clock + staleness``) or in column 0, and ``last_clock``'s column all 1 when that
-    clock completed."""
-    seen = np.asarray(seen, dtype=float)
-    top = last_clock + staleness
-    n = int(np.count_nonzero(seen[:, top + 1:])) + int(np.count_nonzero(seen[:, 0]))
-    n += int(np.sum((seen[:, 1:top + 1] != 0) & (seen[:, 1:top + 1] != 1)))
-    if last_completed and last_clock >= 1:
-        n += int(np.sum(seen[:, last_clock] != 1))
-    return n
-
-
-class ExactlyOnce(Algorithm):
-    """Exactly-once counters (module docstring): ``seen``, ``bad`` (n_shards x clocks+1) and ``steps``."""
-
-    name = "exactly-once"
-    data_names = ("x",)
-
-    #: its updates commute, so stale-synchronous clocks are fine (what it checks holds under SSP)
-    max_staleness = 2
-
-    def __init__(self, clocks: int, work_s: float = 0.0, marker: str | None = None, staleness: int = 0):
-        self.clocks = clocks  #: columns 1..clocks (one per clock)
-        self.work_s = work_s  #: seconds each shard step sleeps
-        self.marker = marker  #: a file the first shard step creates (the chaos monkey waits for it)
-        self.staleness = staleness  #: the run's SSP staleness (0: BSP): how far ahead columns may be
-
-    def tables(self, meta):
-        n, cols = meta.n_shards, self.clocks + 1
-        return [TableSpec("seen", n, (cols,)), TableSpec("bad", n, (cols,)), TableSpec("steps", n),
-                TableSpec("fanout", FANOUT_ROWS)]
-
-    def rebuild_tables(self):
-        return ["steps"]
-
-    def rebuild_step(self, ctx, data):
-        ctx.add("steps", ctx.xp.asarray([self._count(ctx)]), start=ctx.shard)
-
-    @staticmethod
-    def _count(ctx) -> float:
-        c = ctx.state.get("count")
-        return 0.0 if c is None else float(dscar.to_host(c).reshape(-1)[0])
-
-    def mark(self, ctx, row: str, clock: int) -> None:
-        v = np.zeros((1, self.clocks + 1))
-        v[0, clock] = 1.0
-        ctx.add(row, ctx.xp.asarray(v), start=ctx.shard)
-
-    def shard_step(self, ctx, data):
-        if self.marker and not os.path.exists(self.marker):
-            open(self.marker, "w").close()
-        if self.work_s:
-            time.sleep(self.work_s)
-        k = self._count(ctx)
-        t = float(dscar.to_host(ctx.pull("steps", ctx.shard, ctx.shard + 1))[0])
-        self.mark(ctx, "seen", ctx.clock)
-        if t != k:
-            self.mark(ctx, "bad", ctx.clock)
-        ctx.set_state("count", ctx.xp.asarray([k + 1.0]))
-        ctx.add("steps", ctx.xp.asarray([1.0]), start=ctx.shard)
-        ctx.add("fanout", ctx.xp.ones(FANOUT_ROWS))  # an update for every partition owner (mid-push kills land)
-
-    def clock_end(self, ctx):
-        c = check_seen(dscar.to_host(ctx.pull("seen")), dscar.to_host(ctx.pull("bad")), ctx.clock, self.staleness)
-        return {"objective": float(ctx.clock), **{k: float(v) for k, v in c.items()}}
-
-    def converged(self, history, tol):
-        return False
 
 
 # ----------------------------------------------------------------------- plans (pure)
@@ -1077,7 +979,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    # re-import under the package name so ExactlyOnce pickles as bench.chaos.ExactlyOnce, not __main__
+    # re-import under the package name, so what this run pickles refers to bench.chaos, not __main__
     from bench.chaos import main as _main
 
     sys.exit(_main())

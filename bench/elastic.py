@@ -1,6 +1,6 @@
 """Membership churn: a BSP fit on worker processes while workers join, retire and are killed (issue 41).
 
-A fit of ``bench.chaos.ExactlyOnce`` (every shard commit counted per clock, checked at every clock end
+A fit of ``bench.worker_models.ExactlyOnce`` (every shard commit counted per clock, checked at every clock end
 and in the final parameters) runs on a ``LocalCluster`` of worker processes, each with a Nanny, with
 checkpoints (partial recovery). A churn driver, a thread of this process, waits a random 2-4 clocks,
 then does one event of the kinds asked for:
@@ -32,7 +32,7 @@ Figures:
 * hand-off seconds per retirement (``handoff`` events);
 * rework per event: clocks cut short by a loss (``skipped``) plus clocks rolled back, per event;
 * the exactly-once audit: updates lost (``missing``), applied twice (``duplicated``), and every
-  other breach ``bench.chaos.check_seen`` / ``check_final`` count, over every clock;
+  other breach ``bench.worker_models.check_seen`` / ``check_final`` count, over every clock;
 * the final objective (``seen``'s sum: one per shard per clock applied) against the reference's.
 
 A PNG shows the live workers and the clock rate over time, with the events marked.
@@ -60,7 +60,6 @@ for _v in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):  # bef
     os.environ.setdefault(_v, "1")
 
 import argparse  # noqa: E402
-import asyncio  # noqa: E402
 import copy  # noqa: E402
 import random  # noqa: E402
 import signal  # noqa: E402
@@ -74,10 +73,10 @@ from typing import Any  # noqa: E402
 import numpy as np  # noqa: E402
 
 import dscar  # noqa: E402
-from distributed.diagnostics.plugin import WorkerPlugin  # noqa: E402
 
-from bench.chaos import CHECK_KEYS, ExactlyOnce, check_final  # noqa: E402
-from dscar import Algorithm, TableSpec  # noqa: E402
+# what the workers unpickle: in a module of their own, so a joiner does not import this harness
+from bench.worker_models import (CHECK_KEYS, PB_COLS, PB_PARTS, PB_ROWS, PB_SHARDS, Churned,  # noqa: E402,F401
+                                 PullBound, SlowServing, check_final)
 from bench.common import load_average, log, machine_info, pyplot, write_json  # noqa: E402
 
 KINDS = ("join", "retire", "kill")
@@ -86,32 +85,6 @@ N_SHARDS = 12
 #: own work, some 0.1-0.3 s a clock on this loaded 2-core machine: the floor must dominate it)
 WORK_S = 0.15
 SETTLE_S = 60.0  #: longest wait for an event to settle (a worker gone or arrived)
-
-
-class Churned(ExactlyOnce):
-    """``ExactlyOnce`` that reports each clock to the churn driver (``converged`` runs in this process) and
-    stops 2 clocks after the driver's last event."""
-
-    converged_on_workers = False  # (the churn driver's hook: it runs in the driver's process)
-
-    def __init__(self, clocks: int, work_s: float):
-        super().__init__(clocks, work_s)
-        self.driver: ChurnDriver | None = None
-        self.ticks: list[tuple[float, int]] = []  #: (time, clocks in the history) at each clock's end
-        self.coordinator = None  #: the in-process scheduler's dscar coordinator, read at each clock's end
-        self.layouts: list[dict[str, Any] | None] = []  #: ``layout_of`` at each clock's end (as ``ticks``)
-
-    def __getstate__(self):
-        return {k: v for k, v in self.__dict__.items() if k not in ("driver", "ticks", "coordinator", "layouts")}
-
-    def converged(self, history, tol):
-        self.ticks.append((time.time(), len(history)))
-        if self.coordinator is not None:
-            self.layouts.append(layout_of(self.coordinator))
-        if self.driver is None:
-            return False
-        self.driver.tick(len(history))
-        return self.driver.done_at is not None and len(history) >= self.driver.done_at + 2
 
 
 def coordinator_of(lc):
@@ -637,74 +610,12 @@ def plot(path: str, churn: dict[str, Any]) -> None:
 
 # ------------------------------------------------------------------ the pull-bound join (--pull-bound)
 #: the pull-bound model's table: large (pulled by row ranges, not whole: over ``SMALL_TABLE_BYTES``),
-#: in partitions that split evenly over 2 and over 3 owners
-PB_ROWS, PB_COLS, PB_PARTS, PB_SHARDS = 24_000, 8, 6, 12
 #: seconds an owner takes per row it serves, one pull at a time (an asyncio sleep under a lock in the
 #: owner's pull handler, ``SlowServing``): on 2 shared cores serving CPU does not grow with owners, a
 #: sleep floor does, as a real owner's network and memory bandwidth would
 SERVE_S_PER_ROW = 150e-6
 #: clocks on 2 workers before the join, and after the joiner owns partitions
 PB_BEFORE, PB_AFTER = 6, 8
-
-
-class PullBound(Algorithm):
-    """A model whose shard step is one pull of ``1 / n_shards`` of the rows of ``w``, spread over every
-    partition (so a step asks every owner at once, and each owner's share of the pulls is its share of
-    the rows), and a one-row update: nothing else. It
-    reports each clock to ``pull_bound`` (``converged`` runs in this process), which grows the cluster
-    and stops the fit."""
-
-    name = "pull-bound"
-    data_names = ("x",)
-    converged_on_workers = False  # (the hook runs in the driver's process)
-
-    def __init__(self, n_shards: int = PB_SHARDS):
-        self.n_shards = n_shards
-        self.hook = None  #: called at each clock's end with the history's length: True stops the fit
-
-    def __getstate__(self):
-        return {k: v for k, v in self.__dict__.items() if k != "hook"}
-
-    def tables(self, meta):
-        return [TableSpec("w", PB_ROWS, (PB_COLS,), n_parts=PB_PARTS)]
-
-    def shard_step(self, ctx, data):
-        rows = np.arange(ctx.shard, PB_ROWS, self.n_shards)  # a row in n_shards of every partition: every owner at once
-        ctx.pull_rows("w", rows)
-        ctx.add("w", ctx.xp.ones((1, PB_COLS)), start=ctx.shard)
-
-    def clock_end(self, ctx):
-        return {"objective": float(dscar.to_host(ctx.pull("w", 0, 1)).sum())}
-
-    def converged(self, history, tol):
-        return bool(self.hook(len(history))) if self.hook is not None else False
-
-
-class SlowServing(WorkerPlugin):
-    """Every worker (a joiner too: a plugin is set up on each worker that arrives) serves ``pull``s one
-    at a time at ``s_per_row`` seconds per row, and records ``(time, rows)`` of each pull it served."""
-
-    name = "dscar-bench-slow-serving"
-
-    def __init__(self, s_per_row: float):
-        self.s_per_row = s_per_row
-
-    def setup(self, worker) -> None:
-        handler = worker.handlers["dscar_pull"]  # (dscar's plugin was registered first: it is set up first)
-        lock = asyncio.Lock()
-        served: list[tuple[float, int]] = []
-        worker.dscar_bench_served = served
-        s_per_row = self.s_per_row
-
-        async def pull(comm, **kw):
-            rows = len(kw["rows"]) if kw.get("rows") is not None else int(kw.get("hi") or 0) - int(kw.get("lo") or 0)
-            async with lock:
-                await asyncio.sleep(rows * s_per_row)
-            served.append((time.time(), rows))
-            out = handler(comm, **kw)
-            return await out if asyncio.iscoroutine(out) else out
-
-        worker.handlers["dscar_pull"] = pull
 
 
 def pull_phases(ticks: list[tuple[float, int, int, int]],

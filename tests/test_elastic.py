@@ -17,7 +17,7 @@ from dscar.scheduler.coordinator import PLUGIN_NAME
 from dscar.core.elastic import (adaptive_target, handoff_plan, handoff_targets, join_plan, retirable, setting_up,
                            shard_handoff_plan, ssp_leave_step, workers_wanted)
 from dscar.errors import InvalidInputError
-from bench.chaos import CHECK_KEYS, ExactlyOnce, check_final
+from bench.worker_models import CHECK_KEYS, ExactlyOnce, check_final
 
 
 # ------------------------------------------------------------------ pure
@@ -215,7 +215,7 @@ def test_a_worker_retired_mid_fit_hands_off_its_partitions_with_no_loss_and_no_r
 
 
 class SspRetireMidFit(RetiresAnOwner, ExactlyOnce):
-    """``bench.chaos.ExactlyOnce`` under SSP (every shard's update counted in param tables, its shard
+    """``bench.worker_models.ExactlyOnce`` under SSP (every shard's update counted in param tables, its shard
     state checked against them) that retires a partition owner after ``at`` clocks (``RetiresAnOwner``)."""
 
     def __init__(self, clocks: int, local_cluster=None, client=None, at: int = 0, staleness: int = 0,
@@ -354,7 +354,7 @@ class GrowMidFit(LassoCD):
 
 
 class CountedGrowMidFit(ExactlyOnce):
-    """``bench.chaos.ExactlyOnce`` (every shard's update counted in param tables, checked at each clock
+    """``bench.worker_models.ExactlyOnce`` (every shard's update counted in param tables, checked at each clock
     end) that grows its cluster mid-fit (``grow_mid_fit``): a row of a moved partition left stale
     shows as an update lost."""
 

@@ -16,7 +16,7 @@ from dscar.algorithms.lda import LDAGibbs, lda_data
 from dscar.algorithms.mf import ALS, ratings_data
 from dscar.algorithms.mlr import MLRSGD
 from dscar.core.policies import BackupPolicy
-from bench.chaos import ExactlyOnce
+from bench.worker_models import ExactlyOnce
 
 #: seconds shard 0's step waits before it reads anything: its backup (on the other worker) copies the
 #: shard's state, then reads the tables while the primary commits and the pass is applied
@@ -41,7 +41,7 @@ SlowMLR = slow_first_shard("SlowMLR", MLRSGD)
 
 
 class StrictExactlyOnce(ExactlyOnce):
-    """``bench.chaos.ExactlyOnce`` that raises where the shard's state and the tables disagree (as LDA's
+    """``bench.worker_models.ExactlyOnce`` that raises where the shard's state and the tables disagree (as LDA's
     sweep does on a negative count) instead of marking it: an attempt that read another attempt's
     applied update of its own shard fails."""
 

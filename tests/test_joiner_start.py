@@ -13,7 +13,7 @@ from distributed import Client, LocalCluster
 from distributed.diagnostics.plugin import WorkerPlugin
 
 import dscar
-from bench.chaos import CHECK_KEYS, ExactlyOnce
+from bench.worker_models import CHECK_KEYS, ExactlyOnce
 from dscar.scheduler.coordinator import PLUGIN_NAME
 
 #: seconds a joiner's event loop is blocked as it sets up: past the hang watch's limit (dscar.hang-timeout

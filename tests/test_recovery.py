@@ -503,7 +503,7 @@ def test_a_memory_buddy_lost_after_the_plan_sends_the_restore_to_disk_and_keeps_
     restore is sent (the coordinator skips its copy) or while it serves the first copy to a restoring
     worker (that worker reports the source gone). Either way the partitions come from disk onto
     live workers that stay; only the two dead workers leave the job."""
-    from bench.chaos import ExactlyOnce
+    from bench.worker_models import ExactlyOnce
     from dscar.scheduler.coordinator import Coordinator
     from dscar.worker.plugin import ParamServer
 
@@ -584,8 +584,8 @@ def test_owner_and_its_memory_buddy_killed_together_restore_from_disk_and_no_liv
     the same moment (4 worker processes, memory tier, full checkpoints every 2 clocks, partial
     recovery). The survivor restoring the partition cannot get the copy: that is the source gone, not
     the survivor, so the partition comes from disk (or checkpoint 0) and no live worker is removed;
-    the fit finishes every clock with exactly-once intact (``bench.chaos.ExactlyOnce``)."""
-    from bench.chaos import ExactlyOnce, check_final
+    the fit finishes every clock with exactly-once intact (``bench.worker_models.ExactlyOnce``)."""
+    from bench.worker_models import ExactlyOnce, check_final
 
     clocks, n_shards = 14, 8
     cfg = CheckpointConfig(str(tmp_path), policy="full", every=2, recovery="partial", memory=True)
