@@ -55,7 +55,8 @@ def test_a_fit_whose_clock_is_mostly_step_work_grows_to_every_worker_and_stays_e
     assert len(decided) == 1 and decided[0]["measured_on"] == 1 and decided[0]["active"] == 2, decided
     assert res.active_workers == 2
     rejoined = [e for e in events(res, "active-workers") if e.get("rejoined")]
-    assert rejoined and "worker-ready" in {e["kind"] for e in res.events}
+    assert [e["reason"] for e in rejoined] == ["grow"] and rejoined[0]["clock"] == decided[0]["clock"], rejoined
+    assert "worker-ready" in {e["kind"] for e in res.events}
     assert len(res.history[-1].shards_per_worker) == 2  # both ran shards once it rejoined
     assert_exactly_once(res, clocks)
 
