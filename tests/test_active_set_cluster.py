@@ -7,6 +7,7 @@ from functools import partial
 import dask
 import numpy as np
 import pytest
+from distributed import LocalCluster
 
 import dscar
 from dscar import faults
@@ -14,6 +15,7 @@ from dscar.algorithms.datasets import lasso_alpha_max, make_regression
 from dscar.algorithms.lasso import LassoCD
 from dscar.checkpoint import CheckpointConfig
 from dscar.core import active_set
+from dscar.scheduler.coordinator import PLUGIN_NAME
 from bench.chaos import CHECK_KEYS, ExactlyOnce, check_final
 
 AUTO = {"dscar.active-workers": "auto"}
@@ -34,7 +36,13 @@ def test_a_small_fit_on_two_workers_runs_on_one_with_a_one_worker_fit_s_result()
     data = {"X": X, "y": y}
     with dscar.Cluster(n_workers=1, processes=False) as one:
         ref = dscar.fit(LassoCD(0.01), data, one, n_shards=2, max_clocks=8, tol=1e-300, progress=False)
-    with dscar.Cluster(n_workers=2, processes=False) as cl, dask.config.set(AUTO):
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=False, dashboard_address=":0") as lc, \
+            dask.config.set(AUTO):
+        cl = dscar.connect(lc)  # (installs the coordinator)
+        coordinator = lc.scheduler.plugins[PLUGIN_NAME]
+        line, waited = coordinator._line, []
+        # who waits in the line for work while the job runs
+        line.wait = lambda w, wait=line.wait: (coordinator.jobs and waited.append(w), wait(w))[1]
         res = dscar.fit(LassoCD(0.01), data, cl, n_shards=2, max_clocks=8, tol=1e-300, progress=False)
     assert res.active_workers == 1 and len(res.workers) == 2
     start = events(res, "active-workers")[0]
@@ -43,6 +51,7 @@ def test_a_small_fit_on_two_workers_runs_on_one_with_a_one_worker_fit_s_result()
     assert measured["reason"] == "measured" and measured["active"] == 1 and measured["measured_on"] == 1
     standby = start["standby"][0]
     assert all(standby not in rec.shards_per_worker for rec in res.history)  # it ran nothing
+    assert waited and standby not in waited  # its poll waits out of the line: no change wakes it for nothing
     np.testing.assert_allclose([r.objective for r in res.history], [r.objective for r in ref.history], rtol=1e-9)
 
 
@@ -63,7 +72,7 @@ def test_a_fit_whose_clock_is_mostly_step_work_grows_to_every_worker_and_stays_e
 
 def test_a_fit_started_on_every_worker_shrinks_when_its_steps_are_cheap_with_no_loss_and_no_rework(monkeypatch):
     clocks = 6
-    big = {"x": np.zeros((1 << 20, 1))}  # 8 MiB: started on both workers by the data's size
+    big = {"x": np.zeros((1 << 22, 1))}  # 32 MiB: started on both workers by the data's size
     # a worker costs at least 50 ms a clock, so the trivial steps (a few ms) surely shrink it, however loaded
     monkeypatch.setattr(active_set, "measured_costs", partial(active_set.measured_costs, min_per_worker_s=0.05))
     with dscar.Cluster(n_workers=2, processes=False) as cl, dask.config.set(AUTO):

@@ -331,7 +331,7 @@ def fit(
                        "sharding": sharding, "policies": policy_objs, "faults": faults, "monitor": dict(monitor or {}),
                        "checkpoint": checkpoint, "resume": resume_from, "result_budget": result_budget,
                        "active_floor": memory_floor(tables, n_live, memory_limit),
-                       "data_bytes": _data_size(data)[1]}
+                       "data_bytes": _data_bytes(d)}
         return run.run(max_clocks, progress)
     finally:
         if owned and cl is not None:
@@ -393,6 +393,16 @@ def default_n_shards(n_workers: int, n_rows: int | None, n_bytes: int | None, *,
 def _balancing(sharding: str, policies: list) -> bool:
     """Extra shards can even out the workers' load: dynamic sharding moves them, a backup redoes one."""
     return sharding == "dynamic" or any(getattr(p, "name", "") == "backup" for p in policies)
+
+
+def _data_bytes(d: Any) -> int | None:
+    """The bytes of the data the driver holds (every phase's; None: unknown, read by the workers)."""
+    if isinstance(d, ArrayData):
+        return _data_size(d.arrays)[1]
+    if isinstance(d, PhasedData):
+        sizes = [_data_bytes(part) for part in d.parts.values()]
+        return None if None in sizes else sum(sizes)
+    return None
 
 
 def _data_size(data: Any) -> tuple[int | None, int | None]:

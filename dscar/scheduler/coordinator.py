@@ -569,6 +569,7 @@ class Coordinator(SchedulerPlugin):
         job.event(time.time(), "active-workers", active=len(live) + len(back), rejoined=back, reason=why)
         for w in back:
             self._background(self._prepare_joiner(job_id, w))
+        self._wake_polls([Woken(w, None) for w in back])  # (their polls wait out of the line)
 
     def valid_workers_downscaling(self, scheduler, workers: list) -> list:
         """Dask may retire as idle no worker of a running job (``elastic.retirable``): to Dask they
@@ -670,7 +671,8 @@ class Coordinator(SchedulerPlugin):
         fut = self._polls.get(worker)
         if fut is None or fut.done():
             fut = self._polls[worker] = loop.create_future()
-        self._line.wait(worker)
+        if not self._standing_by(worker):  # (a standby worker waits out of the line: ``_refill`` wakes it)
+            self._line.wait(worker)
         if self._ticker is None:
             self._ticker = asyncio.ensure_future(self._tick())
         mine = loop.create_future()
@@ -723,6 +725,10 @@ class Coordinator(SchedulerPlugin):
         live = job.live(list(self.scheduler.workers))
         standby = self._standby(job.cfg.job_id)
         return [w for w in live if w not in standby] if standby else live
+
+    def _standing_by(self, worker: str) -> bool:
+        """``worker`` stands by for a running job: no change but its rejoining concerns its poll."""
+        return any(worker in a.standby for a in self._active.values())
 
     def _standby(self, job_id: str) -> set[str]:
         a = self._active.get(job_id)
