@@ -117,9 +117,11 @@ def _data(case: Case, data: Any, n_workers: int, spw: int | None) -> tuple[Any, 
 
         train, test, nu, ni = data
         if spw is None:  # ratings_data needs a count: the engine's default for one phase's data
-            from dscar.api.driver import _data_size, default_n_shards
+            from dscar.api.driver import _data_size, active_start, default_n_shards
 
-            spw_n = default_n_shards(n_workers, *_data_size({"row": train[0], "col": train[1], "rating": train[2]}))
+            phase = {"row": train[0], "col": train[1], "rating": train[2]}
+            start = active_start(n_workers, {"user": phase, "item": phase})  # (the workers the fit starts on)
+            spw_n = default_n_shards(start, *_data_size(phase))
         else:
             spw_n = spw * n_workers
         return ratings_data(train, test, n_users=nu, n_items=ni, n_shards=spw_n), None
@@ -162,10 +164,10 @@ def one_fit(cl: dscar.Cluster, case: Case, n_workers: int, clocks: int, spw: int
             active: str = "auto") -> tuple[dscar.FitResult, float]:
     """A fit of ``clocks`` clocks and the scheduler loop's CPU seconds over it (setup and gather included);
     ``active``: ``dscar.active-workers``."""
-    algo, data = case.make()
-    data, n_shards = _data(case, data, n_workers, spw)
-    cpu = cl.client.run_on_scheduler(loop_cpu_s)
     with dask.config.set({"dscar.active-workers": active}):
+        algo, data = case.make()
+        data, n_shards = _data(case, data, n_workers, spw)
+        cpu = cl.client.run_on_scheduler(loop_cpu_s)
         res = dscar.fit(algo, data, cl, n_shards=n_shards, max_clocks=clocks, progress=False)
     return res, cl.client.run_on_scheduler(loop_cpu_s) - cpu
 

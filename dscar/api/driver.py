@@ -191,6 +191,16 @@ def active_workers() -> tuple[str, int]:
     return mode, least
 
 
+def active_start(n_workers: int, data: Any, consistency: str = "bsp", sharding: str = "dynamic") -> int:
+    """How many of ``n_workers`` a fit of ``data`` starts on (``active_set.initial_count`` from the
+    data's bytes; all of them under ``dscar.active-workers`` "all", SSP or static sharding, which keep
+    every worker active): the default shard count is chosen for them."""
+    mode, least = active_workers()
+    if mode != "auto" or consistency != "bsp" or sharding != "dynamic":
+        return n_workers
+    return active_set.initial_count(_data_bytes(data), least, n_workers)
+
+
 def memory_floor(tables: list, n_workers: int, memory_limit: float | None) -> int:
     """The fewest workers whose memory holds the tables (``validation.check_table_memory``)."""
     for k in range(1, n_workers):
@@ -293,16 +303,20 @@ def fit(
             cl = Cluster(None, n_workers=n_workers)
             cl.wait_for_workers(n_workers)
         n_live = n_workers if owned else len(cl.wait_for_workers(1))
+        # the default shard count is for the workers the fit starts on (``active_start``): the others stand by
+        start = active_start(n_live, data, consistency, o["sharding"])
+        need = n_live  # shards a phase needs: one per worker, or per starting worker for a default count
         if n_shards is None and not isinstance(data, FileData) and not is_dask(data):
-            n_shards = default_n_shards(n_live, *_data_size(data), balancing=_balancing(o["sharding"], policy_objs),
+            n_shards = default_n_shards(start, *_data_size(data), balancing=_balancing(o["sharding"], policy_objs),
                                         shards_cost_quality=bool(algorithm.shards_cost_quality))
+            need = start
         d = as_data(data, n_shards, None if cl is None else cl.client)
         _check_phases(algorithm, d.meta)
         if consistency == "ssp" and d.meta.phases:
             raise InvalidInputError(f"{type(algorithm).__name__} runs data phases, which need BSP clocks "
                                     "(each phase reads the previous one's result): use consistency='bsp'")
         for name, k in d.meta.phases or (("", d.meta.n_shards),):
-            if k < n_live:
+            if k < need:
                 where = f" in data phase {name!r}" if name else ""
                 raise InvalidInputError(f"{k} shard(s){where} for {n_live} workers: give at least one shard per worker")
         algorithm.validate(d.meta)
@@ -331,7 +345,7 @@ def fit(
                        "sharding": sharding, "policies": policy_objs, "faults": faults, "monitor": dict(monitor or {}),
                        "checkpoint": checkpoint, "resume": resume_from, "result_budget": result_budget,
                        "active_floor": memory_floor(tables, n_live, memory_limit),
-                       "data_bytes": _data_bytes(d)}
+                       "data_bytes": _data_bytes(data)}
         return run.run(max_clocks, progress)
     finally:
         if owned and cl is not None:
@@ -395,14 +409,16 @@ def _balancing(sharding: str, policies: list) -> bool:
     return sharding == "dynamic" or any(getattr(p, "name", "") == "backup" for p in policies)
 
 
-def _data_bytes(d: Any) -> int | None:
-    """The bytes of the data the driver holds (every phase's; None: unknown, read by the workers)."""
-    if isinstance(d, ArrayData):
-        return _data_size(d.arrays)[1]
-    if isinstance(d, PhasedData):
-        sizes = [_data_bytes(part) for part in d.parts.values()]
+def _data_bytes(data: Any) -> int | None:
+    """The bytes of the data the driver holds, every phase's (None: unknown, e.g. read by the workers)."""
+    if isinstance(data, ArrayData):
+        return _data_size(data.arrays)[1]
+    if isinstance(data, PhasedData):
+        data = data.parts
+    if isinstance(data, dict) and data and all(isinstance(v, (dict, ArrayData)) for v in data.values()):
+        sizes = [_data_bytes(part) for part in data.values()]
         return None if None in sizes else sum(sizes)
-    return None
+    return _data_size(data)[1]
 
 
 def _data_size(data: Any) -> tuple[int | None, int | None]:

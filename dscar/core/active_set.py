@@ -140,6 +140,8 @@ class ActiveSet:
     mode: str = "all"
     #: the fewest workers kept active (what the tables' memory needs, or the user's minimum)
     floor: int = 1
+    #: the most workers kept active: the fewest shards of a data phase (a worker without one runs nothing)
+    ceiling: int = 1 << 30
     #: the active count decided (None: all); standby workers rejoin while fewer are active
     wanted: int | None = None
     #: the measured decision was made (once a fit)

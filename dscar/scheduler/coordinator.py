@@ -47,7 +47,6 @@ from distributed.core import error_message
 from distributed.protocol.pickle import loads
 from distributed.scheduler import heartbeat_interval
 
-from ..core.active_set import ActiveSet
 from ..core.apply_plan import DIRECT_PER_WORKER, FANIN, ApplyPlan, merge_touched, plan_apply, shard_ranges
 from ..checkpoint import CheckpointConfig
 from ..comm import fast_fail_pool
@@ -215,7 +214,7 @@ class Coordinator(SchedulerPlugin):
         #: SSP jobs handing a leaver's partitions off right now: no work is handed out meanwhile
         self._switching: set[str] = set()
         #: job -> how many of its workers are active, and which stand by (``dscar.core.active_set``)
-        self._active: dict[str, ActiveSet] = {}
+        self._active: dict[str, active_set.ActiveSet] = {}
         self._wrap_dask(scheduler)
 
     def handlers(self) -> dict[str, Callable]:
@@ -499,30 +498,31 @@ class Coordinator(SchedulerPlugin):
         """At a clock boundary: once, after the first measured clock, the active count is decided from
         that clock's costs (``active_set.choose``), and workers stand by (``_hand_off`` to the others)
         or rejoin; at every boundary, standby workers rejoin while fewer than decided are active (a
-        retirement took one)."""
+        retirement took one). A fit that lost a worker before a clock was measured keeps its starting
+        count (a recovery's time would count as the clock's)."""
         job_id = job.cfg.job_id
-        a = self._active[job_id]
-        if a.mode != "auto":
+        act = self._active[job_id]
+        if act.mode != "auto":
             return
         live = self._live(job)
-        if (not a.decided and job.clock >= 1 and job.machine.stage is Stage.DONE and not job.lost
+        if (not act.decided and job.clock >= 1 and job.machine.stage is Stage.DONE and not job.lost
                 and job.shards_done):
-            a.decided = True
+            act.decided = True
             clock_s = time.time() - job.tally.clock_t0
             step_work_s = sum(step_seconds(t) for t in job.timings.values())
             parallel_s, per_worker_s = active_set.measured_costs(step_work_s, clock_s, len(live))
-            ceiling = len(live) + len(a.standby)
-            k = active_set.choose(parallel_s, per_worker_s, len(live), a.floor, ceiling)
-            lo, hi = active_set.bounds(a.floor, ceiling)
+            ceiling = min(len(live) + len(act.standby), act.ceiling)
+            k = active_set.choose(parallel_s, per_worker_s, len(live), act.floor, ceiling)
+            lo, hi = active_set.bounds(act.floor, ceiling)
             job.event(time.time(), "active-workers", active=k, measured_on=len(live), reason="measured",
                       parallel_s=round(parallel_s, 5), per_worker_s=round(per_worker_s, 5),
                       predicted_s={n: round(active_set.predicted_clock_s(parallel_s, per_worker_s, n), 5)
                                    for n in range(lo, hi + 1)})
-            a.wanted = k
+            act.wanted = k
             self._wanted[job_id] = min(workers_wanted(job.cfg.n_shards), k)
             if k < len(live):
-                rows = {(t, p): b - a_ for t, layout in job.pmap.layouts.items()
-                        for p, (a_, b) in enumerate(layout.bounds)}
+                rows = {(t, p): b - a for t, layout in job.pmap.layouts.items()
+                        for p, (a, b) in enumerate(layout.bounds)}
                 load = {w: 0 for w in live}
                 for key, w in job.pmap.owners.items():
                     if w in load:
@@ -871,15 +871,16 @@ class Coordinator(SchedulerPlugin):
         if not workers:
             return {"status": "no-workers"}
         everyone = workers
-        active = self._active[job_id] = ActiveSet(active_set.mode(active_workers), int(active_floor))
+        active = self._active[job_id] = active_set.ActiveSet(active_set.mode(active_workers), int(active_floor))
         if active.mode == "auto" and (consistency == "ssp" or sharding != "dynamic"):
             active.mode = "all"  # (SSP has no clock boundary to hand off at; static shards cannot move to a joiner)
-        if active.mode == "auto":
-            active.wanted = active_set.initial_count(data_bytes, active.floor, len(workers))
+        phases = [(str(n), int(k)) for n, k in phases] if phases else [("", n_shards)]
+        if active.mode == "auto":  # (never more active workers than a data phase has shards)
+            active.ceiling = min(len(workers), *(k for _, k in phases))
+            active.wanted = active_set.initial_count(data_bytes, active.floor, active.ceiling)
             workers, standby = workers[:active.wanted], workers[active.wanted:]
             active.standby.update(standby)
         pmap = PartitionMap(TableLayout(t[0], int(t[1]), int(t[2])) for t in tables)
-        phases = [(str(n), int(k)) for n, k in phases] if phases else [("", n_shards)]
         plan = placement_plan([k for _, k in phases], workers)  # where the driver puts the data first
         homes = {}
         if shard_bounds and len(phases) == 1:  # tables of the data's rows start where their shards do
@@ -1160,7 +1161,7 @@ class Coordinator(SchedulerPlugin):
         now = time.time()
         for job_id, job in self.jobs.items():
             if worker in self._preparing.get(job_id, ()) or worker in self._standby(job_id):
-                continue  # a joiner warming up: work handed to it now would hold the clock's barrier
+                continue  # a joiner warming up: work handed to it now would hold the clock's barrier; standby: none
             if job.consistency == "ssp" and (worker in self._leaving or job_id in self._switching):
                 continue  # a leaver drains; while one hands off, the shards and tables hold still
             told = (self._generation, len(job.lost))  # (a job's lost workers only grow)
