@@ -15,6 +15,7 @@ from dscar.algorithms.datasets import lasso_alpha_max, make_regression
 from dscar.algorithms.lasso import LassoCD
 from dscar.checkpoint import CheckpointConfig
 from dscar.core import active_set
+from dscar.errors import InvalidInputError
 from dscar.scheduler.coordinator import PLUGIN_NAME
 from bench.chaos import CHECK_KEYS, ExactlyOnce, check_final
 
@@ -110,3 +111,10 @@ def test_a_killed_active_worker_is_replaced_by_the_standby_one_and_the_fit_conve
     restored = events(res, "partition-restored")
     assert restored and {e.get("target", e.get("worker")) for e in restored} <= set(standby)
     assert standby[0] in res.history[-1].shards_per_worker
+
+
+@pytest.mark.parametrize("setting, value", [("dscar.active-workers", "some"), ("dscar.active-workers-min", 0),
+                                            ("dscar.active-workers-min", 1.5)])
+def test_a_bad_active_workers_setting_is_refused_before_work_starts(setting, value):
+    with dask.config.set({setting: value}), pytest.raises(InvalidInputError, match=setting):
+        dscar.fit(LassoCD(0.01), {"X": [[1.0]], "y": [1.0]}, "tcp://127.0.0.1:1")
