@@ -88,3 +88,16 @@ def test_a_bad_setting_or_measurement_is_refused():
         predicted_clock_s(1.0, 1.0, 0)
     with pytest.raises(ValueError, match="seconds"):
         choose(float("nan"), 0.0, 1, 1, 2)
+
+
+@given(st.dictionaries(st.sampled_from("abcdefgh"), st.integers(0, 100), min_size=1), counts)
+def test_a_split_keeps_the_k_most_loaded_active_and_the_rest_stand_by(load, k):
+    active, standby = split(load, k)
+    assert sorted(active + standby) == sorted(load) and len(active) == max(1, min(k, len(load)))
+    assert all(load[a] >= load[s] for a in active for s in standby)  # the hand-off moves the fewest rows
+
+
+@given(st.sets(st.sampled_from("abcdefgh")), st.integers(0, 8), st.integers(0, 8))
+def test_exactly_the_missing_count_rejoins_as_far_as_standby_workers_go(standby, n_active, wanted):
+    back = rejoiners(standby, n_active, wanted)
+    assert set(back) <= standby and len(back) == min(len(standby), max(0, wanted - n_active))

@@ -2,6 +2,7 @@
 a small fit runs on one worker while the other stands by, a large one grows to all, a fit started on
 all shrinks once its first clock shows the steps are cheap, and a lost active worker is replaced by
 the standby one."""
+import threading
 from functools import partial
 
 import dask
@@ -118,3 +119,45 @@ def test_a_killed_active_worker_is_replaced_by_the_standby_one_and_the_fit_conve
 def test_a_bad_active_workers_setting_is_refused_before_work_starts(setting, value):
     with dask.config.set({setting: value}), pytest.raises(InvalidInputError, match=setting):
         dscar.fit(LassoCD(0.01), {"X": [[1.0]], "y": [1.0]}, "tcp://127.0.0.1:1")
+
+
+class RetiresTheStandby(LassoCD):
+    """Lasso that asks Dask to retire its standby worker after ``at`` clocks (from the driver, in a thread)
+    and waits until that worker has left the cluster."""
+
+    converged_on_workers = False  # (its hook runs in the driver's process)
+
+    def __init__(self, alpha: float, local_cluster=None, client=None, at: int = 0):
+        super().__init__(alpha)
+        self._cluster, self._client, self._at = local_cluster, client, at
+        self.retired: list[str] = []
+
+    def __getstate__(self):
+        return {k: v for k, v in self.__dict__.items() if k not in ("_cluster", "_client", "retired")}
+
+    def converged(self, history, tol) -> bool:
+        if len(history) == self._at:
+            coordinator = self._cluster.scheduler.plugins[PLUGIN_NAME]
+            (standby,) = next(iter(coordinator._active.values())).standby
+            self.retired.append(standby)
+            thread = threading.Thread(target=self._client.retire_workers, kwargs={"workers": [standby]})
+            thread.start()
+            thread.join(60)
+            assert standby not in self._cluster.scheduler.workers
+        return False
+
+
+def test_a_standby_worker_retired_mid_fit_leaves_with_no_loss_and_no_rework():
+    X, y, _ = make_regression(2000, 20, seed=5)
+    data = {"X": X, "y": y}
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=False, dashboard_address=":0") as lc, \
+            dask.config.set(AUTO):
+        cl = dscar.connect(lc)
+        ref = dscar.fit(LassoCD(0.01), data, cl, n_shards=2, max_clocks=6, tol=1e-300, progress=False)
+        algo = RetiresTheStandby(0.01, lc, cl.client, at=3)
+        res = dscar.fit(algo, data, cl, n_shards=2, max_clocks=6, tol=1e-300, progress=False)
+    kinds = {e["kind"] for e in res.events}
+    assert algo.retired and [e["worker"] for e in events(res, "worker-left")] == algo.retired
+    assert not {"worker-lost", "recovery-started", "handoff", "rollback"} & kinds
+    assert res.active_workers == 1 and [r.clock for r in res.history] == [r.clock for r in ref.history]
+    np.testing.assert_allclose([r.objective for r in res.history], [r.objective for r in ref.history], rtol=1e-9)
