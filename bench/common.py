@@ -19,7 +19,13 @@ import sys
 import time
 from typing import Any, Iterable
 
+import dask.config
 import numpy as np
+
+#: the benchmarks measure what a given number of workers does (a kill of worker N, the costs of a clock on
+#: W workers, dscar on 2 workers against a peer on 2 threads): every worker stays active, unless the
+#: environment or the script says otherwise (``bench.scaling`` compares under "auto", the engine's default)
+dask.config.update_defaults({"dscar": {"active-workers": "all"}})
 
 BLAS_ENV_PREFIXES = ("OPENBLAS", "OMP_", "MKL_")
 

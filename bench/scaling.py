@@ -27,11 +27,17 @@ for a core), ``apply``, ``clock_end`` (its ``clock_end_compute`` is the algorith
 scheduler event loop's CPU per clock (``time.thread_time`` on that thread: the timed fit's less a
 2-clock fit's, over the clocks between, so setup and the final gather cancel).
 
+Both fits run with ``dscar.active-workers`` "auto", the default (``--active-workers all`` keeps every
+worker active, as dscar did before issue 43): on 2 workers the engine may keep one active and the
+other standing by, where the clock is too small to pay for the second; ``active`` says how many were
+active at the end of the fit (median).
+
 Acceptance (issue 43): where one worker's clock takes >= 20 ms, 2 workers >= 1.3x faster; in the
 smaller cases (MLR on digits) at most 10 % slower. The machine is shared: the load average is
 printed with the figures, and before/after comparisons must be side by side.
 
-Usage: ``python -m bench.scaling [--quick] [--cases lda,als,mlr] [--repeats N] [--json PATH] [--plot PATH]``.
+Usage: ``python -m bench.scaling [--quick] [--cases lda,als,mlr] [--repeats N] [--active-workers auto|all]
+[--json PATH] [--plot PATH]``.
 """
 from __future__ import annotations
 
@@ -46,6 +52,7 @@ from typing import Any, Callable
 for _k in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NUMBA_NUM_THREADS"):
     os.environ.setdefault(_k, "1")  # inherited by the worker processes
 
+import dask.config  # noqa: E402
 import numpy as np  # noqa: E402
 
 import dscar  # noqa: E402
@@ -110,9 +117,11 @@ def _data(case: Case, data: Any, n_workers: int, spw: int | None) -> tuple[Any, 
 
         train, test, nu, ni = data
         if spw is None:  # ratings_data needs a count: the engine's default for one phase's data
-            from dscar.api.driver import _data_size, default_n_shards
+            from dscar.api.driver import _data_size, active_start, default_n_shards
 
-            spw_n = default_n_shards(n_workers, *_data_size({"row": train[0], "col": train[1], "rating": train[2]}))
+            phase = {"row": train[0], "col": train[1], "rating": train[2]}
+            start = active_start(n_workers, {"user": phase, "item": phase})  # (the workers the fit starts on)
+            spw_n = default_n_shards(start, *_data_size(phase))
         else:
             spw_n = spw * n_workers
         return ratings_data(train, test, n_users=nu, n_items=ni, n_shards=spw_n), None
@@ -151,34 +160,37 @@ def time_to(res: dscar.FitResult, target: float) -> float:
     return float("inf")
 
 
-def one_fit(cl: dscar.Cluster, case: Case, n_workers: int, clocks: int, spw: int | None) -> tuple[dscar.FitResult, float]:
-    """A fit of ``clocks`` clocks and the scheduler loop's CPU seconds over it (setup and gather included)."""
-    algo, data = case.make()
-    data, n_shards = _data(case, data, n_workers, spw)
-    cpu = cl.client.run_on_scheduler(loop_cpu_s)
-    res = dscar.fit(algo, data, cl, n_shards=n_shards, max_clocks=clocks, progress=False)
+def one_fit(cl: dscar.Cluster, case: Case, n_workers: int, clocks: int, spw: int | None,
+            active: str = "auto") -> tuple[dscar.FitResult, float]:
+    """A fit of ``clocks`` clocks and the scheduler loop's CPU seconds over it (setup and gather included);
+    ``active``: ``dscar.active-workers``."""
+    with dask.config.set({"dscar.active-workers": active}):
+        algo, data = case.make()
+        data, n_shards = _data(case, data, n_workers, spw)
+        cpu = cl.client.run_on_scheduler(loop_cpu_s)
+        res = dscar.fit(algo, data, cl, n_shards=n_shards, max_clocks=clocks, progress=False)
     return res, cl.client.run_on_scheduler(loop_cpu_s) - cpu
 
 
-def run_case(case: Case, repeats: int, spw: int | None, t0: float) -> dict[str, Any]:
+def run_case(case: Case, repeats: int, spw: int | None, t0: float, active: str = "auto") -> dict[str, Any]:
     runs: dict[int, list[dict]] = {1: [], 2: []}
     target = None
     for w in (1, 2):
         with dscar.Cluster(n_workers=w) as cl:
             cl.wait_for_workers(w)
-            one_fit(cl, case, w, 2, spw)  # warm the processes: imports, compiled kernels, connections
+            one_fit(cl, case, w, 2, spw, active)  # warm the processes: imports, compiled kernels, connections
             for rep in range(repeats):
                 # the scheduler's CPU per clock: a long fit's less a 2-clock one's (setup and gather cancel)
-                short, cpu_short = one_fit(cl, case, w, 2, spw)
-                res, cpu_long = one_fit(cl, case, w, case.clocks if w == 1 else 2 * case.clocks, spw)
+                short, cpu_short = one_fit(cl, case, w, 2, spw, active)
+                res, cpu_long = one_fit(cl, case, w, case.clocks if w == 1 else 2 * case.clocks, spw, active)
                 cpu_ms = (cpu_long - cpu_short) / max(res.n_clocks - short.n_clocks, 1) * 1e3
                 if w == 1 and target is None:
                     target = res.history[-1].objective * (1 + TARGET_SLACK)
-                r = {"time_s": time_to(res, target), "sched_cpu_ms": cpu_ms, **split(res),
+                r = {"time_s": time_to(res, target), "sched_cpu_ms": cpu_ms, **split(res), "active": res.active_workers,
                      "objectives": [h.objective for h in res.history]}
                 runs[w].append(r)
                 log(t0, f"{case.name} {w}w rep {rep}: {r['time_s']:.3f} s to target, {r['clock']:.1f} ms/clock, "
-                        f"{r['n_shards']} shards")
+                        f"{r['n_shards']} shards, {r['active']} active")
     med = {w: {k: statistics.median(r[k] for r in rs) for k in rs[0] if k != "objectives"} for w, rs in runs.items()}
     t1, t2 = med[1]["time_s"], med[2]["time_s"]
     ratio = t1 / t2 if t2 > 0 else float("nan")
@@ -190,20 +202,21 @@ def run_case(case: Case, repeats: int, spw: int | None, t0: float) -> dict[str, 
 
 
 def format_tables(rows: list[dict]) -> str:
-    lines = [f"{'case':<10} {'target':>10} {'1w s':>8} {'2w s':>8} {'1w/2w':>6}  criterion"]
+    lines = [f"{'case':<10} {'target':>10} {'1w s':>8} {'2w s':>8} {'2w active':>9} {'1w/2w':>6}  criterion"]
     for r in rows:
         b = r["by_workers"]
         lines.append(f"{r['case']:<10} {r['target']:>10.5g} {b[1]['time_s']:>8.3f} {b[2]['time_s']:>8.3f} "
-                     f"{r['ratio_1w_over_2w']:>6.2f}  {r['criterion']}: {'MET' if r['met'] else 'NOT MET'}")
+                     f"{b[2]['active']:>9.3g} {r['ratio_1w_over_2w']:>6.2f}  {r['criterion']}: "
+                     f"{'MET' if r['met'] else 'NOT MET'}")
     lines.append("")
     lines.append("where a clock goes (median ms per clock; pull/compute/push: the slowest worker's steps)")
-    cols = ("n_shards", "clock", "shards", "pull", "compute", "cpu_share", "push", "apply", "clock_end",
+    cols = ("n_shards", "active", "clock", "shards", "pull", "compute", "cpu_share", "push", "apply", "clock_end",
             "clock_end_compute", "other", "sched_cpu_ms")
     lines.append(f"{'case':<10} {'W':>2} " + " ".join(f"{c[:9]:>9}" for c in cols))
     for r in rows:
         for w, m in r["by_workers"].items():
-            lines.append(f"{r['case']:<10} {w:>2} " + " ".join(f"{m[c]:>9.2f}" if c != "n_shards" else f"{m[c]:>9.0f}"
-                                                            for c in cols))
+            lines.append(f"{r['case']:<10} {w:>2} " + " ".join(f"{m[c]:>9.0f}" if c in ("n_shards", "active")
+                                                            else f"{m[c]:>9.2f}" for c in cols))
     return "\n".join(lines)
 
 
@@ -237,6 +250,8 @@ def main(argv: list[str] | None = None) -> int:
                                                    "(default lda,als,mlr; the large ones too without --quick)")
     ap.add_argument("--repeats", type=int, default=None, help="repeats (default 3, 1 with --quick)")
     ap.add_argument("--shards-per-worker", type=int, default=None, help="fix the shard count (default: the engine's)")
+    ap.add_argument("--active-workers", choices=("auto", "all"), default="auto",
+                    help="dscar.active-workers for every fit (default auto, the engine's default)")
     ap.add_argument("--json", metavar="PATH", help="write every figure as JSON")
     ap.add_argument("--plot", metavar="PATH", default="scaling.png", help="PNG plot (default scaling.png)")
     args = ap.parse_args(argv)
@@ -249,10 +264,11 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"unknown case(s) {unknown}: choose from {sorted(makers)}")
     t0 = time.perf_counter()
     machine = machine_info(threadpools=True)
-    rows = [run_case(makers[n](), repeats, args.shards_per_worker, t0) for n in names]
+    rows = [run_case(makers[n](), repeats, args.shards_per_worker, t0, args.active_workers) for n in names]
     load = load_average()
     print(f"\nA second worker: time to the 1-worker fit's final objective (x {1 + TARGET_SLACK:g}); "
-          f"median of {repeats} repeat(s); shards: {args.shards_per_worker or 'engine default'} per worker")
+          f"median of {repeats} repeat(s); shards: {args.shards_per_worker or 'engine default'} per worker; "
+          f"dscar.active-workers: {args.active_workers}")
     print(f"load average: {', '.join(f'{x:.2f}' for x in load) if load else 'n/a'}")
     print(format_tables(rows))
     print(f"total {time.perf_counter() - t0:.0f}s")
@@ -262,6 +278,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         write_json(args.json, {"quick": args.quick, "repeats": repeats, "cases": rows,
                                "shards_per_worker": args.shards_per_worker, "target_slack": TARGET_SLACK,
+                               "active_workers": args.active_workers,
                                "machine": {**machine, "loadavg_after": load}, "seconds": time.perf_counter() - t0})
     return 0
 

@@ -1,17 +1,26 @@
 import contextlib
 import inspect
 import json
+import os
 import subprocess
 import sys
 import time
 from collections import Counter
 from pathlib import Path
 
+import dask.config
 import numpy as np
 import pytest
 
 import dscar
+
 from dscar import Algorithm, TableSpec
+
+#: the suite's many tests that kill or slow worker N of a tiny 2-4-worker fit need every worker active:
+#: ``dscar.active-workers`` "all" here and in the scripts the tests start (an environment variable
+#: they inherit); the active-set tests (tests/test_active_set*.py) set "auto" themselves
+os.environ["DASK_DSCAR__ACTIVE_WORKERS"] = "all"
+dask.config.set({"dscar.active-workers": "all"})
 
 #: the test tiers, by what a test needs (registered in pyproject.toml; ``python -m pytest -m pure``)
 TIERS = ("pure", "cluster", "processes", "bench")

@@ -22,6 +22,7 @@ def _bare() -> Coordinator:
     c._change_waits = set()
     c._line = WaitLine()
     c._polls = {}
+    c._active = {}  # (no job: nobody stands by)
     c._ticker = asyncio.get_running_loop().create_future()  # (a ticker "runs": none is started)
     return c
 

@@ -28,7 +28,7 @@ from distributed.protocol.pickle import dumps
 
 from .. import checkpoint as ckpt
 from . import report, results
-from ..core import shard_count
+from ..core import active_set, shard_count
 from .. import validation, wire
 from ..algorithm import Algorithm, TableSpec
 from .cluster import Cluster, default_memory_limit
@@ -118,6 +118,15 @@ class FitResult:
         return sum(c["bytes"] for c in self.checkpoints)
 
     @property
+    def active_workers(self) -> int:
+        """How many workers were active at the end (``dscar.active-workers``: the last ``active-workers``
+        event says how many and why; without one, every worker)."""
+        for e in reversed(self.events):
+            if e.get("kind") == "active-workers":
+                return int(e["active"])
+        return len(self.workers)
+
+    @property
     def n_clocks(self) -> int:
         return len(self.history)
 
@@ -166,6 +175,41 @@ def elastic_workers() -> int | None:
     if value is not None and (type(value) is not int or value < 0):
         raise InvalidInputError(f"dscar.core.elastic-workers must be a whole number >= 0 or None, not {value!r}")
     return value
+
+
+def active_workers() -> tuple[str, int]:
+    """How many of the cluster's workers a fit keeps active (``dscar.active-workers``: "auto", the
+    default, decides from the data's size and the first clock's costs, ``dscar.core.active_set``; "all")
+    and the fewest it keeps (``dscar.active-workers-min``, a whole number >= 1)."""
+    mode = dask.config.get("dscar.active-workers", "auto")
+    if mode not in active_set.MODES:
+        raise InvalidInputError(f"dscar.active-workers must be one of {', '.join(map(repr, active_set.MODES))}, "
+                                f"not {mode!r}")
+    least = dask.config.get("dscar.active-workers-min", 1)
+    if type(least) is not int or least < 1:
+        raise InvalidInputError(f"dscar.active-workers-min must be a whole number >= 1, not {least!r}")
+    return mode, least
+
+
+def active_start(n_workers: int, data: Any, consistency: str = "bsp", sharding: str = "dynamic") -> int:
+    """How many of ``n_workers`` a fit of ``data`` starts on (``active_set.initial_count`` from the
+    data's bytes; all of them under ``dscar.active-workers`` "all", SSP or static sharding, which keep
+    every worker active): the default shard count is chosen for them."""
+    mode, least = active_workers()
+    if mode != "auto" or consistency != "bsp" or sharding != "dynamic":
+        return n_workers
+    return active_set.initial_count(_data_bytes(data), least, n_workers)
+
+
+def memory_floor(tables: list, n_workers: int, memory_limit: float | None) -> int:
+    """The fewest workers whose memory holds the tables (``validation.check_table_memory``)."""
+    for k in range(1, n_workers):
+        try:
+            validation.check_table_memory(tables, k, memory_limit)
+            return k
+        except InvalidInputError:
+            continue
+    return max(1, n_workers)
 
 
 def fit(
@@ -235,7 +279,8 @@ def fit(
         raise InvalidInputError(f"bad monitor options {monitor!r}: {e}") from None
     faults = list(faults)
     validation.fault_clocks(faults, max_clocks)
-    elastic_workers()  # (a bad setting is said before work starts)
+    elastic_workers()  # (bad settings are said before work starts)
+    active_workers()
     notes: list[dict] = []  # the driver's events from before the job starts
     temporary = ckpt.temporary_store() if checkpoint is None and not resume and ckpt.needs_store(faults) else None
     if temporary is not None:  # injected worker losses need checkpoints to recover from (removed at the end)
@@ -258,21 +303,26 @@ def fit(
             cl = Cluster(None, n_workers=n_workers)
             cl.wait_for_workers(n_workers)
         n_live = n_workers if owned else len(cl.wait_for_workers(1))
+        # the default shard count is for the workers the fit starts on (``active_start``): the others stand by
+        start = active_start(n_live, data, consistency, o["sharding"])
+        need = n_live  # shards a phase needs: one per worker, or per starting worker for a default count
         if n_shards is None and not isinstance(data, FileData) and not is_dask(data):
-            n_shards = default_n_shards(n_live, *_data_size(data), balancing=_balancing(o["sharding"], policy_objs),
+            n_shards = default_n_shards(start, *_data_size(data), balancing=_balancing(o["sharding"], policy_objs),
                                         shards_cost_quality=bool(algorithm.shards_cost_quality))
+            need = start
         d = as_data(data, n_shards, None if cl is None else cl.client)
         _check_phases(algorithm, d.meta)
         if consistency == "ssp" and d.meta.phases:
             raise InvalidInputError(f"{type(algorithm).__name__} runs data phases, which need BSP clocks "
                                     "(each phase reads the previous one's result): use consistency='bsp'")
         for name, k in d.meta.phases or (("", d.meta.n_shards),):
-            if k < n_live:
+            if k < need:
                 where = f" in data phase {name!r}" if name else ""
                 raise InvalidInputError(f"{k} shard(s){where} for {n_live} workers: give at least one shard per worker")
         algorithm.validate(d.meta)
         tables = [_resolve_parts(t, n_live) for t in algorithm.tables(d.meta)]
-        validation.check_table_memory(tables, n_live, default_memory_limit(n_workers) if owned else cl.memory_limit)
+        memory_limit = default_memory_limit(n_workers) if owned else cl.memory_limit
+        validation.check_table_memory(tables, n_live, memory_limit)
         result_budget = validation.number("result_budget", result_budget, 0.0, optional=True)
         if owned and any(results.over_budget(t, result_budget) for t in tables):
             raise InvalidInputError("tables over result_budget stay on the cluster, so the cluster must outlive "
@@ -293,7 +343,9 @@ def fit(
         run.events.extend(notes)
         run.options = {"consistency": consistency, "staleness": staleness,
                        "sharding": sharding, "policies": policy_objs, "faults": faults, "monitor": dict(monitor or {}),
-                       "checkpoint": checkpoint, "resume": resume_from, "result_budget": result_budget}
+                       "checkpoint": checkpoint, "resume": resume_from, "result_budget": result_budget,
+                       "active_floor": memory_floor(tables, n_live, memory_limit),
+                       "data_bytes": _data_bytes(data)}
         return run.run(max_clocks, progress)
     finally:
         if owned and cl is not None:
@@ -355,6 +407,18 @@ def default_n_shards(n_workers: int, n_rows: int | None, n_bytes: int | None, *,
 def _balancing(sharding: str, policies: list) -> bool:
     """Extra shards can even out the workers' load: dynamic sharding moves them, a backup redoes one."""
     return sharding == "dynamic" or any(getattr(p, "name", "") == "backup" for p in policies)
+
+
+def _data_bytes(data: Any) -> int | None:
+    """The bytes of the data the driver holds, every phase's (None: unknown, e.g. read by the workers)."""
+    if isinstance(data, ArrayData):
+        return _data_size(data.arrays)[1]
+    if isinstance(data, PhasedData):
+        data = data.parts
+    if isinstance(data, dict) and data and all(isinstance(v, (dict, ArrayData)) for v in data.values()):
+        sizes = [_data_bytes(part) for part in data.values()]
+        return None if None in sizes else sum(sizes)
+    return _data_size(data)[1]
 
 
 def _data_size(data: Any) -> tuple[int | None, int | None]:
@@ -508,6 +572,8 @@ class _Run:
             resume=None if resume is None else resume[0], phases=[list(p) for p in self.data.meta.phases] or None,
             consistency=opts["consistency"], staleness=opts["staleness"], max_clocks=max_clocks,
             shard_bounds=[list(b) for b in self.data.meta.shard_bounds], elastic_workers=elastic_workers(),
+            active_workers=active_workers()[0], data_bytes=opts.get("data_bytes"),
+            active_floor=max(active_workers()[1], opts.get("active_floor", 1)),
         )
         if r["status"] == "busy":
             raise ClusterError(f"the cluster is running another dscar job ({', '.join(r['jobs'])})")

@@ -50,14 +50,16 @@ from distributed.scheduler import heartbeat_interval
 from ..core.apply_plan import DIRECT_PER_WORKER, FANIN, ApplyPlan, merge_touched, plan_apply, shard_ranges
 from ..checkpoint import CheckpointConfig
 from ..comm import fast_fail_pool
+from ..core import active_set
 from ..core.elastic import (adaptive_target, handoff_plan, handoff_targets, join_plan, retirable, setting_up,
                             shard_handoff_plan, workers_wanted)
 from ..errors import JobFailedError, RefusedCallError
 from ..inflight import Inflight, resolve, timed_wait
 from ..core.job import ApplyPass, BeginClock, Checkpoint, JobConfig, JobState, Mirror, RestartWorker, StartRecovery
+from ..core.clock import Stage
 from ..core.liveness import silence_limit, to_probe
 from ..core.membership import DEFAULT_LEASE_S, SCHEDULER_RULES, Lease, Rule, key_digest, refusal, same
-from ..core.monitor import ThroughputMonitor
+from ..core.monitor import ThroughputMonitor, step_seconds
 from ..core.protocol import IDLE, ClockEndOutcome, Commit, CommitAnswer, handler_name
 from ..core.partitions import PartitionMap, TableLayout, data_homes, placement_plan
 from ..core.shards import ShardQueue
@@ -211,6 +213,8 @@ class Coordinator(SchedulerPlugin):
         self._ssp_leaving: set[str] = set()
         #: SSP jobs handing a leaver's partitions off right now: no work is handed out meanwhile
         self._switching: set[str] = set()
+        #: job -> how many of its workers are active, and which stand by (``dscar.core.active_set``)
+        self._active: dict[str, active_set.ActiveSet] = {}
         self._wrap_dask(scheduler)
 
     def handlers(self) -> dict[str, Callable]:
@@ -286,6 +290,8 @@ class Coordinator(SchedulerPlugin):
         for job_id, job in self.jobs.items():
             if job.failed:
                 continue
+            for w in set(workers) & self._standby(job_id):  # (nothing to hand off: its removal is a leave)
+                job.left.add(w)
             for w in set(workers) & set(self._live(job)):
                 if w not in self._leaving:
                     self._leaving[w] = asyncio.get_running_loop().create_future()
@@ -356,11 +362,12 @@ class Coordinator(SchedulerPlugin):
             if job is not None and job.consistency == "ssp" and job.schedule.window.paused:
                 self._do(job, job.schedule.resume(time.time()))
 
-    async def _hand_off(self, job: JobState, leaving: list[str], release: bool = True) -> None:
+    async def _hand_off(self, job: JobState, leaving: list[str], release: bool = True, standby: bool = False) -> None:
         """At a clock boundary (nothing staged, nothing running), the leaving workers' partitions and
         shards are copied from them to the others (``elastic.handoff_plan``), then the owners and
         holders switch in one step and the leavers leave the job (``JobState.leave``): nothing to
-        restore, no rework. A leaver lost meanwhile goes the loss's way: nothing of it is switched."""
+        restore, no rework. A leaver lost meanwhile goes the loss's way: nothing of it is switched.
+        ``standby``: the leavers stay in the cluster and the job, standing by (``_stand_by``)."""
         t0 = time.perf_counter()
         staying = [w for w in self._live(job) if w not in leaving]
         staying = handoff_targets(staying, self._setting_up(job))  # (a copy to one would wait, at the boundary)
@@ -388,7 +395,12 @@ class Coordinator(SchedulerPlugin):
             if done and job.queue.holder(s) in leaving and job.queue.holder(s) not in job.lost and w not in job.lost:
                 job.queue.set_holder(s, w)
         for w in leaving:
-            if w not in job.lost:
+            if w in job.lost:
+                continue
+            if standby:
+                await self._stand_by(job, w, [k for k, done in zip(sorted(parts), part_ok) if done and parts[k] != w
+                                              and sources[k] == w])
+            else:
                 self._do(job, job.leave(w, time.time()))
         job.event(time.time(), "handoff", workers=sorted(leaving), partitions=sum(part_ok), shards=sum(shard_ok),
                   failed=len(results) - sum(ok), seconds=round(time.perf_counter() - t0, 4))
@@ -480,6 +492,84 @@ class Coordinator(SchedulerPlugin):
                                                                         - job.pmap.layouts[k[0]].bounds[k[1]][0]
                                                                         for k, *_ in switched),
                       seconds=round(time.perf_counter() - t0, 4))
+
+    # -------------------------------------------------------- active workers
+    async def _resize(self, job: JobState) -> None:
+        """At a clock boundary: once, after the first measured clock, the active count is decided from
+        that clock's costs (``active_set.choose``), and workers stand by (``_hand_off`` to the others)
+        or rejoin; at every boundary, standby workers rejoin while fewer than decided are active (a
+        retirement took one). A fit that lost a worker before a clock was measured keeps its starting
+        count (a recovery's time would count as the clock's)."""
+        job_id = job.cfg.job_id
+        act = self._active[job_id]
+        if act.mode != "auto":
+            return
+        live = self._live(job)
+        if (not act.decided and job.clock >= 1 and job.machine.stage is Stage.DONE and not job.lost
+                and job.shards_done):
+            act.decided = True
+            clock_s = time.time() - job.tally.clock_t0
+            step_work_s = sum(step_seconds(t) for t in job.timings.values())
+            parallel_s, per_worker_s = active_set.measured_costs(step_work_s, clock_s, len(live))
+            ceiling = min(len(live) + len(act.standby), act.ceiling)
+            k = active_set.choose(parallel_s, per_worker_s, len(live), act.floor, ceiling)
+            lo, hi = active_set.bounds(act.floor, ceiling)
+            job.event(time.time(), "active-workers", active=k, measured_on=len(live), reason="measured",
+                      parallel_s=round(parallel_s, 5), per_worker_s=round(per_worker_s, 5),
+                      predicted_s={n: round(active_set.predicted_clock_s(parallel_s, per_worker_s, n), 5)
+                                   for n in range(lo, hi + 1)})
+            act.wanted = k
+            self._wanted[job_id] = min(workers_wanted(job.cfg.n_shards), k)
+            if k < len(live):
+                rows = {(t, p): b - a for t, layout in job.pmap.layouts.items()
+                        for p, (a, b) in enumerate(layout.bounds)}
+                load = {w: 0 for w in live}
+                for key, w in job.pmap.owners.items():
+                    if w in load:
+                        load[w] += rows[key]
+                _, going = active_set.split(load, k)
+                await self._hand_off(job, going, release=False, standby=True)
+                return
+            self._refill(job, "grow")
+            return
+        self._refill(job, "retirement")
+
+    async def _stand_by(self, job: JobState, worker: str, handed: list[tuple[str, int]]) -> None:
+        """``worker`` handed its partitions and shards off (``_hand_off``): it stands by, owning nothing
+        and running nothing, in the cluster and known to the job; it drops the ``handed`` partitions it
+        still holds (no apply or checkpoint there touches them again). One that still owns or holds
+        something (a copy failed) stays active."""
+        job_id = job.cfg.job_id
+        if job.pmap.owned_by(worker) or job.queue.held_by(worker):
+            job.event(time.time(), "standby-refused", worker=worker, reason="its hand-off did not complete")
+            return
+        self._active[job_id].standby.add(worker)
+        self._told_live.pop(job_id, None)
+        job.monitor.forget(worker)
+        job.dispatch.forget(worker)
+        job.checkpoints.worker_lost(worker, planned=True, now=time.time())  # (its memory copies serve no restore)
+        await asyncio.gather(*(self._rpc(worker, "lend", job_id=job_id, table=t, part=p, step="drop")
+                               for t, p in handed), return_exceptions=True)
+        job.event(time.time(), "worker-standby", worker=worker, partitions=len(handed))
+
+    def _refill(self, job: JobState, why: str) -> None:
+        """Standby workers rejoin, through the join path (``_prepare_joiner``), while fewer than the
+        decided count are active: they take shards at once, partitions copied in the background (or
+        restored onto them by a recovery)."""
+        job_id = job.cfg.job_id
+        a = self._active.get(job_id)
+        if a is None or a.mode != "auto" or not a.standby or job.failed:
+            return
+        live = [w for w in self._live(job) if w in self.scheduler.workers]
+        back = active_set.rejoiners(a.standby, len(live), a.wanted or 0)
+        if not back:
+            return
+        a.standby.difference_update(back)
+        self._told_live.pop(job_id, None)
+        job.event(time.time(), "active-workers", active=len(live) + len(back), rejoined=back, reason=why)
+        for w in back:
+            self._background(self._prepare_joiner(job_id, w))
+        self._wake_polls([Woken(w, None) for w in back])  # (their polls wait out of the line)
 
     def valid_workers_downscaling(self, scheduler, workers: list) -> list:
         """Dask may retire as idle no worker of a running job (``elastic.retirable``): to Dask they
@@ -581,7 +671,8 @@ class Coordinator(SchedulerPlugin):
         fut = self._polls.get(worker)
         if fut is None or fut.done():
             fut = self._polls[worker] = loop.create_future()
-        self._line.wait(worker)
+        if not self._standing_by(worker):  # (a standby worker waits out of the line: ``_refill`` wakes it)
+            self._line.wait(worker)
         if self._ticker is None:
             self._ticker = asyncio.ensure_future(self._tick())
         mine = loop.create_future()
@@ -630,7 +721,18 @@ class Coordinator(SchedulerPlugin):
             self._change_waits.discard(fut)
 
     def _live(self, job: JobState) -> list[str]:
-        return job.live(list(self.scheduler.workers))
+        """The job's active workers: the scheduler's, less those the job lost and those standing by."""
+        live = job.live(list(self.scheduler.workers))
+        standby = self._standby(job.cfg.job_id)
+        return [w for w in live if w not in standby] if standby else live
+
+    def _standing_by(self, worker: str) -> bool:
+        """``worker`` stands by for a running job: no change but its rejoining concerns its poll."""
+        return any(worker in a.standby for a in self._active.values())
+
+    def _standby(self, job_id: str) -> set[str]:
+        a = self._active.get(job_id)
+        return a.standby if a is not None else set()
 
     def _do(self, job: JobState, effects: list) -> None:
         """Carry out what ``job`` decided."""
@@ -756,7 +858,8 @@ class Coordinator(SchedulerPlugin):
                      monitor: dict | None = None, checkpoint: dict | None = None, rebuild: list | None = None,
                      resume: dict | None = None, phases: list | None = None, consistency: str = "bsp",
                      staleness: int = 0, max_clocks: int = 0, shard_bounds: list | None = None,
-                     token: str | None = None, model: str = "", elastic_workers: int | None = None) -> dict:
+                     token: str | None = None, model: str = "", elastic_workers: int | None = None,
+                     active_workers: str = "all", active_floor: int = 1, data_bytes: int | None = None) -> dict:
         """A new job, with its token (every later call about it must carry it: ``membership``) and
         its driver's lease; refused while another job runs."""
         if not token:
@@ -767,8 +870,17 @@ class Coordinator(SchedulerPlugin):
         workers = sorted(self.scheduler.workers)
         if not workers:
             return {"status": "no-workers"}
-        pmap = PartitionMap(TableLayout(t[0], int(t[1]), int(t[2])) for t in tables)
+        everyone = workers
+        active = self._active[job_id] = active_set.ActiveSet(active_set.mode(active_workers), int(active_floor))
+        if active.mode == "auto" and (consistency == "ssp" or sharding != "dynamic"):
+            active.mode = "all"  # (SSP has no clock boundary to hand off at; static shards cannot move to a joiner)
         phases = [(str(n), int(k)) for n, k in phases] if phases else [("", n_shards)]
+        if active.mode == "auto":  # (never more active workers than a data phase has shards)
+            active.ceiling = min(len(workers), *(k for _, k in phases))
+            active.wanted = active_set.initial_count(data_bytes, active.floor, active.ceiling)
+            workers, standby = workers[:active.wanted], workers[active.wanted:]
+            active.standby.update(standby)
+        pmap = PartitionMap(TableLayout(t[0], int(t[1]), int(t[2])) for t in tables)
         plan = placement_plan([k for _, k in phases], workers)  # where the driver puts the data first
         homes = {}
         if shard_bounds and len(phases) == 1:  # tables of the data's rows start where their shards do
@@ -789,6 +901,8 @@ class Coordinator(SchedulerPlugin):
             job.schedule.auto_begin = bool(dask.config.get("dscar.auto-begin", True))
         self._models[job_id] = model or job_id.rsplit("-", 1)[0]
         self._wanted[job_id] = workers_wanted(n_shards, elastic_workers)
+        if active.mode == "auto":
+            self._wanted[job_id] = min(self._wanted[job_id], active.wanted)
         self.jobs[job_id] = job
         self._specs[job_id] = spec
         self._tokens[job_id] = token
@@ -798,11 +912,14 @@ class Coordinator(SchedulerPlugin):
                   policies=[p.name for p in job.policies], consistency=consistency,
                   **({"staleness": int(staleness)} if consistency == "ssp" else {}),
                   checkpoint=None if cfg.checkpoint is None else f"{cfg.checkpoint.policy}/{cfg.checkpoint.recovery}")
+        if active.mode == "auto":
+            job.event(time.time(), "active-workers", active=len(workers), standby=sorted(active.standby),
+                      reason="data size", data_bytes=data_bytes)
         if self._watch is None:
             self._watch = asyncio.ensure_future(self._watch_heartbeats())
         if self._lease_watch is None:
             self._lease_watch = asyncio.ensure_future(self._watch_leases())
-        return {"status": "OK", "owners": pmap.to_msg(), "workers": workers, "plan": [list(p) for p in plan],
+        return {"status": "OK", "owners": pmap.to_msg(), "workers": everyone, "plan": [list(p) for p in plan],
                 "lease": lease.timeout}
 
     async def _h_stop(self, job_id: str, clock: int, timeout: float = 60.0) -> dict:
@@ -896,6 +1013,11 @@ class Coordinator(SchedulerPlugin):
                 await self._wait_change(1.0)
             if job.failed:
                 return {"status": "failed", "error": job.error}
+        if job.consistency == "bsp" and job_id in self._active:  # a boundary: the active count may change
+            await self._resize(job)
+            job, failed = await self._recovered(job_id)
+            if failed:
+                return failed
         job.workers = self._live(job)
         effects = job.begin(clock, time.time())
         for e in effects:  # between clocks nothing is staged: safe to move partitions
@@ -952,6 +1074,7 @@ class Coordinator(SchedulerPlugin):
         self._models.pop(job_id, None)
         self._touched.pop(job_id, None)
         self._wanted.pop(job_id, None)
+        self._active.pop(job_id, None)
         self._preparing.pop(job_id, None)
         self._copies.pop(job_id, None)
         self._told_live.pop(job_id, None)
@@ -1037,8 +1160,8 @@ class Coordinator(SchedulerPlugin):
     def _item_for(self, worker: str) -> dict | None:
         now = time.time()
         for job_id, job in self.jobs.items():
-            if worker in self._preparing.get(job_id, ()):
-                continue  # a joiner warming up: work handed to it now would hold the clock's barrier
+            if worker in self._preparing.get(job_id, ()) or worker in self._standby(job_id):
+                continue  # a joiner warming up: work handed to it now would hold the clock's barrier; standby: none
             if job.consistency == "ssp" and (worker in self._leaving or job_id in self._switching):
                 continue  # a leaver drains; while one hands off, the shards and tables hold still
             told = (self._generation, len(job.lost))  # (a job's lost workers only grow)
@@ -1095,7 +1218,7 @@ class Coordinator(SchedulerPlugin):
         """Nothing to hand ``worker``: ask the worker with the most batch members not started yet
         to give some back (``JobState.releasable``), then hand ``worker`` one of them."""
         for job_id, job in list(self.jobs.items()):
-            if worker in self._preparing.get(job_id, ()) or (
+            if worker in self._preparing.get(job_id, ()) or worker in self._standby(job_id) or (
                     job.consistency == "ssp" and (worker in self._leaving or job_id in self._switching)):
                 continue
             ask = job.releasable(worker)
@@ -1536,8 +1659,14 @@ class Coordinator(SchedulerPlugin):
         self._arrived.pop(worker, None)
         self._generation += 1
         self._inflight.cancel(worker, self._generation)
-        for job in list(self.jobs.values()):
-            self._do(job, job.lose(worker, time.time()))
+        for job_id, job in list(self.jobs.items()):
+            standby = self._standby(job_id)
+            was_standing_by = worker in standby
+            standby.discard(worker)
+            effects = job.lose(worker, time.time())
+            if not was_standing_by:
+                self._refill(job, "loss")  # (before the recovery plans: a standby worker can take what it restores)
+            self._do(job, effects)
         if self.jobs:  # messages to it on the other workers fail over now, not at their deadline
             self._removed.add(worker)
             asyncio.ensure_future(self._tell_peers("peer_lost", worker, self._generation))
