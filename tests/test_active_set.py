@@ -4,7 +4,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from dscar.core.active_set import (MIN_GAIN, WORKER_CLOCK_COST_S, best_count, bounds, choose, initial_count,
+from dscar.core.active_set import (CROSS_WORKER_COST_S, MIN_GAIN, START_PER_WORKER_S, best_count, bounds, choose, initial_count,
                                    measured_costs, mode, predicted_clock_s, rejoiners, split)
 from dscar.core.shard_count import MIB, STEP_S_PER_MIB
 
@@ -26,9 +26,22 @@ def test_a_small_clock_stays_on_one_worker_and_a_large_one_spreads():
 
 def test_the_measured_costs_split_the_clock_into_its_step_work_and_per_worker_parts():
     assert measured_costs(0.010, 0.030, 1) == pytest.approx((0.010, 0.020))
-    assert measured_costs(0.020, 0.030, 2) == pytest.approx((0.020, 0.010))
-    assert measured_costs(0.030, 0.030, 1) == pytest.approx((0.030, WORKER_CLOCK_COST_S))  # never below the floor
-    assert measured_costs(0.050, 0.030, 1)[1] == WORKER_CLOCK_COST_S  # (steps longer than their clock: clamped)
+    # on two workers the cross-worker cost is paid once, not per worker
+    assert measured_costs(0.020, 0.030, 2) == pytest.approx((0.020, (0.020 - CROSS_WORKER_COST_S) / 2))
+    assert measured_costs(0.030, 0.030, 1) == pytest.approx((0.030, 0.0))
+    assert measured_costs(0.050, 0.030, 1)[1] == 0.0  # (steps longer than their clock: clamped)
+    # the prediction at the measured count gives the measured clock back
+    parallel, per_worker = measured_costs(0.8, 0.5, 4)
+    assert predicted_clock_s(parallel, per_worker, 4) == pytest.approx(0.5)
+
+
+def test_a_large_cluster_of_long_steps_keeps_every_worker():
+    """bench.hollow's clocks (100 ms steps, 4 shards a worker): W = 64, a 152 ms clock; W = 256, a 734 ms
+    clock. The serial part a worker adds is ~1 ms: charging every worker a cross-worker cost of 10 ms
+    would have shrunk the W = 256 fit to about 100 workers."""
+    for w, clock_s in ((64, 0.152), (256, 0.734)):
+        assert choose(*measured_costs(w * 4 * 0.1, clock_s, w), current=w, floor=1, ceiling=w) == w
+    assert initial_count(10 * (1 << 30), 1, 64) == 64  # 10 GiB on 64 workers starts on all of them
 
 
 @given(seconds, seconds, counts, counts, counts)
@@ -63,8 +76,8 @@ def test_the_floor_wins_over_the_prediction_and_never_exceeds_the_workers_there_
 
 
 def test_the_start_comes_from_the_data_size_at_the_cheapest_step_rate_and_all_workers_when_unknown():
-    # the break-even of 1 and 2 workers: parallel / 2 = per-worker cost
-    even = 2 * WORKER_CLOCK_COST_S / STEP_S_PER_MIB * MIB
+    # the break-even of 1 and 2 workers: parallel / 2 = per-worker cost + cross-worker cost
+    even = 2 * (START_PER_WORKER_S + CROSS_WORKER_COST_S) / STEP_S_PER_MIB * MIB
     assert initial_count(0.9 * even, 1, 2) == 1
     assert initial_count(1.1 * even, 1, 2) == 2
     assert initial_count(None, 1, 3) == 3

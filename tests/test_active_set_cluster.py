@@ -3,7 +3,6 @@ a small fit runs on one worker while the other stands by, a large one grows to a
 all shrinks once its first clock shows the steps are cheap, and a lost active worker is replaced by
 the standby one."""
 import threading
-from functools import partial
 
 import dask
 import numpy as np
@@ -75,8 +74,9 @@ def test_a_fit_whose_clock_is_mostly_step_work_grows_to_every_worker_and_stays_e
 def test_a_fit_started_on_every_worker_shrinks_when_its_steps_are_cheap_with_no_loss_and_no_rework(monkeypatch):
     clocks = 6
     big = {"x": np.zeros((1 << 22, 1))}  # 32 MiB: started on both workers by the data's size
-    # a worker costs at least 50 ms a clock, so the trivial steps (a few ms) surely shrink it, however loaded
-    monkeypatch.setattr(active_set, "measured_costs", partial(active_set.measured_costs, min_per_worker_s=0.05))
+    # a worker measured to cost 50 ms a clock: the trivial steps (a few ms) surely shrink it, however loaded
+    measured = active_set.measured_costs
+    monkeypatch.setattr(active_set, "measured_costs", lambda *a: (measured(*a)[0], 0.05))
     with dscar.Cluster(n_workers=2, processes=False) as cl, dask.config.set(AUTO):
         res = dscar.fit(ExactlyOnce(clocks), big, cl, n_shards=4, max_clocks=clocks, progress=False)
     start, decided = events(res, "active-workers")[:2]

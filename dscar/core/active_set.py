@@ -8,11 +8,14 @@ digits ran 1.25-3x slower on 2 workers than on 1). So a fit whose work per clock
 fewer workers, and a large one on all of them.
 
 The model of a clock on ``k`` active workers (``predicted_clock_s``): the step work (every shard
-step's seconds, ``monitor.step_seconds`` of the attempts' timings) split ``k`` ways, plus a
-per-worker part paid ``k`` times: the rest of the clock (commits, applies, clock end, round trips,
-all of which grow with the workers, and the scheduler's share of the cores). Both are measured on
-the fit's first clock (``measured_costs``), the per-worker part never below ``WORKER_CLOCK_COST_S``;
-counting the whole rest as per-worker errs toward fewer workers.
+step's seconds, ``monitor.step_seconds`` of the attempts' timings) split ``k`` ways; plus, once a clock
+spans more than one worker process, a cross-worker cost (``CROSS_WORKER_COST_S``: pulls from another
+owner's partitions, staged updates fetched across, the clock end's reads of other owners); plus a
+per-worker part paid ``k`` times (the scheduler's serial share of each worker's commits and applies).
+The step work and the per-worker part are measured on the fit's first clock (``measured_costs``).
+Only the serial part grows with ``k``: a model that charged the whole cross-worker cost to every worker
+would shrink a fit of 100 ms steps on 256 workers to about 100 of them (bench.hollow measures ~1 ms a
+worker a clock at W = 256 on 2 cores, not 10).
 The rule (``choose``):
 
 * candidates run from ``floor`` (what the data needs: the fewest workers whose memory holds the
@@ -39,14 +42,18 @@ from dataclasses import dataclass, field
 
 from .shard_count import MIB, STEP_S_PER_MIB
 
-#: the least per-worker cost a clock is predicted with (seconds): what a second worker adds to a clock
-#: that a one-worker clock cannot show (pulls from the other owner's partitions, the other process's
-#: share of the cores, its commit and apply round trips). Issue 43: profiling one LDA clock, "a second
-#: worker adds ~10 ms of fixed cost a clock"; ``bench.overhead`` (trivial model) 2 workers x 16 shards
-#: 9.7-11.2 ms a clock at load 6 (5 ms quiet) against 3.95 ms on 1 worker. With it a second worker is
-#: taken where the step work of a clock is above ~24 ms (``MIN_GAIN``), near issue 43's line between its
+#: what a clock pays, once, as soon as it spans more than one worker process (seconds): what a one-worker
+#: clock cannot show (pulls from another owner's partitions, staged updates fetched across, the clock end's
+#: reads of other owners, the other process's share of the cores). Issue 43: profiling one LDA clock,
+#: "a second worker adds ~10 ms of fixed cost a clock"; ``bench.overhead`` (trivial model) 2 workers x 16
+#: shards 9.7-11.2 ms a clock at load 6 (5 ms quiet) against 3.95 ms on 1 worker. With it a second worker
+#: is taken where the step work of a clock is above ~24 ms (``MIN_GAIN``), near issue 43's line between its
 #: small cases and those a second worker must speed up (a 20 ms one-worker clock)
-WORKER_CLOCK_COST_S = 10e-3
+CROSS_WORKER_COST_S = 10e-3
+#: the serial cost a worker adds to a clock, before a clock is measured (seconds): the scheduler's share of
+#: its commits and applies (``bench.hollow``: scheduler CPU 30 ms a clock at W = 64, 220 ms at W = 256, on 2
+#: cores: ~0.5-0.9 ms a worker); used for a fit's start from its data's size
+START_PER_WORKER_S = 1e-3
 #: the predicted clock time a change of the active count must save (relative) to be made: a measured
 #: clock's noise (a garbage collection, a busy core) never moves it, and once made it is kept
 MIN_GAIN = 0.10
@@ -54,23 +61,26 @@ MIN_GAIN = 0.10
 MODES = ("auto", "all")
 
 
-def predicted_clock_s(parallel_s: float, per_worker_s: float, k: int) -> float:
+def predicted_clock_s(parallel_s: float, per_worker_s: float, k: int, cross_s: float = CROSS_WORKER_COST_S) -> float:
     """The part of a clock that depends on the active count ``k``: the parallel part split ``k`` ways,
-    plus the per-worker part paid by each."""
+    the per-worker part paid by each, and ``cross_s`` once the clock spans two workers or more."""
     if k < 1:
         raise ValueError(f"a fit keeps at least one worker active, not {k}")
-    return parallel_s / k + per_worker_s * k
+    return parallel_s / k + per_worker_s * k + (cross_s if k > 1 else 0.0)
 
 
 def measured_costs(step_work_s: float, clock_s: float, k: int,
-                   min_per_worker_s: float = WORKER_CLOCK_COST_S) -> tuple[float, float]:
+                   cross_s: float = CROSS_WORKER_COST_S) -> tuple[float, float]:
     """``(parallel_s, per_worker_s)`` of a clock that took ``clock_s`` seconds on ``k`` active workers
     whose shard steps took ``step_work_s`` in all (the parallel part, ``step_work_s / k`` of the clock);
-    the rest of the clock is the per-worker part, ``k`` times over, never below ``min_per_worker_s``."""
+    the rest of the clock, less the cross-worker cost where ``k`` > 1, is the per-worker part, ``k``
+    times over (so ``predicted_clock_s`` at ``k`` gives the measured clock back, where it is above it).
+    Measured on one worker, the whole rest counts per worker: it errs toward fewer workers."""
     if k < 1:
         raise ValueError(f"a clock ran on at least one worker, not {k}")
     step_work_s, clock_s = max(0.0, float(step_work_s)), max(0.0, float(clock_s))
-    return step_work_s, max(min_per_worker_s, (clock_s - min(step_work_s / k, clock_s)) / k)
+    rest = clock_s - min(step_work_s / k, clock_s) - (cross_s if k > 1 else 0.0)
+    return step_work_s, max(0.0, rest) / k
 
 
 def bounds(floor: int, ceiling: int) -> tuple[int, int]:
@@ -104,7 +114,7 @@ def choose(parallel_s: float, per_worker_s: float, current: int, floor: int, cei
 
 
 def initial_count(data_bytes: float | None, floor: int, ceiling: int, *, step_s_per_mib: float = STEP_S_PER_MIB,
-                  per_worker_s: float = WORKER_CLOCK_COST_S) -> int:
+                  per_worker_s: float = START_PER_WORKER_S) -> int:
     """The active count a fit starts with: from the data's size at ``step_s_per_mib`` (the cheapest
     measured step rate, so it errs toward fewer workers, which the first clock's measurement corrects
     upward); all of them (``ceiling``) when the size is unknown."""
