@@ -49,7 +49,7 @@ import bisect
 import enum
 import heapq
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator, NamedTuple
 
 from ..errors import ShardFailedError
 
@@ -80,8 +80,10 @@ class ShardStatus(str, enum.Enum):
 _TODO, _DOING, _DONE = ShardStatus.TODO, ShardStatus.DOING, ShardStatus.DONE
 
 
-@dataclass(frozen=True)
-class Attempt:
+class Attempt(NamedTuple):
+    """One attempt of a shard, immutable (a named tuple: one is made per hand-out, and a frozen
+    dataclass's ``__init__`` costs three times a tuple's)."""
+
     shard: int
     attempt: int
     worker: str
@@ -90,7 +92,7 @@ class Attempt:
     backup: bool = False  # a second attempt of a DOING shard (a tail straggler's)
 
 
-@dataclass
+@dataclass(slots=True)
 class _Shard:
     status: ShardStatus = _TODO
     holder: str | None = None

@@ -134,7 +134,7 @@ class StartRebuild:
 Action = ApplyBatch | RunClockEnd | SkipClock | StartRecovery | StartRebuild
 
 
-@dataclass
+@dataclass(slots=True)
 class _Shard:
     clock: int  # the clock of its next (or running, or waiting) update
     phase: ShardPhase = _TODO
