@@ -239,6 +239,8 @@ class Dispatch:
         self.running_items: dict[str, tuple[float, int]] = {}
         #: when each worker last asked for work or committed (``worth_moving``: a holder that stopped asking)
         self.last_seen: dict[str, float] = {}
+        #: what the policies see (``view``: built once, then told the clock, the time and the asker at each view)
+        self._view: ControllerView | None = None
 
     @property
     def batched(self) -> dict[str, list[tuple[int, int]]]:
@@ -470,10 +472,18 @@ class Dispatch:
         An attempt of a batch of n commits with the batch's last: its time is shown as the item's
         pace (the item's time over n), so it looks late once the item has run k times n steps, not
         k steps (else every batch's first member would look late before its batch could end)."""
-        return ControllerView(self.job.clock, workers, self.job.queue.n_todo,
-                              RunningAttempts(self.job.queue, now, self._waiting, self._item_size,
-                                              started_only=self._track_started),
-                              self.job.monitor, self.stragglers, idle_worker)
+        job, view = self.job, self._view
+        queue = job.queue
+        if view is None or view.running.queue is not queue:
+            view = self._view = ControllerView(0, [], 0, RunningAttempts(queue, now, self._waiting, self._item_size,
+                                                                         started_only=self._track_started),
+                                               job.monitor)
+        # (one view, told what changed: every idle poll asks, and what it shows is read live from the
+        # queue and the monitor anyway)
+        view.clock, view.workers, view.todo, view.stragglers, view.idle_worker = (
+            job.clock, workers, queue.n_todo, self.stragglers, idle_worker)
+        view.running.now, view.monitor = now, job.monitor
+        return view
 
     def _waiting(self, a: Attempt) -> bool:
         """``a`` is a member of a batch that may not have started yet."""

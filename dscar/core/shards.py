@@ -413,7 +413,20 @@ class ShardQueue:
         s.status = _DOING
         self._doing.add(shard)
         self._todo_discard(shard)
-        self._reindex(shard)
+        # ``_reindex`` for a TODO shard's first attempt (a TODO shard has no ``_running`` entry to drop):
+        # every hand-out starts one
+        k = s.started
+        bucket = self._running.get(k)
+        if bucket is None:
+            bucket = self._running[k] = {}
+        elif bucket and next(reversed(bucket.values())) > now:
+            self._unsorted.add(k)
+        bucket[shard] = now
+        self._running_key[shard] = (k, now)
+        self._n_entered += 1
+        self._entered[shard] = self._n_entered
+        if self._started_on:
+            self._started_dirty.add(shard)
         return a
 
     def start_backup(self, shard: int, worker: str, now: float) -> Attempt:
@@ -483,12 +496,19 @@ class ShardQueue:
         if not self._started_on:  # (nothing waits: every running shard shows)
             a = next(self.longest_running(fewer_started_than), None)
             return None if a is None else (a, len(self._shards[a.shard].attempts))
-        self._flush_started()
-        best, head = None, None
-        for k in self._started:
+        if self._started_dirty:
+            self._flush_started()
+        best, head, live = -1, None, self._started_key
+        for k, started in self._started.items():  # (a few buckets: attempts started a pass, 1 ... max)
             if fewer_started_than is None or k < fewer_started_than:
-                first = self._first_started(k)
-                if head is None or (first[0], k) < (head[0], best):
+                i = self._started_head[k]  # ``_first_started(k)``, inline: the first live entry (a listed bucket has one)
+                first = started[i]
+                if live.get(first[2]) != (k, first):
+                    while live.get(started[i][2]) != (k, started[i]):
+                        i += 1
+                    self._started_head[k] = i
+                    first = started[i]
+                if head is None or first[0] < head[0] or (first[0] == head[0] and k < best):
                     best, head = k, first
         if head is None:
             return None
