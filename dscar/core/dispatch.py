@@ -370,12 +370,13 @@ class Dispatch:
 
     def attempt_started(self, worker: str, shard: int, attempt: int) -> None:
         """``worker`` has started batch member ``(shard, attempt)`` (it commits or fails): not asked back."""
-        members = self.batched.get(worker)
+        index = self._batch_index  # (``batched`` is its dict: read without the property, every commit asks)
+        members = index.batched.get(worker)
         if members and (shard, attempt) in members:
             members.remove((shard, attempt))
             if not members:
-                del self.batched[worker]
-            self._batch_index.changed(worker)
+                del index.batched[worker]
+            index.changed(worker)
             if self._track_started and (shard, attempt) not in members:  # (``_mark`` without the set diff)
                 marked = self._marked[worker]
                 marked.discard((shard, attempt))

@@ -265,8 +265,9 @@ class ShardQueue:
 
     @property
     def complete(self) -> bool:
-        """Every shard of the active phase is DONE."""
-        return self._n_done == len(self.active)
+        """Every shard of the active phase is DONE (``active``'s size, without building it: every commit asks)."""
+        phase = self.phase
+        return self._n_done == (self.n_shards if phase is None else self.phase_sizes[phase])
 
     def status(self, shard: int) -> ShardStatus:
         return self._shards[shard].status
