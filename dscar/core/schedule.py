@@ -692,7 +692,7 @@ class SspSchedule:
                     "owners": job.pmap.to_msg(), "version": w.version}
         # the oldest open clock's shards hold the window back: they go first (moving to another worker
         # if theirs is busy); a shard's tier in the queue is its clock
-        clocks = [c for c, _ in w.startable_by_clock()]
+        clocks = w.startable_clocks()
         if clocks and worker in job.dispatch.stragglers and w.rebuilding is None:
             clocks = [c for c in clocks[::-1] if not job.dispatch.leave_to_others(
                 worker, self._slack(c))]  # its shard holds its clock's end back least in the newest clock

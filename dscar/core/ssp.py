@@ -254,6 +254,16 @@ class ClockWindow:
         top = math.inf if self.rebuilding is not None else self.top
         return [(c, self._todo[c]) for c in sorted(self._todo) if c <= top]
 
+    def startable_clocks(self) -> list[int]:
+        """The clocks of ``startable_by_clock``, oldest first (without pairing each with its shards:
+        every hand-out and idle poll asks)."""
+        if self.recovering or self.needs_rebuild:
+            return []
+        if self.rebuilding is not None:
+            return sorted(self._todo)
+        top = min(self.floor + 1 + self.staleness, self.limit)  # (``top``)
+        return [c for c in sorted(self._todo) if c <= top]
+
     def any_startable(self) -> bool:
         """Whether ``startable_by_clock`` lists any shard (without listing them)."""
         if self.recovering or self.needs_rebuild or not self._todo:
@@ -661,6 +671,7 @@ class ClockWindow:
             assert self.clock_end == self.floor + 1
             assert all(s.clock > self.clock_end for s in self._shards)
         assert self.any_startable() == bool(self.startable_by_clock())
+        assert self.startable_clocks() == [c for c, _ in self.startable_by_clock()]
         assert math.isfinite(self.epoch)
 
 
