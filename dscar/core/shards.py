@@ -151,7 +151,8 @@ class ShardQueue:
         #: that started that many this pass, in start order (attempts start as time goes on: an entry
         #: is appended, in O(1); one that is not in order marks its bucket ``_unsorted``, sorted when
         #: next read): the longest-running shards with fewer than n attempts without a scan
-        #: (``longest_running``: the backup policy's view)
+        #: (``longest_running``: the backup policy's view). Not kept once ``_started`` is (``_started_on``: its
+        #: readers read that; a read without it builds this from the records): a commit pays for one index
         self._running: dict[int, dict[int, float]] = {}
         self._unsorted: set[int] = set()
         #: a DOING shard's key in ``_running`` is its record's ``run_key``: (attempts started, start of its
@@ -419,17 +420,18 @@ class ShardQueue:
         # ``_reindex`` for a TODO shard's first attempt (a TODO shard has no ``_running`` entry to drop):
         # every hand-out starts one
         k = s.started
-        bucket = self._running.get(k)
-        if bucket is None:
-            bucket = self._running[k] = {}
-        elif bucket and next(reversed(bucket.values())) > now:
-            self._unsorted.add(k)
-        bucket[shard] = now
         s.run_key = (k, now)
         self._n_entered += 1
         s.entered = self._n_entered
         if self._started_on:
             self._started_dirty.add(shard)
+        else:
+            bucket = self._running.get(k)
+            if bucket is None:
+                bucket = self._running[k] = {}
+            elif bucket and next(reversed(bucket.values())) > now:
+                self._unsorted.add(k)
+            bucket[shard] = now
         return a
 
     def start_backup(self, shard: int, worker: str, now: float) -> Attempt:
@@ -481,16 +483,26 @@ class ShardQueue:
                 else:
                     yield min(attempts.values(), key=lambda a: (a.started, a.attempt))
             return
+        running = self._running if not self._started_on else self._running_from_records()
         buckets = []
-        for k in sorted(self._running):
+        for k in sorted(running):
             if fewer_started_than is not None and k >= fewer_started_than:
                 break
             if k in self._unsorted:
-                self._running[k] = dict(sorted(self._running[k].items(), key=lambda e: e[1]))
+                running[k] = dict(sorted(running[k].items(), key=lambda e: e[1]))
                 self._unsorted.discard(k)
-            buckets.append((start, shard) for shard, start in self._running[k].items())
+            buckets.append((start, shard) for shard, start in running[k].items())
         for _, shard in heapq.merge(*buckets, key=lambda e: e[0]):
             yield min(self._shards[shard].attempts.values(), key=lambda a: (a.started, a.attempt))
+
+    def _running_from_records(self) -> dict[int, dict[int, float]]:
+        """``_running`` as it would be kept, from the running shards' records: each bucket in the order
+        of (start, entered) (a kept bucket's, once sorted stably by start)."""
+        shards, running = self._shards, {}
+        for i in sorted(self._doing, key=lambda i: (shards[i].run_key[1], shards[i].entered)):
+            k, start = shards[i].run_key
+            running.setdefault(k, {})[i] = start
+        return running
 
     def oldest_started(self, fewer_started_than: int | None = None) -> tuple[Attempt, int] | None:
         """What ``longest_running(fewer_started_than, started_only=True)`` yields first, and how many
@@ -533,10 +545,11 @@ class ShardQueue:
             if old is not None:
                 self._unrun(shard)
             if key is not None:
-                bucket = self._running.setdefault(key[0], {})
-                if bucket and next(reversed(bucket.values())) > key[1]:
-                    self._unsorted.add(key[0])
-                bucket[shard] = key[1]
+                if not self._started_on:
+                    bucket = self._running.setdefault(key[0], {})
+                    if bucket and next(reversed(bucket.values())) > key[1]:
+                        self._unsorted.add(key[0])
+                    bucket[shard] = key[1]
                 s.run_key = key
                 self._n_entered += 1
                 s.entered = self._n_entered
@@ -548,6 +561,8 @@ class ShardQueue:
         old = s.run_key
         if old is not None:
             s.run_key = None
+            if self._started_on:
+                return
             bucket = self._running[old[0]]
             del bucket[shard]
             if not bucket:
@@ -649,6 +664,7 @@ class ShardQueue:
         if added and not self._started_on:  # the first attempt to wait: ``_started`` is kept from now on
             self._started_on = True
             self._started_dirty.update(self._doing)  # (the shards with a ``run_key``)
+            self._running, self._unsorted = {}, set()
         waiting, dirty = self._waiting, (self._started_dirty if self._started_on else set())
         for shard, attempt in removed:
             waiting.discard((shard, attempt, worker))
@@ -863,7 +879,9 @@ class ShardQueue:
         keys = {i: (s.started, min(a.started for a in s.attempts.values()))
                 for i, s in enumerate(self._shards) if s.status is _DOING and s.attempts}
         assert {i: s.run_key for i, s in enumerate(self._shards) if s.run_key is not None} == keys
-        assert self._running == {k: {i: t for i, (n, t) in keys.items() if n == k} for k, _ in keys.values()}
+        running = self._running if not self._started_on else self._running_from_records()
+        assert not self._started_on or not self._running and not self._unsorted
+        assert running == {k: {i: t for i, (n, t) in keys.items() if n == k} for k, _ in keys.values()}
         for k, bucket in self._running.items():
             assert k in self._unsorted or list(bucket.values()) == sorted(bucket.values()), k
         shown = {i: (k, (t, self._shards[i].entered, i)) for i, (k, t) in keys.items()
