@@ -12,7 +12,8 @@ Modes: ``bsp`` (BSP, no straggler policy), ``bsp+backup`` (BSP with the default 
 Columns: ``dec/s`` decisions per CPU second of the core; ``us/gc`` CPU microseconds of the core per
 grant+commit (the worker's polls, releases and commits, over the attempts committed); ``med us/gc`` the same from
 each decision's median call (a loaded machine's preemptions left out); ``touch/gc`` shard-status
-entries the core read per grant+commit (machine-independent; flat in W means O(1)); ``att/cmt`` attempts
+entries the core read per grant+commit (machine-independent; flat in W means O(1); the queue's index of
+the running shards keeps its keys in their entries, so its reads count too); ``att/cmt`` attempts
 per commit message (a work item's members: 1.0 when every item holds one shard); ``ctl/clk/W`` control
 messages per clock per worker (scheduler <-> workers and driver); ``fetch/clk/W`` the owners' fetches of
 staged updates per clock per worker (data plane: O(W) per worker is O(W^2) per clock); ``B/item`` bytes

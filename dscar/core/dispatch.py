@@ -22,21 +22,18 @@ from __future__ import annotations
 
 import heapq
 import math
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator, NamedTuple
 
-from .protocol import Member, WorkItem
 from .policies import Backup, ControllerView, Policy, Restart, Running, SetBatchScale
 from .shards import Attempt, ShardQueue
 
 if TYPE_CHECKING:
     from .job import JobState
 
-@dataclass(frozen=True)
-class SspFields:
+class SspFields(NamedTuple):
     """What an SSP work item carries of the clock window (``SspSchedule``): per member ``(clock, seen,
     mine)`` (``protocol.Member``), the item's newest clock, the window's version and floor, and the
-    oldest table version its reads may use."""
+    oldest table version its reads may use. (A named tuple: one is made per hand-out.)"""
 
     members: list[tuple[int, Any, bool]]
     clock: int
@@ -145,23 +142,27 @@ class BatchIndex:
     count; an entry whose count is no longer its worker's is stale and dropped when it comes to
     the top (lazy deletion). The heap is rebuilt when stale entries outnumber the live ones."""
 
-    def __init__(self, batched: dict[str, list[tuple[int, int]]]):
+    def __init__(self, batched: dict[str, list[tuple[int, int]]], keys: dict[str, tuple[int, ...]] | None = None):
         #: worker -> its members (the dict ``Dispatch.batched`` is)
         self.batched = batched
         self._heap: list[tuple[int, tuple[int, ...], str]] = []
-        self._keys: dict[str, tuple[int, ...]] = {}
+        #: worker -> its name key (``_descending``), kept while it is not forgotten: a worker is batched
+        #: again at nearly every hand-out, and its key costs a step per character of its name
+        self._keys: dict[str, tuple[int, ...]] = {} if keys is None else keys
         self.rebuild()
 
     def rebuild(self) -> None:
-        self._keys = {w: self._keys.get(w) or _descending(w) for w in self.batched}
-        self._heap = [(-len(m), self._keys[w], w) for w, m in self.batched.items() if m]
+        keys = self._keys
+        for w in self.batched:
+            if w not in keys:
+                keys[w] = _descending(w)
+        self._heap = [(-len(m), keys[w], w) for w, m in self.batched.items() if m]
         heapq.heapify(self._heap)
 
     def changed(self, worker: str) -> None:
         """``worker``'s members changed (or it has none now)."""
         members = self.batched.get(worker)
         if not members:
-            self._keys.pop(worker, None)
             return
         key = self._keys.get(worker)
         if key is None:
@@ -169,6 +170,10 @@ class BatchIndex:
         heapq.heappush(self._heap, (-len(members), key, worker))
         if len(self._heap) > 2 * len(self.batched) + 32:
             self.rebuild()
+
+    def forget(self, worker: str) -> None:
+        """``worker`` is gone (it has no members): its key goes too."""
+        self._keys.pop(worker, None)
 
     def _fresh(self, entry: tuple[int, tuple[int, ...], str]) -> bool:
         members = self.batched.get(entry[2])
@@ -234,6 +239,8 @@ class Dispatch:
         self.running_items: dict[str, tuple[float, int]] = {}
         #: when each worker last asked for work or committed (``worth_moving``: a holder that stopped asking)
         self.last_seen: dict[str, float] = {}
+        #: what the policies see (``view``: built once, then told the clock, the time and the asker at each view)
+        self._view: ControllerView | None = None
 
     @property
     def batched(self) -> dict[str, list[tuple[int, int]]]:
@@ -243,7 +250,7 @@ class Dispatch:
 
     @batched.setter
     def batched(self, value: dict[str, list[tuple[int, int]]]) -> None:
-        self._batch_index = BatchIndex(value)
+        self._batch_index = BatchIndex(value, self._batch_index._keys)
         self._marked = {}
         if self._track_started:
             self.job.queue.clear_waiting()
@@ -273,6 +280,7 @@ class Dispatch:
         """``worker`` is lost: its batch members, running item, batch scale and straggler flag go."""
         self.batched.pop(worker, None)
         self._changed(worker)
+        self._batch_index.forget(worker)
         self.running_items.pop(worker, None)
         self.batch_scale.pop(worker, None)
         self.stragglers.pop(worker, None)
@@ -362,12 +370,13 @@ class Dispatch:
 
     def attempt_started(self, worker: str, shard: int, attempt: int) -> None:
         """``worker`` has started batch member ``(shard, attempt)`` (it commits or fails): not asked back."""
-        members = self.batched.get(worker)
+        index = self._batch_index  # (``batched`` is its dict: read without the property, every commit asks)
+        members = index.batched.get(worker)
         if members and (shard, attempt) in members:
             members.remove((shard, attempt))
             if not members:
-                del self.batched[worker]
-            self._batch_index.changed(worker)
+                del index.batched[worker]
+            index.changed(worker)
             if self._track_started and (shard, attempt) not in members:  # (``_mark`` without the set diff)
                 marked = self._marked[worker]
                 marked.discard((shard, attempt))
@@ -416,26 +425,46 @@ class Dispatch:
 
     def item(self, batch: list[Attempt], rebuild: bool, window: SspFields | None = None) -> dict:
         """The work item message for ``batch`` (its first member's worker runs them in order);
-        ``window``: under SSP, what each member and the item carry of the clock window."""
+        ``window``: under SSP, what each member and the item carry of the clock window.
+
+        The message is ``protocol.WorkItem(...).to_msg()`` with ``protocol.Member`` members, built as
+        the dicts those make (keys in their order, the optional ones only when set) without building the
+        dataclasses first: every hand-out makes one, and the dataclasses cost it about as much as the
+        rest of the hand-out (tests/test_dispatch_item.py holds the two equal)."""
         job = self.job
-        phases, restore = job.cfg.phase_names, job.losses.restore_state
-        if window is None:
-            members = [Member(a.shard, a.attempt, a.fetch_from, a.backup, phases[job.queue.phase_of(a.shard)] or None,
-                              restore.get(a.shard)) for a in batch]
-            clock, extra = job.clock, {}
-        else:
-            members = [Member(a.shard, a.attempt, a.fetch_from, a.backup, phases[job.queue.phase_of(a.shard)] or None,
-                              restore.get(a.shard), c, seen, mine)
-                       for a, (c, seen, mine) in zip(batch, window.members)]
-            clock, extra = window.clock, {"version": window.version, "floor": window.floor,
-                                          "read_floor": window.read_floor}
+        phases, restore, queue = job.cfg.phase_names, job.losses.restore_state, job.queue
+        one_phase = len(queue.phase_ranges) == 1
+        phase = phases[0] or None
+        members = []
+        for i, a in enumerate(batch):
+            shard = a.shard
+            if not one_phase:
+                phase = phases[queue.phase_of(shard)] or None
+            m = {"shard": shard, "attempt": a.attempt, "fetch_from": a.fetch_from, "backup": a.backup, "phase": phase}
+            if restore and (state_file := restore.get(shard)) is not None:
+                m["state_file"] = state_file
+            if window is not None:
+                clock, seen, mine = window.members[i]
+                if clock is not None:
+                    m["clock"] = clock
+                if seen is not None:
+                    m["seen"] = seen
+                if mine is not None:
+                    m["mine"] = mine
+            members.append(m)
         self.items_handed += 1
-        self.item_of[batch[0].worker] = self.items_handed
-        restored = ({t: [list(r) for r in rs] for t, rs in job.losses.restored_rows.items()}
-                    if rebuild and job.losses.restored_rows else None)
-        return WorkItem("rebuild" if rebuild else "shard", job.cfg.job_id, self.items_handed, clock, job.run_id,
-                        job.pmap.to_msg(), members, self.batch_scale.get(batch[0].worker, 1.0), restored,
-                        **extra).to_msg()
+        worker = batch[0].worker
+        self.item_of[worker] = self.items_handed
+        msg = {"op": "rebuild" if rebuild else "shard", "job": job.cfg.job_id, "item": self.items_handed,
+               "clock": job.clock if window is None else window.clock, "run": job.run_id, "owners": job.pmap.to_msg(),
+               "batch_scale": self.batch_scale.get(worker, 1.0), "shards": members}
+        if rebuild and job.losses.restored_rows:
+            msg["restored"] = {t: [list(r) for r in rs] for t, rs in job.losses.restored_rows.items()}
+        if window is not None:
+            for key, value in (("version", window.version), ("floor", window.floor), ("read_floor", window.read_floor)):
+                if value is not None:
+                    msg[key] = value
+        return msg
 
     def view(self, workers: list[str], now: float, idle_worker: str | None = None) -> ControllerView:
         """What a straggler policy sees (``dscar.core.policies``). Batch members that may not have started
@@ -444,10 +473,18 @@ class Dispatch:
         An attempt of a batch of n commits with the batch's last: its time is shown as the item's
         pace (the item's time over n), so it looks late once the item has run k times n steps, not
         k steps (else every batch's first member would look late before its batch could end)."""
-        return ControllerView(self.job.clock, workers, self.job.queue.n_todo,
-                              RunningAttempts(self.job.queue, now, self._waiting, self._item_size,
-                                              started_only=self._track_started),
-                              self.job.monitor, self.stragglers, idle_worker)
+        job, view = self.job, self._view
+        queue = job.queue
+        if view is None or view.running.queue is not queue:
+            view = self._view = ControllerView(0, [], 0, RunningAttempts(queue, now, self._waiting, self._item_size,
+                                                                         started_only=self._track_started),
+                                               job.monitor)
+        # (one view, told what changed: every idle poll asks, and what it shows is read live from the
+        # queue and the monitor anyway)
+        view.clock, view.workers, view.todo, view.stragglers, view.idle_worker = (
+            job.clock, workers, queue.n_todo, self.stragglers, idle_worker)
+        view.running.now, view.monitor = now, job.monitor
+        return view
 
     def _waiting(self, a: Attempt) -> bool:
         """``a`` is a member of a batch that may not have started yet."""

@@ -84,8 +84,10 @@ class ThroughputMonitor:
         self._slow_clocks: dict[str, int] = defaultdict(int)  # consecutive clocks as a straggler
         #: worker -> median of its window, kept as steps arrive: asked on every hand-out, for every worker
         self._mean: dict[str, float] = {}
-        #: (mean step, worker) of every worker with one, sorted: the slowest without a scan
-        self._by_step: list[tuple[float, str]] = []
+        #: the mean step of every worker with one, sorted: the slowest and the median without a scan (floats,
+        #: not (mean, worker) pairs: the statistics read values only, and a float compares and moves
+        #: cheaper; which worker holds a value is ``_mean``'s)
+        self._by_step: list[float] = []
         #: the summed speeds of the measured workers, kept as their step times change
         self._speed_sum = 0.0
         #: ``median_step()`` since ``_by_step`` last changed (False: not known): an idle poll asks the
@@ -109,11 +111,11 @@ class ThroughputMonitor:
         self._median = False
         old = self._mean.pop(worker, None)
         if old is not None:
-            del self._by_step[bisect.bisect_left(self._by_step, (old, worker))]
+            del self._by_step[bisect.bisect_left(self._by_step, old)]  # (a copy of ``old``: any one is)
             self._speed_sum -= 1.0 / old
         if mean is not None:
             self._mean[worker] = mean
-            bisect.insort(self._by_step, (mean, worker))
+            bisect.insort(self._by_step, mean)
             self._speed_sum += 1.0 / mean
         if not self._mean:
             self._speed_sum = 0.0
@@ -132,14 +134,14 @@ class ThroughputMonitor:
         """Median over workers (but ``exclude``) of their typical step time."""
         if exclude is None and self._median is not False:
             return self._median
-        steps = self._by_step  # (sorted: the median by position, ``exclude`` skipped)
-        skip = bisect.bisect_left(steps, (self._mean[exclude], exclude)) if exclude in self._mean else None
+        steps = self._by_step  # (sorted: the median by position, a copy of ``exclude``'s value skipped)
+        skip = bisect.bisect_left(steps, self._mean[exclude]) if exclude in self._mean else None
         n = len(steps) - (skip is not None)
         if n == 0:
             return None
 
         def nth(i: int) -> float:
-            return steps[i if skip is None or i < skip else i + 1][0]
+            return steps[i if skip is None or i < skip else i + 1]
 
         median = nth(n // 2) if n % 2 else (nth(n // 2 - 1) + nth(n // 2)) / 2
         if skip is None:
@@ -152,10 +154,12 @@ class ThroughputMonitor:
 
     def slowest_step(self, exclude: str) -> float | None:
         """The longest typical step time of the workers but ``exclude`` (None: none measured)."""
-        for mean, w in reversed(self._by_step[-2:]):
-            if w != exclude:
-                return mean
-        return None
+        steps = self._by_step
+        if not steps:
+            return None
+        if self._mean.get(exclude) != steps[-1]:
+            return steps[-1]
+        return steps[-2] if len(steps) > 1 else None  # (``exclude`` holds the largest: the next one, maybe equal)
 
     def total_speed(self) -> float:
         """The summed speeds (shards per second) of every measured worker."""

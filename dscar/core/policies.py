@@ -114,8 +114,10 @@ class BackupPolicy(Policy):
         self.max_attempts = max_attempts
 
     def decide(self, view: ControllerView) -> list:
+        if view.todo or view.idle_worker is None:
+            return []
         med = view.monitor.median_step()
-        if view.todo or view.idle_worker is None or med is None:
+        if med is None:
             return []
         late_after = max(self.k * med, self.min_s)
         oldest = view.oldest_elapsed(self.max_attempts)

@@ -361,30 +361,30 @@ class BspSchedule:
         job, m = self.job, self.machine
         if job.log.error is not None or worker in job.losses.lost:
             return False, []
-        job.dispatch.running_items.pop(worker, None)
-        job.dispatch.last_seen[worker] = now
+        dispatch, queue = job.dispatch, job.queue
+        dispatch.running_items.pop(worker, None)
+        dispatch.last_seen[worker] = now
         current = clock == m.clock and m.accepts(run_id)
         # attempt numbers restart every pass: only the current run's can be looked up
-        mine = job.queue.running_attempt(shard, attempt) if current else None
-        started = None if mine is None else mine.started
+        mine = queue.running_attempt(shard, attempt) if current else None
         if timings and "data_s" in timings:  # (``note_move`` measures only a data move)
-            job.dispatch.note_move(mine, timings)
+            dispatch.note_move(mine, timings)
         if not rebuild:
-            step = step_seconds(timings) if timings else (None if started is None else now - started)
+            step = step_seconds(timings) if timings else (None if mine is None else now - mine.started)
             if step is not None:
                 job.monitor.record(worker, step)
         if not current or not m.handing_out:  # a lost backup, an attempt of a voided pass
             job.event(now, "commit-refused", shard=shard, attempt=attempt, worker=worker, late=True,
                       seconds=round(step_seconds(timings or {}), 4))  # its step time, wasted
             return False, []
-        job.dispatch.attempt_started(worker, shard, attempt)
-        if not job.queue.commit(shard, attempt, worker):
+        dispatch.attempt_started(worker, shard, attempt)
+        if not queue.commit(shard, attempt, worker):
             job.event(now, "commit-refused", shard=shard, attempt=attempt, worker=worker, late=False,
                       seconds=round(step_seconds(timings or {}), 4))
             return False, []
         job.losses.restore_state.pop(shard, None)  # the attempt started from the restored state; it lives on now
         job.tally.committed(worker, timings)
-        if not job.queue.complete:
+        if not queue.complete:
             return True, []
         self._book_stage(now)
         rebuild = m.stage is Stage.REBUILD
@@ -692,7 +692,7 @@ class SspSchedule:
                     "owners": job.pmap.to_msg(), "version": w.version}
         # the oldest open clock's shards hold the window back: they go first (moving to another worker
         # if theirs is busy); a shard's tier in the queue is its clock
-        clocks = [c for c, _ in w.startable_by_clock()]
+        clocks = w.startable_clocks()
         if clocks and worker in job.dispatch.stragglers and w.rebuilding is None:
             clocks = [c for c in clocks[::-1] if not job.dispatch.leave_to_others(
                 worker, self._slack(c))]  # its shard holds its clock's end back least in the newest clock

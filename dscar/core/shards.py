@@ -49,7 +49,7 @@ import bisect
 import enum
 import heapq
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator, NamedTuple
 
 from ..errors import ShardFailedError
 
@@ -80,8 +80,10 @@ class ShardStatus(str, enum.Enum):
 _TODO, _DOING, _DONE = ShardStatus.TODO, ShardStatus.DOING, ShardStatus.DONE
 
 
-@dataclass(frozen=True)
-class Attempt:
+class Attempt(NamedTuple):
+    """One attempt of a shard, immutable (a named tuple: one is made per hand-out, and a frozen
+    dataclass's ``__init__`` costs three times a tuple's)."""
+
     shard: int
     attempt: int
     worker: str
@@ -90,7 +92,7 @@ class Attempt:
     backup: bool = False  # a second attempt of a DOING shard (a tail straggler's)
 
 
-@dataclass
+@dataclass(slots=True)
 class _Shard:
     status: ShardStatus = _TODO
     holder: str | None = None
@@ -99,6 +101,11 @@ class _Shard:
     next_attempt: int = 0
     failures: list[str] = field(default_factory=list)
     started: int = 0  # attempts started in the active pass
+    #: the queue's indexes of the running shards, kept here (the record a decision has read already),
+    #: not in dicts by shard id: at 16,384 shards each such dict is one more cache miss a commit
+    run_key: tuple[int, float] | None = None  # its key in ``ShardQueue._running`` (DOING only)
+    entered: int = 0  # when it entered its ``_running`` bucket (the order of equal starts)
+    shown: tuple[int, tuple[float, int, int]] | None = None  # its bucket and entry in ``ShardQueue._started``
 
 
 class ShardQueue:
@@ -144,13 +151,13 @@ class ShardQueue:
         #: that started that many this pass, in start order (attempts start as time goes on: an entry
         #: is appended, in O(1); one that is not in order marks its bucket ``_unsorted``, sorted when
         #: next read): the longest-running shards with fewer than n attempts without a scan
-        #: (``longest_running``: the backup policy's view)
+        #: (``longest_running``: the backup policy's view). Not kept once ``_started`` is (``_started_on``: its
+        #: readers read that; a read without it builds this from the records): a commit pays for one index
         self._running: dict[int, dict[int, float]] = {}
         self._unsorted: set[int] = set()
-        #: DOING shard -> its key in ``_running``: (attempts started, start of its oldest live attempt)
-        self._running_key: dict[int, tuple[int, float]] = {}
-        #: DOING shard -> when it entered its ``_running`` bucket (a count): the bucket's order of equal starts
-        self._entered: dict[int, int] = {}
+        #: a DOING shard's key in ``_running`` is its record's ``run_key``: (attempts started, start of its
+        #: oldest live attempt); its ``entered``, when it entered its bucket (this count then): the
+        #: bucket's order of equal starts
         self._n_entered = 0
         #: (shard, attempt, worker) of the batch members that may not have started (``Dispatch.batched``,
         #: which keeps it in step through ``set_waiting``): ``longest_running(started_only=True)`` hides them
@@ -160,14 +167,12 @@ class ShardQueue:
         #: members that have not started, and the backup policy's view steps over none of them. An
         #: entry that goes is left in its list, stale, until a quarter or more of the list is
         #: (``stale_slack``; deleting from a list of W entries moved the ones after it: O(W) a commit); an entry is live
-        #: while ``_started_key`` names it, and a bucket is listed while it has a live one
+        #: while its shard's record names it (``shown``), and a bucket is listed while it has a live one
         self._started: dict[int, list[tuple[float, int, int]]] = {}
         #: bucket -> index in its list before which every entry is stale (the reads start there)
         self._started_head: dict[int, int] = {}
         #: bucket -> how many entries of its list are stale
         self._started_stale: dict[int, int] = {}
-        #: shard -> its bucket and entry in ``_started`` (its live one)
-        self._started_key: dict[int, tuple[int, tuple[float, int, int]]] = {}
         #: shards whose place in ``_started`` may have changed since it was last placed: it follows
         #: them when read, at the end of a hand-out (``settle_started``) and of a ``commit``
         #: (``_flush_started``: each decision pays for its own changes). A batch member is shown when
@@ -205,12 +210,12 @@ class ShardQueue:
         if phase is not None and not 0 <= phase < self.n_phases:
             raise ValueError(f"phase {phase} outside 0..{self.n_phases - 1}")
         self.clock = clock
-        self._running, self._running_key, self._unsorted = {}, {}, set()
-        self._entered, self._started, self._started_key = {}, {}, {}
+        self._running, self._unsorted, self._started = {}, set(), {}
         self._started_head, self._started_stale, self._started_dirty = {}, {}, set()
         for s in self._shards:
             s.status = _TODO
             s.attempts.clear()
+            s.run_key = s.shown = None
             s.committed = None
             s.next_attempt = 0 if clock != self._attempts_clock else s.next_attempt
             s.failures = []
@@ -263,8 +268,9 @@ class ShardQueue:
 
     @property
     def complete(self) -> bool:
-        """Every shard of the active phase is DONE."""
-        return self._n_done == len(self.active)
+        """Every shard of the active phase is DONE (``active``'s size, without building it: every commit asks)."""
+        phase = self.phase
+        return self._n_done == (self.n_shards if phase is None else self.phase_sizes[phase])
 
     def status(self, shard: int) -> ShardStatus:
         return self._shards[shard].status
@@ -411,7 +417,21 @@ class ShardQueue:
         s.status = _DOING
         self._doing.add(shard)
         self._todo_discard(shard)
-        self._reindex(shard)
+        # ``_reindex`` for a TODO shard's first attempt (a TODO shard has no ``_running`` entry to drop):
+        # every hand-out starts one
+        k = s.started
+        s.run_key = (k, now)
+        self._n_entered += 1
+        s.entered = self._n_entered
+        if self._started_on:
+            self._started_dirty.add(shard)
+        else:
+            bucket = self._running.get(k)
+            if bucket is None:
+                bucket = self._running[k] = {}
+            elif bucket and next(reversed(bucket.values())) > now:
+                self._unsorted.add(k)
+            bucket[shard] = now
         return a
 
     def start_backup(self, shard: int, worker: str, now: float) -> Attempt:
@@ -463,16 +483,26 @@ class ShardQueue:
                 else:
                     yield min(attempts.values(), key=lambda a: (a.started, a.attempt))
             return
+        running = self._running if not self._started_on else self._running_from_records()
         buckets = []
-        for k in sorted(self._running):
+        for k in sorted(running):
             if fewer_started_than is not None and k >= fewer_started_than:
                 break
             if k in self._unsorted:
-                self._running[k] = dict(sorted(self._running[k].items(), key=lambda e: e[1]))
+                running[k] = dict(sorted(running[k].items(), key=lambda e: e[1]))
                 self._unsorted.discard(k)
-            buckets.append((start, shard) for shard, start in self._running[k].items())
+            buckets.append((start, shard) for shard, start in running[k].items())
         for _, shard in heapq.merge(*buckets, key=lambda e: e[0]):
             yield min(self._shards[shard].attempts.values(), key=lambda a: (a.started, a.attempt))
+
+    def _running_from_records(self) -> dict[int, dict[int, float]]:
+        """``_running`` as it would be kept, from the running shards' records: each bucket in the order
+        of (start, entered) (a kept bucket's, once sorted stably by start)."""
+        shards, running = self._shards, {}
+        for i in sorted(self._doing, key=lambda i: (shards[i].run_key[1], shards[i].entered)):
+            k, start = shards[i].run_key
+            running.setdefault(k, {})[i] = start
+        return running
 
     def oldest_started(self, fewer_started_than: int | None = None) -> tuple[Attempt, int] | None:
         """What ``longest_running(fewer_started_than, started_only=True)`` yields first, and how many
@@ -481,12 +511,19 @@ class ShardQueue:
         if not self._started_on:  # (nothing waits: every running shard shows)
             a = next(self.longest_running(fewer_started_than), None)
             return None if a is None else (a, len(self._shards[a.shard].attempts))
-        self._flush_started()
-        best, head = None, None
-        for k in self._started:
+        if self._started_dirty:
+            self._flush_started()
+        best, head, shards = -1, None, self._shards
+        for k, started in self._started.items():  # (a few buckets: attempts started a pass, 1 ... max)
             if fewer_started_than is None or k < fewer_started_than:
-                first = self._first_started(k)
-                if head is None or (first[0], k) < (head[0], best):
+                i = self._started_head[k]  # ``_first_started(k)``, inline: the first live entry (a listed bucket has one)
+                first = started[i]
+                if shards[first[2]].shown != (k, first):
+                    while shards[started[i][2]].shown != (k, started[i]):
+                        i += 1
+                    self._started_head[k] = i
+                    first = started[i]
+                if head is None or first[0] < head[0] or (first[0] == head[0] and k < best):
                     best, head = k, first
         if head is None:
             return None
@@ -503,30 +540,34 @@ class ShardQueue:
             attempts = s.attempts.values()
             oldest = next(iter(attempts)).started if len(attempts) == 1 else min(a.started for a in attempts)
             key = (s.started, oldest)
-        old = self._running_key.get(shard)
+        old = s.run_key
         if old != key:
             if old is not None:
                 self._unrun(shard)
             if key is not None:
-                bucket = self._running.setdefault(key[0], {})
-                if bucket and next(reversed(bucket.values())) > key[1]:
-                    self._unsorted.add(key[0])
-                bucket[shard] = key[1]
-                self._running_key[shard] = key
+                if not self._started_on:
+                    bucket = self._running.setdefault(key[0], {})
+                    if bucket and next(reversed(bucket.values())) > key[1]:
+                        self._unsorted.add(key[0])
+                    bucket[shard] = key[1]
+                s.run_key = key
                 self._n_entered += 1
-                self._entered[shard] = self._n_entered
+                s.entered = self._n_entered
         self._reshow(shard)
 
     def _unrun(self, shard: int) -> None:
         """``shard`` runs no more: its ``_running`` entry goes (its ``_started`` one when next placed)."""
-        old = self._running_key.pop(shard, None)
+        s = self._shards[shard]
+        old = s.run_key
         if old is not None:
+            s.run_key = None
+            if self._started_on:
+                return
             bucket = self._running[old[0]]
             del bucket[shard]
             if not bucket:
                 del self._running[old[0]]
                 self._unsorted.discard(old[0])
-            del self._entered[shard]
 
     def _reshow(self, shard: int) -> None:
         """``shard``'s attempts, its ``_running`` entry or its waiting attempts changed: its place in
@@ -552,24 +593,25 @@ class ShardQueue:
         """``shard``'s place in ``_started``, from its attempts, ``_running`` entry and waiting
         attempts. A ``_running`` bucket is in the order of (start, entered): appended in that order,
         and sorted stably by start when it is not (``longest_running``)."""
-        key = self._running_key.get(shard)
+        s = self._shards[shard]
+        key = s.run_key
         entry = None
         if key is not None:
             shown, waiting = True, self._waiting
             if waiting:
-                attempts = self._shards[shard].attempts
+                attempts = s.attempts
                 if len(attempts) == 1:
                     a = next(iter(attempts.values()))
                     shown = (shard, a.attempt, a.worker) not in waiting
                 else:
                     shown = any((shard, a.attempt, a.worker) not in waiting for a in attempts.values())
             if shown:
-                entry = (key[0], (key[1], self._entered[shard], shard))
-        old = self._started_key.get(shard)
+                entry = (key[0], (key[1], s.entered, shard))
+        old = s.shown
         if old == entry:
             return
         if old is not None:  # (left in its list, stale)
-            del self._started_key[shard]
+            s.shown = None
             k = old[0]
             stale = self._started_stale[k] = self._started_stale[k] + 1
             started = self._started[k]
@@ -579,7 +621,7 @@ class ShardQueue:
                 self._compact_started(k)
         if entry is not None:
             k, e = entry
-            self._started_key[shard] = entry
+            s.shown = entry
             started = self._started.get(k)
             if started is None:
                 self._started[k], self._started_head[k], self._started_stale[k] = [e], 0, 0
@@ -596,17 +638,17 @@ class ShardQueue:
 
     def _live_started(self, k: int) -> Iterator[tuple[float, int, int]]:
         """The live entries of bucket ``k`` of ``_started``, in order."""
-        started, live = self._started[k], self._started_key
+        started, shards = self._started[k], self._shards
         for i in range(self._started_head[k], len(started)):
             e = started[i]
-            if live.get(e[2]) == (k, e):
+            if shards[e[2]].shown == (k, e):
                 yield e
 
     def _first_started(self, k: int) -> tuple[float, int, int]:
         """The first live entry of bucket ``k`` of ``_started`` (a listed bucket has one); the stale
         ones before it are not looked at again."""
-        started, live, i = self._started[k], self._started_key, self._started_head[k]
-        while live.get(started[i][2]) != (k, started[i]):
+        started, shards, i = self._started[k], self._shards, self._started_head[k]
+        while shards[started[i][2]].shown != (k, started[i]):
             i += 1
         self._started_head[k] = i
         return started[i]
@@ -621,7 +663,8 @@ class ShardQueue:
         ``removed`` have, or are no members any more (``Dispatch.batched`` says so)."""
         if added and not self._started_on:  # the first attempt to wait: ``_started`` is kept from now on
             self._started_on = True
-            self._started_dirty.update(self._running_key)
+            self._started_dirty.update(self._doing)  # (the shards with a ``run_key``)
+            self._running, self._unsorted = {}, set()
         waiting, dirty = self._waiting, (self._started_dirty if self._started_on else set())
         for shard, attempt in removed:
             waiting.discard((shard, attempt, worker))
@@ -640,7 +683,7 @@ class ShardQueue:
         """No batch member is waiting (``Dispatch.batched`` is a new dict)."""
         self._waiting = set()
         if self._started_on:
-            self._started_dirty.update(self._running_key)
+            self._started_dirty.update(self._doing)  # (the shards with a ``run_key``)
 
     # --------------------------------------------------------------- results
     def commit(self, shard: int, attempt: int, worker: str) -> bool:
@@ -835,21 +878,23 @@ class ShardQueue:
         assert self._doing == {i for i, s in enumerate(self._shards) if s.status is _DOING}
         keys = {i: (s.started, min(a.started for a in s.attempts.values()))
                 for i, s in enumerate(self._shards) if s.status is _DOING and s.attempts}
-        assert self._running_key == keys
-        assert self._running == {k: {i: t for i, (n, t) in keys.items() if n == k} for k, _ in keys.values()}
+        assert {i: s.run_key for i, s in enumerate(self._shards) if s.run_key is not None} == keys
+        running = self._running if not self._started_on else self._running_from_records()
+        assert not self._started_on or not self._running and not self._unsorted
+        assert running == {k: {i: t for i, (n, t) in keys.items() if n == k} for k, _ in keys.values()}
         for k, bucket in self._running.items():
             assert k in self._unsorted or list(bucket.values()) == sorted(bucket.values()), k
-        assert self._entered.keys() == keys.keys()
-        shown = {i: (k, (t, self._entered[i], i)) for i, (k, t) in keys.items()
+        shown = {i: (k, (t, self._shards[i].entered, i)) for i, (k, t) in keys.items()
                  if any((i, a.attempt, a.worker) not in self._waiting for a in self._shards[i].attempts.values())}
         self._flush_started()  # (the index as a read sees it)
-        assert self._started_key == (shown if self._started_on else {}) and (self._started_on or not self._waiting)
-        live = {k: sorted(e for u, e in self._started_key.values() if u == k) for k, _ in self._started_key.values()}
+        started_key = {i: s.shown for i, s in enumerate(self._shards) if s.shown is not None}
+        assert started_key == (shown if self._started_on else {}) and (self._started_on or not self._waiting)
+        live = {k: sorted(e for u, e in started_key.values() if u == k) for k, _ in started_key.values()}
         assert {k: list(self._live_started(k)) for k in self._started} == live
         for k, started in self._started.items():  # sorted, each entry once; the stale ones counted, none live before the head
             assert started == sorted(set(started)), k
             assert self._started_stale[k] == len(started) - len(live[k]), k
-            assert all(self._started_key.get(e[2]) != (k, e) for e in started[:self._started_head[k]]), k
+            assert all(self._shards[e[2]].shown != (k, e) for e in started[:self._started_head[k]]), k
         assert {i for b in self._local.values() for i in b} == self._todo and all(
             self._shards[i].holder == h and self._tier[i] == t for (t, h), b in self._local.items() for i in b)
         held = {(t, h): len(b) for (t, h), b in self._local.items() if h is not None}

@@ -134,7 +134,7 @@ class StartRebuild:
 Action = ApplyBatch | RunClockEnd | SkipClock | StartRecovery | StartRebuild
 
 
-@dataclass
+@dataclass(slots=True)
 class _Shard:
     clock: int  # the clock of its next (or running, or waiting) update
     phase: ShardPhase = _TODO
@@ -253,6 +253,16 @@ class ClockWindow:
             return []
         top = math.inf if self.rebuilding is not None else self.top
         return [(c, self._todo[c]) for c in sorted(self._todo) if c <= top]
+
+    def startable_clocks(self) -> list[int]:
+        """The clocks of ``startable_by_clock``, oldest first (without pairing each with its shards:
+        every hand-out and idle poll asks)."""
+        if self.recovering or self.needs_rebuild:
+            return []
+        if self.rebuilding is not None:
+            return sorted(self._todo)
+        top = min(self.floor + 1 + self.staleness, self.limit)  # (``top``)
+        return [c for c in sorted(self._todo) if c <= top]
 
     def any_startable(self) -> bool:
         """Whether ``startable_by_clock`` lists any shard (without listing them)."""
@@ -561,14 +571,12 @@ class ClockWindow:
         if self.recovering or self.holding or self.paused or self.in_flight is not None or self.clock_end is not None:
             return []
         out: list[Action] = []
-        while True:
-            t = self.floor + 1
-            if t > self.limit or t in self._n_at:  # (a shard's update of ``t`` is still to apply)
-                break
-            if t not in self.skip_reasons:
-                break
+        t, n_at = self.floor + 1, self._n_at
+        # (``t in n_at``: a shard's update of ``t`` is still to apply)
+        while t <= self.limit and t not in n_at and t in self.skip_reasons:
             self._finish(t, ClockStatus.SKIPPED)
             out.append(SkipClock(t, self.skip_reasons.pop(t)))
+            t = self.floor + 1
         if self.rebuilding is not None:
             return out
         if self.needs_rebuild:
@@ -577,13 +585,14 @@ class ClockWindow:
                 self.rebuilding, self._rebuild_done = set(range(self.n_shards)), []
                 self.epoch += 1
                 return out + [StartRebuild(self.epoch)]
-        t = self.floor + 1
-        if t <= self.limit and t not in self._n_at:  # first: later clocks wait on it
+        if t <= self.limit and t not in n_at:  # first: later clocks wait on it
             self.clock_end = t
             self.finished[t] = ClockStatus.CLOCK_END
             return out + [RunClockEnd(t, self.epoch)]
         n_waiting = len(self._committed)
-        if n_waiting and max(self._n_committed_at) > self.limit:  # (a stopped fit's later clocks: not applied)
+        if not n_waiting:  # (nothing waits to be applied: no batch)
+            return out
+        if max(self._n_committed_at) > self.limit:  # (a stopped fit's later clocks: not applied)
             n_waiting = sum(n for c, n in self._n_committed_at.items() if c <= self.limit)
         if n_waiting and self._due(n_waiting):
             shards = self._shards
@@ -662,6 +671,7 @@ class ClockWindow:
             assert self.clock_end == self.floor + 1
             assert all(s.clock > self.clock_end for s in self._shards)
         assert self.any_startable() == bool(self.startable_by_clock())
+        assert self.startable_clocks() == [c for c, _ in self.startable_by_clock()]
         assert math.isfinite(self.epoch)
 
 
