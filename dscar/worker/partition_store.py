@@ -185,6 +185,14 @@ class PartitionStore:
                 raise KeyError((table, part))
             return self._values(table, part, clock)[lo:hi].copy()
 
+    def rows_into(self, out, table: str, part: int, lo: int, hi: int, clock: int | None = None) -> None:
+        """Copy rows ``[lo, hi)`` of a partition held here into ``out`` (a read gathering a range
+        from several owners writes each piece where it goes: one copy, not a copy and a concatenation)."""
+        with self.lock:
+            if (table, int(part)) not in self.parts:
+                raise KeyError((table, part))
+            out[...] = self._values(table, part, clock)[lo:hi]
+
     def row_set(self, table: str, part: int, local, clock: int | None = None):
         """Rows ``local`` (local indices, any order) of a partition held here."""
         with self.lock:
