@@ -943,16 +943,15 @@ class ClockEnd:
         #: the clock's last apply began (``first_read``, a future of them) or at the first read;
         #: None once something was assigned (they no longer hold what a read must see)
         self._first: Future | dict[str, dict] | None = first_read
-        self._first_used = first_read is None  # (not sent yet: it is, at the first read)
+        self._first_dropped = False  # (an assign dropped it: every later read asks afresh)
 
     def _first_replies(self) -> dict[str, dict] | None:
         """The other owners' answers to the first read, fetched now if not sent before; None after an assign."""
-        if not self._first_used and self._first is None:
+        if self._first_dropped:
             return None
         if self._first is None:
-            self._first_used = True
             calls = self._server.clock_end_reads(self._job, self._job.owners, self._sums, self._after)
-            self._first = dict(zip([o for o, _, _ in calls], self._server.host.peer_all(calls)))
+            self._first = dict(zip([o for o, _, _ in calls], self._server.host.peer_all(calls))) if calls else {}
         elif isinstance(self._first, Future):
             replies = self._first.result()  # (each of its messages has a deadline)
             for r in replies.values():
@@ -965,7 +964,7 @@ class ClockEnd:
         """The clock end will not read (it did not run, or it assigned first): its early read stops."""
         if isinstance(self._first, Future):
             self._first.cancel()
-        self._first, self._first_used = None, True
+        self._first, self._first_dropped = None, True
 
     def flush(self) -> None:
         """Send the assigned rows other workers own (before a pull reads them, and at the step's end)."""
