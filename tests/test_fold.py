@@ -2,6 +2,7 @@
 fault-free clock sends no clock-end item and no ``clock_done``; a folded clock end reads every owner's
 tables as applied; one that cannot run goes back to the item path; a loss under it skips the clock."""
 import functools
+import sys
 import threading
 import time
 from collections import Counter
@@ -214,3 +215,42 @@ def test_a_folded_clock_end_sends_its_first_read_as_its_apply_begins(inproc, mon
     _assert_summed(res)
     assert waited and all(ok for _, ok in waited), waited
     assert not [e for e in res.events if e["kind"] == "clock-end-unfolded"]
+
+
+def test_the_other_owner_summarizes_in_its_apply_and_answers_the_waiting_read_at_once(inproc, monkeypatch):
+    """A folded clock end's first read that waits at another owner has that owner summarize in the
+    thread that applied the pass, right after it (``ParamServer._apply_then_summarize``): the read's
+    answer takes those summaries and no handler summarizes again. Here every apply waits for its
+    pass's read, so the read is always there first."""
+    from dscar.worker.partition_store import PartitionStore
+
+    callers: list[str] = []
+    summarize = PartitionStore.summarize
+
+    def noted(self, *a, **kw):
+        frame = sys._getframe(1)
+        while frame.f_code.co_name == "<listcomp>":
+            frame = frame.f_back
+        callers.append(frame.f_code.co_name)
+        return summarize(self, *a, **kw)
+
+    apply_pass = worker_plugin.Job.apply_pass
+
+    def waiting_apply(self, run, *rest):
+        with _READS:
+            _READS.wait_for(lambda: run in _READS_ARRIVED, timeout=10)
+        return apply_pass(self, run, *rest)
+
+    _READS_ARRIVED.clear()
+    inproc.client.run(_note_reads)
+    monkeypatch.setattr(worker_plugin, "INLINE_APPLY_BYTES", -1)  # every apply in a thread: the loop runs on
+    monkeypatch.setattr(worker_plugin.Job, "apply_pass", waiting_apply)
+    monkeypatch.setattr(PartitionStore, "summarize", noted)
+    try:
+        res = dscar.fit(SummedCounter(), row_data(40), inproc, n_shards=4, max_clocks=3)
+    finally:
+        inproc.client.run(_unwrap_reads)
+    _assert_summed(res)
+    # a clock: the clock end's own partitions (ShardRunner.summarize), the other owner's in its apply
+    assert sorted(set(callers)) == ["_apply_then_summarize", "summarize"], callers
+    assert callers.count("_apply_then_summarize") == 3, callers

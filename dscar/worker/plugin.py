@@ -119,6 +119,12 @@ class ParamServer(WorkerPlugin):
         self._apply_waiters: list[asyncio.Future] = []
         #: job -> (run, the clock end folded into that pass's apply here): an apply sent again awaits it
         self._folded: dict[str, tuple[int, asyncio.Future]] = {}
+        #: job -> (run, summarize) of a folded clock end's first read that waits here for that pass
+        #: (``pull_many``'s ``summarize``): the apply's thread computes them once the pass is applied
+        self._wanted_summaries: dict[str, tuple[int, list]] = {}
+        #: job -> (``PartitionStore.version``, summarize, summaries) so computed: the read's answer
+        #: takes them while the partitions are as they were (no thread hop after the apply)
+        self._early_summaries: dict[str, tuple[int, list, list]] = {}
         #: job -> this worker's copy of the stopping rule's history (``protocol.RuleHistory``), as sent
         #: with the folded clock ends it ran
         self._rule_copies: dict[str, list[dict[str, float]]] = {}
@@ -238,6 +244,8 @@ class ParamServer(WorkerPlugin):
                 if why is not None:
                     return await self._refuse(op, getattr(comm, "peer_address", None), why, job)
             if after is not None:
+                if op == "pull_many" and kw.get("summarize"):  # (a folded clock end's first read)
+                    self._wanted_summaries[kw.get("job_id")] = (int(after), kw["summarize"])
                 why = await self._until_applied(kw.get("job_id"), int(after))
                 if why is not None:
                     return {"status": "not-applied", "error": why}
@@ -481,7 +489,11 @@ class ParamServer(WorkerPlugin):
         def run() -> list | None:
             return [job.tables.summarize(t, parts, job.algorithm.summarize, clock) for t, parts in summarize]
 
-        got = await asyncio.to_thread(run)
+        early = self._early_summaries.pop(job.id, None)
+        if early is not None and clock is None and early[0] == job.tables.version and early[1] == summarize:
+            got = early[2]
+        else:
+            got = await asyncio.to_thread(run)
         if any(g is None for g in got):
             return {"status": "missing"}
         return {**answer, "summaries": {"tables": [t for t, _ in summarize], "parts": [ps for _, ps in summarize],
@@ -718,6 +730,8 @@ class ParamServer(WorkerPlugin):
         args = (run, keys, workers, updates, set(reset or ()), owned, me, clock if floor is None else floor, floor)
         if job.tables.update_bytes(keys, updates) <= INLINE_APPLY_BYTES:
             out = job.apply_pass(*args)  # a thread hop would cost more than the additions
+        elif floor is None:
+            out = await asyncio.to_thread(self._apply_then_summarize, job, run, args)
         else:
             out = await asyncio.to_thread(job.apply_pass, *args)
         if "applied" in out and floor is None:  # (an SSP batch is no pass: a batch's members run on)
@@ -741,6 +755,23 @@ class ParamServer(WorkerPlugin):
             return dict(zip([a for a, _, _ in calls], replies))
 
         return asyncio.run_coroutine_threadsafe(read(), asyncio.get_running_loop())
+
+    def _apply_then_summarize(self, job: Job, run: int, args: tuple) -> dict:
+        """A BSP pass applied (``Job.apply_pass``, off the event loop), then in the same thread the
+        summaries that a folded clock end's first read waiting here asks (``_wanted_summaries``), so
+        its answer goes as the apply ends, without another hop to a thread. A summary that raises is
+        left to the read, which computes it again and answers with the error."""
+        out = job.apply_pass(*args)
+        wanted = self._wanted_summaries.get(job.id)
+        if "applied" in out and wanted is not None and wanted[0] == run:
+            del self._wanted_summaries[job.id]
+            try:
+                with job.tables.lock:
+                    got = [job.tables.summarize(t, parts, job.algorithm.summarize, None) for t, parts in wanted[1]]
+                    self._early_summaries[job.id] = (job.tables.version, wanted[1], got)
+            except Exception:  # noqa: BLE001 - the read computes it again and answers with it
+                pass
+        return out
 
     async def _clock_end_here(self, job: Job, run: int, item: dict, first_read: Future | None = None) -> dict:
         """The outcome of the clock end folded into the apply of ``run`` (``ShardRunner.clock_end_here``,
@@ -999,6 +1030,8 @@ class ParamServer(WorkerPlugin):
                     del moving[key]
         self._folded.pop(job_id, None)
         self._rule_copies.pop(job_id, None)
+        self._wanted_summaries.pop(job_id, None)
+        self._early_summaries.pop(job_id, None)
         self._not_applied.pop(job_id, None)
         if job is not None:
             job.ended.set()
