@@ -764,7 +764,7 @@ class ParamServer(WorkerPlugin):
         out = job.apply_pass(*args)
         wanted = self._wanted_summaries.get(job.id)
         if "applied" in out and wanted is not None and wanted[0] == run:
-            del self._wanted_summaries[job.id]
+            self._wanted_summaries.pop(job.id, None)  # (the loop may drop it meanwhile: a job's end)
             try:
                 with job.tables.lock:
                     got = [job.tables.summarize(t, parts, job.algorithm.summarize, None) for t, parts in wanted[1]]
