@@ -1140,6 +1140,9 @@ class LDAGibbs(Algorithm):
         return {"objective": -per_token, "loglik": per_token, "count_error": float(err),
                 "tokens": float(n), "iteration": (ctx.clock - 1) / self.clocks_per_sweep(ctx.meta.n_shards)}
 
+    def clock_end_summaries(self) -> list[str]:
+        return ["word_topic"]
+
     def summarize(self, table: str, rows, start: int) -> list[np.ndarray]:
         """A ``word_topic`` partition's part of the clock end: column sums, word-id-weighted column
         sums (ids from 1), and [smallest count, sum of lgG(n + beta) - lgG(beta)]."""

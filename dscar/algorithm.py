@@ -20,7 +20,8 @@ worker behaves the same. A clock runs in three steps:
 3. ``clock_end(ctx)`` once, on one worker: reads tables, writes new values
    (``ctx.assign``) and returns this clock's metrics, ``objective`` among them.
    A large table it only reduces is better read as ``ctx.summaries(table)``:
-   ``summarize`` runs on each partition's owner and only its result travels.
+   ``summarize`` runs on each partition's owner and only its result travels
+   (named in ``clock_end_summaries``, in the same message as the small tables).
 
 Multi-phase clocks: an algorithm that names ``phases`` (e.g. ALS's
 ``("user", "item")``) gets data with one set of shards per phase
@@ -202,6 +203,15 @@ class Algorithm:
         partition instead of pulling the table to one worker. Default: none.
         """
         raise NotImplementedError(f"{type(self).__name__} summarizes no table")
+
+    def clock_end_summaries(self) -> list[str]:
+        """The tables whose ``summaries`` the clock end reads before it assigns anything.
+
+        Their owners summarize them in the message that carries the small tables' rows, so
+        the clock end reads both in one round trip (started as soon as the clock's last
+        apply does, when the clock end is folded into it). Default: none.
+        """
+        return []
 
     def rebuild_tables(self) -> list[str]:
         """``param`` tables that ``rebuild_step`` recomputes from the data after a restore.

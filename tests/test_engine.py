@@ -472,9 +472,18 @@ class SummarizingClockEnd(RowCounter):
                 "summed": float(sum(p[1][0] for p in parts))}
 
 
+class NamedSummariesClockEnd(SummarizingClockEnd):
+    """The same, with ``count`` named in ``clock_end_summaries``: the summaries come with the small
+    tables' rows, in one message per owner (``ShardRunner.clock_end_reads``)."""
+
+    def clock_end_summaries(self):
+        return ["count"]
+
+
+@pytest.mark.parametrize("model", [SummarizingClockEnd, NamedSummariesClockEnd])
 @pytest.mark.parametrize("where", ["inproc", "procs"])
-def test_a_clock_end_reads_a_table_as_summaries_made_by_its_owners_in_row_order(where, request):
-    res = dscar.fit(SummarizingClockEnd(n_parts=5), row_data(23), request.getfixturevalue(where), n_shards=3, max_clocks=2)
+def test_a_clock_end_reads_a_table_as_summaries_made_by_its_owners_in_row_order(where, model, request):
+    res = dscar.fit(model(n_parts=5), row_data(23), request.getfixturevalue(where), n_shards=3, max_clocks=2)
     for rec in res.history:
         m = rec.metrics
         assert m["parts"] == 5 and m["in_row_order"] == 1 and m["summed"] == m["objective"] == 23 * rec.clock

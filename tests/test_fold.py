@@ -1,7 +1,11 @@
 """The clock end folded into the apply of a BSP clock's last pass (``BspSchedule._fold``): a
 fault-free clock sends no clock-end item and no ``clock_done``; a folded clock end reads every owner's
 tables as applied; one that cannot run goes back to the item path; a loss under it skips the clock."""
+import functools
+import sys
+import threading
 import time
+from collections import Counter
 
 import dask
 import numpy as np
@@ -91,3 +95,162 @@ def test_a_loss_under_the_folded_clock_end_skips_its_clock_and_the_fit_goes_on(i
         for rec in (res.history[0], *res.history[2:]):
             assert rec.metrics["seen_min"] == rec.metrics["seen_max"] == 1.0, rec  # exactly once where it counts
     assert len(fired_on) == 1, fired_on  # clock 2's clock end ran on exactly one worker
+
+
+#: rows of ``SummedCounter``'s large table: 8 bytes each, over ``SMALL_TABLE_BYTES``, so it is summarized, not pulled
+BIG_ROWS = 160_000
+
+
+class SummedCounter(RowCounter):
+    """``RowCounter`` whose clock end also reads a large table as its owners' summaries (as LDA reads
+    ``word_topic``): each shard adds 1 to its share of ``big``'s rows, so after clock ``c`` every row
+    holds ``c``; ``big_sum`` and ``big_min`` show a summary read one clock behind or half applied."""
+
+    def tables(self, meta):
+        from dscar import TableSpec
+        return [*super().tables(meta), TableSpec("big", BIG_ROWS)]
+
+    def shard_step(self, ctx, data):
+        super().shard_step(ctx, data)
+        per = BIG_ROWS // ctx.meta.n_rows
+        lo, hi = int(data["row"][0]) * per, (int(data["row"][-1]) + 1) * per
+        ctx.add("big", ctx.xp.ones(hi - lo), start=lo)
+
+    def clock_end(self, ctx):
+        out = super().clock_end(ctx)
+        parts = ctx.summaries("big")
+        return {**out, "big_sum": float(sum(p[0][0] for p in parts)), "big_min": float(min(p[1][0] for p in parts))}
+
+    def clock_end_summaries(self):
+        return ["big"]
+
+    def summarize(self, table, rows, start):
+        rows = dscar.to_host(rows)
+        return [np.array([rows.sum()]), np.array([rows.min()])]
+
+
+class SummedCounterAsking(SummedCounter):
+    """The same model without ``clock_end_summaries``: its clock end asks for the summaries in a message of their own."""
+
+    def clock_end_summaries(self):
+        return []
+
+
+def _worker_calls(client) -> Counter:
+    from bench.overhead import install_counters, read_counters
+    client.run(install_counters)
+    out = Counter()
+    for per in client.run(read_counters).values():
+        out.update(per)
+    return out
+
+
+def _assert_summed(res):
+    assert_exactly_once(res, 40)
+    for rec in res.history:
+        assert rec.metrics["big_sum"] == BIG_ROWS * rec.clock and rec.metrics["big_min"] == rec.clock, rec
+
+
+@pytest.mark.parametrize("fold", [True, False])
+def test_a_clock_end_reads_the_small_tables_and_the_summaries_in_one_message_per_owner(inproc, fold):
+    """``clock_end_summaries`` names ``big``: the clock end's first read asks each other owner for its
+    small-table partitions and its summaries of ``big`` at once (no ``dscar_summarize``), folded or
+    not, and reads what the two messages of the model that does not name it read."""
+    with dask.config.set({"dscar.fold-clock-end": fold}):
+        before = _worker_calls(inproc.client)
+        res = dscar.fit(SummedCounter(), row_data(40), inproc, n_shards=4, max_clocks=3)
+        one = _worker_calls(inproc.client) - before
+        asking = dscar.fit(SummedCounterAsking(), row_data(40), inproc, n_shards=4, max_clocks=3)
+        two = _worker_calls(inproc.client) - before - one
+    _assert_summed(res)
+    assert one["dscar_summarize"] == 0 and two["dscar_summarize"] == 3, (one, two)  # a clock end: 1 other owner
+    assert [r.metrics for r in asking.history] == [r.metrics for r in res.history]
+
+
+#: the passes (run ids) a read tagged ``after`` reached some worker for (in-process workers: one process)
+_READS_ARRIVED: set[int] = set()
+_READS = threading.Condition()
+
+
+def _note_reads(dask_worker):
+    """Wrap this worker's ``dscar_pull_many``: note the pass a folded clock end's read waits for."""
+    handler = dask_worker.handlers["dscar_pull_many"]
+
+    @functools.wraps(handler)
+    def noted(*args, **kw):
+        if kw.get("after") is not None:
+            with _READS:
+                _READS_ARRIVED.add(int(kw["after"]))
+                _READS.notify_all()
+        return handler(*args, **kw)
+    dask_worker.handlers["dscar_pull_many"] = noted
+
+
+def _unwrap_reads(dask_worker):
+    handler = dask_worker.handlers["dscar_pull_many"]
+    dask_worker.handlers["dscar_pull_many"] = getattr(handler, "__wrapped__", handler)
+
+
+def test_a_folded_clock_end_sends_its_first_read_as_its_apply_begins(inproc, monkeypatch):
+    """Every owner's apply of a pass waits until a read of that pass (``after``) reached some worker:
+    the folded clock end must send its first read when its worker's apply begins, not once it ended
+    (then every apply would wait out its bound, and the check fails). The reads still see every row
+    as applied."""
+    waited: list[tuple[int, bool]] = []
+    apply_pass = worker_plugin.Job.apply_pass
+
+    def waiting_apply(self, run, *rest):
+        with _READS:
+            waited.append((run, _READS.wait_for(lambda: run in _READS_ARRIVED, timeout=10)))
+        return apply_pass(self, run, *rest)
+
+    _READS_ARRIVED.clear()
+    inproc.client.run(_note_reads)
+    monkeypatch.setattr(worker_plugin, "INLINE_APPLY_BYTES", -1)  # every apply in a thread: the loop runs on
+    monkeypatch.setattr(worker_plugin.Job, "apply_pass", waiting_apply)
+    try:
+        res = dscar.fit(SummedCounter(), row_data(40), inproc, n_shards=4, max_clocks=3)
+    finally:
+        inproc.client.run(_unwrap_reads)
+    _assert_summed(res)
+    assert waited and all(ok for _, ok in waited), waited
+    assert not [e for e in res.events if e["kind"] == "clock-end-unfolded"]
+
+
+def test_the_other_owner_summarizes_in_its_apply_and_answers_the_waiting_read_at_once(inproc, monkeypatch):
+    """A folded clock end's first read that waits at another owner has that owner summarize in the
+    thread that applied the pass, right after it (``ParamServer._apply_then_summarize``): the read's
+    answer takes those summaries and no handler summarizes again. Here every apply waits for its
+    pass's read, so the read is always there first."""
+    from dscar.worker.partition_store import PartitionStore
+
+    callers: list[str] = []
+    summarize = PartitionStore.summarize
+
+    def noted(self, *a, **kw):
+        frame = sys._getframe(1)
+        while frame.f_code.co_name == "<listcomp>":
+            frame = frame.f_back
+        callers.append(frame.f_code.co_name)
+        return summarize(self, *a, **kw)
+
+    apply_pass = worker_plugin.Job.apply_pass
+
+    def waiting_apply(self, run, *rest):
+        with _READS:
+            _READS.wait_for(lambda: run in _READS_ARRIVED, timeout=10)
+        return apply_pass(self, run, *rest)
+
+    _READS_ARRIVED.clear()
+    inproc.client.run(_note_reads)
+    monkeypatch.setattr(worker_plugin, "INLINE_APPLY_BYTES", -1)  # every apply in a thread: the loop runs on
+    monkeypatch.setattr(worker_plugin.Job, "apply_pass", waiting_apply)
+    monkeypatch.setattr(PartitionStore, "summarize", noted)
+    try:
+        res = dscar.fit(SummedCounter(), row_data(40), inproc, n_shards=4, max_clocks=3)
+    finally:
+        inproc.client.run(_unwrap_reads)
+    _assert_summed(res)
+    # a clock: the clock end's own partitions (ShardRunner.summarize), the other owner's in its apply
+    assert sorted(set(callers)) == ["_apply_then_summarize", "summarize"], callers
+    assert callers.count("_apply_then_summarize") == 3, callers

@@ -498,9 +498,12 @@ def test_a_read_spanning_several_owners_asks_them_all_at_once():
             return out
 
     runner = ShardRunner(Host())
-    np.testing.assert_array_equal(runner.read_rows(job, "w", 1, 8), np.arange(1.0, 8.0))
+    got = runner.read_rows(job, "w", 1, 8)
+    np.testing.assert_array_equal(got, np.arange(1.0, 8.0))
+    got[:] = -1  # (the pieces are written into a new array: the reader's copy, not the partition)
+    np.testing.assert_array_equal(runner.read_rows(job, "w", 0, 9), np.arange(9.0))
     np.testing.assert_array_equal(runner.read_row_set(job, "w", [8, 0, 4, 2]), [8.0, 0.0, 4.0, 2.0])
-    assert batches == [[(OTHER, "pull"), ("tcp://third:3", "pull")]] * 2
+    assert batches == [[(OTHER, "pull"), ("tcp://third:3", "pull")]] * 3
 
 
 def test_a_clock_end_that_could_not_reach_a_peer_names_it_in_its_failure():

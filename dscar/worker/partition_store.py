@@ -94,6 +94,9 @@ class PartitionStore:
         #: combined set when the pass goes through an aggregation tree (``dscar.core.apply_plan``), served
         #: to its parent and to the owners; kept until a newer pass is combined or applied here
         self.combined: dict[tuple[int, int], dict[Key, tuple[str, list[Update]]]] = {}
+        #: raised by every change of the partitions held (own, disown, clear, assign, apply): a value
+        #: computed from them at one version holds while the version does
+        self.version = 0
 
     # ------------------------------------------------------------ owning
     def own(self, table: str, part: int, values, checkpointed: bool = False, holds: Iterable = ()) -> None:
@@ -102,6 +105,7 @@ class PartitionStore:
         ``holds``: ``(clock, shard, attempt, run)`` of the SSP updates of open clocks in ``values``."""
         arr = self.xp.asarray(values, dtype=self.specs[table].dtype) if checkpointed else self.xp.asarray(values)
         with self.lock:
+            self.version += 1
             self.parts[(table, int(part))] = arr
             self.holds[(table, int(part))] = {(int(c), int(s), int(a)): int(r) for c, s, a, r in holds}
             for k in [k for k in self.sums if k[:2] == (table, int(part))]:
@@ -113,6 +117,7 @@ class PartitionStore:
         """Hold partition ``(table, part)`` no more: it moved to another owner (a join's switch)."""
         key = (table, int(part))
         with self.lock:
+            self.version += 1
             for held in (self.parts, self.saved, self.credit, self.debt, self.holds):
                 held.pop(key, None)
             for k in [k for k in self.sums if k[:2] == key]:
@@ -126,6 +131,7 @@ class PartitionStore:
     def clear(self) -> None:
         """Drop everything, as a crash would (a simulated loss)."""
         with self.lock:
+            self.version += 1
             self.parts.clear()
             self.saved.clear()
             self.debt.clear()
@@ -185,6 +191,14 @@ class PartitionStore:
                 raise KeyError((table, part))
             return self._values(table, part, clock)[lo:hi].copy()
 
+    def rows_into(self, out, table: str, part: int, lo: int, hi: int, clock: int | None = None) -> None:
+        """Copy rows ``[lo, hi)`` of a partition held here into ``out`` (a read gathering a range
+        from several owners writes each piece where it goes: one copy, not a copy and a concatenation)."""
+        with self.lock:
+            if (table, int(part)) not in self.parts:
+                raise KeyError((table, part))
+            out[...] = self._values(table, part, clock)[lo:hi]
+
     def row_set(self, table: str, part: int, local, clock: int | None = None):
         """Rows ``local`` (local indices, any order) of a partition held here."""
         with self.lock:
@@ -195,6 +209,7 @@ class PartitionStore:
     def assign(self, table: str, part: int, lo: int, data) -> None:
         """Overwrite rows ``lo..`` of a partition held here (a clock-end step's ``assign``)."""
         with self.lock:
+            self.version += 1
             arr = self.parts[(table, int(part))]
             arr[lo : lo + data.shape[0]] = self.xp.asarray(data)
 
@@ -264,6 +279,7 @@ class PartitionStore:
         finished clocks go (the newest finished clock's sums stay)."""
         applied, keys = 0, [tuple(k) for k in keys]
         with self.lock:
+            self.version += 1
             owned = {k: a for k, a in owned.items() if self.parts.get(k) is a}
             for (table, _), arr in owned.items():
                 if table in reset:

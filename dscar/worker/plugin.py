@@ -33,6 +33,7 @@ import sys
 import threading
 import time
 import traceback
+from concurrent.futures import Future
 from types import ModuleType
 from typing import Any, Callable
 
@@ -118,6 +119,12 @@ class ParamServer(WorkerPlugin):
         self._apply_waiters: list[asyncio.Future] = []
         #: job -> (run, the clock end folded into that pass's apply here): an apply sent again awaits it
         self._folded: dict[str, tuple[int, asyncio.Future]] = {}
+        #: job -> (run, summarize) of a folded clock end's first read that waits here for that pass
+        #: (``pull_many``'s ``summarize``): the apply's thread computes them once the pass is applied
+        self._wanted_summaries: dict[str, tuple[int, list]] = {}
+        #: job -> (``PartitionStore.version``, summarize, summaries) so computed: the read's answer
+        #: takes them while the partitions are as they were (no thread hop after the apply)
+        self._early_summaries: dict[str, tuple[int, list, list]] = {}
         #: job -> this worker's copy of the stopping rule's history (``protocol.RuleHistory``), as sent
         #: with the folded clock ends it ran
         self._rule_copies: dict[str, list[dict[str, float]]] = {}
@@ -237,6 +244,8 @@ class ParamServer(WorkerPlugin):
                 if why is not None:
                     return await self._refuse(op, getattr(comm, "peer_address", None), why, job)
             if after is not None:
+                if op == "pull_many" and kw.get("summarize"):  # (a folded clock end's first read)
+                    self._wanted_summaries[kw.get("job_id")] = (int(after), kw["summarize"])
                 why = await self._until_applied(kw.get("job_id"), int(after))
                 if why is not None:
                     return {"status": "not-applied", "error": why}
@@ -455,10 +464,12 @@ class ParamServer(WorkerPlugin):
         return {"status": "OK", "data": to_serialize(out), **extra}
 
     def _h_pull_many(self, job_id: str, parts: list, clock: int | None = None, mine: list | None = None,
-                     race: list | None = None) -> dict:
+                     race: list | None = None, summarize: list | None = None):
         """Whole partitions ``[[table, part], ...]`` held here (``read_small_tables``); under SSP a
         reduction table's sums of ``clock``; ``mine`` and ``race`` as for ``pull`` (``held``: one
-        list per partition)."""
+        list per partition). ``summarize``: ``[[table, [part, ...]], ...]``, a clock end's first
+        read (``ShardRunner.clock_end_reads``): the answer also carries the algorithm's
+        ``summarize`` of those partitions (``summaries``), computed off the event loop."""
         job = self.jobs.get(job_id)
         if job is None:
             return {"status": "missing"}
@@ -469,7 +480,25 @@ class ParamServer(WorkerPlugin):
             if out is None:
                 return {"status": "missing"}
             extra = {} if mine is None else {"held": [job.tables.held(tuple(p), *mine) for p in parts]}
-        return {"status": "OK", "data": wire.encode(out), **extra}
+        answer = {"status": "OK", "data": wire.encode(out), **extra}
+        return self._with_summaries(job, answer, summarize, clock) if summarize else answer
+
+    async def _with_summaries(self, job: Job, answer: dict, summarize: list, clock: int | None) -> dict:
+        """``answer`` with the summaries of ``summarize`` (``[[table, [part, ...]], ...]``): per table its
+        parts and how many arrays each gave, and the arrays in that order."""
+        def run() -> list | None:
+            return [job.tables.summarize(t, parts, job.algorithm.summarize, clock) for t, parts in summarize]
+
+        early = self._early_summaries.pop(job.id, None)
+        if early is not None and clock is None and early[0] == job.tables.version and early[1] == summarize:
+            got = early[2]
+        else:
+            got = await asyncio.to_thread(run)
+        if any(g is None for g in got):
+            return {"status": "missing"}
+        return {**answer, "summaries": {"tables": [t for t, _ in summarize], "parts": [ps for _, ps in summarize],
+                                        "counts": [[len(a) for a in g] for g in got],
+                                        "data": wire.encode([x for g in got for a in g for x in a])}}
 
     async def _h_summarize(self, job_id: str, table: str, parts: list, clock: int | None = None) -> dict:
         """The algorithm's ``summarize`` of partitions ``parts`` of ``table`` held here (a clock end's
@@ -655,7 +684,9 @@ class ParamServer(WorkerPlugin):
                 self._settle_combine(job_id, tag, {"status": "source-lost", "worker": self.address, "error": "stopped"})
             return {"status": "stopped"}
         if floor is None:  # BSP: the coordinator may send a pass again (a peer it could not reach answered a
-            async with job.apply_lock:  # probe); one that was applied here is not applied twice
+            # probe); one that was applied here is not applied twice
+            first_read = self._start_first_read(job, run, clock_end)
+            async with job.apply_lock:
                 if run <= job.tables.applied_run:
                     out = {"status": "OK", "applied": 0, "again": True}
                 else:
@@ -664,10 +695,14 @@ class ParamServer(WorkerPlugin):
                                                      tree, combine, shards)
                     except BaseException:
                         self._applies_settled(job_id, run, False)
+                        if first_read is not None:
+                            first_read.cancel()
                         raise
                     self._applies_settled(job_id, run, "applied" in out)
             if clock_end is not None and "applied" in out:
-                out = {**out, "clock_end": await self._clock_end_here(job, run, clock_end)}
+                out = {**out, "clock_end": await self._clock_end_here(job, run, clock_end, first_read)}
+            elif first_read is not None:
+                first_read.cancel()
             return out
         return await self._apply_here(job, tag, clock, run, committed, reset, clocks, floor, fetch, tree, combine,
                                       shards)
@@ -695,27 +730,69 @@ class ParamServer(WorkerPlugin):
         args = (run, keys, workers, updates, set(reset or ()), owned, me, clock if floor is None else floor, floor)
         if job.tables.update_bytes(keys, updates) <= INLINE_APPLY_BYTES:
             out = job.apply_pass(*args)  # a thread hop would cost more than the additions
+        elif floor is None:
+            out = await asyncio.to_thread(self._apply_then_summarize, job, run, args)
         else:
             out = await asyncio.to_thread(job.apply_pass, *args)
         if "applied" in out and floor is None:  # (an SSP batch is no pass: a batch's members run on)
             self.runner.pass_applied(job_id)
         return out
 
-    async def _clock_end_here(self, job: Job, run: int, item: dict) -> dict:
+    def _start_first_read(self, job: Job, run: int, item: dict | None) -> Future | None:
+        """The first read of the clock end folded into the apply of ``run`` (``ShardRunner.clock_end_reads``),
+        sent now, as the apply begins: each other owner answers once it applied the pass, so the
+        clock end finds its answers waiting instead of asking after this worker's apply. None where
+        no clock end is folded, or it ran here already (an apply sent again)."""
+        if item is None or (self._folded.get(job.id) or (None,))[0] == run:
+            return None
+        owners = {(t, int(p)): w for t, p, w in item["owners"]}
+        calls = self.runner.clock_end_reads(job, owners, None, run)
+        if not calls:
+            return None
+
+        async def read() -> dict[str, Any]:
+            replies = await asyncio.gather(*(self._apeer(a, op, **kw) for a, op, kw in calls), return_exceptions=True)
+            return dict(zip([a for a, _, _ in calls], replies))
+
+        return asyncio.run_coroutine_threadsafe(read(), asyncio.get_running_loop())
+
+    def _apply_then_summarize(self, job: Job, run: int, args: tuple) -> dict:
+        """A BSP pass applied (``Job.apply_pass``, off the event loop), then in the same thread the
+        summaries that a folded clock end's first read waiting here asks (``_wanted_summaries``), so
+        its answer goes as the apply ends, without another hop to a thread. A summary that raises is
+        left to the read, which computes it again and answers with the error."""
+        out = job.apply_pass(*args)
+        wanted = self._wanted_summaries.get(job.id)
+        if "applied" in out and wanted is not None and wanted[0] == run:
+            self._wanted_summaries.pop(job.id, None)  # (the loop may drop it meanwhile: a job's end)
+            try:
+                with job.tables.lock:
+                    got = [job.tables.summarize(t, parts, job.algorithm.summarize, None) for t, parts in wanted[1]]
+                    self._early_summaries[job.id] = (job.tables.version, wanted[1], got)
+            except Exception:  # noqa: BLE001 - the read computes it again and answers with it
+                pass
+        return out
+
+    async def _clock_end_here(self, job: Job, run: int, item: dict, first_read: Future | None = None) -> dict:
         """The outcome of the clock end folded into the apply of ``run`` (``ShardRunner.clock_end_here``,
-        off the event loop); an apply of the same pass sent again gets the same one, never a second run."""
+        off the event loop); an apply of the same pass sent again gets the same one, never a second run.
+        ``first_read``: its first read, sent as the apply began (``_start_first_read``)."""
         folded = self._folded.get(job.id)
         if folded is None or folded[0] != run:
-            folded = self._folded[job.id] = (run, asyncio.ensure_future(asyncio.to_thread(self._clock_end_and_rule,
-                                                                                          job, item)))
+            folded = self._folded[job.id] = (run, asyncio.ensure_future(asyncio.to_thread(
+                self._clock_end_and_rule, job, item, first_read)))
+            if first_read is not None:  # (an answer it did not read stops waiting)
+                folded[1].add_done_callback(lambda _: first_read.cancel())
+        elif first_read is not None:
+            first_read.cancel()
         return await asyncio.shield(folded[1])
 
-    def _clock_end_and_rule(self, job: Job, item: dict) -> dict:
+    def _clock_end_and_rule(self, job: Job, item: dict, first_read: Future | None = None) -> dict:
         """The folded clock end's outcome; with the item's ``rule`` (the history this worker lacks), the
         stopping rule evaluated on the history with its metrics (``stop``), so the coordinator can
         begin the next clock without asking the driver. A rule that raises is left to the driver,
         which raises it as it would have."""
-        out = self.runner.clock_end_here(item)
+        out = self.runner.clock_end_here(item, first_read)
         if "metrics" not in out or item.get("rule") is None:
             return out
         copy = self._rule_copies.setdefault(job.id, [])
@@ -953,6 +1030,8 @@ class ParamServer(WorkerPlugin):
                     del moving[key]
         self._folded.pop(job_id, None)
         self._rule_copies.pop(job_id, None)
+        self._wanted_summaries.pop(job_id, None)
+        self._early_summaries.pop(job_id, None)
         self._not_applied.pop(job_id, None)
         if job is not None:
             job.ended.set()

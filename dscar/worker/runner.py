@@ -24,6 +24,7 @@ import threading
 import time
 import traceback
 from collections import defaultdict
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any, Protocol
@@ -495,19 +496,20 @@ class ShardRunner:
             raise ValueError(f"{type(job.algorithm).__name__}.clock_end returned no 'objective'")
         return metrics
 
-    def clock_end_here(self, item: dict) -> dict:
+    def clock_end_here(self, item: dict, first_read: Future | None = None) -> dict:
         """The clock end folded into this worker's apply of the clock's last pass (``item``, a
         clock-end item), run once that apply is done: its outcome (``protocol.ClockEndOutcome``) goes
         back with the apply's answer instead of a ``clock_done`` or ``clock_failed`` message.
         Where it did not run (stopped by a fault, an owner that had not applied in time, nothing
-        written yet) the coordinator hands the clock end out as an item instead."""
+        written yet) the coordinator hands the clock end out as an item instead. ``first_read``:
+        the other owners' answers to its first read (``clock_end_reads``), sent as the apply began."""
         clock, ctx = item["clock"], None
         try:
             job = self.host.job(item["job"])
             self._prepare(job, item)
             self._inject(job, clock, "clock-end")
             t0 = time.perf_counter()
-            ctx = ClockEnd(self, job, clock, item["run"], folded=True)
+            ctx = ClockEnd(self, job, clock, item["run"], folded=True, first_read=first_read)
             metrics = self._clock_end(job, ctx)
             return ClockEndOutcome(metrics=metrics, seconds=time.perf_counter() - t0).to_msg()
         except _Stopped:
@@ -561,6 +563,19 @@ class ShardRunner:
             (owner, "pull", {"job_id": job.id, "table": table, "part": part, "lo": lo, "hi": hi, "clock": clock,
                              "mine": mine, "race": race, **_after(after)})
             for part, lo, hi, owner in spans if owner != self.host.address]))) if remote else {}
+        if len(spans) > 1 and not mine:  # each piece copied once, where it goes
+            spec = job.specs[table]
+            out = job.xp.empty((stop - start, *spec.trailing), dtype=spec.dtype)
+            at = 0
+            for part, lo, hi, owner in spans:
+                if owner == self.host.address:
+                    with job.tables.lock:
+                        _check_race(job, race, (table, part))
+                        job.tables.rows_into(out[at:at + hi - lo], table, part, lo, hi, clock)
+                else:
+                    out[at:at + hi - lo] = job.xp.asarray(_answered(replies[part, owner], owner, table, part)["data"])
+                at += hi - lo
+            return out
         pieces = []
         for part, lo, hi, owner in spans:
             if owner == self.host.address:
@@ -581,11 +596,13 @@ class ShardRunner:
         return spec.n_rows * int(np.prod(spec.trailing)) * np.dtype(spec.dtype).itemsize <= SMALL_TABLE_BYTES
 
     def read_small_tables(self, job: Job, clock: int | None = None, own: PullCache | None = None,
-                          race: list | None = None, after: int | None = None) -> dict[str, Any]:
+                          race: list | None = None, after: int | None = None,
+                          replies: dict[str, dict] | None = None) -> dict[str, Any]:
         """Every small table (``SMALL_TABLE_BYTES``), whole: the partitions held here copied, the
         others fetched with one message per owner, all owners at once. A small model's shard step
         or clock end reads several tables, and one message per table and owner is a round trip each.
-        ``own``, ``race`` and ``after`` as for ``read_rows``."""
+        ``own``, ``race`` and ``after`` as for ``read_rows``; ``replies``: each other owner's answer
+        to a clock end's first read (``clock_end_reads``), already fetched."""
         small = [t for t in job.specs if self.is_small(job, t)]
         remote = by_owner(job.owners, [(t, p) for t in small for p in range(job.layouts[t].n_parts)])
         mine = None if own is None else own.mine()
@@ -597,10 +614,13 @@ class ShardRunner:
                 pieces[k] = job.tables.rows(*k, 0, None, clock)
                 held[k] = job.tables.held(k, *mine) if mine else []
         if remote:
-            replies = self.host.peer_all([(o, "pull_many", {"job_id": job.id, "parts": [list(k) for k in keys],
-                                                            "clock": clock, "mine": mine, "race": race,
-                                                            **_after(after)})
-                                          for o, keys in remote.items()])
+            if replies is None:
+                replies = self.host.peer_all([(o, "pull_many", {"job_id": job.id, "parts": [list(k) for k in keys],
+                                                                "clock": clock, "mine": mine, "race": race,
+                                                                **_after(after)})
+                                              for o, keys in remote.items()])
+            else:
+                replies = [replies[o] for o in remote]
             for (owner, keys), r in zip(remote.items(), replies):
                 r = _answered(r, owner, *keys[0])
                 pieces.update((k, job.xp.asarray(d)) for k, d in zip(keys, wire.decode(r["data"])))
@@ -609,15 +629,27 @@ class ShardRunner:
             pieces = {k: own.patch(v, *k, 0, held[k], job.xp) for k, v in pieces.items()}
         return {t: job.xp.concatenate([pieces[(t, p)] for p in range(job.layouts[t].n_parts)]) for t in small}
 
-    def summarize(self, job: Job, table: str, clock: int | None = None,
-                  after: int | None = None) -> list[list[np.ndarray]]:
+    def summarize(self, job: Job, table: str, clock: int | None = None, after: int | None = None,
+                  replies: dict[str, dict] | None = None) -> list[list[np.ndarray]]:
         """The algorithm's ``summarize`` of every partition of ``table``, in row order, each run by
-        the partition's owner (one message per other owner, all at once; ``after`` as for ``read_rows``)."""
+        the partition's owner (one message per other owner, all at once; ``after`` as for ``read_rows``;
+        ``replies`` as for ``read_small_tables``, when they carry ``table``'s summaries)."""
         layout = job.layouts[table]
         remote = by_owner(job.owners, [(table, p) for p in range(layout.n_parts)])
         mine = [p for _, p in remote.pop(self.host.address, [])]
         out: dict[int, list] = {}
-        if remote:
+        if remote and replies is not None:
+            for owner, keys in remote.items():
+                r = _answered(replies[owner], owner, *keys[0])
+                arrays = iter(wire.decode(r["summaries"]["data"]))
+                for t, parts, counts in zip(r["summaries"]["tables"], r["summaries"]["parts"],
+                                            r["summaries"]["counts"]):
+                    got = [[next(arrays) for _ in range(n)] for n in counts]
+                    if t == table:
+                        out.update(zip(parts, got))
+                if any(p not in out for _, p in keys):
+                    raise LookupError(f"{owner} did not summarize every partition of {table} it owns")
+        elif remote:
             replies = self.host.peer_all([(o, "summarize", {"job_id": job.id, "table": table,
                                                              "parts": [p for _, p in keys], "clock": clock,
                                                              **_after(after)})
@@ -631,6 +663,26 @@ class ShardRunner:
                 raise LookupError(f"{self.host.address} no longer holds a partition of {table}")
             out.update(zip(mine, got))
         return [out[p] for p in range(layout.n_parts)]
+
+    def clock_end_reads(self, job: Job, owners: dict[tuple[str, int], str], clock: int | None = None,
+                        after: int | None = None) -> list[tuple[str, str, dict]]:
+        """The messages of a clock end's first read, one per other owner (``owners``: the clock-end
+        item's map): its partitions of every small table, and its summaries of the algorithm's
+        ``clock_end_summaries``; what ``read_small_tables`` and ``summarize`` would ask in a
+        message each, so the clock end's reads cost one round trip, not two."""
+        summed = [t for t in job.algorithm.clock_end_summaries() if t in job.specs]
+        small = [(t, p) for t in job.specs if self.is_small(job, t) for p in range(job.layouts[t].n_parts)]
+        parts = by_owner(owners, small)
+        sums = by_owner(owners, [(t, p) for t in summed for p in range(job.layouts[t].n_parts)])
+        calls = []
+        for owner in [*parts, *(o for o in sums if o not in parts)]:
+            if owner == self.host.address:
+                continue
+            asks = by_owner({k: k[0] for k in sums.get(owner, [])}, sums.get(owner, []))
+            calls.append((owner, "pull_many", {"job_id": job.id, "parts": [list(k) for k in parts.get(owner, [])],
+                                               "summarize": [[t, [p for _, p in ks]] for t, ks in asks.items()],
+                                               "clock": clock, **_after(after)}))
+        return calls
 
     def read_row_set(self, job: Job, table: str, rows, clock: int | None = None, race: list | None = None,
                      after: int | None = None):
@@ -875,7 +927,8 @@ class ClockEnd:
     """The ``ClockContext`` of a clock-end step: fresh pulls (of the tables as this step left
     them), assignments."""
 
-    def __init__(self, server: ShardRunner, job: Job, clock: int, run: int, folded: bool = False):
+    def __init__(self, server: ShardRunner, job: Job, clock: int, run: int, folded: bool = False,
+                 first_read: Future | None = None):
         self._server, self._job, self._run = server, job, run
         #: folded into this worker's apply (``ShardRunner.clock_end_here``): every other owner's
         #: answer waits until it applied the pass of ``run``
@@ -886,6 +939,32 @@ class ClockEnd:
         self._small: dict[str, Any] | None = None  # the small tables, read once until an assign
         self._sums = clock if job.ssp else None  # under SSP reduction tables are read per clock
         self._writes: dict[str, list] = defaultdict(list)  # assigned rows of other owners, not sent yet
+        #: the other owners' answers to the first read (``ShardRunner.clock_end_reads``): sent when
+        #: the clock's last apply began (``first_read``, a future of them) or at the first read;
+        #: None once something was assigned (they no longer hold what a read must see)
+        self._first: Future | dict[str, dict] | None = first_read
+        self._first_dropped = False  # (an assign dropped it: every later read asks afresh)
+
+    def _first_replies(self) -> dict[str, dict] | None:
+        """The other owners' answers to the first read, fetched now if not sent before; None after an assign."""
+        if self._first_dropped:
+            return None
+        if self._first is None:
+            calls = self._server.clock_end_reads(self._job, self._job.owners, self._sums, self._after)
+            self._first = dict(zip([o for o, _, _ in calls], self._server.host.peer_all(calls))) if calls else {}
+        elif isinstance(self._first, Future):
+            replies = self._first.result()  # (each of its messages has a deadline)
+            for r in replies.values():
+                if isinstance(r, BaseException):
+                    raise r
+            self._first = replies
+        return self._first
+
+    def discard_first_read(self) -> None:
+        """The clock end will not read (it did not run, or it assigned first): its early read stops."""
+        if isinstance(self._first, Future):
+            self._first.cancel()
+        self._first, self._first_dropped = None, True
 
     def flush(self) -> None:
         """Send the assigned rows other workers own (before a pull reads them, and at the step's end)."""
@@ -897,7 +976,8 @@ class ClockEnd:
             self.flush()
         if self._server.is_small(self._job, table):
             if self._small is None:
-                self._small = self._server.read_small_tables(self._job, self._sums, after=self._after)
+                self._small = self._server.read_small_tables(self._job, self._sums, after=self._after,
+                                                             replies=self._first_replies())
             return self._small[table][start:stop].copy()  # the caller may change its copy
         return self._server.read_rows(self._job, table, start, stop, self._sums, after=self._after)
 
@@ -909,10 +989,12 @@ class ClockEnd:
     def summaries(self, table: str) -> list[list[np.ndarray]]:
         if self._writes:
             self.flush()
-        return self._server.summarize(self._job, table, self._sums, self._after)
+        replies = self._first_replies() if table in self._job.algorithm.clock_end_summaries() else None
+        return self._server.summarize(self._job, table, self._sums, self._after, replies)
 
     def assign(self, table: str, values, start: int = 0) -> None:
         self.wrote = True
+        self.discard_first_read()
         for owner, chunks in self._server.write_rows(self._job, table, values, start, self._run).items():
             self._writes[owner] += chunks
         self._small = None
