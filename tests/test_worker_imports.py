@@ -27,21 +27,6 @@ def test_a_worker_process_does_not_import_scikit_learn():
     assert r.returncode == 0, r.stderr[-2000:]
 
 
-def test_a_worker_process_loads_neither_the_driver_api_nor_the_coordinator():
-    """``import dscar`` loads no submodule (its names load on first use): a worker that unpickles the
-    worker plugin and an algorithm does not load the driver's API or the scheduler's coordinator."""
-    r = run_child("""
-        import sys
-        import distributed, dscar.worker.plugin, dscar.worker.runner
-        from dscar import Algorithm, TableSpec
-        loaded = sorted(m for m in sys.modules if m.startswith(("dscar.api", "dscar.scheduler")))
-        assert not loaded, loaded
-        import dscar
-        assert dscar.fit.__module__ == "dscar.api.driver" and dscar.api.data.is_dask is not None
-    """)
-    assert r.returncode == 0, r.stderr[-2000:]
-
-
 def test_the_lazy_names_are_the_same_objects_everywhere():
     """``dscar.ConvergenceWarning`` is made once, on first use, whichever way it is reached, and pickles
     by reference; ``EstimatorMixin`` and ``check_features`` are the estimator module's; ``import *`` has them."""
