@@ -433,12 +433,23 @@ def _data_size(data: Any) -> tuple[int | None, int | None]:
     total: int | None = 0
     for v in data.values():
         stored = [getattr(v, a, None) for a in ("data", "indices", "indptr", "row", "col")] if sp.issparse(v) else [v]
-        sizes = [getattr(a, "nbytes", None) for a in stored if a is not None]
+        sizes = [_nbytes(a) for a in stored if a is not None]
         if not sizes or None in sizes:
             total = None
             break
         total += sum(sizes)
-    return (int(shape[0]) if shape else None), total
+    rows = shape[0] if shape else None
+    return (int(rows) if isinstance(rows, (int, np.integer)) else None), total
+
+
+def _nbytes(a: Any) -> int | None:
+    """``a.nbytes`` where it is a known whole number; None for what is unknown without computing it
+    (a Dask DataFrame raises NotImplementedError, a Dask array of unknown chunks gives nan)."""
+    try:
+        n = a.nbytes
+    except Exception:  # noqa: BLE001 - any lazy collection that cannot say
+        return None
+    return int(n) if isinstance(n, (int, np.integer)) else None
 
 
 def _check_phases(algorithm: Algorithm, meta) -> None:
