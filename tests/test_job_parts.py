@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import math
 
+import pytest
+
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
@@ -16,7 +18,7 @@ from dscar.core.checkpoint_plan import Checkpoint, CheckpointPlanner, Mirror
 from dscar.core.events import EventLog
 from dscar.core.job import JobConfig
 from dscar.core.ledger import INITIAL_STATE, RecoveryPlan
-from dscar.core.losses import Losses
+from dscar.core.losses import Losses, unreached_after_apply
 from dscar.core.partitions import PartitionMap, TableLayout
 from dscar.core.shards import ShardQueue
 from dscar.core.tally import ClockTally
@@ -421,3 +423,18 @@ def test_an_idle_poll_at_a_pass_s_tail_does_not_step_over_the_batch_members_wait
     d.attempt_started("w3", *d.batched["w3"][0])  # (its commit says so): the one shard shown
     assert [r.shard for r in d.view(workers, 100.0, "w0").running] == [3 * size + 1] and looked == []
     assert BackupPolicy().decide(d.view(workers, 100.0, "w0")) == [Backup(3 * size + 1, "w0")]
+
+
+@pytest.mark.parametrize("job_current, batched, last_try, silent, expected", [
+    (True, False, False, [], None),                 # all answered: the pass is sent again
+    (True, False, False, ["b"], ["b"]),             # a silent one is lost
+    (True, True, False, [], ["a", "b"]),            # an SSP batch is not sent twice: the loss skips the clock
+    (True, False, True, [], ["a", "b"]),            # nor a pass out of tries
+    (False, False, False, [], []),                  # the job ended: healthy workers stay
+    (False, True, True, [], []),
+    (False, False, False, ["b"], ["b"]),            # (a silent one is still lost)
+])
+def test_an_apply_that_missed_workers_takes_out_only_those_whose_loss_serves_the_job(
+        job_current, batched, last_try, silent, expected):
+    assert unreached_after_apply(["a", "b"], silent, job_current=job_current, batched=batched,
+                                 last_try=last_try) == expected

@@ -111,3 +111,20 @@ class Losses:
         for s in range(n_shards):
             if str(s) in saved:
                 self.restore_state[s] = saved[str(s)]
+
+
+def unreached_after_apply(unreached: list[str], silent: list[str], *, job_current: bool, batched: bool,
+                          last_try: bool) -> list[str] | None:
+    """An apply did not reach ``unreached`` (probed: ``silent`` did not answer the probe either): the
+    workers to take out of the cluster, or None to send the pass again.
+
+    A silent worker is lost. A worker that answers is taken out only while its loss still serves the
+    job (an SSP batch, which is not sent twice, or the last try: the loss skips the clock). Once the
+    job has ended or failed, a worker that answers is healthy: a call it refused (the job's token
+    dropped meanwhile) says nothing about it, and taking it out would take it from the next fit."""
+    if not job_current:
+        return silent
+    if silent or batched or last_try:
+        return silent or unreached
+    return None
+

@@ -58,6 +58,7 @@ from ..inflight import Inflight, resolve, timed_wait
 from ..core.job import ApplyPass, BeginClock, Checkpoint, JobConfig, JobState, Mirror, RestartWorker, StartRecovery
 from ..core.clock import Stage
 from ..core.liveness import silence_limit, to_probe
+from ..core.losses import unreached_after_apply
 from ..core.membership import DEFAULT_LEASE_S, SCHEDULER_RULES, Lease, Rule, key_digest, refusal, same
 from ..core.monitor import ThroughputMonitor, step_seconds
 from ..core.protocol import IDLE, ClockEndOutcome, Commit, CommitAnswer, handler_name
@@ -1397,9 +1398,12 @@ class Coordinator(SchedulerPlugin):
                     await self._folded_clock_end(job, e, dict(zip(targets, results)).get(folded))
                 return
             answering = await asyncio.gather(*(self._answers(w) for w in unreached))
-            lost = [w for w, ok in zip(unreached, answering) if not ok]
-            if lost or e.batch is not None or attempt + 1 == APPLY_TRIES or self.jobs.get(job.cfg.job_id) is not job:
-                for w in lost or list(unreached):
+            silent = [w for w, ok in zip(unreached, answering) if not ok]
+            removed = unreached_after_apply(
+                list(unreached), silent, job_current=self.jobs.get(job.cfg.job_id) is job and not job.failed,
+                batched=e.batch is not None, last_try=attempt + 1 == APPLY_TRIES)
+            if removed is not None:
+                for w in removed:
                     if w in self.scheduler.workers and w not in job.lost:
                         await self._remove(w, unreached[w])  # the loss skips the clock
                 self._wake()
