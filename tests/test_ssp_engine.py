@@ -12,6 +12,7 @@ from dscar.errors import InvalidInputError
 from dscar.core.job import ApplyPass, Checkpoint, JobConfig, JobState, StartRecovery
 from dscar.core.ledger import cut_refusal, manifest_cut
 from dscar.core.partitions import PartitionMap, TableLayout
+from dscar.core.policies import BackupPolicy
 from dscar.core.shards import ShardQueue, ShardStatus
 from dscar.core.ssp import ClockStatus, ShardPhase
 
@@ -250,6 +251,27 @@ def test_every_update_is_applied_once_and_reads_are_at_most_staleness_clocks_ahe
     np.testing.assert_array_equal(res.params["count"], np.full(64, 8.0))  # every clock's update, once
     ahead = [rec.ahead for rec in res.history]
     assert (max(ahead) > 0) == (staleness > 0), ahead
+
+
+@pytest.mark.timeout(60)
+def test_under_ssp_a_worker_the_window_holds_back_backs_up_the_slowed_shard():
+    """Worker 0's clock-2 attempt runs 500x its step (10 s). The other workers run clock 3, then the
+    window (staleness 1) holds them back: idle, they back it up (``BackupPolicy``, woken by its
+    ``due_in``), the backup wins and the fit ends long before the slowed attempt would have. Under SSP
+    the policy used to count the shards waiting for clock 4 as still to start, and never backed up
+    (the fit took the slowed attempt's 10 s). ``k=8``: the shard turns late once the others' clock 3
+    is applied and their shards wait for clock 4 (with the default k it could turn late before)."""
+    with dscar.Cluster(n_workers=3, processes=False) as cl:
+        res = dscar.fit(SspRowCounter(n_parts=1, sleep=0.02, staleness=1), row_data(30), cl, n_shards=3,
+                        max_clocks=4, sharding="static", consistency="ssp", staleness=1,
+                        faults=[faults.slow(0, 500.0, clock=2, until=2)], policies=[BackupPolicy(k=8)])
+    assert res.n_clocks == 4
+    for rec in res.history:
+        assert rec.metrics["seen_min"] == rec.metrics["seen_max"] == 1.0, rec
+        assert rec.metrics["stale"] == 0, rec
+    np.testing.assert_array_equal(res.params["count"], np.full(30, 4.0))
+    assert "fault-slow" in [e["kind"] for e in res.events]
+    assert [e for e in res.events if e["kind"] == "backup-attempt"]
 
 
 @pytest.mark.timeout(60)

@@ -482,7 +482,7 @@ class Dispatch:
         # (one view, told what changed: every idle poll asks, and what it shows is read live from the
         # queue and the monitor anyway)
         view.clock, view.workers, view.todo, view.stragglers, view.idle_worker = (
-            job.clock, workers, queue.n_todo, self.stragglers, idle_worker)
+            job.clock, workers, job.schedule.n_startable, self.stragglers, idle_worker)
         view.running.now, view.monitor = now, job.monitor
         return view
 

@@ -42,6 +42,7 @@ class ControllerView:
 
     clock: int
     workers: list[str]
+    #: shards that may start now (under SSP: of clocks the window lets start); backups wait for none
     todo: int
     #: every running shard as its longest-running attempt, the longest running first (a job's view
     #: builds them as they are read: a policy that stops early reads a few, not every one)

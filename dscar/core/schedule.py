@@ -73,6 +73,11 @@ class Schedule(Protocol):
     def stage_name(self) -> str:
         """Where the clock is, for reports ("shards", "apply", ...; "ssp" under SSP)."""
 
+    @property
+    def n_startable(self) -> int:
+        """Shards whose attempt may start now: while there are any, an idle worker takes one of them,
+        not a backup (the straggler policies' ``ControllerView.todo``)."""
+
     def begin(self, clock: int, now: float) -> list[Effect]: ...
 
     def next_item(self, worker: str, now: float) -> dict | None: ...
@@ -172,6 +177,10 @@ class BspSchedule:
     @property
     def handing_out(self) -> bool:
         return self.machine.handing_out
+
+    @property
+    def n_startable(self) -> int:
+        return self.job.queue.n_todo
 
     @property
     def stage_name(self) -> str:
@@ -556,6 +565,13 @@ class SspSchedule:
     @property
     def handing_out(self) -> bool:
         return self.begun and not self.window.recovering
+
+    @property
+    def n_startable(self) -> int:
+        # (not the queue's TODO count: under SSP a committed shard is TODO again for its next clock at
+        # once, though the window may not let that clock start: backups would never be due)
+        w = self.window
+        return sum(len(s) for _, s in w.startable_by_clock()) if w.any_startable() else 0
 
     @property
     def stage_name(self) -> str:
