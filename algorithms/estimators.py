@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import dask
 import numpy as np
 import scipy.sparse as sp
 from sklearn.base import ClassifierMixin, RegressorMixin, TransformerMixin
@@ -267,7 +268,7 @@ class MF(dscar.EstimatorMixin):
                 raise InvalidInputError(f"the ratings DataFrame has no column(s) {missing} (its columns: "
                                         f"{list(X.columns)}); name them with MF(columns=(user, item, rating))")
             df = X[list(names)]
-            if dscar.api.data.is_dask(df):
+            if dask.is_dask_collection(df):
                 # e.g. dd.read_parquet: ALS groups the ratings by user and by item, so the three
                 # columns come to the driver (24 bytes a rating)
                 df = self._compute_small(df)
@@ -366,7 +367,7 @@ class MLR(ClassifierMixin, dscar.EstimatorMixin):
         return tags
 
     def fit(self, X, y) -> "MLR":
-        if dscar.api.data.is_dask(y):  # the labels stay on the cluster: only their distinct values come here
+        if dask.is_dask_collection(y):  # the labels stay on the cluster: only their distinct values come here
             import dask.array as da
 
             X = check_features(self, X, reset=True)
