@@ -35,6 +35,27 @@ def test_split_takes_medians_after_the_first_clock_and_the_rest_is_other():
     assert sp["cpu_share"] == pytest.approx(0.5)  # the step had a core half of its time
 
 
+def test_median_time_to_leaves_out_bursts_that_hit_most_repeats_on_different_clocks():
+    # three repeats of 6 clocks of 10 ms; a 90 ms burst hits clock 1 of one repeat and clock 4 of another
+    seconds = [[0.01] * 6, [0.01, 0.1] + [0.01] * 4, [0.01] * 4 + [0.1, 0.01]]
+    assert scaling.median_time_to(seconds, [6, 6, 6]) == pytest.approx(0.06)
+    assert sorted(sum(s) for s in seconds)[1] == pytest.approx(0.15)  # (the median of the totals keeps a burst)
+    assert scaling.median_time_to(seconds, [5, 6, 6]) == pytest.approx(0.06)  # the median number of clocks
+    assert scaling.median_time_to(seconds, [4, 4, 6]) == pytest.approx(0.04)
+    assert math.isinf(scaling.median_time_to(seconds, [None, None, 6]))
+    assert scaling.median_time_to(seconds, [6, 6, None]) == pytest.approx(0.06)
+
+
+def test_both_fits_run_the_same_clocks_past_the_target_clock_and_the_repeats_alternate():
+    case = scaling.Case("x", 6, lambda: (None, None))
+    assert scaling.fit_clocks(case) > case.clocks  # the target clock is never a fit's last
+    res = _Res([_Rec(10.0 - c, 0.01) for c in range(scaling.fit_clocks(case))])
+    assert scaling.target_of(res, case) == pytest.approx((10.0 - 5) * (1 + scaling.TARGET_SLACK))  # clock 6's
+    assert scaling.clocks_to(res, scaling.target_of(res, case)) == case.clocks
+    assert scaling.clocks_to(res, -5.0) is None
+    assert [scaling.rep_order(r) for r in range(3)] == [(1, 2), (2, 1), (1, 2)]
+
+
 @pytest.mark.timeout(600)
 def test_quick_mlr_case_reports_both_worker_counts_the_ratio_and_a_plot(quick_bench):
     stdout, d, png = quick_bench("scaling", "--cases", "mlr")
