@@ -783,10 +783,11 @@ class SspSchedule:
         dispatch, queue = job.dispatch, job.queue
         dispatch.running_items.pop(worker, None)
         dispatch.last_seen[worker] = now
-        if timings and "data_s" in timings:  # (``note_move`` measures only a data move)
-            dispatch.note_move(queue.running_attempt(shard, attempt), timings)
-        if not rebuild and timings:
-            job.monitor.record(worker, step_seconds(timings))
+        if timings:
+            if "data_s" in timings:  # (``note_move`` measures only a data move)
+                dispatch.note_move(queue.running_attempt(shard, attempt), timings)
+            if not rebuild:
+                job.monitor.record(worker, step_seconds(timings))
         if not window.accepts(shard, clock, run_id):  # a lost backup, an attempt of a voided epoch
             job.event(now, "commit-refused", shard=shard, attempt=attempt, worker=worker, late=True,
                       seconds=round(step_seconds(timings or {}), 4))  # its step time, wasted
@@ -796,7 +797,8 @@ class SspSchedule:
             job.event(now, "commit-refused", shard=shard, attempt=attempt, worker=worker, late=False,
                       seconds=round(step_seconds(timings or {}), 4))
             return False, []
-        job.losses.restore_state.pop(shard, None)  # the attempt started from the restored state; it lives on now
+        if restore := job.losses.restore_state:  # the attempt started from the restored state; it lives on now
+            restore.pop(shard, None)
         if not rebuild:
             job.tally.committed_in(clock, worker, timings)
         actions = window.commit(shard, clock, worker, run_id)
