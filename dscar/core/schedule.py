@@ -35,7 +35,7 @@ from ..errors import ShardFailedError
 from .ledger import manifest_cut
 from .monitor import step_seconds
 from .protocol import RuleHistory
-from .shards import Attempt, ShardStatus
+from .shards import ShardStatus
 from .ssp import ApplyBatch, ClockWindow, ShardPhase, SkipClock, StartRebuild
 from .ssp import RunClockEnd as WindowClockEnd
 from .ssp import StartRecovery as WindowRecovery
@@ -750,7 +750,8 @@ class SspSchedule:
             else:
                 for c in {m[0] for m in members}:
                     job.tally.open(c, now)
-        return dispatch.item(batch, w.rebuilding is not None, SspFields(members, newest, w.version, w.floor, read_floor))
+        fields = SspFields(members, newest, w.version, w.floor, read_floor)
+        return dispatch.item(batch, w.rebuilding is not None, fields)
 
     def _slack(self, clock: int) -> int:
         """How many shard updates the window lets the other workers run while an attempt of

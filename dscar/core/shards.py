@@ -422,8 +422,8 @@ class ShardQueue:
         s = self._shards[shard]
         holder = s.holder
         number = s.next_attempt
-        a = _new_attempt(Attempt, (shard, number, worker, now, holder if holder is not None and holder != worker else None,
-                                   False))
+        fetch_from = holder if holder is not None and holder != worker else None
+        a = _new_attempt(Attempt, (shard, number, worker, now, fetch_from, False))
         s.next_attempt = number + 1
         s.started += 1
         s.attempts[number] = a
