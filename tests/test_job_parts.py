@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from dscar.checkpoint import CheckpointConfig
 from dscar.core.checkpoint_plan import Checkpoint, CheckpointPlanner, Mirror
 from dscar.core.events import EventLog
-from dscar.core.job import JobConfig
+from dscar.core.job import JobConfig, JobState
 from dscar.core.ledger import INITIAL_STATE, RecoveryPlan
 from dscar.core.losses import Losses, unreached_after_apply
 from dscar.core.partitions import PartitionMap, TableLayout
@@ -249,6 +249,26 @@ def test_a_batch_holds_about_the_target_s_worth_of_steps_and_one_before_a_measur
         job.monitor.record("b", BATCH_TARGET_S / 1e6)
     assert job.monitor.mean_step("a") is not None
     assert job.dispatch.batch_size("a") == 4 and job.dispatch.batch_size("b") == MAX_BATCH
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["a", "b", "c", "d"]), st.floats(1e-12, 50.0)), max_size=40),
+       st.integers(1, 6), st.integers(1, 400))
+def test_a_batch_s_size_is_the_straightforward_rule_of_the_measured_steps(records, n_workers, n_shards):
+    """``Dispatch.batch_size`` inlines ``pass_share`` and writes min / max as comparisons (every hand-out
+    asks): it gives what the rule as written in its docstring gives, for any measured steps."""
+    from dscar.core.dispatch import BATCH_TARGET_S, MAX_BATCH, SHARE_MAX_S
+
+    job = JobState(JobConfig("j", n_shards, {"x": "param"}, [], [""]), ShardQueue(n_shards, reloadable=True),
+                   PartitionMap([TableLayout("x", 4, 1)]))
+    job.workers = ["a", "b", "c", "d", "e", "f"][:n_workers]
+    for worker, step in records:
+        job.monitor.record(worker, step)
+    for worker in ["a", "b", "c", "d"]:
+        step = job.monitor.mean_step(worker)
+        want = 1 if step is None else max(1, min(MAX_BATCH, max(int(BATCH_TARGET_S / step), min(
+            job.dispatch.pass_share(worker, step), int(SHARE_MAX_S / step)))))
+        assert job.dispatch.batch_size(worker) == want, (worker, step)
 
 
 _NAMES = ["a", "ab", "b", "w00010", "w00009", "w0001", "tcp://h:9", "tcp://h:10", "\u00e9"]

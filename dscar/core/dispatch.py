@@ -266,15 +266,22 @@ class Dispatch:
         """The queue's waiting attempts of ``worker`` become its members (``RunningAttempts.started_only``)."""
         if not self._track_started:
             return
-        old = self._marked.get(worker, set())
-        new = set(self.batched.get(worker, ()))
+        old = self._marked.get(worker)  # (never an empty set: None)
+        members = self._batch_index.batched.get(worker)
+        if old is None:  # (most hand-outs: its earlier members have all started; no set difference to take)
+            if members:
+                new = set(members)
+                self.job.queue.set_waiting(worker, new, ())
+                self._marked[worker] = new
+            return
+        new = set(members) if members else set()
         if new == old:
             return
         self.job.queue.set_waiting(worker, new - old, old - new)
         if new:
             self._marked[worker] = new
         else:
-            self._marked.pop(worker, None)
+            del self._marked[worker]
 
     def forget(self, worker: str) -> None:
         """``worker`` is lost: its batch members, running item, batch scale and straggler flag go."""
@@ -347,11 +354,21 @@ class Dispatch:
         A batch does not pin its shards: members not started yet are released to an idle worker
         (``releasable``), so dynamic sharding still moves work away from a worker that suddenly slows
         down."""
-        step = self.job.monitor.mean_step(worker)
+        job = self.job
+        monitor = job.monitor
+        step = monitor.mean_step(worker)
         if step is None:
             return 1
-        share = min(self.pass_share(worker, step), int(SHARE_MAX_S / step))
-        return max(1, min(MAX_BATCH, max(int(BATCH_TARGET_S / step), share)))
+        # ``pass_share``, inline, and min / max as comparisons (every hand-out asks)
+        speed = 1.0 / step
+        unmeasured = len(job.workers) - monitor.n_measured()
+        total = monitor.total_speed() + unmeasured * speed if unmeasured > 0 else monitor.total_speed()
+        share = round(len(job.queue.active) * speed / total) if total > 0 else 1
+        if (most := int(SHARE_MAX_S / step)) < share:
+            share = most
+        if (least := int(BATCH_TARGET_S / step)) > share:
+            share = least
+        return 1 if share < 1 else MAX_BATCH if share > MAX_BATCH else share
 
     def pass_share(self, worker: str, step: float) -> int:
         """How many of a pass's shards ``worker`` runs by its speed's share of the live workers'
@@ -391,11 +408,13 @@ class Dispatch:
 
     def set_batched(self, worker: str, members: list[tuple[int, int]]) -> None:
         """``batched`` keeps only workers with members (``ask_back`` looks at each of them)."""
+        index = self._batch_index
         if members:
-            self.batched[worker] = members
-        else:
-            self.batched.pop(worker, None)
-        self._changed(worker)
+            index.batched[worker] = members
+            index.changed(worker)
+        else:  # (its index entries go stale, and are dropped when read)
+            index.batched.pop(worker, None)
+        self._mark(worker)
         if self._track_started:  # (every hand-out ends here: it pays for its own changes of the index)
             self.job.queue.settle_started()
 
@@ -436,15 +455,15 @@ class Dispatch:
         one_phase = len(queue.phase_ranges) == 1
         phase = phases[0] or None
         members = []
-        for i, a in enumerate(batch):
-            shard = a.shard
+        fields = window.members if window is not None else [None] * len(batch)
+        for (shard, attempt, _, _, fetch_from, backup), ssp in zip(batch, fields):
             if not one_phase:
                 phase = phases[queue.phase_of(shard)] or None
-            m = {"shard": shard, "attempt": a.attempt, "fetch_from": a.fetch_from, "backup": a.backup, "phase": phase}
+            m = {"shard": shard, "attempt": attempt, "fetch_from": fetch_from, "backup": backup, "phase": phase}
             if restore and (state_file := restore.get(shard)) is not None:
                 m["state_file"] = state_file
-            if window is not None:
-                clock, seen, mine = window.members[i]
+            if ssp is not None:
+                clock, seen, mine = ssp
                 if clock is not None:
                     m["clock"] = clock
                 if seen is not None:
@@ -452,18 +471,21 @@ class Dispatch:
                 if mine is not None:
                     m["mine"] = mine
             members.append(m)
-        self.items_handed += 1
+        self.items_handed = item_id = self.items_handed + 1
         worker = batch[0].worker
-        self.item_of[worker] = self.items_handed
-        msg = {"op": "rebuild" if rebuild else "shard", "job": job.cfg.job_id, "item": self.items_handed,
+        self.item_of[worker] = item_id
+        msg = {"op": "rebuild" if rebuild else "shard", "job": job.cfg.job_id, "item": item_id,
                "clock": job.clock if window is None else window.clock, "run": job.run_id, "owners": job.pmap.to_msg(),
                "batch_scale": self.batch_scale.get(worker, 1.0), "shards": members}
         if rebuild and job.losses.restored_rows:
             msg["restored"] = {t: [list(r) for r in rs] for t, rs in job.losses.restored_rows.items()}
         if window is not None:
-            for key, value in (("version", window.version), ("floor", window.floor), ("read_floor", window.read_floor)):
-                if value is not None:
-                    msg[key] = value
+            if window.version is not None:
+                msg["version"] = window.version
+            if window.floor is not None:
+                msg["floor"] = window.floor
+            if window.read_floor is not None:
+                msg["read_floor"] = window.read_floor
         return msg
 
     def view(self, workers: list[str], now: float, idle_worker: str | None = None) -> ControllerView:

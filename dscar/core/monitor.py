@@ -95,7 +95,9 @@ class ThroughputMonitor:
         self._median: float | None | bool = False
 
     def record(self, worker: str, step_s: float) -> None:
-        step_s = max(float(step_s), 1e-9)
+        step_s = float(step_s)
+        if step_s < 1e-9:  # (``max(step_s, 1e-9)`` as a comparison: every commit records)
+            step_s = 1e-9
         if worker not in self._warmup:
             self._warmup[worker] = step_s
         else:
@@ -103,7 +105,8 @@ class ThroughputMonitor:
             steps.append(step_s)
             ordered = sorted(steps)  # (the median of a few: ``statistics.median`` costs more than it)
             n = len(ordered)
-            mean = ordered[n // 2] if n % 2 else (ordered[n // 2 - 1] + ordered[n // 2]) / 2
+            half = n // 2
+            mean = ordered[half] if n % 2 else (ordered[half - 1] + ordered[half]) / 2
             if self._mean.get(worker) != mean:
                 self._set_mean(worker, mean)
 

@@ -35,7 +35,7 @@ from ..errors import ShardFailedError
 from .ledger import manifest_cut
 from .monitor import step_seconds
 from .protocol import RuleHistory
-from .shards import Attempt, ShardStatus
+from .shards import ShardStatus
 from .ssp import ApplyBatch, ClockWindow, ShardPhase, SkipClock, StartRebuild
 from .ssp import RunClockEnd as WindowClockEnd
 from .ssp import StartRecovery as WindowRecovery
@@ -570,8 +570,7 @@ class SspSchedule:
     def n_startable(self) -> int:
         # (not the queue's TODO count: under SSP a committed shard is TODO again for its next clock at
         # once, though the window may not let that clock start: backups would never be due)
-        w = self.window
-        return sum(len(s) for _, s in w.startable_by_clock()) if w.any_startable() else 0
+        return self.window.n_startable()
 
     @property
     def stage_name(self) -> str:
@@ -699,9 +698,10 @@ class SspSchedule:
         """The clock-end step when one is due and nobody runs it, else a batch of shard attempts
         the window allows (or a backup), else None."""
         job, w = self.job, self.window
-        job.dispatch.last_seen[worker] = now
-        if job.log.error is not None or worker in job.losses.lost or not self.handing_out:
-            return None
+        dispatch, queue = job.dispatch, job.queue
+        dispatch.last_seen[worker] = now
+        if job.log.error is not None or worker in job.losses.lost or not self.begun or w.recovering:
+            return None  # (``handing_out``, inline)
         if w.clock_end is not None and self.clock_end_worker is None:
             self.clock_end_worker = worker
             return {"op": "clock_end", "job": job.cfg.job_id, "clock": w.clock_end, "run": w.epoch,
@@ -709,33 +709,49 @@ class SspSchedule:
         # the oldest open clock's shards hold the window back: they go first (moving to another worker
         # if theirs is busy); a shard's tier in the queue is its clock
         clocks = w.startable_clocks()
-        if clocks and worker in job.dispatch.stragglers and w.rebuilding is None:
-            clocks = [c for c in clocks[::-1] if not job.dispatch.leave_to_others(
+        if clocks and worker in dispatch.stragglers and w.rebuilding is None:
+            clocks = [c for c in clocks[::-1] if not dispatch.leave_to_others(
                 worker, self._slack(c))]  # its shard holds its clock's end back least in the newest clock
         a = None
         if clocks:  # (at a clock's tail most looks find none: nothing built)
-            worth = partial(job.dispatch.worth_moving, worker, now)
-            a = next((a for c in clocks if (a := job.queue.next_shard(worker, now, tier=c, worth_moving=worth))),
-                     None)
-        if a is None and w.rebuilding is None:
-            a = job.dispatch.idle_policies(worker, now)
-        elif a is not None and a.fetch_from:
-            job.event(now, "shard-moved", shard=a.shard, source=a.fetch_from, target=worker)
+            worth = partial(dispatch.worth_moving, worker, now)
+            for c in clocks:
+                a = queue.next_shard(worker, now, tier=c, worth_moving=worth)
+                if a is not None:
+                    break
         if a is None:
-            return None
+            if w.rebuilding is not None:
+                return None
+            a = dispatch.idle_policies(worker, now)
+            if a is None:
+                return None
+        elif a.fetch_from:
+            job.event(now, "shard-moved", shard=a.shard, source=a.fetch_from, target=worker)
         batch = [a]
         if a.fetch_from is None and not a.backup:  # more of the worker's own shards, while steps are short
-            size = job.dispatch.batch_size(worker)
-            for c in clocks:
-                while len(batch) < size and (b := job.queue.next_shard(worker, now, local_only=True, tier=c)):
-                    batch.append(b)
-        job.dispatch.set_batched(worker, [(b.shard, b.attempt) for b in batch[1:]])  # its earlier items are done
-        clocks = [w.shard_clock(b.shard) if b.backup else w.start(b.shard) for b in batch]
+            size = dispatch.batch_size(worker)
+            if size > 1:
+                for c in clocks:
+                    while len(batch) < size and (b := queue.next_shard(worker, now, local_only=True, tier=c)):
+                        batch.append(b)
+                    if len(batch) >= size:
+                        break
+        # its earlier items are done
+        dispatch.set_batched(worker, [(b.shard, b.attempt) for b in batch[1:]] if len(batch) > 1 else [])
+        start = w.start
+        for b in batch:
+            if not b.backup:
+                start(b.shard)
+        members, newest, read_floor = w.member_fields([b.shard for b in batch], worker)
         if w.rebuilding is None:
-            job.dispatch.running_items[worker] = (now, len(batch))
-            for c in set(clocks):
-                job.tally.open(c, now)
-        return self._item(batch, clocks)
+            dispatch.running_items[worker] = (now, len(batch))
+            if len(members) <= 2 and members[0][0] == members[-1][0]:
+                job.tally.open(newest, now)  # (one clock, the item's newest: opened once)
+            else:
+                for c in {m[0] for m in members}:
+                    job.tally.open(c, now)
+        fields = SspFields(members, newest, w.version, w.floor, read_floor)
+        return dispatch.item(batch, w.rebuilding is not None, fields)
 
     def _slack(self, clock: int) -> int:
         """How many shard updates the window lets the other workers run while an attempt of
@@ -743,15 +759,6 @@ class SspSchedule:
         before the attempt does, so no later clock can start)."""
         w = self.window
         return w.updates_up_to(min(clock + w.staleness, w.limit)) - 1
-
-    def _item(self, batch: list[Attempt], clocks: list[int]) -> dict:
-        w = self.window
-        members = []
-        for a, clock in zip(batch, clocks):
-            seen, writer = w.own_update(a.shard)
-            members.append((clock, seen, writer == a.worker))
-        return self.job.dispatch.item(batch, w.rebuilding is not None, SspFields(
-            members, max(clocks), w.version, w.floor, max(w.read_floor(a.shard) for a in batch)))
 
     def idle(self, worker: str, now: float) -> list[Effect]:
         """``worker`` found nothing to do: apply the commits waiting (their shards' next clocks may
@@ -777,10 +784,11 @@ class SspSchedule:
         dispatch, queue = job.dispatch, job.queue
         dispatch.running_items.pop(worker, None)
         dispatch.last_seen[worker] = now
-        if timings and "data_s" in timings:  # (``note_move`` measures only a data move)
-            dispatch.note_move(queue.running_attempt(shard, attempt), timings)
-        if not rebuild and timings:
-            job.monitor.record(worker, step_seconds(timings))
+        if timings:
+            if "data_s" in timings:  # (``note_move`` measures only a data move)
+                dispatch.note_move(queue.running_attempt(shard, attempt), timings)
+            if not rebuild:
+                job.monitor.record(worker, step_seconds(timings))
         if not window.accepts(shard, clock, run_id):  # a lost backup, an attempt of a voided epoch
             job.event(now, "commit-refused", shard=shard, attempt=attempt, worker=worker, late=True,
                       seconds=round(step_seconds(timings or {}), 4))  # its step time, wasted
@@ -790,7 +798,8 @@ class SspSchedule:
             job.event(now, "commit-refused", shard=shard, attempt=attempt, worker=worker, late=False,
                       seconds=round(step_seconds(timings or {}), 4))
             return False, []
-        job.losses.restore_state.pop(shard, None)  # the attempt started from the restored state; it lives on now
+        if restore := job.losses.restore_state:  # the attempt started from the restored state; it lives on now
+            restore.pop(shard, None)
         if not rebuild:
             job.tally.committed_in(clock, worker, timings)
         actions = window.commit(shard, clock, worker, run_id)

@@ -92,6 +92,10 @@ class Attempt(NamedTuple):
     backup: bool = False  # a second attempt of a DOING shard (a tail straggler's)
 
 
+#: ``Attempt(...)`` without its ``__new__``, a Python function (a frame per hand-out): the fields in order, all six
+_new_attempt = tuple.__new__
+
+
 @dataclass(slots=True)
 class _Shard:
     status: ShardStatus = _TODO
@@ -338,14 +342,20 @@ class ShardQueue:
         """``holder``'s backlog in ``tier`` went from ``old`` to ``new`` shards (``_by_size``)."""
         if holder is None:
             return
-        sizes = self._by_size.setdefault(tier, {})
+        sizes = self._by_size.get(tier)  # (not ``setdefault``: its default is built on every call)
+        if sizes is None:
+            sizes = self._by_size[tier] = {}
         if old:
             same = sizes[old]
             del same[bisect.bisect_left(same, holder)]
             if not same:
                 del sizes[old]
         if new:
-            bisect.insort(sizes.setdefault(new, []), holder)
+            same = sizes.get(new)
+            if same is None:
+                sizes[new] = [holder]
+            else:
+                bisect.insort(same, holder)
         if not sizes:
             del self._by_size[tier]
 
@@ -408,15 +418,26 @@ class ShardQueue:
         return self._start(max(ids), worker, now)
 
     def _start(self, shard: int, worker: str, now: float) -> Attempt:
+        """The first attempt of TODO ``shard`` (one of ``_local``'s) starts on ``worker``."""
         s = self._shards[shard]
-        fetch_from = s.holder if s.holder not in (None, worker) else None
-        a = Attempt(shard, s.next_attempt, worker, now, fetch_from)
-        s.next_attempt += 1
+        holder = s.holder
+        number = s.next_attempt
+        fetch_from = holder if holder is not None and holder != worker else None
+        a = _new_attempt(Attempt, (shard, number, worker, now, fetch_from, False))
+        s.next_attempt = number + 1
         s.started += 1
-        s.attempts[a.attempt] = a
+        s.attempts[number] = a
         s.status = _DOING
         self._doing.add(shard)
-        self._todo_discard(shard)
+        # ``_todo_discard(shard)``, inline (every hand-out starts one)
+        self._todo.discard(shard)
+        tier = self._tier[shard]
+        bucket = self._local[(tier, holder)]
+        bucket.discard(shard)
+        if holder is not None:
+            self._resize(tier, holder, len(bucket) + 1, len(bucket))
+        if not bucket:
+            del self._local[(tier, holder)]
         # ``_reindex`` for a TODO shard's first attempt (a TODO shard has no ``_running`` entry to drop):
         # every hand-out starts one
         k = s.started
@@ -696,12 +717,17 @@ class ShardQueue:
         s.attempts.clear()
         s.status = _DONE
         self._doing.discard(shard)
-        self._unrun(shard)  # (``_reindex`` for a shard that is DONE)
         self._n_done += 1  # (a DOING shard is an active one)
         s.holder = worker  # the committed data and state live here now (not a TODO shard: no index)
-        if self._started_on:
-            self._started_dirty.add(shard)
-            self._flush_started()  # (its attempt's unwait and its commit cancel out)
+        if self._started_on:  # (``_reindex`` for a shard that is DONE: ``_unrun``, inline, then its place)
+            s.run_key = None
+            dirty = self._started_dirty
+            dirty.add(shard)
+            for i in dirty:  # (``_flush_started``: its attempt's unwait and its commit cancel out)
+                self._place_started(i)
+            dirty.clear()
+        else:
+            self._unrun(shard)
         return True
 
     def fail(self, shard: int, attempt: int, worker: str, reason: str, *, count: bool = True,

@@ -153,7 +153,7 @@ class ClockWindow:
     staleness: int
     #: the algorithm names rebuild tables (recomputed after a recovery)
     has_rebuild: bool = False
-    #: commits to gather before a batch is sent, unless one is needed sooner (``_due``): an apply
+    #: commits to gather before a batch is sent, unless one is needed sooner (``_next``): an apply
     #: costs a round trip to every owner, and one per commit would cost more than it saves (the
     #: engine asks for two per worker: LDA, 4 workers, 32 shards, no straggler, 10 clocks took
     #: 1.53 s with one per worker, 1.26-1.32 s with two, against BSP's 1.16-1.24 s)
@@ -259,16 +259,37 @@ class ClockWindow:
         every hand-out and idle poll asks)."""
         if self.recovering or self.needs_rebuild:
             return []
+        clocks = sorted(self._todo)
         if self.rebuilding is not None:
-            return sorted(self._todo)
-        top = min(self.floor + 1 + self.staleness, self.limit)  # (``top``)
-        return [c for c in sorted(self._todo) if c <= top]
+            return clocks
+        top = self.floor + 1 + self.staleness  # (``top``, with a comparison for ``min``)
+        if top > self.limit:
+            top = self.limit
+        if not clocks or clocks[-1] <= top:  # (no list to filter)
+            return clocks
+        return [c for c in clocks if c <= top]
 
     def any_startable(self) -> bool:
         """Whether ``startable_by_clock`` lists any shard (without listing them)."""
         if self.recovering or self.needs_rebuild or not self._todo:
             return False
         return self.rebuilding is not None or min(self._todo) <= self.top
+
+    def n_startable(self) -> int:
+        """How many shards ``startable_by_clock`` lists (without listing them: every idle poll's policy
+        view asks)."""
+        if self.recovering or self.needs_rebuild or not self._todo:
+            return 0
+        if self.rebuilding is not None:
+            return sum(map(len, self._todo.values()))
+        top = self.floor + 1 + self.staleness
+        if top > self.limit:
+            top = self.limit
+        n = 0
+        for clock, shards in self._todo.items():
+            if clock <= top:
+                n += len(shards)
+        return n
 
     def may_start(self, shard: int) -> bool:
         """Whether ``shard`` is ``startable`` (without listing them)."""
@@ -306,6 +327,24 @@ class ClockWindow:
         worker may hold it in its copy without a pull (``copy_serves``)."""
         s = self._shards[shard]
         return s.seen, s.writer
+
+    def member_fields(self, shards: list[int], worker: str) -> tuple[list[tuple[int, int, bool]], int, int]:
+        """For a work item of ``worker`` whose members run ``shards`` (started, or backed up): per shard,
+        the clock it runs, ``own_update``'s version and whether that update was ``worker``'s attempt; then
+        the item's newest clock and its ``read_floor`` (the newest of its shards'). One look at each
+        shard: every hand-out asks."""
+        members, newest, read_floor = [], 0, 0
+        finish_version, back = self.finish_version, 1 + self.staleness
+        for shard in shards:
+            s = self._shards[shard]
+            clock = s.clock
+            members.append((clock, s.seen, s.writer == worker))
+            if clock > newest:
+                newest = clock
+            floor = finish_version.get(clock - back, 0)
+            if floor > read_floor:
+                read_floor = floor
+        return members, newest, read_floor
 
     def open_clocks(self) -> list[int]:
         """Clocks that have begun (some shard may run them) and are not finished."""
@@ -357,10 +396,19 @@ class ClockWindow:
         """The first attempt of ``shard`` starts (backups are the shard queue's); returns its clock
         (the attempt carries ``epoch``)."""
         s = self._shards[shard]
-        if not self.may_start(shard):
-            raise ClockError(f"shard {shard} ({s.phase.value}, clock {s.clock}) may not start now")
-        self._move(shard, s.clock, _RUNNING)
-        return s.clock
+        clock = s.clock
+        if s.phase is not _TODO or self.recovering or self.needs_rebuild or (
+                clock > min(self.floor + 1 + self.staleness, self.limit) if self.rebuilding is None
+                else shard not in self.rebuilding):  # (``may_start``, inline: every hand-out's member asks)
+            raise ClockError(f"shard {shard} ({s.phase.value}, clock {clock}) may not start now")
+        # ``_move(shard, clock, RUNNING)`` from TODO in the same clock: its count stays, and it is not moved back
+        todo = self._todo[clock]
+        todo.discard(shard)
+        if not todo:
+            del self._todo[clock]
+        self._n_running += 1
+        s.phase = _RUNNING
+        return clock
 
     def give_back(self, shard: int) -> None:
         """No attempt of ``shard`` runs any more (they failed, were lost or given back): it may start again."""
@@ -594,7 +642,13 @@ class ClockWindow:
             return out
         if max(self._n_committed_at) > self.limit:  # (a stopped fit's later clocks: not applied)
             n_waiting = sum(n for c, n in self._n_committed_at.items() if c <= self.limit)
-        if n_waiting and self._due(n_waiting):
+        # the commits waiting go out now (they are due) on ``min_batch`` of them, no attempt left running
+        # (nothing else will come), a ``flush`` once a share of ``min_batch`` waits (``flush_share``), or
+        # the oldest open clock wholly committed (its clock end waits for them); tested here, not in a
+        # method of its own: every commit asks, and most wait
+        if n_waiting and (n_waiting >= self.min_batch or not self._n_running
+                          or self._urgent and n_waiting >= max(1, self.min_batch // self.flush_share)
+                          or n_at.get(t, 0) == self._n_committed_at.get(t, 0)):
             shards = self._shards
             waiting = [(i, shards[i].clock, shards[i].worker) for i in sorted(self._committed)
                        if shards[i].clock <= self.limit]
@@ -630,18 +684,6 @@ class ClockWindow:
         self._urgent = True
         return self._next()
 
-    def _due(self, waiting: int) -> bool:
-        """Whether the commits waiting go out now: ``min_batch`` of them, a ``flush`` (once a share of
-        ``min_batch`` waits: ``flush_share``), no attempt
-        left running (nothing else will come), or the oldest open clock wholly committed (its
-        clock end waits for them)."""
-        if waiting >= self.min_batch or not self._n_running:
-            return True
-        if self._urgent and waiting >= max(1, self.min_batch // self.flush_share):
-            return True
-        t = self.floor + 1
-        return self._n_at.get(t, 0) == self._n_committed_at.get(t, 0)
-
     def check(self) -> None:
         """Assert the invariants in the module docstring."""
         assert self.floor <= max(self.limit, self.floor)
@@ -671,6 +713,13 @@ class ClockWindow:
             assert self.clock_end == self.floor + 1
             assert all(s.clock > self.clock_end for s in self._shards)
         assert self.any_startable() == bool(self.startable_by_clock())
+        assert self.n_startable() == sum(len(shards) for _, shards in self.startable_by_clock())
+        for worker in {s.writer for s in self._shards}:  # (a work item of every shard, as each writer's)
+            members, newest, read_floor = self.member_fields(list(range(self.n_shards)), worker)
+            assert members == [(s.clock, *self.own_update(i)[:1], self.own_update(i)[1] == worker)
+                               for i, s in enumerate(self._shards)]
+            assert newest == max(s.clock for s in self._shards)
+            assert read_floor == max(self.read_floor(i) for i in range(self.n_shards))
         assert self.startable_clocks() == [c for c, _ in self.startable_by_clock()]
         assert math.isfinite(self.epoch)
 
