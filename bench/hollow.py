@@ -510,7 +510,10 @@ def measure(w: int, procs: int, spw: int, step_s: float, clocks: int, warmup: in
         row["loop_lag_ms"] = hc.loop_lag_ms()
         # the first ``warmup`` clocks and the fit's setup and end, measured alone: the long fit less
         # this one is ``clocks - warmup`` steady clocks
+        cpu2 = hc.process_cpu_s()
         short = dscar_fit(hc, spw, step_s, warmup, policies=policies, driver_begins=driver_begins)
+        cpu3 = hc.process_cpu_s()
+        row["short_process_cpu_s"] = {k: cpu3[k] - cpu2.get(k, 0.0) for k in cpu3}
         res = long["result"]
         row["fit_wall_s"] = fit_wall
         row["setup_s"] = res.setup_seconds
@@ -649,6 +652,14 @@ def summarize(row: dict[str, Any]) -> dict[str, Any]:
                  for k in set(fm["long"]) | set(fm["short"])}
     row["messages_per_clock"] = {k: v for k, v in sorted(per_clock.items(), key=lambda kv: -kv[1]) if v}
     row["messages_per_clock_per_worker"] = sum(per_clock.values()) / row["workers"]
+    # what bounds a clock: each process's CPU a steady clock (long fit less short fit, as above)
+    pl, ps = row["process_cpu_s"], row["short_process_cpu_s"]
+    row["process_cpu_ms_per_clock"] = {k: (pl[k] - ps.get(k, 0.0)) / steady_clocks * 1e3 for k in pl}
+    workers_ms = sum(v for k, v in row["process_cpu_ms_per_clock"].items() if k != "scheduler")
+    row["worker_cpu_ms_per_clock"] = workers_ms
+    # the messages the scheduler's loop handles or sends (its handlers' calls, and the applies it sends)
+    sched_msgs = sum(v for k, v in per_clock.items() if k.startswith("scheduler:")) + per_clock.get("worker:dscar_apply", 0)
+    row["sched_cpu_ms_per_message"] = row["sched_cpu_ms_per_clock"] / sched_msgs if sched_msgs > 0 else None
     dc = row["dask"]["sched_cpu_s"][wu:] or row["dask"]["sched_cpu_s"]
     row["dask_sched_cpu_ms_per_round"] = statistics.median(dc) * 1e3
     hangs = [h for h in row["hang"] if h["detected"]]
@@ -708,6 +719,21 @@ def format_messages(rows: list[dict]) -> str:
         lines.append(f"W={r['workers']} ({r['mode']}): messages a steady clock / W, by handler "
                      f"(total {r['messages_per_clock_per_worker']:.2f}):")
         lines.extend(f"  {k:<32} {v / r['workers']:>7.3f}  ({v:.1f} a clock)" for k, v in r["messages_per_clock"].items())
+    return "\n".join(lines)
+
+
+def format_bounds(rows: list[dict]) -> str:
+    """What a steady clock costs in CPU on this machine, beside the messages that cost it."""
+    lines = []
+    for r in rows:
+        spm = r["sched_cpu_ms_per_message"]
+        lines.append(
+            f"W={r['workers']}: CPU a steady clock: scheduler loop {r['sched_cpu_ms_per_clock']:.1f} ms "
+            f"({'-' if spm is None else f'{spm:.2f}'} ms a message it handles or sends), scheduler process "
+            f"{r['process_cpu_ms_per_clock'].get('scheduler', float('nan')):.1f} ms, worker processes "
+            f"{r['worker_cpu_ms_per_clock']:.1f} ms ({r['worker_cpu_ms_per_clock'] / r['workers']:.2f} ms a worker, "
+            f"{r['worker_cpu_ms_per_clock'] / max(r['messages_per_clock_per_worker'], 1e-9) / r['workers']:.2f} ms a "
+            f"message); {2 * r['step_s'] * 1e3:.0f} ms of CPU a clock of 2 cores")
     return "\n".join(lines)
 
 
@@ -838,6 +864,7 @@ def main(argv: list[str] | None = None) -> int:
         write_json(args.json, out)
     print(format_table(rows))
     print(format_messages(rows))
+    print(format_bounds(rows))
     for line in target_lines(rows):
         print(line)
     print(f"loadavg after: {load}")

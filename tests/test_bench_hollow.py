@@ -83,6 +83,12 @@ def test_quick_benchmark_runs_the_protocol_on_shared_processes_and_computes_its_
     assert r["messages_per_clock"]["scheduler:dscar_commit"] >= w and r["mode"] == "auto-begin"
     assert "scheduler:dscar_begin_clock" not in r["messages_per_clock"] and "mode: auto-begin" in stdout
     assert f"scheduler:dscar_commit" in stdout
+    # each process's CPU a steady clock, differenced the same way (what bounds the clock here)
+    pl, ps = r["process_cpu_s"], r["short_process_cpu_s"]
+    assert r["process_cpu_ms_per_clock"] == pytest.approx({k: (pl[k] - ps.get(k, 0.0)) / (clocks - wu) * 1e3 for k in pl})
+    assert r["worker_cpu_ms_per_clock"] == pytest.approx(
+        sum(v for k, v in r["process_cpu_ms_per_clock"].items() if k != "scheduler"))
+    assert f"W={w}: CPU a steady clock: scheduler loop" in stdout
     for k in ("idle_ms_per_s_dask", "idle_ms_per_s_no_job", "idle_ms_per_s_job"):
         assert 0 < r[k] < 1000  # ms of one thread's CPU per second
     # the shared worker processes and the scheduler's worked during the fit
