@@ -9,16 +9,31 @@ what is measured is the engine's control plane, not compute.
 
 What it measures, per W
 -----------------------
-* **clock time vs step time**: ``ClockRecord.seconds`` (the driver's wall time from ``begin_clock`` to
-  the report), median over the clocks after ``--warmup``, divided by the ideal clock: shards per
-  worker x ``--step`` (target <= 1.2x).
+Both modes run the same protocol; they differ in who begins each clock. By default ``HollowStep``
+stops on the workers, as every bundled model does: the clock end is folded into the last apply and
+the coordinator begins the next clock itself (``dscar.auto-begin``); the driver only reads reports,
+off the clocks' path. ``--driver-begins`` (``DriverHollowStep``): its stopping rule runs in the
+driver's process, so the driver begins every clock (a round trip a clock that users do not pay).
+The mode that ran is printed.
+
+* **clock time vs step time**: ``ClockRecord.seconds`` (the driver's wall time from one report to
+  the next under auto-begin, from ``begin_clock`` to the report when the driver begins), median over
+  the clocks after ``--warmup``, divided by the ideal clock: shards per worker x ``--step`` (target
+  <= 1.2x); their mean is in the JSON (``clock_mean_s``) too, as a check that reports read late and
+  then bunched do not flatter the median.
 * **scheduler CPU per clock**: the scheduler loop thread's CPU (``bench.overhead.loop_cpu_s`` through
-  ``run_on_scheduler``) read at every clock boundary (from the algorithm's ``converged``, which the
-  driver calls between clocks), differenced, median over the steady clocks; one read's own cost is
-  in each figure (it is measured, ``probe_cpu_ms``).
+  ``run_on_scheduler``) read before and after a fit, never between its clocks (nothing of the
+  harness runs on the scheduler while the clocks run): ``(CPU(fit of --clocks) - CPU(fit of
+  --warmup)) / (clocks - warmup)``, the steady clocks' mean without the fits' setup and end.
+* **messages per clock / W**: every ``dscar_*`` handler of the scheduler and of every worker wraps a
+  counter (``bench.overhead.install_counters``), counted the same way (long fit less short fit, per
+  steady clock), by handler: ``scheduler:<op>`` (the workers' polls and commits, the driver's calls),
+  ``worker:<op>`` (the scheduler's applies to workers, worker-to-worker fetches and pulls). Dask's
+  own messages (heartbeats) are not counted.
 * **idle scheduler CPU** (ms of loop CPU per second): with plain Dask only (before dscar's plugins
-  are registered), with dscar registered and no job, and with a job registered between clocks (the
-  driver holds still inside ``converged`` after the last clock).
+  are registered), with dscar registered and no job, and with a job registered between clocks (in
+  one more fit of ``DriverHollowStep``, whatever the mode, the driver holds still inside
+  ``converged`` after its last clock).
 * **per-round overhead, dscar vs plain Dask**: dscar's median clock time minus the step time, beside
   plain Dask's: ``client.map`` of the same sleeps (one task per worker x shard) and a gather barrier,
   per round, on the same workers before dscar is registered; ratio dscar / Dask (target <= 0.5x).
@@ -26,15 +41,16 @@ What it measures, per W
   (``dscar.faults.hang``: SIGSTOP of that process); time from its ``fault-hang`` event to its
   ``worker-lost`` event (both stamped by the coordinator), against Dask's heartbeat interval at that
   W (``distributed.scheduler.heartbeat_interval``): target <= 2 intervals + 2 s.
-* **false positives**: workers lost in the healthy fits (every fit without a fault: the measured one
-  and ``--healthy-runs`` more): target 0.
+* **false positives**: workers lost in the healthy fits (every fit without a fault: the measured one,
+  the short one, the held one and ``--healthy-runs`` more): target 0.
 * **exactly once**: in every healthy fit that lost no worker (a loss restores the table from its
   initial values: no checkpoint store here), every clock's report says each shard committed once
   (the committed shards per worker sum to the shard count) and every row counts exactly the clocks.
 * **event-loop lag** of each worker process (the loop its workers share) during the measured fit:
   how late a 100 ms sleep wakes, p50 / p99 / max; and each process's CPU seconds.
 
-Usage: ``python -m bench.hollow [--quick] [--workers 64,256] [--procs P] [--json PATH] [--plot PATH]``.
+Usage: ``python -m bench.hollow [--quick] [--workers 64,256] [--procs P] [--driver-begins] [--json PATH]
+[--plot PATH]``.
 ``--quick``: W = 16 on 2 processes, few clocks (the test). The load average is printed with the figures.
 """
 from __future__ import annotations
@@ -55,7 +71,7 @@ import numpy as np
 
 import dscar
 from bench.common import load_average, log, machine_info, pyplot, write_json
-from bench.overhead import loop_cpu_s
+from bench.overhead import install_counters, loop_cpu_s
 from bench.stragglers import SleepStep
 from dscar import faults
 
@@ -71,18 +87,25 @@ DASK_CONFIG = {**dscar.api.cluster.EMBEDDED_CONFIG, "distributed.scheduler.worke
 
 
 class HollowStep(SleepStep):
-    """``SleepStep`` that also reports the table's largest count, and calls ``on_clock`` (driver
-    only, never pickled to the workers) at every clock boundary."""
+    """``SleepStep`` that also reports the table's largest count. It stops on the workers, as every
+    bundled model does (``converged_on_workers``): with the clock end folded into the last apply, the
+    coordinator begins the next clock itself (``dscar.auto-begin``) and the driver only reads reports."""
 
     name = "hollowstep"
-    on_clock: Callable[[int], None] | None = None
-    #: the driver begins every clock and calls ``converged`` between them (``dscar.auto-begin`` left
-    #: out), so ``on_clock`` reads the scheduler's CPU at each boundary
-    converged_on_workers = False
 
     def clock_end(self, ctx):
         count = dscar.to_host(ctx.pull("count"))
         return {"objective": float(count.sum()), "count_min": float(count.min()), "count_max": float(count.max())}
+
+
+class DriverHollowStep(HollowStep):
+    """``HollowStep`` whose stopping rule runs in the driver's process (``--driver-begins``): the driver
+    begins every clock, one round trip between clocks that users of the bundled models do not pay.
+    ``on_clock`` (driver only, never pickled to the workers) is called at every clock boundary."""
+
+    name = "hollowstep"
+    on_clock: Callable[[int], None] | None = None
+    converged_on_workers = False
 
     def converged(self, history, tol):
         if self.on_clock is not None:
@@ -333,12 +356,6 @@ def idle_cpu(client, seconds: float) -> float:
     return (c1 - c0) / (t1 - t0) * 1e3
 
 
-def probe_cpu_ms(client, n: int = 10) -> float:
-    """The scheduler loop CPU one ``run_on_scheduler(sched_cpu_s)`` read costs (ms), back to back."""
-    reads = [client.run_on_scheduler(sched_cpu_s) for _ in range(n + 1)]
-    return statistics.median(b - a for a, b in zip(reads, reads[1:])) * 1e3
-
-
 def plain_dask_rounds(client, n_tasks: int, step_s: float, rounds: int) -> dict[str, Any]:
     """Rounds of ``client.map`` of ``n_tasks`` sleeps and a gather barrier: wall and scheduler CPU per round."""
     walls, cpus = [], []
@@ -388,24 +405,46 @@ def loss_reasons(events: list[dict]) -> dict[str, int]:
     return out
 
 
+def handler_counts(dask_scheduler=None, dask_worker=None) -> dict[str, int]:
+    """Calls of each ``dscar_*`` handler of this server so far (``bench.overhead.install_counters``)."""
+    server = dask_scheduler if dask_scheduler is not None else dask_worker
+    return dict(getattr(server, "_bench_rpc_counts", {}))
+
+
+def message_counts(client) -> dict[str, int]:
+    """Calls of every ``dscar_*`` handler so far: ``scheduler:<op>`` on the scheduler, ``worker:<op>``
+    summed over the workers (worker-to-worker fetches and pulls, scheduler-to-worker applies)."""
+    out = {f"scheduler:{k}": v for k, v in client.run_on_scheduler(handler_counts).items()}
+    for per in client.run(handler_counts).values():
+        for k, v in per.items():
+            out[f"worker:{k}"] = out.get(f"worker:{k}", 0) + v
+    return out
+
+
+def count_messages(client) -> int:
+    """Wrap every ``dscar_*`` handler of the scheduler and the workers with a counter (idempotent;
+    a worker that joins later is not counted); how many handlers are wrapped."""
+    return client.run_on_scheduler(install_counters) + sum(client.run(install_counters).values())
+
+
 def dscar_fit(hc: HollowCluster, spw: int, step_s: float, clocks: int, idle_s: float = 0.0,
-              policies: list[str] | None = None) -> tuple[dscar.FitResult, list[float], float | None]:
-    """One fit of ``clocks`` clocks on every worker: its result, the scheduler loop CPU at each clock
-    boundary, and (``idle_s``) the loop CPU in ms/s while the job waits between clocks after the last."""
+              policies: list[str] | None = None, driver_begins: bool = False) -> dict[str, Any]:
+    """One fit of ``clocks`` clocks on every worker: ``result``, the scheduler loop's CPU seconds over
+    it (``cpu_s``: read before and after the fit, never between clocks), the ``dscar_*`` messages it
+    sent (``messages``, by handler) and (``idle_s``) ``idle_job``, the loop CPU in ms/s while a job
+    waits between clocks after the last (a ``DriverHollowStep`` holds it still there, whatever the mode).
+    ``driver_begins``: the driver begins every clock (``DriverHollowStep``), else the coordinator does."""
     n_shards = hc.n_workers * spw
-    algo = HollowStep(step_s)
-    cpu_at: list[float] = []
+    algo = DriverHollowStep(step_s) if driver_begins or idle_s > 0 else HollowStep(step_s)
     idle: list[float] = []
-
-    def on_clock(n: int) -> None:
-        cpu_at.append(hc.client.run_on_scheduler(sched_cpu_s))
-        if n == clocks and idle_s > 0:
-            idle.append(idle_cpu(hc.client, idle_s))
-
-    algo.on_clock = on_clock
+    if idle_s > 0:
+        algo.on_clock = lambda n: idle.append(idle_cpu(hc.client, idle_s)) if n == clocks else None
+    m0, c0 = message_counts(hc.client), hc.client.run_on_scheduler(sched_cpu_s)
     res = dscar.fit(algo, {"row": np.arange(n_shards * ROWS_PER_SHARD, dtype=np.int64)}, hc.cluster,
                     n_shards=n_shards, max_clocks=clocks, progress=False, policies=policies)
-    return res, cpu_at, (idle[0] if idle else None)
+    c1, m1 = hc.client.run_on_scheduler(sched_cpu_s), message_counts(hc.client)
+    return {"result": res, "cpu_s": c1 - c0, "messages": {k: m1.get(k, 0) - m0.get(k, 0) for k in set(m0) | set(m1)},
+            "idle_job": idle[0] if idle else None}
 
 
 def hang_trial(hc: HollowCluster, victim: str, spw: int, step_s: float, clocks: int,
@@ -438,10 +477,13 @@ def hang_trial(hc: HollowCluster, victim: str, spw: int, step_s: float, clocks: 
 
 
 def measure(w: int, procs: int, spw: int, step_s: float, clocks: int, warmup: int, idle_s: float,
-            hang_trials: int, healthy_runs: int, t0: float, policies: list[str] | None = None) -> dict[str, Any]:
-    """Everything for one W (see the module docstring); ``policies`` as ``dscar.fit`` takes them."""
+            hang_trials: int, healthy_runs: int, t0: float, policies: list[str] | None = None,
+            driver_begins: bool = False) -> dict[str, Any]:
+    """Everything for one W (see the module docstring); ``policies`` as ``dscar.fit`` takes them;
+    ``driver_begins``: the driver begins every clock (``DriverHollowStep``), else the coordinator does."""
     row: dict[str, Any] = {"workers": w, "procs": procs, "shards_per_worker": spw, "n_shards": w * spw,
-                           "step_s": step_s, "clocks": clocks, "warmup": warmup}
+                           "step_s": step_s, "clocks": clocks, "warmup": warmup,
+                           "mode": "driver-begins" if driver_begins else "auto-begin"}
     from distributed.scheduler import heartbeat_interval
 
     row["heartbeat_interval_s"] = heartbeat_interval(w)
@@ -458,28 +500,41 @@ def measure(w: int, procs: int, spw: int, step_s: float, clocks: int, warmup: in
         log(t0, f"W={w}: plain Dask rounds {[round(x, 3) for x in dask_runs['round_s']]}")
         hc.register()
         row["idle_ms_per_s_no_job"] = idle_cpu(client, idle_s)
-        row["probe_cpu_ms"] = probe_cpu_ms(client)
+        row["handlers_counted"] = count_messages(client)
         hc.loop_lag_ms()  # (forget what came before the fit)
         cpu0 = hc.process_cpu_s()
         tf = time.perf_counter()
-        res, cpu_at, idle_job = dscar_fit(hc, spw, step_s, clocks, idle_s, policies)
+        long = dscar_fit(hc, spw, step_s, clocks, policies=policies, driver_begins=driver_begins)
         fit_wall = time.perf_counter() - tf
         cpu1 = hc.process_cpu_s()
         row["loop_lag_ms"] = hc.loop_lag_ms()
+        # the first ``warmup`` clocks and the fit's setup and end, measured alone: the long fit less
+        # this one is ``clocks - warmup`` steady clocks
+        cpu2 = hc.process_cpu_s()
+        short = dscar_fit(hc, spw, step_s, warmup, policies=policies, driver_begins=driver_begins)
+        cpu3 = hc.process_cpu_s()
+        row["short_process_cpu_s"] = {k: cpu3[k] - cpu2.get(k, 0.0) for k in cpu3}
+        res = long["result"]
         row["fit_wall_s"] = fit_wall
         row["setup_s"] = res.setup_seconds
         row["process_cpu_s"] = {k: cpu1[k] - cpu0.get(k, 0.0) for k in cpu1}
-        row["idle_ms_per_s_job"] = idle_job
         row["clock_s"] = [r.seconds for r in res.history]
         row["skipped_clocks"] = sum(r.skipped for r in res.history)  # cut short by a loss: no clock-end step
         row["stage_s"] = [dict(r.stage_s) for r in res.history]
-        row["clock_cpu_ms"] = [(b - a) * 1e3 for a, b in zip(cpu_at, cpu_at[1:])]  # clocks 2.. (after each boundary)
-        healthy = [res]
+        row["fit_cpu_ms"] = {"long": long["cpu_s"] * 1e3, "short": short["cpu_s"] * 1e3}
+        row["fit_messages"] = {"long": long["messages"], "short": short["messages"]}
         log(t0, f"W={w}: dscar fit: setup {res.setup_seconds:.1f} s, clocks {[round(x, 3) for x in row['clock_s']]}, "
                 f"worker loops' lag p99 {[round(v.get('p99', 0)) for v in row['loop_lag_ms'].values()]} ms")
+        healthy = [res, short["result"]]
+        if idle_s > 0:  # a job between clocks: the driver holds still after the last (either mode)
+            held = dscar_fit(hc, spw, step_s, max(3, warmup + 1), idle_s, policies)
+            healthy.append(held["result"])
+            row["idle_ms_per_s_job"] = held["idle_job"]
+        else:
+            row["idle_ms_per_s_job"] = None
         for i in range(healthy_runs):
-            r, _, _ = dscar_fit(hc, spw, step_s, max(3, warmup + 1), policies=policies)
-            healthy.append(r)
+            healthy.append(dscar_fit(hc, spw, step_s, max(3, warmup + 1), policies=policies,
+                                     driver_begins=driver_begins)["result"])
         # a loss restores the table from its initial values (no checkpoint store here): exactly once
         # is checked on the fits that lost no worker
         checked = [r for r in healthy if not losses(r.events)]
@@ -535,7 +590,7 @@ def watch(w: int, procs: int, windows: int, hang_trials: int, step_s: float, t0:
         hang_at = [windows + 1 + 2 * i for i in range(hang_trials)]
         clocks = windows + 2 * hang_trials + 1
         n_shards = w
-        algo = HollowStep(step_s)
+        algo = DriverHollowStep(step_s)
         algo.on_clock = lambda n: time.sleep(hold)
         tf = time.perf_counter()
         res = dscar.fit(algo, {"row": np.arange(n_shards * ROWS_PER_SHARD, dtype=np.int64)}, hc.cluster,
@@ -589,8 +644,22 @@ def summarize(row: dict[str, Any]) -> dict[str, Any]:
     row["dask_round_median_s"] = statistics.median(dsteady)
     row["dask_overhead_s"] = row["dask_round_median_s"] - ideal
     row["overhead_ratio"] = (row["dscar_overhead_s"] / row["dask_overhead_s"]) if row["dask_overhead_s"] > 0 else None
-    cc = row["clock_cpu_ms"][max(wu - 1, 0):] or row["clock_cpu_ms"]
-    row["sched_cpu_ms_per_clock"] = statistics.median(cc) if cc else None
+    steady_clocks = row["clocks"] - wu
+    row["clock_mean_s"] = sum(steady) / len(steady)
+    row["sched_cpu_ms_per_clock"] = (row["fit_cpu_ms"]["long"] - row["fit_cpu_ms"]["short"]) / steady_clocks
+    fm = row["fit_messages"]
+    per_clock = {k: (fm["long"].get(k, 0) - fm["short"].get(k, 0)) / steady_clocks
+                 for k in set(fm["long"]) | set(fm["short"])}
+    row["messages_per_clock"] = {k: v for k, v in sorted(per_clock.items(), key=lambda kv: -kv[1]) if v}
+    row["messages_per_clock_per_worker"] = sum(per_clock.values()) / row["workers"]
+    # what bounds a clock: each process's CPU a steady clock (long fit less short fit, as above)
+    pl, ps = row["process_cpu_s"], row["short_process_cpu_s"]
+    row["process_cpu_ms_per_clock"] = {k: (pl[k] - ps.get(k, 0.0)) / steady_clocks * 1e3 for k in pl}
+    workers_ms = sum(v for k, v in row["process_cpu_ms_per_clock"].items() if k != "scheduler")
+    row["worker_cpu_ms_per_clock"] = workers_ms
+    # the messages the scheduler's loop handles or sends (its handlers' calls, and the applies it sends)
+    sched_msgs = sum(v for k, v in per_clock.items() if k.startswith("scheduler:")) + per_clock.get("worker:dscar_apply", 0)
+    row["sched_cpu_ms_per_message"] = row["sched_cpu_ms_per_clock"] / sched_msgs if sched_msgs > 0 else None
     dc = row["dask"]["sched_cpu_s"][wu:] or row["dask"]["sched_cpu_s"]
     row["dask_sched_cpu_ms_per_round"] = statistics.median(dc) * 1e3
     hangs = [h for h in row["hang"] if h["detected"]]
@@ -627,7 +696,7 @@ def _once(row: dict) -> str:
 def format_table(rows: list[dict]) -> str:
     head = (f"{'W':>4} {'procs':>5} {'clock ms':>8} {'x step':>6} {'dscar ovh':>9} {'Dask ovh':>8} {'ratio':>6} "
             f"{'sched CPU/clock':>15} {'Dask CPU/round':>14} {'idle Dask':>9} {'idle dscar':>10} {'idle job':>8} "
-            f"{'HB int':>6} {'hang found s':>14} {'FP/runs':>7} {'1x/fits':>7}")
+            f"{'msgs/clock/W':>12} {'HB int':>6} {'hang found s':>14} {'FP/runs':>7} {'1x/fits':>7}")
     lines = [head]
     for r in rows:
         hang = ",".join(_num(x, ".1f") for x in r["hang_detect_s"]) or "-"
@@ -637,8 +706,34 @@ def format_table(rows: list[dict]) -> str:
             f"{_num(r['dask_overhead_s'], '.1f', 1e3):>8} {_num(r['overhead_ratio'], '.2f'):>6} "
             f"{_num(r['sched_cpu_ms_per_clock'], '.1f'):>12} ms {_num(r['dask_sched_cpu_ms_per_round'], '.1f'):>11} ms "
             f"{_num(r['idle_ms_per_s_dask'], '.1f'):>9} {_num(r['idle_ms_per_s_no_job'], '.1f'):>10} "
-            f"{_num(r['idle_ms_per_s_job'], '.1f'):>8} {r['heartbeat_interval_s']:>5.2f}s {hang:>14} "
+            f"{_num(r['idle_ms_per_s_job'], '.1f'):>8} {r['messages_per_clock_per_worker']:>12.2f} "
+            f"{r['heartbeat_interval_s']:>5.2f}s {hang:>14} "
             f"{r['false_positives']:>3}/{r['healthy_runs']:<3} {_once(r):>3}/{r['exactly_once_checked']}")
+    return "\n".join(lines)
+
+
+def format_messages(rows: list[dict]) -> str:
+    """Each W's ``dscar_*`` messages a steady clock, by handler (where it ran) and per worker."""
+    lines = []
+    for r in rows:
+        lines.append(f"W={r['workers']} ({r['mode']}): messages a steady clock / W, by handler "
+                     f"(total {r['messages_per_clock_per_worker']:.2f}):")
+        lines.extend(f"  {k:<32} {v / r['workers']:>7.3f}  ({v:.1f} a clock)" for k, v in r["messages_per_clock"].items())
+    return "\n".join(lines)
+
+
+def format_bounds(rows: list[dict]) -> str:
+    """What a steady clock costs in CPU on this machine, beside the messages that cost it."""
+    lines = []
+    for r in rows:
+        spm = r["sched_cpu_ms_per_message"]
+        lines.append(
+            f"W={r['workers']}: CPU a steady clock: scheduler loop {r['sched_cpu_ms_per_clock']:.1f} ms "
+            f"({'-' if spm is None else f'{spm:.2f}'} ms a message it handles or sends), scheduler process "
+            f"{r['process_cpu_ms_per_clock'].get('scheduler', float('nan')):.1f} ms, worker processes "
+            f"{r['worker_cpu_ms_per_clock']:.1f} ms ({r['worker_cpu_ms_per_clock'] / r['workers']:.2f} ms a worker, "
+            f"{r['worker_cpu_ms_per_clock'] / max(r['messages_per_clock_per_worker'], 1e-9) / r['workers']:.2f} ms a "
+            f"message); {2 * r['step_s'] * 1e3:.0f} ms of CPU a clock of 2 cores")
     return "\n".join(lines)
 
 
@@ -716,8 +811,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--warmup", type=int, default=2, help="clocks / rounds left out of the medians")
     ap.add_argument("--idle", type=float, default=None, help="seconds of each idle measurement (default 5, 2 with --quick)")
     ap.add_argument("--hang-trials", type=int, default=None, help="hang trials per W (default 3, 1 with --quick)")
-    ap.add_argument("--healthy-runs", type=int, default=None, help="extra healthy fits per W for false positives "
-                    "(default 2, 1 with --quick)")
+    ap.add_argument("--healthy-runs", type=int, default=0, help="healthy fits per W for false positives beside "
+                    "the measured, the short and the held one (default 0)")
+    ap.add_argument("--driver-begins", action="store_true", help="the driver begins every clock (its stopping "
+                    "rule runs in its process), instead of the coordinator (dscar.auto-begin, as the bundled models run)")
     ap.add_argument("--policies", default="default", help="dscar's straggler policies: default (dscar.fit's), "
                     "none, or comma-separated names (backup, adaptive, restart)")
     ap.add_argument("--watch", type=int, metavar="N", default=None,
@@ -732,7 +829,7 @@ def main(argv: list[str] | None = None) -> int:
     policies = (None if args.policies == "default" else [] if args.policies == "none"
                 else args.policies.split(","))
     hang_trials = args.hang_trials if args.hang_trials is not None else (1 if args.quick else 3)
-    healthy = args.healthy_runs if args.healthy_runs is not None else (1 if args.quick else 2)
+    healthy = args.healthy_runs
     if min(ws) < 2 or clocks <= args.warmup + 1:
         ap.error("need W >= 2 and more clocks than warmup + 1")
     t0 = time.perf_counter()
@@ -751,19 +848,23 @@ def main(argv: list[str] | None = None) -> int:
     for w in ws:
         procs = args.procs or min(8, max(2, w // 32))
         rows.append(measure(w, procs, args.shards_per_worker, args.step, clocks, args.warmup, idle_s,
-                            hang_trials, healthy, t0, policies))
+                            hang_trials, healthy, t0, policies, args.driver_begins))
     load = load_average()
-    probes = ", ".join(f"{r['probe_cpu_ms']:.2f}" for r in rows)
+    mode = "driver-begins (the driver begins every clock)" if args.driver_begins else \
+        "auto-begin (the coordinator begins each next clock; the stopping rule runs on the workers)"
     print(f"\nHollow workers: HollowStep (SleepStep, {args.step * 1e3:g} ms steps, {ROWS_PER_SHARD} rows a shard), "
           f"{args.shards_per_worker} shard(s) per worker, {clocks} clocks / plain Dask rounds, first {args.warmup} "
           f"dropped; policies {args.policies}; idle CPU over {idle_s:g} s (ms of scheduler loop CPU per s); "
-          f"scheduler CPU per clock includes one CPU read ({probes} ms)")
-    out = {"quick": args.quick, "workers": ws, "step_s": args.step, "clocks": clocks, "warmup": args.warmup,
+          f"scheduler CPU and messages per clock: (fit of {clocks} clocks - fit of {args.warmup}) / {clocks - args.warmup}")
+    print(f"mode: {mode}")
+    out = {"quick": args.quick, "driver_begins": args.driver_begins, "workers": ws, "step_s": args.step, "clocks": clocks, "warmup": args.warmup,
            "shards_per_worker": args.shards_per_worker, "idle_s": idle_s, "policies": args.policies, "rows": rows,
            "machine": {**machine, "loadavg_after": load}, "wall_s": time.perf_counter() - t0}
     if args.json:
         write_json(args.json, out)
     print(format_table(rows))
+    print(format_messages(rows))
+    print(format_bounds(rows))
     for line in target_lines(rows):
         print(line)
     print(f"loadavg after: {load}")

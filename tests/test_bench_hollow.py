@@ -32,10 +32,15 @@ def test_exactly_once_finds_a_missing_commit_a_double_count_and_a_wrong_table():
     assert hollow.exactly_once(FakeResult(good, table), 4, 8) == ["final table: counts 1.0..2.0, expected 2"]
 
 
+def test_the_model_stops_on_the_workers_unless_the_driver_begins_the_clocks():
+    assert hollow.HollowStep.converged_on_workers is True  # as every bundled model: dscar.auto-begin
+    assert hollow.DriverHollowStep.converged_on_workers is False
+
+
 def test_the_algorithm_pickles_without_its_driver_side_hook():
     import pickle
 
-    algo = hollow.HollowStep(0.01)
+    algo = hollow.DriverHollowStep(0.01)
     algo.on_clock = lambda n: None
     copy = pickle.loads(pickle.dumps(algo))
     assert copy.on_clock is None and copy.work_s == 0.01
@@ -56,8 +61,9 @@ def test_quick_benchmark_runs_the_protocol_on_shared_processes_and_computes_its_
     assert w == 16 and r["procs"] == 2 and r["n_shards"] == w * r["shards_per_worker"]
     # every clock of the measured fit completed, each shard committed once, every row counted once a clock
     assert len(r["clock_s"]) == clocks and r["skipped_clocks"] == 0 and all(s > step for s in r["clock_s"])
-    assert r["healthy_runs"] == 2 and r["false_positives"] == len(r["false_positive_events"]) == 0
-    assert r["exactly_once_checked"] == 2 and r["exactly_once_violations"] == []
+    # the measured fit, the short one it is differenced with, and the one held still between clocks
+    assert r["healthy_runs"] == 3 and r["false_positives"] == len(r["false_positive_events"]) == 0
+    assert r["exactly_once_checked"] == 3 and r["exactly_once_violations"] == []
     # figures from the measurements, not typed in
     ideal = r["shards_per_worker"] * step
     assert r["clock_median_s"] == pytest.approx(statistics.median(r["clock_s"][wu:]))
@@ -66,8 +72,23 @@ def test_quick_benchmark_runs_the_protocol_on_shared_processes_and_computes_its_
     assert len(r["dask"]["round_s"]) == clocks and all(s > step for s in r["dask"]["round_s"])
     assert r["dask_overhead_s"] == pytest.approx(statistics.median(r["dask"]["round_s"][wu:]) - ideal)
     assert r["overhead_ratio"] == pytest.approx(r["dscar_overhead_s"] / r["dask_overhead_s"])
-    assert len(r["clock_cpu_ms"]) == clocks - 1 and all(c > 0 for c in r["clock_cpu_ms"])
-    assert r["sched_cpu_ms_per_clock"] == pytest.approx(statistics.median(r["clock_cpu_ms"][wu - 1:]))
+    # scheduler CPU and messages a steady clock: the long fit less the short one, over the clocks between
+    cpu, msgs = r["fit_cpu_ms"], r["fit_messages"]
+    assert cpu["long"] > cpu["short"] > 0
+    assert r["sched_cpu_ms_per_clock"] == pytest.approx((cpu["long"] - cpu["short"]) / (clocks - wu))
+    per_clock = {k: (msgs["long"].get(k, 0) - msgs["short"].get(k, 0)) / (clocks - wu) for k in msgs["long"]}
+    assert r["messages_per_clock"] == pytest.approx({k: v for k, v in per_clock.items() if v})
+    assert r["messages_per_clock_per_worker"] == pytest.approx(sum(per_clock.values()) / w)
+    # every worker commits its shard each clock; the coordinator began the clocks, not the driver
+    assert r["messages_per_clock"]["scheduler:dscar_commit"] >= w and r["mode"] == "auto-begin"
+    assert "scheduler:dscar_begin_clock" not in r["messages_per_clock"] and "mode: auto-begin" in stdout
+    assert f"scheduler:dscar_commit" in stdout
+    # each process's CPU a steady clock, differenced the same way (what bounds the clock here)
+    pl, ps = r["process_cpu_s"], r["short_process_cpu_s"]
+    assert r["process_cpu_ms_per_clock"] == pytest.approx({k: (pl[k] - ps.get(k, 0.0)) / (clocks - wu) * 1e3 for k in pl})
+    assert r["worker_cpu_ms_per_clock"] == pytest.approx(
+        sum(v for k, v in r["process_cpu_ms_per_clock"].items() if k != "scheduler"))
+    assert f"W={w}: CPU a steady clock: scheduler loop" in stdout
     for k in ("idle_ms_per_s_dask", "idle_ms_per_s_no_job", "idle_ms_per_s_job"):
         assert 0 < r[k] < 1000  # ms of one thread's CPU per second
     # the shared worker processes and the scheduler's worked during the fit

@@ -182,9 +182,10 @@ def test_memory_copies_keep_the_newest_and_go_with_a_crash():
     assert mirrors.get(part_key("v", 3)) is None
 
 
-def _runner_with_steps(during=None):
+def _runner_with_steps(during=None, moved=()):
     """A shard runner whose steps do nothing but note the shard (``during(runner, shard)`` runs in
-    each), and the messages it sends the coordinator."""
+    each; the shards in ``moved`` say they moved their data or state), and the messages it sends the
+    coordinator."""
     import threading
 
     from dscar.worker.runner import Job, ShardRunner
@@ -211,10 +212,11 @@ def _runner_with_steps(during=None):
     runner = ShardRunner(Host())
 
     def attempt(_job, a):
-        ran.append(a["shard"])
+        shard = a["shard"]
+        ran.append(shard)
         if during is not None:
             during(runner, a["shard"])
-        return {"compute_s": 0.0}, []
+        return {"compute_s": 0.0}, [], shard in moved
 
     runner._attempt = attempt
     return runner, calls, ran
@@ -254,7 +256,7 @@ def test_batch_members_of_a_run_voided_by_an_owner_s_loss_fail_without_running_t
             run["run"] = 7  # the coordinator voided run 5
 
     runner._attempt = lambda job, a: (ran.append(a["shard"]), loss_during_the_first(runner, a["shard"]),
-                                      ({"compute_s": 0.0}, []))[-1]
+                                      ({"compute_s": 0.0}, [], False))[-1]
     item = {**_batch_item(4), "owners": [["w", 0, ME], ["w", 1, dead]]}
     runner._run_shards(item)
     assert ran == [0]  # the others were not run
@@ -265,7 +267,7 @@ def test_batch_members_of_a_run_voided_by_an_owner_s_loss_fail_without_running_t
     calls.clear()
     ran.clear()
     run["run"] = 5
-    runner._attempt = lambda job, a: (ran.append(a["shard"]), ({"compute_s": 0.0}, []))[-1]
+    runner._attempt = lambda job, a: (ran.append(a["shard"]), ({"compute_s": 0.0}, [], False))[-1]
     runner._run_shards({**_batch_item(3, item=2), "owners": [["w", 0, ME], ["w", 1, dead]]})
     assert ran == [0, 1, 2] and not [op for op, _ in calls if op == "fail"]
 
@@ -534,3 +536,59 @@ def test_a_clock_end_that_could_not_reach_a_peer_names_it_in_its_failure():
     runner._run_clock_end(item)
     [(op, kw)] = calls
     assert op == "clock_failed" and "unreachable" not in kw and "ZeroDivisionError" in kw["error"]
+
+
+def test_a_commit_says_which_attempts_moved_their_shard_so_the_coordinator_sends_their_pass_everywhere():
+    runner, calls, _ = _runner_with_steps(moved={1})
+    runner._run_shards(_batch_item(3))
+    [(op, kw)] = calls
+    assert op == "commit" and [c.get("moved", False) for c in kw["commits"]] == [False, True, False]
+
+
+class _Steps:
+    """The algorithm of ``_attempt``'s tests: its step sets a state when told to."""
+
+    def __init__(self, set_state: bool = False):
+        self.set_state = set_state
+
+    def prepare_shard(self, arrays, xp):
+        return dict(arrays)
+
+    def shard_step(self, ctx, data):
+        if self.set_state:
+            ctx.set_state("z", np.ones(1))
+
+
+def test_an_attempt_moved_its_shard_when_it_ran_from_a_copy_a_backup_s_entry_or_set_a_state():
+    """``Finished.moved``: only an attempt on the shard's holder, from the held entry, that set no
+    state leaves every shard store as its pass's apply would (then a worker with no partition needs
+    no apply message: ``apply_plan.apply_receivers``)."""
+    runner, calls, _ = _runner_with_steps()
+    del runner._attempt  # (the real one)
+    job = runner.host.job("j")
+    job.algorithm = _Steps()
+    job.shards.put(0, ShardEntry({"x": np.zeros(2)}, {}))
+    item = {"op": "shard", "clock": 3, "run": 5, "shard": 0, "attempt": 0, "fetch_from": None, "backup": False}
+    assert runner._attempt(job, item)[2] is False  # the holder, from its entry
+    assert runner._attempt(job, {**item, "attempt": 1, "backup": True})[2] is True  # a backup runs from a copy
+    assert runner._attempt(job, {**item, "shard": 2, "fetch_from": "holder"})[2] is True  # copied here
+    job.algorithm = _Steps(set_state=True)
+    assert runner._attempt(job, {**item, "attempt": 2})[2] is True  # a new state
+
+
+def test_a_work_item_of_a_newer_run_drops_what_older_runs_staged_and_older_clocks_pending_states():
+    """A worker sent no apply (nothing to apply there) still drops what it staged: every pass older
+    than the item's run was applied or voided."""
+    from dscar.worker.runner import Job
+
+    store = _store()
+    shards = ShardStore(store.lock)
+    job = Job(id="j", algorithm=None, meta=None, specs=store.specs, layouts=store.layouts, loader=None,
+              tol=0.0, xp=np, tables=store, shards=shards)
+    entry = ShardEntry({"x": np.zeros(2)}, {})
+    store.stage((3, 0, 1), 5, [_up(0, 0, [1, 1, 1])])
+    store.stage((4, 0, 1), 6, [_up(0, 0, [1, 1, 1])])
+    shards.stage_state((3, 0, 1), entry, {})
+    shards.stage_state((4, 0, 1), entry, {})
+    job.settle_before(6, 4)
+    assert list(store.staged) == [(4, 0, 1)] and list(shards.pending) == [(4, 0, 1)]

@@ -258,3 +258,18 @@ def shard_ranges(shards: Iterable[int]) -> list[list[int]]:
         else:
             out.append([s, s + 1])
     return out
+
+
+def apply_receivers(targets: Iterable[str], owners: Iterable[str], plan: ApplyPlan, keep: Iterable[str] = (),
+                    shards_moved: bool = True) -> list[str]:
+    """The ``targets`` a BSP pass's apply message must reach, in their order: every owner of a
+    partition (``owners``), every worker with a role in ``plan`` (fetches, a combine step) and every
+    worker in ``keep`` (the folded clock end's, a joiner's, ...). The others have nothing to apply
+    when no committed attempt of the pass moved a shard's data or state (``shards_moved`` False:
+    each ran on the shard's holder and set no state): their message would only drop what they
+    staged and raise the run they have seen applied, which their next work item's newer run does
+    as well (``Job.settle_before``). At W workers and one owner that is W - 1 messages a pass."""
+    if shards_moved:
+        return list(targets)
+    needed = set(owners) | set(keep) | {w for w, role in plan.roles.items() if role.to_msg()}
+    return [w for w in targets if w in needed]

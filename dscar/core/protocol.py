@@ -224,15 +224,18 @@ class Finished:
     timings: dict | None = None
     #: table -> the partitions its updates touched (None: every one): owners fetch only from stagers
     parts: dict | None = None
+    #: the attempt moved its shard's data or state (ran from a copy or a fresh read, as a backup, set or
+    #: restored a state): applying its pass changes shard stores, so every worker gets the apply
+    moved: bool = False
 
     def to_msg(self) -> dict[str, Any]:
         return {"shard": self.shard, "attempt": self.attempt, "clock": self.clock, "timings": self.timings,
-                "parts": self.parts}
+                "parts": self.parts, **({"moved": True} if self.moved else {})}
 
     @classmethod
     def from_msg(cls, msg: dict[str, Any], clock: int) -> "Finished":
         return cls(int(msg["shard"]), int(msg["attempt"]), int(msg.get("clock", clock)), msg.get("timings"),
-                   msg.get("parts"))
+                   msg.get("parts"), bool(msg.get("moved", False)))
 
 
 @dataclass

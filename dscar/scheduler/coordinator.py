@@ -47,7 +47,8 @@ from distributed.core import error_message
 from distributed.protocol.pickle import loads
 from distributed.scheduler import heartbeat_interval
 
-from ..core.apply_plan import DIRECT_PER_WORKER, FANIN, ApplyPlan, merge_touched, plan_apply, shard_ranges
+from ..core.apply_plan import (DIRECT_PER_WORKER, FANIN, ApplyPlan, apply_receivers, merge_touched, plan_apply,
+                               shard_ranges)
 from ..checkpoint import CheckpointConfig
 from ..comm import fast_fail_pool
 from ..core import active_set
@@ -181,6 +182,9 @@ class Coordinator(SchedulerPlugin):
         #: job -> (run, clock, shard, attempt) of a granted commit -> the partitions its updates touched
         #: (``partition_store.touched_parts``): each owner fetches from the workers that staged some for it
         self._touched: dict[str, dict[tuple[int, int, int, int], dict]] = {}
+        #: job -> runs of which a commit moved a shard's data or state (``protocol.Finished.moved``):
+        #: their passes' applies go to every worker, not only to those with something to apply
+        self._moved: dict[str, set[int]] = {}
         for op, handler in self.handlers().items():  # every handler behind the caller check (``_guarded``)
             scheduler.handlers[handler_name(op)] = self._guarded(op, handler)
         self._specs: dict[str, bytes] = {}
@@ -1074,6 +1078,7 @@ class Coordinator(SchedulerPlugin):
         self._leases.pop(job_id, None)
         self._models.pop(job_id, None)
         self._touched.pop(job_id, None)
+        self._moved.pop(job_id, None)
         self._wanted.pop(job_id, None)
         self._active.pop(job_id, None)
         self._preparing.pop(job_id, None)
@@ -1266,6 +1271,8 @@ class Coordinator(SchedulerPlugin):
                                "another attempt of the shard was applied where it read", now,
                                seconds=s.seconds, stopped=True)
         touched = self._touched.setdefault(job_id, {})
+        if msg.stopped or any(c.moved for c in msg.commits):  # (a stopped attempt may hold a copy of its shard)
+            self._moved.setdefault(job_id, set()).add(msg.run)
         for c in msg.commits:  # before the commits: their effects may apply the pass at once
             if c.parts is not None:
                 touched[(msg.run, c.clock, c.shard, c.attempt)] = c.parts
@@ -1323,6 +1330,7 @@ class Coordinator(SchedulerPlugin):
                 error: str, lost_data: bool = False, seconds: float = 0.0) -> dict:
         job = self.jobs.get(job_id)
         if job is not None:
+            self._moved.setdefault(job_id, set()).add(int(run))  # (it may have copied its shard: every worker applies)
             job.attempt_failed(worker, clock, run, shard, attempt, error, time.time(), lost_data, float(seconds))
             self._wake()
         return {"status": "OK"}
@@ -1362,6 +1370,7 @@ class Coordinator(SchedulerPlugin):
             return
         folded = None if e.clock_end is None else e.clock_end["worker"]  # (its apply answers once its clock end ran)
         for attempt in range(APPLY_TRIES):
+            targets = self._apply_receivers(job, e, targets, plan, folded)
             # through a tree, an owner's fetch waits on the combine steps below the root (each level's deadline)
             timeout = RPC_TIMEOUT_S + (plan.depth() + 2) * float(dask.config.get("dscar.rpc-timeout", 10.0)) * plan.tree
             if e.batch is None:  # BSP: each worker is told its own commits, and the pass's shards as ranges
@@ -1412,6 +1421,17 @@ class Coordinator(SchedulerPlugin):
                       reason="; ".join(unreached.values())[:500])
             targets = self._apply_targets(job)
             plan = self._apply_plan(job, e, targets, direct=True)
+
+    def _apply_receivers(self, job: JobState, e: ApplyPass, targets: list[str], plan: ApplyPlan,
+                         folded: str | None) -> list[str]:
+        """The ``targets`` the apply of ``e`` is sent to (``apply_plan.apply_receivers``): under BSP,
+        not a worker with nothing to apply, unless a commit of the pass moved a shard's data or state.
+        Forgets the runs older than the pass's."""
+        moved = self._moved.get(job.cfg.job_id, set())
+        shards_moved = e.batch is not None or e.run_id in moved
+        moved.difference_update([r for r in moved if r < e.run_id])
+        keep = {folded} | {w for w, _ in self._copies.get(job.cfg.job_id, {}).values()}
+        return apply_receivers(targets, job.pmap.owners.values(), plan, keep, shards_moved)
 
     async def _folded_clock_end(self, job: JobState, e: ApplyPass, answer: Any) -> None:
         """The clock end folded into the apply of ``e`` (``ApplyPass.clock_end``) answered with that

@@ -110,6 +110,17 @@ class Job:
             self.shards.install([(s, a, w, c) for (c, s, a), w in zip(keys, workers)], me, drop_through, run)
         return {"applied": applied}
 
+    def settle_before(self, run: int, clock: int) -> None:
+        """A BSP work item of ``run`` in ``clock`` was taken up: every older pass was applied or voided,
+        so what attempts staged under an older run, and the pending states of older clocks, can go.
+        A worker with nothing to apply gets no apply message (``apply_plan.apply_receivers``): this
+        is where it drops them."""
+        with self.tables.lock:
+            for key in [k for k, (r, _) in self.tables.staged.items() if r < run]:
+                del self.tables.staged[key]
+            for key in [k for k in self.shards.pending if k[0] < clock]:
+                del self.shards.pending[key]
+
     def lost_race(self, attempt: "list | tuple | None", part: tuple[str, int] | None = None) -> bool:
         """Whether the attempt ``[run, clock, shard]`` can no longer commit, as this worker's stores
         tell (``part``: a partition it reads; None: the stores as a whole): another attempt of its
@@ -214,6 +225,8 @@ class ShardRunner:
             job.clock_seen = max(job.clock_seen, int(item["clock"]))
             job.run_seen = max(job.run_seen, int(item["run"]))
             job.pull_cache.prepare(item)
+        if not job.ssp:
+            job.settle_before(int(item["run"]), int(item["clock"]))
 
     def _run_shards(self, item: dict) -> dict | None:
         """Run a work item's attempts, then commit those that succeeded in one message; return
@@ -250,9 +263,9 @@ class ShardRunner:
                     stopped.append(Stopped(a["shard"], a["attempt"], a["clock"], time.perf_counter() - began))
                     continue
                 if done is not None:
-                    timings, staged[a["shard"], a["clock"]] = done
+                    timings, staged[a["shard"], a["clock"]], moved = done
                     commits.append(Finished(a["shard"], a["attempt"], a["clock"], timings, touched_parts(
-                        staged[a["shard"], a["clock"]], {t: lay.n_parts for t, lay in job.layouts.items()})))
+                        staged[a["shard"], a["clock"]], {t: lay.n_parts for t, lay in job.layouts.items()}), moved))
         except _Stopped:
             return None
         except Exception as e:  # the job is unknown here: every attempt failed
@@ -307,9 +320,10 @@ class ShardRunner:
             for shard, clock, attempt in granted:
                 job.pull_cache.write_back(shard, clock, attempt, staged[shard, clock], bounds, job.xp)
 
-    def _attempt(self, job: Job, item: dict) -> tuple[dict, list] | None:
-        """Run one attempt and stage its results; its timings and staged updates, or None when it
-        failed (reported). ``LostRace`` when it stopped because another attempt of its shard won."""
+    def _attempt(self, job: Job, item: dict) -> tuple[dict, list, bool] | None:
+        """Run one attempt and stage its results; its timings, staged updates and whether it moved its
+        shard's data or state (``protocol.Finished.moved``), or None when it failed (reported).
+        ``LostRace`` when it stopped because another attempt of its shard won."""
         clock, shard, attempt, run = item["clock"], item["shard"], item["attempt"], item["run"]
         lost_data, began = False, time.perf_counter()
         # the attempt's reads stop it once another attempt of its shard is applied where it reads (under
@@ -319,6 +333,7 @@ class ShardRunner:
             self._inject(job, clock, "start", item.get("phase"))
             t0 = time.perf_counter()
             _check_race(job, race)
+            held = job.shards.get(shard)
             entry = self._shard_entry(job, shard, item.get("fetch_from"), item.get("backup", False), race)
             if entry is None:
                 lost_data = not item.get("backup", False)  # a backup's miss: the primary still holds the data
@@ -341,8 +356,9 @@ class ShardRunner:
             job.shards.stage_state(key, entry, ctx.new_state)  # installed when the pass is applied, if it commits
             staged = self._stage(job, key, run, ctx.updates, ctx.phase)
             t3 = time.perf_counter()
+            moved = entry is not held or bool(ctx.new_state) or bool(item.get("state_file"))
             return {"data_s": t1 - t0, "pull_s": ctx.pull_s, "compute_s": t2 - t1 - ctx.pull_s,
-                    "compute_cpu_s": c2 - c1 - ctx.pull_cpu_s, "push_s": t3 - t2}, staged
+                    "compute_cpu_s": c2 - c1 - ctx.pull_cpu_s, "push_s": t3 - t2}, staged, moved
         except (_Stopped, LostRace):  # (a lost race is reported with the item's commit: ``_run_shards``)
             raise
         except Exception as e:
