@@ -44,13 +44,20 @@ share, not the engine; the sleep floor makes a clock's time fall with the worker
 cluster. Its objective is exact (``seen``'s sum counts every shard update applied), so "within the
 model's tolerance of a failure-free run" is equality, less what a recovery rolled back.
 
+Worker processes start as dscar's embedded cluster starts its own, forked from a forkserver that
+preloaded Dask, NumPy, dscar's worker and this bench's models (``--start-method forkserver``, the
+default): a joiner, or a nanny's restart of a killed worker, is a fork, not a fresh interpreter whose
+imports (about 1 s of CPU on this machine before it registers, more as it sets up) the running workers'
+clocks would pay on these 2 shared cores, which on a real cluster they do not: a joiner starts on a
+machine of its own. ``--start-method spawn`` starts them as Dask does by default.
+
 ``--pull-bound`` measures a join instead (``pull_bound``): a model whose steps are pulls (``PullBound``)
 on 2 worker processes whose pull serving is sleep-floored (``SlowServing``), a third added mid-fit;
 time per clock and rows served per clock by each owner before the join, while the joiner owns
 nothing, and once it owns partitions.
 
 Usage: ``python -m bench.elastic [--events N] [--kinds join,retire,kill] [--workers W] [--seed S]
-[--quick] [--json PATH] [--plot PATH]``; ``python -m bench.elastic --pull-bound [--json PATH]``.
+[--quick] [--start-method forkserver|spawn] [--json PATH] [--plot PATH]``; ``python -m bench.elastic --pull-bound [--json PATH]``.
 """
 from __future__ import annotations
 
@@ -70,6 +77,7 @@ import time  # noqa: E402
 from collections import Counter  # noqa: E402
 from typing import Any  # noqa: E402
 
+import dask  # noqa: E402
 import numpy as np  # noqa: E402
 
 import dscar  # noqa: E402
@@ -716,6 +724,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workers", type=int, default=3, help="live workers at the start (kept within +-1)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--quick", action="store_true", help="a few events (< 2 min)")
+    ap.add_argument("--start-method", choices=("forkserver", "spawn"), default="forkserver",
+                    help="how worker processes start (default forkserver, as dscar's embedded cluster; spawn: Dask's default)")
     ap.add_argument("--json", metavar="PATH")
     ap.add_argument("--plot", metavar="PATH", default="elastic.png")
     ap.add_argument("--pull-bound", action="store_true",
@@ -728,6 +738,23 @@ def main(argv: list[str] | None = None) -> int:
     if args.events is None:
         args.events = 4 if args.quick else 100
     t0 = time.perf_counter()
+    with dask.config.set(start_method_config(args.start_method)):
+        return run(args, t0)
+
+
+def start_method_config(method: str) -> dict[str, str]:
+    """How the bench's worker processes start, every one of them (the first, joiners, a nanny's restart
+    of a killed worker): "forkserver" as dscar's embedded cluster starts its own
+    (``dscar.api.cluster.forkserver_config``, this bench's models preloaded too), or "spawn", Dask's
+    default (a fresh interpreter that imports Dask, NumPy and dscar: ~1 s of CPU before it registers,
+    more after, that on this 2-core machine the running workers' clocks pay; on a real cluster a
+    joiner starts on a machine of its own)."""
+    if method == "spawn":
+        return {"distributed.worker.multiprocessing-method": "spawn"}
+    return dscar.api.cluster.forkserver_config(("bench.worker_models",))
+
+
+def run(args, t0: float) -> int:
     if args.pull_bound:
         r = pull_bound(args, t0)
         print(format_pull_bound(r))

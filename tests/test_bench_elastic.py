@@ -1,5 +1,8 @@
 """The membership-churn benchmark: its pure figures, and --quick on worker processes (joins, retirements and
 kills during a BSP fit) with the exactly-once audit clean and the figures in the table and the JSON."""
+import json
+import os
+
 import pytest
 
 from bench import elastic
@@ -172,3 +175,52 @@ def test_pull_bound_phases_split_clocks_by_the_state_at_their_end_and_count_rows
     assert phases["owning"]["clocks"] == 2 and phases["owning"]["rows_served_per_clock"] == {"a": 25.0, "c": 20.0}
     assert elastic.arrival_to_owning(ticks) == 2  # the third worker seen at clock 4's end, owning at clock 6's
     assert elastic.arrival_to_owning(ticks[:4]) is None
+
+
+_STARTS_SCRIPT = """
+import json, os, sys, time
+import dask
+from distributed import Client, LocalCluster
+from bench.elastic import start_method_config
+
+def how():
+    return {"parent": os.getppid(), "models": "bench.worker_models" in sys.modules,
+            "plugin": "dscar.worker.plugin" in sys.modules}
+
+if __name__ == "__main__":
+    with dask.config.set(start_method_config(sys.argv[1])):
+        with LocalCluster(n_workers=1, threads_per_worker=1, processes=True, dashboard_address=None) as lc, \\
+                Client(lc) as c:
+            lc.scale(2)  # a joiner, started after the cluster as the churn driver's joins are
+            c.wait_for_workers(2, timeout=60)
+            print(json.dumps({"me": os.getpid(), "workers": list(c.run(how).values())}))
+"""
+
+
+@pytest.mark.processes
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("method", ["forkserver", "spawn"])
+def test_the_bench_s_workers_joiners_too_start_by_its_start_method(tmp_path, method):
+    """``--start-method forkserver`` (the default): every worker process, a joiner started after the
+    cluster too, forks from one forkserver that imported the bench's models and dscar's worker before
+    (no worker ran a job here); "spawn": each is a fresh interpreter started by its nanny in the bench's process
+(which imports them as it loads the bench's main module again)."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "starts.py"
+    script.write_text(_STARTS_SCRIPT)
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    out = subprocess.run([sys.executable, str(script), method], capture_output=True, text=True, timeout=150,
+                         cwd=root, env={**os.environ, "PYTHONPATH": os.pathsep.join(
+                             [root, *filter(None, [os.environ.get("PYTHONPATH")])])})
+    assert out.returncode == 0, out.stderr[-3000:]
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    workers = got["workers"]
+    assert len(workers) == 2, got
+    parents = {w["parent"] for w in workers}
+    if method == "forkserver":
+        assert len(parents) == 1 and got["me"] not in parents, got  # one forkserver, not the nannies' process
+        assert all(w["models"] and w["plugin"] for w in workers), got
+    else:
+        assert parents == {got["me"]}, got
