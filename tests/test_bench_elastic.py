@@ -53,6 +53,30 @@ def test_time_lost_after_a_join_is_split_by_where_the_joiner_was():
     assert elastic.join_phases(ticks, live, events, [], {2: 1.0, 4: 2.0})["starting"]["clocks"] == 4
 
 
+def test_makespan_hands_whole_steps_to_the_first_free_worker():
+    assert elastic.makespan(3, 12, 0.15, 0.0) == pytest.approx(0.45)  # 4 workers from the start: 3 rounds
+    assert elastic.makespan(3, 12, 0.15, 10.0) == pytest.approx(0.6)  # too late: the joiner takes none
+    assert elastic.makespan(3, 12, 0.15, 0.157) == pytest.approx(0.6)  # it takes 2: one old worker still runs 4
+    assert elastic.makespan(2, 12, 0.15, 0.117) == pytest.approx(0.717)  # its 4th step ends last
+
+
+def test_a_join_s_landing_clock_is_bounded_by_whole_shards_and_the_rest_is_over_the_ideal():
+    ticks = [(0.0, 1), (1.0, 2), (1.9, 3), (2.4, 4)]
+    live = [(0.0, 1), (1.1, 2)]
+    rates = {1: 1 / 0.9, 2: 1 / 0.5}  # 4 steps of 0.2 s: 0.8 s of rounds + 0.1 s of the rest at 1 worker
+    events = [{"kind": "join", "at": 0.5}]
+    fit_events = [{"kind": "worker-joined", "time": 1.1, "worker": "j"}, {"kind": "worker-ready", "time": 1.15, "worker": "j"}]
+    g = elastic.join_granularity(ticks, live, events, fit_events, rates, n_shards=4, step_s=0.2)
+    ideal = elastic.makespan(1, 4, 0.2, 0.15) + 0.1  # the joiner takes shards from when it is ready
+    fluid = 1 / elastic.rate_over(live, 1.0, 1.9, rates)
+    assert g["joins"] == 1
+    assert g["lost_s"] == pytest.approx(0.9 - fluid, abs=1e-3)
+    assert g["bound_s"] == pytest.approx(ideal - fluid, abs=1e-3) and g["bound_s"] > 0
+    assert g["over_ideal_s"] == pytest.approx(0.9 - ideal, abs=1e-3)
+    assert g["gain_vs_old_s"] == pytest.approx(0.0, abs=1e-3)  # as slow as a clock at 1 worker
+    assert elastic.join_granularity(ticks, live, events, [], rates, 4, 0.2)["joins"] == 0  # it never arrived
+
+
 def test_losses_are_traced_to_what_the_driver_did_to_the_worker():
     events = [{"kind": "kill", "worker": "a", "at": 1.0}, {"kind": "retire", "worker": "b", "at": 2.0},
               {"kind": "kill", "worker": "c", "at": 3.0}, {"kind": "join", "at": 4.0}]
