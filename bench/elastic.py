@@ -438,14 +438,13 @@ def join_granularity(ticks: list[tuple[float, int]], live: list[tuple[float, int
     """What whole shards let a join's landing clock (the clock its worker arrives in, as ``join_phases``)
     gain: the failure-free clock at the old count ``n`` is ``ceil(n_shards / n)`` rounds of ``step_s``
     plus the rest (``1 / rates[n]`` less the rounds: the engine's own part of a clock); with the joiner
-    taking shards from when it is ready (``worker-ready``) the rounds end at ``makespan``. The time
+    taking shards from its arrival (``worker-joined``: its warm-up, dscar's, counts against the engine)
+    the rounds end at ``makespan``. The time
     charged against ``rate_over`` (the counts weighted by time, as if work were fluid) beyond that
     ideal is what no scheduler of whole shards could win back ("bound_s"); the clock's time beyond the
     ideal is the engine's (and the machine's) ("over_ideal_s")."""
     at = sorted((e["at"], e["kind"]) for e in events)
     joined = sorted(e["time"] for e in fit_events if e["kind"] == "worker-joined")
-    ready = {e["worker"]: e["time"] for e in fit_events if e["kind"] == "worker-ready"}
-    arrivals = {e["time"]: ready.get(e["worker"], e["time"]) for e in fit_events if e["kind"] == "worker-joined"}
     rows = []
     for t_ask, kind in at:
         if kind != "join":
@@ -459,7 +458,7 @@ def join_granularity(ticks: list[tuple[float, int]], live: list[tuple[float, int
         n = count_at(live, ta)
         rounds = -(-n_shards // n)
         rest = 1.0 / rate_at(n, rates) - rounds * step_s
-        ideal = makespan(n, n_shards, step_s, arrivals[arrival] - ta) + rest
+        ideal = makespan(n, n_shards, step_s, arrival - ta) + rest
         fluid = 1.0 / rate_over(live, ta, tb, rates)
         rows.append({"took_s": tb - ta, "fluid_s": fluid, "ideal_s": ideal, "old_s": 1.0 / rate_at(n, rates)})
     out: dict[str, Any] = {"joins": len(rows)}
@@ -845,7 +844,10 @@ def run(args, t0: float) -> int:
     if args.json:
         write_json(args.json, {"quick": args.quick, "kinds": args.kinds.split(","), "workers": args.workers,
                                "seed": args.seed, "summary": s, "references": refs,
-                               "driver_events": churn["driver"].events, "load_average": load, "machine": info})
+                               "driver_events": churn["driver"].events, "load_average": load, "machine": info,
+                               # what the figures are computed from, to look again: clock ends, live-count samples
+                               "ticks": churn["ticks"], "live": churn["driver"].live,
+                               "fit_events_all": churn["res"].events})
     plot(args.plot, churn)
     return 0
 
