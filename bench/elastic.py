@@ -29,6 +29,10 @@ Figures:
 * where the time goes: each clock's seconds beyond a failure-free clock at its count, summed by the
   kind of the event before it (``lost_by_event``; "none": the clocks before the first event, the
   reference's own noise);
+* a join's landing clock against whole shards (``join_granularity``): the time it lost, the part of it
+  that no scheduler of whole shards could win back (a BSP clock ends with its last whole step: a
+  joiner that arrives mid-clock shortens it only if it takes enough steps to end a round early), and
+  the clock's time beyond that ideal (the engine's and the machine's);
 * hand-off seconds per retirement (``handoff`` events);
 * rework per event: clocks cut short by a loss (``skipped``) plus clocks rolled back, per event;
 * the exactly-once audit: updates lost (``missing``), applied twice (``duplicated``), and every
@@ -44,13 +48,20 @@ share, not the engine; the sleep floor makes a clock's time fall with the worker
 cluster. Its objective is exact (``seen``'s sum counts every shard update applied), so "within the
 model's tolerance of a failure-free run" is equality, less what a recovery rolled back.
 
+Worker processes start as dscar's embedded cluster starts its own, forked from a forkserver that
+preloaded Dask, NumPy, dscar's worker and this bench's models (``--start-method forkserver``, the
+default): a joiner, or a nanny's restart of a killed worker, is a fork, not a fresh interpreter whose
+imports (about 1 s of CPU on this machine before it registers, more as it sets up) the running workers'
+clocks would pay on these 2 shared cores, which on a real cluster they do not: a joiner starts on a
+machine of its own. ``--start-method spawn`` starts them as Dask does by default.
+
 ``--pull-bound`` measures a join instead (``pull_bound``): a model whose steps are pulls (``PullBound``)
 on 2 worker processes whose pull serving is sleep-floored (``SlowServing``), a third added mid-fit;
 time per clock and rows served per clock by each owner before the join, while the joiner owns
 nothing, and once it owns partitions.
 
 Usage: ``python -m bench.elastic [--events N] [--kinds join,retire,kill] [--workers W] [--seed S]
-[--quick] [--json PATH] [--plot PATH]``; ``python -m bench.elastic --pull-bound [--json PATH]``.
+[--quick] [--start-method forkserver|spawn] [--json PATH] [--plot PATH]``; ``python -m bench.elastic --pull-bound [--json PATH]``.
 """
 from __future__ import annotations
 
@@ -70,6 +81,7 @@ import time  # noqa: E402
 from collections import Counter  # noqa: E402
 from typing import Any  # noqa: E402
 
+import dask  # noqa: E402
 import numpy as np  # noqa: E402
 
 import dscar  # noqa: E402
@@ -407,6 +419,57 @@ def join_phases(ticks: list[tuple[float, int]], live: list[tuple[float, int]], e
     return out
 
 
+def makespan(n_old: int, n_shards: int, step_s: float, joiner_at: float) -> float:
+    """When the last of a clock's ``n_shards`` steps of ``step_s`` ends, handed out one at a time to the
+    first free worker (``n_old`` workers free from 0, a joiner free from ``joiner_at``): the shortest a
+    BSP clock of whole shards can be when a worker joins into it (no step is split, none starts twice)."""
+    free = [0.0] * n_old + [max(0.0, joiner_at)]
+    end = 0.0
+    for _ in range(n_shards):
+        i = min(range(len(free)), key=lambda k: (free[k], k))
+        free[i] += step_s
+        end = max(end, free[i])
+    return end
+
+
+def join_granularity(ticks: list[tuple[float, int]], live: list[tuple[float, int]], events: list[dict[str, Any]],
+                     fit_events: list[dict[str, Any]], rates: dict[int, float], n_shards: int,
+                     step_s: float) -> dict[str, Any]:
+    """What whole shards let a join's landing clock (the clock its worker arrives in, as ``join_phases``)
+    gain: the failure-free clock at the old count ``n`` is ``ceil(n_shards / n)`` rounds of ``step_s``
+    plus the rest (``1 / rates[n]`` less the rounds: the engine's own part of a clock); with the joiner
+    taking shards from its arrival (``worker-joined``: its warm-up, dscar's, counts against the engine)
+    the rounds end at ``makespan``. The time
+    charged against ``rate_over`` (the counts weighted by time, as if work were fluid) beyond that
+    ideal is what no scheduler of whole shards could win back ("bound_s"); the clock's time beyond the
+    ideal is the engine's (and the machine's) ("over_ideal_s")."""
+    at = sorted((e["at"], e["kind"]) for e in events)
+    joined = sorted(e["time"] for e in fit_events if e["kind"] == "worker-joined")
+    rows = []
+    for t_ask, kind in at:
+        if kind != "join":
+            continue
+        arrival = next((t for t in joined if t > t_ask), None)
+        clock = next(((ta, tb) for (ta, _), (tb, _) in zip(ticks, ticks[1:]) if ta < arrival <= tb), None) \
+            if arrival is not None else None
+        if clock is None:
+            continue
+        ta, tb = clock
+        n = count_at(live, ta)
+        rounds = -(-n_shards // n)
+        rest = 1.0 / rate_at(n, rates) - rounds * step_s
+        ideal = makespan(n, n_shards, step_s, arrival - ta) + rest
+        fluid = 1.0 / rate_over(live, ta, tb, rates)
+        rows.append({"took_s": tb - ta, "fluid_s": fluid, "ideal_s": ideal, "old_s": 1.0 / rate_at(n, rates)})
+    out: dict[str, Any] = {"joins": len(rows)}
+    for k, f in (("lost_s", lambda r: r["took_s"] - r["fluid_s"]), ("bound_s", lambda r: max(0.0, r["ideal_s"] - r["fluid_s"])),
+                 ("over_ideal_s", lambda r: r["took_s"] - r["ideal_s"]), ("gain_vs_old_s", lambda r: r["old_s"] - r["took_s"])):
+        total = sum(f(r) for r in rows)
+        out[k] = round(total, 3)
+        out[k + "_per_join"] = round(total / len(rows), 4) if rows else None
+    return out
+
+
 def losses_by_cause(fit_events: list[dict[str, Any]], events: list[dict[str, Any]]) -> dict[str, Any]:
     """Each ``worker-lost`` of the fit by what the driver did to that worker: "kill" (it SIGKILLed it),
     "retire" (a retirement that went the loss's way), "other" (the driver did nothing to it: dscar
@@ -530,6 +593,8 @@ def summarize(churn: dict[str, Any], refs: dict[int, dict[str, Any]]) -> dict[st
                                                                    "worker-left", "worker-removed")],
         "lost_by_event": lost_by_event(ticks, driver.live, driver.events, {n: r["rate"] for n, r in refs.items()}),
         "join_phases": join_phases(ticks, driver.live, driver.events, res.events, {n: r["rate"] for n, r in refs.items()}),
+        "join_granularity": join_granularity(ticks, driver.live, driver.events, res.events,
+                                             {n: r["rate"] for n, r in refs.items()}, N_SHARDS, WORK_S),
         "losses_by_cause": losses_by_cause(res.events, driver.events),
         "layout": layout_vs_reference(ticks, driver.live, churn.get("layouts", []),
                                       {n: r.get("layout") for n, r in refs.items()},
@@ -571,6 +636,11 @@ def format_table(s: dict[str, Any], refs: dict[int, dict[str, Any]]) -> str:
                                                f"{row['lost_s_per_event']} s per event)"))
     rows.append(("  after joins, by phase", "; ".join(f"{k} {v['lost_s']} s over {v['clocks']} clocks"
                                                       for k, v in s["join_phases"].items())))
+    g = s["join_granularity"]
+    rows.append(("  joins' landing clocks", f"{g['joins']}: lost {g['lost_s_per_join']} s a join against the "
+                                            f"time-weighted rate; whole shards bound it at {g['bound_s_per_join']} s "
+                                            f"(no scheduler wins it back), over that ideal {g['over_ideal_s_per_join']} s; "
+                                            f"faster than a clock at the old count by {g['gain_vs_old_s_per_join']} s"))
     c = s["losses_by_cause"]
     rows.append(("losses by cause", f"{c['by_cause']}, lost twice {c['lost_twice']}, kills with no loss "
                                     f"{c['kills_without_loss']}, removed by dscar {c['removed_by_dscar']}; "
@@ -716,6 +786,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workers", type=int, default=3, help="live workers at the start (kept within +-1)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--quick", action="store_true", help="a few events (< 2 min)")
+    ap.add_argument("--start-method", choices=("forkserver", "spawn"), default="forkserver",
+                    help="how worker processes start (default forkserver, as dscar's embedded cluster; spawn: Dask's default)")
     ap.add_argument("--json", metavar="PATH")
     ap.add_argument("--plot", metavar="PATH", default="elastic.png")
     ap.add_argument("--pull-bound", action="store_true",
@@ -728,6 +800,23 @@ def main(argv: list[str] | None = None) -> int:
     if args.events is None:
         args.events = 4 if args.quick else 100
     t0 = time.perf_counter()
+    with dask.config.set(start_method_config(args.start_method)):
+        return run(args, t0)
+
+
+def start_method_config(method: str) -> dict[str, str]:
+    """How the bench's worker processes start, every one of them (the first, joiners, a nanny's restart
+    of a killed worker): "forkserver" as dscar's embedded cluster starts its own
+    (``dscar.api.cluster.forkserver_config``, this bench's models preloaded too), or "spawn", Dask's
+    default (a fresh interpreter that imports Dask, NumPy and dscar: ~1 s of CPU before it registers,
+    more after, that on this 2-core machine the running workers' clocks pay; on a real cluster a
+    joiner starts on a machine of its own)."""
+    if method == "spawn":
+        return {"distributed.worker.multiprocessing-method": "spawn"}
+    return dscar.api.cluster.forkserver_config(("bench.worker_models",))
+
+
+def run(args, t0: float) -> int:
     if args.pull_bound:
         r = pull_bound(args, t0)
         print(format_pull_bound(r))
@@ -755,7 +844,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         write_json(args.json, {"quick": args.quick, "kinds": args.kinds.split(","), "workers": args.workers,
                                "seed": args.seed, "summary": s, "references": refs,
-                               "driver_events": churn["driver"].events, "load_average": load, "machine": info})
+                               "driver_events": churn["driver"].events, "load_average": load, "machine": info,
+                               # what the figures are computed from, to look again: clock ends, live-count samples
+                               "ticks": churn["ticks"], "live": churn["driver"].live,
+                               "fit_events_all": churn["res"].events})
     plot(args.plot, churn)
     return 0
 

@@ -1,5 +1,8 @@
 """The membership-churn benchmark: its pure figures, and --quick on worker processes (joins, retirements and
 kills during a BSP fit) with the exactly-once audit clean and the figures in the table and the JSON."""
+import json
+import os
+
 import pytest
 
 from bench import elastic
@@ -48,6 +51,30 @@ def test_time_lost_after_a_join_is_split_by_where_the_joiner_was():
     assert phases["after"] == {"clocks": 1, "lost_s": 0.5}  # (4, 5] at 4 workers: 1 s for a 0.5 s clock
     # a join whose worker never arrived: every clock after it is "starting"
     assert elastic.join_phases(ticks, live, events, [], {2: 1.0, 4: 2.0})["starting"]["clocks"] == 4
+
+
+def test_makespan_hands_whole_steps_to_the_first_free_worker():
+    assert elastic.makespan(3, 12, 0.15, 0.0) == pytest.approx(0.45)  # 4 workers from the start: 3 rounds
+    assert elastic.makespan(3, 12, 0.15, 10.0) == pytest.approx(0.6)  # too late: the joiner takes none
+    assert elastic.makespan(3, 12, 0.15, 0.157) == pytest.approx(0.6)  # it takes 2: one old worker still runs 4
+    assert elastic.makespan(2, 12, 0.15, 0.117) == pytest.approx(0.717)  # its 4th step ends last
+
+
+def test_a_join_s_landing_clock_is_bounded_by_whole_shards_and_the_rest_is_over_the_ideal():
+    ticks = [(0.0, 1), (1.0, 2), (1.9, 3), (2.4, 4)]
+    live = [(0.0, 1), (1.1, 2)]
+    rates = {1: 1 / 0.9, 2: 1 / 0.5}  # 4 steps of 0.2 s: 0.8 s of rounds + 0.1 s of the rest at 1 worker
+    events = [{"kind": "join", "at": 0.5}]
+    fit_events = [{"kind": "worker-joined", "time": 1.1, "worker": "j"}, {"kind": "worker-ready", "time": 1.15, "worker": "j"}]
+    g = elastic.join_granularity(ticks, live, events, fit_events, rates, n_shards=4, step_s=0.2)
+    ideal = elastic.makespan(1, 4, 0.2, 0.1) + 0.1  # from its arrival: its warm-up is the engine's
+    fluid = 1 / elastic.rate_over(live, 1.0, 1.9, rates)
+    assert g["joins"] == 1
+    assert g["lost_s"] == pytest.approx(0.9 - fluid, abs=1e-3)
+    assert g["bound_s"] == pytest.approx(ideal - fluid, abs=1e-3) and g["bound_s"] > 0
+    assert g["over_ideal_s"] == pytest.approx(0.9 - ideal, abs=1e-3)
+    assert g["gain_vs_old_s"] == pytest.approx(0.0, abs=1e-3)  # as slow as a clock at 1 worker
+    assert elastic.join_granularity(ticks, live, events, [], rates, 4, 0.2)["joins"] == 0  # it never arrived
 
 
 def test_losses_are_traced_to_what_the_driver_did_to_the_worker():
@@ -172,3 +199,52 @@ def test_pull_bound_phases_split_clocks_by_the_state_at_their_end_and_count_rows
     assert phases["owning"]["clocks"] == 2 and phases["owning"]["rows_served_per_clock"] == {"a": 25.0, "c": 20.0}
     assert elastic.arrival_to_owning(ticks) == 2  # the third worker seen at clock 4's end, owning at clock 6's
     assert elastic.arrival_to_owning(ticks[:4]) is None
+
+
+_STARTS_SCRIPT = """
+import json, os, sys, time
+import dask
+from distributed import Client, LocalCluster
+from bench.elastic import start_method_config
+
+def how():
+    return {"parent": os.getppid(), "models": "bench.worker_models" in sys.modules,
+            "plugin": "dscar.worker.plugin" in sys.modules}
+
+if __name__ == "__main__":
+    with dask.config.set(start_method_config(sys.argv[1])):
+        with LocalCluster(n_workers=1, threads_per_worker=1, processes=True, dashboard_address=None) as lc, \\
+                Client(lc) as c:
+            lc.scale(2)  # a joiner, started after the cluster as the churn driver's joins are
+            c.wait_for_workers(2, timeout=60)
+            print(json.dumps({"me": os.getpid(), "workers": list(c.run(how).values())}))
+"""
+
+
+@pytest.mark.processes
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("method", ["forkserver", "spawn"])
+def test_the_bench_s_workers_joiners_too_start_by_its_start_method(tmp_path, method):
+    """``--start-method forkserver`` (the default): every worker process, a joiner started after the
+    cluster too, forks from one forkserver that imported the bench's models and dscar's worker before
+    (no worker ran a job here); "spawn": each is a fresh interpreter started by its nanny in the bench's process
+(which imports them as it loads the bench's main module again)."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "starts.py"
+    script.write_text(_STARTS_SCRIPT)
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    out = subprocess.run([sys.executable, str(script), method], capture_output=True, text=True, timeout=150,
+                         cwd=root, env={**os.environ, "PYTHONPATH": os.pathsep.join(
+                             [root, *filter(None, [os.environ.get("PYTHONPATH")])])})
+    assert out.returncode == 0, out.stderr[-3000:]
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    workers = got["workers"]
+    assert len(workers) == 2, got
+    parents = {w["parent"] for w in workers}
+    if method == "forkserver":
+        assert len(parents) == 1 and got["me"] not in parents, got  # one forkserver, not the nannies' process
+        assert all(w["models"] and w["plugin"] for w in workers), got
+    else:
+        assert parents == {got["me"]}, got
