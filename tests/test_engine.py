@@ -256,6 +256,32 @@ def test_embedded_workers_are_forked_from_a_server_that_imported_dscar_once():
     assert len(parents) == 1 and os.getpid() not in parents, got  # one forkserver, not this process
 
 
+def test_an_embedded_worker_restarted_by_its_nanny_forks_too_and_the_method_is_given_back():
+    """A killed worker's nanny starts it again under the method the process has then: the embedded
+    cluster keeps the forkserver's while it lives (``hold_start_method``), so the restart forks from
+    the server (it used to spawn a fresh interpreter: ~0.7 s of CPU on the fit's cores); closed, the
+    cluster gives the process its own method back."""
+    import dask
+
+    before = dask.config.get("distributed.worker.multiprocessing-method")
+    with dscar.Cluster(n_workers=2) as cl:
+        first = cl.client.run(_how_the_worker_started)
+        victim = sorted(first)[0]
+        try:
+            cl.client.run(os._exit, 1, workers=[victim])
+        except Exception:
+            pass  # (the worker died before it answered)
+        deadline = time.monotonic() + 60
+        while victim in (now := cl.client.scheduler_info()["workers"]) or len(now) < 2:  # (its restart is in)
+            assert time.monotonic() < deadline, now
+            time.sleep(0.05)
+        got = cl.client.run(_how_the_worker_started)
+    assert victim not in got and len(got) == 2, (first, got)
+    parents = {g["parent"] for g in got.values()} | {g["parent"] for g in first.values()}
+    assert len(parents) == 1 and os.getpid() not in parents, (first, got)  # the restart forked from the server
+    assert dask.config.get("distributed.worker.multiprocessing-method") == before
+
+
 def _faults_of_a_second_2mb_array() -> int:
     """Page faults of allocating and filling a 2 MiB array right after freeing one of that size."""
     import resource
