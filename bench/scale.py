@@ -4,7 +4,7 @@ messages per clock, exactly-once and starvation, with stragglers, a crash, a han
     python -m bench.scale                      # W = 64, 256, 1024, 4096 (see the modes below)
     python -m bench.scale --quick              # W = 64, 256
     python -m bench.scale --workers 64 1024 --modes bsp --json out.json --plot out.png
-    PYTHONHASHSEED=0 python -m bench.scale --digests --workers 64 256   # a digest of every decision (tests/test_scale.py)
+    python -m bench.scale --digests --workers 64 256   # a digest of every decision (tests/test_scale.py)
 
 Modes: ``bsp`` (BSP, no straggler policy), ``bsp+backup`` (BSP with the default backup policy) and
 ``ssp+backup`` (staleness 1). Every mode runs at every W, twice (timed, then counted: below; the full run takes about 2 minutes here).
@@ -127,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--plot")
     ap.add_argument("--digests", action="store_true",
                     help="print a digest of every decision of each mode and W (``bench.sim.decision_digest``; "
-                         "run under one PYTHONHASHSEED) as JSON, and nothing else")
+                         "the same under any PYTHONHASHSEED) as JSON, and nothing else")
     args = ap.parse_args(argv)
     if args.digests:
         print(json.dumps({f"{mode} W={w}": decision_digest(scenario(w, MODES[mode][0], args.clocks, args.seed,

@@ -726,8 +726,8 @@ class TracedSim(Sim):
     """``Sim`` that hashes every decision it asks of the core (the decision's name, its arguments and its
     answer), and at the end the job's events and the messages counted: two runs of a scenario made the
     same decisions if and only if their digests are equal (``decision_digest``). It shows that a change
-    of how the core keeps its indexes or caches changes no decision. (Python's string hashing orders some
-    sets the decisions read: digests are comparable under one ``PYTHONHASHSEED``.)"""
+    of how the core keeps its indexes or caches changes no decision. No decision follows the hash order of
+    a set of worker names: digests agree under any ``PYTHONHASHSEED`` (``tests/test_scale.py``)."""
 
     def __init__(self, cfg: SimConfig):
         super().__init__(cfg)

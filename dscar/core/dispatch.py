@@ -538,7 +538,7 @@ class Dispatch:
         for w, kind in stragglers.items():
             if self.stragglers.get(w) != kind:
                 self.job.event(now, "straggler", worker=w, straggler=kind)
-        for w in self.stragglers.keys() - stragglers.keys():
+        for w in sorted(self.stragglers.keys() - stragglers.keys()):
             self.job.event(now, "straggler-recovered", worker=w)
         self.stragglers = stragglers
         for policy in self.policies:

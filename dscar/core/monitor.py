@@ -194,7 +194,7 @@ class ThroughputMonitor:
                     out[w] = "persistent" if self._slow_clocks[w] >= self.persistent_after else "transient"
             else:
                 self._slow_clocks[w] = 0
-        return out
+        return dict(sorted(out.items()))  # (in workers' order, not the hash order of the set above)
 
     def stats(self) -> list[WorkerStats]:
         speeds = self.speeds()

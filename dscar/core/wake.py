@@ -84,7 +84,7 @@ class WaitLine:
                 owners = set(owners)
             # (the smaller side is scanned: few waiters at a pass's start, few owners at its tail)
             mine = ([w for w in line if w in owners] if len(line) <= len(owners)
-                    else [w for w in owners if w in line])
+                    else sorted(w for w in owners if w in line))  # (not the set's hash order)
             woken = list(mine)
             if spare > 0:
                 taken = set(mine)
