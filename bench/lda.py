@@ -89,14 +89,23 @@ minute. ``--accuracy``: the acceptance check instead: Reuters, K = 20 and 50,
 worker) vs ``lda``, medians of the final log-likelihood per token (targets:
 within 1 %; 2 workers within 0.3 %, issue 43).
 
+``--seeds S1,S2,...``: repeat ``i`` of the engine section runs its samplers (not ``lda``) from seed
+``S[i mod n]`` instead of 1; the target is then the median of tomotopy 1 thread's values over the
+seeds, and a line per target gives the ratio of every repeat. At 20 sweeps on the 5M-token corpus
+the chains are still climbing (about +0.1 per token a sweep) and a chain's seed moves it by more
+than a sweep: the 2-shard partitioned chain (in-process, the engine's chain) stood at -9.2045 /
+-9.3801 / -9.3029 per token after 20 sweeps from seeds 1 / 2 / 3, tomotopy 1 thread at -9.2553 /
+-9.2827 / -9.2939: from seed 1 dscar reaches tomotopy's value at sweep 19.5, from seeds 2 and 3
+not within 20 sweeps. One seed is no measure of a 10 % difference in time to target.
+
 ``--init model``: dscar starts from assignments drawn from each shard's model so far
 (``LDAGibbs(init="model")``) instead of uniformly; that clock then counts in dscar's
 sampling time (a uniform start, like tomotopy's ``train(0)``, is not timed).
 
 ``--corpus synthetic --no-kernel``: the issue's case alone (the 5M-token corpus, every sampler).
 
-Usage: ``python -m bench.lda [--quick] [--accuracy] [--iters N] [--big-iters N] [--repeats N] [--init I]
-[--corpus C] [--no-kernel] [--json PATH] [--plot PATH]``
+Usage: ``python -m bench.lda [--quick] [--accuracy] [--iters N] [--big-iters N] [--repeats N] [--seeds S]
+[--init I] [--corpus C] [--no-kernel] [--json PATH] [--plot PATH]``
 (the plot defaults to the JSON's path with ``.png``).
 """
 from __future__ import annotations
@@ -446,9 +455,14 @@ def median_run(runs: list[Run]) -> Run:
 
 
 def benchmark(quick: bool, sweeps: int, big_sweeps: int, seed: int = 1, repeats: int = 1,
-              init: str = "uniform", corpus: str = "all", kernel: bool = True) -> dict[str, Any]:
+              init: str = "uniform", corpus: str = "all", kernel: bool = True,
+              seeds: tuple[int, ...] | None = None) -> dict[str, Any]:
+    """``seeds``: the engine section's repeat ``i`` runs its samplers from seed ``seeds[i mod len(seeds)]``
+    (default: every repeat from ``seed``, which also seeds the kernel section and ``lda``'s single run)."""
+    seeds = tuple(seeds or (seed,))
     out: dict[str, Any] = {"quick": quick, "sweeps": sweeps, "big_sweeps": big_sweeps, "seed": seed, "alpha": ALPHA,
-                           "beta": BETA, "repeats": repeats, "init": init, "machine": machine(), "corpora": {}}
+                           "beta": BETA, "repeats": repeats, "seeds": [seeds[i % len(seeds)] for i in range(repeats)],
+                           "init": init, "machine": machine(), "corpora": {}}
     with threadpoolctl.threadpool_limits(1):
         out["kernel"] = kernel_section(quick, sweeps, seed) if kernel else {"K": {}, "loadavg_before": load()}
         cs = [e for e in make_corpora(quick, sweeps, big_sweeps) if corpus in ("all", e[0])]
@@ -465,14 +479,15 @@ def benchmark(quick: bool, sweeps: int, big_sweeps: int, seed: int = 1, repeats:
                 # lda once (sequential and seeded: the reference log-likelihood); the others interleaved,
                 # repeat by repeat, so each ratio pairs runs made under the same load
                 by: dict[str, list[Run]] = {"lda": [run_lda(c, name, K, n_sweeps, seed)]}
-                for _ in range(repeats):
-                    for r in (run_tomotopy(c, name, K, n_sweeps, seed, 1),
-                              run_dscar(c1, 1, c, name, K, n_sweeps, seed, init=init),
-                              run_tomotopy(c, name, K, n_sweeps, seed, 2),
-                              run_dscar(c2, 2, c, name, K, n_sweeps, seed, init=init)):
+                for run_seed in out["seeds"]:
+                    for r in (run_tomotopy(c, name, K, n_sweeps, run_seed, 1),
+                              run_dscar(c1, 1, c, name, K, n_sweeps, run_seed, init=init),
+                              run_tomotopy(c, name, K, n_sweeps, run_seed, 2),
+                              run_dscar(c2, 2, c, name, K, n_sweeps, run_seed, init=init)):
                         by.setdefault(r.sampler, []).append(r)
                 entry["runs"] = {s: median_run(rs).row() for s, rs in by.items()}
                 entry["tokens_per_s_by_repeat"] = {s: [r.tokens_per_s for r in rs] for s, rs in by.items()}
+                entry["loglik_by_repeat"] = {s: [r.loglik for r in rs] for s, rs in by.items()}
                 entry["paired"] = {f"dscar{n}_over_tomotopy{n}": [a.tokens_per_s / b.tokens_per_s for a, b in zip(
                     by[f"dscar-{n}w"], by[f"tomotopy-{n}t"])] for n in (1, 2)}
                 if c.tokens is not None:
@@ -482,8 +497,9 @@ def benchmark(quick: bool, sweeps: int, big_sweeps: int, seed: int = 1, repeats:
                 entry["time_to_target_cpu"] = time_targets(by, n_sweeps, "cpu_curve")
                 out["corpora"][name] = entry
                 print(format_corpus(entry), flush=True)
-                print(format_time_to_target(entry["time_to_target"], repeats), flush=True)
-                print(format_time_to_target(entry["time_to_target_cpu"], repeats, CPU_ESTIMATE_TITLE), flush=True)
+                print(format_time_to_target(entry["time_to_target"], repeats, seeds=out["seeds"]), flush=True)
+                print(format_time_to_target(entry["time_to_target_cpu"], repeats, CPU_ESTIMATE_TITLE, out["seeds"]),
+                      flush=True)
     out["targets"] = targets(out)
     print(format_targets(out["targets"]))
     return out
@@ -516,7 +532,8 @@ def time_targets(by: dict[str, list[Run]], sweeps: int, curve: str = "curve") ->
     return out
 
 
-def format_time_to_target(t: dict[str, Any], repeats: int, what: str = "sampling seconds (wall)") -> str:
+def format_time_to_target(t: dict[str, Any], repeats: int, what: str = "sampling seconds (wall)",
+                          seeds: list[int] | None = None) -> str:
     cols = ["lda", "tomotopy-1t", "dscar-1w", "tomotopy-2t", "dscar-2w"]
     lines = [f"time to target: {what} until the log-likelihood per token reaches the target "
              f"(median of {repeats} run(s); '-': not reached)",
@@ -526,6 +543,11 @@ def format_time_to_target(t: dict[str, Any], repeats: int, what: str = "sampling
             f"{e['seconds'][c]:>12.3f}" if e["seconds"].get(c) is not None else f"{'-':>12}" for c in cols)
             + "".join(f"{e[k]:>8.2f}x" if e[k] is not None else f"{'-':>9}"
                       for k in ("dscar1_over_tomotopy1", "dscar2_over_tomotopy2")))
+        if repeats > 1:  # the spread the medians hide (chains of different seeds stand apart)
+            lines.append(f"{'':<4}by repeat" + (f" (seeds {' '.join(map(str, seeds))})" if seeds else "") + ": "
+                         + "; ".join(f"d{n}w/t{n}t " + " ".join(
+                             "-" if a is None or not b else f"{a / b:.2f}x" for a, b in zip(
+                                 e["by_repeat"][f"dscar-{n}w"], e["by_repeat"][f"tomotopy-{n}t"])) for n in (1, 2)))
     return "\n".join(lines)
 
 
@@ -687,6 +709,17 @@ def accuracy(sweeps: int = 200, seeds: tuple[int, ...] = (1, 2, 3), topics: tupl
     return out
 
 
+def _seed_list(text: str) -> tuple[int, ...]:
+    """``--seeds``: comma-separated non-negative integers."""
+    try:
+        seeds = tuple(int(x) for x in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"seeds must be integers separated by commas, not {text!r}") from None
+    if not seeds or min(seeds) < 0:
+        raise argparse.ArgumentTypeError(f"seeds must be non-negative integers, not {text!r}")
+    return seeds
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--quick", action="store_true", help="small corpora, 10 sweeps (about a minute)")
@@ -701,6 +734,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--corpus", choices=("all", "reuters", "synthetic"), default="all",
                    help="the engine section's corpora (default all; synthetic: the issue's 5M-token case alone)")
     p.add_argument("--no-kernel", action="store_true", help="skip the kernel section (one shard in-process)")
+    p.add_argument("--seeds", type=_seed_list, default=None, metavar="S1,S2,...",
+                   help="the engine section's repeats cycle through these seeds (default: every repeat seed 1): "
+                        "at 20 sweeps a chain's log-likelihood still climbs ~0.1 per sweep, and chains of "
+                        "different seeds stand more than a sweep apart")
     p.add_argument("--init", choices=INITS, default="uniform",
                    help="dscar's start (LDAGibbs init): uniform (default, untimed as tomotopy's) or drawn from the "
                         "model, whose clock counts in dscar's time")
@@ -713,7 +750,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.repeats < 1:
             p.error("--repeats must be at least 1")
         out = benchmark(args.quick, args.iters or (10 if args.quick else 200), args.big_iters or (10 if args.quick else 20),
-                        repeats=args.repeats, init=args.init, corpus=args.corpus, kernel=not args.no_kernel)
+                        repeats=args.repeats, init=args.init, corpus=args.corpus, kernel=not args.no_kernel,
+                        seeds=args.seeds)
     out["wall_s"] = time.perf_counter() - t0
     out["loadavg_after"] = load()
     print(f"(wall {out['wall_s']:.1f} s; load average before: {out['machine']['loadavg'][0]:.2f}, "

@@ -5,7 +5,10 @@ import time
 
 import pytest
 
-from bench.lda import Run, SamplerCPU, clock_cpu_estimate, time_targets, time_to_target, value_at
+import argparse
+
+from bench.lda import (Run, SamplerCPU, _seed_list, clock_cpu_estimate, format_time_to_target, time_targets,
+                       time_to_target, value_at)
 
 
 def curve(*pts):
@@ -39,6 +42,22 @@ def test_time_targets_pair_dscar_with_tomotopy_at_equal_cores():
     assert t["lda@20"]["target"] == -9.0 and t["lda@20"]["seconds"]["dscar-1w"] == 1.0
     by["dscar-2w"] = [run("dscar-2w", never)]
     assert time_targets(by, 20)["tomotopy-1t@20"]["dscar2_over_tomotopy2"] is None  # never reached: no ratio
+
+
+def test_a_run_of_several_repeats_shows_each_repeats_ratio_and_its_seed():
+    """The medians hide the spread between chains of different seeds: each repeat's ratio is printed."""
+    fast = [(0, 0, -10.0), (20, 1.0, -8.0)]
+    slow = [(0, 0, -10.0), (20, 3.0, -8.0)]
+    by = {"lda": [run("lda", fast)], "tomotopy-1t": [run("tomotopy-1t", fast)] * 2,
+          "tomotopy-2t": [run("tomotopy-2t", fast)] * 2, "dscar-1w": [run("dscar-1w", fast)] * 2,
+          "dscar-2w": [run("dscar-2w", fast), run("dscar-2w", slow)]}
+    text = format_time_to_target(time_targets(by, 20), 2, seeds=[1, 2])
+    assert "by repeat (seeds 1 2): d1w/t1t 1.00x 1.00x; d2w/t2t 1.00x 3.00x" in text
+    assert "by repeat" not in format_time_to_target(time_targets({k: v[:1] for k, v in by.items()}, 20), 1)
+    assert _seed_list("1,2,3") == (1, 2, 3)
+    for bad in ("1,x", "-1", ""):
+        with pytest.raises(argparse.ArgumentTypeError, match="seeds"):
+            _seed_list(bad)
 
 
 class Rec:
