@@ -66,7 +66,7 @@ import numpy as np  # noqa: E402
 import dscar  # noqa: E402
 from bench.common import load_average, log, machine_info, pyplot, write_json  # noqa: E402
 
-#: the target: the 1-worker fit's final objective, loosened by this much (relative)
+#: the target: the 1-worker fit's objective at the case's ``clocks`` (``target_of``), loosened by this much (relative)
 TARGET_SLACK = 2e-3
 #: acceptance: a case whose 1-worker clock takes at least this long must gain SPEEDUP_MIN from a second worker
 BIG_CLOCK_S = 0.020
@@ -322,8 +322,10 @@ def main(argv: list[str] | None = None) -> int:
     machine = machine_info(threadpools=True)
     rows = [run_case(makers[n](), repeats, args.shards_per_worker, t0, args.active_workers) for n in names]
     load = load_average()
-    print(f"\nA second worker: time to the 1-worker fit's final objective (x {1 + TARGET_SLACK:g}); "
-          f"median of {repeats} repeat(s); shards: {args.shards_per_worker or 'engine default'} per worker; "
+    print(f"\nA second worker: time to the 1-worker fit's objective at the case's clocks (x {1 + TARGET_SLACK:g}); "
+          f"each clock's median over {repeats} repeat(s), summed to the median clock count to the target "
+          f"(the median of the repeats' own times: fit_time_s in --json); "
+          f"shards: {args.shards_per_worker or 'engine default'} per worker; "
           f"dscar.active-workers: {args.active_workers}")
     print(f"load average: {', '.join(f'{x:.2f}' for x in load) if load else 'n/a'}")
     print(format_tables(rows))
