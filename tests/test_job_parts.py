@@ -255,8 +255,8 @@ def test_a_batch_holds_about_the_target_s_worth_of_steps_and_one_before_a_measur
 @given(st.lists(st.tuples(st.sampled_from(["a", "b", "c", "d"]), st.floats(1e-12, 50.0)), max_size=40),
        st.integers(1, 6), st.integers(1, 400))
 def test_a_batch_s_size_is_the_straightforward_rule_of_the_measured_steps(records, n_workers, n_shards):
-    """``Dispatch.batch_size`` inlines ``pass_share`` and writes min / max as comparisons (every hand-out
-    asks): it gives what the rule as written in its docstring gives, for any measured steps."""
+    """``Dispatch.batch_size`` writes min / max as comparisons (every hand-out asks): it gives what the
+    rule as written in its docstring gives, for any measured steps."""
     from dscar.core.dispatch import BATCH_TARGET_S, MAX_BATCH, SHARE_MAX_S
 
     job = JobState(JobConfig("j", n_shards, {"x": "param"}, [], [""]), ShardQueue(n_shards, reloadable=True),

@@ -354,16 +354,10 @@ class Dispatch:
         A batch does not pin its shards: members not started yet are released to an idle worker
         (``releasable``), so dynamic sharding still moves work away from a worker that suddenly slows
         down."""
-        job = self.job
-        monitor = job.monitor
-        step = monitor.mean_step(worker)
+        step = self.job.monitor.mean_step(worker)
         if step is None:
             return 1
-        # ``pass_share``, inline, and min / max as comparisons (every hand-out asks)
-        speed = 1.0 / step
-        unmeasured = len(job.workers) - monitor.n_measured()
-        total = monitor.total_speed() + unmeasured * speed if unmeasured > 0 else monitor.total_speed()
-        share = round(len(job.queue.active) * speed / total) if total > 0 else 1
+        share = self.pass_share(worker, step)
         if (most := int(SHARE_MAX_S / step)) < share:
             share = most
         if (least := int(BATCH_TARGET_S / step)) > share:

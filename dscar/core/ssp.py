@@ -262,9 +262,7 @@ class ClockWindow:
         clocks = sorted(self._todo)
         if self.rebuilding is not None:
             return clocks
-        top = self.floor + 1 + self.staleness  # (``top``, with a comparison for ``min``)
-        if top > self.limit:
-            top = self.limit
+        top = self.top
         if not clocks or clocks[-1] <= top:  # (no list to filter)
             return clocks
         return [c for c in clocks if c <= top]
@@ -282,9 +280,7 @@ class ClockWindow:
             return 0
         if self.rebuilding is not None:
             return sum(map(len, self._todo.values()))
-        top = self.floor + 1 + self.staleness
-        if top > self.limit:
-            top = self.limit
+        top = self.top
         n = 0
         for clock, shards in self._todo.items():
             if clock <= top:
@@ -398,7 +394,7 @@ class ClockWindow:
         s = self._shards[shard]
         clock = s.clock
         if s.phase is not _TODO or self.recovering or self.needs_rebuild or (
-                clock > min(self.floor + 1 + self.staleness, self.limit) if self.rebuilding is None
+                clock > self.top if self.rebuilding is None
                 else shard not in self.rebuilding):  # (``may_start``, inline: every hand-out's member asks)
             raise ClockError(f"shard {shard} ({s.phase.value}, clock {clock}) may not start now")
         # ``_move(shard, clock, RUNNING)`` from TODO in the same clock: its count stays, and it is not moved back

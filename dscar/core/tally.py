@@ -86,15 +86,14 @@ class ClockTally:
     def committed_in(self, clock: int, worker: str, timings: dict | None) -> None:
         """An attempt of ``worker`` in ``clock`` committed (SSP)."""
         t = self.per_clock.get(clock)
-        if t is not None:  # (every commit counts: ``add_timings`` inline, no default dict built per call)
+        if t is not None:  # (every commit counts: no default dict built per call)
             done, by_worker = t["shards_done"], t["timings"]
             done[worker] = done.get(worker, 0) + 1
             sums = by_worker.get(worker)
             if sums is None:
                 sums = by_worker[worker] = {}
             if timings:
-                for k, v in timings.items():
-                    sums[k] = sums.get(k, 0.0) + float(v)
+                add_timings(sums, timings)
 
     def close(self, clock: int) -> tuple[dict[str, int], dict[str, dict[str, float]]]:
         """``clock``'s counts, for its report (SSP): shards per worker and summed timings."""
