@@ -429,15 +429,7 @@ class ShardQueue:
         s.attempts[number] = a
         s.status = _DOING
         self._doing.add(shard)
-        # ``_todo_discard(shard)``, inline (every hand-out starts one)
-        self._todo.discard(shard)
-        tier = self._tier[shard]
-        bucket = self._local[(tier, holder)]
-        bucket.discard(shard)
-        if holder is not None:
-            self._resize(tier, holder, len(bucket) + 1, len(bucket))
-        if not bucket:
-            del self._local[(tier, holder)]
+        self._todo_discard(shard)
         # ``_reindex`` for a TODO shard's first attempt (a TODO shard has no ``_running`` entry to drop):
         # every hand-out starts one
         k = s.started
@@ -719,15 +711,10 @@ class ShardQueue:
         self._doing.discard(shard)
         self._n_done += 1  # (a DOING shard is an active one)
         s.holder = worker  # the committed data and state live here now (not a TODO shard: no index)
-        if self._started_on:  # (``_reindex`` for a shard that is DONE: ``_unrun``, inline, then its place)
-            s.run_key = None
-            dirty = self._started_dirty
-            dirty.add(shard)
-            for i in dirty:  # (``_flush_started``: its attempt's unwait and its commit cancel out)
-                self._place_started(i)
-            dirty.clear()
-        else:
-            self._unrun(shard)
+        self._unrun(shard)  # (``_reindex`` for a shard that is DONE)
+        if self._started_on:
+            self._started_dirty.add(shard)
+            self._flush_started()  # (its attempt's unwait and its commit cancel out)
         return True
 
     def fail(self, shard: int, attempt: int, worker: str, reason: str, *, count: bool = True,
