@@ -173,6 +173,26 @@ def _padded(counts: np.ndarray) -> np.ndarray:
     return np.where((p3 >= counts) & (p3 > 0), p3, p2)
 
 
+def _same_rows(a, b) -> bool:
+    """Whether ``a`` and ``b`` are the same rows of the same buffer: the same array, or two views of one
+    array alike in place, shape and strides (a small table's pull is a fresh view of the worker's
+    cached copy at each read; the memo that holds ``a`` keeps that buffer alive, so its address is
+    not reused)."""
+    if a is b:
+        return True
+    base_a, base_b = getattr(a, "base", None), getattr(b, "base", None)
+    if base_a is None or base_a is not base_b or type(a) is not type(b):
+        return False
+    return (a.shape == b.shape and a.strides == b.strides and a.dtype == b.dtype
+            and _address(a) == _address(b))
+
+
+def _address(a) -> int:
+    """The address of an array's first element (NumPy, or CuPy's device pointer)."""
+    interface = getattr(a, "__array_interface__", None)
+    return interface["data"][0] if interface is not None else a.data.ptr
+
+
 def _number(name: str, v, *, minimum: float = 0.0, allow_equal: bool = True) -> float:
     return dscar.validation.number(name, v, None if minimum == -math.inf else minimum, strict_min=not allow_equal)
 
@@ -361,14 +381,20 @@ class ALS(Algorithm):
         to the compiled kernel's width), and ``off = mu + c_i``, what the other side explains of a rating.
 
         Built once per pulled table and reused by every shard of the data phase on this worker (they
-        all read the same cached pull): the item phase's copy of a 100k-row user table cost ~10 ms a
-        shard. Kept per thread (the workers of an in-process cluster are threads sharing this object).
+        all read the same cached pull: the same array, or a fresh view of it for a small table,
+        ``_same_rows``): the item phase's copy of a 100k-row user table cost ~10 ms a shard. Kept per
+        thread (the workers of an in-process cluster are threads sharing this object).
         """
         key = (F_other, b_other if self.biases else None, compiled)
         memo = self.__dict__.setdefault("_design_memo", {})
         hit = memo.get(threading.get_ident())
-        if hit is not None and all(a is b for a, b in zip(hit[0], key)):
+        if hit is not None and all(_same_rows(a, b) for a, b in zip(hit[0], key)):
             return hit[1]
+        memo[threading.get_ident()] = (key, self._build_design(F_other, b_other, compiled, xp))
+        return memo[threading.get_ident()][1]
+
+    def _build_design(self, F_other, b_other, compiled: bool, xp):
+        """``_design``'s ``(Z, off)``, built afresh."""
         k = self.rank
         d = self._unknowns
         if compiled:
@@ -383,7 +409,6 @@ class ALS(Algorithm):
             Z[:-1, k] = 1.0
         off = xp.zeros(F_other.shape[0] + 1)
         off[:-1] = self.mean + b_other
-        memo[threading.get_ident()] = (key, (Z, off))
         return Z, off
 
     def __getstate__(self):  # the design memo stays where it was made

@@ -3,6 +3,7 @@ objective, recovery of a planted model, input forms, bad input, and a run that l
 import subprocess
 import sys
 
+import dask.config
 import numpy as np
 import pytest
 import scipy.sparse as sp
@@ -235,6 +236,39 @@ def test_the_design_rows_are_built_once_per_pulled_table():
         assert algo._design(*changed, True, np)[0] is not Z
     assert algo._design(F, b, False, np)[0].shape == (8, 6)  # the namespace path: unpadded
     assert "_design_memo" in algo.__dict__ and "_design_memo" not in pickle.loads(pickle.dumps(algo)).__dict__
+
+
+def test_a_fresh_view_of_the_same_pulled_rows_reuses_the_design_rows():
+    """A small table's pull is a new view of the worker's cached copy at each read: the same rows
+    still reuse the design; other rows of the same buffer, or other strides, do not."""
+    algo = ALS(10, 10, 5)
+    F, b = np.arange(40.0).reshape(8, 5), np.arange(8.0)
+    Z, _ = algo._design(F[0:None], b[0:None], True, np)
+    assert algo._design(F[0:None], b[0:None], True, np)[0] is Z
+    assert algo._design(F, b, True, np)[0] is not Z  # the owning array is no view of itself
+    for rows in (F[1:], F[:-1], F[::2]):
+        algo._design(F[0:None], b[0:None], True, np)
+        assert algo._design(rows, b[:rows.shape[0]], True, np)[0] is not Z
+
+
+def test_each_worker_builds_the_design_rows_once_a_data_phase(inproc, monkeypatch):
+    """On a cluster: 8 shards a phase read the same pulled small tables on each worker, so the design
+    rows are built at most once per worker and phase (each step built its own before: 8 a phase)."""
+    built = []
+    build = ALS._build_design
+
+    def counted(self, *args):
+        built.append(1)
+        return build(self, *args)
+
+    monkeypatch.setattr(ALS, "_build_design", counted)
+    u, i, r, _ = make_ratings(300, 150, 4_000, 4, NOISE, seed=3)
+    algo = ALS(300, 150, 4, reg=0.1, mean=float(r.mean()))
+    with dask.config.set({"dscar.active-workers": "all"}):
+        res = dscar.fit(algo, ratings_data((u, i, r), n_users=300, n_items=150, n_shards=8), inproc,
+                        max_clocks=3, tol=1e-12)
+    steps = res.n_clocks * 2 * 8
+    assert res.n_clocks == 3 and 0 < len(built) <= res.n_clocks * 2 * 2 < steps, (len(built), steps)
 
 
 class _Tables:
