@@ -31,7 +31,8 @@ times (``ClockRecord.stage_s``) and the workers' step timings (``ClockRecord.tim
 worker): ``shards`` (first grant to last commit: the steps themselves are ``pull`` + ``compute`` +
 ``push``; ``cpu_share``: the steps' CPU seconds over their wall seconds, below 1 where a step waited
 for a core), ``apply``, ``clock_end`` (its ``clock_end_compute`` is the algorithm's own work),
-``other`` (the clock's wall time less the stages: the driver's begin/report round trips), and the
+``other`` (the clock's wall time less the stages: the driver's begin/report round trips), ``busy``
+(how many workers ran a shard step in the clock: an active worker can run none), and the
 scheduler event loop's CPU per clock (``time.thread_time`` on that thread: the timed fit's less a
 2-clock fit's, over the clocks between, so setup and the final gather cancel).
 
@@ -155,6 +156,9 @@ def split(res: dscar.FitResult) -> dict[str, float]:
     out["other"] = 1e3 * statistics.median(
         r.seconds - sum(r.stage_s.get(k, 0.0) for k in ("rebuild", "shards", "apply", "clock_end")) for r in recs)
     out["n_shards"] = sum(recs[-1].shards_per_worker.values())
+    # workers that ran a shard step: an active worker may run none (a worker that asks first can take a
+    # whole pass of short steps in one work item, ``dispatch.BATCH_TARGET_S``) and still hold partitions
+    out["busy"] = statistics.median(sum(1 for n in r.shards_per_worker.values() if n > 0) for r in recs)
     return out
 
 
@@ -266,12 +270,12 @@ def format_tables(rows: list[dict]) -> str:
                      f"{'MET' if r['met'] else 'NOT MET'}")
     lines.append("")
     lines.append("where a clock goes (median ms per clock; pull/compute/push: the slowest worker's steps)")
-    cols = ("n_shards", "active", "clock", "shards", "pull", "compute", "cpu_share", "push", "apply", "clock_end",
-            "clock_end_compute", "other", "sched_cpu_ms")
+    cols = ("n_shards", "active", "busy", "clock", "shards", "pull", "compute", "cpu_share", "push", "apply",
+            "clock_end", "clock_end_compute", "other", "sched_cpu_ms")
     lines.append(f"{'case':<10} {'W':>2} " + " ".join(f"{c[:9]:>9}" for c in cols))
     for r in rows:
         for w, m in r["by_workers"].items():
-            lines.append(f"{r['case']:<10} {w:>2} " + " ".join(f"{m[c]:>9.0f}" if c in ("n_shards", "active")
+            lines.append(f"{r['case']:<10} {w:>2} " + " ".join(f"{m[c]:>9.3g}" if c in ("n_shards", "active", "busy")
                                                             else f"{m[c]:>9.2f}" for c in cols))
     return "\n".join(lines)
 

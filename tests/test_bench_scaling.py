@@ -8,11 +8,11 @@ from bench import scaling
 
 
 class _Rec:
-    def __init__(self, objective, seconds, stage_s=None, timings=None):
+    def __init__(self, objective, seconds, stage_s=None, timings=None, shards_per_worker=None):
         self.objective, self.seconds, self.skipped = objective, seconds, False
         self.stage_s = stage_s or {"shards": seconds / 2, "apply": seconds / 4}
         self.timings = timings or {"w1": {"pull_s": 0.001, "compute_s": 0.002, "compute_cpu_s": 0.001, "push_s": 0.0}}
-        self.shards_per_worker = {"w1": 2}
+        self.shards_per_worker = {"w1": 2} if shards_per_worker is None else shards_per_worker
 
 
 class _Res:
@@ -33,6 +33,16 @@ def test_split_takes_medians_after_the_first_clock_and_the_rest_is_other():
     assert sp["clock"] == pytest.approx(20.0) and sp["shards"] == pytest.approx(10.0) and sp["apply"] == pytest.approx(5.0)
     assert sp["other"] == pytest.approx(5.0) and sp["pull"] == pytest.approx(1.0) and sp["n_shards"] == 2
     assert sp["cpu_share"] == pytest.approx(0.5)  # the step had a core half of its time
+    assert sp["busy"] == 1
+
+
+def test_split_counts_the_workers_that_ran_a_step_not_those_active():
+    """Two active workers of which one ran every shard of most clocks: busy is 1, not 2."""
+    spw = [{"a": 2, "b": 2}, {"a": 4}, {"a": 4, "b": 0}, {"a": 3, "b": 1}]
+    res = _Res([_Rec(1.0, 0.01, shards_per_worker=s) for s in spw])
+    assert scaling.split(res)["busy"] == 1  # the median of 1, 1, 2 (the first clock left out)
+    res = _Res([_Rec(1.0, 0.01, shards_per_worker=s) for s in spw[:1] * 3])
+    assert scaling.split(res)["busy"] == 2
 
 
 def test_median_time_to_leaves_out_bursts_that_hit_most_repeats_on_different_clocks():
@@ -68,6 +78,6 @@ def test_quick_mlr_case_reports_both_worker_counts_the_ratio_and_a_plot(quick_be
     # dscar.active-workers "auto": digits are too small for a second worker, which stands by (and the
     # default shard count is for the one active)
     assert case["by_workers"]["2"]["n_shards"] == 1 and case["by_workers"]["2"]["active"] == 1
-    assert "2w active" in stdout
+    assert "2w active" in stdout and "busy" in stdout and case["by_workers"]["2"]["busy"] == 1
     assert "load average" in stdout and "where a clock goes" in stdout
     assert d["machine"]["env"]["OPENBLAS_NUM_THREADS"] == "1"
