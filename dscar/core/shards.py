@@ -95,6 +95,7 @@ class Attempt(NamedTuple):
 #: ``Attempt(...)`` without its ``__new__``, a Python function (a frame per hand-out): the fields in order, all six
 _new_attempt = tuple.__new__
 
+
 class LastNameSet:
     """A set of worker names that knows its last (the largest) name: the holders of one backlog size
     (``ShardQueue._by_size``), whose last one gives up a shard when the asker has none of its own. A
@@ -957,6 +958,7 @@ class ShardQueue:
         assert {t: {n: set(same) for n, same in sizes.items()} for t, sizes in self._by_size.items()} == {
             t: {n: {h for (u, h), m in held.items() if u == t and m == n} for (u, _), n in held.items() if u == t}
             for t, _ in held}
+        assert all(same.last() == max(same) for sizes in self._by_size.values() for same in sizes.values())
         for i, s in enumerate(self._shards):
             assert (i in self._todo) == (s.status is _TODO and i in active), i
             if i not in active:  # an earlier phase (DONE, or TODO after a rebuild pass) or a later one (TODO)
