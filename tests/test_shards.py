@@ -6,7 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dscar.errors import ShardFailedError
-from dscar.core.shards import ShardQueue, ShardStatus
+from dscar.core.shards import LastNameSet, ShardQueue, ShardStatus
 
 
 def queue(n=4, reloadable=False, **kw):
@@ -494,3 +494,25 @@ def test_the_holders_with_shards_to_start_come_from_the_index_as_a_scan_of_the_s
             a = running.pop(rng.randrange(len(running)))
             q.commit(a.shard, a.attempt, a.worker)
         q.check()
+
+
+@settings(max_examples=300)
+@given(ops=st.lists(st.tuples(st.sampled_from(["add", "discard", "last"]),
+                              st.sampled_from(["", "a", "b", "ab", "b0", "w1", "w10", "w2", "w9", "é", "\U0001f600"])),
+                    max_size=60))
+def test_a_last_name_set_gives_the_largest_of_its_names_after_any_adds_and_discards(ops):
+    """``LastNameSet`` (the holders of one backlog size: the last one gives up a shard) against a plain
+    set and ``max``, read at any point: the cached last name follows adds, and a discard of it is noticed."""
+    names, plain = LastNameSet(), set()
+    for op, name in ops:
+        if op == "add":
+            names.add(name)
+            plain.add(name)
+        elif op == "discard":
+            names.discard(name)
+            plain.discard(name)
+        elif plain:
+            assert names.last() == max(plain)
+        assert set(names) == plain and len(names) == len(plain) and all(n in names for n in plain)
+    if plain:
+        assert names.last() == max(plain)

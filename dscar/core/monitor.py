@@ -98,17 +98,19 @@ class ThroughputMonitor:
         step_s = float(step_s)
         if step_s < 1e-9:  # (``max(step_s, 1e-9)`` as a comparison: every commit records)
             step_s = 1e-9
-        if worker not in self._warmup:
-            self._warmup[worker] = step_s
-        else:
+        steps = self._steps.get(worker)  # (a worker with steps is past its warm-up: one dict read a commit)
+        if steps is None:
+            if worker not in self._warmup:
+                self._warmup[worker] = step_s
+                return
             steps = self._steps[worker]
-            steps.append(step_s)
-            ordered = sorted(steps)  # (the median of a few: ``statistics.median`` costs more than it)
-            n = len(ordered)
-            half = n // 2
-            mean = ordered[half] if n % 2 else (ordered[half - 1] + ordered[half]) / 2
-            if self._mean.get(worker) != mean:
-                self._set_mean(worker, mean)
+        steps.append(step_s)
+        ordered = sorted(steps)  # (the median of a few: ``statistics.median`` costs more than it)
+        n = len(ordered)
+        half = n // 2
+        mean = ordered[half] if n % 2 else (ordered[half - 1] + ordered[half]) / 2
+        if self._mean.get(worker) != mean:
+            self._set_mean(worker, mean)
 
     def _set_mean(self, worker: str, mean: float | None) -> None:
         self._median = False
