@@ -185,6 +185,11 @@ class Coordinator(SchedulerPlugin):
         #: job -> runs of which a commit moved a shard's data or state (``protocol.Finished.moved``):
         #: their passes' applies go to every worker, not only to those with something to apply
         self._moved: dict[str, set[int]] = {}
+        #: job -> (run, clock, shard, attempt) of a granted commit whose updates rode it
+        #: (``protocol.Finished.inline``) -> ``{(table, part): payload}``: put in the owners' apply messages
+        self._inline: dict[str, dict[tuple[int, int, int, int], dict[tuple[str, int], Any]]] = {}
+        #: job -> the runs whose passes are being applied (``_apply``): their inline updates stay
+        self._applying: dict[str, list[int]] = {}
         for op, handler in self.handlers().items():  # every handler behind the caller check (``_guarded``)
             scheduler.handlers[handler_name(op)] = self._guarded(op, handler)
         self._specs: dict[str, bytes] = {}
@@ -1079,6 +1084,8 @@ class Coordinator(SchedulerPlugin):
         self._models.pop(job_id, None)
         self._touched.pop(job_id, None)
         self._moved.pop(job_id, None)
+        self._inline.pop(job_id, None)
+        self._applying.pop(job_id, None)
         self._wanted.pop(job_id, None)
         self._active.pop(job_id, None)
         self._preparing.pop(job_id, None)
@@ -1271,16 +1278,20 @@ class Coordinator(SchedulerPlugin):
                                "another attempt of the shard was applied where it read", now,
                                seconds=s.seconds, stopped=True)
         touched = self._touched.setdefault(job_id, {})
+        inline = self._inline.setdefault(job_id, {})
         if msg.stopped or any(c.moved for c in msg.commits):  # (a stopped attempt may hold a copy of its shard)
             self._moved.setdefault(job_id, set()).add(msg.run)
         for c in msg.commits:  # before the commits: their effects may apply the pass at once
-            if c.parts is not None:
+            if c.inline is not None:
+                inline[(msg.run, c.clock, c.shard, c.attempt)] = {(t, int(p)): payload for t, p, payload in c.inline}
+            elif c.parts is not None:
                 touched[(msg.run, c.clock, c.shard, c.attempt)] = c.parts
         granted, effects = job.commit_many(worker, msg.run, [(c.clock, c.shard, c.attempt, c.timings)
                                                              for c in msg.commits], now, msg.rebuild)
         for c, ok in zip(msg.commits, granted):
             if not ok:
                 touched.pop((msg.run, c.clock, c.shard, c.attempt), None)
+                inline.pop((msg.run, c.clock, c.shard, c.attempt), None)
         self._do(job, effects)  # (one wake for the whole commit)
         here = worker in self.scheduler.workers
         item = self._item_for(worker) if here else None
@@ -1295,12 +1306,17 @@ class Coordinator(SchedulerPlugin):
     def _sources(self, job_id: str, e: ApplyPass) -> dict[str, dict]:
         """``{worker: {table: parts or None}}`` for each worker whose committed attempts of the pass
         staged updates: the partitions they touched, merged (a worker with an attempt not reported
-        is left out: it may have touched any). Forgets the pass's entries and those of older runs."""
+        is left out: it may have touched any; attempts whose updates rode their commits are not
+        fetched, so not counted). Forgets the pass's entries and those of older runs."""
         touched = self._touched.get(job_id, {})
+        inline = self._inline.get(job_id, {})
         merged: dict[str, dict] = {}
         unknown: set[str] = set()
         for (shard, attempt, worker), clock in zip(e.committed, e.clocks or [e.clock] * len(e.committed)):
-            parts = touched.pop((int(e.run_id), int(clock), int(shard), int(attempt)), None)
+            key = (int(e.run_id), int(clock), int(shard), int(attempt))
+            if key in inline:
+                continue
+            parts = touched.pop(key, None)
             if parts is None:
                 unknown.add(worker)
             else:
@@ -1314,8 +1330,13 @@ class Coordinator(SchedulerPlugin):
         messages per worker (``dscar.apply-direct-per-worker``), otherwise through a tree of fan-in
         ``dscar.apply-fanin``."""
         stagers: dict[str, list] = {}
+        held = self._inline.get(job.cfg.job_id, {})
+        inline: dict[tuple, list] = {}
         for (shard, attempt, worker), clock in zip(e.committed, e.clocks or [e.clock] * len(e.committed)):
-            stagers.setdefault(worker, []).append((int(clock), int(shard), int(attempt)))
+            key = (int(clock), int(shard), int(attempt))
+            stagers.setdefault(worker, []).append(key)
+            if (int(e.run_id),) + key in held:
+                inline[key] = list(held[(int(e.run_id),) + key])
         live = set(targets)
         owners: dict[str, list] = {w: [] for w in targets}
         for part, w in job.pmap.owners.items():
@@ -1324,7 +1345,17 @@ class Coordinator(SchedulerPlugin):
         return plan_apply(stagers, self._sources(job.cfg.job_id, e), owners,
                           fanin=int(dask.config.get("dscar.apply-fanin", FANIN)),  # (a bad one: ValueError)
                           direct_per_worker=(float("inf") if direct else
-                                             float(dask.config.get("dscar.apply-direct-per-worker", DIRECT_PER_WORKER))))
+                                             float(dask.config.get("dscar.apply-direct-per-worker", DIRECT_PER_WORKER))),
+                          inline=inline)
+
+    def _role_msg(self, job_id: str, e: ApplyPass, plan: ApplyPlan, worker: str) -> dict:
+        """``worker``'s role in the apply of ``e`` as its message carries it, with the inline updates'
+        payloads for its partitions (``Role.inline``: held here since their commits)."""
+        msg = plan.role(worker).to_msg()
+        if "inline" in msg:
+            held = self._inline[job_id]
+            msg["inline"] = [[k, t, p, held[(int(e.run_id), *k)][(t, p)]] for k, t, p in msg["inline"]]
+        return msg
 
     def _h_fail(self, job_id: str, clock: int, run: int, shard: int, attempt: int, worker: str,
                 error: str, lost_data: bool = False, seconds: float = 0.0) -> dict:
@@ -1349,6 +1380,23 @@ class Coordinator(SchedulerPlugin):
         return [w for w in live if w not in fresh] if fresh else live
 
     async def _apply(self, job: JobState, e: ApplyPass) -> None:
+        """``_apply_pass``, then the pass's inline updates are forgotten (and those of older runs
+        whose passes are not being applied: commits a loss voided)."""
+        job_id = job.cfg.job_id
+        applying = self._applying.setdefault(job_id, [])
+        applying.append(int(e.run_id))
+        try:
+            await self._apply_pass(job, e)
+        finally:
+            applying.remove(int(e.run_id))
+            held = self._inline.get(job_id, {})
+            for (shard, attempt, _), clock in zip(e.committed, e.clocks or [e.clock] * len(e.committed)):
+                held.pop((int(e.run_id), int(clock), int(shard), int(attempt)), None)
+            oldest = min(applying, default=int(e.run_id))
+            for key in [k for k in held if k[0] < min(oldest, int(e.run_id))]:
+                del held[key]
+
+    async def _apply_pass(self, job: JobState, e: ApplyPass) -> None:
         """Every live worker applies the pass: owners their tables' updates, holders the shard state.
 
         A worker that could not be reached (the apply message, or a peer's fetch of its staged
@@ -1382,7 +1430,8 @@ class Coordinator(SchedulerPlugin):
             results = await asyncio.gather(*(
                 self._rpc(w, "apply", timeout=None if w == folded else timeout, job_id=job.cfg.job_id, clock=e.clock,
                           run=e.run_id, committed=e.committed if e.batch is not None else committed[w], reset=e.reset,
-                          **extra, **plan.role(w).to_msg(), **({"clock_end": e.clock_end} if w == folded else {}))
+                          **extra, **self._role_msg(job.cfg.job_id, e, plan, w),
+                          **({"clock_end": e.clock_end} if w == folded else {}))
                 for w in targets
             ), return_exceptions=True)
             unreached: dict[str, str] = {}  # worker -> why it looks lost
