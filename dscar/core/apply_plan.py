@@ -317,15 +317,23 @@ def shard_ranges(shards: Iterable[int]) -> list[list[int]]:
 
 
 def apply_receivers(targets: Iterable[str], owners: Iterable[str], plan: ApplyPlan, keep: Iterable[str] = (),
-                    shards_moved: bool = True) -> list[str]:
+                    shards_moved: bool = True, involved: Iterable[str] | None = None) -> list[str]:
     """The ``targets`` a BSP pass's apply message must reach, in their order: every owner of a
     partition (``owners``), every worker with a role in ``plan`` (fetches, a combine step) and every
     worker in ``keep`` (the folded clock end's, a joiner's, ...). The others have nothing to apply
     when no committed attempt of the pass moved a shard's data or state (``shards_moved`` False:
     each ran on the shard's holder and set no state): their message would only drop what they
     staged and raise the run they have seen applied, which their next work item's newer run does
-    as well (``Job.settle_before``). At W workers and one owner that is W - 1 messages a pass."""
-    if shards_moved:
+    as well (``Job.settle_before``). At W workers and one owner that is W - 1 messages a pass.
+
+    When a shard moved, the workers whose shard stores the apply changes must get it too:
+    ``involved``, those the moves involved (each moved or stopped or failed attempt's worker, the
+    shard's holder before it, every worker handed a copying attempt of the pass and the holder it
+    copied from: a copy is dropped, a new state installed, a running copy's attempt learns it lost);
+    None: not known, every target gets it."""
+    if shards_moved and involved is None:
         return list(targets)
     needed = set(owners) | set(keep) | {w for w, role in plan.roles.items() if role.to_msg()}
+    if shards_moved:
+        needed |= set(involved or ())
     return [w for w in targets if w in needed]

@@ -182,9 +182,13 @@ class Coordinator(SchedulerPlugin):
         #: job -> (run, clock, shard, attempt) of a granted commit -> the partitions its updates touched
         #: (``partition_store.touched_parts``): each owner fetches from the workers that staged some for it
         self._touched: dict[str, dict[tuple[int, int, int, int], dict]] = {}
-        #: job -> runs of which a commit moved a shard's data or state (``protocol.Finished.moved``):
-        #: their passes' applies go to every worker, not only to those with something to apply
-        self._moved: dict[str, set[int]] = {}
+        #: job -> run of which a commit moved a shard's data or state (``protocol.Finished.moved``), or an
+        #: attempt stopped or failed -> the workers that may hold a copy or a state to install: the
+        #: stagers of those attempts and the shards' holders before them (``_apply_receivers``)
+        self._moved: dict[str, dict[int, set[str]]] = {}
+        #: job -> run -> the workers handed a BSP attempt that copies its shard, and the holders it copies
+        #: from (``_item_for``): a pass with a move is applied on them too (their copies go)
+        self._copying: dict[str, dict[int, set[str]]] = {}
         #: job -> (run, clock, shard, attempt) of a granted commit whose updates rode it
         #: (``protocol.Finished.inline``) -> ``{(table, part): payload}``: put in the owners' apply messages
         self._inline: dict[str, dict[tuple[int, int, int, int], dict[tuple[str, int], Any]]] = {}
@@ -1084,6 +1088,7 @@ class Coordinator(SchedulerPlugin):
         self._models.pop(job_id, None)
         self._touched.pop(job_id, None)
         self._moved.pop(job_id, None)
+        self._copying.pop(job_id, None)
         self._inline.pop(job_id, None)
         self._applying.pop(job_id, None)
         self._wanted.pop(job_id, None)
@@ -1185,12 +1190,20 @@ class Coordinator(SchedulerPlugin):
             if item is None and (effects := job.idle(worker, now)):
                 self._do(job, effects)  # no effect, no wake: every idle poll would wake the others' polls
             if item is not None:
+                if job.consistency != "ssp":
+                    self._note_copies(job_id, worker, item)
                 if job.cfg.checkpoint is not None and any("state_file" in m for m in item.get("shards", ())):
                     item["ckpt_url"] = job.cfg.checkpoint.url
                     item["storage_options"] = job.cfg.checkpoint.storage_options
                 self._wake(polls=False)  # (the waiting polls: a poll that gets an item passes a wake on)
                 return item
         return None
+
+    def _note_copies(self, job_id: str, worker: str, item: dict) -> None:
+        """``worker`` and the holders its item's members copy their shards from (``_copying``)."""
+        sources = {m["fetch_from"] for m in item.get("shards", ()) if m.get("fetch_from") not in (None, worker)}
+        if sources:
+            self._copying.setdefault(job_id, {}).setdefault(int(item["run"]), set()).update(sources | {worker})
 
     async def _h_next(self, worker: str, timeout: float | None = None) -> dict:
         """Long poll: the next work item for ``worker``, or ``idle`` after ``timeout`` (None:
@@ -1280,7 +1293,9 @@ class Coordinator(SchedulerPlugin):
         touched = self._touched.setdefault(job_id, {})
         inline = self._inline.setdefault(job_id, {})
         if msg.stopped or any(c.moved for c in msg.commits):  # (a stopped attempt may hold a copy of its shard)
-            self._moved.setdefault(job_id, set()).add(msg.run)
+            involved = self._moved.setdefault(job_id, {}).setdefault(msg.run, set())
+            involved.add(worker)  # (before the commits: a granted one makes this worker the holder)
+            involved.update(h for c in [*msg.commits, *msg.stopped] if (h := job.queue.holder(c.shard)) is not None)
         for c in msg.commits:  # before the commits: their effects may apply the pass at once
             if c.inline is not None:
                 inline[(msg.run, c.clock, c.shard, c.attempt)] = {(t, int(p)): payload for t, p, payload in c.inline}
@@ -1361,7 +1376,9 @@ class Coordinator(SchedulerPlugin):
                 error: str, lost_data: bool = False, seconds: float = 0.0) -> dict:
         job = self.jobs.get(job_id)
         if job is not None:
-            self._moved.setdefault(job_id, set()).add(int(run))  # (it may have copied its shard: every worker applies)
+            # (it may have copied its shard: it and the holder apply the pass)
+            self._moved.setdefault(job_id, {}).setdefault(int(run), set()).update(
+                w for w in (worker, job.queue.holder(int(shard))) if w is not None)
             job.attempt_failed(worker, clock, run, shard, attempt, error, time.time(), lost_data, float(seconds))
             self._wake()
         return {"status": "OK"}
@@ -1474,13 +1491,17 @@ class Coordinator(SchedulerPlugin):
     def _apply_receivers(self, job: JobState, e: ApplyPass, targets: list[str], plan: ApplyPlan,
                          folded: str | None) -> list[str]:
         """The ``targets`` the apply of ``e`` is sent to (``apply_plan.apply_receivers``): under BSP,
-        not a worker with nothing to apply, unless a commit of the pass moved a shard's data or state.
-        Forgets the runs older than the pass's."""
-        moved = self._moved.get(job.cfg.job_id, set())
+        not a worker with nothing to apply; where a commit of the pass moved a shard's data or state,
+        also the workers that move involved (``_moved``, ``_copying``). Forgets the runs older than the pass's."""
+        moved = self._moved.get(job.cfg.job_id, {})
+        copying = self._copying.get(job.cfg.job_id, {})
         shards_moved = e.batch is not None or e.run_id in moved
-        moved.difference_update([r for r in moved if r < e.run_id])
+        involved = None if e.batch is not None else moved.get(e.run_id, set()) | copying.get(e.run_id, set())
+        for runs in (moved, copying):
+            for r in [r for r in runs if r < e.run_id]:
+                del runs[r]
         keep = {folded} | {w for w, _ in self._copies.get(job.cfg.job_id, {}).values()}
-        return apply_receivers(targets, job.pmap.owners.values(), plan, keep, shards_moved)
+        return apply_receivers(targets, job.pmap.owners.values(), plan, keep, shards_moved, involved)
 
     async def _folded_clock_end(self, job: JobState, e: ApplyPass, answer: Any) -> None:
         """The clock end folded into the apply of ``e`` (``ApplyPass.clock_end``) answered with that
