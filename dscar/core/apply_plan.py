@@ -192,6 +192,8 @@ def plan_apply(stagers: Mapping[str, Iterable[Hashable]], touched: Mapping[str, 
         return ApplyPlan(False, {o: Role(fetch=tuple((s, stagers[s]) for s in ss)) for o, ss in need.items()},
                          fanin=fanin)
     members = tuple(sorted(s for s in stagers if touchers.reaches_other(s, owned)))
+    if not members:  # (only stagers of unknown updates, "touching" owners of no partition: nothing to fetch)
+        return ApplyPlan(False, fanin=fanin)
     needs = {o for o, parts in owned.items() if next(touchers.touching(parts, o), None) is not None}
     index = {w: i for i, w in enumerate(members)}
     children = {i: list(range(i * fanin + 1, min(i * fanin + fanin, len(members) - 1) + 1))
@@ -259,10 +261,7 @@ class _Touchers:
 
     def touching(self, parts: list[Part], me: str):
         """The stagers other than ``me`` that touched any of ``parts``, each once (lazily: a caller
-        that needs only the first, or a count up to a limit, pays for no more). None for an owner of
-        no partition (a stager of unknown updates touches nothing there)."""
-        if not parts:
-            return
+        that needs only the first, or a count up to a limit, pays for no more)."""
         seen = {me}
         for lists in ([self.anywhere], [self.whole.get(t, ()) for t in sorted({t for t, _ in parts})],
                       [self.part.get(p, ()) for p in parts]):
