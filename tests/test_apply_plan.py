@@ -8,7 +8,7 @@ import math
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from dscar.core.apply_plan import ApplyPlan, plan_apply, touches
+from dscar.core.apply_plan import INLINE_BYTES, ApplyPlan, merge_touched, plan_apply, rides_commit, touches
 
 TABLES = {"w": 6, "g": 3}
 
@@ -123,3 +123,69 @@ def test_no_fetch_from_a_worker_that_staged_nothing_for_the_owner():
 def test_fanin_below_two_is_refused():
     with pytest.raises(ValueError, match="apply-fanin"):
         plan_apply({"a": [1]}, {}, {"a": [("w", 0)]}, fanin=1)
+
+
+@st.composite
+def passes_with_inline(draw):
+    """A pass where each key's updates reach known partitions and some keys rode their commits."""
+    n = draw(workers_st)
+    ws = [f"w{i:03d}" for i in range(n)]
+    parts = [(t, p) for t, k in TABLES.items() for p in range(k)]
+    owner_of = {part: draw(st.sampled_from(ws)) for part in parts}
+    owners = {w: [p for p, o in owner_of.items() if o == w] for w in ws}
+    stagers, reach, inline = {}, {}, {}
+    for i, w in enumerate(ws):
+        for j in range(draw(st.integers(0, 3))):
+            key = (3, i * 4 + j, 0)
+            stagers.setdefault(w, []).append(key)
+            reach[key] = sorted(draw(st.sets(st.sampled_from(parts), max_size=4)))
+            if draw(st.booleans()):
+                inline[key] = reach[key]
+    touched: dict = {}
+    for w, keys in stagers.items():
+        for k in keys:
+            if k not in inline:
+                for t, p in reach[k]:
+                    merge_touched(touched.setdefault(w, {}), {t: [p]})
+    return ws, owners, stagers, touched, inline, reach, draw(st.integers(2, 17)), draw(st.sampled_from([0.0, 8.0]))
+
+
+@settings(max_examples=300, deadline=None)
+@given(passes_with_inline())
+def test_inline_updates_reach_each_owner_once_and_are_never_fetched(case):
+    """Every key's update to a partition reaches that partition's owner exactly once: an inline key
+    in the owner's apply message (its own stager excepted), the others fetched; an inline key is
+    fetched by nobody, and the fetches cost no more than without the inline keys."""
+    ws, owners, stagers, touched, inline, reach, fanin, direct = case
+    plan = plan_apply(stagers, touched, owners, fanin=fanin, direct_per_worker=direct, inline=inline)
+    fetched = _deliveries(plan, stagers, owners)
+    stager_of = {k: w for w, keys in stagers.items() for k in keys}
+    for o, parts in owners.items():
+        got_inline = plan.role(o).inline
+        assert len(got_inline) == len(set(got_inline)), f"{o} gets an inline update twice"
+        assert set(got_inline) == {(k, p) for k, ps in inline.items() for p in ps
+                                   if p in parts and stager_of[k] != o}
+        assert not set(fetched[o]) & set(inline), f"{o} fetches an inline key"
+        needed = {k for k, ps in reach.items() if k not in inline and stager_of[k] != o and set(ps) & set(parts)}
+        assert needed <= set(fetched[o])
+    without = plan_apply({w: [k for k in keys if k not in inline] for w, keys in stagers.items()}, touched, owners,
+                         fanin=fanin, direct_per_worker=direct)
+    assert plan.messages() == without.messages()
+
+
+def test_an_owner_gets_only_inline_updates_fetches_nothing():
+    """Every stager's updates rode its commit: the owner's apply carries them and it fetches nothing."""
+    owners = {"a": [("w", 0)], "b": [], "c": []}
+    stagers = {"b": [(1, 0, 0)], "c": [(1, 1, 0)], "a": [(1, 2, 0)]}
+    inline = {(1, 0, 0): [("w", 0)], (1, 1, 0): [("w", 0)], (1, 2, 0): [("w", 0)]}
+    plan = plan_apply(stagers, {}, owners, inline=inline)
+    assert plan.role("a").inline == (((1, 0, 0), ("w", 0)), ((1, 1, 0), ("w", 0)))
+    assert plan.messages() == 0 and plan.role("a").fetch == ()
+    assert plan.role("a").to_msg() == {"inline": [[[1, 0, 0], "w", 0], [[1, 1, 0], "w", 0]]}
+    mixed = plan_apply(stagers, {"c": {"w": [0]}}, owners, inline={(1, 0, 0): [("w", 0)]})
+    assert mixed.role("a").fetch == (("c", ((1, 1, 0),)),) and mixed.role("a").inline == (((1, 0, 0), ("w", 0)),)
+
+
+def test_small_updates_ride_the_commit():
+    assert rides_commit(0) and rides_commit(INLINE_BYTES) and not rides_commit(INLINE_BYTES + 1)
+    assert not rides_commit(100, limit=99) and not rides_commit(0, limit=0)  # (0: every update is fetched)

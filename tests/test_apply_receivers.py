@@ -2,6 +2,8 @@
 owners, workers with a role in the fetch plan, the folded clock end's worker; every worker when a commit
 of the pass moved a shard's data or state. At W workers and one partition, one apply a pass instead of W
 (bench.hollow), and every shard's update is still applied once."""
+import functools
+
 import numpy as np
 import pytest
 
@@ -22,6 +24,13 @@ def test_only_owners_plan_roles_and_kept_workers_get_a_pass_that_moved_no_shard(
     assert apply_receivers(WORKERS, ["a", "a"], plan, keep={"e", None}, shards_moved=False) == ["a", "e"]
     assert apply_receivers(WORKERS, ["a"], plan, shards_moved=True) == WORKERS  # a shard's store changes
     assert apply_receivers(["e", "a"], ["a"], plan, keep={"e"}, shards_moved=False) == ["e", "a"]  # (order kept)
+
+
+def test_a_pass_that_moved_a_shard_goes_to_the_workers_the_move_involved_too():
+    plan = plan_apply({"b": [(1, 0, 0)], "c": [(1, 1, 0)], "d": [(1, 2, 0)]}, {}, {"a": [("w", 0)]})
+    assert apply_receivers(WORKERS, ["a"], plan, shards_moved=True, involved={"c", "d"}) == ["a", "c", "d"]
+    assert apply_receivers(WORKERS, ["a"], plan, shards_moved=True, involved=None) == WORKERS  # (not known)
+    assert apply_receivers(WORKERS, ["a"], plan, shards_moved=False, involved={"c"}) == ["a"]  # (no move)
 
 
 def test_every_stager_of_an_apply_tree_gets_its_combine_step():
@@ -84,3 +93,40 @@ class _StateCounter(RowCounter):
 def test_a_pass_that_moved_shard_state_is_sent_to_every_worker_and_each_state_is_installed(four):
     clocks = 3
     assert _clean_fit_applies(four, _StateCounter(n_parts=1), clocks) == 4 * clocks
+
+
+def _note_applies(dask_worker) -> list[int]:
+    """The clocks of the ``dscar_apply`` messages this worker got (recorded from the first call on)."""
+    h = dask_worker.handlers["dscar_apply"]
+    if not getattr(h, "_clocks_noted", False):
+        @functools.wraps(h)  # keeps the signature: distributed passes ``comm`` as the original wants it
+        def noted(*a, **k):
+            dask_worker._apply_clocks.append(int(k["clock"]))
+            return h(*a, **k)
+        noted._clocks_noted = True
+        dask_worker._apply_clocks = []
+        dask_worker.handlers["dscar_apply"] = noted
+    return list(dask_worker._apply_clocks)
+
+
+def test_a_stolen_shard_s_pass_goes_to_its_old_and_new_holder_not_to_every_worker():
+    """Six workers, two shards each; the first worker's two are slow, so an idle worker steals one (a
+    copy of its data). That pass's apply reaches the owner, the clock end's worker, the stolen
+    shard's old and new holders, and no one else; every row still counts each clock once."""
+    with dscar.Cluster(n_workers=6, processes=False) as cl:
+        cl.wait_for_workers(6)
+        before = cl.client.run(_note_applies)
+        res = dscar.fit(RowCounter(n_parts=1, sleep=0.3, slow_shards=(0, 1)), row_data(60), cl, n_shards=12,
+                        max_clocks=3, progress=False, policies=[])
+        got = {w: c[len(before[w]):] for w, c in cl.client.run(_note_applies).items()}
+    assert_exactly_once(res, 60)
+    assert not [e for e in res.events if e["kind"] in ("shard-failed", "worker-lost")]
+    moved_clocks = {e["clock"] for e in res.events if e["kind"] == "shard-moved"}
+    assert moved_clocks, "no shard was stolen"
+    for clock in moved_clocks:
+        receivers = {w for w, cs in got.items() if clock in cs}
+        movers = {w for e in res.events if e["kind"] == "shard-moved" and e["clock"] == clock
+                  for w in (e["source"], e["target"])}
+        assert movers <= receivers
+        assert len(receivers - movers) <= 2, (clock, receivers, movers)  # the owner and the clock end's worker
+        assert len(receivers) < 6, (clock, receivers)

@@ -14,8 +14,10 @@ from conftest import RowCounter, assert_exactly_once
 from dscar import faults
 from dscar.algorithms.mlr import MLRSGD, load_digits_split
 
-#: every pass goes through a binary tree (no direct plan is cheap enough)
-TREE = {"dscar.apply-fanin": 2, "dscar.apply-direct-per-worker": 0}
+#: every pass goes through a binary tree (no direct plan is cheap enough; no update rides its commit)
+TREE = {"dscar.apply-fanin": 2, "dscar.apply-direct-per-worker": 0, "dscar.apply-inline-bytes": 0}
+#: every update is fetched by its owners (none rides its commit)
+FETCHED = {"dscar.apply-inline-bytes": 0}
 DIGITS = dict(l2=1e-3, lr=1.0, decay=0.05, momentum=0.7, batch_size=32, steps=24)
 
 
@@ -74,7 +76,8 @@ def test_mlr_through_the_tree_equals_the_direct_plan(five):
     Xtr, _, ytr, _ = load_digits_split()
     kw = dict(n_shards=10, max_clocks=5, sharding="static", policies=[])
     staged0, combined0 = _counts(five)
-    direct = dscar.fit(MLRSGD(10, **DIGITS), {"X": Xtr, "y": ytr}, five, **kw)
+    with dask.config.set(FETCHED):
+        direct = dscar.fit(MLRSGD(10, **DIGITS), {"X": Xtr, "y": ytr}, five, **kw)
     staged1, combined1 = _counts(five)
     with dask.config.set(TREE):
         tree = dscar.fit(MLRSGD(10, **DIGITS), {"X": Xtr, "y": ytr}, five, **kw)
@@ -202,7 +205,8 @@ def test_a_source_that_answers_a_probe_is_not_lost_and_its_pass_is_applied_once(
     still counts each clock once (a worker that had applied it does not apply it again)."""
     first = sorted(five.client.scheduler_info()["workers"])[0]
     five.client.run(_flaky_fetch, times=2, workers=[first])
-    res = dscar.fit(ScatteredRowCounter(n_parts=5), scattered_rows(103), five, n_shards=10, max_clocks=4)
+    with dask.config.set(FETCHED):
+        res = dscar.fit(ScatteredRowCounter(n_parts=5), scattered_rows(103), five, n_shards=10, max_clocks=4)
     kinds = [e["kind"] for e in res.events]
     assert "apply-retried" in kinds
     assert "worker-lost" not in kinds and "recovery-started" not in kinds

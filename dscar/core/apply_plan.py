@@ -18,10 +18,16 @@ addition is not associative: the sums would differ from the direct plan's, so it
 Keys are opaque here (the glue uses ``(clock, shard, attempt)``); ``touched`` is what the commits
 reported (``partition_store.touched_parts``, merged per worker): ``{table: [parts] or None}`` (None:
 every partition of the table), or None for a worker whose updates are not known (it may touch any).
+
+**Inline updates.** An attempt whose staged updates are small (``rides_commit``: at most
+``INLINE_BYTES``) sends them with its commit, one payload per partition; the coordinator holds them
+until the pass is applied and puts each in the apply message of that partition's owner
+(``Role.inline``). Nobody fetches those keys: at W stagers of a few rows each and one owner, that
+owner's W - 1 fetch round trips a pass become none, and each stager serves none.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Hashable, Iterable, Mapping
 
 #: ``(table, part)``
@@ -30,6 +36,20 @@ Part = tuple[str, int]
 DIRECT_PER_WORKER = 8
 #: how many children a combiner fetches from (``dscar.apply-fanin``)
 FANIN = 16
+#: an attempt whose staged updates hold at most this many bytes (their arrays) sends them with its
+#: commit (``rides_commit``). A fetch round trip costs its owner and its stager ~0.6-0.9 ms of CPU
+#: each (bench.hollow at W = 64, on 2 cores); passing bytes through the scheduler costs it a copy in and
+#: one out, ~1 us a KiB, so 4 KiB adds < 10 us to the commit and the apply while it saves a round trip.
+#: Kept small because every inline byte of a pass passes the scheduler's one event loop: 1,000 such
+#: stagers add at most 4 MB (a few ms) a clock there, where larger updates are fetched worker to worker.
+#: ``dscar.apply-inline-bytes`` sets it; 0: every update is fetched.
+INLINE_BYTES = 4 * 1024
+
+
+def rides_commit(nbytes: int, limit: int = INLINE_BYTES) -> bool:
+    """Whether an attempt's staged updates of ``nbytes`` bytes go with its commit (inline) rather
+    than stay on the worker until each owner fetches them (``limit`` 0: none do)."""
+    return limit > 0 and 0 <= nbytes <= limit
 
 
 def merge_touched(into: dict[str, set[int] | None], touched: dict[str, Any]) -> None:
@@ -79,6 +99,9 @@ class Role:
     expect: int = 0
     #: tree: this worker's combine step, when it is a stager in the tree
     combine: Combine | None = None
+    #: ``(key, (table, part))`` of the updates to this owner's partitions that rode their commits: the
+    #: coordinator puts them in the apply message (nothing is fetched for those keys)
+    inline: tuple[tuple[Hashable, Part], ...] = ()
 
     def to_msg(self) -> dict:
         """The role as the apply message carries it (lists and ints only)."""
@@ -91,6 +114,8 @@ class Role:
             c = self.combine
             out["combine"] = {"keys": [list(k) for k in c.keys], "children": [[w, h] for w, h in c.children],
                               "expect": c.expect, "height": c.height}
+        if self.inline:
+            out["inline"] = [[list(k), t, p] for k, (t, p) in self.inline]
         return out
 
 
@@ -127,8 +152,13 @@ def _depth(i: int, fanin: int) -> int:
 
 def plan_apply(stagers: Mapping[str, Iterable[Hashable]], touched: Mapping[str, Mapping[str, Any] | None],
                owners: Mapping[str, Iterable[Part]], fanin: int = FANIN,
-               direct_per_worker: float = DIRECT_PER_WORKER) -> ApplyPlan:
+               direct_per_worker: float = DIRECT_PER_WORKER,
+               inline: Mapping[Hashable, Iterable[Part]] | None = None) -> ApplyPlan:
     """The fetch plan of a pass.
+
+    ``inline``: key -> the partitions its updates reach, for the keys whose updates rode their
+    commit (``rides_commit``): each goes to the owner of each of those partitions (``Role.inline``)
+    but to its own stager, and nobody fetches it; ``touched`` must describe only the other keys.
 
     ``stagers``: worker -> the committed keys it ran (their updates are staged there); ``touched``:
     worker -> the partitions those updates touched (a worker missing, or None: unknown, any);
@@ -140,8 +170,12 @@ def plan_apply(stagers: Mapping[str, Iterable[Hashable]], touched: Mapping[str, 
         raise ValueError(f"dscar.apply-fanin must be at least 2, not {fanin}")
     if not direct_per_worker >= 0:
         raise ValueError(f"dscar.apply-direct-per-worker must be a number >= 0, not {direct_per_worker}")
-    stagers = {w: tuple(keys) for w, keys in stagers.items() if keys}
     owned = {w: [(t, int(p)) for t, p in parts] for w, parts in owners.items()}
+    if inline:
+        plan = plan_apply({w: [k for k in keys if k not in inline] for w, keys in stagers.items()}, touched, owned,
+                          fanin, direct_per_worker)
+        return _with_inline(plan, stagers, inline, owned)
+    stagers = {w: tuple(keys) for w, keys in stagers.items() if keys}
     touchers = _Touchers(stagers, touched)
     limit = direct_per_worker * max(len(set(owned) | set(stagers)), 1)
     need: dict[str, list[str]] = {}
@@ -158,6 +192,8 @@ def plan_apply(stagers: Mapping[str, Iterable[Hashable]], touched: Mapping[str, 
         return ApplyPlan(False, {o: Role(fetch=tuple((s, stagers[s]) for s in ss)) for o, ss in need.items()},
                          fanin=fanin)
     members = tuple(sorted(s for s in stagers if touchers.reaches_other(s, owned)))
+    if not members:  # (only stagers of unknown updates, "touching" owners of no partition: nothing to fetch)
+        return ApplyPlan(False, fanin=fanin)
     needs = {o for o, parts in owned.items() if next(touchers.touching(parts, o), None) is not None}
     index = {w: i for i, w in enumerate(members)}
     children = {i: list(range(i * fanin + 1, min(i * fanin + fanin, len(members) - 1) + 1))
@@ -180,6 +216,25 @@ def plan_apply(stagers: Mapping[str, Iterable[Hashable]], touched: Mapping[str, 
         else:
             roles[w] = Role(combine=combine)
     return ApplyPlan(True, roles, members, fanin)
+
+
+def _with_inline(plan: ApplyPlan, stagers: Mapping[str, Iterable[Hashable]], inline: Mapping[Hashable, Iterable[Part]],
+                 owned: Mapping[str, list[Part]]) -> ApplyPlan:
+    """``plan`` with each inline key's partitions given to their owners (not to the key's stager,
+    which applies its own staged copy; a partition no live worker owns is applied by nobody, as a
+    fetch would be)."""
+    owner_of = {part: w for w, parts in owned.items() for part in parts}
+    got: dict[str, list] = {}
+    for s in sorted(stagers):
+        for key in stagers[s]:
+            for t, p in inline.get(key, ()):
+                o = owner_of.get((t, int(p)))
+                if o is not None and o != s:
+                    got.setdefault(o, []).append((key, (t, int(p))))
+    roles = dict(plan.roles)
+    for o, entries in got.items():
+        roles[o] = replace(roles.get(o, Role()), inline=tuple(entries))
+    return ApplyPlan(plan.tree, roles, plan.members, plan.fanin)
 
 
 class _Touchers:
@@ -261,15 +316,23 @@ def shard_ranges(shards: Iterable[int]) -> list[list[int]]:
 
 
 def apply_receivers(targets: Iterable[str], owners: Iterable[str], plan: ApplyPlan, keep: Iterable[str] = (),
-                    shards_moved: bool = True) -> list[str]:
+                    shards_moved: bool = True, involved: Iterable[str] | None = None) -> list[str]:
     """The ``targets`` a BSP pass's apply message must reach, in their order: every owner of a
     partition (``owners``), every worker with a role in ``plan`` (fetches, a combine step) and every
     worker in ``keep`` (the folded clock end's, a joiner's, ...). The others have nothing to apply
     when no committed attempt of the pass moved a shard's data or state (``shards_moved`` False:
     each ran on the shard's holder and set no state): their message would only drop what they
     staged and raise the run they have seen applied, which their next work item's newer run does
-    as well (``Job.settle_before``). At W workers and one owner that is W - 1 messages a pass."""
-    if shards_moved:
+    as well (``Job.settle_before``). At W workers and one owner that is W - 1 messages a pass.
+
+    When a shard moved, the workers whose shard stores the apply changes must get it too:
+    ``involved``, those the moves involved (each moved or stopped or failed attempt's worker, the
+    shard's holder before it, every worker handed a copying attempt of the pass and the holder it
+    copied from: a copy is dropped, a new state installed, a running copy's attempt learns it lost);
+    None: not known, every target gets it."""
+    if shards_moved and involved is None:
         return list(targets)
     needed = set(owners) | set(keep) | {w for w, role in plan.roles.items() if role.to_msg()}
+    if shards_moved:
+        needed |= set(involved or ())
     return [w for w in targets if w in needed]

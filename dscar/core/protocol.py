@@ -227,15 +227,20 @@ class Finished:
     #: the attempt moved its shard's data or state (ran from a copy or a fresh read, as a backup, set or
     #: restored a state): applying its pass changes shard stores, so every worker gets the apply
     moved: bool = False
+    #: its staged updates, when small (``apply_plan.rides_commit``): ``[[table, part, payload], ...]``,
+    #: one opaque payload per partition, which the coordinator hands to that partition's owner in
+    #: the pass's apply message (no owner fetches them); None: they stay staged on the worker
+    inline: list | None = None
 
     def to_msg(self) -> dict[str, Any]:
         return {"shard": self.shard, "attempt": self.attempt, "clock": self.clock, "timings": self.timings,
-                "parts": self.parts, **({"moved": True} if self.moved else {})}
+                "parts": self.parts, **({"moved": True} if self.moved else {}),
+                **({} if self.inline is None else {"inline": self.inline})}
 
     @classmethod
     def from_msg(cls, msg: dict[str, Any], clock: int) -> "Finished":
         return cls(int(msg["shard"]), int(msg["attempt"]), int(msg.get("clock", clock)), msg.get("timings"),
-                   msg.get("parts"), bool(msg.get("moved", False)))
+                   msg.get("parts"), bool(msg.get("moved", False)), msg.get("inline"))
 
 
 @dataclass

@@ -182,9 +182,18 @@ class Coordinator(SchedulerPlugin):
         #: job -> (run, clock, shard, attempt) of a granted commit -> the partitions its updates touched
         #: (``partition_store.touched_parts``): each owner fetches from the workers that staged some for it
         self._touched: dict[str, dict[tuple[int, int, int, int], dict]] = {}
-        #: job -> runs of which a commit moved a shard's data or state (``protocol.Finished.moved``):
-        #: their passes' applies go to every worker, not only to those with something to apply
-        self._moved: dict[str, set[int]] = {}
+        #: job -> run of which a commit moved a shard's data or state (``protocol.Finished.moved``), or an
+        #: attempt stopped or failed -> the workers that may hold a copy or a state to install: the
+        #: stagers of those attempts and the shards' holders before them (``_apply_receivers``)
+        self._moved: dict[str, dict[int, set[str]]] = {}
+        #: job -> run -> the workers handed a BSP attempt that copies its shard, and the holders it copies
+        #: from (``_item_for``): a pass with a move is applied on them too (their copies go)
+        self._copying: dict[str, dict[int, set[str]]] = {}
+        #: job -> (run, clock, shard, attempt) of a granted commit whose updates rode it
+        #: (``protocol.Finished.inline``) -> ``{(table, part): payload}``: put in the owners' apply messages
+        self._inline: dict[str, dict[tuple[int, int, int, int], dict[tuple[str, int], Any]]] = {}
+        #: job -> the runs whose passes are being applied (``_apply``): their inline updates stay
+        self._applying: dict[str, list[int]] = {}
         for op, handler in self.handlers().items():  # every handler behind the caller check (``_guarded``)
             scheduler.handlers[handler_name(op)] = self._guarded(op, handler)
         self._specs: dict[str, bytes] = {}
@@ -1079,6 +1088,9 @@ class Coordinator(SchedulerPlugin):
         self._models.pop(job_id, None)
         self._touched.pop(job_id, None)
         self._moved.pop(job_id, None)
+        self._copying.pop(job_id, None)
+        self._inline.pop(job_id, None)
+        self._applying.pop(job_id, None)
         self._wanted.pop(job_id, None)
         self._active.pop(job_id, None)
         self._preparing.pop(job_id, None)
@@ -1178,12 +1190,20 @@ class Coordinator(SchedulerPlugin):
             if item is None and (effects := job.idle(worker, now)):
                 self._do(job, effects)  # no effect, no wake: every idle poll would wake the others' polls
             if item is not None:
+                if job.consistency != "ssp":
+                    self._note_copies(job_id, worker, item)
                 if job.cfg.checkpoint is not None and any("state_file" in m for m in item.get("shards", ())):
                     item["ckpt_url"] = job.cfg.checkpoint.url
                     item["storage_options"] = job.cfg.checkpoint.storage_options
                 self._wake(polls=False)  # (the waiting polls: a poll that gets an item passes a wake on)
                 return item
         return None
+
+    def _note_copies(self, job_id: str, worker: str, item: dict) -> None:
+        """``worker`` and the holders its item's members copy their shards from (``_copying``)."""
+        sources = {m["fetch_from"] for m in item.get("shards", ()) if m.get("fetch_from") not in (None, worker)}
+        if sources:
+            self._copying.setdefault(job_id, {}).setdefault(int(item["run"]), set()).update(sources | {worker})
 
     async def _h_next(self, worker: str, timeout: float | None = None) -> dict:
         """Long poll: the next work item for ``worker``, or ``idle`` after ``timeout`` (None:
@@ -1271,16 +1291,22 @@ class Coordinator(SchedulerPlugin):
                                "another attempt of the shard was applied where it read", now,
                                seconds=s.seconds, stopped=True)
         touched = self._touched.setdefault(job_id, {})
+        inline = self._inline.setdefault(job_id, {})
         if msg.stopped or any(c.moved for c in msg.commits):  # (a stopped attempt may hold a copy of its shard)
-            self._moved.setdefault(job_id, set()).add(msg.run)
+            involved = self._moved.setdefault(job_id, {}).setdefault(msg.run, set())
+            involved.add(worker)  # (before the commits: a granted one makes this worker the holder)
+            involved.update(h for c in [*msg.commits, *msg.stopped] if (h := job.queue.holder(c.shard)) is not None)
         for c in msg.commits:  # before the commits: their effects may apply the pass at once
-            if c.parts is not None:
+            if c.inline is not None:
+                inline[(msg.run, c.clock, c.shard, c.attempt)] = {(t, int(p)): payload for t, p, payload in c.inline}
+            elif c.parts is not None:
                 touched[(msg.run, c.clock, c.shard, c.attempt)] = c.parts
         granted, effects = job.commit_many(worker, msg.run, [(c.clock, c.shard, c.attempt, c.timings)
                                                              for c in msg.commits], now, msg.rebuild)
         for c, ok in zip(msg.commits, granted):
             if not ok:
                 touched.pop((msg.run, c.clock, c.shard, c.attempt), None)
+                inline.pop((msg.run, c.clock, c.shard, c.attempt), None)
         self._do(job, effects)  # (one wake for the whole commit)
         here = worker in self.scheduler.workers
         item = self._item_for(worker) if here else None
@@ -1295,12 +1321,17 @@ class Coordinator(SchedulerPlugin):
     def _sources(self, job_id: str, e: ApplyPass) -> dict[str, dict]:
         """``{worker: {table: parts or None}}`` for each worker whose committed attempts of the pass
         staged updates: the partitions they touched, merged (a worker with an attempt not reported
-        is left out: it may have touched any). Forgets the pass's entries and those of older runs."""
+        is left out: it may have touched any; attempts whose updates rode their commits are not
+        fetched, so not counted). Forgets the pass's entries and those of older runs."""
         touched = self._touched.get(job_id, {})
+        inline = self._inline.get(job_id, {})
         merged: dict[str, dict] = {}
         unknown: set[str] = set()
         for (shard, attempt, worker), clock in zip(e.committed, e.clocks or [e.clock] * len(e.committed)):
-            parts = touched.pop((int(e.run_id), int(clock), int(shard), int(attempt)), None)
+            key = (int(e.run_id), int(clock), int(shard), int(attempt))
+            if key in inline:
+                continue
+            parts = touched.pop(key, None)
             if parts is None:
                 unknown.add(worker)
             else:
@@ -1314,8 +1345,13 @@ class Coordinator(SchedulerPlugin):
         messages per worker (``dscar.apply-direct-per-worker``), otherwise through a tree of fan-in
         ``dscar.apply-fanin``."""
         stagers: dict[str, list] = {}
+        held = self._inline.get(job.cfg.job_id, {})
+        inline: dict[tuple, list] = {}
         for (shard, attempt, worker), clock in zip(e.committed, e.clocks or [e.clock] * len(e.committed)):
-            stagers.setdefault(worker, []).append((int(clock), int(shard), int(attempt)))
+            key = (int(clock), int(shard), int(attempt))
+            stagers.setdefault(worker, []).append(key)
+            if (int(e.run_id),) + key in held:
+                inline[key] = list(held[(int(e.run_id),) + key])
         live = set(targets)
         owners: dict[str, list] = {w: [] for w in targets}
         for part, w in job.pmap.owners.items():
@@ -1324,13 +1360,25 @@ class Coordinator(SchedulerPlugin):
         return plan_apply(stagers, self._sources(job.cfg.job_id, e), owners,
                           fanin=int(dask.config.get("dscar.apply-fanin", FANIN)),  # (a bad one: ValueError)
                           direct_per_worker=(float("inf") if direct else
-                                             float(dask.config.get("dscar.apply-direct-per-worker", DIRECT_PER_WORKER))))
+                                             float(dask.config.get("dscar.apply-direct-per-worker", DIRECT_PER_WORKER))),
+                          inline=inline)
+
+    def _role_msg(self, job_id: str, e: ApplyPass, plan: ApplyPlan, worker: str) -> dict:
+        """``worker``'s role in the apply of ``e`` as its message carries it, with the inline updates'
+        payloads for its partitions (``Role.inline``: held here since their commits)."""
+        msg = plan.role(worker).to_msg()
+        if "inline" in msg:
+            held = self._inline[job_id]
+            msg["inline"] = [[k, t, p, held[(int(e.run_id), *k)][(t, p)]] for k, t, p in msg["inline"]]
+        return msg
 
     def _h_fail(self, job_id: str, clock: int, run: int, shard: int, attempt: int, worker: str,
                 error: str, lost_data: bool = False, seconds: float = 0.0) -> dict:
         job = self.jobs.get(job_id)
         if job is not None:
-            self._moved.setdefault(job_id, set()).add(int(run))  # (it may have copied its shard: every worker applies)
+            # (it may have copied its shard: it and the holder apply the pass)
+            self._moved.setdefault(job_id, {}).setdefault(int(run), set()).update(
+                w for w in (worker, job.queue.holder(int(shard))) if w is not None)
             job.attempt_failed(worker, clock, run, shard, attempt, error, time.time(), lost_data, float(seconds))
             self._wake()
         return {"status": "OK"}
@@ -1349,6 +1397,23 @@ class Coordinator(SchedulerPlugin):
         return [w for w in live if w not in fresh] if fresh else live
 
     async def _apply(self, job: JobState, e: ApplyPass) -> None:
+        """``_apply_pass``, then the pass's inline updates are forgotten (and those of older runs
+        whose passes are not being applied: commits a loss voided)."""
+        job_id = job.cfg.job_id
+        applying = self._applying.setdefault(job_id, [])
+        applying.append(int(e.run_id))
+        try:
+            await self._apply_pass(job, e)
+        finally:
+            applying.remove(int(e.run_id))
+            held = self._inline.get(job_id, {})
+            for (shard, attempt, _), clock in zip(e.committed, e.clocks or [e.clock] * len(e.committed)):
+                held.pop((int(e.run_id), int(clock), int(shard), int(attempt)), None)
+            oldest = min(applying, default=int(e.run_id))
+            for key in [k for k in held if k[0] < min(oldest, int(e.run_id))]:
+                del held[key]
+
+    async def _apply_pass(self, job: JobState, e: ApplyPass) -> None:
         """Every live worker applies the pass: owners their tables' updates, holders the shard state.
 
         A worker that could not be reached (the apply message, or a peer's fetch of its staged
@@ -1382,7 +1447,8 @@ class Coordinator(SchedulerPlugin):
             results = await asyncio.gather(*(
                 self._rpc(w, "apply", timeout=None if w == folded else timeout, job_id=job.cfg.job_id, clock=e.clock,
                           run=e.run_id, committed=e.committed if e.batch is not None else committed[w], reset=e.reset,
-                          **extra, **plan.role(w).to_msg(), **({"clock_end": e.clock_end} if w == folded else {}))
+                          **extra, **self._role_msg(job.cfg.job_id, e, plan, w),
+                          **({"clock_end": e.clock_end} if w == folded else {}))
                 for w in targets
             ), return_exceptions=True)
             unreached: dict[str, str] = {}  # worker -> why it looks lost
@@ -1425,13 +1491,17 @@ class Coordinator(SchedulerPlugin):
     def _apply_receivers(self, job: JobState, e: ApplyPass, targets: list[str], plan: ApplyPlan,
                          folded: str | None) -> list[str]:
         """The ``targets`` the apply of ``e`` is sent to (``apply_plan.apply_receivers``): under BSP,
-        not a worker with nothing to apply, unless a commit of the pass moved a shard's data or state.
-        Forgets the runs older than the pass's."""
-        moved = self._moved.get(job.cfg.job_id, set())
+        not a worker with nothing to apply; where a commit of the pass moved a shard's data or state,
+        also the workers that move involved (``_moved``, ``_copying``). Forgets the runs older than the pass's."""
+        moved = self._moved.get(job.cfg.job_id, {})
+        copying = self._copying.get(job.cfg.job_id, {})
         shards_moved = e.batch is not None or e.run_id in moved
-        moved.difference_update([r for r in moved if r < e.run_id])
+        involved = None if e.batch is not None else moved.get(e.run_id, set()) | copying.get(e.run_id, set())
+        for runs in (moved, copying):
+            for r in [r for r in runs if r < e.run_id]:
+                del runs[r]
         keep = {folded} | {w for w, _ in self._copies.get(job.cfg.job_id, {}).values()}
-        return apply_receivers(targets, job.pmap.owners.values(), plan, keep, shards_moved)
+        return apply_receivers(targets, job.pmap.owners.values(), plan, keep, shards_moved, involved)
 
     async def _folded_clock_end(self, job: JobState, e: ApplyPass, answer: Any) -> None:
         """The clock end folded into the apply of ``e`` (``ApplyPass.clock_end``) answered with that

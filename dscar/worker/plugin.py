@@ -56,7 +56,7 @@ from .mirror_store import part_key, shard_key
 from .partition_store import PartitionStore
 from ..core.partitions import TableLayout
 from ..core.protocol import extend_copy, handler_name
-from .runner import Job, ShardRunner
+from .runner import Job, ShardRunner, read_inline
 from .shard_store import ShardEntry, ShardStore
 from ..xp import select_namespace, to_host
 
@@ -645,7 +645,7 @@ class ParamServer(WorkerPlugin):
                        clocks: list | None = None, floor: int | None = None, phase: str | None = None,
                        batch: int | None = None, fetch: list | None = None, tree: dict | None = None,
                        combine: dict | None = None, shards: list | None = None,
-                       clock_end: dict | None = None) -> dict:
+                       clock_end: dict | None = None, inline: list | None = None) -> dict:
         """Apply the pass of ``run``: the committed attempts' updates to the partitions owned here
         and their new shard states to the shards held here; drop everything else of the clock.
 
@@ -661,7 +661,9 @@ class ParamServer(WorkerPlugin):
         This worker's role in collecting the updates (``dscar.core.apply_plan.Role``): ``fetch``,
         ``[worker, keys]`` to fetch from each worker that staged some for the partitions here;
         ``tree``, ``{"root", "height", "expect"}`` to fetch them all from the tree's root instead;
-        ``combine``, its combine step when it staged some for others (``_combine``).
+        ``combine``, its combine step when it staged some for others (``_combine``); ``inline``,
+        ``[key, table, part, payload]`` of the updates to its partitions that rode their commits
+        (``runner.inline_updates``): applied from the message, fetched from nobody.
 
         ``clock_end``: a BSP clock's last pass, the clock-end item folded into this worker's apply
         (``dscar.core.schedule.BspSchedule._fold``): once the pass is applied here, this worker runs
@@ -692,7 +694,7 @@ class ParamServer(WorkerPlugin):
                 else:
                     try:
                         out = await self._apply_here(job, tag, clock, run, committed, reset, clocks, floor, fetch,
-                                                     tree, combine, shards)
+                                                     tree, combine, shards, inline)
                     except BaseException:
                         self._applies_settled(job_id, run, False)
                         if first_read is not None:
@@ -705,11 +707,12 @@ class ParamServer(WorkerPlugin):
                 first_read.cancel()
             return out
         return await self._apply_here(job, tag, clock, run, committed, reset, clocks, floor, fetch, tree, combine,
-                                      shards)
+                                      shards, inline)
 
     async def _apply_here(self, job: Job, tag: tuple[int, int], clock: int, run: int, committed: list,
                           reset: list | None, clocks: list | None, floor: int | None, fetch: list | None,
-                          tree: dict | None, combine: dict | None, shards: list | None) -> dict:
+                          tree: dict | None, combine: dict | None, shards: list | None,
+                          inline: list | None = None) -> dict:
         """``_h_apply``'s work once the pass is to be applied here."""
         job_id = job.id
         if combine is not None:
@@ -721,6 +724,9 @@ class ParamServer(WorkerPlugin):
         updates, failed = await self._fetch_updates(job, tag, parts, fetch, tree) if parts else ({}, None)
         if failed is not None:
             return failed
+        for key, table, part, payload in inline or ():
+            if (table, int(part)) in owned:  # (one restored since the pass began is not this pass's to update)
+                updates.setdefault(tuple(int(k) for k in key), []).extend(read_inline(table, part, payload))
         if shards is not None:  # the rest of the pass: the keys fetched, then the shards won elsewhere
             own = set(keys)
             keys += [k for k in updates if k not in own]

@@ -29,12 +29,14 @@ from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any, Protocol
 
+import dask.config
 import numpy as np
 
 from .. import checkpoint as ckpt
 from .. import wire
 from ..algorithm import Algorithm, DataMeta, TableSpec
 from ..inflight import PeerUnreachable
+from ..core.apply_plan import INLINE_BYTES, rides_commit
 from ..core.ledger import INITIAL_STATE
 from .mirror_store import MirrorStore, shard_key
 from .partition_store import PartitionStore, touched_parts
@@ -243,6 +245,7 @@ class ShardRunner:
         try:
             job = self.host.job(item["job"])
             self._prepare(job, item)
+            inline_limit = int(dask.config.get("dscar.apply-inline-bytes", INLINE_BYTES))
             voided = None
             for i, a in enumerate(attempts):
                 with self._lock:
@@ -264,8 +267,12 @@ class ShardRunner:
                     continue
                 if done is not None:
                     timings, staged[a["shard"], a["clock"]], moved = done
-                    commits.append(Finished(a["shard"], a["attempt"], a["clock"], timings, touched_parts(
-                        staged[a["shard"], a["clock"]], {t: lay.n_parts for t, lay in job.layouts.items()}), moved))
+                    ups = staged[a["shard"], a["clock"]]
+                    inline = inline_updates(ups, inline_limit)
+                    # (inline updates go to their owners whole: they need no partitions in the commit)
+                    commits.append(Finished(a["shard"], a["attempt"], a["clock"], timings, None if inline is not None
+                                            else touched_parts(ups, {t: lay.n_parts for t, lay in job.layouts.items()}),
+                                            moved, inline))
         except _Stopped:
             return None
         except Exception as e:  # the job is unknown here: every attempt failed
@@ -1016,3 +1023,24 @@ class ClockEnd:
         self._small = None
 
 
+
+
+def inline_updates(staged: list, limit: int = INLINE_BYTES) -> list | None:
+    """An attempt's staged updates as its commit carries them (``protocol.Finished.inline``):
+    ``[[table, part, payload], ...]``, each partition's updates packed (``wire.pack``) with their
+    first rows; None when they are too large to ride the commit (``apply_plan.rides_commit``)."""
+    if not rides_commit(sum(d.nbytes + (0 if r is None else r.nbytes) for *_, d, r in staged), limit):
+        return None
+    by_part: dict[tuple[str, int], list] = {}
+    for t, p, lo, d, r in staged:
+        by_part.setdefault((t, int(p)), []).append((int(lo), d, r))
+    return [[t, p, {"ups": [[lo, r is not None] for lo, _, r in ups],
+                    **wire.pack([a for _, d, r in ups for a in ((d,) if r is None else (d, r))])}]
+            for (t, p), ups in by_part.items()]
+
+
+def read_inline(table: str, part: int, payload: dict) -> list:
+    """``inline_updates``'s updates of one partition back: ``[(table, part, first row, values, rows), ...]``."""
+    arrays = iter(wire.unpack(payload))
+    return [(table, int(part), int(lo), next(arrays), next(arrays).astype(np.int64, copy=False) if has_rows else None)
+            for lo, has_rows in payload["ups"]]
