@@ -65,10 +65,13 @@ def test_an_owner_applies_inline_updates_and_fetches_nothing(four):
 
 
 def test_a_pass_of_inline_and_fetched_keys_applies_each_once(four):
-    """103 rows in 10 shards: 11-row shards stage 2 x 88 bytes a partition pair, 10-row ones 2 x 80; at a
-    limit of 170 bytes the 10-row shards' updates ride their commits and the 11-row ones are fetched."""
+    """103 rows in 10 shards: 11-row shards stage 2 x 88 bytes (their rows of both tables), 10-row ones
+    2 x 80; at a limit of 170 bytes the 10-row shards' updates ride their commits and the 11-row ones
+    are fetched. The 4 partitions of each table (one a worker) cut rows 26, 52 and 78: shard 2 (rows
+    22-33, 11 rows) and shard 4 (rows 43-53, 10 rows) each reach two owners, so whichever worker runs
+    them, every pass has a fetched key and an inline one (however the load hands out the shards)."""
     with dask.config.set({"dscar.apply-inline-bytes": 170}):
-        res, fetches, inline = _fit(four, RowCounter(n_parts=2), 103, n_shards=10, max_clocks=4)
+        res, fetches, inline = _fit(four, RowCounter(n_parts=4), 103, n_shards=10, max_clocks=4)
     assert_exactly_once(res, 103)
     assert fetches > 0 and inline > 0
 
@@ -116,3 +119,19 @@ def test_a_stager_lost_after_its_commit_skips_the_clock_and_counts_every_row_the
             assert rec.metrics["seen_min"] == rec.metrics["seen_max"] == 1.0, rec
             assert rec.metrics["count_min"] == rec.metrics["count_max"], rec
     assert res.params["count"].min() == res.params["count"].max() >= res.n_clocks - 1
+
+
+@pytest.mark.parametrize("config,inline_wanted", [({}, True), (FETCHED, False)], ids=["inline", "fetched"])
+def test_the_fits_setting_reaches_worker_processes(procs, config, inline_wanted):
+    """Set in the fitting process only, ``dscar.apply-inline-bytes`` still decides what worker processes
+    send (the job's spec carries it): at 0 the owner fetches the other worker's updates, by default none."""
+    with dask.config.set(config):
+        res, fetches, inline = _fit(procs, RowCounter(n_parts=1), 40, n_shards=8, max_clocks=4)
+    assert_exactly_once(res, 40)
+    assert (fetches == 0 and inline > 0) if inline_wanted else (fetches > 0 and inline == 0), (fetches, inline)
+
+
+def test_a_bad_setting_is_refused_before_the_fit_starts(inproc):
+    with dask.config.set({"dscar.apply-inline-bytes": -1}), pytest.raises(dscar.InvalidInputError,
+                                                                           match="apply-inline-bytes"):
+        dscar.fit(RowCounter(), row_data(10), inproc, max_clocks=1, progress=False)

@@ -36,6 +36,7 @@ from ..comm import fast_fail_pool
 from .data import ArrayData, FileData, PhasedData, as_data, is_dask
 from ..errors import ClusterError, DscarError, InvalidInputError, JobFailedError
 from ..faults import Fault, fire_point, resolve, unfired, why_unfired
+from ..core.apply_plan import INLINE_BYTES
 from ..core.ledger import cut_refusal, restore_candidates
 from ..core.membership import new_token
 from ..core.monitor import ThroughputMonitor
@@ -166,6 +167,13 @@ class FitResult:
         from .plot import plot_fit
 
         return plot_fit(self, ax=ax)
+
+
+def inline_bytes() -> int:
+    """``dscar.apply-inline-bytes`` as set where the fit is called: the limit below which an attempt's
+    updates ride its commit (``apply_plan.rides_commit``). The job's spec carries it to the workers,
+    whose own processes do not see a setting made in the user's."""
+    return validation.integer("dscar.apply-inline-bytes", dask.config.get("dscar.apply-inline-bytes", INLINE_BYTES), 0)
 
 
 def elastic_workers() -> int | None:
@@ -571,7 +579,7 @@ class _Run:
         spec = dumps({
             "algorithm": self.algorithm, "meta": self.data.meta, "tables": self.tables,
             "loader": self.data.loader(), "tol": self.tol, "faults": faults, "consistency": opts["consistency"],
-            "token": self.token,
+            "token": self.token, "inline_bytes": inline_bytes(),
         })
         cfg, resume = opts["checkpoint"], opts["resume"]  # resume: candidate manifests, newest first
         r = self._sync(

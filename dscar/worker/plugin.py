@@ -55,6 +55,7 @@ from ..core.membership import (WORKER_INSTALLING, WORKER_RUN_WRITES, Rule, key_d
 from .mirror_store import part_key, shard_key
 from .partition_store import PartitionStore
 from ..core.partitions import TableLayout
+from ..core.apply_plan import INLINE_BYTES
 from ..core.protocol import extend_copy, handler_name
 from .runner import Job, ShardRunner, read_inline
 from .shard_store import ShardEntry, ShardStore
@@ -217,6 +218,7 @@ class ParamServer(WorkerPlugin):
                     xp=self.xp,
                     faults=[f for f in d.get("faults", ()) if f.worker == self.worker.address],
                     ssp=d.get("consistency") == "ssp",
+                    inline_bytes=int(d.get("inline_bytes", INLINE_BYTES)),
                 )
             return self.jobs[job_id]
 

@@ -29,7 +29,6 @@ from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any, Protocol
 
-import dask.config
 import numpy as np
 
 from .. import checkpoint as ckpt
@@ -77,6 +76,9 @@ class Job:
     pull_cache: PullCache = field(default_factory=PullCache)
     #: stale-synchronous clocks: reduction tables are read per clock
     ssp: bool = False
+    #: an attempt whose staged updates hold at most this many bytes sends them with its commit
+    #: (``apply_plan.rides_commit``; the job's spec carries the fit's ``dscar.apply-inline-bytes``)
+    inline_bytes: int = INLINE_BYTES
     clock_seen: int = 0  # the newest clock this worker was given work in (fault points outside attempts)
     run_seen: int = -1  # the newest run id this worker was given work in (an older pass's apply is stale)
     #: the newest run id the coordinator confirmed as issued (a write of it needs no question: ``membership``)
@@ -245,7 +247,6 @@ class ShardRunner:
         try:
             job = self.host.job(item["job"])
             self._prepare(job, item)
-            inline_limit = int(dask.config.get("dscar.apply-inline-bytes", INLINE_BYTES))
             voided = None
             for i, a in enumerate(attempts):
                 with self._lock:
@@ -268,7 +269,7 @@ class ShardRunner:
                 if done is not None:
                     timings, staged[a["shard"], a["clock"]], moved = done
                     ups = staged[a["shard"], a["clock"]]
-                    inline = inline_updates(ups, inline_limit)
+                    inline = inline_updates(ups, job.inline_bytes)
                     # (inline updates go to their owners whole: they need no partitions in the commit)
                     commits.append(Finished(a["shard"], a["attempt"], a["clock"], timings, None if inline is not None
                                             else touched_parts(ups, {t: lay.n_parts for t, lay in job.layouts.items()}),
