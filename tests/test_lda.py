@@ -636,6 +636,13 @@ def test_block_rows_store_each_block_as_one_partition_and_round_trip(V, B):
     np.testing.assert_array_equal(block_rows(V, 1), words)
 
 
+def test_a_partitioned_fit_needs_a_word_per_block(inproc):
+    """A block per shard, each a partition of word_topic: more shards than words is refused before work."""
+    X = np.array([[1, 2, 0], [0, 1, 3], [2, 0, 1], [1, 1, 1]])
+    with pytest.raises(InvalidInputError, match="4 shards, but only 3 words"):
+        fit(LDAGibbs(2, schedule="partitioned"), X, inproc, 3, n_shards=4)
+
+
 class WordIdRows(LDAGibbs):
     """The partitioned schedule with ``word_topic`` stored by word id (main before the block layout)."""
 
