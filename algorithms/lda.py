@@ -35,7 +35,10 @@ On dscar (AD-LDA, Newman et al. 2009):
   table (one pull per worker and clock, shared by its shards), and pushes
   int32 deltas of the rows that moved (``add_rows``), or one dense int32
   block when more than a quarter of the vocabulary moved; a partitioned
-  clock reads and pushes only the rows of its block (``_block_step``);
+  clock reads and pushes only the rows of its block (``_block_step``), which
+  ``word_topic`` stores as one contiguous range, one partition where the table
+  has one per shard (``block_rows``: blocks stay ``v mod B``, balanced on a
+  frequency-sorted vocabulary; the fit's result is in word order);
 * ``z`` is checkpointed with the tables (a full checkpoint saves every
   shard's, a priority one the fraction ``r`` of shards saved longest ago).
   After a worker loss the shards it held get their ``z`` back before their
@@ -109,6 +112,7 @@ import scipy.sparse as sp
 
 import dscar
 from dscar import Algorithm, DataMeta, InvalidInputError, TableSpec
+from dscar.core.partitions import row_bounds
 
 #: counts are held exactly in float32 below this many tokens, in float64 above
 FLOAT32_TOKENS = 2**24
@@ -244,6 +248,21 @@ def local_vocabulary(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     index into them (int32): the shard's samplers work on its own rows of ``word_topic`` only."""
     words, wl = np.unique(w, return_inverse=True)
     return words.astype(np.int64), wl.reshape(-1).astype(np.int32)
+
+
+def block_rows(vocab_size: int, n_blocks: int) -> np.ndarray:
+    """The ``word_topic`` row of each word id (int64, a permutation of ``0 .. V - 1``) when the
+    partitioned schedule cuts the vocabulary into ``n_blocks`` blocks: word ``v`` is in block
+    ``b = v mod n_blocks`` and is stored at row ``start_b + v // n_blocks``, where ``[start_b, stop_b)``
+    is partition ``b`` of ``row_bounds(V, n_blocks)`` (block ``b`` has exactly that many words). So
+    a block is one contiguous range of rows, one partition, one owner, when the table has a partition
+    per block, while blocks of ``v mod B`` still share the tokens of a frequency-sorted vocabulary
+    evenly (Reuters, 2 blocks: 50.2 / 49.8 % of the tokens; 83 % in the first of 2 contiguous ranges
+    of word ids)."""
+    V, B = int(vocab_size), int(n_blocks)
+    starts = np.array([a for a, _ in row_bounds(V, B)], dtype=np.int64)
+    v = np.arange(V, dtype=np.int64)
+    return starts[v % B] + v // B
 
 
 def _mix(x: np.ndarray) -> np.ndarray:
@@ -662,6 +681,9 @@ class LDAGibbs(Algorithm):
             raise InvalidInputError(
                 f"X must hold integer counts, not {meta.dtypes['X']}; convert with dscar.algorithms.lda.lda_data"
             )
+        if self.schedule == "partitioned" and meta.n_shards > meta.shapes["X"][0]:
+            raise InvalidInputError(f"schedule='partitioned' cuts the vocabulary into a block per shard: "
+                                    f"{meta.n_shards} shards, but only {meta.shapes['X'][0]} words")
 
     def tables(self, meta: DataMeta) -> list[TableSpec]:
         V, K = meta.shapes["X"][0], self.n_topics
@@ -674,6 +696,46 @@ class LDAGibbs(Algorithm):
             # [tokens in topic k, sum of (word id + 1) over them]; row K is [the shards' log p(z), 0]
             TableSpec("stats", K + 1, (2,), kind="reduction", n_parts=1),
         ]
+
+    def word_rows(self, meta: DataMeta) -> np.ndarray | None:
+        """The stored ``word_topic`` row of each word id (``block_rows``), or None where rows are word ids.
+
+        Partitioned over ``B = n_shards > 1`` blocks, a block's words are one contiguous range of rows,
+        partition ``b`` of ``row_bounds(V, B)``: with a partition per shard (one shard per worker, the
+        default) a clock's reads and pushes of ``word_topic`` go to one owner. The model works on
+        stored rows throughout (``_stored``: a shard's word ids become rows once, at its first step),
+        and gives ``word_topic`` back in word order (``result_rows``)."""
+        B = meta.n_shards
+        if self.schedule != "partitioned" or B <= 1:
+            return None
+        return block_rows(meta.shapes["X"][0], B)
+
+    def result_rows(self, table: str, meta: DataMeta) -> np.ndarray | None:
+        """``word_topic`` is stored by ``word_rows``: row ``v`` of the result is stored row ``word_rows[v]``."""
+        return self.word_rows(meta) if table == "word_topic" else None
+
+    def _stored(self, ctx, data):
+        """``data`` with its tokens' words as stored rows of ``word_topic`` (``word_rows``): ``w`` the
+        row of each token, ``words`` the shard's distinct rows (sorted), ``wl`` each token's index
+        into them, ``word_block`` the block (word id mod ``n_shards``) of each of ``words``; documents,
+        token order and everything else as prepared, so the sampler makes the same moves. ``data``
+        itself where rows are word ids. Cached per thread and shard layout, as ``_blocks``: the
+        translation runs once per shard, at its first step on a worker."""
+        row_of = self.word_rows(ctx.meta)
+        if row_of is None:
+            return data
+        B, V = ctx.meta.n_shards, ctx.meta.shapes["X"][0]
+        key = ("stored", int(ctx.shard), int(B), int(V), int(data["wl"].shape[0]), int(data["words"].shape[0]),
+               int(data["doc_len"].shape[0]), int(data["words"].sum()))
+        sc = self._scratch()
+        if key not in sc:
+            xp, word = ctx.xp, dscar.to_host(data["w"])
+            words, wl = local_vocabulary(row_of[word])
+            word_block = np.empty(words.shape[0], dtype=np.int64)
+            word_block[wl] = word % B
+            sc[key] = {**data, "w": xp.asarray(words[wl]), "words": xp.asarray(words), "wl": xp.asarray(wl),
+                       "word_block": word_block}
+        return sc[key]
 
     def prepare_shard(self, arrays, xp):
         """Lay a shard's tokens out for the sampler (idempotent: a moved shard arrives prepared).
@@ -708,6 +770,7 @@ class LDAGibbs(Algorithm):
     # ------------------------------------------------------- shard step
     def shard_step(self, ctx, data) -> None:
         xp, K = ctx.xp, self.n_topics
+        data = self._stored(ctx, data)
         w, d = data["w"], data["d"]
         n_docs, n = int(data["doc_len"].shape[0]), int(w.shape[0])
         if ctx.clock == 1:
@@ -772,7 +835,8 @@ class LDAGibbs(Algorithm):
         """The tokens this shard resamples in this clock (``(sel, sel_ptr)`` as ``compiled_sweep``
         takes them), or None for all of them (``schedule="adlda"``, or one shard).
 
-        Partitioned: word ``v`` is in block ``v mod B`` of ``B = n_shards`` blocks, and in sweep clock
+        Partitioned: word ``v`` is in block ``v mod B`` of ``B = n_shards`` blocks (stored as one
+        contiguous range of ``word_topic`` rows: ``word_rows``), and in sweep clock
         ``c`` (clocks 2, 3, ...) shard ``s`` resamples its tokens of block ``(s + c - 2) mod B``: the
         shards of a clock hold distinct blocks, so every word's counts are moved by one shard only
         and each shard samples against exact word-topic counts; only the topic totals of the other
@@ -785,19 +849,22 @@ class LDAGibbs(Algorithm):
         B = ctx.meta.n_shards
         if self.schedule != "partitioned" or B <= 1:
             return None
-        blocks = self._blocks(ctx.shard, data, B)
+        blocks = self._blocks(ctx.shard, data, B, ctx.meta.shapes["X"][0])
         return blocks[(ctx.shard + ctx.clock - 2) % B]
 
-    def _blocks(self, shard: int, data, B: int) -> list[tuple[np.ndarray, np.ndarray]]:
-        """Per block: the shard's tokens of that block and their per-document offsets (cached per thread)."""
+    def _blocks(self, shard: int, data, B: int, vocab_size: int) -> list[tuple[np.ndarray, np.ndarray]]:
+        """Per block: the shard's tokens of that block and their per-document offsets (cached per
+        thread). Block of a word: its id mod ``B`` (``data["word_block"]`` where ``_stored`` made the
+        words stored rows; else ``words`` are the ids)."""
         wl, words = dscar.to_host(data["wl"]), dscar.to_host(data["words"])
         # the shard's layout in the key: a worker may hold a shard of the same number in another fit
-        key = ("blocks", int(shard), int(B), wl.shape[0], words.shape[0], int(data["doc_len"].shape[0]), int(words.sum()))
+        key = ("blocks", int(shard), int(B), int(vocab_size), wl.shape[0], words.shape[0],
+               int(data["doc_len"].shape[0]), int(words.sum()))
         sc = self._scratch()
         if key not in sc:
             doc_ptr = np.zeros(int(data["doc_len"].shape[0]) + 1, dtype=np.int64)
             np.cumsum(dscar.to_host(data["doc_len"]), out=doc_ptr[1:])
-            token_block = (words % B)[wl]
+            token_block = (data["word_block"] if "word_block" in data else words % B)[wl]
             out = []
             for b in range(B):
                 sel = np.flatnonzero(token_block == b).astype(np.int64)
@@ -984,28 +1051,30 @@ class LDAGibbs(Algorithm):
         """A partitioned clock on the compiled path (``block_tokens``): it reads and writes only the
         ``word_topic`` rows of its block, the words its selected tokens hold.
 
+        The block is one contiguous range of rows ``[lo, hi)`` (``word_rows``), one partition where
+        ``word_topic`` has one per shard, so every read and push of the clock goes to one owner.
         Where the shard's words are at most half the table (``_pull_own_rows``) it pulls just the
-        block's rows (``pull_rows``: about ``1/B`` of what ``_compiled_step`` reads) and the topic
-        totals; else the whole table (one range read per worker and clock, shared by its shards),
-        whose column sums are the totals. The sweep's ``A`` keeps a row per word of the shard, but
+        block's rows it holds (``pull_rows``: about ``1/B`` of what ``_compiled_step`` reads); else the
+        block's whole range (one range read); and the topic totals (before the rows were stored by
+        block, that branch read the whole table: every owner, every clock). The sweep's ``A`` keeps a row per word of the shard, but
         only the block's are filled: the others, never read by the selected tokens, keep valid counts
         of an earlier clock (zeros at first), which the sparse kernel's index build reads and checks.
-        Pushes the deltas of the block's rows that moved: one dense block (int16 where no block row
-        sums to more than int16 holds, as ``_compiled_step``) when they are more than a
-        quarter of the vocabulary, else int32 rows (``add_rows``: NumPy's ``add.at`` with int16 values
+        Pushes the deltas of the block's rows that moved: one dense block of the range (int16 where
+        no block row sums to more than int16 holds, as ``_compiled_step``) when they are more than a
+        quarter of the range, else int32 rows (``add_rows``: NumPy's ``add.at`` with int16 values
         into int32 rows took 7x as long as with int32 ones)."""
         K, V = self.n_topics, ctx.meta.shapes["X"][0]
         words = data["words"]
         Vs = int(words.shape[0])
         kern = _numba_kernels()
-        local, wl_sel = self._block_rows(ctx, data)
+        local, wl_sel, lo, hi = self._block_rows(ctx, data)
         glob = words[local]
         if self._pull_own_rows(ctx, data):
             src = np.asarray(ctx.pull_rows("word_topic", glob))
-            T = np.array(ctx.pull("topic_total"), dtype=np.int32)
-        else:
-            table = np.asarray(ctx.pull("word_topic"))
-            src, T = table[glob], table.sum(axis=0, dtype=np.int64).astype(np.int32)
+        else:  # the block's range of rows: one partition where the table has one per shard
+            block = np.asarray(ctx.pull("word_topic", lo, hi))
+            src = block if glob.shape[0] == hi - lo else block[glob - lo]  # (read only: the pull's own copy)
+        T = np.array(ctx.pull("topic_total"), dtype=np.int32)
         # a sweep keeps each word's row sum, and moves at most the shard's tokens of a word: both bound by the row sum
         narrow = kern.row_sum_max(src, np.arange(local.shape[0], dtype=np.int64)) <= INT16_MAX
         A = self._buf("A", (Vs, K), np.int16 if narrow else np.int32, fill=0)
@@ -1021,30 +1090,31 @@ class LDAGibbs(Algorithm):
         delta = np.subtract(A[local], src, dtype=np.int32)
         moved = delta.any(axis=1)
         n_moved = int(moved.sum())
-        if n_moved > V // 4:  # as ``_compiled_step``: one dense block is cheaper to send and to apply
-            dense = self._buf("dense", (V, K), np.int16 if narrow else np.int32)
+        if n_moved > (hi - lo) // 4:  # as ``_compiled_step``: one dense block (of the range) is cheaper
+            dense = self._buf("dense", (hi - lo, K), np.int16 if narrow else np.int32)
             dense[:] = 0
-            dense[glob[moved]] = delta[moved]
-            ctx.add("word_topic", dense)
+            dense[glob[moved] - lo] = delta[moved]
+            ctx.add("word_topic", dense, start=lo)
         elif n_moved:
             ctx.add_rows("word_topic", glob[moved], delta[moved])
         ctx.add("topic_total", res.topic_delta)
         ctx.add("doc_topic", res.doc_delta, start=ctx.meta.shard_bounds[ctx.shard][0])
         ctx.add("stats", res.stats)
 
-    def _block_rows(self, ctx, data) -> tuple[np.ndarray, np.ndarray]:
+    def _block_rows(self, ctx, data) -> tuple[np.ndarray, np.ndarray, int, int]:
         """This clock's block (``block_tokens``) as the shard's rows of its words (ascending indices
-        into ``words``) and the row of each of its selected tokens (``wl`` of them): cached per thread
-        and shard layout, as ``_blocks``."""
-        B = ctx.meta.n_shards
+        into ``words``), the row of each of its selected tokens (``wl`` of them) and the range of the
+        block's stored rows ``[lo, hi)`` (``word_rows``: partition ``b`` of ``row_bounds(V, B)``): cached
+        per thread and shard layout, as ``_blocks``."""
+        B, V = ctx.meta.n_shards, ctx.meta.shapes["X"][0]
         wl, words = data["wl"], data["words"]
-        key = ("block rows", int(ctx.shard), int(B), wl.shape[0], words.shape[0], int(data["doc_len"].shape[0]),
-               int(words.sum()))
+        key = ("block rows", int(ctx.shard), int(B), int(V), wl.shape[0], words.shape[0],
+               int(data["doc_len"].shape[0]), int(words.sum()))
         sc = self._scratch()
         if key not in sc:
-            sels = self._blocks(ctx.shard, data, B)
-            sc[key] = [(np.flatnonzero(words % B == b).astype(np.int64), np.ascontiguousarray(wl[sels[b][0]]))
-                       for b in range(B)]
+            sels, row_of = self._blocks(ctx.shard, data, B, V), self.word_rows(ctx.meta)
+            sc[key] = [(np.flatnonzero(data["word_block"] == b).astype(np.int64), np.ascontiguousarray(wl[sels[b][0]]),
+                        int(row_of[b::B].min()), int(row_of[b::B].max()) + 1) for b in range(B)]
         return sc[key][(ctx.shard + ctx.clock - 2) % B]
 
     def _id_sums(self, ctx) -> np.ndarray | None:
@@ -1200,6 +1270,7 @@ class LDAGibbs(Algorithm):
         """
         if ctx.clock <= 1:
             return
+        data = self._stored(ctx, data)
         z = ctx.state.get("z")
         if z is None:
             z = self.redraw(ctx, data)

@@ -213,6 +213,13 @@ class Algorithm:
         """
         return []
 
+    def result_rows(self, table: str, meta: DataMeta) -> np.ndarray | None:
+        """The stored row of each row of ``table`` as a fit returns it (a permutation), for a model
+        that stores a table's rows in another order than its result's (LDA's partitioned schedule
+        keeps each vocabulary block in one partition); the gather reorders by it. Default None:
+        stored in result order."""
+        return None
+
     def rebuild_tables(self) -> list[str]:
         """``param`` tables that ``rebuild_step`` recomputes from the data after a restore.
 

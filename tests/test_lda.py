@@ -4,6 +4,7 @@ import logging
 import numpy as np
 import pytest
 import scipy.sparse as sp
+from hypothesis import given, strategies as st
 
 import dscar
 from dscar.algorithms import corpora
@@ -20,10 +21,12 @@ from dscar.algorithms.lda import (
     local_vocabulary,
     loglikelihood,
     numba_available,
+    block_rows,
     token_layout,
     uniforms,
 )
 from dscar import DataMeta, InvalidInputError, TableSpec
+from dscar.core.partitions import row_bounds
 
 lda = pytest.importorskip("lda")
 logging.getLogger("lda").setLevel(logging.WARNING)
@@ -378,26 +381,33 @@ def test_a_start_drawn_from_the_model_keeps_exact_counts_and_starts_higher(inpro
 class _Ctx:
     """What ``LDAGibbs.block_tokens`` reads of a shard context."""
 
-    def __init__(self, shard: int, clock: int, n_shards: int):
-        self.shard, self.clock = shard, clock
-        self.meta = DataMeta(n_rows=1, n_shards=n_shards, shapes={"X": (1,)}, dtypes={"X": "int64"},
+    def __init__(self, shard: int, clock: int, n_shards: int, vocab_size: int = 1):
+        self.shard, self.clock, self.xp = shard, clock, np
+        self.meta = DataMeta(n_rows=1, n_shards=n_shards, shapes={"X": (vocab_size,)}, dtypes={"X": "int64"},
                              sparse={"X": True}, shard_bounds=((0, 1),))
 
 
 @pytest.mark.parametrize("B", [2, 3, 5])
 def test_partitioned_blocks_are_disjoint_across_shards_and_cover_each_shard_in_a_sweep(small, B):
-    algo = LDAGibbs(4, schedule="partitioned")
+    algo, V = LDAGibbs(4, schedule="partitioned"), small.X.shape[1]
     bounds = np.linspace(0, small.X.shape[0], B + 1).round().astype(int)
-    shards = [algo.prepare_shard({"X": small.X[a:b]}, np) for a, b in zip(bounds[:-1], bounds[1:])]
+    shards = [algo._stored(_Ctx(s, 2, B, V), algo.prepare_shard({"X": small.X[a:b]}, np))
+              for s, (a, b) in enumerate(zip(bounds[:-1], bounds[1:]))]
+    word_of_row = np.argsort(block_rows(V, B))
     for clock in range(2, 2 + 2 * B):  # two sweeps
         words = []
         for s, data in enumerate(shards):
-            sel, sel_ptr = algo.block_tokens(_Ctx(s, clock, B), data)
+            sel, sel_ptr = algo.block_tokens(_Ctx(s, clock, B, V), data)
             assert (np.diff(sel) > 0).all() and sel_ptr[-1] == sel.size
-            words.append(set(data["words"][data["wl"][sel]].tolist()))
+            rows = data["words"][data["wl"][sel]]
+            words.append(set(word_of_row[rows].tolist()))
+            b = (s + clock - 2) % B  # block b: the words v mod B == b, stored as partition b's rows
+            assert all(v % B == b for v in words[-1])
+            lo, hi = row_bounds(V, B)[b]
+            assert ((rows >= lo) & (rows < hi)).all()
         assert all(not (a & b) for i, a in enumerate(words) for b in words[i + 1:])  # no word in two shards
     for s, data in enumerate(shards):  # each sweep of B clocks resamples every token once
-        sels = [algo.block_tokens(_Ctx(s, c, B), data)[0] for c in range(2, 2 + B)]
+        sels = [algo.block_tokens(_Ctx(s, c, B, V), data)[0] for c in range(2, 2 + B)]
         np.testing.assert_array_equal(np.sort(np.concatenate(sels)), np.arange(data["wl"].size))
     assert LDAGibbs(4, schedule="partitioned").clocks_per_sweep(B) == B and LDAGibbs(4).clocks_per_sweep(B) == 1
     assert LDAGibbs(4).block_tokens(_Ctx(0, 2, B), shards[0]) is None  # adlda: every token
@@ -415,7 +425,7 @@ def test_a_selective_sweep_moves_only_the_selected_tokens_and_counts_all(small, 
     z = np.random.default_rng(1).integers(0, K, wl.size).astype(np.int32)
     A = np.bincount(wl * K + z, minlength=words.size * K).reshape(-1, K).astype(np.int32)
     T = A.sum(axis=0).astype(np.int32)
-    sel, sel_ptr = algo._blocks(0, data, 3)[1]
+    sel, sel_ptr = algo._blocks(0, data, 3, V)[1]
     z0, nd0 = z.copy(), doc_counts(np, d, z, doc_len.size, K)
     res = compiled_sweep(wl, doc_len, z, A, T, algo.alphas(), 0.01, V, 7, words, {}, method=method, select=(sel, sel_ptr))
     others = np.setdiff1d(np.arange(wl.size), sel)
@@ -446,7 +456,7 @@ def test_checks_kept_from_the_moves_equal_the_checks_recounted(small, method, bl
     wl, words, doc_len = data["wl"], data["words"], data["doc_len"]
     z0 = np.random.default_rng(3).integers(0, K, wl.size).astype(np.int32)
     A0 = np.bincount(wl * K + z0, minlength=words.size * K).reshape(-1, K).astype(np.int32)
-    select = None if block is None else algo._blocks(0, data, 3)[block]
+    select = None if block is None else algo._blocks(0, data, 3, V)[block]
     sums = np.bincount(z0, weights=words[wl] + 1.0, minlength=K).astype(np.int64)
     out = []
     for id_sums in (None, sums):
@@ -559,48 +569,163 @@ class _RecordingShards:
 @pytest.mark.parametrize("kernel", ["dense", "sparse", "auto"])
 @pytest.mark.parametrize("vocab", [2000, 12])
 def test_a_partitioned_step_reads_only_its_blocks_word_rows_and_keeps_the_counts_exact(kernel, vocab):
-    """Issue 43: a partitioned clock costs its block's share of ``word_topic``. A shard holding at most
-    half the vocabulary pulls the rows of its own words in this clock's block and the topic totals; one
-    holding more reads the whole table (one range read a worker) and takes the totals from it. Never
-    ``doc_topic``. Every row it pushes a change to is in its block (2,000 words: as rows; 12 words: most
-    rows move, one dense block), and the deltas keep every table equal to the counts of the assignments."""
+    """Issue 43: a partitioned clock costs its block's share of ``word_topic``, and one owner's. The
+    table stores block b's words as partition b of ``row_bounds(V, B)`` (``block_rows``). A shard holding
+    at most half the vocabulary pulls the rows of its own words in this clock's block; one holding more
+    reads the block's range of rows (one partition); both pull the topic totals, never ``doc_topic``.
+    Every row it pushes a change to is in its block (2,000 words: as rows; 12 words: most rows move,
+    one dense block of the range), and the deltas keep every table equal to the counts of the
+    assignments, each word's counts in its stored row."""
     B, K = (3 if vocab > 100 else 2), 4  # 12 words, 2 blocks: most of a block's rows move
     X = corpora.synthetic(60, vocab, 30 if vocab > 100 else 300, K, seed=4).X
     algo = LDAGibbs(K, seed=3, schedule="partitioned", kernel=kernel)
     shards = _RecordingShards(algo, X, B)
     shards.run_clock(1)
     V, moved, whole, dense = X.shape[1], 0, 0, 0
+    row_of, parts = block_rows(V, B), row_bounds(V, B)
     for clock in range(2, 2 + 2 * B):
         before = {s: st["z"].copy() for s, st in enumerate(shards.states)}
         shards.run_clock(clock)
+        allowed = []
         for s, data in enumerate(shards.data):
             reads = {t: rows for sh, t, rows in shards.reads if sh == s}
+            lo, hi = parts[(s + clock - 2) % B]
+            rows = np.sort(row_of[data["words"]])
+            own_block = rows[(rows >= lo) & (rows < hi)]
+            allowed.append(own_block)
+            assert sorted(reads) == ["topic_total", "word_topic"]
+            np.testing.assert_array_equal(reads["topic_total"], np.arange(K))
             if 2 * data["words"].size <= V:
-                own_block = data["words"][data["words"] % B == (s + clock - 2) % B]
-                assert sorted(reads) == ["topic_total", "word_topic"]
                 np.testing.assert_array_equal(np.sort(reads["word_topic"]), own_block)
-                np.testing.assert_array_equal(reads["topic_total"], np.arange(K))
             else:
                 whole += 1
-                assert sorted(reads) == ["word_topic"]
-                np.testing.assert_array_equal(reads["word_topic"], np.arange(V))
+                np.testing.assert_array_equal(reads["word_topic"], np.arange(lo, hi))
             moved += int((shards.states[s]["z"] != before[s]).sum())
-        allowed = np.concatenate([d["words"][d["words"] % B == (s + clock - 2) % B] for s, d in enumerate(shards.data)])
         for table, rows, values in shards.pushes:
             if table == "word_topic":
-                dense += rows.size == V
-                assert np.isin(rows[values.any(axis=1)], allowed).all()
+                dense += rows.size in {b - a for a, b in parts}
+                assert np.isin(rows[values.any(axis=1)], np.concatenate(allowed)).all()
         wt = np.zeros_like(shards.tables["word_topic"])
         dt = np.zeros_like(shards.tables["doc_topic"])
         for s, data in enumerate(shards.data):
             z = shards.states[s]["z"]
-            np.add.at(wt, (data["words"][data["wl"]], z), 1)
+            np.add.at(wt, (row_of[data["words"][data["wl"]]], z), 1)
             np.add.at(dt, (shards.meta.shard_bounds[s][0] + data["d"], z), 1)
         np.testing.assert_array_equal(shards.tables["word_topic"], wt)
         np.testing.assert_array_equal(shards.tables["topic_total"], wt.sum(axis=0))
         np.testing.assert_array_equal(shards.tables["doc_topic"], dt)
     assert moved > 0
     assert (whole > 0 and dense > 0) if vocab < 100 else (whole == 0 and dense == 0)
+
+
+@given(st.integers(1, 500), st.integers(1, 12))
+def test_block_rows_store_each_block_as_one_partition_and_round_trip(V, B):
+    """Word ``v`` of block ``v mod B`` is stored in partition ``v mod B`` of ``row_bounds(V, B)``, the
+    block's words in id order; every row holds one word, so the stored table goes back to word order."""
+    if B > V:
+        return
+    rows = block_rows(V, B)
+    np.testing.assert_array_equal(np.sort(rows), np.arange(V))  # a permutation
+    words = np.arange(V)
+    for b, (lo, hi) in enumerate(row_bounds(V, B)):
+        np.testing.assert_array_equal(rows[words % B == b], np.arange(lo, hi))
+    table = np.random.default_rng(V).integers(0, 9, (V, 3))
+    stored = np.empty_like(table)
+    stored[rows] = table  # word v's counts in its row
+    np.testing.assert_array_equal(stored[rows], table)  # what ``result_rows`` gives back
+    np.testing.assert_array_equal(block_rows(V, 1), words)
+
+
+def test_a_partitioned_fit_needs_a_word_per_block(inproc):
+    """A block per shard, each a partition of word_topic: more shards than words is refused before work."""
+    X = np.array([[1, 2, 0], [0, 1, 3], [2, 0, 1], [1, 1, 1]])
+    with pytest.raises(InvalidInputError, match="4 shards, but only 3 words"):
+        fit(LDAGibbs(2, schedule="partitioned"), X, inproc, 3, n_shards=4)
+
+
+class WordIdRows(LDAGibbs):
+    """The partitioned schedule with ``word_topic`` stored by word id (main before the block layout)."""
+
+    def word_rows(self, meta):
+        rows = super().word_rows(meta)
+        return None if rows is None else np.arange(rows.size)
+
+
+@needs_numba
+@pytest.mark.parametrize("n_shards", [2, 3])
+def test_rows_stored_by_block_give_the_same_fit_in_word_order(inproc, small, n_shards):
+    """The layout changes where a word's counts live, not the chain: for a fixed seed, the fit with rows
+    stored by block (``word_rows``) gives the very tables, in word order, and log-likelihoods of the
+    same fit stored by word id (2 shards: a block is a partition; 3: blocks and partitions differ)."""
+    meta = DataMeta(n_rows=small.X.shape[0], n_shards=n_shards, shapes={"X": (small.X.shape[1],)},
+                    dtypes={"X": "int64"}, sparse={"X": True}, shard_bounds=((0, 1),))
+    assert (LDAGibbs(4, schedule="partitioned").word_rows(meta) != np.arange(small.X.shape[1])).any()
+    fits = [fit(cls(4, seed=6, early_stop=False, schedule="partitioned"), small.X, inproc, 2 * n_shards + 1,
+                n_shards=n_shards) for cls in (LDAGibbs, WordIdRows)]
+    for table in ("word_topic", "doc_topic", "topic_total"):
+        np.testing.assert_array_equal(fits[0].params[table], fits[1].params[table])
+    # the same counts: the log-likelihoods differ by the order the partitions' sums add up in (1e-16)
+    assert [r.metrics["loglik"] for r in fits[0].history] == pytest.approx(
+        [r.metrics["loglik"] for r in fits[1].history], rel=1e-12, abs=0)
+    assert [r.metrics["count_error"] for r in fits[0].history] == [0.0] * (2 * n_shards + 1)
+    assert_tables_match(fits[0], small.X)  # word v's counts in row v: each word's tokens
+
+
+class RecordsWordTopicRows(LDAGibbs):
+    """Records the ``word_topic`` rows every shard step reads and pushes (in-process workers share it)."""
+
+    seen: list = []
+
+    def shard_step(self, ctx, data):
+        super().shard_step(_RowRecorder(ctx, self.seen), data)
+
+
+class _RowRecorder:
+    def __init__(self, ctx, seen):
+        self._ctx, self._seen = ctx, seen
+
+    def __getattr__(self, name):
+        return getattr(self._ctx, name)
+
+    def _note(self, table, rows):
+        if table == "word_topic":
+            self._seen.append((self._ctx.clock, self._ctx.shard, np.asarray(rows)))
+
+    def pull(self, table, start=0, stop=None):
+        out = self._ctx.pull(table, start, stop)
+        self._note(table, np.arange(start, start + len(out)))
+        return out
+
+    def pull_rows(self, table, rows):
+        self._note(table, rows)
+        return self._ctx.pull_rows(table, rows)
+
+    def add(self, table, values, start=0):
+        self._note(table, np.arange(start, start + len(values)))
+        self._ctx.add(table, values, start)
+
+    def add_rows(self, table, rows, values):
+        self._note(table, rows)
+        self._ctx.add_rows(table, rows, values)
+
+
+@needs_numba
+def test_a_two_worker_partitioned_clock_reads_and_pushes_one_owner_s_rows(inproc, small):
+    """Issue 43: on 2 workers with a shard each, ``word_topic`` has a partition per worker and a block
+    is a partition, so every sweep clock's reads and pushes of a shard go to one owner: partition
+    ``(shard + clock - 2) mod 2``, the two shards of a clock to different owners."""
+    RecordsWordTopicRows.seen = seen = []
+    V, clocks = small.X.shape[1], 7
+    res = fit(RecordsWordTopicRows(4, seed=1, early_stop=False, schedule="partitioned"), small.X, inproc, clocks,
+              n_shards=2)
+    assert [r.metrics["count_error"] for r in res.history] == [0.0] * clocks
+    stops = [b for _, b in row_bounds(V, 2)]  # the engine's partitions of word_topic, one per worker
+    parts = {}
+    for clock, shard, rows in seen:
+        if clock >= 2 and rows.size:
+            parts.setdefault((clock, shard), set()).update(np.searchsorted(stops, rows, side="right").tolist())
+    assert sorted(parts) == [(c, s) for c in range(2, clocks + 1) for s in range(2)]  # every step seen
+    assert all(p == {(s + c - 2) % 2} for (c, s), p in parts.items()), parts
 
 
 @pytest.mark.parametrize("backend", ["xp", "numba"])
@@ -666,7 +791,7 @@ class RebuildCheck(LDAGibbs):
     def shard_step(self, ctx, data):
         if ctx.clock == self.check_at:
             self.rebuild_step(_Redirect(ctx), data)
-            z = ctx.state["z"]
+            data, z = self._stored(ctx, data), ctx.state["z"]  # the checks count stored rows of word_topic
             self._add_checks(ctx, data, z, doc_counts(ctx.xp, data["d"], z, int(data["doc_len"].shape[0]), self.n_topics))
             return
         if ctx.clock == self.break_at and ctx.shard == 0:

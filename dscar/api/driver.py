@@ -886,6 +886,9 @@ class _Run:
                 raise LookupError(f"{w} no longer holds all of {', '.join(f'{t}/{p}' for t, p in keys)}")
             pieces.update(zip(keys, wire.decode(r["data"])))
         out.update({t.name: np.concatenate([pieces[(t.name, p)] for p in range(t.n_parts)]) for t in pulled})
+        for name in out:  # in the model's result order, where it stores rows in another (``result_rows``)
+            if (rows := self.algorithm.result_rows(name, self.data.meta)) is not None:
+                out[name] = out[name][rows]
         return {t.name: out[t.name] for t in self.tables if t.name in out}
 
 
