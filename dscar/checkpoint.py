@@ -622,6 +622,19 @@ def load_manifest(fs, root: str, version: int) -> dict:
 RESUME_IGNORES = ("tol", "early_stop", "window", "patience", "backend", "min_chunks", "max_chunk_elems")
 
 
+def row_order(algorithm, meta) -> dict[str, str]:
+    """``{table: digest}`` of the tables ``algorithm`` stores in another row order than its result's
+    (``Algorithm.result_rows``), as a model record holds it: a checkpoint holds stored rows, so a fit
+    that would store them in another order (LDA's partitioned schedule over another shard count)
+    must not resume from it. Tables in result order are left out (an older record has none)."""
+    out = {}
+    for spec in algorithm.tables(meta):
+        rows = algorithm.result_rows(spec.name, meta)
+        if rows is not None:
+            out[spec.name] = hashlib.sha256(np.ascontiguousarray(rows, dtype=np.int64).tobytes()).hexdigest()[:16]
+    return out
+
+
 def find_resume(cfg: CheckpointConfig, want: dict, tables: list, skipped: list[dict]) -> list[dict]:
     """This model's published manifests in ``cfg``'s store, newest first, or ``InvalidInputError``.
 
@@ -665,6 +678,12 @@ def find_resume(cfg: CheckpointConfig, want: dict, tables: list, skipped: list[d
         if diff:
             raise InvalidInputError(f"{cfg.url!r} holds a {want['name']} checkpoint of other hyperparameters "
                                     f"or data; differing: {'; '.join(diff)}")
+        got_order, want_order = got.get("row_order", {}), want.get("row_order", {})
+        if differ := sorted(t for t in {*got_order, *want_order} if got_order.get(t) != want_order.get(t)):
+            raise InvalidInputError(
+                f"{cfg.url!r} holds a {want['name']} checkpoint whose tables {differ} store their rows in another "
+                f"order than this fit's (the model's layout follows settings such as the shard count): resume it "
+                f"with the settings it was written with")
         if {t: int(n) for t, n, _, _ in m.get("tables", [])} != names:
             raise InvalidInputError(f"{cfg.url!r}: the checkpoint's tables {m.get('tables')} do not match {names}")
         found.append(m)

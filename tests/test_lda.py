@@ -1074,3 +1074,22 @@ def test_quick_benchmark_runs_and_reports_every_sampler(tmp_path):
     assert d["machine"]["env"]["OMP_NUM_THREADS"] == "1" and d["machine"]["env"]["OPENBLAS_NUM_THREADS"] == "1"
     png = out.with_suffix(".png")
     assert png.exists() and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_a_partitioned_checkpoint_resumes_only_in_the_row_order_it_was_written_in(inproc, small, tmp_path):
+    """A partitioned fit stores ``word_topic`` by vocabulary block, and its blocks follow the shard count:
+    a checkpoint of 2 shards resumed with 3 would read every word's counts from another word's row. The
+    resume is refused before work, naming the table; with its own shard count it goes on (the counts
+    still the assignments'), and an adlda checkpoint (rows are word ids) resumes with any shard count."""
+    algo = LDAGibbs(4, seed=1, early_stop=False, schedule="partitioned")
+    cfg = dscar.CheckpointConfig(str(tmp_path / "partitioned"), policy="full", every=2)
+    fit(algo, small.X, inproc, 4, n_shards=2, checkpoint=cfg)
+    with pytest.raises(dscar.InvalidInputError, match=r"\['word_topic'\] store their rows in another order"):
+        fit(algo, small.X, inproc, 6, n_shards=3, checkpoint=cfg, resume=True)
+    res = fit(algo, small.X, inproc, 6, n_shards=2, checkpoint=cfg, resume=True)
+    assert res.history[-1].clock == 6 and [r.metrics["count_error"] for r in res.history] == [0.0] * len(res.history)
+    assert_tables_match(res, small.X)
+    adlda = LDAGibbs(4, seed=1, early_stop=False)
+    cfg = dscar.CheckpointConfig(str(tmp_path / "adlda"), policy="full", every=2)
+    fit(adlda, small.X, inproc, 4, n_shards=2, checkpoint=cfg)
+    assert fit(adlda, small.X, inproc, 6, n_shards=3, checkpoint=cfg, resume=True).history[-1].clock == 6

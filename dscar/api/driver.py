@@ -393,7 +393,8 @@ def _model_info(algorithm: Algorithm, meta) -> dict[str, Any]:
             params[k] = repr(v)
     return {"name": algorithm.name, "class": f"{type(algorithm).__module__}.{type(algorithm).__qualname__}",
             "params": json.loads(json.dumps(params)),  # as a manifest gives them back (tuples -> lists)
-            "n_rows": meta.n_rows, "shapes": {k: list(v) for k, v in meta.shapes.items()}}
+            "n_rows": meta.n_rows, "shapes": {k: list(v) for k, v in meta.shapes.items()},
+            "row_order": ckpt.row_order(algorithm, meta)}
 
 
 def lost_contact(e: BaseException) -> bool:
