@@ -60,8 +60,17 @@ on 2 worker processes whose pull serving is sleep-floored (``SlowServing``), a t
 time per clock and rows served per clock by each owner before the join, while the joiner owns
 nothing, and once it owns partitions.
 
+``--shards S`` cuts the same step work per clock (``STEP_WORK_S``) into S shards (default 12): a joiner
+arriving mid-clock can take a larger part of what is left of it (the whole-shard bound shrinks), each
+shard costs the engine its own hand-out, commit and apply. The references run at S shards too, so
+goodput is against the same cut; the cost of the cut shows in the references' clock rates, compared
+across runs. ``--event-at random`` fires each event at a uniform point of a clock (as long as the
+last one) instead of right after a clock's end ("boundary", the default and the first timing): a
+real cluster's joins, retirements and crashes do not wait for dscar's clocks, and a bench whose
+joiners all land at one point of their clock measures that point only.
+
 Usage: ``python -m bench.elastic [--events N] [--kinds join,retire,kill] [--workers W] [--seed S]
-[--quick] [--start-method forkserver|spawn] [--json PATH] [--plot PATH]``; ``python -m bench.elastic --pull-bound [--json PATH]``.
+[--shards S] [--event-at boundary|random] [--quick] [--start-method forkserver|spawn] [--json PATH] [--plot PATH]``; ``python -m bench.elastic --pull-bound [--json PATH]``.
 """
 from __future__ import annotations
 
@@ -96,7 +105,27 @@ N_SHARDS = 12
 #: seconds each shard step sleeps (a clock lasts about N_SHARDS * WORK_S / workers, plus the engine's
 #: own work, some 0.1-0.3 s a clock on this loaded 2-core machine: the floor must dominate it)
 WORK_S = 0.15
+#: a clock's step work, whatever the shard count (``--shards``: finer shards, each ``work_s`` shorter)
+STEP_WORK_S = N_SHARDS * WORK_S
+EVENT_AT = ("boundary", "random")
 SETTLE_S = 60.0  #: longest wait for an event to settle (a worker gone or arrived)
+
+
+def work_s(n_shards: int) -> float:
+    """Seconds each of ``n_shards`` shard steps sleeps: a clock's step work (``STEP_WORK_S``) split evenly,
+    so a run at another shard count differs from the default only in how finely the work is cut."""
+    return STEP_WORK_S / n_shards
+
+
+def event_delay(event_at: str, rng: random.Random, last_clock_s: float) -> float:
+    """Seconds the churn driver waits after a clock's end before its event: none at "boundary" (right
+    after the end, the bench's first timing), a uniform point of a clock as long as the last one at
+    "random" (as a real cluster's joins, retirements and crashes come, unaware of dscar's clocks)."""
+    if event_at == "boundary":
+        return 0.0
+    if event_at != "random":
+        raise ValueError(f"event_at is one of {EVENT_AT}, not {event_at!r}")
+    return rng.uniform(0.0, max(0.0, last_clock_s))
 
 
 def coordinator_of(lc):
@@ -127,11 +156,16 @@ def layout_of(coordinator) -> dict[str, Any] | None:
 class ChurnDriver:
     """Random joins, retirements and kills every few clocks, from a thread (see the module docstring)."""
 
-    def __init__(self, lc, client, kinds: list[str], events: int, workers: int, seed: int):
+    def __init__(self, lc, client, kinds: list[str], events: int, workers: int, seed: int,
+                 event_at: str = "boundary"):
         self.lc, self.client, self.kinds, self.n_events = lc, client, kinds, events
         self.low, self.high = max(1, workers - 1), workers + 1
         self.rng = random.Random(seed)
+        #: where in a clock events come (``event_delay``); its draws have a generator of their own, so
+        #: the kinds drawn for a seed are the same at either timing
+        self.event_at, self.delay_rng = event_at, random.Random(f"{seed}-delay")
         self.clock = 0  #: clocks ended so far
+        self.clock_ends: list[float] = []  #: monotonic time of each clock's end (the last clock's length)
         self.changed = threading.Condition()
         self.done_at: int | None = None  #: the clock after which the last event settled
         self.events: list[dict[str, Any]] = []  #: what the driver did: kind, worker, clock, at, settle_s
@@ -143,6 +177,7 @@ class ChurnDriver:
     def tick(self, clock: int) -> None:
         with self.changed:
             self.clock = clock
+            self.clock_ends = [*self.clock_ends[-1:], time.monotonic()]
             self.changed.notify_all()
 
     def _wait_clock(self, clock: int) -> bool:
@@ -208,6 +243,11 @@ class ChurnDriver:
                 kind = self.choose(len(before), self.n_members())
             if kind is None:
                 return
+            if self.event_at != "boundary":
+                ends = self.clock_ends
+                if self.stop.wait(event_delay(self.event_at, self.delay_rng, ends[-1] - ends[0] if len(ends) > 1 else 0.0)):
+                    return
+                before = self.workers()  # (a join on its way may have arrived: live counts only grow meanwhile)
             rec: dict[str, Any] = {"kind": kind, "clock": self.clock, "at": time.time(), "workers_before": len(before)}
             t0 = time.monotonic()
             if kind == "join":
@@ -262,20 +302,21 @@ def churn_fit(args, tmp: str, t0: float) -> dict[str, Any]:
 
     kinds = args.kinds.split(",")
     clocks = args.events * 15 + 20  # room for the events (2-4 clocks apart, plus settling: a process start) and the tail
-    algo = Churned(clocks, WORK_S)
+    algo = Churned(clocks, work_s(args.shards))
     with LocalCluster(n_workers=args.workers, threads_per_worker=1, processes=True, dashboard_address=None) as lc:
         cl = dscar.connect(lc)
         cl.client.wait_for_workers(args.workers)
         algo.coordinator = coordinator_of(lc)
-        driver = ChurnDriver(lc, cl.client, kinds, args.events, args.workers, args.seed)
+        driver = ChurnDriver(lc, cl.client, kinds, args.events, args.workers, args.seed, args.event_at)
         algo.driver = driver
         threads = [threading.Thread(target=driver.run, daemon=True), threading.Thread(target=driver.sample, daemon=True)]
         for t in threads:
             t.start()
-        log(t0, f"churn fit: {args.events} events of {kinds} on {args.workers} workers")
+        log(t0, f"churn fit: {args.events} events of {kinds} on {args.workers} workers, {args.shards} shards, "
+                f"events at the clock's {args.event_at}")
         t1 = time.time()
         try:
-            res = dscar.fit(algo, {"x": np.arange(float(N_SHARDS))}, cl, n_shards=N_SHARDS, max_clocks=clocks,
+            res = dscar.fit(algo, {"x": np.arange(float(args.shards))}, cl, n_shards=args.shards, max_clocks=clocks,
                             checkpoint=checkpoint_config(tmp), progress=False)
         except Exception:
             log(t0, "the churn fit failed after these events: " + "; ".join(
@@ -292,16 +333,17 @@ def churn_fit(args, tmp: str, t0: float) -> dict[str, Any]:
     return {"res": res, "driver": driver, "start": t1, "end": t2, "ticks": algo.ticks, "layouts": algo.layouts}
 
 
-def reference_fit(n_workers: int, clocks: int, tmp: str) -> dict[str, Any]:
-    """A failure-free fit on ``n_workers`` worker processes: its clock rate (clocks 2.. over their seconds)."""
+def reference_fit(n_workers: int, clocks: int, tmp: str, n_shards: int = N_SHARDS) -> dict[str, Any]:
+    """A failure-free fit on ``n_workers`` worker processes, ``n_shards`` shards: its clock rate (clocks 2..
+    over their seconds)."""
     from distributed import LocalCluster
 
-    algo = Churned(clocks, WORK_S)
+    algo = Churned(clocks, work_s(n_shards))
     with LocalCluster(n_workers=n_workers, threads_per_worker=1, processes=True, dashboard_address=None) as lc:
         cl = dscar.connect(lc)
         cl.client.wait_for_workers(n_workers)
         algo.coordinator = coordinator_of(lc)
-        res = dscar.fit(algo, {"x": np.arange(float(N_SHARDS))}, cl, n_shards=N_SHARDS, max_clocks=clocks,
+        res = dscar.fit(algo, {"x": np.arange(float(n_shards))}, cl, n_shards=n_shards, max_clocks=clocks,
                         checkpoint=checkpoint_config(tmp), progress=False)
     ticks = algo.ticks
     rate = (len(ticks) - 1) / (ticks[-1][0] - ticks[0][0])  # from the first clock's end: no set-up
@@ -555,7 +597,7 @@ def rework(res) -> dict[str, int]:
     return {"skipped_clocks": skipped, "rolled_back_clocks": rolled}
 
 
-def summarize(churn: dict[str, Any], refs: dict[int, dict[str, Any]]) -> dict[str, Any]:
+def summarize(churn: dict[str, Any], refs: dict[int, dict[str, Any]], n_shards: int = N_SHARDS) -> dict[str, Any]:
     res, driver = churn["res"], churn["driver"]
     ticks = churn["ticks"]
     useful = sum(not rec.skipped for rec in res.history[1:])  # from the first clock's end, as the references
@@ -572,6 +614,7 @@ def summarize(churn: dict[str, Any], refs: dict[int, dict[str, Any]]) -> dict[st
     ref_per_clock = statistics.mean(r["per_clock_objective"] for r in refs.values())
     return {
         "events": n_events, "event_kinds": dict(Counter(e["kind"] for e in driver.events)),
+        "shards": n_shards, "step_s": round(work_s(n_shards), 5),
         "unsettled_events": sum(not e["settled"] for e in driver.events), "driver_error": driver.error,
         "clocks": res.n_clocks, "useful_clocks": useful + 1, "fit_s": round(churn["end"] - churn["start"], 2),
         "mean_workers": round(mean_workers, 3), "seconds_at_workers": {n: round(s, 2) for n, s in sorted(seconds_at.items())},
@@ -594,7 +637,7 @@ def summarize(churn: dict[str, Any], refs: dict[int, dict[str, Any]]) -> dict[st
         "lost_by_event": lost_by_event(ticks, driver.live, driver.events, {n: r["rate"] for n, r in refs.items()}),
         "join_phases": join_phases(ticks, driver.live, driver.events, res.events, {n: r["rate"] for n, r in refs.items()}),
         "join_granularity": join_granularity(ticks, driver.live, driver.events, res.events,
-                                             {n: r["rate"] for n, r in refs.items()}, N_SHARDS, WORK_S),
+                                             {n: r["rate"] for n, r in refs.items()}, n_shards, work_s(n_shards)),
         "losses_by_cause": losses_by_cause(res.events, driver.events),
         "layout": layout_vs_reference(ticks, driver.live, churn.get("layouts", []),
                                       {n: r.get("layout") for n, r in refs.items()},
@@ -611,6 +654,7 @@ def format_table(s: dict[str, Any], refs: dict[int, dict[str, Any]]) -> str:
     a = s["audit"]
     rows = [
         ("events (driver)", f"{s['events']} {s['event_kinds']}, unsettled {s['unsettled_events']}"),
+        ("shards", f"{s['shards']} of {s['step_s']} s a step"),
         ("clocks / useful", f"{s['clocks']} / {s['useful_clocks']}"),
         ("mean live workers", f"{s['mean_workers']} (seconds at each: {s['seconds_at_workers']})"),
         ("clock rate", f"{s['clock_rate']} /s; failure-free at the same workers {s['expected_rate']} /s"),
@@ -785,6 +829,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--kinds", default="join,retire,kill", help="comma-separated event kinds: join, retire, kill")
     ap.add_argument("--workers", type=int, default=3, help="live workers at the start (kept within +-1)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--shards", type=int, default=N_SHARDS,
+                    help=f"shards of the fits (default {N_SHARDS}); a clock's step work stays {STEP_WORK_S:g} s, cut finer")
+    ap.add_argument("--event-at", choices=EVENT_AT, default="boundary",
+                    help="where in a clock events come: right after a clock's end (default, the first timing), "
+                         "or at a uniform point of it (random)")
     ap.add_argument("--quick", action="store_true", help="a few events (< 2 min)")
     ap.add_argument("--start-method", choices=("forkserver", "spawn"), default="forkserver",
                     help="how worker processes start (default forkserver, as dscar's embedded cluster; spawn: Dask's default)")
@@ -795,6 +844,8 @@ def main(argv: list[str] | None = None) -> int:
                          "(time per clock and rows served per owner before the join, after it, and once it owns partitions)")
     args = ap.parse_args(argv)
     bad = [k for k in args.kinds.split(",") if k not in KINDS]
+    if args.shards < args.workers + 1:
+        ap.error(f"--shards must be at least --workers + 1 ({args.workers + 1}): one shard a worker at the most live")
     if bad or args.workers < 2:
         ap.error(f"unknown kinds {bad} (known: {', '.join(KINDS)})" if bad else "--workers must be at least 2")
     if args.events is None:
@@ -831,19 +882,19 @@ def run(args, t0: float) -> int:
     runs = []
     for n in counts:  # references before the churn fit and after it, in the reverse order (interleaved)
         log(t0, f"failure-free reference on {n} workers (before)")
-        runs.append(reference_fit(n, ref_clocks, os.path.join(tmp, f"ref{n}a")))
+        runs.append(reference_fit(n, ref_clocks, os.path.join(tmp, f"ref{n}a"), args.shards))
     churn = churn_fit(args, os.path.join(tmp, "churn"), t0)
     for n in reversed(counts):
         log(t0, f"failure-free reference on {n} workers (after)")
-        runs.append(reference_fit(n, ref_clocks, os.path.join(tmp, f"ref{n}b")))
+        runs.append(reference_fit(n, ref_clocks, os.path.join(tmp, f"ref{n}b"), args.shards))
     refs = merge_references(runs)
-    s = summarize(churn, refs)
+    s = summarize(churn, refs, args.shards)
     load = load_average()
     print(format_table(s, refs))
     print(f"load average {load}")
     if args.json:
         write_json(args.json, {"quick": args.quick, "kinds": args.kinds.split(","), "workers": args.workers,
-                               "seed": args.seed, "summary": s, "references": refs,
+                               "seed": args.seed, "shards": args.shards, "event_at": args.event_at, "summary": s, "references": refs,
                                "driver_events": churn["driver"].events, "load_average": load, "machine": info,
                                # what the figures are computed from, to look again: clock ends, live-count samples
                                "ticks": churn["ticks"], "live": churn["driver"].live,

@@ -129,6 +129,34 @@ def test_the_driver_keeps_the_worker_count_within_one_of_the_start_and_covers_ev
     assert d.choose(2, 4) is None  # 2 live and 2 joins on their way: wait for them
 
 
+def test_finer_shards_cut_the_same_step_work_per_clock():
+    assert elastic.work_s(elastic.N_SHARDS) == elastic.WORK_S
+    for n in (12, 24, 48):
+        assert n * elastic.work_s(n) == pytest.approx(elastic.STEP_WORK_S)
+
+
+def test_events_come_right_after_a_clock_s_end_or_at_a_uniform_point_of_a_clock():
+    import random
+
+    rng = random.Random(0)
+    assert elastic.event_delay("boundary", rng, 0.6) == 0.0
+    delays = [elastic.event_delay("random", rng, 0.6) for _ in range(2000)]
+    assert all(0.0 <= d <= 0.6 for d in delays)
+    assert min(delays) < 0.05 and max(delays) > 0.55 and abs(sum(delays) / len(delays) - 0.3) < 0.03  # uniform
+    assert elastic.event_delay("random", rng, 0.0) == 0.0  # no clock measured yet
+    with pytest.raises(ValueError, match="event_at"):
+        elastic.event_delay("midway", rng, 0.6)
+
+
+def test_the_timing_of_events_draws_apart_from_their_kinds():
+    """The same seed draws the same kinds whether events come at a clock's end or at a random point of it."""
+    a = elastic.ChurnDriver(None, None, list(elastic.KINDS), 9, 3, seed=4)
+    b = elastic.ChurnDriver(None, None, list(elastic.KINDS), 9, 3, seed=4, event_at="random")
+    for _ in range(3):
+        elastic.event_delay(b.event_at, b.delay_rng, 0.5)
+    assert [a.choose(3) for _ in range(6)] == [b.choose(3) for _ in range(6)]
+
+
 def test_a_kind_not_allowed_now_stays_in_its_round_so_four_events_cover_every_kind():
     """The quick run's 4 events once had no kill: a retirement left 2 live while a join was on its way,
     the kill was not allowed then, and its round was dropped for a new one. Here joins arrive two

@@ -24,6 +24,21 @@ So the rule (``shards_per_worker``):
   fewer rows than workers).
 
 An explicit ``n_shards`` always wins: this module is consulted only without one.
+
+Membership churn does not change the rule (issue 41, measured). A worker that joins mid-clock takes
+whole shards of what is left of the clock, so its landing clock loses, beside work that could be
+split at will, about a third of a step when it arrives at a random point (``bench.elastic``'s
+``join_granularity``: 0.029 s a join at 0.15 s steps with ``--event-at random``; 0.046-0.056 s when
+every join lands at one early point of its clock). Finer shards shrink that loss with the step,
+but each one costs its hand-out, commit and apply every clock: on 3 worker processes of a 2-core
+machine, the same 1.8 s of step work a clock cut into 48 shards instead of 12 took 0.015-0.027 s
+more a clock (0.4-0.75 ms a shard), 24 instead of 12 nothing measurable on a loaded machine. They
+pay when the joins a clock times the loss they lift exceeds their cost: at the benchmark's churn (an
+event every 3.7 clocks, half of them joins: 0.13 joins a clock), 24 shards instead of 12 would lift
+about 0.13 x 0.015 = 0.002 s a clock at a cost of up to 12 x 0.5 ms = 0.006 s; a churn run at 24
+shards measured no gain (clock rate 1.157 /s against 1.197 /s at 12, both at load 6-10). A cluster
+whose membership changed every clock or two would want finer shards; dscar does not know a cluster's
+churn before a fit, and no fit re-cuts its data during one.
 """
 from __future__ import annotations
 
