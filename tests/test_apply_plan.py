@@ -44,15 +44,20 @@ def _deliveries(plan: ApplyPlan, stagers: dict, owners: dict) -> dict[str, list]
 
 
 workers_st = st.integers(1, 40)
+#: every partition of ``TABLES``
+PARTS = [(t, p) for t, k in TABLES.items() for p in range(k)]
+
+
+def _workers_and_owners(draw) -> tuple[list[str], dict[str, list]]:
+    """1-40 workers and each one's partitions of ``TABLES`` (each partition owned by one drawn worker)."""
+    ws = [f"w{i:03d}" for i in range(draw(workers_st))]
+    owner_of = {part: draw(st.sampled_from(ws)) for part in PARTS}
+    return ws, {w: [p for p, o in owner_of.items() if o == w] for w in ws}
 
 
 @st.composite
 def passes(draw):
-    n = draw(workers_st)
-    ws = [f"w{i:03d}" for i in range(n)]
-    parts = [(t, p) for t, k in TABLES.items() for p in range(k)]
-    owner_of = {part: draw(st.sampled_from(ws)) for part in parts}
-    owners = {w: [p for p, o in owner_of.items() if o == w] for w in ws}
+    ws, owners = _workers_and_owners(draw)
     stagers, touched, clock = {}, {}, 3
     shard = 0
     for w in ws:
@@ -128,17 +133,13 @@ def test_fanin_below_two_is_refused():
 @st.composite
 def passes_with_inline(draw):
     """A pass where each key's updates reach known partitions and some keys rode their commits."""
-    n = draw(workers_st)
-    ws = [f"w{i:03d}" for i in range(n)]
-    parts = [(t, p) for t, k in TABLES.items() for p in range(k)]
-    owner_of = {part: draw(st.sampled_from(ws)) for part in parts}
-    owners = {w: [p for p, o in owner_of.items() if o == w] for w in ws}
+    ws, owners = _workers_and_owners(draw)
     stagers, reach, inline = {}, {}, {}
     for i, w in enumerate(ws):
         for j in range(draw(st.integers(0, 3))):
             key = (3, i * 4 + j, 0)
             stagers.setdefault(w, []).append(key)
-            reach[key] = sorted(draw(st.sets(st.sampled_from(parts), max_size=4)))
+            reach[key] = sorted(draw(st.sets(st.sampled_from(PARTS), max_size=4)))
             if draw(st.booleans()):
                 inline[key] = reach[key]
     touched: dict = {}
