@@ -14,9 +14,8 @@ import dscar
 from dscar.algorithms.datasets import make_regression
 from dscar.algorithms.lasso import LassoCD
 from dscar.scheduler.coordinator import PLUGIN_NAME
-from dscar.core.elastic import (adaptive_target, connect_ahead, handoff_plan, handoff_targets, join_plan, retirable,
-                           setting_up, shard_handoff_plan, ssp_leave_step, workers_wanted)
-from dscar.worker.plugin import PLUGIN_NAME as WORKER_PLUGIN
+from dscar.core.elastic import (adaptive_target, handoff_plan, handoff_targets, join_plan, retirable, setting_up,
+                           shard_handoff_plan, ssp_leave_step, workers_wanted)
 from dscar.errors import InvalidInputError
 from bench.worker_models import CHECK_KEYS, ExactlyOnce, check_final
 
@@ -31,16 +30,6 @@ def test_a_job_wants_one_worker_per_shard_capped_by_the_user_setting():
         workers_wanted(5, -1)
     with pytest.raises(ValueError, match="at least one shard"):
         workers_wanted(0)
-
-
-def test_a_joiner_connects_ahead_to_the_owners_then_the_shard_holders_each_once_and_at_most_a_few():
-    owners = ["b", "a", "b", "j"]
-    holders = ["c", None, "a", "d", "j"]
-    assert connect_ahead(owners, holders, "j") == ["b", "a", "c", "d"]  # owners first; never itself or None
-    assert connect_ahead(owners, holders, "j", limit=3) == ["b", "a", "c"]
-    assert connect_ahead([], [None], "j") == []
-    many = [f"w{i}" for i in range(1000)]
-    assert len(connect_ahead(many, many, "j")) == 32  # a thousand workers: a bounded number of connects
 
 
 def test_adaptive_is_told_the_larger_of_its_own_target_and_the_jobs_wants():
@@ -404,10 +393,6 @@ def test_a_worker_added_mid_fit_owns_partitions_at_the_boundary_after_its_copy_a
         assert [e["worker"] for e in ready] == [new]
         assert any(new in r.shards_per_worker for r in res.history)  # it ran shards
         assert algo.pulls_served  # and served the pulls of the partitions it owns
-        # it and the owners it joined connected to each other while it warmed up, ahead of their first messages
-        servers = {w.address: w.plugins[WORKER_PLUGIN] for w in lc.workers.values()}
-        assert servers[new].connected_ahead == set(servers) - {new}
-        assert all(new in s.connected_ahead for w, s in servers.items() if w != new)
         kinds = {e["kind"] for e in res.events}
         assert not {"worker-lost", "recovery-started", "partition-restored", "rollback"} & kinds
         np.testing.assert_allclose([r.metrics["objective"] for r in res.history],

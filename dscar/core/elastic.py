@@ -105,28 +105,6 @@ def handoff_targets(staying: Iterable[str], fresh: Container[str]) -> list[str]:
     return [w for w in stay if w not in fresh] or stay
 
 
-#: most peers a joiner opens connections with while it warms up (``connect_ahead``): a worker's pool
-#: to its peers keeps 64 (``dscar.worker.plugin``), and at a thousand workers a joiner must not open a
-#: thousand connections, nor have a thousand peers each open one to it
-CONNECT_AHEAD_MAX = 32
-
-
-def connect_ahead(owners: Iterable[str], holders: Iterable[str | None], joiner: str,
-                  limit: int = CONNECT_AHEAD_MAX) -> list[str]:
-    """The peers a ``joiner`` connects with while it warms up, both ways, so that neither its first
-    steps nor the clock's apply pay a connection's set-up on the clock's barrier: the partition owners
-    (its first step pulls from them, and at the apply each fetches its staged updates from it), then
-    the shard holders (its first shards' data and state are fetched from them); each once, not the
-    joiner, at most ``limit`` (owners first, then in order of appearance)."""
-    out: list[str] = []
-    for w in [*owners, *holders]:
-        if w is not None and w != joiner and w not in out:
-            out.append(w)
-            if len(out) == limit:
-                break
-    return out
-
-
 def join_plan(owners: Mapping[tuple[str, int], str], rows: Mapping[tuple[str, int], int],
               joined: Iterable[str]) -> dict[tuple[str, int], str]:
     """Partitions that move to the ``joined`` workers (who own nothing yet): while moving one lowers

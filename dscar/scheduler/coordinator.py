@@ -52,8 +52,8 @@ from ..core.apply_plan import (DIRECT_PER_WORKER, FANIN, ApplyPlan, apply_receiv
 from ..checkpoint import CheckpointConfig
 from ..comm import fast_fail_pool
 from ..core import active_set
-from ..core.elastic import (adaptive_target, connect_ahead, handoff_plan, handoff_targets, join_plan, retirable,
-                            setting_up, shard_handoff_plan, workers_wanted)
+from ..core.elastic import (adaptive_target, handoff_plan, handoff_targets, join_plan, retirable, setting_up,
+                            shard_handoff_plan, workers_wanted)
 from ..errors import JobFailedError, RefusedCallError
 from ..inflight import Inflight, resolve, timed_wait
 from ..core.job import ApplyPass, BeginClock, Checkpoint, JobConfig, JobState, Mirror, RestartWorker, StartRecovery
@@ -436,21 +436,13 @@ class Coordinator(SchedulerPlugin):
 
     async def _prepare_joiner(self, job_id: str, worker: str) -> None:
         """A worker joined mid-fit: it installs the job and loads the kernels (``warm_up``) before it
-        is handed work, so its first shard does not hold the clock's barrier, and meanwhile it and
-        the peers it will talk to first connect to each other (``elastic.connect_ahead``: the first
-        pulls and the apply's fetches from it would pay the connects on the barrier); then, under
-        BSP, the partitions it should take are copied to it while clocks run (``_copy_to_joiner``)."""
+        is handed work, so its first shard does not hold the clock's barrier; then, under BSP, the
+        partitions it should take are copied to it while clocks run (``_copy_to_joiner``)."""
         t0 = time.perf_counter()
         preparing = self._preparing.setdefault(job_id, set())
         preparing.add(worker)
-        job = self.jobs.get(job_id)
-        peers = [] if job is None else connect_ahead(
-            job.pmap.owners.values(), (job.queue.holder(s) for s in range(job.queue.n_shards)), worker)
-        peers = [w for w in peers if w in self.scheduler.workers]
-        for w in peers:  # (each answers when connected: nothing waits for it)
-            self._background(self._connect_quietly(w, job_id, worker))
         try:
-            await self._rpc(worker, "warm_up", timeout=WARM_UP_TIMEOUT_S, job_id=job_id, peers=peers)
+            await self._rpc(worker, "warm_up", timeout=WARM_UP_TIMEOUT_S, job_id=job_id)
         except Exception as e:  # noqa: BLE001 - gone (its loss is handled as any), or slow: it works unwarmed
             logger.info("dscar: joiner %s did not warm up for job %s: %r", worker, job_id, e)
         finally:
@@ -462,14 +454,6 @@ class Coordinator(SchedulerPlugin):
         job.event(time.time(), "worker-ready", worker=worker, seconds=round(time.perf_counter() - t0, 4))
         if job.consistency == "bsp":
             await self._copy_to_joiner(job, worker)
-
-    async def _connect_quietly(self, peer: str, job_id: str, joiner: str) -> None:
-        """``peer`` connects to ``joiner`` ahead of its first message (``_prepare_joiner``); a peer gone
-        or slow meanwhile changes nothing: the first message connects then."""
-        try:
-            await self._rpc(peer, "connect", job_id=job_id, peers=[joiner])
-        except Exception as e:  # noqa: BLE001 - only a head start was lost
-            logger.debug("dscar: %s did not connect ahead to joiner %s: %r", peer, joiner, e)
 
     async def _copy_to_joiner(self, job: JobState, worker: str) -> None:
         """Copy to a joiner, while clocks run, the partitions that moving to it lowers the largest

@@ -33,7 +33,6 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import Iterable
 from concurrent.futures import Future
 from types import ModuleType
 from typing import Any, Callable
@@ -110,8 +109,6 @@ class ParamServer(WorkerPlugin):
         #: worker-to-worker messages of attempts: a short connect timeout, so a dead peer fails fast
         self.peers = fast_fail_pool(worker.connection_args, server=worker, limit=64)
         self._peers_started = asyncio.ensure_future(self.peers.start())
-        #: peers this worker connected to ahead of its first message to them (``_connect_ahead``)
-        self.connected_ahead: set[str] = set()
         #: messages waiting for a peer's answer (they fail at once when it is lost)
         self._inflight = Inflight()
         #: (job, pass tag) -> the answer of this worker's combine step of that pass (``_combine``),
@@ -161,8 +158,6 @@ class ParamServer(WorkerPlugin):
             # liveness, peers, keys
             "info": self._h_info, "stack": self._h_stack, "peer_lost": self._h_peer_lost,
             "peer_joined": self._h_peer_joined, "confirm_key": self._h_confirm_key,
-            # a joiner's peers connect to it ahead of their first message (``_connect_ahead``)
-            "connect": self._h_connect,
         }
 
     def teardown(self, worker) -> None:
@@ -344,40 +339,15 @@ class ParamServer(WorkerPlugin):
         return await getattr(self.worker.scheduler, handler_name(op))(key=self.key, **self._signed(kw))
 
     # ------------------------------------------------------------- handlers
-    async def _h_warm_up(self, job_id: str, peers: list = ()) -> dict:
+    async def _h_warm_up(self, job_id: str) -> dict:
         """Load the algorithm's kernels before clock 1, off the event loop (a compile may take
-        seconds, and heartbeats must flow), and meanwhile connect to ``peers`` (``_connect_ahead``).
-        A job that ended before its joiner warmed up is no fault."""
+        seconds, and heartbeats must flow). A job that ended before its joiner warmed up is no fault."""
         try:
             job = await self._ajob(job_id)
         except JobFailedError as e:
             return {"status": "ended", "error": str(e)}
-        await asyncio.gather(asyncio.to_thread(job.algorithm.warm_up, job.xp), self._connect_ahead(peers))
+        await asyncio.to_thread(job.algorithm.warm_up, job.xp)
         return {"status": "OK"}
-
-    async def _h_connect(self, job_id: str, peers: list) -> dict:
-        """Connect to ``peers`` (a joiner of job ``job_id``) before the first message to them."""
-        await self._connect_ahead(peers)
-        return {"status": "OK"}
-
-    async def _connect_ahead(self, peers: Iterable[str]) -> None:
-        """Open a pooled connection to each of ``peers`` that has none, so the first message to it
-        (a joiner's first pulls, an apply's fetch of its staged updates) does not pay the connect and
-        handshake on a clock's barrier (``elastic.connect_ahead`` says with whom). A peer that cannot
-        be reached is left to the message that needs it."""
-        await self._peers_started
-
-        async def one(address: str) -> None:
-            if address == self.worker.address or self.peers.available.get(address):
-                return
-            try:
-                comm = await self.peers.connect(address)
-            except (OSError, asyncio.TimeoutError, RuntimeError):
-                return
-            self.peers.reuse(address, comm)
-            self.connected_ahead.add(address)
-
-        await asyncio.gather(*(one(a) for a in peers))
 
     async def _h_init(self, job_id: str, parts: list) -> dict:
         """Create this worker's partitions from the algorithm's initial values, in a thread: a model's
