@@ -247,6 +247,7 @@ class ShardRunner:
         try:
             job = self.host.job(item["job"])
             self._prepare(job, item)
+            n_parts = {t: lay.n_parts for t, lay in job.layouts.items()}
             voided = None
             for i, a in enumerate(attempts):
                 with self._lock:
@@ -269,11 +270,13 @@ class ShardRunner:
                 if done is not None:
                     timings, staged[a["shard"], a["clock"]], moved = done
                     ups = staged[a["shard"], a["clock"]]
-                    inline = inline_updates(ups, job.inline_bytes)
+                    touched = touched_parts(ups, n_parts)
+                    # (updates to partitions owned here only are applied here: nothing to send, nothing to fetch)
+                    inline = None if owned_here(touched, job.owners, self.host.address, n_parts) \
+                        else inline_updates(ups, job.inline_bytes)
                     # (inline updates go to their owners whole: they need no partitions in the commit)
-                    commits.append(Finished(a["shard"], a["attempt"], a["clock"], timings, None if inline is not None
-                                            else touched_parts(ups, {t: lay.n_parts for t, lay in job.layouts.items()}),
-                                            moved, inline))
+                    commits.append(Finished(a["shard"], a["attempt"], a["clock"], timings,
+                                            None if inline is not None else touched, moved, inline))
         except _Stopped:
             return None
         except Exception as e:  # the job is unknown here: every attempt failed
@@ -1024,6 +1027,14 @@ class ClockEnd:
         self._small = None
 
 
+
+
+def owned_here(touched: dict[str, list[int] | None], owners: dict[tuple[str, int], str], me: str,
+               n_parts: dict[str, int]) -> bool:
+    """Whether every partition an attempt's updates touched (``touched_parts``: None, every partition of
+    the table) is owned by ``me``: then its updates stay staged, as larger ones do (its own apply adds
+    them; no owner fetches them), and packing them for its commit would be work for nothing."""
+    return all(owners.get((t, p)) == me for t, ps in touched.items() for p in (range(n_parts[t]) if ps is None else ps))
 
 
 def inline_updates(staged: list, limit: int = INLINE_BYTES) -> list | None:
