@@ -31,6 +31,12 @@ class ApplyPass:
     #: worker's apply message; it answers the apply with the clock end's outcome (None: not folded)
     clock_end: dict | None = None
 
+    def attempt_keys(self) -> list[tuple[tuple[int, int, int, int], str]]:
+        """``((run, clock, shard, attempt), worker)`` of each committed attempt: the key its commit's
+        touched partitions and inline updates are kept under, and the worker that staged it."""
+        clocks = self.clocks or [self.clock] * len(self.committed)
+        return [((int(self.run_id), int(c), int(s), int(a)), w) for (s, a, w), c in zip(self.committed, clocks)]
+
 
 @dataclass(frozen=True)
 class StartRecovery:

@@ -1327,8 +1327,7 @@ class Coordinator(SchedulerPlugin):
         inline = self._inline.get(job_id, {})
         merged: dict[str, dict] = {}
         unknown: set[str] = set()
-        for (shard, attempt, worker), clock in zip(e.committed, e.clocks or [e.clock] * len(e.committed)):
-            key = (int(e.run_id), int(clock), int(shard), int(attempt))
+        for key, worker in e.attempt_keys():
             if key in inline:
                 continue
             parts = touched.pop(key, None)
@@ -1347,11 +1346,10 @@ class Coordinator(SchedulerPlugin):
         stagers: dict[str, list] = {}
         held = self._inline.get(job.cfg.job_id, {})
         inline: dict[tuple, list] = {}
-        for (shard, attempt, worker), clock in zip(e.committed, e.clocks or [e.clock] * len(e.committed)):
-            key = (int(clock), int(shard), int(attempt))
-            stagers.setdefault(worker, []).append(key)
-            if (int(e.run_id),) + key in held:
-                inline[key] = list(held[(int(e.run_id),) + key])
+        for key, worker in e.attempt_keys():
+            stagers.setdefault(worker, []).append(key[1:])  # ((clock, shard, attempt): as the workers stage it)
+            if key in held:
+                inline[key[1:]] = list(held[key])
         live = set(targets)
         owners: dict[str, list] = {w: [] for w in targets}
         for part, w in job.pmap.owners.items():
@@ -1407,8 +1405,8 @@ class Coordinator(SchedulerPlugin):
         finally:
             applying.remove(int(e.run_id))
             held = self._inline.get(job_id, {})
-            for (shard, attempt, _), clock in zip(e.committed, e.clocks or [e.clock] * len(e.committed)):
-                held.pop((int(e.run_id), int(clock), int(shard), int(attempt)), None)
+            for key, _ in e.attempt_keys():
+                held.pop(key, None)
             oldest = min(applying, default=int(e.run_id))
             for key in [k for k in held if k[0] < min(oldest, int(e.run_id))]:
                 del held[key]
