@@ -250,13 +250,30 @@ def _how_the_worker_started() -> dict:
 def test_embedded_workers_are_forked_from_a_server_that_imported_dscar_once():
     """Worker processes of the embedded cluster fork from a forkserver that preloaded dscar's models,
     not from a fresh interpreter each (a fresh one imports them in 1.5-2 s of CPU per worker), and run
-    without Dask's stack sampler (``EMBEDDED_CONFIG``: an idle cluster's background work)."""
-    with dscar.Cluster(n_workers=2) as cl:
+    without Dask's stack sampler (``EMBEDDED_CONFIG``: an idle cluster's background work) -- a worker
+    added by ``Cluster.scale`` after the start too (it used to run with Dask's defaults)."""
+    with dscar.Cluster(n_workers=1) as cl:
+        cl.scale(2)
+        cl.wait_for_workers(2, timeout=60)
         got = cl.client.run(_how_the_worker_started)
-    assert not any(g["profiler"] for g in got.values()), got
+    assert len(got) == 2 and not any(g["profiler"] for g in got.values()), got
     assert all(g["models_imported"] for g in got.values()), got  # no job ran: the forkserver imported them
     parents = {g["parent"] for g in got.values()}
     assert len(parents) == 1 and os.getpid() not in parents, got  # one forkserver, not this process
+
+
+def test_only_the_embedded_cluster_is_scaled_by_dscar():
+    """``Cluster.scale`` scales the cluster dscar started; a cluster it was given is scaled where it
+    was made (dscar holds no handle on its workers' specs), and a bad count is refused first."""
+    from distributed import LocalCluster
+
+    with LocalCluster(n_workers=1, processes=False, threads_per_worker=1, dashboard_address=":0") as lc:
+        with dscar.connect(lc) as cl:
+            with pytest.raises(dscar.InvalidInputError, match="n"):
+                cl.scale(-1)
+            with pytest.raises(dscar.ClusterError, match="did not start"):
+                cl.scale(2)
+            assert len(cl.workers) == 1
 
 
 def test_an_embedded_worker_restarted_by_its_nanny_forks_too_and_the_method_is_given_back():

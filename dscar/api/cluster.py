@@ -208,6 +208,8 @@ class Cluster:
                 config = {"distributed.scheduler.worker-ttl": worker_ttl, **EMBEDDED_CONFIG,
                           **(forkserver_config() if processes else {}),
                           **{f"distributed.nanny.pre-spawn-environ.{k}": v for k, v in WORKER_MALLOC_ENV.items()}}
+                if processes:  # each nanny hands its worker these, a worker started by ``scale`` too
+                    extra["config"] = EMBEDDED_CONFIG
                 hold_start_method(self, config)
                 try:
                     with dask.config.set(config):
@@ -260,6 +262,18 @@ class Cluster:
                 raise ClusterError(f"the cluster has {len(ws)} worker(s); needed {n} within {timeout:.0f}s")
             time.sleep(0.1)
         return ws
+
+    def scale(self, n: int) -> None:
+        """Ask the embedded cluster for ``n`` workers (``LocalCluster.scale``), not waited for: a fit
+        running on it takes a joiner's shards and moves partitions to it. Workers started this way
+        run under the same settings as the first (``EMBEDDED_CONFIG``, the forkserver)."""
+        from ..validation import integer
+
+        n = integer("n", n, 0)
+        started = [obj for obj in self._owned if isinstance(obj, LocalCluster)]
+        if not started:
+            raise ClusterError("this dscar.Cluster did not start its Dask cluster: scale it where it was started")
+        started[0].scale(n)
 
     @property
     def memory_limit(self) -> float | None:
