@@ -190,7 +190,6 @@ def test_processes_lasso_and_exactly_once_over_tcp(procs):
 
 def test_partitions_live_on_their_owners_and_pull_push_between_processes(procs):
     """Drive the data plane directly: init, stage, apply (collecting staged updates) and pull across processes."""
-    from distributed.protocol import to_serialize
     from distributed.protocol.pickle import dumps
 
     from dscar.algorithm import DataMeta, TableSpec
