@@ -406,9 +406,11 @@ class Dispatch:
         if members:
             index.batched[worker] = members
             index.changed(worker)
+            self._mark(worker)
         else:  # (its index entries go stale, and are dropped when read)
             index.batched.pop(worker, None)
-        self._mark(worker)
+            if worker in self._marked:  # (most hand-outs: its earlier members have all started)
+                self._mark(worker)
         if self._track_started:  # (every hand-out ends here: it pays for its own changes of the index)
             self.job.queue.settle_started()
 
