@@ -328,11 +328,8 @@ class BspSchedule:
             self.started.add(worker)
             if a.fetch_from is None and not a.backup:  # more of the worker's own shards, while steps are short
                 size = job.dispatch.batch_size(worker)
-                while len(batch) < size:
-                    b = job.queue.next_shard(worker, now, local_only=True)
-                    if b is None:
-                        break
-                    batch.append(b)
+                if size > 1:
+                    batch += job.queue.take_own(worker, now, size - 1)
             job.dispatch.set_batched(worker, [(b.shard, b.attempt) for b in batch[1:]])  # its earlier items are done
             if m.stage is not _REBUILD:
                 job.dispatch.running_items[worker] = (now, len(batch))
@@ -748,8 +745,7 @@ class SspSchedule:
             size = dispatch.batch_size(worker)
             if size > 1:
                 for c in clocks:
-                    while len(batch) < size and (b := queue.next_shard(worker, now, local_only=True, tier=c)):
-                        batch.append(b)
+                    batch += queue.take_own(worker, now, size - len(batch), c)
                     if len(batch) >= size:
                         break
         # its earlier items are done

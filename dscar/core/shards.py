@@ -460,6 +460,17 @@ class ShardQueue:
             return None
         return self._start(max(ids), worker, now, key, ids)
 
+    def take_own(self, worker: str, now: float, n: int, tier: int = 0) -> list[Attempt]:
+        """Start attempts of up to ``n`` of the TODO shards of ``tier`` that ``worker`` holds, the lowest ids
+        first: ``next_shard(worker, now, local_only=True, tier=tier)`` called until it finds none or ``n``
+        started, in one call (a batch's members)."""
+        key = (tier, worker)
+        local = self._local.get(key)
+        if not local or n < 1:
+            return []
+        ids = [min(local)] if n == 1 else sorted(local) if n >= len(local) else heapq.nsmallest(n, local)
+        return [self._start(i, worker, now, key, local) for i in ids]
+
     def _start(self, shard: int, worker: str, now: float, key: tuple[int, str | None], bucket: set[int]) -> Attempt:
         """The first attempt of TODO ``shard`` starts on ``worker``; ``bucket`` is the ``_local`` set that
         holds it, at ``key`` (its tier and holder)."""
