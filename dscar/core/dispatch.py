@@ -241,11 +241,6 @@ class Dispatch:
         self.last_seen: dict[str, float] = {}
         #: what the policies see (``view``: built once, then told the clock, the time and the asker at each view)
         self._view: ControllerView | None = None
-        #: worker -> its ``batch_size``, while what that follows from is as ``_sizes_of`` says (the monitor
-        #: and its version, the live workers' number, the queue and its phase): every hand-out asks, and
-        #: the step times it reads change far less often
-        self._sizes: dict[str, int] = {}
-        self._sizes_of: tuple = ()
 
     @property
     def batched(self) -> dict[str, list[tuple[int, int]]]:
@@ -359,18 +354,6 @@ class Dispatch:
         A batch does not pin its shards: members not started yet are released to an idle worker
         (``releasable``), so dynamic sharding still moves work away from a worker that suddenly slows
         down."""
-        job = self.job
-        monitor, queue = job.monitor, job.queue
-        of = (monitor, monitor.version, len(job.workers), queue, queue.phase)
-        if of != self._sizes_of:
-            self._sizes_of, self._sizes = of, {}
-        size = self._sizes.get(worker)
-        if size is None:
-            size = self._sizes[worker] = self._batch_size(worker)
-        return size
-
-    def _batch_size(self, worker: str) -> int:
-        """``batch_size``, worked out."""
         step = self.job.monitor.mean_step(worker)
         if step is None:
             return 1
@@ -472,6 +455,12 @@ class Dispatch:
         for (shard, attempt, _, _, fetch_from, backup), ssp in zip(batch, fields):
             if not one_phase:
                 phase = phases[queue.phase_of(shard)] or None
+            if ssp is not None and not restore:  # (an SSP member whose fields are all set: one dict, in key order)
+                clock, seen, mine = ssp
+                if clock is not None and seen is not None and mine is not None:
+                    members.append({"shard": shard, "attempt": attempt, "fetch_from": fetch_from, "backup": backup,
+                                    "phase": phase, "clock": clock, "seen": seen, "mine": mine})
+                    continue
             m = {"shard": shard, "attempt": attempt, "fetch_from": fetch_from, "backup": backup, "phase": phase}
             if restore and (state_file := restore.get(shard)) is not None:
                 m["state_file"] = state_file

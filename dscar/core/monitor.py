@@ -93,9 +93,6 @@ class ThroughputMonitor:
         #: ``median_step()`` since ``_by_step`` last changed (False: not known): an idle poll asks the
         #: backup policy, which asks it, far more often than a worker's mean step changes
         self._median: float | None | bool = False
-        #: raised whenever a worker's typical step time changes (and so the speeds' sum, the slowest and
-        #: the median): what is derived from those may be kept until it changes (``Dispatch.batch_size``)
-        self.version = 0
 
     def record(self, worker: str, step_s: float) -> None:
         step_s = float(step_s)
@@ -117,7 +114,6 @@ class ThroughputMonitor:
 
     def _set_mean(self, worker: str, mean: float | None) -> None:
         self._median = False
-        self.version += 1
         old = self._mean.pop(worker, None)
         if old is not None:
             del self._by_step[bisect.bisect_left(self._by_step, old)]  # (a copy of ``old``: any one is)
