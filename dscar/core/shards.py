@@ -492,15 +492,20 @@ class ShardQueue:
         if holder is not None:
             tier = key[0]
             sizes = self._by_size[tier]
-            same = sizes[n + 1]
-            same.discard(holder)
-            if not same:
+            same = sizes[n + 1]  # (``LastNameSet.discard`` and ``add``, inline)
+            names = same._names
+            names.discard(holder)
+            if holder == same._last:
+                same._last = None
+            if not names:
                 del sizes[n + 1]
             if n:
                 same = sizes.get(n)
                 if same is None:
                     same = sizes[n] = LastNameSet()
-                same.add(holder)
+                same._names.add(holder)
+                if same._last is not None and holder > same._last:
+                    same._last = holder
             elif not sizes:
                 del self._by_size[tier]
         if not n:
