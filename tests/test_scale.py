@@ -17,7 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from bench.scale import scenario
-from bench.sim import Sim, simulate
+from bench.sim import Sim
 from dscar.core.monitor import ThroughputMonitor
 from dscar.core.partitions import PartitionMap, TableLayout
 

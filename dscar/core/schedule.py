@@ -775,14 +775,15 @@ class SspSchedule:
     def idle(self, worker: str, now: float) -> list[Effect]:
         """``worker`` found nothing to do: apply the commits waiting (their shards' next clocks may
         be what it could run)."""
-        if not self.handing_out or worker in self.job.losses.lost:
+        if not self.begun or self.window.recovering or worker in self.job.losses.lost:  # (``handing_out``, inline)
             return []
         actions = self.window.flush()
         # (mostly too few commits wait for a batch: no action, no shard moved back, nothing to carry out)
         return self._carry(actions, now) if actions or self.window.moved_any else []
 
     def releasable(self, asker: str) -> tuple[str, list[tuple[int, int]]] | None:
-        if not self.handing_out or self.window.any_startable():
+        w = self.window
+        if not self.begun or w.recovering or w.any_startable():  # (``handing_out``, inline: every idle poll asks)
             return None
         return self.job.dispatch.ask_back(asker)
 
