@@ -48,7 +48,7 @@ from collections import Counter, defaultdict, deque
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from dscar.core.apply_plan import plan_apply, shard_ranges
+from dscar.core.apply_plan import plan_apply, rides_commit, shard_ranges
 from dscar.checkpoint import CheckpointConfig
 from dscar.core.clock import Stage
 from dscar.core.job import ApplyPass, Checkpoint, JobConfig, JobState, Mirror, RestartWorker, StartRecovery
@@ -95,6 +95,11 @@ class SimConfig:
     #: decision ~0.3 us more than a list's (SSP's window reads its shards often: ~14 us per grant+commit
     #: at W = 256, BSP ~3.5), so ``bench.scale`` times a run without them and counts in another
     count_reads: bool = True
+    #: bytes of an attempt's staged updates, spread over every partition (None: not modelled: every update is
+    #: fetched). At most ``apply_plan.INLINE_BYTES`` (``rides_commit``), they ride the attempt's commit, and
+    #: each owner's apply message carries its partitions' share of them, nothing fetched (the coordinator's
+    #: ``_inline``); larger, they are fetched as without this
+    update_bytes: int | None = None
 
     @property
     def n_shards(self) -> int:
@@ -310,7 +315,12 @@ class Sim:
         for part, w in self.job.pmap.owners.items():
             if w in owners:
                 owners[w].append(part)
-        plan = plan_apply(stagers, {}, owners)
+        # updates small enough ride their commits (``Coordinator._inline``): every partition's owner gets its share
+        rides = self.cfg.update_bytes is not None and rides_commit(self.cfg.update_bytes)
+        parts = list(self.job.pmap.owners) if rides else []
+        inline = {key: parts for keys in stagers.values() for key in keys} if rides else None
+        plan = plan_apply(stagers, {}, owners, inline=inline)
+        share = self.cfg.update_bytes / max(1, len(parts)) if rides else 0  # (one key's payload for one partition)
         if e.batch is None:  # BSP: a worker's own commits and the pass's shards as ranges
             shards = _size(shard_ranges(s for s, _, _ in e.committed))
             own: dict[str, list] = defaultdict(list)
@@ -319,8 +329,9 @@ class Sim:
             sizes = [shards + _size(own[w]) for w in live]
         else:
             sizes = [_size([e.committed, e.clocks])] * len(live)
-        self._send("apply", len(live), sum(n + _size(e.reset) + _size(plan.role(w).to_msg())
-                                           for n, w in zip(sizes, live)))
+        roles = [plan.role(w) for w in live]
+        self._send("apply", len(live), sum(n + _size(e.reset) + _size(r.to_msg()) + round(share * len(r.inline))
+                                           for n, r in zip(sizes, roles)))
         self._send("fetch_combined" if plan.tree else "fetch_staged", plan.messages())
         self._at(self.now + (4 + 2 * plan.depth()) * NET_S, self._applied, e)
 
@@ -501,6 +512,8 @@ class Sim:
             self._send("next")
             self._poll(w)
             return
+        if self.cfg.update_bytes is not None and rides_commit(self.cfg.update_bytes):  # their updates ride it
+            self.bytes["commit"] += self.cfg.update_bytes * len(finished)
         # one decision for the item's commits and one wake after it, as ``Coordinator._h_commit``
         self.attempts_committed += len(finished)
         self.members.append(len(finished))

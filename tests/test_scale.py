@@ -17,7 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from bench.scale import scenario
-from bench.sim import Sim, simulate
+from bench.sim import Sim
 from dscar.core.monitor import ThroughputMonitor
 from dscar.core.partitions import PartitionMap, TableLayout
 
@@ -233,3 +233,20 @@ def test_ssp_messages_per_clock_grow_linearly_with_the_workers():
     assert control[256] <= 20 and control[256] <= 1.3 * control[32], control
     assert fetches[256] <= 20 and fetches[256] <= 1.3 * fetches[32], fetches
     assert all(r.exactly_once and r.starvation_ok for r in results.values())
+
+
+@pytest.mark.parametrize("consistency", ["bsp", "ssp"])
+def test_updates_that_ride_their_commits_are_fetched_by_nobody_and_reach_every_owner_in_its_apply(consistency):
+    """``SimConfig.update_bytes``: an attempt's updates of at most ``INLINE_BYTES`` ride its commit
+    (``apply_plan.rides_commit``, the coordinator's ``_inline``): the owners fetch nothing, the commits carry
+    the bytes and each apply message its owner's share; larger ones are fetched as when not modelled."""
+    from dscar.core.apply_plan import INLINE_BYTES
+
+    _, fetched = run(64, consistency, clocks=3)
+    _, riding = run(64, consistency, clocks=3, update_bytes=INLINE_BYTES // 2)
+    _, large = run(64, consistency, clocks=3, update_bytes=INLINE_BYTES + 1)
+    assert all(r.exactly_once and r.starvation_ok for r in (fetched, riding, large))
+    assert fetched.fetch_per_clock > 0 and riding.fetch_per_clock == 0
+    assert riding.bytes["commit"] == riding.attempts * (INLINE_BYTES // 2) and not fetched.bytes.get("commit")
+    assert riding.apply_bytes_per_clock > fetched.apply_bytes_per_clock
+    assert (large.messages, large.bytes) == (fetched.messages, fetched.bytes)

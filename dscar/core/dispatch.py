@@ -406,9 +406,11 @@ class Dispatch:
         if members:
             index.batched[worker] = members
             index.changed(worker)
+            self._mark(worker)
         else:  # (its index entries go stale, and are dropped when read)
             index.batched.pop(worker, None)
-        self._mark(worker)
+            if worker in self._marked:  # (most hand-outs: its earlier members have all started)
+                self._mark(worker)
         if self._track_started:  # (every hand-out ends here: it pays for its own changes of the index)
             self.job.queue.settle_started()
 
@@ -453,6 +455,12 @@ class Dispatch:
         for (shard, attempt, _, _, fetch_from, backup), ssp in zip(batch, fields):
             if not one_phase:
                 phase = phases[queue.phase_of(shard)] or None
+            if ssp is not None and not restore:  # (an SSP member whose fields are all set: one dict, in key order)
+                clock, seen, mine = ssp
+                if clock is not None and seen is not None and mine is not None:
+                    members.append({"shard": shard, "attempt": attempt, "fetch_from": fetch_from, "backup": backup,
+                                    "phase": phase, "clock": clock, "seen": seen, "mine": mine})
+                    continue
             m = {"shard": shard, "attempt": attempt, "fetch_from": fetch_from, "backup": backup, "phase": phase}
             if restore and (state_file := restore.get(shard)) is not None:
                 m["state_file"] = state_file

@@ -204,15 +204,7 @@ class JobState:
                     rebuild: bool = False) -> tuple[list[bool], list[Effect]]:
         """Several attempts of one worker ask to commit in one message (``protocol.Commit``):
         ``(clock, shard, attempt, timings)`` each, decided in order as ``commit`` decides one."""
-        granted: list[bool] = []
-        effects: list[Effect] = []
-        commit = self.schedule.commit  # (what ``commit`` forwards to, looked up once a message)
-        for clock, shard, attempt, timings in finished:
-            ok, more = commit(worker, clock, run_id, shard, attempt, now, timings, rebuild)
-            granted.append(ok)
-            if more:
-                effects += more
-        return granted, effects
+        return self.schedule.commit_many(worker, run_id, finished, now, rebuild)
 
     def attempt_failed(self, worker: str, clock: int, run_id: int, shard: int, attempt: int, error: str,
                        now: float, lost_data: bool = False, seconds: float = 0.0, stopped: bool = False) -> None:

@@ -93,6 +93,9 @@ class Schedule(Protocol):
     def commit(self, worker: str, clock: int, run_id: int, shard: int, attempt: int, now: float,
                timings: dict | None = None, rebuild: bool = False) -> tuple[bool, list[Effect]]: ...
 
+    def commit_many(self, worker: str, run_id: int, finished: list[tuple[int, int, int, dict | None]], now: float,
+                    rebuild: bool = False) -> tuple[list[bool], list[Effect]]: ...
+
     def attempt_failed(self, worker: str, clock: int, run_id: int, shard: int, attempt: int, error: str,
                        now: float, lost_data: bool = False, seconds: float = 0.0, stopped: bool = False) -> None: ...
 
@@ -325,11 +328,8 @@ class BspSchedule:
             self.started.add(worker)
             if a.fetch_from is None and not a.backup:  # more of the worker's own shards, while steps are short
                 size = job.dispatch.batch_size(worker)
-                while len(batch) < size:
-                    b = job.queue.next_shard(worker, now, local_only=True)
-                    if b is None:
-                        break
-                    batch.append(b)
+                if size > 1:
+                    batch += job.queue.take_own(worker, now, size - 1)
             job.dispatch.set_batched(worker, [(b.shard, b.attempt) for b in batch[1:]])  # its earlier items are done
             if m.stage is not _REBUILD:
                 job.dispatch.running_items[worker] = (now, len(batch))
@@ -358,6 +358,19 @@ class BspSchedule:
 
     def given_back(self, shards: Iterable[int] | None = None) -> None:
         """Shards went back to TODO in the queue: the queue is the pass's status, nothing follows."""
+
+    def commit_many(self, worker: str, run_id: int, finished: list[tuple[int, int, int, dict | None]], now: float,
+                    rebuild: bool = False) -> tuple[list[bool], list[Effect]]:
+        """``commit`` for each ``(clock, shard, attempt, timings)`` of one message, in order."""
+        granted: list[bool] = []
+        effects: list[Effect] = []
+        commit = self.commit
+        for clock, shard, attempt, timings in finished:
+            ok, more = commit(worker, clock, run_id, shard, attempt, now, timings, rebuild)
+            granted.append(ok)
+            if more:
+                effects += more
+        return granted, effects
 
     def commit(self, worker: str, clock: int, run_id: int, shard: int, attempt: int, now: float,
                timings: dict | None = None, rebuild: bool = False) -> tuple[bool, list[Effect]]:
@@ -732,8 +745,7 @@ class SspSchedule:
             size = dispatch.batch_size(worker)
             if size > 1:
                 for c in clocks:
-                    while len(batch) < size and (b := queue.next_shard(worker, now, local_only=True, tier=c)):
-                        batch.append(b)
+                    batch += queue.take_own(worker, now, size - len(batch), c)
                     if len(batch) >= size:
                         break
         # its earlier items are done
@@ -763,14 +775,15 @@ class SspSchedule:
     def idle(self, worker: str, now: float) -> list[Effect]:
         """``worker`` found nothing to do: apply the commits waiting (their shards' next clocks may
         be what it could run)."""
-        if not self.handing_out or worker in self.job.losses.lost:
+        if not self.begun or self.window.recovering or worker in self.job.losses.lost:  # (``handing_out``, inline)
             return []
         actions = self.window.flush()
         # (mostly too few commits wait for a batch: no action, no shard moved back, nothing to carry out)
         return self._carry(actions, now) if actions or self.window.moved_any else []
 
     def releasable(self, asker: str) -> tuple[str, list[tuple[int, int]]] | None:
-        if not self.handing_out or self.window.any_startable():
+        w = self.window
+        if not self.begun or w.recovering or w.any_startable():  # (``handing_out``, inline: every idle poll asks)
             return None
         return self.job.dispatch.ask_back(asker)
 
@@ -778,33 +791,49 @@ class SspSchedule:
                timings: dict | None = None, rebuild: bool = False) -> tuple[bool, list[Effect]]:
         """An attempt of ``shard`` in ``clock`` asks to commit: granted to the first live attempt of
         the shard's current clock and epoch; the window applies it in its next batch."""
+        granted, effects = self.commit_many(worker, run_id, [(clock, shard, attempt, timings)], now, rebuild)
+        return granted[0], effects
+
+    def commit_many(self, worker: str, run_id: int, finished: list[tuple[int, int, int, dict | None]], now: float,
+                    rebuild: bool = False) -> tuple[list[bool], list[Effect]]:
+        """``commit`` for each ``(clock, shard, attempt, timings)`` of one message of ``worker``, in order;
+        what is the worker's (its running item, when it was last seen) is settled once a message."""
         job, window = self.job, self.window
         if job.log.error is not None or worker in job.losses.lost:
-            return False, []
-        dispatch, queue = job.dispatch, job.queue
+            return [False] * len(finished), []
+        dispatch, queue, monitor, tally = job.dispatch, job.queue, job.monitor, job.tally
         dispatch.running_items.pop(worker, None)
         dispatch.last_seen[worker] = now
-        if timings:
-            if "data_s" in timings:  # (``note_move`` measures only a data move)
-                dispatch.note_move(queue.running_attempt(shard, attempt), timings)
+        accepts, started, grant, commit = window.accepts, dispatch.attempt_started, queue.commit, window.commit
+        granted: list[bool] = []
+        effects: list[Effect] = []
+        for clock, shard, attempt, timings in finished:
+            if timings:
+                if "data_s" in timings:  # (``note_move`` measures only a data move)
+                    dispatch.note_move(queue.running_attempt(shard, attempt), timings)
+                if not rebuild:
+                    monitor.record(worker, step_seconds(timings))
+            if not accepts(shard, clock, run_id):  # a lost backup, an attempt of a voided epoch
+                job.event(now, "commit-refused", shard=shard, attempt=attempt, worker=worker, late=True,
+                          seconds=round(step_seconds(timings or {}), 4))  # its step time, wasted
+                granted.append(False)
+                continue
+            started(worker, shard, attempt)
+            if not grant(shard, attempt, worker):
+                job.event(now, "commit-refused", shard=shard, attempt=attempt, worker=worker, late=False,
+                          seconds=round(step_seconds(timings or {}), 4))
+                granted.append(False)
+                continue
+            if restore := job.losses.restore_state:  # the attempt started from the restored state; it lives on now
+                restore.pop(shard, None)
             if not rebuild:
-                job.monitor.record(worker, step_seconds(timings))
-        if not window.accepts(shard, clock, run_id):  # a lost backup, an attempt of a voided epoch
-            job.event(now, "commit-refused", shard=shard, attempt=attempt, worker=worker, late=True,
-                      seconds=round(step_seconds(timings or {}), 4))  # its step time, wasted
-            return False, []
-        dispatch.attempt_started(worker, shard, attempt)
-        if not queue.commit(shard, attempt, worker):
-            job.event(now, "commit-refused", shard=shard, attempt=attempt, worker=worker, late=False,
-                      seconds=round(step_seconds(timings or {}), 4))
-            return False, []
-        if restore := job.losses.restore_state:  # the attempt started from the restored state; it lives on now
-            restore.pop(shard, None)
-        if not rebuild:
-            job.tally.committed_in(clock, worker, timings)
-        actions = window.commit(shard, clock, worker, run_id)
-        # (most commits wait for a batch: no action, no shard moved back, nothing to carry out)
-        return True, self._carry(actions, now) if actions or window.moved_any else []
+                tally.committed_in(clock, worker, timings)
+            actions = commit(shard, clock, worker, run_id)
+            granted.append(True)
+            # (most commits wait for a batch: no action, no shard moved back, nothing to carry out)
+            if actions or window.moved_any:
+                effects += self._carry(actions, now)
+        return granted, effects
 
     def attempt_failed(self, worker: str, clock: int, run_id: int, shard: int, attempt: int, error: str,
                        now: float, lost_data: bool = False, seconds: float = 0.0, stopped: bool = False) -> None:

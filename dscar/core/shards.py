@@ -441,9 +441,10 @@ class ShardQueue:
         backlog (ties: the last name). Each from an index: no scan of the shards or the holders."""
         if not self._todo:
             return None
-        local = self._local.get((tier, worker))
+        key = (tier, worker)
+        local = self._local.get(key)
         if local:
-            return self._start(min(local), worker, now)
+            return self._start(min(local), worker, now, key, local)
         if local_only:
             return None
         if self.reloadable and (tier, None) in self._local:
@@ -453,13 +454,26 @@ class ShardQueue:
             if self.sharding == "static" or not sizes:
                 return None
             victim = sizes[max(sizes)].last()
-        ids = self._local[(tier, victim)]
+        key = (tier, victim)
+        ids = self._local[key]
         if victim is not None and worth_moving is not None and not worth_moving(victim, len(ids)):
             return None
-        return self._start(max(ids), worker, now)
+        return self._start(max(ids), worker, now, key, ids)
 
-    def _start(self, shard: int, worker: str, now: float) -> Attempt:
-        """The first attempt of TODO ``shard`` (one of ``_local``'s) starts on ``worker``."""
+    def take_own(self, worker: str, now: float, n: int, tier: int = 0) -> list[Attempt]:
+        """Start attempts of up to ``n`` of the TODO shards of ``tier`` that ``worker`` holds, the lowest ids
+        first: ``next_shard(worker, now, local_only=True, tier=tier)`` called until it finds none or ``n``
+        started, in one call (a batch's members)."""
+        key = (tier, worker)
+        local = self._local.get(key)
+        if not local or n < 1:
+            return []
+        ids = [min(local)] if n == 1 else sorted(local) if n >= len(local) else heapq.nsmallest(n, local)
+        return [self._start(i, worker, now, key, local) for i in ids]
+
+    def _start(self, shard: int, worker: str, now: float, key: tuple[int, str | None], bucket: set[int]) -> Attempt:
+        """The first attempt of TODO ``shard`` starts on ``worker``; ``bucket`` is the ``_local`` set that
+        holds it, at ``key`` (its tier and holder)."""
         s = self._shards[shard]
         holder = s.holder
         number = s.next_attempt
@@ -470,7 +484,32 @@ class ShardQueue:
         s.attempts[number] = a
         s.status = _DOING
         self._doing.add(shard)
-        self._todo_discard(shard)
+        # ``_todo_discard(shard)``, inline (every hand-out's member pays it): out of TODO, its bucket and
+        # its holder's backlog size (``_resize``)
+        self._todo.discard(shard)
+        bucket.discard(shard)
+        n = len(bucket)
+        if holder is not None:
+            tier = key[0]
+            sizes = self._by_size[tier]
+            same = sizes[n + 1]  # (``LastNameSet.discard`` and ``add``, inline)
+            names = same._names
+            names.discard(holder)
+            if holder == same._last:
+                same._last = None
+            if not names:
+                del sizes[n + 1]
+            if n:
+                same = sizes.get(n)
+                if same is None:
+                    same = sizes[n] = LastNameSet()
+                same._names.add(holder)
+                if same._last is not None and holder > same._last:
+                    same._last = holder
+            elif not sizes:
+                del self._by_size[tier]
+        if not n:
+            del self._local[key]
         # ``_reindex`` for a TODO shard's first attempt (a TODO shard has no ``_running`` entry to drop):
         # every hand-out starts one
         k = s.started
@@ -629,19 +668,18 @@ class ShardQueue:
         if self._started_on:
             self._started_dirty.add(shard)
 
-    def settle_started(self) -> None:
-        """A decision that started, marked or dropped attempts ends (a hand-out: ``Dispatch.set_batched``):
-        the index of the started attempts follows them now, so each decision pays for its own changes,
-        not the next idle poll that reads the index (a batch's members, started and marked waiting in
-        the same hand-out, cancel out first)."""
-        self._flush_started()
-
     def _flush_started(self) -> None:
         """``_started`` follows every shard that changed since it was last placed."""
         if self._started_dirty:
             for shard in self._started_dirty:
                 self._place_started(shard)
             self._started_dirty.clear()
+
+    #: a decision that started, marked or dropped attempts ends (a hand-out: ``Dispatch.set_batched``): the
+    #: index of the started attempts follows them now, so each decision pays for its own changes, not the
+    #: next idle poll that reads the index (a batch's members, started and marked waiting in the same
+    #: hand-out, cancel out first)
+    settle_started = _flush_started
 
     def _place_started(self, shard: int) -> None:
         """``shard``'s place in ``_started``, from its attempts, ``_running`` entry and waiting
@@ -709,7 +747,8 @@ class ShardQueue:
 
     def _compact_started(self, k: int) -> None:
         """Bucket ``k``'s list without its stale entries."""
-        self._started[k] = list(self._live_started(k))
+        shards = self._shards  # (``_live_started``'s entries, without a generator: a list may hold thousands)
+        self._started[k] = [e for e in self._started[k][self._started_head[k]:] if shards[e[2]].shown == (k, e)]
         self._started_head[k] = self._started_stale[k] = 0
 
     def set_waiting(self, worker: str, added: Iterable[tuple[int, int]], removed: Iterable[tuple[int, int]]) -> None:
@@ -719,13 +758,18 @@ class ShardQueue:
             self._started_on = True
             self._started_dirty.update(self._doing)  # (the shards with a ``run_key``)
             self._running, self._unsorted = {}, set()
-        waiting, dirty = self._waiting, (self._started_dirty if self._started_on else set())
+        waiting, dirty, shards = self._waiting, (self._started_dirty if self._started_on else set()), self._shards
         for shard, attempt in removed:
             waiting.discard((shard, attempt, worker))
             dirty.add(shard)
         for shard, attempt in added:
             waiting.add((shard, attempt, worker))
-            dirty.add(shard)
+            s = shards[shard]
+            a = s.attempts.get(attempt) if s.shown is None and len(s.attempts) == 1 else None
+            if a is not None and a.worker == worker:
+                dirty.discard(shard)  # hidden before and now (a member started and marked in one hand-out)
+            else:
+                dirty.add(shard)
 
     def unwait(self, shard: int, attempt: int, worker: str) -> None:
         """``set_waiting(worker, (), [(shard, attempt)])``: a member started (every commit of one says so)."""
@@ -752,10 +796,16 @@ class ShardQueue:
         self._doing.discard(shard)
         self._n_done += 1  # (a DOING shard is an active one)
         s.holder = worker  # the committed data and state live here now (not a TODO shard: no index)
-        self._unrun(shard)  # (``_reindex`` for a shard that is DONE)
-        if self._started_on:
-            self._started_dirty.add(shard)
-            self._flush_started()  # (its attempt's unwait and its commit cancel out)
+        if self._started_on:  # (``_unrun``, then ``_flush_started``, inline: every commit pays them)
+            s.run_key = None
+            dirty = self._started_dirty
+            if dirty:  # (its attempt's unwait and its commit cancel out)
+                dirty.add(shard)
+                self._flush_started()
+            elif s.shown is not None:
+                self._place_started(shard)
+        else:
+            self._unrun(shard)  # (``_reindex`` for a shard that is DONE)
         return True
 
     def fail(self, shard: int, attempt: int, worker: str, reason: str, *, count: bool = True,

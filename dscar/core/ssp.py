@@ -262,7 +262,9 @@ class ClockWindow:
         clocks = sorted(self._todo)
         if self.rebuilding is not None:
             return clocks
-        top = self.top
+        top, limit = self.floor + 1 + self.staleness, self.limit  # (``top``, inline: every hand-out and idle poll asks)
+        if limit < top:
+            top = limit
         if not clocks or clocks[-1] <= top:  # (no list to filter)
             return clocks
         return [c for c in clocks if c <= top]
@@ -271,7 +273,10 @@ class ClockWindow:
         """Whether ``startable_by_clock`` lists any shard (without listing them)."""
         if self.recovering or self.needs_rebuild or not self._todo:
             return False
-        return self.rebuilding is not None or min(self._todo) <= self.top
+        if self.rebuilding is not None:
+            return True
+        oldest = min(self._todo)
+        return oldest <= self.floor + 1 + self.staleness and oldest <= self.limit  # (``<= top``)
 
     def n_startable(self) -> int:
         """How many shards ``startable_by_clock`` lists (without listing them: every idle poll's policy
@@ -280,7 +285,9 @@ class ClockWindow:
             return 0
         if self.rebuilding is not None:
             return sum(map(len, self._todo.values()))
-        top = self.top
+        top, limit = self.floor + 1 + self.staleness, self.limit  # (``top``, inline)
+        if limit < top:
+            top = limit
         n = 0
         for clock, shards in self._todo.items():
             if clock <= top:
@@ -394,7 +401,7 @@ class ClockWindow:
         s = self._shards[shard]
         clock = s.clock
         if s.phase is not _TODO or self.recovering or self.needs_rebuild or (
-                clock > self.top if self.rebuilding is None
+                (clock > self.floor + 1 + self.staleness or clock > self.limit) if self.rebuilding is None
                 else shard not in self.rebuilding):  # (``may_start``, inline: every hand-out's member asks)
             raise ClockError(f"shard {shard} ({s.phase.value}, clock {clock}) may not start now")
         # ``_move(shard, clock, RUNNING)`` from TODO in the same clock: its count stays, and it is not moved back

@@ -92,8 +92,9 @@ class ClockTally:
             sums = by_worker.get(worker)
             if sums is None:
                 sums = by_worker[worker] = {}
-            if timings:
-                add_timings(sums, timings)
+            if timings:  # (``add_timings``, inline)
+                for k, v in timings.items():
+                    sums[k] = sums.get(k, 0.0) + float(v)
 
     def close(self, clock: int) -> tuple[dict[str, int], dict[str, dict[str, float]]]:
         """``clock``'s counts, for its report (SSP): shards per worker and summed timings."""
