@@ -602,9 +602,12 @@ class Sim:
     def _place(self) -> None:
         """The driver's wait answers ``place`` while shards of a lost worker have no holder
         (``Coordinator._h_wait``): the driver sends them round robin to the live workers (``_h_placed``)."""
-        self._unplaced_possible = False
         queue = self.job.queue
-        missing = [s for s in queue.unplaced() if queue.status(s).value == "todo"]
+        unplaced = queue.unplaced()
+        # (a lost worker's shard that is not TODO now is once its clock is over: asked for again then, as
+        # the coordinator's every wait answer asks; this flag cleared by the first look stalled the fit)
+        self._unplaced_possible = bool(unplaced)
+        missing = [s for s in unplaced if queue.status(s).value == "todo"]
         live = self.job.live(self._live())
         if not missing or not live:
             return
