@@ -17,7 +17,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 from dscar.checkpoint import CheckpointConfig
 from dscar.core.clock import Apply, ClockError, ClockMachine, Recover, RunClockEnd, Skip, Stage, StartPass
-from dscar.core.job import ApplyPass, Checkpoint, JobConfig, JobState, StartRecovery
+from dscar.core.job import ApplyPass, Checkpoint, JobConfig, JobState, Mirror, StartRecovery
 from dscar.core.partitions import PartitionMap, TableLayout
 from dscar.core.policies import BackupPolicy
 from dscar.core.shards import ShardQueue
@@ -208,7 +208,7 @@ def test_with_the_memory_tier_every_clock_end_copies_each_owner_to_the_next_work
     job.begin(1, 0.0)
     for w in ("a", "b"):
         m = job.next_item(w, 0.0)["shards"][0]
-        job.commit(w, 1, job.machine.run_id, m["shard"], m["attempt"], 0.0)
+        job.commit(w, 1, job.machine.run_id, m["shard"], m["attempt"], 0.0, {"compute_s": 1.0})  # (items of 1)
     job.applied(job.machine.run_id, 0.0)
     job.next_item("a", 0.0)  # the clock-end step
     effects = job.clock_end_done("a", job.machine.run_id, {"objective": 1.0}, 0.0, 0.0)
@@ -282,8 +282,8 @@ def _take_all(job: JobState, worker: str) -> dict | None:
 @pytest.mark.parametrize("memory", [False, True])
 def test_a_rebuild_pass_names_the_rows_a_checkpoint_restored_until_it_is_applied(memory):
     """``ShardContext.restored`` (ALS re-solves those rows): the rows of the partitions put back from a
-    checkpoint, in every rebuild item until the rebuild pass is applied; a buddy's memory copy is as of
-    the last clock and is not listed."""
+    checkpoint, in every rebuild item until the rebuild pass is applied; a buddy's memory copy is not
+    listed (here one older than the clock's start: an exact one keeps the pass, with no rebuild)."""
     pmap = PartitionMap([TableLayout("x", 8, 2)])  # rows [0, 4) and [4, 8)
     pmap.assign(["a", "b"])
     ckpt = CheckpointConfig("memory://m", policy="full", every=10, memory=memory)
@@ -298,7 +298,7 @@ def test_a_rebuild_pass_names_the_rows_a_checkpoint_restored_until_it_is_applied
     plan = job.plan_recovery(["a"])
     covered = job.recovery_planned(plan, 0.0)
     for key, target in plan.restores.items():
-        job.restored(key, target, plan.version, 0.0, memory_clock=1 if memory else None)
+        job.restored(key, target, plan.version, 0.0, memory_clock=0 if memory else None)
     job.recovered(covered, 0.0)
     item = _take_all(job, "a")
     assert item["op"] == "rebuild"
@@ -309,21 +309,90 @@ def test_a_rebuild_pass_names_the_rows_a_checkpoint_restored_until_it_is_applied
     assert item["op"] == "shard" and "restored" not in item
 
 
+def _kept_pass_job() -> JobState:
+    """Three workers each holding two shards, a memory tier, clock 1 done with every partition copied
+    to its buddy, clock 2 begun."""
+    pmap = PartitionMap([TableLayout("x", 9, 3)])
+    pmap.assign(["a", "b", "c"])
+    queue = ShardQueue(6, reloadable=True)
+    ckpt = CheckpointConfig("memory://m", policy="full", every=10, memory=True)
+    job = JobState(JobConfig("j", 6, {"x": "param"}, [], [""], ckpt), queue, pmap)
+    job.workers = ["a", "b", "c"]
+    job.begin(1, 0.0)
+    for w in "abc" * 2:
+        m = job.next_item(w, 0.0)["shards"][0]
+        job.commit(w, 1, job.machine.run_id, m["shard"], m["attempt"], 0.0, {"compute_s": 1.0})  # (items of 1)
+    job.applied(job.machine.run_id, 0.0)
+    job.clock_end_done(job.next_item("a", 0.0) and "a", job.machine.run_id, {"objective": 1.0}, 0.0, 0.0)
+    for owner, buddy in zip("abc", "bca"):
+        job.mirrored(buddy, 1, [list(k) for k in pmap.owned_by(owner)], 0.0)
+    job.begin(2, 0.0)
+    return job
+
+
+def _restore_all(job: JobState, memory_clock: int | None) -> list:
+    plan = job.plan_recovery([w for w in job.workers if w not in job.lost])
+    covered = job.recovery_planned(plan, 0.0)
+    for key, target in plan.restores.items():
+        job.restored(key, target, plan.version, 0.0, memory_clock=memory_clock)
+    return job.recovered(covered, 0.0)
+
+
+@pytest.mark.parametrize("exact", [True, False])
+def test_a_loss_keeps_the_pass_only_when_every_restore_is_a_memory_copy_of_the_clocks_start(exact):
+    """A kill in the first data pass, its partition restored from its buddy's copy of clock 1 (what the
+    pass reads): the live workers' commits stay, their running attempt commits during the recovery,
+    and only the lost worker's shards run again, under the same run id; each shard is applied once.
+    A copy of an older clock is not what the pass read: the pass runs again from its start."""
+    job = _kept_pass_job()
+    run = job.machine.run_id
+    lost_c = job.next_item("c", 0.0)["shards"]  # its own shards (c ran them in clock 1)
+    committed_a, running_a = job.next_item("a", 0.0)["shards"]
+    assert job.commit("a", 2, run, committed_a["shard"], committed_a["attempt"], 0.0)[0]
+    done = {committed_a["shard"]}
+    for m in job.next_item("b", 0.0)["shards"]:
+        assert job.commit("b", 2, run, m["shard"], m["attempt"], 0.0)[0]
+        done.add(m["shard"])
+    job.lose("c", 0.0)
+    assert job.machine.recovering and job.machine.run_id == run  # (kept until the restores say otherwise)
+    assert job.next_item("a", 0.0) is None  # nothing is handed out while the partitions come back
+    granted, _ = job.commit("a", 2, run, running_a["shard"], running_a["attempt"], 0.0)
+    assert granted  # its updates are staged on a, computed from what the pass reads
+    effects = _restore_all(job, memory_clock=1 if exact else 0)
+    if not exact:
+        assert job.machine.run_id > run and job.queue.counts()["done"] == 0
+        assert any(e["kind"] == "clock-restarted" for e in job.events)
+        return
+    assert job.machine.run_id == run and not effects
+    assert [e for e in job.events if e["kind"] == "pass-kept"][0]["committed"] == 4
+    todo = set()
+    while (item := job.next_item("b", 0.0)) is not None and item["op"] == "shard":
+        for m in item["shards"]:
+            todo.add(m["shard"])
+            granted, effects = job.commit("b", 2, item["run"], m["shard"], m["attempt"], 0.0)
+            assert granted and item["run"] == run
+    assert todo == {m["shard"] for m in lost_c} and not todo & (done | {running_a["shard"]})
+    [apply] = [e for e in effects if isinstance(e, ApplyPass)]
+    assert sorted(s for s, _, _ in apply.committed) == list(range(6)) and apply.run_id == run
+
+
 # ------------------------------------------------------------ the job, fuzzed
 class JobFuzz(RuleBasedStateMachine):
     """Plays coordinator and workers around a real JobState; checks exactly-once and the clock rules."""
 
     @initialize(phases=st.sampled_from([(6,), (3, 3)]), rebuild=st.booleans(),
                 policy=st.sampled_from(["full", "priority"]), recovery=st.sampled_from(["partial", "full"]),
-                backups=st.booleans(), step_s=st.sampled_from([0.0005, 0.05]), fold=st.booleans())
-    def setup(self, phases, rebuild, policy, recovery, backups, step_s=0.05, fold=False):
+                backups=st.booleans(), step_s=st.sampled_from([0.0005, 0.05]), fold=st.booleans(),
+                memory=st.booleans())
+    def setup(self, phases, rebuild, policy, recovery, backups, step_s=0.05, fold=False, memory=False):
         n_shards = sum(phases)
         names = ["a", "b"][: len(phases)] if len(phases) > 1 else [""]
         layouts = [TableLayout("x", 8, 4), TableLayout("r", 4, 2)]
         pmap = PartitionMap(layouts)
         pmap.assign(WORKERS)
         queue = ShardQueue(n_shards, reloadable=True, max_failures=3, phases=list(phases))
-        ckpt = CheckpointConfig("memory://fuzz", policy=policy, every=2, fraction=0.5, recovery=recovery)
+        ckpt = CheckpointConfig("memory://fuzz", policy=policy, every=2, fraction=0.5, recovery=recovery,
+                                memory=memory)
         cfg = JobConfig("job", n_shards, {"x": "param", "r": "reduction"}, ["x"] if rebuild else [], names, ckpt)
         self.job = JobState(cfg, queue, pmap, policies=[BackupPolicy(k=0.001)] if backups else [])
         self.job.workers = list(WORKERS)
@@ -352,8 +421,20 @@ class JobFuzz(RuleBasedStateMachine):
         self.pending: set[tuple[str, int, int, int]] = set()  # (worker, clock, shard, attempt) staged there
         self.run_seen = {w: -1 for w in WORKERS}  # the newest run id each worker was given work in
         self.copies_checked = 0
+        # what the param table's partitions hold, as value ids: a new id whenever a partition changes
+        # (an apply, a clock end, a restore from disk); a memory copy holds the id it was taken with
+        self.value = {("x", p): 0 for p in range(4)}
+        self.new_value = 1
+        self.copies: dict[tuple[tuple[str, int], int], int] = {}  # (key, clock) -> the id the buddy holds
+        self.mirrors_sent: list[tuple[int, dict[str, str], dict]] = []  # memory copies on their way
+        self.reads: dict[tuple[int, int, int], dict] = {}  # (clock, shard, attempt) -> the ids it read
+        self.kept = 0  # losses whose pass went on (``pass-kept``)
 
     # ------------------------------------------------------------ glue
+    def change(self, keys) -> None:
+        for key in keys:
+            self.value[key], self.new_value = self.new_value, self.new_value + 1
+
     def tick(self) -> float:
         self.now += 0.01
         return self.now
@@ -367,6 +448,11 @@ class JobFuzz(RuleBasedStateMachine):
                 self.applies.append(e)
             elif isinstance(e, StartRecovery):
                 self.recovery_started = True
+            elif isinstance(e, Mirror):  # each owner snapshots its param partitions now; they arrive later
+                parts = {o: [k for k in self.value if self.job.pmap.owners[k] == o] for o in e.buddies}
+                self.mirrors_sent.append((e.clock, dict(e.buddies), {o: {k: self.value[k] for k in ks}
+                                                                     for o, ks in parts.items()}))
+                self.job.snapshotted("mirror", self.tick())
             elif isinstance(e, Checkpoint):
                 for w, shards in e.writers.items():
                     files = [{"table": t, "part": p, "bytes": 1, "path": f"{e.version}/{t}{p}"}
@@ -400,7 +486,8 @@ class JobFuzz(RuleBasedStateMachine):
         if item["op"] == "rebuild":  # its steps see every row restored since the last applied rebuild
             assert item.get("restored", {}) == self.restored_since, (item.get("restored"), self.restored_since)
         self.batches += len(item["shards"]) > 1
-        for member in item["shards"]:  # a batch's attempts commit, fail or are lost one by one
+        for member in item["shards"]:
+            self.reads[(item["clock"], member["shard"], member["attempt"])] = dict(self.value)  # a batch's attempts commit, fail or are lost one by one
             attempt = {**item, **member}
             del attempt["shards"]
             attempt["holder"] = self.job.queue.holder(member["shard"])  # at hand-out
@@ -488,12 +575,18 @@ class JobFuzz(RuleBasedStateMachine):
             self.install(e, [w for w in installed if w in self.live()])
             return
         self.install(e, self.live())
+        current = e.run_id == self.job.machine.run_id and self.job.machine.stage is Stage.APPLY
         for shard, attempt, _ in e.committed:
             run = self.staged.get((e.clock, shard, attempt))
             assert run == e.run_id, f"an attempt of run {run} applied in run {e.run_id}"
+            if current:  # what it read is what the tables hold now: no loss changed them under it
+                assert self.reads[(e.clock, shard, attempt)] == self.value, \
+                    (e.clock, shard, attempt, self.reads[(e.clock, shard, attempt)], self.value)
             if not e.rebuild:  # the rebuild pass's contributions are not the clock's updates
                 self.applied[(e.clock, shard)] = self.applied.get((e.clock, shard), 0) + 1
         done = len([ev for ev in self.job.events if ev["kind"] == "rebuild-done"])
+        if current:
+            self.change(self.value)
         self.handle(self.job.applied(e.run_id, self.tick()))
         if len([ev for ev in self.job.events if ev["kind"] == "rebuild-done"]) > done:
             self.restored_since = {}
@@ -526,12 +619,24 @@ class JobFuzz(RuleBasedStateMachine):
         before = self.job.machine.stage
         effects = self.job.clock_end_done(item["worker"], item["run"], {"objective": 1.0}, 0.0, self.tick())
         if before is Stage.CLOCK_END and self.job.machine.stage is Stage.DONE:
+            self.change(self.value)  # (a clock end may write the tables; the memory copy is taken after it)
             self.clock_end_ran.add(item["clock"])
             self.folds += folded is not None
             clock = item["clock"]
             for s in range(self.job.queue.n_shards):
                 assert self.applied.get((clock, s), 0) == 1, (clock, s, self.applied)
         self.handle(effects)
+
+    @precondition(lambda self: getattr(self, "mirrors_sent", None))
+    @rule()
+    def mirror_arrives(self):
+        """The oldest memory copy on its way reaches its buddies (a lost buddy's never counts)."""
+        clock, buddies, values = self.mirrors_sent.pop(0)
+        for owner, buddy in buddies.items():
+            for key, v in values[owner].items():
+                self.copies[(key, clock)] = v
+            if values[owner]:
+                self.job.mirrored(buddy, clock, [list(k) for k in values[owner]], self.tick())
 
     @precondition(lambda self: hasattr(self, "job") and len(self.live()) > 1 and len(self.job.lost) < 3)
     @rule(w=st.sampled_from(WORKERS))
@@ -557,9 +662,18 @@ class JobFuzz(RuleBasedStateMachine):
         (plan, covered), self.plan = self.plan, None
         for key, target in plan.restores.items():
             if target not in self.job.lost:  # a target lost meanwhile: the next round re-plans it
+                buddy, clock = plan.from_memory.get(key, (None, None))
+                if buddy is not None and buddy not in self.job.lost:  # the buddy's copy
+                    self.value[key] = self.copies[(key, clock)]
+                    self.job.restored(key, target, 0, self.tick(), memory_clock=clock)
+                    continue
+                if key in self.value:
+                    self.change([key])
                 self.job.restored(key, target, plan.version, self.tick())
                 self.restored_since.setdefault(key[0], []).append(list(self.job.pmap.layouts[key[0]].bounds[key[1]]))
+        kept = len([ev for ev in self.job.events if ev["kind"] == "pass-kept"])
         effects = self.job.recovered(covered, self.tick())
+        self.kept += len([ev for ev in self.job.events if ev["kind"] == "pass-kept"]) > kept
         if not self.job.machine.recovering:
             self.recovery_started = False
         self.handle(effects)
@@ -637,6 +751,8 @@ def _random_run(f: JobFuzz, rnd, steps: int, reached: set[str]) -> None:
                                                           folded_ran=rnd.random() < 0.7)))
         if f.clock_end is not None:
             moves.append(("clock_end", f.clock_end_reports))
+        if f.mirrors_sent:
+            moves.append(("mirror", f.mirror_arrives))
         if len(f.live()) > 1 and len(f.job.lost) < 3 and rnd.random() < 0.08:
             moves.append((f"lose@{m.stage.value}" + ("+recovering" if m.recovering else ""),
                           lambda: f.lose(rnd.choice(WORKERS))))
@@ -656,12 +772,14 @@ def _random_run(f: JobFuzz, rnd, steps: int, reached: set[str]) -> None:
     reached.update(f"done:{c}" for c in f.clock_end_ran)
     if f.folds:
         reached.add("folded")
+    if f.kept:
+        reached.add("kept")
 
 
 def test_seeded_walks_reach_every_stage_and_fault_and_keep_the_invariants():
     """Many seeded random walks (they reach deep states that short Hypothesis runs rarely do),
     and a check that they reached what they are meant to test: losses at every stage, losses
-    during a recovery, skipped clocks, completed clocks after losses."""
+    during a recovery, skipped clocks, completed clocks after losses, passes kept through a loss."""
     import random
 
     reached: set[str] = set()
@@ -670,7 +788,8 @@ def test_seeded_walks_reach_every_stage_and_fault_and_keep_the_invariants():
         f = JobFuzz()
         f.setup(phases=rnd.choice([(6,), (3, 3)]), rebuild=rnd.random() < 0.5,
                 policy=rnd.choice(["full", "priority"]), recovery=rnd.choice(["partial", "full"]),
-                backups=rnd.random() < 0.5, step_s=rnd.choice([0.0005, 0.05]), fold=rnd.random() < 0.5)
+                backups=rnd.random() < 0.5, step_s=rnd.choice([0.0005, 0.05]), fold=rnd.random() < 0.5,
+                memory=rnd.random() < 0.5)
         _random_run(f, rnd, 160, reached)
         if f.batches:
             reached.add("batch")
@@ -681,7 +800,7 @@ def test_seeded_walks_reach_every_stage_and_fault_and_keep_the_invariants():
         if f.copies_checked:
             reached.add("copied")
     for want in ("batch", "released", "released-unheard", "copied", "lose@shards", "lose@apply", "lose@clock-end", "lose@rebuild", "skipped", "restore", "fail",
-                 "done:4", "folded"):
+                 "done:4", "folded", "kept"):
         assert want in reached, sorted(reached)
     assert any(k.endswith("+recovering") for k in reached), sorted(reached)
 

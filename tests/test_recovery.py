@@ -632,3 +632,19 @@ def test_owner_and_its_memory_buddy_killed_together_restore_from_disk_and_no_liv
     assert checked and all(rec.metrics["violations"] == 0 for rec in checked), [r.metrics for r in checked]
     last = res.history[-1]
     assert check_final(res.params["seen"], last.clock, "violations" in last.metrics) == 0
+
+
+def test_a_loss_whose_partitions_come_back_from_memory_keeps_the_pass(tmp_path):
+    """A loss in the first data pass, every lost partition and shard state restored from a buddy's copy
+    of the clock's start (``dscar.core.clock``, a kept pass): the live workers' commits stay and only
+    the lost worker's shards run again; ShardClock's steps check every state against the table, and
+    every shard is counted once per clock (no clock cut short, no rebuild needed)."""
+    n_shards, clocks, loss = 8, 9, 6
+    cfg = CheckpointConfig(str(tmp_path), policy="full", every=100, memory=True)
+    with dscar.Cluster(n_workers=3, processes=False) as cl:
+        res = dscar.fit(ShardClock(), row_data(4 * n_shards), cl, n_shards=n_shards, max_clocks=clocks,
+                        checkpoint=cfg, faults=[faults.lose(1, loss)])
+    kinds = [e["kind"] for e in res.events]
+    assert "pass-kept" in kinds and "rebuild-started" not in kinds and "clock-restarted" not in kinds, kinds
+    assert not [e for e in res.events if e["kind"] == "shard-failed" and not e["late"]]
+    np.testing.assert_array_equal(res.params["seen"], np.full(n_shards, float(clocks)))

@@ -46,6 +46,16 @@ Stages of clock ``t`` (``Stage``)::
 
   A loss during a recovery simply extends it: the coordinator re-plans from the
   current ownership until no loss is left unrecovered.
+* **A kept pass.** A loss in the first data phase's ``SHARDS``, before anything
+  of the clock was applied, may *keep* the pass (``lose(keep=True)``): when
+  every restore turns out to be an exact memory copy of the clock's start, the
+  tables read by the pass are what they were, so the commits of the live
+  workers stay and only the lost worker's attempts (running, or committed with
+  their updates staged on it) run again. The run id is not raised, commits of
+  it are granted during the recovery (the pass completes once it ends), and
+  ``recovered(exact=True)`` goes on with the pass. ``recovered(exact=False)``
+  (a restore from disk, an older copy, a later loss that cannot keep) falls back
+  to the rule above: the run id is raised and the pass runs again from its start.
 * **Rebuild pass.** After a recovery, an algorithm that names ``rebuild_tables``
   recomputes them from the data and the shard state in one pass over every
   shard of every phase (those tables are zeroed first), before the interrupted
@@ -158,6 +168,9 @@ class ClockMachine:
     #: loss leaves nothing to rebuild: the interrupted first pass computes the rebuild tables
     #: itself (an algorithm's first step may add them), and a rebuild pass too would count them twice
     applied_before: bool = False
+    #: the recovery under way keeps the pass (``lose(keep=True)``): commits of ``run_id`` are granted,
+    #: and ``recovered(exact=...)`` says whether the pass goes on or runs again
+    keeping: bool = False
 
     # ---------------------------------------------------------- transitions
     def begin(self, clock: int) -> list[Action]:
@@ -203,10 +216,20 @@ class ClockMachine:
         self.stage = Stage.DONE
         return True
 
-    def lose(self, *, restores: bool, reductions_lost: bool = False, unapplied: bool = False) -> list[Action]:
+    def lose(self, *, restores: bool, reductions_lost: bool = False, unapplied: bool = False,
+             keep: bool = False) -> list[Action]:
         """A worker was lost. ``restores``: it took partitions or shard state with it (a recovery
         is needed); ``reductions_lost``: one of them was a reduction partition; ``unapplied``: it
-        took committed updates of the pass being applied with it."""
+        took committed updates of the pass being applied with it; ``keep``: its restores are
+        expected to be exact copies of the pass's start (a kept pass, above: only in the first data
+        phase's ``SHARDS``, and only while no recovery that does not keep the pass is under way)."""
+        if restores and keep and self.stage is Stage.SHARDS and self.data_phase == 0 \
+                and (self.keeping or not self.recovering):
+            was = self.recovering
+            self.recovering = self.keeping = True
+            return [] if was else [Recover(self.run_id)]
+        if restores and self.keeping:  # a loss that cannot keep the pass: the rule for SHARDS
+            self.keeping = False
         if unapplied and not restores and self.stage is Stage.APPLY:
             self.run_id += 1  # the apply under way is stale: some owners may have applied, others not
             if self.applying_rebuild:
@@ -242,11 +265,20 @@ class ClockMachine:
         self.run_id += 1
         return self._skip()
 
-    def recovered(self) -> list[Action]:
-        """Every loss so far is recovered: redo the interrupted pass, skip the clock, or go on."""
+    def recovered(self, exact: bool = False) -> list[Action]:
+        """Every loss so far is recovered: redo the interrupted pass, skip the clock, or go on.
+        ``exact``: every restore of a kept pass's recovery was an exact copy of the pass's start:
+        the pass goes on under the same run id (otherwise it runs again, as after any loss)."""
         if not self.recovering:
             raise ClockError("recovered() without a recovery")
         self.recovering = False
+        if self.keeping:
+            self.keeping = False
+            if exact:
+                return []
+            self.run_id += 1  # what ``lose`` did not raise: the pass's commits are void now
+            self.needs_rebuild = self.needs_rebuild or (self.has_rebuild and self.applied_before)
+            self.redo = True
         self.run_id += 1
         if self.stage in (Stage.SHARDS, Stage.REBUILD) and self.redo:
             self.redo = False
@@ -259,6 +291,11 @@ class ClockMachine:
     def accepts(self, run_id: int) -> bool:
         """Work tagged ``run_id`` may complete now: the current run, no recovery under way."""
         return run_id == self.run_id and not self.recovering
+
+    def grants(self, run_id: int) -> bool:
+        """A shard attempt tagged ``run_id`` may commit now: the current run, in a pass that hands
+        shards out or is kept through a recovery (its completion waits for ``recovered``)."""
+        return run_id == self.run_id and (self.keeping or (not self.recovering and self.stage in _HANDING_OUT))
 
     @property
     def handing_out(self) -> bool:

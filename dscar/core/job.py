@@ -321,7 +321,7 @@ class JobState:
         self.checkpoints.worker_lost(worker, planned=worker in self.restarting or worker in self.left, now=now)
         requeued = self.queue.worker_lost(worker) + self.queue.source_lost(worker)
         self.monitor.forget(worker)
-        self.losses.forget_memory(worker)
+        switched = self.losses.forget_memory(worker)  # (states still to restore from its memory: not as planned)
         self.dispatch.forget(worker)
         owned = self.pmap.owned_by(worker)
         self.event(now, "worker-left" if worker in self.left else "worker-lost", worker=worker,
@@ -334,7 +334,7 @@ class JobState:
             self.fail(now, f"worker {worker} owned partitions {owned} and was lost; restoring partitions "
                            "needs a checkpoint store (dscar.fit(..., checkpoint=...))")
             return owned, None
-        return owned, self.losses.needs_restore(worker, bool(owned), held)
+        return owned, self.losses.needs_restore(worker, bool(owned), held + switched)
 
     def plan_recovery(self, live: list[str]) -> RecoveryPlan:
         """What to restore now for every unrecovered loss, onto the ``live`` workers."""
@@ -346,7 +346,7 @@ class JobState:
     def restored(self, key: tuple[str, int], target: str, version: int, now: float,
                  memory_clock: int | None = None) -> None:
         """``target`` owns ``key`` now (``Losses.restored``)."""
-        self.losses.restored(key, target, version, now, memory_clock)
+        self.losses.restored(key, target, version, now, memory_clock, self.clock)
 
     def recovery_planned(self, plan: RecoveryPlan, now: float) -> set[str]:
         """The plan is about to be carried out: record which losses it covers; returns them."""

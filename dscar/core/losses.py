@@ -12,7 +12,10 @@ Invariants:
 - ``unrecovered`` and the owners of ``pmap`` name a lost worker only until a plan covering it is
   carried out (``needs_recovery`` says whether one is);
 - no planned restore reads a lost buddy's memory (``forget_memory``): a message to a hung buddy
-  would wait out its deadline.
+  would wait out its deadline;
+- a kept pass (``keep``) goes on only if every partition restored and every shard state still to
+  restore since it began is a memory copy as of its ``base`` clock, of a partition not restored
+  otherwise since that clock (``exact``): then what the pass reads is what it read before the loss.
 """
 from __future__ import annotations
 
@@ -46,17 +49,42 @@ class Losses:
         #: table -> row ranges restored from a checkpoint since the last rebuild pass was applied (the
         #: rebuild steps' ``ShardContext.restored``; a memory-tier copy is as of the last clock: not listed)
         self.restored_rows: dict[str, list[tuple[int, int]]] = {}
+        #: (table, part) -> the job's clock when it was last restored other than by a kept pass's exact
+        #: copy: a memory copy labelled with that clock or an older one may not hold its value
+        self.inexact_at: dict[tuple[str, int], int] = {}
+        #: the clock whose memory copies a kept pass's restores must be (None: no pass is kept)
+        self.base: int | None = None
+        #: every restore since the pass was kept was a memory copy as of ``base``
+        self.copies_exact = True
 
     def live(self, workers: list[str]) -> list[str]:
         """``workers`` (the scheduler's) less those this job lost."""
         return [w for w in sorted(workers) if w not in self.lost]
 
-    def forget_memory(self, worker: str) -> None:
+    def forget_memory(self, worker: str) -> list[int]:
         """``worker`` is gone: a state planned to come from its memory comes from the saved file, or
-        from the initial state."""
+        from the initial state. Returns those shards (their states will not be as planned)."""
+        switched = []
         for s, entry in self.restore_state.items():
             if entry.get("memory") == worker:
                 self.restore_state[s] = entry.get("file") or INITIAL_STATE
+                switched.append(s)
+        return switched
+
+    def keep(self, base: int) -> None:
+        """A pass is kept through the recovery that starts (or goes on) now: its restores must be
+        memory copies as of clock ``base`` (the pass's start)."""
+        if self.base is None:
+            self.base, self.copies_exact = base, True
+        elif self.base != base:
+            self.copies_exact = False
+
+    def exact(self) -> bool:
+        """Whether the kept pass may go on: every restore since it was kept, and every shard state
+        still to restore, is a memory copy as of ``base``. Ends the keeping."""
+        base, self.base = self.base, None
+        return base is not None and self.copies_exact and all(
+            "memory" in e and int(e.get("clock", -1)) == base for e in self.restore_state.values())
 
     def needs_restore(self, worker: str, owned: bool, held: list[int]) -> bool:
         """``worker`` was lost owning partitions (``owned``) and holding the states of ``held``:
@@ -88,10 +116,17 @@ class Losses:
         return covered
 
     def restored(self, key: tuple[str, int], target: str, version: int, now: float,
-                 memory_clock: int | None = None) -> None:
+                 memory_clock: int | None = None, clock: int = 0) -> None:
         """``target`` owns ``key`` now, restored from checkpoint ``version`` (0: the initial values)
-        or from a buddy's memory copy as of ``memory_clock``."""
+        or from a buddy's memory copy as of ``memory_clock``, in the job's clock ``clock``."""
         self.pmap.owners[key] = target
+        # a copy taken after the partition was last restored otherwise (a copy labelled with the
+        # clock of that restore may be from before it: not counted), as of the kept pass's start
+        exact = memory_clock is not None and self.base is not None and memory_clock == self.base \
+            and self.inexact_at.get(key, -1) < memory_clock
+        if not exact:
+            self.inexact_at[key] = clock
+            self.copies_exact = False
         if memory_clock is None and self.has_rebuild:  # (forgotten when a rebuild pass is applied)
             self.restored_rows.setdefault(key[0], []).append(self.pmap.layouts[key[0]].bounds[key[1]])
         where = {"version": version} if memory_clock is None else {"tier": "memory", "memory_clock": memory_clock}

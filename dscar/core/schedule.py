@@ -159,6 +159,10 @@ class BspSchedule:
         self.stop: bool | None = None
         #: the clock after this one was begun by the coordinator (``BeginClock``), not to be begun by the driver
         self.next_begun = False
+        #: some pass of this clock was told to apply: the tables differ from the clock's start
+        self.applied_in_clock = False
+        #: when the newest loss that kept its pass struck (attempts started before it may fail for it)
+        self.kept_at = -math.inf
         if resume is not None:
             self.machine.clock = int(resume["clock"])
             self.machine.stage = Stage.DONE
@@ -246,6 +250,7 @@ class BspSchedule:
                     job.event(now, "clock-restarted", stage=m.stage.value,
                               data_phase=job.cfg.phase_names[m.data_phase] or None)
             elif isinstance(a, Apply):
+                self.applied_in_clock = True
                 reset = list(job.cfg.rebuild) if a.reset_rebuild else (
                     [t for t, k in job.cfg.kinds.items() if k == "reduction"] if a.reset_reductions else [])
                 effects.append(ApplyPass(a.run_id, m.clock, job.queue.committed_attempts(), reset,
@@ -304,6 +309,7 @@ class BspSchedule:
         self.started = set()
         self.clock_end_worker = self.folded = None
         self.stop, self.next_begun = None, False
+        self.applied_in_clock = False
         job.checkpoints.start_interval(now)
         return effects + self._carry(self.machine.begin(clock), now)
 
@@ -386,7 +392,7 @@ class BspSchedule:
         dispatch, queue = job.dispatch, job.queue
         dispatch.running_items.pop(worker, None)
         dispatch.last_seen[worker] = now
-        current = clock == m.clock and m.accepts(run_id)
+        current = clock == m.clock and m.grants(run_id)
         # attempt numbers restart every pass: only the current run's can be looked up
         mine = queue.running_attempt(shard, attempt) if current else None
         if timings and "data_s" in timings:  # (``note_move`` measures only a data move)
@@ -395,7 +401,7 @@ class BspSchedule:
             step = step_seconds(timings) if timings else (None if mine is None else now - mine.started)
             if step is not None:
                 job.monitor.record(worker, step)
-        if not current or not m.handing_out:  # a lost backup, an attempt of a voided pass
+        if not current:  # a lost backup, an attempt of a voided pass
             job.event(now, "commit-refused", shard=shard, attempt=attempt, worker=worker, late=True,
                       seconds=round(step_seconds(timings or {}), 4))  # its step time, wasted
             return False, []
@@ -406,14 +412,19 @@ class BspSchedule:
             return False, []
         job.losses.restore_state.pop(shard, None)  # the attempt started from the restored state; it lives on now
         job.tally.committed(worker, timings)
-        if not queue.complete:
+        if not queue.complete or m.recovering:  # (a kept pass completes once recovered)
             return True, []
+        return True, self._pass_complete(now)
+
+    def _pass_complete(self, now: float) -> list[Effect]:
+        """Every shard of the active pass committed: apply it."""
+        m = self.machine
         self._book_stage(now)
         rebuild = m.stage is Stage.REBUILD
-        effects = self._carry(m.pass_complete(run_id), now)
+        effects = self._carry(m.pass_complete(m.run_id), now)
         if not rebuild:
-            job.tally.pass_counted(job.queue.committed_by())
-        return True, effects
+            self.job.tally.pass_counted(self.job.queue.committed_by())
+        return effects
 
     def attempt_failed(self, worker: str, clock: int, run_id: int, shard: int, attempt: int, error: str,
                        now: float, lost_data: bool = False, seconds: float = 0.0, stopped: bool = False) -> None:
@@ -428,11 +439,14 @@ class BspSchedule:
                   worker=worker, error=error, late=late or (stopped and not job.dispatch.live(shard, attempt, worker)),
                   seconds=round(seconds, 4))
         job.running_items.pop(worker, None)
-        if clock != m.clock or not m.handing_out:
+        if clock != m.clock or not (m.handing_out or m.keeping):
             return
         job.dispatch.attempt_started(worker, shard, attempt)
+        mine = job.queue.running_attempt(shard, attempt)
+        # (an attempt of a kept pass started before its loss may have read from the lost worker)
+        kept = mine is not None and mine.started <= self.kept_at
         try:
-            job.queue.fail(shard, attempt, worker, error, count=run_id == m.run_id and not stopped,
+            job.queue.fail(shard, attempt, worker, error, count=run_id == m.run_id and not stopped and not kept,
                            lost_data=lost_data)
         except ShardFailedError as e:
             job.fail(now, str(e))
@@ -501,18 +515,43 @@ class BspSchedule:
             effects += self._carry(m.lose(restores=False, unapplied=True), now)
         if restores:
             reductions = any(job.cfg.kinds[t] == "reduction" for t, _ in owned)
-            effects += self._carry(m.lose(restores=True, reductions_lost=reductions, unapplied=unapplied), now)
+            keep = self._may_keep(reductions)
+            if keep:
+                self.kept_at = now
+                job.losses.keep(m.clock - 1)
+            effects += self._carry(m.lose(restores=True, reductions_lost=reductions, unapplied=unapplied,
+                                          keep=keep), now)
         if m.stage is Stage.CLOCK_END and self.clock_end_worker == worker:
             effects += self._carry(m.clock_end_failed(), now)  # while recovering: skipped after it
         elif self.folded == worker:  # lost before the apply ended: if the clock still ends, the item path runs it
             self.folded = None
         return effects
 
+    def _may_keep(self, reductions_lost: bool) -> bool:
+        """Whether a loss now may keep the pass (``ClockMachine.lose(keep=True)``): the clock's first
+        data pass runs and nothing of the clock was applied, so the memory copies of the clock before
+        hold what the pass reads; a reduction partition (not copied) and full recovery (every table
+        rolls back) cannot. Whether it does keep it is decided once recovered (``Losses.exact``)."""
+        job, m = self.job, self.machine
+        ck = job.cfg.checkpoint
+        return (m.stage is Stage.SHARDS and m.data_phase == 0 and not self.applied_in_clock and not reductions_lost
+                and ck is not None and ck.memory and ck.recovery != "full"
+                and (m.keeping or not m.recovering))
+
     def recovered(self, now: float) -> list[Effect]:
-        """Every loss is recovered: the machine goes on (a rebuild, a pass again, or a skip)."""
-        if not self.machine.recovering:
+        """Every loss is recovered: the machine goes on (a rebuild, a pass again, a skip, or the
+        kept pass: completed now if every shard committed meanwhile)."""
+        job, m = self.job, self.machine
+        if not m.recovering:
             return []
-        return self._carry(self.machine.recovered(), now)
+        keeping = m.keeping
+        exact = job.losses.exact() and keeping  # (ends the keeping either way)
+        effects = self._carry(m.recovered(exact=exact), now)
+        if keeping and exact:
+            job.event(now, "pass-kept", committed=len(job.queue.committed_attempts()), todo=job.queue.n_todo)
+            if job.queue.complete:
+                effects += self._pass_complete(now)
+        return effects
 
     def rebase(self, manifest: dict) -> None:
         """The job resumes from an older manifest: the next clock is the one after it."""

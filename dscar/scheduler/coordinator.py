@@ -1066,11 +1066,18 @@ class Coordinator(SchedulerPlugin):
             self._wake()
         return {"status": "OK"}
 
-    def _h_run(self, job_id: str, worker: str) -> dict:
+    async def _h_run(self, job_id: str, worker: str, owners: bool = False) -> dict:
         """The job's current run id (None: no such job here): a worker asks before it takes a write
-        tagged with a run newer than it knows of (``membership.run_refusal``)."""
+        tagged with a run newer than it knows of (``membership.run_refusal``). ``owners``: a worker
+        whose work item names an owner that is gone asks, with the partitions' owners once no
+        recovery of its run is under way (a loss that kept the pass: ``ShardRunner.refresh_owners``)."""
         job = self.jobs.get(job_id)
-        return {"run": None if job is None else job.run_id}
+        if job is None or not owners:
+            return {"run": None if job is None else job.run_id}
+        run = job.run_id
+        while job.recovering and job.run_id == run and not job.failed and self.jobs.get(job_id) is job:
+            await self._wait_change(1.0)
+        return {"run": job.run_id, "owners": job.pmap.to_msg()}
 
     def _h_end_job(self, job_id: str) -> dict:
         job = self._drop(job_id)

@@ -312,14 +312,27 @@ class ShardRunner:
         gone = sorted({w for w in job.owners.values() if self.host.peer_gone(w)})
         if not gone:
             return None
-        try:
-            current = self.host.call("run", job_id=item["job"], worker=self.host.address).get("run")
-        except Exception:  # noqa: BLE001 - the coordinator did not answer: run it, as before
-            return None
-        if current is None or int(current) <= int(item["run"]):
+        current = self.refresh_owners(job, int(item["run"]))
+        if current is None or current <= int(item["run"]):
             return None
         return (f"not started: run {item['run']} was voided by the loss of {', '.join(gone)} "
                 f"(the job's run is {current})")
+
+    def refresh_owners(self, job: Job, run: int) -> int | None:
+        """The job's run once no recovery is under way (None: the coordinator did not answer). Under BSP,
+        while it is still ``run`` (a loss that kept the pass: ``dscar.core.clock``), the owners its
+        recovery restored the lost partitions on replace the item's (``job.owners``): what the pass
+        reads is where it is now."""
+        try:
+            r = self.host.call("run", job_id=job.id, worker=self.host.address, owners=True)
+        except Exception:  # noqa: BLE001 - the coordinator did not answer: as before, the item's map
+            return None
+        current = r.get("run")
+        if current is not None and int(current) == run and not job.ssp and r.get("owners"):
+            with self._lock:
+                if job.run_seen <= run:
+                    job.owners = {(t, int(p)): w for t, p, w in r["owners"]}
+        return None if current is None else int(current)
 
     def _write_back(self, job: Job, run: int, granted: list[tuple[int, int, int]], staged: dict) -> None:
         """Add this worker's granted SSP updates to its pulled copy (``PullCache.write_back``): its
@@ -835,8 +848,17 @@ def _answered(reply: dict, owner: str, table: str, part: int) -> dict:
     if reply.get("status") == "not-applied":
         raise NotApplied(f"{owner}: {reply.get('error')}")
     if reply.get("status", "OK") != "OK":
-        raise LookupError(f"{owner} no longer holds {table}/{part}")
+        raise NotHeld(owner, f"{owner} no longer holds {table}/{part}")
     return reply
+
+
+class NotHeld(LookupError):
+    """An owner a read went to does not hold the partition (it moved, or its owner was lost and
+    kept its process: a simulated loss)."""
+
+    def __init__(self, owner: str, message: str):
+        super().__init__(message)
+        self.owner = owner
 
 
 def _after(run: int | None) -> dict:
@@ -892,6 +914,23 @@ class ShardStep:
 
     def pull(self, table: str, start: int = 0, stop: int | None = None):
         """Rows of ``table`` as of this clock's (data phase's) start (cached for it; do not mutate)."""
+        return self._read_on(self._pull, table, start, stop)
+
+    def _read_on(self, read, *args):
+        """``read(*args)``, and once more when it found an owner gone (or no longer holding what it read)
+        in a pass that owner's loss kept (``ShardRunner.refresh_owners``): then its partitions are
+        where the recovery restored them."""
+        try:
+            return read(*args)
+        except Exception as e:
+            peer, run = _unreachable_peer(e) or getattr(e, "owner", None), (self._race or [None])[0]
+            if peer is None or run is None or self._job.ssp or peer not in self._job.owners.values() \
+                    or self._server.refresh_owners(self._job, int(run)) != int(run) \
+                    or peer in self._job.owners.values():
+                raise
+        return read(*args)
+
+    def _pull(self, table: str, start: int, stop: int | None):
         # under SSP a reduction table's read is its sums of one clock, and steps of several clocks share the cache
         sums = self._sums if self._job.specs[table].kind == "reduction" else None
         cache = self._job.pull_cache
@@ -930,7 +969,7 @@ class ShardStep:
     def pull_rows(self, table: str, rows):
         """Rows ``rows`` (any order, repeats allowed) of ``table`` as of this clock's start."""
         t0, c0 = time.perf_counter(), time.thread_time()
-        out = self._server.read_row_set(self._job, table, rows, self._sums, self._race)
+        out = self._read_on(self._server.read_row_set, self._job, table, rows, self._sums, self._race)
         self._pulled(t0, c0)
         return out
 
