@@ -65,7 +65,7 @@ from ..core.monitor import ThroughputMonitor, step_seconds
 from ..core.protocol import IDLE, ClockEndOutcome, Commit, CommitAnswer, handler_name
 from ..core.partitions import PartitionMap, TableLayout, data_homes, placement_plan
 from ..core.shards import ShardQueue
-from ..core.wake import IDLE_RECHECK_S, MOVE_RECHECK_S, WaitLine, Woken, owners, recheck_s
+from ..core.wake import IDLE_RECHECK_S, MOVE_RECHECK_S, WaitLine, Woken, commit_wakes, owners, recheck_s
 from ..core.stall import StallWatch, workers_to_ask
 
 logger = logging.getLogger("dscar.coordinator")
@@ -748,8 +748,8 @@ class Coordinator(SchedulerPlugin):
         a = self._active.get(job_id)
         return a.standby if a is not None else set()
 
-    def _do(self, job: JobState, effects: list) -> None:
-        """Carry out what ``job`` decided."""
+    def _do(self, job: JobState, effects: list, polls: bool = True) -> None:
+        """Carry out what ``job`` decided; ``polls``: its change may concern the waiting polls (``_wake``)."""
         for e in effects:
             if isinstance(e, ApplyPass):
                 asyncio.ensure_future(self._apply(job, e))
@@ -765,7 +765,7 @@ class Coordinator(SchedulerPlugin):
                 pass  # carried out in begin_clock, where nothing is staged
             elif isinstance(e, BeginClock):
                 self._background(self._auto_begin(job, e.clock))
-        self._wake()
+        self._wake(polls=polls)
 
     async def _rpc(self, worker: str, op: str, timeout: float = RPC_TIMEOUT_S, **kw) -> Any:
         """A message to ``worker`` (with the token of the job it names); fails at once if the
@@ -1307,7 +1307,7 @@ class Coordinator(SchedulerPlugin):
             if not ok:
                 touched.pop((msg.run, c.clock, c.shard, c.attempt), None)
                 inline.pop((msg.run, c.clock, c.shard, c.attempt), None)
-        self._do(job, effects)  # (one wake for the whole commit)
+        self._do(job, effects, commit_wakes(job, effects))  # (one wake for the whole commit)
         here = worker in self.scheduler.workers
         item = self._item_for(worker) if here else None
         if item is None and msg.wait and here:
