@@ -20,6 +20,8 @@ def _bare() -> Coordinator:
     c.wakes = c.poll_wakes = 0
     c._changed = asyncio.Event()
     c._change_waits = set()
+    c._driver_waits = set()
+    c._events_heard = 0
     c._line = WaitLine()
     c._polls = {}
     c._active = {}  # (no job: nobody stands by)
@@ -46,6 +48,40 @@ def test_a_change_wakes_the_waits_and_a_timeout_ends_them_leaving_nothing_behind
         dashboard_event = c._changed
         c._wake()
         assert dashboard_event.is_set() and c._changed is not dashboard_event  # the dashboard's event still moves
+
+    asyncio.run(main())
+
+
+class _Job:
+    def __init__(self):
+        self.events: list[dict] = []
+
+
+def test_a_workers_own_progress_wakes_a_drivers_wait_only_when_it_added_events():
+    """A grant or a commit that completes nothing (``driver=False``) wakes the coordinator's own waits
+    (the ticker's backups turn due with it) but a driver's long poll only if it added events; any other
+    change wakes every wait."""
+    async def main():
+        c = _bare()
+        c.jobs = {"j": _Job()}
+        own = asyncio.ensure_future(c._wait_change(30.0))
+        driver = asyncio.ensure_future(c._wait_change(30.0, driver=True))
+        await asyncio.sleep(0)
+        c._wake(polls=False, driver=False)
+        assert await own is True
+        await asyncio.sleep(0)
+        assert not driver.done()
+        c.jobs["j"].events.append({"kind": "shard-moved"})
+        c._wake(polls=False, driver=False)
+        assert await driver is True
+        driver = asyncio.ensure_future(c._wait_change(30.0, driver=True))
+        await asyncio.sleep(0)
+        c._wake(polls=False, driver=False)
+        await asyncio.sleep(0)
+        assert not driver.done()  # (that event was heard already)
+        c._wake()
+        assert await driver is True
+        assert not c._driver_waits and not c._change_waits
 
     asyncio.run(main())
 

@@ -2,7 +2,7 @@
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dscar.core.wake import MISSES, WaitLine, Woken
+from dscar.core.wake import MISSES, WaitLine, Woken, commit_wakes
 
 
 def line_of(*workers: str) -> WaitLine:
@@ -96,3 +96,23 @@ def test_no_lost_wake_up_whenever_a_waiting_worker_may_take_work_and_the_cost_is
             line.wait(woken.worker)  # it waits again
     assert not [w for w in line if may_take(w)], "a waiting worker may take work and nobody woke it"
     assert looked <= len(owners) + handed + MISSES + 1
+
+
+class _Queue:
+    def __init__(self, n_todo: int):
+        self.n_todo = n_todo
+
+
+class _Job:
+    def __init__(self, consistency: str, n_todo: int):
+        self.consistency, self.queue = consistency, _Queue(n_todo)
+
+
+def test_a_bsp_commit_wakes_polls_only_when_it_completes_its_pass_or_shards_wait():
+    """At a pass's tail every shard is running: a commit that completes nothing gives a waiting poll
+    nothing it could not get before (a backup turns due with time: the ticker wakes the head then), so
+    it wakes none; one whose pass is complete, or after which shards are TODO, wakes as any change."""
+    assert not commit_wakes(_Job("bsp", 0), [])
+    assert commit_wakes(_Job("bsp", 0), ["an effect"])
+    assert commit_wakes(_Job("bsp", 3), [])
+    assert commit_wakes(_Job("ssp", 0), [])  # (a commit moves the clock window)

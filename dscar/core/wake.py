@@ -14,7 +14,12 @@ thundering herd of a large cluster. ``WaitLine`` says instead which polls a chan
   may not take: a straggler held back, the late worker a backup is for, the asker of its own batch
   members, a joiner warming up; never one that ``MISSES + 1`` waiters in a row may not take). So a
   change costs the waiting owners, the items handed out and at most ``MISSES + 1`` polls more;
-- an owner's wake is not passed on: the shards it takes are its own, no sign of more work for others.
+- an owner's wake is not passed on: the shards it takes are its own, no sign of more work for others;
+- a BSP commit that completes no pass and leaves no shard TODO wakes nobody (``commit_wakes``): a
+  waiting poll could then take only a backup, which turns due with time (below), or batch members to
+  ask back, which a commit never adds. At the end of a step the W commits of a clock come together, and
+  each woke ``MISSES + 1`` waiting polls to find nothing: about 4 W looks a clock on the scheduler's
+  loop, in the burst that ends the clock.
 
 Time-driven decisions (a backup turning due, a late holder's shard turning movable) wake the head of
 the line at the time they turn due (``due``), and every poll still looks again at its timeout.
@@ -104,6 +109,14 @@ class WaitLine:
         if woken.misses_left is None or (not got_item and woken.misses_left <= 0):
             return []
         return self.wake(spare=1, misses=woken.misses_left if got_item else woken.misses_left - 1)
+
+
+def commit_wakes(job: "JobState", effects: list) -> bool:
+    """Whether a commit whose decision is ``effects`` may have made work for a waiting poll, so its
+    change wakes polls (``WaitLine.wake``): always under SSP (a commit moves the clock window);
+    under BSP, when it has effects (its pass is complete) or shards are TODO (given back, or queued
+    again after a stopped attempt)."""
+    return bool(effects) or job.consistency != "bsp" or bool(job.queue.n_todo)
 
 
 def owners(jobs: Iterable["JobState"]) -> set[str]:

@@ -65,7 +65,7 @@ from ..core.monitor import ThroughputMonitor, step_seconds
 from ..core.protocol import IDLE, ClockEndOutcome, Commit, CommitAnswer, handler_name
 from ..core.partitions import PartitionMap, TableLayout, data_homes, placement_plan
 from ..core.shards import ShardQueue
-from ..core.wake import IDLE_RECHECK_S, MOVE_RECHECK_S, WaitLine, Woken, owners, recheck_s
+from ..core.wake import IDLE_RECHECK_S, MOVE_RECHECK_S, WaitLine, Woken, commit_wakes, owners, recheck_s
 from ..core.stall import StallWatch, workers_to_ask
 
 logger = logging.getLogger("dscar.coordinator")
@@ -120,6 +120,12 @@ def stall_timeout() -> float:
     return float(dask.config.get("dscar.core.stall-timeout", 60.0))
 
 
+def _resolve_all(waits: set[asyncio.Future]) -> None:
+    for fut in waits:
+        if not fut.done():
+            fut.set_result(True)
+
+
 def _relay(mine: asyncio.Future, source: asyncio.Future) -> None:
     """``source``'s result into ``mine`` (a done callback of ``source``, which is never cancelled)."""
     if not source.cancelled():
@@ -146,6 +152,11 @@ class Coordinator(SchedulerPlugin):
         self._changed = asyncio.Event()
         #: the coordinator's own waits for the next change (``_wait_change``): each resolved by ``_wake``
         self._change_waits: set[asyncio.Future] = set()
+        #: the drivers' long polls for their reports (``_h_wait``): resolved by ``_wake``, but by a
+        #: change of one worker's own progress (a grant, a commit that completes nothing) only when
+        #: it added events (``_events_heard``: the jobs' events counted when they were last resolved)
+        self._driver_waits: set[asyncio.Future] = set()
+        self._events_heard = 0
         #: how many changes woke the waits
         self.wakes = 0
         #: the workers whose long poll for work waits (``dscar.core.wake``): a change wakes those it may concern
@@ -652,18 +663,24 @@ class Coordinator(SchedulerPlugin):
         return {"status": "OK"}
 
     # ----------------------------------------------------------- plumbing
-    def _wake(self, everyone: bool = False, polls: bool = True) -> None:
+    def _wake(self, everyone: bool = False, polls: bool = True, driver: bool = True) -> None:
         """Something changed: the waits on ``_changed`` look again, and the waiting long polls for work
         it may concern (every one with ``everyone``: a clock or pass begins, shards are placed, a recovery
-        ends; none with ``polls=False``)."""
+        ends; none with ``polls=False``). ``driver=False``: a change of one worker's own progress, which
+        wakes the drivers' long polls only if it added events: nothing else they answer with (a report, a
+        placement, checkpoints to publish, a failure) follows from it, and at W workers a clock has W
+        grants and W commits, each of which woke every driver's poll to find nothing."""
         self.wakes += 1
         self._changed.set()
         self._changed = asyncio.Event()
         if self._change_waits:
             waits, self._change_waits = self._change_waits, set()
-            for fut in waits:
-                if not fut.done():
-                    fut.set_result(True)
+            _resolve_all(waits)
+        if self._driver_waits:
+            heard = sum(len(job.events) for job in self.jobs.values())
+            if driver or heard != self._events_heard:
+                waits, self._driver_waits, self._events_heard = self._driver_waits, set(), heard
+                _resolve_all(waits)
         if polls and len(self._line):
             mine = () if everyone else owners(self.jobs.values())
             self._wake_polls(self._line.wake(everyone=everyone, owners=mine))
@@ -722,17 +739,19 @@ class Coordinator(SchedulerPlugin):
         finally:
             self._ticker = None
 
-    async def _wait_change(self, timeout: float) -> bool:
-        """Whether a change (``_wake``) came within ``timeout`` seconds. The driver's long poll for
+    async def _wait_change(self, timeout: float, driver: bool = False) -> bool:
+        """Whether a change (``_wake``) came within ``timeout`` seconds (``driver``: a driver's long poll,
+        which one worker's progress wakes only when it added events). The driver's long poll for
         its clock's report waits here once per change, so this is a future and a timer
         (``dscar.inflight.timed_wait``), not ``asyncio.wait_for`` of ``Event.wait()`` (a task a wait)."""
         loop = asyncio.get_running_loop()
         fut = loop.create_future()
-        self._change_waits.add(fut)
+        waits = self._driver_waits if driver else self._change_waits
+        waits.add(fut)
         try:
             return await timed_wait(fut, timeout, False)
         finally:
-            self._change_waits.discard(fut)
+            (self._driver_waits if driver else self._change_waits).discard(fut)
 
     def _live(self, job: JobState) -> list[str]:
         """The job's active workers: the scheduler's, less those the job lost and those standing by."""
@@ -748,8 +767,9 @@ class Coordinator(SchedulerPlugin):
         a = self._active.get(job_id)
         return a.standby if a is not None else set()
 
-    def _do(self, job: JobState, effects: list) -> None:
-        """Carry out what ``job`` decided."""
+    def _do(self, job: JobState, effects: list, polls: bool = True) -> None:
+        """Carry out what ``job`` decided; ``polls``: its change may concern the waiting polls and the
+        drivers' (``_wake``)."""
         for e in effects:
             if isinstance(e, ApplyPass):
                 asyncio.ensure_future(self._apply(job, e))
@@ -765,7 +785,7 @@ class Coordinator(SchedulerPlugin):
                 pass  # carried out in begin_clock, where nothing is staged
             elif isinstance(e, BeginClock):
                 self._background(self._auto_begin(job, e.clock))
-        self._wake()
+        self._wake(polls=polls, driver=polls)
 
     async def _rpc(self, worker: str, op: str, timeout: float = RPC_TIMEOUT_S, **kw) -> Any:
         """A message to ``worker`` (with the token of the job it names); fails at once if the
@@ -1202,7 +1222,7 @@ class Coordinator(SchedulerPlugin):
                 if job.cfg.checkpoint is not None and any("state_file" in m for m in item.get("shards", ())):
                     item["ckpt_url"] = job.cfg.checkpoint.url
                     item["storage_options"] = job.cfg.checkpoint.storage_options
-                self._wake(polls=False)  # (the waiting polls: a poll that gets an item passes a wake on)
+                self._wake(polls=False, driver=False)  # (the waiting polls: a poll that gets an item passes a wake on)
                 return item
         return None
 
@@ -1314,7 +1334,7 @@ class Coordinator(SchedulerPlugin):
             if not ok:
                 touched.pop((msg.run, c.clock, c.shard, c.attempt), None)
                 inline.pop((msg.run, c.clock, c.shard, c.attempt), None)
-        self._do(job, effects)  # (one wake for the whole commit)
+        self._do(job, effects, commit_wakes(job, effects))  # (one wake for the whole commit)
         here = worker in self.scheduler.workers
         item = self._item_for(worker) if here else None
         if item is None and msg.wait and here:
@@ -1822,5 +1842,5 @@ class Coordinator(SchedulerPlugin):
             if publish:
                 return {"status": "pending", "events": events, "publish": publish}
             left = deadline - time.monotonic()
-            if left <= 0 or not await self._wait_change(left):
+            if left <= 0 or not await self._wait_change(left, driver=True):
                 return {"status": "pending", "events": events, "publish": publish}

@@ -40,7 +40,7 @@ from typing import Any, Callable
 import numpy as np
 import dask.config
 from distributed import WorkerPlugin
-from distributed.core import error_message
+from distributed.core import error_message, send_recv
 from distributed.protocol import to_serialize
 from distributed.protocol.pickle import loads
 from distributed.utils import sync
@@ -335,8 +335,22 @@ class ParamServer(WorkerPlugin):
         return kw if job is None else {**kw, "token": job.token}
 
     async def _acall(self, op: str, **kw) -> Any:
-        """The scheduler's handler ``dscar_<op>``, as this worker: with its key and the job's token."""
-        return await getattr(self.worker.scheduler, handler_name(op))(key=self.key, **self._signed(kw))
+        """The scheduler's handler ``dscar_<op>``, as this worker: with its key and the job's token.
+
+        Sent on a connection of the worker's pool to the scheduler (as ``worker.scheduler`` does) with
+        offloading off for the call: every dscar message to the scheduler is small metadata, and
+        distributed otherwise walks each outgoing message with ``dask.sizeof`` to decide whether to
+        serialize it in a thread (``comm.fast_fail_pool``'s ``metadata_only``). A commit's walk cost
+        more than its msgpack, on the loop that 32 hollow workers share, in the burst that ends a clock."""
+        pool, address = self.worker.rpc, self.worker.scheduler.address
+        comm = await pool.connect(address)
+        comm.allow_offload = False
+        try:
+            return await send_recv(comm=comm, op=handler_name(op), key=self.key, serializers=pool.serializers,
+                                   deserializers=pool.deserializers, **self._signed(kw))
+        finally:
+            comm.allow_offload = pool.allow_offload
+            pool.reuse(address, comm)
 
     # ------------------------------------------------------------- handlers
     async def _h_warm_up(self, job_id: str) -> dict:
