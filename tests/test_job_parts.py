@@ -239,6 +239,25 @@ def test_an_idle_worker_asks_back_the_later_half_of_the_biggest_batch_of_a_live_
     assert d.ask_back("c") is None
 
 
+def test_members_worth_less_than_a_release_are_not_asked_back():
+    """Steps of microseconds (bench.overhead's): the victim runs its later half before a release's round
+    trip would move it, so nothing is asked; the same members at a measured step that makes them worth
+    ``ASK_BACK_MIN_S`` are asked (and before any measurement too)."""
+    from dscar.core.dispatch import ASK_BACK_MIN_S
+
+    job = _job_with_store()
+    d = job.dispatch
+    d.set_batched("a", [(0, 1), (1, 1), (2, 1), (3, 1)])
+    assert d.ask_back("c") == ("a", [(2, 1), (3, 1)])  # (unmeasured)
+    for _ in range(2):  # (the first step is a warm-up)
+        job.monitor.record("a", ASK_BACK_MIN_S / 4)  # 2 members: half the least worth asking
+    assert d.ask_back("c") is None
+    job.monitor.forget("a")
+    for _ in range(2):
+        job.monitor.record("a", ASK_BACK_MIN_S / 2)
+    assert d.ask_back("c") == ("a", [(2, 1), (3, 1)])
+
+
 def test_a_batch_holds_about_the_target_s_worth_of_steps_and_one_before_a_measurement():
     from dscar.core.dispatch import BATCH_TARGET_S, MAX_BATCH
 

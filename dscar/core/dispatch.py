@@ -53,6 +53,11 @@ SHARE_MAX_S = 2.0
 #: a straggler is left out of a pass's tail only where that saves at least this long (seconds): for
 #: steps of microseconds the hand-out noise, and moving the shard's data to another worker, cost more
 HOLD_BACK_MIN_S = 0.005
+#: an idle worker asks batch members back only where they are at least this much of their worker's work
+#: by its measured step (seconds): less, it runs them before the release's round trip, the hand-out and
+#: the shard's data move would let another start (bench.overhead's microsecond steps: ~1 release a clock
+#: at 2 workers x 16 shards, each a round trip for nothing)
+ASK_BACK_MIN_S = 0.002
 
 
 class RunningAttempts:
@@ -416,13 +421,19 @@ class Dispatch:
 
     def ask_back(self, asker: str) -> tuple[str, list[tuple[int, int]]] | None:
         """The worker with the most batch members that may not have started, and the later half of
-        them, to ask back for ``asker`` (None: nobody has any). From ``BatchIndex``: O(log W)."""
+        them, to ask back for ``asker`` (None: nobody has any, or they are less than ``ASK_BACK_MIN_S``
+        of its work by its measured step: it runs them before a release would move them). From
+        ``BatchIndex``: O(log W)."""
         lost = self.job.losses.lost
         victim = self._batch_index.most(lambda w: w == asker or w in lost)
         if victim is None:
             return None
         members = self.batched[victim]
-        return victim, members[len(members) // 2:]
+        later = members[len(members) // 2:]
+        step = self.job.monitor.mean_step(victim)
+        if step is not None and len(later) * step < ASK_BACK_MIN_S:
+            return None
+        return victim, later
 
     def released(self, worker: str, asked: list[tuple[int, int]], released: list[tuple[int, int]],
                  now: float) -> None:
