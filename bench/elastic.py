@@ -23,9 +23,11 @@ Figures:
   had with the same live workers over time (DLRover's measure): failure-free reference fits at
   ``--workers - 1``, ``--workers`` and ``--workers + 1`` run in this same bench run, once before the
   churn fit and once after it (interleaved: a change of the machine's load shows as their spread,
-  printed), and the expected rate is their mean rates weighted by the time the churn fit spent at
-  each count (a count with no reference, briefly reached while a killed worker restarts, takes the
-  nearest count's rate: a higher one, so goodput is if anything understated);
+  printed), of the churn fit's model (its width too: ``reference_fit``), and the expected rate is
+  their mean rates weighted by the time the churn fit spent at each count (a count with no
+  reference, briefly reached while a killed worker restarts, takes the nearest count's rate: a
+  higher one, so goodput is if anything understated); a worker counts from its arrival at the
+  scheduler until Dask begins to retire it (``ChurnDriver.working``: after its hand-off) or it is gone;
 * where the time goes: each clock's seconds beyond a failure-free clock at its count, summed by the
   kind of the event before it (``lost_by_event``; "none": the clocks before the first event, the
   reference's own noise);
@@ -91,6 +93,7 @@ from collections import Counter  # noqa: E402
 from typing import Any  # noqa: E402
 
 import dask  # noqa: E402
+from distributed.core import Status  # noqa: E402
 import numpy as np  # noqa: E402
 
 import dscar  # noqa: E402
@@ -109,6 +112,8 @@ WORK_S = 0.15
 STEP_WORK_S = N_SHARDS * WORK_S
 EVENT_AT = ("boundary", "random")
 SETTLE_S = 60.0  #: longest wait for an event to settle (a worker gone or arrived)
+#: the statuses of a worker that Dask is retiring or closing (not counted live: ``ChurnDriver.working``)
+STOPPING = frozenset({Status.closing_gracefully, Status.closing, Status.closed})
 
 
 def work_s(n_shards: int) -> float:
@@ -217,9 +222,16 @@ class ChurnDriver:
         self._round.remove(kind)
         return kind
 
+    def working(self) -> int:
+        """Workers of the cluster that work: not those Dask is retiring (``closing_gracefully`` and after).
+        dscar holds a retirement until the worker has handed off at a clock boundary, and lets Dask's
+        retirement go on only then: from that moment it works no more, though the scheduler keeps it
+        until its process has closed (some 0.02-0.05 s here), time the references would credit it."""
+        return sum(ws.status not in STOPPING for ws in list(self.lc.scheduler.workers.values()))
+
     def sample(self) -> None:
         while not self.stop.wait(0.05):
-            self.live.append((time.time(), len(self.lc.scheduler.workers)))
+            self.live.append((time.time(), self.working()))
 
     def run(self) -> None:
         try:
@@ -297,11 +309,18 @@ def checkpoint_config(tmp: str) -> dscar.CheckpointConfig:
     return dscar.CheckpointConfig(os.path.join(tmp, "ckpt"), policy="full", every=2, recovery="partial", memory=True)
 
 
+def churn_clocks(events: int) -> int:
+    """The churn fit's ``max_clocks``: room for ``events`` events (2-4 clocks apart, plus settling: a process
+    start) and the tail. It is also the model's width (``ExactlyOnce``: a column of ``seen`` and ``bad`` per
+    clock), which the references share."""
+    return events * 15 + 20
+
+
 def churn_fit(args, tmp: str, t0: float) -> dict[str, Any]:
     from distributed import LocalCluster
 
     kinds = args.kinds.split(",")
-    clocks = args.events * 15 + 20  # room for the events (2-4 clocks apart, plus settling: a process start) and the tail
+    clocks = churn_clocks(args.events)
     algo = Churned(clocks, work_s(args.shards))
     with LocalCluster(n_workers=args.workers, threads_per_worker=1, processes=True, dashboard_address=None) as lc:
         cl = dscar.connect(lc)
@@ -333,12 +352,16 @@ def churn_fit(args, tmp: str, t0: float) -> dict[str, Any]:
     return {"res": res, "driver": driver, "start": t1, "end": t2, "ticks": algo.ticks, "layouts": algo.layouts}
 
 
-def reference_fit(n_workers: int, clocks: int, tmp: str, n_shards: int = N_SHARDS) -> dict[str, Any]:
-    """A failure-free fit on ``n_workers`` worker processes, ``n_shards`` shards: its clock rate (clocks 2..
-    over their seconds)."""
+def reference_fit(n_workers: int, clocks: int, tmp: str, n_shards: int = N_SHARDS,
+                  columns: int | None = None) -> dict[str, Any]:
+    """A failure-free fit of ``clocks`` clocks on ``n_workers`` worker processes, ``n_shards`` shards: its
+    clock rate (clocks 2.. over their seconds). ``columns``: the model's width, the churn fit's
+    (``churn_clocks``; default ``clocks``): a shard's update and the clock end's check grow with it, and
+    below ``apply_plan.INLINE_BYTES`` an update rides its commit, so a narrower reference is a faster
+    model, not the same fit without churn."""
     from distributed import LocalCluster
 
-    algo = Churned(clocks, work_s(n_shards))
+    algo = Churned(columns or clocks, work_s(n_shards))
     with LocalCluster(n_workers=n_workers, threads_per_worker=1, processes=True, dashboard_address=None) as lc:
         cl = dscar.connect(lc)
         cl.client.wait_for_workers(n_workers)
@@ -348,7 +371,8 @@ def reference_fit(n_workers: int, clocks: int, tmp: str, n_shards: int = N_SHARD
     ticks = algo.ticks
     rate = (len(ticks) - 1) / (ticks[-1][0] - ticks[0][0])  # from the first clock's end: no set-up
     last = next((lay for lay in reversed(algo.layouts) if lay is not None), None)
-    return {"workers": n_workers, "clocks": res.n_clocks, "rate": rate, "objective": float(np.sum(res.params["seen"])),
+    return {"workers": n_workers, "clocks": res.n_clocks, "columns": algo.clocks, "rate": rate,
+            "objective": float(np.sum(res.params["seen"])),
             "per_clock_objective": float(np.sum(res.params["seen"])) / max(1, res.n_clocks), "layout": last}
 
 
@@ -882,11 +906,13 @@ def run(args, t0: float) -> int:
     runs = []
     for n in counts:  # references before the churn fit and after it, in the reverse order (interleaved)
         log(t0, f"failure-free reference on {n} workers (before)")
-        runs.append(reference_fit(n, ref_clocks, os.path.join(tmp, f"ref{n}a"), args.shards))
+        runs.append(reference_fit(n, ref_clocks, os.path.join(tmp, f"ref{n}a"), args.shards,
+                                 churn_clocks(args.events)))
     churn = churn_fit(args, os.path.join(tmp, "churn"), t0)
     for n in reversed(counts):
         log(t0, f"failure-free reference on {n} workers (after)")
-        runs.append(reference_fit(n, ref_clocks, os.path.join(tmp, f"ref{n}b"), args.shards))
+        runs.append(reference_fit(n, ref_clocks, os.path.join(tmp, f"ref{n}b"), args.shards,
+                                 churn_clocks(args.events)))
     refs = merge_references(runs)
     s = summarize(churn, refs, args.shards)
     load = load_average()

@@ -148,6 +148,22 @@ def test_events_come_right_after_a_clock_s_end_or_at_a_uniform_point_of_a_clock(
         elastic.event_delay("midway", rng, 0.6)
 
 
+def test_a_worker_dask_is_retiring_no_longer_counts_as_live():
+    """dscar lets Dask retire a worker once it has handed off: from then it works no more, though the
+    scheduler keeps it until its process has closed."""
+    from types import SimpleNamespace
+
+    from distributed.core import Status
+
+    workers = {w: SimpleNamespace(status=Status.running) for w in ("a", "b", "c")}
+    d = elastic.ChurnDriver(SimpleNamespace(scheduler=SimpleNamespace(workers=workers)), None, ["retire"], 1, 3, seed=0)
+    assert d.working() == 3
+    workers["b"].status = Status.closing_gracefully
+    assert d.working() == 2
+    workers["c"].status = Status.closed
+    assert d.working() == 1
+
+
 def test_the_timing_of_events_draws_apart_from_their_kinds():
     """The same seed draws the same kinds whether events come at a clock's end or at a random point of it."""
     a = elastic.ChurnDriver(None, None, list(elastic.KINDS), 9, 3, seed=4)
@@ -200,6 +216,8 @@ def test_quick_churn_commits_every_shard_update_exactly_once_and_reports_its_fig
     w = d["workers"]  # references at W - 1, W and W + 1, before and after the churn fit
     assert set(map(int, d["references"])) == {w - 1, w, w + 1}
     assert all(len(r["rates"]) == 2 for r in d["references"].values())
+    # of the churn fit's model, as wide (a narrower one is a faster model: its updates ride their commits)
+    assert {r["columns"] for r in d["references"].values()} == {elastic.churn_clocks(s["events"])}
     assert set(s["lost_by_event"]) <= {"none", *elastic.KINDS}
     assert 0 < s["goodput"] and s["clock_rate"] > 0 and s["expected_rate"] > 0
     assert s["handoffs"] == s["event_kinds"]["retire"] == len(s["handoff_s"]) and s["left"] >= s["handoffs"]
