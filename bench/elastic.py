@@ -875,7 +875,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.events is None:
         args.events = 4 if args.quick else 100
     t0 = time.perf_counter()
-    with dask.config.set(start_method_config(args.start_method)):
+    # (Dask's LocalCluster closes a removed worker's nanny after ``lost-worker-timeout`` (15 s) unless a
+    # worker of its name is back by then: a killed worker whose restart is that slow on a loaded machine
+    # then never comes back, and the churn driver, waiting for it, waited for ever)
+    with dask.config.set({**start_method_config(args.start_method), "distributed.deploy.lost-worker-timeout": "1h"}):
         return run(args, t0)
 
 
