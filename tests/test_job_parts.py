@@ -242,7 +242,8 @@ def test_an_idle_worker_asks_back_the_later_half_of_the_biggest_batch_of_a_live_
 def test_members_worth_less_than_a_release_are_not_asked_back():
     """Steps of microseconds (bench.overhead's): the victim runs its later half before a release's round
     trip would move it, so nothing is asked; the same members at a measured step that makes them worth
-    ``ASK_BACK_MIN_S`` are asked (and before any measurement too)."""
+    ``ASK_BACK_MIN_S`` are asked, and so are they before any measurement, and for an asker never measured
+    (a joiner: it runs some, and is measured)."""
     from dscar.core.dispatch import ASK_BACK_MIN_S
 
     job = _job_with_store()
@@ -251,6 +252,9 @@ def test_members_worth_less_than_a_release_are_not_asked_back():
     assert d.ask_back("c") == ("a", [(2, 1), (3, 1)])  # (unmeasured)
     for _ in range(2):  # (the first step is a warm-up)
         job.monitor.record("a", ASK_BACK_MIN_S / 4)  # 2 members: half the least worth asking
+    assert d.ask_back("c") == ("a", [(2, 1), (3, 1)])  # (c never ran a step)
+    for _ in range(2):
+        job.monitor.record("c", 1.0)
     assert d.ask_back("c") is None
     job.monitor.forget("a")
     for _ in range(2):

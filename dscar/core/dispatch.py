@@ -422,7 +422,8 @@ class Dispatch:
     def ask_back(self, asker: str) -> tuple[str, list[tuple[int, int]]] | None:
         """The worker with the most batch members that may not have started, and the later half of
         them, to ask back for ``asker`` (None: nobody has any, or they are less than ``ASK_BACK_MIN_S``
-        of its work by its measured step: it runs them before a release would move them). From
+        of its work by its measured step: it runs them before a release would move them -- unless
+        ``asker`` has no step measured yet, a joiner: it takes some, and is measured). From
         ``BatchIndex``: O(log W)."""
         lost = self.job.losses.lost
         victim = self._batch_index.most(lambda w: w == asker or w in lost)
@@ -430,8 +431,9 @@ class Dispatch:
             return None
         members = self.batched[victim]
         later = members[len(members) // 2:]
-        step = self.job.monitor.mean_step(victim)
-        if step is not None and len(later) * step < ASK_BACK_MIN_S:
+        monitor = self.job.monitor
+        step = monitor.mean_step(victim)
+        if step is not None and len(later) * step < ASK_BACK_MIN_S and monitor.mean_step(asker) is not None:
             return None
         return victim, later
 
