@@ -419,8 +419,7 @@ class SweepResult(NamedTuple):
 def compiled_sweep(wl, doc_len, z, A, T, alpha, beta: float, vocab_size: int, key: int, words=None,
                    scratch: dict | None = None, before: tuple[np.ndarray, np.ndarray] | None = None,
                    word_deltas: bool = True, method: str = "auto",
-                   select: tuple[np.ndarray, np.ndarray] | None = None, id_sums: np.ndarray | None = None,
-                   doc_topic: tuple[np.ndarray, bool] | None = None) -> SweepResult:
+                   select: tuple[np.ndarray, np.ndarray] | None = None, id_sums: np.ndarray | None = None) -> SweepResult:
     """One exact sequential Gibbs sweep by the compiled kernel (``z``, ``A``, ``T`` updated in place).
 
     ``wl`` (int32): each token's row of ``A``, tokens grouped by document in
@@ -444,10 +443,6 @@ def compiled_sweep(wl, doc_len, z, A, T, alpha, beta: float, vocab_size: int, ke
     ``id_sums``: per topic, the sum of global word id + 1 over the tokens ``z`` gives it as it comes
     (K, int64; read, not written): the checks' id sums then follow the moves instead of a pass over
     every token (``stats`` comes back the same either way).
-    ``doc_topic``: ``(Nd, valid)``, an n_docs x K int32 array that the sweep leaves holding the
-    documents' topic counts after it; with ``valid`` it holds them for ``z`` as it comes, and each
-    document starts from its row instead of a recount over its tokens (a partitioned clock samples
-    half a document's tokens or fewer, and recounted all of them). Default: recounted.
     """
     if method not in ("sparse", "dense", "auto"):
         raise ValueError(f"method must be 'sparse', 'dense' or 'auto', not {method!r}")
@@ -483,25 +478,19 @@ def compiled_sweep(wl, doc_len, z, A, T, alpha, beta: float, vocab_size: int, ke
         zsum = np.ascontiguousarray(id_sums, dtype=np.int64)
     else:
         zsum = buf.get(("no id sums", K), lambda: np.zeros(K, dtype=np.int64))
-    if doc_topic is None:
-        doc_topic = (buf.empty("Nd", (n_docs, K), np.int32), False)
-    Nd, nd_valid = doc_topic
-    if Nd.shape != (n_docs, K) or Nd.dtype != np.int32:
-        raise ValueError(f"doc_topic must be {n_docs} x {K} int32 counts, got {Nd.shape} {Nd.dtype}")
     f = np.float32
     if method == "dense":
         kern.sweep_docs(
             wl, doc_ptr, sel, sel_ptr, z, A, T, alpha64.astype(f), alpha64, f(beta), f(vocab_size * beta), np.uint64(key), words,
             lgtab, symmetric, buf.empty("p", (nb * BLOCK,), f), buf.empty("bs", (nb,), f), buf.empty("q", (K,), f),
-            buf.empty("Dd", (K,), np.int32), buf.empty("Dold", (K,), np.int32), ddelta, stats, zsum, have_sums,
-            Nd, bool(nd_valid))
+            buf.empty("Dd", (K,), np.int32), buf.empty("Dold", (K,), np.int32), ddelta, stats, zsum, have_sums)
     else:
         kern.sweep_sparse(
             wl, doc_ptr, sel, sel_ptr, z, A, T, alpha64, float(beta), float(vocab_size * beta), np.uint64(key), words, lgtab,
             symmetric, buf.empty("nzk", (Vs, K), np.uint8 if K <= 256 else np.int32), buf.empty("nzn", (Vs,), np.int32),
             buf.empty("dk", (K,), np.int32), buf.empty("dpos", (K,), np.int32), buf.empty("Dd", (K,), np.int32),
             buf.empty("Dold", (K,), np.int32), buf.empty("qc", (K,), np.float64), buf.empty("qp", (K,), np.float64),
-            ddelta, stats, zsum, have_sums, Nd, bool(nd_valid))
+            ddelta, stats, zsum, have_sums)
     if not word_deltas:
         return SweepResult(np.zeros(0, dtype=np.int64), np.zeros((0, K), dtype=np.int32), T.astype(np.int64) - T0,
                            ddelta, stats, method)
@@ -1038,14 +1027,12 @@ class LDAGibbs(Algorithm):
             T = np.empty(K, dtype=np.int32)
             kern.gather_rows(src, words, A, T)
         every_word = Vs == V  # the shard holds the whole vocabulary: the delta is A minus the pulled table
-        nd = self._doc_topic(ctx, int(doc_len.shape[0]))
         res = compiled_sweep(data["wl"], doc_len, z, A, T, self.alphas(), self.beta, V, self._key(ctx.shard, ctx.clock), words,
                              self._scratch(),
                              before, word_deltas=not every_word, method=self.kernel, select=select,
-                             id_sums=self._id_sums(ctx), doc_topic=nd)
+                             id_sums=self._id_sums(ctx))
         ctx.set_state("z", z)
         self._keep_id_sums(ctx.shard, z, res.stats[:K, 1])
-        self._keep_doc_topic(ctx.shard, z, nd[0])
         if every_word:  # one dense block (staged, i.e. copied, by the engine before this worker's next step)
             dt = np.int16 if self._max_word_count(ctx.shard, data) <= INT16_MAX else np.int32  # bounds |delta|
             ctx.add("word_topic", np.subtract(A, src, out=self._buf("dense", (V, K), dt), casting="unsafe"))
@@ -1095,13 +1082,11 @@ class LDAGibbs(Algorithm):
         method = self.kernel
         if method == "auto":  # by the block's own words: the other rows of A are not current
             method = "sparse" if kern.word_topic_density(A, wl_sel, 64) <= SPARSE_DENSITY else "dense"
-        nd = self._doc_topic(ctx, int(data["doc_len"].shape[0]))
         res = compiled_sweep(data["wl"], data["doc_len"], z, A, T, self.alphas(), self.beta, V,
                              self._key(ctx.shard, ctx.clock), words, self._scratch(), word_deltas=False,
-                             method=method, select=select, id_sums=self._id_sums(ctx), doc_topic=nd)
+                             method=method, select=select, id_sums=self._id_sums(ctx))
         ctx.set_state("z", z)
         self._keep_id_sums(ctx.shard, z, res.stats[:K, 1])
-        self._keep_doc_topic(ctx.shard, z, nd[0])
         delta = np.subtract(A[local], src, dtype=np.int32)
         moved = delta.any(axis=1)
         n_moved = int(moved.sum())
@@ -1142,21 +1127,6 @@ class LDAGibbs(Algorithm):
         committed by another worker's attempt) misses: the checks stay a function of the assignments."""
         kept = self._scratch().get(("id sums", int(ctx.shard)))
         return kept[1] if kept is not None and kept[0] is ctx.state.get("z") else None
-
-    def _doc_topic(self, ctx, n_docs: int) -> tuple[np.ndarray, bool]:
-        """The sweep's ``doc_topic`` (``compiled_sweep``): the shard's documents' topic counts kept by this
-        thread's previous sweep of it, valid when kept for the very ``z`` the step starts from (the key
-        of ``_id_sums``), else a buffer to fill. Taken out of the scratch while the sweep updates it in
-        place: a sweep that fails half-way leaves nothing that could pass for valid counts."""
-        K = self.n_topics
-        kept = self._scratch().pop(("doc counts", int(ctx.shard)), None)
-        if kept is not None and kept[1].shape == (n_docs, K):
-            return kept[1], kept[0] is ctx.state.get("z")
-        return np.empty((n_docs, K), dtype=np.int32), False
-
-    def _keep_doc_topic(self, shard: int, z, counts: np.ndarray) -> None:
-        """Keep ``z``'s documents' topic counts (``_doc_topic``) for the shard's next sweep on this thread."""
-        self._scratch()[("doc counts", int(shard))] = (z, counts)
 
     def _keep_id_sums(self, shard: int, z, id_sums) -> None:
         """Keep ``z``'s word-id sums per topic (``stats[:K, 1]``, exact integers) for the next clock's sweep."""

@@ -64,27 +64,14 @@ def uniform(key, i):  # pragma: no cover - compiled
 
 
 @njit(cache=True, nogil=True)
-def doc_start(doc_ptr, dd, n, lgtab, symmetric, z, Dd, Dold, Nd, have_nd):  # pragma: no cover - compiled
-    """Document ``dd``'s token range (checked); its topic counts into ``Dd`` and ``Dold``: row ``dd`` of
-    ``Nd`` with ``have_nd`` (the counts of ``z`` as it comes, kept by the previous sweep: K loads
-    instead of a scattered increment per token), else recounted from ``z``."""
+def doc_start(doc_ptr, dd, n, lgtab, symmetric, z, Dd, Dold):  # pragma: no cover - compiled
+    """Document ``dd``'s token range (checked); its topic counts from ``z`` into ``Dd`` and ``Dold``."""
     s, e = doc_ptr[dd], doc_ptr[dd + 1]
     if e < s or e > n:
         raise ValueError("lda sweep: bad document offsets")
     if symmetric and e - s >= lgtab.shape[0]:
         raise ValueError("lda sweep: log-gamma table shorter than a document")
     K = Dd.shape[0]
-    if have_nd:
-        tot, low = 0, 0
-        for k in range(K):
-            c = Nd[dd, k]
-            Dd[k] = c
-            Dold[k] = c
-            tot += c
-            low = min(low, c)
-        if low < 0 or tot != e - s:  # every count below is then at most the document's length
-            raise ValueError("lda sweep: the kept document counts do not match the document")
-        return s, e
     for k in range(K):
         Dd[k] = 0
     for i in range(s, e):
@@ -97,43 +84,15 @@ def doc_start(doc_ptr, dd, n, lgtab, symmetric, z, Dd, Dold, Nd, have_nd):  # pr
     return s, e
 
 
-#: documents up to this many tokens take their normaliser of log p(z) from a table (``doc_norms``)
-NORM_TABLE = 4096
-
-
 @njit(cache=True, nogil=True)
-def doc_norms(doc_ptr, asum):  # pragma: no cover - compiled
-    """``lgG(asum) - lgG(asum + l)`` for every document length ``l`` up to the longest (at most
-    ``NORM_TABLE``): a document's normaliser in log p(z) by a lookup, not an lgamma call a document
-    and clock."""
-    top = 0
-    for dd in range(doc_ptr.shape[0] - 1):
-        top = max(top, doc_ptr[dd + 1] - doc_ptr[dd])
-    top = min(top, NORM_TABLE)
-    out = np.empty(top + 1)
-    lgs = math.lgamma(asum)
-    for length in range(top + 1):
-        out[length] = lgs - math.lgamma(asum + length)
-    return out
-
-
-@njit(cache=True, nogil=True, fastmath=True)
-def doc_end(dd, length, Dd, Dold, ddelta, Nd, alpha64, asum, lgs, norms, lgtab, symmetric):  # pragma: no cover - compiled
-    """A document's doc-topic delta row and its counts kept in ``Nd``; returns its part of log p(z)."""
-    K = Dd.shape[0]
-    for k in range(K):
+def doc_end(dd, length, Dd, Dold, ddelta, alpha64, asum, lgs, lgtab, symmetric):  # pragma: no cover - compiled
+    """A document's doc-topic delta row; returns its part of log p(z)."""
+    ll = lgs - math.lgamma(asum + length)
+    for k in range(Dd.shape[0]):
         c = Dd[k]
         ddelta[dd, k] = c - Dold[k]
-        Nd[dd, k] = c
-    ll = norms[length] if length < norms.shape[0] else lgs - math.lgamma(asum + length)
-    if symmetric:  # lgtab[0] = 0: no branch per topic
-        for k in range(K):
-            ll += lgtab[Dd[k]]
-        return ll
-    for k in range(K):
-        c = Dd[k]
         if c > 0:
-            ll += math.lgamma(alpha64[k] + c) - math.lgamma(alpha64[k])
+            ll += lgtab[c] if symmetric else math.lgamma(alpha64[k] + c) - math.lgamma(alpha64[k])
     return ll
 
 
@@ -160,7 +119,7 @@ def stats_from_sums(stats, zcnt, zsum):  # pragma: no cover - compiled
 
 @njit(cache=True, nogil=True, fastmath=True)
 def sweep_docs(wl, doc_ptr, sel, sel_ptr, z, A, T, alpha, alpha64, beta, vbeta, key, words, lgtab, symmetric,
-               p, bs, q, Dd, Dold, ddelta, stats, id_sums, have_sums, Nd, have_nd):  # pragma: no cover - compiled
+               p, bs, q, Dd, Dold, ddelta, stats, id_sums, have_sums):  # pragma: no cover - compiled
     """One exact collapsed Gibbs sweep of a shard, document by document, and its bookkeeping.
 
     Only the tokens ``sel[sel_ptr[d]:sel_ptr[d + 1]]`` of each document ``d`` are resampled (ascending,
@@ -199,7 +158,7 @@ def sweep_docs(wl, doc_ptr, sel, sel_ptr, z, A, T, alpha, alpha64, beta, vbeta, 
             or Dd.shape[0] != K or Dold.shape[0] != K or ddelta.shape[0] != nD or ddelta.shape[1] != K
             or stats.shape[0] != K + 1 or stats.shape[1] != 2 or nD < 0
             or doc_ptr[0] != 0 or doc_ptr[nD] != n or sel_ptr.shape[0] != nD + 1 or sel_ptr[0] != 0
-            or sel_ptr[nD] != sel.shape[0] or id_sums.shape[0] != K or Nd.shape[0] != nD or Nd.shape[1] != K):
+            or sel_ptr[nD] != sel.shape[0] or id_sums.shape[0] != K):
         raise ValueError("lda sweep: inconsistent array shapes")
     nsel = sel.shape[0]
     zsum, zcnt = id_sums.copy(), np.zeros(K, dtype=np.int64)
@@ -209,10 +168,9 @@ def sweep_docs(wl, doc_ptr, sel, sel_ptr, z, A, T, alpha, alpha64, beta, vbeta, 
     for k in range(K):
         asum += alpha64[k]
     lgs = math.lgamma(asum)
-    norms = doc_norms(doc_ptr, asum)
     ll = 0.0
     for dd in range(nD):
-        s, e = doc_start(doc_ptr, dd, n, lgtab, symmetric, z, Dd, Dold, Nd, have_nd)
+        s, e = doc_start(doc_ptr, dd, n, lgtab, symmetric, z, Dd, Dold)
         for k in range(K):
             q[k] = (np.float32(Dd[k]) + alpha[k]) / (np.float32(T[k]) + vbeta)
         sa, sb = sel_ptr[dd], sel_ptr[dd + 1]
@@ -269,7 +227,7 @@ def sweep_docs(wl, doc_ptr, sel, sel_ptr, z, A, T, alpha, alpha64, beta, vbeta, 
                 zcnt[k] += Dd[k]
         else:
             doc_stats(s, e, z, wl, words, stats)
-        ll += doc_end(dd, e - s, Dd, Dold, ddelta, Nd, alpha64, asum, lgs, norms, lgtab, symmetric)
+        ll += doc_end(dd, e - s, Dd, Dold, ddelta, alpha64, asum, lgs, lgtab, symmetric)
     if have_sums:
         stats_from_sums(stats, zcnt, zsum)
     stats[K, 0] += ll
@@ -277,7 +235,7 @@ def sweep_docs(wl, doc_ptr, sel, sel_ptr, z, A, T, alpha, alpha64, beta, vbeta, 
 
 @njit(cache=True, nogil=True)
 def sweep_sparse(wl, doc_ptr, sel, sel_ptr, z, A, T, alpha, beta, vbeta, key, words, lgtab, symmetric,
-                 nzk, nzn, dk, dpos, Dd, Dold, qc, qp, ddelta, stats, id_sums, have_sums, Nd, have_nd):  # pragma: no cover - compiled
+                 nzk, nzn, dk, dpos, Dd, Dold, qc, qp, ddelta, stats, id_sums, have_sums):  # pragma: no cover - compiled
     """The same exact sequential sweep as ``sweep_docs`` (same counts, bookkeeping, uniforms), sampling
     by SparseLDA's buckets (Yao, Mimno & McCallum 2009) instead of a dense pass over K:
 
@@ -299,7 +257,7 @@ def sweep_sparse(wl, doc_ptr, sel, sel_ptr, z, A, T, alpha, beta, vbeta, key, wo
             or qp.shape[0] != K or ddelta.shape[0] != nD or ddelta.shape[1] != K
             or stats.shape[0] != K + 1 or stats.shape[1] != 2 or nD < 0 or doc_ptr[0] != 0 or doc_ptr[nD] != n
             or sel_ptr.shape[0] != nD + 1 or sel_ptr[0] != 0 or sel_ptr[nD] != sel.shape[0]
-            or id_sums.shape[0] != K or Nd.shape[0] != nD or Nd.shape[1] != K):
+            or id_sums.shape[0] != K):
         raise ValueError("lda sweep: inconsistent array shapes")
     zsum, zcnt = id_sums.copy(), np.zeros(K, dtype=np.int64)
     nsel = sel.shape[0]
@@ -325,10 +283,9 @@ def sweep_sparse(wl, doc_ptr, sel, sel_ptr, z, A, T, alpha, beta, vbeta, key, wo
         ab[k] = alpha[k] * beta
         sS += ab[k] * inv[k]
     lgs = math.lgamma(asum)
-    norms = doc_norms(doc_ptr, asum)
     ll = 0.0
     for dd in range(nD):
-        s, e = doc_start(doc_ptr, dd, n, lgtab, symmetric, z, Dd, Dold, Nd, have_nd)
+        s, e = doc_start(doc_ptr, dd, n, lgtab, symmetric, z, Dd, Dold)
         nd = 0  # the document's topics
         rS = 0.0
         for k in range(K):
@@ -431,7 +388,7 @@ def sweep_sparse(wl, doc_ptr, sel, sel_ptr, z, A, T, alpha, beta, vbeta, key, wo
                 zcnt[k] += Dd[k]
         else:
             doc_stats(s, e, z, wl, words, stats)
-        ll += doc_end(dd, e - s, Dd, Dold, ddelta, Nd, alpha, asum, lgs, norms, lgtab, symmetric)
+        ll += doc_end(dd, e - s, Dd, Dold, ddelta, alpha, asum, lgs, lgtab, symmetric)
     if have_sums:
         stats_from_sums(stats, zcnt, zsum)
     stats[K, 0] += ll

@@ -475,64 +475,6 @@ def test_checks_kept_from_the_moves_equal_the_checks_recounted(small, method, bl
         compiled_sweep(wl, doc_len, z, A, T, algo.alphas(), 0.01, V, 5, words, {}, method=method, id_sums=sums[:2])
 
 
-@needs_numba
-@pytest.mark.parametrize("method", ["dense", "sparse"])
-@pytest.mark.parametrize("block", [None, 1])
-def test_kept_document_counts_make_the_same_sweep_as_a_recount(small, method, block):
-    """Given the documents' topic counts of ``z`` as it comes (``doc_topic=(Nd, True)``), a sweep starts
-    each document from its row instead of recounting its tokens: same moves, tables, deltas and checks;
-    either way it leaves ``Nd`` holding the counts of the new assignments. Counts that cannot be the
-    document's (a row that does not sum to its length) stop the sweep."""
-    K, V = 4, small.X.shape[1]
-    algo = LDAGibbs(K, schedule="partitioned")
-    data = algo.prepare_shard({"X": small.X}, np)
-    wl, words, doc_len, d = data["wl"], data["words"], data["doc_len"], data["d"]
-    n_docs = doc_len.size
-    z0 = np.random.default_rng(4).integers(0, K, wl.size).astype(np.int32)
-    A0 = np.bincount(wl * K + z0, minlength=words.size * K).reshape(-1, K).astype(np.int32)
-    select = None if block is None else algo._blocks(0, data, 3, V)[block]
-    kept = doc_counts(np, d, z0, n_docs, K).astype(np.int32)
-    out = []
-    for nd in (None, (np.full((n_docs, K), -7, dtype=np.int32), False), (kept.copy(), True)):
-        z, A, T = z0.copy(), A0.copy(), A0.sum(axis=0).astype(np.int32)
-        res = compiled_sweep(wl, doc_len, z, A, T, algo.alphas(), 0.01, V, 5, words, {}, method=method, select=select,
-                             doc_topic=nd)
-        out.append((z, A, T, res.doc_delta, res.stats))
-        if nd is not None:
-            np.testing.assert_array_equal(nd[0], doc_counts(np, d, z, n_docs, K))
-    assert (out[0][0] != z0).any()
-    for other in out[1:]:
-        for a, b in zip(out[0], other):
-            np.testing.assert_array_equal(a, b)
-    wrong = kept.copy()
-    wrong[n_docs - 1, int(np.argmax(wrong[n_docs - 1]))] += 1
-    with pytest.raises(ValueError, match="kept document counts"):
-        compiled_sweep(wl, doc_len, z0.copy(), A0.copy(), A0.sum(axis=0).astype(np.int32), algo.alphas(), 0.01, V, 5,
-                       words, {}, method=method, select=select, doc_topic=(wrong, True))
-
-
-def test_kept_document_counts_belong_to_the_very_assignments_they_were_kept_for():
-    """``_doc_topic`` calls the kept counts valid only for the array they were kept with (an equal copy,
-    as a restored or moved shard's ``z``, misses), and takes them out while a sweep updates them."""
-
-    class Ctx:
-        shard, state = 0, {}
-
-    algo, z = LDAGibbs(3), np.array([0, 1, 1, 2], dtype=np.int32)
-    counts = np.array([[1, 2, 1]], dtype=np.int32)
-    algo._keep_doc_topic(0, z, counts)
-    Ctx.state = {"z": z}
-    nd, valid = algo._doc_topic(Ctx, 1)
-    assert valid and nd is counts
-    assert algo._doc_topic(Ctx, 1)[1] is False  # taken: a sweep that fails half-way keeps nothing
-    algo._keep_doc_topic(0, z, counts)
-    Ctx.state = {"z": z.copy()}
-    assert algo._doc_topic(Ctx, 1)[1] is False
-    algo._keep_doc_topic(0, z, counts)
-    Ctx.shard, Ctx.state = 1, {"z": z}
-    assert algo._doc_topic(Ctx, 1)[1] is False
-
-
 class IdSumsSeen(LDAGibbs):
     """Counts, per clock, the shards whose sweep was given the word-id sums kept from their last clock."""
 
