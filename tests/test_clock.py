@@ -8,7 +8,6 @@ invariants of ``dscar.core.clock`` after every step.
 """
 from __future__ import annotations
 
-import math
 
 import pytest
 from hypothesis import HealthCheck, settings
