@@ -484,30 +484,12 @@ class ShardQueue:
         s.attempts[number] = a
         s.status = _DOING
         self._doing.add(shard)
-        # ``_todo_discard(shard)``, inline (every hand-out's member pays it): out of TODO, its bucket and
-        # its holder's backlog size (``_resize``)
+        # ``_todo_discard(shard)`` with the bucket known (every hand-out's member pays it): out of TODO,
+        # its bucket and its holder's backlog size
         self._todo.discard(shard)
         bucket.discard(shard)
         n = len(bucket)
-        if holder is not None:
-            tier = key[0]
-            sizes = self._by_size[tier]
-            same = sizes[n + 1]  # (``LastNameSet.discard`` and ``add``, inline)
-            names = same._names
-            names.discard(holder)
-            if holder == same._last:
-                same._last = None
-            if not names:
-                del sizes[n + 1]
-            if n:
-                same = sizes.get(n)
-                if same is None:
-                    same = sizes[n] = LastNameSet()
-                same._names.add(holder)
-                if same._last is not None and holder > same._last:
-                    same._last = holder
-            elif not sizes:
-                del self._by_size[tier]
+        self._resize(key[0], holder, n + 1, n)
         if not n:
             del self._local[key]
         # ``_reindex`` for a TODO shard's first attempt (a TODO shard has no ``_running`` entry to drop):
