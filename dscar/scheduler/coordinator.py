@@ -120,12 +120,6 @@ def stall_timeout() -> float:
     return float(dask.config.get("dscar.core.stall-timeout", 60.0))
 
 
-def _resolve_all(waits: set[asyncio.Future]) -> None:
-    for fut in waits:
-        if not fut.done():
-            fut.set_result(True)
-
-
 def _relay(mine: asyncio.Future, source: asyncio.Future) -> None:
     """``source``'s result into ``mine`` (a done callback of ``source``, which is never cancelled)."""
     if not source.cancelled():
@@ -675,12 +669,14 @@ class Coordinator(SchedulerPlugin):
         self._changed = asyncio.Event()
         if self._change_waits:
             waits, self._change_waits = self._change_waits, set()
-            _resolve_all(waits)
+            for fut in waits:
+                resolve(fut, True)
         if self._driver_waits:
             heard = sum(len(job.events) for job in self.jobs.values())
             if driver or heard != self._events_heard:
                 waits, self._driver_waits, self._events_heard = self._driver_waits, set(), heard
-                _resolve_all(waits)
+                for fut in waits:
+                    resolve(fut, True)
         if polls and len(self._line):
             mine = () if everyone else owners(self.jobs.values())
             self._wake_polls(self._line.wake(everyone=everyone, owners=mine))
