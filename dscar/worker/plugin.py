@@ -1083,20 +1083,32 @@ class ParamServer(WorkerPlugin):
     def _from_thread(self, afunc: Callable[..., Any], *args, **kw) -> Any:
         """``await afunc(*args, **kw)`` on the worker's event loop, from another thread (the runner's).
 
-        Handed over with one thread-safe callback (``asyncio.run_coroutine_threadsafe``), not
+        Handed over with one thread-safe callback that starts it as a task, not with
         ``distributed.utils.sync``, whose tornado coroutine waits a loop turn (``gen.moment``) before
-        it starts the call as a task: every commit went out a turn later, and in the burst that ends a
-        clock a turn of the loop 32 hollow workers share is each of their commits'."""
+        it starts the call; and the answer reaches the thread as the call ends, not a turn later in
+        the task's done callback (``asyncio.run_coroutine_threadsafe``'s). In the bursts that end and
+        begin a clock a turn of the loop 32 hollow workers share is each of their commits'."""
         loop = self.worker.loop.asyncio_loop
         if asyncio._get_running_loop() is loop:  # (it would wait for itself for ever)
             raise RuntimeError("called from the thread of the worker's event loop")
-        coro = afunc(*args, **kw)
+        answer: Future = Future()
+
+        async def run() -> None:
+            try:
+                answer.set_result(await afunc(*args, **kw))
+            except asyncio.CancelledError:  # (the loop is closing): the thread sees a cancelled call
+                answer.cancel()
+                raise
+            except BaseException as e:  # noqa: BLE001 - raised in the thread that called
+                answer.set_exception(e)
+
+        coro = run()
         try:
-            fut = asyncio.run_coroutine_threadsafe(coro, loop)
+            loop.call_soon_threadsafe(loop.create_task, coro)
         except RuntimeError:  # the loop is closed
             coro.close()
             raise
-        return fut.result()
+        return answer.result()
 
     def call(self, op: str, **kw):
         """The scheduler's handler ``dscar_<op>``, from a thread other than the event loop."""
