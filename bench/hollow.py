@@ -162,8 +162,18 @@ def loop_lag_ms(dask_worker=None) -> dict[str, float]:
             "max": lags[-1] * 1e3}
 
 
+#: the environment variable that keeps every hollow worker's system monitor (``--all-monitors``)
+ALL_MONITORS_ENV = "DSCAR_HOLLOW_ALL_MONITORS"
+
+
 async def _serve_workers(address: str, n: int, prefix: str) -> None:
-    """``n`` workers in this process's one event loop, until they are all closed."""
+    """``n`` workers in this process's one event loop, until they are all closed.
+
+    Only the first keeps Dask's system monitor (``distributed.system_monitor``: psutil reads of the
+    process's CPU, memory, fds, disk and network, every 500 ms): the others would each sample this
+    same process again, on the loop they share, where a real worker samples its own process once
+    (at W = 64, 32 monitors were about half of an idle hollow process's CPU). ``--all-monitors``
+    keeps them all."""
     from distributed import Worker
 
     lag = asyncio.ensure_future(_watch_loop_lag())
@@ -171,6 +181,11 @@ async def _serve_workers(address: str, n: int, prefix: str) -> None:
     workers = [Worker(address, nthreads=1, name=f"{prefix}-{i}", host="127.0.0.1", memory_limit=0,
                       dashboard=False) for i in range(n)]
     await asyncio.gather(*workers)
+    if not os.environ.get(ALL_MONITORS_ENV):
+        for w in workers[1:]:
+            pc = w.periodic_callbacks.pop("monitor", None)
+            if pc is not None:
+                pc.stop()
     await asyncio.gather(*(w.finished() for w in workers))
     lag.cancel()
 
@@ -820,9 +835,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--watch", type=int, metavar="N", default=None,
                     help="instead: false positives and hang detection in one fit per W (N healthy windows of a clock "
                          f"and {WATCH_INTERVALS} heartbeat intervals held still, then --hang-trials hangs)")
+    ap.add_argument("--all-monitors", action="store_true", help="every hollow worker keeps Dask's system monitor "
+                    "(by default one a process: the others would sample the same process again)")
     ap.add_argument("--json", metavar="PATH")
     ap.add_argument("--plot", metavar="PATH", default="hollow.png")
     args = ap.parse_args(argv)
+    if args.all_monitors:
+        os.environ[ALL_MONITORS_ENV] = "1"
     ws = [int(x) for x in args.workers.split(",")] if args.workers else ([16] if args.quick else [64, 256])
     clocks = args.clocks or (5 if args.quick else 12)
     idle_s = args.idle or (2.0 if args.quick else 5.0)
@@ -856,8 +875,8 @@ def main(argv: list[str] | None = None) -> int:
           f"{args.shards_per_worker} shard(s) per worker, {clocks} clocks / plain Dask rounds, first {args.warmup} "
           f"dropped; policies {args.policies}; idle CPU over {idle_s:g} s (ms of scheduler loop CPU per s); "
           f"scheduler CPU and messages per clock: (fit of {clocks} clocks - fit of {args.warmup}) / {clocks - args.warmup}")
-    print(f"mode: {mode}")
-    out = {"quick": args.quick, "driver_begins": args.driver_begins, "workers": ws, "step_s": args.step, "clocks": clocks, "warmup": args.warmup,
+    print(f"mode: {mode}; Dask system monitors: {'every worker' if args.all_monitors else 'one a process'}")
+    out = {"quick": args.quick, "driver_begins": args.driver_begins, "all_monitors": args.all_monitors, "workers": ws, "step_s": args.step, "clocks": clocks, "warmup": args.warmup,
            "shards_per_worker": args.shards_per_worker, "idle_s": idle_s, "policies": args.policies, "rows": rows,
            "machine": {**machine, "loadavg_after": load}, "wall_s": time.perf_counter() - t0}
     if args.json:

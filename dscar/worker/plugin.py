@@ -43,7 +43,6 @@ from distributed import WorkerPlugin
 from distributed.core import error_message, send_recv
 from distributed.protocol import to_serialize
 from distributed.protocol.pickle import loads
-from distributed.utils import sync
 
 from .. import checkpoint as ckpt
 from .. import wire
@@ -183,7 +182,7 @@ class ParamServer(WorkerPlugin):
         if job is not None:
             return job
         if not self.registered:
-            sync(self.worker.loop, self._aregister)
+            self._from_thread(self._aregister)
         return self._install(job_id, self.call("job_spec", job_id=job_id, worker=self.address))
 
     async def _ajob(self, job_id: str) -> Job:
@@ -323,7 +322,7 @@ class ParamServer(WorkerPlugin):
     def register(self) -> bool:
         """Register this worker's key with the coordinator (``dscar_hello``), from a thread other than
         the event loop; whether it is registered (not yet: the scheduler does not know this worker yet)."""
-        return sync(self.worker.loop, self._aregister)
+        return self._from_thread(self._aregister)
 
     async def _aregister(self) -> bool:
         self.registered = (await self._acall("hello", worker=self.address)).get("status") == "OK"
@@ -1081,19 +1080,49 @@ class ParamServer(WorkerPlugin):
             }
 
     # ------------------------------------------------ messages (RunnerHost)
+    def _from_thread(self, afunc: Callable[..., Any], *args, **kw) -> Any:
+        """``await afunc(*args, **kw)`` on the worker's event loop, from another thread (the runner's).
+
+        Handed over with one thread-safe callback that starts it as a task, not with
+        ``distributed.utils.sync``, whose tornado coroutine waits a loop turn (``gen.moment``) before
+        it starts the call; and the answer reaches the thread as the call ends, not a turn later in
+        the task's done callback (``asyncio.run_coroutine_threadsafe``'s). In the bursts that end and
+        begin a clock a turn of the loop 32 hollow workers share is each of their commits'."""
+        loop = self.worker.loop.asyncio_loop
+        if asyncio._get_running_loop() is loop:  # (it would wait for itself for ever)
+            raise RuntimeError("called from the thread of the worker's event loop")
+        answer: Future = Future()
+
+        async def run() -> None:
+            try:
+                answer.set_result(await afunc(*args, **kw))
+            except asyncio.CancelledError:  # (the loop is closing): the thread sees a cancelled call
+                answer.cancel()
+                raise
+            except BaseException as e:  # noqa: BLE001 - raised in the thread that called
+                answer.set_exception(e)
+
+        coro = run()
+        try:
+            loop.call_soon_threadsafe(loop.create_task, coro)
+        except RuntimeError:  # the loop is closed
+            coro.close()
+            raise
+        return answer.result()
+
     def call(self, op: str, **kw):
         """The scheduler's handler ``dscar_<op>``, from a thread other than the event loop."""
-        return sync(self.worker.loop, self._acall, op, **kw)
+        return self._from_thread(self._acall, op, **kw)
 
     def peer(self, address: str, op: str, **kw) -> dict:
         """A message to another worker from the shard runner's thread, failing over in seconds."""
-        return sync(self.worker.loop, self._apeer, address, op, **kw)
+        return self._from_thread(self._apeer, address, op, **kw)
 
     def peer_all(self, calls: list[tuple[str, str, dict]]) -> list[dict]:
         """``peer`` to several workers at once: ``(address, op, kwargs)`` each, answers in order."""
         async def gather():
             return await asyncio.gather(*(self._apeer(a, op, **kw) for a, op, kw in calls))
-        return sync(self.worker.loop, gather)
+        return self._from_thread(gather)
 
     def closing(self) -> bool:
         return self.worker.status.name in ("closing", "closed", "closing_gracefully")
