@@ -110,6 +110,9 @@ class ParamServer(WorkerPlugin):
         self._peers_started = asyncio.ensure_future(self.peers.start())
         #: messages waiting for a peer's answer (they fail at once when it is lost)
         self._inflight = Inflight()
+        #: the runner thread's calls running on the loop (``_from_thread``): the loop keeps only
+        #: weak references to its tasks, so one nobody else holds could be collected mid-call
+        self._thread_calls: set[asyncio.Task] = set()
         #: (job, pass tag) -> the answer of this worker's combine step of that pass (``_combine``),
         #: once the apply message that names it came; a parent's fetch may come first and waits
         self._combines: dict[tuple[str, tuple[int, int]], asyncio.Future] = {}
@@ -1103,8 +1106,14 @@ class ParamServer(WorkerPlugin):
                 answer.set_exception(e)
 
         coro = run()
+
+        def start() -> None:
+            task = loop.create_task(coro)
+            self._thread_calls.add(task)
+            task.add_done_callback(self._thread_calls.discard)
+
         try:
-            loop.call_soon_threadsafe(loop.create_task, coro)
+            loop.call_soon_threadsafe(start)
         except RuntimeError:  # the loop is closed
             coro.close()
             raise
