@@ -162,6 +162,15 @@ class _Shard:
     run_key: tuple[int, float] | None = None  # its key in ``ShardQueue._running`` (DOING only)
     entered: int = 0  # when it entered its ``_running`` bucket (the order of equal starts)
     shown: tuple[int, tuple[float, int, int]] | None = None  # its bucket and entry in ``ShardQueue._started``
+    #: under SSP, the clock window's fields of the shard (``dscar.core.ssp.ClockWindow``, which keeps them on
+    #: this record when the job gives it the queue's: ``records``): one record a shard, not two. At 4,096
+    #: workers a hand-out's member and a commit each read both, and the second was one more cold read,
+    #: and 16,384 more objects for every full garbage collection to visit
+    clock: int = 0
+    phase: Any = None
+    worker: str | None = None
+    seen: int = 0
+    writer: str | None = None
 
 
 class ShardQueue:
