@@ -516,3 +516,15 @@ def test_a_last_name_set_gives_the_largest_of_its_names_after_any_adds_and_disca
         assert set(names) == plain and len(names) == len(plain) and all(n in names for n in plain)
     if plain:
         assert names.last() == max(plain)
+
+
+def test_a_shards_attempts_stay_tracked_by_the_collector_across_full_collections():
+    """A shard's attempts dict is never untracked (``_Attempts``): an untracked one is tracked again,
+    in the youngest generation, at its shard's next attempt, one more object promoted per shard per
+    pass, and full collections (each a visit of every object) come sooner at thousands of shards."""
+    import gc
+    q = queue(2)
+    a = q.next_shard("a", 0.0)
+    assert q.commit(a.shard, a.attempt, "a")
+    gc.collect()  # (a full collection untracks an exact dict of atomic values, an empty one too)
+    assert all(gc.is_tracked(q._shards[i].attempts) for i in range(2))

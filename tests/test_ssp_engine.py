@@ -458,3 +458,16 @@ def test_an_attempt_stopped_after_its_shard_moved_on_changes_nothing():
     [e] = [e for e in job.events if e["kind"] == "attempt-stopped"]
     assert e["late"] and job.window.shard_clock(m["shard"]) == clock
     assert job.queue.status(m["shard"]) is ShardStatus.TODO and not job.failed
+
+
+def test_the_clock_window_keeps_each_shards_place_on_the_shard_queues_record():
+    """One record a shard (``ClockWindow.records``): the window's fields live on the queue's record, so a
+    decision reads one record per shard, and a rebased window keeps them there too."""
+    from bench.sim import SimConfig, Sim
+    sim = Sim(SimConfig(8, consistency="ssp", clocks=2, count_reads=False))
+    job = sim.job
+    assert all(job.window._shards[i] is job.queue._shards[i] for i in range(job.queue.n_shards))
+    job.schedule.rebase({"clock": 0})
+    assert all(job.window._shards[i] is job.queue._shards[i] for i in range(job.queue.n_shards))
+    r = sim.run()
+    assert r.finished and r.exactly_once

@@ -131,11 +131,18 @@ class RunningAttempts:
         return any(r == item for r in self)
 
 
-def _descending(name: str) -> tuple[int, ...]:
+#: the end mark of a ``_descending`` key: above every flipped character
+_END = chr(0x10FFFF)
+
+
+def _descending(name: str) -> str:
     """A key that orders names the other way round (``a < b`` iff ``key(a) > key(b)``): a min-heap
-    on it pops the largest name first. A name's prefix sorts before it, so the end mark (1) is above
-    every character's (<= 0)."""
-    return (*(-ord(c) for c in name), 1)
+    on it pops the largest name first. Each character ``c`` becomes ``U+10FFFE - c``, and a name's
+    prefix sorts before it, so the end mark (U+10FFFF) is above every flipped character (a name holds
+    no U+10FFFF). A string, not a tuple of negated code points: one object whose comparison is a loop
+    in C, where a tuple's compares an int object per character (at 4,096 workers most of them cold
+    reads, and the heap compares keys on every tie of member counts)."""
+    return "".join([chr(0x10FFFE - ord(c)) for c in name]) + _END
 
 
 class BatchIndex:
@@ -147,13 +154,13 @@ class BatchIndex:
     count; an entry whose count is no longer its worker's is stale and dropped when it comes to
     the top (lazy deletion). The heap is rebuilt when stale entries outnumber the live ones."""
 
-    def __init__(self, batched: dict[str, list[tuple[int, int]]], keys: dict[str, tuple[int, ...]] | None = None):
+    def __init__(self, batched: dict[str, list[tuple[int, int]]], keys: dict[str, str] | None = None):
         #: worker -> its members (the dict ``Dispatch.batched`` is)
         self.batched = batched
-        self._heap: list[tuple[int, tuple[int, ...], str]] = []
+        self._heap: list[tuple[int, str, str]] = []
         #: worker -> its name key (``_descending``), kept while it is not forgotten: a worker is batched
         #: again at nearly every hand-out, and its key costs a step per character of its name
-        self._keys: dict[str, tuple[int, ...]] = {} if keys is None else keys
+        self._keys: dict[str, str] = {} if keys is None else keys
         self.rebuild()
 
     def rebuild(self) -> None:
@@ -180,7 +187,7 @@ class BatchIndex:
         """``worker`` is gone (it has no members): its key goes too."""
         self._keys.pop(worker, None)
 
-    def _fresh(self, entry: tuple[int, tuple[int, ...], str]) -> bool:
+    def _fresh(self, entry: tuple[int, str, str]) -> bool:
         members = self.batched.get(entry[2])
         return members is not None and len(members) == -entry[0]
 

@@ -589,7 +589,8 @@ class SspSchedule:
         self.job = job
         #: the open clocks and each shard's place in them
         self.window = ClockWindow(cfg.n_shards, staleness, has_rebuild=bool(cfg.rebuild),
-                                  floor=0 if resume is None else int(resume["clock"]), limit=max_clocks)
+                                  floor=0 if resume is None else int(resume["clock"]), limit=max_clocks,
+                                  records=job.queue._shards)  # (one record a shard: ``ClockWindow.records``)
         job.queue.reopen(range(cfg.n_shards))  # every shard waits for its first clock
         if resume is not None:  # the tables come back from the checkpoint: rebuild them first
             self.window.resume_from(manifest_cut(resume, cfg.n_shards))
@@ -963,7 +964,7 @@ class SspSchedule:
             raise RuntimeError("rebase after the first clock began")
         w = self.window
         self.window = ClockWindow(self.job.cfg.n_shards, w.staleness, has_rebuild=w.has_rebuild,
-                                  floor=int(manifest["clock"]), limit=w.limit)
+                                  floor=int(manifest["clock"]), limit=w.limit, records=w._shards)
         self.window.resume_from(manifest_cut(manifest, self.job.cfg.n_shards))
         self.window.needs_rebuild = self.window.applied_before = w.needs_rebuild
         self._sync_queue(range(self.job.cfg.n_shards))

@@ -138,11 +138,21 @@ class LastNameSet:
         return self._last
 
 
+class _Attempts(dict):
+    """A shard's live attempts by number: a dict that the garbage collector never untracks. CPython
+    untracks an exact dict of atomic values (an empty one too) in every full collection, and tracks
+    it again, in the youngest generation, at the next insert: each shard's next attempt then made its
+    dict one more object to promote (16,384 a pass at 4,096 workers), and full collections, each a
+    pass over every object, came that much sooner."""
+
+    __slots__ = ()
+
+
 @dataclass(slots=True)
 class _Shard:
     status: ShardStatus = _TODO
     holder: str | None = None
-    attempts: dict[int, Attempt] = field(default_factory=dict)  # live attempts
+    attempts: dict[int, Attempt] = field(default_factory=_Attempts)  # live attempts
     committed: Attempt | None = None
     next_attempt: int = 0
     failures: list[str] = field(default_factory=list)
@@ -152,6 +162,15 @@ class _Shard:
     run_key: tuple[int, float] | None = None  # its key in ``ShardQueue._running`` (DOING only)
     entered: int = 0  # when it entered its ``_running`` bucket (the order of equal starts)
     shown: tuple[int, tuple[float, int, int]] | None = None  # its bucket and entry in ``ShardQueue._started``
+    #: under SSP, the clock window's fields of the shard (``dscar.core.ssp.ClockWindow``, which keeps them on
+    #: this record when the job gives it the queue's: ``records``): one record a shard, not two. At 4,096
+    #: workers a hand-out's member and a commit each read both, and the second was one more cold read,
+    #: and 16,384 more objects for every full garbage collection to visit
+    clock: int = 0
+    phase: Any = None
+    worker: str | None = None
+    seen: int = 0
+    writer: str | None = None
 
 
 class ShardQueue:
@@ -264,7 +283,8 @@ class ShardQueue:
             s.run_key = s.shown = None
             s.committed = None
             s.next_attempt = 0 if clock != self._attempts_clock else s.next_attempt
-            s.failures = []
+            if s.failures:  # (a new list only where there were failures: a shard moving on allocates nothing)
+                s.failures = []
             s.started = 0
         self._attempts_clock = clock
         self.phase = phase
@@ -307,7 +327,8 @@ class ShardQueue:
             s.attempts.clear()
             s.status = _TODO
             s.committed = None
-            s.failures = []
+            if s.failures:  # (a new list only where there were failures: a shard moving on allocates nothing)
+                s.failures = []
             s.started = 0
             self._reindex(i)
             self._todo_add(i)

@@ -194,6 +194,9 @@ class ClockWindow:
     #: clock -> DONE or SKIPPED, for finished clocks
     finished: dict[int, ClockStatus] = field(default_factory=dict)
     _shards: list[_Shard] = field(default_factory=list)
+    #: records to keep each shard's place on (None: the window makes its own): the shard queue's
+    #: (``dscar.core.shards``), which carry the same fields, so that a decision reads one record a shard
+    records: list | None = field(default=None, repr=False, compare=False)
     #: raised by every change of the tables (a batch applied, a clock end, which may assign): a
     #: worker's pulled copy is as new as the version it was pulled at
     version: int = 0
@@ -224,7 +227,14 @@ class ClockWindow:
             raise ValueError("n_shards must be >= 1")
         if self.staleness < 0:
             raise ValueError(f"staleness must be >= 0, not {self.staleness}")
-        self._shards = [_Shard(self.floor + 1) for _ in range(self.n_shards)]
+        if self.records is None:
+            self._shards = [_Shard(self.floor + 1) for _ in range(self.n_shards)]
+        else:
+            if len(self.records) != self.n_shards:
+                raise ValueError(f"{len(self.records)} records for a window of {self.n_shards} shards")
+            for s in self.records:
+                s.clock, s.phase, s.worker, s.seen, s.writer = self.floor + 1, _TODO, None, 0, None
+            self._shards, self.records = list(self.records), None  # (the records, not the list: kept only here)
         self._first_floor = self.floor
         self._todo = {self.floor + 1: set(range(self.n_shards))}
         self._n_at = {self.floor + 1: self.n_shards}
