@@ -88,11 +88,17 @@ def doc_start(doc_ptr, dd, n, lgtab, symmetric, z, Dd, Dold):  # pragma: no cove
 def doc_end(dd, length, Dd, Dold, ddelta, alpha64, asum, lgs, lgtab, symmetric):  # pragma: no cover - compiled
     """A document's doc-topic delta row; returns its part of log p(z)."""
     ll = lgs - math.lgamma(asum + length)
+    if symmetric:  # lgtab[0] = 0: no branch per topic (a document holds few of them: mispredicted)
+        for k in range(Dd.shape[0]):
+            c = Dd[k]
+            ddelta[dd, k] = c - Dold[k]
+            ll += lgtab[c]
+        return ll
     for k in range(Dd.shape[0]):
         c = Dd[k]
         ddelta[dd, k] = c - Dold[k]
         if c > 0:
-            ll += lgtab[c] if symmetric else math.lgamma(alpha64[k] + c) - math.lgamma(alpha64[k])
+            ll += math.lgamma(alpha64[k] + c) - math.lgamma(alpha64[k])
     return ll
 
 
@@ -288,11 +294,10 @@ def sweep_sparse(wl, doc_ptr, sel, sel_ptr, z, A, T, alpha, beta, vbeta, key, wo
         s, e = doc_start(doc_ptr, dd, n, lgtab, symmetric, z, Dd, Dold)
         nd = 0  # the document's topics
         rS = 0.0
-        for k in range(K):
-            if Dd[k] > 0:
-                dpos[k] = nd
-                dk[nd] = k
-                nd += 1
+        for k in range(K):  # no branch: a topic not held is written over by the next (nd <= k here)
+            dpos[k] = nd
+            dk[nd] = k
+            nd += Dd[k] > 0
             qc[k] = (alpha[k] + Dd[k]) * inv[k]
             rS += Dd[k] * beta * inv[k]
         sa, sb = sel_ptr[dd], sel_ptr[dd + 1]
