@@ -74,12 +74,24 @@ def doc_start(doc_ptr, dd, n, lgtab, symmetric, z, Dd, Dold):  # pragma: no cove
     K = Dd.shape[0]
     for k in range(K):
         Dd[k] = 0
-    for i in range(s, e):
+        Dold[k] = 0
+    # two counts, tokens in turn: a document's tokens share few topics, and one count's increments of
+    # the same topic wait on each other (store to load); summed after
+    i = s
+    while i + 1 < e:
+        k, k2 = z[i], z[i + 1]
+        if k < 0 or k >= K or k2 < 0 or k2 >= K:
+            raise ValueError("lda sweep: topic id out of range")
+        Dd[k] += 1
+        Dold[k2] += 1
+        i += 2
+    if i < e:
         k = z[i]
         if k < 0 or k >= K:
             raise ValueError("lda sweep: topic id out of range")
         Dd[k] += 1
     for k in range(K):
+        Dd[k] += Dold[k]
         Dold[k] = Dd[k]
     return s, e
 
