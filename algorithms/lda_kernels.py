@@ -280,13 +280,12 @@ def sweep_sparse(wl, doc_ptr, sel, sel_ptr, z, A, T, alpha, beta, vbeta, key, wo
     nsel = sel.shape[0]
     for v in range(Vs):
         m = 0
-        for k in range(K):
+        for k in range(K):  # no branch per topic (a word holds few: mispredicted); m <= k here
             c = A[v, k]
             if c < 0:
                 raise ValueError("lda sweep: negative count (the tables do not match the assignments)")
-            if c > 0:
-                nzk[v, m] = k
-                m += 1
+            nzk[v, m] = k
+            m += c > 0
         nzn[v] = m
     sS = 0.0
     inv = np.empty(K)  # 1 / (n_k + V beta), kept current: two divisions a token instead of ten
