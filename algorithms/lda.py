@@ -457,6 +457,9 @@ def compiled_sweep(wl, doc_len, z, A, T, alpha, beta: float, vocab_size: int, ke
     symmetric = bool((alpha64 == alpha64[0]).all())
     top = int(doc_len.max()) + 1 if n_docs and symmetric else 1
     lgtab = buf.get(("lgtab", float(alpha64[0]), top), lambda: _lgamma_table(float(alpha64[0]), top))
+    longest = int(doc_len.max()) + 1 if n_docs else 1
+    asum = float(alpha64.sum())
+    norms = buf.get(("doc norms", asum, longest), lambda: _doc_norms(asum, longest))
     doc_ptr = np.zeros(n_docs + 1, dtype=np.int64)
     np.cumsum(doc_len, out=doc_ptr[1:])
     if before is None and word_deltas:
@@ -482,12 +485,12 @@ def compiled_sweep(wl, doc_len, z, A, T, alpha, beta: float, vocab_size: int, ke
     if method == "dense":
         kern.sweep_docs(
             wl, doc_ptr, sel, sel_ptr, z, A, T, alpha64.astype(f), alpha64, f(beta), f(vocab_size * beta), np.uint64(key), words,
-            lgtab, symmetric, buf.empty("p", (nb * BLOCK,), f), buf.empty("bs", (nb,), f), buf.empty("q", (K,), f),
+            lgtab, symmetric, norms, buf.empty("p", (nb * BLOCK,), f), buf.empty("bs", (nb,), f), buf.empty("q", (K,), f),
             buf.empty("Dd", (K,), np.int32), buf.empty("Dold", (K,), np.int32), ddelta, stats, zsum, have_sums)
     else:
         kern.sweep_sparse(
             wl, doc_ptr, sel, sel_ptr, z, A, T, alpha64, float(beta), float(vocab_size * beta), np.uint64(key), words, lgtab,
-            symmetric, buf.empty("nzk", (Vs, K), np.uint8 if K <= 256 else np.int32), buf.empty("nzn", (Vs,), np.int32),
+            symmetric, norms, buf.empty("nzk", (Vs, K), np.uint8 if K <= 256 else np.int32), buf.empty("nzn", (Vs,), np.int32),
             buf.empty("dk", (K,), np.int32), buf.empty("dpos", (K,), np.int32), buf.empty("Dd", (K,), np.int32),
             buf.empty("Dold", (K,), np.int32), buf.empty("qc", (K,), np.float64), buf.empty("qp", (K,), np.float64),
             ddelta, stats, zsum, have_sums)
@@ -504,6 +507,13 @@ def _lgamma_table(alpha: float, top: int) -> np.ndarray:
     from scipy.special import gammaln
 
     return gammaln(alpha + np.arange(top, dtype=np.float64)) - gammaln(alpha)
+
+
+def _doc_norms(alpha_sum: float, top: int) -> np.ndarray:
+    """A document's log p(z) normaliser ``lgG(sum alpha) - lgG(sum alpha + n)`` for ``n = 0 .. top - 1`` tokens."""
+    from scipy.special import gammaln
+
+    return gammaln(alpha_sum) - gammaln(alpha_sum + np.arange(top, dtype=np.float64))
 
 
 class _Scratch:

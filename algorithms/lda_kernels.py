@@ -74,25 +74,46 @@ def doc_start(doc_ptr, dd, n, lgtab, symmetric, z, Dd, Dold):  # pragma: no cove
     K = Dd.shape[0]
     for k in range(K):
         Dd[k] = 0
-    for i in range(s, e):
+        Dold[k] = 0
+    # two counts, tokens in turn: a document's tokens share few topics, and one count's increments of
+    # the same topic wait on each other (store to load); summed after
+    i = s
+    while i + 1 < e:
+        k, k2 = z[i], z[i + 1]
+        if k < 0 or k >= K or k2 < 0 or k2 >= K:
+            raise ValueError("lda sweep: topic id out of range")
+        Dd[k] += 1
+        Dold[k2] += 1
+        i += 2
+    if i < e:
         k = z[i]
         if k < 0 or k >= K:
             raise ValueError("lda sweep: topic id out of range")
         Dd[k] += 1
     for k in range(K):
+        Dd[k] += Dold[k]
         Dold[k] = Dd[k]
     return s, e
 
 
 @njit(cache=True, nogil=True)
-def doc_end(dd, length, Dd, Dold, ddelta, alpha64, asum, lgs, lgtab, symmetric):  # pragma: no cover - compiled
-    """A document's doc-topic delta row; returns its part of log p(z)."""
-    ll = lgs - math.lgamma(asum + length)
+def doc_end(dd, length, Dd, Dold, ddelta, alpha64, norms, lgtab, symmetric):  # pragma: no cover - compiled
+    """A document's doc-topic delta row; returns its part of log p(z) (``norms[length]``: its normaliser
+    ``lgG(sum alpha) - lgG(sum alpha + length)``, from a table, not an lgamma call per document and clock)."""
+    if length >= norms.shape[0]:
+        raise ValueError("lda sweep: normaliser table shorter than a document")
+    ll = norms[length]
+    if symmetric:  # lgtab[0] = 0: no branch per topic (a document holds few of them: mispredicted)
+        for k in range(Dd.shape[0]):
+            c = Dd[k]
+            ddelta[dd, k] = c - Dold[k]
+            ll += lgtab[c]
+        return ll
     for k in range(Dd.shape[0]):
         c = Dd[k]
         ddelta[dd, k] = c - Dold[k]
         if c > 0:
-            ll += lgtab[c] if symmetric else math.lgamma(alpha64[k] + c) - math.lgamma(alpha64[k])
+            ll += math.lgamma(alpha64[k] + c) - math.lgamma(alpha64[k])
     return ll
 
 
@@ -118,7 +139,7 @@ def stats_from_sums(stats, zcnt, zsum):  # pragma: no cover - compiled
 
 
 @njit(cache=True, nogil=True, fastmath=True)
-def sweep_docs(wl, doc_ptr, sel, sel_ptr, z, A, T, alpha, alpha64, beta, vbeta, key, words, lgtab, symmetric,
+def sweep_docs(wl, doc_ptr, sel, sel_ptr, z, A, T, alpha, alpha64, beta, vbeta, key, words, lgtab, symmetric, norms,
                p, bs, q, Dd, Dold, ddelta, stats, id_sums, have_sums):  # pragma: no cover - compiled
     """One exact collapsed Gibbs sweep of a shard, document by document, and its bookkeeping.
 
@@ -164,10 +185,6 @@ def sweep_docs(wl, doc_ptr, sel, sel_ptr, z, A, T, alpha, alpha64, beta, vbeta, 
     zsum, zcnt = id_sums.copy(), np.zeros(K, dtype=np.int64)
     for k in range(K, nb * B):
         p[k] = 0
-    asum = 0.0
-    for k in range(K):
-        asum += alpha64[k]
-    lgs = math.lgamma(asum)
     ll = 0.0
     for dd in range(nD):
         s, e = doc_start(doc_ptr, dd, n, lgtab, symmetric, z, Dd, Dold)
@@ -227,14 +244,14 @@ def sweep_docs(wl, doc_ptr, sel, sel_ptr, z, A, T, alpha, alpha64, beta, vbeta, 
                 zcnt[k] += Dd[k]
         else:
             doc_stats(s, e, z, wl, words, stats)
-        ll += doc_end(dd, e - s, Dd, Dold, ddelta, alpha64, asum, lgs, lgtab, symmetric)
+        ll += doc_end(dd, e - s, Dd, Dold, ddelta, alpha64, norms, lgtab, symmetric)
     if have_sums:
         stats_from_sums(stats, zcnt, zsum)
     stats[K, 0] += ll
 
 
 @njit(cache=True, nogil=True)
-def sweep_sparse(wl, doc_ptr, sel, sel_ptr, z, A, T, alpha, beta, vbeta, key, words, lgtab, symmetric,
+def sweep_sparse(wl, doc_ptr, sel, sel_ptr, z, A, T, alpha, beta, vbeta, key, words, lgtab, symmetric, norms,
                  nzk, nzn, dk, dpos, Dd, Dold, qc, qp, ddelta, stats, id_sums, have_sums):  # pragma: no cover - compiled
     """The same exact sequential sweep as ``sweep_docs`` (same counts, bookkeeping, uniforms), sampling
     by SparseLDA's buckets (Yao, Mimno & McCallum 2009) instead of a dense pass over K:
@@ -263,36 +280,31 @@ def sweep_sparse(wl, doc_ptr, sel, sel_ptr, z, A, T, alpha, beta, vbeta, key, wo
     nsel = sel.shape[0]
     for v in range(Vs):
         m = 0
-        for k in range(K):
+        for k in range(K):  # no branch per topic (a word holds few: mispredicted); m <= k here
             c = A[v, k]
             if c < 0:
                 raise ValueError("lda sweep: negative count (the tables do not match the assignments)")
-            if c > 0:
-                nzk[v, m] = k
-                m += 1
+            nzk[v, m] = k
+            m += c > 0
         nzn[v] = m
-    asum = 0.0
     sS = 0.0
     inv = np.empty(K)  # 1 / (n_k + V beta), kept current: two divisions a token instead of ten
     ab = np.empty(K)  # alpha_k beta
     for k in range(K):
         if T[k] < 0:
             raise ValueError("lda sweep: negative count (the tables do not match the assignments)")
-        asum += alpha[k]
         inv[k] = 1.0 / (T[k] + vbeta)
         ab[k] = alpha[k] * beta
         sS += ab[k] * inv[k]
-    lgs = math.lgamma(asum)
     ll = 0.0
     for dd in range(nD):
         s, e = doc_start(doc_ptr, dd, n, lgtab, symmetric, z, Dd, Dold)
         nd = 0  # the document's topics
         rS = 0.0
-        for k in range(K):
-            if Dd[k] > 0:
-                dpos[k] = nd
-                dk[nd] = k
-                nd += 1
+        for k in range(K):  # no branch: a topic not held is written over by the next (nd <= k here)
+            dpos[k] = nd
+            dk[nd] = k
+            nd += Dd[k] > 0
             qc[k] = (alpha[k] + Dd[k]) * inv[k]
             rS += Dd[k] * beta * inv[k]
         sa, sb = sel_ptr[dd], sel_ptr[dd + 1]
@@ -388,7 +400,7 @@ def sweep_sparse(wl, doc_ptr, sel, sel_ptr, z, A, T, alpha, beta, vbeta, key, wo
                 zcnt[k] += Dd[k]
         else:
             doc_stats(s, e, z, wl, words, stats)
-        ll += doc_end(dd, e - s, Dd, Dold, ddelta, alpha, asum, lgs, lgtab, symmetric)
+        ll += doc_end(dd, e - s, Dd, Dold, ddelta, alpha, norms, lgtab, symmetric)
     if have_sums:
         stats_from_sums(stats, zcnt, zsum)
     stats[K, 0] += ll

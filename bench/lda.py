@@ -103,9 +103,11 @@ not within 20 sweeps. One seed is no measure of a 10 % difference in time to tar
 sampling time (a uniform start, like tomotopy's ``train(0)``, is not timed).
 
 ``--corpus synthetic --no-kernel``: the issue's case alone (the 5M-token corpus, every sampler).
+``--no-lda``: without the sequential ``lda`` package (1-3 min on the 5M-token corpus), whose run only
+sets the ``lda@N`` targets: the acceptance's target is tomotopy's.
 
 Usage: ``python -m bench.lda [--quick] [--accuracy] [--iters N] [--big-iters N] [--repeats N] [--seeds S]
-[--init I] [--corpus C] [--no-kernel] [--json PATH] [--plot PATH]``
+[--init I] [--corpus C] [--no-kernel] [--no-lda] [--json PATH] [--plot PATH]``
 (the plot defaults to the JSON's path with ``.png``).
 """
 from __future__ import annotations
@@ -456,13 +458,14 @@ def median_run(runs: list[Run]) -> Run:
 
 def benchmark(quick: bool, sweeps: int, big_sweeps: int, seed: int = 1, repeats: int = 1,
               init: str = "uniform", corpus: str = "all", kernel: bool = True,
-              seeds: tuple[int, ...] | None = None) -> dict[str, Any]:
+              seeds: tuple[int, ...] | None = None, with_lda: bool = True) -> dict[str, Any]:
     """``seeds``: the engine section's repeat ``i`` runs its samplers from seed ``seeds[i mod len(seeds)]``
-    (default: every repeat from ``seed``, which also seeds the kernel section and ``lda``'s single run)."""
+    (default: every repeat from ``seed``, which also seeds the kernel section and ``lda``'s single run).
+    ``with_lda=False``: no ``lda`` run (1-3 min on the large corpus), so no ``lda`` targets or ratios."""
     seeds = tuple(seeds or (seed,))
     out: dict[str, Any] = {"quick": quick, "sweeps": sweeps, "big_sweeps": big_sweeps, "seed": seed, "alpha": ALPHA,
                            "beta": BETA, "repeats": repeats, "seeds": [seeds[i % len(seeds)] for i in range(repeats)],
-                           "init": init, "machine": machine(), "corpora": {}}
+                           "init": init, "with_lda": with_lda, "machine": machine(), "corpora": {}}
     with threadpoolctl.threadpool_limits(1):
         out["kernel"] = kernel_section(quick, sweeps, seed) if kernel else {"K": {}, "loadavg_before": load()}
         cs = [e for e in make_corpora(quick, sweeps, big_sweeps) if corpus in ("all", e[0])]
@@ -478,7 +481,7 @@ def benchmark(quick: bool, sweeps: int, big_sweeps: int, seed: int = 1, repeats:
                       f"{n_sweeps} sweeps (load average {entry['loadavg_before']:.2f})", flush=True)
                 # lda once (sequential and seeded: the reference log-likelihood); the others interleaved,
                 # repeat by repeat, so each ratio pairs runs made under the same load
-                by: dict[str, list[Run]] = {"lda": [run_lda(c, name, K, n_sweeps, seed)]}
+                by: dict[str, list[Run]] = {"lda": [run_lda(c, name, K, n_sweeps, seed)]} if with_lda else {}
                 for run_seed in out["seeds"]:
                     for r in (run_tomotopy(c, name, K, n_sweeps, run_seed, 1),
                               run_dscar(c1, 1, c, name, K, n_sweeps, run_seed, init=init),
@@ -516,7 +519,7 @@ def time_targets(by: dict[str, list[Run]], sweeps: int, curve: str = "curve") ->
         tomo = [value_at(r.curve, k) for r in by["tomotopy-1t"]]
         if None not in tomo:
             goals[f"tomotopy-1t@{k}"] = statistics.median(tomo)
-        v = value_at(by["lda"][0].curve, k)
+        v = value_at(by["lda"][0].curve, k) if "lda" in by else None
         if v is not None:
             goals[f"lda@{k}"] = v
     out: dict[str, Any] = {}
@@ -562,8 +565,9 @@ def targets(out: dict[str, Any]) -> dict[str, Any]:
             "dscar2_over_tomotopy2": statistics.median(e["paired"]["dscar2_over_tomotopy2"]),
             "by_repeat": e["paired"],
             "dscar2_over_dscar1": sp_["dscar-2w"] / sp_["dscar-1w"],
-            "dscar2_over_lda": sp_["dscar-2w"] / sp_["lda"],
-            "dscar2_loglik_rel_diff_vs_lda": (r["dscar-2w"]["loglik"] - r["lda"]["loglik"]) / abs(r["lda"]["loglik"]),
+            "dscar2_over_lda": sp_["dscar-2w"] / sp_["lda"] if "lda" in sp_ else None,
+            "dscar2_loglik_rel_diff_vs_lda": (r["dscar-2w"]["loglik"] - r["lda"]["loglik"]) / abs(r["lda"]["loglik"])
+            if "lda" in r else None,
             "time_to_target": {k: {n: v[n] for n in ("dscar1_over_tomotopy1", "dscar2_over_tomotopy2")}
                                for k, v in e["time_to_target"].items()},
             "time_to_target_cpu": {k: {n: v[n] for n in ("dscar1_over_tomotopy1", "dscar2_over_tomotopy2")}
@@ -597,10 +601,11 @@ def format_targets(t: dict[str, Any]) -> str:
     for name, v in t.items():
         if name == "kernel":
             continue
+        vs_lda = ("" if v["dscar2_over_lda"] is None else f", {v['dscar2_over_lda']:.2f}x lda; "
+                  f"log-likelihood {100 * v['dscar2_loglik_rel_diff_vs_lda']:+.2f}% vs lda")
         lines.append(f"{name}: dscar 1 worker {v['dscar1_over_tomotopy1']:.2f}x tomotopy 1 thread; "
                      f"dscar 2 workers {v['dscar2_over_tomotopy2']:.2f}x tomotopy 2 threads (target >= 1.0 on the "
-                     f"large corpus), {v['dscar2_over_dscar1']:.2f}x dscar 1 worker, {v['dscar2_over_lda']:.2f}x lda; "
-                     f"log-likelihood {100 * v['dscar2_loglik_rel_diff_vs_lda']:+.2f}% vs lda")
+                     f"large corpus), {v['dscar2_over_dscar1']:.2f}x dscar 1 worker" + vs_lda)
         for goal, v2 in v["time_to_target"].items():
             lines.append(f"    time to {goal}, dscar / tomotopy at equal cores: 1 worker / 1 thread "
                          f"{_ratio(v2['dscar1_over_tomotopy1'])}, 2 workers / 2 threads "
@@ -640,7 +645,7 @@ def plot(out: dict[str, Any], path: str) -> None:
     for ax, (name, e) in zip(axes[1:], out["corpora"].items()):
         groups = {"1 worker / 1 thread": ["dscar-1w", "tomotopy-1t", "lda"], "2 workers / 2 threads": ["dscar-2w", "tomotopy-2t"]}
         for i, (g, names) in enumerate(groups.items()):
-            for j, s in enumerate(names):
+            for j, s in enumerate(n for n in names if n in e["runs"]):
                 v = e["runs"][s]["tokens_per_s"] / 1e6
                 x = i * 4 + j
                 ax.bar(x, v, color=colors[s.split("-")[0]], label=s.split("-")[0] if i == 0 else None)
@@ -738,6 +743,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="the engine section's repeats cycle through these seeds (default: every repeat seed 1): "
                         "at 20 sweeps a chain's log-likelihood still climbs ~0.1 per sweep, and chains of "
                         "different seeds stand more than a sweep apart")
+    p.add_argument("--no-lda", action="store_true",
+                   help="skip the sequential lda package's run (1-3 min on the large corpus) and its targets")
     p.add_argument("--init", choices=INITS, default="uniform",
                    help="dscar's start (LDAGibbs init): uniform (default, untimed as tomotopy's) or drawn from the "
                         "model, whose clock counts in dscar's time")
@@ -751,7 +758,7 @@ def main(argv: list[str] | None = None) -> int:
             p.error("--repeats must be at least 1")
         out = benchmark(args.quick, args.iters or (10 if args.quick else 200), args.big_iters or (10 if args.quick else 20),
                         repeats=args.repeats, init=args.init, corpus=args.corpus, kernel=not args.no_kernel,
-                        seeds=args.seeds)
+                        seeds=args.seeds, with_lda=not args.no_lda)
     out["wall_s"] = time.perf_counter() - t0
     out["loadavg_after"] = load()
     print(f"(wall {out['wall_s']:.1f} s; load average before: {out['machine']['loadavg'][0]:.2f}, "

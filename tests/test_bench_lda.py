@@ -7,8 +7,8 @@ import pytest
 
 import argparse
 
-from bench.lda import (Run, SamplerCPU, _seed_list, clock_cpu_estimate, format_time_to_target, time_targets,
-                       time_to_target, value_at)
+from bench.lda import (Run, SamplerCPU, _seed_list, clock_cpu_estimate, format_targets, format_time_to_target, targets,
+                       time_targets, time_to_target, value_at)
 
 
 def curve(*pts):
@@ -42,6 +42,23 @@ def test_time_targets_pair_dscar_with_tomotopy_at_equal_cores():
     assert t["lda@20"]["target"] == -9.0 and t["lda@20"]["seconds"]["dscar-1w"] == 1.0
     by["dscar-2w"] = [run("dscar-2w", never)]
     assert time_targets(by, 20)["tomotopy-1t@20"]["dscar2_over_tomotopy2"] is None  # never reached: no ratio
+
+
+def test_without_lda_the_targets_are_tomotopys_alone():
+    """``--no-lda``: no ``lda`` run, so no ``lda@N`` target and no ratio against it; the rest as with it."""
+    fast = [(0, 0, -10.0), (10, 1.0, -9.0), (20, 2.0, -8.0)]
+    slow = [(0, 0, -10.0), (10, 2.0, -9.0), (20, 4.0, -8.0)]
+    by = {"tomotopy-1t": [run("tomotopy-1t", slow)], "tomotopy-2t": [run("tomotopy-2t", fast)],
+          "dscar-1w": [run("dscar-1w", fast)], "dscar-2w": [run("dscar-2w", slow)]}
+    t = time_targets(by, 20)
+    assert set(t) == {"tomotopy-1t@20"} and t["tomotopy-1t@20"]["dscar1_over_tomotopy1"] == 0.5
+    entry = {"runs": {s: rs[0].row() for s, rs in by.items()}, "time_to_target": t, "time_to_target_cpu": t,
+             "paired": {"dscar1_over_tomotopy1": [1.2], "dscar2_over_tomotopy2": [0.9]}}
+    got = targets({"kernel": {"K": {}}, "corpora": {"c": entry}})["c"]
+    assert got["dscar2_over_lda"] is None and got["dscar2_loglik_rel_diff_vs_lda"] is None
+    text = format_targets({"kernel": {}, "c": got})
+    assert "dscar 2 workers 0.90x tomotopy 2 threads" in text and "lda" not in text
+    assert "time to tomotopy-1t@20, dscar / tomotopy at equal cores: 1 worker / 1 thread 0.50x" in text
 
 
 def test_a_run_of_several_repeats_shows_each_repeats_ratio_and_its_seed():
