@@ -464,17 +464,16 @@ class Coordinator(SchedulerPlugin):
 
     async def _even_out(self, job: JobState) -> None:
         """Copy, while clocks run, the partitions whose move lowers the largest owner's load among the
-        job's set-up workers (``elastic.even_plan``, counting the copies made or under way as moved): after a
-        joiner's warm-up, a hand-off, a stale copy. Each is switched at the next clock boundary
-        (``_switch_copies``). A copy that fails is not moved."""
+        job's workers not warming up or leaving (``elastic.even_plan``, counting the copies made or under
+        way as moved): after a joiner's warm-up, a hand-off, a switch that left copies stale. Each is
+        switched at the next clock boundary (``_switch_copies``). A copy that fails is not moved."""
         job_id = job.cfg.job_id
         if job.consistency != "bsp" or job.failed or job_id not in self.jobs:
             return
         moving = self._moving.setdefault(job_id, {})
         copies = {**self._copies.get(job_id, {}), **moving}
-        live = self._live(job)
-        fresh = self._setting_up(job, live) | self._preparing.get(job_id, set())
-        members = [w for w in live if w not in fresh and w not in self._leaving]
+        warming = self._preparing.get(job_id, set())  # (each evens out once warm: ``_prepare_joiner``)
+        members = [w for w in self._live(job) if w not in warming and w not in self._leaving]
         rows = {(t, p): b - a for t, layout in job.pmap.layouts.items() for p, (a, b) in enumerate(layout.bounds)}
         planned = {**job.pmap.owners, **{k: w for k, (w, _) in copies.items()}}
         plan = {k: w for k, w in even_plan(planned, rows, members).items() if k not in copies}
