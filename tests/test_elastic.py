@@ -499,3 +499,40 @@ def test_a_joiner_s_switch_re_sends_the_rows_changed_since_its_copy_so_no_update
         # the partitions that moved (fanout's, the largest): every shard step of every clock adds 1 to each row
         assert "fanout" in {t for t, _ in taken[0]["moved"]}
         np.testing.assert_array_equal(res.params["fanout"], clocks * 6.0)
+
+
+def test_an_owner_lost_between_its_partitions_copy_and_their_switch_goes_the_loss_s_way(tmp_path):
+    """Partitions are copied from both first workers to a joiner and the switch is held a clock; worker 0 is
+    lost in that clock: its partitions are restored from a checkpoint (the loss's path), its copies are not
+    switched, the others' are, and every shard's update is applied once in every clock."""
+    clocks = 8
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=False, dashboard_address=":0") as lc:
+        cl = dscar.connect(lc)
+        coordinator = lc.scheduler.plugins[PLUGIN_NAME]
+        algo = CountedGrowMidFit(clocks, lc, at=3)
+        sources: list[set] = []
+        switch = coordinator._switch_copies
+
+        async def noted(job):  # (the sources of the copies each boundary switches)
+            sources.append({src for _, src in coordinator._copies.get(job.cfg.job_id, {}).values()})
+            await switch(job)
+
+        grow = coordinator.__class__._switch_copies
+        coordinator.__class__._switch_copies = lambda self, job: noted(job)
+        try:
+            res = dscar.fit(algo, {"x": np.arange(6.0)}, cl, n_shards=6, max_clocks=clocks, progress=False,
+                            checkpoint=dscar.CheckpointConfig(str(tmp_path), policy="full", every=1),
+                            faults=[dscar.faults.lose(0, 4)])
+        finally:
+            coordinator.__class__._switch_copies = grow
+        lost = [e["worker"] for e in res.events if e["kind"] == "worker-lost"]
+        assert lost == [res.workers[0]] and any(lost[0] in s for s in sources)  # it was the source of copies
+        kinds = [e["kind"] for e in res.events]
+        assert "recovery-started" in kinds and "partition-restored" in kinds
+        taken = [e for e in res.events if e["kind"] == "partitions-taken-on"]
+        assert taken and all(lost[0] not in e["workers"] for e in taken)
+        assert len(res.history) == clocks
+        for r in res.history:  # every shard's update applied once, in every clock the loss did not cut short
+            if not r.skipped:
+                assert all(r.metrics[k] == 0 for k in CHECK_KEYS), (r.clock, r.metrics)
+        assert check_final(res.params["seen"], clocks, True) == 0
