@@ -599,15 +599,16 @@ def layout_vs_reference(ticks: list[tuple[float, int]], live: list[tuple[float, 
 
 
 def join_clocks(fit_events: list[dict[str, Any]]) -> list[int]:
-    """For each worker that took partitions, the clocks from its joining to owning them (the clocks its
-    warm-up and background copy ran beside)."""
+    """For each worker that took partitions after joining, the clocks from its joining to its first owning
+    some (the clocks its warm-up and background copy ran beside); later switches (the partitions evened
+    out after a hand-off or another join) are not a join's."""
     joined = {}
     out = []
     for e in fit_events:
         if e["kind"] == "worker-joined":
             joined[e["worker"]] = e.get("clock") or 0
         elif e["kind"] == "partitions-taken-on":
-            out += [(e.get("clock") or 0) - joined[w] for w in e["workers"] if w in joined]
+            out += [(e.get("clock") or 0) - joined.pop(w) for w in e["workers"] if w in joined]
     return out
 
 
@@ -694,7 +695,7 @@ def format_table(s: dict[str, Any], refs: dict[int, dict[str, Any]]) -> str:
         ("final objective", f"{s['final_objective']:g} (failure-free {s['reference_objective']:g})"),
         ("references", ", ".join(f"{n} workers {r['rate']:.3f} clocks/s (before/after {r['rates'][0]:.3f}/"
                                  f"{r['rates'][-1]:.3f})" for n, r in sorted(refs.items()))),
-        ("joins", f"warm-up mean {s['joiner_warm_up_s_mean']} s, partitions moved to joiners "
+        ("joins", f"warm-up mean {s['joiner_warm_up_s_mean']} s, partitions switched (joins, evening out) "
                   f"{s['partitions_moved_to_joiners']}, clocks from joining to owning them "
                   f"{sorted(s['join_to_owning_clocks'])}"),
     ]

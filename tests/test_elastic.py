@@ -14,10 +14,11 @@ import dscar
 from dscar.algorithms.datasets import make_regression
 from dscar.algorithms.lasso import LassoCD
 from dscar.scheduler.coordinator import PLUGIN_NAME
-from dscar.core.elastic import (adaptive_target, handoff_plan, handoff_targets, join_plan, retirable, setting_up,
+from dscar.core.elastic import (adaptive_target, even_plan, handoff_plan, handoff_targets, retirable, setting_up,
                            shard_handoff_plan, ssp_leave_step, workers_wanted)
 from dscar.errors import InvalidInputError
-from bench.worker_models import CHECK_KEYS, ExactlyOnce, check_final
+from bench.worker_models import CHECK_KEYS, FANOUT_ROWS, ExactlyOnce, check_final
+from dscar.core.partitions import row_bounds
 
 
 # ------------------------------------------------------------------ pure
@@ -173,11 +174,15 @@ class RetiresAnOwner:
     def __getstate__(self):
         return {k: v for k, v in self.__dict__.items() if k not in ("_cluster", "_client", "_thread", "retired")}
 
+    def _pick(self, job) -> str:
+        """The worker to retire: the first owner by name."""
+        return sorted(set(job.pmap.owners.values()))[0]
+
     def converged(self, history, tol) -> bool:
         if self._at and len(history) == self._at:
             coordinator = self._cluster.scheduler.plugins[PLUGIN_NAME]
             job = next(iter(coordinator.jobs.values()))
-            worker = sorted(set(job.pmap.owners.values()))[0]
+            worker = self._pick(job)
             self.retired.append(worker)
             self._thread = threading.Thread(target=self._client.retire_workers, kwargs={"workers": [worker]})
             self._thread.start()
@@ -224,6 +229,67 @@ class SspRetireMidFit(RetiresAnOwner, ExactlyOnce):
         self._retire_at(local_cluster, client, at)
 
 
+class UnevenRetireMidFit(RetiresAnOwner, ExactlyOnce):
+    """``bench.worker_models.ExactlyOnce`` that retires, after ``at`` clocks, an owner whose hand-off leaves
+    the stayers unevenly loaded (``even_plan`` would move something): ``uneven`` is the layout it leaves."""
+
+    def __init__(self, clocks: int, local_cluster=None, client=None, at: int = 0):
+        super().__init__(clocks)
+        self._retire_at(local_cluster, client, at)
+        self.uneven: dict | None = None
+
+    def __getstate__(self):
+        return {k: v for k, v in super().__getstate__().items() if k != "uneven"}
+
+    def _pick(self, job) -> str:
+        rows = {(t, p): b - a for t, lay in job.pmap.layouts.items() for p, (a, b) in enumerate(lay.bounds)}
+        owners = sorted(set(job.pmap.owners.values()))
+        for w in owners:
+            stay = [v for v in owners if v != w]
+            after = {**job.pmap.owners, **handoff_plan(job.pmap.owners, rows, [w], stay)}
+            if even_plan(after, rows, stay):
+                self.uneven = loads_of(after, rows, stay)
+                return w
+        raise AssertionError(f"no owner's hand-off leaves an uneven layout: {job.pmap.owners}")
+
+
+def test_a_hand_off_that_leaves_the_stayers_uneven_is_evened_out_at_a_later_boundary_with_every_update_once():
+    """The stayers take a leaver's partitions as they come (``handoff_plan``, at the boundary); what that
+    leaves uneven is copied in the background and switched at a later boundary (``even_plan``): the
+    largest owner ends with fewer rows, and every shard's update is applied once in every clock."""
+    clocks, n_shards = 8, 6
+    with LocalCluster(n_workers=3, threads_per_worker=1, processes=False, dashboard_address=":0") as lc:
+        cl = dscar.connect(lc)
+        coordinator = lc.scheduler.plugins[PLUGIN_NAME]
+        algo = UnevenRetireMidFit(clocks, lc, cl.client, at=3)
+        final: dict = {}
+        switch = coordinator._switch_copies
+
+        async def recorded(job):  # (the owner map as the last boundary leaves it: the job is dropped at its end)
+            await switch(job)
+            final.update(job.pmap.owners)
+
+        coordinator._switch_copies = recorded
+        res = dscar.fit(algo, {"x": np.arange(float(n_shards))}, cl, n_shards=n_shards, max_clocks=clocks,
+                        progress=False)
+        algo._thread.join(60)
+        kinds = [e["kind"] for e in res.events]
+        assert kinds.count("handoff") == 1 and "worker-left" in kinds
+        taken = [e for e in res.events if e["kind"] == "partitions-taken-on"]
+        assert len(taken) == 1 and taken[0]["failed"] == 0 and taken[0]["clock"] > 3
+        stay = sorted(algo.uneven)
+        job_rows = {(t, p): b - a for t, n in (("seen", n_shards), ("bad", n_shards), ("steps", n_shards),
+                                                ("fanout", FANOUT_ROWS))
+                    for p, (a, b) in enumerate(row_bounds(n, 3))}
+        assert final and max(loads_of(final, job_rows, stay).values()) < max(algo.uneven.values())
+        assert not {"worker-lost", "recovery-started", "partition-restored", "rollback"} & set(kinds)
+        assert len(res.history) == clocks and not any(r.skipped for r in res.history)
+        for r in res.history:  # every shard's update applied once in every clock, in every table
+            assert all(r.metrics[k] == 0 for k in CHECK_KEYS), (r.clock, r.metrics)
+        assert check_final(res.params["seen"], clocks, True) == 0
+        np.testing.assert_array_equal(res.params["fanout"], clocks * float(n_shards))
+
+
 def test_a_worker_retired_mid_fit_under_ssp_is_drained_and_hands_off_with_no_loss_and_no_rework():
     """Under SSP clocks overlap: the leaver is handed no more work, its committed updates are applied,
     then its partitions (with the SSP updates they hold) and shard states are copied and switched while
@@ -256,29 +322,53 @@ def test_a_worker_retired_mid_fit_under_ssp_is_drained_and_hands_off_with_no_los
         wait_for(lambda: algo.retired[0] not in lc.scheduler.workers)  # and Dask retired it
 
 
-@given(keys, st.data())
-def test_joiners_take_partitions_only_while_that_lowers_the_largest_load(parts, data):
-    owners = {k: data.draw(st.sampled_from(["a", "b"])) for k in parts}
-    rows = {k: data.draw(st.integers(1, 100)) for k in parts}
-    joined = data.draw(st.lists(st.sampled_from(["x", "y"]), unique=True, min_size=1))
-    plan = join_plan(owners, rows, joined)
-    after = {**owners, **plan}
-
-    def loads(own):
-        out = {w: 0 for w in ["a", "b", *joined]}
-        for k, w in own.items():
+def loads_of(owners, rows, workers):
+    out = {w: 0 for w in workers}
+    for k, w in owners.items():
+        if w in out:
             out[w] += rows[k]
-        return out
+    return out
 
-    assert set(plan.values()) <= set(joined)
-    assert max(loads(after).values()) <= max(loads(owners).values())
-    if plan:  # every move shrinks the spread of the loads (their sum of squares)
-        assert sum(v * v for v in loads(after).values()) < sum(v * v for v in loads(owners).values())
-    # no further single move from the most loaded owner to a joiner would lower the largest load
-    load = loads(after)
-    top = max(load, key=lambda w: (load[w], w))
-    low = min(joined, key=lambda w: (load[w], w))
-    assert not [k for k, w in after.items() if w == top and load[low] + rows[k] < load[top]]
+
+@given(keys, st.data())
+def test_an_even_plan_moves_partitions_between_members_only_while_that_lowers_the_largest_load(parts, data):
+    owners = {k: data.draw(st.sampled_from(["a", "b", "c", "gone"])) for k in parts}
+    rows = {k: data.draw(st.integers(1, 100)) for k in parts}
+    members = data.draw(st.lists(st.sampled_from(["a", "b", "c", "x", "y"]), unique=True))
+    plan = even_plan(owners, rows, members)
+    after = {**owners, **plan}
+    before, load = loads_of(owners, rows, members), loads_of(after, rows, members)
+    assert set(plan.values()) <= set(members) and all(owners[k] in members and owners[k] != w for k, w in plan.items())
+    if plan:  # it pays: the largest owner holds fewer rows
+        assert max(load.values()) < max(before.values())
+        # no further move or swap from the most loaded owner would lower its load below what it is
+        top = max(load, key=lambda w: (load[w], w))
+        mine = [k for k, w in after.items() if w == top]
+        for w in members:
+            if w != top:
+                assert not [k for k in mine if load[w] + rows[k] < load[top]]
+                assert not [(k, j) for k in mine for j, v in after.items() if v == w
+                            and 0 < rows[k] - rows[j] and load[w] + rows[k] - rows[j] < load[top]]
+
+
+def test_an_even_plan_takes_a_joiner_and_a_hand_off_to_the_even_layout_and_moves_nothing_that_does_not_pay():
+    # 4 tables of 12, 12, 12, 16 rows cut for 3 workers (4, 4, 4 and 6, 5, 5 rows): a joiner takes the
+    # fewest rows that even the 4 workers to 14, the best any owner map of these partitions reaches
+    rows, owners = {}, {}
+    for t, bounds in (("s", (4, 4, 4)), ("b", (4, 4, 4)), ("t", (4, 4, 4)), ("f", (6, 5, 5))):
+        for p, n in enumerate(bounds):
+            rows[t, p], owners[t, p] = n, "abc"[p]
+    plan = even_plan(owners, rows, ["a", "b", "c", "d"])
+    assert max(loads_of({**owners, **plan}, rows, "abcd").values()) == 14 and set(plan.values()) == {"d"}
+    # a joiner that holds 6, 5 and 4 rows against another's 4, 4 and 4 swaps its 5 for a 4 (no move helps)
+    uneven = {("f", 0): "d", ("f", 1): "d", ("s", 0): "d", ("s", 1): "a", ("b", 1): "a", ("t", 1): "a"}
+    swap = even_plan(uneven, rows, ["a", "d"])
+    assert sorted(swap.values()) == ["a", "d"] and sorted(loads_of({**uneven, **swap}, rows, "ad").values()) == [13, 14]
+    assert even_plan({("w", 0): "a"}, {("w", 0): 10}, ["a", "x"]) == {}  # it would only swap who holds 10
+    assert even_plan({("w", 0): "a", ("w", 1): "a"}, {("w", 0): 10, ("w", 1): 10}, ["a", "x"]) == {("w", 0): "x"}
+    # two owners at the top: evening one of them out lowers no largest load, so nothing moves
+    assert even_plan({("w", 0): "a", ("w", 1): "b"}, {("w", 0): 10, ("w", 1): 10}, ["a", "b", "x"]) == {}
+    assert even_plan({("w", 0): "a", ("w", 1): "a"}, {("w", 0): 10, ("w", 1): 10}, ["a"]) == {}  # nobody to take one
 
 
 WORKERS = ["a", "b", "c", "d", "e"]
@@ -300,11 +390,6 @@ def test_workers_setting_up_are_the_unregistered_live_ones_with_nothing_of_the_j
         assert targets == staying
 
 
-def test_a_joiner_takes_nothing_when_moving_would_not_lower_the_largest_load():
-    assert join_plan({("w", 0): "a"}, {("w", 0): 10}, ["x"]) == {}  # it would only swap who holds 10
-    assert join_plan({("w", 0): "a", ("w", 1): "a"}, {("w", 0): 10, ("w", 1): 10}, ["x"]) == {("w", 1): "x"}
-
-
 def grow_mid_fit(algo, history) -> None:
     """After ``algo._at`` clocks, add a worker to the cluster and hold the clock loop until the new
     worker has partitions copied to it; put their switch off by one clock, so rows of the copy change
@@ -323,7 +408,7 @@ def grow_mid_fit(algo, history) -> None:
     before = set(algo._cluster.scheduler.workers)
     algo._cluster.scale(len(before) + 1)
     wait_for(lambda: any(w not in before for w, _ in coordinator._copies.get(job_id, {}).values()))
-    new = next(w for w, _ in coordinator._copies[job_id].values())
+    new = next(w for w, _ in coordinator._copies[job_id].values() if w not in before)
     worker = next(w for w in algo._cluster.workers.values() if w.address == new)
     for op in ("pull", "pull_many"):
         handler = worker.handlers[f"dscar_{op}"]
@@ -388,9 +473,9 @@ def test_a_worker_added_mid_fit_owns_partitions_at_the_boundary_after_its_copy_a
         assert len(taken) == 1 and taken[0]["partitions"] > 0 and taken[0]["failed"] == 0
         assert taken[0]["clock"] == 4  # at the boundary it was let switch at: clock 4 ended
         assert 0 < taken[0]["rows_resent"] <= taken[0]["rows"]  # clock 4 changed rows of the copy: re-sent
-        new = taken[0]["workers"][0]
         ready = [e for e in res.events if e["kind"] == "worker-ready"]
-        assert [e["worker"] for e in ready] == [new]
+        assert len(ready) == 1 and ready[0]["worker"] in taken[0]["workers"]  # (others may even out too)
+        new = ready[0]["worker"]
         assert any(new in r.shards_per_worker for r in res.history)  # it ran shards
         assert algo.pulls_served  # and served the pulls of the partitions it owns
         kinds = {e["kind"] for e in res.events}
@@ -414,3 +499,40 @@ def test_a_joiner_s_switch_re_sends_the_rows_changed_since_its_copy_so_no_update
         # the partitions that moved (fanout's, the largest): every shard step of every clock adds 1 to each row
         assert "fanout" in {t for t, _ in taken[0]["moved"]}
         np.testing.assert_array_equal(res.params["fanout"], clocks * 6.0)
+
+
+def test_an_owner_lost_between_its_partitions_copy_and_their_switch_goes_the_loss_s_way(tmp_path):
+    """Partitions are copied from both first workers to a joiner and the switch is held a clock; worker 0 is
+    lost in that clock: its partitions are restored from a checkpoint (the loss's path), its copies are not
+    switched, the others' are, and every shard's update is applied once in every clock."""
+    clocks = 8
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=False, dashboard_address=":0") as lc:
+        cl = dscar.connect(lc)
+        coordinator = lc.scheduler.plugins[PLUGIN_NAME]
+        algo = CountedGrowMidFit(clocks, lc, at=3)
+        sources: list[set] = []
+        switch = coordinator._switch_copies
+
+        async def noted(job):  # (the sources of the copies each boundary switches)
+            sources.append({src for _, src in coordinator._copies.get(job.cfg.job_id, {}).values()})
+            await switch(job)
+
+        grow = coordinator.__class__._switch_copies
+        coordinator.__class__._switch_copies = lambda self, job: noted(job)
+        try:
+            res = dscar.fit(algo, {"x": np.arange(6.0)}, cl, n_shards=6, max_clocks=clocks, progress=False,
+                            checkpoint=dscar.CheckpointConfig(str(tmp_path), policy="full", every=1),
+                            faults=[dscar.faults.lose(0, 4)])
+        finally:
+            coordinator.__class__._switch_copies = grow
+        lost = [e["worker"] for e in res.events if e["kind"] == "worker-lost"]
+        assert lost == [res.workers[0]] and any(lost[0] in s for s in sources)  # it was the source of copies
+        kinds = [e["kind"] for e in res.events]
+        assert "recovery-started" in kinds and "partition-restored" in kinds
+        taken = [e for e in res.events if e["kind"] == "partitions-taken-on"]
+        assert taken and all(lost[0] not in e["workers"] for e in taken)
+        assert len(res.history) == clocks
+        for r in res.history:  # every shard's update applied once, in every clock the loss did not cut short
+            if not r.skipped:
+                assert all(r.metrics[k] == 0 for k in CHECK_KEYS), (r.clock, r.metrics)
+        assert check_final(res.params["seen"], clocks, True) == 0

@@ -12,6 +12,9 @@ coordinator (``dscar.scheduler.coordinator``) answers Dask's two questions with 
 - ``retirable``: the candidates Dask may retire as idle (``valid_workers_downscaling``): none of a
   running job's workers.
 
+Joins, hand-offs and losses leave the partitions unevenly owned; ``even_plan`` says which move so
+the largest owner holds fewer rows (copied while clocks run, switched at a clock boundary).
+
 A worker retired explicitly (``retire_workers([w])``, ``cluster.scale(n)``) is not vetoed: it hands
 its partitions off at the next clock boundary before Dask closes it (``handoff_plan``); under SSP,
 once it is drained and the tables hold still (``ssp_leave_step``).
@@ -105,30 +108,54 @@ def handoff_targets(staying: Iterable[str], fresh: Container[str]) -> list[str]:
     return [w for w in stay if w not in fresh] or stay
 
 
-def join_plan(owners: Mapping[tuple[str, int], str], rows: Mapping[tuple[str, int], int],
-              joined: Iterable[str]) -> dict[tuple[str, int], str]:
-    """Partitions that move to the ``joined`` workers (who own nothing yet): while moving one lowers
-    the largest owner's load (rows owned), the most loaded owner's largest partition that still
-    leaves the joiner below that owner's old load goes to the least loaded joiner. Returns partition
-    -> joiner; empty when no move would lower the largest load (a joiner then only takes shards)."""
-    new = sorted(set(joined) - set(owners.values()))
-    if not new:
+def even_plan(owners: Mapping[tuple[str, int], str], rows: Mapping[tuple[str, int], int],
+              workers: Iterable[str]) -> dict[tuple[str, int], str]:
+    """Partitions that move between the ``workers`` (joiners owning nothing yet included) so the largest
+    owner holds fewer rows: after a join, a hand-off or a loss's re-placement the layout is uneven, and
+    a BSP clock waits for its most loaded owner (its applies, the pulls it serves). While a step lowers
+    the most loaded worker's load, it moves one of that worker's partitions to another worker, or swaps
+    one for a smaller one of another's (one move evens ``6, 5, 4`` against ``4, 4, 4`` no further),
+    taking the step that leaves the pair most even (a move before a swap: one copy, not two). Returns
+    partition -> new owner (partitions whose owner is not in ``workers`` stay); empty unless it lowers
+    the largest load: a move costs a copy and a switch at a clock boundary, and pays only then."""
+    members = sorted(set(workers))
+    if len(members) < 2:
         return {}
-    owner = dict(owners)
-    load: dict[str, int] = {w: 0 for w in new}
+    owner = {k: w for k, w in owners.items() if w in members}
+    load = {w: 0 for w in members}
+    held: dict[str, list[tuple[str, int]]] = {w: [] for w in members}
     for key, w in owner.items():
-        load[w] = load.get(w, 0) + rows[key]
-    plan: dict[tuple[str, int], str] = {}
+        load[w] += rows[key]
+        held[w].append(key)
+    start = max(load.values())
     while True:
-        top = max(load, key=lambda w: (load[w], w))
-        target = min(new, key=lambda w: (load[w], w))
-        fits = [k for k, w in owner.items() if w == top and load[target] + rows[k] < load[top]]
-        if not fits:
-            return plan
-        key = max(fits, key=lambda k: (rows[k], k))
-        owner[key], plan[key] = target, target
-        load[top] -= rows[key]
-        load[target] += rows[key]
+        top = max(members, key=lambda w: (load[w], w))
+        best = None  # (pair's larger load after, copies, key, other, other's key or None)
+        for key in held[top]:
+            r = rows[key]
+            for w in members:
+                if w == top:
+                    continue
+                if load[w] + r < load[top]:
+                    step = (max(load[top] - r, load[w] + r), 1, key, w, None)
+                    best = step if best is None or step < best else best
+                for back in held[w]:
+                    d = r - rows[back]
+                    if d > 0 and load[w] + d < load[top]:
+                        step = (max(load[top] - d, load[w] + d), 2, key, w, back)
+                        best = step if best is None or step < best else best
+        if best is None:
+            break
+        _, _, key, w, back = best
+        for k, src, dst in ((key, top, w), *(((back, w, top),) if back is not None else ())):
+            held[src].remove(k)
+            held[dst].append(k)
+            owner[k] = dst
+            load[src] -= rows[k]
+            load[dst] += rows[k]
+    if max(load.values()) >= start:
+        return {}
+    return {k: w for k, w in owner.items() if owners[k] != w}
 
 
 def ssp_leave_step(leaver: str, running: Iterable[str], unapplied: Iterable[str], quiet: bool) -> str:

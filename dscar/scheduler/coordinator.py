@@ -52,7 +52,7 @@ from ..core.apply_plan import (DIRECT_PER_WORKER, FANIN, ApplyPlan, apply_receiv
 from ..checkpoint import CheckpointConfig
 from ..comm import fast_fail_pool
 from ..core import active_set
-from ..core.elastic import (adaptive_target, handoff_plan, handoff_targets, join_plan, retirable, setting_up,
+from ..core.elastic import (adaptive_target, even_plan, handoff_plan, handoff_targets, retirable, setting_up,
                             shard_handoff_plan, workers_wanted)
 from ..errors import JobFailedError, RefusedCallError
 from ..inflight import Inflight, resolve, timed_wait
@@ -226,6 +226,8 @@ class Coordinator(SchedulerPlugin):
         #: job -> partition -> (joiner, owner): copied to the joiner in the background, switched at the
         #: next clock boundary (``_switch_copies``)
         self._copies: dict[str, dict[tuple[str, int], tuple[str, str]]] = {}
+        #: job -> partition -> (new owner, owner): being copied now (``_even_out``), then into ``_copies``
+        self._moving: dict[str, dict[tuple[str, int], tuple[str, str]]] = {}
         #: the joiners' preparations and copies under way (kept referenced until done)
         self._preparations: set[asyncio.Future] = set()
         #: SSP jobs whose leavers are being drained and handed off (``_ssp_hand_off``)
@@ -423,6 +425,7 @@ class Coordinator(SchedulerPlugin):
                 self._do(job, job.leave(w, time.time()))
         job.event(time.time(), "handoff", workers=sorted(leaving), partitions=sum(part_ok), shards=sum(shard_ok),
                   failed=len(results) - sum(ok), seconds=round(time.perf_counter() - t0, 4))
+        self._background(self._even_out(job))  # (the stayers took its partitions as they came: even them out)
         if release:
             self._release_leavers(leaving)
 
@@ -442,7 +445,7 @@ class Coordinator(SchedulerPlugin):
     async def _prepare_joiner(self, job_id: str, worker: str) -> None:
         """A worker joined mid-fit: it installs the job and loads the kernels (``warm_up``) before it
         is handed work, so its first shard does not hold the clock's barrier; then, under BSP, the
-        partitions it should take are copied to it while clocks run (``_copy_to_joiner``)."""
+        partitions that even the load are copied to it while clocks run (``_even_out``)."""
         t0 = time.perf_counter()
         preparing = self._preparing.setdefault(job_id, set())
         preparing.add(worker)
@@ -457,32 +460,43 @@ class Coordinator(SchedulerPlugin):
         if job is None or job.failed or worker not in self._live(job):
             return
         job.event(time.time(), "worker-ready", worker=worker, seconds=round(time.perf_counter() - t0, 4))
-        if job.consistency == "bsp":
-            await self._copy_to_joiner(job, worker)
+        await self._even_out(job)
 
-    async def _copy_to_joiner(self, job: JobState, worker: str) -> None:
-        """Copy to a joiner, while clocks run, the partitions that moving to it lowers the largest
-        owner's load (``elastic.join_plan``, counting the copies already under way as moved); each is
+    async def _even_out(self, job: JobState) -> None:
+        """Copy, while clocks run, the partitions whose move lowers the largest owner's load among the
+        job's workers not warming up or leaving (``elastic.even_plan``, counting the copies made or under
+        way as moved): after a joiner's warm-up, a hand-off, a switch that left copies stale. Each is
         switched at the next clock boundary (``_switch_copies``). A copy that fails is not moved."""
-        copies = self._copies.get(job.cfg.job_id, {})
+        job_id = job.cfg.job_id
+        if job.consistency != "bsp" or job.failed or job_id not in self.jobs:
+            return
+        moving = self._moving.setdefault(job_id, {})
+        copies = {**self._copies.get(job_id, {}), **moving}
+        warming = self._preparing.get(job_id, set())  # (each evens out once warm: ``_prepare_joiner``)
+        members = [w for w in self._live(job) if w not in warming and w not in self._leaving]
         rows = {(t, p): b - a for t, layout in job.pmap.layouts.items() for p, (a, b) in enumerate(layout.bounds)}
         planned = {**job.pmap.owners, **{k: w for k, (w, _) in copies.items()}}
-        plan = {k: w for k, w in join_plan(planned, rows, [worker]).items() if k not in copies}
+        plan = {k: w for k, w in even_plan(planned, rows, members).items() if k not in copies}
         if not plan:
             return
         sources = {k: job.pmap.owners[k] for k in plan}
-        results = await asyncio.gather(*(
-            self._rpc(w, "adopt", job_id=job.cfg.job_id, table=k[0], part=k[1], source=sources[k], step="copy")
-            for k, w in sorted(plan.items())), return_exceptions=True)
+        moving.update({k: (w, sources[k]) for k, w in plan.items()})  # (an even-out meanwhile plans around them)
+        try:
+            results = await asyncio.gather(*(
+                self._rpc(w, "adopt", job_id=job_id, table=k[0], part=k[1], source=sources[k], step="copy")
+                for k, w in sorted(plan.items())), return_exceptions=True)
+        finally:
+            for k in plan:
+                moving.pop(k, None)
         for (k, w), r in zip(sorted(plan.items()), results):
-            if isinstance(r, dict) and r.get("status") == "OK" and job.cfg.job_id in self.jobs:
+            if isinstance(r, dict) and r.get("status") == "OK" and job_id in self.jobs:
                 # (not into ``copies``: a boundary may have taken that dict while these copies ran)
-                self._copies.setdefault(job.cfg.job_id, {})[k] = (w, sources[k])
+                self._copies.setdefault(job_id, {})[k] = (w, sources[k])
 
     async def _switch_copies(self, job: JobState) -> None:
-        """At a clock boundary, the partitions copied to joiners switch owner in one step: each joiner
-        takes the rows changed since its copy (``adopt`` step "switch"), the owner map changes, and the
-        old owners drop them. A copy whose joiner or owner is gone, or whose partition moved meanwhile
+        """At a clock boundary, the partitions copied to new owners (``_even_out``) switch owner in one step:
+        each new owner takes the rows changed since its copy (``adopt`` step "switch"), the owner map changes,
+        and the old owners drop them. A copy whose joiner or owner is gone, or whose partition moved meanwhile
         (a loss, a hand-off), is not switched; one that fails stays with its owner."""
         pending = self._copies.pop(job.cfg.job_id, {})
         if not pending:
@@ -491,16 +505,22 @@ class Coordinator(SchedulerPlugin):
         live = set(self._live(job))
         moves = sorted((k, w, src) for k, (w, src) in pending.items()
                        if job.pmap.owners.get(k) == src and w in live and src in live)
-        for w in sorted({w for k, (w, src) in pending.items() if w in live} - {w for _, w, _ in moves}):
-            self._background(self._copy_to_joiner(job, w))  # its copies went stale (a loss, a hand-off): plan anew
-        results = await asyncio.gather(*(
-            self._rpc(w, "adopt", job_id=job.cfg.job_id, table=k[0], part=k[1], source=src, step="switch")
-            for k, w, src in moves), return_exceptions=True)
+        moving = self._moving.setdefault(job.cfg.job_id, {})
+        moving.update({k: (w, src) for k, w, src in moves})  # (an even-out meanwhile plans around them)
+        try:
+            results = await asyncio.gather(*(
+                self._rpc(w, "adopt", job_id=job.cfg.job_id, table=k[0], part=k[1], source=src, step="switch")
+                for k, w, src in moves), return_exceptions=True)
+        finally:
+            for k, _, _ in moves:
+                moving.pop(k, None)
         switched = []
         for (k, w, src), r in zip(moves, results):
             if isinstance(r, dict) and r.get("status") == "OK" and src not in job.lost and w not in job.lost:
                 job.pmap.owners[k] = w
                 switched.append((k, w, src, int(r.get("rows_resent", 0))))
+        if len(switched) < len(pending):
+            self._background(self._even_out(job))  # copies went stale or failed (a loss, a hand-off): plan anew
         await asyncio.gather(*(
             self._rpc(src, "lend", job_id=job.cfg.job_id, table=k[0], part=k[1], step="drop")
             for k, _, src, _ in switched), return_exceptions=True)  # (an old owner lost meanwhile holds nothing)
@@ -1118,6 +1138,7 @@ class Coordinator(SchedulerPlugin):
         self._active.pop(job_id, None)
         self._preparing.pop(job_id, None)
         self._copies.pop(job_id, None)
+        self._moving.pop(job_id, None)
         self._told_live.pop(job_id, None)
         if not self.jobs:  # no job holds a retirement back any more
             for fut in self._leaving.values():
