@@ -52,7 +52,7 @@ from dscar.core.apply_plan import plan_apply, rides_commit, shard_ranges
 from dscar.checkpoint import CheckpointConfig
 from dscar.core.clock import Stage
 from dscar.core.job import ApplyPass, Checkpoint, JobConfig, JobState, Mirror, RestartWorker, StartRecovery
-from dscar.core.liveness import silence_limit
+from dscar.core.liveness import PROBE_TIMEOUT_S, SWEEP_S, silence_limit
 from dscar.core.monitor import ThroughputMonitor
 from dscar.core.partitions import PartitionMap, TableLayout
 from dscar.core.policies import make_policies
@@ -67,7 +67,7 @@ def heartbeat_interval(n: int) -> float:
 #: decisions whose CPU makes up "per grant+commit": what a worker's round trip costs the core
 GRANT_COMMIT = ("next_item", "idle", "releasable", "released", "commit")
 NET_S = 0.001  #: one-way message latency, simulated seconds
-PROBE_S = 1.5  #: the coordinator's probe timeout (``coordinator.PROBE_TIMEOUT_S``)
+PROBE_S = PROBE_TIMEOUT_S  #: the coordinator's probe timeout
 
 
 @dataclass
@@ -549,7 +549,7 @@ class Sim:
         s.hung = True
         limit = silence_limit(3.0, heartbeat_interval(len(self._live())))
         self._send("probe")
-        self._at(self.now + limit + 0.25 + PROBE_S, self._remove, w)  # the next sweep, then the probe's timeout
+        self._at(self.now + limit + SWEEP_S + PROBE_S, self._remove, w)  # the next sweep, then the probe's timeout
 
     def _remove(self, w: str) -> None:
         """``Coordinator.remove_worker``: the job loses it."""

@@ -8,13 +8,23 @@ probed once it has missed ``MISSED_HEARTBEATS`` heartbeats (plus ``MARGIN_S`` fo
 before the configured ``dscar.hang-timeout``; and one sweep probes at most ``MAX_PROBES`` workers, the
 longest silent first (a starved scheduler that read nobody's heartbeat must not open thousands of
 connections at once: the others are probed by the next sweeps).
+
+A hung worker is found, at the latest, ``worst_detection_s`` after its last sign of life: its
+silence limit, one sweep, then a probe it cannot answer. With two missed heartbeats that is two
+intervals plus ``MARGIN_S + SWEEP_S + PROBE_TIMEOUT_S`` (1.75 s): within issue 39's bound of two
+intervals plus 2 s, with a quarter second left for the scheduler's own lag.
 """
 from __future__ import annotations
 
 #: heartbeats a worker may miss before it is probed (one late heartbeat is normal on a busy machine)
 MISSED_HEARTBEATS = 2
-#: seconds added to the missed heartbeats' time: a heartbeat's own trip and handling
-MARGIN_S = 0.25
+#: seconds added to the missed heartbeats' time: a heartbeat's own trip and handling (a probe follows,
+#: not a removal: a worker that is only late answers it)
+MARGIN_S = 0.1
+#: seconds between two sweeps that look for silent workers
+SWEEP_S = 0.15
+#: a worker silent past its limit is hung if it cannot answer a probe within this many seconds
+PROBE_TIMEOUT_S = 1.5
 #: at most this many probes in flight per sweep
 MAX_PROBES = 32
 
@@ -25,6 +35,12 @@ def silence_limit(configured: float, heartbeat_interval: float) -> float:
     if configured <= 0 or heartbeat_interval <= 0:
         raise ValueError(f"hang timeout {configured} and heartbeat interval {heartbeat_interval} must be > 0")
     return max(float(configured), MISSED_HEARTBEATS * float(heartbeat_interval) + MARGIN_S)
+
+
+def worst_detection_s(configured: float, heartbeat_interval: float) -> float:
+    """The longest a hung worker goes unfound after its last sign of life (a heartbeat or a message):
+    its silence limit, one sweep, and a probe's timeout."""
+    return silence_limit(configured, heartbeat_interval) + SWEEP_S + PROBE_TIMEOUT_S
 
 
 def to_probe(silent_s: dict[str, float], limit: float, max_probes: int = MAX_PROBES) -> list[str]:

@@ -58,7 +58,7 @@ from ..errors import JobFailedError, RefusedCallError
 from ..inflight import Inflight, resolve, timed_wait
 from ..core.job import ApplyPass, BeginClock, Checkpoint, JobConfig, JobState, Mirror, RestartWorker, StartRecovery
 from ..core.clock import Stage
-from ..core.liveness import silence_limit, to_probe
+from ..core.liveness import PROBE_TIMEOUT_S, SWEEP_S, silence_limit, to_probe
 from ..core.losses import unreached_after_apply
 from ..core.membership import DEFAULT_LEASE_S, SCHEDULER_RULES, Lease, Rule, key_digest, refusal, same
 from ..core.monitor import ThroughputMonitor, step_seconds
@@ -84,7 +84,6 @@ RELEASE_TIMEOUT_S = 1.0
 #: how often, at most, the liveness watch looks for stalled jobs (a quarter of ``stall_timeout()`` when shorter)
 STALL_CHECK_S = 1.0
 SNAPSHOT_TIMEOUT_S = 10.0  # an owner that cannot snapshot its partitions in this long fails the version
-PROBE_TIMEOUT_S = 1.5  # a worker silent past the hang timeout is hung if it cannot answer within this
 #: an idle worker's long poll (``dscar_next``) is answered ``idle`` after this many of Dask's heartbeat
 #: intervals: it is woken by new work or a job's end, so its timeout only bounds a lost wake; scaled with
 #: the interval, idle polls cost the scheduler a fixed fraction of what Dask's own heartbeats cost
@@ -825,7 +824,7 @@ class Coordinator(SchedulerPlugin):
         in which this loop itself woke up late (the scheduler's process was starved: the
         workers' messages may be waiting unread) removes nobody. The probe tells a starved
         worker (it answers, late) from a hung one (it cannot answer at all)."""
-        tick = 0.25
+        tick = SWEEP_S
         last = stalls_at = time.monotonic()
         while self.jobs:
             await asyncio.sleep(tick)
