@@ -49,7 +49,6 @@ def _support_step(G, c, w, w0, q, lam):  # pragma: no cover - compiled
     """The exact minimiser on the support ``S`` of ``w`` with its signs fixed (a quadratic: one linear solve,
     ``G_SS delta = c_S - q_S - lam sign(w_S)``). Applied (``w``, ``q`` updated) and True when no sign flips and
     the objective does not rise; else ``w`` is left as it was and False."""
-    k = w.shape[0]
     S = np.flatnonzero(w)
     s = S.shape[0]
     if s == 0:

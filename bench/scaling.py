@@ -99,7 +99,7 @@ def lda_case(quick: bool, large: bool = False) -> Case:
 
 def als_case(quick: bool, large: bool = False) -> Case:
     from dscar.algorithms.datasets import make_ratings
-    from dscar.algorithms.mf import ALS, ratings_data, train_test_split
+    from dscar.algorithms.mf import ALS, train_test_split
 
     nu, ni, n = (30_000, 5_000, 1_000_000) if large else ((2_000, 500, 20_000) if quick else (3_000, 1_000, 70_000))
     u, i, r, _ = make_ratings(nu, ni, n, 20, 0.5, seed=0)

@@ -82,7 +82,7 @@ def test_quick_benchmark_runs_the_protocol_on_shared_processes_and_computes_its_
     # every worker commits its shard each clock; the coordinator began the clocks, not the driver
     assert r["messages_per_clock"]["scheduler:dscar_commit"] >= w and r["mode"] == "auto-begin"
     assert "scheduler:dscar_begin_clock" not in r["messages_per_clock"] and "mode: auto-begin" in stdout
-    assert f"scheduler:dscar_commit" in stdout
+    assert "scheduler:dscar_commit" in stdout
     # each process's CPU a steady clock, differenced the same way (what bounds the clock here)
     pl, ps = r["process_cpu_s"], r["short_process_cpu_s"]
     assert r["process_cpu_ms_per_clock"] == pytest.approx({k: (pl[k] - ps.get(k, 0.0)) / (clocks - wu) * 1e3 for k in pl})

@@ -3,7 +3,6 @@ import math
 
 import pytest
 
-import dscar
 from bench import scaling
 
 

@@ -1,5 +1,4 @@
 """Checkpoint format, schedule, priority selection, publication and retention (no cluster)."""
-import asyncio
 import hashlib
 import json
 import os

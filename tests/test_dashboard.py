@@ -1,6 +1,5 @@
 """The dscar page on the Dask dashboard: the collector (pure), the Bokeh document, and the route while a fit runs."""
 import threading
-import time
 import urllib.request
 
 import numpy as np

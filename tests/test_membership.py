@@ -2,7 +2,6 @@
 forged calls against a running fit, a cancelled job, and a driver SIGKILLed on an external cluster."""
 import json
 import os
-import signal
 import subprocess
 import sys
 import time

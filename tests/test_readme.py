@@ -5,7 +5,6 @@ Exceptions, by rule and not by hand-picking: the first two lines of the README (
 ``pip install`` then the test suite) are not run; the port 8786 of the "existing cluster"
 blocks becomes a free port, so parallel test runs never fight over it.
 """
-import gzip
 import os
 import re
 import signal

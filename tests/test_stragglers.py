@@ -2,7 +2,6 @@
 import random
 import time
 
-import numpy as np
 import pytest
 
 import dscar

@@ -4,7 +4,6 @@ import subprocess
 import sys
 import threading
 
-import numpy as np
 
 import dscar
 from conftest import RowCounter, assert_exactly_once, row_data

@@ -24,7 +24,6 @@ from __future__ import annotations
 import asyncio
 import importlib
 import logging
-import time
 from typing import Any
 
 from ..api.report import event_lines, worker_names
