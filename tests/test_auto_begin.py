@@ -243,7 +243,9 @@ def test_a_worker_retired_at_a_boundary_the_coordinator_crosses_hands_off_with_n
 
 
 def test_a_joiner_s_copies_switch_at_a_boundary_the_coordinator_crosses():
-    with LocalCluster(n_workers=2, threads_per_worker=1, processes=False, dashboard_address=":0") as lc:
+    # one worker owns both tables whole: moving one to the joiner lowers the largest owner's load, so it
+    # moves (``even_plan``; from two equal owners of two partitions each, no move would)
+    with LocalCluster(n_workers=1, threads_per_worker=1, processes=False, dashboard_address=":0") as lc:
         cl = dscar.connect(lc)
         coordinator = lc.scheduler.plugins[PLUGIN_NAME]
 
