@@ -76,6 +76,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from .clock import ClockError
+from .shards import _Shard  # (a shard's one record: its queue fields and its place in the window)
 
 
 class ShardPhase(str, enum.Enum):
@@ -132,15 +133,6 @@ class StartRebuild:
 
 
 Action = ApplyBatch | RunClockEnd | SkipClock | StartRecovery | StartRebuild
-
-
-@dataclass(slots=True)
-class _Shard:
-    clock: int  # the clock of its next (or running, or waiting) update
-    phase: ShardPhase = _TODO
-    worker: str | None = None  # the worker whose committed attempt holds its update
-    seen: int = 0  # the table version that holds its previous clock's update (read-my-writes)
-    writer: str | None = None  # the worker whose attempt that update was (None: written off, or none yet)
 
 
 @dataclass
@@ -227,14 +219,12 @@ class ClockWindow:
             raise ValueError("n_shards must be >= 1")
         if self.staleness < 0:
             raise ValueError(f"staleness must be >= 0, not {self.staleness}")
-        if self.records is None:
-            self._shards = [_Shard(self.floor + 1) for _ in range(self.n_shards)]
-        else:
-            if len(self.records) != self.n_shards:
-                raise ValueError(f"{len(self.records)} records for a window of {self.n_shards} shards")
-            for s in self.records:
-                s.clock, s.phase, s.worker, s.seen, s.writer = self.floor + 1, _TODO, None, 0, None
-            self._shards, self.records = list(self.records), None  # (the records, not the list: kept only here)
+        records = [_Shard() for _ in range(self.n_shards)] if self.records is None else self.records
+        if len(records) != self.n_shards:
+            raise ValueError(f"{len(records)} records for a window of {self.n_shards} shards")
+        for s in records:
+            s.clock, s.phase, s.worker, s.seen, s.writer = self.floor + 1, _TODO, None, 0, None
+        self._shards, self.records = list(records), None  # (the records, not the list: kept only here)
         self._first_floor = self.floor
         self._todo = {self.floor + 1: set(range(self.n_shards))}
         self._n_at = {self.floor + 1: self.n_shards}
