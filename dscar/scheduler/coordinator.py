@@ -478,19 +478,25 @@ class Coordinator(SchedulerPlugin):
         plan = {k: w for k, w in even_plan(planned, rows, members).items() if k not in copies}
         if not plan:
             return
-        sources = {k: job.pmap.owners[k] for k in plan}
-        moving.update({k: (w, sources[k]) for k, w in plan.items()})  # (an even-out meanwhile plans around them)
-        try:
-            results = await asyncio.gather(*(
-                self._rpc(w, "adopt", job_id=job_id, table=k[0], part=k[1], source=sources[k], step="copy")
-                for k, w in sorted(plan.items())), return_exceptions=True)
-        finally:
-            for k in plan:
-                moving.pop(k, None)
-        for (k, w), r in zip(sorted(plan.items()), results):
+        moves = [(k, w, job.pmap.owners[k]) for k, w in sorted(plan.items())]
+        results = await self._adopt(job, moves, "copy")
+        for (k, w, src), r in zip(moves, results):
             if isinstance(r, dict) and r.get("status") == "OK" and job_id in self.jobs:
                 # (not into ``copies``: a boundary may have taken that dict while these copies ran)
-                self._copies.setdefault(job_id, {})[k] = (w, sources[k])
+                self._copies.setdefault(job_id, {})[k] = (w, src)
+
+    async def _adopt(self, job: JobState, moves: list[tuple[tuple[str, int], str, str]], step: str) -> list:
+        """``adopt`` step ``step`` of each (partition, new owner, old owner) at its new owner; the answers
+        (or errors) in order. The partitions count as moving meanwhile, so an even-out plans around them."""
+        moving = self._moving.setdefault(job.cfg.job_id, {})
+        moving.update({k: (w, src) for k, w, src in moves})
+        try:
+            return await asyncio.gather(*(
+                self._rpc(w, "adopt", job_id=job.cfg.job_id, table=k[0], part=k[1], source=src, step=step)
+                for k, w, src in moves), return_exceptions=True)
+        finally:
+            for k, _, _ in moves:
+                moving.pop(k, None)
 
     async def _switch_copies(self, job: JobState) -> None:
         """At a clock boundary, the partitions copied to new owners (``_even_out``) switch owner in one step:
@@ -504,15 +510,7 @@ class Coordinator(SchedulerPlugin):
         live = set(self._live(job))
         moves = sorted((k, w, src) for k, (w, src) in pending.items()
                        if job.pmap.owners.get(k) == src and w in live and src in live)
-        moving = self._moving.setdefault(job.cfg.job_id, {})
-        moving.update({k: (w, src) for k, w, src in moves})  # (an even-out meanwhile plans around them)
-        try:
-            results = await asyncio.gather(*(
-                self._rpc(w, "adopt", job_id=job.cfg.job_id, table=k[0], part=k[1], source=src, step="switch")
-                for k, w, src in moves), return_exceptions=True)
-        finally:
-            for k, _, _ in moves:
-                moving.pop(k, None)
+        results = await self._adopt(job, moves, "switch")
         switched = []
         for (k, w, src), r in zip(moves, results):
             if isinstance(r, dict) and r.get("status") == "OK" and src not in job.lost and w not in job.lost:
