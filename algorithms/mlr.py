@@ -173,6 +173,7 @@ class MLRSGD(Algorithm):
         if np.dtype(meta.dtypes["y"]).kind not in "iu":
             raise InvalidInputError(f"labels y must be integer class indices, got dtype {meta.dtypes['y']} "
                                     "(dscar.algorithms.mlr.check_labels converts and checks them)")
+        self._features = int(meta.shapes["X"][0])  # for warm_up on a CuPy worker: the device kernel's shapes
 
     def tables(self, meta: DataMeta) -> list[TableSpec]:
         p, K = meta.shapes["X"][0], self.n_classes
@@ -200,11 +201,15 @@ class MLRSGD(Algorithm):
     def warm_up(self, xp) -> None:
         """Load the compiled kernels (~0.4 s on a worker's first step otherwise)."""
         if xp is not np:  # CuPy: compile the step's kernels (softmax, gathers, GEMMs) on a tiny problem
-            from . import gpu_warm
+            from . import gpu_kernels, gpu_warm
 
+            p = getattr(self, "_features", None)  # the fit's feature count (validate): the device kernel's shapes
+            if self._device_sgd(xp, p):
+                gpu_kernels.warm_up_mlr(xp, p, self.n_classes)
             rng = np.random.default_rng(0)
             X, y = rng.normal(size=(8, 3)), np.arange(8) % self.n_classes
-            gpu_warm.rehearse(self, {"X": X, "y": y}, xp, clocks=2)
+            gpu_warm.rehearse(self, {"X": X, "y": y}, xp, clocks=2)  # validates its own 3 features
+            self._features = p
             return
         if self.kernel == "namespace":
             return
@@ -233,6 +238,15 @@ class MLRSGD(Algorithm):
     def _compiled(self, xp, X) -> bool:
         return self.kernel != "namespace" and xp is np and isinstance(X, np.ndarray)
 
+    def _device_sgd(self, xp, p: int | None) -> bool:
+        """CuPy workers run local SGD as one device launch (``gpu_kernels.mlr_local_sgd``) where the rows fit
+        its shared memory, unless ``kernel="namespace"``."""
+        if xp is np or self.kernel == "namespace" or self.mode != "local" or p is None:
+            return False
+        from . import gpu_kernels
+
+        return gpu_kernels.enabled(xp) and gpu_kernels.mlr_fits(p, self.n_classes)
+
     def shard_step(self, ctx, data) -> None:
         xp, X, y = ctx.xp, data["X"], data["y"]
         W0 = ctx.pull("W")
@@ -254,6 +268,10 @@ class MLRSGD(Algorithm):
                 from .mlr_kernels import local_sgd
 
                 local_sgd(X, y, batches, W, lr, l2)
+            elif getattr(X, "ndim", 0) == 2 and self._device_sgd(xp, X.shape[1]):
+                from . import gpu_kernels
+
+                gpu_kernels.mlr_local_sgd(X, y, xp.asarray(batches), W, lr, l2, xp)
             else:
                 for idx in xp.asarray(batches):  # the minibatches' rows go to the device in one copy, not one a step
                     gW, gb = self._grad(xp, X, y, idx, W[:-1], W[-1])

@@ -205,27 +205,50 @@ def bench_lasso(s: dict, xp, sync) -> dict[str, Any]:
 
 # ------------------------------------------------------------------ MLR
 def bench_mlr(s: dict, xp, sync) -> dict[str, Any]:
+    """The model's device path (``gpu_kernels.mlr_local_sgd``: every step in one launch) against the namespace
+    loop it replaced (``MLRSGD._grad`` and the update, a few launches a step), and the device's weights after
+    the first steps against the CPU kernel's (``mlr_kernels.local_sgd``) from the same start."""
     n, p, C, b = s["rows"], s["features"], s["classes"], s["batch"]
     out = {"rows": n, "features": p, "classes": C, "batch": b}
     if xp is None:
         return out
+    from dscar.algorithms import gpu_kernels
     from dscar.algorithms.mlr import MLRSGD
+    from dscar.algorithms.mlr_kernels import local_sgd
 
-    rng = xp.random.default_rng(0) if hasattr(xp.random, "default_rng") else xp.random
-    X = rng.standard_normal((n, p))
-    y = xp.asarray(np.random.default_rng(0).integers(0, C, n))
-    W, bias = xp.zeros((p, C)), xp.zeros(C)
-    batches = xp.asarray(np.random.default_rng(1).integers(0, n, (s["steps"], b)))
+    rng = np.random.default_rng(0)
+    X_host, y_host = rng.standard_normal((n, p)), rng.integers(0, C, n)
+    batches_host = np.random.default_rng(1).integers(0, n, (s["steps"], b))
+    X, y, batches = xp.asarray(X_host), xp.asarray(y_host), xp.asarray(batches_host)
+    lr, l2 = 0.1, 1e-4
 
-    def run():
-        for idx in batches:
-            gW, gb = MLRSGD._grad(xp, X, y, idx, W, bias)
-            W[...] -= 0.1 * gW / b
-            bias[...] -= 0.1 * gb / b
+    check = min(20, s["steps"])  # the device against the CPU kernel over the first steps
+    W_cpu = np.zeros((p + 1, C))
+    local_sgd(X_host, y_host, batches_host[:check], W_cpu, lr, l2)
+    W = xp.zeros((p + 1, C))
+    gpu_kernels.mlr_local_sgd(X, y, batches[:check], W, lr, l2, xp)  # the first launch compiles
+    out["weights_rel_diff"] = float(np.abs(to_host(W) - W_cpu).max() / max(np.abs(W_cpu).max(), 1e-300))
+    by_threads = {}
+    for threads in (gpu_kernels.MLR_THREADS, 2 * gpu_kernels.MLR_THREADS):  # the block size: measured, not guessed
+        gpu_kernels.mlr_local_sgd(X, y, batches[:2], W, lr, l2, xp, threads=threads)  # compiled for it
+        _, secs = _clock(sync, gpu_kernels.mlr_local_sgd, X, y, batches, W, lr, l2, xp, threads)
+        by_threads[threads] = s["steps"] * b / secs
+    out["samples_per_s_by_threads"] = by_threads
+    out["samples_per_s"] = by_threads[gpu_kernels.MLR_THREADS]
 
-    run()  # compile
-    _, secs = _clock(sync, run)
-    return {**out, "samples_per_s": s["steps"] * b / secs}
+    Wn, bias = xp.zeros((p, C)), xp.zeros(C)
+    ns_steps = batches[: max(1, s["steps"] // 4)]
+
+    def namespace():
+        for idx in ns_steps:
+            gW, gb = MLRSGD._grad(xp, X, y, idx, Wn, bias)
+            Wn[...] -= lr * (gW / b + l2 * Wn)
+            bias[...] -= lr * gb / b
+
+    namespace()  # compile
+    _, secs = _clock(sync, namespace)
+    out["namespace_samples_per_s"] = ns_steps.shape[0] * b / secs
+    return out
 
 
 BENCHES = {"lda": bench_lda, "als": bench_als, "lasso": bench_lasso, "mlr": bench_mlr}

@@ -26,8 +26,8 @@ def _in_simulator(check: str) -> None:
     assert f"ok {check}" in r.stdout
 
 
-@pytest.mark.parametrize("check", ["lda_moves", "lda_loglik", "als", "lasso", "lasso_warm_start", "threads_check",
-                                   "lda_hook", "als_hook", "lasso_hook", "bench_device_branches"])
+@pytest.mark.parametrize("check", ["lda_moves", "lda_loglik", "als", "lasso", "lasso_warm_start", "mlr", "threads_check",
+                                   "lda_hook", "als_hook", "lasso_hook", "mlr_hook", "bench_device_branches"])
 def test_device_kernel_in_the_simulator_matches_the_cpu_kernel(check):
     _in_simulator(check)
 
@@ -39,8 +39,8 @@ def _gpu_visible() -> bool:
 
 
 @pytest.mark.skipif(not _gpu_visible(), reason="no GPU: the same checks run in the simulator above")
-@pytest.mark.parametrize("check", ["lda_loglik", "als", "lasso", "lasso_warm_start", "lda_hook", "als_hook",
-                                   "lasso_hook", "bench_device_branches"])
+@pytest.mark.parametrize("check", ["lda_loglik", "als", "lasso", "lasso_warm_start", "mlr", "lda_hook", "als_hook",
+                                   "lasso_hook", "mlr_hook", "bench_device_branches"])
 def test_device_kernel_on_the_gpu_matches_the_cpu_kernel(check):
     """On a GPU machine (bench/device_run.sh): the checks with the kernels on the device. (``lda_moves`` is
     left out: there the documents' blocks run at once, so the moves are AD-LDA's, not the sequential sweep's.)"""
@@ -259,6 +259,29 @@ def check_lasso_warm_start() -> None:
     np.testing.assert_allclose(w, w_ref, rtol=1e-8, atol=1e-10)
 
 
+def check_mlr() -> None:
+    """MLR's local SGD: the device's steps (a block takes a group of a minibatch's rows at a time, the blocks'
+    partial gradients summed after a grid sync) give the CPU kernel's weights, to round-off; on a GPU also
+    at the benchmark's shape on a grid of many blocks."""
+    from dscar.algorithms import gpu_kernels
+    from dscar.algorithms.mlr_kernels import local_sgd
+
+    cases = [(40, 5, 3, 3, 10, 4)]  # rows, features, classes, steps, batch, threads (4: a group of 4 rows)
+    if os.environ.get("DSCAR_GPU_CHECKS") == "device":
+        cases.append((5000, 100, 10, 5, 1024, None))
+    for n, p, K, steps, b, threads in cases:
+        rng = np.random.default_rng(n)
+        X, y = rng.normal(size=(n, p)), rng.integers(0, K, n)
+        batches = rng.integers(0, n, (steps, b))
+        W0 = 0.1 * rng.normal(size=(p + 1, K))
+        W_cpu, W_dev = W0.copy(), W0.copy()
+        local_sgd(X, y, batches, W_cpu, 0.5, 0.01)
+        gpu_kernels.mlr_local_sgd(X, y, batches, W_dev, 0.5, 0.01, threads=threads)
+        assert np.abs(W_cpu - W0).max() > 1e-3  # the steps moved the weights: the comparison means something
+        np.testing.assert_allclose(W_dev, W_cpu, rtol=1e-9, atol=1e-12)
+    assert not gpu_kernels.mlr_fits(10_000, 10)  # rows too wide for a block's shared memory: the namespace path
+
+
 def _numpy_named_cupy():
     """NumPy under CuPy's name: the models take their CuPy branches (``gpu_kernels.enabled`` is true in the
     simulator), so the hooks and the warm-up run here with the kernels in the simulator."""
@@ -342,19 +365,44 @@ def check_lasso_hook() -> None:
     assert abs(dev[-1]["objective"] - ref[-1]["objective"]) <= 1e-12 * abs(ref[-1]["objective"])
 
 
+def check_mlr_hook() -> None:
+    """A 'CuPy' worker's MLR: ``warm_up`` compiles the device SGD for the fit's features; its clocks step through
+    the device kernel (counted) and reach the namespace path's objective, clock by clock."""
+    from dscar.algorithms import gpu_kernels, gpu_warm
+    from dscar.algorithms.mlr import MLRSGD
+
+    gpu_kernels.MLR_THREADS = 4
+    xp = _numpy_named_cupy()
+    calls = []
+    sgd = gpu_kernels.mlr_local_sgd
+    gpu_kernels.mlr_local_sgd = lambda *a, **k: calls.append(a[0].shape[1]) or sgd(*a, **k)
+    rng = np.random.default_rng(8)
+    X, y = rng.normal(size=(24, 4)), rng.integers(0, 3, 24)
+    algo = MLRSGD(3, batch_size=6)
+    algo._features = 4  # as validate leaves it on the driver before the algorithm reaches a worker
+    algo.warm_up(xp)
+    assert calls[0] == 4 and algo._features == 4, calls  # compiled for the fit's 4 features, then rehearsed
+    n_warm = len(calls)
+    dev = gpu_warm.rehearse(algo, {"X": X, "y": y}, xp, clocks=3)
+    ref = gpu_warm.rehearse(MLRSGD(3, batch_size=6, kernel="namespace"), {"X": X, "y": y}, np, clocks=3)
+    assert len(calls) == n_warm + 3
+    np.testing.assert_allclose([h["objective"] for h in dev], [h["objective"] for h in ref], rtol=1e-9)
+
+
 def check_bench_device_branches() -> None:
     """``bench.device_kernels``' GPU side at its tiny sizes, the kernels in the simulator (fewer threads):
     every figure comes out, and the device reaches the CPU's answers (LDA's log-likelihood, Lasso's optimum)."""
     from bench import device_kernels
     from dscar.algorithms import gpu_kernels
 
-    gpu_kernels.LDA_THREADS, gpu_kernels.ALS_THREADS, gpu_kernels.CD_THREADS = 2, 4, 4
+    gpu_kernels.LDA_THREADS, gpu_kernels.ALS_THREADS, gpu_kernels.CD_THREADS, gpu_kernels.MLR_THREADS = 2, 4, 4, 4
     xp, tiny = _numpy_named_cupy(), device_kernels.SIZES["tiny"]
     res = {m: device_kernels.BENCHES[m](tiny[m], xp, None) for m in device_kernels.MODELS}
     assert res["lda"]["tokens_per_s"] > 0 and res["lda"]["loglik_rel_diff"] < 0.05, res["lda"]
     assert res["als"]["ms_per_iter"] > 0
     assert res["lasso"]["rel_gap"] <= 1e-6 and res["lasso"]["seconds_to_optimum"] > 0, res["lasso"]
-    assert res["mlr"]["samples_per_s"] > 0
+    assert res["mlr"]["samples_per_s"] > 0 and res["mlr"]["namespace_samples_per_s"] > 0
+    assert res["mlr"]["weights_rel_diff"] < 1e-9, res["mlr"]
     v = device_kernels.verdicts(res)
     assert all(v[m].startswith(("met", "missed")) for m in device_kernels.MODELS), v
 
