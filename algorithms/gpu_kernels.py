@@ -32,6 +32,7 @@ same code runs on the CPU in numba's CUDA simulator, which is how the suite test
 from __future__ import annotations
 
 import functools
+import math
 import os
 from types import ModuleType
 from typing import Any
@@ -152,7 +153,7 @@ def _lda_kernel(threads: int):
 
 
 def lda_sweep(wl, doc_len, z, A, T, alpha, beta: float, vocab_size: int, key: int, xp: ModuleType = np,
-              threads: int | None = None, doc_counts=None):
+              threads: int | None = None, doc_counts=None, blocks: int | None = None):
     """One collapsed Gibbs sweep on the device; ``z`` (int32), ``A`` (int32 rows x K: the word-topic
     counts of the rows ``wl`` indexes) and ``T`` (int32, K) updated in place. Returns the shard's
     doc-topic counts after the sweep (``n_docs x K`` int32; ``doc_counts``: a buffer to reuse).
@@ -160,7 +161,7 @@ def lda_sweep(wl, doc_len, z, A, T, alpha, beta: float, vocab_size: int, key: in
     ``wl``, ``doc_len``: the shard's tokens as ``lda.token_layout`` / ``local_vocabulary`` lay them
     out (grouped by document); ``alpha`` (K); ``key``: the stream of uniforms (token ``i`` draws
     ``uniforms(key)[i]``, as on the CPU). Arrays of namespace ``xp`` (CuPy on a GPU; NumPy under the
-    simulator).
+    simulator). ``blocks``: at most this many documents at once (default: all; 1 is the sequential sweep).
     """
     K, n_docs = int(T.shape[0]), int(doc_len.shape[0])
     doc_ptr = xp.zeros(n_docs + 1, dtype=np.int64)
@@ -168,7 +169,7 @@ def lda_sweep(wl, doc_len, z, A, T, alpha, beta: float, vocab_size: int, key: in
     D = doc_counts if doc_counts is not None else xp.zeros((n_docs, K), dtype=np.int32)
     threads = threads or LDA_THREADS
     if n_docs and int(z.shape[0]):
-        _lda_kernel(threads)[n_docs, threads](
+        _lda_kernel(threads)[min(n_docs, blocks or n_docs), threads](
             wl, doc_ptr, z, A, T, D, xp.asarray(np.asarray(alpha, dtype=np.float32)), np.float32(beta),
             np.float32(vocab_size * beta), np.uint64(key))
     return D
@@ -446,7 +447,7 @@ def _sgd_kernel(p: int, K: int, threads: int):
                         m = max(m, v)
                     tot = 0.0
                     for k in range(K):
-                        part[k] = np.exp(part[k] - m)
+                        part[k] = math.exp(part[k] - m)  # np.exp: numba-cuda's ufunc table lacks it
                         tot += part[k]
                     for k in range(K):
                         Ps[rho, k] = part[k] / tot

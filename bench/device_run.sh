@@ -22,6 +22,18 @@ rm -rf /tmp/dscar-src && mkdir -p /tmp/dscar-src && cp -r dscar /tmp/dscar-src/ 
 export PYTHONUNBUFFERED=1 PYTHONSAFEPATH=1 PYTHONPATH=/tmp/dscar-src:/tmp/site:$PWD MPLBACKEND=Agg
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .wheels/*.whl \
   || { echo "wheels missing: run bash bench/device_prepare.sh here first, and carry .wheels"; exit 1; }
+# dscar's own metadata beside the wheels: `dscar run MODEL` and the workers' preload find the models through the
+# dscar.models entry points, which a source tree on PYTHONPATH does not declare
+python3 - <<'PY'
+import os, tomllib
+project = tomllib.load(open("pyproject.toml", "rb"))["project"]
+info = "/tmp/site/dscar-0+src.dist-info"
+os.makedirs(info, exist_ok=True)
+open(f"{info}/METADATA", "w").write("Metadata-Version: 2.1\nName: dscar\nVersion: 0+src\n")
+with open(f"{info}/entry_points.txt", "w") as f:
+    for group, eps in project["entry-points"].items():
+        f.write(f"[{group}]\n" + "".join(f"{k} = {v}\n" for k, v in eps.items()))
+PY
 stage() { echo "=== $(date -u +%T) $1 (limit $2 s)"; }
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm --format=csv
 python3 -c "import cupy, numba, dask, dscar.algorithms.gpu_kernels as g; from numba import cuda; \

@@ -39,11 +39,13 @@ def _gpu_visible() -> bool:
 
 
 @pytest.mark.skipif(not _gpu_visible(), reason="no GPU: the same checks run in the simulator above")
-@pytest.mark.parametrize("check", ["lda_loglik", "als", "lasso", "lasso_warm_start", "mlr", "lda_hook", "als_hook",
-                                   "lasso_hook", "mlr_hook", "bench_device_branches"])
+@pytest.mark.parametrize("check", ["lda_moves", "lda_loglik", "als", "lasso", "lasso_warm_start", "mlr", "lda_hook",
+                                   "als_hook", "lasso_hook", "mlr_hook", "bench_device_branches"])
 def test_device_kernel_on_the_gpu_matches_the_cpu_kernel(check):
-    """On a GPU machine (bench/device_run.sh): the checks with the kernels on the device. (``lda_moves`` is
-    left out: there the documents' blocks run at once, so the moves are AD-LDA's, not the sequential sweep's.)"""
+    """On a GPU machine (bench/device_run.sh): the checks with the kernels on the device. The LDA checks sweep
+    one document at a time there (``blocks=1``) to compare with the sequential sweep; with every document at
+    once a tiny corpus's chains drift (AD-LDA on 5 documents of 8 words: -136 against -123), so the parallel
+    sweep's quality is measured at scale, by ``bench.device_kernels`` (log-likelihood within 0.5 %)."""
     env = {**os.environ, "DSCAR_GPU_CHECKS": "device", "PYTHONWARNINGS": "ignore"}
     env.pop("NUMBA_ENABLE_CUDASIM", None)
     r = subprocess.run([sys.executable, str(Path(__file__).resolve()), check], cwd=ROOT, env=env,
@@ -154,7 +156,7 @@ def check_lda_moves() -> None:
     zc, Ac, Tc = z0.copy(), A0.copy(), T0.copy()
     compiled_sweep(wl, doc_len, zc, Ac, Tc, alpha, beta, Vs, key, method="dense")
     zg, Ag, Tg = z0.copy(), A0.copy(), T0.copy()
-    D = gpu_kernels.lda_sweep(wl, doc_len, zg, Ag, Tg, alpha, beta, Vs, key, threads=4)
+    D = gpu_kernels.lda_sweep(wl, doc_len, zg, Ag, Tg, alpha, beta, Vs, key, threads=4, blocks=1)
     same = float((zg == zc).mean())
     assert same >= 0.9, same
     A, T, Dz = _counts(wl, d, zg, Vs, n_docs, K)
@@ -182,7 +184,7 @@ def check_lda_loglik() -> None:
             if side == "cpu":
                 compiled_sweep(wl, doc_len, z, A, T, alpha, beta, Vs, 1000 + sweep, method="dense")
             else:
-                gpu_kernels.lda_sweep(wl, doc_len, z, A, T, alpha, beta, Vs, 1000 + sweep, threads=2)
+                gpu_kernels.lda_sweep(wl, doc_len, z, A, T, alpha, beta, Vs, 1000 + sweep, threads=2, blocks=1)
         Az, _, Dz = _counts(wl, d, z, Vs, n_docs, K)
         assert (Az == A).all()
         final[side] = loglikelihood(A, Dz, alpha, beta)
