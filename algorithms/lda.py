@@ -911,12 +911,13 @@ class LDAGibbs(Algorithm):
         self.initial_topics(np, data, 0, int(words.shape[0]))
 
     def use_device_kernel(self, xp) -> bool:
-        """CuPy workers sweep with the device kernel (``gpu_kernels.lda_sweep``) unless ``backend="xp"``."""
+        """CuPy workers sweep with the device kernel (``gpu_kernels.lda_sweep``) unless ``backend="xp"`` or the
+        topics outgrow its block's shared table (``gpu_kernels.LDA_MAX_TOPICS``)."""
         if xp is np or self.backend == "xp":
             return False
         from . import gpu_kernels
 
-        return gpu_kernels.enabled(xp)
+        return gpu_kernels.enabled(xp) and self.n_topics <= gpu_kernels.LDA_MAX_TOPICS
 
     def _warm_up_device(self, xp) -> None:
         """A CuPy worker: compile the device sweep, then rehearse two clocks on a tiny corpus

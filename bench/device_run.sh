@@ -3,15 +3,17 @@
 # bench/device_prepare.sh left in .wheels/ (run that first, here: the GPU machine reaches no network).
 # The call to make (the device tool's `run`), first thing in a session that has a GPU:
 #   run(command="bash bench/device_run.sh --quick", carry=[".wheels"], timeout_s=240)   # < 3 min
-#   run(command="bash bench/device_run.sh", carry=[".wheels"], timeout_s=600)           # everything, ~9 min
+#   run(command="bash bench/device_run.sh", carry=[".wheels"], timeout_s=600)           # everything, ~4.5 min
+#   run(command="bash bench/device_run.sh --recheck", carry=[".wheels"], timeout_s=240)  # after kernel changes, ~2.5 min
 # A session has 15 minutes of device time in all, the machine's start included: the full run alone, or the
 # quick one and then a decision. The SSP probe's stack dumps (a hang) are in kernels.json and log.txt.
 # Writes under $OUT (at most 8 files come back): log.txt (all output), tests.txt, kernels.json,
 # kernels.png, device.json, device.png, recovery.json, recovery.png. Each stage has its own time limit, so a hang in one
 # (the SSP probe is there to catch one) leaves the others' results.
 set -uo pipefail
-QUICK=""
+QUICK="" RECHECK=""
 [ "${1:-}" = "--quick" ] && QUICK="--quick"
+[ "${1:-}" = "--recheck" ] && RECHECK=1  # a session's last minutes: tests, kernel targets (no probe), LDA and MLR fits
 OUT=${OUT:-$PWD/device-out}
 mkdir -p "$OUT"
 exec > >(tee -a "$OUT/log.txt") 2>&1
@@ -40,18 +42,20 @@ python3 -c "import cupy, numba, dask, dscar.algorithms.gpu_kernels as g; from nu
 print('cupy', cupy.__version__, 'numba', numba.__version__, 'cuda target', getattr(cuda, 'implementation', '?'), \
 'dask', dask.__version__, 'dscar kernels on', g.enabled(cupy))"
 # stage limits (s): quick ~165 s in all; full ~570 s at most (each fit of the model comparison <= 25 s)
+MODELS="lasso mlr mf lda" PROBE="--probe-ssp"
 if [ -n "$QUICK" ]; then T_TESTS=50 T_KERN=45 T_PROBE=20 T_MODELS=0 T_RECOVERY=0 SIZES=quick
+elif [ -n "$RECHECK" ]; then T_TESTS=60 T_KERN=80 T_PROBE=0 T_MODELS=70 T_RECOVERY=0 SIZES=full MODELS="lda mlr" PROBE=""
 else T_TESTS=90 T_KERN=120 T_PROBE=45 T_MODELS=190 T_RECOVERY=60 SIZES=full; fi
 # addopts cleared: the image's pytest-xdist may predate the options pyproject.toml sets
 stage "kernels on the device against the CPU kernels" $T_TESTS
 timeout -k 5 $T_TESTS python3 -m pytest -o addopts="" -p no:cacheprovider -n 8 -q -rA tests/test_gpu_kernels.py -k on_the_gpu \
   2>&1 | tee "$OUT/tests.txt"
 stage "kernel targets ($SIZES) and the SSP probe (BSP, then SSP)" $((T_KERN + 2 * T_PROBE))
-timeout -k 5 $((T_KERN + 2 * T_PROBE)) python3 -m bench.device_kernels --sizes $SIZES --probe-ssp \
-  --timeout $T_PROBE --json "$OUT/kernels.json"
+timeout -k 5 $((T_KERN + 2 * T_PROBE)) python3 -m bench.device_kernels --sizes $SIZES $PROBE \
+  --timeout $((T_PROBE > 0 ? T_PROBE : 1)) --json "$OUT/kernels.json"
 if [ "$T_MODELS" -gt 0 ]; then
   stage "GPU / CPU seconds per clock, the four models" $T_MODELS
-  timeout -k 5 $T_MODELS python3 -m bench.device --models lasso mlr mf lda --timeout 25 --json "$OUT/device.json"
+  timeout -k 5 $T_MODELS python3 -m bench.device --models $MODELS --timeout 25 --json "$OUT/device.json"
 fi
 if [ "$T_RECOVERY" -gt 0 ]; then
   stage "a kill and its partial recovery, the workers on CuPy (memory tier and disk)" $T_RECOVERY

@@ -220,6 +220,18 @@ def check_als() -> None:
     x, sse, reg = gpu_kernels.als_solve(pc, pr, off, Z[:, :d].copy(), lam_f, lam_b, True, d, threads=8)
     np.testing.assert_allclose(x, x_cpu, rtol=1e-9, atol=1e-12)
     np.testing.assert_allclose([sse.sum(), reg.sum()], [sse_cpu, reg_cpu], rtol=1e-9)
+    xps = [np]
+    if os.environ.get("DSCAR_GPU_CHECKS") == "device":
+        import cupy
+
+        xps.append(cupy)
+    gpu_kernels.ALS_CHUNK_BYTES = 8 * L * d * 3  # three rows a chunk: the chunks' seams are exercised
+    for xp in xps:  # the batched array-code solve, on NumPy (and CuPy on a GPU)
+        x, sse, reg = (np.asarray(getattr(v, "get", lambda v=v: v)()) for v in gpu_kernels.als_solve_batched(
+            xp.asarray(pc), xp.asarray(pr), xp.asarray(off), xp.asarray(Z), xp.asarray(lam_f), xp.asarray(lam_b),
+            True, d, xp))
+        np.testing.assert_allclose(x, x_cpu, rtol=1e-9, atol=1e-12)
+        np.testing.assert_allclose([sse.sum(), reg.sum()], [sse_cpu, reg_cpu], rtol=1e-9)
 
 
 def check_lasso() -> None:
@@ -413,7 +425,7 @@ def check_threads_check() -> None:
     """A block size the prefix sum cannot halve is refused before any launch."""
     from dscar.algorithms import gpu_kernels
 
-    for make in (gpu_kernels._lda_kernel, gpu_kernels._cd_kernel):
+    for make in (lambda t: gpu_kernels._lda_kernel(t, 4), gpu_kernels._cd_kernel):
         try:
             make(6)
         except ValueError as e:
