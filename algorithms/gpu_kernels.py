@@ -12,7 +12,7 @@ than the compiled CPU sampler (issue 42). These kernels do each model's inner lo
   document's counts belong to its block. Same conditional, same inverse-CDF order over topics
   and the same uniforms (``uniform``: token ``i`` of stream ``key``) as the CPU kernel
   ``lda_kernels.sweep_docs``; with one block at a time (the simulator) it *is* that sequential sweep.
-* ``als_solve_batches``: ALS's row solves, one block per row: the ``d x d`` normal equations
+* ``als_solve``: ALS's row solves, one block per row: the ``d x d`` normal equations
   accumulated by the block's threads (one entry each), then Cholesky and the two triangular solves
   (``d`` is at most a few dozen: one thread, as ``mf_kernels.als_rows`` does it). ``als_solve_batched``
   does the same in array code (gathered design rows, batched products and a batched solve): on an H200

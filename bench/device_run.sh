@@ -5,15 +5,21 @@
 #   run(command="bash bench/device_run.sh --quick", carry=[".wheels"], timeout_s=240)   # < 3 min
 #   run(command="bash bench/device_run.sh", carry=[".wheels"], timeout_s=600)           # everything, ~4.5 min
 #   run(command="bash bench/device_run.sh --recheck", carry=[".wheels"], timeout_s=240)  # after kernel changes, ~2.5 min
-# A session has 15 minutes of device time in all, the machine's start included: the full run alone, or the
-# quick one and then a decision. The SSP probe's stack dumps (a hang) are in kernels.json and log.txt.
+#   run(command="bash bench/device_run.sh --cluster", carry=[".wheels"], timeout_s=560)  # suite on CuPy + time to target
+# A session has 15 minutes of device time in all, the machine's start (~30 s) included. Measured 2026-11-29
+# on an H200: the full run 264 s of wall time, --recheck 109 s. So: the full run, then (after kernel changes)
+# --recheck; or --cluster, whose figures no session has yet (the suite on CuPy, time to target on 16 cores). The SSP probe's stack dumps (a hang) are in kernels.json and log.txt.
 # Writes under $OUT (at most 8 files come back): log.txt (all output), tests.txt, kernels.json,
-# kernels.png, device.json, device.png, recovery.json, recovery.png. Each stage has its own time limit, so a hang in one
+# kernels.png, device.json, device.png, recovery.json, recovery.png (--cluster: suite.txt, time_to_target.json
+# and .png). Each stage has its own time limit, so a hang in one
 # (the SSP probe is there to catch one) leaves the others' results.
 set -uo pipefail
 QUICK="" RECHECK=""
 [ "${1:-}" = "--quick" ] && QUICK="--quick"
 [ "${1:-}" = "--recheck" ] && RECHECK=1  # a session's last minutes: tests, kernel targets (no probe), LDA and MLR fits
+CLUSTER=""
+[ "${1:-}" = "--cluster" ] && CLUSTER=1  # the checks of the 16 cores: the whole suite with CuPy in every worker, then
+# bench.time_to_target (LDA and MLR, 4 worker processes on NumPy, one slowed 4x and 8x); ~9 min, a run of its own
 OUT=${OUT:-$PWD/device-out}
 mkdir -p "$OUT"
 exec > >(tee -a "$OUT/log.txt") 2>&1
@@ -46,6 +52,16 @@ MODELS="lasso mlr mf lda" PROBE="--probe-ssp"
 if [ -n "$QUICK" ]; then T_TESTS=50 T_KERN=45 T_PROBE=20 T_MODELS=0 T_RECOVERY=0 SIZES=quick
 elif [ -n "$RECHECK" ]; then T_TESTS=60 T_KERN=80 T_PROBE=0 T_MODELS=70 T_RECOVERY=0 SIZES=full MODELS="lda mlr" PROBE=""
 else T_TESTS=90 T_KERN=120 T_PROBE=45 T_MODELS=190 T_RECOVERY=60 SIZES=full; fi
+if [ -n "$CLUSTER" ]; then
+  stage "the whole suite, CuPy in every worker (12 processes)" 330
+  timeout -k 5 330 python3 -m pytest -o addopts="" -p no:cacheprovider -n 12 --dist loadfile -q -rfE tests/ \
+    2>&1 | tee "$OUT/suite.txt" | tail -40
+  stage "time to target with a straggler, 4 worker processes (NumPy), slowed 1x, 4x, 8x" 200
+  DSCAR_DEVICE=cpu timeout -k 5 200 python3 -m bench.time_to_target --models mlr,lda --slowdowns 1,4,8 --repeats 1 \
+    --json "$OUT/time_to_target.json" --plot "$OUT/time_to_target.png"
+  echo "=== $(date -u +%T) done"
+  exit 0
+fi
 # addopts cleared: the image's pytest-xdist may predate the options pyproject.toml sets
 stage "kernels on the device against the CPU kernels" $T_TESTS
 timeout -k 5 $T_TESTS python3 -m pytest -o addopts="" -p no:cacheprovider -n 8 -q -rA tests/test_gpu_kernels.py -k on_the_gpu \
