@@ -58,8 +58,13 @@ from .lda import GAMMA
 #: threads of an LDA block (one warp: its ``syncthreads`` are cheap) and of an ALS or Lasso block (the
 #: launches read them at call time: the simulator tests set fewer)
 LDA_THREADS = 32
-#: topics the device sweep takes: its block holds the token's conditional in shared memory (48 KB)
+#: topics the device sweep takes: its block holds the token's conditional in shared memory (48 KB); the
+#: snapshot sweep holds three more arrays of K
 LDA_MAX_TOPICS = 11_000
+LDA_SNAPSHOT_MAX_TOPICS = 2_900
+#: the sweep ``lda_sweep`` runs by default: "table" (measured on an H200: 1.33e8 tokens/s at K = 1,024) or
+#: "snapshot" (not yet measured on a GPU: ``bench.device_kernels`` times both)
+LDA_KERNEL = "table"
 ALS_THREADS = 128
 CD_THREADS = 256
 MLR_THREADS = 256
@@ -93,14 +98,22 @@ def uniform(key, i):  # pragma: no cover - device code
 
 
 @functools.cache
-def _lda_kernel(threads: int, K: int):
+def _lda_kernel(threads: int, K: int, snapshot: bool = False):
     """The sweep kernel for blocks of ``threads`` threads (a power of two: the prefix sum halves) and ``K``
-    topics (the size of the block's shared table of the token's conditional)."""
+    topics (the size of the block's shared table of the token's conditional).
+
+    ``snapshot``: the block also keeps the document's counts, ``alpha`` and ``1 / (n_k + V beta)`` in shared
+    memory, so a topic costs one global read (its word-topic count), not four. The topic totals are the
+    block's snapshot, taken at each document's start and kept exact for the block's own moves: with one block
+    it is the sequential sweep; with many, other blocks' moves reach it at the next document (AD-LDA's
+    approximation, over a document's tokens)."""
     if threads < 1 or threads & (threads - 1):
         raise ValueError(f"threads must be a power of two, not {threads}")
-    if not 1 <= K <= LDA_MAX_TOPICS:
-        raise ValueError(f"the device sweep takes 1 to {LDA_MAX_TOPICS} topics, not {K}")
+    top = LDA_SNAPSHOT_MAX_TOPICS if snapshot else LDA_MAX_TOPICS
+    if not 1 <= K <= top:
+        raise ValueError(f"the device sweep{' (snapshot)' if snapshot else ''} takes 1 to {top} topics, not {K}")
     slots = K + K // 32 + 1  # one float32 a topic, a pad every 32: thread t's contiguous topics in other banks
+    ks = K if snapshot else 1
 
     @cuda.jit
     def sweep(wl, doc_ptr, z, A, T, D, alpha, beta, vbeta, key):  # pragma: no cover - device code
@@ -108,28 +121,49 @@ def _lda_kernel(threads: int, K: int):
         sums = cuda.shared.array(threads, float32)
         choice = cuda.shared.array(1, int32)
         P = cuda.shared.array(slots, float32)
+        Ds = cuda.shared.array(ks, int32)
+        inv = cuda.shared.array(ks, float32)
+        al = cuda.shared.array(ks, float32)
         per = (K + threads - 1) // threads
         k0 = min(tid * per, K)
         k1 = min(k0 + per, K)
+        if snapshot:
+            for k in range(tid, K, threads):
+                al[k] = alpha[k]
         for dd in range(cuda.blockIdx.x, doc_ptr.shape[0] - 1, cuda.gridDim.x):
             s, e = doc_ptr[dd], doc_ptr[dd + 1]
             for k in range(tid, K, threads):  # the document's counts, recounted from z
-                D[dd, k] = 0
+                if snapshot:
+                    Ds[k] = 0
+                    inv[k] = float32(1) / (float32(T[k]) + vbeta)
+                else:
+                    D[dd, k] = 0
             cuda.syncthreads()
             for i in range(s + tid, e, threads):
-                cuda.atomic.add(D, (dd, z[i]), 1)
+                if snapshot:
+                    cuda.atomic.add(Ds, z[i], 1)
+                else:
+                    cuda.atomic.add(D, (dd, z[i]), 1)
             cuda.syncthreads()
             for i in range(s, e):
                 j, a = wl[i], z[i]
                 if tid == 0:  # the token leaves its topic
                     cuda.atomic.sub(A, (j, a), 1)
-                    cuda.atomic.sub(T, a, 1)
-                    D[dd, a] -= 1
+                    left = cuda.atomic.sub(T, a, 1) - 1
+                    if snapshot:
+                        Ds[a] -= 1
+                        inv[a] = float32(1) / (float32(left) + vbeta)
+                    else:
+                        D[dd, a] -= 1
                     choice[0] = K - 1  # where rounding puts the threshold past the total (as the CPU kernel)
                 cuda.syncthreads()
                 for k in range(tid, K, threads):  # p_k = (n_wk + beta) (n_dk + alpha_k) / (n_k + V beta), read
                     # coalesced (thread t: topics t, t + threads, ...) into the block's table
-                    P[k + k // 32] = (float32(A[j, k]) + beta) * ((float32(D[dd, k]) + alpha[k]) / (float32(T[k]) + vbeta))
+                    if snapshot:
+                        P[k + k // 32] = (float32(A[j, k]) + beta) * ((float32(Ds[k]) + al[k]) * inv[k])
+                    else:
+                        P[k + k // 32] = (float32(A[j, k]) + beta) * ((float32(D[dd, k]) + alpha[k])
+                                                                     / (float32(T[k]) + vbeta))
                 cuda.syncthreads()
                 acc = float32(0)
                 for k in range(k0, k1):  # summed in topic order over this thread's contiguous topics
@@ -158,16 +192,24 @@ def _lda_kernel(threads: int, K: int):
                 if tid == 0:  # ... and joins it
                     kn = choice[0]
                     cuda.atomic.add(A, (j, kn), 1)
-                    cuda.atomic.add(T, kn, 1)
-                    D[dd, kn] += 1
+                    joined = cuda.atomic.add(T, kn, 1) + 1
+                    if snapshot:
+                        Ds[kn] += 1
+                        inv[kn] = float32(1) / (float32(joined) + vbeta)
+                    else:
+                        D[dd, kn] += 1
                     z[i] = kn
+                cuda.syncthreads()
+            if snapshot:  # the document's counts out
+                for k in range(tid, K, threads):
+                    D[dd, k] = Ds[k]
                 cuda.syncthreads()
 
     return sweep
 
 
 def lda_sweep(wl, doc_len, z, A, T, alpha, beta: float, vocab_size: int, key: int, xp: ModuleType = np,
-              threads: int | None = None, doc_counts=None, blocks: int | None = None):
+              threads: int | None = None, doc_counts=None, blocks: int | None = None, kernel: str | None = None):
     """One collapsed Gibbs sweep on the device; ``z`` (int32), ``A`` (int32 rows x K: the word-topic
     counts of the rows ``wl`` indexes) and ``T`` (int32, K) updated in place. Returns the shard's
     doc-topic counts after the sweep (``n_docs x K`` int32; ``doc_counts``: a buffer to reuse).
@@ -176,6 +218,8 @@ def lda_sweep(wl, doc_len, z, A, T, alpha, beta: float, vocab_size: int, key: in
     out (grouped by document); ``alpha`` (K); ``key``: the stream of uniforms (token ``i`` draws
     ``uniforms(key)[i]``, as on the CPU). Arrays of namespace ``xp`` (CuPy on a GPU; NumPy under the
     simulator). ``blocks``: at most this many documents at once (default: all; 1 is the sequential sweep).
+    ``kernel``: "table" or "snapshot" (``_lda_kernel``; default ``LDA_KERNEL``; "snapshot" above its topic
+    limit sweeps with "table").
     """
     K, n_docs = int(T.shape[0]), int(doc_len.shape[0])
     doc_ptr = xp.zeros(n_docs + 1, dtype=np.int64)
@@ -183,7 +227,11 @@ def lda_sweep(wl, doc_len, z, A, T, alpha, beta: float, vocab_size: int, key: in
     D = doc_counts if doc_counts is not None else xp.zeros((n_docs, K), dtype=np.int32)
     threads = threads or LDA_THREADS
     if n_docs and int(z.shape[0]):
-        _lda_kernel(threads, K)[min(n_docs, blocks or n_docs), threads](
+        kernel = kernel or LDA_KERNEL
+        if kernel not in ("table", "snapshot"):
+            raise ValueError(f"kernel must be 'table' or 'snapshot', not {kernel!r}")
+        snapshot = kernel == "snapshot" and K <= LDA_SNAPSHOT_MAX_TOPICS
+        _lda_kernel(threads, K, snapshot)[min(n_docs, blocks or n_docs), threads](
             wl, doc_ptr, z, A, T, D, xp.asarray(np.asarray(alpha, dtype=np.float32)), np.float32(beta),
             np.float32(vocab_size * beta), np.uint64(key))
     return D

@@ -104,15 +104,20 @@ def bench_lda(s: dict, xp, sync) -> dict[str, Any]:
     from dscar.algorithms import gpu_kernels
 
     dwl, dlen = xp.asarray(wl), xp.asarray(doc_len)
-    D = gpu_kernels.lda_sweep(dwl, dlen, xp.array(z0), xp.array(A0), xp.array(T0), alpha, beta, Vs, 1, xp)  # compile
-    dz, dA, dT = xp.array(z0), xp.array(A0), xp.array(T0)  # copies: the start the CPU chain had
-    secs = 0.0
-    for k in range(s["sweeps"]):
-        _, dt = _clock(sync, gpu_kernels.lda_sweep, dwl, dlen, dz, dA, dT, alpha, beta, Vs, 100 + k, xp, None, D)
-        secs += dt
-    gl = ll(to_host(dA), to_host(dz))
-    return {**out, "tokens_per_s": n * s["sweeps"] / secs, "loglik": gl,
-            "loglik_rel_diff": abs(gl - out["cpu_loglik"]) / abs(out["cpu_loglik"])}
+    by_kernel = {}
+    for kernel in ("table", "snapshot"):  # the two sweeps side by side (gpu_kernels.LDA_KERNEL is the model's)
+        D = gpu_kernels.lda_sweep(dwl, dlen, xp.array(z0), xp.array(A0), xp.array(T0), alpha, beta, Vs, 1, xp,
+                                  kernel=kernel)  # compile
+        dz, dA, dT = xp.array(z0), xp.array(A0), xp.array(T0)  # copies: the start the CPU chain had
+        secs = 0.0
+        for k in range(s["sweeps"]):
+            _, dt = _clock(sync, lambda key: gpu_kernels.lda_sweep(dwl, dlen, dz, dA, dT, alpha, beta, Vs, key, xp,
+                                                                   doc_counts=D, kernel=kernel), 100 + k)
+            secs += dt
+        gl = ll(to_host(dA), to_host(dz))
+        by_kernel[kernel] = {"tokens_per_s": n * s["sweeps"] / secs, "loglik": gl,
+                             "loglik_rel_diff": abs(gl - out["cpu_loglik"]) / abs(out["cpu_loglik"])}
+    return {**out, **by_kernel[gpu_kernels.LDA_KERNEL], "by_kernel": by_kernel}
 
 
 # ------------------------------------------------------------------ ALS

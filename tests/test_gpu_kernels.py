@@ -155,13 +155,14 @@ def check_lda_moves() -> None:
     A0, T0, _ = _counts(wl, d, z0, Vs, n_docs, K)
     zc, Ac, Tc = z0.copy(), A0.copy(), T0.copy()
     compiled_sweep(wl, doc_len, zc, Ac, Tc, alpha, beta, Vs, key, method="dense")
-    zg, Ag, Tg = z0.copy(), A0.copy(), T0.copy()
-    D = gpu_kernels.lda_sweep(wl, doc_len, zg, Ag, Tg, alpha, beta, Vs, key, threads=4, blocks=1)
-    same = float((zg == zc).mean())
-    assert same >= 0.9, same
-    A, T, Dz = _counts(wl, d, zg, Vs, n_docs, K)
-    assert (Ag == A).all() and (Tg == T).all() and (D == Dz).all()
-    assert int(Tg.sum()) == wl.shape[0]
+    for kernel in ("table", "snapshot"):
+        zg, Ag, Tg = z0.copy(), A0.copy(), T0.copy()
+        D = gpu_kernels.lda_sweep(wl, doc_len, zg, Ag, Tg, alpha, beta, Vs, key, threads=4, blocks=1, kernel=kernel)
+        same = float((zg == zc).mean())
+        assert same >= 0.9, (kernel, same)
+        A, T, Dz = _counts(wl, d, zg, Vs, n_docs, K)
+        assert (Ag == A).all() and (Tg == T).all() and (D == Dz).all(), kernel
+        assert int(Tg.sum()) == wl.shape[0]
 
 
 def check_lda_loglik() -> None:
@@ -178,18 +179,20 @@ def check_lda_loglik() -> None:
     A0, T0, D0 = _counts(wl, d, z0, Vs, n_docs, K)
     start = loglikelihood(A0, D0, alpha, beta)
     final = {}
-    for side in ("cpu", "gpu"):
+    for side in ("cpu", "table", "snapshot"):
         z, A, T = z0.copy(), A0.copy(), T0.copy()
         for sweep in range(8):
             if side == "cpu":
                 compiled_sweep(wl, doc_len, z, A, T, alpha, beta, Vs, 1000 + sweep, method="dense")
             else:
-                gpu_kernels.lda_sweep(wl, doc_len, z, A, T, alpha, beta, Vs, 1000 + sweep, threads=2, blocks=1)
+                gpu_kernels.lda_sweep(wl, doc_len, z, A, T, alpha, beta, Vs, 1000 + sweep, threads=2, blocks=1,
+                                      kernel=side)
         Az, _, Dz = _counts(wl, d, z, Vs, n_docs, K)
         assert (Az == A).all()
         final[side] = loglikelihood(A, Dz, alpha, beta)
-    assert abs(final["gpu"] - final["cpu"]) <= 0.01 * abs(final["cpu"]), final
-    assert final["gpu"] > start + 0.02 * abs(start), (start, final)
+    for side in ("table", "snapshot"):
+        assert abs(final[side] - final["cpu"]) <= 0.01 * abs(final["cpu"]), final
+        assert final[side] > start + 0.02 * abs(start), (start, final)
 
 
 def check_als() -> None:
@@ -412,7 +415,8 @@ def check_bench_device_branches() -> None:
     gpu_kernels.LDA_THREADS, gpu_kernels.ALS_THREADS, gpu_kernels.CD_THREADS, gpu_kernels.MLR_THREADS = 2, 4, 4, 4
     xp, tiny = _numpy_named_cupy(), device_kernels.SIZES["tiny"]
     res = {m: device_kernels.BENCHES[m](tiny[m], xp, None) for m in device_kernels.MODELS}
-    assert res["lda"]["tokens_per_s"] > 0 and res["lda"]["loglik_rel_diff"] < 0.05, res["lda"]
+    for lda in (res["lda"], *res["lda"]["by_kernel"].values()):
+        assert lda["tokens_per_s"] > 0 and lda["loglik_rel_diff"] < 0.05, res["lda"]
     assert res["als"]["ms_per_iter"] > 0
     assert res["lasso"]["rel_gap"] <= 1e-6 and res["lasso"]["seconds_to_optimum"] > 0, res["lasso"]
     assert res["mlr"]["samples_per_s"] > 0 and res["mlr"]["namespace_samples_per_s"] > 0
