@@ -268,7 +268,7 @@ class MLRSGD(Algorithm):
                 from .mlr_kernels import local_sgd
 
                 local_sgd(X, y, batches, W, lr, l2)
-            elif getattr(X, "ndim", 0) == 2 and self._device_sgd(xp, X.shape[1]):
+            elif isinstance(X, xp.ndarray) and self._device_sgd(xp, X.shape[1]):  # dense (not cupyx sparse)
                 from . import gpu_kernels
 
                 gpu_kernels.mlr_local_sgd(X, y, xp.asarray(batches), W, lr, l2, xp)
