@@ -595,11 +595,15 @@ def mlr_local_sgd(X, y, batches, W, lr: float, l2: float, xp: ModuleType = np, t
     ``y`` (int64): per step ``W[:-1] = (1 - lr l2) W[:-1] - lr X_B^T (P - Y) / b``, ``W[-1] -= lr sum(P - Y) / b``.
 
     One launch for all the steps (a cooperative grid: ``blocks`` at most one per multiprocessor, so every
-    block is resident; one under the simulator, which runs no larger cooperative grid).
+    block is resident; one under the simulator, which runs no larger cooperative grid). At most 256 threads a
+    block: one block then fits a multiprocessor's registers whatever the kernel uses (255 a thread at most);
+    with 512, an H200 could not co-schedule even one ("grid size exceeds the limit (0)").
     """
     steps, b = (int(v) for v in batches.shape)
     p, K = int(X.shape[1]), int(W.shape[1])
     threads = threads or MLR_THREADS
+    if not 1 <= threads <= 256:
+        raise ValueError(f"MLR blocks take 1 to 256 threads (a cooperative grid must fit), not {threads}")
     if not steps or not b:
         return
     from numba.core import config

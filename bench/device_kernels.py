@@ -235,8 +235,8 @@ def bench_mlr(s: dict, xp, sync) -> dict[str, Any]:
     gpu_kernels.mlr_local_sgd(X, y, batches[:check], W, lr, l2, xp)  # the first launch compiles
     out["weights_rel_diff"] = float(np.abs(to_host(W) - W_cpu).max() / max(np.abs(W_cpu).max(), 1e-300))
     by_threads = {}
-    for threads in (gpu_kernels.MLR_THREADS, 2 * gpu_kernels.MLR_THREADS):  # the block size: measured, not guessed
-        # (an H200, batches of 1,024: 3.8e7 samples/s at 128 threads, 4.6e7 at 256)
+    for threads in (gpu_kernels.MLR_THREADS // 2, gpu_kernels.MLR_THREADS):  # the block size: measured, not guessed
+        # (an H200, batches of 1,024: 3.8e7 samples/s at 128 threads, 4.7e7 at 256; 512 cannot be co-scheduled)
         gpu_kernels.mlr_local_sgd(X, y, batches[:2], W, lr, l2, xp, threads=threads)  # compiled for it
         _, secs = _clock(sync, gpu_kernels.mlr_local_sgd, X, y, batches, W, lr, l2, xp, threads)
         by_threads[threads] = s["steps"] * b / secs

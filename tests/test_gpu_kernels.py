@@ -297,6 +297,12 @@ def check_mlr() -> None:
         assert np.abs(W_cpu - W0).max() > 1e-3  # the steps moved the weights: the comparison means something
         np.testing.assert_allclose(W_dev, W_cpu, rtol=1e-9, atol=1e-12)
     assert not gpu_kernels.mlr_fits(10_000, 10)  # rows too wide for a block's shared memory: the namespace path
+    try:
+        gpu_kernels.mlr_local_sgd(X, y, batches, W_dev, 0.5, 0.01, threads=512)
+    except ValueError as e:
+        assert "256 threads" in str(e)
+    else:
+        raise AssertionError("512 threads accepted: an H200 co-schedules no such block in a cooperative grid")
 
 
 def _numpy_named_cupy():
