@@ -68,6 +68,9 @@ LDA_KERNEL = "table"
 ALS_THREADS = 128
 CD_THREADS = 256
 MLR_THREADS = 256
+#: MLR's kernel variant (``_sgd_kernel``): two grid syncs a step (measured on an H200: 4.7e7 samples/s at
+#: batches of 1,024) or one (not yet measured on a GPU: ``bench.device_kernels`` times both)
+MLR_ONE_SYNC = False
 #: doubles of shared memory an MLR block may use (48 KB, the static limit)
 MLR_SHARED = 6144
 #: sweeps of the device CD before Lasso's clock end hands the block to the CPU kernel (Anderson and the
@@ -480,46 +483,72 @@ def gram_cd_warm_start(G: np.ndarray, c: np.ndarray, w0: np.ndarray, lam: float,
 
 
 # ------------------------------------------------------------------ MLR
-def mlr_rows_per_block(p: int, K: int, threads: int) -> int:
+def mlr_rows_per_block(p: int, K: int, threads: int, one_sync: bool = False) -> int:
     """Rows of a minibatch one MLR block holds in shared memory (``rows x p`` of X, ``rows x K`` of
-    ``P - Y``, beside ``threads x K`` logit partials); 0 where not even one fits (the namespace path)."""
-    rows = min(32, threads, (MLR_SHARED - threads * K) // (p + K)) if MLR_SHARED > threads * K else 0
+    ``P - Y``, beside ``threads x K`` logit partials, and with ``one_sync`` the step's W); 0 where not
+    even one fits (the namespace path)."""
+    room = MLR_SHARED - threads * K - ((p + 1) * K if one_sync else 0)
+    rows = min(32, threads, room // (p + K)) if room > 0 else 0
     while rows > 1 and threads % rows:  # the threads split evenly over the rows
         rows -= 1
     return max(rows, 0)
 
 
 @functools.cache
-def _sgd_kernel(p: int, K: int, threads: int):
+def _sgd_kernel(p: int, K: int, threads: int, one_sync: bool = False):
     """The local-SGD kernel for ``p`` features, ``K`` classes and blocks of ``threads`` threads (the
-    shared arrays' sizes are compile-time constants)."""
-    R = mlr_rows_per_block(p, K, threads)
+    shared arrays' sizes are compile-time constants).
+
+    Two grid syncs a step: the blocks' partial gradients out, sync, W updated from them, sync. With
+    ``one_sync``, one: every block computes the step's W itself, into shared memory, from the last step's
+    W and summed gradient (``scratch`` rows 0-1: W by step parity, each entry written by one block; rows
+    2-4: gradients by step modulo 3, summed with atomics, zeroed two steps ahead), so the update needs no
+    sync of its own and the logits read W from shared memory.
+    """
+    R = mlr_rows_per_block(p, K, threads, one_sync)
     if R < 1:
         raise ValueError(f"MLR rows of {p} features and {K} classes do not fit a block's shared memory")
     per_row = threads // R  # threads that split one row's features for its logits
     E = (p + 1) * K  # entries of W (the last row: the bias)
     per_thread = -(-E // threads)
+    ws = E if one_sync else 1
 
     @cuda.jit
-    def sgd(X, y, batches, W, lr, l2, partial):  # pragma: no cover - device code
+    def sgd(X, y, batches, W, lr, l2, scratch):  # pragma: no cover - device code
         grid = cuda.cg.this_grid()
         tid = cuda.threadIdx.x
         Xs = cuda.shared.array((R, p), float64)
         Ps = cuda.shared.array((R, K), float64)
         Lp = cuda.shared.array((threads, K), float64)
+        Ws = cuda.shared.array(ws, float64)
         acc = cuda.local.array(per_thread, float64)
         part = cuda.local.array(K, float64)
         steps, b = batches.shape[0], batches.shape[1]
         groups = (b + R - 1) // R
         rho, sub = tid // per_row, tid % per_row
-        gtid = cuda.blockIdx.x * threads + tid
-        gthreads = cuda.gridDim.x * threads
+        blk, nblk = cuda.blockIdx.x, cuda.gridDim.x
+        gtid = blk * threads + tid
+        gthreads = nblk * threads
         shrink = 1.0 - lr * l2
         step_size = lr / b
         for s in range(steps):
+            if one_sync:
+                for e in range(tid, E, threads):  # this step's W: the input, or the last step's W and gradient
+                    j, k = e // K, e % K
+                    if s == 0:
+                        v = W[j, k]
+                    else:
+                        gr = scratch[2 + (s - 1) % 3, e]
+                        v = scratch[(s - 1) % 2, e]
+                        v = (shrink * v - step_size * gr) if j < p else (v - step_size * gr)
+                    Ws[e] = v
+                    if e % nblk == blk:
+                        scratch[s % 2, e] = v
+                        scratch[2 + (s + 1) % 3, e] = 0.0  # the gradient of step s + 1 starts from zero
+                cuda.syncthreads()
             for q in range(per_thread):
                 acc[q] = 0.0
-            for g in range(cuda.blockIdx.x, groups, cuda.gridDim.x):
+            for g in range(blk, groups, nblk):
                 r0 = g * R
                 rows = min(R, b - r0)
                 for t in range(tid, rows * p, threads):  # the group's rows of X, gathered once
@@ -531,14 +560,14 @@ def _sgd_kernel(p: int, K: int, threads: int):
                     for j in range(sub, p, per_row):
                         x = Xs[rho, j]
                         for k in range(K):
-                            part[k] += x * W[j, k]
+                            part[k] += x * (Ws[j * K + k] if one_sync else W[j, k])
                     for k in range(K):
                         Lp[tid, k] = part[k]
                 cuda.syncthreads()
                 if rho < rows and sub == 0:  # the row's logits + bias -> softmax -> P - Y
                     m = -np.inf
                     for k in range(K):
-                        v = W[p, k]
+                        v = Ws[p * K + k] if one_sync else W[p, k]
                         for u in range(per_row):
                             v += Lp[tid + u, k]
                         part[k] = v
@@ -566,30 +595,40 @@ def _sgd_kernel(p: int, K: int, threads: int):
                 cuda.syncthreads()  # Xs and Ps are read before the next group overwrites them
             q = 0
             for e in range(tid, E, threads):
-                partial[cuda.blockIdx.x, e] = acc[q]
+                if one_sync:
+                    cuda.atomic.add(scratch, (2 + s % 3, e), acc[q])
+                else:
+                    scratch[blk, e] = acc[q]
                 q += 1
             grid.sync()
-            for e in range(gtid, E, gthreads):  # W from the blocks' partial gradients
-                gsum = 0.0
-                for blk in range(cuda.gridDim.x):
-                    gsum += partial[blk, e]
+            if not one_sync:
+                for e in range(gtid, E, gthreads):  # W from the blocks' partial gradients
+                    gsum = 0.0
+                    for bb in range(nblk):
+                        gsum += scratch[bb, e]
+                    j, k = e // K, e % K
+                    if j < p:
+                        W[j, k] = shrink * W[j, k] - step_size * gsum
+                    else:
+                        W[j, k] -= step_size * gsum
+                grid.sync()
+        if one_sync:  # the last step's update, into W
+            for e in range(gtid, E, gthreads):
                 j, k = e // K, e % K
-                if j < p:
-                    W[j, k] = shrink * W[j, k] - step_size * gsum
-                else:
-                    W[j, k] -= step_size * gsum
-            grid.sync()
+                gr = scratch[2 + (steps - 1) % 3, e]
+                v = scratch[(steps - 1) % 2, e]
+                W[j, k] = (shrink * v - step_size * gr) if j < p else (v - step_size * gr)
 
     return sgd
 
 
 def mlr_fits(p: int, K: int, threads: int | None = None) -> bool:
-    """Whether ``mlr_local_sgd`` takes rows of ``p`` features and ``K`` classes."""
-    return mlr_rows_per_block(p, K, threads or MLR_THREADS) >= 1
+    """Whether ``mlr_local_sgd`` (its default variant) takes rows of ``p`` features and ``K`` classes."""
+    return mlr_rows_per_block(p, K, threads or MLR_THREADS, MLR_ONE_SYNC) >= 1
 
 
 def mlr_local_sgd(X, y, batches, W, lr: float, l2: float, xp: ModuleType = np, threads: int | None = None,
-                  blocks: int | None = None) -> None:
+                  blocks: int | None = None, one_sync: bool | None = None) -> None:
     """``mlr_kernels.local_sgd`` on the device: minibatch SGD on ``W`` (``(p + 1) x K``, the last row the bias,
     float64) in place over the rows ``batches`` (``steps x b``, int64) of ``X`` (``n x p`` float64) with labels
     ``y`` (int64): per step ``W[:-1] = (1 - lr l2) W[:-1] - lr X_B^T (P - Y) / b``, ``W[-1] -= lr sum(P - Y) / b``.
@@ -597,7 +636,8 @@ def mlr_local_sgd(X, y, batches, W, lr: float, l2: float, xp: ModuleType = np, t
     One launch for all the steps (a cooperative grid: ``blocks`` at most one per multiprocessor, so every
     block is resident; one under the simulator, which runs no larger cooperative grid). At most 256 threads a
     block: one block then fits a multiprocessor's registers whatever the kernel uses (255 a thread at most);
-    with 512, an H200 could not co-schedule even one ("grid size exceeds the limit (0)").
+    with 512, an H200 could not co-schedule even one ("grid size exceeds the limit (0)"). ``one_sync``: the
+    kernel's variant (``_sgd_kernel``; default ``MLR_ONE_SYNC``).
     """
     steps, b = (int(v) for v in batches.shape)
     p, K = int(X.shape[1]), int(W.shape[1])
@@ -608,12 +648,13 @@ def mlr_local_sgd(X, y, batches, W, lr: float, l2: float, xp: ModuleType = np, t
         return
     from numba.core import config
 
-    R = mlr_rows_per_block(p, K, threads)
+    one_sync = MLR_ONE_SYNC if one_sync is None else bool(one_sync)
+    R = mlr_rows_per_block(p, K, threads, one_sync)
     if blocks is None:
         sms = 1 if config.ENABLE_CUDASIM else int(cuda.get_current_device().MULTIPROCESSOR_COUNT)
         blocks = min(sms, -(-b // R)) if R else 1
-    partial = xp.zeros((blocks, (p + 1) * K))
-    _sgd_kernel(p, K, threads)[blocks, threads](X, y, batches, W, float(lr), float(l2), partial)
+    scratch = xp.zeros((5 if one_sync else blocks, (p + 1) * K))
+    _sgd_kernel(p, K, threads, one_sync)[blocks, threads](X, y, batches, W, float(lr), float(l2), scratch)
 
 
 # --------------------------------------------------------------- warm-up

@@ -242,6 +242,15 @@ def bench_mlr(s: dict, xp, sync) -> dict[str, Any]:
         by_threads[threads] = s["steps"] * b / secs
     out["samples_per_s_by_threads"] = by_threads
     out["samples_per_s"] = by_threads[gpu_kernels.MLR_THREADS]
+    by_variant = {}
+    for one_sync in (False, True):  # the kernel's two variants at the default block size
+        W1 = xp.zeros((p + 1, C))
+        gpu_kernels.mlr_local_sgd(X, y, batches[:check], W1, lr, l2, xp, one_sync=one_sync)
+        diff = float(np.abs(to_host(W1) - W_cpu).max() / max(np.abs(W_cpu).max(), 1e-300))
+        _, secs = _clock(sync, lambda: gpu_kernels.mlr_local_sgd(X, y, batches, W1, lr, l2, xp, one_sync=one_sync))
+        by_variant["one_sync" if one_sync else "two_syncs"] = {"samples_per_s": s["steps"] * b / secs,
+                                                               "weights_rel_diff": diff}
+    out["by_variant"] = by_variant
 
     Wn, bias = xp.zeros((p, C)), xp.zeros(C)
     ns_steps = batches[: max(1, s["steps"] // 4)]

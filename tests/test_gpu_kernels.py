@@ -283,7 +283,8 @@ def check_mlr() -> None:
     from dscar.algorithms import gpu_kernels
     from dscar.algorithms.mlr_kernels import local_sgd
 
-    cases = [(40, 5, 3, 3, 10, 4)]  # rows, features, classes, steps, batch, threads (4: a group of 4 rows)
+    # rows, features, classes, steps (5: the one-sync scratch rows are reused), batch, threads (4: groups of 4 rows)
+    cases = [(40, 5, 3, 5, 10, 4)]
     if os.environ.get("DSCAR_GPU_CHECKS") == "device":
         cases.append((5000, 100, 10, 5, 1024, None))
     for n, p, K, steps, b, threads in cases:
@@ -291,11 +292,17 @@ def check_mlr() -> None:
         X, y = rng.normal(size=(n, p)), rng.integers(0, K, n)
         batches = rng.integers(0, n, (steps, b))
         W0 = 0.1 * rng.normal(size=(p + 1, K))
-        W_cpu, W_dev = W0.copy(), W0.copy()
+        W_cpu = W0.copy()
         local_sgd(X, y, batches, W_cpu, 0.5, 0.01)
-        gpu_kernels.mlr_local_sgd(X, y, batches, W_dev, 0.5, 0.01, threads=threads)
         assert np.abs(W_cpu - W0).max() > 1e-3  # the steps moved the weights: the comparison means something
-        np.testing.assert_allclose(W_dev, W_cpu, rtol=1e-9, atol=1e-12)
+        for one_sync in (False, True):
+            for n_steps in (1, steps):  # one step: the one-sync variant's last update alone
+                W_ref = W0.copy()
+                local_sgd(X, y, batches[:n_steps], W_ref, 0.5, 0.01)
+                W_dev = W0.copy()
+                gpu_kernels.mlr_local_sgd(X, y, batches[:n_steps], W_dev, 0.5, 0.01, threads=threads,
+                                          one_sync=one_sync)
+                np.testing.assert_allclose(W_dev, W_ref, rtol=1e-9, atol=1e-12, err_msg=f"{one_sync} {n_steps}")
     assert not gpu_kernels.mlr_fits(10_000, 10)  # rows too wide for a block's shared memory: the namespace path
     try:
         gpu_kernels.mlr_local_sgd(X, y, batches, W_dev, 0.5, 0.01, threads=512)
@@ -427,6 +434,7 @@ def check_bench_device_branches() -> None:
     assert res["lasso"]["rel_gap"] <= 1e-6 and res["lasso"]["seconds_to_optimum"] > 0, res["lasso"]
     assert res["mlr"]["samples_per_s"] > 0 and res["mlr"]["namespace_samples_per_s"] > 0
     assert res["mlr"]["weights_rel_diff"] < 1e-9, res["mlr"]
+    assert all(v["weights_rel_diff"] < 1e-9 and v["samples_per_s"] > 0 for v in res["mlr"]["by_variant"].values())
     v = device_kernels.verdicts(res)
     assert all(v[m].startswith(("met", "missed")) for m in device_kernels.MODELS), v
 
