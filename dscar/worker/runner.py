@@ -43,7 +43,7 @@ from ..core.protocol import ClockEndOutcome, Commit, CommitAnswer, Finished, Sto
 from .pull_cache import SMALL, PullCache
 from ..core.partitions import TableLayout, by_owner
 from .shard_store import ShardEntry, ShardStore
-from ..xp import to_host
+from ..xp import synchronize, to_host
 
 from distributed.protocol import to_serialize
 
@@ -371,6 +371,7 @@ class ShardRunner:
                 job.algorithm.rebuild_step(ctx, entry.data)
             else:
                 job.algorithm.shard_step(ctx, entry.data)
+            synchronize(job.xp)  # on a GPU, compute_s is the step's kernels, not their launches
             c2, t2 = time.thread_time(), time.perf_counter()
             slow = self._slowdown(job, clock)
             if slow > 1:
