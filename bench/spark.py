@@ -710,7 +710,7 @@ def main(argv: list[str] | None = None) -> int:
             spark.stop()
     if "failure" in only:
         rows += bench_failure(sizes["failure"], t0, args.repeats or (1 if args.quick else 3))
-    print(f"start-up (not in any figure): " + ", ".join(f"{k} {v:.1f}" for k, v in starts.items()))
+    print("start-up (not in any figure): " + ", ".join(f"{k} {v:.1f}" for k, v in starts.items()))
     print(format_tables(rows))
     print(f"load average at end: {load_average()}")
     if args.json:
