@@ -49,6 +49,7 @@ from distributed.scheduler import heartbeat_interval
 
 from ..core.apply_plan import (DIRECT_PER_WORKER, FANIN, ApplyPlan, apply_receivers, merge_touched, plan_apply,
                                shard_ranges)
+from .. import heap
 from ..checkpoint import CheckpointConfig
 from ..comm import fast_fail_pool
 from ..core import active_set
@@ -1066,6 +1067,7 @@ class Coordinator(SchedulerPlugin):
             if failed:
                 return failed
         job.workers = self._live(job)
+        heap.hold(job_id)  # (set up: from its first clock on, full collections skip the heap as it is now)
         effects = job.begin(clock, time.time())
         for e in effects:  # between clocks nothing is staged: safe to move partitions
             if isinstance(e, RestartWorker):
@@ -1120,6 +1122,7 @@ class Coordinator(SchedulerPlugin):
     def _drop(self, job_id: str) -> JobState | None:
         """Forget the job here (the driver's end, or the coordinator's: ``_end_here``)."""
         job = self.jobs.pop(job_id, None)
+        heap.release(job_id)
         self._specs.pop(job_id, None)
         self._simulated.pop(job_id, None)
         self._placements.pop(job_id, None)
