@@ -1,5 +1,6 @@
 """The long-lived heap is frozen while a job runs here and unfrozen after the last (``dscar.heap``)."""
 import gc
+import weakref
 
 import pytest
 
@@ -7,24 +8,34 @@ from dscar import heap
 
 
 @pytest.fixture
-def clean_heap():
-    assert heap.holders() == 0 and gc.get_freeze_count() == 0  # (nothing of another test held it)
+def clean_heap(monkeypatch):
+    """No holder and nothing frozen (the scheduler of the ``procs`` cluster runs in this process)."""
+    monkeypatch.setattr(heap, "_holders", set())
+    gc.unfreeze()
     yield
-    for key in list(heap._holders):
-        heap.release(key)
     gc.unfreeze()
 
 
+class Node:
+    """A reference cycle's member: only the cyclic collector frees it."""
+
+
+def cycle() -> "weakref.ref":
+    a, b = Node(), Node()
+    a.other, b.other = b, a
+    return weakref.ref(a)
+
+
 def test_the_first_holder_freezes_and_the_last_one_unfreezes(clean_heap):
-    long_lived = [object() for _ in range(10)]  # (a container that exists before the job starts)
     heap.hold("job-a")
-    frozen = gc.get_freeze_count()
-    assert frozen > 0 and gc.is_tracked(long_lived)
-    heap.hold(("worker-1", "job-b"))
-    assert gc.get_freeze_count() == frozen  # a later holder freezes nothing more: the job's own objects stay collectable
+    assert gc.get_freeze_count() > 0 and heap.holders() == 1
+    made_by_the_job = cycle()  # (allocated after the freeze)
+    heap.hold(("worker-1", "job-b"))  # a later holder freezes nothing more: the job's own garbage is collected
     heap.hold("job-a")  # idempotent per key
+    gc.collect()
+    assert made_by_the_job() is None and heap.holders() == 2
     heap.release("job-a")
-    assert gc.get_freeze_count() == frozen and heap.holders() == 1
+    assert gc.get_freeze_count() > 0 and heap.holders() == 1
     heap.release(("worker-1", "job-b"))
     assert gc.get_freeze_count() == 0 and heap.holders() == 0
 
@@ -40,15 +51,12 @@ def test_a_release_of_a_key_that_holds_nothing_is_ignored(clean_heap):
 
 
 def test_garbage_cycles_among_frozen_objects_are_collected_once_unfrozen(clean_heap):
-    class Node:
-        pass
-
-    a, b = Node(), Node()
-    a.other, b.other = b, a  # a cycle: only the cyclic collector frees it
-    import weakref
+    a = Node()
+    a.other = Node()
+    a.other.other = a
     gone = weakref.ref(a)
-    heap.hold("job-a")
-    del a, b
+    heap.hold("job-a")  # (frozen while still referenced)
+    del a
     gc.collect()
     assert gone() is not None  # frozen: kept while the job runs
     heap.release("job-a")

@@ -1353,14 +1353,25 @@ class Coordinator(SchedulerPlugin):
                 inline.pop((msg.run, c.clock, c.shard, c.attempt), None)
         self._do(job, effects, commit_wakes(job, effects))  # (one wake for the whole commit)
         here = worker in self.scheduler.workers
+        if msg.wait and here and not job.queue.n_todo:  # (a pass's tail: what it may get is idle work)
+            return self._commit_then_poll(granted, worker, msg.wait_timeout, looked=False)
         item = self._item_for(worker) if here else None
         if item is None and msg.wait and here:
             return self._commit_then_poll(granted, worker, msg.wait_timeout)  # (distributed awaits it)
         return CommitAnswer(granted, item).to_msg()
 
-    async def _commit_then_poll(self, granted: list[bool], worker: str, timeout: float | None) -> dict:
-        """A commit's answer once the worker's next item is ready (``_poll``; ``idle`` after ``timeout``)."""
-        return CommitAnswer(granted, await self._poll(worker, timeout, looked=True)).to_msg()
+    async def _commit_then_poll(self, granted: list[bool], worker: str, timeout: float | None,
+                                looked: bool = True) -> dict:
+        """A commit's answer once the worker's next item is ready (``_poll``; ``idle`` after ``timeout``).
+        ``looked=False``: a commit at a pass's tail, whose worker is now idle, looks for idle work (a
+        backup) only after the messages already read with it are handled. After a stall of the
+        event loop (a long collection, a busy machine) the commits of steps that ended meanwhile
+        arrive together, and each one handled first would otherwise see the others' attempts, still
+        unread, as running late: a 0.2 s stall at W = 64 hollow workers started 57 backups of 64
+        shards, which moved 29 shards and cost the next three clocks ~370 ms."""
+        if not looked:
+            await asyncio.sleep(0)  # (behind the handlers of the messages read in the same turn of the loop)
+        return CommitAnswer(granted, await self._poll(worker, timeout, looked=looked)).to_msg()
 
     def _sources(self, job_id: str, e: ApplyPass) -> dict[str, dict]:
         """``{worker: {table: parts or None}}`` for each worker whose committed attempts of the pass
