@@ -49,8 +49,8 @@ The mode that ran is printed.
 * **event-loop lag** of each worker process (the loop its workers share) during the measured fit:
   how late a 100 ms sleep wakes, p50 / p99 / max; and each process's CPU seconds.
 
-Usage: ``python -m bench.hollow [--quick] [--workers 64,256] [--procs P] [--driver-begins] [--json PATH]
-[--plot PATH]``.
+Usage: ``python -m bench.hollow [--quick] [--workers 64,256] [--procs P] [--driver-begins] [--profile DIR]
+[--json PATH] [--plot PATH]``.
 ``--quick``: W = 16 on 2 processes, few clocks (the test). The load average is printed with the figures.
 """
 from __future__ import annotations
@@ -192,6 +192,8 @@ async def _serve_workers(address: str, n: int, prefix: str) -> None:
 
 #: the environment variable that carries a harness's own Dask settings (JSON) to its processes
 CONFIG_ENV = "DSCAR_HOLLOW_CONFIG"
+#: the environment variable that names the folder each harness process writes its profile to (``--profile``)
+PROFILE_ENV = "DSCAR_HOLLOW_PROFILE"
 
 
 def serve(role: str, *args: str) -> None:
@@ -200,11 +202,28 @@ def serve(role: str, *args: str) -> None:
 
     import dask
 
-    with dask.config.set({**DASK_CONFIG, **json.loads(os.environ.get(CONFIG_ENV) or "{}")}):
-        if role == "scheduler":
-            asyncio.run(_serve_scheduler(args[0]))
-        else:
-            asyncio.run(_serve_workers(args[0], int(args[1]), args[2]))
+    profile_dir = os.environ.get(PROFILE_ENV)
+    profiler = None
+    if profile_dir:  # (``--profile``: this process's event-loop thread, written when the harness ends it)
+        import cProfile
+
+        profiler = cProfile.Profile()
+        signal.signal(signal.SIGTERM, _exit_on_term)
+        profiler.enable()
+    try:
+        with dask.config.set({**DASK_CONFIG, **json.loads(os.environ.get(CONFIG_ENV) or "{}")}):
+            if role == "scheduler":
+                asyncio.run(_serve_scheduler(args[0]))
+            else:
+                asyncio.run(_serve_workers(args[0], int(args[1]), args[2]))
+    finally:
+        if profiler is not None:
+            profiler.disable()
+            profiler.dump_stats(os.path.join(profile_dir, f"{role if role == 'scheduler' else args[2]}.prof"))
+
+
+def _exit_on_term(signum, frame) -> None:
+    raise SystemExit(0)  # (the default action would end the process before its profile is written)
 
 
 def _spawn(*args: str, config: dict[str, Any] | None = None) -> subprocess.Popen:
@@ -837,11 +856,17 @@ def main(argv: list[str] | None = None) -> int:
                          f"and {WATCH_INTERVALS} heartbeat intervals held still, then --hang-trials hangs)")
     ap.add_argument("--all-monitors", action="store_true", help="every hollow worker keeps Dask's system monitor "
                     "(by default one a process: the others would sample the same process again)")
+    ap.add_argument("--profile", metavar="DIR", help="each harness process profiles its event-loop thread (cProfile: "
+                    "the scheduler's handlers, Dask's comm, a worker process's loop) over the whole run and writes "
+                    "DIR/<process>.prof when it is ended (read them with pstats; CPU figures are then inflated)")
     ap.add_argument("--json", metavar="PATH")
     ap.add_argument("--plot", metavar="PATH", default="hollow.png")
     args = ap.parse_args(argv)
     if args.all_monitors:
         os.environ[ALL_MONITORS_ENV] = "1"
+    if args.profile:
+        os.makedirs(args.profile, exist_ok=True)
+        os.environ[PROFILE_ENV] = os.path.abspath(args.profile)
     ws = [int(x) for x in args.workers.split(",")] if args.workers else ([16] if args.quick else [64, 256])
     clocks = args.clocks or (5 if args.quick else 12)
     idle_s = args.idle or (2.0 if args.quick else 5.0)
@@ -876,7 +901,7 @@ def main(argv: list[str] | None = None) -> int:
           f"dropped; policies {args.policies}; idle CPU over {idle_s:g} s (ms of scheduler loop CPU per s); "
           f"scheduler CPU and messages per clock: (fit of {clocks} clocks - fit of {args.warmup}) / {clocks - args.warmup}")
     print(f"mode: {mode}; Dask system monitors: {'every worker' if args.all_monitors else 'one a process'}")
-    out = {"quick": args.quick, "driver_begins": args.driver_begins, "all_monitors": args.all_monitors, "workers": ws, "step_s": args.step, "clocks": clocks, "warmup": args.warmup,
+    out = {"quick": args.quick, "driver_begins": args.driver_begins, "all_monitors": args.all_monitors, "profiled": bool(args.profile), "workers": ws, "step_s": args.step, "clocks": clocks, "warmup": args.warmup,
            "shards_per_worker": args.shards_per_worker, "idle_s": idle_s, "policies": args.policies, "rows": rows,
            "machine": {**machine, "loadavg_after": load}, "wall_s": time.perf_counter() - t0}
     if args.json:

@@ -45,6 +45,7 @@ from distributed.protocol import to_serialize
 from distributed.protocol.pickle import loads
 
 from .. import checkpoint as ckpt
+from .. import heap
 from .. import wire
 from ..comm import fast_fail_pool
 from ..errors import JobFailedError, RefusedCallError
@@ -170,8 +171,9 @@ class ParamServer(WorkerPlugin):
         """The runner stops, and with it every job's waits (``Job.ended``)."""
         self.stop.set()
         with self._lock:
-            for job in self.jobs.values():
+            for job_id, job in self.jobs.items():
                 job.ended.set()
+                heap.release((id(self), job_id))
 
     # ---------------------------------------------------------------- jobs
     @property
@@ -222,6 +224,7 @@ class ParamServer(WorkerPlugin):
                     ssp=d.get("consistency") == "ssp",
                     inline_bytes=int(d.get("inline_bytes", INLINE_BYTES)),
                 )
+                heap.hold((id(self), job_id))  # (the heap's full collections skip what is here now)
             return self.jobs[job_id]
 
     # -------------------------------------------------------------- callers
@@ -1047,6 +1050,7 @@ class ParamServer(WorkerPlugin):
         return {"status": "OK", **await asyncio.to_thread(norms)}
 
     def _h_end_job(self, job_id: str) -> dict:
+        heap.release((id(self), job_id))
         with self._lock:
             job = self.jobs.pop(job_id, None)
             for moving in (self._incoming, self._lent):  # a join's move the job ended before
