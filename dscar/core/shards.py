@@ -211,8 +211,9 @@ class ShardQueue:
         self._by_size: dict[int, dict[int, LastNameSet]] = {}
         #: shards of the active phase that are DONE: ``complete`` without a scan
         self._n_done = 0
-        #: DOING shards (the only ones with attempts): ``running`` without a scan
-        self._doing: set[int] = set()
+        #: DOING shards (the only ones with attempts), counted: their status says which (a set of their ids
+        #: was one more cold read each hand-out and commit at 16,384 shards; what lists them scans the records)
+        self._n_doing = 0
         #: attempts started -> {shard: start of its longest-running live attempt} of every DOING shard
         #: that started that many this pass, in start order (attempts start as time goes on: an entry
         #: is appended, in O(1); one that is not in order marks its bucket ``_unsorted``, sorted when
@@ -290,7 +291,7 @@ class ShardQueue:
         self._attempts_clock = clock
         self.phase = phase
         self._n_done = 0
-        self._doing = set()
+        self._n_doing = 0
         self._todo_reset(self.active)
 
     def next_phase(self) -> int:
@@ -324,7 +325,8 @@ class ShardQueue:
             s = self._shards[i]
             if s.status is _DONE and i in active:
                 self._n_done -= 1
-            self._doing.discard(i)
+            elif s.status is _DOING:
+                self._n_doing -= 1
             s.attempts.clear()
             s.status = _TODO
             s.committed = None
@@ -505,7 +507,7 @@ class ShardQueue:
         s.started += 1
         s.attempts[number] = a
         s.status = _DOING
-        self._doing.add(shard)
+        self._n_doing += 1
         # ``_todo_discard(shard)`` with the bucket known (every hand-out's member pays it): out of TODO,
         # its bucket and its holder's backlog size
         self._todo.discard(shard)
@@ -560,7 +562,7 @@ class ShardQueue:
     @property
     def n_doing(self) -> int:
         """DOING shards."""
-        return len(self._doing)
+        return self._n_doing
 
     def longest_running(self, fewer_started_than: int | None = None, *,
                         started_only: bool = False) -> Iterator[Attempt]:
@@ -592,11 +594,15 @@ class ShardQueue:
         for _, shard in heapq.merge(*buckets, key=lambda e: e[0]):
             yield min(self._shards[shard].attempts.values(), key=lambda a: (a.started, a.attempt))
 
+    def _doing_ids(self) -> list[int]:
+        """The DOING shards, in id order (a scan of the records: a pass start or an index's first use)."""
+        return [i for i, s in enumerate(self._shards) if s.status is _DOING]
+
     def _running_from_records(self) -> dict[int, dict[int, float]]:
         """``_running`` as it would be kept, from the running shards' records: each bucket in the order
         of (start, entered) (a kept bucket's, once sorted stably by start)."""
         shards, running = self._shards, {}
-        for i in sorted(self._doing, key=lambda i: (shards[i].run_key[1], shards[i].entered)):
+        for i in sorted(self._doing_ids(), key=lambda i: (shards[i].run_key[1], shards[i].entered)):
             k, start = shards[i].run_key
             running.setdefault(k, {})[i] = start
         return running
@@ -760,7 +766,7 @@ class ShardQueue:
         ``removed`` have, or are no members any more (``Dispatch.batched`` says so)."""
         if added and not self._started_on:  # the first attempt to wait: ``_started`` is kept from now on
             self._started_on = True
-            self._started_dirty.update(self._doing)  # (the shards with a ``run_key``)
+            self._started_dirty.update(self._doing_ids())  # (the shards with a ``run_key``)
             self._running, self._unsorted = {}, set()
         waiting, dirty, shards = self._waiting, (self._started_dirty if self._started_on else set()), self._shards
         for shard, attempt in removed:
@@ -785,7 +791,7 @@ class ShardQueue:
         """No batch member is waiting (``Dispatch.batched`` is a new dict)."""
         self._waiting = set()
         if self._started_on:
-            self._started_dirty.update(self._doing)  # (the shards with a ``run_key``)
+            self._started_dirty.update(self._doing_ids())  # (the shards with a ``run_key``)
 
     # --------------------------------------------------------------- results
     def commit(self, shard: int, attempt: int, worker: str) -> bool:
@@ -797,7 +803,7 @@ class ShardQueue:
         s.committed = a
         s.attempts.clear()
         s.status = _DONE
-        self._doing.discard(shard)
+        self._n_doing -= 1
         self._n_done += 1  # (a DOING shard is an active one)
         s.holder = worker  # the committed data and state live here now (not a TODO shard: no index)
         if self._started_on:  # (``_unrun``, then ``_flush_started``, inline: every commit pays them)
@@ -838,7 +844,7 @@ class ShardQueue:
             raise ShardFailedError(shard, self.clock, s.failures)
         if not s.attempts:
             s.status = _TODO
-            self._doing.discard(shard)
+            self._n_doing -= 1
             self._todo_add(shard)
 
     def release(self, shard: int, attempt: int, worker: str) -> bool:
@@ -852,7 +858,7 @@ class ShardQueue:
         s.started -= 1
         if not s.attempts:
             s.status = _TODO
-            self._doing.discard(shard)
+            self._n_doing -= 1
             self._todo_add(shard)
         self._reindex(shard)
         return True
@@ -869,7 +875,7 @@ class ShardQueue:
                 requeued.append(a)
             if lost and not s.attempts and s.status is _DOING:  # DOING: an active shard
                 s.status = _TODO
-                self._doing.discard(i)
+                self._n_doing -= 1
                 self._todo_add(i)
             if lost:
                 self._reindex(i)
@@ -886,7 +892,7 @@ class ShardQueue:
                 doomed.append(a)
             if gone and not s.attempts and s.status is _DOING:
                 s.status = _TODO
-                self._doing.discard(i)
+                self._n_doing -= 1
                 self.set_holder(i, None)
                 self._todo_add(i)
             if gone:
@@ -929,7 +935,7 @@ class ShardQueue:
 
     def running(self) -> list[Attempt]:
         """Every live attempt, in shard order (only DOING shards have any)."""
-        return [a for i in sorted(self._doing) for a in self._shards[i].attempts.values()]
+        return [a for s in self._shards if s.status is _DOING for a in s.attempts.values()]
 
     # ------------------------------------------------------------ snapshots
     def snapshot(self) -> dict[str, Any]:
@@ -975,7 +981,7 @@ class ShardQueue:
                 if i in q.active:
                     todo.append(i)
         q._todo_reset(todo)
-        q._doing = set()
+        q._n_doing = 0
         q._n_done = sum(1 for i in q.active if q._shards[i].status is _DONE)
         return q
 
@@ -983,7 +989,7 @@ class ShardQueue:
         """Assert the invariants in the module docstring."""
         active = self.active
         assert self._n_done == sum(1 for i in active if self._shards[i].status is _DONE)
-        assert self._doing == {i for i, s in enumerate(self._shards) if s.status is _DOING}
+        assert self._n_doing == len(self._doing_ids())
         keys = {i: (s.started, min(a.started for a in s.attempts.values()))
                 for i, s in enumerate(self._shards) if s.status is _DOING and s.attempts}
         assert {i: s.run_key for i, s in enumerate(self._shards) if s.run_key is not None} == keys
