@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import heapq
 import math
+from collections.abc import MutableMapping
 from typing import TYPE_CHECKING, Any, Callable, Iterator, NamedTuple
 
 from .policies import Backup, ControllerView, Policy, Restart, Running, SetBatchScale
@@ -131,6 +132,62 @@ class RunningAttempts:
         return any(r == item for r in self)
 
 
+class WorkerItems:
+    """What dispatch knows of one worker, on one record (a commit and a hand-out read one object a
+    worker, where each field was an entry of a dict of its own: at 4,096 workers a cold read each):
+    its running shard-pass item ``(hand-out time, shards)``, when it last asked for work or committed,
+    the id of the last work item handed to it, and the members the queue was last told may not have
+    started (``Dispatch._mark``). None: not known, none."""
+
+    __slots__ = ("running", "last_seen", "item", "marked")
+
+    def __init__(self) -> None:
+        self.running: tuple[float, int] | None = None
+        self.last_seen: float | None = None
+        self.item: int | None = None
+        self.marked: set[tuple[int, int]] | None = None
+
+
+class WorkerField(MutableMapping):
+    """One field of the workers' records (``WorkerItems``) as a dict of the workers whose field is set:
+    ``Dispatch.running_items``, ``last_seen`` and ``item_of`` to their readers (the decisions that make
+    every grant and commit read the records themselves)."""
+
+    __slots__ = ("_records", "_field")
+
+    def __init__(self, records: dict[str, WorkerItems], name: str):
+        self._records = records
+        self._field = name
+
+    def __getitem__(self, worker: str) -> Any:
+        r = self._records.get(worker)
+        value = None if r is None else getattr(r, self._field)
+        if value is None:
+            raise KeyError(worker)
+        return value
+
+    def __setitem__(self, worker: str, value: Any) -> None:
+        r = self._records.get(worker)
+        if r is None:
+            r = self._records[worker] = WorkerItems()
+        setattr(r, self._field, value)
+
+    def __delitem__(self, worker: str) -> None:
+        self[worker]  # (a KeyError as a dict's)
+        setattr(self._records[worker], self._field, None)
+
+    def __iter__(self) -> Iterator[str]:
+        name = self._field
+        return iter([w for w, r in self._records.items() if getattr(r, name) is not None])
+
+    def __len__(self) -> int:
+        name = self._field
+        return sum(1 for r in self._records.values() if getattr(r, name) is not None)
+
+    def __repr__(self) -> str:
+        return repr(dict(self.items()))
+
+
 #: the end mark of a ``_descending`` key: above every flipped character
 _END = chr(0x10FFFF)
 
@@ -238,19 +295,20 @@ class Dispatch:
         self.pending_restarts: list[str] = []
         #: ``batched`` (worker -> its members that may not have started), the most members first
         self._batch_index = BatchIndex({})
-        #: worker -> the members the queue was last told may not have started (``_mark``)
-        self._marked: dict[str, set[tuple[int, int]]] = {}
+        #: worker -> its record (``WorkerItems``): what the dicts below show, and the members the queue
+        #: was last told may not have started (``_mark``)
+        self.records: dict[str, WorkerItems] = {}
         #: worker -> id of the last work item handed to it: a release names it, so a worker asked
         #: before that item reached it gives the members back all the same (``ShardRunner.release``)
-        self.item_of: dict[str, int] = {}
+        self.item_of: MutableMapping[str, int] = WorkerField(self.records, "item")
         #: work items handed out so far (item ids count up from 1)
         self.items_handed = 0
         #: worker -> (hand-out time, shards) of the shard-pass work item it is running, until it
         #: commits or fails (whatever clock it is of): the monitor's evidence of a worker that
         #: does not finish, since backups may win its shards and close the pass without it
-        self.running_items: dict[str, tuple[float, int]] = {}
+        self.running_items: MutableMapping[str, tuple[float, int]] = WorkerField(self.records, "running")
         #: when each worker last asked for work or committed (``worth_moving``: a holder that stopped asking)
-        self.last_seen: dict[str, float] = {}
+        self.last_seen: MutableMapping[str, float] = WorkerField(self.records, "last_seen")
         #: what the policies see (``view``: built once, then told the clock, the time and the asker at each view)
         self._view: ControllerView | None = None
 
@@ -263,11 +321,19 @@ class Dispatch:
     @batched.setter
     def batched(self, value: dict[str, list[tuple[int, int]]]) -> None:
         self._batch_index = BatchIndex(value, self._batch_index._keys)
-        self._marked = {}
+        for r in self.records.values():
+            r.marked = None
         if self._track_started:
             self.job.queue.clear_waiting()
             for worker in value:
                 self._mark(worker)
+
+    def record(self, worker: str) -> WorkerItems:
+        """``worker``'s record (a new one for a worker not seen yet)."""
+        r = self.records.get(worker)
+        if r is None:
+            r = self.records[worker] = WorkerItems()
+        return r
 
     def _changed(self, worker: str) -> None:
         """``worker``'s members changed: the index and the queue's waiting attempts follow."""
@@ -278,22 +344,22 @@ class Dispatch:
         """The queue's waiting attempts of ``worker`` become its members (``RunningAttempts.started_only``)."""
         if not self._track_started:
             return
-        old = self._marked.get(worker)  # (never an empty set: None)
+        r = self.records.get(worker)
+        old = None if r is None else r.marked  # (never an empty set: None)
         members = self._batch_index.batched.get(worker)
         if old is None:  # (most hand-outs: its earlier members have all started; no set difference to take)
             if members:
                 new = set(members)
                 self.job.queue.set_waiting(worker, new, ())
-                self._marked[worker] = new
+                if r is None:
+                    r = self.records[worker] = WorkerItems()
+                r.marked = new
             return
         new = set(members) if members else set()
         if new == old:
             return
         self.job.queue.set_waiting(worker, new - old, old - new)
-        if new:
-            self._marked[worker] = new
-        else:
-            del self._marked[worker]
+        r.marked = new or None
 
     def forget(self, worker: str) -> None:
         """``worker`` is lost: its batch members, running item, batch scale and straggler flag go."""
@@ -342,10 +408,11 @@ class Dispatch:
         if (self.move_s is None or mine is None or theirs is None or holder not in self.job._worker_set
                 or self.job.schedule.held_back(holder)):
             return True
-        running = self.running_items.get(holder)
+        r = self.records.get(holder)
+        running = None if r is None else r.running
         if running is not None and now - running[0] > 2 * running[1] * theirs:
             return True
-        if running is None and now - self.last_seen.get(holder, -math.inf) > theirs:
+        if running is None and now - (-math.inf if r is None or r.last_seen is None else r.last_seen) > theirs:
             return True
         return self.move_s + mine < (backlog + 0.5) * theirs
 
@@ -401,10 +468,10 @@ class Dispatch:
                 del index.batched[worker]
             index.changed(worker)
             if self._track_started and (shard, attempt) not in members:  # (``_mark`` without the set diff)
-                marked = self._marked[worker]
-                marked.discard((shard, attempt))
-                if not marked:
-                    del self._marked[worker]
+                r = self.records[worker]
+                r.marked.discard((shard, attempt))
+                if not r.marked:
+                    r.marked = None
                 self.job.queue.unwait(shard, attempt, worker)
 
     def voided(self, attempt: Attempt) -> None:
@@ -421,7 +488,8 @@ class Dispatch:
             self._mark(worker)
         else:  # (its index entries go stale, and are dropped when read)
             index.batched.pop(worker, None)
-            if worker in self._marked:  # (most hand-outs: its earlier members have all started)
+            r = self.records.get(worker)
+            if r is not None and r.marked is not None:  # (most hand-outs: its earlier members have all started)
                 self._mark(worker)
         if self._track_started:  # (every hand-out ends here: it pays for its own changes of the index)
             self.job.queue.settle_started()
@@ -495,7 +563,10 @@ class Dispatch:
             members.append(m)
         self.items_handed = item_id = self.items_handed + 1
         worker = batch[0].worker
-        self.item_of[worker] = item_id
+        r = self.records.get(worker)
+        if r is None:
+            r = self.records[worker] = WorkerItems()
+        r.item = item_id
         msg = {"op": "rebuild" if rebuild else "shard", "job": job.cfg.job_id, "item": item_id,
                "clock": job.clock if window is None else window.clock, "run": job.run_id, "owners": job.pmap.to_msg(),
                "batch_scale": self.batch_scale.get(worker, 1.0), "shards": members}
@@ -536,7 +607,8 @@ class Dispatch:
 
     def _item_size(self, worker: str) -> int:
         """How many attempts the shard-pass item ``worker`` is running holds (1: none, or one)."""
-        running = self.running_items.get(worker)
+        r = self.records.get(worker)
+        running = None if r is None else r.running
         return max(1, running[1]) if running is not None else 1
 
     def idle_policies(self, worker: str, now: float) -> Attempt | None:
