@@ -136,16 +136,17 @@ class WorkerItems:
     """What dispatch knows of one worker, on one record (a commit and a hand-out read one object a
     worker, where each field was an entry of a dict of its own: at 4,096 workers a cold read each):
     its running shard-pass item ``(hand-out time, shards)``, when it last asked for work or committed,
-    the id of the last work item handed to it, and the members the queue was last told may not have
-    started (``Dispatch._mark``). None: not known, none."""
+    the id of the last work item handed to it, the members the queue was last told may not have
+    started (``Dispatch._mark``) and its name key in ``BatchIndex``. None: not known, none."""
 
-    __slots__ = ("running", "last_seen", "item", "marked")
+    __slots__ = ("running", "last_seen", "item", "marked", "key")
 
     def __init__(self) -> None:
         self.running: tuple[float, int] | None = None
         self.last_seen: float | None = None
         self.item: int | None = None
         self.marked: set[tuple[int, int]] | None = None
+        self.key: str | None = None  # its name key in ``BatchIndex``
 
 
 class WorkerField(MutableMapping):
@@ -211,21 +212,27 @@ class BatchIndex:
     count; an entry whose count is no longer its worker's is stale and dropped when it comes to
     the top (lazy deletion). The heap is rebuilt when stale entries outnumber the live ones."""
 
-    def __init__(self, batched: dict[str, list[tuple[int, int]]], keys: dict[str, str] | None = None):
+    def __init__(self, batched: dict[str, list[tuple[int, int]]], records: dict[str, WorkerItems] | None = None):
         #: worker -> its members (the dict ``Dispatch.batched`` is)
         self.batched = batched
         self._heap: list[tuple[int, str, str]] = []
-        #: worker -> its name key (``_descending``), kept while it is not forgotten: a worker is batched
-        #: again at nearly every hand-out, and its key costs a step per character of its name
-        self._keys: dict[str, str] = {} if keys is None else keys
+        #: worker -> its record, whose ``key`` is its name key (``_descending``), kept while it is not
+        #: forgotten: a worker is batched again at nearly every hand-out, and its key costs a step per
+        #: character of its name (the dispatch's records: the caller has just read the worker's)
+        self._records: dict[str, WorkerItems] = {} if records is None else records
         self.rebuild()
 
+    def _key(self, worker: str) -> str:
+        r = self._records.get(worker)
+        if r is None:
+            r = self._records[worker] = WorkerItems()
+        if r.key is None:
+            r.key = _descending(worker)
+        return r.key
+
     def rebuild(self) -> None:
-        keys = self._keys
-        for w in self.batched:
-            if w not in keys:
-                keys[w] = _descending(w)
-        self._heap = [(-len(m), keys[w], w) for w, m in self.batched.items() if m]
+        key = self._key
+        self._heap = [(-len(m), key(w), w) for w, m in self.batched.items() if m]
         heapq.heapify(self._heap)
 
     def changed(self, worker: str) -> None:
@@ -233,16 +240,19 @@ class BatchIndex:
         members = self.batched.get(worker)
         if not members:
             return
-        key = self._keys.get(worker)
+        r = self._records.get(worker)  # (``_key``, inline: every member that starts pays it)
+        key = None if r is None else r.key
         if key is None:
-            key = self._keys[worker] = _descending(worker)
+            key = self._key(worker)
         heapq.heappush(self._heap, (-len(members), key, worker))
         if len(self._heap) > 2 * len(self.batched) + 32:
             self.rebuild()
 
     def forget(self, worker: str) -> None:
         """``worker`` is gone (it has no members): its key goes too."""
-        self._keys.pop(worker, None)
+        r = self._records.get(worker)
+        if r is not None:
+            r.key = None
 
     def _fresh(self, entry: tuple[int, str, str]) -> bool:
         members = self.batched.get(entry[2])
@@ -293,11 +303,11 @@ class Dispatch:
         self.stragglers: dict[str, str] = {}
         #: workers a policy decided to restart at the next clock boundary
         self.pending_restarts: list[str] = []
-        #: ``batched`` (worker -> its members that may not have started), the most members first
-        self._batch_index = BatchIndex({})
         #: worker -> its record (``WorkerItems``): what the dicts below show, and the members the queue
-        #: was last told may not have started (``_mark``)
+        #: was last told may not have started (``_mark``), its key in ``_batch_index``
         self.records: dict[str, WorkerItems] = {}
+        #: ``batched`` (worker -> its members that may not have started), the most members first
+        self._batch_index = BatchIndex({}, self.records)
         #: worker -> id of the last work item handed to it: a release names it, so a worker asked
         #: before that item reached it gives the members back all the same (``ShardRunner.release``)
         self.item_of: MutableMapping[str, int] = WorkerField(self.records, "item")
@@ -320,7 +330,7 @@ class Dispatch:
 
     @batched.setter
     def batched(self, value: dict[str, list[tuple[int, int]]]) -> None:
-        self._batch_index = BatchIndex(value, self._batch_index._keys)
+        self._batch_index = BatchIndex(value, self.records)
         for r in self.records.values():
             r.marked = None
         if self._track_started:
