@@ -96,6 +96,12 @@ class Attempt(NamedTuple):
 _new_attempt = tuple.__new__
 
 
+def _unwait(s: _Shard, attempt: int, worker: str) -> None:
+    """``worker``'s attempt ``attempt`` of the shard of record ``s`` is no waiting batch member."""
+    if s.waiting:
+        s.waiting = tuple(p for p in s.waiting if p != (attempt, worker))
+
+
 class LastNameSet:
     """A set of worker names that knows its last (the largest) name: the holders of one backlog size
     (``ShardQueue._by_size``), whose last one gives up a shard when the asker has none of its own. A
@@ -162,6 +168,9 @@ class _Shard:
     run_key: tuple[int, float] | None = None  # its key in ``ShardQueue._running`` (DOING only)
     entered: int = 0  # when it entered its ``_running`` bucket (the order of equal starts)
     shown: tuple[int, tuple[float, int, int]] | None = None  # its bucket and entry in ``ShardQueue._started``
+    #: (attempt, worker) of its attempts that are batch members which may not have started
+    #: (``ShardQueue.set_waiting``); mostly none, at most a few
+    waiting: tuple[tuple[int, str], ...] = ()
     #: under SSP, the clock window's fields of the shard (``dscar.core.ssp.ClockWindow``, which keeps them on
     #: the queue's record when the job gives it those, on records of this type of its own when alone): one
     #: record a shard, not two. At 4,096
@@ -226,9 +235,9 @@ class ShardQueue:
         #: oldest live attempt); its ``entered``, when it entered its bucket (this count then): the
         #: bucket's order of equal starts
         self._n_entered = 0
-        #: (shard, attempt, worker) of the batch members that may not have started (``Dispatch.batched``,
-        #: which keeps it in step through ``set_waiting``): ``longest_running(started_only=True)`` hides them
-        self._waiting: set[tuple[int, int, str]] = set()
+        #: the batch members that may not have started are on their shards' records (``_Shard.waiting``;
+        #: ``Dispatch.batched`` keeps them in step through ``set_waiting``): ``longest_running(started_only=True)``
+        #: hides them. (A set of (shard, attempt, worker) was one more cold read each member's hand-out and start.)
         #: the ``_running`` entries of the shards with a live attempt that is not waiting, per bucket, as
         #: lists of (start, entered, shard) in order: at a pass's tail most running shards are batch
         #: members that have not started, and the backup policy's view steps over none of them. An
@@ -699,14 +708,14 @@ class ShardQueue:
         key = s.run_key
         entry = None
         if key is not None:
-            shown, waiting = True, self._waiting
+            shown, waiting = True, s.waiting
             if waiting:
                 attempts = s.attempts
                 if len(attempts) == 1:
                     a = next(iter(attempts.values()))
-                    shown = (shard, a.attempt, a.worker) not in waiting
+                    shown = (a.attempt, a.worker) not in waiting
                 else:
-                    shown = any((shard, a.attempt, a.worker) not in waiting for a in attempts.values())
+                    shown = any((a.attempt, a.worker) not in waiting for a in attempts.values())
             if shown:
                 entry = (key[0], (key[1], s.entered, shard))
         old = s.shown
@@ -768,13 +777,14 @@ class ShardQueue:
             self._started_on = True
             self._started_dirty.update(self._doing_ids())  # (the shards with a ``run_key``)
             self._running, self._unsorted = {}, set()
-        waiting, dirty, shards = self._waiting, (self._started_dirty if self._started_on else set()), self._shards
+        dirty, shards = (self._started_dirty if self._started_on else set()), self._shards
         for shard, attempt in removed:
-            waiting.discard((shard, attempt, worker))
+            _unwait(shards[shard], attempt, worker)
             dirty.add(shard)
         for shard, attempt in added:
-            waiting.add((shard, attempt, worker))
             s = shards[shard]
+            if (attempt, worker) not in s.waiting:
+                s.waiting += ((attempt, worker),)
             a = s.attempts.get(attempt) if s.shown is None and len(s.attempts) == 1 else None
             if a is not None and a.worker == worker:
                 dirty.discard(shard)  # hidden before and now (a member started and marked in one hand-out)
@@ -783,13 +793,15 @@ class ShardQueue:
 
     def unwait(self, shard: int, attempt: int, worker: str) -> None:
         """``set_waiting(worker, (), [(shard, attempt)])``: a member started (every commit of one says so)."""
-        self._waiting.discard((shard, attempt, worker))
+        _unwait(self._shards[shard], attempt, worker)
         if self._started_on:
             self._started_dirty.add(shard)
 
     def clear_waiting(self) -> None:
         """No batch member is waiting (``Dispatch.batched`` is a new dict)."""
-        self._waiting = set()
+        for s in self._shards:  # (a pass start: a scan of the records)
+            if s.waiting:
+                s.waiting = ()
         if self._started_on:
             self._started_dirty.update(self._doing_ids())  # (the shards with a ``run_key``)
 
@@ -999,10 +1011,10 @@ class ShardQueue:
         for k, bucket in self._running.items():
             assert k in self._unsorted or list(bucket.values()) == sorted(bucket.values()), k
         shown = {i: (k, (t, self._shards[i].entered, i)) for i, (k, t) in keys.items()
-                 if any((i, a.attempt, a.worker) not in self._waiting for a in self._shards[i].attempts.values())}
+                 if any((a.attempt, a.worker) not in self._shards[i].waiting for a in self._shards[i].attempts.values())}
         self._flush_started()  # (the index as a read sees it)
         started_key = {i: s.shown for i, s in enumerate(self._shards) if s.shown is not None}
-        assert started_key == (shown if self._started_on else {}) and (self._started_on or not self._waiting)
+        assert started_key == (shown if self._started_on else {}) and (self._started_on or not any(s.waiting for s in self._shards))
         live = {k: sorted(e for u, e in started_key.values() if u == k) for k, _ in started_key.values()}
         assert {k: list(self._live_started(k)) for k in self._started} == live
         for k, started in self._started.items():  # sorted, each entry once; the stale ones counted, none live before the head
