@@ -30,7 +30,6 @@ is what lets a 2x slower worker be seen among 2 workers as among 16.
 from __future__ import annotations
 
 import bisect
-from array import array
 import statistics
 from dataclasses import dataclass
 
@@ -49,16 +48,16 @@ def step_seconds(timings: dict[str, float]) -> float:
 
 class _WorkerSteps:
     """What the monitor knows of one worker: its warm-up's step time (None: none yet), its last
-    ``window`` step times after it, oldest first, their median (None: none yet) and its consecutive
-    slow clocks. The steps are an ``array('d')``: its doubles lie in one block, where a list's float
-    objects lie wherever each was made (a commit sorts them: at 4,096 workers a cold read each), and a
-    ``deque(maxlen=window)`` allocates a block of 64 slots."""
+    ``window`` step times after it, oldest first (a list: a ``deque(maxlen=window)`` allocates a block of
+    64 slots, and an ``array('d')``, whose doubles lie in one block, makes a float of each as it is sorted:
+    more work and more allocations a commit, measured), their median (None: none yet) and its
+    consecutive slow clocks."""
 
     __slots__ = ("warmup", "steps", "mean", "slow_clocks")
 
     def __init__(self, warmup: float | None) -> None:
         self.warmup = warmup
-        self.steps = array("d")
+        self.steps: list[float] = []
         self.mean: float | None = None
         self.slow_clocks = 0
 

@@ -316,7 +316,7 @@ class BspSchedule:
     def next_item(self, worker: str, now: float) -> dict | None:
         """The next work item for ``worker``: a batch of shard attempts, the clock-end step, or None."""
         job, m = self.job, self.machine
-        record = job.dispatch.record(worker)
+        record = job.dispatch.records.get(worker) or job.dispatch.record(worker)
         record.last_seen = now
         if job.log.error is not None or worker in job.losses.lost or m.recovering:
             return None
@@ -391,7 +391,7 @@ class BspSchedule:
         if job.log.error is not None or worker in job.losses.lost:
             return False, []
         dispatch, queue = job.dispatch, job.queue
-        record = dispatch.record(worker)
+        record = dispatch.records.get(worker) or dispatch.record(worker)
         record.running, record.last_seen = None, now
         current = clock == m.clock and m.grants(run_id)
         # attempt numbers restart every pass: only the current run's can be looked up
@@ -753,7 +753,7 @@ class SspSchedule:
         the window allows (or a backup), else None."""
         job, w = self.job, self.window
         dispatch, queue = job.dispatch, job.queue
-        record = dispatch.record(worker)
+        record = dispatch.records.get(worker) or dispatch.record(worker)
         record.last_seen = now
         if job.log.error is not None or worker in job.losses.lost or not self.begun or w.recovering:
             return None  # (``handing_out``, inline)
@@ -844,7 +844,7 @@ class SspSchedule:
         if job.log.error is not None or worker in job.losses.lost:
             return [False] * len(finished), []
         dispatch, queue, monitor, tally = job.dispatch, job.queue, job.monitor, job.tally
-        record = dispatch.record(worker)
+        record = dispatch.records.get(worker) or dispatch.record(worker)
         record.running, record.last_seen = None, now
         accepts, started, grant, commit = window.accepts, dispatch.attempt_started, queue.commit, window.commit
         granted: list[bool] = []

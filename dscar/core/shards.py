@@ -793,7 +793,11 @@ class ShardQueue:
 
     def unwait(self, shard: int, attempt: int, worker: str) -> None:
         """``set_waiting(worker, (), [(shard, attempt)])``: a member started (every commit of one says so)."""
-        _unwait(self._shards[shard], attempt, worker)
+        s = self._shards[shard]  # (``_unwait``, inline: every commit of a member pays it)
+        waiting = s.waiting
+        if waiting:
+            pair = (attempt, worker)
+            s.waiting = () if waiting == (pair,) else tuple(p for p in waiting if p != pair)
         if self._started_on:
             self._started_dirty.add(shard)
 
