@@ -96,10 +96,14 @@ class Attempt(NamedTuple):
 _new_attempt = tuple.__new__
 
 
-def _unwait(s: _Shard, attempt: int, worker: str) -> None:
-    """``worker``'s attempt ``attempt`` of the shard of record ``s`` is no waiting batch member."""
-    if s.waiting:
-        s.waiting = tuple(p for p in s.waiting if p != (attempt, worker))
+def _unwait(s: _Shard, attempt: int, worker: str) -> bool:
+    """``worker``'s attempt ``attempt`` of the shard of record ``s`` is no waiting batch member; whether
+    it was one."""
+    waiting, pair = s.waiting, (attempt, worker)
+    if pair not in waiting:
+        return False
+    s.waiting = () if waiting == (pair,) else tuple(p for p in waiting if p != pair)
+    return True
 
 
 class LastNameSet:
@@ -238,6 +242,8 @@ class ShardQueue:
         #: the batch members that may not have started are on their shards' records (``_Shard.waiting``;
         #: ``Dispatch.batched`` keeps them in step through ``set_waiting``): ``longest_running(started_only=True)``
         #: hides them. (A set of (shard, attempt, worker) was one more cold read each member's hand-out and start.)
+        #: How many there are: a pass start looks for them only when there are some.
+        self._n_waiting = 0
         #: the ``_running`` entries of the shards with a live attempt that is not waiting, per bucket, as
         #: lists of (start, entered, shard) in order: at a pass's tail most running shards are batch
         #: members that have not started, and the backup policy's view steps over none of them. An
@@ -779,12 +785,14 @@ class ShardQueue:
             self._running, self._unsorted = {}, set()
         dirty, shards = (self._started_dirty if self._started_on else set()), self._shards
         for shard, attempt in removed:
-            _unwait(shards[shard], attempt, worker)
+            if _unwait(shards[shard], attempt, worker):
+                self._n_waiting -= 1
             dirty.add(shard)
         for shard, attempt in added:
             s = shards[shard]
             if (attempt, worker) not in s.waiting:
                 s.waiting += ((attempt, worker),)
+                self._n_waiting += 1
             a = s.attempts.get(attempt) if s.shown is None and len(s.attempts) == 1 else None
             if a is not None and a.worker == worker:
                 dirty.discard(shard)  # hidden before and now (a member started and marked in one hand-out)
@@ -797,16 +805,20 @@ class ShardQueue:
         waiting = s.waiting
         if waiting:
             pair = (attempt, worker)
-            s.waiting = () if waiting == (pair,) else tuple(p for p in waiting if p != pair)
+            if pair in waiting:
+                s.waiting = () if waiting == (pair,) else tuple(p for p in waiting if p != pair)
+                self._n_waiting -= 1
         if self._started_on:
             self._started_dirty.add(shard)
 
     def clear_waiting(self) -> None:
         """No batch member is waiting (``Dispatch.batched`` is a new dict)."""
-        for s in self._shards:  # (a pass start: a scan of the records)
-            if s.waiting:
-                s.waiting = ()
-        if self._started_on:
+        if self._n_waiting:  # (a scan of the records, only when some wait)
+            for s in self._shards:
+                if s.waiting:
+                    s.waiting = ()
+            self._n_waiting = 0
+        if self._started_on and self._n_doing:
             self._started_dirty.update(self._doing_ids())  # (the shards with a ``run_key``)
 
     # --------------------------------------------------------------- results
@@ -1006,6 +1018,7 @@ class ShardQueue:
         active = self.active
         assert self._n_done == sum(1 for i in active if self._shards[i].status is _DONE)
         assert self._n_doing == len(self._doing_ids())
+        assert self._n_waiting == sum(len(s.waiting) for s in self._shards)
         keys = {i: (s.started, min(a.started for a in s.attempts.values()))
                 for i, s in enumerate(self._shards) if s.status is _DOING and s.attempts}
         assert {i: s.run_key for i, s in enumerate(self._shards) if s.run_key is not None} == keys
@@ -1018,7 +1031,7 @@ class ShardQueue:
                  if any((a.attempt, a.worker) not in self._shards[i].waiting for a in self._shards[i].attempts.values())}
         self._flush_started()  # (the index as a read sees it)
         started_key = {i: s.shown for i, s in enumerate(self._shards) if s.shown is not None}
-        assert started_key == (shown if self._started_on else {}) and (self._started_on or not any(s.waiting for s in self._shards))
+        assert started_key == (shown if self._started_on else {}) and (self._started_on or not self._n_waiting)
         live = {k: sorted(e for u, e in started_key.values() if u == k) for k, _ in started_key.values()}
         assert {k: list(self._live_started(k)) for k in self._started} == live
         for k, started in self._started.items():  # sorted, each entry once; the stale ones counted, none live before the head
