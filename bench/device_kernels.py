@@ -43,10 +43,11 @@ SIZES: dict[str, dict[str, Any]] = {
               "als": dict(users=100_000, items=20_000, per_user=50, rank=20, iters=2),
               "lasso": dict(rows=20_000, features=500),
               "mlr": dict(rows=200_000, features=100, classes=10, batch=1024, steps=500)},
-    "tiny": {"lda": dict(docs=10, vocab=30, length=8, K=4, sweeps=1),
-             "als": dict(users=50, items=30, per_user=4, rank=3, iters=1),
+    # tiny: the suite's check of every branch in numba's CUDA simulator (Python threads: seconds, not minutes)
+    "tiny": {"lda": dict(docs=4, vocab=12, length=6, K=4, sweeps=1),
+             "als": dict(users=20, items=12, per_user=4, rank=3, iters=1),
              "lasso": dict(rows=100, features=8),
-             "mlr": dict(rows=500, features=10, classes=3, batch=32, steps=20)},
+             "mlr": dict(rows=200, features=6, classes=3, batch=8, steps=3)},
 }
 TARGETS = {"lda": ("tokens_per_s", ">=", 1e9), "als": ("ms_per_iter", "<=", 10.0),
            "lasso": ("seconds_to_optimum", "<", 0.05), "mlr": ("samples_per_s", ">=", 1e8)}
