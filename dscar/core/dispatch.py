@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import MutableMapping
 from typing import TYPE_CHECKING, Any, Callable, Iterator, NamedTuple
 
 from .policies import Backup, ControllerView, Policy, Restart, Running, SetBatchScale
@@ -132,63 +131,6 @@ class RunningAttempts:
         return any(r == item for r in self)
 
 
-class WorkerItems:
-    """What dispatch knows of one worker, on one record (a commit and a hand-out read one object a
-    worker, where each field was an entry of a dict of its own: at 4,096 workers a cold read each):
-    its running shard-pass item ``(hand-out time, shards)``, when it last asked for work or committed,
-    the id of the last work item handed to it, the members the queue was last told may not have
-    started (``Dispatch._mark``) and its name key in ``BatchIndex``. None: not known, none."""
-
-    __slots__ = ("running", "last_seen", "item", "marked", "key")
-
-    def __init__(self) -> None:
-        self.running: tuple[float, int] | None = None
-        self.last_seen: float | None = None
-        self.item: int | None = None
-        self.marked: set[tuple[int, int]] | None = None
-        self.key: str | None = None  # its name key in ``BatchIndex``
-
-
-class WorkerField(MutableMapping):
-    """One field of the workers' records (``WorkerItems``) as a dict of the workers whose field is set:
-    ``Dispatch.running_items``, ``last_seen`` and ``item_of`` to their readers (the decisions that make
-    every grant and commit read the records themselves)."""
-
-    __slots__ = ("_records", "_field")
-
-    def __init__(self, records: dict[str, WorkerItems], name: str):
-        self._records = records
-        self._field = name
-
-    def __getitem__(self, worker: str) -> Any:
-        r = self._records.get(worker)
-        value = None if r is None else getattr(r, self._field)
-        if value is None:
-            raise KeyError(worker)
-        return value
-
-    def __setitem__(self, worker: str, value: Any) -> None:
-        r = self._records.get(worker)
-        if r is None:
-            r = self._records[worker] = WorkerItems()
-        setattr(r, self._field, value)
-
-    def __delitem__(self, worker: str) -> None:
-        self[worker]  # (a KeyError as a dict's)
-        setattr(self._records[worker], self._field, None)
-
-    def __iter__(self) -> Iterator[str]:
-        name = self._field
-        return iter([w for w, r in self._records.items() if getattr(r, name) is not None])
-
-    def __len__(self) -> int:
-        name = self._field
-        return sum(1 for r in self._records.values() if getattr(r, name) is not None)
-
-    def __repr__(self) -> str:
-        return repr(dict(self.items()))
-
-
 #: the end mark of a ``_descending`` key: above every flipped character
 _END = chr(0x10FFFF)
 
@@ -212,27 +154,21 @@ class BatchIndex:
     count; an entry whose count is no longer its worker's is stale and dropped when it comes to
     the top (lazy deletion). The heap is rebuilt when stale entries outnumber the live ones."""
 
-    def __init__(self, batched: dict[str, list[tuple[int, int]]], records: dict[str, WorkerItems] | None = None):
+    def __init__(self, batched: dict[str, list[tuple[int, int]]], keys: dict[str, str] | None = None):
         #: worker -> its members (the dict ``Dispatch.batched`` is)
         self.batched = batched
         self._heap: list[tuple[int, str, str]] = []
-        #: worker -> its record, whose ``key`` is its name key (``_descending``), kept while it is not
-        #: forgotten: a worker is batched again at nearly every hand-out, and its key costs a step per
-        #: character of its name (the dispatch's records: the caller has just read the worker's)
-        self._records: dict[str, WorkerItems] = {} if records is None else records
+        #: worker -> its name key (``_descending``), kept while it is not forgotten: a worker is batched
+        #: again at nearly every hand-out, and its key costs a step per character of its name
+        self._keys: dict[str, str] = {} if keys is None else keys
         self.rebuild()
 
-    def _key(self, worker: str) -> str:
-        r = self._records.get(worker)
-        if r is None:
-            r = self._records[worker] = WorkerItems()
-        if r.key is None:
-            r.key = _descending(worker)
-        return r.key
-
     def rebuild(self) -> None:
-        key = self._key
-        self._heap = [(-len(m), key(w), w) for w, m in self.batched.items() if m]
+        keys = self._keys
+        for w in self.batched:
+            if w not in keys:
+                keys[w] = _descending(w)
+        self._heap = [(-len(m), keys[w], w) for w, m in self.batched.items() if m]
         heapq.heapify(self._heap)
 
     def changed(self, worker: str) -> None:
@@ -240,19 +176,16 @@ class BatchIndex:
         members = self.batched.get(worker)
         if not members:
             return
-        r = self._records.get(worker)  # (``_key``, inline: every member that starts pays it)
-        key = None if r is None else r.key
+        key = self._keys.get(worker)
         if key is None:
-            key = self._key(worker)
+            key = self._keys[worker] = _descending(worker)
         heapq.heappush(self._heap, (-len(members), key, worker))
         if len(self._heap) > 2 * len(self.batched) + 32:
             self.rebuild()
 
     def forget(self, worker: str) -> None:
         """``worker`` is gone (it has no members): its key goes too."""
-        r = self._records.get(worker)
-        if r is not None:
-            r.key = None
+        self._keys.pop(worker, None)
 
     def _fresh(self, entry: tuple[int, str, str]) -> bool:
         members = self.batched.get(entry[2])
@@ -303,22 +236,21 @@ class Dispatch:
         self.stragglers: dict[str, str] = {}
         #: workers a policy decided to restart at the next clock boundary
         self.pending_restarts: list[str] = []
-        #: worker -> its record (``WorkerItems``): what the dicts below show, and the members the queue
-        #: was last told may not have started (``_mark``), its key in ``_batch_index``
-        self.records: dict[str, WorkerItems] = {}
         #: ``batched`` (worker -> its members that may not have started), the most members first
-        self._batch_index = BatchIndex({}, self.records)
+        self._batch_index = BatchIndex({})
+        #: worker -> the members the queue was last told may not have started (``_mark``)
+        self._marked: dict[str, set[tuple[int, int]]] = {}
         #: worker -> id of the last work item handed to it: a release names it, so a worker asked
         #: before that item reached it gives the members back all the same (``ShardRunner.release``)
-        self.item_of: MutableMapping[str, int] = WorkerField(self.records, "item")
+        self.item_of: dict[str, int] = {}
         #: work items handed out so far (item ids count up from 1)
         self.items_handed = 0
         #: worker -> (hand-out time, shards) of the shard-pass work item it is running, until it
         #: commits or fails (whatever clock it is of): the monitor's evidence of a worker that
         #: does not finish, since backups may win its shards and close the pass without it
-        self.running_items: MutableMapping[str, tuple[float, int]] = WorkerField(self.records, "running")
+        self.running_items: dict[str, tuple[float, int]] = {}
         #: when each worker last asked for work or committed (``worth_moving``: a holder that stopped asking)
-        self.last_seen: MutableMapping[str, float] = WorkerField(self.records, "last_seen")
+        self.last_seen: dict[str, float] = {}
         #: what the policies see (``view``: built once, then told the clock, the time and the asker at each view)
         self._view: ControllerView | None = None
 
@@ -330,20 +262,12 @@ class Dispatch:
 
     @batched.setter
     def batched(self, value: dict[str, list[tuple[int, int]]]) -> None:
-        self._batch_index = BatchIndex(value, self.records)
-        for r in self.records.values():
-            r.marked = None
+        self._batch_index = BatchIndex(value, self._batch_index._keys)
+        self._marked = {}
         if self._track_started:
             self.job.queue.clear_waiting()
             for worker in value:
                 self._mark(worker)
-
-    def record(self, worker: str) -> WorkerItems:
-        """``worker``'s record (a new one for a worker not seen yet)."""
-        r = self.records.get(worker)
-        if r is None:
-            r = self.records[worker] = WorkerItems()
-        return r
 
     def _changed(self, worker: str) -> None:
         """``worker``'s members changed: the index and the queue's waiting attempts follow."""
@@ -354,22 +278,22 @@ class Dispatch:
         """The queue's waiting attempts of ``worker`` become its members (``RunningAttempts.started_only``)."""
         if not self._track_started:
             return
-        r = self.records.get(worker)
-        old = None if r is None else r.marked  # (never an empty set: None)
+        old = self._marked.get(worker)  # (never an empty set: None)
         members = self._batch_index.batched.get(worker)
         if old is None:  # (most hand-outs: its earlier members have all started; no set difference to take)
             if members:
                 new = set(members)
                 self.job.queue.set_waiting(worker, new, ())
-                if r is None:
-                    r = self.records[worker] = WorkerItems()
-                r.marked = new
+                self._marked[worker] = new
             return
         new = set(members) if members else set()
         if new == old:
             return
         self.job.queue.set_waiting(worker, new - old, old - new)
-        r.marked = new or None
+        if new:
+            self._marked[worker] = new
+        else:
+            del self._marked[worker]
 
     def forget(self, worker: str) -> None:
         """``worker`` is lost: its batch members, running item, batch scale and straggler flag go."""
@@ -418,11 +342,10 @@ class Dispatch:
         if (self.move_s is None or mine is None or theirs is None or holder not in self.job._worker_set
                 or self.job.schedule.held_back(holder)):
             return True
-        r = self.records.get(holder)
-        running = None if r is None else r.running
+        running = self.running_items.get(holder)
         if running is not None and now - running[0] > 2 * running[1] * theirs:
             return True
-        if running is None and now - (-math.inf if r is None or r.last_seen is None else r.last_seen) > theirs:
+        if running is None and now - self.last_seen.get(holder, -math.inf) > theirs:
             return True
         return self.move_s + mine < (backlog + 0.5) * theirs
 
@@ -478,10 +401,10 @@ class Dispatch:
                 del index.batched[worker]
             index.changed(worker)
             if self._track_started and (shard, attempt) not in members:  # (``_mark`` without the set diff)
-                r = self.records[worker]
-                r.marked.discard((shard, attempt))
-                if not r.marked:
-                    r.marked = None
+                marked = self._marked[worker]
+                marked.discard((shard, attempt))
+                if not marked:
+                    del self._marked[worker]
                 self.job.queue.unwait(shard, attempt, worker)
 
     def voided(self, attempt: Attempt) -> None:
@@ -498,8 +421,7 @@ class Dispatch:
             self._mark(worker)
         else:  # (its index entries go stale, and are dropped when read)
             index.batched.pop(worker, None)
-            r = self.records.get(worker)
-            if r is not None and r.marked is not None:  # (most hand-outs: its earlier members have all started)
+            if worker in self._marked:  # (most hand-outs: its earlier members have all started)
                 self._mark(worker)
         if self._track_started:  # (every hand-out ends here: it pays for its own changes of the index)
             self.job.queue.settle_started()
@@ -573,10 +495,7 @@ class Dispatch:
             members.append(m)
         self.items_handed = item_id = self.items_handed + 1
         worker = batch[0].worker
-        r = self.records.get(worker)
-        if r is None:
-            r = self.records[worker] = WorkerItems()
-        r.item = item_id
+        self.item_of[worker] = item_id
         msg = {"op": "rebuild" if rebuild else "shard", "job": job.cfg.job_id, "item": item_id,
                "clock": job.clock if window is None else window.clock, "run": job.run_id, "owners": job.pmap.to_msg(),
                "batch_scale": self.batch_scale.get(worker, 1.0), "shards": members}
@@ -617,8 +536,7 @@ class Dispatch:
 
     def _item_size(self, worker: str) -> int:
         """How many attempts the shard-pass item ``worker`` is running holds (1: none, or one)."""
-        r = self.records.get(worker)
-        running = None if r is None else r.running
+        running = self.running_items.get(worker)
         return max(1, running[1]) if running is not None else 1
 
     def idle_policies(self, worker: str, now: float) -> Attempt | None:

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import bisect
 import statistics
+from collections import defaultdict
 from dataclasses import dataclass
 
 
@@ -44,22 +45,6 @@ def step_seconds(timings: dict[str, float]) -> float:
     """An attempt's step time, as the monitor records it."""
     get = timings.get  # (the parts of ``STEP_PARTS`` summed in its order, without a generator: every commit asks)
     return float(get("pull_s", 0.0)) + float(get("compute_s", 0.0)) + float(get("push_s", 0.0))
-
-
-class _WorkerSteps:
-    """What the monitor knows of one worker: its warm-up's step time (None: none yet), its last
-    ``window`` step times after it, oldest first (a list: a ``deque(maxlen=window)`` allocates a block of
-    64 slots, and an ``array('d')``, whose doubles lie in one block, makes a float of each as it is sorted:
-    more work and more allocations a commit, measured), their median (None: none yet) and its
-    consecutive slow clocks."""
-
-    __slots__ = ("warmup", "steps", "mean", "slow_clocks")
-
-    def __init__(self, warmup: float | None) -> None:
-        self.warmup = warmup
-        self.steps: list[float] = []
-        self.mean: float | None = None
-        self.slow_clocks = 0
 
 
 @dataclass(frozen=True)
@@ -94,14 +79,16 @@ class ThroughputMonitor:
         self.confirm_after = confirm_after
         #: a running work item is evidence of slowness once it has run this long (seconds)
         self.stuck_after_s = stuck_after_s
-        #: worker -> its record (warm-up, last steps, their median, slow clocks): one object a worker, not
-        #: four dicts (a commit reads one: at 4,096 workers each dict read is a cold read or more)
-        self._workers: dict[str, _WorkerSteps] = {}
-        #: workers with a typical step time (a ``mean`` on their record)
-        self._n_measured = 0
+        self._warmup: dict[str, float] = {}  # each worker's first attempt's step time
+        #: each worker's last ``window`` step times, oldest first: a list, not a ``deque(maxlen=window)``,
+        #: which allocates a block of 64 slots (~760 bytes a worker: 3 MB of cold memory at 4,096 workers)
+        self._steps: dict[str, list[float]] = defaultdict(list)
+        self._slow_clocks: dict[str, int] = defaultdict(int)  # consecutive clocks as a straggler
+        #: worker -> median of its window, kept as steps arrive: asked on every hand-out, for every worker
+        self._mean: dict[str, float] = {}
         #: the mean step of every worker with one, sorted: the slowest and the median without a scan (floats,
         #: not (mean, worker) pairs: the statistics read values only, and a float compares and moves
-        #: cheaper; which worker holds a value is its record's)
+        #: cheaper; which worker holds a value is ``_mean``'s)
         self._by_step: list[float] = []
         #: the summed speeds of the measured workers, kept as their step times change
         self._speed_sum = 0.0
@@ -113,14 +100,12 @@ class ThroughputMonitor:
         step_s = float(step_s)
         if step_s < 1e-9:  # (``max(step_s, 1e-9)`` as a comparison: every commit records)
             step_s = 1e-9
-        r = self._workers.get(worker)
-        if r is None or r.warmup is None:  # its first attempt: its warm-up
-            if r is None:
-                self._workers[worker] = _WorkerSteps(step_s)
-            else:
-                r.warmup = step_s
-            return
-        steps = r.steps
+        steps = self._steps.get(worker)  # (a worker with steps is past its warm-up: one dict read a commit)
+        if steps is None:
+            if worker not in self._warmup:
+                self._warmup[worker] = step_s
+                return
+            steps = self._steps[worker]
         steps.append(step_s)
         if len(steps) > self.window:
             del steps[0]
@@ -128,40 +113,38 @@ class ThroughputMonitor:
         n = len(ordered)
         half = n // 2
         mean = ordered[half] if n % 2 else (ordered[half - 1] + ordered[half]) / 2
-        if r.mean != mean:
-            self._set_mean(r, mean)
+        if self._mean.get(worker) != mean:
+            self._set_mean(worker, mean)
 
-    def _set_mean(self, r: _WorkerSteps, mean: float | None) -> None:
+    def _set_mean(self, worker: str, mean: float | None) -> None:
         self._median = False
-        old = r.mean
+        old = self._mean.pop(worker, None)
         if old is not None:
             del self._by_step[bisect.bisect_left(self._by_step, old)]  # (a copy of ``old``: any one is)
             self._speed_sum -= 1.0 / old
-            self._n_measured -= 1
-        r.mean = mean
         if mean is not None:
+            self._mean[worker] = mean
             bisect.insort(self._by_step, mean)
             self._speed_sum += 1.0 / mean
-            self._n_measured += 1
-        if not self._n_measured:
+        if not self._mean:
             self._speed_sum = 0.0
 
     def forget(self, worker: str) -> None:
-        r = self._workers.pop(worker, None)
-        self._set_mean(_WorkerSteps(None) if r is None else r, None)
+        self._warmup.pop(worker, None)
+        self._steps.pop(worker, None)
+        self._slow_clocks.pop(worker, None)
+        self._set_mean(worker, None)
 
     def mean_step(self, worker: str) -> float | None:
         """The worker's typical step time (median over the window), None before its first attempt."""
-        r = self._workers.get(worker)
-        return None if r is None else r.mean
+        return self._mean.get(worker)
 
     def median_step(self, exclude: str | None = None) -> float | None:
         """Median over workers (but ``exclude``) of their typical step time."""
         if exclude is None and self._median is not False:
             return self._median
         steps = self._by_step  # (sorted: the median by position, a copy of ``exclude``'s value skipped)
-        r = self._workers.get(exclude) if exclude is not None else None
-        skip = bisect.bisect_left(steps, r.mean) if r is not None and r.mean is not None else None
+        skip = bisect.bisect_left(steps, self._mean[exclude]) if exclude in self._mean else None
         n = len(steps) - (skip is not None)
         if n == 0:
             return None
@@ -176,14 +159,14 @@ class ThroughputMonitor:
 
     def n_measured(self) -> int:
         """Workers with a typical step time."""
-        return self._n_measured
+        return len(self._mean)
 
     def slowest_step(self, exclude: str) -> float | None:
         """The longest typical step time of the workers but ``exclude`` (None: none measured)."""
         steps = self._by_step
         if not steps:
             return None
-        if self.mean_step(exclude) != steps[-1]:
+        if self._mean.get(exclude) != steps[-1]:
             return steps[-1]
         return steps[-2] if len(steps) > 1 else None  # (``exclude`` holds the largest: the next one, maybe equal)
 
@@ -192,16 +175,15 @@ class ThroughputMonitor:
         return self._speed_sum
 
     def speeds(self) -> dict[str, float]:
-        return {w: 1.0 / r.mean for w, r in self._workers.items() if r.mean}
+        return {w: 1.0 / m for w, m in self._mean.items() if m}
 
     def is_slow(self, worker: str, running_s: float = 0.0) -> bool:
         """``running_s``: a lower bound on the step time of the work item ``worker`` is running."""
-        r = self._workers.get(worker)
-        if r is None or r.warmup is None:  # still in its warm-up: like is compared with like
-            warmups = [o.warmup for w, o in self._workers.items() if w != worker and o.warmup is not None]
+        if worker not in self._warmup:  # still in its warm-up: like is compared with like
+            warmups = [t for w, t in self._warmup.items() if w != worker]
             others, own = (statistics.median(warmups) if warmups else None), running_s
         else:
-            others, own = self.median_step(exclude=worker), max(r.mean or 0.0, running_s)
+            others, own = self.median_step(exclude=worker), max(self.mean_step(worker) or 0.0, running_s)
         if others is None:
             return False
         return own * self.fraction > others and own - others >= self.min_gap_s
@@ -211,27 +193,22 @@ class ThroughputMonitor:
         ``running``: per busy worker, ``(seconds, shards)`` of the work item it is running."""
         running = {w: t / max(n, 1) for w, (t, n) in (running or {}).items() if t >= self.stuck_after_s}
         out = {}
-        workers = self._workers
-        for w in [w for w, r in workers.items() if r.warmup is not None] + [w for w in running if (r := workers.get(w)) is None or r.warmup is None]:
-            r = workers.get(w)
-            if r is None:  # (running, never measured)
-                r = workers[w] = _WorkerSteps(None)
+        for w in self._warmup.keys() | self._steps.keys() | running.keys():
             if self.is_slow(w, running.get(w, 0.0)):
-                r.slow_clocks += 1
-                if r.slow_clocks >= self.confirm_after:
-                    out[w] = "persistent" if r.slow_clocks >= self.persistent_after else "transient"
+                self._slow_clocks[w] += 1
+                if self._slow_clocks[w] >= self.confirm_after:
+                    out[w] = "persistent" if self._slow_clocks[w] >= self.persistent_after else "transient"
             else:
-                r.slow_clocks = 0
+                self._slow_clocks[w] = 0
         return dict(sorted(out.items()))  # (in workers' order, not the hash order of the set above)
 
     def stats(self) -> list[WorkerStats]:
         speeds = self.speeds()
         out = []
-        for w in sorted(w for w, r in self._workers.items() if r.warmup is not None):
-            r = self._workers[w]
-            slow = r.slow_clocks
+        for w in sorted(self._warmup.keys() | self._steps.keys()):
+            slow = self._slow_clocks.get(w, 0)
             kind = None if slow < self.confirm_after else (
                 "persistent" if slow >= self.persistent_after else "transient")
-            m = r.mean
-            out.append(WorkerStats(w, len(r.steps), m or 0.0, speeds.get(w, 0.0), kind))
+            m = self.mean_step(w)
+            out.append(WorkerStats(w, len(self._steps.get(w, ())), m or 0.0, speeds.get(w, 0.0), kind))
         return out

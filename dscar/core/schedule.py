@@ -316,8 +316,7 @@ class BspSchedule:
     def next_item(self, worker: str, now: float) -> dict | None:
         """The next work item for ``worker``: a batch of shard attempts, the clock-end step, or None."""
         job, m = self.job, self.machine
-        record = job.dispatch.records.get(worker) or job.dispatch.record(worker)
-        record.last_seen = now
+        job.dispatch.last_seen[worker] = now
         if job.log.error is not None or worker in job.losses.lost or m.recovering:
             return None
         if m.handing_out:
@@ -339,7 +338,7 @@ class BspSchedule:
                     batch += job.queue.take_own(worker, now, size - 1)
             job.dispatch.set_batched(worker, [(b.shard, b.attempt) for b in batch[1:]])  # its earlier items are done
             if m.stage is not _REBUILD:
-                record.running = (now, len(batch))
+                job.dispatch.running_items[worker] = (now, len(batch))
             return job.dispatch.item(batch, m.stage is _REBUILD)
         if m.stage is Stage.CLOCK_END and self.clock_end_worker is None:
             self.clock_end_worker = worker
@@ -391,8 +390,8 @@ class BspSchedule:
         if job.log.error is not None or worker in job.losses.lost:
             return False, []
         dispatch, queue = job.dispatch, job.queue
-        record = dispatch.records.get(worker) or dispatch.record(worker)
-        record.running, record.last_seen = None, now
+        dispatch.running_items.pop(worker, None)
+        dispatch.last_seen[worker] = now
         current = clock == m.clock and m.grants(run_id)
         # attempt numbers restart every pass: only the current run's can be looked up
         mine = queue.running_attempt(shard, attempt) if current else None
@@ -753,8 +752,7 @@ class SspSchedule:
         the window allows (or a backup), else None."""
         job, w = self.job, self.window
         dispatch, queue = job.dispatch, job.queue
-        record = dispatch.records.get(worker) or dispatch.record(worker)
-        record.last_seen = now
+        dispatch.last_seen[worker] = now
         if job.log.error is not None or worker in job.losses.lost or not self.begun or w.recovering:
             return None  # (``handing_out``, inline)
         if w.clock_end is not None and self.clock_end_worker is None:
@@ -798,7 +796,7 @@ class SspSchedule:
                 start(b.shard)
         members, newest, read_floor = w.member_fields([b.shard for b in batch], worker)
         if w.rebuilding is None:
-            record.running = (now, len(batch))
+            dispatch.running_items[worker] = (now, len(batch))
             if len(members) <= 2 and members[0][0] == members[-1][0]:
                 job.tally.open(newest, now)  # (one clock, the item's newest: opened once)
             else:
@@ -844,8 +842,8 @@ class SspSchedule:
         if job.log.error is not None or worker in job.losses.lost:
             return [False] * len(finished), []
         dispatch, queue, monitor, tally = job.dispatch, job.queue, job.monitor, job.tally
-        record = dispatch.records.get(worker) or dispatch.record(worker)
-        record.running, record.last_seen = None, now
+        dispatch.running_items.pop(worker, None)
+        dispatch.last_seen[worker] = now
         accepts, started, grant, commit = window.accepts, dispatch.attempt_started, queue.commit, window.commit
         granted: list[bool] = []
         effects: list[Effect] = []

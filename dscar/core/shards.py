@@ -96,16 +96,6 @@ class Attempt(NamedTuple):
 _new_attempt = tuple.__new__
 
 
-def _unwait(s: _Shard, attempt: int, worker: str) -> bool:
-    """``worker``'s attempt ``attempt`` of the shard of record ``s`` is no waiting batch member; whether
-    it was one."""
-    waiting, pair = s.waiting, (attempt, worker)
-    if pair not in waiting:
-        return False
-    s.waiting = () if waiting == (pair,) else tuple(p for p in waiting if p != pair)
-    return True
-
-
 class LastNameSet:
     """A set of worker names that knows its last (the largest) name: the holders of one backlog size
     (``ShardQueue._by_size``), whose last one gives up a shard when the asker has none of its own. A
@@ -172,9 +162,6 @@ class _Shard:
     run_key: tuple[int, float] | None = None  # its key in ``ShardQueue._running`` (DOING only)
     entered: int = 0  # when it entered its ``_running`` bucket (the order of equal starts)
     shown: tuple[int, tuple[float, int, int]] | None = None  # its bucket and entry in ``ShardQueue._started``
-    #: (attempt, worker) of its attempts that are batch members which may not have started
-    #: (``ShardQueue.set_waiting``); mostly none, at most a few
-    waiting: tuple[tuple[int, str], ...] = ()
     #: under SSP, the clock window's fields of the shard (``dscar.core.ssp.ClockWindow``, which keeps them on
     #: the queue's record when the job gives it those, on records of this type of its own when alone): one
     #: record a shard, not two. At 4,096
@@ -224,9 +211,8 @@ class ShardQueue:
         self._by_size: dict[int, dict[int, LastNameSet]] = {}
         #: shards of the active phase that are DONE: ``complete`` without a scan
         self._n_done = 0
-        #: DOING shards (the only ones with attempts), counted: their status says which (a set of their ids
-        #: was one more cold read each hand-out and commit at 16,384 shards; what lists them scans the records)
-        self._n_doing = 0
+        #: DOING shards (the only ones with attempts): ``running`` without a scan
+        self._doing: set[int] = set()
         #: attempts started -> {shard: start of its longest-running live attempt} of every DOING shard
         #: that started that many this pass, in start order (attempts start as time goes on: an entry
         #: is appended, in O(1); one that is not in order marks its bucket ``_unsorted``, sorted when
@@ -239,11 +225,9 @@ class ShardQueue:
         #: oldest live attempt); its ``entered``, when it entered its bucket (this count then): the
         #: bucket's order of equal starts
         self._n_entered = 0
-        #: the batch members that may not have started are on their shards' records (``_Shard.waiting``;
-        #: ``Dispatch.batched`` keeps them in step through ``set_waiting``): ``longest_running(started_only=True)``
-        #: hides them. (A set of (shard, attempt, worker) was one more cold read each member's hand-out and start.)
-        #: How many there are: a pass start looks for them only when there are some.
-        self._n_waiting = 0
+        #: (shard, attempt, worker) of the batch members that may not have started (``Dispatch.batched``,
+        #: which keeps it in step through ``set_waiting``): ``longest_running(started_only=True)`` hides them
+        self._waiting: set[tuple[int, int, str]] = set()
         #: the ``_running`` entries of the shards with a live attempt that is not waiting, per bucket, as
         #: lists of (start, entered, shard) in order: at a pass's tail most running shards are batch
         #: members that have not started, and the backup policy's view steps over none of them. An
@@ -306,7 +290,7 @@ class ShardQueue:
         self._attempts_clock = clock
         self.phase = phase
         self._n_done = 0
-        self._n_doing = 0
+        self._doing = set()
         self._todo_reset(self.active)
 
     def next_phase(self) -> int:
@@ -340,8 +324,7 @@ class ShardQueue:
             s = self._shards[i]
             if s.status is _DONE and i in active:
                 self._n_done -= 1
-            elif s.status is _DOING:
-                self._n_doing -= 1
+            self._doing.discard(i)
             s.attempts.clear()
             s.status = _TODO
             s.committed = None
@@ -522,7 +505,7 @@ class ShardQueue:
         s.started += 1
         s.attempts[number] = a
         s.status = _DOING
-        self._n_doing += 1
+        self._doing.add(shard)
         # ``_todo_discard(shard)`` with the bucket known (every hand-out's member pays it): out of TODO,
         # its bucket and its holder's backlog size
         self._todo.discard(shard)
@@ -577,7 +560,7 @@ class ShardQueue:
     @property
     def n_doing(self) -> int:
         """DOING shards."""
-        return self._n_doing
+        return len(self._doing)
 
     def longest_running(self, fewer_started_than: int | None = None, *,
                         started_only: bool = False) -> Iterator[Attempt]:
@@ -609,15 +592,11 @@ class ShardQueue:
         for _, shard in heapq.merge(*buckets, key=lambda e: e[0]):
             yield min(self._shards[shard].attempts.values(), key=lambda a: (a.started, a.attempt))
 
-    def _doing_ids(self) -> list[int]:
-        """The DOING shards, in id order (a scan of the records: a pass start or an index's first use)."""
-        return [i for i, s in enumerate(self._shards) if s.status is _DOING]
-
     def _running_from_records(self) -> dict[int, dict[int, float]]:
         """``_running`` as it would be kept, from the running shards' records: each bucket in the order
         of (start, entered) (a kept bucket's, once sorted stably by start)."""
         shards, running = self._shards, {}
-        for i in sorted(self._doing_ids(), key=lambda i: (shards[i].run_key[1], shards[i].entered)):
+        for i in sorted(self._doing, key=lambda i: (shards[i].run_key[1], shards[i].entered)):
             k, start = shards[i].run_key
             running.setdefault(k, {})[i] = start
         return running
@@ -714,14 +693,14 @@ class ShardQueue:
         key = s.run_key
         entry = None
         if key is not None:
-            shown, waiting = True, s.waiting
+            shown, waiting = True, self._waiting
             if waiting:
                 attempts = s.attempts
                 if len(attempts) == 1:
                     a = next(iter(attempts.values()))
-                    shown = (a.attempt, a.worker) not in waiting
+                    shown = (shard, a.attempt, a.worker) not in waiting
                 else:
-                    shown = any((a.attempt, a.worker) not in waiting for a in attempts.values())
+                    shown = any((shard, a.attempt, a.worker) not in waiting for a in attempts.values())
             if shown:
                 entry = (key[0], (key[1], s.entered, shard))
         old = s.shown
@@ -781,18 +760,15 @@ class ShardQueue:
         ``removed`` have, or are no members any more (``Dispatch.batched`` says so)."""
         if added and not self._started_on:  # the first attempt to wait: ``_started`` is kept from now on
             self._started_on = True
-            self._started_dirty.update(self._doing_ids())  # (the shards with a ``run_key``)
+            self._started_dirty.update(self._doing)  # (the shards with a ``run_key``)
             self._running, self._unsorted = {}, set()
-        dirty, shards = (self._started_dirty if self._started_on else set()), self._shards
+        waiting, dirty, shards = self._waiting, (self._started_dirty if self._started_on else set()), self._shards
         for shard, attempt in removed:
-            if _unwait(shards[shard], attempt, worker):
-                self._n_waiting -= 1
+            waiting.discard((shard, attempt, worker))
             dirty.add(shard)
         for shard, attempt in added:
+            waiting.add((shard, attempt, worker))
             s = shards[shard]
-            if (attempt, worker) not in s.waiting:
-                s.waiting += ((attempt, worker),)
-                self._n_waiting += 1
             a = s.attempts.get(attempt) if s.shown is None and len(s.attempts) == 1 else None
             if a is not None and a.worker == worker:
                 dirty.discard(shard)  # hidden before and now (a member started and marked in one hand-out)
@@ -801,25 +777,15 @@ class ShardQueue:
 
     def unwait(self, shard: int, attempt: int, worker: str) -> None:
         """``set_waiting(worker, (), [(shard, attempt)])``: a member started (every commit of one says so)."""
-        s = self._shards[shard]  # (``_unwait``, inline: every commit of a member pays it)
-        waiting = s.waiting
-        if waiting:
-            pair = (attempt, worker)
-            if pair in waiting:
-                s.waiting = () if waiting == (pair,) else tuple(p for p in waiting if p != pair)
-                self._n_waiting -= 1
+        self._waiting.discard((shard, attempt, worker))
         if self._started_on:
             self._started_dirty.add(shard)
 
     def clear_waiting(self) -> None:
         """No batch member is waiting (``Dispatch.batched`` is a new dict)."""
-        if self._n_waiting:  # (a scan of the records, only when some wait)
-            for s in self._shards:
-                if s.waiting:
-                    s.waiting = ()
-            self._n_waiting = 0
-        if self._started_on and self._n_doing:
-            self._started_dirty.update(self._doing_ids())  # (the shards with a ``run_key``)
+        self._waiting = set()
+        if self._started_on:
+            self._started_dirty.update(self._doing)  # (the shards with a ``run_key``)
 
     # --------------------------------------------------------------- results
     def commit(self, shard: int, attempt: int, worker: str) -> bool:
@@ -831,7 +797,7 @@ class ShardQueue:
         s.committed = a
         s.attempts.clear()
         s.status = _DONE
-        self._n_doing -= 1
+        self._doing.discard(shard)
         self._n_done += 1  # (a DOING shard is an active one)
         s.holder = worker  # the committed data and state live here now (not a TODO shard: no index)
         if self._started_on:  # (``_unrun``, then ``_flush_started``, inline: every commit pays them)
@@ -872,7 +838,7 @@ class ShardQueue:
             raise ShardFailedError(shard, self.clock, s.failures)
         if not s.attempts:
             s.status = _TODO
-            self._n_doing -= 1
+            self._doing.discard(shard)
             self._todo_add(shard)
 
     def release(self, shard: int, attempt: int, worker: str) -> bool:
@@ -886,7 +852,7 @@ class ShardQueue:
         s.started -= 1
         if not s.attempts:
             s.status = _TODO
-            self._n_doing -= 1
+            self._doing.discard(shard)
             self._todo_add(shard)
         self._reindex(shard)
         return True
@@ -903,7 +869,7 @@ class ShardQueue:
                 requeued.append(a)
             if lost and not s.attempts and s.status is _DOING:  # DOING: an active shard
                 s.status = _TODO
-                self._n_doing -= 1
+                self._doing.discard(i)
                 self._todo_add(i)
             if lost:
                 self._reindex(i)
@@ -920,7 +886,7 @@ class ShardQueue:
                 doomed.append(a)
             if gone and not s.attempts and s.status is _DOING:
                 s.status = _TODO
-                self._n_doing -= 1
+                self._doing.discard(i)
                 self.set_holder(i, None)
                 self._todo_add(i)
             if gone:
@@ -963,7 +929,7 @@ class ShardQueue:
 
     def running(self) -> list[Attempt]:
         """Every live attempt, in shard order (only DOING shards have any)."""
-        return [a for s in self._shards if s.status is _DOING for a in s.attempts.values()]
+        return [a for i in sorted(self._doing) for a in self._shards[i].attempts.values()]
 
     # ------------------------------------------------------------ snapshots
     def snapshot(self) -> dict[str, Any]:
@@ -1009,7 +975,7 @@ class ShardQueue:
                 if i in q.active:
                     todo.append(i)
         q._todo_reset(todo)
-        q._n_doing = 0
+        q._doing = set()
         q._n_done = sum(1 for i in q.active if q._shards[i].status is _DONE)
         return q
 
@@ -1017,8 +983,7 @@ class ShardQueue:
         """Assert the invariants in the module docstring."""
         active = self.active
         assert self._n_done == sum(1 for i in active if self._shards[i].status is _DONE)
-        assert self._n_doing == len(self._doing_ids())
-        assert self._n_waiting == sum(len(s.waiting) for s in self._shards)
+        assert self._doing == {i for i, s in enumerate(self._shards) if s.status is _DOING}
         keys = {i: (s.started, min(a.started for a in s.attempts.values()))
                 for i, s in enumerate(self._shards) if s.status is _DOING and s.attempts}
         assert {i: s.run_key for i, s in enumerate(self._shards) if s.run_key is not None} == keys
@@ -1028,10 +993,10 @@ class ShardQueue:
         for k, bucket in self._running.items():
             assert k in self._unsorted or list(bucket.values()) == sorted(bucket.values()), k
         shown = {i: (k, (t, self._shards[i].entered, i)) for i, (k, t) in keys.items()
-                 if any((a.attempt, a.worker) not in self._shards[i].waiting for a in self._shards[i].attempts.values())}
+                 if any((i, a.attempt, a.worker) not in self._waiting for a in self._shards[i].attempts.values())}
         self._flush_started()  # (the index as a read sees it)
         started_key = {i: s.shown for i, s in enumerate(self._shards) if s.shown is not None}
-        assert started_key == (shown if self._started_on else {}) and (self._started_on or not self._n_waiting)
+        assert started_key == (shown if self._started_on else {}) and (self._started_on or not self._waiting)
         live = {k: sorted(e for u, e in started_key.values() if u == k) for k, _ in started_key.values()}
         assert {k: list(self._live_started(k)) for k in self._started} == live
         for k, started in self._started.items():  # sorted, each entry once; the stale ones counted, none live before the head

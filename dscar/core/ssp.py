@@ -207,11 +207,8 @@ class ClockWindow:
     _n_at: dict[int, int] = field(default_factory=dict)
     #: clock -> how many COMMITTED shards it has
     _n_committed_at: dict[int, int] = field(default_factory=dict)
-    #: COMMITTED shards (their updates wait for a batch), each appended as it commits, and how many there
-    #: are: the phase on a shard's record says whether it still is (``_committed_ids``), so a commit only
-    #: appends to a list, where adding to a set of 16,384 shard ids was one more cold read
-    _committed: list[int] = field(default_factory=list)
-    _n_committed: int = 0
+    #: COMMITTED shards (their updates wait for a batch)
+    _committed: set[int] = field(default_factory=set)
     #: RUNNING shards
     _n_running: int = 0
     #: shards that went (back) to TODO, or to another clock while TODO, since ``moved_back`` was last asked
@@ -444,8 +441,7 @@ class ClockWindow:
         # ``_move(shard, clock, COMMITTED, worker)`` from RUNNING in the same clock (its count stays)
         self._n_running -= 1
         s.phase, s.worker = _COMMITTED, worker
-        self._committed.append(shard)
-        self._n_committed += 1
+        self._committed.add(shard)
         self._n_committed_at[clock] = self._n_committed_at.get(clock, 0) + 1
         return self._next()
 
@@ -529,7 +525,7 @@ class ClockWindow:
                 self.recovering = True
                 out.append(StartRecovery(self.epoch))
             return out
-        for i in self._committed_ids():  # its waiting commits (their updates were there); its running
+        for i in sorted(self._committed):  # its waiting commits (their updates were there); its running
             if self._shards[i].worker == worker:  # attempts are the caller's (``give_back``)
                 self._move(i, self._shards[i].clock, _TODO)
         if self.rebuilding is not None:
@@ -575,7 +571,7 @@ class ClockWindow:
         elif old_phase is _RUNNING:
             self._n_running -= 1
         elif old_phase is _COMMITTED:
-            self._n_committed -= 1
+            self._committed.discard(shard)
             self._n_committed_at[old_clock] -= 1
             if not self._n_committed_at[old_clock]:
                 del self._n_committed_at[old_clock]
@@ -591,8 +587,7 @@ class ClockWindow:
         elif phase is _RUNNING:
             self._n_running += 1
         elif phase is _COMMITTED:
-            self._committed.append(shard)
-            self._n_committed += 1
+            self._committed.add(shard)
             self._n_committed_at[clock] = self._n_committed_at.get(clock, 0) + 1
 
     def _finish(self, clock: int, status: ClockStatus) -> None:
@@ -645,7 +640,7 @@ class ClockWindow:
             self.clock_end = t
             self.finished[t] = ClockStatus.CLOCK_END
             return out + [RunClockEnd(t, self.epoch)]
-        n_waiting = self._n_committed
+        n_waiting = len(self._committed)
         if not n_waiting:  # (nothing waits to be applied: no batch)
             return out
         if max(self._n_committed_at) > self.limit:  # (a stopped fit's later clocks: not applied)
@@ -658,7 +653,7 @@ class ClockWindow:
                           or self._urgent and n_waiting >= max(1, self.min_batch // self.flush_share)
                           or n_at.get(t, 0) == self._n_committed_at.get(t, 0)):
             shards = self._shards
-            waiting = [(i, shards[i].clock, shards[i].worker) for i in self._committed_ids()
+            waiting = [(i, shards[i].clock, shards[i].worker) for i in sorted(self._committed)
                        if shards[i].clock <= self.limit]
             self._batches += 1
             self._urgent = False
@@ -678,17 +673,10 @@ class ClockWindow:
         self.paused = False
         return self._next()
 
-    def _committed_ids(self) -> list[int]:
-        """The COMMITTED shards in id order; ``_committed`` keeps only them from now on (a shard that
-        moved on since it was appended, or was appended twice, is dropped)."""
-        shards = self._shards
-        self._committed = ids = sorted({i for i in self._committed if shards[i].phase is _COMMITTED})
-        return ids
-
     def unapplied_writers(self) -> set[str]:
         """The workers whose committed updates are not applied yet (waiting for a batch, or in the
         batch in flight): their staged updates are still needed."""
-        out = {self._shards[i].worker for i in self._committed_ids()} | {w for _, w in self._rebuild_done}
+        out = {self._shards[i].worker for i in self._committed} | {w for _, w in self._rebuild_done}
         if self.in_flight is not None:
             out |= {w for _, _, w in self.in_flight.updates}
         return {w for w in out if w is not None}
@@ -719,7 +707,7 @@ class ClockWindow:
         assert self._todo == todo, (self._todo, todo)
         assert self._n_at == dict(Counter(s.clock for s in self._shards))
         committed = {i for i, s in enumerate(self._shards) if s.phase is _COMMITTED}
-        assert self._committed_ids() == sorted(committed) and self._n_committed == len(committed)
+        assert self._committed == committed
         assert self._n_committed_at == dict(Counter(self._shards[i].clock for i in committed))
         assert self._n_running == sum(1 for s in self._shards if s.phase is _RUNNING)
         if self.rebuilding is not None:  # (so in a rebuild pass every TODO shard is startable)

@@ -22,27 +22,6 @@ def add_timings(sums: dict[str, float], timings: dict | None) -> None:
         sums[k] = sums.get(k, 0.0) + float(v)
 
 
-class _WorkerCount:
-    """One worker's commits in one open clock (SSP): how many, and their summed timings."""
-
-    __slots__ = ("shards", "timings")
-
-    def __init__(self) -> None:
-        self.shards = 0
-        self.timings: dict[str, float] = {}
-
-
-class OpenClock:
-    """An open clock's counts (SSP): when its first shard was handed out, and per worker its commits
-    (one record a worker, not an entry in each of two dicts: a commit reads one)."""
-
-    __slots__ = ("t0", "by_worker")
-
-    def __init__(self, t0: float) -> None:
-        self.t0 = t0
-        self.by_worker: dict[str, _WorkerCount] = {}
-
-
 class ClockTally:
     """Per-clock counts and reports for one fit."""
 
@@ -60,8 +39,8 @@ class ClockTally:
         #: when the stage being run began (0: none yet) and when this clock began
         self.stage_t0 = 0.0
         self.clock_t0 = 0.0
-        #: SSP: clock -> its counts so far (``OpenClock``)
-        self.per_clock: dict[int, OpenClock] = {}
+        #: SSP: clock -> {"t0": first hand-out, "shards_done": {worker: n}, "timings": {worker: {k: s}}}
+        self.per_clock: dict[int, dict[str, Any]] = {}
         #: SSP: clock -> its report for the driver, once finished (kept until a newer one is read)
         self.reports: dict[int, dict[str, Any]] = {}
 
@@ -98,33 +77,29 @@ class ClockTally:
     def open(self, clock: int, now: float) -> None:
         """A shard of ``clock`` is handed out (SSP): the clock's count starts at its first."""
         if clock not in self.per_clock:
-            self.per_clock[clock] = OpenClock(now)
+            self.per_clock[clock] = {"t0": now, "shards_done": {}, "timings": {}}
 
     def started(self, clock: int, now: float) -> float:
         """When ``clock``'s first shard was handed out (SSP; ``now`` if none was)."""
-        t = self.per_clock.get(clock)
-        return now if t is None else t.t0
+        return self.per_clock.get(clock, {}).get("t0", now)
 
     def committed_in(self, clock: int, worker: str, timings: dict | None) -> None:
         """An attempt of ``worker`` in ``clock`` committed (SSP)."""
         t = self.per_clock.get(clock)
-        if t is not None:  # (every commit counts: no default built per call)
-            count = t.by_worker.get(worker)
-            if count is None:
-                count = t.by_worker[worker] = _WorkerCount()
-            count.shards += 1
+        if t is not None:  # (every commit counts: no default dict built per call)
+            done, by_worker = t["shards_done"], t["timings"]
+            done[worker] = done.get(worker, 0) + 1
+            sums = by_worker.get(worker)
+            if sums is None:
+                sums = by_worker[worker] = {}
             if timings:  # (``add_timings``, inline)
-                sums = count.timings
                 for k, v in timings.items():
                     sums[k] = sums.get(k, 0.0) + float(v)
 
     def close(self, clock: int) -> tuple[dict[str, int], dict[str, dict[str, float]]]:
         """``clock``'s counts, for its report (SSP): shards per worker and summed timings."""
-        t = self.per_clock.pop(clock, None)
-        if t is None:
-            return {}, {}
-        return ({w: c.shards for w, c in t.by_worker.items()},
-                {w: c.timings for w, c in t.by_worker.items()})
+        t = self.per_clock.pop(clock, {})
+        return dict(t.get("shards_done", {})), dict(t.get("timings", {}))
 
     def report_for(self, clock: int) -> dict | None:
         """``clock``'s report once finished (SSP); older reports are dropped (the driver reads in order)."""
