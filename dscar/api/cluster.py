@@ -253,7 +253,10 @@ class Cluster:
 
     @property
     def workers(self) -> list[str]:
-        return sorted(self.client.scheduler_info(n_workers=-1)["workers"])
+        # the scheduler asked directly: ``Client.scheduler_info`` returns the client's shared cache, which its
+        # periodic refresh (totals only, no workers) can overwrite between the fetch and the read: a fit under
+        # load once saw "0 worker(s)" on a two-worker cluster
+        return sorted(self.client.sync(self.client.scheduler.identity, n_workers=-1)["workers"])
 
     def wait_for_workers(self, n: int = 1, timeout: float = 30.0) -> list[str]:
         deadline = time.monotonic() + timeout
