@@ -74,6 +74,7 @@ from bench.common import load_average, log, machine_info, pyplot, write_json
 from bench.overhead import install_counters, loop_cpu_s
 from bench.stragglers import SleepStep
 from dscar import faults
+from dscar.api.cluster import worker_info
 
 STEP_S = 0.1
 ROWS_PER_SHARD = 4
@@ -291,7 +292,7 @@ class HollowCluster:
         return self.cluster
 
     def worker_names(self) -> dict[str, str]:
-        return {a: str(w.get("name")) for a, w in self.client.scheduler_info(n_workers=-1)["workers"].items()}
+        return {a: str(w.get("name")) for a, w in worker_info(self.client).items()}
 
     def _add_solos(self, k: int, timeout: float = 120.0) -> list[str]:
         """``k`` processes of one worker each; their workers' addresses once they have all joined."""

@@ -115,7 +115,7 @@ def test_a_combiner_killed_mid_apply_costs_its_clock_not_the_fit(tmp_path):
     clock is skipped and every partition rolls back to the newest checkpoint, and every row is
     still counted once per completed clock."""
     with dask.config.set(TREE), dscar.Cluster(n_workers=4) as cl:
-        workers = sorted(cl.client.scheduler_info()["workers"])
+        workers = cl.workers
         res = dscar.fit(ScatteredRowCounter(n_parts=4), scattered_rows(64), cl, n_shards=8, max_clocks=6,
                         checkpoint=dscar.CheckpointConfig(str(tmp_path), policy="full", every=1, recovery="full"),
                         faults=[faults.kill(workers[1], 3, point="apply")])
@@ -203,7 +203,7 @@ def test_a_source_that_answers_a_probe_is_not_lost_and_its_pass_is_applied_once(
     """A fetch of staged updates that fails (on a loaded machine: a connect timing out to a live worker)
     is not taken for a loss while that worker answers a probe: the pass is sent again, and every row
     still counts each clock once (a worker that had applied it does not apply it again)."""
-    first = sorted(five.client.scheduler_info()["workers"])[0]
+    first = five.workers[0]
     five.client.run(_flaky_fetch, times=2, workers=[first])
     with dask.config.set(FETCHED):
         res = dscar.fit(ScatteredRowCounter(n_parts=5), scattered_rows(103), five, n_shards=10, max_clocks=4)

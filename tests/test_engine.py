@@ -291,7 +291,7 @@ def test_an_embedded_worker_restarted_by_its_nanny_forks_too_and_the_method_is_g
         except Exception:
             pass  # (the worker died before it answered)
         deadline = time.monotonic() + 60
-        while victim in (now := cl.client.scheduler_info()["workers"]) or len(now) < 2:  # (its restart is in)
+        while victim in (now := cl.workers) or len(now) < 2:  # (its restart is in)
             assert time.monotonic() < deadline, now
             time.sleep(0.05)
         got = cl.client.run(_how_the_worker_started)

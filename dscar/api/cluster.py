@@ -161,6 +161,14 @@ def check_address(address: str, security: Security | None, timeout: float) -> No
             raise ClusterError(f"cannot reach the Dask scheduler at {address!r}: {cause}{hint}") from None
 
 
+def worker_info(client: Client) -> dict[str, dict]:
+    """Each live worker's address -> what the scheduler knows of it, asked of the scheduler itself (a synchronous
+    client). Not ``Client.scheduler_info``: that returns the client's shared cache, which its periodic refresh
+    (totals only, no workers) can overwrite between the fetch and the read; a fit under load once saw
+    "0 worker(s)" on a two-worker cluster."""
+    return client.sync(client.scheduler.identity, n_workers=-1)["workers"]
+
+
 class Cluster:
     """A Dask client with dscar's plugins registered; closes what it started.
 
@@ -253,10 +261,7 @@ class Cluster:
 
     @property
     def workers(self) -> list[str]:
-        # the scheduler asked directly: ``Client.scheduler_info`` returns the client's shared cache, which its
-        # periodic refresh (totals only, no workers) can overwrite between the fetch and the read: a fit under
-        # load once saw "0 worker(s)" on a two-worker cluster
-        return sorted(self.client.sync(self.client.scheduler.identity, n_workers=-1)["workers"])
+        return sorted(worker_info(self.client))
 
     def wait_for_workers(self, n: int = 1, timeout: float = 30.0) -> list[str]:
         deadline = time.monotonic() + timeout
@@ -281,7 +286,7 @@ class Cluster:
     @property
     def memory_limit(self) -> float | None:
         """The smallest worker memory limit in bytes (None: no limit set on any worker)."""
-        info = self.client.scheduler_info(n_workers=-1)["workers"].values()
+        info = worker_info(self.client).values()
         limits = [w.get("memory_limit") or 0 for w in info]
         return min(limits) if limits and all(limits) else None
 

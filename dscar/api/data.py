@@ -470,7 +470,9 @@ class DaskData:
 
 
 def _worker_count(client: Any) -> int:
-    return len(client.scheduler_info(n_workers=-1)["workers"])
+    from .cluster import worker_info
+
+    return len(worker_info(client))
 
 
 def _wait_computed(client: Any, collections: list) -> None:
