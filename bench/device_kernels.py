@@ -232,9 +232,15 @@ def bench_mlr(s: dict, xp, sync) -> dict[str, Any]:
     check = min(20, s["steps"])  # the device against the CPU kernel over the first steps
     W_cpu = np.zeros((p + 1, C))
     local_sgd(X_host, y_host, batches_host[:check], W_cpu, lr, l2)
-    W = xp.zeros((p + 1, C))
-    gpu_kernels.mlr_local_sgd(X, y, batches[:check], W, lr, l2, xp)  # the first launch compiles
-    out["weights_rel_diff"] = float(np.abs(to_host(W) - W_cpu).max() / max(np.abs(W_cpu).max(), 1e-300))
+
+    def checked(one_sync: bool):
+        """The device's weights after the first steps (the first launch of a variant compiles it), and their
+        largest difference from the CPU kernel's, relative to its largest weight."""
+        Wd = xp.zeros((p + 1, C))
+        gpu_kernels.mlr_local_sgd(X, y, batches[:check], Wd, lr, l2, xp, one_sync=one_sync)
+        return Wd, float(np.abs(to_host(Wd) - W_cpu).max() / max(np.abs(W_cpu).max(), 1e-300))
+
+    W, out["weights_rel_diff"] = checked(gpu_kernels.MLR_ONE_SYNC)
     by_threads = {}
     for threads in (gpu_kernels.MLR_THREADS // 2, gpu_kernels.MLR_THREADS):  # the block size: measured, not guessed
         # (an H200, batches of 1,024: 3.8e7 samples/s at 128 threads, 4.7e7 at 256; 512 cannot be co-scheduled)
@@ -243,15 +249,13 @@ def bench_mlr(s: dict, xp, sync) -> dict[str, Any]:
         by_threads[threads] = s["steps"] * b / secs
     out["samples_per_s_by_threads"] = by_threads
     out["samples_per_s"] = by_threads[gpu_kernels.MLR_THREADS]
-    by_variant = {}
-    for one_sync in (False, True):  # the kernel's two variants at the default block size
-        W1 = xp.zeros((p + 1, C))
-        gpu_kernels.mlr_local_sgd(X, y, batches[:check], W1, lr, l2, xp, one_sync=one_sync)
-        diff = float(np.abs(to_host(W1) - W_cpu).max() / max(np.abs(W_cpu).max(), 1e-300))
-        _, secs = _clock(sync, lambda: gpu_kernels.mlr_local_sgd(X, y, batches, W1, lr, l2, xp, one_sync=one_sync))
-        by_variant["one_sync" if one_sync else "two_syncs"] = {"samples_per_s": s["steps"] * b / secs,
-                                                               "weights_rel_diff": diff}
-    out["by_variant"] = by_variant
+    # the kernel's other variant at the default block size (the default variant's figures are those above)
+    one_sync = not gpu_kernels.MLR_ONE_SYNC
+    W1, diff = checked(one_sync)
+    _, secs = _clock(sync, lambda: gpu_kernels.mlr_local_sgd(X, y, batches, W1, lr, l2, xp, one_sync=one_sync))
+    name = {True: "one_sync", False: "two_syncs"}
+    out["by_variant"] = {name[not one_sync]: {k: out[k] for k in ("samples_per_s", "weights_rel_diff")},
+                         name[one_sync]: {"samples_per_s": s["steps"] * b / secs, "weights_rel_diff": diff}}
 
     Wn, bias = xp.zeros((p, C)), xp.zeros(C)
     ns_steps = batches[: max(1, s["steps"] // 4)]
