@@ -164,9 +164,8 @@ class _Shard:
     shown: tuple[int, tuple[float, int, int]] | None = None  # its bucket and entry in ``ShardQueue._started``
     #: under SSP, the clock window's fields of the shard (``dscar.core.ssp.ClockWindow``, which keeps them on
     #: the queue's record when the job gives it those, on records of this type of its own when alone): one
-    #: record a shard, not two. At 4,096
-    #: workers a hand-out's member and a commit each read both, and the second was one more cold read,
-    #: and 16,384 more objects for every full garbage collection to visit
+    #: record a shard, not two. At 4,096 workers a hand-out's member and a commit each read both, and the
+    #: second was one more cold read, and 16,384 more objects for every full garbage collection to visit
     clock: int = 0  # the clock of its next (or running, or waiting) update
     phase: Any = None  # its ``ssp.ShardPhase`` in that clock
     worker: str | None = None  # the worker whose committed attempt holds its update
