@@ -22,6 +22,7 @@ once it is drained and the tables hold still (``ssp_leave_step``).
 from __future__ import annotations
 
 from bisect import bisect_left, insort
+from heapq import heapify, heapreplace
 from collections.abc import Container, Iterable, Mapping
 
 
@@ -61,11 +62,13 @@ def handoff_plan(owners: Mapping[tuple[str, int], str], rows: Mapping[tuple[str,
     for key, w in owners.items():
         if w in load:
             load[w] += rows[key]
+    lightest = [(n, w) for w, n in load.items()]  # (a heap: a mass retirement's partitions x the stayers)
+    heapify(lightest)
     plan: dict[tuple[str, int], str] = {}
     for key in sorted((k for k, w in owners.items() if w in gone), key=lambda k: (-rows[k], k)):
-        target = min(stay, key=lambda w: (load[w], w))
+        n, target = lightest[0]
         plan[key] = target
-        load[target] += rows[key]
+        heapreplace(lightest, (n + rows[key], target))
     return plan
 
 
@@ -81,11 +84,13 @@ def shard_handoff_plan(holders: Mapping[int, str | None], leaving: Iterable[str]
     for w in holders.values():
         if w in held:
             held[w] += 1
+    fewest = [(n, w) for w, n in held.items()]
+    heapify(fewest)
     plan: dict[int, str] = {}
     for shard in sorted(s for s, w in holders.items() if w in gone):
-        target = min(stay, key=lambda w: (held[w], w))
+        n, target = fewest[0]
         plan[shard] = target
-        held[target] += 1
+        heapreplace(fewest, (n + 1, target))
     return plan
 
 
