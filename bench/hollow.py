@@ -558,8 +558,11 @@ def measure(w: int, procs: int, spw: int, step_s: float, clocks: int, warmup: in
         row["stage_s"] = [dict(r.stage_s) for r in res.history]
         row["fit_cpu_ms"] = {"long": long["cpu_s"] * 1e3, "short": short["cpu_s"] * 1e3}
         row["fit_messages"] = {"long": long["messages"], "short": short["messages"]}
+        # backups in a healthy fit: each is a second run of a shard that was not late, only slow to report
+        row["backups"] = sum(e.get("kind") == "backup-attempt" for e in res.events)
         log(t0, f"W={w}: dscar fit: setup {res.setup_seconds:.1f} s, clocks {[round(x, 3) for x in row['clock_s']]}, "
-                f"worker loops' lag p99 {[round(v.get('p99', 0)) for v in row['loop_lag_ms'].values()]} ms")
+                f"worker loops' lag p99 {[round(v.get('p99', 0)) for v in row['loop_lag_ms'].values()]} ms, "
+                f"{row['backups']} backup(s)")
         healthy = [res, short["result"]]
         if idle_s > 0:  # a job between clocks: the driver holds still after the last (either mode)
             held = dscar_fit(hc, spw, step_s, max(3, warmup + 1), idle_s, policies)
