@@ -4,7 +4,8 @@ What it measures (each on the device kernels of ``dscar.algorithms.gpu_kernels``
 
 * ``lda``   tokens/s of the device sweep at K = 1,024 on a synthetic corpus, and its log-likelihood
             after the same sweeps against the CPU kernel's (``compiled_sweep``) from the same start
-            (target: >= 1e9 tokens/s, within 0.5 %);
+            (target: >= 1e9 tokens/s, within 0.5 %): the default sweep's, and every sweep's
+            (``gpu_kernels.LDA_KERNELS``: table, snapshot, sparse) under ``by_kernel``;
 * ``als``   ms per ALS iteration (users then items, rank 20 + bias) on >= 5M ratings (target <= 10 ms);
 * ``lasso`` 100k x 1000 (AR(1) rho 0.6, alpha = 0.005 alpha_max): seconds for the Gram on the device
             plus the device CD to the CPU kernel's optimum (relative objective gap <= 1e-6; target < 50 ms);
@@ -106,14 +107,16 @@ def bench_lda(s: dict, xp, sync) -> dict[str, Any]:
 
     dwl, dlen = xp.asarray(wl), xp.asarray(doc_len)
     by_kernel = {}
-    for kernel in ("table", "snapshot"):  # the two sweeps side by side (gpu_kernels.LDA_KERNEL is the model's)
+    for kernel in gpu_kernels.LDA_KERNELS:  # the sweeps side by side (gpu_kernels.LDA_KERNEL is the model's)
+        table = xp.empty(A0.shape, dtype=np.float32) if kernel == "sparse" else None  # its word term's buffer
         D = gpu_kernels.lda_sweep(dwl, dlen, xp.array(z0), xp.array(A0), xp.array(T0), alpha, beta, Vs, 1, xp,
-                                  kernel=kernel)  # compile
+                                  kernel=kernel, word_table=table)  # compile
         dz, dA, dT = xp.array(z0), xp.array(A0), xp.array(T0)  # copies: the start the CPU chain had
         secs = 0.0
         for k in range(s["sweeps"]):
             _, dt = _clock(sync, lambda key: gpu_kernels.lda_sweep(dwl, dlen, dz, dA, dT, alpha, beta, Vs, key, xp,
-                                                                   doc_counts=D, kernel=kernel), 100 + k)
+                                                                   doc_counts=D, kernel=kernel, word_table=table),
+                           100 + k)
             secs += dt
         gl = ll(to_host(dA), to_host(dz))
         by_kernel[kernel] = {"tokens_per_s": n * s["sweeps"] / secs, "loglik": gl,
@@ -287,6 +290,9 @@ def verdicts(results: dict[str, dict]) -> dict[str, str]:
         if m == "lda":
             ok = ok and r["loglik_rel_diff"] <= 0.005
         out[m] = f"{'met' if ok else 'missed'}: {key} {r[key]:.4g} (target {op} {goal:g})"
+        if m == "lda" and r.get("by_kernel"):  # every device sweep's figures beside the default's
+            out[m] += "; by kernel: " + ", ".join(f"{k} {v['tokens_per_s']:.3g}/s at {100 * v['loglik_rel_diff']:.2f} %"
+                                                  for k, v in r["by_kernel"].items())
     return out
 
 

@@ -689,8 +689,11 @@ def check_bench_device_branches() -> None:
     gpu_kernels.LDA_THREADS, gpu_kernels.ALS_THREADS, gpu_kernels.CD_THREADS, gpu_kernels.MLR_THREADS = 2, 4, 4, 4
     xp, tiny = _numpy_named_cupy(), device_kernels.SIZES["tiny"]
     res = {m: device_kernels.BENCHES[m](tiny[m], xp, None) for m in device_kernels.MODELS}
-    for lda in (res["lda"], *res["lda"]["by_kernel"].values()):
-        assert lda["tokens_per_s"] > 0 and lda["loglik_rel_diff"] < 0.05, res["lda"]
+    for kernel, lda in (("default", res["lda"]), *res["lda"]["by_kernel"].items()):
+        # the sparse sweep draws other moves from the same uniforms (a chain of its own: 8 % off after one sweep of
+        # 24 tokens); the dense sweeps are the CPU kernel's sequential sweep here
+        assert lda["tokens_per_s"] > 0 and lda["loglik_rel_diff"] < (0.2 if kernel == "sparse" else 0.05), res["lda"]
+    assert set(res["lda"]["by_kernel"]) == set(gpu_kernels.LDA_KERNELS)
     assert res["als"]["ms_per_iter"] > 0
     assert res["lasso"]["rel_gap"] <= 1e-6 and res["lasso"]["seconds_to_optimum"] > 0, res["lasso"]
     assert res["mlr"]["samples_per_s"] > 0 and res["mlr"]["namespace_samples_per_s"] > 0
