@@ -65,6 +65,15 @@ LDA_SNAPSHOT_MAX_TOPICS = 2_900
 #: the sparse sweep's block holds the document's counts, topic list, list positions and prefix sums (12 bytes a
 #: topic: 48 KB at 4,096)
 LDA_SPARSE_MAX_TOPICS = 3_900
+#: the sparse sweep's Metropolis-Hastings steps a token, and its parts a sweep (launches over a share of the
+#: documents, the word term's table built anew before each): its staleness against the sequential chain's
+#: convergence. Emulated sequentially on the CPU (the quick corpus: 400k tokens, K = 1,024, 5 sweeps from a random
+#: start), the log-likelihood's gap to the CPU kernel's (steps x parts): 1 x 1 2.5 %, 2 x 1 1.0 %, 4 x 1 0.57 %,
+#: 1 x 8 0.58 %, 2 x 4 0.38 %, 4 x 4 0.11 %, 2 x 8 0.02 %. On the device a part's documents run at once (other
+#: blocks' moves reach a block as in the dense sweep) and each part costs a table build (rows x K floats) and a
+#: launch's tail: ``bench.device_kernels`` times these and 4 x 4
+LDA_SPARSE_STEPS = 2
+LDA_SPARSE_PARTS = 8
 #: the device sweeps: "table", "snapshot" (``_lda_kernel``) and "sparse" (``_lda_sparse_kernel``)
 LDA_KERNELS = ("table", "snapshot", "sparse")
 #: the sweep ``lda_sweep`` runs by default: "table" (measured on an H200: 1.33e8 tokens/s at K = 1,024);
@@ -262,7 +271,7 @@ def _word_table_kernel(threads: int, K: int):
 
 
 @functools.cache
-def _lda_sparse_kernel(threads: int, K: int):
+def _lda_sparse_kernel(threads: int, K: int, steps: int = 1):
     """The sparse sweep (``kernel="sparse"``): a token costs the topics its document holds, not K. The conditional
     splits as
 
@@ -293,8 +302,9 @@ def _lda_sparse_kernel(threads: int, K: int):
     chunks = -(-K // per)
 
     @cuda.jit
-    def sweep(wl, doc_ptr, z, A, T, D, alpha, beta, vbeta, key, W, ainv):  # pragma: no cover - device code
+    def sweep(wl, doc_ptr, first, last, z, A, T, D, alpha, beta, vbeta, key, W, ainv):  # pragma: no cover
         tid = cuda.threadIdx.x
+        n = z.shape[0]
         sums = cuda.shared.array(threads, float32)
         nds = cuda.shared.array(1, int32)  # the document's topics: how many
         Ds = cuda.shared.array(K, int32)  # its counts
@@ -305,7 +315,7 @@ def _lda_sparse_kernel(threads: int, K: int):
         k1 = min(k0 + per, K)
         kend = min(tid * per + per, K) - 1
         big = float32(3.0e38)
-        for dd in range(cuda.blockIdx.x, doc_ptr.shape[0] - 1, cuda.gridDim.x):
+        for dd in range(first + cuda.blockIdx.x, last, cuda.gridDim.x):
             s, e = doc_ptr[dd], doc_ptr[dd + 1]
             for k in range(tid, K, threads):
                 Ds[k] = 0
@@ -360,57 +370,61 @@ def _lda_sparse_kernel(threads: int, K: int):
                     doc = doc + sums[threads - 1]
                     cuda.syncthreads()  # every thread has read sums before the next round writes it
                 own = ainv[a]  # the token's own share of the table's word term, from topic a on
-                thr = uniform(key, i) * (doc + (W[j, K - 1] - own))
-                kn = K - 1  # where rounding puts the threshold past the total (as the CPU kernel)
-                if thr < doc:
-                    at = nd - 1
-                    for r in range(0, nd, threads):
-                        q = r + tid
-                        v = pp[q] if q < nd else big
-                        below = cuda.syncthreads_count(1 if v <= thr else 0)
-                        if below < threads:
-                            at = r + below
-                            break
-                    kn = dk[at]
-                else:
-                    thr -= doc
-                    v = big
-                    if tid < chunks:
-                        v = W[j, kend] - (own if kend >= a else float32(0))
-                    c = cuda.syncthreads_count(1 if v <= thr else 0)
-                    if c < chunks:
-                        base = c * per
-                        top = min(base + per, K)
-                        kn = top - 1
-                        for r in range(base, top, threads):
-                            k = r + tid
-                            v = big
-                            if k < top:
-                                v = W[j, k] - (own if k >= a else float32(0))
+                total = doc + (W[j, K - 1] - own)
+                cur = a  # the chain's topic (thread 0's: the Metropolis-Hastings steps)
+                for step in range(steps):
+                    thr = uniform(key, i + 2 * step * n) * total
+                    kn = K - 1  # where rounding puts the threshold past the total (as the CPU kernel)
+                    if thr < doc:
+                        at = nd - 1
+                        for r in range(0, nd, threads):
+                            q = r + tid
+                            v = pp[q] if q < nd else big
                             below = cuda.syncthreads_count(1 if v <= thr else 0)
                             if below < threads:
-                                kn = r + below
+                                at = r + below
                                 break
-                if tid == 0:  # Metropolis-Hastings (the proposal's word term is stale, the target the exact
-                    # conditional), then the token joins its topic: the proposal's, or its old one
-                    if kn != a:
-                        f = (float32(A[j, a]) + beta) / (float32(T[a]) + vbeta)
-                        da = float32(Ds[a]) * f
-                        pa = (float32(Ds[a]) + alpha[a]) * f
-                        ga = W[j, a] - (W[j, a - 1] if a > 0 else float32(0)) - own
+                        kn = dk[at]
+                    else:
+                        thr -= doc
+                        v = big
+                        if tid < chunks:
+                            v = W[j, kend] - (own if kend >= a else float32(0))
+                        c = cuda.syncthreads_count(1 if v <= thr else 0)
+                        if c < chunks:
+                            base = c * per
+                            top = min(base + per, K)
+                            kn = top - 1
+                            for r in range(base, top, threads):
+                                k = r + tid
+                                v = big
+                                if k < top:
+                                    v = W[j, k] - (own if k >= a else float32(0))
+                                below = cuda.syncthreads_count(1 if v <= thr else 0)
+                                if below < threads:
+                                    kn = r + below
+                                    break
+                    if tid == 0 and kn != cur:  # Metropolis-Hastings: the proposal's density (the document
+                        # term and the table's gap) and the exact conditional, at the chain's topic and the new one
+                        f = (float32(A[j, cur]) + beta) / (float32(T[cur]) + vbeta)
+                        dc = float32(Ds[cur]) * f
+                        pc = (float32(Ds[cur]) + alpha[cur]) * f
+                        gc = W[j, cur] - (W[j, cur - 1] if cur > 0 else float32(0)) - (own if cur == a else float32(0))
                         f = (float32(A[j, kn]) + beta) / (float32(T[kn]) + vbeta)
                         dn = float32(Ds[kn]) * f
                         pn = (float32(Ds[kn]) + alpha[kn]) * f
-                        gn = W[j, kn] - (W[j, kn - 1] if kn > 0 else float32(0))
-                        if uniform(key, i + z.shape[0]) * pa * (dn + gn) >= pn * (da + ga):
-                            kn = a
+                        gn = W[j, kn] - (W[j, kn - 1] if kn > 0 else float32(0)) - (own if kn == a else float32(0))
+                        if uniform(key, i + (2 * step + 1) * n) * pc * (dn + gn) < pn * (dc + gc):
+                            cur = kn
+                if tid == 0:  # the token joins the chain's topic
+                    kn = cur
                     cuda.atomic.add(A, (j, kn), 1)
                     cuda.atomic.add(T, kn, 1)
                     if Ds[kn] == 0:
-                        n = nds[0]
-                        dk[n] = kn
-                        dpos[kn] = n
-                        nds[0] = n + 1
+                        m = nds[0]
+                        dk[m] = kn
+                        dpos[kn] = m
+                        nds[0] = m + 1
                     Ds[kn] += 1
                     z[i] = kn
                 cuda.syncthreads()
@@ -423,7 +437,7 @@ def _lda_sparse_kernel(threads: int, K: int):
 
 def lda_sweep(wl, doc_len, z, A, T, alpha, beta: float, vocab_size: int, key: int, xp: ModuleType = np,
               threads: int | None = None, doc_counts=None, blocks: int | None = None, kernel: str | None = None,
-              word_table=None):
+              word_table=None, steps: int | None = None, parts: int | None = None):
     """One collapsed Gibbs sweep on the device; ``z`` (int32), ``A`` (int32 rows x K: the word-topic
     counts of the rows ``wl`` indexes) and ``T`` (int32, K) updated in place. Returns the shard's
     doc-topic counts after the sweep (``n_docs x K`` int32; ``doc_counts``: a buffer to reuse).
@@ -434,8 +448,9 @@ def lda_sweep(wl, doc_len, z, A, T, alpha, beta: float, vocab_size: int, key: in
     simulator). ``blocks``: at most this many documents at once (default: all; 1 is the sequential sweep).
     ``kernel``: "table" or "snapshot" (``_lda_kernel``), or "sparse" (``_lda_sparse_kernel``, after
     ``_word_table_kernel`` has built its word term from the counts as they stand; ``word_table``: a
-    ``rows x K`` float32 buffer to reuse); default ``LDA_KERNEL``; "snapshot" or "sparse" above its topic
-    limit sweeps with "table".
+    ``rows x K`` float32 buffer to reuse; ``steps``, ``parts``: its Metropolis-Hastings steps a token and the
+    launches a sweep, the table built before each: default ``LDA_SPARSE_STEPS``, ``LDA_SPARSE_PARTS``); default
+    ``LDA_KERNEL``; "snapshot" or "sparse" above its topic limit sweeps with "table".
     """
     K, n_docs = int(T.shape[0]), int(doc_len.shape[0])
     doc_ptr = xp.zeros(n_docs + 1, dtype=np.int64)
@@ -451,11 +466,16 @@ def lda_sweep(wl, doc_len, z, A, T, alpha, beta: float, vocab_size: int, key: in
         grid = min(n_docs, blocks or n_docs)
         if kernel == "sparse" and K <= LDA_SPARSE_MAX_TOPICS:
             W = word_table if word_table is not None else xp.empty(A.shape, dtype=np.float32)
-            ainv = alpha32 / (T.astype(np.float32) + vbeta)  # alpha_k / (n_k + V beta), the sweep's start
-            if int(A.shape[0]):
+            sweep = _lda_sparse_kernel(threads, K, steps or LDA_SPARSE_STEPS)
+            parts = parts or LDA_SPARSE_PARTS
+            for part in range(parts):  # the word term's table built anew before each part's documents
+                first, last = part * n_docs // parts, (part + 1) * n_docs // parts
+                if first == last:
+                    continue
+                ainv = alpha32 / (T.astype(np.float32) + vbeta)  # alpha_k / (n_k + V beta), as the counts stand
                 _word_table_kernel(threads, K)[int(A.shape[0]), threads](A, ainv, beta32, W)
-            _lda_sparse_kernel(threads, K)[grid, threads](wl, doc_ptr, z, A, T, D, alpha32, beta32, vbeta,
-                                                          np.uint64(key), W, ainv)
+                sweep[min(last - first, blocks or n_docs), threads](wl, doc_ptr, first, last, z, A, T, D, alpha32,
+                                                                    beta32, vbeta, np.uint64(key), W, ainv)
         else:
             snapshot = kernel == "snapshot" and K <= LDA_SNAPSHOT_MAX_TOPICS
             _lda_kernel(threads, K, snapshot)[grid, threads](wl, doc_ptr, z, A, T, D, alpha32, beta32, vbeta,

@@ -76,6 +76,12 @@ def _clock(sync, fn, *args):
 
 
 # ------------------------------------------------------------------ LDA
+#: the sparse LDA sweep's settings timed beside its default (``gpu_kernels.LDA_SPARSE_STEPS`` and ``_PARTS``):
+#: Metropolis-Hastings steps a token, parts a sweep. 4 x 4: fewer table builds and launch tails, more steps;
+#: 1 x 1: its cost floor (one table a sweep, one step)
+LDA_SPARSE_VARIANTS = {"sparse 4x4": (4, 4), "sparse 1x1": (1, 1)}
+
+
 def bench_lda(s: dict, xp, sync) -> dict[str, Any]:
     from dscar.algorithms import corpora
     from dscar.algorithms.lda import compiled_sweep, local_vocabulary, loglikelihood, token_layout
@@ -107,19 +113,24 @@ def bench_lda(s: dict, xp, sync) -> dict[str, Any]:
 
     dwl, dlen = xp.asarray(wl), xp.asarray(doc_len)
     by_kernel = {}
-    for kernel in gpu_kernels.LDA_KERNELS:  # the sweeps side by side (gpu_kernels.LDA_KERNEL is the model's)
-        table = xp.empty(A0.shape, dtype=np.float32) if kernel == "sparse" else None  # its word term's buffer
+    # the sweeps side by side (gpu_kernels.LDA_KERNEL is the model's), and the sparse one's other settings
+    variants = [(k, {}) for k in gpu_kernels.LDA_KERNELS] + [
+        (name, {"kernel": "sparse", "steps": steps, "parts": parts})
+        for name, (steps, parts) in LDA_SPARSE_VARIANTS.items()]
+    for name, opts in variants:
+        opts = {"kernel": name, **opts}
+        if opts["kernel"] == "sparse":  # its word term's buffer, allocated once
+            opts["word_table"] = xp.empty(A0.shape, dtype=np.float32)
         D = gpu_kernels.lda_sweep(dwl, dlen, xp.array(z0), xp.array(A0), xp.array(T0), alpha, beta, Vs, 1, xp,
-                                  kernel=kernel, word_table=table)  # compile
+                                  **opts)  # compile
         dz, dA, dT = xp.array(z0), xp.array(A0), xp.array(T0)  # copies: the start the CPU chain had
         secs = 0.0
         for k in range(s["sweeps"]):
             _, dt = _clock(sync, lambda key: gpu_kernels.lda_sweep(dwl, dlen, dz, dA, dT, alpha, beta, Vs, key, xp,
-                                                                   doc_counts=D, kernel=kernel, word_table=table),
-                           100 + k)
+                                                                   doc_counts=D, **opts), 100 + k)
             secs += dt
         gl = ll(to_host(dA), to_host(dz))
-        by_kernel[kernel] = {"tokens_per_s": n * s["sweeps"] / secs, "loglik": gl,
+        by_kernel[name] = {"tokens_per_s": n * s["sweeps"] / secs, "loglik": gl,
                              "loglik_rel_diff": abs(gl - out["cpu_loglik"]) / abs(out["cpu_loglik"])}
     return {**out, **by_kernel[gpu_kernels.LDA_KERNEL], "by_kernel": by_kernel}
 
