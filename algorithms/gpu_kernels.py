@@ -12,6 +12,9 @@ than the compiled CPU sampler (issue 42). These kernels do each model's inner lo
   document's counts belong to its block. Same conditional, same inverse-CDF order over topics
   and the same uniforms (``uniform``: token ``i`` of stream ``key``) as the CPU kernel
   ``lda_kernels.sweep_docs``; with one block at a time (the simulator) it *is* that sequential sweep.
+  ``kernel="sparse"`` (``_lda_sparse_kernel``) costs a token its document's topics, not K: the document's
+  share of the conditional walked exactly, the rest from per-word prefix tables built a few times a sweep,
+  the staleness corrected by Metropolis-Hastings steps.
 * ``als_solve``: ALS's row solves, one block per row: the ``d x d`` normal equations
   accumulated by the block's threads (one entry each), then Cholesky and the two triangular solves
   (``d`` is at most a few dozen: one thread, as ``mf_kernels.als_rows`` does it). ``als_solve_batched``
@@ -286,14 +289,16 @@ def _lda_sparse_kernel(threads: int, K: int, steps: int = 1):
     in two steps of ``threads`` reads (the chunks' ends, then the chunk) with ``syncthreads_count`` (the
     threads at or below the threshold: the sums ascend).
 
-    That draw is a proposal: the table misses this sweep's earlier moves of the word's tokens (alone, that
-    staleness cost 3 % of the log-likelihood on the tests' small corpus). A Metropolis-Hastings step (the
-    proposal's density at the old and new topic: the document term and the table's gap; the exact conditional
-    at both: O(1)) accepts it or keeps the old topic, so the sweep leaves the exact conditional invariant, as
-    the CPU kernel's do. Across blocks the counts are as the dense sweep's (atomics, AD-LDA's approximation).
-    With one block at a time (the simulator) the sweep is sequential and deterministic: the tests' NumPy
-    reference makes the same moves from the same uniforms (token ``i``: ``uniform(key, i)`` draws the proposal,
-    ``uniform(key, n + i)`` accepts it)."""
+    That draw is a proposal: the table misses the moves of the word's tokens since it was built (alone, that
+    staleness cost 3 % of the log-likelihood on the tests' small corpus). ``steps`` Metropolis-Hastings steps (the
+    proposal's density at the chain's topic and the proposed one: the document term and the table's gap; the
+    exact conditional at both: O(1); the document term's prefix sums serve every step) accept it or keep the
+    chain's topic, so a token's move leaves the exact conditional invariant, as the CPU kernel's do; the fewer
+    the rejections, the closer the chain's pace to exact Gibbs: ``lda_sweep`` runs a sweep in parts (this kernel
+    over documents ``first:last``), the table built anew before each. Across blocks the counts are as the dense
+    sweep's (atomics, AD-LDA's approximation). With one block at a time (the simulator) the sweep is sequential
+    and deterministic: the tests' NumPy reference makes the same moves from the same uniforms (step ``s`` of
+    token ``i``: ``uniform(key, i + 2 s n)`` draws the proposal, ``uniform(key, i + (2 s + 1) n)`` accepts it)."""
     if threads < 1 or threads & (threads - 1):
         raise ValueError(f"threads must be a power of two, not {threads}")
     if not 1 <= K <= LDA_SPARSE_MAX_TOPICS:
@@ -380,7 +385,7 @@ def _lda_sparse_kernel(threads: int, K: int, steps: int = 1):
                         for r in range(0, nd, threads):
                             q = r + tid
                             v = pp[q] if q < nd else big
-                            below = cuda.syncthreads_count(1 if v <= thr else 0)
+                            below = cuda.syncthreads_count(int32(1) if v <= thr else int32(0))
                             if below < threads:
                                 at = r + below
                                 break
@@ -390,7 +395,7 @@ def _lda_sparse_kernel(threads: int, K: int, steps: int = 1):
                         v = big
                         if tid < chunks:
                             v = W[j, kend] - (own if kend >= a else float32(0))
-                        c = cuda.syncthreads_count(1 if v <= thr else 0)
+                        c = cuda.syncthreads_count(int32(1) if v <= thr else int32(0))
                         if c < chunks:
                             base = c * per
                             top = min(base + per, K)
@@ -400,7 +405,7 @@ def _lda_sparse_kernel(threads: int, K: int, steps: int = 1):
                                 v = big
                                 if k < top:
                                     v = W[j, k] - (own if k >= a else float32(0))
-                                below = cuda.syncthreads_count(1 if v <= thr else 0)
+                                below = cuda.syncthreads_count(int32(1) if v <= thr else int32(0))
                                 if below < threads:
                                     kn = r + below
                                     break
