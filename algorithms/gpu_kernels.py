@@ -74,7 +74,7 @@ LDA_SPARSE_MAX_TOPICS = 3_900
 #: start), the log-likelihood's gap to the CPU kernel's (steps x parts): 1 x 1 2.5 %, 2 x 1 1.0 %, 4 x 1 0.57 %,
 #: 1 x 8 0.58 %, 2 x 4 0.38 %, 4 x 4 0.11 %, 2 x 8 0.02 %. On the device a part's documents run at once (other
 #: blocks' moves reach a block as in the dense sweep) and each part costs a table build (rows x K floats) and a
-#: launch's tail: ``bench.device_kernels`` times these and 4 x 4
+#: launch's tail: ``bench.device_kernels`` times the default, 4 x 4 and 1 x 1
 LDA_SPARSE_STEPS = 2
 LDA_SPARSE_PARTS = 8
 #: the device sweeps: "table", "snapshot" (``_lda_kernel``) and "sparse" (``_lda_sparse_kernel``)
