@@ -72,7 +72,8 @@ LDA_SPARSE_MAX_TOPICS = 3_900
 #: documents, the word term's table built anew before each): its staleness against the sequential chain's
 #: convergence. Emulated sequentially on the CPU (the quick corpus: 400k tokens, K = 1,024, 5 sweeps from a random
 #: start), the log-likelihood's gap to the CPU kernel's (steps x parts): 1 x 1 2.5 %, 2 x 1 1.0 %, 4 x 1 0.57 %,
-#: 1 x 8 0.58 %, 2 x 4 0.38 %, 4 x 4 0.11 %, 2 x 8 0.02 %. On the device a part's documents run at once (other
+#: 1 x 8 0.58 %, 2 x 4 0.38 %, 4 x 4 0.11 %, 2 x 8 0.02 %; at the benchmark's full size (2M tokens, 20k words):
+#: 1 x 1 1.5 %, 4 x 4 0.11 %, 2 x 8 0.07 % (Metropolis-Hastings accepting 89 %, 95 %, 97 %). On the device a part's documents run at once (other
 #: blocks' moves reach a block as in the dense sweep) and each part costs a table build (rows x K floats) and a
 #: launch's tail: ``bench.device_kernels`` times the default, 4 x 4 and 1 x 1
 LDA_SPARSE_STEPS = 2
