@@ -12,6 +12,9 @@ than the compiled CPU sampler (issue 42). These kernels do each model's inner lo
   document's counts belong to its block. Same conditional, same inverse-CDF order over topics
   and the same uniforms (``uniform``: token ``i`` of stream ``key``) as the CPU kernel
   ``lda_kernels.sweep_docs``; with one block at a time (the simulator) it *is* that sequential sweep.
+  ``kernel="sparse"`` (``_lda_sparse_kernel``) costs a token its document's topics, not K: the document's
+  share of the conditional walked exactly, the rest from per-word prefix tables built a few times a sweep,
+  the staleness corrected by Metropolis-Hastings steps.
 * ``als_solve``: ALS's row solves, one block per row: the ``d x d`` normal equations
   accumulated by the block's threads (one entry each), then Cholesky and the two triangular solves
   (``d`` is at most a few dozen: one thread, as ``mf_kernels.als_rows`` does it). ``als_solve_batched``
@@ -51,7 +54,7 @@ if not hasattr(np, "row_stack"):
         return np.vstack(tup)
 
     np.row_stack = _row_stack
-from numba import cuda, float32, float64, int32, uint64  # noqa: E402
+from numba import cuda, float32, float64, int16, int32, uint64  # noqa: E402
 
 from .lda import GAMMA
 
@@ -62,8 +65,23 @@ LDA_THREADS = 32
 #: snapshot sweep holds three more arrays of K
 LDA_MAX_TOPICS = 11_000
 LDA_SNAPSHOT_MAX_TOPICS = 2_900
-#: the sweep ``lda_sweep`` runs by default: "table" (measured on an H200: 1.33e8 tokens/s at K = 1,024) or
-#: "snapshot" (not yet measured on a GPU: ``bench.device_kernels`` times both)
+#: the sparse sweep's block holds the document's counts, topic list, list positions and prefix sums (12 bytes a
+#: topic: 48 KB at 4,096)
+LDA_SPARSE_MAX_TOPICS = 3_900
+#: the sparse sweep's Metropolis-Hastings steps a token, and its parts a sweep (launches over a share of the
+#: documents, the word term's table built anew before each): its staleness against the sequential chain's
+#: convergence. Emulated sequentially on the CPU (the quick corpus: 400k tokens, K = 1,024, 5 sweeps from a random
+#: start), the log-likelihood's gap to the CPU kernel's (steps x parts): 1 x 1 2.5 %, 2 x 1 1.0 %, 4 x 1 0.57 %,
+#: 1 x 8 0.58 %, 2 x 4 0.38 %, 4 x 4 0.11 %, 2 x 8 0.02 %; at the benchmark's full size (2M tokens, 20k words):
+#: 1 x 1 1.5 %, 4 x 4 0.11 %, 2 x 8 0.07 % (Metropolis-Hastings accepting 89 %, 95 %, 97 %). On the device a part's documents run at once (other
+#: blocks' moves reach a block as in the dense sweep) and each part costs a table build (rows x K floats) and a
+#: launch's tail: ``bench.device_kernels`` times the default, 4 x 4 and 1 x 1
+LDA_SPARSE_STEPS = 2
+LDA_SPARSE_PARTS = 8
+#: the device sweeps: "table", "snapshot" (``_lda_kernel``) and "sparse" (``_lda_sparse_kernel``)
+LDA_KERNELS = ("table", "snapshot", "sparse")
+#: the sweep ``lda_sweep`` runs by default: "table" (measured on an H200: 1.33e8 tokens/s at K = 1,024);
+#: "snapshot" and "sparse" are not yet measured on a GPU (``bench.device_kernels`` times all three)
 LDA_KERNEL = "table"
 ALS_THREADS = 128
 CD_THREADS = 256
@@ -98,6 +116,19 @@ def uniform(key, i):  # pragma: no cover - device code
     x = (x ^ (x >> uint64(27))) * uint64(0x94D049BB133111EB)
     x = x ^ (x >> uint64(31))
     return float32(x >> uint64(40)) * float32(2.0**-24)
+
+
+@cuda.jit(device=True)
+def _scan(sums, tid, threads):  # pragma: no cover - device code
+    """``sums[:threads]`` (float32, shared) into its inclusive prefix sums (Hillis-Steele), every thread of the
+    block taking part: the order of the additions is fixed (the sparse sweep's NumPy reference repeats it)."""
+    step = 1
+    while step < threads:
+        v = sums[tid - step] if tid >= step else float32(0)
+        cuda.syncthreads()
+        sums[tid] += v
+        cuda.syncthreads()
+        step *= 2
 
 
 @functools.cache
@@ -173,13 +204,7 @@ def _lda_kernel(threads: int, K: int, snapshot: bool = False):
                     acc += P[k + k // 32]
                 sums[tid] = acc
                 cuda.syncthreads()
-                step = 1
-                while step < threads:  # inclusive prefix sum over the threads (Hillis-Steele)
-                    v = sums[tid - step] if tid >= step else float32(0)
-                    cuda.syncthreads()
-                    sums[tid] += v
-                    cuda.syncthreads()
-                    step *= 2
+                _scan(sums, tid, threads)
                 thr = uniform(key, i) * sums[threads - 1]
                 lo = sums[tid - 1] if tid > 0 else float32(0)
                 if lo <= thr and thr < sums[tid]:  # the thread whose topics hold the threshold finds the topic
@@ -211,8 +236,214 @@ def _lda_kernel(threads: int, K: int, snapshot: bool = False):
     return sweep
 
 
+@functools.cache
+def _word_table_kernel(threads: int, K: int):
+    """The sparse sweep's word term, built once a sweep: row ``j`` of ``W`` holds the prefix sums over topics of
+    ``(n_jk + beta) alpha_k / (n_k + V beta)`` (``ainv[k]``: ``alpha_k / (n_k + V beta)``). A block per word row:
+    the row read coalesced into shared memory, each thread sums its ``ceil(K / threads)`` contiguous topics, the
+    threads' sums are scanned (``_scan``), then each thread writes its topics' running sums from its offset."""
+    per = -(-K // threads)
+    slots = K + K // 32 + 1
+
+    @cuda.jit
+    def build(A, ainv, beta, W):  # pragma: no cover - device code
+        tid = cuda.threadIdx.x
+        row = cuda.shared.array(slots, float32)
+        sums = cuda.shared.array(threads, float32)
+        k0 = min(tid * per, K)
+        k1 = min(k0 + per, K)
+        for j in range(cuda.blockIdx.x, A.shape[0], cuda.gridDim.x):
+            for k in range(tid, K, threads):
+                row[k + k // 32] = (float32(A[j, k]) + beta) * ainv[k]
+            cuda.syncthreads()
+            acc = float32(0)
+            for k in range(k0, k1):
+                acc += row[k + k // 32]
+            sums[tid] = acc
+            cuda.syncthreads()
+            _scan(sums, tid, threads)
+            acc = sums[tid - 1] if tid > 0 else float32(0)
+            for k in range(k0, k1):
+                acc += row[k + k // 32]
+                row[k + k // 32] = acc
+            cuda.syncthreads()
+            for k in range(tid, K, threads):
+                W[j, k] = row[k + k // 32]
+            cuda.syncthreads()
+
+    return build
+
+
+@functools.cache
+def _lda_sparse_kernel(threads: int, K: int, steps: int = 1):
+    """The sparse sweep (``kernel="sparse"``): a token costs the topics its document holds, not K. The conditional
+    splits as
+
+        p_k = n_dk (n_wk + beta) / (n_k + V beta)  +  alpha_k (n_wk + beta) / (n_k + V beta)
+              (document term: exact, current)         (word term: the table ``W`` of the sweep's start)
+
+    The document term walks the document's nonzero topics (a list in the block's shared memory, kept with its
+    counts as tokens move: swap-remove, append), ``threads`` of them at a time, their prefix sums kept in ``pp``.
+    The word term does not depend on the document: ``_word_table_kernel`` builds its prefix sums over topics once
+    a sweep, less, at read time, the token's own count (every token is resampled once a sweep, so at its turn
+    its topic is still the one the table counted: ``ainv[a]`` off from topic ``a`` on), and the topic is found
+    in two steps of ``threads`` reads (the chunks' ends, then the chunk) with ``syncthreads_count`` (the
+    threads at or below the threshold: the sums ascend).
+
+    That draw is a proposal: the table misses the moves of the word's tokens since it was built (alone, that
+    staleness cost 3 % of the log-likelihood on the tests' small corpus). ``steps`` Metropolis-Hastings steps (the
+    proposal's density at the chain's topic and the proposed one: the document term and the table's gap; the
+    exact conditional at both: O(1); the document term's prefix sums serve every step) accept it or keep the
+    chain's topic, so a token's move leaves the exact conditional invariant, as the CPU kernel's do; the fewer
+    the rejections, the closer the chain's pace to exact Gibbs: ``lda_sweep`` runs a sweep in parts (this kernel
+    over documents ``first:last``), the table built anew before each. Across blocks the counts are as the dense
+    sweep's (atomics, AD-LDA's approximation). With one block at a time (the simulator) the sweep is sequential
+    and deterministic: the tests' NumPy reference makes the same moves from the same uniforms (step ``s`` of
+    token ``i``: ``uniform(key, i + 2 s n)`` draws the proposal, ``uniform(key, i + (2 s + 1) n)`` accepts it)."""
+    if threads < 1 or threads & (threads - 1):
+        raise ValueError(f"threads must be a power of two, not {threads}")
+    if not 1 <= K <= LDA_SPARSE_MAX_TOPICS:
+        raise ValueError(f"the device sweep (sparse) takes 1 to {LDA_SPARSE_MAX_TOPICS} topics, not {K}")
+    per = -(-K // threads)  # topics a chunk (a thread's, in the table's first search step)
+    chunks = -(-K // per)
+
+    @cuda.jit
+    def sweep(wl, doc_ptr, first, last, z, A, T, D, alpha, beta, vbeta, key, W, ainv):  # pragma: no cover
+        tid = cuda.threadIdx.x
+        n = z.shape[0]
+        sums = cuda.shared.array(threads, float32)
+        nds = cuda.shared.array(1, int32)  # the document's topics: how many
+        Ds = cuda.shared.array(K, int32)  # its counts
+        dk = cuda.shared.array(K, int16)  # which (the first nds[0])
+        dpos = cuda.shared.array(K, int16)  # where a topic sits in dk
+        pp = cuda.shared.array(K, float32)  # the document term's prefix sums, in dk's order
+        k0 = min(tid * per, K)
+        k1 = min(k0 + per, K)
+        kend = min(tid * per + per, K) - 1
+        big = float32(3.0e38)
+        for dd in range(first + cuda.blockIdx.x, last, cuda.gridDim.x):
+            s, e = doc_ptr[dd], doc_ptr[dd + 1]
+            for k in range(tid, K, threads):
+                Ds[k] = 0
+            cuda.syncthreads()
+            for i in range(s + tid, e, threads):
+                cuda.atomic.add(Ds, z[i], 1)
+            cuda.syncthreads()
+            held = 0  # the list, in topic order: each thread places its chunk's held topics from its offset
+            for k in range(k0, k1):
+                if Ds[k] > 0:
+                    held += 1
+            sums[tid] = float32(held)
+            cuda.syncthreads()
+            _scan(sums, tid, threads)
+            pos = int32(sums[tid]) - held
+            for k in range(k0, k1):
+                if Ds[k] > 0:
+                    dk[pos] = k
+                    dpos[k] = pos
+                    pos += 1
+            if tid == 0:
+                nds[0] = int32(sums[threads - 1])
+            cuda.syncthreads()
+            for i in range(s, e):
+                j, a = wl[i], z[i]
+                if tid == 0:  # the token leaves its topic
+                    cuda.atomic.sub(A, (j, a), 1)
+                    cuda.atomic.sub(T, a, 1)
+                    left = Ds[a] - 1
+                    Ds[a] = left
+                    if left == 0:  # ... and the topic the document's list
+                        last = nds[0] - 1
+                        moved = dk[last]
+                        at = dpos[a]
+                        dk[at] = moved
+                        dpos[moved] = at
+                        nds[0] = last
+                cuda.syncthreads()
+                nd = nds[0]
+                doc = float32(0)  # the document term's total so far
+                for r in range(0, nd, threads):
+                    q = r + tid
+                    v = float32(0)
+                    if q < nd:
+                        k = dk[q]
+                        v = float32(Ds[k]) * (float32(A[j, k]) + beta) / (float32(T[k]) + vbeta)
+                    sums[tid] = v
+                    cuda.syncthreads()
+                    _scan(sums, tid, threads)
+                    if q < nd:
+                        pp[q] = doc + sums[tid]
+                    doc = doc + sums[threads - 1]
+                    cuda.syncthreads()  # every thread has read sums before the next round writes it
+                own = ainv[a]  # the token's own share of the table's word term, from topic a on
+                total = doc + (W[j, K - 1] - own)
+                cur = a  # the chain's topic (thread 0's: the Metropolis-Hastings steps)
+                for step in range(steps):
+                    thr = uniform(key, i + 2 * step * n) * total
+                    kn = K - 1  # where rounding puts the threshold past the total (as the CPU kernel)
+                    if thr < doc:
+                        at = nd - 1
+                        for r in range(0, nd, threads):
+                            q = r + tid
+                            v = pp[q] if q < nd else big
+                            below = cuda.syncthreads_count(int32(1) if v <= thr else int32(0))
+                            if below < threads:
+                                at = r + below
+                                break
+                        kn = dk[at]
+                    else:
+                        thr -= doc
+                        v = big
+                        if tid < chunks:
+                            v = W[j, kend] - (own if kend >= a else float32(0))
+                        c = cuda.syncthreads_count(int32(1) if v <= thr else int32(0))
+                        if c < chunks:
+                            base = c * per
+                            top = min(base + per, K)
+                            kn = top - 1
+                            for r in range(base, top, threads):
+                                k = r + tid
+                                v = big
+                                if k < top:
+                                    v = W[j, k] - (own if k >= a else float32(0))
+                                below = cuda.syncthreads_count(int32(1) if v <= thr else int32(0))
+                                if below < threads:
+                                    kn = r + below
+                                    break
+                    if tid == 0 and kn != cur:  # Metropolis-Hastings: the proposal's density (the document
+                        # term and the table's gap) and the exact conditional, at the chain's topic and the new one
+                        f = (float32(A[j, cur]) + beta) / (float32(T[cur]) + vbeta)
+                        dc = float32(Ds[cur]) * f
+                        pc = (float32(Ds[cur]) + alpha[cur]) * f
+                        gc = W[j, cur] - (W[j, cur - 1] if cur > 0 else float32(0)) - (own if cur == a else float32(0))
+                        f = (float32(A[j, kn]) + beta) / (float32(T[kn]) + vbeta)
+                        dn = float32(Ds[kn]) * f
+                        pn = (float32(Ds[kn]) + alpha[kn]) * f
+                        gn = W[j, kn] - (W[j, kn - 1] if kn > 0 else float32(0)) - (own if kn == a else float32(0))
+                        if uniform(key, i + (2 * step + 1) * n) * pc * (dn + gn) < pn * (dc + gc):
+                            cur = kn
+                if tid == 0:  # the token joins the chain's topic
+                    kn = cur
+                    cuda.atomic.add(A, (j, kn), 1)
+                    cuda.atomic.add(T, kn, 1)
+                    if Ds[kn] == 0:
+                        m = nds[0]
+                        dk[m] = kn
+                        dpos[kn] = m
+                        nds[0] = m + 1
+                    Ds[kn] += 1
+                    z[i] = kn
+                cuda.syncthreads()
+            for k in range(tid, K, threads):  # the document's counts out
+                D[dd, k] = Ds[k]
+            cuda.syncthreads()
+
+    return sweep
+
+
 def lda_sweep(wl, doc_len, z, A, T, alpha, beta: float, vocab_size: int, key: int, xp: ModuleType = np,
-              threads: int | None = None, doc_counts=None, blocks: int | None = None, kernel: str | None = None):
+              threads: int | None = None, doc_counts=None, blocks: int | None = None, kernel: str | None = None,
+              word_table=None, steps: int | None = None, parts: int | None = None):
     """One collapsed Gibbs sweep on the device; ``z`` (int32), ``A`` (int32 rows x K: the word-topic
     counts of the rows ``wl`` indexes) and ``T`` (int32, K) updated in place. Returns the shard's
     doc-topic counts after the sweep (``n_docs x K`` int32; ``doc_counts``: a buffer to reuse).
@@ -221,8 +452,11 @@ def lda_sweep(wl, doc_len, z, A, T, alpha, beta: float, vocab_size: int, key: in
     out (grouped by document); ``alpha`` (K); ``key``: the stream of uniforms (token ``i`` draws
     ``uniforms(key)[i]``, as on the CPU). Arrays of namespace ``xp`` (CuPy on a GPU; NumPy under the
     simulator). ``blocks``: at most this many documents at once (default: all; 1 is the sequential sweep).
-    ``kernel``: "table" or "snapshot" (``_lda_kernel``; default ``LDA_KERNEL``; "snapshot" above its topic
-    limit sweeps with "table").
+    ``kernel``: "table" or "snapshot" (``_lda_kernel``), or "sparse" (``_lda_sparse_kernel``, after
+    ``_word_table_kernel`` has built its word term from the counts as they stand; ``word_table``: a
+    ``rows x K`` float32 buffer to reuse; ``steps``, ``parts``: its Metropolis-Hastings steps a token and the
+    launches a sweep, the table built before each: default ``LDA_SPARSE_STEPS``, ``LDA_SPARSE_PARTS``); default
+    ``LDA_KERNEL``; "snapshot" or "sparse" above its topic limit sweeps with "table".
     """
     K, n_docs = int(T.shape[0]), int(doc_len.shape[0])
     doc_ptr = xp.zeros(n_docs + 1, dtype=np.int64)
@@ -231,12 +465,27 @@ def lda_sweep(wl, doc_len, z, A, T, alpha, beta: float, vocab_size: int, key: in
     threads = threads or LDA_THREADS
     if n_docs and int(z.shape[0]):
         kernel = kernel or LDA_KERNEL
-        if kernel not in ("table", "snapshot"):
-            raise ValueError(f"kernel must be 'table' or 'snapshot', not {kernel!r}")
-        snapshot = kernel == "snapshot" and K <= LDA_SNAPSHOT_MAX_TOPICS
-        _lda_kernel(threads, K, snapshot)[min(n_docs, blocks or n_docs), threads](
-            wl, doc_ptr, z, A, T, D, xp.asarray(np.asarray(alpha, dtype=np.float32)), np.float32(beta),
-            np.float32(vocab_size * beta), np.uint64(key))
+        if kernel not in LDA_KERNELS:
+            raise ValueError(f"kernel must be one of {LDA_KERNELS}, not {kernel!r}")
+        alpha32, beta32, vbeta = xp.asarray(np.asarray(alpha, dtype=np.float32)), np.float32(beta), \
+            np.float32(vocab_size * beta)
+        grid = min(n_docs, blocks or n_docs)
+        if kernel == "sparse" and K <= LDA_SPARSE_MAX_TOPICS:
+            W = word_table if word_table is not None else xp.empty(A.shape, dtype=np.float32)
+            sweep = _lda_sparse_kernel(threads, K, steps or LDA_SPARSE_STEPS)
+            parts = parts or LDA_SPARSE_PARTS
+            for part in range(parts):  # the word term's table built anew before each part's documents
+                first, last = part * n_docs // parts, (part + 1) * n_docs // parts
+                if first == last:
+                    continue
+                ainv = alpha32 / (T.astype(np.float32) + vbeta)  # alpha_k / (n_k + V beta), as the counts stand
+                _word_table_kernel(threads, K)[int(A.shape[0]), threads](A, ainv, beta32, W)
+                sweep[min(last - first, blocks or n_docs), threads](wl, doc_ptr, first, last, z, A, T, D, alpha32,
+                                                                    beta32, vbeta, np.uint64(key), W, ainv)
+        else:
+            snapshot = kernel == "snapshot" and K <= LDA_SNAPSHOT_MAX_TOPICS
+            _lda_kernel(threads, K, snapshot)[grid, threads](wl, doc_ptr, z, A, T, D, alpha32, beta32, vbeta,
+                                                             np.uint64(key))
     return D
 
 

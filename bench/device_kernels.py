@@ -4,7 +4,8 @@ What it measures (each on the device kernels of ``dscar.algorithms.gpu_kernels``
 
 * ``lda``   tokens/s of the device sweep at K = 1,024 on a synthetic corpus, and its log-likelihood
             after the same sweeps against the CPU kernel's (``compiled_sweep``) from the same start
-            (target: >= 1e9 tokens/s, within 0.5 %);
+            (target: >= 1e9 tokens/s, within 0.5 %): the default sweep's, and every sweep's
+            (``gpu_kernels.LDA_KERNELS``: table, snapshot, sparse) under ``by_kernel``;
 * ``als``   ms per ALS iteration (users then items, rank 20 + bias) on >= 5M ratings (target <= 10 ms);
 * ``lasso`` 100k x 1000 (AR(1) rho 0.6, alpha = 0.005 alpha_max): seconds for the Gram on the device
             plus the device CD to the CPU kernel's optimum (relative objective gap <= 1e-6; target < 50 ms);
@@ -75,6 +76,12 @@ def _clock(sync, fn, *args):
 
 
 # ------------------------------------------------------------------ LDA
+#: the sparse LDA sweep's settings timed beside its default (``gpu_kernels.LDA_SPARSE_STEPS`` and ``_PARTS``):
+#: Metropolis-Hastings steps a token, parts a sweep. 4 x 4: fewer table builds and launch tails, more steps;
+#: 1 x 1: its cost floor (one table a sweep, one step)
+LDA_SPARSE_VARIANTS = {"sparse 4x4": (4, 4), "sparse 1x1": (1, 1)}
+
+
 def bench_lda(s: dict, xp, sync) -> dict[str, Any]:
     from dscar.algorithms import corpora
     from dscar.algorithms.lda import compiled_sweep, local_vocabulary, loglikelihood, token_layout
@@ -106,19 +113,38 @@ def bench_lda(s: dict, xp, sync) -> dict[str, Any]:
 
     dwl, dlen = xp.asarray(wl), xp.asarray(doc_len)
     by_kernel = {}
-    for kernel in ("table", "snapshot"):  # the two sweeps side by side (gpu_kernels.LDA_KERNEL is the model's)
-        D = gpu_kernels.lda_sweep(dwl, dlen, xp.array(z0), xp.array(A0), xp.array(T0), alpha, beta, Vs, 1, xp,
-                                  kernel=kernel)  # compile
-        dz, dA, dT = xp.array(z0), xp.array(A0), xp.array(T0)  # copies: the start the CPU chain had
-        secs = 0.0
-        for k in range(s["sweeps"]):
-            _, dt = _clock(sync, lambda key: gpu_kernels.lda_sweep(dwl, dlen, dz, dA, dT, alpha, beta, Vs, key, xp,
-                                                                   doc_counts=D, kernel=kernel), 100 + k)
-            secs += dt
-        gl = ll(to_host(dA), to_host(dz))
-        by_kernel[kernel] = {"tokens_per_s": n * s["sweeps"] / secs, "loglik": gl,
-                             "loglik_rel_diff": abs(gl - out["cpu_loglik"]) / abs(out["cpu_loglik"])}
+    # the sweeps side by side (gpu_kernels.LDA_KERNEL is the model's), and the sparse one's other settings
+    variants = [(k, {}) for k in gpu_kernels.LDA_KERNELS] + [
+        (name, {"kernel": "sparse", "steps": steps, "parts": parts})
+        for name, (steps, parts) in LDA_SPARSE_VARIANTS.items()]
+    for name, opts in variants:
+        opts = {"kernel": name, **opts}
+        try:  # a sweep that fails to compile or run (none has run on a GPU yet but table) leaves the others' figures
+            by_kernel[name] = _time_lda_sweep(opts, s["sweeps"], dwl, dlen, z0, A0, T0, alpha, beta, xp, sync, ll,
+                                              out["cpu_loglik"])
+        except Exception as e:  # noqa: BLE001
+            by_kernel[name] = {"error": f"{type(e).__name__}: {e}"[:2000]}
     return {**out, **by_kernel[gpu_kernels.LDA_KERNEL], "by_kernel": by_kernel}
+
+
+def _time_lda_sweep(opts: dict, sweeps: int, dwl, dlen, z0, A0, T0, alpha, beta, xp, sync, ll, cpu_loglik):
+    """Tokens/s of ``sweeps`` device sweeps ``gpu_kernels.lda_sweep(**opts)`` from the CPU chain's start (after one
+    to compile), and their log-likelihood against the CPU chain's."""
+    from dscar.algorithms import gpu_kernels
+
+    Vs, n = A0.shape[0], z0.shape[0]
+    if opts["kernel"] == "sparse":  # its word term's buffer, allocated once
+        opts = {**opts, "word_table": xp.empty(A0.shape, dtype=np.float32)}
+    D = gpu_kernels.lda_sweep(dwl, dlen, xp.array(z0), xp.array(A0), xp.array(T0), alpha, beta, Vs, 1, xp,
+                              **opts)  # compile
+    dz, dA, dT = xp.array(z0), xp.array(A0), xp.array(T0)  # copies: the start the CPU chain had
+    secs = 0.0
+    for k in range(sweeps):
+        _, dt = _clock(sync, lambda key: gpu_kernels.lda_sweep(dwl, dlen, dz, dA, dT, alpha, beta, Vs, key, xp,
+                                                               doc_counts=D, **opts), 100 + k)
+        secs += dt
+    gl = ll(to_host(dA), to_host(dz))
+    return {"tokens_per_s": n * sweeps / secs, "loglik": gl, "loglik_rel_diff": abs(gl - cpu_loglik) / abs(cpu_loglik)}
 
 
 # ------------------------------------------------------------------ ALS
@@ -281,12 +307,16 @@ def verdicts(results: dict[str, dict]) -> dict[str, str]:
     for m, r in results.items():
         key, op, goal = TARGETS[m]
         if key not in r:
-            out[m] = "no GPU"
+            out[m] = f"failed: {r['error'][:300]}" if "error" in r else "no GPU"
             continue
         ok = {">=": r[key] >= goal, "<=": r[key] <= goal, "<": r[key] < goal}[op]
         if m == "lda":
             ok = ok and r["loglik_rel_diff"] <= 0.005
         out[m] = f"{'met' if ok else 'missed'}: {key} {r[key]:.4g} (target {op} {goal:g})"
+        if m == "lda" and r.get("by_kernel"):  # every device sweep's figures beside the default's
+            out[m] += "; by kernel: " + ", ".join(
+                f"{k} {v['tokens_per_s']:.3g}/s at {100 * v['loglik_rel_diff']:.2f} %" if "error" not in v
+                else f"{k} failed ({v['error'][:200]})" for k, v in r["by_kernel"].items())
     return out
 
 

@@ -60,6 +60,11 @@ def test_verdicts_hold_each_figure_against_the_issues_target():
     assert v["lda"].startswith("met") and v["als"].startswith("missed") and v["lasso"] == "no GPU"
     assert v["mlr"].startswith("met")  # >= is met at the target itself
     assert verdicts({"lda": {"tokens_per_s": 2e9, "loglik_rel_diff": 0.01}})["lda"].startswith("missed")  # too far off
+    # every LDA sweep's figures on the line, a sweep that failed with its error (the others' figures kept)
+    v = verdicts({"lda": {"tokens_per_s": 1e8, "loglik_rel_diff": 0.001, "by_kernel": {
+        "table": {"tokens_per_s": 1e8, "loglik_rel_diff": 0.001}, "sparse": {"error": "TypingError: no"}}}})["lda"]
+    assert v.startswith("missed") and "table 1e+08/s at 0.10 %" in v and "sparse failed (TypingError: no)" in v, v
+    assert verdicts({"lda": {"error": "TypingError: no"}})["lda"] == "failed: TypingError: no"
 
 
 def test_all_cpu_only_runs_the_cpu_side_of_every_part_and_writes_its_files(tmp_path):
