@@ -264,3 +264,47 @@ def test_a_joiner_s_copies_switch_at_a_boundary_the_coordinator_crosses():
     _begun_by_coordinator(res, calls)
     assert_exactly_once(res, 60)
     np.testing.assert_array_equal(res.params["count"], np.full(60, 6.0))
+
+
+class _AtClockEnds(RowCounter):
+    """``RowCounter`` that runs ``hooks[clock]`` (module-level, as ``_AtClockEnd``'s) at that clock's end."""
+
+    hooks: dict = {}
+
+    def clock_end(self, ctx):
+        hook = _AtClockEnds.hooks.pop(ctx.clock, None)
+        if hook is not None:
+            hook()
+        return super().clock_end(ctx)
+
+
+def test_a_joiner_s_copy_whose_partition_is_handed_off_first_is_forgotten_where_it_was_kept():
+    # clock 3 ends: a worker joins and copies partitions of the one owner, which Dask then retires; at
+    # the boundary its hand-off gives them to the joiner whole, so the copies never switch: each is
+    # forgotten on the joiner (and on the leaver), not kept as a partition's worth of memory to the job's end
+    with LocalCluster(n_workers=1, threads_per_worker=1, processes=False, dashboard_address=":0") as lc:
+        cl = dscar.connect(lc)
+        coordinator = lc.scheduler.plugins[PLUGIN_NAME]
+        (owner,) = list(lc.scheduler.workers)
+        threads, kept = [], {}
+
+        def join_then_retire_the_owner() -> None:
+            job_id = next(iter(coordinator.jobs))
+            lc.scale(2)
+            _wait_for(lambda: coordinator._copies.get(job_id))
+            threads.append(threading.Thread(target=cl.client.retire_workers, kwargs={"workers": [owner]}))
+            threads[0].start()
+            _wait_for(lambda: owner in coordinator._leaving)
+
+        def look() -> None:  # two clocks later, on the workers there
+            kept.update({w.address: sorted(k for m in (ps._incoming, ps._lent) for k in m)
+                         for w in lc.workers.values() if (ps := w.plugins.get("dscar-paramserver")) is not None})
+
+        _AtClockEnds.hooks = {3: join_then_retire_the_owner, 5: look}
+        res = dscar.fit(_AtClockEnds(), row_data(60), cl, n_shards=6, max_clocks=6, progress=False)
+        threads[0].join(60)
+    (handoff,) = [e for e in res.events if e["kind"] == "handoff"]
+    assert handoff["workers"] == [owner] and handoff["partitions"] > 0
+    assert not [e for e in res.events if e["kind"] == "partitions-taken-on"]  # no copy switched
+    assert len(kept) >= 1 and kept == {w: [] for w in kept}, kept  # (the leaver, if Dask has not closed it yet, too)
+    assert_exactly_once(res, 60)

@@ -507,7 +507,8 @@ class Coordinator(SchedulerPlugin):
         """At a clock boundary, the partitions copied to new owners (``_even_out``) switch owner in one step:
         each new owner takes the rows changed since its copy (``adopt`` step "switch"), the owner map changes,
         and the old owners drop them. A copy whose joiner or owner is gone, or whose partition moved meanwhile
-        (a loss, a hand-off), is not switched; one that fails stays with its owner."""
+        (a loss, a hand-off), is not switched, and is forgotten where it is kept; one that fails stays with
+        its owner."""
         pending = self._copies.pop(job.cfg.job_id, {})
         if not pending:
             return
@@ -521,11 +522,19 @@ class Coordinator(SchedulerPlugin):
             if isinstance(r, dict) and r.get("status") == "OK" and src not in job.lost and w not in job.lost:
                 job.pmap.owners[k] = w
                 switched.append((k, w, src, int(r.get("rows_resent", 0))))
-        if len(switched) < len(pending):
-            self._background(self._even_out(job))  # copies went stale or failed (a loss, a hand-off): plan anew
+        # a copy that did not switch is forgotten where it is kept (the new owner's, the old owner's lent
+        # one: a leaver too, whose retirement Dask may yet cancel), before a new plan may copy the same
+        # partition there again; a worker gone holds nothing
+        done = {k for k, *_ in switched}
+        stale = [(k, holder) for k, (new, old) in sorted(pending.items()) if k not in done
+                 for holder in (new, old) if holder in self.scheduler.workers]
         await asyncio.gather(*(
             self._rpc(src, "lend", job_id=job.cfg.job_id, table=k[0], part=k[1], step="drop")
-            for k, _, src, _ in switched), return_exceptions=True)  # (an old owner lost meanwhile holds nothing)
+            for k, _, src, _ in switched), *(
+            self._rpc(w, "forget_copy", job_id=job.cfg.job_id, table=k[0], part=k[1]) for k, w in stale),
+            return_exceptions=True)  # (an old owner lost meanwhile holds nothing)
+        if len(switched) < len(pending):
+            self._background(self._even_out(job))  # copies went stale or failed (a loss, a hand-off): plan anew
         if switched:
             job.event(time.time(), "partitions-taken-on", workers=sorted({w for _, w, _, _ in switched}),
                       partitions=len(switched), moved=[list(k) for k, *_ in switched], failed=len(pending) - len(switched),

@@ -151,7 +151,8 @@ class ParamServer(WorkerPlugin):
             "summarize": self._h_summarize, "fetch_staged": self._h_fetch_staged, "fetch_combined": self._h_fetch_combined,
             "apply": self._h_apply,
             "assign": self._h_assign, "put_shard": self._h_put_shard, "copy_shard": self._h_copy_shard,
-            "adopt": self._h_adopt, "adopt_shard": self._h_adopt_shard, "lend": self._h_lend, "end_job": self._h_end_job,
+            "adopt": self._h_adopt, "adopt_shard": self._h_adopt_shard, "lend": self._h_lend,
+            "forget_copy": self._h_forget_copy, "end_job": self._h_end_job,
             # checkpoints, restores, memory copies, simulated losses
             "checkpoint": self._h_checkpoint, "restore": self._h_restore, "forget": self._h_forget,
             "perturbation": self._h_perturbation, "mirror": self._h_mirror, "keep_mirror": self._h_keep_mirror,
@@ -448,6 +449,16 @@ class ParamServer(WorkerPlugin):
         rows = np.flatnonzero(differ.reshape(len(now), -1).any(axis=1)) if now.size else np.zeros(0, np.int64)
         return {"status": "OK", "rows": rows.tolist(), "data": to_serialize(np.ascontiguousarray(now[rows])),
                 "holds": holds}
+
+    def _h_forget_copy(self, job_id: str, table: str, part: int) -> dict:
+        """Forget a join's copy of a partition that will not switch (``Coordinator._switch_copies``: the
+        partition moved meanwhile, or its new or old owner left): the copy kept here for it, as its new
+        owner (``adopt`` step "copy") or as its old owner (``lend`` step "copy"), which would otherwise
+        stay until the job ends, a partition's worth of memory each."""
+        key = (job_id, table, int(part))
+        with self._lock:
+            dropped = sum(moving.pop(key, None) is not None for moving in (self._incoming, self._lent))
+        return {"status": "OK", "dropped": dropped}
 
     async def _h_adopt_shard(self, job_id: str, shard: int, source: str) -> dict:
         """Become the holder of a shard: copy its data and state from ``source``, a worker that
