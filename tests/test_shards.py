@@ -518,13 +518,18 @@ def test_a_last_name_set_gives_the_largest_of_its_names_after_any_adds_and_disca
         assert names.last() == max(plain)
 
 
-def test_a_shards_attempts_stay_tracked_by_the_collector_across_full_collections():
-    """A shard's attempts dict is never untracked (``_Attempts``): an untracked one is tracked again,
-    in the youngest generation, at its shard's next attempt, one more object promoted per shard per
-    pass, and full collections (each a visit of every object) come sooner at thousands of shards."""
-    import gc
-    q = queue(2)
-    a = q.next_shard("a", 0.0)
-    assert q.commit(a.shard, a.attempt, "a")
-    gc.collect()  # (a full collection untracks an exact dict of atomic values, an empty one too)
-    assert all(gc.is_tracked(q._shards[i].attempts) for i in range(2))
+def test_a_backup_outlives_the_first_attempt_and_either_may_commit_whichever_goes_first():
+    """A shard keeps its first live attempt on its record and a backup beside it: whichever of them
+    fails or is lost, the other is the shard's live attempt, in start order, and may commit."""
+    for gone in ("first", "backup"):
+        q = queue(1)
+        first = q.next_shard("a", 0.0)
+        backup = q.start_backup(first.shard, "b", 1.0)
+        assert q.running_attempts(0) == [first, backup]
+        lost, kept = (first, backup) if gone == "first" else (backup, first)
+        q.fail(0, lost.attempt, lost.worker, "x")
+        q.check()
+        assert q.running_attempts(0) == [kept] and q.running_attempt(0, lost.attempt) is None
+        assert not q.commit(0, lost.attempt, lost.worker) and q.commit(0, kept.attempt, kept.worker)
+        assert q.committed_attempt(0) == kept and q.running_attempts(0) == []
+        q.check()

@@ -138,21 +138,15 @@ class LastNameSet:
         return self._last
 
 
-class _Attempts(dict):
-    """A shard's live attempts by number: a dict that the garbage collector never untracks. CPython
-    untracks an exact dict of atomic values (an empty one too) in every full collection, and tracks
-    it again, in the youngest generation, at the next insert: each shard's next attempt then made its
-    dict one more object to promote (16,384 a pass at 4,096 workers), and full collections, each a
-    pass over every object, came that much sooner."""
-
-    __slots__ = ()
-
-
 @dataclass(slots=True)
 class _Shard:
     status: ShardStatus = _TODO
     holder: str | None = None
-    attempts: dict[int, Attempt] = field(default_factory=_Attempts)  # live attempts
+    #: its live attempts, oldest first: the first on the record itself, the others (a backup's) in a tuple.
+    #: Most shards never have two, and a dict of attempts by number was two more objects a hand-out
+    #: writes and a commit reads (the dict and its keys), cold at thousands of shards
+    attempt: Attempt | None = None  # None: no live attempt (then ``more`` is empty too)
+    more: tuple[Attempt, ...] = ()
     committed: Attempt | None = None
     next_attempt: int = 0
     failures: list[str] = field(default_factory=list)
@@ -171,6 +165,38 @@ class _Shard:
     worker: str | None = None  # the worker whose committed attempt holds its update
     seen: int = 0  # the table version that holds its previous clock's update (read-my-writes)
     writer: str | None = None  # the worker whose attempt that update was (None: written off, or none yet)
+
+    def live(self) -> tuple[Attempt, ...]:
+        """Its live attempts, oldest first."""
+        a = self.attempt
+        return () if a is None else (a, *self.more) if self.more else (a,)
+
+    def find(self, number: int) -> Attempt | None:
+        """Its live attempt ``number`` (None: not live)."""
+        a = self.attempt
+        if a is None or a.attempt == number:
+            return a
+        for a in self.more:
+            if a.attempt == number:
+                return a
+        return None
+
+    def add(self, a: Attempt) -> None:
+        if self.attempt is None:
+            self.attempt = a
+        else:
+            self.more += (a,)
+
+    def drop(self, number: int) -> None:
+        """Live attempt ``number`` is live no more (it is live)."""
+        if self.attempt.attempt == number:
+            more = self.more
+            self.attempt, self.more = (more[0], more[1:]) if more else (None, ())
+        else:
+            self.more = tuple(a for a in self.more if a.attempt != number)
+
+    def drop_all(self) -> None:
+        self.attempt, self.more = None, ()
 
 
 class ShardQueue:
@@ -279,7 +305,7 @@ class ShardQueue:
         self._started_head, self._started_stale, self._started_dirty = {}, {}, set()
         for s in self._shards:
             s.status = _TODO
-            s.attempts.clear()
+            s.attempt, s.more = None, ()
             s.run_key = s.shown = None
             s.committed = None
             s.next_attempt = 0 if clock != self._attempts_clock else s.next_attempt
@@ -324,7 +350,7 @@ class ShardQueue:
             if s.status is _DONE and i in active:
                 self._n_done -= 1
             self._doing.discard(i)
-            s.attempts.clear()
+            s.attempt, s.more = None, ()
             s.status = _TODO
             s.committed = None
             if s.failures:  # (a new list only where there were failures: a shard moving on allocates nothing)
@@ -502,7 +528,7 @@ class ShardQueue:
         a = _new_attempt(Attempt, (shard, number, worker, now, fetch_from, False))
         s.next_attempt = number + 1
         s.started += 1
-        s.attempts[number] = a
+        s.attempt = a  # (a TODO shard has no live attempt)
         s.status = _DOING
         self._doing.add(shard)
         # ``_todo_discard(shard)`` with the bucket known (every hand-out's member pays it): out of TODO,
@@ -535,13 +561,13 @@ class ShardQueue:
         s = self._shards[shard]
         if s.status is not _DOING:
             raise ValueError(f"shard {shard} is {s.status.value}, not doing: no backup")
-        if any(a.worker == worker for a in s.attempts.values()):
+        if any(a.worker == worker for a in s.live()):
             raise ValueError(f"shard {shard} already runs on {worker}")
         fetch_from = s.holder if s.holder not in (None, worker) else None
         a = Attempt(shard, s.next_attempt, worker, now, fetch_from, backup=True)
         s.next_attempt += 1
         s.started += 1
-        s.attempts[a.attempt] = a
+        s.add(a)
         self._reindex(shard)
         return a
 
@@ -550,11 +576,11 @@ class ShardQueue:
         return self._shards[shard].started
 
     def running_attempts(self, shard: int) -> list[Attempt]:
-        return list(self._shards[shard].attempts.values())
+        return list(self._shards[shard].live())
 
     def running_attempt(self, shard: int, attempt: int) -> Attempt | None:
         """That live attempt of ``shard`` (None: it is not running)."""
-        return self._shards[shard].attempts.get(attempt)
+        return self._shards[shard].find(attempt)
 
     @property
     def n_doing(self) -> int:
@@ -573,11 +599,11 @@ class ShardQueue:
             runs = [self._live_started(k) for k in sorted(self._started)
                     if fewer_started_than is None or k < fewer_started_than]
             for _, _, shard in (runs[0] if len(runs) == 1 else _merge_by_start(runs)):
-                attempts = self._shards[shard].attempts
-                if len(attempts) == 1:
-                    yield next(iter(attempts.values()))
+                s = self._shards[shard]
+                if not s.more:
+                    yield s.attempt
                 else:
-                    yield min(attempts.values(), key=lambda a: (a.started, a.attempt))
+                    yield min(s.live(), key=lambda a: (a.started, a.attempt))
             return
         running = self._running if not self._started_on else self._running_from_records()
         buckets = []
@@ -589,7 +615,7 @@ class ShardQueue:
                 self._unsorted.discard(k)
             buckets.append((start, shard) for shard, start in running[k].items())
         for _, shard in heapq.merge(*buckets, key=lambda e: e[0]):
-            yield min(self._shards[shard].attempts.values(), key=lambda a: (a.started, a.attempt))
+            yield min(self._shards[shard].live(), key=lambda a: (a.started, a.attempt))
 
     def _running_from_records(self) -> dict[int, dict[int, float]]:
         """``_running`` as it would be kept, from the running shards' records: each bucket in the order
@@ -606,7 +632,7 @@ class ShardQueue:
         whether the longest running is late)."""
         if not self._started_on:  # (nothing waits: every running shard shows)
             a = next(self.longest_running(fewer_started_than), None)
-            return None if a is None else (a, len(self._shards[a.shard].attempts))
+            return None if a is None else (a, len(self._shards[a.shard].live()))
         if self._started_dirty:
             self._flush_started()
         best, head, shards = -1, None, self._shards
@@ -623,18 +649,18 @@ class ShardQueue:
                     best, head = k, first
         if head is None:
             return None
-        attempts = self._shards[head[2]].attempts
-        if len(attempts) == 1:
-            return next(iter(attempts.values())), 1
-        return min(attempts.values(), key=lambda a: (a.started, a.attempt)), len(attempts)
+        s = self._shards[head[2]]
+        if not s.more:
+            return s.attempt, 1
+        attempts = s.live()
+        return min(attempts, key=lambda a: (a.started, a.attempt)), len(attempts)
 
     def _reindex(self, shard: int) -> None:
         """``shard``'s attempts changed: its place in ``_running`` follows."""
         s = self._shards[shard]
         key = None
-        if s.status is _DOING and s.attempts:
-            attempts = s.attempts.values()
-            oldest = next(iter(attempts)).started if len(attempts) == 1 else min(a.started for a in attempts)
+        if s.status is _DOING and s.attempt is not None:
+            oldest = s.attempt.started if not s.more else min(a.started for a in s.live())
             key = (s.started, oldest)
         old = s.run_key
         if old != key:
@@ -694,12 +720,11 @@ class ShardQueue:
         if key is not None:
             shown, waiting = True, self._waiting
             if waiting:
-                attempts = s.attempts
-                if len(attempts) == 1:
-                    a = next(iter(attempts.values()))
+                if not s.more:
+                    a = s.attempt
                     shown = (shard, a.attempt, a.worker) not in waiting
                 else:
-                    shown = any((shard, a.attempt, a.worker) not in waiting for a in attempts.values())
+                    shown = any((shard, a.attempt, a.worker) not in waiting for a in s.live())
             if shown:
                 entry = (key[0], (key[1], s.entered, shard))
         old = s.shown
@@ -768,8 +793,8 @@ class ShardQueue:
         for shard, attempt in added:
             waiting.add((shard, attempt, worker))
             s = shards[shard]
-            a = s.attempts.get(attempt) if s.shown is None and len(s.attempts) == 1 else None
-            if a is not None and a.worker == worker:
+            a = s.attempt if s.shown is None and not s.more else None
+            if a is not None and a.attempt == attempt and a.worker == worker:
                 dirty.discard(shard)  # hidden before and now (a member started and marked in one hand-out)
             else:
                 dirty.add(shard)
@@ -790,11 +815,15 @@ class ShardQueue:
     def commit(self, shard: int, attempt: int, worker: str) -> bool:
         """Grant the commit to the first live attempt that asks; refuse all others."""
         s = self._shards[shard]
-        a = s.attempts.get(attempt)
+        a = s.attempt
+        if a is not None and a.attempt != attempt:  # (``find``, inline: every commit asks)
+            a = s.find(attempt)
         if s.status is not _DOING or a is None or a.worker != worker:
             return False
         s.committed = a
-        s.attempts.clear()
+        s.attempt = None
+        if s.more:
+            s.more = ()
         s.status = _DONE
         self._doing.discard(shard)
         self._n_done += 1  # (a DOING shard is an active one)
@@ -824,18 +853,18 @@ class ShardQueue:
         changes nothing, its holder included: the shard's data is where the winner left it.
         """
         s = self._shards[shard]
-        a = s.attempts.get(attempt)
+        a = s.find(attempt)
         if a is None or a.worker != worker:
             return  # a late report of an attempt already superseded
         if lost_data:
             s.holder = None
-        del s.attempts[attempt]
+        s.drop(attempt)
         self._reindex(shard)
-        if count and not s.attempts:
+        if count and s.attempt is None:
             s.failures.append(f"{worker}: {reason}")
         if len(s.failures) >= self.max_failures:
             raise ShardFailedError(shard, self.clock, s.failures)
-        if not s.attempts:
+        if s.attempt is None:
             s.status = _TODO
             self._doing.discard(shard)
             self._todo_add(shard)
@@ -844,12 +873,12 @@ class ShardQueue:
         """Take back an attempt its worker never started (a batch member another worker may run
         now): back to TODO, its data still where it was, and nothing counted against the shard."""
         s = self._shards[shard]
-        a = s.attempts.get(attempt)
+        a = s.find(attempt)
         if a is None or a.worker != worker or s.status is not _DOING:
             return False
-        del s.attempts[attempt]
+        s.drop(attempt)
         s.started -= 1
-        if not s.attempts:
+        if s.attempt is None:
             s.status = _TODO
             self._doing.discard(shard)
             self._todo_add(shard)
@@ -862,11 +891,11 @@ class ShardQueue:
         for i, s in enumerate(self._shards):
             if s.holder == worker:
                 self.set_holder(i, None)
-            lost = [a for a in s.attempts.values() if a.worker == worker]
+            lost = [a for a in s.live() if a.worker == worker]
             for a in lost:
-                del s.attempts[a.attempt]
+                s.drop(a.attempt)
                 requeued.append(a)
-            if lost and not s.attempts and s.status is _DOING:  # DOING: an active shard
+            if lost and s.attempt is None and s.status is _DOING:  # DOING: an active shard
                 s.status = _TODO
                 self._doing.discard(i)
                 self._todo_add(i)
@@ -879,11 +908,11 @@ class ShardQueue:
         never get it. Drop them; a shard left with no attempt goes back to TODO, unheld."""
         doomed = []
         for i, s in enumerate(self._shards):
-            gone = [a for a in s.attempts.values() if a.fetch_from == worker and not a.backup]
+            gone = [a for a in s.live() if a.fetch_from == worker and not a.backup]
             for a in gone:
-                del s.attempts[a.attempt]
+                s.drop(a.attempt)
                 doomed.append(a)
-            if gone and not s.attempts and s.status is _DOING:
+            if gone and s.attempt is None and s.status is _DOING:
                 s.status = _TODO
                 self._doing.discard(i)
                 self.set_holder(i, None)
@@ -928,7 +957,7 @@ class ShardQueue:
 
     def running(self) -> list[Attempt]:
         """Every live attempt, in shard order (only DOING shards have any)."""
-        return [a for i in sorted(self._doing) for a in self._shards[i].attempts.values()]
+        return [a for i in sorted(self._doing) for a in self._shards[i].live()]
 
     # ------------------------------------------------------------ snapshots
     def snapshot(self) -> dict[str, Any]:
@@ -983,8 +1012,9 @@ class ShardQueue:
         active = self.active
         assert self._n_done == sum(1 for i in active if self._shards[i].status is _DONE)
         assert self._doing == {i for i, s in enumerate(self._shards) if s.status is _DOING}
-        keys = {i: (s.started, min(a.started for a in s.attempts.values()))
-                for i, s in enumerate(self._shards) if s.status is _DOING and s.attempts}
+        assert all(s.attempt is not None or not s.more for s in self._shards)
+        keys = {i: (s.started, min(a.started for a in s.live()))
+                for i, s in enumerate(self._shards) if s.status is _DOING and s.attempt is not None}
         assert {i: s.run_key for i, s in enumerate(self._shards) if s.run_key is not None} == keys
         running = self._running if not self._started_on else self._running_from_records()
         assert not self._started_on or not self._running and not self._unsorted
@@ -992,7 +1022,7 @@ class ShardQueue:
         for k, bucket in self._running.items():
             assert k in self._unsorted or list(bucket.values()) == sorted(bucket.values()), k
         shown = {i: (k, (t, self._shards[i].entered, i)) for i, (k, t) in keys.items()
-                 if any((i, a.attempt, a.worker) not in self._waiting for a in self._shards[i].attempts.values())}
+                 if any((i, a.attempt, a.worker) not in self._waiting for a in self._shards[i].live())}
         self._flush_started()  # (the index as a read sees it)
         started_key = {i: s.shown for i, s in enumerate(self._shards) if s.shown is not None}
         assert started_key == (shown if self._started_on else {}) and (self._started_on or not self._waiting)
@@ -1015,11 +1045,11 @@ class ShardQueue:
         for i, s in enumerate(self._shards):
             assert (i in self._todo) == (s.status is _TODO and i in active), i
             if i not in active:  # an earlier phase (DONE, or TODO after a rebuild pass) or a later one (TODO)
-                assert s.status is not _DOING and not s.attempts, i
+                assert s.status is not _DOING and s.attempt is None, i
                 assert s.status is _TODO or i < active.start, i
             if s.status is _DOING:
-                assert s.attempts and s.committed is None, i
+                assert s.attempt is not None and s.committed is None, i
             elif s.status is _DONE:
-                assert not s.attempts and s.committed is not None, i
+                assert s.attempt is None and s.committed is not None, i
             else:
-                assert not s.attempts and s.committed is None, i
+                assert s.attempt is None and s.committed is None, i

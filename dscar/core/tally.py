@@ -39,7 +39,7 @@ class ClockTally:
         #: when the stage being run began (0: none yet) and when this clock began
         self.stage_t0 = 0.0
         self.clock_t0 = 0.0
-        #: SSP: clock -> {"t0": first hand-out, "shards_done": {worker: n}, "timings": {worker: {k: s}}}
+        #: SSP: clock -> {"t0": first hand-out, "commits": [(worker, timings) of each committed attempt]}
         self.per_clock: dict[int, dict[str, Any]] = {}
         #: SSP: clock -> its report for the driver, once finished (kept until a newer one is read)
         self.reports: dict[int, dict[str, Any]] = {}
@@ -77,29 +77,32 @@ class ClockTally:
     def open(self, clock: int, now: float) -> None:
         """A shard of ``clock`` is handed out (SSP): the clock's count starts at its first."""
         if clock not in self.per_clock:
-            self.per_clock[clock] = {"t0": now, "shards_done": {}, "timings": {}}
+            self.per_clock[clock] = {"t0": now, "commits": []}
 
     def started(self, clock: int, now: float) -> float:
         """When ``clock``'s first shard was handed out (SSP; ``now`` if none was)."""
         return self.per_clock.get(clock, {}).get("t0", now)
 
     def committed_in(self, clock: int, worker: str, timings: dict | None) -> None:
-        """An attempt of ``worker`` in ``clock`` committed (SSP)."""
+        """An attempt of ``worker`` in ``clock`` committed (SSP): noted, and counted when the clock's report
+        is made (``close``). Counted here, each commit read its worker's entries in two dicts of W workers
+        and its sums' dict, cold at thousands of workers; a note is one append to the clock's list."""
         t = self.per_clock.get(clock)
-        if t is not None:  # (every commit counts: no default dict built per call)
-            done, by_worker = t["shards_done"], t["timings"]
-            done[worker] = done.get(worker, 0) + 1
-            sums = by_worker.get(worker)
-            if sums is None:
-                sums = by_worker[worker] = {}
-            if timings:  # (``add_timings``, inline)
-                for k, v in timings.items():
-                    sums[k] = sums.get(k, 0.0) + float(v)
+        if t is not None:
+            t["commits"].append((worker, timings))
 
     def close(self, clock: int) -> tuple[dict[str, int], dict[str, dict[str, float]]]:
-        """``clock``'s counts, for its report (SSP): shards per worker and summed timings."""
-        t = self.per_clock.pop(clock, {})
-        return dict(t.get("shards_done", {})), dict(t.get("timings", {}))
+        """``clock``'s counts, for its report (SSP): shards per worker and summed timings, in commit order."""
+        done: dict[str, int] = {}
+        sums: dict[str, dict[str, float]] = {}
+        for worker, timings in self.per_clock.pop(clock, {}).get("commits", ()):
+            done[worker] = done.get(worker, 0) + 1
+            mine = sums.get(worker)
+            if mine is None:
+                mine = sums[worker] = {}
+            if timings:
+                add_timings(mine, timings)
+        return done, sums
 
     def report_for(self, clock: int) -> dict | None:
         """``clock``'s report once finished (SSP); older reports are dropped (the driver reads in order)."""
