@@ -22,8 +22,8 @@ once it is drained and the tables hold still (``ssp_leave_step``).
 from __future__ import annotations
 
 from bisect import bisect_left, insort
-from heapq import heapify, heapreplace
 from collections.abc import Container, Iterable, Mapping
+from heapq import heapify, heapreplace
 
 
 def workers_wanted(n_shards: int, setting: int | None = None) -> int:
