@@ -129,5 +129,6 @@ def test_a_stolen_shard_s_pass_goes_to_its_old_and_new_holder_not_to_every_worke
         movers = {w for e in res.events if e["kind"] == "shard-moved" and e["clock"] == clock
                   for w in (e["source"], e["target"])}
         assert movers <= receivers
-        assert len(receivers - movers) <= 2, (clock, receivers, movers)  # the owner and the clock end's worker
-        assert len(receivers) < 6, (clock, receivers)
+        # beyond the movers, the owner and the clock end's worker only (not 'fewer than all 6': under load
+        # clock 1 can move shards of 4 or 5 workers, and then every worker is rightly a receiver)
+        assert len(receivers - movers) <= 2, (clock, receivers, movers)
