@@ -353,12 +353,12 @@ def _lda_sparse_kernel(threads: int, K: int, steps: int = 1):
                     left = Ds[a] - 1
                     Ds[a] = left
                     if left == 0:  # ... and the topic the document's list
-                        last = nds[0] - 1
-                        moved = dk[last]
+                        tail = nds[0] - 1  # (not ``last``: the kernel's argument, the part's end)
+                        moved = dk[tail]
                         at = dpos[a]
                         dk[at] = moved
                         dpos[moved] = at
-                        nds[0] = last
+                        nds[0] = tail
                 cuda.syncthreads()
                 nd = nds[0]
                 doc = float32(0)  # the document term's total so far

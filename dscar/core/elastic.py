@@ -141,12 +141,12 @@ def even_plan(owners: Mapping[tuple[str, int], str], rows: Mapping[tuple[str, in
     if len(members) < 2:
         return {}
     rank = {w: i for i, w in enumerate(members)}
-    owner = {k: w for k, w in owners.items() if w in rank}
     load = dict.fromkeys(members, 0)
     held: dict[str, list[tuple[str, int]]] = {w: [] for w in members}
-    for key, w in owner.items():
-        load[w] += rows[key]
-        held[w].append(key)
+    for key, w in owners.items():
+        if w in rank:
+            load[w] += rows[key]
+            held[w].append(key)
     start = max(load.values())
     # the largest load cannot fall below the mean: a layout that even the best plan improves too little
     # is left alone (and a large cluster's join of even owners costs one pass, not thousands of steps)

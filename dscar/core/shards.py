@@ -195,9 +195,6 @@ class _Shard:
         else:
             self.more = tuple(a for a in self.more if a.attempt != number)
 
-    def drop_all(self) -> None:
-        self.attempt, self.more = None, ()
-
 
 class ShardQueue:
     """Per-clock shard states, attempts, commits and data locality."""

@@ -97,11 +97,7 @@ class ClockTally:
         sums: dict[str, dict[str, float]] = {}
         for worker, timings in self.per_clock.pop(clock, {}).get("commits", ()):
             done[worker] = done.get(worker, 0) + 1
-            mine = sums.get(worker)
-            if mine is None:
-                mine = sums[worker] = {}
-            if timings:
-                add_timings(mine, timings)
+            add_timings(sums.setdefault(worker, {}), timings)
         return done, sums
 
     def report_for(self, clock: int) -> dict | None:
