@@ -8,6 +8,7 @@ import asyncio
 
 import pytest
 
+from dscar.core.events import EventLog
 from dscar.core.wake import WaitLine, Woken
 from dscar.scheduler.coordinator import Coordinator
 
@@ -54,7 +55,8 @@ def test_a_change_wakes_the_waits_and_a_timeout_ends_them_leaving_nothing_behind
 
 class _Job:
     def __init__(self):
-        self.events: list[dict] = []
+        self.log = EventLog(lambda: 0)
+        self.events = self.log.events
 
 
 def test_a_workers_own_progress_wakes_a_drivers_wait_only_when_it_added_events():

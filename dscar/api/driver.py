@@ -691,8 +691,8 @@ class _Run:
 
     def _take_events(self, reply: dict) -> None:
         new = list(reply.get("events", ()))
-        if reply.get("all_events"):
-            new = new[self._seen :]
+        if reply.get("all_events"):  # (the log from its index ``first_event`` on: the older ones are here already)
+            new = new[max(0, self._seen - int(reply.get("first_event", 0))):]
         self.events.extend(new)
         self._seen += len(new)
         for e in new:

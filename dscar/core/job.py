@@ -381,7 +381,7 @@ class JobState:
             self.event(now, "rollback", to_clock=plan.manifests[0]["clock"] if plan.manifests else 0)
         effects = self.recovered(covered, now)
         if not self.recovering:
-            self.event(now, "recovery-done", seconds=seconds, **perturbations(self.events[first_event:]))
+            self.event(now, "recovery-done", seconds=seconds, **perturbations(self.log.since(first_event)))
         return effects
 
     def restore_sources(self, key: tuple[str, int], manifests: list[dict], memory: tuple[str, int] | None,
@@ -458,7 +458,7 @@ class JobState:
             "metrics": {k: float(v) for k, v in self.metrics.items()}, "workers": workers, "queue": queue,
             "checkpoints": [{"version": int(m["version"]), "clock": int(m["clock"]), "bytes": int(m.get("bytes", 0))}
                             for m in published],
-            "events": self.events[-200:], "n_events": len(self.events),
+            "events": self.events[-200:], "n_events": self.log.count,
             "objectives": [[c, v] for c, v in self.objectives[-200:]], "n_objectives": len(self.objectives),
             **tail,
         }

@@ -703,7 +703,7 @@ class Coordinator(SchedulerPlugin):
             for fut in waits:
                 resolve(fut, True)
         if self._driver_waits:
-            heard = sum(len(job.events) for job in self.jobs.values())
+            heard = sum(job.log.count for job in self.jobs.values())
             if driver or heard != self._events_heard:
                 waits, self._driver_waits, self._events_heard = self._driver_waits, set(), heard
                 for fut in waits:
@@ -1130,7 +1130,7 @@ class Coordinator(SchedulerPlugin):
     def _h_end_job(self, job_id: str) -> dict:
         job = self._drop(job_id)
         return {"status": "OK", "events": [] if job is None else job.events, "all_events": True,
-                "workers": sorted(self.scheduler.workers)}
+                "first_event": 0 if job is None else job.log.first, "workers": sorted(self.scheduler.workers)}
 
     def _drop(self, job_id: str) -> JobState | None:
         """Forget the job here (the driver's end, or the coordinator's: ``_end_here``)."""
@@ -1721,7 +1721,7 @@ class Coordinator(SchedulerPlugin):
     async def _recover(self, job: JobState) -> None:
         """Restore what the lost workers took, re-planning until no loss is left unrecovered
         (a loss during the restore, of a target included, just adds to the next round)."""
-        t0, first_event = time.perf_counter(), len(job.events)
+        t0, first_event = time.perf_counter(), job.log.pin()  # (its events are read when it ends)
         try:
             while not job.failed:
                 live = self._live(job)
@@ -1738,6 +1738,7 @@ class Coordinator(SchedulerPlugin):
             logger.exception("dscar recovery failed")
             job.fail(time.time(), f"recovery failed: {e!r}")
         finally:
+            job.log.unpin(first_event)
             self._recovering.discard(job.cfg.job_id)
             self._wake(everyone=True)
 
@@ -1869,7 +1870,8 @@ class Coordinator(SchedulerPlugin):
             job = self.jobs.get(job_id)
             if job is None:
                 return {"status": "failed", "error": self._unknown(job_id)}
-            events = job.events[events_from:]
+            job.log.trim(events_from)  # (the driver holds those below its cursor)
+            events = job.log.since(events_from)
             publish = [] if job.ledger is None else list(job.ledger.to_publish)
             if job.failed:
                 return {"status": "failed", "error": job.error, "events": events}
