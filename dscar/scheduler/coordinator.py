@@ -1503,6 +1503,8 @@ class Coordinator(SchedulerPlugin):
         folded = None if e.clock_end is None else e.clock_end["worker"]  # (its apply answers once its clock end ran)
         for attempt in range(APPLY_TRIES):
             targets = self._apply_receivers(job, e, targets, plan, folded)
+            if folded in targets:  # (the others' applies gate the clock end's first read: they go first)
+                targets = [w for w in targets if w != folded] + [folded]
             # through a tree, an owner's fetch waits on the combine steps below the root (each level's deadline)
             timeout = RPC_TIMEOUT_S + (plan.depth() + 2) * float(dask.config.get("dscar.rpc-timeout", 10.0)) * plan.tree
             if e.batch is None:  # BSP: each worker is told its own commits, and the pass's shards as ranges
