@@ -23,7 +23,8 @@ What it counts, per clock and in all:
 * data-plane messages the coordinator's decisions cause: ``fetch_staged`` / ``fetch_combined`` (at
   an apply the owners collect the committed attempts' updates from the workers that ran them,
   directly or through an aggregation tree, as ``dscar.core.apply_plan`` plans it), ``pull`` (a worker reads each table's owners once per run id);
-* bytes of the control messages that grow with W (work items carry the partition map; a BSP apply
+* bytes of the control messages that grow with W (a work item carries the partition map where its worker
+  holds another, after a change of the owners: ``PartitionMap.for_item``; a BSP apply
   carries its worker's own commits, the pass's shards as ranges and its role in the fan-out, an SSP
   one every committed attempt of the batch): estimated from their msgpack-like size;
 * shard-status entries the core touched (``dscar.core.shards.ShardQueue`` and ``dscar.core.ssp.ClockWindow``
@@ -197,6 +198,8 @@ class Sim:
         #: a loss may have left shards without a holder: the driver places them again
         self._unplaced_possible = False
         self._owners_size: tuple[Any, int] = (None, 0)
+        #: worker -> the token of the owners map it holds (``PartitionMap.for_item``)
+        self._owners_known: dict[str, str | None] = {}
         self._owner_set: tuple[Any, set[str]] = (None, set())  #: (partition map's version, its owners)
         self._members_changed = True
         #: workers waiting in a long poll, in the order they began waiting (``dscar.core.wake``)
@@ -420,7 +423,11 @@ class Sim:
             owners = item.get("owners", ())
             if self._owners_size[0] is not owners:  # (the core hands out one list per change of the owners)
                 self._owners_size = (owners, _size(owners))
-            self._send("item_bytes", 0, _size({k: v for k, v in item.items() if k != "owners"}) + self._owners_size[1])
+            # (``Coordinator._item_for``: the map only where the worker holds another; it holds this one then)
+            sent = job.pmap.for_item(dict(item), self._owners_known.get(w))
+            self._owners_known[w] = sent.get("owners_token")
+            self._send("item_bytes", 0, _size({k: v for k, v in sent.items() if k != "owners"})
+                       + (self._owners_size[1] if "owners" in sent else 0))
         return item
 
     def _take_back_for(self, w: str) -> dict | None:

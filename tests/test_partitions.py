@@ -97,3 +97,27 @@ def test_assign_gives_each_partition_to_the_worker_a_scan_would(tables, workers,
     pm = PartitionMap(layouts)
     pm.assign(workers, homes)
     assert dict(pm.owners) == _assign_by_scan(layouts, workers, homes)
+
+
+def test_an_item_carries_the_owners_map_only_where_its_worker_holds_another():
+    """``PartitionMap.for_item``: the whole map with its token for a worker that names none or another
+    (one that never had it, one whose map changed since), the token alone for one that holds it; a
+    change of an owner, and another map of the same owners, name a new token."""
+    pmap = PartitionMap([TableLayout("w", 8, 2)])
+    pmap.assign(["a", "b"])
+    token = pmap.token()
+    first = pmap.for_item({"op": "shard", "owners": pmap.to_msg()}, None)
+    assert first["owners"] == pmap.to_msg() and first["owners_token"] == token
+    again = pmap.for_item({"op": "shard", "owners": pmap.to_msg()}, token)
+    assert "owners" not in again and again["owners_token"] == token
+    pmap.owners[("w", 0)] = "b"
+    assert pmap.token() != token
+    moved = pmap.for_item({"op": "shard", "owners": pmap.to_msg()}, token)
+    assert moved["owners"] == [["w", 0, "b"], ["w", 1, "b"]] and moved["owners_token"] == pmap.token()
+    other = PartitionMap([TableLayout("w", 8, 2)])
+    other.assign(["a", "b"])
+    other.owners[("w", 0)] = "b"
+    assert other.owners == pmap.owners and other.owners.version == pmap.owners.version
+    assert other.token() != pmap.token()  # (a job set up again: a worker's old token never names it)
+    pmap.owners = dict(pmap.owners)  # (a plain dict counts no changes: every item carries the map)
+    assert pmap.token() is None and "owners" in pmap.for_item({"owners": pmap.to_msg()}, token)

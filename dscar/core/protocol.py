@@ -78,8 +78,8 @@ class WorkItem:
     item: int
     clock: int
     run: int
-    #: ``[table, part, owner]`` of every partition
-    owners: list
+    #: ``[table, part, owner]`` of every partition (None: left out, the worker holds the map ``owners_token`` names)
+    owners: list | None
     shards: list[Member]
     #: this worker's share of a fixed global batch (adaptive batch policy)
     batch_scale: float = 1.0
@@ -92,12 +92,16 @@ class WorkItem:
     #: where restored shard states are read from, when a member has a ``state_file``
     ckpt_url: str | None = None
     storage_options: dict | None = None
+    #: names the owners map (``PartitionMap.for_item``)
+    owners_token: str | None = None
 
-    _OPTIONAL = ("restored", "version", "floor", "read_floor", "ckpt_url", "storage_options")
+    _OPTIONAL = ("restored", "version", "floor", "read_floor", "ckpt_url", "storage_options", "owners_token")
 
     def to_msg(self) -> dict[str, Any]:
         msg = {"op": self.op, "job": self.job, "item": self.item, "clock": self.clock, "run": self.run,
                "owners": self.owners, "batch_scale": self.batch_scale, "shards": [m.to_msg() for m in self.shards]}
+        if self.owners is None:
+            del msg["owners"]
         for k in self._OPTIONAL:
             if (v := getattr(self, k)) is not None:
                 msg[k] = v
@@ -105,7 +109,7 @@ class WorkItem:
 
     @classmethod
     def from_msg(cls, msg: dict[str, Any]) -> "WorkItem":
-        return cls(msg["op"], msg["job"], int(msg["item"]), int(msg["clock"]), int(msg["run"]), msg["owners"],
+        return cls(msg["op"], msg["job"], int(msg["item"]), int(msg["clock"]), int(msg["run"]), msg.get("owners"),
                    [Member.from_msg(m) for m in msg["shards"]], float(msg.get("batch_scale", 1.0)),
                    *(msg.get(k) for k in cls._OPTIONAL))
 
@@ -279,6 +283,8 @@ class Commit:
     wait: bool = False
     #: the wait's timeout (None: the coordinator's idle poll timeout); then the answer's next item is ``IDLE``
     wait_timeout: float | None = None
+    #: job -> the token of the owners map the worker holds (``PartitionMap.for_item``)
+    owners_known: dict[str, str] | None = None
 
     def to_msg(self) -> dict[str, Any]:
         """The handler's keyword arguments."""
@@ -289,16 +295,18 @@ class Commit:
             msg["wait"] = True
             if self.wait_timeout is not None:
                 msg["wait_timeout"] = self.wait_timeout
+        if self.owners_known:
+            msg["owners_known"] = self.owners_known
         return msg
 
     @classmethod
     def from_msg(cls, job_id: str, clock: int, run: int, worker: str, commits: list, rebuild: bool = False,
                  released: list | None = None, stopped: list | None = None, wait: bool = False,
-                 wait_timeout: float | None = None) -> "Commit":
+                 wait_timeout: float | None = None, owners_known: dict | None = None) -> "Commit":
         return cls(job_id, int(clock), int(run), worker, [Finished.from_msg(c, int(clock)) for c in commits],
                    bool(rebuild), [[int(s), int(a)] for s, a in released or ()],
                    [Stopped.from_msg(s) for s in stopped or ()], bool(wait),
-                   None if wait_timeout is None else float(wait_timeout))
+                   None if wait_timeout is None else float(wait_timeout), dict(owners_known) if owners_known else None)
 
 
 @dataclass

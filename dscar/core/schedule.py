@@ -281,7 +281,7 @@ class BspSchedule:
         owned = Counter(job.pmap.owners.values())
         self.folded = max(live, key=lambda w: (owned[w], -live.index(w)))
         item = {"op": "clock_end", "job": job.cfg.job_id, "clock": m.clock, "run": a.run_id,
-                "owners": job.pmap.to_msg(), "worker": self.folded}
+                "owners": job.pmap.to_msg(), "owners_token": job.pmap.token(), "worker": self.folded}
         if self.auto_begin and m.clock < self.auto_until:  # (the rule decides whether a next clock begins here)
             item["rule"] = self.rule.part_for(self.folded)
         return item

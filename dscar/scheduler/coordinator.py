@@ -161,6 +161,9 @@ class Coordinator(SchedulerPlugin):
         self._line = WaitLine()
         #: worker -> the future its waiting long poll waits on (resolved with its ``Woken``)
         self._polls: dict[str, asyncio.Future] = {}
+        #: worker -> {job: the token of the owners map it holds}, as its latest poll or commit said: its next
+        #: item, the answer to that request, carries the map only where it holds another (``PartitionMap.for_item``)
+        self._owners_known: dict[str, dict[str, str]] = {}
         #: waiting long polls woken so far (each looks once more)
         self.poll_wakes = 0
         #: wakes the head of the line when a time-driven decision turns due (``_tick``)
@@ -1125,7 +1128,7 @@ class Coordinator(SchedulerPlugin):
         run = job.run_id
         while job.recovering and job.run_id == run and not job.failed and self.jobs.get(job_id) is job:
             await self._wait_change(1.0)
-        return {"run": job.run_id, "owners": job.pmap.to_msg()}
+        return {"run": job.run_id, "owners": job.pmap.to_msg(), "owners_token": job.pmap.token()}
 
     def _h_end_job(self, job_id: str) -> dict:
         job = self._drop(job_id)
@@ -1252,6 +1255,7 @@ class Coordinator(SchedulerPlugin):
                 if job.cfg.checkpoint is not None and any("state_file" in m for m in item.get("shards", ())):
                     item["ckpt_url"] = job.cfg.checkpoint.url
                     item["storage_options"] = job.cfg.checkpoint.storage_options
+                job.pmap.for_item(item, self._owners_known.get(worker, {}).get(job_id))
                 self._wake(polls=False, driver=False)  # (the waiting polls: a poll that gets an item passes a wake on)
                 return item
         return None
@@ -1262,11 +1266,13 @@ class Coordinator(SchedulerPlugin):
         if sources:
             self._copying.setdefault(job_id, {}).setdefault(int(item["run"]), set()).update(sources | {worker})
 
-    async def _h_next(self, worker: str, timeout: float | None = None) -> dict:
+    async def _h_next(self, worker: str, timeout: float | None = None, owners_known: dict | None = None) -> dict:
         """Long poll: the next work item for ``worker``, or ``idle`` after ``timeout`` (None:
         ``idle_poll_timeout``). It waits in the line of waiting polls until a change that may concern
         it wakes it (``dscar.core.wake``), not on a clock: an idle worker costs the scheduler one call
-        per timeout. A woken poll passes the wake on as the rule says, whether it found work or not."""
+        per timeout. A woken poll passes the wake on as the rule says, whether it found work or not.
+        ``owners_known``: the owners maps the worker holds (``_owners_known``)."""
+        self._owners_known[worker] = owners_known or {}
         return await self._poll(worker, timeout)
 
     async def _poll(self, worker: str, timeout: float | None, looked: bool = False) -> dict:
@@ -1325,7 +1331,8 @@ class Coordinator(SchedulerPlugin):
 
     def _h_commit(self, job_id: str, clock: int, run: int, worker: str, commits: list[dict],
                   rebuild: bool = False, released: list | None = None, stopped: list | None = None,
-                  wait: bool = False, wait_timeout: float | None = None) -> dict | Coroutine[Any, Any, dict]:
+                  wait: bool = False, wait_timeout: float | None = None,
+                  owners_known: dict | None = None) -> dict | Coroutine[Any, Any, dict]:
         """Grant or refuse the commits of a batch's attempts in one decision (``protocol.Commit``:
         ``commits``, each ``protocol.Finished``; ``rebuild``: the batch is of the rebuild pass); the
         answer (``protocol.CommitAnswer``) carries the worker's next work item, if one is ready.
@@ -1335,7 +1342,9 @@ class Coordinator(SchedulerPlugin):
         than hold its clock for ever. ``wait``: when no item is ready, the answer waits for one as
         ``dscar_next`` does (``wait_timeout``: its ``timeout``; then ``next`` is ``idle``): a BSP
         worker's last commit of a pass and its poll for the next pass are one round trip, not two."""
-        msg = Commit.from_msg(job_id, clock, run, worker, commits, rebuild, released, stopped, wait, wait_timeout)
+        msg = Commit.from_msg(job_id, clock, run, worker, commits, rebuild, released, stopped, wait, wait_timeout,
+                              owners_known)
+        self._owners_known[worker] = msg.owners_known or {}
         self._alive(worker)
         job = self.jobs.get(job_id)
         if job is None:
@@ -1821,6 +1830,7 @@ class Coordinator(SchedulerPlugin):
 
     def remove_worker(self, scheduler, worker: str, **kwargs) -> None:
         self._arrived.pop(worker, None)
+        self._owners_known.pop(worker, None)
         self._generation += 1
         self._inflight.cancel(worker, self._generation)
         for job_id, job in list(self.jobs.items()):

@@ -1072,6 +1072,7 @@ class ParamServer(WorkerPlugin):
         self._wanted_summaries.pop(job_id, None)
         self._early_summaries.pop(job_id, None)
         self._not_applied.pop(job_id, None)
+        self.runner.forget_job(job_id)
         if job is not None:
             job.ended.set()
         return {"status": "OK"}

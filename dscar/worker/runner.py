@@ -72,6 +72,9 @@ class Job:
     faults: list = field(default_factory=list)  # this worker's, from dscar.faults
     fired: set = field(default_factory=set)
     owners: dict[tuple[str, int], str] = field(default_factory=dict)
+    #: names ``owners`` (``PartitionMap.token``): this worker's requests say it, and a work item then leaves
+    #: the map out while it is the same (None: not named, the next item carries it)
+    owners_token: str | None = None
     #: the rows pulled here, shared by the attempts run here while they serve their reads
     pull_cache: PullCache = field(default_factory=PullCache)
     #: stale-synchronous clocks: reduction tables are read per clock
@@ -177,6 +180,8 @@ class ShardRunner:
         #: (job, item, shard, attempt) given back before their item reached this runner: when it
         #: does, they are skipped (the coordinator handed them to another worker meanwhile)
         self._released_early: set[tuple[str, int, int, int]] = set()
+        #: job -> the token of the owners map held here (``Job.owners_token``), said with each request
+        self.owners_known: dict[str, str] = {}
 
     def loop(self) -> None:
         """The worker's own thread: ask for work (a long poll), run it, commit; until stopped."""
@@ -191,7 +196,8 @@ class ShardRunner:
                         if not registered:  # not known to the scheduler yet
                             self.host.stop.wait(0.2)
                             continue
-                    item = self.host.call("next", worker=addr, timeout=self.poll_timeout)
+                    item = self.host.call("next", worker=addr, timeout=self.poll_timeout,
+                                          owners_known=dict(self.owners_known))
                 except Exception as e:  # scheduler not ready, closing, no coordinator yet, or a new one
                     if self.host.stop.is_set() or self.host.closing():
                         return
@@ -225,7 +231,12 @@ class ShardRunner:
 
     def _prepare(self, job: Job, item: dict) -> None:
         with self._lock:
-            job.owners = {(t, int(p)): w for t, p, w in item["owners"]}
+            if "owners" in item:
+                job.owners = {(t, int(p)): w for t, p, w in item["owners"]}
+                self._hold_owners(job, item.get("owners_token"))
+            elif item.get("owners_token") != job.owners_token:  # (left out only where this worker said it held them)
+                raise RuntimeError(f"work item {item.get('item')} of job {job.id} names owners "
+                                   f"{item.get('owners_token')} without them; this worker holds {job.owners_token}")
             job.clock_seen = max(job.clock_seen, int(item["clock"]))
             job.run_seen = max(job.run_seen, int(item["run"]))
             job.pull_cache.prepare(item)
@@ -289,7 +300,8 @@ class ShardRunner:
             return None
         # under BSP the grants matter only with the next item: the commit waits for it (one round trip)
         commit = Commit(item["job"], item["clock"], item["run"], self.host.address, commits, item["op"] == "rebuild",
-                        given_back, stopped, wait=not job.ssp, wait_timeout=self.poll_timeout)
+                        given_back, stopped, wait=not job.ssp, wait_timeout=self.poll_timeout,
+                        owners_known=dict(self.owners_known))
         try:
             answer = CommitAnswer.from_msg(self.host.call("commit", **commit.to_msg()))
         except Exception as e:
@@ -332,7 +344,21 @@ class ShardRunner:
             with self._lock:
                 if job.run_seen <= run:
                     job.owners = {(t, int(p)): w for t, p, w in r["owners"]}
+                    self._hold_owners(job, r.get("owners_token"))
         return None if current is None else int(current)
+
+    def _hold_owners(self, job: Job, token: str | None) -> None:
+        """``job.owners`` were just set from a map named ``token`` (with ``_lock`` held)."""
+        job.owners_token = token
+        if token is None:
+            self.owners_known.pop(job.id, None)
+        else:
+            self.owners_known[job.id] = token
+
+    def forget_job(self, job_id: str) -> None:
+        """The job ended here: its owners are no longer said to be held."""
+        with self._lock:
+            self.owners_known.pop(job_id, None)
 
     def _write_back(self, job: Job, run: int, granted: list[tuple[int, int, int]], staged: dict) -> None:
         """Add this worker's granted SSP updates to its pulled copy (``PullCache.write_back``): its
