@@ -26,7 +26,7 @@ What it counts, per clock and in all:
 * bytes of the control messages that grow with W (a work item carries the partition map where its worker
   holds another, after a change of the owners: ``PartitionMap.for_item``; a BSP apply
   carries its worker's own commits, the pass's shards as ranges and its role in the fan-out, an SSP
-  one every committed attempt of the batch): estimated from their msgpack-like size;
+  one its worker's own commits and the batch's shards per clock as ranges): estimated from their msgpack-like size;
 * shard-status entries the core touched (``dscar.core.shards.ShardQueue`` and ``dscar.core.ssp.ClockWindow``
   keep them in lists; a counting list counts every read): a machine-independent measure of the work
   per decision, what the tests bound (the counting costs the timed decisions: ``count_reads``);
@@ -49,7 +49,7 @@ from collections import Counter, defaultdict, deque
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from dscar.core.apply_plan import plan_apply, rides_commit, shard_ranges
+from dscar.core.apply_plan import batch_fields, plan_apply, rides_commit, shard_ranges
 from dscar.checkpoint import CheckpointConfig
 from dscar.core.clock import Stage
 from dscar.core.job import ApplyPass, Checkpoint, JobConfig, JobState, Mirror, RestartWorker, StartRecovery
@@ -330,8 +330,10 @@ class Sim:
             for c in e.committed:
                 own[c[2]].append(list(c))
             sizes = [shards + _size(own[w]) for w in live]
-        else:
-            sizes = [_size([e.committed, e.clocks])] * len(live)
+        else:  # SSP: a worker's own commits and their clocks, the batch's shards per clock as ranges
+            own, clock_shards = batch_fields(e.committed, e.clocks)
+            shards = _size(clock_shards)
+            sizes = [shards + _size(list(own.get(w, ([], [])))) for w in live]
         roles = [plan.role(w) for w in live]
         self._send("apply", len(live), sum(n + _size(e.reset) + _size(r.to_msg()) + round(share * len(r.inline))
                                            for n, r in zip(sizes, roles)))

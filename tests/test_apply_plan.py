@@ -8,7 +8,7 @@ import math
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from dscar.core.apply_plan import INLINE_BYTES, ApplyPlan, merge_touched, plan_apply, rides_commit, touches
+from dscar.core.apply_plan import INLINE_BYTES, ApplyPlan, batch_fields, merge_touched, plan_apply, rides_commit, touches
 
 TABLES = {"w": 6, "g": 3}
 
@@ -190,3 +190,21 @@ def test_an_owner_gets_only_inline_updates_fetches_nothing():
 def test_small_updates_ride_the_commit():
     assert rides_commit(0) and rides_commit(INLINE_BYTES) and not rides_commit(INLINE_BYTES + 1)
     assert not rides_commit(100, limit=99) and not rides_commit(0, limit=0)  # (0: every update is fetched)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 40), st.integers(0, 3), st.sampled_from("abcd"), st.integers(1, 5)),
+                max_size=60, unique_by=lambda c: (c[0], c[3])))
+def test_an_ssp_batch_tells_each_worker_its_own_commits_and_every_worker_the_shards_by_clock(commits):
+    """``batch_fields``: a worker's own commits with their clocks, in the batch's order, and the batch's
+    committed shards per clock as ranges covering exactly those shards, the same for every worker."""
+    committed = [[s, a, w] for s, a, w, _ in commits]
+    clocks = [c for *_, c in commits]
+    own, clock_shards = batch_fields(committed, clocks)
+    for w in "abcd":
+        mine = [(s, a, c) for s, a, ww, c in commits if ww == w]
+        got = own.get(w, ([], []))
+        assert [(s, a, c) for (s, a, _), c in zip(*got)] == mine and all(x[2] == w for x in got[0])
+    covered = {(c, s) for c, ranges in clock_shards for lo, hi in ranges for s in range(lo, hi)}
+    assert covered == {(c, s) for s, _, _, c in commits}
+    assert [c for c, _ in clock_shards] == sorted({c for *_, c in commits})

@@ -1,6 +1,7 @@
 """Stale-synchronous clocks in the engine: the job with its SspSchedule (pure) and fits on real clusters."""
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
@@ -251,6 +252,35 @@ def test_every_update_is_applied_once_and_reads_are_at_most_staleness_clocks_ahe
     np.testing.assert_array_equal(res.params["count"], np.full(64, 8.0))  # every clock's update, once
     ahead = [rec.ahead for rec in res.history]
     assert (max(ahead) > 0) == (staleness > 0), ahead
+
+
+def _count_named(dask_worker) -> list[int]:
+    """Wraps this worker's ``dscar_apply`` to keep how many commits each SSP apply names; returns them."""
+    h = dask_worker.handlers["dscar_apply"]
+    if not getattr(h, "_named_counted", False):
+        @functools.wraps(h)  # keeps the signature: distributed passes ``comm`` as the original wants it
+        def counted(*a, **k):
+            if k.get("floor") is not None:
+                dask_worker._ssp_named.append(len(k["committed"]))
+            return h(*a, **k)
+        counted._named_counted = True
+        dask_worker.handlers["dscar_apply"] = counted
+        dask_worker._ssp_named = []
+    return list(dask_worker._ssp_named)
+
+
+def test_an_ssp_apply_tells_each_worker_its_own_commits_only(inproc):
+    """Each SSP batch's apply message names its worker's own commits and the batch's shards per clock as
+    ranges (``apply_plan.batch_fields``), not every commit of the batch: the commits the messages name
+    add up to the fit's commits once, not once per worker; every update is still applied once."""
+    before = inproc.client.run(_count_named)
+    res = dscar.fit(SspRowCounter(sleep=0.01, slow_shards=(0,), staleness=2), row_data(64), inproc,
+                    n_shards=8, max_clocks=6, consistency="ssp", staleness=2, policies=[])
+    np.testing.assert_array_equal(res.params["count"], np.full(64, 6.0))
+    after = inproc.client.run(_count_named)
+    named = {w: after[w][len(before[w]):] for w in after}
+    assert all(named.values()), named  # (every worker got applies)
+    assert sum(sum(n) for n in named.values()) == 8 * 6, named  # (every commit to every worker: 2 x 48)
 
 
 @pytest.mark.timeout(60)

@@ -47,8 +47,8 @@ from distributed.core import error_message
 from distributed.protocol.pickle import loads
 from distributed.scheduler import heartbeat_interval
 
-from ..core.apply_plan import (DIRECT_PER_WORKER, FANIN, ApplyPlan, apply_receivers, merge_touched, plan_apply,
-                               shard_ranges)
+from ..core.apply_plan import (DIRECT_PER_WORKER, FANIN, ApplyPlan, apply_receivers, batch_fields, merge_touched,
+                               plan_apply, shard_ranges)
 from .. import heap
 from ..checkpoint import CheckpointConfig
 from ..comm import fast_fail_pool
@@ -1498,7 +1498,7 @@ class Coordinator(SchedulerPlugin):
         direct fetches (workers that applied it answer at once: one pass is applied once), up to
         ``APPLY_TRIES`` times; a worker that does not answer is lost, as before."""
         targets = self._apply_targets(job)
-        extra = {"clocks": e.clocks, "floor": e.floor} if e.batch is not None else {}
+        extra = {"floor": e.floor} if e.batch is not None else {}
         if e.phase:
             extra["phase"] = e.phase
         if e.batch is not None:
@@ -1516,15 +1516,21 @@ class Coordinator(SchedulerPlugin):
                 targets = [w for w in targets if w != folded] + [folded]
             # through a tree, an owner's fetch waits on the combine steps below the root (each level's deadline)
             timeout = RPC_TIMEOUT_S + (plan.depth() + 2) * float(dask.config.get("dscar.rpc-timeout", 10.0)) * plan.tree
-            if e.batch is None:  # BSP: each worker is told its own commits, and the pass's shards as ranges
+            # each worker is told its own commits, and the pass's (the batch's, per clock) shards as ranges
+            if e.batch is None:  # BSP
                 committed: dict[str, list] = {w: [] for w in targets}
                 for c in e.committed:
                     committed.setdefault(c[2], []).append(list(c))
                 extra["shards"] = shard_ranges(s for s, _, _ in e.committed)
+            else:
+                own, extra["clock_shards"] = batch_fields(e.committed, e.clocks)
+                committed = {w: own.get(w, ([], []))[0] for w in targets}
+            clocks = {w: own.get(w, ([], []))[1] for w in targets} if e.batch is not None else {}
             # the clock end has no deadline, as its item has none: a hung worker is found by the liveness watch
             results = await asyncio.gather(*(
                 self._rpc(w, "apply", timeout=None if w == folded else timeout, job_id=job.cfg.job_id, clock=e.clock,
-                          run=e.run_id, committed=e.committed if e.batch is not None else committed[w], reset=e.reset,
+                          run=e.run_id, committed=committed[w], reset=e.reset,
+                          **({"clocks": clocks[w]} if e.batch is not None else {}),
                           **extra, **self._role_msg(job.cfg.job_id, e, plan, w),
                           **({"clock_end": e.clock_end} if w == folded else {}))
                 for w in targets

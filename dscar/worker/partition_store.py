@@ -314,7 +314,7 @@ class PartitionStore:
                 for part in owned:
                     if self.specs[part[0]].kind == "param":
                         holds = self.holds.setdefault(part, {})
-                        holds.update((k, run) for k in keys)
+                        holds.update((k, run) for k in keys if k[2] >= 0)  # (not the shards won elsewhere)
                         for k in [k for k, r in holds.items() if r < run or k[0] <= self.floor]:
                             del holds[k]
         return applied
