@@ -53,24 +53,39 @@ def test_a_folded_clock_end_waits_for_the_other_owners_apply(inproc, monkeypatch
     assert_exactly_once(res, 40)
 
 
-def test_a_folded_clock_end_that_an_owner_cannot_serve_runs_as_an_item(inproc, monkeypatch):
-    """An owner that does not apply in time (here: says so at clock 2's first read) leaves the folded
-    clock end unrun: the item path runs it, once, and the fit's results are those of a fault-free one."""
+@pytest.mark.parametrize("push", [True, False])
+def test_a_folded_clock_end_that_an_owner_cannot_serve_runs_as_an_item(inproc, monkeypatch, push):
+    """An owner that does not apply in time (here: says so at clock 2's first read, in its push or in
+    its answer to the read) leaves the folded clock end unrun: the item path runs it, once, and the
+    fit's results are those of a fault-free one."""
     refused: list = []
-    until_applied = ParamServer._until_applied
+    if push:
+        push_first_read = ParamServer._push_first_read
 
-    async def refuse_once(self, job_id, run):
-        job = self.jobs.get(job_id)
-        if not refused and job is not None and job.clock_seen == 2:
-            refused.append(run)
-            return "not applied within the test's bound"
-        return await until_applied(self, job_id, run)
+        def refuse_once(self, job_id, run, reader, ask):
+            job = self.jobs.get(job_id)
+            if not refused and reader is not None and job is not None and job.clock_seen == 2:
+                refused.append(run)
+                ask = None
+            return push_first_read(self, job_id, run, reader, ask)
 
-    monkeypatch.setattr(ParamServer, "_until_applied", refuse_once)
-    res, calls = _fit(inproc, clocks=3)
+        monkeypatch.setattr(ParamServer, "_push_first_read", refuse_once)
+    else:
+        until_applied = ParamServer._until_applied
+
+        async def refuse_once(self, job_id, run):
+            job = self.jobs.get(job_id)
+            if not refused and job is not None and job.clock_seen == 2:
+                refused.append(run)
+                return "not applied within the test's bound"
+            return await until_applied(self, job_id, run)
+
+        monkeypatch.setattr(ParamServer, "_until_applied", refuse_once)
+    with dask.config.set({"dscar.push-first-read": push}):
+        res, calls = _fit(inproc, clocks=3)
     assert refused, "no folded clock end read another owner's table"
     (ev,) = [e for e in res.events if e["kind"] == "clock-end-unfolded"]
-    assert ev["clock"] == 2 and "not applied within the test's bound" in ev["reason"], ev
+    assert ev["clock"] == 2 and ("was not applied on" if push else "not applied within the test's bound") in ev["reason"], ev
     assert calls.get("dscar_clock_done", 0) == 1, calls  # clock 2's, from the item path
     assert_exactly_once(res, 40)
     assert not any(r.metrics.get("skipped") for r in res.history)
@@ -209,7 +224,8 @@ def test_a_folded_clock_end_sends_its_first_read_as_its_apply_begins(inproc, mon
     monkeypatch.setattr(worker_plugin, "INLINE_APPLY_BYTES", -1)  # every apply in a thread: the loop runs on
     monkeypatch.setattr(worker_plugin.Job, "apply_pass", waiting_apply)
     try:
-        res = dscar.fit(SummedCounter(), row_data(40), inproc, n_shards=4, max_clocks=3)
+        with dask.config.set({"dscar.push-first-read": False}):  # (the read asks: no owner pushes)
+            res = dscar.fit(SummedCounter(), row_data(40), inproc, n_shards=4, max_clocks=3)
     finally:
         inproc.client.run(_unwrap_reads)
     _assert_summed(res)
@@ -247,10 +263,114 @@ def test_the_other_owner_summarizes_in_its_apply_and_answers_the_waiting_read_at
     monkeypatch.setattr(worker_plugin.Job, "apply_pass", waiting_apply)
     monkeypatch.setattr(PartitionStore, "summarize", noted)
     try:
-        res = dscar.fit(SummedCounter(), row_data(40), inproc, n_shards=4, max_clocks=3)
+        with dask.config.set({"dscar.push-first-read": False}):  # (the read asks: no owner pushes)
+            res = dscar.fit(SummedCounter(), row_data(40), inproc, n_shards=4, max_clocks=3)
     finally:
         inproc.client.run(_unwrap_reads)
     _assert_summed(res)
     # a clock: the clock end's own partitions (ShardRunner.summarize), the other owner's in its apply
     assert sorted(set(callers)) == ["_apply_then_summarize", "summarize"], callers
     assert callers.count("_apply_then_summarize") == 3, callers
+
+
+def _count_peer_calls(dask_worker) -> dict[str, int]:
+    """Wraps this worker's ``dscar_pull_many`` and ``dscar_first_read`` to count a clock end's calls; returns the counts."""
+    counts = getattr(dask_worker, "_fold_counts", None)
+    if counts is None:
+        counts = dask_worker._fold_counts = Counter()
+        for name in ("dscar_pull_many", "dscar_first_read"):
+            h = dask_worker.handlers[name]
+
+            @functools.wraps(h)  # keeps the signature: distributed passes ``comm`` as the original wants it
+            def counted(*a, _h=h, _name=name, **k):
+                if _name == "dscar_first_read" or k.get("after") is not None:  # (a clock end's, not a step's)
+                    counts[_name] += 1
+                return _h(*a, **k)
+            dask_worker.handlers[name] = counted
+    return dict(counts)
+
+
+def test_the_other_owners_push_the_first_read_once_they_applied_and_are_not_asked(inproc, monkeypatch):
+    """The other owner pushes the folded clock end what its first read asks (``_push_first_read``), once
+    a clock and once it applied the pass (every apply here is slow, off the event loop): nobody asks
+    it (no ``pull_many``), its summaries are computed in the thread that applied the pass and
+    nowhere else, and every read sees every row as applied. With the push turned off the clock end
+    asks: one ``pull_many`` a clock and no push."""
+    from dscar.worker.partition_store import PartitionStore
+
+    callers: list[str] = []
+    summarize = PartitionStore.summarize
+
+    def noted(self, *a, **kw):
+        frame = sys._getframe(1)
+        while frame.f_code.co_name == "<listcomp>":
+            frame = frame.f_back
+        callers.append(frame.f_code.co_name)
+        return summarize(self, *a, **kw)
+
+    apply_pass = worker_plugin.Job.apply_pass
+
+    def slow_apply(self, run, *rest):
+        time.sleep(0.05)
+        return apply_pass(self, run, *rest)
+
+    def counts() -> Counter:
+        return sum((Counter(c) for c in inproc.client.run(_count_peer_calls).values()), Counter())
+
+    monkeypatch.setattr(worker_plugin, "INLINE_APPLY_BYTES", -1)  # every apply in a thread: the loop runs on
+    monkeypatch.setattr(worker_plugin.Job, "apply_pass", slow_apply)
+    monkeypatch.setattr(PartitionStore, "summarize", noted)
+    c0 = counts()
+    res = dscar.fit(SummedCounter(), row_data(40), inproc, n_shards=4, max_clocks=3)
+    c1 = counts()
+    _assert_summed(res)
+    assert not [e for e in res.events if e["kind"] == "clock-end-unfolded"]
+    assert c1 - c0 == Counter({"dscar_first_read": 3}), c1 - c0
+    assert sorted(set(callers)) == ["_apply_then_summarize", "summarize"], callers  # (the clock end's own too)
+    assert callers.count("_apply_then_summarize") == 3, callers
+    with dask.config.set({"dscar.push-first-read": False}):
+        res = dscar.fit(SummedCounter(), row_data(40), inproc, n_shards=4, max_clocks=3)
+    _assert_summed(res)
+    assert counts() - c1 == Counter({"dscar_pull_many": 3}), counts() - c1
+
+
+def test_on_worker_processes_the_push_replaces_the_read(procs):
+    """Over TCP (a message's arrays arrive as tuples): the other owner's push answers the folded clock
+    end's first read a clock, and no read is sent (``pull_many`` only in the driver's final read of
+    the tables, one an owner); with the push turned off the clock end reads, one a clock."""
+    from bench.overhead import Trivial, install_counters, read_counters
+
+    def calls() -> Counter:
+        return sum((Counter(c) for c in procs.client.run(read_counters).values()), Counter())
+
+    procs.client.run(install_counters)
+    data = {"x": np.zeros((16, 1))}
+    c0 = calls()
+    res = dscar.fit(Trivial(), data, procs, n_shards=16, max_clocks=6, progress=False, policies=[])
+    c1 = calls()
+    with dask.config.set({"dscar.push-first-read": False}):
+        off = dscar.fit(Trivial(), data, procs, n_shards=16, max_clocks=6, progress=False, policies=[])
+    c2 = calls()
+    assert [r.metrics for r in res.history] == [r.metrics for r in off.history]
+    pushed, read = c1 - c0, c2 - c1
+    assert pushed["dscar_first_read"] == 6 and pushed["dscar_pull_many"] == 2, pushed
+    assert read["dscar_first_read"] == 0 and read["dscar_pull_many"] == 6 + 2, read
+
+
+def test_an_owner_without_an_owner_map_pushes_nothing_and_is_asked(inproc, monkeypatch):
+    """An owner that holds no owner map yet (a joiner given no work item since it took partitions on)
+    cannot work out what the folded clock end's first read asks of it: its push says it asks nothing,
+    the clock end asks it instead, and the fit is exact (here every push is worked out from an empty map)."""
+    first_read_ask = ParamServer._first_read_ask
+
+    def from_an_empty_map(self, job, run, reader):
+        held, job.owners = job.owners, {}
+        try:
+            return first_read_ask(self, job, run, reader)
+        finally:
+            job.owners = held
+
+    monkeypatch.setattr(ParamServer, "_first_read_ask", from_an_empty_map)
+    res, _ = _fit(inproc, clocks=3)
+    assert_exactly_once(res, 40)
+    assert not [e for e in res.events if e["kind"] == "clock-end-unfolded"]

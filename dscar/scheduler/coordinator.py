@@ -1526,13 +1526,17 @@ class Coordinator(SchedulerPlugin):
                 own, extra["clock_shards"] = batch_fields(e.committed, e.clocks)
                 committed = {w: own.get(w, ([], []))[0] for w in targets}
             clocks = {w: own.get(w, ([], []))[1] for w in targets} if e.batch is not None else {}
+            # the other owners push the folded clock end's first read their answers once they applied the pass
+            owning = set(job.pmap.owners.values()) if folded is not None and self._push_reads() else ()
+            pushers = [w for w in targets if w != folded and w in owning]
             # the clock end has no deadline, as its item has none: a hung worker is found by the liveness watch
             results = await asyncio.gather(*(
                 self._rpc(w, "apply", timeout=None if w == folded else timeout, job_id=job.cfg.job_id, clock=e.clock,
                           run=e.run_id, committed=committed[w], reset=e.reset,
                           **({"clocks": clocks[w]} if e.batch is not None else {}),
                           **extra, **self._role_msg(job.cfg.job_id, e, plan, w),
-                          **({"clock_end": e.clock_end} if w == folded else {}))
+                          **({"clock_end": {**e.clock_end, "pushers": pushers}} if w == folded else
+                             {"clock_end_at": folded} if w in pushers else {}))
                 for w in targets
             ), return_exceptions=True)
             unreached: dict[str, str] = {}  # worker -> why it looks lost
@@ -1571,6 +1575,12 @@ class Coordinator(SchedulerPlugin):
                       reason="; ".join(unreached.values())[:500])
             targets = self._apply_targets(job)
             plan = self._apply_plan(job, e, targets, direct=True)
+
+    @staticmethod
+    def _push_reads() -> bool:
+        """Whether the other owners push their answers to a folded clock end's first read once they applied
+        the pass (``dscar.push-first-read``, default True), or the clock end asks them (``ParamServer._start_first_read``)."""
+        return bool(dask.config.get("dscar.push-first-read", True))
 
     def _apply_receivers(self, job: JobState, e: ApplyPass, targets: list[str], plan: ApplyPlan,
                          folded: str | None) -> list[str]:

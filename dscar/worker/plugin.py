@@ -129,6 +129,11 @@ class ParamServer(WorkerPlugin):
         #: job -> (``PartitionStore.version``, summarize, summaries) so computed: the read's answer
         #: takes them while the partitions are as they were (no thread hop after the apply)
         self._early_summaries: dict[str, tuple[int, list, list]] = {}
+        #: (job, run) -> owner -> ``(ask, answer)``: an owner's answer to the first read of the clock end
+        #: folded into this worker's apply of that pass, pushed once it applied it (``_h_first_read``)
+        self._pushed: dict[tuple[str, int], dict[str, tuple[dict, dict]]] = {}
+        #: (job, run, owner) -> the future a folded clock end's first read waits on for that owner's push
+        self._push_waits: dict[tuple[str, int, str], asyncio.Future] = {}
         #: job -> this worker's copy of the stopping rule's history (``protocol.RuleHistory``), as sent
         #: with the folded clock ends it ran
         self._rule_copies: dict[str, list[dict[str, float]]] = {}
@@ -152,7 +157,7 @@ class ParamServer(WorkerPlugin):
             "apply": self._h_apply,
             "assign": self._h_assign, "put_shard": self._h_put_shard, "copy_shard": self._h_copy_shard,
             "adopt": self._h_adopt, "adopt_shard": self._h_adopt_shard, "lend": self._h_lend,
-            "forget_copy": self._h_forget_copy, "end_job": self._h_end_job,
+            "forget_copy": self._h_forget_copy, "end_job": self._h_end_job, "first_read": self._h_first_read,
             # checkpoints, restores, memory copies, simulated losses
             "checkpoint": self._h_checkpoint, "restore": self._h_restore, "forget": self._h_forget,
             "perturbation": self._h_perturbation, "mirror": self._h_mirror, "keep_mirror": self._h_keep_mirror,
@@ -678,7 +683,7 @@ class ParamServer(WorkerPlugin):
                        batch: int | None = None, fetch: list | None = None, tree: dict | None = None,
                        combine: dict | None = None, shards: list | None = None,
                        clock_end: dict | None = None, inline: list | None = None,
-                       clock_shards: list | None = None) -> dict:
+                       clock_shards: list | None = None, clock_end_at: str | None = None) -> dict:
         """Apply the pass of ``run``: the committed attempts' updates to the partitions owned here
         and their new shard states to the shards held here; drop everything else of the clock.
 
@@ -702,18 +707,22 @@ class ParamServer(WorkerPlugin):
         ``clock_end``: a BSP clock's last pass, the clock-end item folded into this worker's apply
         (``dscar.core.schedule.BspSchedule._fold``): once the pass is applied here, this worker runs
         the clock end and answers with its outcome too (``clock_end``, ``protocol.ClockEndOutcome``).
+        ``clock_end_at``: the worker that clock end is folded into (this is another owner): once the
+        pass is applied here, this worker pushes it what its first read would ask of it (``_push_first_read``).
         """
         job = self.jobs.get(job_id)
         tag = (int(run), int(clock if batch is None else batch))
         if job is None:
             if combine is not None:  # (its parent waits for it)
                 self._settle_combine(job_id, tag, {"status": "ended"})
+            self._push_first_read(job_id, run, clock_end_at, None)
             return {"applied": 0}
         if run < job.run_seen:  # the machine moved on (a loss): applying it now could undo newer work here
             if combine is not None:  # (its parent waits for it)
                 self._settle_combine(job_id, tag, {"status": "stale"})
             if floor is None:
                 self._applies_settled(job_id, run, False)
+                self._push_first_read(job_id, run, clock_end_at, None)
             return {"status": "stale"}
         if await self._ainject(job, "apply", clock, phase):
             if combine is not None:  # (its parent waits for it)
@@ -722,6 +731,7 @@ class ParamServer(WorkerPlugin):
         if floor is None:  # BSP: the coordinator may send a pass again (a peer it could not reach answered a
             # probe); one that was applied here is not applied twice
             first_read = self._start_first_read(job, run, clock_end)
+            ask = None if clock_end_at is None else self._first_read_ask(job, run, clock_end_at)
             async with job.apply_lock:
                 if run <= job.tables.applied_run:
                     out = {"status": "OK", "applied": 0, "again": True}
@@ -731,10 +741,12 @@ class ParamServer(WorkerPlugin):
                                                      tree, combine, shards, inline)
                     except BaseException:
                         self._applies_settled(job_id, run, False)
+                        self._push_first_read(job_id, run, clock_end_at, None)
                         if first_read is not None:
                             first_read.cancel()
                         raise
                     self._applies_settled(job_id, run, "applied" in out)
+            self._push_first_read(job_id, run, clock_end_at, ask if "applied" in out else None)
             if clock_end is not None and "applied" in out:
                 out = {**out, "clock_end": await self._clock_end_here(job, run, clock_end, first_read)}
             elif first_read is not None:
@@ -782,21 +794,103 @@ class ParamServer(WorkerPlugin):
 
     def _start_first_read(self, job: Job, run: int, item: dict | None) -> Future | None:
         """The first read of the clock end folded into the apply of ``run`` (``ShardRunner.clock_end_reads``),
-        sent now, as the apply begins: each other owner answers once it applied the pass, so the
-        clock end finds its answers waiting instead of asking after this worker's apply. None where
-        no clock end is folded, or it ran here already (an apply sent again)."""
+        started now, as the apply begins, so the clock end finds its answers waiting instead of asking
+        after this worker's apply. An owner the coordinator told of this clock end (``item["pushers"]``)
+        pushes its answer once it applied the pass (``_h_first_read``): nothing is sent to it, unless its
+        push asks what this read does not (another owner map) or does not come (then it is asked, as the
+        others are: each answers once it applied the pass). None where no clock end is folded, or it ran
+        here already (an apply sent again)."""
         if item is None or (self._folded.get(job.id) or (None,))[0] == run:
             return None
         owners = {(t, int(p)): w for t, p, w in item["owners"]}
         calls = self.runner.clock_end_reads(job, owners, None, run)
         if not calls:
             return None
+        pushers = set(item.get("pushers", ()))
+
+        async def one(address: str, op: str, kw: dict) -> Any:
+            if address in pushers:
+                try:
+                    ask, answer = await self._inflight.call(address, self._pushed_by(job.id, run, address),
+                                                            rpc_timeout())
+                except Exception:  # noqa: BLE001 - gone, or late: asked below (which fails at once if it is gone)
+                    ask = None
+                if ask is not None and (_as_lists([ask["parts"], ask["summarize"]]) == [kw["parts"], kw["summarize"]]
+                                        or answer.get("status") == "not-applied"):  # (the read's answer too)
+                    return answer
+            return await self._apeer(address, op, **kw)
 
         async def read() -> dict[str, Any]:
-            replies = await asyncio.gather(*(self._apeer(a, op, **kw) for a, op, kw in calls), return_exceptions=True)
+            replies = await asyncio.gather(*(one(a, op, kw) for a, op, kw in calls), return_exceptions=True)
             return dict(zip([a for a, _, _ in calls], replies))
 
         return asyncio.run_coroutine_threadsafe(read(), asyncio.get_running_loop())
+
+    async def _pushed_by(self, job_id: str, run: int, owner: str) -> tuple[dict, dict]:
+        """``owner``'s push of its answer to the first read of pass ``run`` (``_h_first_read``), once it comes."""
+        got = self._pushed.get((job_id, run), {}).pop(owner, None)
+        if got is not None:
+            return got
+        fut = self._push_waits[(job_id, run, owner)] = asyncio.get_running_loop().create_future()
+        try:
+            return await fut
+        finally:
+            if self._push_waits.get((job_id, run, owner)) is fut:
+                del self._push_waits[(job_id, run, owner)]
+
+    def _h_first_read(self, job_id: str, run: int, owner: str, ask: dict, answer: dict) -> dict:
+        """``owner`` applied pass ``run`` and pushes what the first read of the clock end folded into this
+        worker's apply of it asks of it (``ask``: ``pull_many``'s ``parts`` and ``summarize``), with its
+        answer (that of ``pull_many``; ``not-applied`` where the pass was not applied there)."""
+        run = int(run)
+        job = self.jobs.get(job_id)
+        if job is None or run < job.run_seen:
+            return {"status": "stale"}
+        fut = self._push_waits.pop((job_id, run, owner), None)
+        if fut is not None and not fut.done():
+            fut.set_result((ask, answer))
+        else:
+            for key in [k for k in self._pushed if k[0] == job_id and k[1] < run]:  # (older passes': unread)
+                del self._pushed[key]
+            self._pushed.setdefault((job_id, run), {})[owner] = (ask, answer)
+        return {"status": "OK"}
+
+    def _first_read_ask(self, job: Job, run: int, reader: str) -> dict:
+        """What the first read of the clock end folded into ``reader``'s apply of ``run`` asks of this
+        worker, as this worker's owner map says (``ShardRunner.clock_end_reads``); the summaries it asks
+        are computed in the apply's thread once the pass is applied (``_apply_then_summarize``). A map
+        that lacks a partition (a joiner given no work item yet) asks nothing: the reader then asks itself."""
+        try:
+            calls = self.runner.clock_end_reads(job, job.owners, None, run, reader=reader)
+        except KeyError:
+            calls = []
+        mine = [kw for a, _, kw in calls if a == self.address]
+        ask = {"parts": mine[0]["parts"], "summarize": mine[0]["summarize"]} if mine else {"parts": [], "summarize": []}
+        if ask["summarize"]:
+            self._wanted_summaries[job.id] = (int(run), ask["summarize"])
+        return ask
+
+    def _push_first_read(self, job_id: str, run: int, reader: str | None, ask: dict | None) -> None:
+        """Push ``reader`` this worker's answer to its folded clock end's first read of pass ``run``
+        (``ask``; None: the pass was not applied here, said so), in the background: one message where
+        the read would have cost two, and sent as soon as the pass is applied here."""
+        if reader is None:
+            return
+
+        async def push() -> None:
+            if ask is None:
+                answer: Any = {"status": "not-applied", "error": f"pass {run} was not applied on {self.address}"}
+            else:
+                answer = self._h_pull_many(job_id, ask["parts"], None, summarize=ask["summarize"] or None)
+                if inspect.isawaitable(answer):
+                    answer = await answer
+            try:
+                await self._apeer(reader, "first_read", job_id=job_id, run=int(run), owner=self.address,
+                                  ask=ask or {"parts": [], "summarize": []}, answer=answer)
+            except Exception:  # noqa: BLE001 - the reader asks instead once its wait ends
+                pass
+
+        asyncio.ensure_future(push())
 
     def _apply_then_summarize(self, job: Job, run: int, args: tuple) -> dict:
         """A BSP pass applied (``Job.apply_pass``, off the event loop), then in the same thread the
@@ -1076,6 +1170,8 @@ class ParamServer(WorkerPlugin):
         self._wanted_summaries.pop(job_id, None)
         self._early_summaries.pop(job_id, None)
         self._not_applied.pop(job_id, None)
+        for key in [k for k in self._pushed if k[0] == job_id]:
+            del self._pushed[key]
         self.runner.forget_job(job_id)
         if job is not None:
             job.ended.set()
@@ -1240,3 +1336,7 @@ def _decode_updates(reply: dict) -> list[tuple[tuple, str, list]]:
 def device_of(xp: ModuleType) -> str:
     return "gpu" if xp.__name__ == "cupy" else "cpu"
 
+
+def _as_lists(x: Any) -> Any:
+    """``x`` with its tuples as lists (a message's arrays arrive as tuples), to compare with what was built here."""
+    return [_as_lists(y) for y in x] if isinstance(x, (list, tuple)) else x

@@ -732,18 +732,20 @@ class ShardRunner:
         return [out[p] for p in range(layout.n_parts)]
 
     def clock_end_reads(self, job: Job, owners: dict[tuple[str, int], str], clock: int | None = None,
-                        after: int | None = None) -> list[tuple[str, str, dict]]:
+                        after: int | None = None, reader: str | None = None) -> list[tuple[str, str, dict]]:
         """The messages of a clock end's first read, one per other owner (``owners``: the clock-end
         item's map): its partitions of every small table, and its summaries of the algorithm's
         ``clock_end_summaries``; what ``read_small_tables`` and ``summarize`` would ask in a
-        message each, so the clock end's reads cost one round trip, not two."""
+        message each, so the clock end's reads cost one round trip, not two. ``reader``: the worker
+        reading (None: this one), as another owner works out what it will be asked."""
         summed = [t for t in job.algorithm.clock_end_summaries() if t in job.specs]
         small = [(t, p) for t in job.specs if self.is_small(job, t) for p in range(job.layouts[t].n_parts)]
         parts = by_owner(owners, small)
         sums = by_owner(owners, [(t, p) for t in summed for p in range(job.layouts[t].n_parts)])
         calls = []
+        me = self.host.address if reader is None else reader
         for owner in [*parts, *(o for o in sums if o not in parts)]:
-            if owner == self.host.address:
+            if owner == me:
                 continue
             asks = by_owner({k: k[0] for k in sums.get(owner, [])}, sums.get(owner, []))
             calls.append((owner, "pull_many", {"job_id": job.id, "parts": [list(k) for k in parts.get(owner, [])],
