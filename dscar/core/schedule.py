@@ -844,7 +844,7 @@ class SspSchedule:
         dispatch, queue, monitor, tally = job.dispatch, job.queue, job.monitor, job.tally
         dispatch.running_items.pop(worker, None)
         dispatch.last_seen[worker] = now
-        accepts, started, grant, commit = window.accepts, dispatch.attempt_started, queue.commit, window.commit
+        accepts, started, grant, commit = window.accepts, dispatch.attempt_started, queue.commit, window.commit_accepted
         granted: list[bool] = []
         effects: list[Effect] = []
         for clock, shard, attempt, timings in finished:
@@ -868,7 +868,7 @@ class SspSchedule:
                 restore.pop(shard, None)
             if not rebuild:
                 tally.committed_in(clock, worker, timings)
-            actions = commit(shard, clock, worker, run_id)
+            actions = commit(shard, clock, worker)  # (``accepts`` took it above: nothing changed the window since)
             granted.append(True)
             # (most commits wait for a batch: no action, no shard moved back, nothing to carry out)
             if actions or window.moved_any:

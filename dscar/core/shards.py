@@ -341,9 +341,10 @@ class ShardQueue:
     def reopen(self, shards) -> None:
         """Put ``shards`` back in TODO with no attempt and no commit (a pass runs again, or under SSP
         a shard moves on to its next clock). Holders stay; attempt numbers keep counting up."""
-        active = self.active
+        active, records, todo = self.active, self._shards, self._todo
+        added = []
         for i in shards:
-            s = self._shards[i]
+            s = records[i]
             if s.status is _DONE and i in active:
                 self._n_done -= 1
             self._doing.discard(i)
@@ -354,7 +355,33 @@ class ShardQueue:
                 s.failures = []
             s.started = 0
             self._reindex(i)
-            self._todo_add(i)
+            if i not in todo:
+                todo.add(i)
+                added.append(i)
+        self._add_locals(added)
+
+    def _add_locals(self, shards: list[int]) -> None:
+        """``_add_local`` for each of ``shards`` (new in ``_todo``), a bucket at a time: each holder's
+        backlog size changes once, not once a shard (an SSP batch applied, or a loss, reopens
+        thousands of shards, most of them of a few hundred (tier, holder) buckets)."""
+        groups: dict[tuple[int, str | None], list[int]] = {}
+        tiers, records = self._tier, self._shards
+        for i in shards:
+            key = (tiers[i], records[i].holder)
+            group = groups.get(key)
+            if group is None:
+                groups[key] = [i]
+            else:
+                group.append(i)
+        local = self._local
+        for key, ids in groups.items():
+            bucket = local.get(key)
+            if bucket is None:
+                bucket = local[key] = set()
+            old = len(bucket)
+            bucket.update(ids)
+            if len(bucket) != old:
+                self._resize(key[0], key[1], old, len(bucket))
 
     @property
     def complete(self) -> bool:
@@ -445,11 +472,10 @@ class ShardQueue:
             del self._by_size[tier]
 
     def _todo_reset(self, shards) -> None:
-        self._todo = set()
+        self._todo = set(shards)
         self._local = {}
         self._by_size = {}
-        for i in shards:
-            self._todo_add(i)
+        self._add_locals(list(self._todo))
 
     def holder(self, shard: int) -> str | None:
         return self._shards[shard].holder

@@ -438,6 +438,14 @@ class ClockWindow:
         if clock > self.limit:  # the fit stopped before this clock: its update is not applied
             self._move(shard, s.clock, _TODO)
             return []
+        return self.commit_accepted(shard, clock, worker)
+
+    def commit_accepted(self, shard: int, clock: int, worker: str) -> list[Action]:
+        """``commit`` of an attempt that ``accepts`` took, the window unchanged since, without asking
+        again (every commit asks ``accepts`` first, before the queue grants it)."""
+        if self.rebuilding is not None:
+            return self.commit(shard, clock, worker, self.epoch)
+        s = self._shards[shard]
         # ``_move(shard, clock, COMMITTED, worker)`` from RUNNING in the same clock (its count stays)
         self._n_running -= 1
         s.phase, s.worker = _COMMITTED, worker
