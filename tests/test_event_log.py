@@ -73,25 +73,26 @@ def test_a_reader_gets_every_event_once_in_order(keep, steps):
     assert got == whole
 
 
-def _max_held(monkeypatch) -> list[int]:
-    """Record how many events the scheduler's logs hold, as each one is added."""
-    held: list[int] = [0]
-    add = EventLog.add
+def _trims(monkeypatch) -> list[tuple[int, int, int]]:
+    """Record each trim of a job's log: ``(upto, first after it, count)``."""
+    seen: list[tuple[int, int, int]] = []
+    trim = EventLog.trim
 
-    def counted(self, *a, **k):
-        add(self, *a, **k)
-        held[0] = max(held[0], len(self.events))
+    def recorded(self, upto):
+        out = trim(self, upto)
+        seen.append((int(upto), self.first, self.count))
+        return out
 
-    monkeypatch.setattr(EventLog, "add", counted)
-    return held
+    monkeypatch.setattr(EventLog, "trim", recorded)
+    return seen
 
 
 def test_the_scheduler_holds_a_few_events_and_the_driver_gets_them_all(inproc, monkeypatch, tmp_path):
-    """With a checkpoint every clock (two events a clock) and ``KEEP_NEWEST`` = 4, a 12-clock fit's
-    scheduler log holds at most the newest 4 and one clock's events; the driver's result has the
-    job's 25 events, each once and in order."""
+    """With a checkpoint every clock (two events a clock) and ``KEEP_NEWEST`` = 4, each wait of the driver
+    leaves the scheduler's log holding only what the driver has not read and the newest 4, however far
+    behind the driver is; the driver's result has the job's 25 events, each once and in order."""
     monkeypatch.setattr(events_mod, "KEEP_NEWEST", 4)
-    held = _max_held(monkeypatch)
+    trims = _trims(monkeypatch)
     res = dscar.fit(RowCounter(), row_data(40), inproc, progress=False, n_shards=8, max_clocks=12, policies=[],
                     checkpoint=dscar.CheckpointConfig(url=str(tmp_path), every=1, fraction=1.0))
     assert_exactly_once(res, 40)
@@ -100,4 +101,6 @@ def test_the_scheduler_holds_a_few_events_and_the_driver_gets_them_all(inproc, m
     times = [e["time"] for e in res.events]
     assert times == sorted(times)
     assert len({(e["kind"], e["time"], e.get("version")) for e in res.events}) == len(res.events)
-    assert 4 <= held[0] <= 4 + 6, held  # (without the trim: 25)
+    assert trims and max(first for _, first, _ in trims) > 0, trims  # (the log was cut: none are without the trim)
+    for upto, first, count in trims:  # (no pin here: a recovery's would hold more)
+        assert min(upto, count - 4) <= first <= upto, (upto, first, count)  # nothing the driver lacks goes
