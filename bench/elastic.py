@@ -485,6 +485,41 @@ def join_phases(ticks: list[tuple[float, int]], live: list[tuple[float, int]], e
     return out
 
 
+#: ``lost_by_distance``'s clocks after an event: the one it lands in, the next (a retirement's hand-off or
+#: a join's switch of partitions runs at the boundary that begins it), the later ones until the next event
+DISTANCES = ("starting", "landing", "next", "later")
+
+
+def lost_by_distance(ticks: list[tuple[float, int]], live: list[tuple[float, int]], events: list[dict[str, Any]],
+                     fit_events: list[dict[str, Any]], rates: dict[int, float]) -> dict[str, dict[str, dict[str, Any]]]:
+    """The time lost after each kind of event (as ``lost_by_event``) by how far the clock lies from it:
+    "landing" the clock it lands in (a join's: the clock its worker arrives in, ``join_phases``'
+    arrival; before that "starting"), "next" the clock after it, which begins with the boundary where
+    a retirement hands off and a join's copied partitions switch owner, "later" the clocks after that
+    until the next event. Each with its clocks, seconds lost and median seconds lost a clock: the
+    clocks between events that ``layout_vs_reference`` finds "even" are "next" and "later" ones."""
+    at = sorted((e["at"], e["kind"]) for e in events)
+    joined = sorted(e["time"] for e in fit_events if e["kind"] == "worker-joined")
+    ends = [t for t, _ in ticks]
+    lost: dict[str, dict[str, list[float]]] = {}
+    for (ta, _), (tb, _) in zip(ticks, ticks[1:]):
+        last = [(t, k) for t, k in at if t < tb]
+        if not last:
+            continue
+        t_event, kind = last[-1]
+        start = next((t for t in joined if t > t_event), None) if kind == "join" else t_event
+        if start is None or start >= tb:
+            where = "starting"
+        else:
+            ends_between = sum(start < t <= ta for t in ends)
+            where = DISTANCES[1 + min(ends_between, 2)]
+        excess = (tb - ta) - 1.0 / rate_over(live, ta, tb, rates)
+        lost.setdefault(kind, {}).setdefault(where, []).append(excess)
+    return {kind: {where: {"clocks": len(v), "lost_s": round(sum(v), 3), "lost_s_median": round(statistics.median(v), 4)}
+                   for where, v in sorted(rows.items(), key=lambda kv: DISTANCES.index(kv[0]))}
+            for kind, rows in sorted(lost.items())}
+
+
 def makespan(n_old: int, n_shards: int, step_s: float, joiner_at: float) -> float:
     """When the last of a clock's ``n_shards`` steps of ``step_s`` ends, handed out one at a time to the
     first free worker (``n_old`` workers free from 0, a joiner free from ``joiner_at``): the shortest a
@@ -661,6 +696,8 @@ def summarize(churn: dict[str, Any], refs: dict[int, dict[str, Any]], n_shards: 
                                                                    "worker-left", "worker-removed")],
         "lost_by_event": lost_by_event(ticks, driver.live, driver.events, {n: r["rate"] for n, r in refs.items()}),
         "join_phases": join_phases(ticks, driver.live, driver.events, res.events, {n: r["rate"] for n, r in refs.items()}),
+        "lost_by_distance": lost_by_distance(ticks, driver.live, driver.events, res.events,
+                                             {n: r["rate"] for n, r in refs.items()}),
         "join_granularity": join_granularity(ticks, driver.live, driver.events, res.events,
                                              {n: r["rate"] for n, r in refs.items()}, n_shards, work_s(n_shards)),
         "losses_by_cause": losses_by_cause(res.events, driver.events),
@@ -705,6 +742,9 @@ def format_table(s: dict[str, Any], refs: dict[int, dict[str, Any]]) -> str:
                                                f"{row['lost_s_per_event']} s per event)"))
     rows.append(("  after joins, by phase", "; ".join(f"{k} {v['lost_s']} s over {v['clocks']} clocks"
                                                       for k, v in s["join_phases"].items())))
+    for kind, rows_ in s["lost_by_distance"].items():
+        rows.append((f"  after {kind}, by clock", "; ".join(
+            f"{where} {v['lost_s']} s over {v['clocks']} ({v['lost_s_median']} s median)" for where, v in rows_.items())))
     g = s["join_granularity"]
     rows.append(("  joins' landing clocks", f"{g['joins']}: lost {g['lost_s_per_join']} s a join against the "
                                             f"time-weighted rate; whole shards bound it at {g['bound_s_per_join']} s "

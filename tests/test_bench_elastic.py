@@ -53,6 +53,21 @@ def test_time_lost_after_a_join_is_split_by_where_the_joiner_was():
     assert elastic.join_phases(ticks, live, events, [], {2: 1.0, 4: 2.0})["starting"]["clocks"] == 4
 
 
+def test_time_lost_after_an_event_is_split_by_the_clock_s_distance_from_it():
+    ticks = [(0.0, 1), (1.0, 2), (2.5, 3), (3.5, 4), (4.5, 5), (5.5, 6), (7.0, 7), (8.0, 8)]
+    live = [(0.0, 2), (1.5, 4), (6.0, 2)]
+    events = [{"kind": "join", "at": 0.5}, {"kind": "retire", "at": 5.6}]
+    fit_events = [{"kind": "worker-joined", "time": 1.5}]  # arrives in the clock (1.0, 2.5]
+    lost = elastic.lost_by_distance(ticks, live, events, fit_events, {2: 1.0, 4: 1.0})
+    # a clock lasts 1 s at either count: each clock's excess is its length less 1 s
+    assert lost["join"] == {"starting": {"clocks": 1, "lost_s": 0.0, "lost_s_median": 0.0},
+                            "landing": {"clocks": 1, "lost_s": 0.5, "lost_s_median": 0.5},
+                            "next": {"clocks": 1, "lost_s": 0.0, "lost_s_median": 0.0},
+                            "later": {"clocks": 2, "lost_s": 0.0, "lost_s_median": 0.0}}
+    assert lost["retire"] == {"landing": {"clocks": 1, "lost_s": 0.5, "lost_s_median": 0.5},
+                              "next": {"clocks": 1, "lost_s": 0.0, "lost_s_median": 0.0}}
+
+
 def test_makespan_hands_whole_steps_to_the_first_free_worker():
     assert elastic.makespan(3, 12, 0.15, 0.0) == pytest.approx(0.45)  # 4 workers from the start: 3 rounds
     assert elastic.makespan(3, 12, 0.15, 10.0) == pytest.approx(0.6)  # too late: the joiner takes none

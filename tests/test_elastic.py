@@ -554,3 +554,47 @@ def test_an_owner_lost_between_its_partitions_copy_and_their_switch_goes_the_los
             if not r.skipped:
                 assert all(r.metrics[k] == 0 for k in CHECK_KEYS), (r.clock, r.metrics)
         assert check_final(res.params["seen"], clocks, True) == 0
+
+
+def test_a_workers_copies_in_one_message_take_each_source_in_turn_side_by_side_and_stop_a_source_at_its_failure():
+    """``adopt_all``: each source's copies one after the other (on one connection: several at once to a
+    worker open a connection each, on a clock boundary's path), the sources side by side; after a
+    source's first failure its other copies are not tried (a hung source would hold each for the
+    message timeout), and every copy's answer comes back in order."""
+    import asyncio
+
+    from dscar.worker.plugin import ParamServer
+
+    ps = ParamServer()
+    busy: dict[str, int] = {}
+    together: list[set[str]] = []
+    calls: list[tuple] = []
+
+    async def copy(source: str, what: tuple) -> dict:
+        busy[source] = busy.get(source, 0) + 1
+        assert busy[source] == 1, f"two copies from {source} at once"
+        together.append({s for s, n in busy.items() if n})
+        await asyncio.sleep(0.01)
+        busy[source] -= 1
+        calls.append(what)
+        if what[-1] == 9:
+            raise RuntimeError(f"{source} is gone")
+        return {"status": "OK", "rows_resent": 0}
+
+    async def ajob(job_id):
+        return None
+
+    async def adopt(job_id, table, part, source, step="whole"):
+        return await copy(source, (source, step, part))
+
+    async def adopt_shard(job_id, shard, source):
+        return await copy(source, (source, "shard", shard))
+
+    ps._ajob, ps._h_adopt, ps._h_adopt_shard = ajob, adopt, adopt_shard
+    r = asyncio.run(ps._h_adopt_all("j", [["w", 0, "a"], ["w", 9, "b"], ["w", 1, "a"], ["w", 2, "b"]], [[5, "a"]],
+                                    step="switch"))
+    assert [p["status"] for p in r["parts"]] == ["OK", "failed: RuntimeError('b is gone')", "OK", "not tried"]
+    assert [s["status"] for s in r["shards"]] == ["OK"]
+    assert [c for c in calls if c[0] == "a"] == [("a", "switch", 0), ("a", "switch", 1), ("a", "shard", 5)]
+    assert ("b", "switch", 2) not in calls  # b failed first
+    assert {"a", "b"} in together  # the two sources side by side

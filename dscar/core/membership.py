@@ -84,7 +84,7 @@ SCHEDULER_RULES: dict[str, Rule] = {
 #: stands, peers coming and going, a key's confirmation; every other one is about a job (``Rule.JOB``)
 WORKER_OPEN = frozenset({"info", "stack", "peer_lost", "peer_joined", "confirm_key"})
 #: worker handlers that install the job they name when it is new there (its token comes with it)
-WORKER_INSTALLING = frozenset({"init", "warm_up", "adopt", "put_shard", "restore"})
+WORKER_INSTALLING = frozenset({"init", "warm_up", "adopt", "adopt_all", "put_shard", "restore"})
 
 
 #: worker handlers that write a job's parameters for a run (``run=``): the coordinator's apply of a

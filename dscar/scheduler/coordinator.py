@@ -113,6 +113,11 @@ def lease_timeout() -> float:
     return float(dask.config.get("dscar.lease-timeout", DEFAULT_LEASE_S))
 
 
+def copied(answer: object) -> bool:
+    """Whether a copy's answer (``adopt_all``'s, or the error its message raised) says it was made."""
+    return isinstance(answer, dict) and answer.get("status") == "OK"
+
+
 def handoff_timeout() -> float:
     """Seconds a retirement of a job's worker is held for its hand-off (``dscar.handoff-timeout``):
     the job must reach a clock boundary first; past this, Dask retires it and it is a loss."""
@@ -409,13 +414,25 @@ class Coordinator(SchedulerPlugin):
         parts = handoff_plan(job.pmap.owners, rows, leaving, staying)
         shards = shard_handoff_plan({s: job.queue.holder(s) for s in range(job.queue.n_shards)}, leaving, staying)
         sources = {k: job.pmap.owners[k] for k in parts}
-        copies = [self._rpc(w, "adopt", job_id=job.cfg.job_id, table=k[0], part=k[1], source=sources[k])
-                  for k, w in sorted(parts.items())]
-        copies += [self._rpc(w, "adopt_shard", job_id=job.cfg.job_id, shard=s, source=job.queue.holder(s))
-                   for s, w in sorted(shards.items())]
-        results = await asyncio.gather(*copies, return_exceptions=True)
-        ok = [isinstance(r, dict) and r.get("status") == "OK" for r in results]
-        part_ok, shard_ok = ok[:len(parts)], ok[len(parts):]
+        # one message to each taker (``adopt_all``): several at once to one worker would open a connection each
+        takes: dict[str, tuple[list, list]] = {}
+        for k, w in sorted(parts.items()):
+            takes.setdefault(w, ([], []))[0].append(k)
+        for s, w in sorted(shards.items()):
+            takes.setdefault(w, ([], []))[1].append(s)
+        takers = sorted(takes)
+        results = await asyncio.gather(*(
+            self._rpc(w, "adopt_all", job_id=job.cfg.job_id, parts=[[t, p, sources[t, p]] for t, p in takes[w][0]],
+                      shards=[[s, job.queue.holder(s)] for s in takes[w][1]]) for w in takers), return_exceptions=True)
+        took_part, took_shard = {}, {}
+        for w, r in zip(takers, results):
+            answered = copied(r)
+            ks, ss = takes[w]
+            took_part.update(zip(ks, r["parts"] if answered else [r] * len(ks)))
+            took_shard.update(zip(ss, r["shards"] if answered else [r] * len(ss)))
+        part_ok = [copied(took_part[k]) for k in sorted(parts)]
+        shard_ok = [copied(took_shard[s]) for s in sorted(shards)]
+        ok = part_ok + shard_ok
         for (k, w), done in zip(sorted(parts.items()), part_ok):
             if done and sources[k] not in job.lost and w not in job.lost:
                 job.pmap.owners[k] = w
@@ -431,7 +448,7 @@ class Coordinator(SchedulerPlugin):
             else:
                 self._do(job, job.leave(w, time.time()))
         job.event(time.time(), "handoff", workers=sorted(leaving), partitions=sum(part_ok), shards=sum(shard_ok),
-                  failed=len(results) - sum(ok), seconds=round(time.perf_counter() - t0, 4))
+                  failed=len(ok) - sum(ok), seconds=round(time.perf_counter() - t0, 4))
         self._background(self._even_out(job))  # (the stayers took its partitions as they came: even them out)
         if release:
             self._release_leavers(leaving)
@@ -489,22 +506,53 @@ class Coordinator(SchedulerPlugin):
         moves = [(k, w, job.pmap.owners[k]) for k, w in sorted(plan.items())]
         results = await self._adopt(job, moves, "copy")
         for (k, w, src), r in zip(moves, results):
-            if isinstance(r, dict) and r.get("status") == "OK" and job_id in self.jobs:
+            if copied(r) and job_id in self.jobs:
                 # (not into ``copies``: a boundary may have taken that dict while these copies ran)
                 self._copies.setdefault(job_id, {})[k] = (w, src)
 
     async def _adopt(self, job: JobState, moves: list[tuple[tuple[str, int], str, str]], step: str) -> list:
-        """``adopt`` step ``step`` of each (partition, new owner, old owner) at its new owner; the answers
-        (or errors) in order. The partitions count as moving meanwhile, so an even-out plans around them."""
+        """``adopt`` step ``step`` of each (partition, new owner, old owner) at its new owner, one message
+        to each (``adopt_all``); the answers (or errors) in order. The partitions count as moving
+        meanwhile, so an even-out plans around them."""
         moving = self._moving.setdefault(job.cfg.job_id, {})
         moving.update({k: (w, src) for k, w, src in moves})
+        takes: dict[str, list[int]] = {}
+        for i, (_, w, _) in enumerate(moves):
+            takes.setdefault(w, []).append(i)
+        takers = sorted(takes)
         try:
-            return await asyncio.gather(*(
-                self._rpc(w, "adopt", job_id=job.cfg.job_id, table=k[0], part=k[1], source=src, step=step)
-                for k, w, src in moves), return_exceptions=True)
+            results = await asyncio.gather(*(
+                self._rpc(w, "adopt_all", job_id=job.cfg.job_id, step=step,
+                          parts=[[moves[i][0][0], moves[i][0][1], moves[i][2]] for i in takes[w]]) for w in takers),
+                return_exceptions=True)
         finally:
             for k, _, _ in moves:
                 moving.pop(k, None)
+        out: list = [None] * len(moves)
+        for w, r in zip(takers, results):
+            answered = copied(r)
+            for j, i in enumerate(takes[w]):
+                out[i] = r["parts"][j] if answered else r
+        return out
+
+    async def _in_turn(self, calls: list[tuple[str, str, dict]]) -> list:
+        """Messages ``(worker, op, kwargs)``: each worker's in turn, the workers side by side (several at
+        once to one worker would open a connection each); the answers (or errors) in order."""
+        by_worker: dict[str, list[int]] = {}
+        for i, (w, _, _) in enumerate(calls):
+            by_worker.setdefault(w, []).append(i)
+        out: list = [None] * len(calls)
+
+        async def send(indices: list[int]) -> None:
+            for i in indices:
+                w, op, kw = calls[i]
+                try:
+                    out[i] = await self._rpc(w, op, **kw)
+                except Exception as e:  # noqa: BLE001 - the caller's to judge, as gather's return_exceptions
+                    out[i] = e
+
+        await asyncio.gather(*(send(ix) for ix in by_worker.values()))
+        return out
 
     async def _switch_copies(self, job: JobState) -> None:
         """At a clock boundary, the partitions copied to new owners (``_even_out``) switch owner in one step:
@@ -522,7 +570,7 @@ class Coordinator(SchedulerPlugin):
         results = await self._adopt(job, moves, "switch")
         switched = []
         for (k, w, src), r in zip(moves, results):
-            if isinstance(r, dict) and r.get("status") == "OK" and src not in job.lost and w not in job.lost:
+            if copied(r) and src not in job.lost and w not in job.lost:
                 job.pmap.owners[k] = w
                 switched.append((k, w, src, int(r.get("rows_resent", 0))))
         # a copy that did not switch is forgotten where it is kept (the new owner's, the old owner's lent
@@ -531,11 +579,10 @@ class Coordinator(SchedulerPlugin):
         done = {k for k, *_ in switched}
         stale = [(k, holder) for k, (new, old) in sorted(pending.items()) if k not in done
                  for holder in (new, old) if holder in self.scheduler.workers]
-        await asyncio.gather(*(
-            self._rpc(src, "lend", job_id=job.cfg.job_id, table=k[0], part=k[1], step="drop")
-            for k, _, src, _ in switched), *(
-            self._rpc(w, "forget_copy", job_id=job.cfg.job_id, table=k[0], part=k[1]) for k, w in stale),
-            return_exceptions=True)  # (an old owner lost meanwhile holds nothing)
+        await self._in_turn(  # (an old owner lost meanwhile holds nothing)
+            [(src, "lend", {"job_id": job.cfg.job_id, "table": k[0], "part": k[1], "step": "drop"})
+             for k, _, src, _ in switched]
+            + [(w, "forget_copy", {"job_id": job.cfg.job_id, "table": k[0], "part": k[1]}) for k, w in stale])
         if len(switched) < len(pending):
             self._background(self._even_out(job))  # copies went stale or failed (a loss, a hand-off): plan anew
         if switched:
