@@ -347,7 +347,9 @@ class Sim:
         else:
             ok = job.machine.stage is Stage.APPLY and job.machine.accepts(e.run_id)
         if any(self.workers[w].alive is False for _, _, w in e.committed if w in self.workers):
-            ok = False  # a source went: the coordinator removes it (``source-lost``), the loss decides
+            # a source went: the coordinator removes it (``source-lost``) and never tells the job the pass
+            # applied, the loss decides (told so, the job took a batch the loss then could not void as applied)
+            return
         if ok and not e.rebuild:
             for i, (shard, _, _) in enumerate(e.committed):
                 self.applied[(e.clocks[i] if e.clocks else e.clock, shard)] += 1
