@@ -233,11 +233,8 @@ def test_a_folded_clock_end_sends_its_first_read_as_its_apply_begins(inproc, mon
     assert not [e for e in res.events if e["kind"] == "clock-end-unfolded"]
 
 
-def test_the_other_owner_summarizes_in_its_apply_and_answers_the_waiting_read_at_once(inproc, monkeypatch):
-    """A folded clock end's first read that waits at another owner has that owner summarize in the
-    thread that applied the pass, right after it (``ParamServer._apply_then_summarize``): the read's
-    answer takes those summaries and no handler summarizes again. Here every apply waits for its
-    pass's read, so the read is always there first."""
+def _summarize_callers(monkeypatch) -> list[str]:
+    """The function that calls ``PartitionStore.summarize``, each time it is called (list comprehensions skipped)."""
     from dscar.worker.partition_store import PartitionStore
 
     callers: list[str] = []
@@ -250,6 +247,16 @@ def test_the_other_owner_summarizes_in_its_apply_and_answers_the_waiting_read_at
         callers.append(frame.f_code.co_name)
         return summarize(self, *a, **kw)
 
+    monkeypatch.setattr(PartitionStore, "summarize", noted)
+    return callers
+
+
+def test_the_other_owner_summarizes_in_its_apply_and_answers_the_waiting_read_at_once(inproc, monkeypatch):
+    """A folded clock end's first read that waits at another owner has that owner summarize in the
+    thread that applied the pass, right after it (``ParamServer._apply_then_summarize``): the read's
+    answer takes those summaries and no handler summarizes again. Here every apply waits for its
+    pass's read, so the read is always there first."""
+    callers = _summarize_callers(monkeypatch)
     apply_pass = worker_plugin.Job.apply_pass
 
     def waiting_apply(self, run, *rest):
@@ -261,7 +268,6 @@ def test_the_other_owner_summarizes_in_its_apply_and_answers_the_waiting_read_at
     inproc.client.run(_note_reads)
     monkeypatch.setattr(worker_plugin, "INLINE_APPLY_BYTES", -1)  # every apply in a thread: the loop runs on
     monkeypatch.setattr(worker_plugin.Job, "apply_pass", waiting_apply)
-    monkeypatch.setattr(PartitionStore, "summarize", noted)
     try:
         with dask.config.set({"dscar.push-first-read": False}):  # (the read asks: no owner pushes)
             res = dscar.fit(SummedCounter(), row_data(40), inproc, n_shards=4, max_clocks=3)
@@ -296,18 +302,7 @@ def test_the_other_owners_push_the_first_read_once_they_applied_and_are_not_aske
     it (no ``pull_many``), its summaries are computed in the thread that applied the pass and
     nowhere else, and every read sees every row as applied. With the push turned off the clock end
     asks: one ``pull_many`` a clock and no push."""
-    from dscar.worker.partition_store import PartitionStore
-
-    callers: list[str] = []
-    summarize = PartitionStore.summarize
-
-    def noted(self, *a, **kw):
-        frame = sys._getframe(1)
-        while frame.f_code.co_name == "<listcomp>":
-            frame = frame.f_back
-        callers.append(frame.f_code.co_name)
-        return summarize(self, *a, **kw)
-
+    callers = _summarize_callers(monkeypatch)
     apply_pass = worker_plugin.Job.apply_pass
 
     def slow_apply(self, run, *rest):
@@ -319,7 +314,6 @@ def test_the_other_owners_push_the_first_read_once_they_applied_and_are_not_aske
 
     monkeypatch.setattr(worker_plugin, "INLINE_APPLY_BYTES", -1)  # every apply in a thread: the loop runs on
     monkeypatch.setattr(worker_plugin.Job, "apply_pass", slow_apply)
-    monkeypatch.setattr(PartitionStore, "summarize", noted)
     c0 = counts()
     res = dscar.fit(SummedCounter(), row_data(40), inproc, n_shards=4, max_clocks=3)
     c1 = counts()
