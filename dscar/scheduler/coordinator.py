@@ -1574,7 +1574,7 @@ class Coordinator(SchedulerPlugin):
                 committed = {w: own.get(w, ([], []))[0] for w in targets}
             clocks = {w: own.get(w, ([], []))[1] for w in targets} if e.batch is not None else {}
             # the other owners push the folded clock end's first read their answers once they applied the pass
-            owning = set(job.pmap.owners.values()) if folded is not None and self._push_reads() else ()
+            owning = job.pmap.workers() if folded is not None and self._push_reads() else ()
             pushers = [w for w in targets if w != folded and w in owning]
             # the clock end has no deadline, as its item has none: a hung worker is found by the liveness watch
             results = await asyncio.gather(*(

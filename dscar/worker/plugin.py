@@ -1204,7 +1204,6 @@ class ParamServer(WorkerPlugin):
         self._not_applied.pop(job_id, None)
         for key in [k for k in self._pushed if k[0] == job_id]:
             del self._pushed[key]
-        self.runner.forget_job(job_id)
         if job is not None:
             job.ended.set()
         return {"status": "OK"}
@@ -1297,6 +1296,12 @@ class ParamServer(WorkerPlugin):
         await self._peers_started
         return await self._inflight.call(address, getattr(self.peers(address), handler_name(op))(**self._signed(kw)),
                                          rpc_timeout() if deadline is None else deadline)
+
+    def owners_known(self) -> dict[str, str]:
+        """Job -> the token of the owners map held here (``Job.owners_token``): each request says it, so
+        the coordinator leaves the map out of the next item while it is the same (``PartitionMap.for_item``)."""
+        with self._lock:
+            return {job_id: job.owners_token for job_id, job in self.jobs.items() if job.owners_token is not None}
 
     def peer_gone(self, address: str) -> bool:
         """Whether the coordinator said ``address`` is gone (``dscar_peer_lost``; safe from the runner's thread)."""

@@ -159,6 +159,7 @@ class RunnerHost(Protocol):
     def closing(self) -> bool: ...
     def close_worker(self) -> None: ...
     def peer_gone(self, address: str) -> bool: ...
+    def owners_known(self) -> dict[str, str]: ...
 
 
 class ShardRunner:
@@ -180,8 +181,6 @@ class ShardRunner:
         #: (job, item, shard, attempt) given back before their item reached this runner: when it
         #: does, they are skipped (the coordinator handed them to another worker meanwhile)
         self._released_early: set[tuple[str, int, int, int]] = set()
-        #: job -> the token of the owners map held here (``Job.owners_token``), said with each request
-        self.owners_known: dict[str, str] = {}
 
     def loop(self) -> None:
         """The worker's own thread: ask for work (a long poll), run it, commit; until stopped."""
@@ -197,7 +196,7 @@ class ShardRunner:
                             self.host.stop.wait(0.2)
                             continue
                     item = self.host.call("next", worker=addr, timeout=self.poll_timeout,
-                                          owners_known=dict(self.owners_known))
+                                          owners_known=self.host.owners_known())
                 except Exception as e:  # scheduler not ready, closing, no coordinator yet, or a new one
                     if self.host.stop.is_set() or self.host.closing():
                         return
@@ -233,7 +232,7 @@ class ShardRunner:
         with self._lock:
             if "owners" in item:
                 job.owners = {(t, int(p)): w for t, p, w in item["owners"]}
-                self._hold_owners(job, item.get("owners_token"))
+                job.owners_token = item.get("owners_token")
             elif item.get("owners_token") != job.owners_token:  # (left out only where this worker said it held them)
                 raise RuntimeError(f"work item {item.get('item')} of job {job.id} names owners "
                                    f"{item.get('owners_token')} without them; this worker holds {job.owners_token}")
@@ -301,7 +300,7 @@ class ShardRunner:
         # under BSP the grants matter only with the next item: the commit waits for it (one round trip)
         commit = Commit(item["job"], item["clock"], item["run"], self.host.address, commits, item["op"] == "rebuild",
                         given_back, stopped, wait=not job.ssp, wait_timeout=self.poll_timeout,
-                        owners_known=dict(self.owners_known))
+                        owners_known=self.host.owners_known())
         try:
             answer = CommitAnswer.from_msg(self.host.call("commit", **commit.to_msg()))
         except Exception as e:
@@ -344,21 +343,8 @@ class ShardRunner:
             with self._lock:
                 if job.run_seen <= run:
                     job.owners = {(t, int(p)): w for t, p, w in r["owners"]}
-                    self._hold_owners(job, r.get("owners_token"))
+                    job.owners_token = r.get("owners_token")
         return None if current is None else int(current)
-
-    def _hold_owners(self, job: Job, token: str | None) -> None:
-        """``job.owners`` were just set from a map named ``token`` (with ``_lock`` held)."""
-        job.owners_token = token
-        if token is None:
-            self.owners_known.pop(job.id, None)
-        else:
-            self.owners_known[job.id] = token
-
-    def forget_job(self, job_id: str) -> None:
-        """The job ended here: its owners are no longer said to be held."""
-        with self._lock:
-            self.owners_known.pop(job_id, None)
 
     def _write_back(self, job: Job, run: int, granted: list[tuple[int, int, int]], staged: dict) -> None:
         """Add this worker's granted SSP updates to its pulled copy (``PullCache.write_back``): its
