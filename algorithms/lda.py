@@ -628,6 +628,7 @@ class LDAGibbs(Algorithm):
     #: AD-LDA's shards of one clock sample from the same start: the more shards, the further each
     #: sweep trails sequential Gibbs sampling (issue 43), so a fit not given n_shards runs one per worker
     shards_cost_quality = True
+    clock_end_reads_only = True  # (its clock end only reads: it may run while the next clock begins)
 
     def __init__(self, n_topics: int = 20, alpha: float | Sequence[float] = 0.1, beta: float = 0.01, *,
                  seed: int = 0, tol: float = 1e-4, window: int = 10, early_stop: bool = True,

@@ -212,6 +212,7 @@ class ALS(Algorithm):
     name = "mf"
     data_names = ("row", "col", "rating")
     phases = ("user", "item")
+    clock_end_reads_only = True  # (its clock end only reads: it may run while the next clock begins)
     #: none: a clock is two data phases, the second solving against the first's result. (Each phase
     #: reading the other side's factors as of the end of clock t-1-s also converges, a Jacobi-style ALS:
     #: ``bench.staleness``, 0.9x / 1.33x / 2.19x the clocks at s = 1 / 2 / 4; SSP over phases is not

@@ -93,6 +93,7 @@ class HollowStep(SleepStep):
     coordinator begins the next clock itself (``dscar.auto-begin``) and the driver only reads reports."""
 
     name = "hollowstep"
+    clock_end_reads_only = True  # (its clock end only reads: it may run while the next clock begins)
 
     def clock_end(self, ctx):
         count = dscar.to_host(ctx.pull("count"))

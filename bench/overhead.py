@@ -72,6 +72,7 @@ class Trivial(Algorithm):
 
     name = "trivial"
     data_names = ("x",)
+    clock_end_reads_only = True  # (its clock end only reads: it may run while the next clock begins)
 
     def tables(self, meta):
         return [TableSpec("t", TABLE_ROWS)]

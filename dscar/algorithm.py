@@ -157,6 +157,10 @@ class Algorithm:
     #: driver (``dscar.auto-begin``). False for a ``converged`` that acts in the driver's process (a test's or
     #: a benchmark's hook): the driver then evaluates it and begins every clock
     converged_on_workers: bool = True
+    #: its ``clock_end`` only reads the tables (no ``ctx.assign``), so it may run while the next clock's
+    #: shards run (their updates are applied only once it reported): one step off every clock's path.
+    #: Leave it False for a clock end that writes: the next clock's steps must read what it wrote
+    clock_end_reads_only: bool = False
 
     def validate(self, meta: DataMeta) -> None:
         """Raise ``InvalidInputError`` for data or hyperparameters this model cannot fit."""

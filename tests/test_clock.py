@@ -16,7 +16,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 from dscar.checkpoint import CheckpointConfig
 from dscar.core.clock import Apply, ClockError, ClockMachine, Recover, RunClockEnd, Skip, Stage, StartPass
-from dscar.core.job import ApplyPass, Checkpoint, JobConfig, JobState, Mirror, StartRecovery
+from dscar.core.job import ApplyPass, BeginClock, Checkpoint, JobConfig, JobState, Mirror, StartRecovery
 from dscar.core.partitions import PartitionMap, TableLayout
 from dscar.core.policies import BackupPolicy
 from dscar.core.shards import ShardQueue
@@ -382,8 +382,8 @@ class JobFuzz(RuleBasedStateMachine):
     @initialize(phases=st.sampled_from([(6,), (3, 3)]), rebuild=st.booleans(),
                 policy=st.sampled_from(["full", "priority"]), recovery=st.sampled_from(["partial", "full"]),
                 backups=st.booleans(), step_s=st.sampled_from([0.0005, 0.05]), fold=st.booleans(),
-                memory=st.booleans())
-    def setup(self, phases, rebuild, policy, recovery, backups, step_s=0.05, fold=False, memory=False):
+                memory=st.booleans(), ahead=st.booleans())
+    def setup(self, phases, rebuild, policy, recovery, backups, step_s=0.05, fold=False, memory=False, ahead=False):
         n_shards = sum(phases)
         names = ["a", "b"][: len(phases)] if len(phases) > 1 else [""]
         layouts = [TableLayout("x", 8, 4), TableLayout("r", 4, 2)]
@@ -397,6 +397,15 @@ class JobFuzz(RuleBasedStateMachine):
         self.job.workers = list(WORKERS)
         self.job.schedule.fold_clock_end = fold  # the clock end folded into the last apply (``BspSchedule._fold``)
         self.folds = 0  # folded clock ends that reported
+        if ahead and fold:  # a clock end that only reads runs while the next clock begins (``BspSchedule.applied``)
+            s = self.job.schedule
+            s.ahead_ok = s.auto_begin = True
+            s.auto_until = 6
+        self.ahead_out: dict | None = None  # the fold item of the clock end running ahead, until it reports
+        self.ahead_value: dict | None = None  # the tables as that clock end reads them
+        self.begin_ahead: int | None = None  # the clock a ``BeginClock(ahead=True)`` begins, once carried out
+        self.aheads = 0  # clock ends that ran ahead of the next clock and counted
+        self.withdrawn = 0  # clocks begun ahead and withdrawn (the clock end said stop)
         self.now = 1.0
         self.inflight: dict[tuple[int, int], dict] = {}  # (shard, attempt) -> item, running on item["worker"]
         self.given_late: dict[str, list[tuple[int, int]]] = {}  # released unheard: its batch's commit names them
@@ -451,7 +460,7 @@ class JobFuzz(RuleBasedStateMachine):
                 parts = {o: [k for k in self.value if self.job.pmap.owners[k] == o] for o in e.buddies}
                 self.mirrors_sent.append((e.clock, dict(e.buddies), {o: {k: self.value[k] for k in ks}
                                                                      for o, ks in parts.items()}))
-                self.job.snapshotted("mirror", self.tick())
+                self.handle(self.job.snapshotted("mirror", self.tick()))
             elif isinstance(e, Checkpoint):
                 for w, shards in e.writers.items():
                     files = [{"table": t, "part": p, "bytes": 1, "path": f"{e.version}/{t}{p}"}
@@ -459,12 +468,17 @@ class JobFuzz(RuleBasedStateMachine):
                     if shards:
                         files.append({"kind": "state", "shards": shards, "bytes": 1, "path": f"{e.version}/s"})
                     self.job.checkpoint_written(e.version, w, files, None, self.tick())
+                self.handle(self.job.snapshotted("checkpoint", self.tick()))  # (as ``Coordinator._checkpoint``)
+            elif isinstance(e, BeginClock):
+                assert e.ahead, e  # (the fuzz's folded clock ends evaluate no stopping rule)
+                self.begin_ahead = e.clock
         if self.job.machine.stage is Stage.SKIPPED:
             self.skipped.add(self.job.clock)
 
     # ----------------------------------------------------------- rules
     @precondition(lambda self: hasattr(self, "job") and not self.job.failed and not self.job.machine.recovering
-                  and self.job.machine.stage in (Stage.IDLE, Stage.DONE, Stage.SKIPPED) and self.job.clock < 6)
+                  and self.job.machine.stage in (Stage.IDLE, Stage.DONE, Stage.SKIPPED) and self.job.clock < 6
+                  and self.begin_ahead is None)
     @rule()
     def begin(self):
         self.handle(self.job.begin(self.job.clock + 1, self.tick()))
@@ -586,15 +600,20 @@ class JobFuzz(RuleBasedStateMachine):
         done = len([ev for ev in self.job.events if ev["kind"] == "rebuild-done"])
         if current:
             self.change(self.value)
-        self.handle(self.job.applied(e.run_id, self.tick()))
+        ahead = e.clock_end is not None and bool(e.clock_end.get("ahead"))
+        self.handle(self.job.applied(e.run_id, self.tick(), ahead=ahead))
         if len([ev for ev in self.job.events if ev["kind"] == "rebuild-done"]) > done:
             self.restored_since = {}
+        ending = self.job.schedule.ending
+        if ahead and ending is not None and ending.clock == e.clock:  # (its worker answered the apply first)
+            self.ahead_out, self.ahead_value = dict(e.clock_end), dict(self.value)
+            return
         if e.clock_end is not None:
             assert not e.rebuild and e.clock_end["run"] == e.run_id
             if folded_ran and e.clock_end["worker"] in self.live():  # (a lost worker answers nothing)
                 self.clock_end_reports(dict(e.clock_end))
             else:
-                self.handle(self.job.unfold_clock_end(e.clock_end["worker"]))
+                self.handle(self.job.unfold_clock_end(e.clock_end["worker"], self.now))
 
     def install(self, e: ApplyPass, workers: list[str]) -> None:
         """``ShardStore.install`` on ``workers`` (each ignores a pass older than its newest work)."""
@@ -626,6 +645,47 @@ class JobFuzz(RuleBasedStateMachine):
                 assert self.applied.get((clock, s), 0) == 1, (clock, s, self.applied)
         self.handle(effects)
 
+    @precondition(lambda self: getattr(self, "ahead_out", None) is not None)
+    @rule(ran=st.booleans(), stop=st.sampled_from([False, False, True, None]))
+    def ahead_reports(self, ran=True, stop=False):
+        """The clock end that ran ahead gives its outcome (``Coordinator._clock_end_ahead``), or none (``ran``
+        False, or its worker was lost): it read the tables as its clock left them, unless a loss meanwhile
+        restored some (then its clock is skipped); ``stop`` True or None withdraws the clock begun after it."""
+        item, self.ahead_out = self.ahead_out, None
+        clock = item["clock"]
+        if ran and item["worker"] in self.live():
+            effects = self.job.clock_end_done(item["worker"], item["run"], {"objective": 1.0}, 0.0, self.tick(),
+                                              clock, stop)
+        else:
+            effects = self.job.unfold_clock_end(item["worker"], self.tick())
+        assert self.job.schedule.ending is None
+        report = self.job.tally.reports.get(clock) or self.job.schedule.ended_report[1]
+        if report["skipped"]:
+            self.skipped.add(clock)
+        else:
+            assert self.value == self.ahead_value, "the tables changed under a clock end running ahead"
+            self.clock_end_ran.add(clock)
+            self.aheads += 1
+            for s in range(self.job.queue.n_shards):
+                assert self.applied.get((clock, s), 0) == 1, (clock, s, self.applied)
+        if self.job.clock == clock and self.job.machine.stage is Stage.DONE and report["next_begun"] is False \
+                and not report["skipped"]:
+            self.withdrawn += self.begin_ahead is None
+            self.begin_ahead = None
+        self.handle(effects)
+
+    @precondition(lambda self: getattr(self, "begin_ahead", None) is not None)
+    @rule()
+    def coordinator_begins_ahead(self):
+        """``Coordinator._auto_begin`` of a ``BeginClock(ahead=True)``: once no recovery runs, unless the
+        clock end's report said not to (or the clock is begun already)."""
+        if self.job.machine.recovering:
+            return
+        clock, self.begin_ahead = self.begin_ahead, None
+        s = self.job.schedule
+        if not self.job.failed and s.next_begun and s.clock == clock - 1:
+            self.handle(self.job.begin(clock, self.tick()))
+
     @precondition(lambda self: getattr(self, "mirrors_sent", None))
     @rule()
     def mirror_arrives(self):
@@ -649,7 +709,8 @@ class JobFuzz(RuleBasedStateMachine):
             self.clock_end = None
         self.handle(self.job.lose(w, self.tick()))
 
-    @precondition(lambda self: getattr(self, "recovery_started", False) and self.plan is None)
+    @precondition(lambda self: getattr(self, "recovery_started", False) and self.plan is None
+                  and not self.job.restores_wait)
     @rule()
     def recovery_plans(self):
         plan = self.job.plan_recovery(self.live())
@@ -710,7 +771,11 @@ class JobFuzz(RuleBasedStateMachine):
             assert self.recovery_started, "recovering, but no recovery is under way"
             return
         if m.stage is Stage.APPLY:
-            assert any(a.run_id == m.run_id for a in self.applies), "waits for an apply nobody carries out"
+            assert any(a.run_id == m.run_id for a in self.applies) or (
+                m.held is not None and (self.ahead_out is not None or self.job.snapshotting)), \
+                "waits for an apply nobody carries out"
+        elif m.stage is Stage.ENDING:
+            assert self.ahead_out is not None and self.begin_ahead is not None, "ending, but nothing ends it"
         elif m.stage in (Stage.SHARDS, Stage.REBUILD):
             running = {(a.shard, a.attempt) for a in self.job.queue.running()}
             named_later = {m for back in self.given_late.values() for m in back}
@@ -737,7 +802,8 @@ def _random_run(f: JobFuzz, rnd, steps: int, reached: set[str]) -> None:
     for _ in range(steps):
         m = f.job.machine
         moves = [("take", lambda: f.take(rnd.choice(WORKERS)))]
-        if not m.recovering and m.stage in (Stage.IDLE, Stage.DONE, Stage.SKIPPED) and f.job.clock < 6:
+        if not m.recovering and m.stage in (Stage.IDLE, Stage.DONE, Stage.SKIPPED) and f.job.clock < 6 \
+                and f.begin_ahead is None:
             moves.append(("begin", f.begin))
         if f.inflight:
             moves += [("commit", lambda: f.stage_and_commit(rnd.randrange(50)))] * 4
@@ -750,12 +816,16 @@ def _random_run(f: JobFuzz, rnd, steps: int, reached: set[str]) -> None:
                                                           folded_ran=rnd.random() < 0.7)))
         if f.clock_end is not None:
             moves.append(("clock_end", f.clock_end_reports))
+        if f.ahead_out is not None:
+            moves.append(("ahead", lambda: f.ahead_reports(rnd.random() < 0.9, rnd.choice([False, False, False, True, None]))))
+        if f.begin_ahead is not None:
+            moves.append(("begin-ahead", f.coordinator_begins_ahead))
         if f.mirrors_sent:
             moves.append(("mirror", f.mirror_arrives))
         if len(f.live()) > 1 and len(f.job.lost) < 3 and rnd.random() < 0.08:
             moves.append((f"lose@{m.stage.value}" + ("+recovering" if m.recovering else ""),
                           lambda: f.lose(rnd.choice(WORKERS))))
-        if f.recovery_started and f.plan is None:
+        if f.recovery_started and f.plan is None and not f.job.restores_wait:
             moves.append(("plan", f.recovery_plans))
         if f.plan is not None:
             moves.append(("restore", f.recovery_restores))
@@ -773,6 +843,10 @@ def _random_run(f: JobFuzz, rnd, steps: int, reached: set[str]) -> None:
         reached.add("folded")
     if f.kept:
         reached.add("kept")
+    if f.aheads:
+        reached.add("ahead")
+    if f.withdrawn:
+        reached.add("withdrawn")
 
 
 def test_seeded_walks_reach_every_stage_and_fault_and_keep_the_invariants():
@@ -788,7 +862,7 @@ def test_seeded_walks_reach_every_stage_and_fault_and_keep_the_invariants():
         f.setup(phases=rnd.choice([(6,), (3, 3)]), rebuild=rnd.random() < 0.5,
                 policy=rnd.choice(["full", "priority"]), recovery=rnd.choice(["partial", "full"]),
                 backups=rnd.random() < 0.5, step_s=rnd.choice([0.0005, 0.05]), fold=rnd.random() < 0.5,
-                memory=rnd.random() < 0.5)
+                memory=rnd.random() < 0.5, ahead=rnd.random() < 0.5)
         _random_run(f, rnd, 160, reached)
         if f.batches:
             reached.add("batch")
@@ -799,7 +873,7 @@ def test_seeded_walks_reach_every_stage_and_fault_and_keep_the_invariants():
         if f.copies_checked:
             reached.add("copied")
     for want in ("batch", "released", "released-unheard", "copied", "lose@shards", "lose@apply", "lose@clock-end", "lose@rebuild", "skipped", "restore", "fail",
-                 "done:4", "folded", "kept"):
+                 "done:4", "folded", "kept", "ahead", "withdrawn", "lose@ending"):
         assert want in reached, sorted(reached)
     assert any(k.endswith("+recovering") for k in reached), sorted(reached)
 

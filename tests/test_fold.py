@@ -16,10 +16,18 @@ from conftest import RowCounter, assert_exactly_once, row_data, scheduler_calls
 from dscar.worker import plugin as worker_plugin
 from dscar.worker.plugin import ParamServer
 
-def _fit(cluster, clocks: int = 4, **kw):
+def _fit(cluster, clocks: int = 4, model=None, **kw):
     with scheduler_calls(cluster.client) as calls:
-        res = dscar.fit(RowCounter(), row_data(40), cluster, n_shards=4, max_clocks=clocks, **kw)
+        res = dscar.fit(model or RowCounter(), row_data(40), cluster, n_shards=4, max_clocks=clocks, **kw)
     return res, calls
+
+
+class ReadOnlyCounter(RowCounter):
+    """``RowCounter`` saying what its clock end does: it only reads, so it runs while the next clock begins
+    (``Algorithm.clock_end_reads_only``). Its clock end reads ``seen``, which the next clock's first apply
+    zeroes: a clock end that read after that apply would report ``seen_min`` 0."""
+
+    clock_end_reads_only = True
 
 
 def test_a_fault_free_fit_sends_no_clock_done_and_matches_the_unfolded_fit(inproc):
@@ -91,13 +99,15 @@ def test_a_folded_clock_end_that_an_owner_cannot_serve_runs_as_an_item(inproc, m
     assert not any(r.metrics.get("skipped") for r in res.history)
 
 
-def test_a_loss_under_the_folded_clock_end_skips_its_clock_and_the_fit_goes_on(inproc, tmp_path):
+@pytest.mark.parametrize("model", [RowCounter, ReadOnlyCounter], ids=["folded", "ahead"])
+def test_a_loss_under_the_folded_clock_end_skips_its_clock_and_the_fit_goes_on(inproc, tmp_path, model):
     """A loss at the clock end of clock 2, aimed at each worker in turn, fires only where that clock
     end runs (folded: on the worker owning the most partitions; no clock_done on either fit); the clock
-    is skipped, as a loss under an unfolded clock end skips it, and every other clock counts."""
+    is skipped, as a loss under an unfolded clock end skips it, and every other clock counts. The same
+    where the clock end runs ahead of the next clock (``ahead``): the loss restores a partition it reads."""
     fired_on = []
     for worker in (0, 1):
-        res, calls = _fit(inproc, clocks=4, faults=[dscar.faults.lose(worker, 2, point="clock-end")],
+        res, calls = _fit(inproc, clocks=4, model=model(), faults=[dscar.faults.lose(worker, 2, point="clock-end")],
                           checkpoint=dscar.CheckpointConfig(str(tmp_path / str(worker)), policy="full", every=1))
         assert calls.get("dscar_clock_done", 0) == 0, calls
         fired = [e for e in res.events if e["kind"] == "fault-lose"]
@@ -107,6 +117,8 @@ def test_a_loss_under_the_folded_clock_end_skips_its_clock_and_the_fit_goes_on(i
         fired_on.append(worker)
         assert fired[0]["clock"] == 2 and fired[0]["point"] == "clock-end"
         assert res.n_clocks == 4 and res.history[1].metrics.get("skipped") == 1.0, res.history[1]
+        skipped = [e for e in res.events if e["kind"] == "clock-end-skipped"]
+        assert [e["clock"] for e in skipped] == [2] and ("ahead" in skipped[0]["reason"]) == (model is ReadOnlyCounter)
         for rec in (res.history[0], *res.history[2:]):
             assert rec.metrics["seen_min"] == rec.metrics["seen_max"] == 1.0, rec  # exactly once where it counts
     assert len(fired_on) == 1, fired_on  # clock 2's clock end ran on exactly one worker
@@ -368,3 +380,76 @@ def test_an_owner_without_an_owner_map_pushes_nothing_and_is_asked(inproc, monke
     res, _ = _fit(inproc, clocks=3)
     assert_exactly_once(res, 40)
     assert not [e for e in res.events if e["kind"] == "clock-end-unfolded"]
+
+
+#: clock -> set once a shard step of that clock ran (``Overlapping``; in-process workers share this module)
+_STEPPED: dict[int, threading.Event] = {}
+
+
+class Overlapping(ReadOnlyCounter):
+    """A clock end that waits (up to 20 s) until a shard step of the next clock ran, and reports whether
+    one did (``overlapped``): 1 where the next clock runs while it runs, 0 where it begins after it."""
+
+    def shard_step(self, ctx, data):
+        _STEPPED.setdefault(ctx.clock, threading.Event()).set()
+        super().shard_step(ctx, data)
+
+    def clock_end(self, ctx):
+        out = super().clock_end(ctx)
+        if ctx.clock < 4:
+            out["overlapped"] = float(_STEPPED.setdefault(ctx.clock + 1, threading.Event()).wait(20.0))
+        return out
+
+
+def test_a_clock_end_that_only_reads_runs_while_the_next_clock_begins(inproc):
+    """With ``clock_end_reads_only``, each clock's shards run while the clock end before reads the tables
+    as that clock left them (``seen`` is 1 everywhere, though the next clock's first apply zeroes it):
+    its outcome is asked for apart, one a clock but the last (the driver's), and the fit equals one whose
+    clock ends run first. With ``dscar.clock-end-ahead`` off, no step runs while a clock end runs."""
+    _STEPPED.clear()
+    res, calls = _fit(inproc, clocks=4, model=Overlapping())
+    assert_exactly_once(res, 40)
+    assert [r.metrics["overlapped"] for r in res.history[:3]] == [1.0, 1.0, 1.0]
+    assert not [e for e in res.events if e["kind"] in ("clock-end-unfolded", "clock-end-skipped", "clock-withdrawn")]
+    _STEPPED.clear()
+    with dask.config.set({"dscar.clock-end-ahead": False}):
+        calls_off = _worker_calls(inproc.client)
+        first, _ = _fit(inproc, clocks=4, model=ReadOnlyCounter())
+        calls_off = _worker_calls(inproc.client) - calls_off
+    assert calls_off.get("dscar_clock_end_outcome", 0) == 0, calls_off
+    assert [r.metrics for r in first.history] == [{k: v for k, v in r.metrics.items() if k != "overlapped"}
+                                                  for r in res.history]
+    np.testing.assert_array_equal(first.params["count"], res.params["count"])
+    calls_on = _worker_calls(inproc.client)
+    _fit(inproc, clocks=4, model=ReadOnlyCounter())
+    assert (_worker_calls(inproc.client) - calls_on)["dscar_clock_end_outcome"] == 3
+
+
+class StopsAtThree(ReadOnlyCounter):
+    def converged(self, history, tol):
+        return len(history) >= 3
+
+
+def test_a_clock_begun_ahead_of_a_clock_end_that_says_stop_is_withdrawn_unapplied(inproc):
+    """The stopping rule says stop at clock 3's end, after clock 4 began ahead of it: clock 4 is withdrawn
+    (an event says so), nothing of it is applied, and the fit ends at clock 3 as it does with clock ends first."""
+    res, _ = _fit(inproc, clocks=6, model=StopsAtThree())
+    assert res.n_clocks == 3 and res.converged
+    assert_exactly_once(res, 40)
+    withdrawn = [e for e in res.events if e["kind"] == "clock-withdrawn"]
+    assert [e["clock"] for e in withdrawn] == [4], withdrawn
+    with dask.config.set({"dscar.clock-end-ahead": False}):
+        first, _ = _fit(inproc, clocks=6, model=StopsAtThree())
+    assert first.n_clocks == 3 and not [e for e in first.events if e["kind"] == "clock-withdrawn"]
+    np.testing.assert_array_equal(first.params["count"], res.params["count"])
+
+
+class AssignsAhead(ReadOnlyCounter):
+    def clock_end(self, ctx):
+        ctx.assign("count", ctx.xp.zeros(1))
+        return super().clock_end(ctx)
+
+
+def test_a_clock_end_said_to_only_read_that_assigns_fails_the_fit_naming_the_setting(inproc):
+    with pytest.raises(dscar.JobFailedError, match="clock_end_reads_only"):
+        _fit(inproc, clocks=3, model=AssignsAhead())

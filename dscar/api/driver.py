@@ -817,7 +817,8 @@ class _Run:
                 else:
                     t0 = time.perf_counter()
                     r = self._sync(self._scall, "begin_clock", clock=clock, wait=1.0, events_from=self._seen,
-                                   until=max_clocks if self.algorithm.converged_on_workers else 0)
+                                   until=max_clocks if self.algorithm.converged_on_workers else 0,
+                                   ahead=self.algorithm.clock_end_reads_only)
                 while True:  # the coordinator's answers until the clock's report
                     self._take_events(r)
                     self._publish(r.get("publish", []))

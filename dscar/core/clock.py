@@ -43,6 +43,14 @@ Stages of clock ``t`` (``Stage``)::
     and the stopping rule does not see it. The clock counter is not rolled back,
     not even by full recovery: rolled-back clocks count as rework.
   - ``DONE`` / between clocks: nothing to redo.
+* **A clock end ahead.** Where the clock end only reads the tables, the next clock may begin
+  while it runs (``end_ahead``: the clock is ``ENDING``): the next clock's shards run and commit,
+  but its first apply is held (``held``) until the clock end reported (``ended_ahead``), so the
+  tables stay as the clock end reads them. A recovery restores nothing until it reported (the
+  coordinator waits: ``JobState.restores_wait``), so a loss meanwhile changes nothing it reads; where
+  it took the clock end itself (its worker, or an owner it still had to read) the clock is skipped
+  (``ending_skip``). A held apply is not sent after a loss: its pass is open again (``unhold``) and
+  follows the rule for ``SHARDS``.
 
   A loss during a recovery simply extends it: the coordinator re-plans from the
   current ownership until no loss is left unrecovered.
@@ -77,6 +85,7 @@ class Stage(str, enum.Enum):
     SHARDS = "shards"  # a data phase's shards are handed out and committed
     APPLY = "apply"  # owners apply the committed updates of the pass
     CLOCK_END = "clock-end"  # one worker runs the algorithm's clock-end step
+    ENDING = "ending"  # the clock-end step runs while the next clock may begin (``end_ahead``)
     DONE = "done"  # the clock completed; its metrics count
     SKIPPED = "skipped"  # the clock was cut short by a loss; no clock-end step, no metrics
 
@@ -171,11 +180,21 @@ class ClockMachine:
     #: the recovery under way keeps the pass (``lose(keep=True)``): commits of ``run_id`` are granted,
     #: and ``recovered(exact=...)`` says whether the pass goes on or runs again
     keeping: bool = False
+    #: (clock, run id) of the clock whose clock end runs ahead of the current clock (``end_ahead``);
+    #: None: none. The current clock's first apply waits for it (``held``)
+    ending: tuple[int, int] | None = None
+    #: why the ending clock's clock end does not count (a loss restored tables it may read); None: it counts
+    ending_skip: str | None = None
+    #: the current clock's applies wait (``held``): a clock end runs ahead, or a snapshot of its clock is
+    #: being taken; ``release_held`` ends it
+    hold: bool = False
+    #: the current clock's first apply, held while ``hold`` (None: none held)
+    held: Apply | None = None
 
     # ---------------------------------------------------------- transitions
     def begin(self, clock: int) -> list[Action]:
-        """Start clock ``clock`` (after the previous one is DONE or SKIPPED)."""
-        if self.stage not in (Stage.IDLE, Stage.DONE, Stage.SKIPPED):
+        """Start clock ``clock`` (after the previous one is DONE or SKIPPED, or ENDING: ``end_ahead``)."""
+        if self.stage not in (Stage.IDLE, Stage.DONE, Stage.SKIPPED, Stage.ENDING):
             raise ClockError(f"clock {self.clock} is in stage {self.stage.value}: cannot begin clock {clock}")
         if self.recovering:
             raise ClockError("cannot begin a clock while recovering")
@@ -192,7 +211,42 @@ class ClockMachine:
         self.stage = Stage.APPLY
         self.applying_rebuild = rebuild
         self.applied_before = True
-        return [Apply(self.run_id, reset_reductions=not rebuild and self.data_phase == 0, reset_rebuild=rebuild)]
+        apply = Apply(self.run_id, reset_reductions=not rebuild and self.data_phase == 0, reset_rebuild=rebuild)
+        if self.hold:  # (the tables stay as the clock end ahead, or its clock's snapshot, reads them)
+            self.held = apply
+            return []
+        return [apply]
+
+    def end_ahead(self) -> None:
+        """The clock end (stage ``CLOCK_END``) runs on while the next clock may begin: the clock is
+        ``ENDING``; ``ended_ahead`` takes its report."""
+        if self.stage is not Stage.CLOCK_END or self.recovering or self.ending is not None:
+            raise ClockError(f"clock {self.clock} cannot end ahead in stage {self.stage.value}")
+        self.ending, self.ending_skip, self.hold = (self.clock, self.run_id), None, True
+        self.stage = Stage.ENDING
+
+    def ended_ahead(self, run_id: int, ran: bool) -> bool:
+        """The clock end ahead of run ``run_id`` reported (``ran``: it ran to completion): whether its
+        metrics count. The next clock's applies stay held until ``release_held``."""
+        if self.ending is None or self.ending[1] != run_id:
+            return False
+        counts = ran and self.ending_skip is None
+        why, self.ending, self.ending_skip = self.ending_skip, None, None
+        if self.stage is Stage.ENDING:
+            self.stage = Stage.DONE if counts else Stage.SKIPPED
+            if not counts:
+                self.skip_reason = f"the clock end ahead: {why or 'it did not run to completion'}"
+        return counts
+
+    def release_held(self) -> list[Action]:
+        """The next clock's applies go on (no clock end runs ahead, no snapshot of its clock is taken): the
+        held apply, sent now (none where a loss made it stale meanwhile)."""
+        if self.ending is not None:
+            raise ClockError("a clock end still runs ahead: its applies stay held")
+        held, self.held, self.hold = self.held, None, False
+        if held is None or held.run_id != self.run_id or self.stage is not Stage.APPLY or self.recovering:
+            return []
+        return [held]
 
     def applied(self, run_id: int) -> list[Action]:
         """Every owner applied the pass of ``run_id``: go on with the next pass or the clock-end step."""
@@ -215,6 +269,25 @@ class ClockMachine:
             return False
         self.stage = Stage.DONE
         return True
+
+    def unhold(self) -> None:
+        """The held apply is not sent: a loss took some of the pass's commits (or restored what its steps
+        read), so the pass is open again, as if it had not completed; nothing of it was applied."""
+        if self.held is None:
+            return
+        self.stage = Stage.REBUILD if self.applying_rebuild else Stage.SHARDS
+        self.applying_rebuild, self.held = False, None
+
+    def withdraw(self, clock: int) -> None:
+        """The clock begun while ``clock``'s end ran ahead is withdrawn (that clock end said stop, or
+        left the stopping rule to the driver): nothing of it was applied (its first apply was held), so
+        the machine is back at ``clock``'s end, under a new run id that makes what ran of it stale."""
+        if self.ending is not None or self.clock != clock + 1:
+            raise ClockError(f"clock {self.clock} cannot be withdrawn to clock {clock}")
+        self.clock, self.stage, self.data_phase = clock, Stage.DONE, 0
+        self.redo, self.skip_reason, self.held, self.hold, self.applying_rebuild = False, None, None, False, False
+        self.keeping = False  # (a recovery under way goes on: it restores the tables for the next clock)
+        self.run_id += 1
 
     def lose(self, *, restores: bool, reductions_lost: bool = False, unapplied: bool = False,
              keep: bool = False) -> list[Action]:

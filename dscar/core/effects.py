@@ -54,9 +54,12 @@ class RestartWorker:
 class BeginClock:
     """BSP: the clock before ``clock`` ended, its stopping rule said go on and the driver's last
     clock is not reached: the coordinator begins ``clock`` itself once that clock's report is ready
-    (``BspSchedule.auto_until``), without waiting for the driver to ask."""
+    (``BspSchedule.auto_until``), without waiting for the driver to ask. ``ahead``: the clock before
+    is still ending (its clock end runs ahead: ``ClockMachine.end_ahead``): begin at once, unless its
+    report says otherwise first (``BspSchedule.next_begun``)."""
 
     clock: int
+    ahead: bool = False
 
 
 Effect = ApplyPass | StartRecovery | Checkpoint | Mirror | RestartWorker | BeginClock

@@ -211,9 +211,10 @@ class JobState:
         """An attempt raised after ``seconds`` of work, or stopped as a lost race (``Schedule.attempt_failed``)."""
         self.schedule.attempt_failed(worker, clock, run_id, shard, attempt, error, now, lost_data, seconds, stopped)
 
-    def applied(self, run_id: int, now: float, batch: int | None = None) -> list[Effect]:
-        """Every live worker applied the pass of ``run_id`` (under SSP: the batch ``batch``)."""
-        return self.schedule.applied(run_id, now, batch)
+    def applied(self, run_id: int, now: float, batch: int | None = None, ahead: bool = False) -> list[Effect]:
+        """Every live worker applied the pass of ``run_id`` (under SSP: the batch ``batch``; ``ahead``: its
+        folded clock end runs ahead of the next clock, ``BspSchedule.applied``)."""
+        return self.schedule.applied(run_id, now, batch, ahead)
 
     def clock_end_done(self, worker: str, run_id: int, metrics: dict, seconds: float, now: float,
                        clock: int | None = None, stop: bool | None = None) -> list[Effect]:
@@ -226,9 +227,9 @@ class JobState:
         """The clock-end step raised: a loss under it skips the clock; otherwise the job fails."""
         return self.schedule.clock_end_failed(worker, run_id, error, now, clock)
 
-    def unfold_clock_end(self, worker: str) -> list[Effect]:
-        """The clock end folded into ``worker``'s apply did not run: the item path runs it."""
-        return self.schedule.unfold_clock_end(worker)
+    def unfold_clock_end(self, worker: str, now: float) -> list[Effect]:
+        """The clock end folded into ``worker``'s apply did not run: the item path runs it (``Schedule.unfold_clock_end``)."""
+        return self.schedule.unfold_clock_end(worker, now)
 
     @property
     def report_ready(self) -> bool:
@@ -238,6 +239,12 @@ class JobState:
     def report_for(self, clock: int) -> dict | None:
         """Clock ``clock``'s report for the driver once it is finished (None: not yet)."""
         return self.schedule.report_for(clock)
+
+    @property
+    def restores_wait(self) -> bool:
+        """A clock end runs ahead of the clock (BSP, ``BspSchedule.ending``): it reads the tables as its
+        clock left them, so a recovery restores nothing until it reported."""
+        return getattr(self.schedule, "ending", None) is not None
 
     def snapshotted(self, what: str, now: float) -> list[Effect]:
         """The ``what`` snapshot ("checkpoint", "mirror") is taken: the tables may change again."""

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING, Any, Iterable, Protocol
 
@@ -42,6 +43,28 @@ from .ssp import StartRecovery as WindowRecovery
 
 if TYPE_CHECKING:
     from .job import JobState
+
+
+@dataclass
+class EndingClock:
+    """A clock whose clock end runs ahead of the next clock (``BspSchedule.applied``): what its report needs
+    once the clock end reports, kept apart from the next clock's counts."""
+
+    clock: int
+    #: its run id (the clock end's report carries it)
+    run: int
+    #: the worker its clock end is folded into
+    worker: str
+    #: when the clock began and when its last pass was applied (the clock end's start)
+    began: float
+    applied_at: float
+    #: its counts (the tally's dicts of that clock: the next clock's begin makes new ones)
+    shards_done: dict[str, int]
+    timings: dict[str, dict[str, float]]
+    stage_s: dict[str, float]
+    #: a worker was lost while it ran: an error it reports may be that loss's (its clock is skipped, not failed)
+    lost_during: bool = False
+
 
 #: stages every hand-out reads, as module names (an enum member's lookup through its class costs ~75 ns)
 _SHARDS, _REBUILD = Stage.SHARDS, Stage.REBUILD
@@ -99,7 +122,7 @@ class Schedule(Protocol):
     def attempt_failed(self, worker: str, clock: int, run_id: int, shard: int, attempt: int, error: str,
                        now: float, lost_data: bool = False, seconds: float = 0.0, stopped: bool = False) -> None: ...
 
-    def applied(self, run_id: int, now: float, batch: int | None = None) -> list[Effect]: ...
+    def applied(self, run_id: int, now: float, batch: int | None = None, ahead: bool = False) -> list[Effect]: ...
 
     def clock_end_done(self, worker: str, run_id: int, metrics: dict, seconds: float, now: float,
                        clock: int | None = None, stop: bool | None = None) -> list[Effect]: ...
@@ -107,7 +130,7 @@ class Schedule(Protocol):
     def clock_end_failed(self, worker: str, run_id: int, error: str, now: float,
                          clock: int | None = None) -> list[Effect]: ...
 
-    def unfold_clock_end(self, worker: str) -> list[Effect]: ...
+    def unfold_clock_end(self, worker: str, now: float) -> list[Effect]: ...
 
     def snapshotted(self, now: float) -> list[Effect]: ...
 
@@ -163,6 +186,13 @@ class BspSchedule:
         self.applied_in_clock = False
         #: when the newest loss that kept its pass struck (attempts started before it may fail for it)
         self.kept_at = -math.inf
+        #: a clock end that only reads may run while the next clock begins (the driver's ``ahead``: the
+        #: algorithm's ``clock_end_reads_only`` and ``dscar.clock-end-ahead``)
+        self.ahead_ok = False
+        #: the clock whose clock end runs ahead of the current one (``ClockMachine.end_ahead``); None: none
+        self.ending: EndingClock | None = None
+        #: the report of the clock that ended ahead, kept until no snapshot of it is being taken
+        self.ended_report: tuple[int, dict] | None = None
         if resume is not None:
             self.machine.clock = int(resume["clock"])
             self.machine.stage = Stage.DONE
@@ -284,12 +314,19 @@ class BspSchedule:
                 "owners": job.pmap.to_msg(), "owners_token": job.pmap.token(), "worker": self.folded}
         if self.auto_begin and m.clock < self.auto_until:  # (the rule decides whether a next clock begins here)
             item["rule"] = self.rule.part_for(self.folded)
+            if self.ahead_ok:  # (its worker answers the apply before the clock end: ``applied`` may begin the next)
+                item["ahead"] = True
         return item
 
-    def unfold_clock_end(self, worker: str) -> list[Effect]:
+    def unfold_clock_end(self, worker: str, now: float) -> list[Effect]:
         """The clock end folded into ``worker``'s apply did not run there (its worker stopped, a peer's
         table was not applied in time, the apply was sent again): the item path runs it as it did
-        before folding, handed to the first worker that asks."""
+        before folding, handed to the first worker that asks. One that ran ahead of the next clock
+        cannot run later (the tables move on): its clock is skipped, as a loss under a clock end skips it."""
+        e = self.ending
+        if e is not None and e.worker == worker:
+            self.machine.ending_skip = self.machine.ending_skip or "it did not run"
+            return self._ended_ahead(e.run, None, 0.0, now, None)
         if self.folded != worker:
             return []
         self.folded = None
@@ -422,9 +459,16 @@ class BspSchedule:
         self._book_stage(now)
         rebuild = m.stage is Stage.REBUILD
         effects = self._carry(m.pass_complete(m.run_id), now)
-        if not rebuild:
+        if not rebuild and m.held is None:  # (a held pass counts once its apply is sent: ``_send_held``)
             self.job.tally.pass_counted(self.job.queue.committed_by())
         return effects
+
+    def _send_held(self, now: float) -> list[Effect]:
+        """The next clock's applies go on (``ClockMachine.release_held``); one held is sent now: its pass counts."""
+        held = self.machine.release_held()
+        if held and not held[0].reset_rebuild:
+            self.job.tally.pass_counted(self.job.queue.committed_by())
+        return self._carry(held, now)
 
     def attempt_failed(self, worker: str, clock: int, run_id: int, shard: int, attempt: int, error: str,
                        now: float, lost_data: bool = False, seconds: float = 0.0, stopped: bool = False) -> None:
@@ -451,8 +495,9 @@ class BspSchedule:
         except ShardFailedError as e:
             job.fail(now, str(e))
 
-    def applied(self, run_id: int, now: float, batch: int | None = None) -> list[Effect]:
-        """Every live worker applied the pass of ``run_id``."""
+    def applied(self, run_id: int, now: float, batch: int | None = None, ahead: bool = False) -> list[Effect]:
+        """Every live worker applied the pass of ``run_id``. ``ahead``: the clock end folded into the pass's
+        apply was told to run ahead (``_fold``): the next clock may begin now (``_end_ahead``)."""
         m = self.machine
         if m.stage is not Stage.APPLY or not m.accepts(run_id):
             return []
@@ -461,7 +506,72 @@ class BspSchedule:
         actions = m.applied(run_id)
         if rebuild:
             self.job.rebuild_done(now)
-        return self._carry(actions, now)
+        effects = self._carry(actions, now)
+        if m.stage is Stage.CLOCK_END and self._may_end_ahead(ahead):
+            effects.append(self._end_ahead(now))
+        return effects
+
+    def _may_end_ahead(self, asked: bool) -> bool:
+        """Whether the clock end just started may run ahead of the next clock: its worker was told so
+        (``asked``: the fold's ``ahead``), the coordinator begins the next clock itself, and nothing
+        waits for the boundary (a restart planned, a snapshot being taken)."""
+        job = self.job
+        return (asked and self.folded is not None and self.clock_end_worker == self.folded and self.ending is None
+                and self.auto_begin and self.machine.clock < self.auto_until and not job.failed
+                and not job.pending_restarts and not job.snapshotting)
+
+    def _end_ahead(self, now: float) -> BeginClock:
+        """The clock end runs on while the next clock begins (``ClockMachine.end_ahead``)."""
+        job, m = self.job, self.machine
+        m.end_ahead()
+        t = job.tally
+        self.ending = EndingClock(m.clock, m.run_id, self.folded, t.clock_t0, now, t.shards_done, t.timings, t.stage_s)
+        self.next_begun = True  # (until its clock end says otherwise: ``_ended_ahead``)
+        return BeginClock(m.clock + 1, ahead=True)
+
+    def _ended_ahead(self, run_id: int, metrics: dict | None, seconds: float, now: float,
+                     stop: bool | None) -> list[Effect]:
+        """The clock end that ran ahead reported (``metrics``; None: it did not run to completion): its
+        clock is DONE (or skipped), its report kept for the driver; the next clock goes on, or is
+        withdrawn (``ClockMachine.withdraw``) where the stopping rule said stop or was left to the driver."""
+        job, m, e = self.job, self.machine, self.ending
+        assert e is not None
+        begun = m.clock > e.clock
+        why = m.ending_skip or "its clock end did not run to completion"
+        counts = m.ended_ahead(run_id, metrics is not None)
+        self.ending = None
+        e.stage_s["clock_end"] = e.stage_s.get("clock_end", 0.0) + now - e.applied_at
+        effects: list[Effect] = []
+        if counts:
+            e.stage_s["clock_end_compute"] = float(seconds)
+            effects += job.clock_finished(e.clock, metrics, now, e.began)
+            self.rule.add(job.metrics)
+        else:
+            metrics = {"objective": math.nan, "skipped": 1.0}
+            job.event(now, "clock-end-skipped", clock=e.clock, reason=f"the clock end ahead: {why}")
+            stop = False  # (a skipped clock says nothing of convergence: the next goes on)
+        go_on = stop is False and not job.failed
+        if begun and not go_on:
+            m.withdraw(e.clock)
+            job.event(now, "clock-withdrawn", clock=e.clock + 1,
+                      reason="the stopping rule said stop" if stop else "the stopping rule is the driver's to evaluate")
+        elif not begun:
+            self.next_begun = go_on
+        report = {"status": "done", "metrics": dict(metrics), "skipped": not counts,
+                  "shards_per_worker": dict(e.shards_done), "timings": e.timings, "stage_s": dict(e.stage_s),
+                  "workers": job.workers_report(), "stop": stop, "next_begun": go_on}
+        self.ended_report = (e.clock, report)
+        if job.snapshotting:  # (the tables stay as the snapshot reads them: ``snapshotted`` sends the apply)
+            return effects
+        self._keep_ended_report()
+        return effects + self._send_held(now)
+
+    def _keep_ended_report(self) -> None:
+        """The report of the clock that ended ahead goes to the driver (``report_for``), with its checkpoint's status."""
+        if self.ended_report is not None:
+            clock, report = self.ended_report
+            self.ended_report = None
+            self.job.tally.reports[clock] = {**report, "checkpoint": self.job.checkpoint_status()}
 
     def clock_end_done(self, worker: str, run_id: int, metrics: dict, seconds: float, now: float,
                        clock: int | None = None, stop: bool | None = None) -> list[Effect]:
@@ -471,6 +581,8 @@ class BspSchedule:
         begins here (``BeginClock``) without a round trip to the driver."""
         job, m = self.job, self.machine
         clock = m.clock if clock is None else clock
+        if self.ending is not None and clock == self.ending.clock and worker == self.ending.worker:
+            return self._ended_ahead(run_id, metrics, seconds, now, stop)
         if worker != self.clock_end_worker or clock != m.clock or m.stage is not Stage.CLOCK_END \
                 or not m.accepts(run_id):
             return []
@@ -487,6 +599,11 @@ class BspSchedule:
                          clock: int | None = None) -> list[Effect]:
         """The clock-end step raised: a loss under it skips the clock; otherwise the job fails."""
         m = self.machine
+        if self.ending is not None and clock == self.ending.clock and worker == self.ending.worker:
+            if run_id != self.ending.run or m.ending_skip is not None or self.ending.lost_during:  # (a loss's: skipped)
+                return self._ended_ahead(self.ending.run, None, 0.0, now, None)
+            self.job.fail(now, f"clock_end of clock {clock} failed on {worker}:\n{error}")
+            return []
         if worker != self.clock_end_worker or clock not in (None, m.clock) or m.stage is not Stage.CLOCK_END:
             return []
         if run_id != m.run_id or m.recovering or m.skip_reason:
@@ -495,13 +612,19 @@ class BspSchedule:
         return []
 
     def snapshotted(self, now: float) -> list[Effect]:
-        """A snapshot is taken: the driver's next clock may begin once none is left (``report_ready``)."""
-        return []
+        """A snapshot is taken: the driver's next clock may begin once none is left (``report_ready``); the
+        report of a clock that ended ahead goes out, and the next clock's apply it held is sent."""
+        if self.job.snapshotting:
+            return []
+        self._keep_ended_report()
+        return self._send_held(now) if self.machine.hold and self.ending is None else []
 
     # --------------------------------------------------------------- losses
     def lose(self, worker: str, now: float) -> list[Effect]:
         """``worker`` is gone: requeue its attempts; plan a recovery if it took partitions or state."""
         job, m = self.job, self.machine
+        unheld = m.held is not None
+        m.unhold()  # (a pass whose apply waits for a clock end ahead: nothing of it is applied, it is open again)
         held = job.queue.held_by(worker)  # (before ``uncommit`` unsets the holders of its voided commits)
         applying = m.stage is Stage.APPLY
         unapplied = any(w == worker for _, _, w in job.queue.committed_attempts()) if applying else False
@@ -521,10 +644,16 @@ class BspSchedule:
                 job.losses.keep(m.clock - 1)
             effects += self._carry(m.lose(restores=True, reductions_lost=reductions, unapplied=unapplied,
                                           keep=keep), now)
+        if self.ending is not None:
+            self.ending.lost_during = True
+            if self.ending.worker == worker:  # (its outcome's message fails: skipped then)
+                m.ending_skip = m.ending_skip or "the clock end's worker was lost"
         if m.stage is Stage.CLOCK_END and self.clock_end_worker == worker:
             effects += self._carry(m.clock_end_failed(), now)  # while recovering: skipped after it
         elif self.folded == worker:  # lost before the apply ended: if the clock still ends, the item path runs it
             self.folded = None
+        if unheld and m.handing_out and job.queue.complete:  # (the loss took none of its commits: complete again)
+            effects += self._pass_complete(now)
         return effects
 
     def _may_keep(self, reductions_lost: bool) -> bool:
@@ -892,7 +1021,7 @@ class SspSchedule:
             job.fail(now, str(e))
         self.given_back([shard])
 
-    def applied(self, run_id: int, now: float, batch: int | None = None) -> list[Effect]:
+    def applied(self, run_id: int, now: float, batch: int | None = None, ahead: bool = False) -> list[Effect]:
         in_flight = self.window.in_flight
         if batch is None or in_flight is None or in_flight.batch != batch:
             return []
@@ -931,7 +1060,7 @@ class SspSchedule:
         self.job.fail(now, f"clock_end of clock {clock} failed on {worker}:\n{error}")
         return []
 
-    def unfold_clock_end(self, worker: str) -> list[Effect]:
+    def unfold_clock_end(self, worker: str, now: float = 0.0) -> list[Effect]:
         """Nothing to give back: SSP keeps the clock-end item (its applies are batches that do not end
         a clock, so no apply message could carry a clock end)."""
         return []

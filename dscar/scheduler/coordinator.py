@@ -861,7 +861,7 @@ class Coordinator(SchedulerPlugin):
             elif isinstance(e, RestartWorker):
                 pass  # carried out in begin_clock, where nothing is staged
             elif isinstance(e, BeginClock):
-                self._background(self._auto_begin(job, e.clock))
+                self._background(self._auto_begin(job, e.clock, e.ahead))
         self._wake(polls=polls, driver=polls)
 
     async def _rpc(self, worker: str, op: str, timeout: float = RPC_TIMEOUT_S, **kw) -> Any:
@@ -1095,14 +1095,17 @@ class Coordinator(SchedulerPlugin):
         return {"status": "OK"}
 
     async def _h_begin_clock(self, job_id: str, clock: int, wait: float = 0.0, events_from: int = 0,
-                             until: int = 0) -> dict:
+                             until: int = 0, ahead: bool = False) -> dict:
         """Begin ``clock``; with ``wait``, then long-poll for its report as ``dscar_wait`` does (one
         round trip where a clock is quick). ``until``: the driver's last clock; under BSP the
         coordinator begins the clocks up to it itself while the stopping rule, evaluated with a
-        folded clock end, says go on (``BeginClock``): a report says so (``next_begun``)."""
+        folded clock end, says go on (``BeginClock``): a report says so (``next_begun``). ``ahead``:
+        the algorithm's clock end only reads (``Algorithm.clock_end_reads_only``): it may run while the
+        next clock begins (``dscar.clock-end-ahead`` turns it off)."""
         job = self.jobs.get(job_id)
         if job is not None and job.consistency == "bsp":
             job.schedule.auto_until = int(until)
+            job.schedule.ahead_ok = bool(ahead) and bool(dask.config.get("dscar.clock-end-ahead", True))
         r = await self._begin(job_id, clock)
         if r["status"] != "OK" or wait <= 0:
             return r
@@ -1139,22 +1142,36 @@ class Coordinator(SchedulerPlugin):
         self._wake(everyone=True)  # (a pass begins: every worker may have shards of its own)
         return {"status": "OK"}
 
-    async def _auto_begin(self, job: JobState, clock: int) -> None:
+    async def _auto_begin(self, job: JobState, clock: int, ahead: bool = False) -> None:
         """``BeginClock``: once the previous clock's report is ready (its snapshots taken, a loss
         meanwhile recovered), keep that report for the driver and begin ``clock`` here, as the
-        driver's ``begin_clock`` would."""
+        driver's ``begin_clock`` would. ``ahead``: the previous clock's end runs ahead of ``clock``
+        (``BspSchedule.applied``): begin now, unless work waits for the boundary (a hand-off, a switch
+        of copies, the active workers' count): then once that clock end reported (its report keeps itself)."""
         job_id = job.cfg.job_id
-        while self.jobs.get(job_id) is job and not job.failed and not job.report_ready:
+        while self.jobs.get(job_id) is job and not job.failed and (
+                job.schedule.ending is not None and self._boundary_work(job) if ahead else not job.report_ready):
             await self._wait_change(1.0)
         if self.jobs.get(job_id) is not job or job.failed or job.schedule.clock != clock - 1:
             return
-        job.schedule.keep_report()
+        if ahead and not job.schedule.next_begun:  # (its clock end said stop, or left the rule to the driver)
+            return
+        if not ahead:
+            job.schedule.keep_report()
         try:
             await self._begin(job_id, clock)
         except Exception as e:  # noqa: BLE001 - no driver call to raise it in: the job fails with it
             logger.exception("dscar: beginning clock %d of job %s failed", clock, job_id)
             job.fail(time.time(), f"beginning clock {clock} failed: {e!r}")
             self._wake()
+
+    def _boundary_work(self, job: JobState) -> bool:
+        """Whether beginning the next clock moves partitions (``_begin``: a retiring worker's hand-off, a
+        joiner's copies switched, the active workers' count decided), which no clock end may read meanwhile."""
+        job_id = job.cfg.job_id
+        active = self._active.get(job_id)
+        return (any(w in self._leaving for w in self._live(job)) or bool(self._copies.get(job_id))
+                or (active is not None and active.mode == "auto" and not active.decided))
 
     def _h_event(self, job_id: str, clock: int, kind: str, worker: str, info: dict | None = None) -> dict:
         """A worker reports something that happened to it (an injected fault, ...)."""
@@ -1603,8 +1620,11 @@ class Coordinator(SchedulerPlugin):
             if not unreached:
                 if any(isinstance(r, dict) and r.get("status") == "source-lost" for r in results):
                     return  # (the named worker is gone already: its loss skips the clock)
-                self._do(job, job.applied(e.run_id, time.time(), e.batch))
-                if folded is not None:
+                ahead = folded is not None and bool(e.clock_end.get("ahead"))  # (answered before its clock end ran)
+                self._do(job, job.applied(e.run_id, time.time(), e.batch, ahead))
+                if ahead:
+                    self._background(self._clock_end_ahead(job, e))
+                elif folded is not None:
                     await self._folded_clock_end(job, e, dict(zip(targets, results)).get(folded))
                 return
             answering = await asyncio.gather(*(self._answers(w) for w in unreached))
@@ -1644,6 +1664,18 @@ class Coordinator(SchedulerPlugin):
         keep = {folded} | {w for w, _ in self._copies.get(job.cfg.job_id, {}).values()}
         return apply_receivers(targets, job.pmap.owners.values(), plan, keep, shards_moved, involved)
 
+    async def _clock_end_ahead(self, job: JobState, e: ApplyPass) -> None:
+        """The clock end folded into the apply of ``e`` ran ahead of the next clock (its worker answered
+        the apply first): its outcome, asked for once it ran (``dscar_clock_end_outcome``), is carried
+        out as a folded one's (a worker that cannot give it, lost or unreachable, gives none: skipped)."""
+        try:
+            answer = await self._rpc(e.clock_end["worker"], "clock_end_outcome", timeout=None, job_id=job.cfg.job_id,
+                                     run=e.run_id)
+        except Exception as err:  # noqa: BLE001 - gone: its loss, or the outcome's absence, skips the clock
+            answer = {"not_run": f"its outcome could not be asked: {err!r}"}
+        if self.jobs.get(job.cfg.job_id) is job:
+            await self._folded_clock_end(job, e, {"clock_end": answer})
+
     async def _folded_clock_end(self, job: JobState, e: ApplyPass, answer: Any) -> None:
         """The clock end folded into the apply of ``e`` (``ApplyPass.clock_end``) answered with that
         worker's apply: carried out as its ``clock_done`` or ``clock_failed`` message would have been;
@@ -1659,7 +1691,7 @@ class Coordinator(SchedulerPlugin):
         else:
             if job.clock_end_worker == worker:
                 job.event(time.time(), "clock-end-unfolded", worker=worker, reason=out.not_run)
-            self._do(job, job.unfold_clock_end(worker))
+            self._do(job, job.unfold_clock_end(worker, time.time()))
 
     def _h_clock_done(self, job_id: str, clock: int, run: int, worker: str, metrics: dict, seconds: float,
                       stop: bool | None = None) -> dict:
@@ -1797,6 +1829,8 @@ class Coordinator(SchedulerPlugin):
         (a loss during the restore, of a target included, just adds to the next round)."""
         t0, first_event = time.perf_counter(), job.log.pin()  # (its events are read when it ends)
         try:
+            while job.restores_wait and not job.failed and self.jobs.get(job.cfg.job_id) is job:
+                await self._wait_change(1.0)  # (a clock end ahead reads the tables: bounded, a loss fails its reads)
             while not job.failed:
                 live = self._live(job)
                 if not live:

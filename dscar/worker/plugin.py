@@ -159,6 +159,7 @@ class ParamServer(WorkerPlugin):
             "adopt": self._h_adopt, "adopt_shard": self._h_adopt_shard, "adopt_all": self._h_adopt_all,
             "lend": self._h_lend,
             "forget_copy": self._h_forget_copy, "end_job": self._h_end_job, "first_read": self._h_first_read,
+            "clock_end_outcome": self._h_clock_end_outcome,
             # checkpoints, restores, memory copies, simulated losses
             "checkpoint": self._h_checkpoint, "restore": self._h_restore, "forget": self._h_forget,
             "perturbation": self._h_perturbation, "mirror": self._h_mirror, "keep_mirror": self._h_keep_mirror,
@@ -780,7 +781,10 @@ class ParamServer(WorkerPlugin):
                     self._applies_settled(job_id, run, "applied" in out)
             self._push_first_read(job_id, run, clock_end_at, ask if "applied" in out else None)
             if clock_end is not None and "applied" in out:
-                out = {**out, "clock_end": await self._clock_end_here(job, run, clock_end, first_read)}
+                if clock_end.get("ahead"):  # (answered now; its outcome is asked for apart: ``_h_clock_end_outcome``)
+                    self._start_clock_end(job, run, clock_end, first_read)
+                else:
+                    out = {**out, "clock_end": await self._clock_end_here(job, run, clock_end, first_read)}
             elif first_read is not None:
                 first_read.cancel()
             return out
@@ -876,7 +880,8 @@ class ParamServer(WorkerPlugin):
         answer (that of ``pull_many``; ``not-applied`` where the pass was not applied there)."""
         run = int(run)
         job = self.jobs.get(job_id)
-        if job is None or run < job.run_seen:
+        # (a clock end running ahead of the next clock reads pass ``run`` while this worker runs newer ones)
+        if job is None or (run < job.run_seen and (self._folded.get(job_id) or (None,))[0] != run):
             return {"status": "stale"}
         fut = self._push_waits.pop((job_id, run, owner), None)
         if fut is not None and not fut.done():
@@ -945,6 +950,10 @@ class ParamServer(WorkerPlugin):
         """The outcome of the clock end folded into the apply of ``run`` (``ShardRunner.clock_end_here``,
         off the event loop); an apply of the same pass sent again gets the same one, never a second run.
         ``first_read``: its first read, sent as the apply began (``_start_first_read``)."""
+        return await asyncio.shield(self._start_clock_end(job, run, item, first_read))
+
+    def _start_clock_end(self, job: Job, run: int, item: dict, first_read: Future | None = None) -> asyncio.Future:
+        """The clock end folded into the apply of ``run``, started once (``_clock_end_here``)."""
         folded = self._folded.get(job.id)
         if folded is None or folded[0] != run:
             folded = self._folded[job.id] = (run, asyncio.ensure_future(asyncio.to_thread(
@@ -953,6 +962,14 @@ class ParamServer(WorkerPlugin):
                 folded[1].add_done_callback(lambda _: first_read.cancel())
         elif first_read is not None:
             first_read.cancel()
+        return folded[1]
+
+    async def _h_clock_end_outcome(self, job_id: str, run: int) -> dict:
+        """The outcome of the clock end folded into this worker's apply of ``run`` and told to run ahead
+        of the next clock (the apply answered before it ran: ``BspSchedule.applied``), once it ran."""
+        folded = self._folded.get(job_id)
+        if job_id not in self.jobs or folded is None or folded[0] != int(run):
+            return {"not_run": f"no clock end of run {run} ran on {self.address}"}
         return await asyncio.shield(folded[1])
 
     def _clock_end_and_rule(self, job: Job, item: dict, first_read: Future | None = None) -> dict:

@@ -34,6 +34,7 @@ import numpy as np
 from .. import checkpoint as ckpt
 from .. import wire
 from ..algorithm import Algorithm, DataMeta, TableSpec
+from ..errors import InvalidInputError
 from ..inflight import PeerUnreachable
 from ..core.apply_plan import INLINE_BYTES, rides_commit
 from ..core.ledger import INITIAL_STATE
@@ -230,15 +231,18 @@ class ShardRunner:
 
     def _prepare(self, job: Job, item: dict) -> None:
         with self._lock:
-            if "owners" in item:
+            if item.get("ahead") and job.run_seen > int(item["run"]):
+                pass  # a clock end ahead of the next clock, whose items already set the owners and the pull cache
+            elif "owners" in item:
                 job.owners = {(t, int(p)): w for t, p, w in item["owners"]}
                 job.owners_token = item.get("owners_token")
             elif item.get("owners_token") != job.owners_token:  # (left out only where this worker said it held them)
                 raise RuntimeError(f"work item {item.get('item')} of job {job.id} names owners "
                                    f"{item.get('owners_token')} without them; this worker holds {job.owners_token}")
+            if not (item.get("ahead") and job.run_seen > int(item["run"])):
+                job.pull_cache.prepare(item)
             job.clock_seen = max(job.clock_seen, int(item["clock"]))
             job.run_seen = max(job.run_seen, int(item["run"]))
-            job.pull_cache.prepare(item)
         if not job.ssp:
             job.settle_before(int(item["run"]), int(item["clock"]))
 
@@ -562,7 +566,7 @@ class ShardRunner:
             self._prepare(job, item)
             self._inject(job, clock, "clock-end")
             t0 = time.perf_counter()
-            ctx = ClockEnd(self, job, clock, item["run"], folded=True, first_read=first_read)
+            ctx = ClockEnd(self, job, clock, item["run"], folded=True, first_read=first_read, ahead=bool(item.get("ahead")))
             metrics = self._clock_end(job, ctx)
             return ClockEndOutcome(metrics=metrics, seconds=time.perf_counter() - t0).to_msg()
         except _Stopped:
@@ -1009,8 +1013,10 @@ class ClockEnd:
     them), assignments."""
 
     def __init__(self, server: ShardRunner, job: Job, clock: int, run: int, folded: bool = False,
-                 first_read: Future | None = None):
+                 first_read: Future | None = None, ahead: bool = False):
         self._server, self._job, self._run = server, job, run
+        #: it runs while the next clock's shards run (``Algorithm.clock_end_reads_only``): it may not assign
+        self._ahead = ahead
         #: folded into this worker's apply (``ShardRunner.clock_end_here``): every other owner's
         #: answer waits until it applied the pass of ``run``
         self._after = run if folded else None
@@ -1074,6 +1080,10 @@ class ClockEnd:
         return self._server.summarize(self._job, table, self._sums, self._after, replies)
 
     def assign(self, table: str, values, start: int = 0) -> None:
+        if self._ahead:
+            raise InvalidInputError(f"{type(self._job.algorithm).__name__}.clock_end assigns table {table!r}, but the "
+                                    "algorithm says clock_end_reads_only = True: the next clock's steps, running "
+                                    "meanwhile, would not read what it writes. Set clock_end_reads_only = False")
         self.wrote = True
         self.discard_first_read()
         for owner, chunks in self._server.write_rows(self._job, table, values, start, self._run).items():
