@@ -70,6 +70,9 @@ class ExactlyOnce(Algorithm):
 
     #: its updates commute, so stale-synchronous clocks are fine (what it checks holds under SSP)
     max_staleness = 2
+    #: its clock end only reads (the check): it runs while the next clock begins, and would see that clock's
+    #: updates in its columns were they applied before it reported
+    clock_end_reads_only = True
 
     def __init__(self, clocks: int, work_s: float = 0.0, marker: str | None = None, staleness: int = 0):
         self.clocks = clocks  #: columns 1..clocks (one per clock)
