@@ -38,5 +38,8 @@ def test_a_quick_trace_shows_the_clock_end_folded_into_an_apply_and_not_when_off
     for fold in ("on", "off"):
         assert {("W0", "apply"), ("W1", "apply"), ("S", "commit"), ("S", "begin")} <= handlers[fold]
     assert ("S", "clock_done") not in handlers["on"] and ("S", "clock_done") in handlers["off"]
+    # folded, the trivial model's clock end (it only reads) runs ahead of the next clock: its outcome is asked apart
+    assert {h for s, h in handlers["on"] if s != "S"} >= {"clock_end_outcome"}
+    assert "clock_end_outcome" not in {h for _, h in handlers["off"]}
     # folded, the coordinator begins the clocks after the first (``dscar.auto-begin``); else the driver does
     assert ("S", "begin_clock") not in handlers["on"] and ("S", "begin_clock") in handlers["off"]
