@@ -340,6 +340,22 @@ def test_the_other_owners_push_the_first_read_once_they_applied_and_are_not_aske
     assert counts() - c1 == Counter({"dscar_pull_many": 3}), counts() - c1
 
 
+class SummedReadOnly(SummedCounter):
+    clock_end_reads_only = True
+
+
+def test_ahead_of_the_next_clock_the_other_owner_answers_its_apply_before_it_summarizes(inproc, monkeypatch):
+    """Where the clock end runs ahead of the next clock (clocks 1 and 2 of 3), the other owner's apply
+    answers before it summarizes (the answer begins the next clock): its push computes the summaries
+    after it (``_with_summaries``), not in the apply's thread; the last clock's end runs first, as before.
+    Every read sees every row as applied either way."""
+    callers = _summarize_callers(monkeypatch)
+    res = dscar.fit(SummedReadOnly(), row_data(40), inproc, n_shards=4, max_clocks=3)
+    _assert_summed(res)
+    pushed = [c for c in callers if c != "summarize"]  # (the clock end's own partitions: ``summarize``)
+    assert sorted(pushed) == ["_apply_then_summarize", "run", "run"], callers
+
+
 def test_on_worker_processes_the_push_replaces_the_read(procs):
     """Over TCP (a message's arrays arrive as tuples): the other owner's push answers the folded clock
     end's first read a clock, and no read is sent (``pull_many`` only in the driver's final read of
@@ -369,10 +385,10 @@ def test_an_owner_without_an_owner_map_pushes_nothing_and_is_asked(inproc, monke
     the clock end asks it instead, and the fit is exact (here every push is worked out from an empty map)."""
     first_read_ask = ParamServer._first_read_ask
 
-    def from_an_empty_map(self, job, run, reader):
+    def from_an_empty_map(self, job, run, reader, *rest):
         held, job.owners = job.owners, {}
         try:
-            return first_read_ask(self, job, run, reader)
+            return first_read_ask(self, job, run, reader, *rest)
         finally:
             job.owners = held
 

@@ -1600,7 +1600,8 @@ class Coordinator(SchedulerPlugin):
                           **({"clocks": clocks[w]} if e.batch is not None else {}),
                           **extra, **self._role_msg(job.cfg.job_id, e, plan, w),
                           **({"clock_end": {**e.clock_end, "pushers": pushers}} if w == folded else
-                             {"clock_end_at": folded} if w in pushers else {}))
+                             {"clock_end_at": folded, **({"clock_end_ahead": True} if e.clock_end.get("ahead") else {})}
+                             if w in pushers else {}))
                 for w in targets
             ), return_exceptions=True)
             unreached: dict[str, str] = {}  # worker -> why it looks lost

@@ -716,7 +716,8 @@ class ParamServer(WorkerPlugin):
                        batch: int | None = None, fetch: list | None = None, tree: dict | None = None,
                        combine: dict | None = None, shards: list | None = None,
                        clock_end: dict | None = None, inline: list | None = None,
-                       clock_shards: list | None = None, clock_end_at: str | None = None) -> dict:
+                       clock_shards: list | None = None, clock_end_at: str | None = None,
+                       clock_end_ahead: bool = False) -> dict:
         """Apply the pass of ``run``: the committed attempts' updates to the partitions owned here
         and their new shard states to the shards held here; drop everything else of the clock.
 
@@ -741,7 +742,9 @@ class ParamServer(WorkerPlugin):
         (``dscar.core.schedule.BspSchedule._fold``): once the pass is applied here, this worker runs
         the clock end and answers with its outcome too (``clock_end``, ``protocol.ClockEndOutcome``).
         ``clock_end_at``: the worker that clock end is folded into (this is another owner): once the
-        pass is applied here, this worker pushes it what its first read would ask of it (``_push_first_read``).
+        pass is applied here, this worker pushes it what its first read would ask of it (``_push_first_read``);
+        ``clock_end_ahead``: that clock end runs ahead of the next clock, which this apply's answer may begin,
+        so the summaries the push carries are computed after the answer, not before it.
         """
         job = self.jobs.get(job_id)
         tag = (int(run), int(clock if batch is None else batch))
@@ -764,7 +767,7 @@ class ParamServer(WorkerPlugin):
         if floor is None:  # BSP: the coordinator may send a pass again (a peer it could not reach answered a
             # probe); one that was applied here is not applied twice
             first_read = self._start_first_read(job, run, clock_end)
-            ask = None if clock_end_at is None else self._first_read_ask(job, run, clock_end_at)
+            ask = None if clock_end_at is None else self._first_read_ask(job, run, clock_end_at, not clock_end_ahead)
             async with job.apply_lock:
                 if run <= job.tables.applied_run:
                     out = {"status": "OK", "applied": 0, "again": True}
@@ -892,10 +895,11 @@ class ParamServer(WorkerPlugin):
             self._pushed.setdefault((job_id, run), {})[owner] = (ask, answer)
         return {"status": "OK"}
 
-    def _first_read_ask(self, job: Job, run: int, reader: str) -> dict:
+    def _first_read_ask(self, job: Job, run: int, reader: str, in_apply: bool = True) -> dict:
         """What the first read of the clock end folded into ``reader``'s apply of ``run`` asks of this
         worker, as this worker's owner map says (``ShardRunner.clock_end_reads``); the summaries it asks
-        are computed in the apply's thread once the pass is applied (``_apply_then_summarize``). A map
+        are computed in the apply's thread once the pass is applied (``_apply_then_summarize``), or, not
+        ``in_apply`` (a clock end ahead of the next clock, which the apply's answer begins), after it. A map
         that lacks a partition (a joiner given no work item yet) asks nothing: the reader then asks itself."""
         try:
             calls = self.runner.clock_end_reads(job, job.owners, None, run, reader=reader)
@@ -903,7 +907,7 @@ class ParamServer(WorkerPlugin):
             calls = []
         mine = [kw for a, _, kw in calls if a == self.address]
         ask = {"parts": mine[0]["parts"], "summarize": mine[0]["summarize"]} if mine else {"parts": [], "summarize": []}
-        if ask["summarize"]:
+        if ask["summarize"] and in_apply:
             self._wanted_summaries[job.id] = (int(run), ask["summarize"])
         return ask
 
