@@ -648,7 +648,7 @@ class JobFuzz(RuleBasedStateMachine):
     @precondition(lambda self: getattr(self, "ahead_out", None) is not None)
     @rule(ran=st.booleans(), stop=st.sampled_from([False, False, True, None]))
     def ahead_reports(self, ran=True, stop=False):
-        """The clock end that ran ahead gives its outcome (``Coordinator._clock_end_ahead``), or none (``ran``
+        """The clock end that ran ahead gives its outcome (``Coordinator._ahead_outcome``), or none (``ran``
         False, or its worker was lost): it read the tables as its clock left them, unless a loss meanwhile
         restored some (then its clock is skipped); ``stop`` True or None withdraws the clock begun after it."""
         item, self.ahead_out = self.ahead_out, None
@@ -710,7 +710,7 @@ class JobFuzz(RuleBasedStateMachine):
         self.handle(self.job.lose(w, self.tick()))
 
     @precondition(lambda self: getattr(self, "recovery_started", False) and self.plan is None
-                  and not self.job.restores_wait)
+                  and not self.job.clock_end_ahead)
     @rule()
     def recovery_plans(self):
         plan = self.job.plan_recovery(self.live())
@@ -825,7 +825,7 @@ def _random_run(f: JobFuzz, rnd, steps: int, reached: set[str]) -> None:
         if len(f.live()) > 1 and len(f.job.lost) < 3 and rnd.random() < 0.08:
             moves.append((f"lose@{m.stage.value}" + ("+recovering" if m.recovering else ""),
                           lambda: f.lose(rnd.choice(WORKERS))))
-        if f.recovery_started and f.plan is None and not f.job.restores_wait:
+        if f.recovery_started and f.plan is None and not f.job.clock_end_ahead:
             moves.append(("plan", f.recovery_plans))
         if f.plan is not None:
             moves.append(("restore", f.recovery_restores))

@@ -47,7 +47,7 @@ Stages of clock ``t`` (``Stage``)::
   while it runs (``end_ahead``: the clock is ``ENDING``): the next clock's shards run and commit,
   but its first apply is held (``held``) until the clock end reported (``ended_ahead``), so the
   tables stay as the clock end reads them. A recovery restores nothing until it reported (the
-  coordinator waits: ``JobState.restores_wait``), so a loss meanwhile changes nothing it reads; where
+  coordinator waits: ``JobState.clock_end_ahead``), so a loss meanwhile changes nothing it reads; where
   it took the clock end itself (its worker, or an owner it still had to read) the clock is skipped
   (``ending_skip``). A held apply is not sent after a loss: its pass is open again (``unhold``) and
   follows the rule for ``SHARDS``.

@@ -241,9 +241,10 @@ class JobState:
         return self.schedule.report_for(clock)
 
     @property
-    def restores_wait(self) -> bool:
+    def clock_end_ahead(self) -> bool:
         """A clock end runs ahead of the clock (BSP, ``BspSchedule.ending``): it reads the tables as its
-        clock left them, so a recovery restores nothing until it reported."""
+        clock left them, so nothing moves or restores a partition until it reported (a recovery waits,
+        a boundary's hand-off or switch of copies waits for the next boundary)."""
         return getattr(self.schedule, "ending", None) is not None
 
     def snapshotted(self, what: str, now: float) -> list[Effect]:

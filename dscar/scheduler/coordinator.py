@@ -1115,19 +1115,21 @@ class Coordinator(SchedulerPlugin):
         job, failed = await self._recovered(job_id)
         if failed:
             return failed
+        # a boundary that moves partitions waits for one where no clock end runs ahead (``_auto_begin`` waits for it)
+        moves = job.consistency == "bsp" and not job.clock_end_ahead
         leaving = [w for w in self._live(job) if w in self._leaving]
-        if leaving and job.consistency == "bsp":  # a clock boundary: Dask is retiring these
+        if leaving and moves:  # a clock boundary: Dask is retiring these
             await self._hand_off(job, leaving)
             job, failed = await self._recovered(job_id)  # (a leaver that still owned something)
             if failed:
                 return failed
-        if job.consistency == "bsp" and self._copies.get(job_id):  # a boundary: copies to joiners switch owner
+        if moves and self._copies.get(job_id):  # a boundary: copies to joiners switch owner
             await self._switch_copies(job)
             while job.recovering and not job.failed:  # (a loss while they switched: the clock begins after it)
                 await self._wait_change(1.0)
             if job.failed:
                 return {"status": "failed", "error": job.error}
-        if job.consistency == "bsp" and job_id in self._active:  # a boundary: the active count may change
+        if moves and job_id in self._active:  # a boundary: the active count may change
             await self._resize(job)
             job, failed = await self._recovered(job_id)
             if failed:
@@ -1624,7 +1626,7 @@ class Coordinator(SchedulerPlugin):
                 ahead = folded is not None and bool(e.clock_end.get("ahead"))  # (answered before its clock end ran)
                 self._do(job, job.applied(e.run_id, time.time(), e.batch, ahead))
                 if ahead:
-                    self._background(self._clock_end_ahead(job, e))
+                    self._background(self._ahead_outcome(job, e))
                 elif folded is not None:
                     await self._folded_clock_end(job, e, dict(zip(targets, results)).get(folded))
                 return
@@ -1665,7 +1667,7 @@ class Coordinator(SchedulerPlugin):
         keep = {folded} | {w for w, _ in self._copies.get(job.cfg.job_id, {}).values()}
         return apply_receivers(targets, job.pmap.owners.values(), plan, keep, shards_moved, involved)
 
-    async def _clock_end_ahead(self, job: JobState, e: ApplyPass) -> None:
+    async def _ahead_outcome(self, job: JobState, e: ApplyPass) -> None:
         """The clock end folded into the apply of ``e`` ran ahead of the next clock (its worker answered
         the apply first): its outcome, asked for once it ran (``dscar_clock_end_outcome``), is carried
         out as a folded one's (a worker that cannot give it, lost or unreachable, gives none: skipped)."""
@@ -1830,7 +1832,7 @@ class Coordinator(SchedulerPlugin):
         (a loss during the restore, of a target included, just adds to the next round)."""
         t0, first_event = time.perf_counter(), job.log.pin()  # (its events are read when it ends)
         try:
-            while job.restores_wait and not job.failed and self.jobs.get(job.cfg.job_id) is job:
+            while job.clock_end_ahead and not job.failed and self.jobs.get(job.cfg.job_id) is job:
                 await self._wait_change(1.0)  # (a clock end ahead reads the tables: bounded, a loss fails its reads)
             while not job.failed:
                 live = self._live(job)
