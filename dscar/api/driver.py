@@ -32,7 +32,7 @@ from ..core import active_set, shard_count
 from .. import validation, wire
 from ..algorithm import Algorithm, TableSpec
 from .cluster import Cluster, default_memory_limit
-from ..comm import fast_fail_pool
+from ..comm import call_local, fast_fail_pool, local_scheduler_handler
 from .data import ArrayData, FileData, PhasedData, as_data, is_dask
 from ..errors import ClusterError, DscarError, InvalidInputError, JobFailedError
 from ..faults import Fault, fire_point, resolve, unfired, why_unfired
@@ -518,8 +518,13 @@ class _Run:
         return await getattr(await self._worker(address), handler_name(op))(token=self.token, **kw)
 
     async def _scall(self, op: str, **kw) -> Any:
-        """The coordinator's handler ``dscar_<op>`` about this job (with its token: it renews the lease)."""
-        return await getattr(self.client.scheduler, handler_name(op))(job_id=self.job_id, token=self.token, **kw)
+        """The coordinator's handler ``dscar_<op>`` about this job (with its token: it renews the lease); on an
+        embedded cluster's scheduler, which runs on the client's event loop, called directly (``call_local``)."""
+        name = handler_name(op)
+        local = local_scheduler_handler(self.client, name)
+        if local is not None:
+            return await call_local(local, self.client.scheduler.address, job_id=self.job_id, token=self.token, **kw)
+        return await getattr(self.client.scheduler, name)(job_id=self.job_id, token=self.token, **kw)
 
     async def _start_renewing(self, lease_s: float) -> None:
         self._renewing = asyncio.ensure_future(self._renew(lease_s / 3))
