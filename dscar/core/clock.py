@@ -8,6 +8,7 @@ Stages of clock ``t`` (``Stage``)::
 
     begin ──▶ [REBUILD ─▶ APPLY] ─▶ SHARDS(phase 0) ─▶ APPLY ─▶ SHARDS(phase 1) ─▶ APPLY ─▶ … ─▶ CLOCK_END ─▶ DONE
                                                                                               (a loss) ─▶ SKIPPED
+                                                                       (a clock end ahead) CLOCK_END ─▶ ENDING ─▶ DONE
 
 * **Data phases.** An algorithm with ``phases`` (ALS: ``user`` then ``item``)
   runs ``SHARDS -> APPLY`` once per data phase, over that phase's own shards;
@@ -183,7 +184,7 @@ class ClockMachine:
     #: (clock, run id) of the clock whose clock end runs ahead of the current clock (``end_ahead``);
     #: None: none. The current clock's first apply waits for it (``held``)
     ending: tuple[int, int] | None = None
-    #: why the ending clock's clock end does not count (a loss restored tables it may read); None: it counts
+    #: why the ending clock's clock end does not count (its worker was lost, or it did not run); None: it counts
     ending_skip: str | None = None
     #: the current clock's applies wait (``held``): a clock end runs ahead, or a snapshot of its clock is
     #: being taken; ``release_held`` ends it
