@@ -49,7 +49,7 @@ from collections import Counter, defaultdict, deque
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from dscar.core.apply_plan import batch_fields, plan_apply, rides_commit, shard_ranges
+from dscar.core.apply_plan import batch_fields, plan_apply, rides_commit
 from dscar.checkpoint import CheckpointConfig
 from dscar.core.clock import Stage
 from dscar.core.job import ApplyPass, Checkpoint, JobConfig, JobState, Mirror, RestartWorker, StartRecovery
@@ -324,16 +324,11 @@ class Sim:
         inline = {key: parts for keys in stagers.values() for key in keys} if rides else None
         plan = plan_apply(stagers, {}, owners, inline=inline)
         share = self.cfg.update_bytes / max(1, len(parts)) if rides else 0  # (one key's payload for one partition)
-        if e.batch is None:  # BSP: a worker's own commits and the pass's shards as ranges
-            shards = _size(shard_ranges(s for s, _, _ in e.committed))
-            own: dict[str, list] = defaultdict(list)
-            for c in e.committed:
-                own[c[2]].append(list(c))
-            sizes = [shards + _size(own[w]) for w in live]
-        else:  # SSP: a worker's own commits and their clocks, the batch's shards per clock as ranges
-            own, clock_shards = batch_fields(e.committed, e.clocks)
-            shards = _size(clock_shards)
-            sizes = [shards + _size(list(own.get(w, ([], [])))) for w in live]
+        # a worker's own commits (and under SSP their clocks), the pass's (the batch's) shards per clock as ranges
+        own, clock_shards = batch_fields(e.committed, e.clocks or [e.clock] * len(e.committed))
+        shards = _size(clock_shards)
+        sizes = [shards + _size(list(own.get(w, ([], []))) if e.batch is not None else own.get(w, ([], []))[0])
+                 for w in live]
         roles = [plan.role(w) for w in live]
         self._send("apply", len(live), sum(n + _size(e.reset) + _size(r.to_msg()) + round(share * len(r.inline))
                                            for n, r in zip(sizes, roles)))

@@ -141,7 +141,8 @@ def test_a_combiner_killed_mid_apply_costs_its_clock_not_the_fit(tmp_path):
 
 
 def test_a_bsp_apply_message_names_only_its_workers_commits_and_the_shards_won_elsewhere_go(five):
-    """A BSP apply message carries the worker's own commits and the pass's shards as ranges: a copy
+    """A BSP apply message carries the worker's own commits and the pass's shards as ranges (``clock_shards``,
+    one clock's, as an SSP batch's per clock: ``apply_plan.batch_fields``): a copy
     of a shard another worker won is dropped (``ShardStore.install``), its own winner installed."""
     from distributed.protocol.pickle import dumps
 
@@ -173,7 +174,7 @@ def test_a_bsp_apply_message_names_only_its_workers_commits_and_the_shards_won_e
         client.sync(client.rpc(w0).dscar_warm_up, job_id="slim", token=token)
         client.run(hold, workers=[w0])
         r = client.sync(client.rpc(w0).dscar_apply, job_id="slim", clock=1, run=1, committed=[[1, 0, w0]],
-                        shards=[[0, 2]], token=token)  # shards 0 and 1 committed: 1 here, 0 elsewhere
+                        clock_shards=[[1, [[0, 2]]]], token=token)  # shards 0 and 1 committed: 1 here, 0 elsewhere
         assert r.get("applied") == 0, r
         assert client.run(held, workers=[w0])[w0] == {1: [1.0, 1.0], 2: [0.0, 0.0]}  # 0 dropped, 1 installed
     finally:

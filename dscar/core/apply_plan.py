@@ -303,9 +303,9 @@ def fetch_count(plan: ApplyPlan, worker: str) -> int:
 
 
 def shard_ranges(shards: Iterable[int]) -> list[list[int]]:
-    """``[[lo, hi), ...]`` covering exactly ``shards``: what a BSP apply message says of the pass's
-    committed shards (every worker drops its copies of those another worker won), in a few numbers
-    where the pass's shards are a data phase's contiguous block."""
+    """``[[lo, hi), ...]`` covering exactly ``shards``: what an apply message says of a clock's committed
+    shards (every worker drops its copies of those another worker won), in a few numbers where the
+    pass's shards are a data phase's contiguous block."""
     out: list[list[int]] = []
     for s in sorted(set(int(s) for s in shards)):
         if out and out[-1][1] == s:
@@ -316,12 +316,12 @@ def shard_ranges(shards: Iterable[int]) -> list[list[int]]:
 
 
 def batch_fields(committed: Iterable, clocks: Iterable[int]) -> tuple[dict[str, tuple[list, list]], list]:
-    """What an SSP batch's apply message says to each worker (``committed``: ``[shard, attempt, worker]``
-    of each of its commits, ``clocks`` theirs): ``own[worker]``, its commits and their clocks, and for
-    every worker the batch's committed shards per clock as ranges, ``[[clock, [[lo, hi), ...]], ...]``
-    (each worker drops its copies of those another worker won, as under BSP). Each message is the
-    size of its worker's commits and a few ranges, where every worker was sent every commit of the
-    batch: O(W) bytes a message, O(W^2) a batch (95 kB a clock a worker at W = 1,024 simulated)."""
+    """What an apply message says to each worker, of a BSP pass (its commits all of one clock) or an SSP
+    batch (``committed``: ``[shard, attempt, worker]`` of each of its commits, ``clocks`` theirs):
+    ``own[worker]``, its commits and their clocks, and for every worker the committed shards per clock as
+    ranges, ``[[clock, [[lo, hi), ...]], ...]`` (each worker drops its copies of those another worker won).
+    Each message is the size of its worker's commits and a few ranges, where every worker was sent every
+    commit of an SSP batch: O(W) bytes a message, O(W^2) a batch (95 kB a clock a worker at W = 1,024 simulated)."""
     own: dict[str, tuple[list, list]] = {}
     by_clock: dict[int, list[int]] = {}
     for (shard, attempt, worker), clock in zip(committed, clocks):

@@ -48,7 +48,7 @@ from distributed.protocol.pickle import loads
 from distributed.scheduler import heartbeat_interval
 
 from ..core.apply_plan import (DIRECT_PER_WORKER, FANIN, ApplyPlan, apply_receivers, batch_fields, merge_touched,
-                               plan_apply, shard_ranges)
+                               plan_apply)
 from .. import heap
 from ..checkpoint import CheckpointConfig
 from ..comm import fast_fail_pool
@@ -1582,15 +1582,10 @@ class Coordinator(SchedulerPlugin):
                 targets = [w for w in targets if w != folded] + [folded]
             # through a tree, an owner's fetch waits on the combine steps below the root (each level's deadline)
             timeout = RPC_TIMEOUT_S + (plan.depth() + 2) * float(dask.config.get("dscar.rpc-timeout", 10.0)) * plan.tree
-            # each worker is told its own commits, and the pass's (the batch's, per clock) shards as ranges
-            if e.batch is None:  # BSP
-                committed: dict[str, list] = {w: [] for w in targets}
-                for c in e.committed:
-                    committed.setdefault(c[2], []).append(list(c))
-                extra["shards"] = shard_ranges(s for s, _, _ in e.committed)
-            else:
-                own, extra["clock_shards"] = batch_fields(e.committed, e.clocks)
-                committed = {w: own.get(w, ([], []))[0] for w in targets}
+            # each worker is told its own commits, and the pass's (the batch's) shards per clock as ranges
+            own, extra["clock_shards"] = batch_fields(e.committed, e.clocks if e.batch is not None
+                                                      else [e.clock] * len(e.committed))
+            committed = {w: own.get(w, ([], []))[0] for w in targets}
             clocks = {w: own.get(w, ([], []))[1] for w in targets} if e.batch is not None else {}
             # the other owners push the folded clock end's first read their answers once they applied the pass
             owning = job.pmap.workers() if folded is not None and self._push_reads() else ()

@@ -714,18 +714,18 @@ class ParamServer(WorkerPlugin):
     async def _h_apply(self, job_id: str, clock: int, run: int, committed: list, reset: list | None = None,
                        clocks: list | None = None, floor: int | None = None, phase: str | None = None,
                        batch: int | None = None, fetch: list | None = None, tree: dict | None = None,
-                       combine: dict | None = None, shards: list | None = None,
+                       combine: dict | None = None,
                        clock_end: dict | None = None, inline: list | None = None,
                        clock_shards: list | None = None, clock_end_at: str | None = None,
                        clock_end_ahead: bool = False) -> dict:
         """Apply the pass of ``run``: the committed attempts' updates to the partitions owned here
         and their new shard states to the shards held here; drop everything else of the clock.
 
-        ``committed``: ``[shard, attempt, worker]`` of the committed attempts run here, with ``shards``
-        (a BSP pass: ``[[lo, hi), ...]``, the pass's committed shards) or ``clock_shards`` (an SSP
-        batch: ``[[clock, [[lo, hi), ...]], ...]``, its committed shards per clock; ``clocks``: those
-        of ``committed``): the others' keys this worker needs come with their updates, and every
-        other shard there was won elsewhere (a copy held here is dropped; ``apply_plan.batch_fields``). The tables named in
+        ``committed``: ``[shard, attempt, worker]`` of the committed attempts run here, with ``clock_shards``
+        (``[[clock, [[lo, hi), ...]], ...]``, the pass's committed shards, or an SSP batch's per clock;
+        ``clocks``: those of ``committed``, under SSP): the others' keys this worker needs come with their
+        updates, and every other shard there was won elsewhere (a copy held here is dropped;
+        ``apply_plan.batch_fields``). The tables named in
         ``reset`` start from zero (the reduction tables at a clock's first data phase, the rebuild
         tables in a rebuild pass). The array work runs off the event loop. Under SSP a batch spans
         clocks: ``clocks`` gives each attempt's, ``floor`` the newest finished clock, ``batch`` the
@@ -774,7 +774,7 @@ class ParamServer(WorkerPlugin):
                 else:
                     try:
                         out = await self._apply_here(job, tag, clock, run, committed, reset, clocks, floor, fetch,
-                                                     tree, combine, shards, inline)
+                                                     tree, combine, inline, clock_shards)
                     except BaseException:
                         self._applies_settled(job_id, run, False)
                         self._push_first_read(job_id, run, clock_end_at, None)
@@ -792,11 +792,11 @@ class ParamServer(WorkerPlugin):
                 first_read.cancel()
             return out
         return await self._apply_here(job, tag, clock, run, committed, reset, clocks, floor, fetch, tree, combine,
-                                      shards, inline, clock_shards)
+                                      inline, clock_shards)
 
     async def _apply_here(self, job: Job, tag: tuple[int, int], clock: int, run: int, committed: list,
                           reset: list | None, clocks: list | None, floor: int | None, fetch: list | None,
-                          tree: dict | None, combine: dict | None, shards: list | None,
+                          tree: dict | None, combine: dict | None,
                           inline: list | None = None, clock_shards: list | None = None) -> dict:
         """``_h_apply``'s work once the pass is to be applied here."""
         job_id = job.id
@@ -812,12 +812,11 @@ class ParamServer(WorkerPlugin):
         for key, table, part, payload in inline or ():
             if (table, int(part)) in owned:  # (one restored since the pass began is not this pass's to update)
                 updates.setdefault(tuple(int(k) for k in key), []).extend(read_inline(table, part, payload))
-        if shards is not None or clock_shards is not None:  # the rest: the keys fetched, then the shards won elsewhere
+        if clock_shards is not None:  # the rest: the keys fetched, then the shards won elsewhere
             own = set(keys)
             keys += [k for k in updates if k not in own]
             done = {k[:2] for k in keys}
-            rest = [(clock, shards)] if shards is not None else clock_shards
-            keys += [(int(c), s, -1) for c, ranges in rest for lo, hi in ranges for s in range(int(lo), int(hi))
+            keys += [(int(c), s, -1) for c, ranges in clock_shards for lo, hi in ranges for s in range(int(lo), int(hi))
                      if (int(c), s) not in done]
             workers += [""] * (len(keys) - len(workers))  # (not this worker: its copies of them go)
         args = (run, keys, workers, updates, set(reset or ()), owned, me, clock if floor is None else floor, floor)
