@@ -34,6 +34,7 @@ innermost frames of the runner threads holding it (``dscar.core.stall``, ``dscar
 from __future__ import annotations
 
 import asyncio
+import functools
 import inspect
 import logging
 import math
@@ -51,7 +52,7 @@ from ..core.apply_plan import (DIRECT_PER_WORKER, FANIN, ApplyPlan, apply_receiv
                                plan_apply)
 from .. import heap
 from ..checkpoint import CheckpointConfig
-from ..comm import fast_fail_pool
+from ..comm import fast_fail_pool, in_turn
 from ..core import active_set
 from ..core.elastic import (adaptive_target, even_plan, handoff_plan, handoff_targets, retirable, setting_up,
                             shard_handoff_plan, workers_wanted)
@@ -536,23 +537,9 @@ class Coordinator(SchedulerPlugin):
         return out
 
     async def _in_turn(self, calls: list[tuple[str, str, dict]]) -> list:
-        """Messages ``(worker, op, kwargs)``: each worker's in turn, the workers side by side (several at
-        once to one worker would open a connection each); the answers (or errors) in order."""
-        by_worker: dict[str, list[int]] = {}
-        for i, (w, _, _) in enumerate(calls):
-            by_worker.setdefault(w, []).append(i)
-        out: list = [None] * len(calls)
-
-        async def send(indices: list[int]) -> None:
-            for i in indices:
-                w, op, kw = calls[i]
-                try:
-                    out[i] = await self._rpc(w, op, **kw)
-                except Exception as e:  # noqa: BLE001 - the caller's to judge, as gather's return_exceptions
-                    out[i] = e
-
-        await asyncio.gather(*(send(ix) for ix in by_worker.values()))
-        return out
+        """Messages ``(worker, op, kwargs)``: each worker's in turn, the workers side by side (``comm.in_turn``);
+        the answers (or errors) in order."""
+        return await in_turn([(w, functools.partial(self._rpc, w, op, **kw)) for w, op, kw in calls])
 
     async def _switch_copies(self, job: JobState) -> None:
         """At a clock boundary, the partitions copied to new owners (``_even_out``) switch owner in one step:

@@ -24,6 +24,7 @@ later message to it until a worker joins at that address again (``dscar_peer_joi
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import inspect
 import logging
@@ -47,7 +48,7 @@ from distributed.protocol.pickle import loads
 from .. import checkpoint as ckpt
 from .. import heap
 from .. import wire
-from ..comm import fast_fail_pool
+from ..comm import fast_fail_pool, in_turn
 from ..errors import JobFailedError, RefusedCallError
 from ..inflight import Inflight, timed_wait
 from ..core.membership import (WORKER_INSTALLING, WORKER_RUN_WRITES, Rule, key_digest, new_token, refusal, run_known,
@@ -489,27 +490,12 @@ class ParamServer(WorkerPlugin):
         answer: ``parts`` and ``shards``, each copy's answer in order (``status`` "OK", or why not)."""
         await self._ajob(job_id)
         shards = shards or []
-        todo: dict[str, list[tuple[str, int]]] = {}
-        for i, (_, _, source) in enumerate(parts):
-            todo.setdefault(source, []).append(("part", i))
-        for i, (_, source) in enumerate(shards):
-            todo.setdefault(source, []).append(("shard", i))
-        done = {"part": [{"status": "not tried"}] * len(parts), "shard": [{"status": "not tried"}] * len(shards)}
-
-        async def from_source(source: str, copies: list[tuple[str, int]]) -> None:
-            for kind, i in copies:
-                try:
-                    if kind == "part":
-                        table, part, _ = parts[i]
-                        done[kind][i] = await self._h_adopt(job_id, table, int(part), source, step)
-                    else:
-                        done[kind][i] = await self._h_adopt_shard(job_id, int(shards[i][0]), source)
-                except Exception as e:  # noqa: BLE001 - reported: the coordinator does not switch it
-                    done[kind][i] = {"status": f"failed: {e!r}"}
-                    return
-
-        await asyncio.gather(*(from_source(src, copies) for src, copies in todo.items()))
-        return {"status": "OK", "parts": done["part"], "shards": done["shard"]}
+        calls = [(source, functools.partial(self._h_adopt, job_id, table, int(part), source, step))
+                 for table, part, source in parts]
+        calls += [(source, functools.partial(self._h_adopt_shard, job_id, int(shard), source)) for shard, source in shards]
+        done = [{"status": f"failed: {r!r}"} if isinstance(r, Exception) else r  # (the coordinator does not switch it)
+                for r in await in_turn(calls, stop_on_error=True, untried={"status": "not tried"})]
+        return {"status": "OK", "parts": done[:len(parts)], "shards": done[len(parts):]}
 
     def _h_pull(self, job_id: str, table: str, part: int, lo: int = 0, hi: int = 0, rows=None,
                 clock: int | None = None, mine: list | None = None, holds: bool = False,
