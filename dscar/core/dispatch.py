@@ -131,6 +131,41 @@ class RunningAttempts:
         return any(r == item for r in self)
 
 
+class JobView(ControllerView):
+    """A job's ``ControllerView``, one per ``Dispatch``, read live: its clock, startable shards, monitor
+    and stragglers are the job's when a policy reads them, not copied in at every view (every idle poll
+    asks the backup policy, which reads the startable shards and the oldest running attempt, nothing
+    else); ``Dispatch.view`` sets the rest."""
+
+    def __init__(self, dispatch: "Dispatch", running: RunningAttempts):
+        self._dispatch = dispatch
+        self.running = running
+        self.workers: list[str] = []
+        self.idle_worker: str | None = None
+
+    @property
+    def clock(self) -> int:  # type: ignore[override]
+        return self._dispatch.job.clock
+
+    @property
+    def todo(self) -> int:  # type: ignore[override]
+        return self._dispatch.job.schedule.n_startable
+
+    @property
+    def monitor(self):  # type: ignore[override]
+        return self._dispatch.job.monitor
+
+    @property
+    def stragglers(self) -> dict[str, str]:  # type: ignore[override]
+        return self._dispatch.stragglers
+
+    def longest_running(self, fewer_attempts_than: int) -> Iterator[Running]:
+        return self.running.longest_running(fewer_attempts_than)
+
+    def oldest_elapsed(self, fewer_attempts_than: int) -> float | None:
+        return self.running.oldest_elapsed(fewer_attempts_than)
+
+
 #: the end mark of a ``_descending`` key: above every flipped character
 _END = chr(0x10FFFF)
 
@@ -238,8 +273,6 @@ class Dispatch:
         self.pending_restarts: list[str] = []
         #: ``batched`` (worker -> its members that may not have started), the most members first
         self._batch_index = BatchIndex({})
-        #: worker -> the members the queue was last told may not have started (``_mark``)
-        self._marked: dict[str, set[tuple[int, int]]] = {}
         #: worker -> id of the last work item handed to it: a release names it, so a worker asked
         #: before that item reached it gives the members back all the same (``ShardRunner.release``)
         self.item_of: dict[str, int] = {}
@@ -251,8 +284,10 @@ class Dispatch:
         self.running_items: dict[str, tuple[float, int]] = {}
         #: when each worker last asked for work or committed (``worth_moving``: a holder that stopped asking)
         self.last_seen: dict[str, float] = {}
-        #: what the policies see (``view``: built once, then told the clock, the time and the asker at each view)
-        self._view: ControllerView | None = None
+        #: what the policies see (``view``: built once, then told the workers, the time and the asker at each view)
+        self._view: JobView | None = None
+        #: the policies that decide when a worker is idle (``idle_policies``; every idle poll asks them)
+        self._idle = tuple(p for p in self.policies if p.when == "idle")
 
     @property
     def batched(self) -> dict[str, list[tuple[int, int]]]:
@@ -263,42 +298,31 @@ class Dispatch:
     @batched.setter
     def batched(self, value: dict[str, list[tuple[int, int]]]) -> None:
         self._batch_index = BatchIndex(value, self._batch_index._keys)
-        self._marked = {}
         if self._track_started:
-            self.job.queue.clear_waiting()
-            for worker in value:
-                self._mark(worker)
+            queue = self.job.queue
+            queue.clear_waiting()
+            for worker, members in value.items():
+                if members:
+                    queue.set_waiting(worker, members, ())
 
-    def _changed(self, worker: str) -> None:
-        """``worker``'s members changed: the index and the queue's waiting attempts follow."""
-        self._batch_index.changed(worker)
-        self._mark(worker)
-
-    def _mark(self, worker: str) -> None:
-        """The queue's waiting attempts of ``worker`` become its members (``RunningAttempts.started_only``)."""
-        if not self._track_started:
-            return
-        old = self._marked.get(worker)  # (never an empty set: None)
-        members = self._batch_index.batched.get(worker)
-        if old is None:  # (most hand-outs: its earlier members have all started; no set difference to take)
-            if members:
-                new = set(members)
+    def _mark(self, worker: str, old: list[tuple[int, int]] | None, new: list[tuple[int, int]] | None) -> None:
+        """``worker``'s members went from ``old`` to ``new``: the queue's waiting attempts follow
+        (``RunningAttempts.started_only``). ``batched`` is what the queue was last told, so its list
+        before a change is the diff's other side (no copy of it is kept)."""
+        if not old:  # (most hand-outs: its earlier members have all started; no set difference to take)
+            if new:
                 self.job.queue.set_waiting(worker, new, ())
-                self._marked[worker] = new
             return
-        new = set(members) if members else set()
-        if new == old:
-            return
-        self.job.queue.set_waiting(worker, new - old, old - new)
-        if new:
-            self._marked[worker] = new
-        else:
-            del self._marked[worker]
+        before, after = set(old), set(new) if new else set()
+        if before != after:
+            self.job.queue.set_waiting(worker, after - before, before - after)
 
     def forget(self, worker: str) -> None:
         """``worker`` is lost: its batch members, running item, batch scale and straggler flag go."""
-        self.batched.pop(worker, None)
-        self._changed(worker)
+        old = self.batched.pop(worker, None)
+        self._batch_index.changed(worker)
+        if self._track_started:
+            self._mark(worker, old, None)
         self._batch_index.forget(worker)
         self.running_items.pop(worker, None)
         self.batch_scale.pop(worker, None)
@@ -401,10 +425,6 @@ class Dispatch:
                 del index.batched[worker]
             index.changed(worker)
             if self._track_started and (shard, attempt) not in members:  # (``_mark`` without the set diff)
-                marked = self._marked[worker]
-                marked.discard((shard, attempt))
-                if not marked:
-                    del self._marked[worker]
                 self.job.queue.unwait(shard, attempt, worker)
 
     def voided(self, attempt: Attempt) -> None:
@@ -416,14 +436,14 @@ class Dispatch:
         """``batched`` keeps only workers with members (``ask_back`` looks at each of them)."""
         index = self._batch_index
         if members:
+            old = index.batched.get(worker)
             index.batched[worker] = members
             index.changed(worker)
-            self._mark(worker)
         else:  # (its index entries go stale, and are dropped when read)
-            index.batched.pop(worker, None)
-            if worker in self._marked:  # (most hand-outs: its earlier members have all started)
-                self._mark(worker)
+            old = index.batched.pop(worker, None)
         if self._track_started:  # (every hand-out ends here: it pays for its own changes of the index)
+            if old or members:
+                self._mark(worker, old, members)
             self.job.queue.settle_started()
 
     def ask_back(self, asker: str) -> tuple[str, list[tuple[int, int]]] | None:
@@ -517,17 +537,14 @@ class Dispatch:
         An attempt of a batch of n commits with the batch's last: its time is shown as the item's
         pace (the item's time over n), so it looks late once the item has run k times n steps, not
         k steps (else every batch's first member would look late before its batch could end)."""
-        job, view = self.job, self._view
-        queue = job.queue
+        view, queue = self._view, self.job.queue
         if view is None or view.running.queue is not queue:
-            view = self._view = ControllerView(0, [], 0, RunningAttempts(queue, now, self._waiting, self._item_size,
-                                                                         started_only=self._track_started),
-                                               job.monitor)
+            view = self._view = JobView(self, RunningAttempts(queue, now, self._waiting, self._item_size,
+                                                              started_only=self._track_started))
         # (one view, told what changed: every idle poll asks, and what it shows is read live from the
-        # queue and the monitor anyway)
-        view.clock, view.workers, view.todo, view.stragglers, view.idle_worker = (
-            job.clock, workers, job.schedule.n_startable, self.stragglers, idle_worker)
-        view.running.now, view.monitor = now, job.monitor
+        # queue, the monitor and the job anyway)
+        view.workers, view.idle_worker = workers, idle_worker
+        view.running.now = now
         return view
 
     def _waiting(self, a: Attempt) -> bool:
@@ -541,9 +558,7 @@ class Dispatch:
 
     def idle_policies(self, worker: str, now: float) -> Attempt | None:
         """``worker`` is idle: a backup attempt an idle-time policy starts for it (None: none)."""
-        for policy in self.policies:
-            if policy.when != "idle":
-                continue
+        for policy in self._idle:
             for action in policy.decide(self.view(self.job.workers, now, worker)):
                 if isinstance(action, Backup):
                     a = self.job.queue.start_backup(action.shard, action.worker, now)

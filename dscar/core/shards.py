@@ -156,6 +156,10 @@ class _Shard:
     run_key: tuple[int, float] | None = None  # its key in ``ShardQueue._running`` (DOING only)
     entered: int = 0  # when it entered its ``_running`` bucket (the order of equal starts)
     shown: tuple[int, tuple[float, int, int]] | None = None  # its bucket and entry in ``ShardQueue._started``
+    #: its live attempt that is a batch member which may not have started (``ShardQueue.set_waiting``; None:
+    #: none). A member is the first attempt of a TODO shard, so a shard has at most one; a mark on its
+    #: record, not a set of (shard, attempt, worker) keys, is what a hand-out writes and a commit clears
+    waiting: Attempt | None = None
     #: under SSP, the clock window's fields of the shard (``dscar.core.ssp.ClockWindow``, which keeps them on
     #: the queue's record when the job gives it those, on records of this type of its own when alone): one
     #: record a shard, not two. At 4,096 workers a hand-out's member and a commit each read both, and the
@@ -189,6 +193,8 @@ class _Shard:
 
     def drop(self, number: int) -> None:
         """Live attempt ``number`` is live no more (it is live)."""
+        if self.waiting is not None and self.waiting.attempt == number:
+            self.waiting = None
         if self.attempt.attempt == number:
             more = self.more
             self.attempt, self.more = (more[0], more[1:]) if more else (None, ())
@@ -247,9 +253,9 @@ class ShardQueue:
         #: oldest live attempt); its ``entered``, when it entered its bucket (this count then): the
         #: bucket's order of equal starts
         self._n_entered = 0
-        #: (shard, attempt, worker) of the batch members that may not have started (``Dispatch.batched``,
-        #: which keeps it in step through ``set_waiting``): ``longest_running(started_only=True)`` hides them
-        self._waiting: set[tuple[int, int, str]] = set()
+        #: the batch members that may not have started (``Dispatch.batched``, which keeps them in step through
+        #: ``set_waiting``) are marked on their records (``_Shard.waiting``): ``longest_running(started_only=True)``
+        #: hides them
         #: the ``_running`` entries of the shards with a live attempt that is not waiting, per bucket, as
         #: lists of (start, entered, shard) in order: at a pass's tail most running shards are batch
         #: members that have not started, and the backup policy's view steps over none of them. An
@@ -303,7 +309,7 @@ class ShardQueue:
         for s in self._shards:
             s.status = _TODO
             s.attempt, s.more = None, ()
-            s.run_key = s.shown = None
+            s.run_key = s.shown = s.waiting = None
             s.committed = None
             s.next_attempt = 0 if clock != self._attempts_clock else s.next_attempt
             if s.failures:  # (a new list only where there were failures: a shard moving on allocates nothing)
@@ -348,7 +354,7 @@ class ShardQueue:
             if s.status is _DONE and i in active:
                 self._n_done -= 1
             self._doing.discard(i)
-            s.attempt, s.more = None, ()
+            s.attempt, s.more, s.waiting = None, (), None
             s.status = _TODO
             s.committed = None
             if s.failures:  # (a new list only where there were failures: a shard moving on allocates nothing)
@@ -539,11 +545,14 @@ class ShardQueue:
         if not local or n < 1:
             return []
         ids = [min(local)] if n == 1 else sorted(local) if n >= len(local) else heapq.nsmallest(n, local)
-        return [self._start(i, worker, now, key, local) for i in ids]
+        return [self._start(i, worker, now, key, local, True) for i in ids]
 
-    def _start(self, shard: int, worker: str, now: float, key: tuple[int, str | None], bucket: set[int]) -> Attempt:
+    def _start(self, shard: int, worker: str, now: float, key: tuple[int, str | None], bucket: set[int],
+               member: bool = False) -> Attempt:
         """The first attempt of TODO ``shard`` starts on ``worker``; ``bucket`` is the ``_local`` set that
-        holds it, at ``key`` (its tier and holder)."""
+        holds it, at ``key`` (its tier and holder). ``member``: a batch's later member (``take_own``), which
+        its hand-out may mark waiting next (``set_waiting``): its place in ``_started`` waits for that;
+        another is placed now (every hand-out's first member: no round through ``_started_dirty``)."""
         s = self._shards[shard]
         holder = s.holder
         number = s.next_attempt
@@ -569,7 +578,10 @@ class ShardQueue:
         self._n_entered += 1
         s.entered = self._n_entered
         if self._started_on:
-            self._started_dirty.add(shard)
+            if member:
+                self._started_dirty.add(shard)
+            else:
+                self._place_started(shard)
         else:
             bucket = self._running.get(k)
             if bucket is None:
@@ -741,13 +753,8 @@ class ShardQueue:
         key = s.run_key
         entry = None
         if key is not None:
-            shown, waiting = True, self._waiting
-            if waiting:
-                if not s.more:
-                    a = s.attempt
-                    shown = (shard, a.attempt, a.worker) not in waiting
-                else:
-                    shown = any((shard, a.attempt, a.worker) not in waiting for a in s.live())
+            waiting = s.waiting
+            shown = waiting is None or s.attempt is not waiting or bool(s.more)  # (one live attempt waits at most)
             if shown:
                 entry = (key[0], (key[1], s.entered, shard))
         old = s.shown
@@ -804,33 +811,49 @@ class ShardQueue:
 
     def set_waiting(self, worker: str, added: Iterable[tuple[int, int]], removed: Iterable[tuple[int, int]]) -> None:
         """``worker``'s batch members ``added`` ((shard, attempt) pairs) may not have started; those
-        ``removed`` have, or are no members any more (``Dispatch.batched`` says so)."""
+        ``removed`` have, or are no members any more (``Dispatch.batched`` says so). A pair that names no
+        live attempt of ``worker`` marks nothing (it never will: attempt numbers are not reused)."""
         if added and not self._started_on:  # the first attempt to wait: ``_started`` is kept from now on
             self._started_on = True
             self._started_dirty.update(self._doing)  # (the shards with a ``run_key``)
             self._running, self._unsorted = {}, set()
-        waiting, dirty, shards = self._waiting, (self._started_dirty if self._started_on else set()), self._shards
+        on, dirty, shards = self._started_on, self._started_dirty, self._shards
         for shard, attempt in removed:
-            waiting.discard((shard, attempt, worker))
-            dirty.add(shard)
-        for shard, attempt in added:
-            waiting.add((shard, attempt, worker))
             s = shards[shard]
-            a = s.attempt if s.shown is None and not s.more else None
+            a = s.waiting
             if a is not None and a.attempt == attempt and a.worker == worker:
+                s.waiting = None
+                if on:
+                    dirty.add(shard)
+        for shard, attempt in added:
+            s = shards[shard]
+            a = s.attempt
+            if a is None or a.attempt != attempt:
+                a = s.find(attempt)
+                if a is None:
+                    continue
+            if a.worker != worker or s.waiting is a:
+                continue
+            s.waiting = a
+            if s.shown is None and not s.more:
                 dirty.discard(shard)  # hidden before and now (a member started and marked in one hand-out)
             else:
                 dirty.add(shard)
 
     def unwait(self, shard: int, attempt: int, worker: str) -> None:
         """``set_waiting(worker, (), [(shard, attempt)])``: a member started (every commit of one says so)."""
-        self._waiting.discard((shard, attempt, worker))
-        if self._started_on:
-            self._started_dirty.add(shard)
+        s = self._shards[shard]
+        a = s.waiting
+        if a is not None and a.attempt == attempt and a.worker == worker:
+            s.waiting = None
+            if self._started_on:
+                self._started_dirty.add(shard)
 
     def clear_waiting(self) -> None:
         """No batch member is waiting (``Dispatch.batched`` is a new dict)."""
-        self._waiting = set()
+        shards = self._shards  # (only a running shard has a mark: a commit, a drop and a reopen clear it)
+        for i in self._doing:
+            shards[i].waiting = None
         if self._started_on:
             self._started_dirty.update(self._doing)  # (the shards with a ``run_key``)
 
@@ -844,7 +867,7 @@ class ShardQueue:
         if s.status is not _DOING or a is None or a.worker != worker:
             return False
         s.committed = a
-        s.attempt = None
+        s.attempt = s.waiting = None
         if s.more:
             s.more = ()
         s.status = _DONE
@@ -854,10 +877,11 @@ class ShardQueue:
         if self._started_on:  # (``_unrun``, then ``_flush_started``, inline: every commit pays them)
             s.run_key = None
             dirty = self._started_dirty
-            if dirty:  # (its attempt's unwait and its commit cancel out)
-                dirty.add(shard)
-                self._flush_started()
-            elif s.shown is not None:
+            if dirty:  # (its attempt's unwait and its commit cancel out: a member never shown costs nothing)
+                dirty.discard(shard)
+                if dirty:
+                    self._flush_started()
+            if s.shown is not None:
                 self._place_started(shard)
         else:
             self._unrun(shard)  # (``_reindex`` for a shard that is DONE)
@@ -1044,11 +1068,13 @@ class ShardQueue:
         assert running == {k: {i: t for i, (n, t) in keys.items() if n == k} for k, _ in keys.values()}
         for k, bucket in self._running.items():
             assert k in self._unsorted or list(bucket.values()) == sorted(bucket.values()), k
+        assert all(s.waiting is None or any(a is s.waiting for a in s.live()) for s in self._shards)
         shown = {i: (k, (t, self._shards[i].entered, i)) for i, (k, t) in keys.items()
-                 if any((i, a.attempt, a.worker) not in self._waiting for a in self._shards[i].live())}
+                 if any(a is not self._shards[i].waiting for a in self._shards[i].live())}
         self._flush_started()  # (the index as a read sees it)
         started_key = {i: s.shown for i, s in enumerate(self._shards) if s.shown is not None}
-        assert started_key == (shown if self._started_on else {}) and (self._started_on or not self._waiting)
+        assert started_key == (shown if self._started_on else {}) and (
+            self._started_on or all(s.waiting is None for s in self._shards))
         live = {k: sorted(e for u, e in started_key.values() if u == k) for k, _ in started_key.values()}
         assert {k: list(self._live_started(k)) for k in self._started} == live
         for k, started in self._started.items():  # sorted, each entry once; the stale ones counted, none live before the head
