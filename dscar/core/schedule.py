@@ -367,15 +367,49 @@ class BspSchedule:
 
     def commit_many(self, worker: str, run_id: int, finished: list[tuple[int, int, int, dict | None]], now: float,
                     rebuild: bool = False) -> tuple[list[bool], list[Effect]]:
-        """``commit`` for each ``(clock, shard, attempt, timings)`` of one message, in order."""
+        """``commit`` for each ``(clock, shard, attempt, timings)`` of one message, in order: the job's
+        parts looked up once a message, every rule read again for each attempt (a pass may complete
+        under a message, and its later attempts are then late)."""
+        job, m = self.job, self.machine
+        log, lost = job.log, job.losses.lost
+        dispatch, queue, monitor, tally = job.dispatch, job.queue, job.monitor, job.tally
         granted: list[bool] = []
         effects: list[Effect] = []
-        commit = self.commit
+        seen = False
         for clock, shard, attempt, timings in finished:
-            ok, more = commit(worker, clock, run_id, shard, attempt, now, timings, rebuild)
-            granted.append(ok)
-            if more:
-                effects += more
+            if log.error is not None or worker in lost:
+                granted.append(False)
+                continue
+            if not seen:  # (what is the worker's -- its running item, when it was last seen -- once a message)
+                dispatch.running_items.pop(worker, None)
+                dispatch.last_seen[worker] = now
+                seen = True
+            current = clock == m.clock and m.grants(run_id)
+            # attempt numbers restart every pass: only the current run's can be looked up
+            mine = queue.running_attempt(shard, attempt) if current else None
+            if timings and "data_s" in timings:  # (``note_move`` measures only a data move)
+                dispatch.note_move(mine, timings)
+            if not rebuild:
+                step = step_seconds(timings) if timings else (None if mine is None else now - mine.started)
+                if step is not None:
+                    monitor.record(worker, step)
+            if not current:  # a lost backup, an attempt of a voided pass
+                job.event(now, "commit-refused", shard=shard, attempt=attempt, worker=worker, late=True,
+                          seconds=round(step_seconds(timings or {}), 4))  # its step time, wasted
+                granted.append(False)
+                continue
+            dispatch.attempt_started(worker, shard, attempt)
+            if not queue.commit(shard, attempt, worker):
+                job.event(now, "commit-refused", shard=shard, attempt=attempt, worker=worker, late=False,
+                          seconds=round(step_seconds(timings or {}), 4))
+                granted.append(False)
+                continue
+            if restore := job.losses.restore_state:  # the attempt started from the restored state; it lives on now
+                restore.pop(shard, None)
+            tally.committed(worker, timings)
+            granted.append(True)
+            if queue.complete and not m.recovering:  # (a kept pass completes once recovered)
+                effects += self._pass_complete(now)
         return granted, effects
 
     def commit(self, worker: str, clock: int, run_id: int, shard: int, attempt: int, now: float,
@@ -386,35 +420,8 @@ class BspSchedule:
         refused, or is late: a straggler whose shards were all backed up finishes after its pass
         is complete, often after its clock has ended, and not counting it would hide exactly the
         worker the monitor is for. ``rebuild``: a rebuild-pass attempt (other work: not counted)."""
-        job, m = self.job, self.machine
-        if job.log.error is not None or worker in job.losses.lost:
-            return False, []
-        dispatch, queue = job.dispatch, job.queue
-        dispatch.running_items.pop(worker, None)
-        dispatch.last_seen[worker] = now
-        current = clock == m.clock and m.grants(run_id)
-        # attempt numbers restart every pass: only the current run's can be looked up
-        mine = queue.running_attempt(shard, attempt) if current else None
-        if timings and "data_s" in timings:  # (``note_move`` measures only a data move)
-            dispatch.note_move(mine, timings)
-        if not rebuild:
-            step = step_seconds(timings) if timings else (None if mine is None else now - mine.started)
-            if step is not None:
-                job.monitor.record(worker, step)
-        if not current:  # a lost backup, an attempt of a voided pass
-            job.event(now, "commit-refused", shard=shard, attempt=attempt, worker=worker, late=True,
-                      seconds=round(step_seconds(timings or {}), 4))  # its step time, wasted
-            return False, []
-        dispatch.attempt_started(worker, shard, attempt)
-        if not queue.commit(shard, attempt, worker):
-            job.event(now, "commit-refused", shard=shard, attempt=attempt, worker=worker, late=False,
-                      seconds=round(step_seconds(timings or {}), 4))
-            return False, []
-        job.losses.restore_state.pop(shard, None)  # the attempt started from the restored state; it lives on now
-        job.tally.committed(worker, timings)
-        if not queue.complete or m.recovering:  # (a kept pass completes once recovered)
-            return True, []
-        return True, self._pass_complete(now)
+        granted, effects = self.commit_many(worker, run_id, [(clock, shard, attempt, timings)], now, rebuild)
+        return granted[0], effects
 
     def _pass_complete(self, now: float) -> list[Effect]:
         """Every shard of the active pass committed: apply it."""
