@@ -196,6 +196,11 @@ class BatchIndex:
         #: worker -> its name key (``_descending``), kept while it is not forgotten: a worker is batched
         #: again at nearly every hand-out, and its key costs a step per character of its name
         self._keys: dict[str, str] = {} if keys is None else keys
+        #: workers whose members changed since the heap was last read: their entries are pushed then
+        #: (``_settle``). Only an idle poll at a pass's tail reads it (``most``), while every hand-out and
+        #: a commit of each batch member change a worker's count: a push at each change was work for
+        #: nothing in most passes (two of a 4-member batch's commits pushed an entry gone stale at once)
+        self._changed: set[str] = set()
         self.rebuild()
 
     def rebuild(self) -> None:
@@ -205,17 +210,32 @@ class BatchIndex:
                 keys[w] = _descending(w)
         self._heap = [(-len(m), keys[w], w) for w, m in self.batched.items() if m]
         heapq.heapify(self._heap)
+        self._changed = set()
 
     def changed(self, worker: str) -> None:
-        """``worker``'s members changed (or it has none now)."""
-        members = self.batched.get(worker)
-        if not members:
+        """``worker``'s members changed (or it has none now): its entry follows when the heap is read."""
+        self._changed.add(worker)
+
+    def _settle(self) -> None:
+        """The entries of the workers changed since the last read are pushed (the heap rebuilt when they
+        are many, or when stale entries outnumber the live ones)."""
+        changed = self._changed
+        if not changed:
             return
-        key = self._keys.get(worker)
-        if key is None:
-            key = self._keys[worker] = _descending(worker)
-        heapq.heappush(self._heap, (-len(members), key, worker))
-        if len(self._heap) > 2 * len(self.batched) + 32:
+        batched = self.batched
+        if 2 * len(changed) > len(batched):
+            self.rebuild()
+            return
+        heap, keys = self._heap, self._keys
+        for worker in changed:
+            members = batched.get(worker)
+            if members:
+                key = keys.get(worker)
+                if key is None:
+                    key = keys[worker] = _descending(worker)
+                heapq.heappush(heap, (-len(members), key, worker))
+        changed.clear()
+        if len(heap) > 2 * len(batched) + 32:
             self.rebuild()
 
     def forget(self, worker: str) -> None:
@@ -228,6 +248,7 @@ class BatchIndex:
 
     def most(self, skip: Callable[[str], bool]) -> str | None:
         """The worker with the most members (ties: the last name) that ``skip`` does not rule out."""
+        self._settle()
         heap, passed, out = self._heap, [], None
         seen: set[str] = set()
         while heap:
@@ -247,6 +268,7 @@ class BatchIndex:
 
     def check(self) -> None:
         """Every worker with members has a fresh entry; no fresh entry names one without."""
+        self._settle()
         fresh = {e[2] for e in self._heap if self._fresh(e)}
         assert fresh == {w for w, m in self.batched.items() if m}, (fresh, self.batched)
 
@@ -339,17 +361,12 @@ class Dispatch:
         straggler that recovers is measured again. Dynamic sharding only: a static shard waits for
         its holder anyway. ``n_left``: the shards the others may run before the pass waits for
         ``worker``'s (default: every shard still to do)."""
-        if self.job.queue.sharding != "dynamic":
+        queue = self.job.queue
+        if queue.sharding != "dynamic":
             return False
-        monitor = self.job.monitor
-        mine = monitor.mean_step(worker)
-        if mine is None or monitor.n_measured() < 2:
-            return False
-        n = self.job.queue.n_todo if n_left is None else n_left
         # the others' summed speed and slowest step, from the monitor's running figures: it forgets a
         # lost worker (``JobState.forget_worker``), so every worker it measures is live, and this is O(1)
-        others_speed = monitor.total_speed() - 1.0 / mine
-        return mine > n / others_speed + monitor.slowest_step(worker) + HOLD_BACK_MIN_S
+        return self.job.monitor.outlasts_others(worker, queue.n_todo if n_left is None else n_left, HOLD_BACK_MIN_S)
 
     def worth_moving(self, worker: str, now: float, holder: str, backlog: int) -> bool:
         """Whether ``worker``, out of shards of its own, should take one of ``holder``'s ``backlog``
