@@ -49,6 +49,8 @@ import bisect
 import enum
 import heapq
 from dataclasses import dataclass, field
+from itertools import compress
+from operator import itemgetter
 from typing import Any, Callable, Iterable, Iterator, NamedTuple
 
 from ..errors import ShardFailedError
@@ -202,10 +204,14 @@ class _Shard:
             self.more = tuple(a for a in self.more if a.attempt != number)
 
 
+#: an entry of ``ShardQueue._started``'s shard, and whether it is live (not set to -1): the compaction's test in C
+_SHARD, _NOT_STALE = itemgetter(2), (0).__le__
+
+
 class ShardQueue:
     """Per-clock shard states, attempts, commits and data locality."""
 
-    #: a list of ``_started`` is rebuilt without its stale entries once they are a quarter of it and
+    #: a list of ``_started`` is rebuilt without its stale entries once they are half of it and
     #: this many more (a few stale entries cost the reads less than rebuilding small lists)
     stale_slack = 64
 
@@ -260,7 +266,7 @@ class ShardQueue:
         #: lists of ``[start, entered, shard]`` in order: at a pass's tail most running shards are batch
         #: members that have not started, and the backup policy's view steps over none of them. An
         #: entry that goes is left in its list, stale (its shard set to -1: telling a stale entry reads
-        #: the entry, not its shard's record, cold at thousands of shards), until a quarter or more of the
+        #: the entry, not its shard's record, cold at thousands of shards), until half or more of the
         #: list is (``stale_slack``; deleting from a list of W entries moved the ones after it: O(W) a
         #: commit); as the oldest entry goes, the head moves past the stale ones, which are cut off the
         #: list's front in one slice once they are a quarter of it (entries go about in the order they
@@ -810,7 +816,7 @@ class ShardQueue:
                 head = 0
             self._started_head[k] = head
         self._started_stale[k] = stale
-        if 4 * stale >= len(started) + self.stale_slack:
+        if 2 * stale >= len(started) + self.stale_slack:  # (a compaction reads each entry: twice per stale one)
             self._compact_started(k)
 
     def _live_started(self, k: int) -> Iterator[list]:
@@ -832,8 +838,10 @@ class ShardQueue:
 
     def _compact_started(self, k: int) -> None:
         """Bucket ``k``'s list without its stale entries."""
-        # (``_live_started``'s entries, without a generator: a list may hold thousands)
-        self._started[k] = [e for e in self._started[k][self._started_head[k]:] if e[2] >= 0]
+        # (``_live_started``'s entries, filtered in C: a list may hold thousands, and SSP's commits each paid
+        # ~75 bytecodes for a Python loop over them)
+        rest = self._started[k][self._started_head[k]:]
+        self._started[k] = list(compress(rest, map(_NOT_STALE, map(_SHARD, rest))))
         self._started_head[k] = self._started_stale[k] = 0
 
     def set_waiting(self, worker: str, added: Iterable[tuple[int, int]], removed: Iterable[tuple[int, int]]) -> None:
