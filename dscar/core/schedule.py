@@ -358,7 +358,8 @@ class BspSchedule:
     def releasable(self, asker: str) -> tuple[str, list[tuple[int, int]]] | None:
         """``asker`` found nothing to do in a pass: the worker with the most batch members that
         may not have started, and the later half of them, to ask back (None: nothing to ask)."""
-        if self.machine.stage not in (Stage.SHARDS, Stage.REBUILD) or self.job.queue.n_todo:
+        stage = self.machine.stage  # (the stages as module names: every idle poll asks)
+        if stage is not _SHARDS and stage is not _REBUILD or self.job.queue.n_todo:
             return None
         return self.job.dispatch.ask_back(asker)
 
