@@ -804,11 +804,10 @@ class SspSchedule:
                         break
         # its earlier items are done
         dispatch.set_batched(worker, [(b.shard, b.attempt) for b in batch[1:]] if len(batch) > 1 else [])
-        start = w.start
-        for b in batch:
-            if not b.backup:
-                start(b.shard)
-        members, newest, read_floor = w.member_fields([b.shard for b in batch], worker)
+        shards = [b.shard for b in batch]
+        if not a.backup:  # (a backup is an item of its own; every other member starts here)
+            w.start_all(shards)
+        members, newest, read_floor = w.member_fields(shards, worker)
         if w.rebuilding is None:
             dispatch.running_items[worker] = (now, len(batch))
             if len(members) <= 2 and members[0][0] == members[-1][0]:

@@ -413,6 +413,30 @@ class ClockWindow:
         s.phase = _RUNNING
         return clock
 
+    def start_all(self, shards: list[int]) -> None:
+        """``start`` of each of ``shards`` in turn (a work item's members), the window's bounds read once:
+        starting a shard changes none of them."""
+        if self.recovering or self.needs_rebuild:
+            for shard in shards[:1]:
+                self.start(shard)  # (it raises)
+            return
+        records, todo_by_clock, rebuilding = self._shards, self._todo, self.rebuilding
+        top = self.floor + 1 + self.staleness  # (``may_start``'s bound: ``top``, and ``limit``)
+        if self.limit < top:
+            top = self.limit
+        for shard in shards:
+            s = records[shard]
+            clock = s.clock
+            if s.phase is not _TODO or (clock > top if rebuilding is None else shard not in rebuilding):
+                self.start(shard)  # (it raises)
+            # ``_move(shard, clock, RUNNING)`` from TODO in the same clock, as ``start``
+            todo = todo_by_clock[clock]
+            todo.discard(shard)
+            if not todo:
+                del todo_by_clock[clock]
+            self._n_running += 1
+            s.phase = _RUNNING
+
     def give_back(self, shard: int) -> None:
         """No attempt of ``shard`` runs any more (they failed, were lost or given back): it may start again."""
         s = self._shards[shard]
