@@ -132,38 +132,33 @@ class RunningAttempts:
 
 
 class JobView(ControllerView):
-    """A job's ``ControllerView``, one per ``Dispatch``, read live: its clock, startable shards, monitor
-    and stragglers are the job's when a policy reads them, not copied in at every view (every idle poll
+    """A job's ``ControllerView``, one per ``Dispatch``, read live: its clock, startable shards and
+    stragglers are the job's when a policy reads them, not copied in at every view (every idle poll
     asks the backup policy, which reads the startable shards and the oldest running attempt, nothing
-    else); ``Dispatch.view`` sets the rest."""
+    else); ``Dispatch.view`` sets the rest. Its monitor and its running attempts' readers are bound once
+    (a job's monitor is its own for its life; a new queue makes a new view)."""
 
     def __init__(self, dispatch: "Dispatch", running: RunningAttempts):
-        self._dispatch = dispatch
+        self._dispatch, self._job = dispatch, dispatch.job
         self.running = running
+        self.monitor = dispatch.job.monitor
         self.workers: list[str] = []
         self.idle_worker: str | None = None
+        # (``ControllerView``'s readers, asked of ``running`` without a frame of their own)
+        self.longest_running = running.longest_running  # type: ignore[method-assign]
+        self.oldest_elapsed = running.oldest_elapsed  # type: ignore[method-assign]
 
     @property
     def clock(self) -> int:  # type: ignore[override]
-        return self._dispatch.job.clock
+        return self._job.clock
 
     @property
     def todo(self) -> int:  # type: ignore[override]
-        return self._dispatch.job.schedule.n_startable
-
-    @property
-    def monitor(self):  # type: ignore[override]
-        return self._dispatch.job.monitor
+        return self._job.schedule.n_startable
 
     @property
     def stragglers(self) -> dict[str, str]:  # type: ignore[override]
         return self._dispatch.stragglers
-
-    def longest_running(self, fewer_attempts_than: int) -> Iterator[Running]:
-        return self.running.longest_running(fewer_attempts_than)
-
-    def oldest_elapsed(self, fewer_attempts_than: int) -> float | None:
-        return self.running.oldest_elapsed(fewer_attempts_than)
 
 
 #: the end mark of a ``_descending`` key: above every flipped character
