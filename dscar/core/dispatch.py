@@ -490,15 +490,18 @@ class Dispatch:
             self.job.event(now, "batch-released", worker=worker, shards=sorted(s for s, _ in back))
         self.job.schedule.given_back(s for s, _ in back)
 
-    def item(self, batch: list[Attempt], rebuild: bool, window: SspFields | None = None) -> dict:
+    def item(self, batch: list[Attempt], rebuild: bool, window: SspFields | None = None, *,
+             clock: int | None = None, run: int | None = None) -> dict:
         """The work item message for ``batch`` (its first member's worker runs them in order);
-        ``window``: under SSP, what each member and the item carry of the clock window.
+        ``window``: under SSP, what each member and the item carry of the clock window. ``clock`` and
+        ``run``: the job's clock and run id, when the caller has them at hand (default: asked of the job).
 
         The message is ``protocol.WorkItem(...).to_msg()`` with ``protocol.Member`` members, built as
         the dicts those make (keys in their order, the optional ones only when set) without building the
         dataclasses first: every hand-out makes one, and the dataclasses cost it about as much as the
         rest of the hand-out (tests/test_dispatch_item.py holds the two equal)."""
         job = self.job
+        item_clock = clock if clock is not None else job.clock if window is None else window.clock
         phases, restore, queue = job.cfg.phase_names, job.losses.restore_state, job.queue
         one_phase = len(queue.phase_ranges) == 1
         phase = phases[0] or None
@@ -529,7 +532,7 @@ class Dispatch:
         worker = batch[0].worker
         self.item_of[worker] = item_id
         msg = {"op": "rebuild" if rebuild else "shard", "job": job.cfg.job_id, "item": item_id,
-               "clock": job.clock if window is None else window.clock, "run": job.run_id, "owners": job.pmap.to_msg(),
+               "clock": item_clock, "run": job.run_id if run is None else run, "owners": job.pmap.to_msg(),
                "batch_scale": self.batch_scale.get(worker, 1.0), "shards": members}
         if rebuild and job.losses.restored_rows:
             msg["restored"] = {t: [list(r) for r in rs] for t, rs in job.losses.restored_rows.items()}

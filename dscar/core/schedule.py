@@ -343,7 +343,7 @@ class BspSchedule:
             job.dispatch.set_batched(worker, [(b.shard, b.attempt) for b in batch[1:]])  # its earlier items are done
             if m.stage is not _REBUILD:
                 job.dispatch.running_items[worker] = (now, len(batch))
-            return job.dispatch.item(batch, m.stage is _REBUILD)
+            return job.dispatch.item(batch, m.stage is _REBUILD, clock=m.clock, run=m.run_id)
         if m.stage is Stage.CLOCK_END and self.clock_end_worker is None:
             self.clock_end_worker = worker
             return {"op": "clock_end", "job": job.cfg.job_id, "clock": m.clock, "run": m.run_id,
@@ -816,7 +816,7 @@ class SspSchedule:
                 for c in {m[0] for m in members}:
                     job.tally.open(c, now)
         fields = SspFields(members, newest, w.version, w.floor, read_floor)
-        return dispatch.item(batch, w.rebuilding is not None, fields)
+        return dispatch.item(batch, w.rebuilding is not None, fields, run=w.epoch)
 
     def _slack(self, clock: int) -> int:
         """How many shard updates the window lets the other workers run while an attempt of
