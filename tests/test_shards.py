@@ -458,6 +458,7 @@ def test_the_started_attempts_index_lists_what_the_running_ones_less_the_waiting
             q.reopen(rng.sample(range(40), 3))
         elif op < 0.75 and q.complete:
             q.begin_clock(q.clock + 1)
+            waiting.clear()  # (no attempt lives on, and attempt numbers start again: a mark names a live attempt)
         if rng.random() < 0.25:
             for bound in (None, 2, 3):  # (the oldest first: it reads the index before the listing does)
                 oldest = q.oldest_started(bound)
