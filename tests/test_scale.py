@@ -119,7 +119,8 @@ def test_control_messages_per_clock_grow_linearly_with_the_workers():
 @given(seed=st.integers(0, 10_000))
 def test_the_monitor_s_running_figures_equal_a_scan(seed):
     """The monitor keeps each worker's median step, the speeds' sum and the slowest step as steps arrive
-    (the hand-out asks them on every grant): always what a scan of the windows gives."""
+    (the hand-out asks them on every grant): always what a scan of the windows gives, and so is whether a
+    worker's step outlasts the others' share of n steps (``outlasts_others``)."""
     rng = random.Random(seed)
     m = ThroughputMonitor(window=4)
     for _ in range(300):
@@ -135,6 +136,13 @@ def test_the_monitor_s_running_figures_equal_a_scan(seed):
         assert m.speeds() == {x: 1.0 / s for x, s in steps.items()}
         assert m.total_speed() == pytest.approx(sum(1.0 / s for s in steps.values()), rel=1e-9, abs=1e-12)
         assert m.slowest_step(ex) == (max(others) if others else None)
+        n = rng.randrange(40)
+        if ex in steps and others:  # (``Dispatch.leave_to_others``' rule, from the scan)
+            mine, speed = steps[ex], sum(1.0 / s for s in others)
+            if abs(mine - (n / speed + max(others) + 0.005)) > 1e-9:
+                assert m.outlasts_others(ex, n, 0.005) == (mine > n / speed + max(others) + 0.005)
+        else:
+            assert not m.outlasts_others(ex, n, 0.005)
 
 
 def test_the_owners_message_is_built_once_per_change_and_follows_every_change():

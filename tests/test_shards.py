@@ -411,7 +411,8 @@ def test_the_started_attempts_index_lists_what_the_running_ones_less_the_waiting
     until ``stale_slack`` allows) against a filter of ``longest_running(n)``: every running shard, in
     the same order, less those whose every live attempt waits (``set_waiting``), on random hand-outs
     (at times that may go back), waits, unwaits, backups, commits, failures, releases, losses, reopens
-    and passes, read at about one op in four, so that changes pile up between reads."""
+    and passes, read at about one op in four, so that changes pile up between reads. A waiting attempt
+    is what a batch member is when it is marked: its shard's one live attempt, no backup."""
     rng = random.Random(seed)
     workers = [f"w{i}" for i in range(6)]
     q = ShardQueue(40, reloadable=True)
@@ -428,8 +429,8 @@ def test_the_started_attempts_index_lists_what_the_running_ones_less_the_waiting
         pick = rng.choice(running) if running else None
         if op < 0.25:
             q.next_shard(w, t)
-        elif op < 0.4 and pick is not None:
-            if (pick.shard, pick.attempt, pick.worker) not in waiting:
+        elif op < 0.4 and pick is not None:  # (a batch member: a TODO shard's first attempt, the only one then)
+            if not pick.backup and q.running_attempts(pick.shard) == [pick]:
                 q.set_waiting(pick.worker, [(pick.shard, pick.attempt)], [])
                 waiting.add((pick.shard, pick.attempt, pick.worker))
         elif op < 0.47 and waiting:
@@ -457,6 +458,7 @@ def test_the_started_attempts_index_lists_what_the_running_ones_less_the_waiting
             q.reopen(rng.sample(range(40), 3))
         elif op < 0.75 and q.complete:
             q.begin_clock(q.clock + 1)
+            waiting.clear()  # (no attempt lives on, and attempt numbers start again: a mark names a live attempt)
         if rng.random() < 0.25:
             for bound in (None, 2, 3):  # (the oldest first: it reads the index before the listing does)
                 oldest = q.oldest_started(bound)

@@ -131,6 +131,36 @@ class RunningAttempts:
         return any(r == item for r in self)
 
 
+class JobView(ControllerView):
+    """A job's ``ControllerView``, one per ``Dispatch``, read live: its clock, startable shards and
+    stragglers are the job's when a policy reads them, not copied in at every view (every idle poll
+    asks the backup policy, which reads the startable shards and the oldest running attempt, nothing
+    else); ``Dispatch.view`` sets the rest. Its monitor and its running attempts' readers are bound once
+    (a job's monitor is its own for its life; a new queue makes a new view)."""
+
+    def __init__(self, dispatch: "Dispatch", running: RunningAttempts):
+        self._dispatch, self._job = dispatch, dispatch.job
+        self.running = running
+        self.monitor = dispatch.job.monitor
+        self.workers: list[str] = []
+        self.idle_worker: str | None = None
+        # (``ControllerView``'s readers, asked of ``running`` without a frame of their own)
+        self.longest_running = running.longest_running  # type: ignore[method-assign]
+        self.oldest_elapsed = running.oldest_elapsed  # type: ignore[method-assign]
+
+    @property
+    def clock(self) -> int:  # type: ignore[override]
+        return self._job.clock
+
+    @property
+    def todo(self) -> int:  # type: ignore[override]
+        return self._job.schedule.n_startable
+
+    @property
+    def stragglers(self) -> dict[str, str]:  # type: ignore[override]
+        return self._dispatch.stragglers
+
+
 #: the end mark of a ``_descending`` key: above every flipped character
 _END = chr(0x10FFFF)
 
@@ -161,6 +191,11 @@ class BatchIndex:
         #: worker -> its name key (``_descending``), kept while it is not forgotten: a worker is batched
         #: again at nearly every hand-out, and its key costs a step per character of its name
         self._keys: dict[str, str] = {} if keys is None else keys
+        #: workers whose members changed since the heap was last read: their entries are pushed then
+        #: (``_settle``). Only an idle poll at a pass's tail reads it (``most``), while every hand-out and
+        #: a commit of each batch member change a worker's count: a push at each change was work for
+        #: nothing in most passes (two of a 4-member batch's commits pushed an entry gone stale at once)
+        self._changed: set[str] = set()
         self.rebuild()
 
     def rebuild(self) -> None:
@@ -170,17 +205,32 @@ class BatchIndex:
                 keys[w] = _descending(w)
         self._heap = [(-len(m), keys[w], w) for w, m in self.batched.items() if m]
         heapq.heapify(self._heap)
+        self._changed = set()
 
     def changed(self, worker: str) -> None:
-        """``worker``'s members changed (or it has none now)."""
-        members = self.batched.get(worker)
-        if not members:
+        """``worker``'s members changed (or it has none now): its entry follows when the heap is read."""
+        self._changed.add(worker)
+
+    def _settle(self) -> None:
+        """The entries of the workers changed since the last read are pushed (the heap rebuilt when they
+        are many, or when stale entries outnumber the live ones)."""
+        changed = self._changed
+        if not changed:
             return
-        key = self._keys.get(worker)
-        if key is None:
-            key = self._keys[worker] = _descending(worker)
-        heapq.heappush(self._heap, (-len(members), key, worker))
-        if len(self._heap) > 2 * len(self.batched) + 32:
+        batched = self.batched
+        if 2 * len(changed) > len(batched):
+            self.rebuild()
+            return
+        heap, keys = self._heap, self._keys
+        for worker in changed:
+            members = batched.get(worker)
+            if members:
+                key = keys.get(worker)
+                if key is None:
+                    key = keys[worker] = _descending(worker)
+                heapq.heappush(heap, (-len(members), key, worker))
+        changed.clear()
+        if len(heap) > 2 * len(batched) + 32:
             self.rebuild()
 
     def forget(self, worker: str) -> None:
@@ -193,6 +243,7 @@ class BatchIndex:
 
     def most(self, skip: Callable[[str], bool]) -> str | None:
         """The worker with the most members (ties: the last name) that ``skip`` does not rule out."""
+        self._settle()
         heap, passed, out = self._heap, [], None
         seen: set[str] = set()
         while heap:
@@ -212,6 +263,7 @@ class BatchIndex:
 
     def check(self) -> None:
         """Every worker with members has a fresh entry; no fresh entry names one without."""
+        self._settle()
         fresh = {e[2] for e in self._heap if self._fresh(e)}
         assert fresh == {w for w, m in self.batched.items() if m}, (fresh, self.batched)
 
@@ -238,8 +290,6 @@ class Dispatch:
         self.pending_restarts: list[str] = []
         #: ``batched`` (worker -> its members that may not have started), the most members first
         self._batch_index = BatchIndex({})
-        #: worker -> the members the queue was last told may not have started (``_mark``)
-        self._marked: dict[str, set[tuple[int, int]]] = {}
         #: worker -> id of the last work item handed to it: a release names it, so a worker asked
         #: before that item reached it gives the members back all the same (``ShardRunner.release``)
         self.item_of: dict[str, int] = {}
@@ -251,8 +301,10 @@ class Dispatch:
         self.running_items: dict[str, tuple[float, int]] = {}
         #: when each worker last asked for work or committed (``worth_moving``: a holder that stopped asking)
         self.last_seen: dict[str, float] = {}
-        #: what the policies see (``view``: built once, then told the clock, the time and the asker at each view)
-        self._view: ControllerView | None = None
+        #: what the policies see (``view``: built once, then told the workers, the time and the asker at each view)
+        self._view: JobView | None = None
+        #: the policies that decide when a worker is idle (``idle_policies``; every idle poll asks them)
+        self._idle = tuple(p for p in self.policies if p.when == "idle")
 
     @property
     def batched(self) -> dict[str, list[tuple[int, int]]]:
@@ -263,42 +315,31 @@ class Dispatch:
     @batched.setter
     def batched(self, value: dict[str, list[tuple[int, int]]]) -> None:
         self._batch_index = BatchIndex(value, self._batch_index._keys)
-        self._marked = {}
         if self._track_started:
-            self.job.queue.clear_waiting()
-            for worker in value:
-                self._mark(worker)
+            queue = self.job.queue
+            queue.clear_waiting()
+            for worker, members in value.items():
+                if members:
+                    queue.set_waiting(worker, members, ())
 
-    def _changed(self, worker: str) -> None:
-        """``worker``'s members changed: the index and the queue's waiting attempts follow."""
-        self._batch_index.changed(worker)
-        self._mark(worker)
-
-    def _mark(self, worker: str) -> None:
-        """The queue's waiting attempts of ``worker`` become its members (``RunningAttempts.started_only``)."""
-        if not self._track_started:
-            return
-        old = self._marked.get(worker)  # (never an empty set: None)
-        members = self._batch_index.batched.get(worker)
-        if old is None:  # (most hand-outs: its earlier members have all started; no set difference to take)
-            if members:
-                new = set(members)
+    def _mark(self, worker: str, old: list[tuple[int, int]] | None, new: list[tuple[int, int]] | None) -> None:
+        """``worker``'s members went from ``old`` to ``new``: the queue's waiting attempts follow
+        (``RunningAttempts.started_only``). ``batched`` is what the queue was last told, so its list
+        before a change is the diff's other side (no copy of it is kept)."""
+        if not old:  # (most hand-outs: its earlier members have all started; no set difference to take)
+            if new:
                 self.job.queue.set_waiting(worker, new, ())
-                self._marked[worker] = new
             return
-        new = set(members) if members else set()
-        if new == old:
-            return
-        self.job.queue.set_waiting(worker, new - old, old - new)
-        if new:
-            self._marked[worker] = new
-        else:
-            del self._marked[worker]
+        before, after = set(old), set(new) if new else set()
+        if before != after:
+            self.job.queue.set_waiting(worker, after - before, before - after)
 
     def forget(self, worker: str) -> None:
         """``worker`` is lost: its batch members, running item, batch scale and straggler flag go."""
-        self.batched.pop(worker, None)
-        self._changed(worker)
+        old = self.batched.pop(worker, None)
+        self._batch_index.changed(worker)
+        if self._track_started:
+            self._mark(worker, old, None)
         self._batch_index.forget(worker)
         self.running_items.pop(worker, None)
         self.batch_scale.pop(worker, None)
@@ -315,17 +356,12 @@ class Dispatch:
         straggler that recovers is measured again. Dynamic sharding only: a static shard waits for
         its holder anyway. ``n_left``: the shards the others may run before the pass waits for
         ``worker``'s (default: every shard still to do)."""
-        if self.job.queue.sharding != "dynamic":
+        queue = self.job.queue
+        if queue.sharding != "dynamic":
             return False
-        monitor = self.job.monitor
-        mine = monitor.mean_step(worker)
-        if mine is None or monitor.n_measured() < 2:
-            return False
-        n = self.job.queue.n_todo if n_left is None else n_left
         # the others' summed speed and slowest step, from the monitor's running figures: it forgets a
         # lost worker (``JobState.forget_worker``), so every worker it measures is live, and this is O(1)
-        others_speed = monitor.total_speed() - 1.0 / mine
-        return mine > n / others_speed + monitor.slowest_step(worker) + HOLD_BACK_MIN_S
+        return self.job.monitor.outlasts_others(worker, queue.n_todo if n_left is None else n_left, HOLD_BACK_MIN_S)
 
     def worth_moving(self, worker: str, now: float, holder: str, backlog: int) -> bool:
         """Whether ``worker``, out of shards of its own, should take one of ``holder``'s ``backlog``
@@ -401,10 +437,6 @@ class Dispatch:
                 del index.batched[worker]
             index.changed(worker)
             if self._track_started and (shard, attempt) not in members:  # (``_mark`` without the set diff)
-                marked = self._marked[worker]
-                marked.discard((shard, attempt))
-                if not marked:
-                    del self._marked[worker]
                 self.job.queue.unwait(shard, attempt, worker)
 
     def voided(self, attempt: Attempt) -> None:
@@ -416,14 +448,14 @@ class Dispatch:
         """``batched`` keeps only workers with members (``ask_back`` looks at each of them)."""
         index = self._batch_index
         if members:
+            old = index.batched.get(worker)
             index.batched[worker] = members
             index.changed(worker)
-            self._mark(worker)
         else:  # (its index entries go stale, and are dropped when read)
-            index.batched.pop(worker, None)
-            if worker in self._marked:  # (most hand-outs: its earlier members have all started)
-                self._mark(worker)
+            old = index.batched.pop(worker, None)
         if self._track_started:  # (every hand-out ends here: it pays for its own changes of the index)
+            if old or members:
+                self._mark(worker, old, members)
             self.job.queue.settle_started()
 
     def ask_back(self, asker: str) -> tuple[str, list[tuple[int, int]]] | None:
@@ -458,15 +490,18 @@ class Dispatch:
             self.job.event(now, "batch-released", worker=worker, shards=sorted(s for s, _ in back))
         self.job.schedule.given_back(s for s, _ in back)
 
-    def item(self, batch: list[Attempt], rebuild: bool, window: SspFields | None = None) -> dict:
+    def item(self, batch: list[Attempt], rebuild: bool, window: SspFields | None = None, *,
+             clock: int | None = None, run: int | None = None) -> dict:
         """The work item message for ``batch`` (its first member's worker runs them in order);
-        ``window``: under SSP, what each member and the item carry of the clock window.
+        ``window``: under SSP, what each member and the item carry of the clock window. ``clock`` and
+        ``run``: the job's clock and run id, when the caller has them at hand (default: asked of the job).
 
         The message is ``protocol.WorkItem(...).to_msg()`` with ``protocol.Member`` members, built as
         the dicts those make (keys in their order, the optional ones only when set) without building the
         dataclasses first: every hand-out makes one, and the dataclasses cost it about as much as the
         rest of the hand-out (tests/test_dispatch_item.py holds the two equal)."""
         job = self.job
+        item_clock = clock if clock is not None else job.clock if window is None else window.clock
         phases, restore, queue = job.cfg.phase_names, job.losses.restore_state, job.queue
         one_phase = len(queue.phase_ranges) == 1
         phase = phases[0] or None
@@ -497,7 +532,7 @@ class Dispatch:
         worker = batch[0].worker
         self.item_of[worker] = item_id
         msg = {"op": "rebuild" if rebuild else "shard", "job": job.cfg.job_id, "item": item_id,
-               "clock": job.clock if window is None else window.clock, "run": job.run_id, "owners": job.pmap.to_msg(),
+               "clock": item_clock, "run": job.run_id if run is None else run, "owners": job.pmap.to_msg(),
                "batch_scale": self.batch_scale.get(worker, 1.0), "shards": members}
         if rebuild and job.losses.restored_rows:
             msg["restored"] = {t: [list(r) for r in rs] for t, rs in job.losses.restored_rows.items()}
@@ -517,17 +552,14 @@ class Dispatch:
         An attempt of a batch of n commits with the batch's last: its time is shown as the item's
         pace (the item's time over n), so it looks late once the item has run k times n steps, not
         k steps (else every batch's first member would look late before its batch could end)."""
-        job, view = self.job, self._view
-        queue = job.queue
+        view, queue = self._view, self.job.queue
         if view is None or view.running.queue is not queue:
-            view = self._view = ControllerView(0, [], 0, RunningAttempts(queue, now, self._waiting, self._item_size,
-                                                                         started_only=self._track_started),
-                                               job.monitor)
+            view = self._view = JobView(self, RunningAttempts(queue, now, self._waiting, self._item_size,
+                                                              started_only=self._track_started))
         # (one view, told what changed: every idle poll asks, and what it shows is read live from the
-        # queue and the monitor anyway)
-        view.clock, view.workers, view.todo, view.stragglers, view.idle_worker = (
-            job.clock, workers, job.schedule.n_startable, self.stragglers, idle_worker)
-        view.running.now, view.monitor = now, job.monitor
+        # queue, the monitor and the job anyway)
+        view.workers, view.idle_worker = workers, idle_worker
+        view.running.now = now
         return view
 
     def _waiting(self, a: Attempt) -> bool:
@@ -541,9 +573,7 @@ class Dispatch:
 
     def idle_policies(self, worker: str, now: float) -> Attempt | None:
         """``worker`` is idle: a backup attempt an idle-time policy starts for it (None: none)."""
-        for policy in self.policies:
-            if policy.when != "idle":
-                continue
+        for policy in self._idle:
             for action in policy.decide(self.view(self.job.workers, now, worker)):
                 if isinstance(action, Backup):
                     a = self.job.queue.start_backup(action.shard, action.worker, now)

@@ -170,6 +170,18 @@ class ThroughputMonitor:
             return steps[-1]
         return steps[-2] if len(steps) > 1 else None  # (``exclude`` holds the largest: the next one, maybe equal)
 
+    def outlasts_others(self, worker: str, n: int, margin_s: float) -> bool:
+        """Whether ``worker``'s typical step is longer than the other measured workers take to run ``n``
+        steps between them (``n`` over their summed speed) plus the slowest one's step plus ``margin_s``
+        (False while it, or fewer than two workers, is not measured). ``Dispatch.leave_to_others``' rule,
+        asked on nearly every poll of a worker that started a shard in the pass: one call, O(1)."""
+        mine = self._mean.get(worker)
+        if mine is None or len(self._mean) < 2:
+            return False
+        steps = self._by_step  # (``slowest_step(worker)``, inline: two or more measured)
+        slowest = steps[-1] if mine != steps[-1] else steps[-2]
+        return mine > n / (self._speed_sum - 1.0 / mine) + slowest + margin_s
+
     def total_speed(self) -> float:
         """The summed speeds (shards per second) of every measured worker."""
         return self._speed_sum

@@ -68,6 +68,10 @@ class EndingClock:
 
 #: stages every hand-out reads, as module names (an enum member's lookup through its class costs ~75 ns)
 _SHARDS, _REBUILD = Stage.SHARDS, Stage.REBUILD
+#: the shard statuses and window phases ``SspSchedule`` compares with at every applied batch's shards, as module
+#: names (an enum member's lookup through its class costs ~75 ns in CPython 3.11, a global's ~7)
+_TODO_STATUS, _DOING_STATUS = ShardStatus.TODO, ShardStatus.DOING
+_TODO_PHASE, _RUNNING_PHASE = ShardPhase.TODO, ShardPhase.RUNNING
 
 
 class Schedule(Protocol):
@@ -376,7 +380,7 @@ class BspSchedule:
             job.dispatch.set_batched(worker, [(b.shard, b.attempt) for b in batch[1:]])  # its earlier items are done
             if m.stage is not _REBUILD:
                 job.dispatch.running_items[worker] = (now, len(batch))
-            return job.dispatch.item(batch, m.stage is _REBUILD)
+            return job.dispatch.item(batch, m.stage is _REBUILD, clock=m.clock, run=m.run_id)
         if m.stage is Stage.CLOCK_END and self.clock_end_worker is None:
             self.clock_end_worker = worker
             return {"op": "clock_end", "job": job.cfg.job_id, "clock": m.clock, "run": m.run_id,
@@ -395,7 +399,8 @@ class BspSchedule:
     def releasable(self, asker: str) -> tuple[str, list[tuple[int, int]]] | None:
         """``asker`` found nothing to do in a pass: the worker with the most batch members that
         may not have started, and the later half of them, to ask back (None: nothing to ask)."""
-        if self.machine.stage not in (Stage.SHARDS, Stage.REBUILD) or self.job.queue.n_todo:
+        stage = self.machine.stage  # (the stages as module names: every idle poll asks)
+        if stage is not _SHARDS and stage is not _REBUILD or self.job.queue.n_todo:
             return None
         return self.job.dispatch.ask_back(asker)
 
@@ -404,15 +409,49 @@ class BspSchedule:
 
     def commit_many(self, worker: str, run_id: int, finished: list[tuple[int, int, int, dict | None]], now: float,
                     rebuild: bool = False) -> tuple[list[bool], list[Effect]]:
-        """``commit`` for each ``(clock, shard, attempt, timings)`` of one message, in order."""
+        """``commit`` for each ``(clock, shard, attempt, timings)`` of one message, in order: the job's
+        parts looked up once a message, every rule read again for each attempt (a pass may complete
+        under a message, and its later attempts are then late)."""
+        job, m = self.job, self.machine
+        log, lost = job.log, job.losses.lost
+        dispatch, queue, monitor, tally = job.dispatch, job.queue, job.monitor, job.tally
         granted: list[bool] = []
         effects: list[Effect] = []
-        commit = self.commit
+        seen = False
         for clock, shard, attempt, timings in finished:
-            ok, more = commit(worker, clock, run_id, shard, attempt, now, timings, rebuild)
-            granted.append(ok)
-            if more:
-                effects += more
+            if log.error is not None or worker in lost:
+                granted.append(False)
+                continue
+            if not seen:  # (what is the worker's -- its running item, when it was last seen -- once a message)
+                dispatch.running_items.pop(worker, None)
+                dispatch.last_seen[worker] = now
+                seen = True
+            current = clock == m.clock and m.grants(run_id)
+            # attempt numbers restart every pass: only the current run's can be looked up
+            mine = queue.running_attempt(shard, attempt) if current else None
+            if timings and "data_s" in timings:  # (``note_move`` measures only a data move)
+                dispatch.note_move(mine, timings)
+            if not rebuild:
+                step = step_seconds(timings) if timings else (None if mine is None else now - mine.started)
+                if step is not None:
+                    monitor.record(worker, step)
+            if not current:  # a lost backup, an attempt of a voided pass
+                job.event(now, "commit-refused", shard=shard, attempt=attempt, worker=worker, late=True,
+                          seconds=round(step_seconds(timings or {}), 4))  # its step time, wasted
+                granted.append(False)
+                continue
+            dispatch.attempt_started(worker, shard, attempt)
+            if not queue.commit(shard, attempt, worker):
+                job.event(now, "commit-refused", shard=shard, attempt=attempt, worker=worker, late=False,
+                          seconds=round(step_seconds(timings or {}), 4))
+                granted.append(False)
+                continue
+            if restore := job.losses.restore_state:  # the attempt started from the restored state; it lives on now
+                restore.pop(shard, None)
+            tally.committed(worker, timings)
+            granted.append(True)
+            if queue.complete and not m.recovering:  # (a kept pass completes once recovered)
+                effects += self._pass_complete(now)
         return granted, effects
 
     def commit(self, worker: str, clock: int, run_id: int, shard: int, attempt: int, now: float,
@@ -423,35 +462,8 @@ class BspSchedule:
         refused, or is late: a straggler whose shards were all backed up finishes after its pass
         is complete, often after its clock has ended, and not counting it would hide exactly the
         worker the monitor is for. ``rebuild``: a rebuild-pass attempt (other work: not counted)."""
-        job, m = self.job, self.machine
-        if job.log.error is not None or worker in job.losses.lost:
-            return False, []
-        dispatch, queue = job.dispatch, job.queue
-        dispatch.running_items.pop(worker, None)
-        dispatch.last_seen[worker] = now
-        current = clock == m.clock and m.grants(run_id)
-        # attempt numbers restart every pass: only the current run's can be looked up
-        mine = queue.running_attempt(shard, attempt) if current else None
-        if timings and "data_s" in timings:  # (``note_move`` measures only a data move)
-            dispatch.note_move(mine, timings)
-        if not rebuild:
-            step = step_seconds(timings) if timings else (None if mine is None else now - mine.started)
-            if step is not None:
-                job.monitor.record(worker, step)
-        if not current:  # a lost backup, an attempt of a voided pass
-            job.event(now, "commit-refused", shard=shard, attempt=attempt, worker=worker, late=True,
-                      seconds=round(step_seconds(timings or {}), 4))  # its step time, wasted
-            return False, []
-        dispatch.attempt_started(worker, shard, attempt)
-        if not queue.commit(shard, attempt, worker):
-            job.event(now, "commit-refused", shard=shard, attempt=attempt, worker=worker, late=False,
-                      seconds=round(step_seconds(timings or {}), 4))
-            return False, []
-        job.losses.restore_state.pop(shard, None)  # the attempt started from the restored state; it lives on now
-        job.tally.committed(worker, timings)
-        if not queue.complete or m.recovering:  # (a kept pass completes once recovered)
-            return True, []
-        return True, self._pass_complete(now)
+        granted, effects = self.commit_many(worker, run_id, [(clock, shard, attempt, timings)], now, rebuild)
+        return granted[0], effects
 
     def _pass_complete(self, now: float) -> list[Effect]:
         """Every shard of the active pass committed: apply it."""
@@ -804,15 +816,16 @@ class SspSchedule:
         queue too, with no attempt left (a late commit of an older attempt is refused there), in the
         tier of its clock. ``shards``: those to look at (default: those the window moved)."""
         w, queue = self.window, self.job.queue
+        phase, clock_of, set_tier, status = w.phase, w.shard_clock, queue.set_tier, queue.status  # (each applied shard asks)
         back = []
         for s in w.moved_back() if shards is None else shards:
-            if w.phase(s) is ShardPhase.TODO:
-                queue.set_tier(s, w.shard_clock(s))
-                if queue.status(s) is not ShardStatus.TODO:
+            if phase(s) is _TODO_PHASE:
+                set_tier(s, clock_of(s))
+                if status(s) is not _TODO_STATUS:
                     back.append(s)
         if back:
             for s in back:  # attempts the window voided (a recovery): no batch member to ask back any more
-                if queue.status(s) is ShardStatus.DOING:
+                if queue.status(s) is _DOING_STATUS:
                     for a in queue.running_attempts(s):
                         self.job.dispatch.voided(a)
             queue.reopen(back)
@@ -822,7 +835,7 @@ class SspSchedule:
         given back): the window may start them again."""
         w, queue = self.window, self.job.queue
         for s in range(self.job.cfg.n_shards) if shards is None else shards:
-            if w.phase(s) is ShardPhase.RUNNING and queue.status(s) is ShardStatus.TODO:
+            if w.phase(s) is _RUNNING_PHASE and queue.status(s) is _TODO_STATUS:
                 w.give_back(s)
 
     def _carry(self, actions: list, now: float) -> list[Effect]:
@@ -831,8 +844,9 @@ class SspSchedule:
         effects: list[Effect] = []
         for a in actions:
             if isinstance(a, ApplyBatch):
-                committed = [(s, job.queue.committed_attempt(s).attempt, wk) for s, _, wk in a.updates]
-                clocks = [w.shard_clock(s) if a.rebuild else c for s, c, _ in a.updates]
+                committed_attempt = job.queue.committed_attempt  # (a batch holds about 2 W updates)
+                committed = [(s, committed_attempt(s).attempt, wk) for s, _, wk in a.updates]
+                clocks = [w.shard_clock(s) for s, _, _ in a.updates] if a.rebuild else [c for _, c, _ in a.updates]
                 effects.append(ApplyPass(a.epoch, max(clocks), committed, list(job.cfg.rebuild) if a.rebuild else [],
                                          a.rebuild, batch=a.batch, clocks=clocks, floor=w.floor))
             elif isinstance(a, WindowClockEnd):
@@ -919,11 +933,10 @@ class SspSchedule:
                         break
         # its earlier items are done
         dispatch.set_batched(worker, [(b.shard, b.attempt) for b in batch[1:]] if len(batch) > 1 else [])
-        start = w.start
-        for b in batch:
-            if not b.backup:
-                start(b.shard)
-        members, newest, read_floor = w.member_fields([b.shard for b in batch], worker)
+        shards = [b.shard for b in batch]
+        if not a.backup:  # (a backup is an item of its own; every other member starts here)
+            w.start_all(shards)
+        members, newest, read_floor = w.member_fields(shards, worker)
         if w.rebuilding is None:
             dispatch.running_items[worker] = (now, len(batch))
             if len(members) <= 2 and members[0][0] == members[-1][0]:
@@ -932,7 +945,7 @@ class SspSchedule:
                 for c in {m[0] for m in members}:
                     job.tally.open(c, now)
         fields = SspFields(members, newest, w.version, w.floor, read_floor)
-        return dispatch.item(batch, w.rebuilding is not None, fields)
+        return dispatch.item(batch, w.rebuilding is not None, fields, run=w.epoch)
 
     def _slack(self, clock: int) -> int:
         """How many shard updates the window lets the other workers run while an attempt of

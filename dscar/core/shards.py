@@ -49,6 +49,8 @@ import bisect
 import enum
 import heapq
 from dataclasses import dataclass, field
+from itertools import compress
+from operator import itemgetter
 from typing import Any, Callable, Iterable, Iterator, NamedTuple
 
 from ..errors import ShardFailedError
@@ -156,6 +158,10 @@ class _Shard:
     run_key: tuple[int, float] | None = None  # its key in ``ShardQueue._running`` (DOING only)
     entered: int = 0  # when it entered its ``_running`` bucket (the order of equal starts)
     shown: tuple[int, tuple[float, int, int]] | None = None  # its bucket and entry in ``ShardQueue._started``
+    #: its live attempt that is a batch member which may not have started (``ShardQueue.set_waiting``; None:
+    #: none). A member is the first attempt of a TODO shard, so a shard has at most one; a mark on its
+    #: record, not a set of (shard, attempt, worker) keys, is what a hand-out writes and a commit clears
+    waiting: Attempt | None = None
     #: under SSP, the clock window's fields of the shard (``dscar.core.ssp.ClockWindow``, which keeps them on
     #: the queue's record when the job gives it those, on records of this type of its own when alone): one
     #: record a shard, not two. At 4,096 workers a hand-out's member and a commit each read both, and the
@@ -189,6 +195,8 @@ class _Shard:
 
     def drop(self, number: int) -> None:
         """Live attempt ``number`` is live no more (it is live)."""
+        if self.waiting is not None and self.waiting.attempt == number:
+            self.waiting = None
         if self.attempt.attempt == number:
             more = self.more
             self.attempt, self.more = (more[0], more[1:]) if more else (None, ())
@@ -196,10 +204,14 @@ class _Shard:
             self.more = tuple(a for a in self.more if a.attempt != number)
 
 
+#: an entry of ``ShardQueue._started``'s shard, and whether it is live (not set to -1): the compaction's test in C
+_SHARD, _NOT_STALE = itemgetter(2), (0).__le__
+
+
 class ShardQueue:
     """Per-clock shard states, attempts, commits and data locality."""
 
-    #: a list of ``_started`` is rebuilt without its stale entries once they are a quarter of it and
+    #: a list of ``_started`` is rebuilt without its stale entries once they are half of it and
     #: this many more (a few stale entries cost the reads less than rebuilding small lists)
     stale_slack = 64
 
@@ -247,16 +259,20 @@ class ShardQueue:
         #: oldest live attempt); its ``entered``, when it entered its bucket (this count then): the
         #: bucket's order of equal starts
         self._n_entered = 0
-        #: (shard, attempt, worker) of the batch members that may not have started (``Dispatch.batched``,
-        #: which keeps it in step through ``set_waiting``): ``longest_running(started_only=True)`` hides them
-        self._waiting: set[tuple[int, int, str]] = set()
+        #: the batch members that may not have started (``Dispatch.batched``, which keeps them in step through
+        #: ``set_waiting``) are marked on their records (``_Shard.waiting``): ``longest_running(started_only=True)``
+        #: hides them
         #: the ``_running`` entries of the shards with a live attempt that is not waiting, per bucket, as
-        #: lists of (start, entered, shard) in order: at a pass's tail most running shards are batch
+        #: lists of ``[start, entered, shard]`` in order: at a pass's tail most running shards are batch
         #: members that have not started, and the backup policy's view steps over none of them. An
-        #: entry that goes is left in its list, stale, until a quarter or more of the list is
-        #: (``stale_slack``; deleting from a list of W entries moved the ones after it: O(W) a commit); an entry is live
-        #: while its shard's record names it (``shown``), and a bucket is listed while it has a live one
-        self._started: dict[int, list[tuple[float, int, int]]] = {}
+        #: entry that goes is left in its list, stale (its shard set to -1: telling a stale entry reads
+        #: the entry, not its shard's record, cold at thousands of shards), until half or more of the
+        #: list is (``stale_slack``; deleting from a list of W entries moved the ones after it: O(W) a
+        #: commit); as the oldest entry goes, the head moves past the stale ones, which are cut off the
+        #: list's front in one slice once they are a quarter of it (entries go about in the order they
+        #: came: most never wait for a scan). A live entry is its shard's record's (``shown``), and a
+        #: bucket is listed while it has a live one
+        self._started: dict[int, list[list]] = {}
         #: bucket -> index in its list before which every entry is stale (the reads start there)
         self._started_head: dict[int, int] = {}
         #: bucket -> how many entries of its list are stale
@@ -303,7 +319,7 @@ class ShardQueue:
         for s in self._shards:
             s.status = _TODO
             s.attempt, s.more = None, ()
-            s.run_key = s.shown = None
+            s.run_key = s.shown = s.waiting = None
             s.committed = None
             s.next_attempt = 0 if clock != self._attempts_clock else s.next_attempt
             if s.failures:  # (a new list only where there were failures: a shard moving on allocates nothing)
@@ -348,7 +364,7 @@ class ShardQueue:
             if s.status is _DONE and i in active:
                 self._n_done -= 1
             self._doing.discard(i)
-            s.attempt, s.more = None, ()
+            s.attempt, s.more, s.waiting = None, (), None
             s.status = _TODO
             s.committed = None
             if s.failures:  # (a new list only where there were failures: a shard moving on allocates nothing)
@@ -539,11 +555,23 @@ class ShardQueue:
         if not local or n < 1:
             return []
         ids = [min(local)] if n == 1 else sorted(local) if n >= len(local) else heapq.nsmallest(n, local)
-        return [self._start(i, worker, now, key, local) for i in ids]
+        old = len(local)
+        started = [self._start(i, worker, now, key, local, True) for i in ids]
+        # (the worker's backlog shrinks once by the batch, not once a member)
+        left = len(local)
+        self._resize(tier, worker, old, left)
+        if not left:
+            del self._local[key]
+        return started
 
-    def _start(self, shard: int, worker: str, now: float, key: tuple[int, str | None], bucket: set[int]) -> Attempt:
+    def _start(self, shard: int, worker: str, now: float, key: tuple[int, str | None], bucket: set[int],
+               member: bool = False) -> Attempt:
         """The first attempt of TODO ``shard`` starts on ``worker``; ``bucket`` is the ``_local`` set that
-        holds it, at ``key`` (its tier and holder)."""
+        holds it, at ``key`` (its tier and holder). ``member``: a batch's later member (``take_own``), which
+        its hand-out may mark waiting next (``set_waiting``): its place in ``_started`` waits for that;
+        another is placed now (every hand-out's first member: no round through ``_started_dirty``). A
+        member's holder's backlog and its emptied bucket are the caller's to settle (``take_own``: once
+        for the batch)."""
         s = self._shards[shard]
         holder = s.holder
         number = s.next_attempt
@@ -558,10 +586,11 @@ class ShardQueue:
         # its bucket and its holder's backlog size
         self._todo.discard(shard)
         bucket.discard(shard)
-        n = len(bucket)
-        self._resize(key[0], holder, n + 1, n)
-        if not n:
-            del self._local[key]
+        if not member:
+            n = len(bucket)
+            self._resize(key[0], holder, n + 1, n)
+            if not n:
+                del self._local[key]
         # ``_reindex`` for a TODO shard's first attempt (a TODO shard has no ``_running`` entry to drop):
         # every hand-out starts one
         k = s.started
@@ -569,7 +598,10 @@ class ShardQueue:
         self._n_entered += 1
         s.entered = self._n_entered
         if self._started_on:
-            self._started_dirty.add(shard)
+            if member:
+                self._started_dirty.add(shard)
+            else:
+                self._place_started(shard)
         else:
             bucket = self._running.get(k)
             if bucket is None:
@@ -658,13 +690,13 @@ class ShardQueue:
             return None if a is None else (a, len(self._shards[a.shard].live()))
         if self._started_dirty:
             self._flush_started()
-        best, head, shards = -1, None, self._shards
+        best, head = -1, None
         for k, started in self._started.items():  # (a few buckets: attempts started a pass, 1 ... max)
             if fewer_started_than is None or k < fewer_started_than:
                 i = self._started_head[k]  # ``_first_started(k)``, inline: the first live entry (a listed bucket has one)
                 first = started[i]
-                if shards[first[2]].shown != (k, first):
-                    while shards[started[i][2]].shown != (k, started[i]):
+                if first[2] < 0:
+                    while started[i][2] < 0:
                         i += 1
                     self._started_head[k] = i
                     first = started[i]
@@ -738,33 +770,17 @@ class ShardQueue:
         attempts. A ``_running`` bucket is in the order of (start, entered): appended in that order,
         and sorted stably by start when it is not (``longest_running``)."""
         s = self._shards[shard]
-        key = s.run_key
-        entry = None
-        if key is not None:
-            shown, waiting = True, self._waiting
-            if waiting:
-                if not s.more:
-                    a = s.attempt
-                    shown = (shard, a.attempt, a.worker) not in waiting
-                else:
-                    shown = any((shard, a.attempt, a.worker) not in waiting for a in s.live())
-            if shown:
-                entry = (key[0], (key[1], s.entered, shard))
-        old = s.shown
-        if old == entry:
-            return
-        if old is not None:  # (left in its list, stale)
-            s.shown = None
-            k = old[0]
-            stale = self._started_stale[k] = self._started_stale[k] + 1
-            started = self._started[k]
-            if stale == len(started):
-                del self._started[k], self._started_head[k], self._started_stale[k]
-            elif 4 * stale >= len(started) + self.stale_slack:
-                self._compact_started(k)
-        if entry is not None:
-            k, e = entry
-            s.shown = entry
+        key, old = s.run_key, s.shown
+        waiting = s.waiting
+        if key is not None and (waiting is None or s.attempt is not waiting or s.more):  # (one live attempt waits at most)
+            k, start, entered = key[0], key[1], s.entered
+            if old is not None:
+                if old[0] == k and old[1][0] == start and old[1][1] == entered:
+                    return
+                s.shown = None
+                self._unshow(old)
+            e = [start, entered, shard]
+            s.shown = (k, e)
             started = self._started.get(k)
             if started is None:
                 self._started[k], self._started_head[k], self._started_stale[k] = [e], 0, 0
@@ -772,65 +788,107 @@ class ShardQueue:
                 started.append(e)
             else:
                 i = bisect.bisect_left(started, e)
-                if i < len(started) and started[i] == e:  # its stale copy is live again
-                    self._started_stale[k] -= 1
-                else:
-                    started.insert(i, e)
+                started.insert(i, e)
                 if i < self._started_head[k]:
                     self._started_head[k] = i
+        elif old is not None:
+            s.shown = None
+            self._unshow(old)
 
-    def _live_started(self, k: int) -> Iterator[tuple[float, int, int]]:
+    def _unshow(self, shown: tuple[int, list]) -> None:
+        """The entry ``shown`` (bucket, entry) of ``_started`` goes stale."""
+        k, e = shown
+        e[2] = -1
+        started = self._started[k]
+        stale = self._started_stale[k] + 1
+        n = len(started)
+        if stale == n:
+            del self._started[k], self._started_head[k], self._started_stale[k]
+            return
+        head = self._started_head[k]
+        if started[head] is e:  # the oldest went: the head moves past the stale ones (a listed bucket has a live one)
+            head += 1
+            while started[head][2] < 0:
+                head += 1
+            if 4 * head >= n + self.stale_slack:  # (the stale front, cut in one slice: no entry read)
+                del started[:head]
+                stale -= head
+                head = 0
+            self._started_head[k] = head
+        self._started_stale[k] = stale
+        if 2 * stale >= len(started) + self.stale_slack:  # (a compaction reads each entry: twice per stale one)
+            self._compact_started(k)
+
+    def _live_started(self, k: int) -> Iterator[list]:
         """The live entries of bucket ``k`` of ``_started``, in order."""
-        started, shards = self._started[k], self._shards
+        started = self._started[k]
         for i in range(self._started_head[k], len(started)):
             e = started[i]
-            if shards[e[2]].shown == (k, e):
+            if e[2] >= 0:
                 yield e
 
-    def _first_started(self, k: int) -> tuple[float, int, int]:
+    def _first_started(self, k: int) -> list:
         """The first live entry of bucket ``k`` of ``_started`` (a listed bucket has one); the stale
         ones before it are not looked at again."""
-        started, shards, i = self._started[k], self._shards, self._started_head[k]
-        while shards[started[i][2]].shown != (k, started[i]):
+        started, i = self._started[k], self._started_head[k]
+        while started[i][2] < 0:
             i += 1
         self._started_head[k] = i
         return started[i]
 
     def _compact_started(self, k: int) -> None:
         """Bucket ``k``'s list without its stale entries."""
-        shards = self._shards  # (``_live_started``'s entries, without a generator: a list may hold thousands)
-        self._started[k] = [e for e in self._started[k][self._started_head[k]:] if shards[e[2]].shown == (k, e)]
+        # (``_live_started``'s entries, filtered in C: a list may hold thousands, and SSP's commits each paid
+        # ~75 bytecodes for a Python loop over them)
+        rest = self._started[k][self._started_head[k]:]
+        self._started[k] = list(compress(rest, map(_NOT_STALE, map(_SHARD, rest))))
         self._started_head[k] = self._started_stale[k] = 0
 
     def set_waiting(self, worker: str, added: Iterable[tuple[int, int]], removed: Iterable[tuple[int, int]]) -> None:
         """``worker``'s batch members ``added`` ((shard, attempt) pairs) may not have started; those
-        ``removed`` have, or are no members any more (``Dispatch.batched`` says so)."""
+        ``removed`` have, or are no members any more (``Dispatch.batched`` says so). A pair that names no
+        live attempt of ``worker`` marks nothing (it never will: attempt numbers are not reused)."""
         if added and not self._started_on:  # the first attempt to wait: ``_started`` is kept from now on
             self._started_on = True
             self._started_dirty.update(self._doing)  # (the shards with a ``run_key``)
             self._running, self._unsorted = {}, set()
-        waiting, dirty, shards = self._waiting, (self._started_dirty if self._started_on else set()), self._shards
+        on, dirty, shards = self._started_on, self._started_dirty, self._shards
         for shard, attempt in removed:
-            waiting.discard((shard, attempt, worker))
-            dirty.add(shard)
-        for shard, attempt in added:
-            waiting.add((shard, attempt, worker))
             s = shards[shard]
-            a = s.attempt if s.shown is None and not s.more else None
+            a = s.waiting
             if a is not None and a.attempt == attempt and a.worker == worker:
+                s.waiting = None
+                if on:
+                    dirty.add(shard)
+        for shard, attempt in added:
+            s = shards[shard]
+            a = s.attempt
+            if a is None or a.attempt != attempt:
+                a = s.find(attempt)
+                if a is None:
+                    continue
+            if a.worker != worker or s.waiting is a:
+                continue
+            s.waiting = a
+            if s.shown is None and not s.more:
                 dirty.discard(shard)  # hidden before and now (a member started and marked in one hand-out)
             else:
                 dirty.add(shard)
 
     def unwait(self, shard: int, attempt: int, worker: str) -> None:
         """``set_waiting(worker, (), [(shard, attempt)])``: a member started (every commit of one says so)."""
-        self._waiting.discard((shard, attempt, worker))
-        if self._started_on:
-            self._started_dirty.add(shard)
+        s = self._shards[shard]
+        a = s.waiting
+        if a is not None and a.attempt == attempt and a.worker == worker:
+            s.waiting = None
+            if self._started_on:
+                self._started_dirty.add(shard)
 
     def clear_waiting(self) -> None:
         """No batch member is waiting (``Dispatch.batched`` is a new dict)."""
-        self._waiting = set()
+        shards = self._shards  # (only a running shard has a mark: a commit, a drop and a reopen clear it)
+        for i in self._doing:
+            shards[i].waiting = None
         if self._started_on:
             self._started_dirty.update(self._doing)  # (the shards with a ``run_key``)
 
@@ -844,7 +902,7 @@ class ShardQueue:
         if s.status is not _DOING or a is None or a.worker != worker:
             return False
         s.committed = a
-        s.attempt = None
+        s.attempt = s.waiting = None
         if s.more:
             s.more = ()
         s.status = _DONE
@@ -854,10 +912,11 @@ class ShardQueue:
         if self._started_on:  # (``_unrun``, then ``_flush_started``, inline: every commit pays them)
             s.run_key = None
             dirty = self._started_dirty
-            if dirty:  # (its attempt's unwait and its commit cancel out)
-                dirty.add(shard)
-                self._flush_started()
-            elif s.shown is not None:
+            if dirty:  # (its attempt's unwait and its commit cancel out: a member never shown costs nothing)
+                dirty.discard(shard)
+                if dirty:
+                    self._flush_started()
+            if s.shown is not None:
                 self._place_started(shard)
         else:
             self._unrun(shard)  # (``_reindex`` for a shard that is DONE)
@@ -1044,17 +1103,20 @@ class ShardQueue:
         assert running == {k: {i: t for i, (n, t) in keys.items() if n == k} for k, _ in keys.values()}
         for k, bucket in self._running.items():
             assert k in self._unsorted or list(bucket.values()) == sorted(bucket.values()), k
+        assert all(s.waiting is None or any(a is s.waiting for a in s.live()) for s in self._shards)
         shown = {i: (k, (t, self._shards[i].entered, i)) for i, (k, t) in keys.items()
-                 if any((i, a.attempt, a.worker) not in self._waiting for a in self._shards[i].live())}
+                 if any(a is not self._shards[i].waiting for a in self._shards[i].live())}
         self._flush_started()  # (the index as a read sees it)
-        started_key = {i: s.shown for i, s in enumerate(self._shards) if s.shown is not None}
-        assert started_key == (shown if self._started_on else {}) and (self._started_on or not self._waiting)
-        live = {k: sorted(e for u, e in started_key.values() if u == k) for k, _ in started_key.values()}
+        started_key = {i: (s.shown[0], tuple(s.shown[1])) for i, s in enumerate(self._shards) if s.shown is not None}
+        assert started_key == (shown if self._started_on else {}) and (
+            self._started_on or all(s.waiting is None for s in self._shards))
+        live = {k: sorted(list(e) for u, e in started_key.values() if u == k) for k, _ in started_key.values()}
         assert {k: list(self._live_started(k)) for k in self._started} == live
         for k, started in self._started.items():  # sorted, each entry once; the stale ones counted, none live before the head
-            assert started == sorted(set(started)), k
-            assert self._started_stale[k] == len(started) - len(live[k]), k
-            assert all(self._shards[e[2]].shown != (k, e) for e in started[:self._started_head[k]]), k
+            assert all(a <= b for a, b in zip(started, started[1:])) and len({id(e) for e in started}) == len(started), k
+            assert all(self._shards[e[2]].shown[1] is e for e in started if e[2] >= 0), k
+            assert self._started_stale[k] == len(started) - len(live[k]) == sum(e[2] < 0 for e in started), k
+            assert all(e[2] < 0 for e in started[:self._started_head[k]]), k
         assert {i for b in self._local.values() for i in b} == self._todo and all(
             self._shards[i].holder == h and self._tier[i] == t for (t, h), b in self._local.items() for i in b)
         held = {(t, h): len(b) for (t, h), b in self._local.items() if h is not None}
