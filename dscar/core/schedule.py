@@ -66,6 +66,14 @@ class EndingClock:
     lost_during: bool = False
 
 
+def _refused(job: "JobState", now: float, worker: str, shard: int, attempt: int, timings: dict | None,
+             late: bool) -> None:
+    """A commit refused: its event, with the step time it wasted (``late``: a lost backup, an attempt of a
+    voided pass or epoch; else another attempt of its shard won)."""
+    job.event(now, "commit-refused", shard=shard, attempt=attempt, worker=worker, late=late,
+              seconds=round(step_seconds(timings or {}), 4))
+
+
 #: stages every hand-out reads, as module names (an enum member's lookup through its class costs ~75 ns)
 _SHARDS, _REBUILD = Stage.SHARDS, Stage.REBUILD
 #: the shard statuses and window phases ``SspSchedule`` compares with at every applied batch's shards, as module
@@ -436,14 +444,12 @@ class BspSchedule:
                 if step is not None:
                     monitor.record(worker, step)
             if not current:  # a lost backup, an attempt of a voided pass
-                job.event(now, "commit-refused", shard=shard, attempt=attempt, worker=worker, late=True,
-                          seconds=round(step_seconds(timings or {}), 4))  # its step time, wasted
+                _refused(job, now, worker, shard, attempt, timings, late=True)
                 granted.append(False)
                 continue
             dispatch.attempt_started(worker, shard, attempt)
             if not queue.commit(shard, attempt, worker):
-                job.event(now, "commit-refused", shard=shard, attempt=attempt, worker=worker, late=False,
-                          seconds=round(step_seconds(timings or {}), 4))
+                _refused(job, now, worker, shard, attempt, timings, late=False)
                 granted.append(False)
                 continue
             if restore := job.losses.restore_state:  # the attempt started from the restored state; it lives on now
@@ -996,14 +1002,12 @@ class SspSchedule:
                 if not rebuild:
                     monitor.record(worker, step_seconds(timings))
             if not accepts(shard, clock, run_id):  # a lost backup, an attempt of a voided epoch
-                job.event(now, "commit-refused", shard=shard, attempt=attempt, worker=worker, late=True,
-                          seconds=round(step_seconds(timings or {}), 4))  # its step time, wasted
+                _refused(job, now, worker, shard, attempt, timings, late=True)
                 granted.append(False)
                 continue
             started(worker, shard, attempt)
             if not grant(shard, attempt, worker):
-                job.event(now, "commit-refused", shard=shard, attempt=attempt, worker=worker, late=False,
-                          seconds=round(step_seconds(timings or {}), 4))
+                _refused(job, now, worker, shard, attempt, timings, late=False)
                 granted.append(False)
                 continue
             if restore := job.losses.restore_state:  # the attempt started from the restored state; it lives on now
