@@ -659,7 +659,7 @@ class JobFuzz(RuleBasedStateMachine):
         else:
             effects = self.job.unfold_clock_end(item["worker"], self.tick())
         assert self.job.schedule.ending is None
-        report = self.job.tally.reports.get(clock) or self.job.schedule.ended_report[1]
+        report = self.job.tally.reports.get(clock) or self.job.schedule._report_of(*self.job.schedule.ended_report[1])
         if report["skipped"]:
             self.skipped.add(clock)
         else:

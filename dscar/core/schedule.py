@@ -203,8 +203,8 @@ class BspSchedule:
         self.ahead_ok = False
         #: the clock whose clock end runs ahead of the current one (``ClockMachine.end_ahead``); None: none
         self.ending: EndingClock | None = None
-        #: the report of the clock that ended ahead, kept until no snapshot of it is being taken
-        self.ended_report: tuple[int, dict] | None = None
+        #: the clock that ended ahead and its report's parts (``_report_of``), kept until no snapshot of it is taken
+        self.ended_report: tuple[int, tuple] | None = None
         if resume is not None:
             self.machine.clock = int(resume["clock"])
             self.machine.stage = Stage.DONE
@@ -249,11 +249,17 @@ class BspSchedule:
 
     def report(self) -> dict:
         job = self.job
+        return self._report_of(job.metrics, self.machine.stage is Stage.SKIPPED, job.shards_done, job.timings,
+                               job.stage_s, self.stop, self.next_begun)
+
+    def _report_of(self, metrics: dict, skipped: bool, shards_done: dict, timings: dict, stage_s: dict,
+                   stop: bool | None, next_begun: bool) -> dict:
+        """A clock's report for the driver from its counts (the current clock's, or one that ended ahead)."""
+        job = self.job
         return {
-            "status": "done", "metrics": dict(job.metrics), "skipped": self.machine.stage is Stage.SKIPPED,
-            "checkpoint": job.checkpoint_status(),
-            "shards_per_worker": dict(job.shards_done), "timings": job.timings, "stage_s": dict(job.stage_s),
-            "workers": job.workers_report(), "stop": self.stop, "next_begun": self.next_begun,
+            "status": "done", "metrics": dict(metrics), "skipped": skipped, "checkpoint": job.checkpoint_status(),
+            "shards_per_worker": dict(shards_done), "timings": timings, "stage_s": dict(stage_s),
+            "workers": job.workers_report(), "stop": stop, "next_begun": next_begun,
         }
 
     def keep_report(self) -> None:
@@ -575,10 +581,7 @@ class BspSchedule:
                       reason="the stopping rule said stop" if stop else "the stopping rule is the driver's to evaluate")
         elif not begun:
             self.next_begun = go_on
-        report = {"status": "done", "metrics": dict(metrics), "skipped": not counts,
-                  "shards_per_worker": dict(e.shards_done), "timings": e.timings, "stage_s": dict(e.stage_s),
-                  "workers": job.workers_report(), "stop": stop, "next_begun": go_on}
-        self.ended_report = (e.clock, report)
+        self.ended_report = (e.clock, (metrics, not counts, e.shards_done, e.timings, e.stage_s, stop, go_on))
         if job.snapshotting:  # (the tables stay as the snapshot reads them: ``snapshotted`` sends the apply)
             return effects
         self._keep_ended_report()
@@ -587,9 +590,9 @@ class BspSchedule:
     def _keep_ended_report(self) -> None:
         """The report of the clock that ended ahead goes to the driver (``report_for``), with its checkpoint's status."""
         if self.ended_report is not None:
-            clock, report = self.ended_report
+            clock, parts = self.ended_report
             self.ended_report = None
-            self.job.tally.reports[clock] = {**report, "checkpoint": self.job.checkpoint_status()}
+            self.job.tally.reports[clock] = self._report_of(*parts)
 
     def clock_end_done(self, worker: str, run_id: int, metrics: dict, seconds: float, now: float,
                        clock: int | None = None, stop: bool | None = None) -> list[Effect]:
