@@ -402,6 +402,7 @@ class JobFuzz(RuleBasedStateMachine):
             s = self.job.schedule
             s.ahead_ok = s.auto_begin = True
             s.auto_until = 6
+            s.with_apply_ok = with_apply
         self.ahead_out: dict | None = None  # the fold item of the clock end running ahead, until it reports
         self.ahead_value: dict | None = None  # the tables as that clock end reads them
         self.begin_ahead: int | None = None  # the clock a ``BeginClock(ahead=True)`` begins, once carried out
@@ -461,10 +462,10 @@ class JobFuzz(RuleBasedStateMachine):
         for e in effects:
             if isinstance(e, ApplyPass):
                 self.applies.append(e)
-                if self.with_apply:  # (``Coordinator._apply_pass`` as it sends the apply)
-                    begun = self.job.applying(e.run_id, self.tick())
-                    self.with_applies += bool(begun)
-                    self.handle(begun)
+                begun = self.job.applying(e.run_id, self.tick())  # (``Coordinator._apply_pass`` as it sends it)
+                assert self.with_apply or not begun
+                self.with_applies += bool(begun)
+                self.handle(begun)
             elif isinstance(e, StartRecovery):
                 self.recovery_started = True
             elif isinstance(e, Mirror):  # each owner snapshots its param partitions now; they arrive later

@@ -208,6 +208,9 @@ class BspSchedule:
         #: a clock end that only reads may run while the next clock begins (the driver's ``ahead``: the
         #: algorithm's ``clock_end_reads_only`` and ``dscar.clock-end-ahead``)
         self.ahead_ok = False
+        #: where the clock end runs ahead, the next clock may begin with the clock's last apply, before that is
+        #: done (``applying``; ``dscar.begin-with-apply``)
+        self.with_apply_ok = False
         #: the clock whose clock end runs ahead of the current one (``ClockMachine.end_ahead``); None: none
         self.ending: EndingClock | None = None
         #: the clock that ended ahead and its report's parts (``_report_of``), kept until no snapshot of it is taken
@@ -532,8 +535,8 @@ class BspSchedule:
         begins with it (``ClockMachine.apply_ahead``): its work is handed out now, and each worker takes
         it up once its own apply is done. Otherwise nothing: the next clock begins once it is applied."""
         job, m = self.job, self.machine
-        if (m.stage is not Stage.APPLY or not m.accepts(run_id) or m.applying_rebuild or m.hold
-                or m.data_phase + 1 < m.n_phases or m.skip_reason is not None
+        if (not self.with_apply_ok or m.stage is not Stage.APPLY or not m.accepts(run_id) or m.applying_rebuild
+                or m.hold or m.data_phase + 1 < m.n_phases or m.skip_reason is not None
                 or not self._may_end_ahead(self.ahead_ok, self.folded)):
             return []
         self._book_stage(now)
