@@ -1582,11 +1582,11 @@ class Coordinator(SchedulerPlugin):
             targets = self._apply_receivers(job, e, targets, plan, folded)
             if folded in targets:  # (the others' applies gate the clock end's first read: they go first)
                 targets = [w for w in targets if w != folded] + [folded]
+            begun = []  # the next clock may begin with this apply (``JobState.applying``)
             if attempt == 0 and folded is not None and e.clock_end.get("ahead") and not self._boundary_work(job):
-                begun = job.applying(e.run_id, time.time())  # the next clock may begin with this apply
+                begun = job.applying(e.run_id, time.time())
                 if begun:
                     self._with_apply[job.cfg.job_id] = (int(e.run_id), frozenset(targets))
-                    self._do(job, begun)
             # through a tree, an owner's fetch waits on the combine steps below the root (each level's deadline)
             timeout = RPC_TIMEOUT_S + (plan.depth() + 2) * float(dask.config.get("dscar.rpc-timeout", 10.0)) * plan.tree
             # each worker is told its own commits, and the pass's (the batch's) shards per clock as ranges
@@ -1598,7 +1598,7 @@ class Coordinator(SchedulerPlugin):
             owning = job.pmap.workers() if folded is not None and self._push_reads() else ()
             pushers = [w for w in targets if w != folded and w in owning]
             # the clock end has no deadline, as its item has none: a hung worker is found by the liveness watch
-            results = await asyncio.gather(*(
+            applies = asyncio.gather(*(
                 self._rpc(w, "apply", timeout=None if w == folded else timeout, job_id=job.cfg.job_id, clock=e.clock,
                           run=e.run_id, committed=committed[w], reset=e.reset,
                           **({"clocks": clocks[w]} if e.batch is not None else {}),
@@ -1608,6 +1608,9 @@ class Coordinator(SchedulerPlugin):
                              if w in pushers else {}))
                 for w in targets
             ), return_exceptions=True)
+            if begun:  # (begun once the apply messages are on their way: a worker's next item waits for its apply)
+                self._do(job, begun)
+            results = await applies
             unreached: dict[str, str] = {}  # worker -> why it looks lost
             for w, r in zip(targets, results):
                 if isinstance(r, dict) and r.get("status") == "stopped":  # an injected kill
