@@ -108,6 +108,37 @@ def test_the_clock_end_worker_lost_skips_the_clock():
     assert isinstance(skip, Skip) and not m.clock_end_done(run)
 
 
+def test_the_next_clock_begins_with_the_last_apply_and_its_applies_wait_for_that_clocks_end():
+    m = ClockMachine(n_phases=2)
+    m.begin(1)
+    m.applied(m.pass_complete(m.run_id)[0].run_id)
+    with pytest.raises(ClockError):
+        m.apply_ahead()  # not applying
+    m.pass_complete(m.run_id)
+    with pytest.raises(ClockError):
+        ClockMachine().apply_ahead()
+    first = m.run_id
+    m.apply_ahead()  # clock 1's last pass is being applied: clock 2 may begin now
+    [start] = m.begin(2)
+    assert m.ending == (1, first) and m.ending_applying and start.run_id > first
+    assert m.pass_complete(m.run_id) == [] and m.held is not None  # clock 2's first apply waits for clock 1's end
+    assert not m.ending_applied(m.run_id) and m.ending_applied(first) and not m.ending_applied(first)
+    assert m.ended_ahead(first, ran=True)  # its clock end counts
+    [held] = m.release_held()
+    assert held.run_id == m.run_id and held.reset_reductions
+
+
+def test_a_clock_end_ahead_whose_apply_was_cut_short_does_not_count():
+    m = ClockMachine()
+    m.begin(1)
+    m.pass_complete(m.run_id)
+    first = m.run_id
+    m.apply_ahead()
+    m.begin(2)
+    assert not m.ended_ahead(first, ran=True)  # (reported before its apply ended: a loss cut it short)
+    assert m.ending is None and not m.ending_applying
+
+
 def test_transitions_out_of_order_are_refused():
     m = ClockMachine()
     with pytest.raises(ClockError):
