@@ -519,3 +519,41 @@ def test_a_worker_killed_in_the_apply_the_next_clock_began_with_skips_only_that_
     assert res.n_clocks == 4 and res.history[1].metrics.get("skipped") == 1.0, res.history[1]
     for rec in (res.history[0], *res.history[2:]):
         assert rec.metrics["seen_min"] == rec.metrics["seen_max"] == 1.0, rec
+
+
+class PullsCount(ReadOnlyCounter):
+    """``ReadOnlyCounter`` whose steps read their rows of ``count`` first: each must find the clock before's
+    value (``stale`` counts the rows that did not)."""
+
+    def tables(self, meta):
+        return super().tables(meta) + [dscar.TableSpec("stale", meta.n_rows, kind="reduction")]
+
+    def shard_step(self, ctx, data):
+        lo, n = int(data["row"][0]), int(data["row"].shape[0])
+        count = dscar.to_host(ctx.pull("count", lo, lo + n))
+        ctx.add("stale", (count != ctx.clock - 1).astype(float), start=lo)
+        super().shard_step(ctx, data)
+
+    def clock_end(self, ctx):
+        return super().clock_end(ctx) | {"stale": float(dscar.to_host(ctx.pull("stale")).sum())}
+
+
+def test_a_step_reads_an_owners_rows_once_that_owner_applied_the_clock_before(inproc, monkeypatch):
+    """One owner applies for longer than it may keep a read waiting (half ``dscar.rpc-timeout``): the next
+    clock's steps, begun with that apply, read its rows again until it applied, and find the clock before's
+    counts on every row; no attempt fails."""
+    first = min(inproc.workers)
+    apply_pass = worker_plugin.Job.apply_pass
+
+    def slow_apply(self, run, keys, workers, fetched, reset, owned, me, *rest):
+        if me != first:
+            time.sleep(0.5)
+        return apply_pass(self, run, keys, workers, fetched, reset, owned, me, *rest)
+
+    monkeypatch.setattr(worker_plugin, "INLINE_APPLY_BYTES", -1)  # every apply in a thread: the loop runs on
+    monkeypatch.setattr(worker_plugin.Job, "apply_pass", slow_apply)
+    with dask.config.set({"dscar.rpc-timeout": 0.4}):
+        res, _ = _fit(inproc, clocks=3, model=PullsCount())
+    assert [r.metrics["stale"] for r in res.history] == [0.0] * 3
+    assert_exactly_once(res, 40)
+    assert not [e for e in res.events if e["kind"] in ("shard-failed", "clock-end-skipped")], res.events

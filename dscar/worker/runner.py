@@ -1001,7 +1001,20 @@ class ShardStep:
     def _read_on(self, read, *args):
         """``read(*args)``, and once more when it found an owner gone (or no longer holding what it read)
         in a pass that owner's loss kept (``ShardRunner.refresh_owners``): then its partitions are
-        where the recovery restored them."""
+        where the recovery restored them. Where this clock began with the previous clock's last apply
+        (``_settled``), a read that found an owner still applying it (an owner answers within half
+        ``rpc_timeout()``) is sent again, for up to ``APPLY_WAIT_S``: a long apply costs the step time,
+        not an attempt."""
+        deadline = time.monotonic() + APPLY_WAIT_S
+        while True:
+            try:
+                return self._read_once(read, *args)
+            except NotApplied:
+                if self._settled is None or time.monotonic() > deadline:
+                    raise
+
+    def _read_once(self, read, *args):
+        """``_read_on``'s read, and its one retry after a kept pass's loss."""
         try:
             return read(*args)
         except Exception as e:
