@@ -13,10 +13,12 @@ hops: a message in flight, a thread or process waiting for a CPU, a handler's ow
 ``--fold off`` runs the same with the clock end handed out as an item (``dscar.fold-clock-end``),
 to compare the two paths side by side; ``--auto-begin off`` has the driver begin every clock;
 ``--ahead off`` runs each clock end before the next clock begins (``dscar.clock-end-ahead``; the
-trivial model's clock end only reads, so by default it runs while the next clock begins).
+trivial model's clock end only reads, so by default it runs while the next clock begins);
+``--with-apply off`` begins the next clock once the clock's last pass is applied, not as its apply is
+sent (``dscar.begin-with-apply``).
 
 Usage: ``python -m bench.clock_trace [--quick] [--workers 2] [--shards 16] [--clocks N] [--fold on|off]
-[--auto-begin on|off] [--ahead on|off] [--json PATH]``.
+[--auto-begin on|off] [--ahead on|off] [--with-apply on|off] [--json PATH]``.
 """
 from __future__ import annotations
 
@@ -128,10 +130,11 @@ def format_timeline(rows: list[dict]) -> str:
 
 
 def trace(n_workers: int, n_shards: int, clocks: int, fold: bool, auto_begin: bool = True,
-          ahead: bool = True) -> dict[str, Any]:
+          ahead: bool = True, with_apply: bool = True) -> dict[str, Any]:
     data = {"x": np.arange(2 * n_shards, dtype=np.float64)}
     # (the embedded cluster's scheduler runs in this process: its coordinator reads the settings at each fit)
-    settings = {"dscar.fold-clock-end": fold, "dscar.auto-begin": auto_begin, "dscar.clock-end-ahead": ahead}
+    settings = {"dscar.fold-clock-end": fold, "dscar.auto-begin": auto_begin, "dscar.clock-end-ahead": ahead,
+                "dscar.begin-with-apply": with_apply}
     with dask.config.set(settings), dscar.Cluster(n_workers=n_workers) as cl:
         dscar.fit(Trivial(), data, cl, n_shards=n_shards, max_clocks=3, progress=False)  # warm the processes
         names = {w: f"W{i}" for i, w in enumerate(sorted(cl.workers))}
@@ -145,7 +148,8 @@ def trace(n_workers: int, n_shards: int, clocks: int, fold: bool, auto_begin: bo
         stamps = [tuple(s) for s in cl.client.run_on_scheduler(take_stamps)]
         stamps += [tuple(s) for per in cl.client.run(take_stamps).values() for s in per]
     rows, n = timeline(stamps)
-    return {"workers": n_workers, "shards": n_shards, "fold": fold, "auto_begin": auto_begin, "ahead": ahead, "clocks": n,
+    return {"workers": n_workers, "shards": n_shards, "fold": fold, "auto_begin": auto_begin, "ahead": ahead,
+            "with_apply": with_apply, "clocks": n,
             "load_average": load,
             "ms_per_clock": statistics.median(r.seconds for r in res.history[WARMUP:]) * 1e3, "rows": rows}
 
@@ -159,14 +163,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--fold", choices=("on", "off"), default="on", help="dscar.fold-clock-end")
     p.add_argument("--auto-begin", choices=("on", "off"), default="on", help="dscar.auto-begin")
     p.add_argument("--ahead", choices=("on", "off"), default="on", help="dscar.clock-end-ahead")
+    p.add_argument("--with-apply", choices=("on", "off"), default="on", help="dscar.begin-with-apply")
     p.add_argument("--json", default=None)
     a = p.parse_args(argv)
     clocks = a.clocks or (20 if a.quick else 60)
     if clocks < WARMUP + 3:
         p.error(f"--clocks must be at least {WARMUP + 3}")
-    out = trace(a.workers, a.shards, clocks, a.fold == "on", a.auto_begin == "on", a.ahead == "on")
+    out = trace(a.workers, a.shards, clocks, a.fold == "on", a.auto_begin == "on", a.ahead == "on",
+                a.with_apply == "on")
     print(f"{a.workers} worker(s) x {a.shards} shards, clock end folded: {a.fold}, auto-begin: {a.auto_begin}, "
-          f"ahead: {a.ahead}; "
+          f"ahead: {a.ahead}, with the apply: {a.with_apply}; "
           f"{out['clocks']} clocks traced, median {out['ms_per_clock']:.2f} ms a clock; load average {out['load_average']}")
     print("median ms from the clock's begin entry at the scheduler (S), per handler entry and exit:")
     print(format_timeline(out["rows"]))

@@ -108,6 +108,37 @@ def test_the_clock_end_worker_lost_skips_the_clock():
     assert isinstance(skip, Skip) and not m.clock_end_done(run)
 
 
+def test_the_next_clock_begins_with_the_last_apply_and_its_applies_wait_for_that_clocks_end():
+    m = ClockMachine(n_phases=2)
+    m.begin(1)
+    m.applied(m.pass_complete(m.run_id)[0].run_id)
+    with pytest.raises(ClockError):
+        m.apply_ahead()  # not applying
+    m.pass_complete(m.run_id)
+    with pytest.raises(ClockError):
+        ClockMachine().apply_ahead()
+    first = m.run_id
+    m.apply_ahead()  # clock 1's last pass is being applied: clock 2 may begin now
+    [start] = m.begin(2)
+    assert m.ending == (1, first) and m.ending_applying and start.run_id > first
+    assert m.pass_complete(m.run_id) == [] and m.held is not None  # clock 2's first apply waits for clock 1's end
+    assert not m.ending_applied(m.run_id) and m.ending_applied(first) and not m.ending_applied(first)
+    assert m.ended_ahead(first, ran=True)  # its clock end counts
+    [held] = m.release_held()
+    assert held.run_id == m.run_id and held.reset_reductions
+
+
+def test_a_clock_end_ahead_whose_apply_was_cut_short_does_not_count():
+    m = ClockMachine()
+    m.begin(1)
+    m.pass_complete(m.run_id)
+    first = m.run_id
+    m.apply_ahead()
+    m.begin(2)
+    assert not m.ended_ahead(first, ran=True)  # (reported before its apply ended: a loss cut it short)
+    assert m.ending is None and not m.ending_applying
+
+
 def test_transitions_out_of_order_are_refused():
     m = ClockMachine()
     with pytest.raises(ClockError):
@@ -382,8 +413,9 @@ class JobFuzz(RuleBasedStateMachine):
     @initialize(phases=st.sampled_from([(6,), (3, 3)]), rebuild=st.booleans(),
                 policy=st.sampled_from(["full", "priority"]), recovery=st.sampled_from(["partial", "full"]),
                 backups=st.booleans(), step_s=st.sampled_from([0.0005, 0.05]), fold=st.booleans(),
-                memory=st.booleans(), ahead=st.booleans())
-    def setup(self, phases, rebuild, policy, recovery, backups, step_s=0.05, fold=False, memory=False, ahead=False):
+                memory=st.booleans(), ahead=st.booleans(), with_apply=st.booleans())
+    def setup(self, phases, rebuild, policy, recovery, backups, step_s=0.05, fold=False, memory=False, ahead=False,
+              with_apply=False):
         n_shards = sum(phases)
         names = ["a", "b"][: len(phases)] if len(phases) > 1 else [""]
         layouts = [TableLayout("x", 8, 4), TableLayout("r", 4, 2)]
@@ -401,11 +433,18 @@ class JobFuzz(RuleBasedStateMachine):
             s = self.job.schedule
             s.ahead_ok = s.auto_begin = True
             s.auto_until = 6
+            s.with_apply_ok = with_apply
         self.ahead_out: dict | None = None  # the fold item of the clock end running ahead, until it reports
         self.ahead_value: dict | None = None  # the tables as that clock end reads them
         self.begin_ahead: int | None = None  # the clock a ``BeginClock(ahead=True)`` begins, once carried out
         self.aheads = 0  # clock ends that ran ahead of the next clock and counted
         self.withdrawn = 0  # clocks begun ahead and withdrawn (the clock end said stop)
+        #: the coordinator tells the job each apply it sends (``JobState.applying``): the next clock may begin with it
+        self.with_apply = with_apply and ahead and fold
+        self.with_applies = 0  # clocks begun with their previous clock's apply
+        #: attempts taken while that apply was under way: their worker takes them up once it applied (its
+        #: reads are the tables as that apply left them), and sees their run only then
+        self.parked: dict[tuple[int, int], str] = {}
         self.now = 1.0
         self.inflight: dict[tuple[int, int], dict] = {}  # (shard, attempt) -> item, running on item["worker"]
         self.given_late: dict[str, list[tuple[int, int]]] = {}  # released unheard: its batch's commit names them
@@ -454,6 +493,10 @@ class JobFuzz(RuleBasedStateMachine):
         for e in effects:
             if isinstance(e, ApplyPass):
                 self.applies.append(e)
+                begun = self.job.applying(e.run_id, self.tick())  # (``Coordinator._apply_pass`` as it sends it)
+                assert self.with_apply or not begun
+                self.with_applies += bool(begun)
+                self.handle(begun)
             elif isinstance(e, StartRecovery):
                 self.recovery_started = True
             elif isinstance(e, Mirror):  # each owner snapshots its param partitions now; they arrive later
@@ -492,7 +535,9 @@ class JobFuzz(RuleBasedStateMachine):
         if item is None:
             return
         item["worker"] = w
-        self.run_seen[w] = max(self.run_seen[w], item["run"])
+        parked = self.job.machine.ending_applying  # (the worker takes it up once its apply is done)
+        if not parked:
+            self.run_seen[w] = max(self.run_seen[w], item["run"])
         if item["op"] == "clock_end":
             self.clock_end = item
             return
@@ -505,6 +550,20 @@ class JobFuzz(RuleBasedStateMachine):
             del attempt["shards"]
             attempt["holder"] = self.job.queue.holder(member["shard"])  # at hand-out
             self.inflight[(member["shard"], member["attempt"])] = attempt
+            if parked:
+                self.parked[(member["shard"], member["attempt"])] = w
+
+    def take_up_parked(self) -> None:
+        """The apply the parked attempts waited for ended: their workers take them up, reading the tables now."""
+        for key, w in self.parked.items():
+            item = self.inflight.get(key)
+            if item is not None:
+                self.reads[(item["clock"], item["shard"], item["attempt"])] = dict(self.value)
+                self.run_seen[w] = max(self.run_seen[w], item["run"])
+        self.parked = {}
+
+    def runnable(self) -> list[tuple[int, int]]:
+        return [k for k in sorted(self.inflight) if k not in self.parked]
 
     def run_attempt(self, item: dict) -> None:
         """The attempt gets its shard as ``ShardStore.claim`` and the runner do; an attempt of the
@@ -523,7 +582,10 @@ class JobFuzz(RuleBasedStateMachine):
     @precondition(lambda self: getattr(self, "inflight", None))
     @rule(i=st.integers(0, 50))
     def stage_and_commit(self, i):
-        key = sorted(self.inflight)[i % len(self.inflight)]
+        keys = self.runnable()
+        if not keys:
+            return
+        key = keys[i % len(keys)]
         item = self.inflight.pop(key)
         self.run_attempt(item)
         self.name_given_late(item["worker"])
@@ -548,6 +610,7 @@ class JobFuzz(RuleBasedStateMachine):
         unheard = unheard and any(v["worker"] == victim and k not in back for k, v in self.inflight.items())
         for m in back:
             del self.inflight[m]
+            self.parked.pop(m, None)
         self.released += len(back)
         if unheard:
             self.given_late.setdefault(victim, []).extend(back)
@@ -565,7 +628,10 @@ class JobFuzz(RuleBasedStateMachine):
     @precondition(lambda self: getattr(self, "inflight", None))
     @rule(i=st.integers(0, 50))
     def attempt_fails(self, i):
-        key = sorted(self.inflight)[i % len(self.inflight)]
+        keys = self.runnable()
+        if not keys:
+            return
+        key = keys[i % len(keys)]
         if self.failures.get(key[:1] + (self.job.clock,), 0) >= 1:
             return  # one failure per shard and clock: the limit of 3 is tested in test_shards
         item = self.inflight.pop(key)
@@ -582,13 +648,19 @@ class JobFuzz(RuleBasedStateMachine):
         its worker's answer (``folded_ran``) or did not run there (an owner that had not applied in
         time, a stop): then the item path hands it out."""
         e = self.applies.pop(0)
+        ending = self.job.schedule.ending
+        with_apply = ending is not None and ending.run == e.run_id and self.job.machine.ending_applying
         if any(w in self.job.lost for _, _, w in e.committed):
             # an owner cannot collect a lost worker's updates: its apply fails (the loss decided);
             # the workers in ``installed`` needed none and applied
             self.install(e, [w for w in installed if w in self.live()])
+            if with_apply:  # (``Coordinator._apply``: cut short; the clock end's outcome is asked all the same)
+                self.job.apply_cut(e.run_id, self.tick(), "a worker was lost")
+                self.take_up_parked()
+                self.ahead_out, self.ahead_value = dict(e.clock_end), dict(self.value)
             return
         self.install(e, self.live())
-        current = e.run_id == self.job.machine.run_id and self.job.machine.stage is Stage.APPLY
+        current = with_apply or e.run_id == self.job.machine.run_id and self.job.machine.stage is Stage.APPLY
         for shard, attempt, _ in e.committed:
             run = self.staged.get((e.clock, shard, attempt))
             assert run == e.run_id, f"an attempt of run {run} applied in run {e.run_id}"
@@ -602,6 +674,8 @@ class JobFuzz(RuleBasedStateMachine):
             self.change(self.value)
         ahead = e.clock_end is not None and bool(e.clock_end.get("ahead"))
         self.handle(self.job.applied(e.run_id, self.tick(), ahead=ahead))
+        if with_apply:
+            self.take_up_parked()
         if len([ev for ev in self.job.events if ev["kind"] == "rebuild-done"]) > done:
             self.restored_since = {}
         ending = self.job.schedule.ending
@@ -703,6 +777,7 @@ class JobFuzz(RuleBasedStateMachine):
         if w in self.job.lost:
             return
         self.inflight = {k: v for k, v in self.inflight.items() if v["worker"] != w}
+        self.parked = {k: x for k, x in self.parked.items() if x != w}
         self.given_late.pop(w, None)
         self.has[w].clear()
         if self.clock_end is not None and self.clock_end["worker"] == w:
@@ -767,6 +842,10 @@ class JobFuzz(RuleBasedStateMachine):
         if not hasattr(self, "job") or self.job.failed:
             return
         m = self.job.machine
+        if m.ending_applying:
+            assert any(a.run_id == m.ending[1] for a in self.applies), "an apply the next clock began with is lost"
+        elif self.job.schedule.ending is not None:
+            assert self.ahead_out is not None, "a clock end runs ahead and nobody asks its outcome"
         if m.recovering:
             assert self.recovery_started, "recovering, but no recovery is under way"
             return
@@ -775,7 +854,8 @@ class JobFuzz(RuleBasedStateMachine):
                 m.held is not None and (self.ahead_out is not None or self.job.snapshotting)), \
                 "waits for an apply nobody carries out"
         elif m.stage is Stage.ENDING:
-            assert self.ahead_out is not None and self.begin_ahead is not None, "ending, but nothing ends it"
+            assert (self.ahead_out is not None or m.ending_applying) and self.begin_ahead is not None, \
+                "ending, but nothing ends it"
         elif m.stage in (Stage.SHARDS, Stage.REBUILD):
             running = {(a.shard, a.attempt) for a in self.job.queue.running()}
             named_later = {m for back in self.given_late.values() for m in back}
@@ -823,7 +903,8 @@ def _random_run(f: JobFuzz, rnd, steps: int, reached: set[str]) -> None:
         if f.mirrors_sent:
             moves.append(("mirror", f.mirror_arrives))
         if len(f.live()) > 1 and len(f.job.lost) < 3 and rnd.random() < 0.08:
-            moves.append((f"lose@{m.stage.value}" + ("+recovering" if m.recovering else ""),
+            moves.append((f"lose@{m.stage.value}" + ("+recovering" if m.recovering else "")
+                          + ("+ending-apply" if m.ending_applying else ""),
                           lambda: f.lose(rnd.choice(WORKERS))))
         if f.recovery_started and f.plan is None and not f.job.clock_end_ahead:
             moves.append(("plan", f.recovery_plans))
@@ -847,6 +928,8 @@ def _random_run(f: JobFuzz, rnd, steps: int, reached: set[str]) -> None:
         reached.add("ahead")
     if f.withdrawn:
         reached.add("withdrawn")
+    if f.with_applies:
+        reached.add("with-apply")
 
 
 def test_seeded_walks_reach_every_stage_and_fault_and_keep_the_invariants():
@@ -862,7 +945,7 @@ def test_seeded_walks_reach_every_stage_and_fault_and_keep_the_invariants():
         f.setup(phases=rnd.choice([(6,), (3, 3)]), rebuild=rnd.random() < 0.5,
                 policy=rnd.choice(["full", "priority"]), recovery=rnd.choice(["partial", "full"]),
                 backups=rnd.random() < 0.5, step_s=rnd.choice([0.0005, 0.05]), fold=rnd.random() < 0.5,
-                memory=rnd.random() < 0.5, ahead=rnd.random() < 0.5)
+                memory=rnd.random() < 0.5, ahead=rnd.random() < 0.5, with_apply=rnd.random() < 0.5)
         _random_run(f, rnd, 160, reached)
         if f.batches:
             reached.add("batch")
@@ -873,9 +956,10 @@ def test_seeded_walks_reach_every_stage_and_fault_and_keep_the_invariants():
         if f.copies_checked:
             reached.add("copied")
     for want in ("batch", "released", "released-unheard", "copied", "lose@shards", "lose@apply", "lose@clock-end", "lose@rebuild", "skipped", "restore", "fail",
-                 "done:4", "folded", "kept", "ahead", "withdrawn", "lose@ending"):
+                 "done:4", "folded", "kept", "ahead", "withdrawn", "lose@ending", "with-apply"):
         assert want in reached, sorted(reached)
     assert any(k.endswith("+recovering") for k in reached), sorted(reached)
+    assert any(k.endswith("+ending-apply") for k in reached), sorted(reached)
 
 
 def test_a_late_attempt_still_tells_its_workers_speed():

@@ -469,3 +469,91 @@ class AssignsAhead(ReadOnlyCounter):
 def test_a_clock_end_said_to_only_read_that_assigns_fails_the_fit_naming_the_setting(inproc):
     with pytest.raises(dscar.JobFailedError, match="clock_end_reads_only"):
         _fit(inproc, clocks=3, model=AssignsAhead())
+
+
+class StepMarks(ReadOnlyCounter):
+    """``ReadOnlyCounter`` marking each clock in which a shard step ran (``_STEPPED``)."""
+
+    def shard_step(self, ctx, data):
+        _STEPPED.setdefault(ctx.clock, threading.Event()).set()
+        super().shard_step(ctx, data)
+
+
+def test_the_next_clock_begins_with_the_apply_of_the_clock_before(inproc, monkeypatch):
+    """Where the clock end only reads, the next clock begins as its clock's last pass is told to apply: a worker
+    that applied runs the next clock's steps while another still applies (each takes its own work up once its
+    apply is done, ``runner.Job.wait_applied``). The fit equals the one with ``dscar.begin-with-apply`` off."""
+    first = min(inproc.workers)
+    apply_pass = worker_plugin.Job.apply_pass
+    overlapped: dict[int, bool] = {}
+
+    def slow_apply(self, run, keys, workers, fetched, reset, owned, me, clock, *rest):
+        if me != first and 0 < clock < 4 and clock not in overlapped:  # (waits for a step of the next clock)
+            overlapped[clock] = _STEPPED.setdefault(clock + 1, threading.Event()).wait(5.0)
+        return apply_pass(self, run, keys, workers, fetched, reset, owned, me, clock, *rest)
+
+    _STEPPED.clear()
+    monkeypatch.setattr(worker_plugin, "INLINE_APPLY_BYTES", -1)  # every apply in a thread: the loop runs on
+    monkeypatch.setattr(worker_plugin.Job, "apply_pass", slow_apply)
+    res, _ = _fit(inproc, clocks=4, model=StepMarks())
+    assert overlapped == {1: True, 2: True, 3: True}, overlapped
+    assert_exactly_once(res, 40)
+    assert not [e for e in res.events if e["kind"] in ("clock-end-unfolded", "clock-end-skipped", "clock-withdrawn")]
+    monkeypatch.undo()
+    with dask.config.set({"dscar.begin-with-apply": False}):
+        off, _ = _fit(inproc, clocks=4, model=ReadOnlyCounter())
+    assert [r.metrics for r in off.history] == [r.metrics for r in res.history]
+    np.testing.assert_array_equal(off.params["count"], res.params["count"])
+
+
+@pytest.mark.processes
+def test_a_worker_killed_in_the_apply_the_next_clock_began_with_skips_only_that_clock(tmp_path):
+    """A worker process killed in the apply of clock 2's last pass, with clock 3 begun with it: clock 2 is
+    skipped (some owners may have applied, others not), clock 3 runs on the recovered tables, and every
+    other clock counts each row exactly once."""
+    res = dscar.fit(ReadOnlyCounter(), row_data(40), n_workers=3, n_shards=6, max_clocks=4,
+                    faults=[dscar.faults.kill(1, 2, point="apply")],
+                    checkpoint=dscar.CheckpointConfig(str(tmp_path), policy="full", every=1))
+    fired = [e for e in res.events if e["kind"] == "fault-kill"]
+    assert [e["clock"] for e in fired] == [2], fired
+    assert res.n_clocks == 4 and res.history[1].metrics.get("skipped") == 1.0, res.history[1]
+    for rec in (res.history[0], *res.history[2:]):
+        assert rec.metrics["seen_min"] == rec.metrics["seen_max"] == 1.0, rec
+
+
+class PullsCount(ReadOnlyCounter):
+    """``ReadOnlyCounter`` whose steps read their rows of ``count`` first: each must find the clock before's
+    value (``stale`` counts the rows that did not)."""
+
+    def tables(self, meta):
+        return super().tables(meta) + [dscar.TableSpec("stale", meta.n_rows, kind="reduction")]
+
+    def shard_step(self, ctx, data):
+        lo, n = int(data["row"][0]), int(data["row"].shape[0])
+        count = dscar.to_host(ctx.pull("count", lo, lo + n))
+        ctx.add("stale", (count != ctx.clock - 1).astype(float), start=lo)
+        super().shard_step(ctx, data)
+
+    def clock_end(self, ctx):
+        return super().clock_end(ctx) | {"stale": float(dscar.to_host(ctx.pull("stale")).sum())}
+
+
+def test_a_step_reads_an_owners_rows_once_that_owner_applied_the_clock_before(inproc, monkeypatch):
+    """One owner applies for longer than it may keep a read waiting (half ``dscar.rpc-timeout``): the next
+    clock's steps, begun with that apply, read its rows again until it applied, and find the clock before's
+    counts on every row; no attempt fails."""
+    first = min(inproc.workers)
+    apply_pass = worker_plugin.Job.apply_pass
+
+    def slow_apply(self, run, keys, workers, fetched, reset, owned, me, *rest):
+        if me != first:
+            time.sleep(0.5)
+        return apply_pass(self, run, keys, workers, fetched, reset, owned, me, *rest)
+
+    monkeypatch.setattr(worker_plugin, "INLINE_APPLY_BYTES", -1)  # every apply in a thread: the loop runs on
+    monkeypatch.setattr(worker_plugin.Job, "apply_pass", slow_apply)
+    with dask.config.set({"dscar.rpc-timeout": 0.4}):
+        res, _ = _fit(inproc, clocks=3, model=PullsCount())
+    assert [r.metrics["stale"] for r in res.history] == [0.0] * 3
+    assert_exactly_once(res, 40)
+    assert not [e for e in res.events if e["kind"] in ("shard-failed", "clock-end-skipped")], res.events

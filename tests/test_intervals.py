@@ -77,7 +77,9 @@ def test_the_automatic_interval_follows_the_measured_cost_on_a_cluster(tmp_path)
     for e in measured:
         assert e["source"] == "young-daly" and e["mtbf_source"] == "configured" and e["mtbf_s"] == mtbf
         assert e["period"] == max(1, round(math.sqrt(2 * e["cost_s"] * mtbf) / e["clock_s"]))
-    assert len(started) >= 3  # the configured every=100 would have checkpointed once in 60 clocks
+    # the configured every=100 would have checkpointed once in 60 clocks (on a busy machine the measured cost
+    # and so the period grow: a second checkpoint is what the run can promise, each one period after the last)
+    assert len(started) >= 2, started
     in_force, last = None, None
     for e in res.events:  # each checkpoint comes one period (the one in force then) after the previous
         if e["kind"] == "checkpoint-interval":

@@ -9,6 +9,7 @@ Stages of clock ``t`` (``Stage``)::
     begin ──▶ [REBUILD ─▶ APPLY] ─▶ SHARDS(phase 0) ─▶ APPLY ─▶ SHARDS(phase 1) ─▶ APPLY ─▶ … ─▶ CLOCK_END ─▶ DONE
                                                                                               (a loss) ─▶ SKIPPED
                                                                        (a clock end ahead) CLOCK_END ─▶ ENDING ─▶ DONE
+                                                          (the next clock begins with the apply) APPLY ─▶ ENDING ─▶ DONE
 
 * **Data phases.** An algorithm with ``phases`` (ALS: ``user`` then ``item``)
   runs ``SHARDS -> APPLY`` once per data phase, over that phase's own shards;
@@ -52,6 +53,14 @@ Stages of clock ``t`` (``Stage``)::
   it took the clock end itself (its worker, or an owner it still had to read) the clock is skipped
   (``ending_skip``). A held apply is not sent after a loss: its pass is open again (``unhold``) and
   follows the rule for ``SHARDS``.
+
+* **The next clock begins with the apply.** Where the clock end runs ahead, the next clock may begin
+  as soon as the clock's last pass is told to apply (``apply_ahead``: ENDING with its apply under way,
+  ``ending_applying``): each worker takes up the next clock's work once its own apply is done, and
+  reads another owner's rows once that owner's is. ``ending_applied`` ends the apply (every worker
+  answered, or it was cut short); the clock end then reports as above. A loss while the apply is under
+  way skips the ending clock (``ending_skip``: some owners may have applied, others not, as a loss in
+  ``APPLY`` does); the running clock follows its own stage's rule.
 
   A loss during a recovery simply extends it: the coordinator re-plans from the
   current ownership until no loss is left unrecovered.
@@ -191,6 +200,8 @@ class ClockMachine:
     hold: bool = False
     #: the current clock's first apply, held while ``hold`` (None: none held)
     held: Apply | None = None
+    #: the ending clock's last apply is still under way: the current clock began with it (``apply_ahead``)
+    ending_applying: bool = False
 
     # ---------------------------------------------------------- transitions
     def begin(self, clock: int) -> list[Action]:
@@ -226,13 +237,31 @@ class ClockMachine:
         self.ending, self.ending_skip, self.hold = (self.clock, self.run_id), None, True
         self.stage = Stage.ENDING
 
+    def apply_ahead(self) -> None:
+        """The clock's last pass is being applied (stage ``APPLY``) and its clock end runs ahead: the next
+        clock may begin now, with the apply. The clock is ``ENDING``, its apply under way until
+        ``ending_applied``; ``ended_ahead`` takes its clock end's report, as after ``end_ahead``."""
+        if (self.stage is not Stage.APPLY or self.applying_rebuild or self.data_phase + 1 < self.n_phases
+                or self.recovering or self.ending is not None or self.skip_reason is not None or self.hold):
+            raise ClockError(f"clock {self.clock} cannot begin the next with its apply in stage {self.stage.value}")
+        self.ending, self.ending_skip, self.hold, self.ending_applying = (self.clock, self.run_id), None, True, True
+        self.stage = Stage.ENDING
+
+    def ending_applied(self, run_id: int) -> bool:
+        """The ending clock's last apply (run ``run_id``) ended: every worker answered, or a loss cut it short
+        (``ending_skip``). Whether it was under way."""
+        if self.ending is None or self.ending[1] != run_id or not self.ending_applying:
+            return False
+        self.ending_applying = False
+        return True
+
     def ended_ahead(self, run_id: int, ran: bool) -> bool:
         """The clock end ahead of run ``run_id`` reported (``ran``: it ran to completion): whether its
         metrics count. The next clock's applies stay held until ``release_held``."""
         if self.ending is None or self.ending[1] != run_id:
             return False
-        counts = ran and self.ending_skip is None
-        why, self.ending, self.ending_skip = self.ending_skip, None, None
+        counts = ran and self.ending_skip is None and not self.ending_applying
+        why, self.ending, self.ending_skip, self.ending_applying = self.ending_skip, None, None, False
         if self.stage is Stage.ENDING:
             self.stage = Stage.DONE if counts else Stage.SKIPPED
             if not counts:

@@ -211,6 +211,14 @@ class JobState:
         """An attempt raised after ``seconds`` of work, or stopped as a lost race (``Schedule.attempt_failed``)."""
         self.schedule.attempt_failed(worker, clock, run_id, shard, attempt, error, now, lost_data, seconds, stopped)
 
+    def applying(self, run_id: int, now: float) -> list[Effect]:
+        """The apply of the pass of ``run_id`` is being sent: what begins with it (``Schedule.applying``)."""
+        return self.schedule.applying(run_id, now)
+
+    def apply_cut(self, run_id: int, now: float, why: str) -> None:
+        """The apply of ``run_id`` ended without every worker's answer (``Schedule.apply_cut``)."""
+        self.schedule.apply_cut(run_id, now, why)
+
     def applied(self, run_id: int, now: float, batch: int | None = None, ahead: bool = False) -> list[Effect]:
         """Every live worker applied the pass of ``run_id`` (under SSP: the batch ``batch``; ``ahead``: its
         folded clock end runs ahead of the next clock, ``BspSchedule.applied``)."""

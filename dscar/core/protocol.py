@@ -94,8 +94,14 @@ class WorkItem:
     storage_options: dict | None = None
     #: names the owners map (``PartitionMap.for_item``)
     owners_token: str | None = None
+    #: BSP: the run of the previous clock's last pass, when this clock began with its apply (``JobState.applying``):
+    #: the attempts read each owner's rows once that apply ended there; ``apply_here``: this worker is one it is
+    #: sent to, and takes the item up once it ended here
+    prev_run: int | None = None
+    apply_here: bool | None = None
 
-    _OPTIONAL = ("restored", "version", "floor", "read_floor", "ckpt_url", "storage_options", "owners_token")
+    _OPTIONAL = ("restored", "version", "floor", "read_floor", "ckpt_url", "storage_options", "owners_token",
+                 "prev_run", "apply_here")
 
     def to_msg(self) -> dict[str, Any]:
         msg = {"op": self.op, "job": self.job, "item": self.item, "clock": self.clock, "run": self.run,

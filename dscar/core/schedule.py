@@ -64,6 +64,9 @@ class EndingClock:
     stage_s: dict[str, float]
     #: a worker was lost while it ran: an error it reports may be that loss's (its clock is skipped, not failed)
     lost_during: bool = False
+    #: the workers whose committed attempts' updates its last apply collects, while that apply is under way (the
+    #: next clock began with it: ``BspSchedule.applying``); a loss of one of them skips it
+    stagers: frozenset[str] = frozenset()
 
 
 def _refused(job: "JobState", now: float, worker: str, shard: int, attempt: int, timings: dict | None,
@@ -134,6 +137,10 @@ class Schedule(Protocol):
     def attempt_failed(self, worker: str, clock: int, run_id: int, shard: int, attempt: int, error: str,
                        now: float, lost_data: bool = False, seconds: float = 0.0, stopped: bool = False) -> None: ...
 
+    def applying(self, run_id: int, now: float) -> list[Effect]: ...
+
+    def apply_cut(self, run_id: int, now: float, why: str) -> None: ...
+
     def applied(self, run_id: int, now: float, batch: int | None = None, ahead: bool = False) -> list[Effect]: ...
 
     def clock_end_done(self, worker: str, run_id: int, metrics: dict, seconds: float, now: float,
@@ -201,6 +208,9 @@ class BspSchedule:
         #: a clock end that only reads may run while the next clock begins (the driver's ``ahead``: the
         #: algorithm's ``clock_end_reads_only`` and ``dscar.clock-end-ahead``)
         self.ahead_ok = False
+        #: where the clock end runs ahead, the next clock may begin with the clock's last apply, before that is
+        #: done (``applying``; ``dscar.begin-with-apply``)
+        self.with_apply_ok = False
         #: the clock whose clock end runs ahead of the current one (``ClockMachine.end_ahead``); None: none
         self.ending: EndingClock | None = None
         #: the clock that ended ahead and its report's parts (``_report_of``), kept until no snapshot of it is taken
@@ -519,10 +529,48 @@ class BspSchedule:
         except ShardFailedError as e:
             job.fail(now, str(e))
 
+    def applying(self, run_id: int, now: float) -> list[Effect]:
+        """The apply of the pass of ``run_id`` is being sent. Where it is the clock's last pass and the
+        clock end folded into it runs ahead (``_fold``), and nothing waits for the boundary, the next clock
+        begins with it (``ClockMachine.apply_ahead``): its work is handed out now, and each worker takes
+        it up once its own apply is done. Otherwise nothing: the next clock begins once it is applied."""
+        job, m = self.job, self.machine
+        if (not self.with_apply_ok or m.stage is not Stage.APPLY or not m.accepts(run_id) or m.applying_rebuild
+                or m.hold or m.data_phase + 1 < m.n_phases or m.skip_reason is not None
+                or not self._may_end_ahead(self.ahead_ok, self.folded)):
+            return []
+        self._book_stage(now)
+        m.apply_ahead()
+        self.clock_end_worker = self.folded
+        t = job.tally
+        self.ending = EndingClock(m.clock, m.run_id, self.folded, t.clock_t0, now, t.shards_done, t.timings, t.stage_s,
+                                  stagers=frozenset(w for _, _, w in job.queue.committed_attempts()))
+        self.next_begun = True  # (until its clock end says otherwise: ``_ended_ahead``)
+        return [BeginClock(m.clock + 1, ahead=True)]
+
+    def apply_cut(self, run_id: int, now: float, why: str) -> None:
+        """The apply of ``run_id`` ended without every worker's answer (a loss, a worker stopped). Where the
+        next clock began with it, its clock is skipped: some owners may have applied, others not."""
+        if self._ending_applied(run_id, now):
+            self.machine.ending_skip = self.machine.ending_skip or why
+
+    def _ending_applied(self, run_id: int, now: float) -> bool:
+        """The apply of the ending clock (``applying``) of ``run_id`` ended (``ClockMachine.ending_applied``):
+        its time counts as that clock's, and its clock end's time from now. Whether it was that apply."""
+        e = self.ending
+        if e is None or not self.machine.ending_applied(run_id):
+            return False
+        e.stage_s["apply"] = e.stage_s.get("apply", 0.0) + now - e.applied_at
+        e.applied_at = now
+        return True
+
     def applied(self, run_id: int, now: float, batch: int | None = None, ahead: bool = False) -> list[Effect]:
         """Every live worker applied the pass of ``run_id``. ``ahead``: the clock end folded into the pass's
-        apply was told to run ahead (``_fold``): the next clock may begin now (``_end_ahead``)."""
+        apply was told to run ahead (``_fold``): the next clock may begin now (``_end_ahead``), unless it
+        began with the apply (``applying``)."""
         m = self.machine
+        if self._ending_applied(run_id, now):
+            return []
         if m.stage is not Stage.APPLY or not m.accepts(run_id):
             return []
         self._book_stage(now)
@@ -531,16 +579,16 @@ class BspSchedule:
         if rebuild:
             self.job.rebuild_done(now)
         effects = self._carry(actions, now)
-        if m.stage is Stage.CLOCK_END and self._may_end_ahead(ahead):
+        if m.stage is Stage.CLOCK_END and self._may_end_ahead(ahead, self.clock_end_worker):
             effects.append(self._end_ahead(now))
         return effects
 
-    def _may_end_ahead(self, asked: bool) -> bool:
-        """Whether the clock end just started may run ahead of the next clock: its worker was told so
-        (``asked``: the fold's ``ahead``), the coordinator begins the next clock itself, and nothing
+    def _may_end_ahead(self, asked: bool, worker: str | None) -> bool:
+        """Whether the clock end folded into ``worker`` may run ahead of the next clock: its worker was told
+        so (``asked``: the fold's ``ahead``), the coordinator begins the next clock itself, and nothing
         waits for the boundary (a restart planned, a snapshot being taken)."""
         job = self.job
-        return (asked and self.folded is not None and self.clock_end_worker == self.folded and self.ending is None
+        return (asked and self.folded is not None and worker == self.folded and self.ending is None
                 and self.auto_begin and self.machine.clock < self.auto_until and not job.failed
                 and not job.pending_restarts and not job.snapshotting)
 
@@ -669,6 +717,8 @@ class BspSchedule:
             self.ending.lost_during = True
             if self.ending.worker == worker:  # (its outcome's message fails: skipped then)
                 m.ending_skip = m.ending_skip or "the clock end's worker was lost"
+            elif m.ending_applying and (restores or worker in self.ending.stagers):  # (its apply may be partial)
+                m.ending_skip = m.ending_skip or "a worker was lost while its updates were applied"
         if m.stage is Stage.CLOCK_END and self.clock_end_worker == worker:
             effects += self._carry(m.clock_end_failed(), now)  # while recovering: skipped after it
         elif self.folded == worker:  # lost before the apply ended: if the clock still ends, the item path runs it
@@ -685,6 +735,7 @@ class BspSchedule:
         job, m = self.job, self.machine
         ck = job.cfg.checkpoint
         return (m.stage is Stage.SHARDS and m.data_phase == 0 and not self.applied_in_clock and not reductions_lost
+                and not m.ending_applying  # (the tables the pass reads are still being applied)
                 and ck is not None and ck.memory and ck.recovery != "full"
                 and (m.keeping or not m.recovering))
 
@@ -1040,6 +1091,13 @@ class SspSchedule:
         except ShardFailedError as e:
             job.fail(now, str(e))
         self.given_back([shard])
+
+    def applying(self, run_id: int, now: float) -> list[Effect]:
+        """(A batch's apply begins no clock: SSP clocks begin as the window allows.)"""
+        return []
+
+    def apply_cut(self, run_id: int, now: float, why: str) -> None:
+        """(A batch cut short is the window's: ``lose``.)"""
 
     def applied(self, run_id: int, now: float, batch: int | None = None, ahead: bool = False) -> list[Effect]:
         in_flight = self.window.in_flight

@@ -212,6 +212,9 @@ class Coordinator(SchedulerPlugin):
         self._inline: dict[str, dict[tuple[int, int, int, int], dict[tuple[str, int], Any]]] = {}
         #: job -> the runs whose passes are being applied (``_apply``): their inline updates stay
         self._applying: dict[str, list[int]] = {}
+        #: job -> (run, the workers its apply is sent to) of the clock's last pass the next clock began with
+        #: (``JobState.applying``), while that apply is under way: a work item says to wait for it (``_item_for``)
+        self._with_apply: dict[str, tuple[int, frozenset[str]]] = {}
         for op, handler in self.handlers().items():  # every handler behind the caller check (``_guarded``)
             scheduler.handlers[handler_name(op)] = self._guarded(op, handler)
         self._specs: dict[str, bytes] = {}
@@ -1093,6 +1096,7 @@ class Coordinator(SchedulerPlugin):
         if job is not None and job.consistency == "bsp":
             job.schedule.auto_until = int(until)
             job.schedule.ahead_ok = bool(ahead) and bool(dask.config.get("dscar.clock-end-ahead", True))
+            job.schedule.with_apply_ok = bool(dask.config.get("dscar.begin-with-apply", True))
         r = await self._begin(job_id, clock)
         if r["status"] != "OK" or wait <= 0:
             return r
@@ -1305,6 +1309,10 @@ class Coordinator(SchedulerPlugin):
             if item is not None:
                 if job.consistency != "ssp":
                     self._note_copies(job_id, worker, item)
+                    if (pending := self._with_apply.get(job_id)) is not None and int(item["run"]) > pending[0]:
+                        item["prev_run"] = pending[0]  # (its clock began with that apply: ``runner.Job.settle_before``)
+                        if worker in pending[1]:
+                            item["apply_here"] = True  # (taken up once applied here: ``ShardRunner._prepare``)
                 if job.cfg.checkpoint is not None and any("state_file" in m for m in item.get("shards", ())):
                     item["ckpt_url"] = job.cfg.checkpoint.url
                     item["storage_options"] = job.cfg.checkpoint.storage_options
@@ -1535,6 +1543,13 @@ class Coordinator(SchedulerPlugin):
             await self._apply_pass(job, e)
         finally:
             applying.remove(int(e.run_id))
+            if self._with_apply.get(job_id, (None,))[0] == e.run_id:
+                del self._with_apply[job_id]
+                if self.jobs.get(job_id) is job and job.machine.ending_applying and job.schedule.ending.run == e.run_id:
+                    # cut short (a loss, a stop): the clock the next began with is skipped; its outcome is asked as ever
+                    job.apply_cut(e.run_id, time.time(), "its last apply did not reach every worker")
+                    self._background(self._ahead_outcome(job, e))
+                    self._wake()
             held = self._inline.get(job_id, {})
             for key, _ in e.attempt_keys():
                 held.pop(key, None)
@@ -1567,6 +1582,11 @@ class Coordinator(SchedulerPlugin):
             targets = self._apply_receivers(job, e, targets, plan, folded)
             if folded in targets:  # (the others' applies gate the clock end's first read: they go first)
                 targets = [w for w in targets if w != folded] + [folded]
+            begun = []  # the next clock may begin with this apply (``JobState.applying``)
+            if attempt == 0 and folded is not None and e.clock_end.get("ahead") and not self._boundary_work(job):
+                begun = job.applying(e.run_id, time.time())
+                if begun:
+                    self._with_apply[job.cfg.job_id] = (int(e.run_id), frozenset(targets))
             # through a tree, an owner's fetch waits on the combine steps below the root (each level's deadline)
             timeout = RPC_TIMEOUT_S + (plan.depth() + 2) * float(dask.config.get("dscar.rpc-timeout", 10.0)) * plan.tree
             # each worker is told its own commits, and the pass's (the batch's) shards per clock as ranges
@@ -1578,7 +1598,7 @@ class Coordinator(SchedulerPlugin):
             owning = job.pmap.workers() if folded is not None and self._push_reads() else ()
             pushers = [w for w in targets if w != folded and w in owning]
             # the clock end has no deadline, as its item has none: a hung worker is found by the liveness watch
-            results = await asyncio.gather(*(
+            applies = asyncio.gather(*(
                 self._rpc(w, "apply", timeout=None if w == folded else timeout, job_id=job.cfg.job_id, clock=e.clock,
                           run=e.run_id, committed=committed[w], reset=e.reset,
                           **({"clocks": clocks[w]} if e.batch is not None else {}),
@@ -1588,6 +1608,9 @@ class Coordinator(SchedulerPlugin):
                              if w in pushers else {}))
                 for w in targets
             ), return_exceptions=True)
+            if begun:  # (begun once the apply messages are on their way: a worker's next item waits for its apply)
+                self._do(job, begun)
+            results = await applies
             unreached: dict[str, str] = {}  # worker -> why it looks lost
             for w, r in zip(targets, results):
                 if isinstance(r, dict) and r.get("status") == "stopped":  # an injected kill

@@ -80,6 +80,12 @@ def rpc_timeout() -> float:
 #: as they are after the pass, although it started before every owner had applied it
 AFTER_APPLIED = frozenset({"pull", "pull_many", "summarize", "assign"})
 
+#: the handlers a step of a clock that began with the previous clock's last apply tags with ``settled`` (that
+#: apply's run): each answers once that apply ended here, applied or not (``ParamServer._until_applied``), so
+#: the step reads the tables as the apply left them. ``copy_shard`` waits only where that apply may install a
+#: new state of the shard here
+AFTER_SETTLED = frozenset({"pull", "pull_many", "copy_shard"})
+
 
 class ParamServer(WorkerPlugin):
     """Holds each job's stores and answers the ``dscar_*`` handlers; starts the shard runner
@@ -245,10 +251,11 @@ class ParamServer(WorkerPlugin):
         event), never handed on."""
         rule, installs, writes = worker_rule(op), op in WORKER_INSTALLING, op in WORKER_RUN_WRITES
 
-        waits = op in AFTER_APPLIED
+        waits, settles = op in AFTER_APPLIED, op in AFTER_SETTLED
 
         async def guarded(comm, token: str | None = None, **kw):
             after = kw.pop("after", None) if waits else None
+            settled = kw.pop("settled", None) if settles else None
             if rule is not Rule.OPEN:
                 job_id = kw.get("job_id")
                 job = self.jobs.get(job_id) if isinstance(job_id, str) else None
@@ -265,17 +272,22 @@ class ParamServer(WorkerPlugin):
                 why = await self._until_applied(kw.get("job_id"), int(after))
                 if why is not None:
                     return {"status": "not-applied", "error": why}
+            if settled is not None and (op != "copy_shard" or self._may_install(kw.get("job_id"), kw.get("shard"))):
+                why = await self._until_applied(kw.get("job_id"), int(settled), ended=True)
+                if why is not None:
+                    return {"status": "not-applied", "error": why}
             out = handler(**kw)
             return (await out) if inspect.isawaitable(out) else out
 
         guarded.__name__ = guarded.__qualname__ = handler_name(op)
         return guarded
 
-    async def _until_applied(self, job_id: object, run: int) -> str | None:
+    async def _until_applied(self, job_id: object, run: int, ended: bool = False) -> str | None:
         """None once the BSP pass of ``run`` (or a newer one) is applied here; otherwise why it is not:
         its apply was refused or cut short here, a newer run reached this worker, or it did not come
         within half ``rpc_timeout()`` (a bounded wait, answered before the reader's own deadline: a
-        folded clock end then goes back to the item path)."""
+        folded clock end then goes back to the item path). ``ended``: None once that apply ended here,
+        whether it applied or not (a step of the next clock reads the tables as it left them)."""
         deadline = time.monotonic() + rpc_timeout() / 2
         while True:
             job = self.jobs.get(job_id) if isinstance(job_id, str) else None
@@ -284,7 +296,7 @@ class ParamServer(WorkerPlugin):
             if job.tables.applied_run >= run:
                 return None
             if job.run_seen > run or self._not_applied.get(job.id, -1) >= run:
-                return f"pass {run} will not be applied on {self.address}"
+                return None if ended else f"pass {run} will not be applied on {self.address}"
             left = deadline - time.monotonic()
             if left <= 0:
                 return f"pass {run} was not applied on {self.address} within {rpc_timeout() / 2} s"
@@ -296,10 +308,18 @@ class ParamServer(WorkerPlugin):
                 if waiter in self._apply_waiters:
                     self._apply_waiters.remove(waiter)
 
+    def _may_install(self, job_id: object, shard: object) -> bool:
+        """Whether a BSP apply may still install a new state of ``shard`` here (an attempt run here staged one)."""
+        job = self.jobs.get(job_id) if isinstance(job_id, str) else None
+        return job is not None and any(k[1] == shard for k in list(job.shards.pending))
+
     def _applies_settled(self, job_id: str, run: int, applied: bool) -> None:
-        """A BSP pass was applied here, or will not be: wake the reads waiting for it."""
+        """A BSP pass was applied here, or will not be: wake the reads waiting for it, and the shard
+        runner where a work item waits for it (``runner.Job.wait_applied``)."""
         if not applied:
             self._not_applied[job_id] = max(self._not_applied.get(job_id, -1), run)
+        if (job := self.jobs.get(job_id)) is not None:
+            job.apply_ended(run)
         waiters, self._apply_waiters = self._apply_waiters, []
         for w in waiters:
             if not w.done():

@@ -53,6 +53,10 @@ logger = logging.getLogger("dscar.worker.runner")  # under dscar.worker: one nam
 #: tables of at most this many bytes are read whole, all of them in one message per owner
 SMALL_TABLE_BYTES = 1 << 20
 
+#: seconds a work item of a clock that began with the previous clock's last apply waits for that apply here
+#: before its attempts fail (the coordinator sends it at once, and again to a worker it could not reach)
+APPLY_WAIT_S = 60.0
+
 
 @dataclass
 class Job:
@@ -102,6 +106,10 @@ class Job:
     #: one BSP pass applied here at a time: a pass sent again (``Coordinator._apply``'s retry) waits for
     #: the first message's apply, then finds it applied (``PartitionStore.applied_run``)
     apply_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    #: the newest run whose BSP apply ended here, applied or not (``apply_ended``), and its condition: a work
+    #: item of a clock that began with that apply is taken up once it ended (``wait_applied``)
+    applies_ended: int = -1
+    apply_ended_cv: threading.Condition = field(default_factory=threading.Condition)
 
     def apply_pass(self, run: int, keys: list, workers: list, fetched: dict, reset: set, owned: dict,
                    me: str, drop_through: int, floor: int | None = None) -> dict:
@@ -117,6 +125,24 @@ class Job:
             applied = self.tables.apply_pass(run, keys, fetched, reset, owned, floor)
             self.shards.install([(s, a, w, c) for (c, s, a), w in zip(keys, workers)], me, drop_through, run)
         return {"applied": applied}
+
+    def apply_ended(self, run: int) -> None:
+        """This worker's apply of the BSP pass of ``run`` ended (applied, refused or cut short)."""
+        with self.apply_ended_cv:
+            self.applies_ended = max(self.applies_ended, run)
+            self.apply_ended_cv.notify_all()
+
+    def wait_applied(self, run: int, timeout: float, stop: threading.Event) -> bool:
+        """Block until this worker's apply of the BSP pass of ``run`` ended, for at most ``timeout`` seconds
+        (less where the job ends or ``stop`` is set: those are looked at every 0.1 s); whether it ended."""
+        deadline = time.monotonic() + timeout
+        with self.apply_ended_cv:
+            while self.applies_ended < run:
+                left = deadline - time.monotonic()
+                if left <= 0 or self.ended.is_set() or stop.is_set():
+                    return False
+                self.apply_ended_cv.wait(min(left, 0.1))
+        return True
 
     def settle_before(self, run: int, clock: int) -> None:
         """A BSP work item of ``run`` in ``clock`` was taken up: every older pass was applied or voided,
@@ -229,7 +255,22 @@ class ShardRunner:
         except Exception:
             pass  # the coordinator is gone: the job ends with it
 
+    def _await_apply(self, job: Job, item: dict) -> None:
+        """An item of a clock that began with the previous clock's last apply (``prev_run``), where that apply is
+        sent to this worker too (``apply_here``), is taken up once it ended here: its steps read the tables and
+        shard states it leaves. Before the item's members are noted as unstarted: that apply skips those of the
+        batch it belongs to (``pass_applied``)."""
+        prev = item.get("prev_run")
+        if item.get("apply_here") and not job.wait_applied(int(prev), APPLY_WAIT_S, self.host.stop):
+            if self.host.stop.is_set() or job.ended.is_set():
+                raise _Stopped
+            raise RuntimeError(f"the apply of pass {prev} did not end on {self.host.address} within {APPLY_WAIT_S} s")
+
     def _prepare(self, job: Job, item: dict) -> None:
+        """Take ``item`` up: its owners map, pull cache and run. Under BSP, what attempts staged under older runs
+        goes, but that of the previous clock's last pass where this clock began with its apply (``prev_run``):
+        its owners may still be collecting it."""
+        prev = item.get("prev_run")
         with self._lock:
             if item.get("ahead") and job.run_seen > int(item["run"]):
                 pass  # a clock end ahead of the next clock, whose items already set the owners and the pull cache
@@ -244,12 +285,20 @@ class ShardRunner:
             job.clock_seen = max(job.clock_seen, int(item["clock"]))
             job.run_seen = max(job.run_seen, int(item["run"]))
         if not job.ssp:
-            job.settle_before(int(item["run"]), int(item["clock"]))
+            job.settle_before(int(item["run"] if prev is None else prev), int(item["clock"]))
 
     def _run_shards(self, item: dict) -> dict | None:
         """Run a work item's attempts, then commit those that succeeded in one message; return
         the next work item the commit's answer carried (None: ask)."""
         attempts = WorkItem.from_msg(item).attempts()
+        try:
+            self._await_apply(self.host.job(item["job"]), item)
+        except _Stopped:
+            return None
+        except Exception as e:  # the job is unknown here, or the apply did not come: every attempt failed
+            for a in attempts:
+                self._fail(a, e)
+            return None
         commits: list[Finished] = []
         stopped: list[Stopped] = []  # attempts stopped as lost races (``LostRace``): the coordinator hears of them
         staged: dict[tuple[int, int], list] = {}  # (shard, clock) -> the updates its attempt staged here
@@ -374,14 +423,15 @@ class ShardRunner:
             t0 = time.perf_counter()
             _check_race(job, race)
             held = job.shards.get(shard)
-            entry = self._shard_entry(job, shard, item.get("fetch_from"), item.get("backup", False), race)
+            entry = self._shard_entry(job, shard, item.get("fetch_from"), item.get("backup", False), race,
+                                      item.get("prev_run"))
             if entry is None:
                 lost_data = not item.get("backup", False)  # a backup's miss: the primary still holds the data
                 raise LookupError(f"the data of shard {shard} is on no live worker")
             if item.get("state_file"):  # a recovery restores this shard's state from a checkpoint
                 self._restore_state(job, shard, entry, item)
             ctx = ShardStep(self, job, clock, shard, entry.state, item.get("batch_scale", 1.0), item.get("phase"),
-                            item.get("restored"), race)
+                            item.get("restored"), race, item.get("prev_run"))
             c1, t1 = time.thread_time(), time.perf_counter()
             if item["op"] == "rebuild":
                 job.algorithm.rebuild_step(ctx, entry.data)
@@ -449,7 +499,7 @@ class ShardRunner:
         entry.state = {k: job.xp.asarray(v) for k, v in (state or {}).items()}
 
     def _shard_entry(self, job: Job, shard: int, fetch_from: str | None, backup: bool,
-                     race: list | None = None) -> ShardEntry | None:
+                     race: list | None = None, settled: int | None = None) -> ShardEntry | None:
         """The shard's data and state: held here, copied from its holder, or read from the source.
 
         Every attempt, a backup too, keeps what it fetched: its worker becomes the holder when it
@@ -463,9 +513,11 @@ class ShardRunner:
         if fetch_from and fetch_from != self.host.address:
             try:
                 r = self.host.peer(fetch_from, "copy_shard", job_id=job.id, shard=shard,
-                                   **({} if race is None else {"race": race}))
+                                   **({} if race is None else {"race": race}), **_settled(settled))
                 if r["status"] == "lost-race":  # the holder applied another attempt's commit of it
                     raise LostRace(f"{fetch_from} applied another attempt of shard {shard}")
+                if r["status"] == "not-applied":  # (its state may not be the one the last apply installs)
+                    raise NotApplied(f"{fetch_from}: {r.get('error')}")
                 if r["status"] == "OK":
                     arrays, state = r["arrays"], r["state"]
             except LostRace:
@@ -493,8 +545,9 @@ class ShardRunner:
 
     @staticmethod
     def due(job: Job, clock: int, point: str, phase: str | None = None) -> list:
-        """The kill/hang/lose faults due at ``point`` (fired once each)."""
-        clock = max(clock, job.clock_seen)
+        """The kill/hang/lose faults due at ``point`` (fired once each). A clock end's are its clock's: it may
+        run while this worker already runs the next clock (``dscar.core.clock``: a clock end ahead)."""
+        clock = clock if point == "clock-end" else max(clock, job.clock_seen)
         due = [f for f in job.faults if f.kind in ("kill", "hang", "lose") and f.clock <= clock and f.point == point
                and f not in job.fired and f.phase in (None, phase)]
         job.fired.update(due)
@@ -603,12 +656,14 @@ class ShardRunner:
 
     # --------------------------------------------------- table row access
     def read_rows(self, job: Job, table: str, start: int, stop: int | None, clock: int | None = None,
-                  own: PullCache | None = None, race: list | None = None, after: int | None = None):
+                  own: PullCache | None = None, race: list | None = None, after: int | None = None,
+                  settled: int | None = None):
         """Global rows ``[start, stop)`` of ``table``, gathered from their owners (under SSP a
         reduction table's sums of ``clock``; ``own``: the pull cache whose written-back updates
         the rows must hold, ``PullCache.patch``; ``race``: ``[run, clock, shard]`` of the attempt
         reading, which stops (``LostRace``) where another attempt of its shard was applied;
-        ``after``: a folded clock end's run, each owner answers once it applied that pass)."""
+        ``after``: a folded clock end's run, each owner answers once it applied that pass; ``settled``: the
+        previous clock's last pass, when this clock began with its apply: each owner answers once that ended)."""
         layout = job.layouts[table]
         stop = layout.n_rows if stop is None else stop
         mine = None if own is None else own.mine()
@@ -618,7 +673,7 @@ class ShardRunner:
         remote = [(part, owner) for part, _, _, owner in spans if owner != self.host.address]
         replies = dict(zip(remote, self.host.peer_all([
             (owner, "pull", {"job_id": job.id, "table": table, "part": part, "lo": lo, "hi": hi, "clock": clock,
-                             "mine": mine, "race": race, **_after(after)})
+                             "mine": mine, "race": race, **_after(after), **_settled(settled)})
             for part, lo, hi, owner in spans if owner != self.host.address]))) if remote else {}
         if len(spans) > 1 and not mine:  # each piece copied once, where it goes
             spec = job.specs[table]
@@ -654,7 +709,7 @@ class ShardRunner:
 
     def read_small_tables(self, job: Job, clock: int | None = None, own: PullCache | None = None,
                           race: list | None = None, after: int | None = None,
-                          replies: dict[str, dict] | None = None) -> dict[str, Any]:
+                          replies: dict[str, dict] | None = None, settled: int | None = None) -> dict[str, Any]:
         """Every small table (``SMALL_TABLE_BYTES``), whole: the partitions held here copied, the
         others fetched with one message per owner, all owners at once. A small model's shard step
         or clock end reads several tables, and one message per table and owner is a round trip each.
@@ -674,7 +729,7 @@ class ShardRunner:
             if replies is None:
                 replies = self.host.peer_all([(o, "pull_many", {"job_id": job.id, "parts": [list(k) for k in keys],
                                                                 "clock": clock, "mine": mine, "race": race,
-                                                                **_after(after)})
+                                                                **_after(after), **_settled(settled)})
                                               for o, keys in remote.items()])
             else:
                 replies = [replies[o] for o in remote]
@@ -744,7 +799,7 @@ class ShardRunner:
         return calls
 
     def read_row_set(self, job: Job, table: str, rows, clock: int | None = None, race: list | None = None,
-                     after: int | None = None):
+                     after: int | None = None, settled: int | None = None):
         """Arbitrary rows of ``table`` (in the order given), gathered from their owners (``race`` and
         ``after`` as for ``read_rows``)."""
         layout, spec = job.layouts[table], job.specs[table]
@@ -760,7 +815,7 @@ class ShardRunner:
         remote = [(part, owner, local) for part, owner, _, local in wants if owner != self.host.address]
         replies = dict(zip([(p, o) for p, o, _ in remote], self.host.peer_all([  # every remote owner at once
             (owner, "pull", {"job_id": job.id, "table": table, "part": part, "rows": to_serialize(local),
-                             "clock": clock, "race": race, **_after(after)})
+                             "clock": clock, "race": race, **_after(after), **_settled(settled)})
             for part, owner, local in remote]))) if remote else {}
         for part, owner, sel, local in wants:
             if owner == self.host.address:
@@ -885,6 +940,11 @@ def _after(run: int | None) -> dict:
     return {} if run is None else {"after": run}
 
 
+def _settled(run: int | None) -> dict:
+    """A step's read's ``settled`` field, sent only where its clock began with the previous clock's last apply."""
+    return {} if run is None else {"settled": run}
+
+
 class NotApplied(LookupError):
     """A folded clock end's read or write reached an owner that did not apply the clock's last
     pass in time, or will not (``ParamServer._until_applied``): the clock end did not run there."""
@@ -910,8 +970,11 @@ class ShardStep:
     """The ``ShardContext`` of one attempt: cached pulls, staged adds, staged state."""
 
     def __init__(self, server: ShardRunner, job: Job, clock: int, shard: int, state: dict, batch_scale: float,
-                 phase: str | None = None, restored: dict | None = None, race: list | None = None):
+                 phase: str | None = None, restored: dict | None = None, race: list | None = None,
+                 settled: int | None = None):
         self._server, self._job = server, job
+        #: the previous clock's last pass, when this clock began with its apply: owners answer once it ended there
+        self._settled = settled
         #: ``[run, clock, shard]``: a read that finds another attempt of the shard applied stops this one
         self._race = race
         self.xp, self.clock, self.shard, self.meta, self.tol = job.xp, clock, shard, job.meta, job.tol
@@ -938,7 +1001,20 @@ class ShardStep:
     def _read_on(self, read, *args):
         """``read(*args)``, and once more when it found an owner gone (or no longer holding what it read)
         in a pass that owner's loss kept (``ShardRunner.refresh_owners``): then its partitions are
-        where the recovery restored them."""
+        where the recovery restored them. Where this clock began with the previous clock's last apply
+        (``_settled``), a read that found an owner still applying it (an owner answers within half
+        ``rpc_timeout()``) is sent again, for up to ``APPLY_WAIT_S``: a long apply costs the step time,
+        not an attempt."""
+        deadline = time.monotonic() + APPLY_WAIT_S
+        while True:
+            try:
+                return self._read_once(read, *args)
+            except NotApplied:
+                if self._settled is None or time.monotonic() > deadline:
+                    raise
+
+    def _read_once(self, read, *args):
+        """``_read_on``'s read, and its one retry after a kept pass's loss."""
         try:
             return read(*args)
         except Exception as e:
@@ -958,14 +1034,16 @@ class ShardStep:
         if self._server.is_small(self._job, table):  # every small table at once, then slices of it
             small = cache.get(SMALL)
             if small is None or (sums is not None and small[0] != sums):
-                small = (self._sums, self._server.read_small_tables(self._job, self._sums, own, self._race))
+                small = (self._sums, self._server.read_small_tables(self._job, self._sums, own, self._race,
+                                                                    settled=self._settled))
                 cache.put(SMALL, small)
                 self._pulled(t0, c0)
             return small[1][table][start:stop]
         key = (table, start, stop, sums)
         rows = cache.get(key)
         if rows is None:
-            rows = self._server.read_rows(self._job, table, start, stop, self._sums, own, self._race)
+            rows = self._server.read_rows(self._job, table, start, stop, self._sums, own, self._race,
+                                          settled=self._settled)
             cache.put(key, rows)
             self._pulled(t0, c0)
         return rows
@@ -988,7 +1066,8 @@ class ShardStep:
     def pull_rows(self, table: str, rows):
         """Rows ``rows`` (any order, repeats allowed) of ``table`` as of this clock's start."""
         t0, c0 = time.perf_counter(), time.thread_time()
-        out = self._read_on(self._server.read_row_set, self._job, table, rows, self._sums, self._race)
+        out = self._read_on(self._server.read_row_set, self._job, table, rows, self._sums, self._race, None,
+                            self._settled)
         self._pulled(t0, c0)
         return out
 
