@@ -42,20 +42,26 @@ def test_a_fault_free_fit_sends_no_clock_done_and_matches_the_unfolded_fit(inpro
     np.testing.assert_array_equal(unfolded.params["count"], res.params["count"])
 
 
+def _slow_applies(cluster, monkeypatch, wait) -> None:
+    """Every worker of ``cluster`` but the first applies a BSP pass of clock ``c`` once ``wait(c)`` returned,
+    off its event loop (``INLINE_APPLY_BYTES``): the loop, which in-process workers share, runs on."""
+    first = min(cluster.workers)
+    apply_pass = worker_plugin.Job.apply_pass
+
+    def slow(self, run, keys, workers, fetched, reset, owned, me, clock, *rest):
+        if me != first:
+            wait(clock)
+        return apply_pass(self, run, keys, workers, fetched, reset, owned, me, clock, *rest)
+
+    monkeypatch.setattr(worker_plugin, "INLINE_APPLY_BYTES", -1)
+    monkeypatch.setattr(worker_plugin.Job, "apply_pass", slow)
+
+
 def test_a_folded_clock_end_waits_for_the_other_owners_apply(inproc, monkeypatch):
     """Every worker but the first applies slowly (off its event loop): the folded clock end, which
     starts once its own worker applied, must still read every row as applied (``count_min`` is the
     clock); without the wait for the owner's apply it reads the other partition one clock behind."""
-    first = min(inproc.workers)
-    slow_apply = worker_plugin.Job.apply_pass
-
-    def apply_pass(self, run, keys, workers, fetched, reset, owned, me, *rest):
-        if me != first:
-            time.sleep(0.3)
-        return slow_apply(self, run, keys, workers, fetched, reset, owned, me, *rest)
-
-    monkeypatch.setattr(worker_plugin, "INLINE_APPLY_BYTES", -1)  # every apply in a thread: the loop runs on
-    monkeypatch.setattr(worker_plugin.Job, "apply_pass", apply_pass)
+    _slow_applies(inproc, monkeypatch, lambda clock: time.sleep(0.3))
     res, calls = _fit(inproc, clocks=3)
     assert calls.get("dscar_clock_done", 0) == 0, calls  # (folded into the first worker's apply)
     assert_exactly_once(res, 40)
@@ -483,18 +489,14 @@ def test_the_next_clock_begins_with_the_apply_of_the_clock_before(inproc, monkey
     """Where the clock end only reads, the next clock begins as its clock's last pass is told to apply: a worker
     that applied runs the next clock's steps while another still applies (each takes its own work up once its
     apply is done, ``runner.Job.wait_applied``). The fit equals the one with ``dscar.begin-with-apply`` off."""
-    first = min(inproc.workers)
-    apply_pass = worker_plugin.Job.apply_pass
     overlapped: dict[int, bool] = {}
 
-    def slow_apply(self, run, keys, workers, fetched, reset, owned, me, clock, *rest):
-        if me != first and 0 < clock < 4 and clock not in overlapped:  # (waits for a step of the next clock)
+    def wait_for_the_next_clock(clock: int) -> None:  # (until a step of the next clock ran)
+        if 0 < clock < 4 and clock not in overlapped:
             overlapped[clock] = _STEPPED.setdefault(clock + 1, threading.Event()).wait(5.0)
-        return apply_pass(self, run, keys, workers, fetched, reset, owned, me, clock, *rest)
 
     _STEPPED.clear()
-    monkeypatch.setattr(worker_plugin, "INLINE_APPLY_BYTES", -1)  # every apply in a thread: the loop runs on
-    monkeypatch.setattr(worker_plugin.Job, "apply_pass", slow_apply)
+    _slow_applies(inproc, monkeypatch, wait_for_the_next_clock)
     res, _ = _fit(inproc, clocks=4, model=StepMarks())
     assert overlapped == {1: True, 2: True, 3: True}, overlapped
     assert_exactly_once(res, 40)
@@ -542,16 +544,7 @@ def test_a_step_reads_an_owners_rows_once_that_owner_applied_the_clock_before(in
     """One owner applies for longer than it may keep a read waiting (half ``dscar.rpc-timeout``): the next
     clock's steps, begun with that apply, read its rows again until it applied, and find the clock before's
     counts on every row; no attempt fails."""
-    first = min(inproc.workers)
-    apply_pass = worker_plugin.Job.apply_pass
-
-    def slow_apply(self, run, keys, workers, fetched, reset, owned, me, *rest):
-        if me != first:
-            time.sleep(0.5)
-        return apply_pass(self, run, keys, workers, fetched, reset, owned, me, *rest)
-
-    monkeypatch.setattr(worker_plugin, "INLINE_APPLY_BYTES", -1)  # every apply in a thread: the loop runs on
-    monkeypatch.setattr(worker_plugin.Job, "apply_pass", slow_apply)
+    _slow_applies(inproc, monkeypatch, lambda clock: time.sleep(0.5))
     with dask.config.set({"dscar.rpc-timeout": 0.4}):
         res, _ = _fit(inproc, clocks=3, model=PullsCount())
     assert [r.metrics["stale"] for r in res.history] == [0.0] * 3
