@@ -488,7 +488,7 @@ class StepMarks(ReadOnlyCounter):
 def test_the_next_clock_begins_with_the_apply_of_the_clock_before(inproc, monkeypatch):
     """Where the clock end only reads, the next clock begins as its clock's last pass is told to apply: a worker
     that applied runs the next clock's steps while another still applies (each takes its own work up once its
-    apply is done, ``runner.Job.wait_applied``). The fit equals the one with ``dscar.begin-with-apply`` off."""
+    apply is done, ``runner.Job.wait_apply_ended``). The fit equals the one with ``dscar.begin-with-apply`` off."""
     overlapped: dict[int, bool] = {}
 
     def wait_for_the_next_clock(clock: int) -> None:  # (until a step of the next clock ran)

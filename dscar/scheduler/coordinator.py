@@ -1312,7 +1312,7 @@ class Coordinator(SchedulerPlugin):
                     if (pending := self._with_apply.get(job_id)) is not None and int(item["run"]) > pending[0]:
                         item["prev_run"] = pending[0]  # (its clock began with that apply: ``runner.Job.settle_before``)
                         if worker in pending[1]:
-                            item["apply_here"] = True  # (taken up once applied here: ``ShardRunner._prepare``)
+                            item["apply_here"] = True  # (taken up once applied here: ``ShardRunner._await_apply``)
                 if job.cfg.checkpoint is not None and any("state_file" in m for m in item.get("shards", ())):
                     item["ckpt_url"] = job.cfg.checkpoint.url
                     item["storage_options"] = job.cfg.checkpoint.storage_options

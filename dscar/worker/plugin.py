@@ -315,7 +315,7 @@ class ParamServer(WorkerPlugin):
 
     def _applies_settled(self, job_id: str, run: int, applied: bool) -> None:
         """A BSP pass was applied here, or will not be: wake the reads waiting for it, and the shard
-        runner where a work item waits for it (``runner.Job.wait_applied``)."""
+        runner where a work item waits for it (``runner.Job.wait_apply_ended``)."""
         if not applied:
             self._not_applied[job_id] = max(self._not_applied.get(job_id, -1), run)
         if (job := self.jobs.get(job_id)) is not None:

@@ -107,7 +107,7 @@ class Job:
     #: the first message's apply, then finds it applied (``PartitionStore.applied_run``)
     apply_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     #: the newest run whose BSP apply ended here, applied or not (``apply_ended``), and its condition: a work
-    #: item of a clock that began with that apply is taken up once it ended (``wait_applied``)
+    #: item of a clock that began with that apply is taken up once it ended (``wait_apply_ended``)
     applies_ended: int = -1
     apply_ended_cv: threading.Condition = field(default_factory=threading.Condition)
 
@@ -132,7 +132,7 @@ class Job:
             self.applies_ended = max(self.applies_ended, run)
             self.apply_ended_cv.notify_all()
 
-    def wait_applied(self, run: int, timeout: float, stop: threading.Event) -> bool:
+    def wait_apply_ended(self, run: int, timeout: float, stop: threading.Event) -> bool:
         """Block until this worker's apply of the BSP pass of ``run`` ended, for at most ``timeout`` seconds
         (less where the job ends or ``stop`` is set: those are looked at every 0.1 s); whether it ended."""
         deadline = time.monotonic() + timeout
@@ -261,7 +261,7 @@ class ShardRunner:
         shard states it leaves. Before the item's members are noted as unstarted: that apply skips those of the
         batch it belongs to (``pass_applied``)."""
         prev = item.get("prev_run")
-        if item.get("apply_here") and not job.wait_applied(int(prev), APPLY_WAIT_S, self.host.stop):
+        if item.get("apply_here") and not job.wait_apply_ended(int(prev), APPLY_WAIT_S, self.host.stop):
             if self.host.stop.is_set() or job.ended.is_set():
                 raise _Stopped
             raise RuntimeError(f"the apply of pass {prev} did not end on {self.host.address} within {APPLY_WAIT_S} s")
