@@ -305,6 +305,13 @@ class Dispatch:
         self._view: JobView | None = None
         #: the policies that decide when a worker is idle (``idle_policies``; every idle poll asks them)
         self._idle = tuple(p for p in self.policies if p.when == "idle")
+        #: raised by every change of ``running_items`` that may show an attempt as running longer (an item
+        #: ended or holds fewer: its pace); with the queue's and the monitor's ``changes``, what the idle
+        #: policies see is as it was while they hold
+        self.changes = 0
+        #: (queue, changes, since, until): the idle policies found nothing to start at ``since`` and find
+        #: nothing before ``until`` while the queue and the changes are these (None: not known)
+        self._quiet: tuple[ShardQueue, int, float, float] | None = None
 
     @property
     def batched(self) -> dict[str, list[tuple[int, int]]]:
@@ -341,7 +348,7 @@ class Dispatch:
         if self._track_started:
             self._mark(worker, old, None)
         self._batch_index.forget(worker)
-        self.running_items.pop(worker, None)
+        self.item_done(worker)
         self.batch_scale.pop(worker, None)
         self.stragglers.pop(worker, None)
 
@@ -422,6 +429,11 @@ class Dispatch:
         total = monitor.total_speed() + unmeasured * speed
         return round(len(self.job.queue.active) * speed / total) if total > 0 else 1
 
+    def item_done(self, worker: str) -> None:
+        """``worker``'s running item ended (committed, failed, or the worker is gone)."""
+        self.running_items.pop(worker, None)
+        self.changes += 1
+
     def live(self, shard: int, attempt: int, worker: str) -> bool:
         """Whether that attempt may still commit (not beaten, failed or given back): a lost-race stop
         of a live attempt was a wrong verdict (under BSP a pass being applied keeps its run id)."""
@@ -487,6 +499,7 @@ class Dispatch:
         if back:
             if (running := self.running_items.get(worker)) is not None:  # its item now holds fewer
                 self.running_items[worker] = (running[0], max(1, running[1] - len(back)))
+                self.changes += 1
             self.job.event(now, "batch-released", worker=worker, shards=sorted(s for s, _ in back))
         self.job.schedule.given_back(s for s, _ in back)
 
@@ -572,14 +585,33 @@ class Dispatch:
         return max(1, running[1]) if running is not None else 1
 
     def idle_policies(self, worker: str, now: float) -> Attempt | None:
-        """``worker`` is idle: a backup attempt an idle-time policy starts for it (None: none)."""
+        """``worker`` is idle: a backup attempt an idle-time policy starts for it (None: none).
+
+        Most idle polls find what the policies read as the previous poll left it: a policy that
+        found nothing says for how long that holds (``Policy.decide_idle``), and until then, while
+        the queue, the monitor and the running items' pace are unchanged (their ``changes``), the
+        answer is kept, not asked again."""
+        job = self.job
+        queue = job.queue
+        quiet = self._quiet
+        if (quiet is not None and quiet[0] is queue and quiet[2] <= now < quiet[3]
+                and quiet[1] == queue.changes + job.monitor.changes + self.changes):
+            return None
+        view = self.view(job.workers, now, worker)
+        holds = math.inf
         for policy in self._idle:
-            for action in policy.decide(self.view(self.job.workers, now, worker)):
+            actions, quiet_s = policy.decide_idle(view)
+            for action in actions:
                 if isinstance(action, Backup):
-                    a = self.job.queue.start_backup(action.shard, action.worker, now)
-                    self.job.event(now, "backup-attempt", shard=a.shard, attempt=a.attempt, worker=worker,
-                               policy=policy.name)
+                    a = queue.start_backup(action.shard, action.worker, now)
+                    job.event(now, "backup-attempt", shard=a.shard, attempt=a.attempt, worker=worker,
+                              policy=policy.name)
                     return a
+            if quiet_s < holds:
+                holds = quiet_s
+        # (less a margin far above the rounding of ``now`` less a start: the time it turns due is early, never late)
+        until = now + holds - 1e-12 * (1.0 + abs(now))
+        self._quiet = (queue, queue.changes + job.monitor.changes + self.changes, now, until) if until > now else None
         return None
 
     def clock_policies(self, now: float) -> None:

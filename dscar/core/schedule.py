@@ -437,7 +437,8 @@ class BspSchedule:
                 granted.append(False)
                 continue
             if not seen:  # (what is the worker's -- its running item, when it was last seen -- once a message)
-                dispatch.running_items.pop(worker, None)
+                dispatch.running_items.pop(worker, None)  # (``Dispatch.item_done``, inline)
+                dispatch.changes += 1
                 dispatch.last_seen[worker] = now
                 seen = True
             current = clock == m.clock and m.grants(run_id)
@@ -506,7 +507,7 @@ class BspSchedule:
         job.event(now, "attempt-stopped" if stopped else "shard-failed", shard=shard, attempt=attempt,
                   worker=worker, error=error, late=late or (stopped and not job.dispatch.live(shard, attempt, worker)),
                   seconds=round(seconds, 4))
-        job.running_items.pop(worker, None)
+        job.dispatch.item_done(worker)
         if clock != m.clock or not (m.handing_out or m.keeping):
             return
         job.dispatch.attempt_started(worker, shard, attempt)
@@ -993,7 +994,8 @@ class SspSchedule:
         if job.log.error is not None or worker in job.losses.lost:
             return [False] * len(finished), []
         dispatch, queue, monitor, tally = job.dispatch, job.queue, job.monitor, job.tally
-        dispatch.running_items.pop(worker, None)
+        dispatch.running_items.pop(worker, None)  # (``Dispatch.item_done``, inline)
+        dispatch.changes += 1
         dispatch.last_seen[worker] = now
         accepts, started, grant, commit = window.accepts, dispatch.attempt_started, queue.commit, window.commit_accepted
         granted: list[bool] = []
@@ -1031,7 +1033,7 @@ class SspSchedule:
         late = not current or run_id != w.epoch or (stopped and not job.dispatch.live(shard, attempt, worker))
         job.event(now, "attempt-stopped" if stopped else "shard-failed", shard=shard, attempt=attempt,
                   worker=worker, error=error, late=late, seconds=round(seconds, 4))
-        job.running_items.pop(worker, None)
+        job.dispatch.item_done(worker)
         if not current:
             return
         job.dispatch.attempt_started(worker, shard, attempt)

@@ -287,6 +287,10 @@ class ShardQueue:
         #: which ``longest_running`` reads in its place (SSP's items of one shard never pay for it)
         self._started_on = False
         self._attempts_clock: int | None = None  # attempt numbers restart only with a new clock
+        #: raised by every change of the attempts (started, committed, failed, released, dropped, reopened)
+        #: and of their waiting marks: what an idle-time policy reads of the queue is as it was while this holds
+        #: (``Dispatch.idle_policies`` keeps an empty answer for as long)
+        self.changes = 0
 
     # ---------------------------------------------------------------- clocks
     @property
@@ -314,6 +318,7 @@ class ShardQueue:
         if phase is not None and not 0 <= phase < self.n_phases:
             raise ValueError(f"phase {phase} outside 0..{self.n_phases - 1}")
         self.clock = clock
+        self.changes += 1
         self._running, self._unsorted, self._started = {}, set(), {}
         self._started_head, self._started_stale, self._started_dirty = {}, {}, set()
         for s in self._shards:
@@ -338,6 +343,7 @@ class ShardQueue:
         if not self.complete:
             raise RuntimeError(f"phase {self.phase} of clock {self.clock} is not complete")
         self.phase += 1
+        self.changes += 1
         self._n_done = sum(1 for i in self.active if self._shards[i].status is _DONE)
         self._todo_reset(self.active)
         return self.phase
@@ -358,6 +364,7 @@ class ShardQueue:
         """Put ``shards`` back in TODO with no attempt and no commit (a pass runs again, or under SSP
         a shard moves on to its next clock). Holders stay; attempt numbers keep counting up."""
         active, records, todo = self.active, self._shards, self._todo
+        self.changes += 1
         added = []
         for i in shards:
             s = records[i]
@@ -580,6 +587,7 @@ class ShardQueue:
         s.next_attempt = number + 1
         s.started += 1
         s.attempt = a  # (a TODO shard has no live attempt)
+        self.changes += 1
         s.status = _DOING
         self._doing.add(shard)
         # ``_todo_discard(shard)`` with the bucket known (every hand-out's member pays it): out of TODO,
@@ -623,6 +631,7 @@ class ShardQueue:
         s.next_attempt += 1
         s.started += 1
         s.add(a)
+        self.changes += 1
         self._reindex(shard)
         return a
 
@@ -853,6 +862,7 @@ class ShardQueue:
             self._started_dirty.update(self._doing)  # (the shards with a ``run_key``)
             self._running, self._unsorted = {}, set()
         on, dirty, shards = self._started_on, self._started_dirty, self._shards
+        self.changes += 1
         for shard, attempt in removed:
             s = shards[shard]
             a = s.waiting
@@ -881,12 +891,14 @@ class ShardQueue:
         a = s.waiting
         if a is not None and a.attempt == attempt and a.worker == worker:
             s.waiting = None
+            self.changes += 1
             if self._started_on:
                 self._started_dirty.add(shard)
 
     def clear_waiting(self) -> None:
         """No batch member is waiting (``Dispatch.batched`` is a new dict)."""
         shards = self._shards  # (only a running shard has a mark: a commit, a drop and a reopen clear it)
+        self.changes += 1
         for i in self._doing:
             shards[i].waiting = None
         if self._started_on:
@@ -903,6 +915,7 @@ class ShardQueue:
             return False
         s.committed = a
         s.attempt = s.waiting = None
+        self.changes += 1
         if s.more:
             s.more = ()
         s.status = _DONE
@@ -941,6 +954,7 @@ class ShardQueue:
         if lost_data:
             s.holder = None
         s.drop(attempt)
+        self.changes += 1
         self._reindex(shard)
         if count and s.attempt is None:
             s.failures.append(f"{worker}: {reason}")
@@ -960,6 +974,7 @@ class ShardQueue:
             return False
         s.drop(attempt)
         s.started -= 1
+        self.changes += 1
         if s.attempt is None:
             s.status = _TODO
             self._doing.discard(shard)
@@ -969,6 +984,7 @@ class ShardQueue:
 
     def worker_lost(self, worker: str) -> list[Attempt]:
         """Return every DOING attempt of ``worker`` to TODO and forget its data."""
+        self.changes += 1
         requeued = []
         for i, s in enumerate(self._shards):
             if s.holder == worker:
@@ -988,6 +1004,7 @@ class ShardQueue:
     def source_lost(self, worker: str) -> list[Attempt]:
         """``worker`` was lost while attempts were taking their shard's data from it: they can
         never get it. Drop them; a shard left with no attempt goes back to TODO, unheld."""
+        self.changes += 1
         doomed = []
         for i, s in enumerate(self._shards):
             gone = [a for a in s.live() if a.fetch_from == worker and not a.backup]
@@ -1006,6 +1023,7 @@ class ShardQueue:
     def uncommit(self, worker: str) -> list[int]:
         """``worker`` was lost before the pass was applied: its committed attempts of the active
         pass are void (their updates went with it). Those shards go back to TODO, unheld."""
+        self.changes += 1
         undone = []
         for i in self.active:
             s = self._shards[i]
