@@ -44,7 +44,7 @@ STEP_PARTS = ("pull_s", "compute_s", "push_s")
 def step_seconds(timings: dict[str, float]) -> float:
     """An attempt's step time, as the monitor records it."""
     get = timings.get  # (the parts of ``STEP_PARTS`` summed in its order, without a generator: every commit asks)
-    return float(get("pull_s", 0.0)) + float(get("compute_s", 0.0)) + float(get("push_s", 0.0))
+    return float(get("pull_s", 0.0) + get("compute_s", 0.0) + get("push_s", 0.0))
 
 
 @dataclass(frozen=True)

@@ -26,6 +26,7 @@ import math
 from collections import Counter
 from dataclasses import dataclass
 from functools import partial
+from operator import itemgetter
 from typing import TYPE_CHECKING, Any, Iterable, Protocol
 
 from .clock import Apply, ClockMachine, Recover, RunClockEnd, Skip, Stage, StartPass
@@ -76,6 +77,8 @@ def _refused(job: "JobState", now: float, worker: str, shard: int, attempt: int,
 
 #: stages every hand-out reads, as module names (an enum member's lookup through its class costs ~75 ns)
 _SHARDS, _REBUILD = Stage.SHARDS, Stage.REBUILD
+#: an ``Attempt``'s (shard, attempt) pair, and its shard, read in C (every hand-out lists its members')
+_PAIR, _SHARD = itemgetter(0, 1), itemgetter(0)
 #: the shard statuses and window phases ``SspSchedule`` compares with at every applied batch's shards, as module
 #: names (an enum member's lookup through its class costs ~75 ns in CPython 3.11, a global's ~7)
 _TODO_STATUS, _DOING_STATUS = ShardStatus.TODO, ShardStatus.DOING
@@ -391,7 +394,7 @@ class BspSchedule:
                 size = job.dispatch.batch_size(worker)
                 if size > 1:
                     batch += job.queue.take_own(worker, now, size - 1)
-            job.dispatch.set_batched(worker, [(b.shard, b.attempt) for b in batch[1:]])  # its earlier items are done
+            job.dispatch.set_batched(worker, list(map(_PAIR, batch[1:])))  # its earlier items are done
             if m.stage is not _REBUILD:
                 job.dispatch.running_items[worker] = (now, len(batch))
             return job.dispatch.item(batch, m.stage is _REBUILD, clock=m.clock, run=m.run_id)
@@ -442,14 +445,15 @@ class BspSchedule:
                 dispatch.last_seen[worker] = now
                 seen = True
             current = clock == m.clock and m.grants(run_id)
-            # attempt numbers restart every pass: only the current run's can be looked up
-            mine = queue.running_attempt(shard, attempt) if current else None
-            if timings and "data_s" in timings:  # (``note_move`` measures only a data move)
-                dispatch.note_move(mine, timings)
-            if not rebuild:
-                step = step_seconds(timings) if timings else (None if mine is None else now - mine.started)
-                if step is not None:
-                    monitor.record(worker, step)
+            # attempt numbers restart every pass: only the current run's can be looked up (and only where read:
+            # a data move's timings, or a step without timings)
+            if timings:
+                if "data_s" in timings:  # (``note_move`` measures only a data move)
+                    dispatch.note_move(queue.running_attempt(shard, attempt) if current else None, timings)
+                if not rebuild:
+                    monitor.record(worker, step_seconds(timings))
+            elif not rebuild and current and (mine := queue.running_attempt(shard, attempt)) is not None:
+                monitor.record(worker, now - mine.started)
             if not current:  # a lost backup, an attempt of a voided pass
                 _refused(job, now, worker, shard, attempt, timings, late=True)
                 granted.append(False)
@@ -942,8 +946,8 @@ class SspSchedule:
                     if len(batch) >= size:
                         break
         # its earlier items are done
-        dispatch.set_batched(worker, [(b.shard, b.attempt) for b in batch[1:]] if len(batch) > 1 else [])
-        shards = [b.shard for b in batch]
+        dispatch.set_batched(worker, list(map(_PAIR, batch[1:])) if len(batch) > 1 else [])
+        shards = list(map(_SHARD, batch))
         if not a.backup:  # (a backup is an item of its own; every other member starts here)
             w.start_all(shards)
         members, newest, read_floor = w.member_fields(shards, worker)

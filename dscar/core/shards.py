@@ -929,8 +929,10 @@ class ShardQueue:
                 dirty.discard(shard)
                 if dirty:
                     self._flush_started()
-            if s.shown is not None:
-                self._place_started(shard)
+            shown = s.shown
+            if shown is not None:  # (``_place_started`` of a shard with no ``run_key``: its entry goes)
+                s.shown = None
+                self._unshow(shown)
         else:
             self._unrun(shard)  # (``_reindex`` for a shard that is DONE)
         return True

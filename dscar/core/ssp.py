@@ -70,6 +70,7 @@ Rules (``check`` asserts them, ``tests/test_ssp.py`` drives them with Hypothesis
 """
 from __future__ import annotations
 
+import bisect
 import enum
 import math
 from collections import Counter
@@ -267,7 +268,7 @@ class ClockWindow:
             top = limit
         if not clocks or clocks[-1] <= top:  # (no list to filter)
             return clocks
-        return [c for c in clocks if c <= top]
+        return clocks[:bisect.bisect_right(clocks, top)]  # (sorted: those up to ``top`` are a prefix)
 
     def any_startable(self) -> bool:
         """Whether ``startable_by_clock`` lists any shard (without listing them)."""
