@@ -189,7 +189,7 @@ def test_the_owners_message_is_built_once_per_change_and_follows_every_change():
 def _scan_choice(queue, worker):
     """What ``next_shard`` chose for a worker with no shard of its own before its indexes: a scan."""
     backlog = {}
-    for i in queue._todo:
+    for i in queue.todo:
         h = queue._shards[i].holder
         if (h is None and not queue.reloadable) or (h is not None and queue.sharding == "static"):
             continue

@@ -243,13 +243,15 @@ class BatchIndex:
 
     def most(self, skip: Callable[[str], bool]) -> str | None:
         """The worker with the most members (ties: the last name) that ``skip`` does not rule out."""
-        self._settle()
-        heap, passed, out = self._heap, [], None
+        if self._changed:
+            self._settle()
+        heap, passed, out, batched = self._heap, [], None, self.batched
         seen: set[str] = set()
         while heap:
             entry = heap[0]
             w = entry[2]
-            if w in seen or not self._fresh(entry):
+            members = batched.get(w)  # (``_fresh``, inline: every idle poll at a pass's tail asks)
+            if w in seen or members is None or len(members) != -entry[0]:
                 heapq.heappop(heap)
             elif skip(w):
                 seen.add(w)
@@ -368,7 +370,7 @@ class Dispatch:
             return False
         # the others' summed speed and slowest step, from the monitor's running figures: it forgets a
         # lost worker (``JobState.forget_worker``), so every worker it measures is live, and this is O(1)
-        return self.job.monitor.outlasts_others(worker, queue.n_todo if n_left is None else n_left, HOLD_BACK_MIN_S)
+        return self.job.monitor.outlasts_others(worker, len(queue.todo) if n_left is None else n_left, HOLD_BACK_MIN_S)
 
     def worth_moving(self, worker: str, now: float, holder: str, backlog: int) -> bool:
         """Whether ``worker``, out of shards of its own, should take one of ``holder``'s ``backlog``

@@ -232,7 +232,7 @@ class BspSchedule:
 
     @property
     def n_startable(self) -> int:
-        return self.job.queue.n_todo
+        return len(self.job.queue.todo)
 
     @property
     def stage_name(self) -> str:
@@ -378,10 +378,10 @@ class BspSchedule:
         if job.log.error is not None or worker in job.losses.lost or m.recovering:
             return None
         if m.handing_out:
-            if self.held_back(worker):
+            if worker in self.started and job.dispatch.leave_to_others(worker):  # (``held_back``, inline)
                 return None
             a = job.queue.next_shard(worker, now, worth_moving=partial(job.dispatch.worth_moving, worker, now)) \
-                if job.queue.n_todo else None  # (at a pass's tail most looks find none: no partial built)
+                if job.queue.todo else None  # (at a pass's tail most looks find none: no partial built)
             if a is None and m.stage is _SHARDS:
                 a = job.dispatch.idle_policies(worker, now)
             elif a is not None and a.fetch_from:
@@ -417,7 +417,7 @@ class BspSchedule:
         """``asker`` found nothing to do in a pass: the worker with the most batch members that
         may not have started, and the later half of them, to ask back (None: nothing to ask)."""
         stage = self.machine.stage  # (the stages as module names: every idle poll asks)
-        if stage is not _SHARDS and stage is not _REBUILD or self.job.queue.n_todo:
+        if stage is not _SHARDS and stage is not _REBUILD or self.job.queue.todo:
             return None
         return self.job.dispatch.ask_back(asker)
 
