@@ -975,7 +975,7 @@ class SspSchedule:
             return []
         actions = self.window.flush()
         # (mostly too few commits wait for a batch: no action, no shard moved back, nothing to carry out)
-        return self._carry(actions, now) if actions or self.window.moved_any else []
+        return self._carry(actions, now) if actions or self.window.moved else []
 
     def releasable(self, asker: str) -> tuple[str, list[tuple[int, int]]] | None:
         w = self.window
@@ -1026,7 +1026,7 @@ class SspSchedule:
             actions = commit(shard, clock, worker)  # (``accepts`` took it above: nothing changed the window since)
             granted.append(True)
             # (most commits wait for a batch: no action, no shard moved back, nothing to carry out)
-            if actions or window.moved_any:
+            if actions or window.moved:
                 effects += self._carry(actions, now)
         return granted, effects
 
