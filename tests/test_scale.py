@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 
 from bench.scale import scenario
 from bench.sim import Sim
+from dscar.core.dispatch import Dispatch
 from dscar.core.monitor import ThroughputMonitor
 from dscar.core.partitions import PartitionMap, TableLayout
 
@@ -109,6 +110,33 @@ def test_ssp_and_backups_read_a_bounded_number_of_shard_entries_per_grant_and_co
     assert backup[256] <= 20 and backup[256] <= 2 * backup[32] + 4, backup
 
 
+@pytest.mark.parametrize("workers, consistency", [(64, "bsp"), (256, "bsp"), (64, "ssp"), (256, "ssp")])
+def test_an_idle_poll_that_keeps_the_idle_policies_empty_answer_gets_what_asking_them_gives(
+        workers, consistency, monkeypatch):
+    """``Dispatch.idle_policies`` keeps an empty answer while the queue, the monitor and the running items'
+    pace are unchanged and its time holds: at every poll that keeps it, the backup policy asked again finds
+    nothing to back up (a change not counted would keep it past a backup), and most idle polls keep it."""
+    asked = []
+    original = Dispatch.idle_policies
+
+    def checked(self, worker, now):
+        quiet = self._quiet
+        out = original(self, worker, now)
+        # (an empty answer asked anew is a new tuple, or None)
+        kept = out is None and quiet is not None and self._quiet is quiet
+        asked.append(kept)
+        if kept:
+            view = self.view(self.job.workers, now, worker)
+            assert all(not p.decide_idle(view)[0] for p in self._idle), (worker, now)
+        return out
+
+    monkeypatch.setattr(Dispatch, "idle_policies", checked)
+    sim, r = run(workers, consistency, clocks=3, count_reads=False)
+    assert r.finished and r.exactly_once
+    assert any(e["kind"] == "backup-attempt" for e in sim.job.events)  # (late shards were backed up meanwhile)
+    assert sum(asked) > len(asked) / 3, (sum(asked), len(asked))
+
+
 def test_control_messages_per_clock_grow_linearly_with_the_workers():
     """Scheduler <-> worker and driver messages per clock per worker stay flat (O(W) per clock)."""
     per_w = {w: run(w, "bsp", clocks=3)[1].control_per_clock / w for w in (32, 256)}
@@ -161,7 +189,7 @@ def test_the_owners_message_is_built_once_per_change_and_follows_every_change():
 def _scan_choice(queue, worker):
     """What ``next_shard`` chose for a worker with no shard of its own before its indexes: a scan."""
     backlog = {}
-    for i in queue._todo:
+    for i in queue.todo:
         h = queue._shards[i].holder
         if (h is None and not queue.reloadable) or (h is not None and queue.sharding == "static"):
             continue

@@ -243,13 +243,15 @@ class BatchIndex:
 
     def most(self, skip: Callable[[str], bool]) -> str | None:
         """The worker with the most members (ties: the last name) that ``skip`` does not rule out."""
-        self._settle()
-        heap, passed, out = self._heap, [], None
+        if self._changed:
+            self._settle()
+        heap, passed, out, batched = self._heap, [], None, self.batched
         seen: set[str] = set()
         while heap:
             entry = heap[0]
             w = entry[2]
-            if w in seen or not self._fresh(entry):
+            members = batched.get(w)  # (``_fresh``, inline: every idle poll at a pass's tail asks)
+            if w in seen or members is None or len(members) != -entry[0]:
                 heapq.heappop(heap)
             elif skip(w):
                 seen.add(w)
@@ -305,6 +307,13 @@ class Dispatch:
         self._view: JobView | None = None
         #: the policies that decide when a worker is idle (``idle_policies``; every idle poll asks them)
         self._idle = tuple(p for p in self.policies if p.when == "idle")
+        #: raised by every change of ``running_items`` that may show an attempt as running longer (an item
+        #: ended or holds fewer: its pace); with the queue's and the monitor's ``changes``, what the idle
+        #: policies see is as it was while they hold
+        self.changes = 0
+        #: (queue, changes, since, until): the idle policies found nothing to start at ``since`` and find
+        #: nothing before ``until`` while the queue and the changes are these (None: not known)
+        self._quiet: tuple[ShardQueue, int, float, float] | None = None
 
     @property
     def batched(self) -> dict[str, list[tuple[int, int]]]:
@@ -341,7 +350,7 @@ class Dispatch:
         if self._track_started:
             self._mark(worker, old, None)
         self._batch_index.forget(worker)
-        self.running_items.pop(worker, None)
+        self.item_done(worker)
         self.batch_scale.pop(worker, None)
         self.stragglers.pop(worker, None)
 
@@ -361,7 +370,7 @@ class Dispatch:
             return False
         # the others' summed speed and slowest step, from the monitor's running figures: it forgets a
         # lost worker (``JobState.forget_worker``), so every worker it measures is live, and this is O(1)
-        return self.job.monitor.outlasts_others(worker, queue.n_todo if n_left is None else n_left, HOLD_BACK_MIN_S)
+        return self.job.monitor.outlasts_others(worker, len(queue.todo) if n_left is None else n_left, HOLD_BACK_MIN_S)
 
     def worth_moving(self, worker: str, now: float, holder: str, backlog: int) -> bool:
         """Whether ``worker``, out of shards of its own, should take one of ``holder``'s ``backlog``
@@ -421,6 +430,11 @@ class Dispatch:
         unmeasured = max(0, len(self.job.workers) - monitor.n_measured())
         total = monitor.total_speed() + unmeasured * speed
         return round(len(self.job.queue.active) * speed / total) if total > 0 else 1
+
+    def item_done(self, worker: str) -> None:
+        """``worker``'s running item ended (committed, failed, or the worker is gone)."""
+        self.running_items.pop(worker, None)
+        self.changes += 1
 
     def live(self, shard: int, attempt: int, worker: str) -> bool:
         """Whether that attempt may still commit (not beaten, failed or given back): a lost-race stop
@@ -487,6 +501,7 @@ class Dispatch:
         if back:
             if (running := self.running_items.get(worker)) is not None:  # its item now holds fewer
                 self.running_items[worker] = (running[0], max(1, running[1] - len(back)))
+                self.changes += 1
             self.job.event(now, "batch-released", worker=worker, shards=sorted(s for s, _ in back))
         self.job.schedule.given_back(s for s, _ in back)
 
@@ -572,14 +587,33 @@ class Dispatch:
         return max(1, running[1]) if running is not None else 1
 
     def idle_policies(self, worker: str, now: float) -> Attempt | None:
-        """``worker`` is idle: a backup attempt an idle-time policy starts for it (None: none)."""
+        """``worker`` is idle: a backup attempt an idle-time policy starts for it (None: none).
+
+        Most idle polls find what the policies read as the previous poll left it: a policy that
+        found nothing says for how long that holds (``Policy.decide_idle``), and until then, while
+        the queue, the monitor and the running items' pace are unchanged (their ``changes``), the
+        answer is kept, not asked again."""
+        job = self.job
+        queue = job.queue
+        quiet = self._quiet
+        if (quiet is not None and quiet[0] is queue and quiet[2] <= now < quiet[3]
+                and quiet[1] == queue.changes + job.monitor.changes + self.changes):
+            return None
+        view = self.view(job.workers, now, worker)
+        holds = math.inf
         for policy in self._idle:
-            for action in policy.decide(self.view(self.job.workers, now, worker)):
+            actions, quiet_s = policy.decide_idle(view)
+            for action in actions:
                 if isinstance(action, Backup):
-                    a = self.job.queue.start_backup(action.shard, action.worker, now)
-                    self.job.event(now, "backup-attempt", shard=a.shard, attempt=a.attempt, worker=worker,
-                               policy=policy.name)
+                    a = queue.start_backup(action.shard, action.worker, now)
+                    job.event(now, "backup-attempt", shard=a.shard, attempt=a.attempt, worker=worker,
+                              policy=policy.name)
                     return a
+            if quiet_s < holds:
+                holds = quiet_s
+        # (less a margin far above the rounding of ``now`` less a start: the time it turns due is early, never late)
+        until = now + holds - 1e-12 * (1.0 + abs(now))
+        self._quiet = (queue, queue.changes + job.monitor.changes + self.changes, now, until) if until > now else None
         return None
 
     def clock_policies(self, now: float) -> None:

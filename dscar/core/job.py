@@ -97,6 +97,11 @@ class JobState:
         self.schedule: Schedule = (
             SspSchedule(self, staleness=staleness, max_clocks=max_clocks, resume=resume) if consistency == "ssp"
             else BspSchedule(self, resume))
+        # every worker's polls and commits ask these: answered by the part that decides them, without a frame
+        # of the job's own on each (the methods of the same names below say what each answers)
+        self.next_item, self.idle, self.commit_many, self.releasable = (
+            self.schedule.next_item, self.schedule.idle, self.schedule.commit_many, self.schedule.releasable)
+        self.released = self.dispatch.released
         if resume is not None:
             self.losses.plan_states(cfg.n_shards, resume)
 

@@ -44,7 +44,7 @@ STEP_PARTS = ("pull_s", "compute_s", "push_s")
 def step_seconds(timings: dict[str, float]) -> float:
     """An attempt's step time, as the monitor records it."""
     get = timings.get  # (the parts of ``STEP_PARTS`` summed in its order, without a generator: every commit asks)
-    return float(get("pull_s", 0.0)) + float(get("compute_s", 0.0)) + float(get("push_s", 0.0))
+    return float(get("pull_s", 0.0) + get("compute_s", 0.0) + get("push_s", 0.0))
 
 
 @dataclass(frozen=True)
@@ -95,6 +95,8 @@ class ThroughputMonitor:
         #: ``median_step()`` since ``_by_step`` last changed (False: not known): an idle poll asks the
         #: backup policy, which asks it, far more often than a worker's mean step changes
         self._median: float | None | bool = False
+        #: raised by every change of a worker's typical step time (``median_step`` and the rest read those)
+        self.changes = 0
 
     def record(self, worker: str, step_s: float) -> None:
         step_s = float(step_s)
@@ -118,6 +120,7 @@ class ThroughputMonitor:
 
     def _set_mean(self, worker: str, mean: float | None) -> None:
         self._median = False
+        self.changes += 1
         old = self._mean.pop(worker, None)
         if old is not None:
             del self._by_step[bisect.bisect_left(self._by_step, old)]  # (a copy of ``old``: any one is)

@@ -20,6 +20,7 @@ itself is not a policy: it is the pull model, always on.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Collection, Iterable, Iterator
 
@@ -95,6 +96,13 @@ class Policy:
     def decide(self, view: ControllerView) -> list:
         raise NotImplementedError
 
+    def decide_idle(self, view: ControllerView) -> tuple[list, float]:
+        """``decide``, and for how many seconds from ``view``'s time an empty answer holds while nothing
+        the view shows changes but the time (0.0: none; ask again at every poll). An idle-time policy is
+        asked on every idle poll, and mostly nothing it reads has changed since: ``Dispatch.idle_policies``
+        keeps the empty answer for that long, until the job's state changes."""
+        return self.decide(view), 0.0
+
     def __repr__(self) -> str:
         args = ", ".join(f"{k}={v!r}" for k, v in vars(self).items())
         return f"{type(self).__name__}({args})"
@@ -115,23 +123,29 @@ class BackupPolicy(Policy):
         self.max_attempts = max_attempts
 
     def decide(self, view: ControllerView) -> list:
+        return self.decide_idle(view)[0]
+
+    def decide_idle(self, view: ControllerView) -> tuple[list, float]:
         if view.todo or view.idle_worker is None:
-            return []
+            return [], 0.0  # (shards to start, or no asker: said again at once, not kept)
         med = view.monitor.median_step()
         if med is None:
-            return []
+            return [], math.inf  # (until a step is measured: a change of the monitor)
         late_after = max(self.k * med, self.min_s)
         oldest = view.oldest_elapsed(self.max_attempts)
-        if oldest is None or oldest <= late_after:
-            return []  # (the loop below would stop at its first shard: nothing is late)
+        if oldest is None:
+            return [], math.inf  # (until an attempt runs: a change of the queue)
+        if oldest <= late_after:
+            # (the loop below would stop at its first shard: nothing is late, and nothing turns late
+            # before the longest running does; shown at its item's pace, it turns late no sooner)
+            return [], late_after - oldest
         idle = view.idle_worker
         for r in view.longest_running(self.max_attempts):  # the first one it may back up is the latest
             if r.elapsed_s <= late_after:
                 break  # (and so is every one after it)
             if r.worker != idle and idle not in r.workers:
-                return [Backup(r.shard, idle)]
-        return []
-
+                return [Backup(r.shard, idle)], 0.0
+        return [], 0.0  # (late shards, each the asker's own: another asker may back one up)
 
     def due_in(self, view: ControllerView) -> float | None:
         """Seconds until ``decide`` may start a backup at the earliest (the longest-running shard turns

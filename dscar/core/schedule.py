@@ -26,6 +26,7 @@ import math
 from collections import Counter
 from dataclasses import dataclass
 from functools import partial
+from operator import itemgetter
 from typing import TYPE_CHECKING, Any, Iterable, Protocol
 
 from .clock import Apply, ClockMachine, Recover, RunClockEnd, Skip, Stage, StartPass
@@ -79,6 +80,8 @@ def _refused(job: "JobState", now: float, worker: str, shard: int, attempt: int,
 
 #: stages every hand-out reads, as module names (an enum member's lookup through its class costs ~75 ns)
 _SHARDS, _REBUILD = Stage.SHARDS, Stage.REBUILD
+#: an ``Attempt``'s (shard, attempt) pair, and its shard, read in C (every hand-out lists its members')
+_PAIR, _SHARD = itemgetter(0, 1), itemgetter(0)
 #: the shard statuses and window phases ``SspSchedule`` compares with at every applied batch's shards, as module
 #: names (an enum member's lookup through its class costs ~75 ns in CPython 3.11, a global's ~7)
 _TODO_STATUS, _DOING_STATUS = ShardStatus.TODO, ShardStatus.DOING
@@ -239,7 +242,7 @@ class BspSchedule:
 
     @property
     def n_startable(self) -> int:
-        return self.job.queue.n_todo
+        return len(self.job.queue.todo)
 
     @property
     def stage_name(self) -> str:
@@ -385,10 +388,10 @@ class BspSchedule:
         if job.log.error is not None or worker in job.losses.lost or m.recovering:
             return None
         if m.handing_out:
-            if self.held_back(worker):
+            if worker in self.started and job.dispatch.leave_to_others(worker):  # (``held_back``, inline)
                 return None
             a = job.queue.next_shard(worker, now, worth_moving=partial(job.dispatch.worth_moving, worker, now)) \
-                if job.queue.n_todo else None  # (at a pass's tail most looks find none: no partial built)
+                if job.queue.todo else None  # (at a pass's tail most looks find none: no partial built)
             if a is None and m.stage is _SHARDS:
                 a = job.dispatch.idle_policies(worker, now)
             elif a is not None and a.fetch_from:
@@ -401,7 +404,7 @@ class BspSchedule:
                 size = job.dispatch.batch_size(worker)
                 if size > 1:
                     batch += job.queue.take_own(worker, now, size - 1)
-            job.dispatch.set_batched(worker, [(b.shard, b.attempt) for b in batch[1:]])  # its earlier items are done
+            job.dispatch.set_batched(worker, list(map(_PAIR, batch[1:])))  # its earlier items are done
             if m.stage is not _REBUILD:
                 job.dispatch.running_items[worker] = (now, len(batch))
             return job.dispatch.item(batch, m.stage is _REBUILD, clock=m.clock, run=m.run_id)
@@ -424,7 +427,7 @@ class BspSchedule:
         """``asker`` found nothing to do in a pass: the worker with the most batch members that
         may not have started, and the later half of them, to ask back (None: nothing to ask)."""
         stage = self.machine.stage  # (the stages as module names: every idle poll asks)
-        if stage is not _SHARDS and stage is not _REBUILD or self.job.queue.n_todo:
+        if stage is not _SHARDS and stage is not _REBUILD or self.job.queue.todo:
             return None
         return self.job.dispatch.ask_back(asker)
 
@@ -447,18 +450,20 @@ class BspSchedule:
                 granted.append(False)
                 continue
             if not seen:  # (what is the worker's -- its running item, when it was last seen -- once a message)
-                dispatch.running_items.pop(worker, None)
+                dispatch.running_items.pop(worker, None)  # (``Dispatch.item_done``, inline)
+                dispatch.changes += 1
                 dispatch.last_seen[worker] = now
                 seen = True
             current = clock == m.clock and m.grants(run_id)
-            # attempt numbers restart every pass: only the current run's can be looked up
-            mine = queue.running_attempt(shard, attempt) if current else None
-            if timings and "data_s" in timings:  # (``note_move`` measures only a data move)
-                dispatch.note_move(mine, timings)
-            if not rebuild:
-                step = step_seconds(timings) if timings else (None if mine is None else now - mine.started)
-                if step is not None:
-                    monitor.record(worker, step)
+            # attempt numbers restart every pass: only the current run's can be looked up (and only where read:
+            # a data move's timings, or a step without timings)
+            if timings:
+                if "data_s" in timings:  # (``note_move`` measures only a data move)
+                    dispatch.note_move(queue.running_attempt(shard, attempt) if current else None, timings)
+                if not rebuild:
+                    monitor.record(worker, step_seconds(timings))
+            elif not rebuild and current and (mine := queue.running_attempt(shard, attempt)) is not None:
+                monitor.record(worker, now - mine.started)
             if not current:  # a lost backup, an attempt of a voided pass
                 _refused(job, now, worker, shard, attempt, timings, late=True)
                 granted.append(False)
@@ -516,7 +521,7 @@ class BspSchedule:
         job.event(now, "attempt-stopped" if stopped else "shard-failed", shard=shard, attempt=attempt,
                   worker=worker, error=error, late=late or (stopped and not job.dispatch.live(shard, attempt, worker)),
                   seconds=round(seconds, 4))
-        job.running_items.pop(worker, None)
+        job.dispatch.item_done(worker)
         if clock != m.clock or not (m.handing_out or m.keeping):
             return
         job.dispatch.attempt_started(worker, shard, attempt)
@@ -992,8 +997,8 @@ class SspSchedule:
                     if len(batch) >= size:
                         break
         # its earlier items are done
-        dispatch.set_batched(worker, [(b.shard, b.attempt) for b in batch[1:]] if len(batch) > 1 else [])
-        shards = [b.shard for b in batch]
+        dispatch.set_batched(worker, list(map(_PAIR, batch[1:])) if len(batch) > 1 else [])
+        shards = list(map(_SHARD, batch))
         if not a.backup:  # (a backup is an item of its own; every other member starts here)
             w.start_all(shards)
         members, newest, read_floor = w.member_fields(shards, worker)
@@ -1021,7 +1026,7 @@ class SspSchedule:
             return []
         actions = self.window.flush()
         # (mostly too few commits wait for a batch: no action, no shard moved back, nothing to carry out)
-        return self._carry(actions, now) if actions or self.window.moved_any else []
+        return self._carry(actions, now) if actions or self.window.moved else []
 
     def releasable(self, asker: str) -> tuple[str, list[tuple[int, int]]] | None:
         w = self.window
@@ -1044,7 +1049,8 @@ class SspSchedule:
         if job.log.error is not None or worker in job.losses.lost:
             return [False] * len(finished), []
         dispatch, queue, monitor, tally = job.dispatch, job.queue, job.monitor, job.tally
-        dispatch.running_items.pop(worker, None)
+        dispatch.running_items.pop(worker, None)  # (``Dispatch.item_done``, inline)
+        dispatch.changes += 1
         dispatch.last_seen[worker] = now
         accepts, started, grant, commit = window.accepts, dispatch.attempt_started, queue.commit, window.commit_accepted
         granted: list[bool] = []
@@ -1071,7 +1077,7 @@ class SspSchedule:
             actions = commit(shard, clock, worker)  # (``accepts`` took it above: nothing changed the window since)
             granted.append(True)
             # (most commits wait for a batch: no action, no shard moved back, nothing to carry out)
-            if actions or window.moved_any:
+            if actions or window.moved:
                 effects += self._carry(actions, now)
         return granted, effects
 
@@ -1082,7 +1088,7 @@ class SspSchedule:
         late = not current or run_id != w.epoch or (stopped and not job.dispatch.live(shard, attempt, worker))
         job.event(now, "attempt-stopped" if stopped else "shard-failed", shard=shard, attempt=attempt,
                   worker=worker, error=error, late=late, seconds=round(seconds, 4))
-        job.running_items.pop(worker, None)
+        job.dispatch.item_done(worker)
         if not current:
             return
         job.dispatch.attempt_started(worker, shard, attempt)

@@ -234,13 +234,15 @@ class ShardQueue:
         self.phase_ranges = tuple(range(a, a + n) for a, n in zip(starts, phases))
         self.phase: int | None = 0  # the active phase; None: every shard is active (a rebuild pass)
         self._shards = [_Shard() for _ in range(n_shards)]
-        self._todo: set[int] = set()
+        #: the TODO shards of the active phase (read it, do not change it: the queue's indexes follow it; a
+        #: set, not ``n_todo``'s frame, for the questions every poll asks)
+        self.todo: set[int] = set()
         #: each shard's tier: TODO shards are handed out one tier at a time (``next_shard``); under
         #: SSP a shard's tier is the clock of its next update, under BSP every shard's is 0
         self._tier = [0] * n_shards
-        #: the ``_todo`` shards by (tier, holder) (holder None: unheld): a worker's own shards without a scan
+        #: the ``todo`` shards by (tier, holder) (holder None: unheld): a worker's own shards without a scan
         self._local: dict[tuple[int, str | None], set[int]] = {}
-        #: tier -> backlog size -> the holders (not None) with that many ``_todo`` shards of the tier:
+        #: tier -> backlog size -> the holders (not None) with that many ``todo`` shards of the tier:
         #: the longest backlog's last holder without a scan of the holders
         self._by_size: dict[int, dict[int, LastNameSet]] = {}
         #: shards of the active phase that are DONE: ``complete`` without a scan
@@ -287,6 +289,10 @@ class ShardQueue:
         #: which ``longest_running`` reads in its place (SSP's items of one shard never pay for it)
         self._started_on = False
         self._attempts_clock: int | None = None  # attempt numbers restart only with a new clock
+        #: raised by every change of the attempts (started, committed, failed, released, dropped, reopened)
+        #: and of their waiting marks: what an idle-time policy reads of the queue is as it was while this holds
+        #: (``Dispatch.idle_policies`` keeps an empty answer for as long)
+        self.changes = 0
 
     # ---------------------------------------------------------------- clocks
     @property
@@ -314,6 +320,7 @@ class ShardQueue:
         if phase is not None and not 0 <= phase < self.n_phases:
             raise ValueError(f"phase {phase} outside 0..{self.n_phases - 1}")
         self.clock = clock
+        self.changes += 1
         self._running, self._unsorted, self._started = {}, set(), {}
         self._started_head, self._started_stale, self._started_dirty = {}, {}, set()
         for s in self._shards:
@@ -338,6 +345,7 @@ class ShardQueue:
         if not self.complete:
             raise RuntimeError(f"phase {self.phase} of clock {self.clock} is not complete")
         self.phase += 1
+        self.changes += 1
         self._n_done = sum(1 for i in self.active if self._shards[i].status is _DONE)
         self._todo_reset(self.active)
         return self.phase
@@ -357,7 +365,8 @@ class ShardQueue:
     def reopen(self, shards) -> None:
         """Put ``shards`` back in TODO with no attempt and no commit (a pass runs again, or under SSP
         a shard moves on to its next clock). Holders stay; attempt numbers keep counting up."""
-        active, records, todo = self.active, self._shards, self._todo
+        active, records, todo = self.active, self._shards, self.todo
+        self.changes += 1
         added = []
         for i in shards:
             s = records[i]
@@ -377,7 +386,7 @@ class ShardQueue:
         self._add_locals(added)
 
     def _add_locals(self, shards: list[int]) -> None:
-        """``_add_local`` for each of ``shards`` (new in ``_todo``), a bucket at a time: each holder's
+        """``_add_local`` for each of ``shards`` (new in ``todo``), a bucket at a time: each holder's
         backlog size changes once, not once a shard (an SSP batch applied, or a loss, reopens
         thousands of shards, most of them of a few hundred (tier, holder) buckets)."""
         groups: dict[tuple[int, str | None], list[int]] = {}
@@ -411,7 +420,7 @@ class ShardQueue:
     @property
     def n_todo(self) -> int:
         """Shards of the active phase not started (nor given back) yet."""
-        return len(self._todo)
+        return len(self.todo)
 
     def counts(self) -> dict[str, int]:
         """Shards of the active phase per status."""
@@ -423,7 +432,7 @@ class ShardQueue:
     # -------------------------------------------------------------- locality
     def set_holder(self, shard: int, worker: str | None) -> None:
         s = self._shards[shard]
-        if s.holder != worker and shard in self._todo:
+        if s.holder != worker and shard in self.todo:
             self._drop_local(s.holder, shard)
             self._add_local(worker, shard)
         s.holder = worker
@@ -431,7 +440,7 @@ class ShardQueue:
     def set_tier(self, shard: int, tier: int) -> None:
         """``shard`` is handed out with the other shards of ``tier`` (``next_shard``)."""
         if self._tier[shard] != tier:
-            todo = shard in self._todo
+            todo = shard in self.todo
             if todo:
                 self._todo_discard(shard)
             self._tier[shard] = tier
@@ -442,13 +451,13 @@ class ShardQueue:
         return self._tier[shard]
 
     def _todo_add(self, shard: int) -> None:
-        if shard not in self._todo:
-            self._todo.add(shard)
+        if shard not in self.todo:
+            self.todo.add(shard)
             self._add_local(self._shards[shard].holder, shard)
 
     def _todo_discard(self, shard: int) -> None:
-        if shard in self._todo:
-            self._todo.discard(shard)
+        if shard in self.todo:
+            self.todo.discard(shard)
             self._drop_local(self._shards[shard].holder, shard)
 
     def _add_local(self, holder: str | None, shard: int) -> None:
@@ -488,10 +497,10 @@ class ShardQueue:
             del self._by_size[tier]
 
     def _todo_reset(self, shards) -> None:
-        self._todo = set(shards)
+        self.todo = set(shards)
         self._local = {}
         self._by_size = {}
-        self._add_locals(list(self._todo))
+        self._add_locals(list(self.todo))
 
     def holder(self, shard: int) -> str | None:
         return self._shards[shard].holder
@@ -525,7 +534,7 @@ class ShardQueue:
         Its own shard first (the lowest id); else an unheld one when shards are reloadable (the
         highest id); else, with dynamic sharding, the highest id of the holder with the longest
         backlog (ties: the last name). Each from an index: no scan of the shards or the holders."""
-        if not self._todo:
+        if not self.todo:
             return None
         key = (tier, worker)
         local = self._local.get(key)
@@ -580,11 +589,12 @@ class ShardQueue:
         s.next_attempt = number + 1
         s.started += 1
         s.attempt = a  # (a TODO shard has no live attempt)
+        self.changes += 1
         s.status = _DOING
         self._doing.add(shard)
         # ``_todo_discard(shard)`` with the bucket known (every hand-out's member pays it): out of TODO,
         # its bucket and its holder's backlog size
-        self._todo.discard(shard)
+        self.todo.discard(shard)
         bucket.discard(shard)
         if not member:
             n = len(bucket)
@@ -623,6 +633,7 @@ class ShardQueue:
         s.next_attempt += 1
         s.started += 1
         s.add(a)
+        self.changes += 1
         self._reindex(shard)
         return a
 
@@ -853,6 +864,7 @@ class ShardQueue:
             self._started_dirty.update(self._doing)  # (the shards with a ``run_key``)
             self._running, self._unsorted = {}, set()
         on, dirty, shards = self._started_on, self._started_dirty, self._shards
+        self.changes += 1
         for shard, attempt in removed:
             s = shards[shard]
             a = s.waiting
@@ -881,12 +893,14 @@ class ShardQueue:
         a = s.waiting
         if a is not None and a.attempt == attempt and a.worker == worker:
             s.waiting = None
+            self.changes += 1
             if self._started_on:
                 self._started_dirty.add(shard)
 
     def clear_waiting(self) -> None:
         """No batch member is waiting (``Dispatch.batched`` is a new dict)."""
         shards = self._shards  # (only a running shard has a mark: a commit, a drop and a reopen clear it)
+        self.changes += 1
         for i in self._doing:
             shards[i].waiting = None
         if self._started_on:
@@ -903,6 +917,7 @@ class ShardQueue:
             return False
         s.committed = a
         s.attempt = s.waiting = None
+        self.changes += 1
         if s.more:
             s.more = ()
         s.status = _DONE
@@ -916,8 +931,10 @@ class ShardQueue:
                 dirty.discard(shard)
                 if dirty:
                     self._flush_started()
-            if s.shown is not None:
-                self._place_started(shard)
+            shown = s.shown
+            if shown is not None:  # (``_place_started`` of a shard with no ``run_key``: its entry goes)
+                s.shown = None
+                self._unshow(shown)
         else:
             self._unrun(shard)  # (``_reindex`` for a shard that is DONE)
         return True
@@ -941,6 +958,7 @@ class ShardQueue:
         if lost_data:
             s.holder = None
         s.drop(attempt)
+        self.changes += 1
         self._reindex(shard)
         if count and s.attempt is None:
             s.failures.append(f"{worker}: {reason}")
@@ -960,6 +978,7 @@ class ShardQueue:
             return False
         s.drop(attempt)
         s.started -= 1
+        self.changes += 1
         if s.attempt is None:
             s.status = _TODO
             self._doing.discard(shard)
@@ -969,6 +988,7 @@ class ShardQueue:
 
     def worker_lost(self, worker: str) -> list[Attempt]:
         """Return every DOING attempt of ``worker`` to TODO and forget its data."""
+        self.changes += 1
         requeued = []
         for i, s in enumerate(self._shards):
             if s.holder == worker:
@@ -988,6 +1008,7 @@ class ShardQueue:
     def source_lost(self, worker: str) -> list[Attempt]:
         """``worker`` was lost while attempts were taking their shard's data from it: they can
         never get it. Drop them; a shard left with no attempt goes back to TODO, unheld."""
+        self.changes += 1
         doomed = []
         for i, s in enumerate(self._shards):
             gone = [a for a in s.live() if a.fetch_from == worker and not a.backup]
@@ -1006,6 +1027,7 @@ class ShardQueue:
     def uncommit(self, worker: str) -> list[int]:
         """``worker`` was lost before the pass was applied: its committed attempts of the active
         pass are void (their updates went with it). Those shards go back to TODO, unheld."""
+        self.changes += 1
         undone = []
         for i in self.active:
             s = self._shards[i]
@@ -1117,18 +1139,18 @@ class ShardQueue:
             assert all(self._shards[e[2]].shown[1] is e for e in started if e[2] >= 0), k
             assert self._started_stale[k] == len(started) - len(live[k]) == sum(e[2] < 0 for e in started), k
             assert all(e[2] < 0 for e in started[:self._started_head[k]]), k
-        assert {i for b in self._local.values() for i in b} == self._todo and all(
+        assert {i for b in self._local.values() for i in b} == self.todo and all(
             self._shards[i].holder == h and self._tier[i] == t for (t, h), b in self._local.items() for i in b)
         held = {(t, h): len(b) for (t, h), b in self._local.items() if h is not None}
         for top in {*self._tier, float("inf")}:  # the index's answer is the shards' own
-            want = {self._shards[i].holder for i in self._todo if self._tier[i] <= top} - {None}
+            want = {self._shards[i].holder for i in self.todo if self._tier[i] <= top} - {None}
             assert self.holders_with_todo(top) == want, (top, want)
         assert {t: {n: set(same) for n, same in sizes.items()} for t, sizes in self._by_size.items()} == {
             t: {n: {h for (u, h), m in held.items() if u == t and m == n} for (u, _), n in held.items() if u == t}
             for t, _ in held}
         assert all(same.last() == max(same) for sizes in self._by_size.values() for same in sizes.values())
         for i, s in enumerate(self._shards):
-            assert (i in self._todo) == (s.status is _TODO and i in active), i
+            assert (i in self.todo) == (s.status is _TODO and i in active), i
             if i not in active:  # an earlier phase (DONE, or TODO after a rebuild pass) or a later one (TODO)
                 assert s.status is not _DOING and s.attempt is None, i
                 assert s.status is _TODO or i < active.start, i

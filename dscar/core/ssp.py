@@ -70,6 +70,7 @@ Rules (``check`` asserts them, ``tests/test_ssp.py`` drives them with Hypothesis
 """
 from __future__ import annotations
 
+import bisect
 import enum
 import math
 from collections import Counter
@@ -212,7 +213,8 @@ class ClockWindow:
     #: RUNNING shards
     _n_running: int = 0
     #: shards that went (back) to TODO, or to another clock while TODO, since ``moved_back`` was last asked
-    _moved: list[int] = field(default_factory=list)
+    #: (read it, do not change it: every commit asks whether it holds any, without a frame)
+    moved: list[int] = field(default_factory=list)
 
     def __post_init__(self):
         if self.n_shards < 1:
@@ -267,7 +269,7 @@ class ClockWindow:
             top = limit
         if not clocks or clocks[-1] <= top:  # (no list to filter)
             return clocks
-        return [c for c in clocks if c <= top]
+        return clocks[:bisect.bisect_right(clocks, top)]  # (sorted: those up to ``top`` are a prefix)
 
     def any_startable(self) -> bool:
         """Whether ``startable_by_clock`` lists any shard (without listing them)."""
@@ -309,13 +311,8 @@ class ClockWindow:
     def moved_back(self) -> list[int]:
         """The shards that went back to TODO (or on to their next clock) since the last call: what
         the shard queue must reopen (``SspSchedule``), without a scan of every shard."""
-        moved, self._moved = self._moved, []
+        moved, self.moved = self.moved, []
         return moved
-
-    @property
-    def moved_any(self) -> bool:
-        """Whether ``moved_back`` has shards to name."""
-        return bool(self._moved)
 
     def read_floor(self, shard: int) -> int:
         """The oldest table version holding every update of clocks ``<= t - s - 1`` (``t``: the
@@ -615,7 +612,7 @@ class ClockWindow:
         if phase is _TODO:
             self._todo.setdefault(clock, set()).add(shard)
             if old_phase is not _TODO or old_clock != clock:
-                self._moved.append(shard)
+                self.moved.append(shard)
         elif phase is _RUNNING:
             self._n_running += 1
         elif phase is _COMMITTED:
