@@ -870,8 +870,15 @@ def run_mode(mode: str, prob: Problem, st: Settings, n_trials: int, n_repeat: in
             trial = {"trial": i, "worker": worker, "clock": clock, "seed": seed, "runs": {}}
             order = list(POLICIES)
             order = order[i % len(order):] + order[: i % len(order)]  # rotate: no policy always first
-            for pol in order:
-                trial["runs"][pol] = fit(pol, make(worker, clock), seed)
+            # a loss at an attempt's start fires once its worker starts one from its clock on; on tiny steps the
+            # first workers to ask may run every shard (dynamic sharding): then the next worker is the target
+            for target in [(worker + k) % st.n_workers for k in range(st.n_workers)]:
+                trial["worker"] = target
+                for pol in order:
+                    trial["runs"][pol] = fit(pol, make(target, clock), seed)
+                if any(r.get("fault_clock") is not None for r in trial["runs"].values()):
+                    break
+                trial.setdefault("idle_targets", []).append(target)  # (it ran nothing from its clock on)
             add_rework(trial, by_seed[seed], p_star)
             out["trials"].append(trial)
             for pol in POLICIES:

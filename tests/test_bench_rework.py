@@ -96,10 +96,14 @@ def test_quick_benchmark_covers_lda_and_mlr_with_their_thresholds(quick_run):
         else:
             assert level_reached[-1] <= (1 + mlr["problem"]["eps"]) * mlr["problem"]["P_star_sklearn"]
         assert m["trials"], (name, mode)
+        fired = 0
         for t in m["trials"]:
             for pol, r in t["runs"].items():
                 assert r["ok"], (name, mode, pol, r.get("error"))
-                assert r["events"]["worker-lost"] == 1 and r["events"]["recovery-done"] == 1
+                # a loss at an attempt's start fires once its worker starts one from its clock on: on these tiny
+                # steps the first workers to ask may run every shard (dynamic sharding), and then it never does
+                fired += r["fault_clock"] is not None
+                assert r["events"]["worker-lost"] == r["events"]["recovery-done"] == (r["fault_clock"] is not None)
                 if name == "lda" and not r["converged"]:
                     # a Gibbs chain hit early can settle on a lower plateau and never reach the threshold
                     # (seen since the first LDA rework runs; issue 13 asks for an honest LDA figure): it
@@ -107,6 +111,7 @@ def test_quick_benchmark_covers_lda_and_mlr_with_their_thresholds(quick_run):
                     assert r["clocks_to_threshold"] is None and r["rework"] is None, (mode, pol, r)
                     continue
                 assert r["converged"] and r["rework"] == r["clocks_to_threshold"] - m["T_star_by_policy"].get(pol, m["T_star"])
+        assert fired, (name, mode, "no fault fired: nothing was measured")
         assert f"== {name}: {mode}" in stdout
 
 
