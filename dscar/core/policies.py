@@ -131,7 +131,7 @@ class BackupPolicy(Policy):
         med = view.monitor.median_step()
         if med is None:
             return [], math.inf  # (until a step is measured: a change of the monitor)
-        late_after = max(self.k * med, self.min_s)
+        late_after = self._late_after(med)
         oldest = view.oldest_elapsed(self.max_attempts)
         if oldest is None:
             return [], math.inf  # (until an attempt runs: a change of the queue)
@@ -155,7 +155,11 @@ class BackupPolicy(Policy):
         if view.todo or med is None:
             return None
         oldest = view.oldest_elapsed(self.max_attempts)
-        return None if oldest is None else max(0.0, max(self.k * med, self.min_s) - oldest)
+        return None if oldest is None else max(0.0, self._late_after(med) - oldest)
+
+    def _late_after(self, median_step: float) -> float:
+        """Seconds after which a running attempt counts as late (``k`` typical steps, at least ``min_s``)."""
+        return max(self.k * median_step, self.min_s)
 
 
 class AdaptiveBatchPolicy(Policy):

@@ -1309,7 +1309,7 @@ class Coordinator(SchedulerPlugin):
             if item is not None:
                 if job.consistency != "ssp":
                     self._note_copies(job_id, worker, item)
-                    if (pending := self._with_apply.get(job_id)) is not None and int(item["run"]) > pending[0]:
+                    if (pending := self._with_apply.get(job_id)) is not None:  # (items of the clock begun with it)
                         item["prev_run"] = pending[0]  # (its clock began with that apply: ``runner.Job.settle_before``)
                         if worker in pending[1]:
                             item["apply_here"] = True  # (taken up once applied here: ``ShardRunner._await_apply``)

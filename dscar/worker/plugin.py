@@ -124,8 +124,6 @@ class ParamServer(WorkerPlugin):
         #: (job, pass tag) -> the answer of this worker's combine step of that pass (``_combine``),
         #: once the apply message that names it came; a parent's fetch may come first and waits
         self._combines: dict[tuple[str, tuple[int, int]], asyncio.Future] = {}
-        #: job -> the newest BSP pass whose apply was refused or cut short here (``_until_applied``)
-        self._not_applied: dict[str, int] = {}
         #: woken (their results set) whenever a BSP pass is applied here or will not be
         self._apply_waiters: list[asyncio.Future] = []
         #: job -> (run, the clock end folded into that pass's apply here): an apply sent again awaits it
@@ -295,7 +293,7 @@ class ParamServer(WorkerPlugin):
                 return f"job {job_id} is not on {self.address}"
             if job.tables.applied_run >= run:
                 return None
-            if job.run_seen > run or self._not_applied.get(job.id, -1) >= run:
+            if job.run_seen > run or job.applies_ended >= run:  # (ended, not applied: refused or cut short)
                 return None if ended else f"pass {run} will not be applied on {self.address}"
             left = deadline - time.monotonic()
             if left <= 0:
@@ -316,8 +314,6 @@ class ParamServer(WorkerPlugin):
     def _applies_settled(self, job_id: str, run: int, applied: bool) -> None:
         """A BSP pass was applied here, or will not be: wake the reads waiting for it, and the shard
         runner where a work item waits for it (``runner.Job.wait_apply_ended``)."""
-        if not applied:
-            self._not_applied[job_id] = max(self._not_applied.get(job_id, -1), run)
         if (job := self.jobs.get(job_id)) is not None:
             job.apply_ended(run)
         waiters, self._apply_waiters = self._apply_waiters, []
@@ -1227,7 +1223,6 @@ class ParamServer(WorkerPlugin):
         self._rule_copies.pop(job_id, None)
         self._wanted_summaries.pop(job_id, None)
         self._early_summaries.pop(job_id, None)
-        self._not_applied.pop(job_id, None)
         for key in [k for k in self._pushed if k[0] == job_id]:
             del self._pushed[key]
         if job is not None:

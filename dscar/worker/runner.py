@@ -107,7 +107,8 @@ class Job:
     #: the first message's apply, then finds it applied (``PartitionStore.applied_run``)
     apply_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     #: the newest run whose BSP apply ended here, applied or not (``apply_ended``), and its condition: a work
-    #: item of a clock that began with that apply is taken up once it ended (``wait_apply_ended``)
+    #: item of a clock that began with that apply is taken up once it ended (``wait_apply_ended``), and a read
+    #: waiting for a pass learns it will not be applied (``ParamServer._until_applied``)
     applies_ended: int = -1
     apply_ended_cv: threading.Condition = field(default_factory=threading.Condition)
 
@@ -292,7 +293,8 @@ class ShardRunner:
         the next work item the commit's answer carried (None: ask)."""
         attempts = WorkItem.from_msg(item).attempts()
         try:
-            self._await_apply(self.host.job(item["job"]), item)
+            job = self.host.job(item["job"])
+            self._await_apply(job, item)
         except _Stopped:
             return None
         except Exception as e:  # the job is unknown here, or the apply did not come: every attempt failed
@@ -308,7 +310,6 @@ class ShardRunner:
                                if (a["shard"], a["attempt"]) not in early}
             self._given_back = [list(m) for m in sorted(early)]
         try:
-            job = self.host.job(item["job"])
             self._prepare(job, item)
             n_parts = {t: lay.n_parts for t, lay in job.layouts.items()}
             voided = None
