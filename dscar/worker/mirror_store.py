@@ -7,7 +7,7 @@ loses them all (``clear``), which is why recovery falls back to disk when the bu
 from __future__ import annotations
 
 import threading
-from typing import Any
+from typing import Any, Callable
 
 
 def part_key(table: str, part: int) -> tuple:
@@ -40,3 +40,9 @@ class MirrorStore:
     def clear(self) -> None:
         with self.lock:
             self.copies.clear()
+
+
+def mirror_answer(got: tuple | None, wrap: Callable[[Any], Any] = lambda v: v) -> dict:
+    """A ``get_mirror`` answer for a memory copy ``(clock, value)`` kept here (None: none): ``wrap`` the value
+    for the wire where it is sent, not where this worker reads its own copy."""
+    return {"status": "missing"} if got is None else {"status": "OK", "clock": got[0], "value": wrap(got[1])}

@@ -53,7 +53,7 @@ from ..errors import JobFailedError, RefusedCallError
 from ..inflight import Inflight, timed_wait
 from ..core.membership import (WORKER_INSTALLING, WORKER_RUN_WRITES, Rule, key_digest, new_token, refusal, run_known,
                          run_refusal, same, worker_rule)
-from .mirror_store import part_key, shard_key
+from .mirror_store import mirror_answer, part_key, shard_key
 from .partition_store import PartitionStore
 from ..core.partitions import TableLayout
 from ..core.apply_plan import INLINE_BYTES
@@ -1099,11 +1099,14 @@ class ParamServer(WorkerPlugin):
         if await self._ainject(job, "recovery"):
             return {"status": "stopped"}
         spec_ = job.specs[table]
-        if mirror_from is not None:
+        if mirror_from == self.address:  # (its own memory copy: read here, not sent to itself)
+            r = mirror_answer(job.mirrors.get(part_key(table, part)))
+        elif mirror_from is not None:
             try:
                 r = await self._apeer(mirror_from, "get_mirror", job_id=job_id, key=part_key(table, part))
             except (OSError, asyncio.TimeoutError) as e:  # (CommClosedError is an OSError)
                 return {"status": "source-gone", "source": mirror_from, "error": repr(e)}
+        if mirror_from is not None:
             if r.get("status") != "OK":
                 return {"status": "missing"}
             # not the disk's baseline: the next priority checkpoint writes this partition whole
@@ -1168,10 +1171,7 @@ class ParamServer(WorkerPlugin):
     def _h_get_mirror(self, job_id: str, key: list) -> dict:
         """A memory copy kept here (``mirror_store.part_key`` / ``shard_key``), for a recovery."""
         job = self.jobs.get(job_id)
-        got = None if job is None else job.mirrors.get(key)
-        if got is None:
-            return {"status": "missing"}
-        return {"status": "OK", "clock": got[0], "value": to_serialize(got[1])}
+        return mirror_answer(None if job is None else job.mirrors.get(key), to_serialize)
 
     async def _h_forget(self, job_id: str) -> dict:
         """A simulated loss: drop everything this worker held for the job, as a crash would; keep

@@ -38,7 +38,7 @@ from ..errors import InvalidInputError
 from ..inflight import PeerUnreachable
 from ..core.apply_plan import INLINE_BYTES, rides_commit
 from ..core.ledger import INITIAL_STATE
-from .mirror_store import MirrorStore, shard_key
+from .mirror_store import MirrorStore, mirror_answer, shard_key
 from .partition_store import PartitionStore, touched_parts
 from ..core.protocol import ClockEndOutcome, Commit, CommitAnswer, Finished, Stopped, WorkItem
 from .pull_cache import SMALL, PullCache
@@ -480,7 +480,8 @@ class ShardRunner:
             source = None
         elif "memory" in source:
             try:
-                r = self.host.peer(source["memory"], "get_mirror", job_id=job.id, key=shard_key(shard))
+                r = (mirror_answer(job.mirrors.get(shard_key(shard))) if source["memory"] == self.host.address
+                     else self.host.peer(source["memory"], "get_mirror", job_id=job.id, key=shard_key(shard)))
                 if r.get("status") == "OK":
                     state = {k: np.array(v) for k, v in r["value"].items()}
                     ckpt.check_state(state, job.algorithm.shard_state(entry.data), shard,
