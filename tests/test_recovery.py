@@ -532,12 +532,14 @@ def test_a_memory_buddy_lost_after_the_plan_sends_the_restore_to_disk_and_keeps_
         monkeypatch.setattr(ParamServer, "_h_get_mirror", die_while_serving_the_first_copy)
     clocks, n_shards = 8, 8
     cfg = CheckpointConfig(str(tmp_path), policy="full", every=2, recovery="partial", memory=True)
-    # killed in clock 6, whose start overlaps only clock 5's end (no copy): clock 4's memory copies are whole.
-    # Clock 5's start would overlap clock 4's end, which takes the copies (a clock begins with its previous
-    # clock's apply): killed then, the copies are not whole and the plan rightly names none
+    # killed in clock 6's apply, which every owner gets (a kill at a step's start waits for a step, and on a
+    # busy machine the other workers may run all of its shards), and which overlaps no clock end that takes
+    # memory copies: clock 4's are whole. Clock 5's would overlap clock 4's end, which takes them (a clock
+    # begins with its previous clock's apply): killed then, they are not whole and the plan rightly names none
     with dscar.Cluster(n_workers=4, processes=False) as cl:
         res = dscar.fit(ExactlyOnce(clocks, work_s=0.01), {"x": np.arange(n_shards, dtype=np.float64)}, cl,
-                        n_shards=n_shards, max_clocks=clocks, checkpoint=cfg, faults=[faults.kill(1, 6)])
+                        n_shards=n_shards, max_clocks=clocks, checkpoint=cfg,
+                        faults=[faults.kill(1, 6, point="apply")])
     assert lost_buddies, "the plan named no memory copy: nothing was tested"
     assert res.n_clocks == clocks
     lost = {e["worker"] for e in res.events if e["kind"] == "worker-lost"}
