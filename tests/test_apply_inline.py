@@ -79,18 +79,19 @@ def test_a_pass_of_inline_and_fetched_keys_applies_each_once(four):
 
 
 def _lose_a_stager_before_the_apply(dask_scheduler, clock: int) -> None:
-    """The coordinator's next apply of ``clock`` first loses a worker that ran committed attempts of the
-    pass, owns nothing and runs no clock end (as a crash right after its commit), then applies."""
+    """As the coordinator's apply of ``clock`` is under way (its first messages sent in the decision that
+    completed the pass), it loses a worker that ran committed attempts of the pass, owns nothing and runs no
+    clock end (as a crash right after its commit), then waits for the apply's answers."""
     coord = dask_scheduler.plugins["dscar-coordinator"]
     original = coord._apply_pass
 
-    async def apply_pass(job, e):
+    async def apply_pass(job, e, *sent):
         if e.clock == clock and not getattr(coord, "_test_lost", None):
             owners = set(job.pmap.owners.values()) | {(e.clock_end or {}).get("worker")}
             stager = sorted({w for _, _, w in e.committed} - owners)[0]
             coord._test_lost = stager
             await coord._h_simulate_loss(job.cfg.job_id, stager)
-        return await original(job, e)
+        return await original(job, e, *sent)
 
     coord._apply_pass = apply_pass
 

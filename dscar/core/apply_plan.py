@@ -172,16 +172,17 @@ def plan_apply(stagers: Mapping[str, Iterable[Hashable]], touched: Mapping[str, 
         raise ValueError(f"dscar.apply-direct-per-worker must be a number >= 0, not {direct_per_worker}")
     owned = {w: [(t, int(p)) for t, p in parts] for w, parts in owners.items()}
     if inline:
-        plan = plan_apply({w: [k for k in keys if k not in inline] for w, keys in stagers.items()}, touched, owned,
-                          fanin, direct_per_worker)
+        fetched = {w: rest for w, keys in stagers.items() if (rest := [k for k in keys if k not in inline])}
+        # (every update rode its commit, as small tables' do: nothing to fetch, no plan of fetches to make)
+        plan = plan_apply(fetched, touched, owned, fanin, direct_per_worker) if fetched else ApplyPlan(False, fanin=fanin)
         return _with_inline(plan, stagers, inline, owned)
     stagers = {w: tuple(keys) for w, keys in stagers.items() if keys}
     touchers = _Touchers(stagers, touched)
     limit = direct_per_worker * max(len(set(owned) | set(stagers)), 1)
     need: dict[str, list[str]] = {}
     count = 0
-    for o in sorted(owned):
-        for s in touchers.touching(owned[o], o):
+    for o in sorted(w for w, parts in owned.items() if parts) if not touchers.anywhere else sorted(owned):
+        for s in touchers.touching(owned[o], o):  # (an owner of no partition is touched only by unknown updates)
             need.setdefault(o, []).append(s)
             count += 1
             if count > limit:

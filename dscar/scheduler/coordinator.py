@@ -837,9 +837,10 @@ class Coordinator(SchedulerPlugin):
     def _do(self, job: JobState, effects: list, polls: bool = True) -> None:
         """Carry out what ``job`` decided; ``polls``: its change may concern the waiting polls and the
         drivers' (``_wake``)."""
+        applies: list[ApplyPass] = []
         for e in effects:
             if isinstance(e, ApplyPass):
-                asyncio.ensure_future(self._apply(job, e))
+                applies.append(e)
             elif isinstance(e, StartRecovery):
                 if job.cfg.job_id not in self._recovering:
                     self._recovering.add(job.cfg.job_id)
@@ -852,6 +853,8 @@ class Coordinator(SchedulerPlugin):
                 pass  # carried out in begin_clock, where nothing is staged
             elif isinstance(e, BeginClock):
                 self._background(self._auto_begin(job, e.clock, e.ahead))
+        for e in applies:  # (after the others, as a task's start would be: a checkpoint begun here is boundary work)
+            self._start_apply(job, e)
         self._wake(polls=polls, driver=polls)
 
     async def _rpc(self, worker: str, op: str, timeout: float = RPC_TIMEOUT_S, **kw) -> Any:
@@ -1533,14 +1536,28 @@ class Coordinator(SchedulerPlugin):
         fresh = self._setting_up(job, live)
         return [w for w in live if w not in fresh] if fresh else live
 
-    async def _apply(self, job: JobState, e: ApplyPass) -> None:
-        """``_apply_pass``, then the pass's inline updates are forgotten (and those of older runs
-        whose passes are not being applied: commits a loss voided)."""
-        job_id = job.cfg.job_id
-        applying = self._applying.setdefault(job_id, [])
+    def _start_apply(self, job: JobState, e: ApplyPass) -> None:
+        """The apply of ``e`` is sent now, in the decision that made it (``_send_first_apply``), and awaited
+        beside the loop (``_apply``). Started as a task, it waited behind whatever was ready on the loop:
+        at the end of a clock the tail looks of the commits read just before the last (``TAIL_LOOK_TURNS``),
+        0.1-0.3 ms a clock at W = 64 hollow workers, before the first of the next clock's items."""
+        applying = self._applying.setdefault(job.cfg.job_id, [])
         applying.append(int(e.run_id))
         try:
-            await self._apply_pass(job, e)
+            first = self._send_first_apply(job, e)
+        except BaseException:
+            applying.remove(int(e.run_id))
+            raise
+        asyncio.ensure_future(self._apply(job, e, first))
+
+    async def _apply(self, job: JobState, e: ApplyPass, first: tuple | None) -> None:
+        """``_apply_pass`` (``first``: its first try, sent), then the pass's inline updates are forgotten
+        (and those of older runs whose passes are not being applied: commits a loss voided)."""
+        job_id = job.cfg.job_id
+        applying = self._applying[job_id]
+        try:
+            if first is not None:
+                await self._apply_pass(job, e, *first)
         finally:
             applying.remove(int(e.run_id))
             if self._with_apply.get(job_id, (None,))[0] == e.run_id:
@@ -1557,14 +1574,9 @@ class Coordinator(SchedulerPlugin):
             for key in [k for k in held if k[0] < min(oldest, int(e.run_id))]:
                 del held[key]
 
-    async def _apply_pass(self, job: JobState, e: ApplyPass) -> None:
-        """Every live worker applies the pass: owners their tables' updates, holders the shard state.
-
-        A worker that could not be reached (the apply message, or a peer's fetch of its staged
-        updates) is probed before it is taken for lost: on a loaded machine a connect can time out
-        to a worker that is alive. If every such worker answers, a BSP pass is sent again, with
-        direct fetches (workers that applied it answer at once: one pass is applied once), up to
-        ``APPLY_TRIES`` times; a worker that does not answer is lost, as before."""
+    def _send_first_apply(self, job: JobState, e: ApplyPass) -> tuple | None:
+        """The first try of the apply of ``e``, sent (``_send_apply``): ``(targets, plan, folded, extra,
+        receivers, answers)`` for ``_apply_pass``; None where it cannot be planned (the job failed)."""
         targets = self._apply_targets(job)
         extra = {"floor": e.floor} if e.batch is not None else {}
         if e.phase:
@@ -1576,40 +1588,63 @@ class Coordinator(SchedulerPlugin):
         except (TypeError, ValueError) as err:  # a bad ``dscar.apply-*`` setting
             job.fail(time.time(), f"cannot plan the apply of clock {e.clock}: {err}")
             self._wake()
-            return
+            return None
         folded = None if e.clock_end is None else e.clock_end["worker"]  # (its apply answers once its clock end ran)
+        return (targets, plan, folded, extra, *self._send_apply(job, e, targets, plan, folded, extra, 0))
+
+    def _send_apply(self, job: JobState, e: ApplyPass, targets: list[str], plan: ApplyPlan, folded: str | None,
+                    extra: dict, attempt: int) -> tuple[list[str], asyncio.Future]:
+        """Try ``attempt`` of the apply of ``e``: its messages to the receivers among ``targets``, on their
+        way; ``(receivers, their answers gathered)``. On the first try the next clock may begin with it."""
+        targets = self._apply_receivers(job, e, targets, plan, folded)
+        if folded in targets:  # (the others' applies gate the clock end's first read: they go first)
+            targets = [w for w in targets if w != folded] + [folded]
+        begun = []  # the next clock may begin with this apply (``JobState.applying``)
+        if attempt == 0 and folded is not None and e.clock_end.get("ahead") and not self._boundary_work(job):
+            begun = job.applying(e.run_id, time.time())
+            if begun:
+                self._with_apply[job.cfg.job_id] = (int(e.run_id), frozenset(targets))
+        # through a tree, an owner's fetch waits on the combine steps below the root (each level's deadline)
+        timeout = RPC_TIMEOUT_S + (plan.depth() + 2) * float(dask.config.get("dscar.rpc-timeout", 10.0)) * plan.tree
+        # each worker is told its own commits, and the pass's (the batch's) shards per clock as ranges
+        own, extra["clock_shards"] = batch_fields(e.committed, e.clocks if e.batch is not None
+                                                  else [e.clock] * len(e.committed))
+        committed = {w: own.get(w, ([], []))[0] for w in targets}
+        clocks = {w: own.get(w, ([], []))[1] for w in targets} if e.batch is not None else {}
+        # the other owners push the folded clock end's first read their answers once they applied the pass
+        owning = job.pmap.workers() if folded is not None and self._push_reads() else ()
+        pushers = [w for w in targets if w != folded and w in owning]
+        # the clock end has no deadline, as its item has none: a hung worker is found by the liveness watch
+        applies = asyncio.gather(*(
+            self._rpc(w, "apply", timeout=None if w == folded else timeout, job_id=job.cfg.job_id, clock=e.clock,
+                      run=e.run_id, committed=committed[w], reset=e.reset,
+                      **({"clocks": clocks[w]} if e.batch is not None else {}),
+                      **extra, **self._role_msg(job.cfg.job_id, e, plan, w),
+                      **({"clock_end": {**e.clock_end, "pushers": pushers}} if w == folded else
+                         {"clock_end_at": folded, **({"clock_end_ahead": True} if e.clock_end.get("ahead") else {})}
+                         if w in pushers else {}))
+            for w in targets
+        ), return_exceptions=True)
+        if begun:  # (begun once the apply messages are on their way: a worker's next item waits for its apply)
+            self._do(job, begun)
+        return targets, applies
+
+    async def _apply_pass(self, job: JobState, e: ApplyPass, targets: list[str], plan: ApplyPlan,
+                          folded: str | None, extra: dict, receivers: list[str], first: asyncio.Future) -> None:
+        """Every live worker applies the pass: owners their tables' updates, holders the shard state.
+        ``targets``, ``plan``, ``folded``, ``extra``: the first try's (``_send_first_apply``), whose
+        messages went to ``receivers``; ``first``: their answers.
+
+        A worker that could not be reached (the apply message, or a peer's fetch of its staged
+        updates) is probed before it is taken for lost: on a loaded machine a connect can time out
+        to a worker that is alive. If every such worker answers, a BSP pass is sent again, with
+        direct fetches (workers that applied it answer at once: one pass is applied once), up to
+        ``APPLY_TRIES`` times; a worker that does not answer is lost, as before."""
         for attempt in range(APPLY_TRIES):
-            targets = self._apply_receivers(job, e, targets, plan, folded)
-            if folded in targets:  # (the others' applies gate the clock end's first read: they go first)
-                targets = [w for w in targets if w != folded] + [folded]
-            begun = []  # the next clock may begin with this apply (``JobState.applying``)
-            if attempt == 0 and folded is not None and e.clock_end.get("ahead") and not self._boundary_work(job):
-                begun = job.applying(e.run_id, time.time())
-                if begun:
-                    self._with_apply[job.cfg.job_id] = (int(e.run_id), frozenset(targets))
-            # through a tree, an owner's fetch waits on the combine steps below the root (each level's deadline)
-            timeout = RPC_TIMEOUT_S + (plan.depth() + 2) * float(dask.config.get("dscar.rpc-timeout", 10.0)) * plan.tree
-            # each worker is told its own commits, and the pass's (the batch's) shards per clock as ranges
-            own, extra["clock_shards"] = batch_fields(e.committed, e.clocks if e.batch is not None
-                                                      else [e.clock] * len(e.committed))
-            committed = {w: own.get(w, ([], []))[0] for w in targets}
-            clocks = {w: own.get(w, ([], []))[1] for w in targets} if e.batch is not None else {}
-            # the other owners push the folded clock end's first read their answers once they applied the pass
-            owning = job.pmap.workers() if folded is not None and self._push_reads() else ()
-            pushers = [w for w in targets if w != folded and w in owning]
-            # the clock end has no deadline, as its item has none: a hung worker is found by the liveness watch
-            applies = asyncio.gather(*(
-                self._rpc(w, "apply", timeout=None if w == folded else timeout, job_id=job.cfg.job_id, clock=e.clock,
-                          run=e.run_id, committed=committed[w], reset=e.reset,
-                          **({"clocks": clocks[w]} if e.batch is not None else {}),
-                          **extra, **self._role_msg(job.cfg.job_id, e, plan, w),
-                          **({"clock_end": {**e.clock_end, "pushers": pushers}} if w == folded else
-                             {"clock_end_at": folded, **({"clock_end_ahead": True} if e.clock_end.get("ahead") else {})}
-                             if w in pushers else {}))
-                for w in targets
-            ), return_exceptions=True)
-            if begun:  # (begun once the apply messages are on their way: a worker's next item waits for its apply)
-                self._do(job, begun)
+            if attempt == 0:
+                targets, applies = receivers, first
+            else:
+                targets, applies = self._send_apply(job, e, targets, plan, folded, extra, attempt)
             results = await applies
             unreached: dict[str, str] = {}  # worker -> why it looks lost
             for w, r in zip(targets, results):
