@@ -185,6 +185,23 @@ class ThroughputMonitor:
         slowest = steps[-1] if mine != steps[-1] else steps[-2]
         return mine > n / (self._speed_sum - 1.0 / mine) + slowest + margin_s
 
+    def pass_share(self, worker: str, n_workers: int, n_shards: int) -> tuple[float | None, int]:
+        """``worker``'s typical step (None before its first attempt: then a share of 0), and how many of a
+        pass's ``n_shards`` it runs by its speed's share of the ``n_workers`` live workers' (one not measured
+        yet counted as fast as it): a worker with k shards a clock gets them in one item, so they cost one
+        grant and one commit, not k (``Dispatch.batch_size``). A slow worker's share is small, and members it
+        has not started are released to a worker that runs out (``Dispatch.ask_back``). One call: every
+        hand-out asks."""
+        step = self._mean.get(worker)
+        if step is None:
+            return None, 0
+        speed = 1.0 / step
+        unmeasured = n_workers - len(self._mean)
+        if unmeasured < 0:
+            unmeasured = 0
+        total = self._speed_sum + unmeasured * speed
+        return step, round(n_shards * speed / total) if total > 0 else 1
+
     def total_speed(self) -> float:
         """The summed speeds (shards per second) of every measured worker."""
         return self._speed_sum

@@ -82,6 +82,9 @@ def _refused(job: "JobState", now: float, worker: str, shard: int, attempt: int,
 _SHARDS, _REBUILD = Stage.SHARDS, Stage.REBUILD
 #: an ``Attempt``'s (shard, attempt) pair, and its shard, read in C (every hand-out lists its members')
 _PAIR, _SHARD = itemgetter(0, 1), itemgetter(0)
+#: builds an SSP item's ``SspFields`` from a tuple of its fields without the named tuple's ``__new__`` (a Python frame
+#: in CPython 3.11; every SSP hand-out makes one), as ``shards._new_attempt`` an ``Attempt``
+_new_fields = tuple.__new__
 #: the shard statuses and window phases ``SspSchedule`` compares with at every applied batch's shards, as module
 #: names (an enum member's lookup through its class costs ~75 ns in CPython 3.11, a global's ~7)
 _TODO_STATUS, _DOING_STATUS = ShardStatus.TODO, ShardStatus.DOING
@@ -1008,7 +1011,7 @@ class SspSchedule:
             else:
                 for c in {m[0] for m in members}:
                     job.tally.open(c, now)
-        fields = SspFields(members, newest, w.version, w.floor, read_floor)
+        fields = _new_fields(SspFields, (members, newest, w.version, w.floor, read_floor))
         return dispatch.item(batch, w.rebuilding is not None, fields, run=w.epoch)
 
     def _slack(self, clock: int) -> int:
