@@ -439,7 +439,7 @@ class Dispatch:
             members.remove((shard, attempt))
             if not members:
                 del index.batched[worker]
-            index.changed(worker)
+            index._changed.add(worker)  # (``BatchIndex.changed``, inline: every commit of a member)
             if self._track_started and (shard, attempt) not in members:  # (``_mark`` without the set diff)
                 self.job.queue.unwait(shard, attempt, worker)
 
@@ -454,7 +454,7 @@ class Dispatch:
         if members:
             old = index.batched.get(worker)
             index.batched[worker] = members
-            index.changed(worker)
+            index._changed.add(worker)  # (``BatchIndex.changed``, inline: every hand-out of a batch)
         else:  # (its index entries go stale, and are dropped when read)
             old = index.batched.pop(worker, None)
         if self._track_started:  # (every hand-out ends here: it pays for its own changes of the index)
