@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import bisect
 import statistics
+from array import array
 from collections import defaultdict
 from dataclasses import dataclass
 
@@ -54,6 +55,11 @@ class WorkerStats:
     mean_step_s: float  # the typical (median) step time over the window
     speed: float  # shards per second of busy time
     straggler: str | None  # None, "transient" or "persistent"
+
+
+def _doubles() -> array:
+    """An empty array of doubles (a worker's window of step times)."""
+    return array("d")
 
 
 class ThroughputMonitor:
@@ -80,9 +86,11 @@ class ThroughputMonitor:
         #: a running work item is evidence of slowness once it has run this long (seconds)
         self.stuck_after_s = stuck_after_s
         self._warmup: dict[str, float] = {}  # each worker's first attempt's step time
-        #: each worker's last ``window`` step times, oldest first: a list, not a ``deque(maxlen=window)``,
-        #: which allocates a block of 64 slots (~760 bytes a worker: 3 MB of cold memory at 4,096 workers)
-        self._steps: dict[str, list[float]] = defaultdict(list)
+        #: each worker's last ``window`` step times, oldest first: an array of doubles, one block a worker. Not
+        #: a ``deque(maxlen=window)``, which allocates a block of 64 slots (~760 bytes a worker: 3 MB of cold
+        #: memory at 4,096 workers); nor a list, whose floats are objects of their own, each made at its
+        #: commit: every commit sorted the worker's window, reading ``window`` cold objects at thousands of workers
+        self._steps: dict[str, array] = defaultdict(_doubles)
         self._slow_clocks: dict[str, int] = defaultdict(int)  # consecutive clocks as a straggler
         #: worker -> median of its window, kept as steps arrive: asked on every hand-out, for every worker
         self._mean: dict[str, float] = {}
