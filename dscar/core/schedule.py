@@ -1007,7 +1007,8 @@ class SspSchedule:
         if w.rebuilding is None:
             dispatch.running_items[worker] = (now, len(batch))
             if len(members) <= 2 and members[0][0] == members[-1][0]:
-                job.tally.open(newest, now)  # (one clock, the item's newest: opened once)
+                if newest not in job.tally.per_clock:  # (one clock, the item's newest, opened once: mostly it is)
+                    job.tally.open(newest, now)
             else:
                 for c in {m[0] for m in members}:
                     job.tally.open(c, now)
