@@ -458,9 +458,12 @@ class Dispatch:
         else:  # (its index entries go stale, and are dropped when read)
             old = index.batched.pop(worker, None)
         if self._track_started:  # (every hand-out ends here: it pays for its own changes of the index)
-            if old or members:
+            queue = self.job.queue
+            if old:
                 self._mark(worker, old, members)
-            self.job.queue.settle_started()
+            elif members:  # (``_mark`` with no old members, inline: most hand-outs of a batch)
+                queue.set_waiting(worker, members, ())
+            queue.settle_started()
 
     def ask_back(self, asker: str) -> tuple[str, list[tuple[int, int]]] | None:
         """The worker with the most batch members that may not have started, and the later half of
