@@ -43,7 +43,7 @@ class SspFields(NamedTuple):
 
 
 #: a work item holds at least this much shard work by the worker's measured step time (and at least
-#: the worker's share of the pass: ``Dispatch.pass_share``)
+#: the worker's share of the pass: ``ThroughputMonitor.pass_share``)
 BATCH_TARGET_S = 0.01
 #: at most this many shard attempts in one work item
 MAX_BATCH = 64
@@ -403,7 +403,7 @@ class Dispatch:
     def batch_size(self, worker: str) -> int:
         """How many of its own shards ``worker`` gets in one work item: enough to run about
         ``BATCH_TARGET_S`` by its measured step time, and at least its share of a pass
-        (``pass_share``, up to ``SHARE_MAX_S`` of steps); one before it has a step time. A short step
+        (``ThroughputMonitor.pass_share``, up to ``SHARE_MAX_S`` of steps); one before it has a step time. A short step
         then costs one commit per batch, not one per shard, and k long ones a clock one commit, not k.
         Under SSP too: each member is a shard the window lets start, at its own clock, and a shard's
         next clock waits for the batch's commit, as a BSP clock waits for its pass (a worker with k
@@ -411,25 +411,15 @@ class Dispatch:
         A batch does not pin its shards: members not started yet are released to an idle worker
         (``releasable``), so dynamic sharding still moves work away from a worker that suddenly slows
         down."""
-        step = self.job.monitor.mean_step(worker)
+        job = self.job
+        step, share = job.monitor.pass_share(worker, len(job._workers), len(job.queue.active))
         if step is None:
             return 1
-        share = self.pass_share(worker, step)
         if (most := int(SHARE_MAX_S / step)) < share:
             share = most
         if (least := int(BATCH_TARGET_S / step)) > share:
             share = least
         return 1 if share < 1 else MAX_BATCH if share > MAX_BATCH else share
-
-    def pass_share(self, worker: str, step: float) -> int:
-        """How many of a pass's shards ``worker`` runs by its speed's share of the live workers'
-        (one not measured yet counted as fast as it): a worker with k shards a clock gets them in
-        one item, so they cost one grant and one commit, not k. A slow worker's share is small,
-        and members it has not started are released to a worker that runs out (``ask_back``)."""
-        monitor, speed = self.job.monitor, 1.0 / step
-        unmeasured = max(0, len(self.job.workers) - monitor.n_measured())
-        total = monitor.total_speed() + unmeasured * speed
-        return round(len(self.job.queue.active) * speed / total) if total > 0 else 1
 
     def item_done(self, worker: str) -> None:
         """``worker``'s running item ended (committed, failed, or the worker is gone)."""
@@ -449,7 +439,7 @@ class Dispatch:
             members.remove((shard, attempt))
             if not members:
                 del index.batched[worker]
-            index.changed(worker)
+            index._changed.add(worker)  # (``BatchIndex.changed``, inline: every commit of a member)
             if self._track_started and (shard, attempt) not in members:  # (``_mark`` without the set diff)
                 self.job.queue.unwait(shard, attempt, worker)
 
@@ -464,13 +454,16 @@ class Dispatch:
         if members:
             old = index.batched.get(worker)
             index.batched[worker] = members
-            index.changed(worker)
+            index._changed.add(worker)  # (``BatchIndex.changed``, inline: every hand-out of a batch)
         else:  # (its index entries go stale, and are dropped when read)
             old = index.batched.pop(worker, None)
         if self._track_started:  # (every hand-out ends here: it pays for its own changes of the index)
-            if old or members:
+            queue = self.job.queue
+            if old:
                 self._mark(worker, old, members)
-            self.job.queue.settle_started()
+            elif members:  # (``_mark`` with no old members, inline: most hand-outs of a batch)
+                queue.set_waiting(worker, members, ())
+            queue.settle_started()
 
     def ask_back(self, asker: str) -> tuple[str, list[tuple[int, int]]] | None:
         """The worker with the most batch members that may not have started, and the later half of

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import bisect
 import statistics
+from array import array
 from collections import defaultdict
 from dataclasses import dataclass
 
@@ -54,6 +55,11 @@ class WorkerStats:
     mean_step_s: float  # the typical (median) step time over the window
     speed: float  # shards per second of busy time
     straggler: str | None  # None, "transient" or "persistent"
+
+
+def _doubles() -> array:
+    """An empty array of doubles (a worker's window of step times)."""
+    return array("d")
 
 
 class ThroughputMonitor:
@@ -80,9 +86,11 @@ class ThroughputMonitor:
         #: a running work item is evidence of slowness once it has run this long (seconds)
         self.stuck_after_s = stuck_after_s
         self._warmup: dict[str, float] = {}  # each worker's first attempt's step time
-        #: each worker's last ``window`` step times, oldest first: a list, not a ``deque(maxlen=window)``,
-        #: which allocates a block of 64 slots (~760 bytes a worker: 3 MB of cold memory at 4,096 workers)
-        self._steps: dict[str, list[float]] = defaultdict(list)
+        #: each worker's last ``window`` step times, oldest first: an array of doubles, one block a worker. Not
+        #: a ``deque(maxlen=window)``, which allocates a block of 64 slots (~760 bytes a worker: 3 MB of cold
+        #: memory at 4,096 workers); nor a list, whose floats are objects of their own, each made at its
+        #: commit: every commit sorted the worker's window, reading ``window`` cold objects at thousands of workers
+        self._steps: dict[str, array] = defaultdict(_doubles)
         self._slow_clocks: dict[str, int] = defaultdict(int)  # consecutive clocks as a straggler
         #: worker -> median of its window, kept as steps arrive: asked on every hand-out, for every worker
         self._mean: dict[str, float] = {}
@@ -184,6 +192,23 @@ class ThroughputMonitor:
         steps = self._by_step  # (``slowest_step(worker)``, inline: two or more measured)
         slowest = steps[-1] if mine != steps[-1] else steps[-2]
         return mine > n / (self._speed_sum - 1.0 / mine) + slowest + margin_s
+
+    def pass_share(self, worker: str, n_workers: int, n_shards: int) -> tuple[float | None, int]:
+        """``worker``'s typical step (None before its first attempt: then a share of 0), and how many of a
+        pass's ``n_shards`` it runs by its speed's share of the ``n_workers`` live workers' (one not measured
+        yet counted as fast as it): a worker with k shards a clock gets them in one item, so they cost one
+        grant and one commit, not k (``Dispatch.batch_size``). A slow worker's share is small, and members it
+        has not started are released to a worker that runs out (``Dispatch.ask_back``). One call: every
+        hand-out asks."""
+        step = self._mean.get(worker)
+        if step is None:
+            return None, 0
+        speed = 1.0 / step
+        unmeasured = n_workers - len(self._mean)
+        if unmeasured < 0:
+            unmeasured = 0
+        total = self._speed_sum + unmeasured * speed
+        return step, round(n_shards * speed / total) if total > 0 else 1
 
     def total_speed(self) -> float:
         """The summed speeds (shards per second) of every measured worker."""

@@ -82,6 +82,9 @@ def _refused(job: "JobState", now: float, worker: str, shard: int, attempt: int,
 _SHARDS, _REBUILD = Stage.SHARDS, Stage.REBUILD
 #: an ``Attempt``'s (shard, attempt) pair, and its shard, read in C (every hand-out lists its members')
 _PAIR, _SHARD = itemgetter(0, 1), itemgetter(0)
+#: builds an SSP item's ``SspFields`` from a tuple of its fields without the named tuple's ``__new__`` (a Python frame
+#: in CPython 3.11; every SSP hand-out makes one), as ``shards._new_attempt`` an ``Attempt``
+_new_fields = tuple.__new__
 #: the shard statuses and window phases ``SspSchedule`` compares with at every applied batch's shards, as module
 #: names (an enum member's lookup through its class costs ~75 ns in CPython 3.11, a global's ~7)
 _TODO_STATUS, _DOING_STATUS = ShardStatus.TODO, ShardStatus.DOING
@@ -999,17 +1002,17 @@ class SspSchedule:
         # its earlier items are done
         dispatch.set_batched(worker, list(map(_PAIR, batch[1:])) if len(batch) > 1 else [])
         shards = list(map(_SHARD, batch))
-        if not a.backup:  # (a backup is an item of its own; every other member starts here)
-            w.start_all(shards)
-        members, newest, read_floor = w.member_fields(shards, worker)
+        # (a backup is an item of its own; every other member starts here)
+        members, newest, read_floor = w.member_fields(shards, worker) if a.backup else w.start_members(shards, worker)
         if w.rebuilding is None:
             dispatch.running_items[worker] = (now, len(batch))
             if len(members) <= 2 and members[0][0] == members[-1][0]:
-                job.tally.open(newest, now)  # (one clock, the item's newest: opened once)
+                if newest not in job.tally.per_clock:  # (one clock, the item's newest, opened once: mostly it is)
+                    job.tally.open(newest, now)
             else:
                 for c in {m[0] for m in members}:
                     job.tally.open(c, now)
-        fields = SspFields(members, newest, w.version, w.floor, read_floor)
+        fields = _new_fields(SspFields, (members, newest, w.version, w.floor, read_floor))
         return dispatch.item(batch, w.rebuilding is not None, fields, run=w.epoch)
 
     def _slack(self, clock: int) -> int:

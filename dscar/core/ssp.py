@@ -410,17 +410,20 @@ class ClockWindow:
         s.phase = _RUNNING
         return clock
 
-    def start_all(self, shards: list[int]) -> None:
-        """``start`` of each of ``shards`` in turn (a work item's members), the window's bounds read once:
-        starting a shard changes none of them."""
+    def start_members(self, shards: list[int], worker: str) -> tuple[list[tuple[int, int, bool]], int, int]:
+        """``start`` of each of ``shards`` in turn (a work item's members, on ``worker``), then their
+        ``member_fields``, in one look at each shard and with the window's bounds read once: starting a
+        shard changes none of them, nor any field of another shard (every hand-out asks)."""
         if self.recovering or self.needs_rebuild:
             for shard in shards[:1]:
                 self.start(shard)  # (it raises)
-            return
+            return self.member_fields(shards, worker)
         records, todo_by_clock, rebuilding = self._shards, self._todo, self.rebuilding
         top = self.floor + 1 + self.staleness  # (``may_start``'s bound: ``top``, and ``limit``)
         if self.limit < top:
             top = self.limit
+        members, newest, read_floor = [], 0, 0
+        finish_version, back = self.finish_version, 1 + self.staleness
         for shard in shards:
             s = records[shard]
             clock = s.clock
@@ -433,6 +436,14 @@ class ClockWindow:
                 del todo_by_clock[clock]
             self._n_running += 1
             s.phase = _RUNNING
+            # ``member_fields`` of the shard
+            members.append((clock, s.seen, s.writer == worker))
+            if clock > newest:
+                newest = clock
+            floor = finish_version.get(clock - back, 0)
+            if floor > read_floor:
+                read_floor = floor
+        return members, newest, read_floor
 
     def give_back(self, shard: int) -> None:
         """No attempt of ``shard`` runs any more (they failed, were lost or given back): it may start again."""
@@ -652,43 +663,45 @@ class ClockWindow:
             return []
         out: list[Action] = []
         t, n_at = self.floor + 1, self._n_at
-        # (``t in n_at``: a shard's update of ``t`` is still to apply)
-        while t <= self.limit and t not in n_at and t in self.skip_reasons:
-            self._finish(t, ClockStatus.SKIPPED)
-            out.append(SkipClock(t, self.skip_reasons.pop(t)))
-            t = self.floor + 1
-        if self.rebuilding is not None:
+        # (``t in n_at``: a shard's update of ``t`` is still to apply; then no clock finishes, is skipped or
+        # ends, and without a rebuild only a batch may be due: most looks, every commit's among them)
+        if t not in n_at or self.rebuilding is not None or self.needs_rebuild:
+            while t <= self.limit and t not in n_at and t in self.skip_reasons:
+                self._finish(t, ClockStatus.SKIPPED)
+                out.append(SkipClock(t, self.skip_reasons.pop(t)))
+                t = self.floor + 1
+            if self.rebuilding is not None:
+                return out
+            if self.needs_rebuild:
+                self.needs_rebuild = False
+                if self.has_rebuild and self.applied_before:
+                    self.rebuilding, self._rebuild_done = set(range(self.n_shards)), []
+                    self.epoch += 1
+                    return out + [StartRebuild(self.epoch)]
+            if t <= self.limit and t not in n_at:  # first: later clocks wait on it
+                self.clock_end = t
+                self.finished[t] = ClockStatus.CLOCK_END
+                return out + [RunClockEnd(t, self.epoch)]
+        committed, n_committed_at = self._committed, self._n_committed_at
+        if not committed:  # (nothing waits to be applied: no batch)
             return out
-        if self.needs_rebuild:
-            self.needs_rebuild = False
-            if self.has_rebuild and self.applied_before:
-                self.rebuilding, self._rebuild_done = set(range(self.n_shards)), []
-                self.epoch += 1
-                return out + [StartRebuild(self.epoch)]
-        if t <= self.limit and t not in n_at:  # first: later clocks wait on it
-            self.clock_end = t
-            self.finished[t] = ClockStatus.CLOCK_END
-            return out + [RunClockEnd(t, self.epoch)]
-        n_waiting = len(self._committed)
-        if not n_waiting:  # (nothing waits to be applied: no batch)
-            return out
-        if max(self._n_committed_at) > self.limit:  # (a stopped fit's later clocks: not applied)
-            n_waiting = sum(n for c, n in self._n_committed_at.items() if c <= self.limit)
+        n_waiting = len(committed)
+        if max(n_committed_at) > self.limit:  # (a stopped fit's later clocks: not applied)
+            n_waiting = sum(n for c, n in n_committed_at.items() if c <= self.limit)
         # the commits waiting go out now (they are due) on ``min_batch`` of them, no attempt left running
         # (nothing else will come), a ``flush`` once a share of ``min_batch`` waits (``flush_share``), or
         # the oldest open clock wholly committed (its clock end waits for them); tested here, not in a
         # method of its own: every commit asks, and most wait
         if n_waiting and (n_waiting >= self.min_batch or not self._n_running
                           or self._urgent and n_waiting >= max(1, self.min_batch // self.flush_share)
-                          or n_at.get(t, 0) == self._n_committed_at.get(t, 0)):
+                          or n_at.get(t, 0) == n_committed_at.get(t, 0)):
             shards = self._shards
-            waiting = [(i, shards[i].clock, shards[i].worker) for i in sorted(self._committed)
+            waiting = [(i, shards[i].clock, shards[i].worker) for i in sorted(committed)
                        if shards[i].clock <= self.limit]
             self._batches += 1
             self._urgent = False
             # ``_move(i, clock, APPLYING, worker)`` of each, from COMMITTED in the same clock, inline (a batch
             # holds about 2 W updates): its count of the clock stays, its committed count goes
-            committed, n_committed_at = self._committed, self._n_committed_at
             for i, clock, worker in waiting:
                 s = shards[i]
                 s.phase, s.worker = _APPLYING, worker
