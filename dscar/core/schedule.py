@@ -1003,7 +1003,7 @@ class SspSchedule:
         dispatch.set_batched(worker, list(map(_PAIR, batch[1:])) if len(batch) > 1 else [])
         shards = list(map(_SHARD, batch))
         # (a backup is an item of its own; every other member starts here)
-        members, newest, read_floor = w.member_fields(shards, worker) if a.backup else w.start_members(shards, worker)
+        members, newest, read_floor = w.member_fields(shards, worker, start=not a.backup)
         if w.rebuilding is None:
             dispatch.running_items[worker] = (now, len(batch))
             if len(members) <= 2 and members[0][0] == members[-1][0]:

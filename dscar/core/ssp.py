@@ -328,16 +328,36 @@ class ClockWindow:
         s = self._shards[shard]
         return s.seen, s.writer
 
-    def member_fields(self, shards: list[int], worker: str) -> tuple[list[tuple[int, int, bool]], int, int]:
+    def member_fields(self, shards: list[int], worker: str, start: bool = False) -> tuple[list[tuple[int, int, bool]], int, int]:
         """For a work item of ``worker`` whose members run ``shards`` (started, or backed up): per shard,
         the clock it runs, ``own_update``'s version and whether that update was ``worker``'s attempt; then
-        the item's newest clock and its ``read_floor`` (the newest of its shards'). One look at each
+        the item's newest clock and its ``read_floor`` (the newest of its shards'). ``start``: each shard
+        is started first, as ``start`` would (the members of a new item), with the window's bounds read
+        once: starting a shard changes none of them, nor any field of another shard. One look at each
         shard: every hand-out asks."""
+        records, todo_by_clock, rebuilding = self._shards, self._todo, self.rebuilding
+        if start:
+            if self.recovering or self.needs_rebuild:
+                for shard in shards[:1]:
+                    self.start(shard)  # (it raises)
+            top = self.floor + 1 + self.staleness  # (``may_start``'s bound: ``top``, and ``limit``)
+            if self.limit < top:
+                top = self.limit
         members, newest, read_floor = [], 0, 0
         finish_version, back = self.finish_version, 1 + self.staleness
         for shard in shards:
-            s = self._shards[shard]
+            s = records[shard]
             clock = s.clock
+            if start:
+                if s.phase is not _TODO or (clock > top if rebuilding is None else shard not in rebuilding):
+                    self.start(shard)  # (it raises)
+                # ``_move(shard, clock, RUNNING)`` from TODO in the same clock, as ``start``
+                todo = todo_by_clock[clock]
+                todo.discard(shard)
+                if not todo:
+                    del todo_by_clock[clock]
+                self._n_running += 1
+                s.phase = _RUNNING
             members.append((clock, s.seen, s.writer == worker))
             if clock > newest:
                 newest = clock
@@ -409,41 +429,6 @@ class ClockWindow:
         self._n_running += 1
         s.phase = _RUNNING
         return clock
-
-    def start_members(self, shards: list[int], worker: str) -> tuple[list[tuple[int, int, bool]], int, int]:
-        """``start`` of each of ``shards`` in turn (a work item's members, on ``worker``), then their
-        ``member_fields``, in one look at each shard and with the window's bounds read once: starting a
-        shard changes none of them, nor any field of another shard (every hand-out asks)."""
-        if self.recovering or self.needs_rebuild:
-            for shard in shards[:1]:
-                self.start(shard)  # (it raises)
-            return self.member_fields(shards, worker)
-        records, todo_by_clock, rebuilding = self._shards, self._todo, self.rebuilding
-        top = self.floor + 1 + self.staleness  # (``may_start``'s bound: ``top``, and ``limit``)
-        if self.limit < top:
-            top = self.limit
-        members, newest, read_floor = [], 0, 0
-        finish_version, back = self.finish_version, 1 + self.staleness
-        for shard in shards:
-            s = records[shard]
-            clock = s.clock
-            if s.phase is not _TODO or (clock > top if rebuilding is None else shard not in rebuilding):
-                self.start(shard)  # (it raises)
-            # ``_move(shard, clock, RUNNING)`` from TODO in the same clock, as ``start``
-            todo = todo_by_clock[clock]
-            todo.discard(shard)
-            if not todo:
-                del todo_by_clock[clock]
-            self._n_running += 1
-            s.phase = _RUNNING
-            # ``member_fields`` of the shard
-            members.append((clock, s.seen, s.writer == worker))
-            if clock > newest:
-                newest = clock
-            floor = finish_version.get(clock - back, 0)
-            if floor > read_floor:
-                read_floor = floor
-        return members, newest, read_floor
 
     def give_back(self, shard: int) -> None:
         """No attempt of ``shard`` runs any more (they failed, were lost or given back): it may start again."""
