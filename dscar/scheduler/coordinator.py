@@ -1437,9 +1437,12 @@ class Coordinator(SchedulerPlugin):
             if not ok:
                 touched.pop((msg.run, c.clock, c.shard, c.attempt), None)
                 inline.pop((msg.run, c.clock, c.shard, c.attempt), None)
-        self._do(job, effects, commit_wakes(job, effects))  # (one wake for the whole commit)
         here = worker in self.scheduler.workers
-        if msg.wait and here and not job.queue.n_todo:  # (a pass's tail: what it may get is idle work)
+        # (a pass's tail: what it may get is idle work. Asked before the decision is carried out: where it began
+        # the next clock with its apply, this worker looks after the others were woken, as any tail commit's)
+        tail = msg.wait and here and not job.queue.n_todo
+        self._do(job, effects, commit_wakes(job, effects))  # (one wake for the whole commit)
+        if tail:
             return self._commit_then_poll(granted, worker, msg.wait_timeout, looked=False)
         item = self._item_for(worker) if here else None
         if item is None and msg.wait and here:
