@@ -40,7 +40,7 @@ import logging
 import math
 import time
 from functools import partial
-from typing import Any, Callable, Coroutine
+from typing import Any, Callable, Coroutine, NamedTuple
 
 import dask.config
 from distributed import SchedulerPlugin
@@ -134,6 +134,24 @@ def _relay(mine: asyncio.Future, source: asyncio.Future) -> None:
     """``source``'s result into ``mine`` (a done callback of ``source``, which is never cancelled)."""
     if not source.cancelled():
         resolve(mine, source.result())
+
+
+class FirstApply(NamedTuple):
+    """The first try of a pass's apply, sent (``Coordinator._send_first_apply``): what
+    ``Coordinator._apply_pass`` awaits, and tries again from."""
+
+    #: the live workers the pass is applied on
+    targets: list[str]
+    #: who fetches what from whom (``dscar.core.apply_plan``)
+    plan: ApplyPlan
+    #: the worker the clock end is folded into (its apply answers once that ran), or None
+    folded: str | None
+    #: the apply message's fields beyond the pass's own (SSP floor and batch, data phase)
+    extra: dict
+    #: the workers the first try's messages went to
+    receivers: list[str]
+    #: their answers, gathered
+    answers: asyncio.Future
 
 
 class Coordinator(SchedulerPlugin):
@@ -1553,7 +1571,7 @@ class Coordinator(SchedulerPlugin):
             raise
         asyncio.ensure_future(self._apply(job, e, first))
 
-    async def _apply(self, job: JobState, e: ApplyPass, first: tuple | None) -> None:
+    async def _apply(self, job: JobState, e: ApplyPass, first: FirstApply | None) -> None:
         """``_apply_pass`` (``first``: its first try, sent), then the pass's inline updates are forgotten
         (and those of older runs whose passes are not being applied: commits a loss voided)."""
         job_id = job.cfg.job_id
@@ -1577,9 +1595,9 @@ class Coordinator(SchedulerPlugin):
             for key in [k for k in held if k[0] < min(oldest, int(e.run_id))]:
                 del held[key]
 
-    def _send_first_apply(self, job: JobState, e: ApplyPass) -> tuple | None:
-        """The first try of the apply of ``e``, sent (``_send_apply``): ``(targets, plan, folded, extra,
-        receivers, answers)`` for ``_apply_pass``; None where it cannot be planned (the job failed)."""
+    def _send_first_apply(self, job: JobState, e: ApplyPass) -> FirstApply | None:
+        """The first try of the apply of ``e``, sent (``_send_apply``); None where it cannot be planned
+        (the job failed)."""
         targets = self._apply_targets(job)
         extra = {"floor": e.floor} if e.batch is not None else {}
         if e.phase:
@@ -1593,7 +1611,7 @@ class Coordinator(SchedulerPlugin):
             self._wake()
             return None
         folded = None if e.clock_end is None else e.clock_end["worker"]  # (its apply answers once its clock end ran)
-        return (targets, plan, folded, extra, *self._send_apply(job, e, targets, plan, folded, extra, 0))
+        return FirstApply(targets, plan, folded, extra, *self._send_apply(job, e, targets, plan, folded, extra, 0))
 
     def _send_apply(self, job: JobState, e: ApplyPass, targets: list[str], plan: ApplyPlan, folded: str | None,
                     extra: dict, attempt: int) -> tuple[list[str], asyncio.Future]:
