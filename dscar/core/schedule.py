@@ -387,7 +387,8 @@ class BspSchedule:
     def next_item(self, worker: str, now: float) -> dict | None:
         """The next work item for ``worker``: a batch of shard attempts, the clock-end step, or None."""
         job, m = self.job, self.machine
-        job.dispatch.last_seen[worker] = now
+        record = job.dispatch.records[worker]  # (what is the worker's: one dict read a hand-out)
+        record.seen = now
         if job.log.error is not None or worker in job.losses.lost or m.recovering:
             return None
         if m.handing_out:
@@ -409,7 +410,7 @@ class BspSchedule:
                     batch += job.queue.take_own(worker, now, size - 1)
             job.dispatch.set_batched(worker, list(map(_PAIR, batch[1:])))  # its earlier items are done
             if m.stage is not _REBUILD:
-                job.dispatch.running_items[worker] = (now, len(batch))
+                record.running = (now, len(batch))
             return job.dispatch.item(batch, m.stage is _REBUILD, clock=m.clock, run=m.run_id)
         if m.stage is Stage.CLOCK_END and self.clock_end_worker is None:
             self.clock_end_worker = worker
@@ -453,9 +454,10 @@ class BspSchedule:
                 granted.append(False)
                 continue
             if not seen:  # (what is the worker's -- its running item, when it was last seen -- once a message)
-                dispatch.running_items.pop(worker, None)  # (``Dispatch.item_done``, inline)
+                record = dispatch.records[worker]
+                record.running = None  # (``Dispatch.item_done``, inline)
                 dispatch.changes += 1
-                dispatch.last_seen[worker] = now
+                record.seen = now
                 seen = True
             current = clock == m.clock and m.grants(run_id)
             # attempt numbers restart every pass: only the current run's can be looked up (and only where read:
@@ -963,7 +965,8 @@ class SspSchedule:
         the window allows (or a backup), else None."""
         job, w = self.job, self.window
         dispatch, queue = job.dispatch, job.queue
-        dispatch.last_seen[worker] = now
+        record = dispatch.records[worker]  # (what is the worker's: one dict read a hand-out)
+        record.seen = now
         if job.log.error is not None or worker in job.losses.lost or not self.begun or w.recovering:
             return None  # (``handing_out``, inline)
         if w.clock_end is not None and self.clock_end_worker is None:
@@ -1005,7 +1008,7 @@ class SspSchedule:
         # (a backup is an item of its own; every other member starts here)
         members, newest, read_floor = w.member_fields(shards, worker, start=not a.backup)
         if w.rebuilding is None:
-            dispatch.running_items[worker] = (now, len(batch))
+            record.running = (now, len(batch))
             if len(members) <= 2 and members[0][0] == members[-1][0]:
                 if newest not in job.tally.per_clock:  # (one clock, the item's newest, opened once: mostly it is)
                     job.tally.open(newest, now)
@@ -1052,9 +1055,10 @@ class SspSchedule:
         if job.log.error is not None or worker in job.losses.lost:
             return [False] * len(finished), []
         dispatch, queue, monitor, tally = job.dispatch, job.queue, job.monitor, job.tally
-        dispatch.running_items.pop(worker, None)  # (``Dispatch.item_done``, inline)
+        record = dispatch.records[worker]  # (what is the worker's: one dict read a commit)
+        record.running = None  # (``Dispatch.item_done``, inline)
         dispatch.changes += 1
-        dispatch.last_seen[worker] = now
+        record.seen = now
         accepts, started, grant, commit = window.accepts, dispatch.attempt_started, queue.commit, window.commit_accepted
         granted: list[bool] = []
         effects: list[Effect] = []
