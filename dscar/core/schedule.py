@@ -190,8 +190,10 @@ class BspSchedule:
         self.machine = ClockMachine(n_phases=len(cfg.phase_names), has_rebuild=bool(cfg.rebuild))
         #: the worker running the clock-end step, once handed out
         self.clock_end_worker: str | None = None
-        #: workers handed a shard attempt this clock (each gets one, however slow: see ``Dispatch.leave_to_others``)
-        self.started: set[str] = set()
+        #: clocks begun so far: a worker whose record's ``handed_in`` is this count was handed a shard attempt
+        #: this clock (each gets one, however slow: see ``Dispatch.leave_to_others``); a record, not a set of
+        #: W names, is what every hand-out reads
+        self.begins = 0
         #: the clock end runs folded into the apply of the clock's last pass on a worker chosen then
         #: (``ApplyPass.clock_end``): no clock-end item and no ``clock_done`` message on a clock's path
         self.fold_clock_end = False
@@ -377,7 +379,7 @@ class BspSchedule:
         job.restarting.update(job.pending_restarts)
         job.pending_restarts = []
         job.tally.begin(now)
-        self.started = set()
+        self.begins += 1
         self.clock_end_worker = self.folded = None
         self.stop, self.next_begun = None, False
         self.applied_in_clock = False
@@ -392,7 +394,7 @@ class BspSchedule:
         if job.log.error is not None or worker in job.losses.lost or m.recovering:
             return None
         if m.handing_out:
-            if worker in self.started and job.dispatch.leave_to_others(worker):  # (``held_back``, inline)
+            if record.handed_in == self.begins and job.dispatch.leave_to_others(worker):  # (``held_back``, inline)
                 return None
             a = job.queue.next_shard(worker, now, worth_moving=partial(job.dispatch.worth_moving, worker, now)) \
                 if job.queue.todo else None  # (at a pass's tail most looks find none: no partial built)
@@ -403,7 +405,7 @@ class BspSchedule:
             if a is None:
                 return None
             batch = [a]
-            self.started.add(worker)
+            record.handed_in = self.begins
             if a.fetch_from is None and not a.backup:  # more of the worker's own shards, while steps are short
                 size = job.dispatch.batch_size(worker)
                 if size > 1:
@@ -425,7 +427,8 @@ class BspSchedule:
     def held_back(self, worker: str) -> bool:
         """Whether ``worker`` gets no more shards this pass (``next_item``'s straggler rule): its
         shards are the others' to run, moves and all."""
-        return worker in self.started and self.job.dispatch.leave_to_others(worker)
+        record = self.job.dispatch.records.get(worker)
+        return record is not None and record.handed_in == self.begins and self.job.dispatch.leave_to_others(worker)
 
     def releasable(self, asker: str) -> tuple[str, list[tuple[int, int]]] | None:
         """``asker`` found nothing to do in a pass: the worker with the most batch members that

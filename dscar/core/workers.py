@@ -2,7 +2,8 @@
 
 A worker's hand-out and its commit each read and write the same few facts of that worker: when it was
 last seen, the item it runs, its batch members that may not have started (``dscar.core.dispatch``), its
-window of step times and their median (``dscar.core.monitor``). Kept in a dict of their own each, a
+window of step times and their median (``dscar.core.monitor``), under BSP whether it was handed a
+shard attempt this clock (``dscar.core.schedule``). Kept in a dict or set of their own each, a
 commit looked the worker up in six dicts of W entries, each a cold read at thousands of workers; kept
 in one ``WorkerRecord``, it looks it up once. The monitor holds the job's table (``ThroughputMonitor.records``)
 and the dispatch reads the same one (``Dispatch``): a record is made on a worker's first poll or step,
@@ -21,7 +22,7 @@ class WorkerRecord:
     """What the core keeps of one worker (None: not known, or none). The fields a hand-out and a commit
     read come first (a record spans two cache lines)."""
 
-    __slots__ = ("seen", "running", "members", "mean", "steps", "item", "warmup", "key")
+    __slots__ = ("seen", "running", "members", "mean", "steps", "item", "handed_in", "warmup", "key")
 
     def __init__(self) -> None:
         #: when it last asked for work or committed (``Dispatch.worth_moving``: a holder that stopped asking)
@@ -38,6 +39,8 @@ class WorkerRecord:
         self.steps: array | None = None
         #: the id of the last work item handed to it (``Dispatch.item_of``: a release names it)
         self.item: int | None = None
+        #: BSP: the clock (``BspSchedule.begins``) in which it was last handed a shard attempt
+        self.handed_in: int | None = None
         #: its first attempt's step time (``ThroughputMonitor``: compared only with the others' warm-ups)
         self.warmup: float | None = None
         #: its name as a ``BatchIndex`` key (``dispatch._descending``), kept while it is not forgotten
