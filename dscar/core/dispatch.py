@@ -189,50 +189,62 @@ class BatchIndex:
     reset looks at (the members are the workers' records', ``WorkerRecord.members``)."""
 
     def __init__(self, records: WorkerRecords):
-        #: worker -> its record: its members (``WorkerRecord.members``) and its name key (``WorkerRecord.key``,
+        #: worker -> its record: its members (``WorkerRecord.members``), its name key (``WorkerRecord.key``,
         #: kept while it is not forgotten: a worker is batched again at nearly every hand-out, and its key
-        #: costs a step per character of its name)
+        #: costs a step per character of its name) and whether it is listed in ``_changed`` (``WorkerRecord.batch_changed``)
         self.records = records
         #: how many workers have members
         self.n_batched = 0
         self._heap: list[tuple[int, str, str]] = []
-        #: workers whose members changed since the heap was last read: their entries are pushed then
-        #: (``_settle``). Only an idle poll at a pass's tail reads it (``most``), while every hand-out and
-        #: a commit of each batch member change a worker's count: a push at each change was work for
-        #: nothing in most passes (two of a 4-member batch's commits pushed an entry gone stale at once)
-        self._changed: set[str] = set()
+        #: workers whose members changed since the heap was last read, each once (its record's ``batch_changed``):
+        #: their entries are pushed then (``_settle``). Only an idle poll at a pass's tail reads it (``most``),
+        #: while every hand-out and a commit of each batch member change a worker's count: a push at each change
+        #: was work for nothing in most passes (two of a 4-member batch's commits pushed an entry gone stale at
+        #: once). A list and a flag, not a set: between reads it names most workers, and a set's insert was a
+        #: cold read at thousands of them, where the flag is in the record the caller holds
+        self._changed: list[str] = []
 
-    def _key(self, worker: str) -> str:
+    def _entry(self, worker: str) -> tuple[int, str, str] | None:
+        """``worker``'s fresh entry (None: it has no members); it is no longer listed as changed."""
         record = self.records[worker]
+        record.batch_changed = False
+        members = record.members
+        if not members:
+            return None
         key = record.key
         if key is None:
             key = record.key = _descending(worker)
-        return key
+        return -len(members), key, worker
 
     def rebuild(self) -> None:
         """One fresh entry for every worker with members, from those the heap or ``_changed`` names."""
-        records, key = self.records, self._key
-        named = {e[2] for e in self._heap} | self._changed
-        self._heap = [(-len(m), key(w), w) for w in named if (m := records[w].members)]
+        named = {e[2] for e in self._heap}
+        named.update(self._changed)
+        self._heap = [e for e in map(self._entry, named) if e is not None]
         heapq.heapify(self._heap)
-        self._changed = set()
+        self._changed = []
 
     def reset(self, batched: dict[str, list[tuple[int, int]]]) -> None:
         """Every worker's members are ``batched``'s now (none for a worker it does not name)."""
         records = self.records
-        for w in {e[2] for e in self._heap} | self._changed:
+        for e in self._heap:
+            records[e[2]].members = None
+        for w in self._changed:
             records[w].members = None
         self.n_batched = 0
         for w, members in batched.items():
             if members:
                 records[w].members = members
                 self.n_batched += 1
-        self._heap, self._changed = [], set(batched)
+                self.changed(w)
         self.rebuild()
 
     def changed(self, worker: str) -> None:
         """``worker``'s members changed (or it has none now): its entry follows when the heap is read."""
-        self._changed.add(worker)
+        record = self.records[worker]
+        if not record.batch_changed:
+            record.batch_changed = True
+            self._changed.append(worker)
 
     def _settle(self) -> None:
         """The entries of the workers changed since the last read are pushed (the heap rebuilt when they
@@ -243,11 +255,10 @@ class BatchIndex:
         if 2 * len(changed) > self.n_batched:
             self.rebuild()
             return
-        heap, records, key = self._heap, self.records, self._key
-        for worker in changed:
-            members = records[worker].members
-            if members:
-                heapq.heappush(heap, (-len(members), key(worker), worker))
+        heap = self._heap
+        for entry in map(self._entry, changed):
+            if entry is not None:
+                heapq.heappush(heap, entry)
         changed.clear()
         if len(heap) > 2 * self.n_batched + 32:
             self.rebuild()
@@ -285,12 +296,15 @@ class BatchIndex:
         return out
 
     def check(self) -> None:
-        """Every worker with members has a fresh entry; no fresh entry names one without; ``n_batched`` counts them."""
+        """Every worker with members has a fresh entry; no fresh entry names one without; ``n_batched`` counts
+        them; no record is left marked changed."""
         self._settle()
         fresh = {e[2] for e in self._heap if self._fresh(e)}
         batched = {w for w, r in self.records.items() if r.members}
         assert fresh == batched, (fresh, batched)
         assert self.n_batched == len(batched), (self.n_batched, batched)
+        flagged = {w for w, r in self.records.items() if r.batch_changed}
+        assert not flagged, flagged  # (settled: nobody listed as changed)
 
 
 class Dispatch:
@@ -474,7 +488,9 @@ class Dispatch:
             if not members:
                 record.members = None
                 index.n_batched -= 1
-            index._changed.add(worker)  # (``BatchIndex.changed``, inline: every commit of a member)
+            if not record.batch_changed:  # (``BatchIndex.changed``, inline: every commit of a member)
+                record.batch_changed = True
+                index._changed.append(worker)
             if self._track_started and (shard, attempt) not in members:  # (``_mark`` without the set diff)
                 self.job.queue.unwait(shard, attempt, worker)
 
@@ -491,7 +507,9 @@ class Dispatch:
             record.members = members
             if not old:
                 index.n_batched += 1
-            index._changed.add(worker)  # (``BatchIndex.changed``, inline: every hand-out of a batch)
+            if not record.batch_changed:  # (``BatchIndex.changed``, inline: every hand-out of a batch)
+                record.batch_changed = True
+                index._changed.append(worker)
         else:  # (its index entries go stale, and are dropped when read)
             record.members = None
             if old:

@@ -22,7 +22,7 @@ class WorkerRecord:
     """What the core keeps of one worker (None: not known, or none). The fields a hand-out and a commit
     read come first (a record spans two cache lines)."""
 
-    __slots__ = ("seen", "running", "members", "mean", "steps", "item", "handed_in", "warmup", "key")
+    __slots__ = ("seen", "running", "members", "batch_changed", "mean", "steps", "item", "handed_in", "warmup", "key")
 
     def __init__(self) -> None:
         #: when it last asked for work or committed (``Dispatch.worth_moving``: a holder that stopped asking)
@@ -33,6 +33,8 @@ class WorkerRecord:
         #: (shard, attempt) of the members of its last work item that may not have started, never empty
         #: (``Dispatch.batched``; changed only through the dispatch, which keeps its ``BatchIndex`` in step)
         self.members: list[tuple[int, int]] | None = None
+        #: its members changed since the ``BatchIndex`` was last read (it is listed in its ``_changed``)
+        self.batch_changed = False
         #: its typical step time: the median of ``steps`` (``ThroughputMonitor.mean_step``)
         self.mean: float | None = None
         #: its last ``ThroughputMonitor.window`` step times after the warm-up, oldest first
