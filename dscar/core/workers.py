@@ -66,21 +66,19 @@ class RecordView(Mapping):
     def __init__(self, records: WorkerRecords, field: str):
         self._records, self._field = records, field
 
-    def __getitem__(self, worker: str) -> Any:
-        record = self._records.get(worker)
-        value = None if record is None else getattr(record, self._field)
-        if value is None:
-            raise KeyError(worker)
-        return value
-
     def get(self, worker: str, default: Any = None) -> Any:
         record = self._records.get(worker)
         value = None if record is None else getattr(record, self._field)
         return default if value is None else value
 
+    def __getitem__(self, worker: str) -> Any:
+        value = self.get(worker)
+        if value is None:
+            raise KeyError(worker)
+        return value
+
     def __contains__(self, worker: object) -> bool:
-        record = self._records.get(worker)  # type: ignore[call-overload]
-        return record is not None and getattr(record, self._field) is not None
+        return self.get(worker) is not None  # type: ignore[arg-type]
 
     def __iter__(self) -> Iterator[str]:
         field = self._field
