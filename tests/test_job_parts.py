@@ -60,6 +60,20 @@ def test_a_clock_counts_stages_commits_and_only_finite_objectives():
     assert tally.shards_done == {} and tally.stage_s == {} and tally.clock_t0 == 20.0
 
 
+def test_a_clock_s_timings_held_before_its_last_commits_hold_them_once_the_next_clock_begins():
+    """BSP commits note their timings and a read sums them (``ClockTally.timings``): the dict a clock end ahead
+    took (``EndingClock``) still gets the commits noted after it was read, as when each commit summed its own."""
+    tally = ClockTally()
+    tally.begin(0.0)
+    tally.committed("w0", {"compute_s": 1.0})
+    held = tally.timings
+    tally.committed("w0", {"compute_s": 2.0})
+    tally.committed("w1", None)
+    tally.begin(1.0)
+    tally.committed("w1", {"compute_s": 4.0})
+    assert held == {"w0": {"compute_s": 3.0}, "w1": {}} and tally.timings == {"w1": {"compute_s": 4.0}}
+
+
 def test_ssp_clocks_count_apart_and_older_reports_go_once_a_newer_one_is_read():
     tally = ClockTally()
     tally.open(1, 5.0)
