@@ -61,8 +61,7 @@ class WorkerStats:
 
 class ThroughputMonitor:
     def __init__(self, *, window: int = 8, fraction: float = 0.6, persistent_after: int = 3,
-                 min_gap_s: float = 0.002, confirm_after: int = 2, stuck_after_s: float = 1.0,
-                 records: WorkerRecords | None = None):
+                 min_gap_s: float = 0.002, confirm_after: int = 2, stuck_after_s: float = 1.0):
         if not 0 < fraction < 1:
             raise ValueError(f"straggler fraction must be in (0, 1), got {fraction}")
         if window < 1 or persistent_after < 1 or confirm_after < 1:
@@ -89,7 +88,7 @@ class ThroughputMonitor:
         #: memory at 4,096 workers; nor a list, whose floats are objects of their own, each made at its
         #: commit), and their median (``mean``, kept as steps arrive: asked on every hand-out). The job's
         #: dispatch keeps its own fields of each worker in the same records: a commit reads one
-        self.records = WorkerRecords() if records is None else records
+        self.records = WorkerRecords()
         self._slow_clocks: dict[str, int] = defaultdict(int)  # consecutive clocks as a straggler
         #: how many workers have a ``mean``
         self._n_measured = 0
@@ -158,7 +157,7 @@ class ThroughputMonitor:
         return None if record is None else record.mean
 
     def _seen(self) -> list[str]:
-        """The workers with a step recorded (a warm-up, or more), in the order first seen."""
+        """The workers with a step recorded (a warm-up, or more), in the order their records were made."""
         return [w for w, r in self.records.items() if r.warmup is not None]
 
     def median_step(self, exclude: str | None = None) -> float | None:
@@ -198,7 +197,8 @@ class ThroughputMonitor:
         steps between them (``n`` over their summed speed) plus the slowest one's step plus ``margin_s``
         (False while it, or fewer than two workers, is not measured). ``Dispatch.leave_to_others``' rule,
         asked on nearly every poll of a worker that started a shard in the pass: one call, O(1)."""
-        mine = self.mean_step(worker)
+        record = self.records.get(worker)  # (``mean_step``, inline: nearly every poll asks)
+        mine = None if record is None else record.mean
         if mine is None or self._n_measured < 2:
             return False
         steps = self._by_step  # (``slowest_step(worker)``, inline: two or more measured)
