@@ -60,6 +60,20 @@ def test_a_clock_counts_stages_commits_and_only_finite_objectives():
     assert tally.shards_done == {} and tally.stage_s == {} and tally.clock_t0 == 20.0
 
 
+def test_a_clock_s_timings_held_before_its_last_commits_hold_them_once_the_next_clock_begins():
+    """BSP commits note their timings and a read sums them (``ClockTally.timings``): the dict a clock end ahead
+    took (``EndingClock``) still gets the commits noted after it was read, as when each commit summed its own."""
+    tally = ClockTally()
+    tally.begin(0.0)
+    tally.committed("w0", {"compute_s": 1.0})
+    held = tally.timings
+    tally.committed("w0", {"compute_s": 2.0})
+    tally.committed("w1", None)
+    tally.begin(1.0)
+    tally.committed("w1", {"compute_s": 4.0})
+    assert held == {"w0": {"compute_s": 3.0}, "w1": {}} and tally.timings == {"w1": {"compute_s": 4.0}}
+
+
 def test_ssp_clocks_count_apart_and_older_reports_go_once_a_newer_one_is_read():
     tally = ClockTally()
     tally.open(1, 5.0)
@@ -237,6 +251,33 @@ def test_an_idle_worker_asks_back_the_later_half_of_the_biggest_batch_of_a_live_
     assert d.batched["a"] == [(1, 1), (2, 1), (3, 1)]
     d.forget("a")
     assert d.ask_back("c") is None
+
+
+def test_the_dispatch_and_the_monitor_keep_a_worker_in_one_record_and_the_former_dicts_read_it():
+    """A hand-out and a commit read what is a worker's in one record (``dscar.core.workers``), the monitor's
+    table and the dispatch's; ``last_seen``, ``running_items``, ``item_of`` and ``batched`` show the workers
+    whose field is set, as the dicts they were did."""
+    job = _job_with_store()
+    d, m = job.dispatch, job.monitor
+    assert d.records is m.records
+    m.record("a", 1.0)  # (its warm-up)
+    m.record("a", 2.0)
+    d.set_batched("a", [(1, 1), (2, 1)])
+    d.running_items["a"] = (0.5, 3)
+    record = d.records["a"]
+    assert (record.warmup, list(record.steps), record.mean, record.members, record.running) == (
+        1.0, [2.0], 2.0, [(1, 1), (2, 1)], (0.5, 3))
+    assert dict(d.running_items) == {"a": (0.5, 3)} and dict(d.batched) == {"a": [(1, 1), (2, 1)]}
+    assert "a" not in d.last_seen and d.last_seen.get("a", -1.0) == -1.0 and len(d.item_of) == 0
+    with pytest.raises(KeyError):
+        d.item_of["a"]
+    d.attempt_started("a", 1, 1)
+    d.attempt_started("a", 2, 1)
+    del d.running_items["a"]
+    assert "a" not in d.batched and "a" not in d.running_items and len(d.running_items) == 0
+    m.forget("a")
+    assert m.mean_step("a") is None and m.n_measured() == 0 and record.steps is None and m.stats() == []
+    d._batch_index.check()
 
 
 def test_members_worth_less_than_a_release_are_not_asked_back():

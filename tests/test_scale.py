@@ -158,7 +158,7 @@ def test_the_monitor_s_running_figures_equal_a_scan(seed):
         else:
             m.record(w, rng.choice([0.1, 0.2, 1.0, rng.random()]))
         ex = f"w{rng.randrange(14)}"
-        steps = {x: statistics.median(d) for x, d in m._steps.items() if d}
+        steps = {x: statistics.median(r.steps) for x, r in m.records.items() if r.steps}
         others = [s for x, s in steps.items() if x != ex]
         assert m.median_step(ex) == (statistics.median(others) if others else None)
         assert m.speeds() == {x: 1.0 / s for x, s in steps.items()}

@@ -12,8 +12,9 @@ Invariants:
 - ``batched`` names only workers with members, and only members that may not have started (a
   commit, a failure, a release or a pass start drops them): asking one back never stops work. It
   changes only through ``set_batched``, ``attempt_started``, ``voided``, ``released``, ``forget`` or a whole
-  new dict, which keep its index (``BatchIndex``) and the queue's waiting attempts
-  (``ShardQueue.set_waiting``: the policies' view of the started ones) in step;
+  new dict set as ``batched`` (it is a view of the workers' records: ``dscar.core.workers``), which keep
+  its index (``BatchIndex``) and the queue's waiting attempts (``ShardQueue.set_waiting``: the policies'
+  view of the started ones) in step;
 - ``running_items`` holds a worker's shard-pass item until it commits or fails, whatever clock it
   is of: the monitor's evidence of a worker that does not finish;
 - a lost worker is forgotten here at once (``forget``): nothing waits on it or is asked of it.
@@ -26,6 +27,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, NamedTuple
 
 from .policies import Backup, ControllerView, Policy, Restart, Running, SetBatchScale
 from .shards import Attempt, ShardQueue
+from .workers import RecordView, WorkerRecords, WritableRecordView
 
 if TYPE_CHECKING:
     from .job import JobState
@@ -182,34 +184,67 @@ class BatchIndex:
 
     A heap of ``(-members, name key, worker)`` entries, one pushed at every change of a worker's
     count; an entry whose count is no longer its worker's is stale and dropped when it comes to
-    the top (lazy deletion). The heap is rebuilt when stale entries outnumber the live ones."""
+    the top (lazy deletion). The heap is rebuilt when stale entries outnumber the live ones. Every
+    worker with members has a fresh entry or is ``_changed``: those are the only ones a rebuild or a
+    reset looks at (the members are the workers' records', ``WorkerRecord.members``)."""
 
-    def __init__(self, batched: dict[str, list[tuple[int, int]]], keys: dict[str, str] | None = None):
-        #: worker -> its members (the dict ``Dispatch.batched`` is)
-        self.batched = batched
+    def __init__(self, records: WorkerRecords):
+        #: worker -> its record: its members (``WorkerRecord.members``), its name key (``WorkerRecord.key``,
+        #: kept while it is not forgotten: a worker is batched again at nearly every hand-out, and its key
+        #: costs a step per character of its name) and whether it is listed in ``_changed`` (``WorkerRecord.batch_changed``)
+        self.records = records
+        #: how many workers have members
+        self.n_batched = 0
         self._heap: list[tuple[int, str, str]] = []
-        #: worker -> its name key (``_descending``), kept while it is not forgotten: a worker is batched
-        #: again at nearly every hand-out, and its key costs a step per character of its name
-        self._keys: dict[str, str] = {} if keys is None else keys
-        #: workers whose members changed since the heap was last read: their entries are pushed then
-        #: (``_settle``). Only an idle poll at a pass's tail reads it (``most``), while every hand-out and
-        #: a commit of each batch member change a worker's count: a push at each change was work for
-        #: nothing in most passes (two of a 4-member batch's commits pushed an entry gone stale at once)
-        self._changed: set[str] = set()
-        self.rebuild()
+        #: workers whose members changed since the heap was last read, each once (its record's ``batch_changed``):
+        #: their entries are pushed then (``_settle``). Only an idle poll at a pass's tail reads it (``most``),
+        #: while every hand-out and a commit of each batch member change a worker's count: a push at each change
+        #: was work for nothing in most passes (two of a 4-member batch's commits pushed an entry gone stale at
+        #: once). A list and a flag, not a set: between reads it names most workers, and a set's insert was a
+        #: cold read at thousands of them, where the flag is in the record the caller holds
+        self._changed: list[str] = []
+
+    def _entry(self, worker: str) -> tuple[int, str, str] | None:
+        """``worker``'s fresh entry (None: it has no members); it is no longer listed as changed."""
+        record = self.records[worker]
+        record.batch_changed = False
+        members = record.members
+        if not members:
+            return None
+        key = record.key
+        if key is None:
+            key = record.key = _descending(worker)
+        return -len(members), key, worker
 
     def rebuild(self) -> None:
-        keys = self._keys
-        for w in self.batched:
-            if w not in keys:
-                keys[w] = _descending(w)
-        self._heap = [(-len(m), keys[w], w) for w, m in self.batched.items() if m]
+        """One fresh entry for every worker with members, from those the heap or ``_changed`` names."""
+        named = {e[2] for e in self._heap}
+        named.update(self._changed)
+        self._heap = [e for e in map(self._entry, named) if e is not None]
         heapq.heapify(self._heap)
-        self._changed = set()
+        self._changed = []
+
+    def reset(self, batched: dict[str, list[tuple[int, int]]]) -> None:
+        """Every worker's members are ``batched``'s now (none for a worker it does not name)."""
+        records = self.records
+        for e in self._heap:
+            records[e[2]].members = None
+        for w in self._changed:
+            records[w].members = None
+        self.n_batched = 0
+        for w, members in batched.items():
+            if members:
+                records[w].members = members
+                self.n_batched += 1
+                self.changed(w)
+        self.rebuild()
 
     def changed(self, worker: str) -> None:
         """``worker``'s members changed (or it has none now): its entry follows when the heap is read."""
-        self._changed.add(worker)
+        record = self.records[worker]
+        if not record.batch_changed:
+            record.batch_changed = True
+            self._changed.append(worker)
 
     def _settle(self) -> None:
         """The entries of the workers changed since the last read are pushed (the heap rebuilt when they
@@ -217,40 +252,37 @@ class BatchIndex:
         changed = self._changed
         if not changed:
             return
-        batched = self.batched
-        if 2 * len(changed) > len(batched):
+        if 2 * len(changed) > self.n_batched:
             self.rebuild()
             return
-        heap, keys = self._heap, self._keys
-        for worker in changed:
-            members = batched.get(worker)
-            if members:
-                key = keys.get(worker)
-                if key is None:
-                    key = keys[worker] = _descending(worker)
-                heapq.heappush(heap, (-len(members), key, worker))
+        heap = self._heap
+        for entry in map(self._entry, changed):
+            if entry is not None:
+                heapq.heappush(heap, entry)
         changed.clear()
-        if len(heap) > 2 * len(batched) + 32:
+        if len(heap) > 2 * self.n_batched + 32:
             self.rebuild()
 
     def forget(self, worker: str) -> None:
         """``worker`` is gone (it has no members): its key goes too."""
-        self._keys.pop(worker, None)
+        record = self.records.get(worker)
+        if record is not None:
+            record.key = None
 
     def _fresh(self, entry: tuple[int, str, str]) -> bool:
-        members = self.batched.get(entry[2])
+        members = self.records[entry[2]].members
         return members is not None and len(members) == -entry[0]
 
     def most(self, skip: Callable[[str], bool]) -> str | None:
         """The worker with the most members (ties: the last name) that ``skip`` does not rule out."""
         if self._changed:
             self._settle()
-        heap, passed, out, batched = self._heap, [], None, self.batched
+        heap, passed, out, records = self._heap, [], None, self.records
         seen: set[str] = set()
         while heap:
             entry = heap[0]
             w = entry[2]
-            members = batched.get(w)  # (``_fresh``, inline: every idle poll at a pass's tail asks)
+            members = records[w].members  # (``_fresh``, inline: every idle poll at a pass's tail asks)
             if w in seen or members is None or len(members) != -entry[0]:
                 heapq.heappop(heap)
             elif skip(w):
@@ -264,10 +296,15 @@ class BatchIndex:
         return out
 
     def check(self) -> None:
-        """Every worker with members has a fresh entry; no fresh entry names one without."""
+        """Every worker with members has a fresh entry; no fresh entry names one without; ``n_batched`` counts
+        them; no record is left marked changed."""
         self._settle()
         fresh = {e[2] for e in self._heap if self._fresh(e)}
-        assert fresh == {w for w, m in self.batched.items() if m}, (fresh, self.batched)
+        batched = {w for w, r in self.records.items() if r.members}
+        assert fresh == batched, (fresh, batched)
+        assert self.n_batched == len(batched), (self.n_batched, batched)
+        flagged = {w for w, r in self.records.items() if r.batch_changed}
+        assert not flagged, flagged  # (settled: nobody listed as changed)
 
 
 class Dispatch:
@@ -290,19 +327,24 @@ class Dispatch:
         self.stragglers: dict[str, str] = {}
         #: workers a policy decided to restart at the next clock boundary
         self.pending_restarts: list[str] = []
-        #: ``batched`` (worker -> its members that may not have started), the most members first
-        self._batch_index = BatchIndex({})
-        #: worker -> id of the last work item handed to it: a release names it, so a worker asked
-        #: before that item reached it gives the members back all the same (``ShardRunner.release``)
-        self.item_of: dict[str, int] = {}
+        #: worker -> its record (``dscar.core.workers``), the monitor's table: a hand-out and a commit read
+        #: and write what is the worker's here (``seen``, ``running``, ``members``, ``item``) and the
+        #: monitor reads its steps in the same record, one dict entry, not one in each of six dicts
+        self.records: WorkerRecords = job.monitor.records
+        #: ``batched`` (the records' members), the most members first
+        self._batch_index = BatchIndex(self.records)
+        #: worker -> id of the last work item handed to it (its record's ``item``): a release names it, so
+        #: a worker asked before that item reached it gives the members back all the same (``ShardRunner.release``)
+        self.item_of: RecordView = RecordView(self.records, "item")
         #: work items handed out so far (item ids count up from 1)
         self.items_handed = 0
-        #: worker -> (hand-out time, shards) of the shard-pass work item it is running, until it
-        #: commits or fails (whatever clock it is of): the monitor's evidence of a worker that
-        #: does not finish, since backups may win its shards and close the pass without it
-        self.running_items: dict[str, tuple[float, int]] = {}
-        #: when each worker last asked for work or committed (``worth_moving``: a holder that stopped asking)
-        self.last_seen: dict[str, float] = {}
+        #: worker -> (hand-out time, shards) of the shard-pass work item it is running (its record's
+        #: ``running``), until it commits or fails (whatever clock it is of): the monitor's evidence of a
+        #: worker that does not finish, since backups may win its shards and close the pass without it
+        self.running_items: WritableRecordView = WritableRecordView(self.records, "running")
+        #: when each worker last asked for work or committed (its record's ``seen``; ``worth_moving``: a
+        #: holder that stopped asking)
+        self.last_seen: RecordView = RecordView(self.records, "seen")
         #: what the policies see (``view``: built once, then told the workers, the time and the asker at each view)
         self._view: JobView | None = None
         #: the policies that decide when a worker is idle (``idle_policies``; every idle poll asks them)
@@ -316,14 +358,15 @@ class Dispatch:
         self._quiet: tuple[ShardQueue, int, float, float] | None = None
 
     @property
-    def batched(self) -> dict[str, list[tuple[int, int]]]:
+    def batched(self) -> RecordView:
         """worker -> (shard, attempt) of the members of its last work item that may not have started
-        (the first of a batch starts at once); a pass start, a commit or a failure drops them."""
-        return self._batch_index.batched
+        (the first of a batch starts at once); a pass start, a commit or a failure drops them. Read-only:
+        the records' ``members``, which change through ``set_batched`` and the rest (the index follows)."""
+        return RecordView(self.records, "members")
 
     @batched.setter
     def batched(self, value: dict[str, list[tuple[int, int]]]) -> None:
-        self._batch_index = BatchIndex(value, self._batch_index._keys)
+        self._batch_index.reset(value)
         if self._track_started:
             queue = self.job.queue
             queue.clear_waiting()
@@ -345,7 +388,10 @@ class Dispatch:
 
     def forget(self, worker: str) -> None:
         """``worker`` is lost: its batch members, running item, batch scale and straggler flag go."""
-        old = self.batched.pop(worker, None)
+        record = self.records[worker]
+        old, record.members = record.members, None
+        if old:
+            self._batch_index.n_batched -= 1
         self._batch_index.changed(worker)
         if self._track_started:
             self._mark(worker, old, None)
@@ -387,10 +433,11 @@ class Dispatch:
         if (self.move_s is None or mine is None or theirs is None or holder not in self.job._worker_set
                 or self.job.schedule.held_back(holder)):
             return True
-        running = self.running_items.get(holder)
+        record = self.records[holder]
+        running = record.running
         if running is not None and now - running[0] > 2 * running[1] * theirs:
             return True
-        if running is None and now - self.last_seen.get(holder, -math.inf) > theirs:
+        if running is None and (record.seen is None or now - record.seen > theirs):
             return True
         return self.move_s + mine < (backlog + 0.5) * theirs
 
@@ -423,7 +470,7 @@ class Dispatch:
 
     def item_done(self, worker: str) -> None:
         """``worker``'s running item ended (committed, failed, or the worker is gone)."""
-        self.running_items.pop(worker, None)
+        self.records[worker].running = None
         self.changes += 1
 
     def live(self, shard: int, attempt: int, worker: str) -> bool:
@@ -433,13 +480,17 @@ class Dispatch:
 
     def attempt_started(self, worker: str, shard: int, attempt: int) -> None:
         """``worker`` has started batch member ``(shard, attempt)`` (it commits or fails): not asked back."""
-        index = self._batch_index  # (``batched`` is its dict: read without the property, every commit asks)
-        members = index.batched.get(worker)
+        record = self.records[worker]  # (its members read without ``batched``'s view: every commit asks)
+        members = record.members
         if members and (shard, attempt) in members:
             members.remove((shard, attempt))
+            index = self._batch_index
             if not members:
-                del index.batched[worker]
-            index._changed.add(worker)  # (``BatchIndex.changed``, inline: every commit of a member)
+                record.members = None
+                index.n_batched -= 1
+            if not record.batch_changed:  # (``BatchIndex.changed``, inline: every commit of a member)
+                record.batch_changed = True
+                index._changed.append(worker)
             if self._track_started and (shard, attempt) not in members:  # (``_mark`` without the set diff)
                 self.job.queue.unwait(shard, attempt, worker)
 
@@ -450,13 +501,19 @@ class Dispatch:
 
     def set_batched(self, worker: str, members: list[tuple[int, int]]) -> None:
         """``batched`` keeps only workers with members (``ask_back`` looks at each of them)."""
-        index = self._batch_index
+        index, record = self._batch_index, self.records[worker]
+        old = record.members
         if members:
-            old = index.batched.get(worker)
-            index.batched[worker] = members
-            index._changed.add(worker)  # (``BatchIndex.changed``, inline: every hand-out of a batch)
+            record.members = members
+            if not old:
+                index.n_batched += 1
+            if not record.batch_changed:  # (``BatchIndex.changed``, inline: every hand-out of a batch)
+                record.batch_changed = True
+                index._changed.append(worker)
         else:  # (its index entries go stale, and are dropped when read)
-            old = index.batched.pop(worker, None)
+            record.members = None
+            if old:
+                index.n_batched -= 1
         if self._track_started:  # (every hand-out ends here: it pays for its own changes of the index)
             queue = self.job.queue
             if old:
@@ -475,8 +532,8 @@ class Dispatch:
         victim = self._batch_index.most(lambda w: w == asker or w in lost)
         if victim is None:
             return None
-        members = self.batched[victim]
-        later = members[len(members) // 2:]
+        members = self.records[victim].members
+        later = members[len(members) // 2:]  # type: ignore[index]
         monitor = self.job.monitor
         step = monitor.mean_step(victim)
         if step is not None and len(later) * step < ASK_BACK_MIN_S and monitor.mean_step(asker) is not None:
@@ -490,10 +547,11 @@ class Dispatch:
         names them again): they are not asked for again."""
         done = {(int(s), int(a)) for s, a in asked}
         back = [(int(s), int(a)) for s, a in released if self.job.queue.release(int(s), int(a), worker)]
-        self.set_batched(worker, [m for m in self.batched.get(worker, []) if m not in done])
+        record = self.records[worker]
+        self.set_batched(worker, [m for m in record.members or () if m not in done])
         if back:
-            if (running := self.running_items.get(worker)) is not None:  # its item now holds fewer
-                self.running_items[worker] = (running[0], max(1, running[1] - len(back)))
+            if (running := record.running) is not None:  # its item now holds fewer
+                record.running = (running[0], max(1, running[1] - len(back)))
                 self.changes += 1
             self.job.event(now, "batch-released", worker=worker, shards=sorted(s for s, _ in back))
         self.job.schedule.given_back(s for s, _ in back)
@@ -538,7 +596,7 @@ class Dispatch:
             members.append(m)
         self.items_handed = item_id = self.items_handed + 1
         worker = batch[0].worker
-        self.item_of[worker] = item_id
+        self.records[worker].item = item_id
         msg = {"op": "rebuild" if rebuild else "shard", "job": job.cfg.job_id, "item": item_id,
                "clock": item_clock, "run": job.run_id if run is None else run, "owners": job.pmap.to_msg(),
                "batch_scale": self.batch_scale.get(worker, 1.0), "shards": members}
@@ -572,11 +630,13 @@ class Dispatch:
 
     def _waiting(self, a: Attempt) -> bool:
         """``a`` is a member of a batch that may not have started yet."""
-        return (a.shard, a.attempt) in self.batched.get(a.worker, ())
+        record = self.records.get(a.worker)
+        return record is not None and (a.shard, a.attempt) in (record.members or ())
 
     def _item_size(self, worker: str) -> int:
         """How many attempts the shard-pass item ``worker`` is running holds (1: none, or one)."""
-        running = self.running_items.get(worker)
+        record = self.records.get(worker)
+        running = None if record is None else record.running
         return max(1, running[1]) if running is not None else 1
 
     def idle_policies(self, worker: str, now: float) -> Attempt | None:

@@ -35,6 +35,8 @@ from array import array
 from collections import defaultdict
 from dataclasses import dataclass
 
+from .workers import WorkerRecord, WorkerRecords
+
 
 #: the parts of an attempt's timings (``ShardRunner._attempt``) that are the worker's own step: not
 #: ``data_s`` (a shard's data moving to the worker is not its slowness), not ``compute_cpu_s`` (a part
@@ -55,11 +57,6 @@ class WorkerStats:
     mean_step_s: float  # the typical (median) step time over the window
     speed: float  # shards per second of busy time
     straggler: str | None  # None, "transient" or "persistent"
-
-
-def _doubles() -> array:
-    """An empty array of doubles (a worker's window of step times)."""
-    return array("d")
 
 
 class ThroughputMonitor:
@@ -85,18 +82,19 @@ class ThroughputMonitor:
         self.confirm_after = confirm_after
         #: a running work item is evidence of slowness once it has run this long (seconds)
         self.stuck_after_s = stuck_after_s
-        self._warmup: dict[str, float] = {}  # each worker's first attempt's step time
-        #: each worker's last ``window`` step times, oldest first: an array of doubles, one block a worker. Not
-        #: a ``deque(maxlen=window)``, which allocates a block of 64 slots (~760 bytes a worker: 3 MB of cold
-        #: memory at 4,096 workers); nor a list, whose floats are objects of their own, each made at its
-        #: commit: every commit sorted the worker's window, reading ``window`` cold objects at thousands of workers
-        self._steps: dict[str, array] = defaultdict(_doubles)
+        #: worker -> its record (``dscar.core.workers``): its warm-up step (``warmup``), its last ``window``
+        #: step times after it, oldest first (``steps``: an array of doubles, one block a worker; not a
+        #: ``deque(maxlen=window)``, which allocates a block of 64 slots, ~760 bytes a worker, 3 MB of cold
+        #: memory at 4,096 workers; nor a list, whose floats are objects of their own, each made at its
+        #: commit), and their median (``mean``, kept as steps arrive: asked on every hand-out). The job's
+        #: dispatch keeps its own fields of each worker in the same records: a commit reads one
+        self.records = WorkerRecords()
         self._slow_clocks: dict[str, int] = defaultdict(int)  # consecutive clocks as a straggler
-        #: worker -> median of its window, kept as steps arrive: asked on every hand-out, for every worker
-        self._mean: dict[str, float] = {}
+        #: how many workers have a ``mean``
+        self._n_measured = 0
         #: the mean step of every worker with one, sorted: the slowest and the median without a scan (floats,
         #: not (mean, worker) pairs: the statistics read values only, and a float compares and moves
-        #: cheaper; which worker holds a value is ``_mean``'s)
+        #: cheaper; which worker holds a value is its record's)
         self._by_step: list[float] = []
         #: the summed speeds of the measured workers, kept as their step times change
         self._speed_sum = 0.0
@@ -110,12 +108,13 @@ class ThroughputMonitor:
         step_s = float(step_s)
         if step_s < 1e-9:  # (``max(step_s, 1e-9)`` as a comparison: every commit records)
             step_s = 1e-9
-        steps = self._steps.get(worker)  # (a worker with steps is past its warm-up: one dict read a commit)
+        record = self.records[worker]  # (one dict read a commit: the dispatch read the same entry just before)
+        steps = record.steps  # (a worker with steps is past its warm-up)
         if steps is None:
-            if worker not in self._warmup:
-                self._warmup[worker] = step_s
+            if record.warmup is None:
+                record.warmup = step_s
                 return
-            steps = self._steps[worker]
+            steps = record.steps = array("d")
         steps.append(step_s)
         if len(steps) > self.window:
             del steps[0]
@@ -123,39 +122,51 @@ class ThroughputMonitor:
         n = len(ordered)
         half = n // 2
         mean = ordered[half] if n % 2 else (ordered[half - 1] + ordered[half]) / 2
-        if self._mean.get(worker) != mean:
-            self._set_mean(worker, mean)
+        if record.mean != mean:
+            self._set_mean(record, mean)
 
-    def _set_mean(self, worker: str, mean: float | None) -> None:
+    def _set_mean(self, record: WorkerRecord | None, mean: float | None) -> None:
+        """``record``'s worker's typical step is ``mean`` now (None: none; ``record`` None: a worker never seen)."""
         self._median = False
         self.changes += 1
-        old = self._mean.pop(worker, None)
+        old = None if record is None else record.mean
         if old is not None:
             del self._by_step[bisect.bisect_left(self._by_step, old)]  # (a copy of ``old``: any one is)
             self._speed_sum -= 1.0 / old
+            self._n_measured -= 1
         if mean is not None:
-            self._mean[worker] = mean
+            record.mean = mean  # type: ignore[union-attr]
             bisect.insort(self._by_step, mean)
             self._speed_sum += 1.0 / mean
-        if not self._mean:
+            self._n_measured += 1
+        elif record is not None:
+            record.mean = None
+        if not self._n_measured:
             self._speed_sum = 0.0
 
     def forget(self, worker: str) -> None:
-        self._warmup.pop(worker, None)
-        self._steps.pop(worker, None)
+        record = self.records.get(worker)
+        if record is not None:
+            record.warmup = record.steps = None
         self._slow_clocks.pop(worker, None)
-        self._set_mean(worker, None)
+        self._set_mean(record, None)
 
     def mean_step(self, worker: str) -> float | None:
         """The worker's typical step time (median over the window), None before its first attempt."""
-        return self._mean.get(worker)
+        record = self.records.get(worker)
+        return None if record is None else record.mean
+
+    def _seen(self) -> list[str]:
+        """The workers with a step recorded (a warm-up, or more), in the order their records were made."""
+        return [w for w, r in self.records.items() if r.warmup is not None]
 
     def median_step(self, exclude: str | None = None) -> float | None:
         """Median over workers (but ``exclude``) of their typical step time."""
         if exclude is None and self._median is not False:
             return self._median
         steps = self._by_step  # (sorted: the median by position, a copy of ``exclude``'s value skipped)
-        skip = bisect.bisect_left(steps, self._mean[exclude]) if exclude in self._mean else None
+        mine = None if exclude is None else self.mean_step(exclude)
+        skip = None if mine is None else bisect.bisect_left(steps, mine)
         n = len(steps) - (skip is not None)
         if n == 0:
             return None
@@ -170,14 +181,14 @@ class ThroughputMonitor:
 
     def n_measured(self) -> int:
         """Workers with a typical step time."""
-        return len(self._mean)
+        return self._n_measured
 
     def slowest_step(self, exclude: str) -> float | None:
         """The longest typical step time of the workers but ``exclude`` (None: none measured)."""
         steps = self._by_step
         if not steps:
             return None
-        if self._mean.get(exclude) != steps[-1]:
+        if self.mean_step(exclude) != steps[-1]:
             return steps[-1]
         return steps[-2] if len(steps) > 1 else None  # (``exclude`` holds the largest: the next one, maybe equal)
 
@@ -186,8 +197,9 @@ class ThroughputMonitor:
         steps between them (``n`` over their summed speed) plus the slowest one's step plus ``margin_s``
         (False while it, or fewer than two workers, is not measured). ``Dispatch.leave_to_others``' rule,
         asked on nearly every poll of a worker that started a shard in the pass: one call, O(1)."""
-        mine = self._mean.get(worker)
-        if mine is None or len(self._mean) < 2:
+        record = self.records.get(worker)  # (``mean_step``, inline: nearly every poll asks)
+        mine = None if record is None else record.mean
+        if mine is None or self._n_measured < 2:
             return False
         steps = self._by_step  # (``slowest_step(worker)``, inline: two or more measured)
         slowest = steps[-1] if mine != steps[-1] else steps[-2]
@@ -200,11 +212,12 @@ class ThroughputMonitor:
         grant and one commit, not k (``Dispatch.batch_size``). A slow worker's share is small, and members it
         has not started are released to a worker that runs out (``Dispatch.ask_back``). One call: every
         hand-out asks."""
-        step = self._mean.get(worker)
+        record = self.records.get(worker)
+        step = None if record is None else record.mean
         if step is None:
             return None, 0
         speed = 1.0 / step
-        unmeasured = n_workers - len(self._mean)
+        unmeasured = n_workers - self._n_measured
         if unmeasured < 0:
             unmeasured = 0
         total = self._speed_sum + unmeasured * speed
@@ -215,12 +228,13 @@ class ThroughputMonitor:
         return self._speed_sum
 
     def speeds(self) -> dict[str, float]:
-        return {w: 1.0 / m for w, m in self._mean.items() if m}
+        return {w: 1.0 / m for w, r in self.records.items() if (m := r.mean)}
 
     def is_slow(self, worker: str, running_s: float = 0.0) -> bool:
         """``running_s``: a lower bound on the step time of the work item ``worker`` is running."""
-        if worker not in self._warmup:  # still in its warm-up: like is compared with like
-            warmups = [t for w, t in self._warmup.items() if w != worker]
+        record = self.records.get(worker)
+        if record is None or record.warmup is None:  # still in its warm-up: like is compared with like
+            warmups = [r.warmup for w, r in self.records.items() if r.warmup is not None and w != worker]
             others, own = (statistics.median(warmups) if warmups else None), running_s
         else:
             others, own = self.median_step(exclude=worker), max(self.mean_step(worker) or 0.0, running_s)
@@ -233,7 +247,7 @@ class ThroughputMonitor:
         ``running``: per busy worker, ``(seconds, shards)`` of the work item it is running."""
         running = {w: t / max(n, 1) for w, (t, n) in (running or {}).items() if t >= self.stuck_after_s}
         out = {}
-        for w in self._warmup.keys() | self._steps.keys() | running.keys():
+        for w in {*self._seen(), *running}:
             if self.is_slow(w, running.get(w, 0.0)):
                 self._slow_clocks[w] += 1
                 if self._slow_clocks[w] >= self.confirm_after:
@@ -245,10 +259,10 @@ class ThroughputMonitor:
     def stats(self) -> list[WorkerStats]:
         speeds = self.speeds()
         out = []
-        for w in sorted(self._warmup.keys() | self._steps.keys()):
+        for w in sorted(self._seen()):
             slow = self._slow_clocks.get(w, 0)
             kind = None if slow < self.confirm_after else (
                 "persistent" if slow >= self.persistent_after else "transient")
             m = self.mean_step(w)
-            out.append(WorkerStats(w, len(self._steps.get(w, ())), m or 0.0, speeds.get(w, 0.0), kind))
+            out.append(WorkerStats(w, len(self.records[w].steps or ()), m or 0.0, speeds.get(w, 0.0), kind))
         return out

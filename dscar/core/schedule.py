@@ -190,8 +190,10 @@ class BspSchedule:
         self.machine = ClockMachine(n_phases=len(cfg.phase_names), has_rebuild=bool(cfg.rebuild))
         #: the worker running the clock-end step, once handed out
         self.clock_end_worker: str | None = None
-        #: workers handed a shard attempt this clock (each gets one, however slow: see ``Dispatch.leave_to_others``)
-        self.started: set[str] = set()
+        #: clocks begun so far: a worker whose record's ``handed_in`` is this count was handed a shard attempt
+        #: this clock (each gets one, however slow: see ``Dispatch.leave_to_others``); a record, not a set of
+        #: W names, is what every hand-out reads
+        self.begins = 0
         #: the clock end runs folded into the apply of the clock's last pass on a worker chosen then
         #: (``ApplyPass.clock_end``): no clock-end item and no ``clock_done`` message on a clock's path
         self.fold_clock_end = False
@@ -377,7 +379,7 @@ class BspSchedule:
         job.restarting.update(job.pending_restarts)
         job.pending_restarts = []
         job.tally.begin(now)
-        self.started = set()
+        self.begins += 1
         self.clock_end_worker = self.folded = None
         self.stop, self.next_begun = None, False
         self.applied_in_clock = False
@@ -387,11 +389,12 @@ class BspSchedule:
     def next_item(self, worker: str, now: float) -> dict | None:
         """The next work item for ``worker``: a batch of shard attempts, the clock-end step, or None."""
         job, m = self.job, self.machine
-        job.dispatch.last_seen[worker] = now
+        record = job.dispatch.records[worker]  # (what is the worker's: one dict read a hand-out)
+        record.seen = now
         if job.log.error is not None or worker in job.losses.lost or m.recovering:
             return None
         if m.handing_out:
-            if worker in self.started and job.dispatch.leave_to_others(worker):  # (``held_back``, inline)
+            if record.handed_in == self.begins and job.dispatch.leave_to_others(worker):  # (``held_back``, inline)
                 return None
             a = job.queue.next_shard(worker, now, worth_moving=partial(job.dispatch.worth_moving, worker, now)) \
                 if job.queue.todo else None  # (at a pass's tail most looks find none: no partial built)
@@ -402,14 +405,14 @@ class BspSchedule:
             if a is None:
                 return None
             batch = [a]
-            self.started.add(worker)
+            record.handed_in = self.begins
             if a.fetch_from is None and not a.backup:  # more of the worker's own shards, while steps are short
                 size = job.dispatch.batch_size(worker)
                 if size > 1:
                     batch += job.queue.take_own(worker, now, size - 1)
             job.dispatch.set_batched(worker, list(map(_PAIR, batch[1:])))  # its earlier items are done
             if m.stage is not _REBUILD:
-                job.dispatch.running_items[worker] = (now, len(batch))
+                record.running = (now, len(batch))
             return job.dispatch.item(batch, m.stage is _REBUILD, clock=m.clock, run=m.run_id)
         if m.stage is Stage.CLOCK_END and self.clock_end_worker is None:
             self.clock_end_worker = worker
@@ -424,7 +427,8 @@ class BspSchedule:
     def held_back(self, worker: str) -> bool:
         """Whether ``worker`` gets no more shards this pass (``next_item``'s straggler rule): its
         shards are the others' to run, moves and all."""
-        return worker in self.started and self.job.dispatch.leave_to_others(worker)
+        record = self.job.dispatch.records.get(worker)
+        return record is not None and record.handed_in == self.begins and self.job.dispatch.leave_to_others(worker)
 
     def releasable(self, asker: str) -> tuple[str, list[tuple[int, int]]] | None:
         """``asker`` found nothing to do in a pass: the worker with the most batch members that
@@ -453,9 +457,10 @@ class BspSchedule:
                 granted.append(False)
                 continue
             if not seen:  # (what is the worker's -- its running item, when it was last seen -- once a message)
-                dispatch.running_items.pop(worker, None)  # (``Dispatch.item_done``, inline)
+                record = dispatch.records[worker]
+                record.running = None  # (``Dispatch.item_done``, inline)
                 dispatch.changes += 1
-                dispatch.last_seen[worker] = now
+                record.seen = now
                 seen = True
             current = clock == m.clock and m.grants(run_id)
             # attempt numbers restart every pass: only the current run's can be looked up (and only where read:
@@ -963,7 +968,8 @@ class SspSchedule:
         the window allows (or a backup), else None."""
         job, w = self.job, self.window
         dispatch, queue = job.dispatch, job.queue
-        dispatch.last_seen[worker] = now
+        record = dispatch.records[worker]  # (what is the worker's: one dict read a hand-out)
+        record.seen = now
         if job.log.error is not None or worker in job.losses.lost or not self.begun or w.recovering:
             return None  # (``handing_out``, inline)
         if w.clock_end is not None and self.clock_end_worker is None:
@@ -1005,7 +1011,7 @@ class SspSchedule:
         # (a backup is an item of its own; every other member starts here)
         members, newest, read_floor = w.member_fields(shards, worker, start=not a.backup)
         if w.rebuilding is None:
-            dispatch.running_items[worker] = (now, len(batch))
+            record.running = (now, len(batch))
             if len(members) <= 2 and members[0][0] == members[-1][0]:
                 if newest not in job.tally.per_clock:  # (one clock, the item's newest, opened once: mostly it is)
                     job.tally.open(newest, now)
@@ -1052,9 +1058,10 @@ class SspSchedule:
         if job.log.error is not None or worker in job.losses.lost:
             return [False] * len(finished), []
         dispatch, queue, monitor, tally = job.dispatch, job.queue, job.monitor, job.tally
-        dispatch.running_items.pop(worker, None)  # (``Dispatch.item_done``, inline)
+        record = dispatch.records[worker]  # (what is the worker's: one dict read a commit)
+        record.running = None  # (``Dispatch.item_done``, inline)
         dispatch.changes += 1
-        dispatch.last_seen[worker] = now
+        record.seen = now
         accepts, started, grant, commit = window.accepts, dispatch.attempt_started, queue.commit, window.commit_accepted
         granted: list[bool] = []
         effects: list[Effect] = []

@@ -22,6 +22,12 @@ def add_timings(sums: dict[str, float], timings: dict | None) -> None:
         sums[k] = sums.get(k, 0.0) + float(v)
 
 
+def sum_timings(sums: dict[str, dict[str, float]], notes: list[tuple[str, dict | None]]) -> None:
+    """Add each noted ``(worker, timings)`` of committed attempts, in order, into ``sums`` (worker -> summed timings)."""
+    for worker, timings in notes:
+        add_timings(sums.setdefault(worker, {}), timings)
+
+
 class ClockTally:
     """Per-clock counts and reports for one fit."""
 
@@ -32,8 +38,12 @@ class ClockTally:
         self.objectives: list[tuple[int, float]] = []
         #: worker -> shards committed this clock
         self.shards_done: dict[str, int] = {}
-        #: worker -> summed attempt timings this clock
-        self.timings: dict[str, dict[str, float]] = {}
+        #: worker -> summed attempt timings this clock (``timings``), less those still ``_noted``
+        self._timings: dict[str, dict[str, float]] = {}
+        #: (worker, timings) of this clock's commits not yet summed into ``_timings``: a commit notes its own
+        #: (one append), and a read of ``timings`` sums them. Summed at each commit, it read its worker's
+        #: entry in a dict of W workers and that worker's sums, cold at thousands of workers
+        self._noted: list[tuple[str, dict | None]] = []
         #: wall seconds per stage this clock ("shards", "apply", "clock_end", "rebuild", "shards:<phase>", ...)
         self.stage_s: dict[str, float] = {}
         #: when the stage being run began (0: none yet) and when this clock began
@@ -43,6 +53,23 @@ class ClockTally:
         self.per_clock: dict[int, dict[str, Any]] = {}
         #: SSP: clock -> its report for the driver, once finished (kept until a newer one is read)
         self.reports: dict[int, dict[str, Any]] = {}
+
+    @property
+    def timings(self) -> dict[str, dict[str, float]]:
+        """worker -> summed attempt timings this clock (BSP)."""
+        self._sum_noted()
+        return self._timings
+
+    @timings.setter
+    def timings(self, value: dict[str, dict[str, float]]) -> None:
+        self._sum_noted()  # (the notes go to the dict they belong to: a read before may hold it)
+        self._timings = value
+
+    def _sum_noted(self) -> None:
+        """The commits noted go into ``_timings``."""
+        if self._noted:
+            sum_timings(self._timings, self._noted)
+            self._noted = []
 
     def begin(self, now: float) -> None:
         """A clock begins (BSP): its counts start from zero."""
@@ -59,8 +86,8 @@ class ClockTally:
         self.stage_t0 = now
 
     def committed(self, worker: str, timings: dict | None) -> None:
-        """An attempt of ``worker`` committed this clock (BSP): its timings count."""
-        add_timings(self.timings.setdefault(worker, {}), timings)
+        """An attempt of ``worker`` committed this clock (BSP): its timings count (noted; summed when read)."""
+        self._noted.append((worker, timings))
 
     def pass_counted(self, committed_by: dict[str, int]) -> None:
         """A data pass completed (BSP): its commits per worker count for this clock."""
@@ -95,9 +122,10 @@ class ClockTally:
         """``clock``'s counts, for its report (SSP): shards per worker and summed timings, in commit order."""
         done: dict[str, int] = {}
         sums: dict[str, dict[str, float]] = {}
-        for worker, timings in self.per_clock.pop(clock, {}).get("commits", ()):
+        commits = self.per_clock.pop(clock, {}).get("commits", ())
+        for worker, _ in commits:
             done[worker] = done.get(worker, 0) + 1
-            add_timings(sums.setdefault(worker, {}), timings)
+        sum_timings(sums, commits)
         return done, sums
 
     def report_for(self, clock: int) -> dict | None:
