@@ -263,7 +263,7 @@ def test_the_dispatch_and_the_monitor_keep_a_worker_in_one_record_and_the_former
     m.record("a", 1.0)  # (its warm-up)
     m.record("a", 2.0)
     d.set_batched("a", [(1, 1), (2, 1)])
-    d.running_items["a"] = (0.5, 3)
+    d.records["a"].running = (0.5, 3)
     record = d.records["a"]
     assert (record.warmup, list(record.steps), record.mean, record.members, record.running) == (
         1.0, [2.0], 2.0, [(1, 1), (2, 1)], (0.5, 3))
@@ -273,7 +273,7 @@ def test_the_dispatch_and_the_monitor_keep_a_worker_in_one_record_and_the_former
         d.item_of["a"]
     d.attempt_started("a", 1, 1)
     d.attempt_started("a", 2, 1)
-    del d.running_items["a"]
+    d.item_done("a")
     assert "a" not in d.batched and "a" not in d.running_items and len(d.running_items) == 0
     m.forget("a")
     assert m.mean_step("a") is None and m.n_measured() == 0 and record.steps is None and m.stats() == []
@@ -436,7 +436,7 @@ def test_the_backup_policy_decides_from_the_started_attempts_index_what_it_did_s
                 batch.append(b)
             if batch:
                 d.set_batched(w, [(b.shard, b.attempt) for b in batch[1:]])
-                d.running_items[w] = (now, len(batch))
+                d.records[w].running = (now, len(batch))
         elif op == "start" and members:
             d.attempt_started(w, *members[n % len(members)])
         elif op == "commit" and live:
@@ -459,7 +459,7 @@ def test_the_backup_policy_decides_from_the_started_attempts_index_what_it_did_s
             done = [s for s in range(12) if queue.committed_attempt(s) is not None]
             queue.reopen(done[n % len(done):][:2] if done else [])
         elif op == "end":
-            d.running_items.pop(w, None)
+            d.item_done(w)
         elif op == "step":
             job.monitor.record(w, 0.5 + n)
         elif op == "time":
@@ -500,7 +500,7 @@ def test_an_idle_poll_at_a_pass_s_tail_does_not_step_over_the_batch_members_wait
     for i, w in enumerate(workers):
         batch = [queue.next_shard(w, i * 1e-3, local_only=True) for _ in range(size)]
         d.set_batched(w, [(a.shard, a.attempt) for a in batch[1:]])
-        d.running_items[w] = (0.0, size)
+        d.records[w].running = (0.0, size)
         queue.commit(batch[0].shard, batch[0].attempt, w)
         job.monitor.record(w, 1.0)
         job.monitor.record(w, 1.0)

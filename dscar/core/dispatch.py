@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, NamedTuple
 
 from .policies import Backup, ControllerView, Policy, Restart, Running, SetBatchScale
 from .shards import Attempt, ShardQueue
-from .workers import RecordView, WorkerRecords, WritableRecordView
+from .workers import RecordView, WorkerRecords
 
 if TYPE_CHECKING:
     from .job import JobState
@@ -341,7 +341,7 @@ class Dispatch:
         #: worker -> (hand-out time, shards) of the shard-pass work item it is running (its record's
         #: ``running``), until it commits or fails (whatever clock it is of): the monitor's evidence of a
         #: worker that does not finish, since backups may win its shards and close the pass without it
-        self.running_items: WritableRecordView = WritableRecordView(self.records, "running")
+        self.running_items: RecordView = RecordView(self.records, "running")
         #: when each worker last asked for work or committed (its record's ``seen``; ``worth_moving``: a
         #: holder that stopped asking)
         self.last_seen: RecordView = RecordView(self.records, "seen")

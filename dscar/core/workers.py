@@ -14,7 +14,7 @@ The readers of the former dicts read a ``RecordView``: a mapping of the workers 
 from __future__ import annotations
 
 from array import array
-from collections.abc import Iterator, Mapping, MutableMapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 
@@ -89,17 +89,3 @@ class RecordView(Mapping):
 
     def __repr__(self) -> str:
         return repr(dict(self))
-
-
-class WritableRecordView(RecordView, MutableMapping):
-    """A ``RecordView`` that sets and clears its field (a field nothing else keeps in step)."""
-
-    __slots__ = ()
-
-    def __setitem__(self, worker: str, value: Any) -> None:
-        setattr(self._records[worker], self._field, value)
-
-    def __delitem__(self, worker: str) -> None:
-        if worker not in self:
-            raise KeyError(worker)
-        setattr(self._records[worker], self._field, None)
