@@ -16,8 +16,8 @@ off the clocks' path. ``--driver-begins`` (``DriverHollowStep``): its stopping r
 driver's process, so the driver begins every clock (a round trip a clock that users do not pay).
 The mode that ran is printed.
 
-* **clock time vs step time**: ``ClockRecord.seconds`` (the driver's wall time from one report to
-  the next under auto-begin, from ``begin_clock`` to the report when the driver begins), median over
+* **clock time vs step time**: ``ClockRecord.seconds`` (under auto-begin the coordinator's time from one
+  clock's finish to the next's, from ``begin_clock`` to the report when the driver begins), median over
   the clocks after ``--warmup``, divided by the ideal clock: shards per worker x ``--step`` (target
   <= 1.2x); their mean is in the JSON (``clock_mean_s``) too, as a check that reports read late and
   then bunched do not flatter the median.

@@ -132,6 +132,35 @@ def test_a_fit_whose_clocks_the_coordinator_begins_equals_one_whose_driver_begin
     np.testing.assert_array_equal(auto.params["count"], np.full(40, 5.0))
 
 
+def test_a_driver_of_short_clocks_reads_several_reports_an_answer_and_times_each_clock(inproc):
+    """``dscar.report-linger``: where the coordinator begins the clocks, one answer to the driver brings the
+    reports of every clock that finished while it was held (``Coordinator._h_wait``'s ``more``), in order;
+    each clock is timed by its finish on the coordinator, not by when its report came."""
+    clocks = 24
+    with dask.config.set({"dscar.report-linger": "500ms"}), scheduler_calls(inproc.client) as calls:
+        t0 = time.perf_counter()
+        res = dscar.fit(RowCounter(), row_data(40), inproc, n_shards=4, max_clocks=clocks, progress=False)
+        wall = time.perf_counter() - t0
+    assert_exactly_once(res, 40)
+    assert [r.clock for r in res.history] == list(range(1, clocks + 1))
+    assert calls.get("dscar_begin_clock") == 1, calls
+    assert calls.get("dscar_wait", 0) < clocks // 2, calls  # several reports an answer
+    # each timed by its finish on the coordinator: not the first of an answer by the ask's 500 ms, the rest by 0
+    assert all(0 < r.seconds < 0.5 for r in res.history[1:]), [r.seconds for r in res.history]
+    assert sum(r.seconds for r in res.history) <= wall
+    with dask.config.set({"dscar.report-linger": 0}), scheduler_calls(inproc.client) as calls_each:
+        each = dscar.fit(RowCounter(), row_data(40), inproc, n_shards=4, max_clocks=clocks, progress=False)
+    assert calls_each.get("dscar_wait", 0) >= clocks - 1, calls_each  # one a clock the coordinator began
+    _same(res, each)
+
+
+@pytest.mark.parametrize("value", [-0.01, "soon", 5])
+def test_a_bad_report_linger_is_refused_before_the_fit_starts(inproc, value):
+    with dask.config.set({"dscar.report-linger": value}), \
+            pytest.raises(dscar.InvalidInputError, match="dscar.report-linger must be a duration"):
+        dscar.fit(RowCounter(), row_data(40), inproc, n_shards=4, max_clocks=2)
+
+
 class _WhereRuleRuns(RowCounter):
     """``RowCounter`` that records, at each evaluation of its stopping rule, whether it ran in the
     driver's thread (this test's) or elsewhere (a worker's thread: the cluster is in-process)."""

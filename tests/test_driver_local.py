@@ -1,5 +1,6 @@
 """The driver of a fit on an embedded cluster calls the coordinator's handlers directly: its scheduler
 runs on the client's own event loop, where each message would cross a socket twice (``dscar.comm.call_local``)."""
+import dask
 import numpy as np
 
 import dscar
@@ -21,7 +22,8 @@ def test_an_embedded_scheduler_s_handlers_are_called_directly_and_answer_as_mess
         return await call_local(h, address, **kw)
 
     monkeypatch.setattr(driver, "call_local", noted)
-    res = dscar.fit(RowCounter(), row_data(40), procs, n_shards=4, max_clocks=4, progress=False)
+    with dask.config.set({"dscar.report-linger": 0}):  # (an ask a clock: none of its reports comes with another's)
+        res = dscar.fit(RowCounter(), row_data(40), procs, n_shards=4, max_clocks=4, progress=False)
     assert_exactly_once(res, 40)
     assert direct.count("dscar_wait") + direct.count("dscar_begin_clock") >= 4, direct
     monkeypatch.setattr(driver, "local_scheduler_handler", lambda client, name: None)

@@ -53,11 +53,31 @@ def test_a_clock_counts_stages_commits_and_only_finite_objectives():
     tally.committed("w0", {"step_s": 0.5})
     tally.pass_counted({"w0": 2, "w1": 1})
     assert tally.timings == {"w0": {"step_s": 0.75}} and tally.shards_done == {"w0": 2, "w1": 1}
-    tally.finished(1, {"objective": 3.0})
-    tally.finished(2, {"objective": math.nan, "skipped": 1.0})
+    tally.finished(1, {"objective": 3.0}, 14.0)
+    tally.finished(2, {"objective": math.nan, "skipped": 1.0}, 15.0)
     assert tally.objectives == [(1, 3.0)] and tally.metrics["skipped"] == 1.0
+    assert tally.finished_at == {1: 14.0, 2: 15.0}
     tally.begin(20.0)
     assert tally.shards_done == {} and tally.stage_s == {} and tally.clock_t0 == 20.0
+
+
+def test_reports_read_ahead_of_the_driver_s_ask_stay_until_it_asks_for_a_newer_clock():
+    tally = ClockTally()
+    tally.reports.update({c: {"clock": c} for c in (1, 2, 3)})
+    assert tally.report_for(3, drop_older=False) == {"clock": 3} and sorted(tally.reports) == [1, 2, 3]
+    assert tally.report_for(2) == {"clock": 2} and sorted(tally.reports) == [2, 3]  # the ask for 2: 1 is held
+    assert tally.report_for(4) is None and sorted(tally.reports) == [2, 3]
+
+
+def test_finish_times_are_kept_for_the_newest_clocks_only():
+    """A driver reading reports a few at a time times each clock by its finish time; the oldest are dropped."""
+    from dscar.core.tally import FINISHED_KEPT
+    tally = ClockTally()
+    n = 3 * FINISHED_KEPT
+    for c in range(1, n + 1):
+        tally.finished(c, {"objective": 1.0}, float(c))
+        assert len(tally.finished_at) <= 2 * FINISHED_KEPT
+    assert all(tally.finished_at[c] == float(c) for c in range(n - FINISHED_KEPT + 1, n + 1))
 
 
 def test_a_clock_s_timings_held_before_its_last_commits_hold_them_once_the_next_clock_begins():

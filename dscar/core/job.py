@@ -249,9 +249,10 @@ class JobState:
         """The BSP clock being run is finished and reportable."""
         return self.schedule.report_ready
 
-    def report_for(self, clock: int) -> dict | None:
-        """Clock ``clock``'s report for the driver once it is finished (None: not yet)."""
-        return self.schedule.report_for(clock)
+    def report_for(self, clock: int, drop_older: bool = True) -> dict | None:
+        """Clock ``clock``'s report for the driver once it is finished (None: not yet); ``drop_older``: the
+        driver holds the older ones (``ClockTally.report_for``)."""
+        return self.schedule.report_for(clock, drop_older)
 
     @property
     def clock_end_ahead(self) -> bool:
@@ -293,7 +294,7 @@ class JobState:
     def clock_finished(self, clock: int, metrics: dict, now: float, started: float) -> list[Effect]:
         """A clock's clock-end step reported: its objective, the clock-end policies, and the
         checkpoint or memory copy due now (taken before the tables change again: ``snapshotting``)."""
-        self.tally.finished(clock, metrics)
+        self.tally.finished(clock, metrics, now)
         self.dispatch.clock_policies(now)
         return self.checkpoints.clock_finished(clock, now - started, self.workers, self.lost, now,
                                                          self.schedule.cut)

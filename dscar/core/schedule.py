@@ -159,7 +159,7 @@ class Schedule(Protocol):
 
     def snapshotted(self, now: float) -> list[Effect]: ...
 
-    def report_for(self, clock: int) -> dict | None: ...
+    def report_for(self, clock: int, drop_older: bool = True) -> dict | None: ...
 
     def cut(self) -> list[int] | None: ...
 
@@ -257,10 +257,10 @@ class BspSchedule:
     def report_ready(self) -> bool:
         return self.machine.finished and not self.job.failed and not self.job.snapshotting
 
-    def report_for(self, clock: int) -> dict | None:
+    def report_for(self, clock: int, drop_older: bool = True) -> dict | None:
         """Clock ``clock``'s report for the driver once it is finished (None: not yet); that of a
         clock the coordinator began the next one after is kept until the driver reads a newer one."""
-        kept = self.job.tally.report_for(clock)
+        kept = self.job.tally.report_for(clock, drop_older)
         if kept is not None:
             return kept
         return self.report() if self.machine.clock == clock and self.report_ready else None
@@ -843,10 +843,10 @@ class SspSchedule:
     def stage_name(self) -> str:
         return "ssp"
 
-    def report_for(self, clock: int) -> dict | None:
+    def report_for(self, clock: int, drop_older: bool = True) -> dict | None:
         if self.job.failed or self.window.holding:
             return None
-        return self.job.tally.report_for(clock)
+        return self.job.tally.report_for(clock, drop_older)
 
     def cut(self) -> list[int]:
         """At a clock end, while no batch applies: the tables hold exactly the updates the cut lists

@@ -16,6 +16,10 @@ import math
 from typing import Any
 
 
+#: clocks whose finish times ``ClockTally.finished_at`` keeps (at least)
+FINISHED_KEPT = 256
+
+
 def add_timings(sums: dict[str, float], timings: dict | None) -> None:
     """Add an attempt's ``timings`` (name -> seconds) into ``sums``."""
     for k, v in (timings or {}).items():
@@ -53,6 +57,9 @@ class ClockTally:
         self.per_clock: dict[int, dict[str, Any]] = {}
         #: SSP: clock -> its report for the driver, once finished (kept until a newer one is read)
         self.reports: dict[int, dict[str, Any]] = {}
+        #: clock -> when its clock end reported (the coordinator's wall time), for the newest ``FINISHED_KEPT``
+        #: clocks: a driver that reads several reports at once times each clock by these, not by their arrival
+        self.finished_at: dict[int, float] = {}
 
     @property
     def timings(self) -> dict[str, dict[str, float]]:
@@ -94,9 +101,13 @@ class ClockTally:
         for w, n in committed_by.items():
             self.shards_done[w] = self.shards_done.get(w, 0) + n
 
-    def finished(self, clock: int, metrics: dict) -> None:
-        """Clock ``clock``'s clock-end step reported ``metrics``."""
+    def finished(self, clock: int, metrics: dict, now: float) -> None:
+        """Clock ``clock``'s clock-end step reported ``metrics`` at ``now``."""
         self.metrics = dict(metrics)
+        self.finished_at[clock] = now
+        if len(self.finished_at) > 2 * FINISHED_KEPT:  # (the driver reads in order, a few clocks behind at most)
+            for c in [c for c in self.finished_at if c <= clock - FINISHED_KEPT]:
+                del self.finished_at[c]
         if math.isfinite(float(metrics.get("objective", math.nan))):
             self.objectives.append((clock, float(metrics["objective"])))
 
@@ -128,10 +139,12 @@ class ClockTally:
         sum_timings(sums, commits)
         return done, sums
 
-    def report_for(self, clock: int) -> dict | None:
-        """``clock``'s report once finished (SSP); older reports are dropped (the driver reads in order)."""
+    def report_for(self, clock: int, drop_older: bool = True) -> dict | None:
+        """``clock``'s report once finished; older reports are dropped (the driver reads in order, and asks for
+        ``clock`` holding every older one), unless ``drop_older`` is False (reports sent ahead of the ask)."""
         if clock not in self.reports:
             return None
-        for c in [c for c in self.reports if c < clock]:
-            del self.reports[c]
+        if drop_older:
+            for c in [c for c in self.reports if c < clock]:
+                del self.reports[c]
         return self.reports[clock]

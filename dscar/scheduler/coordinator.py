@@ -2036,9 +2036,26 @@ class Coordinator(SchedulerPlugin):
         self._wake()
 
     # -------------------------------------------------------- driver side
-    async def _h_wait(self, job_id: str, clock: int, timeout: float = 1.0, events_from: int = 0) -> dict:
-        """Long poll for the driver: the clock's report, a placement request, or pending."""
-        deadline = time.monotonic() + timeout
+    @staticmethod
+    def _reports_after(job: JobState, clock: int) -> list[dict]:
+        """The reports of the clocks after ``clock`` that finished, in order, up to the first that has not
+        (``_h_wait``'s ``more``). They are kept until the driver asks for a newer clock: an answer it did not
+        get is sent again."""
+        more = []
+        while not job.failed and (report := job.report_for(clock + 1 + len(more), drop_older=False)) is not None:
+            more.append({**report, "finished_at": job.tally.finished_at.get(clock + 1 + len(more))})
+        return more
+
+    async def _h_wait(self, job_id: str, clock: int, timeout: float = 1.0, events_from: int = 0,
+                      linger: float = 0.0) -> dict:
+        """Long poll for the driver: the clock's report, a placement request, or pending. ``linger``: where the
+        coordinator begins the next clocks itself, the answer goes no sooner than ``linger`` seconds after the
+        ask, with the reports of the clocks after ``clock`` that finished meanwhile (``more``): a driver of short
+        clocks then wakes once for several, not once a clock (each wake a thread hop in its process, on the
+        scheduler's loop where the cluster is embedded). Each report says when its clock finished
+        (``finished_at``, this process's wall time), which is how the driver times clocks read together."""
+        asked = time.monotonic()
+        deadline = asked + timeout
         while True:
             job = self.jobs.get(job_id)
             if job is None:
@@ -2050,7 +2067,11 @@ class Coordinator(SchedulerPlugin):
                 return {"status": "failed", "error": job.error, "events": events}
             report = job.report_for(clock)
             if report is not None:
-                return {**report, "publish": publish, "events": events}
+                report = {**report, "finished_at": job.tally.finished_at.get(clock)}
+                left = asked + linger - time.monotonic()
+                if left > 0 and report.get("next_begun"):
+                    await asyncio.sleep(left)
+                return {**report, "publish": publish, "events": events, "more": self._reports_after(job, clock)}
             if not job.queue.reloadable:
                 missing = [s for s in job.queue.unplaced() if job.queue.status(s).value == "todo"]
                 if missing:
