@@ -4,6 +4,9 @@
   average and the versions of NumPy, Dask, distributed and dscar, plus any other modules named
   (``"unavailable: ..."`` when one cannot be imported) and, with ``threadpools=True``, the BLAS / OpenMP
   environment variables and ``threadpoolctl``'s view of the thread pools.
+* ``other_busy()`` / ``busy_note()``: the processes outside this one's tree that used a core's tenth or
+  more in a short window (another benchmark, a helper's tests): the timing scripts print them before they
+  measure, and ``machine_info`` records them, so a figure taken beside them says so.
 * ``write_json(path, obj)``: NaN / inf become ``null`` (strict JSON), NumPy scalars and arrays plain numbers
   and lists, anything else its ``str``; prints ``json: PATH``.
 * ``log(t0, msg)``: ``[  12.3s] msg`` on stderr, seconds since ``t0`` (a ``time.perf_counter()``).
@@ -36,6 +39,70 @@ def load_average() -> tuple[float, float, float] | None:
         return os.getloadavg()
     except (AttributeError, OSError):
         return None
+
+
+#: a process counts as busy (``other_busy``) from this share of one core over the window
+BUSY_SHARE = 0.1
+
+
+def _proc_times() -> dict[int, tuple[int, float, str]]:
+    """pid -> (parent pid, CPU seconds so far, nice) of every process ``/proc`` shows (Linux; {} elsewhere)."""
+    tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+    out: dict[int, tuple[int, float, str]] = {}
+    try:
+        pids = [int(p) for p in os.listdir("/proc") if p.isdigit()]
+    except OSError:
+        return out
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        out[pid] = (int(fields[1]), (int(fields[11]) + int(fields[12])) / tick, fields[16])
+    return out
+
+
+def other_busy(window_s: float = 0.3) -> list[dict[str, Any]]:
+    """The processes outside this one and its descendants that used ``BUSY_SHARE`` of a core or more over
+    ``window_s`` seconds, busiest first: pid, nice, CPU share of one core, command line (cut)."""
+    before = _proc_times()
+    time.sleep(window_s)
+    after = _proc_times()
+    ours = {os.getpid()}
+    for _ in range(8):  # (descendants by parent links: a forkserver's children are grandchildren)
+        ours |= {pid for pid, (ppid, _, _) in after.items() if ppid in ours}
+    busy = []
+    for pid, (_, cpu, nice) in after.items():
+        if pid in ours or pid not in before:
+            continue
+        share = (cpu - before[pid][1]) / window_s
+        if share >= BUSY_SHARE:
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    cmd = f.read().replace(b"\0", b" ").decode(errors="replace").strip()
+            except OSError:
+                cmd = "?"
+            busy.append({"pid": pid, "nice": int(nice), "cpu_share": round(share, 2), "cmd": cmd[:120]})
+    return sorted(busy, key=lambda b: -b["cpu_share"])
+
+
+def busy_note(busy: list[dict[str, Any]] | None = None) -> str:
+    """One line naming the other busy processes (``other_busy``), or "" where there are none."""
+    busy = other_busy() if busy is None else busy
+    if not busy:
+        return ""
+    return ("other processes busy while measuring (figures may read high): "
+            + "; ".join(f"pid {b['pid']} (nice {b['nice']}, {100 * b['cpu_share']:.0f}% of a core) {b['cmd']}"
+                        for b in busy))
+
+
+def warn_busy() -> list[dict[str, Any]]:
+    """``other_busy``, said on stdout where there are any: a timing script calls it before it measures."""
+    busy = other_busy()
+    if busy:
+        print(busy_note(busy), flush=True)
+    return busy
 
 
 def module_version(name: str) -> str:
@@ -76,6 +143,7 @@ def machine_info(versions: Iterable[str] = (), threadpools: bool = False) -> dic
     load = load_average()
     if load is not None:
         info["loadavg"] = load
+    info["other_busy"] = other_busy()
     return info
 
 

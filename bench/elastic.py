@@ -101,7 +101,7 @@ import dscar  # noqa: E402
 # what the workers unpickle: in a module of their own, so a joiner does not import this harness
 from bench.worker_models import (CHECK_KEYS, PB_COLS, PB_PARTS, PB_ROWS, PB_SHARDS, Churned,  # noqa: E402,F401
                                  PullBound, SlowServing, check_final)
-from bench.common import load_average, log, machine_info, pyplot, write_json  # noqa: E402
+from bench.common import load_average, log, machine_info, pyplot, warn_busy, write_json  # noqa: E402
 
 KINDS = ("join", "retire", "kill")
 N_SHARDS = 12
@@ -908,6 +908,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="instead: a model whose pulls dominate on 2 workers, a third joining mid-fit "
                          "(time per clock and rows served per owner before the join, after it, and once it owns partitions)")
     args = ap.parse_args(argv)
+    warn_busy()
     bad = [k for k in args.kinds.split(",") if k not in KINDS]
     if args.shards < args.workers + 1:
         ap.error(f"--shards must be at least --workers + 1 ({args.workers + 1}): one shard a worker at the most live")

@@ -70,7 +70,7 @@ from typing import Any, Callable
 import numpy as np
 
 import dscar
-from bench.common import load_average, log, machine_info, pyplot, write_json
+from bench.common import load_average, log, machine_info, pyplot, warn_busy, write_json
 from bench.overhead import install_counters, loop_cpu_s
 from bench.stragglers import SleepStep
 from dscar import faults
@@ -867,6 +867,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", metavar="PATH")
     ap.add_argument("--plot", metavar="PATH", default="hollow.png")
     args = ap.parse_args(argv)
+    warn_busy()
     if args.all_monitors:
         os.environ[ALL_MONITORS_ENV] = "1"
     if args.profile:

@@ -131,7 +131,7 @@ import scipy.sparse as sp  # noqa: E402
 import threadpoolctl  # noqa: E402
 
 import dscar  # noqa: E402
-from bench.common import load_average, machine_info, pyplot, write_json  # noqa: E402
+from bench.common import load_average, machine_info, pyplot, warn_busy, write_json  # noqa: E402
 from dscar import DataMeta  # noqa: E402
 from dscar.algorithms import corpora  # noqa: E402
 from dscar.algorithms.lda import INITS, LDAGibbs, lda_data, loglikelihood  # noqa: E402
@@ -749,6 +749,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="dscar's start (LDAGibbs init): uniform (default, untimed as tomotopy's) or drawn from the "
                         "model, whose clock counts in dscar's time")
     args = p.parse_args(argv)
+    warn_busy()
     logging.getLogger("distributed").setLevel(logging.ERROR)
     t0 = time.perf_counter()
     if args.accuracy:

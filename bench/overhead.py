@@ -60,7 +60,7 @@ from typing import Any
 import numpy as np
 
 import dscar
-from bench.common import load_average, log, machine_info, pyplot, write_json
+from bench.common import load_average, log, machine_info, pyplot, warn_busy, write_json
 from dscar import Algorithm, TableSpec
 
 #: (workers, shards) -> the issues' target in ms per clock (issue 9: 1 x 4; issue 43: a second worker
@@ -288,6 +288,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", metavar="PATH", help="write every figure as JSON")
     ap.add_argument("--plot", metavar="PATH", default="overhead.png", help="PNG plot (default overhead.png)")
     args = ap.parse_args(argv)
+    warn_busy()
     repeats = args.repeats or (1 if args.quick else 3)
     workers = [int(w) for w in args.workers.split(",")] if args.workers else ([1, 2] if args.quick else [1, 2, 4])
     clocks, warmup = (16, 4) if args.quick else (60, 10)

@@ -37,7 +37,7 @@ import json
 import sys
 import time
 
-from bench.common import log, machine_info, pyplot, write_json
+from bench.common import log, machine_info, pyplot, warn_busy, write_json
 from bench.sim import SimConfig, decision_digest, simulate
 
 COLUMNS = [("W", "W", 5), ("mode", "mode", 10), ("clocks", "clk", 3), ("wall_s", "wall_s", 7),
@@ -129,6 +129,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="print a digest of every decision of each mode and W (``bench.sim.decision_digest``; "
                          "the same under any PYTHONHASHSEED) as JSON, and nothing else")
     args = ap.parse_args(argv)
+    if not args.digests:  # (digests are the output, alone)
+        warn_busy()
     if args.digests:
         print(json.dumps({f"{mode} W={w}": decision_digest(scenario(w, MODES[mode][0], args.clocks, args.seed,
                                                                     backup=MODES[mode][1]))

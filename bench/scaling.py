@@ -65,7 +65,7 @@ import dask.config  # noqa: E402
 import numpy as np  # noqa: E402
 
 import dscar  # noqa: E402
-from bench.common import load_average, log, machine_info, pyplot, write_json  # noqa: E402
+from bench.common import load_average, log, machine_info, pyplot, warn_busy, write_json  # noqa: E402
 
 #: the target: the 1-worker fit's objective at the case's ``clocks`` (``target_of``), loosened by this much (relative)
 TARGET_SLACK = 2e-3
@@ -315,6 +315,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", metavar="PATH", help="write every figure as JSON")
     ap.add_argument("--plot", metavar="PATH", default="scaling.png", help="PNG plot (default scaling.png)")
     args = ap.parse_args(argv)
+    warn_busy()
     repeats = args.repeats or (1 if args.quick else 3)
     names = args.cases.split(",") if args.cases else (["lda", "als", "mlr"] + ([] if args.quick else ["lda-large", "als-large"]))
     makers = {"lda": lambda: lda_case(args.quick), "als": lambda: als_case(args.quick), "mlr": lambda: mlr_case(args.quick),

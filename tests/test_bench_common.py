@@ -1,0 +1,34 @@
+"""``bench.common.other_busy``: a timing script names the processes outside its own tree that take the cores
+while it measures (the same 2-worker clock read 4.66 ms and, minutes later, 3.32 ms, and nothing said why)."""
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from bench.common import busy_note, other_busy
+
+SPIN = "import os, sys; sys.stdout.write(str(os.getpid()) + chr(10)); sys.stdout.flush()\nwhile True: pass"
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc"), reason="reads /proc (Linux)")
+def test_a_busy_process_outside_the_script_s_tree_is_named_and_its_own_children_are_not():
+    # one spinning loop that is not ours (its parent, a shell, exits: init adopts it), one that is our child
+    shell = subprocess.run(["sh", "-c", f'{sys.executable} -c "while True: pass" >/dev/null 2>&1 & echo $!'],
+                           capture_output=True, text=True, timeout=60)
+    stranger = int(shell.stdout.split()[0])
+    child = subprocess.Popen([sys.executable, "-c", SPIN], stdout=subprocess.PIPE, text=True)
+    try:
+        assert int(child.stdout.readline()) == child.pid  # (spinning)
+        busy = other_busy(window_s=0.5)
+        pids = {b["pid"] for b in busy}
+        assert stranger in pids and child.pid not in pids, busy
+        mine = next(b for b in busy if b["pid"] == stranger)
+        assert mine["cpu_share"] >= 0.1 and "while True" in mine["cmd"]
+        assert f"pid {stranger} " in busy_note(busy)
+    finally:
+        os.kill(stranger, signal.SIGKILL)
+        child.kill()
+        child.wait()
+    assert busy_note([]) == ""
