@@ -530,7 +530,8 @@ class _Run:
         self.published: list[dict[str, Any]] = []
         self.model = _model_info(algorithm, data.meta)
         self._pool = None  # the driver's own connection pool to workers (``_worker``)
-        self._last_report_at: float | None = None  # when the last clock's report came (time.time())
+        #: when the last clock reported finished (its ``finished_at`` on the coordinator; else when its report came)
+        self._last_report_at: float | None = None
         self._last_clock = 0  # the last clock reported (completed or skipped)
 
     def _sync(self, fn, *args, **kw):
@@ -872,12 +873,13 @@ class _Run:
                     r = self._sync(self._scall, "wait", clock=clock, timeout=1.0, events_from=self._seen,
                                    linger=linger if begun else 0.0)
                     _read_ahead(read_ahead, clock, r)
-                self._last_report_at = time.time()
                 self._last_clock = clock
                 # a clock the coordinator began itself lasts from the last clock's finish to its own (reports
                 # read together came at one time); one the driver began, from its begin_clock
                 now = time.perf_counter()
                 last_finished, finished_at = finished_at, r.get("finished_at")
+                # (on the coordinator's clock, as its events' times: a report read late is not a later end)
+                self._last_report_at = time.time() if finished_at is None else finished_at
                 if begun and finished_at is not None and last_finished is not None:
                     seconds = finished_at - last_finished
                 else:
