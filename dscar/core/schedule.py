@@ -1072,12 +1072,13 @@ class SspSchedule:
                 if "data_s" in timings:  # (``note_move`` measures only a data move)
                     dispatch.note_move(queue.running_attempt(shard, attempt), timings)
                 if not rebuild:
-                    monitor.record(worker, step_seconds(timings))
+                    monitor.record(worker, step_seconds(timings), record)
             if not accepts(shard, clock, run_id):  # a lost backup, an attempt of a voided epoch
                 _refused(job, now, worker, shard, attempt, timings, late=True)
                 granted.append(False)
                 continue
-            started(worker, shard, attempt)
+            if record.members:  # (a worker with no batch member waiting has none to start: most commits)
+                started(worker, shard, attempt)
             if not grant(shard, attempt, worker):
                 _refused(job, now, worker, shard, attempt, timings, late=False)
                 granted.append(False)
