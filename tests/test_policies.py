@@ -28,6 +28,24 @@ def test_monitor_speeds_median_and_window():
     assert m.mean_step("c") == 1.0
 
 
+@pytest.mark.parametrize("window", [1, 2, 5, 8])
+def test_a_worker_s_typical_step_is_the_median_of_its_window_whatever_steps_leave_and_come(window):
+    """``record`` sorts the window only when a step may move its middle pair: steps that repeat, tie with the
+    middle, land on either side of it or cross it (few values, so many ties) leave the median a sort gives."""
+    import random
+    import statistics
+    rng = random.Random(window)
+    m = ThroughputMonitor(window=window)
+    m.record("a", 9.0)  # the warm-up
+    steps = []
+    for i in range(400):
+        step = rng.choice([0.5, 1.0, 1.0, 1.5, 2.0, 3.0]) if i % 50 < 40 else 1.0  # (runs of one value too)
+        m.record("a", step)
+        steps.append(step)
+        assert m.mean_step("a") == statistics.median(steps[-window:]), i
+    assert m.median_step() == m.mean_step("a")
+
+
 def test_monitor_classifies_transient_then_persistent_then_recovered():
     m = monitor_with({"a": [1.0], "b": [1.0], "c": [3.0]}, window=1, fraction=0.5, persistent_after=3)
     assert m.end_clock() == {}  # one slow clock is not reported yet

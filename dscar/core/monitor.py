@@ -104,11 +104,14 @@ class ThroughputMonitor:
         #: raised by every change of a worker's typical step time (``median_step`` and the rest read those)
         self.changes = 0
 
-    def record(self, worker: str, step_s: float) -> None:
+    def record(self, worker: str, step_s: float, record: WorkerRecord | None = None) -> None:
+        """``worker`` took ``step_s`` for a step. ``record``: its record, when the caller has it at hand
+        (a commit read it already: a second read of a dict of W workers is one more cold read)."""
         step_s = float(step_s)
         if step_s < 1e-9:  # (``max(step_s, 1e-9)`` as a comparison: every commit records)
             step_s = 1e-9
-        record = self.records[worker]  # (one dict read a commit: the dispatch read the same entry just before)
+        if record is None:
+            record = self.records[worker]
         steps = record.steps  # (a worker with steps is past its warm-up)
         if steps is None:
             if record.warmup is None:
@@ -117,11 +120,18 @@ class ThroughputMonitor:
             steps = record.steps = array("d")
         steps.append(step_s)
         if len(steps) > self.window:
+            gone = steps[0]
             del steps[0]
+            # the middle pair of the sorted window (so its median) stands when the step that left it and the one
+            # that came are equal, or both below the pair, or both above it: no sort (most commits)
+            if gone == step_s or (gone < record.low and step_s < record.low) or (
+                    gone > record.high and step_s > record.high):
+                return
         ordered = sorted(steps)  # (the median of a few: ``statistics.median`` costs more than it)
         n = len(ordered)
         half = n // 2
-        mean = ordered[half] if n % 2 else (ordered[half - 1] + ordered[half]) / 2
+        record.low, record.high = low, high = ordered[(n - 1) // 2], ordered[half]
+        mean = high if n % 2 else (low + high) / 2
         if record.mean != mean:
             self._set_mean(record, mean)
 

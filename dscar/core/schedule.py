@@ -37,7 +37,7 @@ from ..errors import ShardFailedError
 from .ledger import manifest_cut
 from .monitor import step_seconds
 from .protocol import RuleHistory
-from .shards import ShardStatus
+from .shards import Attempt, ShardStatus
 from .ssp import ApplyBatch, ClockWindow, ShardPhase, SkipClock, StartRebuild
 from .ssp import RunClockEnd as WindowClockEnd
 from .ssp import StartRecovery as WindowRecovery
@@ -982,29 +982,31 @@ class SspSchedule:
         if clocks and worker in dispatch.stragglers and w.rebuilding is None:
             clocks = [c for c in clocks[::-1] if not dispatch.leave_to_others(
                 worker, self._slack(c))]  # its shard holds its clock's end back least in the newest clock
-        a = None
+        batch: list[Attempt] = []
         if clocks:  # (at a clock's tail most looks find none: nothing built)
+            # more of the worker's own shards than its first, while steps are short: how many is asked
+            # first (it reads nothing a hand-out changes), so the first clock's are taken in one call
+            size = dispatch.batch_size(worker)
             worth = partial(dispatch.worth_moving, worker, now)
-            for c in clocks:
-                a = queue.next_shard(worker, now, tier=c, worth_moving=worth)
-                if a is not None:
+            for i, c in enumerate(clocks):
+                batch = queue.next_batch(worker, now, size, tier=c, worth_moving=worth)
+                if batch:
+                    a = batch[0]
+                    if a.fetch_from:
+                        job.event(now, "shard-moved", shard=a.shard, source=a.fetch_from, target=worker)
+                    elif len(batch) < size:  # (its own, or an unheld one: the later clocks' own shards join)
+                        for c in clocks[i + 1:]:
+                            batch += queue.take_own(worker, now, size - len(batch), c)
+                            if len(batch) >= size:
+                                break
                     break
-        if a is None:
+        if not batch:
             if w.rebuilding is not None:
                 return None
             a = dispatch.idle_policies(worker, now)
             if a is None:
                 return None
-        elif a.fetch_from:
-            job.event(now, "shard-moved", shard=a.shard, source=a.fetch_from, target=worker)
-        batch = [a]
-        if a.fetch_from is None and not a.backup:  # more of the worker's own shards, while steps are short
-            size = dispatch.batch_size(worker)
-            if size > 1:
-                for c in clocks:
-                    batch += queue.take_own(worker, now, size - len(batch), c)
-                    if len(batch) >= size:
-                        break
+            batch = [a]
         # its earlier items are done
         dispatch.set_batched(worker, list(map(_PAIR, batch[1:])) if len(batch) > 1 else [])
         shards = list(map(_SHARD, batch))
@@ -1070,12 +1072,13 @@ class SspSchedule:
                 if "data_s" in timings:  # (``note_move`` measures only a data move)
                     dispatch.note_move(queue.running_attempt(shard, attempt), timings)
                 if not rebuild:
-                    monitor.record(worker, step_seconds(timings))
+                    monitor.record(worker, step_seconds(timings), record)
             if not accepts(shard, clock, run_id):  # a lost backup, an attempt of a voided epoch
                 _refused(job, now, worker, shard, attempt, timings, late=True)
                 granted.append(False)
                 continue
-            started(worker, shard, attempt)
+            if record.members:  # (a worker with no batch member waiting has none to start: most commits)
+                started(worker, shard, attempt)
             if not grant(shard, attempt, worker):
                 _refused(job, now, worker, shard, attempt, timings, late=False)
                 granted.append(False)

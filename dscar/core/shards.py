@@ -548,6 +548,25 @@ class ShardQueue:
             return self._start(min(local), worker, now, key, local)
         if local_only:
             return None
+        return self._take_other(worker, now, tier, worth_moving)
+
+    def next_batch(self, worker: str, now: float, n: int, *, tier: int = 0,
+                   worth_moving: Callable[[str, int], bool] | None = None) -> list[Attempt]:
+        """``next_shard(worker, now, tier=tier, worth_moving=worth_moving)`` (empty: None), and when that is
+        one of the worker's own shards, up to ``n - 1`` more of them (``take_own``) in the same call: a
+        batch's hand-out looks its bucket up and resizes its backlog once, not twice."""
+        if not self.todo:
+            return []
+        key = (tier, worker)
+        local = self._local.get(key)
+        if local:
+            return self._take_own(key, local, worker, now, n, True)
+        a = self._take_other(worker, now, tier, worth_moving)
+        return [] if a is None else [a]
+
+    def _take_other(self, worker: str, now: float, tier: int,
+                    worth_moving: Callable[[str, int], bool] | None) -> Attempt | None:
+        """``next_shard`` for a worker with no TODO shard of its own in ``tier``: an unheld one, or another's."""
         if self.reloadable and (tier, None) in self._local:
             victim = None
         else:
@@ -569,25 +588,33 @@ class ShardQueue:
         local = self._local.get(key)
         if not local or n < 1:
             return []
-        ids = [min(local)] if n == 1 else sorted(local) if n >= len(local) else heapq.nsmallest(n, local)
-        old = len(local)
+        return self._take_own(key, local, worker, now, n, False)
+
+    def _take_own(self, key: tuple[int, str | None], local: set[int], worker: str, now: float, n: int,
+                  first: bool) -> list[Attempt]:
+        """``take_own`` from ``worker``'s bucket ``local`` (not empty) at ``key``; ``first``: the lowest id is
+        the item's first attempt (placed in ``_started`` at once, as ``next_shard``'s), the others members."""
+        size = len(local)  # (a small bucket sorted and cut: ``heapq.nsmallest`` is Python, ~4x the sort of a few)
+        ids = [min(local)] if n <= 1 else sorted(local) if n >= size else sorted(local)[:n] if size <= 64 \
+            else heapq.nsmallest(n, local)
         start, started = self._start, []
         for i in ids:  # (a loop, not a comprehension: a frame less in 3.11, every batch)
-            started.append(start(i, worker, now, key, local, True))
+            started.append(start(i, worker, now, key, local, not first, False))
+            first = False
         # (the worker's backlog shrinks once by the batch, not once a member)
         left = len(local)
-        self._resize(tier, worker, old, left)
+        self._resize(key[0], worker, size, left)
         if not left:
             del self._local[key]
         return started
 
     def _start(self, shard: int, worker: str, now: float, key: tuple[int, str | None], bucket: set[int],
-               member: bool = False) -> Attempt:
+               member: bool = False, alone: bool = True) -> Attempt:
         """The first attempt of TODO ``shard`` starts on ``worker``; ``bucket`` is the ``_local`` set that
         holds it, at ``key`` (its tier and holder). ``member``: a batch's later member (``take_own``), which
         its hand-out may mark waiting next (``set_waiting``): its place in ``_started`` waits for that;
-        another is placed now (every hand-out's first member: no round through ``_started_dirty``). A
-        member's holder's backlog and its emptied bucket are the caller's to settle (``take_own``: once
+        another is placed now (every hand-out's first member: no round through ``_started_dirty``). Unless
+        ``alone``, the holder's backlog and the emptied bucket are the caller's to settle (``_take_own``: once
         for the batch)."""
         s = self._shards[shard]
         holder = s.holder
@@ -604,7 +631,7 @@ class ShardQueue:
         # its bucket and its holder's backlog size
         self.todo.discard(shard)
         bucket.discard(shard)
-        if not member:
+        if alone:
             n = len(bucket)
             self._resize(key[0], holder, n + 1, n)
             if not n:

@@ -200,6 +200,9 @@ class ClockWindow:
     _urgent: bool = False
     _rebuild_done: list[tuple[int, str]] = field(default_factory=list)
     _first_floor: int = 0  # (the clocks up to it were an earlier fit's: a resume)
+    #: ``stop`` was called: only then may a committed update's clock lie past ``limit`` (a commit past it
+    #: is refused), and only then does ``_next`` look for one (every commit looks)
+    _stopped: bool = False
     # Indexes of the shards' places, kept by ``_move`` (the only writer of a shard's clock and phase), so
     # that no decision scans every shard (``check`` compares them with a scan):
     #: clock -> the TODO shards of that clock (no empty set)
@@ -411,6 +414,7 @@ class ClockWindow:
         """The fit ends after ``clock`` (a finished clock): no later clock starts or ends; updates
         of later clocks already applied stay in the model."""
         self.limit = max(clock, self.floor)
+        self._stopped = True
 
     def start(self, shard: int) -> int:
         """The first attempt of ``shard`` starts (backups are the shard queue's); returns its clock
@@ -671,7 +675,7 @@ class ClockWindow:
         if not committed:  # (nothing waits to be applied: no batch)
             return out
         n_waiting = len(committed)
-        if max(n_committed_at) > self.limit:  # (a stopped fit's later clocks: not applied)
+        if self._stopped and max(n_committed_at) > self.limit:  # (a stopped fit's later clocks: not applied)
             n_waiting = sum(n for c, n in n_committed_at.items() if c <= self.limit)
         # the commits waiting go out now (they are due) on ``min_batch`` of them, no attempt left running
         # (nothing else will come), a ``flush`` once a share of ``min_batch`` waits (``flush_share``), or
@@ -746,6 +750,7 @@ class ClockWindow:
         committed = {i for i, s in enumerate(self._shards) if s.phase is _COMMITTED}
         assert self._committed == committed
         assert self._n_committed_at == dict(Counter(self._shards[i].clock for i in committed))
+        assert self._stopped or self.rebuilding is not None or all(c <= self.limit for c in self._n_committed_at)
         assert self._n_running == sum(1 for s in self._shards if s.phase is _RUNNING)
         if self.rebuilding is not None:  # (so in a rebuild pass every TODO shard is startable)
             assert {i for shards in todo.values() for i in shards} <= self.rebuilding

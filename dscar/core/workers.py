@@ -22,7 +22,8 @@ class WorkerRecord:
     """What the core keeps of one worker (None: not known, or none). The fields a hand-out and a commit
     read come first (a record spans two cache lines)."""
 
-    __slots__ = ("seen", "running", "members", "batch_changed", "mean", "steps", "item", "handed_in", "warmup", "key")
+    __slots__ = ("seen", "running", "members", "batch_changed", "mean", "steps", "low", "high", "item", "handed_in",
+                 "warmup", "key")
 
     def __init__(self) -> None:
         #: when it last asked for work or committed (``Dispatch.worth_moving``: a holder that stopped asking)
@@ -39,6 +40,10 @@ class WorkerRecord:
         self.mean: float | None = None
         #: its last ``ThroughputMonitor.window`` step times after the warm-up, oldest first
         self.steps: array | None = None
+        #: the middle pair of ``steps`` sorted (the lower and upper middle: the same one when odd), as of the
+        #: last sort: ``mean`` is theirs (``ThroughputMonitor.record`` sorts only when a step may move them)
+        self.low: float | None = None
+        self.high: float | None = None
         #: the id of the last work item handed to it (``Dispatch.item_of``: a release names it)
         self.item: int | None = None
         #: BSP: the clock (``BspSchedule.begins``) in which it was last handed a shard attempt
