@@ -597,13 +597,6 @@ class Dispatch:
         self.items_handed = item_id = self.items_handed + 1
         worker = batch[0].worker
         self.records[worker].item = item_id
-        if window is not None and not rebuild and (version := window.version) is not None and (
-                floor := window.floor) is not None and (read_floor := window.read_floor) is not None:
-            # (an SSP item whose window fields are all set: one dict in key order, not one grown by three keys)
-            return {"op": "shard", "job": job.cfg.job_id, "item": item_id, "clock": item_clock,
-                    "run": job.run_id if run is None else run, "owners": job.pmap.to_msg(),
-                    "batch_scale": self.batch_scale.get(worker, 1.0), "shards": members, "version": version,
-                    "floor": floor, "read_floor": read_floor}
         msg = {"op": "rebuild" if rebuild else "shard", "job": job.cfg.job_id, "item": item_id,
                "clock": item_clock, "run": job.run_id if run is None else run, "owners": job.pmap.to_msg(),
                "batch_scale": self.batch_scale.get(worker, 1.0), "shards": members}

@@ -2037,13 +2037,19 @@ class Coordinator(SchedulerPlugin):
 
     # -------------------------------------------------------- driver side
     @staticmethod
-    def _reports_after(job: JobState, clock: int) -> list[dict]:
+    def _report(job: JobState, clock: int, drop_older: bool = True) -> dict | None:
+        """``clock``'s report for the driver (``JobState.report_for``) with when the clock finished
+        (``finished_at``, this process's wall time), or None."""
+        report = job.report_for(clock, drop_older)
+        return None if report is None else {**report, "finished_at": job.tally.finished_at.get(clock)}
+
+    def _reports_after(self, job: JobState, clock: int) -> list[dict]:
         """The reports of the clocks after ``clock`` that finished, in order, up to the first that has not
         (``_h_wait``'s ``more``). They are kept until the driver asks for a newer clock: an answer it did not
         get is sent again."""
         more = []
-        while not job.failed and (report := job.report_for(clock + 1 + len(more), drop_older=False)) is not None:
-            more.append({**report, "finished_at": job.tally.finished_at.get(clock + 1 + len(more))})
+        while not job.failed and (report := self._report(job, clock + 1 + len(more), drop_older=False)) is not None:
+            more.append(report)
         return more
 
     async def _h_wait(self, job_id: str, clock: int, timeout: float = 1.0, events_from: int = 0,
@@ -2065,9 +2071,8 @@ class Coordinator(SchedulerPlugin):
             publish = [] if job.ledger is None else list(job.ledger.to_publish)
             if job.failed:
                 return {"status": "failed", "error": job.error, "events": events}
-            report = job.report_for(clock)
+            report = self._report(job, clock)
             if report is not None:
-                report = {**report, "finished_at": job.tally.finished_at.get(clock)}
                 left = asked + linger - time.monotonic()
                 if left > 0 and report.get("next_begun"):
                     await asyncio.sleep(left)
