@@ -11,7 +11,6 @@ from typing import Any
 
 import asyncio
 import inspect
-from typing import Awaitable, Callable, Hashable
 
 from distributed.core import ConnectionPool
 from distributed.protocol.core import dumps, loads
@@ -51,27 +50,3 @@ async def call_local(handler: Any, address: str, **kw: Any) -> Any:
     if inspect.isawaitable(out):
         out = await asyncio.shield(asyncio.ensure_future(out))
     return out if address.startswith("inproc://") else loads(dumps(out))
-
-
-async def in_turn(calls: list[tuple[Hashable, Callable[[], Awaitable[Any]]]], stop_on_error: bool = False,
-                  untried: Any = None) -> list:
-    """``calls`` ``(key, make)``, each ``make()`` a message to the worker ``key`` names: each key's in turn,
-    the keys side by side (several at once to one worker would open a connection each, some 5-10 ms
-    here); the answers, or the errors raised, in order. ``stop_on_error``: once a key's message fails,
-    its later ones are not sent (a hung worker would hold each for its timeout): their answer is ``untried``."""
-    by_key: dict[Hashable, list[int]] = {}
-    for i, (key, _) in enumerate(calls):
-        by_key.setdefault(key, []).append(i)
-    out: list = [untried] * len(calls)
-
-    async def send(indices: list[int]) -> None:
-        for i in indices:
-            try:
-                out[i] = await calls[i][1]()
-            except Exception as e:  # noqa: BLE001 - the caller's to judge, as gather's return_exceptions
-                out[i] = e
-                if stop_on_error:
-                    return
-
-    await asyncio.gather(*(send(ix) for ix in by_key.values()))
-    return out

@@ -556,45 +556,83 @@ def test_an_owner_lost_between_its_partitions_copy_and_their_switch_goes_the_los
         assert check_final(res.params["seen"], clocks, True) == 0
 
 
-def test_a_workers_copies_in_one_message_take_each_source_in_turn_side_by_side_and_stop_a_source_at_its_failure():
-    """``adopt_all``: each source's copies one after the other (on one connection: several at once to a
-    worker open a connection each, on a clock boundary's path), the sources side by side; after a
-    source's first failure its other copies are not tried (a hung source would hold each for the
-    message timeout), and every copy's answer comes back in order."""
+def test_a_workers_copies_take_one_message_to_each_source_the_sources_side_by_side():
+    """``adopt_all``: each source is asked for all its copies in one ``bundle`` (on a clock boundary's
+    path a message per copy costs a round trip each), the sources at once; a source that fails fails
+    its own copies only, a switch of a partition never copied here fails without asking, and every
+    copy's answer comes back in order."""
     import asyncio
+    import types
 
+    from dscar.core.partitions import TableLayout
     from dscar.worker.plugin import ParamServer
 
     ps = ParamServer()
     busy: dict[str, int] = {}
     together: list[set[str]] = []
-    calls: list[tuple] = []
+    sent: list[tuple[str, list]] = []
 
-    async def copy(source: str, what: tuple) -> dict:
+    async def apeer(source, op, job_id, calls):
+        assert op == "bundle" and job_id == "j"
         busy[source] = busy.get(source, 0) + 1
-        assert busy[source] == 1, f"two copies from {source} at once"
         together.append({s for s, n in busy.items() if n})
         await asyncio.sleep(0.01)
         busy[source] -= 1
-        calls.append(what)
-        if what[-1] == 9:
-            raise RuntimeError(f"{source} is gone")
-        return {"status": "OK", "rows_resent": 0}
+        sent.append((source, calls))
+        if source == "b":
+            raise OSError("b is gone")
+        return {"status": "OK", "answers": [{"status": "OK", "rows": [1], "data": np.full((1, 2), 7.0), "holds": ()}
+                                            if op == "lend" else {"status": "missing"} for op, _ in calls]}
+
+    owned = {}
+    tables = types.SimpleNamespace(own=lambda t, p, data, holds=(): owned.__setitem__((t, p), np.array(data)))
+    job = types.SimpleNamespace(id="j", layouts={"w": TableLayout("w", 40, 4)}, tables=tables)
 
     async def ajob(job_id):
-        return None
+        return job
 
-    async def adopt(job_id, table, part, source, step="whole"):
-        return await copy(source, (source, step, part))
-
-    async def adopt_shard(job_id, shard, source):
-        return await copy(source, (source, "shard", shard))
-
-    ps._ajob, ps._h_adopt, ps._h_adopt_shard = ajob, adopt, adopt_shard
-    r = asyncio.run(ps._h_adopt_all("j", [["w", 0, "a"], ["w", 9, "b"], ["w", 1, "a"], ["w", 2, "b"]], [[5, "a"]],
+    ps._ajob, ps._apeer, ps._incoming = ajob, apeer, {}
+    ps._incoming[("j", "w", 0)] = np.zeros((10, 2))
+    ps._incoming[("j", "w", 2)] = np.zeros((10, 2))
+    r = asyncio.run(ps._h_adopt_all("j", [["w", 0, "a"], ["w", 2, "b"], ["w", 1, "a"], ["w", 3, "a"]], [[5, "a"]],
                                     step="switch"))
-    assert [p["status"] for p in r["parts"]] == ["OK", "failed: RuntimeError('b is gone')", "OK", "not tried"]
-    assert [s["status"] for s in r["shards"]] == ["OK"]
-    assert [c for c in calls if c[0] == "a"] == [("a", "switch", 0), ("a", "switch", 1), ("a", "shard", 5)]
-    assert ("b", "switch", 2) not in calls  # b failed first
+    statuses = [p["status"] for p in r["parts"]]
+    assert statuses[0] == "OK" and r["parts"][0]["rows_resent"] == 1 and owned[("w", 0)][1, 0] == 7.0
+    assert "b is gone" in statuses[1]  # its source failed
+    assert "was not copied here" in statuses[2] and "was not copied here" in statuses[3]  # never asked
+    assert len(r["shards"]) == 1 and "shard 5 is not on its holder any more: missing" in r["shards"][0]["status"]
+    assert sorted(src for src, _ in sent) == ["a", "b"]  # one message each
+    assert dict(sent)["a"] == [["lend", {"table": "w", "part": 0, "step": "changes"}], ["copy_shard", {"shard": 5}]]
     assert {"a", "b"} in together  # the two sources side by side
+    assert ("j", "w", 2) in ps._incoming  # (a copy that did not switch stays until the coordinator forgets it)
+
+
+def test_a_bundle_runs_its_calls_in_order_each_answered_and_only_the_ops_it_may_carry():
+    """``bundle``: the calls in order, each one's answer (a call that raises is answered, the next ones
+    still run); an op outside ``membership.BUNDLED_OPS`` (an install, a write of a run, a wait) is refused."""
+    import asyncio
+
+    from dscar.core.membership import BUNDLED_OPS
+    from dscar.worker.plugin import ParamServer
+
+    ps = ParamServer()
+    ran = []
+
+    def lend(job_id, table, part, step):
+        ran.append((table, part, step))
+        if part == 1:
+            raise KeyError(part)
+        return {"status": "OK"}
+
+    async def forget_copy(job_id, table, part):
+        ran.append((table, part, "forget"))
+        return {"status": "OK", "dropped": 1}
+
+    ps.handlers = lambda: {"lend": lend, "forget_copy": forget_copy, "apply": lambda **kw: ran.append("apply")}
+    r = asyncio.run(ps._h_bundle("j", [["lend", {"table": "w", "part": 0, "step": "drop"}],
+                                       ["lend", {"table": "w", "part": 1, "step": "drop"}],
+                                       ["apply", {"run": 3}], ["forget_copy", {"table": "w", "part": 2}]]))
+    assert [a["status"] for a in r["answers"]] == ["OK", "failed: KeyError(1)", "failed: ValueError(\"'apply' may not be bundled\")", "OK"]
+    assert ran == [("w", 0, "drop"), ("w", 1, "drop"), ("w", 2, "forget")]
+    assert "apply" not in BUNDLED_OPS and "restore" not in BUNDLED_OPS and "init" not in BUNDLED_OPS
+

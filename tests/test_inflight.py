@@ -87,33 +87,3 @@ def test_a_broken_connection_names_the_peer_it_could_not_reach():
             await inflight.call("tcp://a", broken(), timeout=3600)
 
     asyncio.run(main())
-
-
-def test_in_turn_sends_each_key_s_messages_in_turn_the_keys_side_by_side():
-    """``comm.in_turn``: a key's messages one after another (never two of one key at once), the keys at
-    once; answers and errors in order; with ``stop_on_error`` a key's messages after its failure are not sent."""
-    from dscar.comm import in_turn
-
-    running: dict[str, int] = {}
-    most: dict[str, int] = {}
-    sent: list[tuple[str, int]] = []
-
-    def message(key: str, i: int, fail: bool = False):
-        async def send():
-            running[key] = running.get(key, 0) + 1
-            most[key] = max(most.get(key, 0), running[key])
-            sent.append((key, i))
-            await asyncio.sleep(0)
-            running[key] -= 1
-            if fail:
-                raise OSError(f"{key} {i}")
-            return (key, i)
-        return send
-
-    calls = [("a", message("a", 0)), ("b", message("b", 1, fail=True)), ("a", message("a", 2)), ("b", message("b", 3))]
-    out = asyncio.run(in_turn(calls))
-    assert out[0] == ("a", 0) and isinstance(out[1], OSError) and out[2] == ("a", 2) and out[3] == ("b", 3)
-    assert most == {"a": 1, "b": 1} and sent[:2] == [("a", 0), ("b", 1)]  # (both keys' first at once)
-    sent.clear()
-    out = asyncio.run(in_turn(calls, stop_on_error=True, untried="not tried"))
-    assert out[3] == "not tried" and ("b", 3) not in sent and out[2] == ("a", 2)

@@ -34,7 +34,6 @@ innermost frames of the runner threads holding it (``dscar.core.stall``, ``dscar
 from __future__ import annotations
 
 import asyncio
-import functools
 import inspect
 import logging
 import math
@@ -52,7 +51,7 @@ from ..core.apply_plan import (DIRECT_PER_WORKER, FANIN, ApplyPlan, apply_receiv
                                plan_apply)
 from .. import heap
 from ..checkpoint import CheckpointConfig
-from ..comm import fast_fail_pool, in_turn
+from ..comm import fast_fail_pool
 from ..core import active_set
 from ..core.elastic import (adaptive_target, even_plan, handoff_plan, handoff_targets, retirable, setting_up,
                             shard_handoff_plan, workers_wanted)
@@ -557,10 +556,14 @@ class Coordinator(SchedulerPlugin):
                 out[i] = r["parts"][j] if answered else r
         return out
 
-    async def _in_turn(self, calls: list[tuple[str, str, dict]]) -> list:
-        """Messages ``(worker, op, kwargs)``: each worker's in turn, the workers side by side (``comm.in_turn``);
-        the answers (or errors) in order."""
-        return await in_turn([(w, functools.partial(self._rpc, w, op, **kw)) for w, op, kw in calls])
+    async def _bundles(self, job: JobState, calls: list[tuple[str, str, dict]]) -> None:
+        """Messages ``(worker, op, kwargs)`` about ``job``: each worker's in one (``bundle``, in order), the
+        workers side by side; an answer that failed is its worker's business (a worker gone holds nothing)."""
+        by_worker: dict[str, list] = {}
+        for w, op, kw in calls:
+            by_worker.setdefault(w, []).append([op, kw])
+        await asyncio.gather(*(self._rpc(w, "bundle", job_id=job.cfg.job_id, calls=c) for w, c in by_worker.items()),
+                             return_exceptions=True)
 
     async def _switch_copies(self, job: JobState) -> None:
         """At a clock boundary, the partitions copied to new owners (``_even_out``) switch owner in one step:
@@ -587,10 +590,9 @@ class Coordinator(SchedulerPlugin):
         done = {k for k, *_ in switched}
         stale = [(k, holder) for k, (new, old) in sorted(pending.items()) if k not in done
                  for holder in (new, old) if holder in self.scheduler.workers]
-        await self._in_turn(  # (an old owner lost meanwhile holds nothing)
-            [(src, "lend", {"job_id": job.cfg.job_id, "table": k[0], "part": k[1], "step": "drop"})
-             for k, _, src, _ in switched]
-            + [(w, "forget_copy", {"job_id": job.cfg.job_id, "table": k[0], "part": k[1]}) for k, w in stale])
+        await self._bundles(job,  # (an old owner lost meanwhile holds nothing)
+                            [(src, "lend", {"table": k[0], "part": k[1], "step": "drop"}) for k, _, src, _ in switched]
+                            + [(w, "forget_copy", {"table": k[0], "part": k[1]}) for k, w in stale])
         if len(switched) < len(pending):
             self._background(self._even_out(job))  # copies went stale or failed (a loss, a hand-off): plan anew
         if switched:

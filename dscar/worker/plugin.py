@@ -24,7 +24,6 @@ later message to it until a worker joins at that address again (``dscar_peer_joi
 from __future__ import annotations
 
 import asyncio
-import functools
 import hashlib
 import inspect
 import logging
@@ -48,10 +47,10 @@ from distributed.protocol.pickle import loads
 from .. import checkpoint as ckpt
 from .. import heap
 from .. import wire
-from ..comm import fast_fail_pool, in_turn
+from ..comm import fast_fail_pool
 from ..errors import JobFailedError, RefusedCallError
 from ..inflight import Inflight, timed_wait
-from ..core.membership import (WORKER_INSTALLING, WORKER_RUN_WRITES, Rule, key_digest, new_token, refusal, run_known,
+from ..core.membership import (BUNDLED_OPS, WORKER_INSTALLING, WORKER_RUN_WRITES, Rule, key_digest, new_token, refusal, run_known,
                          run_refusal, same, worker_rule)
 from .mirror_store import mirror_answer, part_key, shard_key
 from .partition_store import PartitionStore
@@ -161,8 +160,7 @@ class ParamServer(WorkerPlugin):
             "summarize": self._h_summarize, "fetch_staged": self._h_fetch_staged, "fetch_combined": self._h_fetch_combined,
             "apply": self._h_apply,
             "assign": self._h_assign, "put_shard": self._h_put_shard, "copy_shard": self._h_copy_shard,
-            "adopt": self._h_adopt, "adopt_shard": self._h_adopt_shard, "adopt_all": self._h_adopt_all,
-            "lend": self._h_lend,
+            "adopt": self._h_adopt, "adopt_all": self._h_adopt_all, "lend": self._h_lend, "bundle": self._h_bundle,
             "forget_copy": self._h_forget_copy, "end_job": self._h_end_job, "first_read": self._h_first_read,
             "clock_end_outcome": self._h_clock_end_outcome,
             # checkpoints, restores, memory copies, simulated losses
@@ -417,28 +415,35 @@ class ParamServer(WorkerPlugin):
         "switch", at a clock boundary, takes the rows that changed since the copy and owns it
         (``rows_resent`` says how many)."""
         job = await self._ajob(job_id)
-        a, b = job.layouts[table].bounds[part]
-        key = (job_id, table, int(part))
+        op, kw = self._adopt_ask(job, table, int(part), step)
+        return await self._adopt_take(job, table, int(part), step, await self._apeer(source, op, job_id=job_id, **kw))
+
+    def _adopt_ask(self, job: Job, table: str, part: int, step: str) -> tuple[str, dict]:
+        """The message to a partition's owner that ``adopt`` step ``step`` sends: ``(op, kwargs)``."""
         if step == "switch":
-            base = self._incoming.pop(key, None)
-            if base is None:
+            if (job.id, table, part) not in self._incoming:
                 raise RuntimeError(f"partition {table}/{part} was not copied here before its switch")
-            r = await self._apeer(source, "lend", job_id=job_id, table=table, part=part, step="changes")
-            if r.get("status") != "OK":
-                raise RuntimeError(f"partition {table}/{part} is not on {source} any more: {r.get('status')}")
+            return "lend", {"table": table, "part": part, "step": "changes"}
+        if step == "copy":
+            return "lend", {"table": table, "part": part, "step": "copy"}
+        a, b = job.layouts[table].bounds[part]
+        return "pull", {"table": table, "part": part, "lo": 0, "hi": b - a, "holds": True}
+
+    async def _adopt_take(self, job: Job, table: str, part: int, step: str, r: dict) -> dict:
+        """``adopt`` step ``step`` of a partition, with the owner's answer ``r`` to ``_adopt_ask``."""
+        if r.get("status") != "OK":
+            raise RuntimeError(f"partition {table}/{part} is not on its owner any more: {r.get('status')}")
+        key = (job.id, table, part)
+        if step == "switch":
+            base = self._incoming.pop(key)
             rows = np.asarray(r["rows"], dtype=np.int64)
             if len(rows):
                 base[rows] = r["data"]
             await asyncio.to_thread(job.tables.own, table, part, base, holds=r.get("holds", ()))
             return {"status": "OK", "rows_resent": int(len(rows))}
         if step == "copy":
-            r = await self._apeer(source, "lend", job_id=job_id, table=table, part=part, step="copy")
-        else:
-            r = await self._apeer(source, "pull", job_id=job_id, table=table, part=part, lo=0, hi=b - a, holds=True)
-        if r.get("status") != "OK":
-            raise RuntimeError(f"partition {table}/{part} is not on {source} any more: {r.get('status')}")
-        if step == "copy":
             self._incoming[key] = np.array(r["data"], copy=True)  # (writable: the switch patches it)
+            a, b = job.layouts[table].bounds[part]
             return {"status": "OK", "rows": int(b - a)}
         await asyncio.to_thread(job.tables.own, table, part, r["data"], holds=r.get("holds", ()))
         return {"status": "OK"}
@@ -484,34 +489,84 @@ class ParamServer(WorkerPlugin):
             dropped = sum(moving.pop(key, None) is not None for moving in (self._incoming, self._lent))
         return {"status": "OK", "dropped": dropped}
 
-    async def _h_adopt_shard(self, job_id: str, shard: int, source: str) -> dict:
-        """Become the holder of a shard: copy its data and state from ``source``, a worker that
-        Dask is retiring (its hand-off: ``Coordinator._hand_off``), and prepare it in a thread."""
-        job = await self._ajob(job_id)
-        r = await self._apeer(source, "copy_shard", job_id=job_id, shard=shard)
-        if r.get("status") != "OK":
-            raise RuntimeError(f"shard {shard} is not on {source} any more: {r.get('status')}")
-        entry = await asyncio.to_thread(
-            lambda: ShardEntry(job.algorithm.prepare_shard(dict(r["arrays"]), job.xp),
-                               {k: job.xp.asarray(v) for k, v in r["state"].items()}))
-        job.shards.put(shard, entry)
-        return {"status": "OK"}
-
     async def _h_adopt_all(self, job_id: str, parts: list, shards: list | None = None, step: str = "whole") -> dict:
-        """Copies to this worker in one message: partitions ``[[table, part, source], ...]`` as ``adopt``
-        step ``step``, shards ``[[shard, source], ...]`` as ``adopt_shard`` (a hand-off's). Each source's
-        in turn, the sources side by side: copies sent all at once to one worker open a connection each
-        (some 5-10 ms here, on a clock boundary's path), in turn they reuse the one open. Once a source
-        fails, its other copies are not tried (a hung one would hold each for the message timeout). The
-        answer: ``parts`` and ``shards``, each copy's answer in order (``status`` "OK", or why not)."""
-        await self._ajob(job_id)
+        """Copies to this worker: partitions ``[[table, part, source], ...]`` as ``adopt`` step ``step``,
+        shards ``[[shard, source], ...]`` copied with their state from ``source`` (a hand-off's: a worker
+        Dask is retiring). One message to each source (``bundle``), the sources side by side: on a clock
+        boundary's path, a message per copy would cost a round trip each (some 0.5-1 ms here, more
+        across machines), and several at once to one worker would open a connection each. The answer:
+        ``parts`` and ``shards``, each copy's answer in order (``status`` "OK", or why not)."""
+        job = await self._ajob(job_id)
         shards = shards or []
-        calls = [(source, functools.partial(self._h_adopt, job_id, table, int(part), source, step))
-                 for table, part, source in parts]
-        calls += [(source, functools.partial(self._h_adopt_shard, job_id, int(shard), source)) for shard, source in shards]
-        done = [{"status": f"failed: {r!r}"} if isinstance(r, Exception) else r  # (the coordinator does not switch it)
-                for r in await in_turn(calls, stop_on_error=True, untried={"status": "not tried"})]
+        asks: list[tuple[str, Any]] = []  # (source, [op, kwargs] or the error that kept it from being asked)
+        for table, part, source in parts:
+            try:
+                asks.append((source, list(self._adopt_ask(job, table, int(part), step))))
+            except Exception as e:  # noqa: BLE001 - that copy fails, the others go on
+                asks.append((source, e))
+        asks += [(source, ["copy_shard", {"shard": int(shard)}]) for shard, source in shards]
+        answers: list[Any] = [e for _, e in asks]
+        by_source: dict[str, list[int]] = {}
+        for i, (source, ask) in enumerate(asks):
+            if not isinstance(ask, Exception):
+                by_source.setdefault(source, []).append(i)
+
+        async def ask(source: str, ix: list[int]) -> None:
+            try:
+                r = await self._apeer(source, "bundle", job_id=job_id, calls=[asks[i][1] for i in ix])
+                got = r["answers"] if r.get("status") == "OK" else [r] * len(ix)
+            except Exception as e:  # noqa: BLE001 - the source's copies fail, the others' go on
+                got = [e] * len(ix)
+            for i, a in zip(ix, got):
+                answers[i] = a
+
+        await asyncio.gather(*(ask(source, ix) for source, ix in by_source.items()))
+        done: list[dict] = []
+        for (table, part, _), r in zip(parts, answers):
+            try:
+                if isinstance(r, Exception):
+                    raise r
+                done.append(await self._adopt_take(job, table, int(part), step, r))
+            except Exception as e:  # noqa: BLE001 - the coordinator does not switch it
+                done.append({"status": f"failed: {e!r}"})
+
+        def prepared(shard: int, r: Any) -> Any:  # (in a thread: the algorithm's preparation may take a while)
+            if isinstance(r, Exception):
+                return r
+            if r.get("status") != "OK":
+                return RuntimeError(f"shard {shard} is not on its holder any more: {r.get('status')}")
+            try:
+                return ShardEntry(job.algorithm.prepare_shard(dict(r["arrays"]), job.xp),
+                                  {k: job.xp.asarray(v) for k, v in r["state"].items()})
+            except Exception as e:  # noqa: BLE001 - that copy fails, the others go on
+                return e
+
+        entries = await asyncio.to_thread(
+            lambda: [prepared(int(shard), r) for (shard, _), r in zip(shards, answers[len(parts):])])
+        for (shard, _), entry in zip(shards, entries):
+            if isinstance(entry, Exception):
+                done.append({"status": f"failed: {entry!r}"})
+            else:
+                job.shards.put(int(shard), entry)
+                done.append({"status": "OK"})
         return {"status": "OK", "parts": done[:len(parts)], "shards": done[len(parts):]}
+
+    async def _h_bundle(self, job_id: str, calls: list) -> dict:
+        """Several of one job's messages to this worker in one: ``calls`` ``[[op, kwargs], ...]``, each
+        op one of ``membership.BUNDLED_OPS``, run in order here; their answers in order (``answers``;
+        ``status`` "failed: ..." for one that raised or may not be bundled). A hand-off's or a join's
+        copies then cost their source one message, not one each."""
+        handlers = self.handlers()
+        out = []
+        for op, kw in calls:
+            try:
+                if op not in BUNDLED_OPS:
+                    raise ValueError(f"{op!r} may not be bundled")
+                r = handlers[op](job_id=job_id, **kw)
+                out.append((await r) if inspect.isawaitable(r) else r)
+            except Exception as e:  # noqa: BLE001 - that call's answer; the others go on
+                out.append({"status": f"failed: {e!r}"})
+        return {"status": "OK", "answers": out}
 
     def _h_pull(self, job_id: str, table: str, part: int, lo: int = 0, hi: int = 0, rows=None,
                 clock: int | None = None, mine: list | None = None, holds: bool = False,
