@@ -27,7 +27,8 @@ Figures:
   their mean rates weighted by the time the churn fit spent at each count (a count with no
   reference, briefly reached while a killed worker restarts, takes the nearest count's rate: a
   higher one, so goodput is if anything understated); a worker counts from its arrival at the
-  scheduler until Dask begins to retire it (``ChurnDriver.working``: after its hand-off) or it is gone;
+  scheduler until Dask begins to retire it (``ChurnDriver.working``: after its hand-off) or it is gone,
+  sampled every 0.05 s and each change dated by the fit's event that made it (``dated_live``);
 * where the time goes: each clock's seconds beyond a failure-free clock at its count, summed by the
   kind of the event before it (``lost_by_event``; "none": the clocks before the first event, the
   reference's own noise);
@@ -385,6 +386,25 @@ def time_at_counts(live: list[tuple[float, int]], start: float, end: float) -> d
     return dict(out)
 
 
+def dated_live(live: list[tuple[float, int]], fit_events: list[dict[str, Any]]) -> tuple[list[tuple[float, int]], int]:
+    """The sampled live counts (``ChurnDriver.sample``, every 0.05 s) with each change dated by the fit's
+    event that made it, when one lies between the two samples: a worker's arrival at the scheduler
+    (``worker-joined``), a retirement's release after its hand-off (``handoff``: Dask begins to retire
+    the worker then), a loss (``worker-lost``). A change dated by its sample lags it by half the interval
+    on average, time the references would credit to the wrong count (a retirement's next clock then reads
+    some 10 ms slower, a join's landing clock as much faster). Also how many changes were dated."""
+    ups = sorted(e["time"] for e in fit_events if e["kind"] == "worker-joined")
+    downs = sorted(e["time"] for e in fit_events if e["kind"] in ("handoff", "worker-lost"))
+    out, dated = list(live[:1]), 0
+    for (ta, na), (tb, nb) in zip(live, live[1:]):
+        t = tb
+        if nb != na:
+            t = next((t for t in (ups if nb > na else downs) if ta < t <= tb), tb)
+            dated += t != tb
+        out.append((t, nb))
+    return out, dated
+
+
 def rate_at(n: int, rates: dict[int, float]) -> float:
     """The reference rate at ``n`` workers; the nearest count's (the larger on a tie) when none ran at ``n``."""
     return rates[n] if n in rates else rates[min(rates, key=lambda m: (abs(m - n), -m))]
@@ -660,9 +680,11 @@ def rework(res) -> dict[str, int]:
 def summarize(churn: dict[str, Any], refs: dict[int, dict[str, Any]], n_shards: int = N_SHARDS) -> dict[str, Any]:
     res, driver = churn["res"], churn["driver"]
     ticks = churn["ticks"]
+    live, dated = dated_live(driver.live, res.events)
+    changes = sum(a[1] != b[1] for a, b in zip(driver.live, driver.live[1:]))
     useful = sum(not rec.skipped for rec in res.history[1:])  # from the first clock's end, as the references
     span = ticks[-1][0] - ticks[0][0]
-    seconds_at = time_at_counts(driver.live, ticks[0][0], ticks[-1][0])
+    seconds_at = time_at_counts(live, ticks[0][0], ticks[-1][0])
     rate = useful / span
     expected = expected_rate(seconds_at, {n: r["rate"] for n, r in refs.items()})
     ev = Counter(e["kind"] for e in res.events)
@@ -678,6 +700,7 @@ def summarize(churn: dict[str, Any], refs: dict[int, dict[str, Any]], n_shards: 
         "unsettled_events": sum(not e["settled"] for e in driver.events), "driver_error": driver.error,
         "clocks": res.n_clocks, "useful_clocks": useful + 1, "fit_s": round(churn["end"] - churn["start"], 2),
         "mean_workers": round(mean_workers, 3), "seconds_at_workers": {n: round(s, 2) for n, s in sorted(seconds_at.items())},
+        "live_changes": changes, "live_changes_dated": dated,
         "clock_rate": round(rate, 3), "expected_rate": round(expected, 3), "goodput": round(rate / expected, 4),
         "handoffs": len(handoffs), "handoff_s": [e["seconds"] for e in handoffs],
         "handoff_s_mean": round(statistics.mean(e["seconds"] for e in handoffs), 4) if handoffs else None,
@@ -694,14 +717,14 @@ def summarize(churn: dict[str, Any], refs: dict[int, dict[str, Any]], n_shards: 
         "membership_events": [{k: e[k] for k in ("time", "clock", "kind", "worker", "reason") if k in e}
                               for e in res.events if e["kind"] in ("worker-joined", "worker-ready", "worker-lost",
                                                                    "worker-left", "worker-removed")],
-        "lost_by_event": lost_by_event(ticks, driver.live, driver.events, {n: r["rate"] for n, r in refs.items()}),
-        "join_phases": join_phases(ticks, driver.live, driver.events, res.events, {n: r["rate"] for n, r in refs.items()}),
-        "lost_by_distance": lost_by_distance(ticks, driver.live, driver.events, res.events,
+        "lost_by_event": lost_by_event(ticks, live, driver.events, {n: r["rate"] for n, r in refs.items()}),
+        "join_phases": join_phases(ticks, live, driver.events, res.events, {n: r["rate"] for n, r in refs.items()}),
+        "lost_by_distance": lost_by_distance(ticks, live, driver.events, res.events,
                                              {n: r["rate"] for n, r in refs.items()}),
-        "join_granularity": join_granularity(ticks, driver.live, driver.events, res.events,
+        "join_granularity": join_granularity(ticks, live, driver.events, res.events,
                                              {n: r["rate"] for n, r in refs.items()}, n_shards, work_s(n_shards)),
         "losses_by_cause": losses_by_cause(res.events, driver.events),
-        "layout": layout_vs_reference(ticks, driver.live, churn.get("layouts", []),
+        "layout": layout_vs_reference(ticks, live, churn.get("layouts", []),
                                       {n: r.get("layout") for n, r in refs.items()},
                                       {n: r["rate"] for n, r in refs.items()}, driver.events),
         "reference_spread": {n: round(r["spread"], 4) for n, r in refs.items()},
@@ -718,7 +741,8 @@ def format_table(s: dict[str, Any], refs: dict[int, dict[str, Any]]) -> str:
         ("events (driver)", f"{s['events']} {s['event_kinds']}, unsettled {s['unsettled_events']}"),
         ("shards", f"{s['shards']} of {s['step_s']} s a step"),
         ("clocks / useful", f"{s['clocks']} / {s['useful_clocks']}"),
-        ("mean live workers", f"{s['mean_workers']} (seconds at each: {s['seconds_at_workers']})"),
+        ("mean live workers", f"{s['mean_workers']} (seconds at each: {s['seconds_at_workers']}; "
+                              f"{s['live_changes_dated']} of {s['live_changes']} changes dated by their events)"),
         ("clock rate", f"{s['clock_rate']} /s; failure-free at the same workers {s['expected_rate']} /s"),
         ("goodput", f"{100 * s['goodput']:.1f} %"),
         ("hand-offs", f"{s['handoffs']}, mean {s['handoff_s_mean']} s, max {s['handoff_s_max']} s, "
@@ -945,19 +969,19 @@ def run(args, t0: float) -> int:
             write_json(args.json, {"pull_bound": r, "load_average": load_average(), "machine": machine_info()})
         return 0
     info = machine_info(threadpools=True)
-    tmp = tempfile.mkdtemp(prefix="dscar-elastic-")
-    counts = [max(1, args.workers - 1), args.workers, args.workers + 1]
-    ref_clocks = 12 if args.quick else 20
-    runs = []
-    for n in counts:  # references before the churn fit and after it, in the reverse order (interleaved)
-        log(t0, f"failure-free reference on {n} workers (before)")
-        runs.append(reference_fit(n, ref_clocks, os.path.join(tmp, f"ref{n}a"), args.shards,
-                                 churn_clocks(args.events)))
-    churn = churn_fit(args, os.path.join(tmp, "churn"), t0)
-    for n in reversed(counts):
-        log(t0, f"failure-free reference on {n} workers (after)")
-        runs.append(reference_fit(n, ref_clocks, os.path.join(tmp, f"ref{n}b"), args.shards,
-                                 churn_clocks(args.events)))
+    with tempfile.TemporaryDirectory(prefix="dscar-elastic-") as tmp:  # (the fits' checkpoints)
+        counts = [max(1, args.workers - 1), args.workers, args.workers + 1]
+        ref_clocks = 12 if args.quick else 20
+        runs = []
+        for n in counts:  # references before the churn fit and after it, in the reverse order (interleaved)
+            log(t0, f"failure-free reference on {n} workers (before)")
+            runs.append(reference_fit(n, ref_clocks, os.path.join(tmp, f"ref{n}a"), args.shards,
+                                     churn_clocks(args.events)))
+        churn = churn_fit(args, os.path.join(tmp, "churn"), t0)
+        for n in reversed(counts):
+            log(t0, f"failure-free reference on {n} workers (after)")
+            runs.append(reference_fit(n, ref_clocks, os.path.join(tmp, f"ref{n}b"), args.shards,
+                                     churn_clocks(args.events)))
     refs = merge_references(runs)
     s = summarize(churn, refs, args.shards)
     load = load_average()

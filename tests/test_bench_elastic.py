@@ -14,6 +14,18 @@ def test_seconds_at_each_worker_count_come_from_the_samples_inside_the_window():
     assert elastic.time_at_counts(live, 0.0, 10.0) == {3: 2.0, 4: 2.0, 2: 6.0}
 
 
+def test_each_sampled_change_of_the_live_count_is_dated_by_the_event_that_made_it():
+    """``dated_live``: a change between two samples moves back to the event between them that made it (an
+    arrival for a rise; a hand-off's release or a loss for a fall); a change with none keeps its sample's time."""
+    live = [(0.0, 3), (0.05, 3), (0.10, 4), (0.15, 4), (0.20, 3), (0.25, 2), (0.30, 3)]
+    events = [{"kind": "worker-joined", "time": 0.07}, {"kind": "handoff", "time": 0.12},  # (before the fall's window)
+              {"kind": "worker-lost", "time": 0.16}, {"kind": "handoff", "time": 0.24}, {"kind": "checkpoint-started", "time": 0.27}]
+    dated, n = elastic.dated_live(live, events)
+    assert dated == [(0.0, 3), (0.05, 3), (0.07, 4), (0.15, 4), (0.16, 3), (0.24, 2), (0.30, 3)]
+    assert n == 3  # the last rise had no arrival between its samples
+    assert elastic.time_at_counts(dated, 0.0, 0.30)[4] == pytest.approx(0.09)
+
+
 def test_the_expected_rate_weights_each_reference_by_its_time():
     assert elastic.expected_rate({2: 3.0, 4: 1.0}, {2: 1.0, 4: 5.0}) == pytest.approx(2.0)
     assert elastic.expected_rate({1: 1.0}, {2: 1.0, 4: 5.0}) == 1.0  # no reference at 1: the nearest count's
