@@ -211,10 +211,6 @@ _SHARD, _NOT_STALE = itemgetter(2), (0).__le__
 class ShardQueue:
     """Per-clock shard states, attempts, commits and data locality."""
 
-    #: a list of ``_started`` is rebuilt without its stale entries once they are half of it and
-    #: this many more (a few stale entries cost the reads less than rebuilding small lists)
-    stale_slack = 64
-
     def __init__(self, n_shards: int, *, reloadable: bool, max_failures: int = 3,
                  sharding: str = "dynamic", phases: "list[int] | tuple[int, ...] | None" = None):
         if n_shards < 1:
@@ -225,6 +221,10 @@ class ShardQueue:
         if sum(phases) != n_shards or min(phases) < 1:
             raise ValueError(f"phases {phases} must be shard counts >= 1 that add up to n_shards={n_shards}")
         self.n_shards = n_shards
+        #: a list of ``_started`` is rebuilt without its stale entries once they are half of it and
+        #: this many more (a few stale entries cost the reads less than rebuilding small lists). An
+        #: instance's field, not the class's: CPython 3.11 caches the lookup of the one, not the other
+        self.stale_slack = 64
         self.reloadable = reloadable
         self.sharding = sharding
         self.max_failures = max_failures
@@ -247,8 +247,10 @@ class ShardQueue:
         self._by_size: dict[int, dict[int, LastNameSet]] = {}
         #: shards of the active phase that are DONE: ``complete`` without a scan
         self._n_done = 0
-        #: DOING shards (the only ones with attempts): ``running`` without a scan
-        self._doing: set[int] = set()
+        #: how many shards are DOING (the only ones with attempts): a count, not a set of them, which every
+        #: hand-out's member and every commit changed (a cold slot each, at thousands of shards); the few
+        #: readers of the shards themselves (``running``, once a stall-watch tick or a hand-off) scan the records
+        self._n_doing = 0
         #: attempts started -> {shard: start of its longest-running live attempt} of every DOING shard
         #: that started that many this pass, in start order (attempts start as time goes on: an entry
         #: is appended, in O(1); one that is not in order marks its bucket ``_unsorted``, sorted when
@@ -335,7 +337,7 @@ class ShardQueue:
         self._attempts_clock = clock
         self.phase = phase
         self._n_done = 0
-        self._doing = set()
+        self._n_doing = 0
         self._todo_reset(self.active)
 
     def next_phase(self) -> int:
@@ -372,7 +374,8 @@ class ShardQueue:
             s = records[i]
             if s.status is _DONE and i in active:
                 self._n_done -= 1
-            self._doing.discard(i)
+            elif s.status is _DOING:
+                self._n_doing -= 1
             s.attempt, s.more, s.waiting = None, (), None
             s.status = _TODO
             s.committed = None
@@ -532,10 +535,12 @@ class ShardQueue:
 
     # ------------------------------------------------------------ hand-outs
     def next_shard(self, worker: str, now: float, *, local_only: bool = False, tier: int = 0,
-                   worth_moving: Callable[[str, int], bool] | None = None) -> Attempt | None:
+                   worth_moving: Callable[[str, float, str, int], bool] | None = None) -> Attempt | None:
         """Start an attempt of the best TODO shard of ``tier`` for ``worker`` (with ``local_only``, only
-        of one it holds), or None. ``worth_moving(holder, backlog)``: whether to take one of another
-        worker's ``backlog`` TODO shards, moving its data (default: yes).
+        of one it holds), or None. ``worth_moving(worker, now, holder, backlog)``: whether ``worker`` should
+        take one of ``holder``'s ``backlog`` TODO shards, moving its data (default: yes; asked with the
+        hand-out's own ``worker`` and ``now``, so a caller passes one function, not one bound to them per
+        hand-out: ``Dispatch.worth_moving``).
 
         Its own shard first (the lowest id); else an unheld one when shards are reloadable (the
         highest id); else, with dynamic sharding, the highest id of the holder with the longest
@@ -551,7 +556,7 @@ class ShardQueue:
         return self._take_other(worker, now, tier, worth_moving)
 
     def next_batch(self, worker: str, now: float, n: int, *, tier: int = 0,
-                   worth_moving: Callable[[str, int], bool] | None = None) -> list[Attempt]:
+                   worth_moving: Callable[[str, float, str, int], bool] | None = None) -> list[Attempt]:
         """``next_shard(worker, now, tier=tier, worth_moving=worth_moving)`` (empty: None), and when that is
         one of the worker's own shards, up to ``n - 1`` more of them (``take_own``) in the same call: a
         batch's hand-out looks its bucket up and resizes its backlog once, not twice."""
@@ -565,7 +570,7 @@ class ShardQueue:
         return [] if a is None else [a]
 
     def _take_other(self, worker: str, now: float, tier: int,
-                    worth_moving: Callable[[str, int], bool] | None) -> Attempt | None:
+                    worth_moving: Callable[[str, float, str, int], bool] | None) -> Attempt | None:
         """``next_shard`` for a worker with no TODO shard of its own in ``tier``: an unheld one, or another's."""
         if self.reloadable and (tier, None) in self._local:
             victim = None
@@ -576,7 +581,7 @@ class ShardQueue:
             victim = sizes[max(sizes)].last()
         key = (tier, victim)
         ids = self._local[key]
-        if victim is not None and worth_moving is not None and not worth_moving(victim, len(ids)):
+        if victim is not None and worth_moving is not None and not worth_moving(worker, now, victim, len(ids)):
             return None
         return self._start(max(ids), worker, now, key, ids)
 
@@ -626,7 +631,7 @@ class ShardQueue:
         s.attempt = a  # (a TODO shard has no live attempt)
         self.changes += 1
         s.status = _DOING
-        self._doing.add(shard)
+        self._n_doing += 1
         # ``_todo_discard(shard)`` with the bucket known (every hand-out's member pays it): out of TODO,
         # its bucket and its holder's backlog size
         self.todo.discard(shard)
@@ -686,7 +691,11 @@ class ShardQueue:
     @property
     def n_doing(self) -> int:
         """DOING shards."""
-        return len(self._doing)
+        return self._n_doing
+
+    def _doing(self) -> list[int]:
+        """The DOING shards, in order (a scan of the records: see ``_n_doing``)."""
+        return [i for i, s in enumerate(self._shards) if s.status is _DOING]
 
     def longest_running(self, fewer_started_than: int | None = None, *,
                         started_only: bool = False) -> Iterator[Attempt]:
@@ -722,7 +731,7 @@ class ShardQueue:
         """``_running`` as it would be kept, from the running shards' records: each bucket in the order
         of (start, entered) (a kept bucket's, once sorted stably by start)."""
         shards, running = self._shards, {}
-        for i in sorted(self._doing, key=lambda i: (shards[i].run_key[1], shards[i].entered)):
+        for i in sorted(self._doing(), key=lambda i: (shards[i].run_key[1], shards[i].entered)):
             k, start = shards[i].run_key
             running.setdefault(k, {})[i] = start
         return running
@@ -896,7 +905,7 @@ class ShardQueue:
         live attempt of ``worker`` marks nothing (it never will: attempt numbers are not reused)."""
         if added and not self._started_on:  # the first attempt to wait: ``_started`` is kept from now on
             self._started_on = True
-            self._started_dirty.update(self._doing)  # (the shards with a ``run_key``)
+            self._started_dirty.update(self._doing())  # (the shards with a ``run_key``)
             self._running, self._unsorted = {}, set()
         on, dirty, shards = self._started_on, self._started_dirty, self._shards
         self.changes += 1
@@ -936,10 +945,11 @@ class ShardQueue:
         """No batch member is waiting (``Dispatch.batched`` is a new dict)."""
         shards = self._shards  # (only a running shard has a mark: a commit, a drop and a reopen clear it)
         self.changes += 1
-        for i in self._doing:
+        doing = self._doing()
+        for i in doing:
             shards[i].waiting = None
         if self._started_on:
-            self._started_dirty.update(self._doing)  # (the shards with a ``run_key``)
+            self._started_dirty.update(doing)  # (the shards with a ``run_key``)
 
     # --------------------------------------------------------------- results
     def commit(self, shard: int, attempt: int, worker: str) -> bool:
@@ -956,7 +966,7 @@ class ShardQueue:
         if s.more:
             s.more = ()
         s.status = _DONE
-        self._doing.discard(shard)
+        self._n_doing -= 1
         self._n_done += 1  # (a DOING shard is an active one)
         s.holder = worker  # the committed data and state live here now (not a TODO shard: no index)
         if self._started_on:  # (``_unrun``, then ``_flush_started``, inline: every commit pays them)
@@ -1001,7 +1011,7 @@ class ShardQueue:
             raise ShardFailedError(shard, self.clock, s.failures)
         if s.attempt is None:
             s.status = _TODO
-            self._doing.discard(shard)
+            self._n_doing -= 1
             self._todo_add(shard)
 
     def release(self, shard: int, attempt: int, worker: str) -> bool:
@@ -1016,7 +1026,7 @@ class ShardQueue:
         self.changes += 1
         if s.attempt is None:
             s.status = _TODO
-            self._doing.discard(shard)
+            self._n_doing -= 1
             self._todo_add(shard)
         self._reindex(shard)
         return True
@@ -1034,7 +1044,7 @@ class ShardQueue:
                 requeued.append(a)
             if lost and s.attempt is None and s.status is _DOING:  # DOING: an active shard
                 s.status = _TODO
-                self._doing.discard(i)
+                self._n_doing -= 1
                 self._todo_add(i)
             if lost:
                 self._reindex(i)
@@ -1052,7 +1062,7 @@ class ShardQueue:
                 doomed.append(a)
             if gone and s.attempt is None and s.status is _DOING:
                 s.status = _TODO
-                self._doing.discard(i)
+                self._n_doing -= 1
                 self.set_holder(i, None)
                 self._todo_add(i)
             if gone:
@@ -1096,7 +1106,7 @@ class ShardQueue:
 
     def running(self) -> list[Attempt]:
         """Every live attempt, in shard order (only DOING shards have any)."""
-        return [a for i in sorted(self._doing) for a in self._shards[i].live()]
+        return [a for i in self._doing() for a in self._shards[i].live()]
 
     # ------------------------------------------------------------ snapshots
     def snapshot(self) -> dict[str, Any]:
@@ -1142,7 +1152,7 @@ class ShardQueue:
                 if i in q.active:
                     todo.append(i)
         q._todo_reset(todo)
-        q._doing = set()
+        q._n_doing = 0
         q._n_done = sum(1 for i in q.active if q._shards[i].status is _DONE)
         return q
 
@@ -1150,7 +1160,7 @@ class ShardQueue:
         """Assert the invariants in the module docstring."""
         active = self.active
         assert self._n_done == sum(1 for i in active if self._shards[i].status is _DONE)
-        assert self._doing == {i for i, s in enumerate(self._shards) if s.status is _DOING}
+        assert self._n_doing == len(self._doing())
         assert all(s.attempt is not None or not s.more for s in self._shards)
         keys = {i: (s.started, min(a.started for a in s.live()))
                 for i, s in enumerate(self._shards) if s.status is _DOING and s.attempt is not None}
