@@ -602,9 +602,10 @@ class ShardQueue:
         size = len(local)  # (a small bucket sorted and cut: ``heapq.nsmallest`` is Python, ~4x the sort of a few)
         ids = [min(local)] if n <= 1 else sorted(local) if n >= size else sorted(local)[:n] if size <= 64 \
             else heapq.nsmallest(n, local)
-        start, started = self._start, []
-        for i in ids:  # (a loop, not a comprehension: a frame less in 3.11, every batch)
-            started.append(start(i, worker, now, key, local, not first, False))
+        started = []
+        for i in ids:  # (a loop, not a comprehension: a frame less in 3.11, every batch; a method call, not a
+            # bound method kept in a name: 3.11 caches the one's lookup, and a batch holds one or two)
+            started.append(self._start(i, worker, now, key, local, not first, False))
             first = False
         # (the worker's backlog shrinks once by the batch, not once a member)
         left = len(local)
