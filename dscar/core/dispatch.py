@@ -416,7 +416,7 @@ class Dispatch:
             return False
         # the others' summed speed and slowest step, from the monitor's running figures: it forgets a
         # lost worker (``JobState.forget_worker``), so every worker it measures is live, and this is O(1)
-        return self.job.monitor.outlasts_others(worker, len(queue.todo) if n_left is None else n_left, HOLD_BACK_MIN_S)
+        return self.job.monitor.outlasts_others(worker, queue.n_todo if n_left is None else n_left, HOLD_BACK_MIN_S)
 
     def worth_moving(self, worker: str, now: float, holder: str, backlog: int) -> bool:
         """Whether ``worker``, out of shards of its own, should take one of ``holder``'s ``backlog``

@@ -246,7 +246,7 @@ class BspSchedule:
 
     @property
     def n_startable(self) -> int:
-        return len(self.job.queue.todo)
+        return self.job.queue.n_todo
 
     @property
     def stage_name(self) -> str:
@@ -396,7 +396,7 @@ class BspSchedule:
             if record.handed_in == self.begins and job.dispatch.leave_to_others(worker):  # (``held_back``, inline)
                 return None
             a = job.queue.next_shard(worker, now, worth_moving=job.dispatch.worth_moving) \
-                if job.queue.todo else None  # (at a pass's tail most looks find none)
+                if job.queue.n_todo else None  # (at a pass's tail most looks find none)
             if a is None and m.stage is _SHARDS:
                 a = job.dispatch.idle_policies(worker, now)
             elif a is not None and a.fetch_from:
@@ -433,7 +433,7 @@ class BspSchedule:
         """``asker`` found nothing to do in a pass: the worker with the most batch members that
         may not have started, and the later half of them, to ask back (None: nothing to ask)."""
         stage = self.machine.stage  # (the stages as module names: every idle poll asks)
-        if stage is not _SHARDS and stage is not _REBUILD or self.job.queue.todo:
+        if stage is not _SHARDS and stage is not _REBUILD or self.job.queue.n_todo:
             return None
         return self.job.dispatch.ask_back(asker)
 

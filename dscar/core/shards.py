@@ -234,15 +234,17 @@ class ShardQueue:
         self.phase_ranges = tuple(range(a, a + n) for a, n in zip(starts, phases))
         self.phase: int | None = 0  # the active phase; None: every shard is active (a rebuild pass)
         self._shards = [_Shard() for _ in range(n_shards)]
-        #: the TODO shards of the active phase (read it, do not change it: the queue's indexes follow it; a
-        #: set, not ``n_todo``'s frame, for the questions every poll asks)
-        self.todo: set[int] = set()
+        #: how many shards of the active phase are TODO (read it, do not change it; a count, not a set of them,
+        #: which every hand-out's member changed, a cold slot at thousands of shards): the shards themselves
+        #: are those of the ``_local`` buckets
+        self.n_todo = 0
         #: each shard's tier: TODO shards are handed out one tier at a time (``next_shard``); under
         #: SSP a shard's tier is the clock of its next update, under BSP every shard's is 0
         self._tier = [0] * n_shards
-        #: the ``todo`` shards by (tier, holder) (holder None: unheld): a worker's own shards without a scan
+        #: the TODO shards of the active phase by (tier, holder) (holder None: unheld): a worker's own shards
+        #: without a scan
         self._local: dict[tuple[int, str | None], set[int]] = {}
-        #: tier -> backlog size -> the holders (not None) with that many ``todo`` shards of the tier:
+        #: tier -> backlog size -> the holders (not None) with that many TODO shards of the tier:
         #: the longest backlog's last holder without a scan of the holders
         self._by_size: dict[int, dict[int, LastNameSet]] = {}
         #: shards of the active phase that are DONE: ``complete`` without a scan
@@ -367,11 +369,12 @@ class ShardQueue:
     def reopen(self, shards) -> None:
         """Put ``shards`` back in TODO with no attempt and no commit (a pass runs again, or under SSP
         a shard moves on to its next clock). Holders stay; attempt numbers keep counting up."""
-        active, records, todo = self.active, self._shards, self.todo
+        active, records, in_todo = self.active, self._shards, self._in_todo
         self.changes += 1
-        added = []
+        added, fresh = [], set()
         for i in shards:
             s = records[i]
+            todo = i in fresh or s.status is _TODO and in_todo(i)  # (among ``n_todo`` already, or listed twice)
             if s.status is _DONE and i in active:
                 self._n_done -= 1
             elif s.status is _DOING:
@@ -383,13 +386,14 @@ class ShardQueue:
                 s.failures = []
             s.started = 0
             self._reindex(i)
-            if i not in todo:
-                todo.add(i)
+            if not todo:
+                fresh.add(i)
                 added.append(i)
+        self.n_todo += len(added)
         self._add_locals(added)
 
     def _add_locals(self, shards: list[int]) -> None:
-        """``_add_local`` for each of ``shards`` (new in ``todo``), a bucket at a time: each holder's
+        """``_add_local`` for each of ``shards`` (new among ``n_todo``), a bucket at a time: each holder's
         backlog size changes once, not once a shard (an SSP batch applied, or a loss, reopens
         thousands of shards, most of them of a few hundred (tier, holder) buckets)."""
         groups: dict[tuple[int, str | None], list[int]] = {}
@@ -420,10 +424,10 @@ class ShardQueue:
     def status(self, shard: int) -> ShardStatus:
         return self._shards[shard].status
 
-    @property
-    def n_todo(self) -> int:
-        """Shards of the active phase not started (nor given back) yet."""
-        return len(self.todo)
+    def _in_todo(self, shard: int) -> bool:
+        """Whether ``shard`` is among the ``n_todo`` (in its bucket of ``_local``)."""
+        bucket = self._local.get((self._tier[shard], self._shards[shard].holder))
+        return bucket is not None and shard in bucket
 
     def counts(self) -> dict[str, int]:
         """Shards of the active phase per status."""
@@ -435,7 +439,7 @@ class ShardQueue:
     # -------------------------------------------------------------- locality
     def set_holder(self, shard: int, worker: str | None) -> None:
         s = self._shards[shard]
-        if s.holder != worker and shard in self.todo:
+        if s.holder != worker and self._in_todo(shard):
             self._drop_local(s.holder, shard)
             self._add_local(worker, shard)
         s.holder = worker
@@ -443,7 +447,7 @@ class ShardQueue:
     def set_tier(self, shard: int, tier: int) -> None:
         """``shard`` is handed out with the other shards of ``tier`` (``next_shard``)."""
         if self._tier[shard] != tier:
-            todo = shard in self.todo
+            todo = self._in_todo(shard)
             if todo:
                 self._todo_discard(shard)
             self._tier[shard] = tier
@@ -454,13 +458,13 @@ class ShardQueue:
         return self._tier[shard]
 
     def _todo_add(self, shard: int) -> None:
-        if shard not in self.todo:
-            self.todo.add(shard)
+        if not self._in_todo(shard):
+            self.n_todo += 1
             self._add_local(self._shards[shard].holder, shard)
 
     def _todo_discard(self, shard: int) -> None:
-        if shard in self.todo:
-            self.todo.discard(shard)
+        if self._in_todo(shard):
+            self.n_todo -= 1
             self._drop_local(self._shards[shard].holder, shard)
 
     def _add_local(self, holder: str | None, shard: int) -> None:
@@ -506,10 +510,11 @@ class ShardQueue:
             del self._by_size[tier]
 
     def _todo_reset(self, shards) -> None:
-        self.todo = set(shards)
+        todo = set(shards)
+        self.n_todo = len(todo)
         self._local = {}
         self._by_size = {}
-        self._add_locals(list(self.todo))
+        self._add_locals(list(todo))
 
     def holder(self, shard: int) -> str | None:
         return self._shards[shard].holder
@@ -545,7 +550,7 @@ class ShardQueue:
         Its own shard first (the lowest id); else an unheld one when shards are reloadable (the
         highest id); else, with dynamic sharding, the highest id of the holder with the longest
         backlog (ties: the last name). Each from an index: no scan of the shards or the holders."""
-        if not self.todo:
+        if not self.n_todo:
             return None
         key = (tier, worker)
         local = self._local.get(key)
@@ -560,7 +565,7 @@ class ShardQueue:
         """``next_shard(worker, now, tier=tier, worth_moving=worth_moving)`` (empty: None), and when that is
         one of the worker's own shards, up to ``n - 1`` more of them (``take_own``) in the same call: a
         batch's hand-out looks its bucket up and resizes its backlog once, not twice."""
-        if not self.todo:
+        if not self.n_todo:
             return []
         key = (tier, worker)
         local = self._local.get(key)
@@ -635,7 +640,7 @@ class ShardQueue:
         self._n_doing += 1
         # ``_todo_discard(shard)`` with the bucket known (every hand-out's member pays it): out of TODO,
         # its bucket and its holder's backlog size
-        self.todo.discard(shard)
+        self.n_todo -= 1
         bucket.discard(shard)
         if alone:
             n = len(bucket)
@@ -1185,18 +1190,19 @@ class ShardQueue:
             assert all(self._shards[e[2]].shown[1] is e for e in started if e[2] >= 0), k
             assert self._started_stale[k] == len(started) - len(live[k]) == sum(e[2] < 0 for e in started), k
             assert all(e[2] < 0 for e in started[:self._started_head[k]]), k
-        assert {i for b in self._local.values() for i in b} == self.todo and all(
+        todo = {i for b in self._local.values() for i in b}
+        assert sum(map(len, self._local.values())) == len(todo) == self.n_todo and all(
             self._shards[i].holder == h and self._tier[i] == t for (t, h), b in self._local.items() for i in b)
         held = {(t, h): len(b) for (t, h), b in self._local.items() if h is not None}
         for top in {*self._tier, float("inf")}:  # the index's answer is the shards' own
-            want = {self._shards[i].holder for i in self.todo if self._tier[i] <= top} - {None}
+            want = {self._shards[i].holder for i in todo if self._tier[i] <= top} - {None}
             assert self.holders_with_todo(top) == want, (top, want)
         assert {t: {n: set(same) for n, same in sizes.items()} for t, sizes in self._by_size.items()} == {
             t: {n: {h for (u, h), m in held.items() if u == t and m == n} for (u, _), n in held.items() if u == t}
             for t, _ in held}
         assert all(same.last() == max(same) for sizes in self._by_size.values() for same in sizes.values())
         for i, s in enumerate(self._shards):
-            assert (i in self.todo) == (s.status is _TODO and i in active), i
+            assert (i in todo) == (s.status is _TODO and i in active) == self._in_todo(i), i
             if i not in active:  # an earlier phase (DONE, or TODO after a rebuild pass) or a later one (TODO)
                 assert s.status is not _DOING and s.attempt is None, i
                 assert s.status is _TODO or i < active.start, i
