@@ -189,7 +189,7 @@ def test_the_owners_message_is_built_once_per_change_and_follows_every_change():
 def _scan_choice(queue, worker):
     """What ``next_shard`` chose for a worker with no shard of its own before its indexes: a scan."""
     backlog = {}
-    for i in queue.todo:
+    for i in (i for b in queue._local.values() for i in b):  # (the TODO shards)
         h = queue._shards[i].holder
         if (h is None and not queue.reloadable) or (h is not None and queue.sharding == "static"):
             continue

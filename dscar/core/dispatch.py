@@ -416,7 +416,7 @@ class Dispatch:
             return False
         # the others' summed speed and slowest step, from the monitor's running figures: it forgets a
         # lost worker (``JobState.forget_worker``), so every worker it measures is live, and this is O(1)
-        return self.job.monitor.outlasts_others(worker, len(queue.todo) if n_left is None else n_left, HOLD_BACK_MIN_S)
+        return self.job.monitor.outlasts_others(worker, queue.n_todo if n_left is None else n_left, HOLD_BACK_MIN_S)
 
     def worth_moving(self, worker: str, now: float, holder: str, backlog: int) -> bool:
         """Whether ``worker``, out of shards of its own, should take one of ``holder``'s ``backlog``
@@ -567,12 +567,15 @@ class Dispatch:
         dataclasses first: every hand-out makes one, and the dataclasses cost it about as much as the
         rest of the hand-out (tests/test_dispatch_item.py holds the two equal)."""
         job = self.job
-        item_clock = clock if clock is not None else job.clock if window is None else window.clock
+        if window is not None:  # (its fields unpacked once: a named tuple's field is read through a descriptor)
+            fields, window_clock, version, floor, read_floor = window
+        else:
+            fields, window_clock, version, floor, read_floor = [None] * len(batch), None, None, None, None
+        item_clock = clock if clock is not None else job.clock if window is None else window_clock
         phases, restore, queue = job.cfg.phase_names, job.losses.restore_state, job.queue
         one_phase = len(queue.phase_ranges) == 1
         phase = phases[0] or None
         members = []
-        fields = window.members if window is not None else [None] * len(batch)
         for (shard, attempt, _, _, fetch_from, backup), ssp in zip(batch, fields):
             if not one_phase:
                 phase = phases[queue.phase_of(shard)] or None
@@ -602,13 +605,12 @@ class Dispatch:
                "batch_scale": self.batch_scale.get(worker, 1.0), "shards": members}
         if rebuild and job.losses.restored_rows:
             msg["restored"] = {t: [list(r) for r in rs] for t, rs in job.losses.restored_rows.items()}
-        if window is not None:
-            if window.version is not None:
-                msg["version"] = window.version
-            if window.floor is not None:
-                msg["floor"] = window.floor
-            if window.read_floor is not None:
-                msg["read_floor"] = window.read_floor
+        if version is not None:
+            msg["version"] = version
+        if floor is not None:
+            msg["floor"] = floor
+        if read_floor is not None:
+            msg["read_floor"] = read_floor
         return msg
 
     def view(self, workers: list[str], now: float, idle_worker: str | None = None) -> ControllerView:

@@ -25,7 +25,6 @@ from __future__ import annotations
 import math
 from collections import Counter
 from dataclasses import dataclass
-from functools import partial
 from operator import itemgetter
 from typing import TYPE_CHECKING, Any, Iterable, Protocol
 
@@ -247,7 +246,7 @@ class BspSchedule:
 
     @property
     def n_startable(self) -> int:
-        return len(self.job.queue.todo)
+        return self.job.queue.n_todo
 
     @property
     def stage_name(self) -> str:
@@ -396,8 +395,8 @@ class BspSchedule:
         if m.handing_out:
             if record.handed_in == self.begins and job.dispatch.leave_to_others(worker):  # (``held_back``, inline)
                 return None
-            a = job.queue.next_shard(worker, now, worth_moving=partial(job.dispatch.worth_moving, worker, now)) \
-                if job.queue.todo else None  # (at a pass's tail most looks find none: no partial built)
+            a = job.queue.next_shard(worker, now, worth_moving=job.dispatch.worth_moving) \
+                if job.queue.n_todo else None  # (at a pass's tail most looks find none)
             if a is None and m.stage is _SHARDS:
                 a = job.dispatch.idle_policies(worker, now)
             elif a is not None and a.fetch_from:
@@ -434,7 +433,7 @@ class BspSchedule:
         """``asker`` found nothing to do in a pass: the worker with the most batch members that
         may not have started, and the later half of them, to ask back (None: nothing to ask)."""
         stage = self.machine.stage  # (the stages as module names: every idle poll asks)
-        if stage is not _SHARDS and stage is not _REBUILD or self.job.queue.todo:
+        if stage is not _SHARDS and stage is not _REBUILD or self.job.queue.n_todo:
             return None
         return self.job.dispatch.ask_back(asker)
 
@@ -987,7 +986,7 @@ class SspSchedule:
             # more of the worker's own shards than its first, while steps are short: how many is asked
             # first (it reads nothing a hand-out changes), so the first clock's are taken in one call
             size = dispatch.batch_size(worker)
-            worth = partial(dispatch.worth_moving, worker, now)
+            worth = dispatch.worth_moving
             for i, c in enumerate(clocks):
                 batch = queue.next_batch(worker, now, size, tier=c, worth_moving=worth)
                 if batch:
@@ -1064,7 +1063,9 @@ class SspSchedule:
         record.running = None  # (``Dispatch.item_done``, inline)
         dispatch.changes += 1
         record.seen = now
-        accepts, started, grant, commit = window.accepts, dispatch.attempt_started, queue.commit, window.commit_accepted
+        # (the methods called as such, not bound to names first: CPython 3.11 caches a method call's lookup,
+        # not a bound method's, and a message holds one or two commits)
+        restore = job.losses.restore_state  # (the job's one dict: emptied and filled in place)
         granted: list[bool] = []
         effects: list[Effect] = []
         for clock, shard, attempt, timings in finished:
@@ -1073,21 +1074,22 @@ class SspSchedule:
                     dispatch.note_move(queue.running_attempt(shard, attempt), timings)
                 if not rebuild:
                     monitor.record(worker, step_seconds(timings), record)
-            if not accepts(shard, clock, run_id):  # a lost backup, an attempt of a voided epoch
+            if not window.accepts(shard, clock, run_id):  # a lost backup, an attempt of a voided epoch
                 _refused(job, now, worker, shard, attempt, timings, late=True)
                 granted.append(False)
                 continue
             if record.members:  # (a worker with no batch member waiting has none to start: most commits)
-                started(worker, shard, attempt)
-            if not grant(shard, attempt, worker):
+                dispatch.attempt_started(worker, shard, attempt)
+            if not queue.commit(shard, attempt, worker):
                 _refused(job, now, worker, shard, attempt, timings, late=False)
                 granted.append(False)
                 continue
-            if restore := job.losses.restore_state:  # the attempt started from the restored state; it lives on now
+            if restore:  # the attempt started from the restored state; it lives on now
                 restore.pop(shard, None)
             if not rebuild:
                 tally.committed_in(clock, worker, timings)
-            actions = commit(shard, clock, worker)  # (``accepts`` took it above: nothing changed the window since)
+            # (``accepts`` took it above: nothing changed the window since)
+            actions = window.commit_accepted(shard, clock, worker)
             granted.append(True)
             # (most commits wait for a batch: no action, no shard moved back, nothing to carry out)
             if actions or window.moved:

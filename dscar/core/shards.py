@@ -211,10 +211,6 @@ _SHARD, _NOT_STALE = itemgetter(2), (0).__le__
 class ShardQueue:
     """Per-clock shard states, attempts, commits and data locality."""
 
-    #: a list of ``_started`` is rebuilt without its stale entries once they are half of it and
-    #: this many more (a few stale entries cost the reads less than rebuilding small lists)
-    stale_slack = 64
-
     def __init__(self, n_shards: int, *, reloadable: bool, max_failures: int = 3,
                  sharding: str = "dynamic", phases: "list[int] | tuple[int, ...] | None" = None):
         if n_shards < 1:
@@ -225,6 +221,10 @@ class ShardQueue:
         if sum(phases) != n_shards or min(phases) < 1:
             raise ValueError(f"phases {phases} must be shard counts >= 1 that add up to n_shards={n_shards}")
         self.n_shards = n_shards
+        #: a list of ``_started`` is rebuilt without its stale entries once they are half of it and
+        #: this many more (a few stale entries cost the reads less than rebuilding small lists). An
+        #: instance's field, not the class's: CPython 3.11 caches the lookup of the one, not the other
+        self.stale_slack = 64
         self.reloadable = reloadable
         self.sharding = sharding
         self.max_failures = max_failures
@@ -234,21 +234,25 @@ class ShardQueue:
         self.phase_ranges = tuple(range(a, a + n) for a, n in zip(starts, phases))
         self.phase: int | None = 0  # the active phase; None: every shard is active (a rebuild pass)
         self._shards = [_Shard() for _ in range(n_shards)]
-        #: the TODO shards of the active phase (read it, do not change it: the queue's indexes follow it; a
-        #: set, not ``n_todo``'s frame, for the questions every poll asks)
-        self.todo: set[int] = set()
+        #: how many shards of the active phase are TODO (read it, do not change it; a count, not a set of them,
+        #: which every hand-out's member changed, a cold slot at thousands of shards): the shards themselves
+        #: are those of the ``_local`` buckets
+        self.n_todo = 0
         #: each shard's tier: TODO shards are handed out one tier at a time (``next_shard``); under
         #: SSP a shard's tier is the clock of its next update, under BSP every shard's is 0
         self._tier = [0] * n_shards
-        #: the ``todo`` shards by (tier, holder) (holder None: unheld): a worker's own shards without a scan
+        #: the TODO shards of the active phase by (tier, holder) (holder None: unheld): a worker's own shards
+        #: without a scan
         self._local: dict[tuple[int, str | None], set[int]] = {}
-        #: tier -> backlog size -> the holders (not None) with that many ``todo`` shards of the tier:
+        #: tier -> backlog size -> the holders (not None) with that many TODO shards of the tier:
         #: the longest backlog's last holder without a scan of the holders
         self._by_size: dict[int, dict[int, LastNameSet]] = {}
         #: shards of the active phase that are DONE: ``complete`` without a scan
         self._n_done = 0
-        #: DOING shards (the only ones with attempts): ``running`` without a scan
-        self._doing: set[int] = set()
+        #: how many shards are DOING (the only ones with attempts): a count, not a set of them, which every
+        #: hand-out's member and every commit changed (a cold slot each, at thousands of shards); the few
+        #: readers of the shards themselves (``running``, once a stall-watch tick or a hand-off) scan the records
+        self._n_doing = 0
         #: attempts started -> {shard: start of its longest-running live attempt} of every DOING shard
         #: that started that many this pass, in start order (attempts start as time goes on: an entry
         #: is appended, in O(1); one that is not in order marks its bucket ``_unsorted``, sorted when
@@ -335,7 +339,7 @@ class ShardQueue:
         self._attempts_clock = clock
         self.phase = phase
         self._n_done = 0
-        self._doing = set()
+        self._n_doing = 0
         self._todo_reset(self.active)
 
     def next_phase(self) -> int:
@@ -365,14 +369,16 @@ class ShardQueue:
     def reopen(self, shards) -> None:
         """Put ``shards`` back in TODO with no attempt and no commit (a pass runs again, or under SSP
         a shard moves on to its next clock). Holders stay; attempt numbers keep counting up."""
-        active, records, todo = self.active, self._shards, self.todo
+        active, records, in_todo = self.active, self._shards, self._in_todo
         self.changes += 1
-        added = []
+        added, fresh = [], set()
         for i in shards:
             s = records[i]
+            todo = i in fresh or s.status is _TODO and in_todo(i)  # (among ``n_todo`` already, or listed twice)
             if s.status is _DONE and i in active:
                 self._n_done -= 1
-            self._doing.discard(i)
+            elif s.status is _DOING:
+                self._n_doing -= 1
             s.attempt, s.more, s.waiting = None, (), None
             s.status = _TODO
             s.committed = None
@@ -380,13 +386,14 @@ class ShardQueue:
                 s.failures = []
             s.started = 0
             self._reindex(i)
-            if i not in todo:
-                todo.add(i)
+            if not todo:
+                fresh.add(i)
                 added.append(i)
+        self.n_todo += len(added)
         self._add_locals(added)
 
     def _add_locals(self, shards: list[int]) -> None:
-        """``_add_local`` for each of ``shards`` (new in ``todo``), a bucket at a time: each holder's
+        """``_add_local`` for each of ``shards`` (new among ``n_todo``), a bucket at a time: each holder's
         backlog size changes once, not once a shard (an SSP batch applied, or a loss, reopens
         thousands of shards, most of them of a few hundred (tier, holder) buckets)."""
         groups: dict[tuple[int, str | None], list[int]] = {}
@@ -417,10 +424,10 @@ class ShardQueue:
     def status(self, shard: int) -> ShardStatus:
         return self._shards[shard].status
 
-    @property
-    def n_todo(self) -> int:
-        """Shards of the active phase not started (nor given back) yet."""
-        return len(self.todo)
+    def _in_todo(self, shard: int) -> bool:
+        """Whether ``shard`` is among the ``n_todo`` (in its bucket of ``_local``)."""
+        bucket = self._local.get((self._tier[shard], self._shards[shard].holder))
+        return bucket is not None and shard in bucket
 
     def counts(self) -> dict[str, int]:
         """Shards of the active phase per status."""
@@ -432,7 +439,7 @@ class ShardQueue:
     # -------------------------------------------------------------- locality
     def set_holder(self, shard: int, worker: str | None) -> None:
         s = self._shards[shard]
-        if s.holder != worker and shard in self.todo:
+        if s.holder != worker and self._in_todo(shard):
             self._drop_local(s.holder, shard)
             self._add_local(worker, shard)
         s.holder = worker
@@ -440,7 +447,7 @@ class ShardQueue:
     def set_tier(self, shard: int, tier: int) -> None:
         """``shard`` is handed out with the other shards of ``tier`` (``next_shard``)."""
         if self._tier[shard] != tier:
-            todo = shard in self.todo
+            todo = self._in_todo(shard)
             if todo:
                 self._todo_discard(shard)
             self._tier[shard] = tier
@@ -451,13 +458,13 @@ class ShardQueue:
         return self._tier[shard]
 
     def _todo_add(self, shard: int) -> None:
-        if shard not in self.todo:
-            self.todo.add(shard)
+        if not self._in_todo(shard):
+            self.n_todo += 1
             self._add_local(self._shards[shard].holder, shard)
 
     def _todo_discard(self, shard: int) -> None:
-        if shard in self.todo:
-            self.todo.discard(shard)
+        if self._in_todo(shard):
+            self.n_todo -= 1
             self._drop_local(self._shards[shard].holder, shard)
 
     def _add_local(self, holder: str | None, shard: int) -> None:
@@ -503,10 +510,11 @@ class ShardQueue:
             del self._by_size[tier]
 
     def _todo_reset(self, shards) -> None:
-        self.todo = set(shards)
+        todo = set(shards)
+        self.n_todo = len(todo)
         self._local = {}
         self._by_size = {}
-        self._add_locals(list(self.todo))
+        self._add_locals(list(todo))
 
     def holder(self, shard: int) -> str | None:
         return self._shards[shard].holder
@@ -532,15 +540,17 @@ class ShardQueue:
 
     # ------------------------------------------------------------ hand-outs
     def next_shard(self, worker: str, now: float, *, local_only: bool = False, tier: int = 0,
-                   worth_moving: Callable[[str, int], bool] | None = None) -> Attempt | None:
+                   worth_moving: Callable[[str, float, str, int], bool] | None = None) -> Attempt | None:
         """Start an attempt of the best TODO shard of ``tier`` for ``worker`` (with ``local_only``, only
-        of one it holds), or None. ``worth_moving(holder, backlog)``: whether to take one of another
-        worker's ``backlog`` TODO shards, moving its data (default: yes).
+        of one it holds), or None. ``worth_moving(worker, now, holder, backlog)``: whether ``worker`` should
+        take one of ``holder``'s ``backlog`` TODO shards, moving its data (default: yes; asked with the
+        hand-out's own ``worker`` and ``now``, so a caller passes one function, not one bound to them per
+        hand-out: ``Dispatch.worth_moving``).
 
         Its own shard first (the lowest id); else an unheld one when shards are reloadable (the
         highest id); else, with dynamic sharding, the highest id of the holder with the longest
         backlog (ties: the last name). Each from an index: no scan of the shards or the holders."""
-        if not self.todo:
+        if not self.n_todo:
             return None
         key = (tier, worker)
         local = self._local.get(key)
@@ -551,11 +561,11 @@ class ShardQueue:
         return self._take_other(worker, now, tier, worth_moving)
 
     def next_batch(self, worker: str, now: float, n: int, *, tier: int = 0,
-                   worth_moving: Callable[[str, int], bool] | None = None) -> list[Attempt]:
+                   worth_moving: Callable[[str, float, str, int], bool] | None = None) -> list[Attempt]:
         """``next_shard(worker, now, tier=tier, worth_moving=worth_moving)`` (empty: None), and when that is
         one of the worker's own shards, up to ``n - 1`` more of them (``take_own``) in the same call: a
         batch's hand-out looks its bucket up and resizes its backlog once, not twice."""
-        if not self.todo:
+        if not self.n_todo:
             return []
         key = (tier, worker)
         local = self._local.get(key)
@@ -565,7 +575,7 @@ class ShardQueue:
         return [] if a is None else [a]
 
     def _take_other(self, worker: str, now: float, tier: int,
-                    worth_moving: Callable[[str, int], bool] | None) -> Attempt | None:
+                    worth_moving: Callable[[str, float, str, int], bool] | None) -> Attempt | None:
         """``next_shard`` for a worker with no TODO shard of its own in ``tier``: an unheld one, or another's."""
         if self.reloadable and (tier, None) in self._local:
             victim = None
@@ -576,7 +586,7 @@ class ShardQueue:
             victim = sizes[max(sizes)].last()
         key = (tier, victim)
         ids = self._local[key]
-        if victim is not None and worth_moving is not None and not worth_moving(victim, len(ids)):
+        if victim is not None and worth_moving is not None and not worth_moving(worker, now, victim, len(ids)):
             return None
         return self._start(max(ids), worker, now, key, ids)
 
@@ -597,9 +607,10 @@ class ShardQueue:
         size = len(local)  # (a small bucket sorted and cut: ``heapq.nsmallest`` is Python, ~4x the sort of a few)
         ids = [min(local)] if n <= 1 else sorted(local) if n >= size else sorted(local)[:n] if size <= 64 \
             else heapq.nsmallest(n, local)
-        start, started = self._start, []
-        for i in ids:  # (a loop, not a comprehension: a frame less in 3.11, every batch)
-            started.append(start(i, worker, now, key, local, not first, False))
+        started = []
+        for i in ids:  # (a loop, not a comprehension: a frame less in 3.11, every batch; a method call, not a
+            # bound method kept in a name: 3.11 caches the one's lookup, and a batch holds one or two)
+            started.append(self._start(i, worker, now, key, local, not first, False))
             first = False
         # (the worker's backlog shrinks once by the batch, not once a member)
         left = len(local)
@@ -626,10 +637,10 @@ class ShardQueue:
         s.attempt = a  # (a TODO shard has no live attempt)
         self.changes += 1
         s.status = _DOING
-        self._doing.add(shard)
+        self._n_doing += 1
         # ``_todo_discard(shard)`` with the bucket known (every hand-out's member pays it): out of TODO,
         # its bucket and its holder's backlog size
-        self.todo.discard(shard)
+        self.n_todo -= 1
         bucket.discard(shard)
         if alone:
             n = len(bucket)
@@ -686,7 +697,11 @@ class ShardQueue:
     @property
     def n_doing(self) -> int:
         """DOING shards."""
-        return len(self._doing)
+        return self._n_doing
+
+    def _doing(self) -> list[int]:
+        """The DOING shards, in order (a scan of the records: see ``_n_doing``)."""
+        return [i for i, s in enumerate(self._shards) if s.status is _DOING]
 
     def longest_running(self, fewer_started_than: int | None = None, *,
                         started_only: bool = False) -> Iterator[Attempt]:
@@ -722,7 +737,7 @@ class ShardQueue:
         """``_running`` as it would be kept, from the running shards' records: each bucket in the order
         of (start, entered) (a kept bucket's, once sorted stably by start)."""
         shards, running = self._shards, {}
-        for i in sorted(self._doing, key=lambda i: (shards[i].run_key[1], shards[i].entered)):
+        for i in sorted(self._doing(), key=lambda i: (shards[i].run_key[1], shards[i].entered)):
             k, start = shards[i].run_key
             running.setdefault(k, {})[i] = start
         return running
@@ -896,7 +911,7 @@ class ShardQueue:
         live attempt of ``worker`` marks nothing (it never will: attempt numbers are not reused)."""
         if added and not self._started_on:  # the first attempt to wait: ``_started`` is kept from now on
             self._started_on = True
-            self._started_dirty.update(self._doing)  # (the shards with a ``run_key``)
+            self._started_dirty.update(self._doing())  # (the shards with a ``run_key``)
             self._running, self._unsorted = {}, set()
         on, dirty, shards = self._started_on, self._started_dirty, self._shards
         self.changes += 1
@@ -936,10 +951,11 @@ class ShardQueue:
         """No batch member is waiting (``Dispatch.batched`` is a new dict)."""
         shards = self._shards  # (only a running shard has a mark: a commit, a drop and a reopen clear it)
         self.changes += 1
-        for i in self._doing:
+        doing = self._doing()
+        for i in doing:
             shards[i].waiting = None
         if self._started_on:
-            self._started_dirty.update(self._doing)  # (the shards with a ``run_key``)
+            self._started_dirty.update(doing)  # (the shards with a ``run_key``)
 
     # --------------------------------------------------------------- results
     def commit(self, shard: int, attempt: int, worker: str) -> bool:
@@ -956,7 +972,7 @@ class ShardQueue:
         if s.more:
             s.more = ()
         s.status = _DONE
-        self._doing.discard(shard)
+        self._n_doing -= 1
         self._n_done += 1  # (a DOING shard is an active one)
         s.holder = worker  # the committed data and state live here now (not a TODO shard: no index)
         if self._started_on:  # (``_unrun``, then ``_flush_started``, inline: every commit pays them)
@@ -1001,7 +1017,7 @@ class ShardQueue:
             raise ShardFailedError(shard, self.clock, s.failures)
         if s.attempt is None:
             s.status = _TODO
-            self._doing.discard(shard)
+            self._n_doing -= 1
             self._todo_add(shard)
 
     def release(self, shard: int, attempt: int, worker: str) -> bool:
@@ -1016,7 +1032,7 @@ class ShardQueue:
         self.changes += 1
         if s.attempt is None:
             s.status = _TODO
-            self._doing.discard(shard)
+            self._n_doing -= 1
             self._todo_add(shard)
         self._reindex(shard)
         return True
@@ -1034,7 +1050,7 @@ class ShardQueue:
                 requeued.append(a)
             if lost and s.attempt is None and s.status is _DOING:  # DOING: an active shard
                 s.status = _TODO
-                self._doing.discard(i)
+                self._n_doing -= 1
                 self._todo_add(i)
             if lost:
                 self._reindex(i)
@@ -1052,7 +1068,7 @@ class ShardQueue:
                 doomed.append(a)
             if gone and s.attempt is None and s.status is _DOING:
                 s.status = _TODO
-                self._doing.discard(i)
+                self._n_doing -= 1
                 self.set_holder(i, None)
                 self._todo_add(i)
             if gone:
@@ -1096,7 +1112,7 @@ class ShardQueue:
 
     def running(self) -> list[Attempt]:
         """Every live attempt, in shard order (only DOING shards have any)."""
-        return [a for i in sorted(self._doing) for a in self._shards[i].live()]
+        return [a for i in self._doing() for a in self._shards[i].live()]
 
     # ------------------------------------------------------------ snapshots
     def snapshot(self) -> dict[str, Any]:
@@ -1142,7 +1158,7 @@ class ShardQueue:
                 if i in q.active:
                     todo.append(i)
         q._todo_reset(todo)
-        q._doing = set()
+        q._n_doing = 0
         q._n_done = sum(1 for i in q.active if q._shards[i].status is _DONE)
         return q
 
@@ -1150,7 +1166,7 @@ class ShardQueue:
         """Assert the invariants in the module docstring."""
         active = self.active
         assert self._n_done == sum(1 for i in active if self._shards[i].status is _DONE)
-        assert self._doing == {i for i, s in enumerate(self._shards) if s.status is _DOING}
+        assert self._n_doing == len(self._doing())
         assert all(s.attempt is not None or not s.more for s in self._shards)
         keys = {i: (s.started, min(a.started for a in s.live()))
                 for i, s in enumerate(self._shards) if s.status is _DOING and s.attempt is not None}
@@ -1174,18 +1190,19 @@ class ShardQueue:
             assert all(self._shards[e[2]].shown[1] is e for e in started if e[2] >= 0), k
             assert self._started_stale[k] == len(started) - len(live[k]) == sum(e[2] < 0 for e in started), k
             assert all(e[2] < 0 for e in started[:self._started_head[k]]), k
-        assert {i for b in self._local.values() for i in b} == self.todo and all(
+        todo = {i for b in self._local.values() for i in b}
+        assert sum(map(len, self._local.values())) == len(todo) == self.n_todo and all(
             self._shards[i].holder == h and self._tier[i] == t for (t, h), b in self._local.items() for i in b)
         held = {(t, h): len(b) for (t, h), b in self._local.items() if h is not None}
         for top in {*self._tier, float("inf")}:  # the index's answer is the shards' own
-            want = {self._shards[i].holder for i in self.todo if self._tier[i] <= top} - {None}
+            want = {self._shards[i].holder for i in todo if self._tier[i] <= top} - {None}
             assert self.holders_with_todo(top) == want, (top, want)
         assert {t: {n: set(same) for n, same in sizes.items()} for t, sizes in self._by_size.items()} == {
             t: {n: {h for (u, h), m in held.items() if u == t and m == n} for (u, _), n in held.items() if u == t}
             for t, _ in held}
         assert all(same.last() == max(same) for sizes in self._by_size.values() for same in sizes.values())
         for i, s in enumerate(self._shards):
-            assert (i in self.todo) == (s.status is _TODO and i in active), i
+            assert (i in todo) == (s.status is _TODO and i in active) == self._in_todo(i), i
             if i not in active:  # an earlier phase (DONE, or TODO after a rebuild pass) or a later one (TODO)
                 assert s.status is not _DOING and s.attempt is None, i
                 assert s.status is _TODO or i < active.start, i
