@@ -351,7 +351,7 @@ class ClockWindow:
         is started first, as ``start`` would (the members of a new item), with the window's bounds read
         once: starting a shard changes none of them, nor any field of another shard. One look at each
         shard: every hand-out asks."""
-        records, n_todo_at, rebuilding = self._shards, self._n_todo_at, self.rebuilding
+        records, rebuilding = self._shards, self.rebuilding
         if start:
             if self.recovering or self.needs_rebuild:
                 for shard in shards[:1]:
@@ -368,12 +368,7 @@ class ClockWindow:
                 if s.phase is not _TODO or (clock > top if rebuilding is None else shard not in rebuilding):
                     self.start(shard)  # (it raises)
                 # ``_move(shard, clock, RUNNING)`` from TODO in the same clock, as ``start``
-                left = n_todo_at[clock] - 1
-                if left:
-                    n_todo_at[clock] = left
-                else:
-                    del n_todo_at[clock]
-                    self._clocks = None
+                self._todo_left(clock)
                 self._n_running += 1
                 s.phase = _RUNNING
             members.append((clock, s.seen, s.writer == worker))
@@ -441,12 +436,7 @@ class ClockWindow:
                 else shard not in self.rebuilding):  # (``may_start``, inline: every hand-out's member asks)
             raise ClockError(f"shard {shard} ({s.phase.value}, clock {clock}) may not start now")
         # ``_move(shard, clock, RUNNING)`` from TODO in the same clock: its count stays, and it is not moved back
-        left = self._n_todo_at[clock] - 1
-        if left:
-            self._n_todo_at[clock] = left
-        else:
-            del self._n_todo_at[clock]
-            self._clocks = None
+        self._todo_left(clock)
         self._n_running += 1
         s.phase = _RUNNING
         return clock
@@ -604,18 +594,22 @@ class ClockWindow:
             self._move(shard, clock + 1, _TODO)
             s.seen, s.writer = self.version, writer
 
+    def _todo_left(self, clock: int) -> None:
+        """A TODO shard of ``clock`` left TODO: its count falls (a clock with none left is dropped)."""
+        left = self._n_todo_at[clock] - 1
+        if left:
+            self._n_todo_at[clock] = left
+        else:
+            del self._n_todo_at[clock]
+            self._clocks = None
+
     def _move(self, shard: int, clock: int, phase: ShardPhase, worker: str | None = None) -> None:
         """``shard``'s update is now that of ``clock``, in ``phase`` (COMMITTED or APPLYING: that of
         ``worker``'s attempt); the indexes follow."""
         s = self._shards[shard]
         old_clock, old_phase = s.clock, s.phase
         if old_phase is _TODO:
-            left = self._n_todo_at[old_clock] - 1
-            if left:
-                self._n_todo_at[old_clock] = left
-            else:
-                del self._n_todo_at[old_clock]
-                self._clocks = None
+            self._todo_left(old_clock)
         elif old_phase is _RUNNING:
             self._n_running -= 1
         elif old_phase is _COMMITTED:
