@@ -97,9 +97,14 @@ def busy_note(busy: list[dict[str, Any]] | None = None) -> str:
                         for b in busy))
 
 
+#: the last ``warn_busy``'s finding: ``machine_info`` records it, not a second sample of its own
+_warned: list[dict[str, Any]] | None = None
+
+
 def warn_busy() -> list[dict[str, Any]]:
     """``other_busy``, said on stdout where there are any: a timing script calls it before it measures."""
-    busy = other_busy()
+    global _warned
+    busy = _warned = other_busy()
     if busy:
         print(busy_note(busy), flush=True)
     return busy
@@ -143,7 +148,7 @@ def machine_info(versions: Iterable[str] = (), threadpools: bool = False) -> dic
     load = load_average()
     if load is not None:
         info["loadavg"] = load
-    info["other_busy"] = other_busy()
+    info["other_busy"] = other_busy() if _warned is None else _warned  # (what was busy as the measuring began)
     return info
 
 

@@ -2078,6 +2078,7 @@ class Coordinator(SchedulerPlugin):
                 left = asked + linger - time.monotonic()
                 if left > 0 and report.get("next_begun"):
                     await asyncio.sleep(left)
+                    continue  # (the answer then carries the events and checkpoints of the linger too)
                 return {**report, "publish": publish, "events": events, "more": self._reports_after(job, clock)}
             if not job.queue.reloadable:
                 missing = [s for s in job.queue.unplaced() if job.queue.status(s).value == "todo"]
