@@ -37,6 +37,10 @@ The mode that ran is printed.
 * **per-round overhead, dscar vs plain Dask**: dscar's median clock time minus the step time, beside
   plain Dask's: ``client.map`` of the same sleeps (one task per worker x shard) and a gather barrier,
   per round, on the same workers before dscar is registered; ratio dscar / Dask (target <= 0.5x).
+* **this machine's floor** (``bench.barrier``, before the cluster starts; ``--no-floor`` skips it): the
+  same barrier with no dscar in it, in the same layout (W clients in the same P processes, a thread
+  each that sleeps the step, one Dask RPC each way a worker a clock, answered once all W arrived). A
+  clock of dscar's cannot be shorter on this machine; printed beside the clock target.
 * **hang detection**: one worker runs alone in a process of its own and is hung at clock 2
   (``dscar.faults.hang``: SIGSTOP of that process); time from its ``fault-hang`` event to its
   ``worker-lost`` event (both stamped by the coordinator), against Dask's heartbeat interval at that
@@ -70,6 +74,7 @@ from typing import Any, Callable
 import numpy as np
 
 import dscar
+from bench import barrier
 from bench.common import load_average, log, machine_info, pyplot, warn_busy, write_json
 from bench.overhead import install_counters, loop_cpu_s
 from bench.stragglers import SleepStep
@@ -514,15 +519,19 @@ def hang_trial(hc: HollowCluster, victim: str, spw: int, step_s: float, clocks: 
 
 def measure(w: int, procs: int, spw: int, step_s: float, clocks: int, warmup: int, idle_s: float,
             hang_trials: int, healthy_runs: int, t0: float, policies: list[str] | None = None,
-            driver_begins: bool = False) -> dict[str, Any]:
+            driver_begins: bool = False, floor: bool = True) -> dict[str, Any]:
     """Everything for one W (see the module docstring); ``policies`` as ``dscar.fit`` takes them;
-    ``driver_begins``: the driver begins every clock (``DriverHollowStep``), else the coordinator does."""
+    ``driver_begins``: the driver begins every clock (``DriverHollowStep``), else the coordinator does;
+    ``floor``: measure this machine's floor first (``bench.barrier``; its step is a worker's clock)."""
     row: dict[str, Any] = {"workers": w, "procs": procs, "shards_per_worker": spw, "n_shards": w * spw,
                            "step_s": step_s, "clocks": clocks, "warmup": warmup,
                            "mode": "driver-begins" if driver_begins else "auto-begin"}
     from distributed.scheduler import heartbeat_interval
 
     row["heartbeat_interval_s"] = heartbeat_interval(w)
+    row["floor"] = barrier.measure(w, procs, spw * step_s, clocks, warmup) if floor else None
+    if floor:
+        log(t0, f"W={w}: this machine's floor (bench.barrier): clock {row['floor']['clock_ratio']:.2f}x the step")
     ts = time.perf_counter()
     with HollowCluster(w, procs, solo=hang_trials > 0) as hc:
         row["start_s"] = time.perf_counter() - ts
@@ -780,8 +789,11 @@ def target_lines(rows: list[dict]) -> list[str]:
     out = []
     for r in rows:
         t = r["targets"]
+        fl = r.get("floor")
+        floor = "" if not fl else (f" (this machine's floor, bench.barrier: {fl['clock_ratio']:.2f}x: one Dask RPC "
+                                   "each way a worker a clock from a thread a worker, no dscar)")
         out.append(f"W={r['workers']}: clock <= {TARGET_CLOCK_RATIO}x step: {t['clock_ratio']['value']:.2f}x "
-                   f"{_met(t['clock_ratio'])}")
+                   f"{_met(t['clock_ratio'])}{floor}")
         v = t["overhead_ratio"]["value"]
         out.append(f"W={r['workers']}: dscar overhead <= {TARGET_OVERHEAD_RATIO}x plain Dask's: "
                    f"{'-' if v is None else f'{v:.2f}x'} {_met(t['overhead_ratio'])}")
@@ -804,6 +816,9 @@ def plot(rows: list[dict], path: str) -> None:
     ws = [r["workers"] for r in rows]
     a1.plot(ws, [r["dscar_overhead_s"] * 1e3 for r in rows], "o-", label="dscar (clock - step)")
     a1.plot(ws, [r["dask_overhead_s"] * 1e3 for r in rows], "s-", label="plain Dask (map + gather - step)")
+    if all(r.get("floor") for r in rows):
+        a1.plot(ws, [(r["floor"]["clock_median_s"] - r["floor"]["step_s"]) * 1e3 for r in rows], "k:",
+                label="floor here (bench.barrier: no dscar)")
     a1.set_ylabel("per-round overhead, ms")
     a1.set_title("overhead per round")
     nan = float("nan")
@@ -859,6 +874,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--watch", type=int, metavar="N", default=None,
                     help="instead: false positives and hang detection in one fit per W (N healthy windows of a clock "
                          f"and {WATCH_INTERVALS} heartbeat intervals held still, then --hang-trials hangs)")
+    ap.add_argument("--no-floor", action="store_true", help="skip this machine's floor (bench.barrier) before each W")
     ap.add_argument("--all-monitors", action="store_true", help="every hollow worker keeps Dask's system monitor "
                     "(by default one a process: the others would sample the same process again)")
     ap.add_argument("--profile", metavar="DIR", help="each harness process profiles its event-loop thread (cProfile: "
@@ -898,7 +914,7 @@ def main(argv: list[str] | None = None) -> int:
     for w in ws:
         procs = args.procs or min(8, max(2, w // 32))
         rows.append(measure(w, procs, args.shards_per_worker, args.step, clocks, args.warmup, idle_s,
-                            hang_trials, healthy, t0, policies, args.driver_begins))
+                            hang_trials, healthy, t0, policies, args.driver_begins, floor=not args.no_floor))
     load = load_average()
     mode = "driver-begins (the driver begins every clock)" if args.driver_begins else \
         "auto-begin (the coordinator begins each next clock; the stopping rule runs on the workers)"

@@ -109,6 +109,25 @@ def test_quick_benchmark_runs_the_protocol_on_shared_processes_and_computes_its_
     assert t["clock_ratio"]["met"] == (r["clock_ratio"] <= 1.2)
     assert t["overhead_ratio"]["met"] == (r["overhead_ratio"] <= 0.5)
     assert stdout.count("MET") == 4 and f"{w:>4} {r['procs']:>5} {r['clock_median_s'] * 1e3:>8.1f}" in stdout
+    # this machine's floor (bench.barrier): the same barrier with no dscar, in the same layout, measured
+    fl = r["floor"]
+    assert fl["workers"] == w and fl["procs"] == r["procs"] and fl["threads"] is True and fl["step_s"] == ideal
+    assert len(fl["clock_s"]) == clocks and all(s > ideal for s in fl["clock_s"])
+    assert fl["clock_ratio"] == pytest.approx(statistics.median(fl["clock_s"][wu:]) / ideal)
+    assert fl["server_cpu_ms_per_clock"] > 0
+    assert f"(this machine's floor, bench.barrier: {fl['clock_ratio']:.2f}x" in stdout
+
+
+def test_the_barrier_floor_times_each_clock_from_the_servers_barriers():
+    """``bench.barrier``: W clients in P processes, each a step on its own thread then one message; no
+    clock is shorter than the step, and the clocks are counted from the server's barriers."""
+    from bench import barrier
+
+    r = barrier.measure(6, 2, step_s=0.05, clocks=4, warmup=1)
+    assert r["workers"] == 6 and r["procs"] == 2 and r["threads"] is True and len(r["clock_s"]) == 4
+    assert all(s >= 0.05 for s in r["clock_s"]) and r["clock_ratio"] == pytest.approx(r["clock_median_s"] / 0.05)
+    assert r["clock_median_s"] == pytest.approx(statistics.median(r["clock_s"][1:]))
+    assert "    6     2     yes" in barrier.format_rows([r])
 
 
 def test_the_driver_sets_up_at_most_setup_concurrency_workers_at_once():
