@@ -144,7 +144,9 @@ def coordinator_of(lc):
 
 def layout_of(coordinator) -> dict[str, Any] | None:
     """Where the running job's work lies now: live workers, and the largest rows, partitions and shards
-    one worker owns or holds (read from another thread: a snapshot good enough to count)."""
+    one worker owns or holds (read from another thread: a snapshot good enough to count); ``away``: the
+    shards held by a worker other than the owner of their rows (``Churned``'s shard ``s`` steps on row ``s``
+    of each table; None for another model), which pull and push those rows over the network."""
     job = next(iter(list(coordinator.jobs.values())), None)
     if job is None:
         return None
@@ -154,9 +156,14 @@ def layout_of(coordinator) -> dict[str, Any] | None:
         a, b = job.pmap.layouts[t].bounds[p]
         rows[w] += b - a
     held = Counter(job.queue.holder(s) for s in range(job.queue.n_shards))
+    seen = job.pmap.layouts.get("seen")
+    away = None
+    if seen is not None and seen.n_rows == job.queue.n_shards:  # (Churned: shard s steps on row s of each table)
+        away = sum(job.queue.holder(s) != owners.get(("seen", seen.split(s, s + 1)[0][0]))
+                   for s in range(job.queue.n_shards))
     return {"live": len(coordinator.scheduler.workers), "max_rows": max(rows.values()),
             "max_parts": max(Counter(owners.values()).values()), "max_shards": max(held.values()),
-            "owners": len(rows)}
+            "owners": len(rows), "away": away}
 
 
 class ChurnDriver:
@@ -353,6 +360,19 @@ def churn_fit(args, tmp: str, t0: float) -> dict[str, Any]:
     return {"res": res, "driver": driver, "start": t1, "end": t2, "ticks": algo.ticks, "layouts": algo.layouts}
 
 
+def clock_records(res) -> list[dict[str, Any]]:
+    """Each clock of a fit as the JSON keeps it, to look again at where a clock's time went: its seconds,
+    the coordinator's stages, the attempts' timings summed over the workers, and the shards each ran."""
+    out = []
+    for rec in res.history:
+        timings: Counter = Counter()
+        for t in rec.timings.values():
+            timings.update(t)
+        out.append({"clock": rec.clock, "seconds": rec.seconds, "skipped": rec.skipped, "stage_s": dict(rec.stage_s),
+                    "timings": dict(timings), "shards_per_worker": dict(rec.shards_per_worker)})
+    return out
+
+
 def reference_fit(n_workers: int, clocks: int, tmp: str, n_shards: int = N_SHARDS,
                   columns: int | None = None) -> dict[str, Any]:
     """A failure-free fit of ``clocks`` clocks on ``n_workers`` worker processes, ``n_shards`` shards: its
@@ -374,7 +394,8 @@ def reference_fit(n_workers: int, clocks: int, tmp: str, n_shards: int = N_SHARD
     last = next((lay for lay in reversed(algo.layouts) if lay is not None), None)
     return {"workers": n_workers, "clocks": res.n_clocks, "columns": algo.clocks, "rate": rate,
             "objective": float(np.sum(res.params["seen"])),
-            "per_clock_objective": float(np.sum(res.params["seen"])) / max(1, res.n_clocks), "layout": last}
+            "per_clock_objective": float(np.sum(res.params["seen"])) / max(1, res.n_clocks), "layout": last,
+            "clock_records": clock_records(res)}
 
 
 def time_at_counts(live: list[tuple[float, int]], start: float, end: float) -> dict[int, float]:
@@ -426,7 +447,8 @@ def merge_references(runs: list[dict[str, Any]]) -> dict[int, dict[str, Any]]:
         rates = [r["rate"] for r in mine]
         mean = statistics.mean(rates)
         out[n] = {**mine[0], "rate": mean, "rates": rates, "spread": (max(rates) - min(rates)) / mean,
-                  "per_clock_objective": statistics.mean(r["per_clock_objective"] for r in mine)}
+                  "per_clock_objective": statistics.mean(r["per_clock_objective"] for r in mine),
+                  "clock_records": [c for r in mine for c in r.get("clock_records", ())]}
     return out
 
 
@@ -993,7 +1015,8 @@ def run(args, t0: float) -> int:
                                "driver_events": churn["driver"].events, "load_average": load, "machine": info,
                                # what the figures are computed from, to look again: clock ends, live-count samples
                                "ticks": churn["ticks"], "live": churn["driver"].live,
-                               "fit_events_all": churn["res"].events})
+                               "fit_events_all": churn["res"].events, "clocks": clock_records(churn["res"]),
+                               "layouts": churn["layouts"]})
     plot(args.plot, churn)
     return 0
 

@@ -254,6 +254,15 @@ def test_quick_churn_commits_every_shard_update_exactly_once_and_reports_its_fig
     assert s["rework_per_event"] == pytest.approx((s["skipped_clocks"] + s["rolled_back_clocks"]) / s["events"], abs=1e-3)
     for label in ("goodput", "hand-offs", "rework", "exactly-once audit", "lost 0, applied twice 0", "load average"):
         assert label in stdout
+    # each clock kept to look at again: the churn fit's and the references', and the layout at each clock's end
+    assert [c["clock"] for c in d["clocks"]] == list(range(1, s["clocks"] + 1))
+    assert all(c["seconds"] > 0 and "shards" in c["stage_s"] and c["timings"]["compute_s"] > 0 for c in d["clocks"]
+               if not c["skipped"])
+    assert sum(sum(c["shards_per_worker"].values()) for c in d["clocks"] if not c["skipped"]) == \
+        s["shards"] * (s["clocks"] - s["skipped_clocks"])
+    assert all(r["clock_records"] and len(r["clock_records"]) == 2 * r["clocks"] for r in d["references"].values())
+    assert len(d["layouts"]) == len(d["ticks"])
+    assert all(0 <= lay["away"] <= s["shards"] for lay in d["layouts"] if lay)
 
 
 def test_pull_bound_phases_split_clocks_by_the_state_at_their_end_and_count_rows_served_per_clock():
