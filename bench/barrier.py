@@ -12,7 +12,8 @@ barrier at a coordinator sends; the payloads are of a commit's size. No dscar co
 Dask's scheduler or workers (their heartbeats are not here): dscar's clock cannot be shorter on this
 machine. ``threads=False``: the clients sleep on their event loop instead (no thread hand-offs).
 
-Usage: ``python -m bench.barrier [--workers 64,256] [--procs P] [--clocks N] [--no-threads] [--json PATH]``.
+Usage: ``python -m bench.barrier [--workers 64,256] [--procs P] [--clocks N] [--no-threads] [--json PATH]
+[--plot PATH]``.
 """
 from __future__ import annotations
 
@@ -30,7 +31,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.common import load_average, log, machine_info, warn_busy, write_json
+from bench.common import load_average, log, machine_info, pyplot, warn_busy, write_json
 
 ROOT = Path(__file__).resolve().parents[1]
 STEP_S = 0.1
@@ -174,6 +175,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--no-threads", action="store_true", help="the clients sleep on their event loop, not a thread each")
     ap.add_argument("--json", metavar="PATH")
+    ap.add_argument("--plot", metavar="PATH", default="barrier.png")
     args = ap.parse_args(argv)
     warn_busy()
     t0 = time.perf_counter()
@@ -189,7 +191,28 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         write_json(args.json, {"rows": rows, "machine": {**machine, "loadavg_after": load},
                                "wall_s": time.perf_counter() - t0})
+    plot(rows, args.plot)
+    print(f"plot: {args.plot}")
     return 0
+
+
+def plot(rows: list[dict[str, Any]], path: str) -> None:
+    """Each W's clocks against the step: the floor's clock / step ratio."""
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(6, 4))
+    ws = [r["workers"] for r in rows]
+    ax.plot(ws, [r["clock_ratio"] for r in rows], "o-", label="clock / step (median)")
+    for r in rows:
+        ax.plot([r["workers"]] * len(r["clock_s"]), [c / r["step_s"] for c in r["clock_s"]], "k.", alpha=0.3)
+    ax.axhline(1.0, color="grey", lw=0.8)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("workers (W)")
+    ax.set_ylabel("clock / step")
+    ax.set_title("a barrier a clock, no dscar" + ("" if rows and rows[0]["threads"] else " (no threads)"))
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
 
 
 def format_rows(rows: list[dict[str, Any]]) -> str:
