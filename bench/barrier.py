@@ -70,7 +70,8 @@ async def _serve(n_workers: int, barriers: int, address_file: str, out_file: str
     Path(address_file + ".tmp").write_text(server.address)
     os.replace(address_file + ".tmp", address_file)
     await finished.wait()
-    Path(out_file).write_text(json.dumps({"times": times, "cpu": cpu}))
+    Path(out_file + ".tmp").write_text(json.dumps({"times": times, "cpu": cpu}))
+    os.replace(out_file + ".tmp", out_file)  # (whole, before any client sees the server go and ends)
     server.stop()
 
 
@@ -133,8 +134,9 @@ def measure(n_workers: int, procs: int, step_s: float = STEP_S, clocks: int = 12
             address = Path(address_file).read_text()
             shares = [n_workers // procs + (i < n_workers % procs) for i in range(procs)]
             clients = [_spawn("clients", address, str(k), "1" if threads else "0", repr(step_s)) for k in shares if k]
-            while server.poll() is None:  # (a client that ended early leaves the barrier short for ever)
-                if any(c.poll() is not None for c in clients) or time.monotonic() > deadline + clocks * step_s * 10:
+            while not os.path.exists(out_file):  # (a client that ended early leaves the barrier short for ever)
+                if server.poll() is not None or any(c.poll() is not None for c in clients) or \
+                        time.monotonic() > deadline + clocks * step_s * 10:
                     raise RuntimeError(f"the barrier of {n_workers} clients did not complete {clocks + 1} times")
                 time.sleep(0.05)
             out = json.loads(Path(out_file).read_text())
