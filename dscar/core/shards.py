@@ -233,6 +233,9 @@ class ShardQueue:
         starts = [sum(phases[:i]) for i in range(len(phases))]
         self.phase_ranges = tuple(range(a, a + n) for a, n in zip(starts, phases))
         self.phase: int | None = 0  # the active phase; None: every shard is active (a rebuild pass)
+        #: the shard ids of the active phase (all of them in a rebuild pass), kept as ``phase`` changes
+        #: (``_activate``): not a property, whose frame every hand-out's batch size paid for
+        self.active: range = self.phase_ranges[0]
         self._shards = [_Shard() for _ in range(n_shards)]
         #: how many shards of the active phase are TODO (read it, do not change it; a count, not a set of them,
         #: which every hand-out's member changed, a cold slot at thousands of shards): the shards themselves
@@ -305,10 +308,10 @@ class ShardQueue:
     def n_phases(self) -> int:
         return len(self.phase_sizes)
 
-    @property
-    def active(self) -> range:
-        """The shard ids of the active phase (all of them in a rebuild pass)."""
-        return range(self.n_shards) if self.phase is None else self.phase_ranges[self.phase]
+    def _activate(self, phase: int | None) -> None:
+        """``phase`` is the active one (None: every shard)."""
+        self.phase = phase
+        self.active = range(self.n_shards) if phase is None else self.phase_ranges[phase]
 
     def phase_of(self, shard: int) -> int:
         if len(self.phase_ranges) == 1:  # (asked for every member of every work item)
@@ -339,7 +342,7 @@ class ShardQueue:
                 s.failures = []
             s.started = 0
         self._attempts_clock = clock
-        self.phase = phase
+        self._activate(phase)
         self._n_done = 0
         self._n_doing = 0
         self._todo_reset(self.active)
@@ -350,7 +353,7 @@ class ShardQueue:
             raise RuntimeError(f"no phase after {self.phase}")
         if not self.complete:
             raise RuntimeError(f"phase {self.phase} of clock {self.clock} is not complete")
-        self.phase += 1
+        self._activate(self.phase + 1)
         self.changes += 1
         self._n_done = sum(1 for i in self.active if self._shards[i].status is _DONE)
         self._todo_reset(self.active)
@@ -1137,7 +1140,7 @@ class ShardQueue:
         q = cls(len(snap["shards"]), reloadable=snap["reloadable"], max_failures=snap["max_failures"],
                 sharding=snap.get("sharding", "dynamic"), phases=snap.get("phases"))
         q.clock = q._attempts_clock = snap["clock"]
-        q.phase = snap.get("phase", 0)
+        q._activate(snap.get("phase", 0))
         todo = []
         for i, d in enumerate(snap["shards"]):
             s = q._shards[i]
@@ -1160,6 +1163,7 @@ class ShardQueue:
     def check(self) -> None:
         """Assert the invariants in the module docstring."""
         active = self.active
+        assert active == (range(self.n_shards) if self.phase is None else self.phase_ranges[self.phase])
         assert self._n_done == sum(1 for i in active if self._shards[i].status is _DONE)
         assert self._n_doing == len(self._doing())
         assert all(s.attempt is not None or not s.more for s in self._shards)

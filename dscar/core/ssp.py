@@ -704,7 +704,7 @@ class ClockWindow:
         # the oldest open clock wholly committed (its clock end waits for them); tested here, not in a
         # method of its own: every commit asks, and most wait
         if n_waiting and (n_waiting >= self.min_batch or not self._n_running
-                          or self._urgent and n_waiting >= max(1, self.min_batch // self.flush_share)
+                          or self._urgent and n_waiting >= self.min_batch // self.flush_share  # (n_waiting >= 1)
                           or n_at.get(t, 0) == n_committed_at.get(t, 0)):
             shards = self._shards
             waiting = [(i, shards[i].clock, shards[i].worker) for i in sorted(committed)
