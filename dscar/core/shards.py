@@ -157,7 +157,7 @@ class _Shard:
     #: not in dicts by shard id: at 16,384 shards each such dict is one more cache miss a commit
     run_key: tuple[int, float] | None = None  # its key in ``ShardQueue._running`` (DOING only)
     entered: int = 0  # when it entered its ``_running`` bucket (the order of equal starts)
-    shown: tuple[int, tuple[float, int, int]] | None = None  # its bucket and entry in ``ShardQueue._started``
+    shown: list | None = None  # its entry in ``ShardQueue._started`` (``[start, entered, shard, bucket]``)
     #: its live attempt that is a batch member which may not have started (``ShardQueue.set_waiting``; None:
     #: none). A member is the first attempt of a TODO shard, so a shard has at most one; a mark on its
     #: record, not a set of (shard, attempt, worker) keys, is what a hand-out writes and a commit clears
@@ -233,6 +233,9 @@ class ShardQueue:
         starts = [sum(phases[:i]) for i in range(len(phases))]
         self.phase_ranges = tuple(range(a, a + n) for a, n in zip(starts, phases))
         self.phase: int | None = 0  # the active phase; None: every shard is active (a rebuild pass)
+        #: the shard ids of the active phase (all of them in a rebuild pass), kept as ``phase`` changes
+        #: (``_activate``): not a property, whose frame every hand-out's batch size paid for
+        self.active: range = self.phase_ranges[0]
         self._shards = [_Shard() for _ in range(n_shards)]
         #: how many shards of the active phase are TODO (read it, do not change it; a count, not a set of them,
         #: which every hand-out's member changed, a cold slot at thousands of shards): the shards themselves
@@ -269,8 +272,10 @@ class ShardQueue:
         #: ``set_waiting``) are marked on their records (``_Shard.waiting``): ``longest_running(started_only=True)``
         #: hides them
         #: the ``_running`` entries of the shards with a live attempt that is not waiting, per bucket, as
-        #: lists of ``[start, entered, shard]`` in order: at a pass's tail most running shards are batch
-        #: members that have not started, and the backup policy's view steps over none of them. An
+        #: lists of ``[start, entered, shard, bucket]`` in order (``entered`` is unique: two entries never compare
+        #: further; the bucket rides along so that a record's ``shown`` is the entry itself, no pair to read at
+        #: its commit): at a pass's tail most running shards are batch members that have not started, and the
+        #: backup policy's view steps over none of them. An
         #: entry that goes is left in its list, stale (its shard set to -1: telling a stale entry reads
         #: the entry, not its shard's record, cold at thousands of shards), until half or more of the
         #: list is (``stale_slack``; deleting from a list of W entries moved the ones after it: O(W) a
@@ -303,10 +308,10 @@ class ShardQueue:
     def n_phases(self) -> int:
         return len(self.phase_sizes)
 
-    @property
-    def active(self) -> range:
-        """The shard ids of the active phase (all of them in a rebuild pass)."""
-        return range(self.n_shards) if self.phase is None else self.phase_ranges[self.phase]
+    def _activate(self, phase: int | None) -> None:
+        """``phase`` is the active one (None: every shard)."""
+        self.phase = phase
+        self.active = range(self.n_shards) if phase is None else self.phase_ranges[phase]
 
     def phase_of(self, shard: int) -> int:
         if len(self.phase_ranges) == 1:  # (asked for every member of every work item)
@@ -337,7 +342,7 @@ class ShardQueue:
                 s.failures = []
             s.started = 0
         self._attempts_clock = clock
-        self.phase = phase
+        self._activate(phase)
         self._n_done = 0
         self._n_doing = 0
         self._todo_reset(self.active)
@@ -348,7 +353,7 @@ class ShardQueue:
             raise RuntimeError(f"no phase after {self.phase}")
         if not self.complete:
             raise RuntimeError(f"phase {self.phase} of clock {self.clock} is not complete")
-        self.phase += 1
+        self._activate(self.phase + 1)
         self.changes += 1
         self._n_done = sum(1 for i in self.active if self._shards[i].status is _DONE)
         self._todo_reset(self.active)
@@ -555,7 +560,7 @@ class ShardQueue:
         key = (tier, worker)
         local = self._local.get(key)
         if local:
-            return self._start(min(local), worker, now, key, local)
+            return self._start([min(local)], worker, now, key, local, True)[0]
         if local_only:
             return None
         return self._take_other(worker, now, tier, worth_moving)
@@ -588,7 +593,7 @@ class ShardQueue:
         ids = self._local[key]
         if victim is not None and worth_moving is not None and not worth_moving(worker, now, victim, len(ids)):
             return None
-        return self._start(max(ids), worker, now, key, ids)
+        return self._start([max(ids)], worker, now, key, ids, True)[0]
 
     def take_own(self, worker: str, now: float, n: int, tier: int = 0) -> list[Attempt]:
         """Start attempts of up to ``n`` of the TODO shards of ``tier`` that ``worker`` holds, the lowest ids
@@ -607,65 +612,59 @@ class ShardQueue:
         size = len(local)  # (a small bucket sorted and cut: ``heapq.nsmallest`` is Python, ~4x the sort of a few)
         ids = [min(local)] if n <= 1 else sorted(local) if n >= size else sorted(local)[:n] if size <= 64 \
             else heapq.nsmallest(n, local)
+        return self._start(ids, worker, now, key, local, first)
+
+    def _start(self, ids: list[int], worker: str, now: float, key: tuple[int, str | None], bucket: set[int],
+               first: bool) -> list[Attempt]:
+        """The first attempts of TODO shards ``ids`` start on ``worker``, in order; ``bucket`` is the ``_local``
+        set that holds them, at ``key`` (their tier and holder). ``first``: ``ids[0]`` is a hand-out's first
+        attempt, placed in ``_started`` now (no round through ``_started_dirty``); the others are a batch's later
+        members, which their hand-out may mark waiting next (``set_waiting``): their places wait for that.
+        One loop for a batch: the queue's counts and the holder's backlog change once by the batch, not once
+        a member (every hand-out starts one or more)."""
+        records, started_on, entered = self._shards, self._started_on, self._n_entered
         started = []
-        for i in ids:  # (a loop, not a comprehension: a frame less in 3.11, every batch; a method call, not a
-            # bound method kept in a name: 3.11 caches the one's lookup, and a batch holds one or two)
-            started.append(self._start(i, worker, now, key, local, not first, False))
+        for shard in ids:
+            s = records[shard]
+            holder = s.holder
+            number = s.next_attempt
+            fetch_from = holder if holder is not None and holder != worker else None
+            a = _new_attempt(Attempt, (shard, number, worker, now, fetch_from, False))
+            s.next_attempt = number + 1
+            s.started = k = s.started + 1
+            s.attempt = a  # (a TODO shard has no live attempt)
+            s.status = _DOING
+            # ``_todo_discard(shard)`` with the bucket known: out of TODO and its bucket (the counts and the
+            # holder's backlog size after the loop)
+            bucket.discard(shard)
+            # ``_reindex`` for a TODO shard's first attempt (a TODO shard has no ``_running`` entry to drop)
+            s.run_key = (k, now)
+            entered += 1
+            s.entered = entered
+            if started_on:
+                if first:
+                    self._place_started(shard)
+                else:
+                    self._started_dirty.add(shard)
+            else:
+                running = self._running.get(k)
+                if running is None:
+                    running = self._running[k] = {}
+                elif running and next(reversed(running.values())) > now:
+                    self._unsorted.add(k)
+                running[shard] = now
             first = False
-        # (the worker's backlog shrinks once by the batch, not once a member)
-        left = len(local)
-        self._resize(key[0], worker, size, left)
+            started.append(a)
+        n = len(started)
+        self._n_entered = entered
+        self.changes += n
+        self._n_doing += n
+        self.n_todo -= n
+        left = len(bucket)
+        self._resize(key[0], key[1], left + n, left)  # (the bucket's holder: its shards')
         if not left:
             del self._local[key]
         return started
-
-    def _start(self, shard: int, worker: str, now: float, key: tuple[int, str | None], bucket: set[int],
-               member: bool = False, alone: bool = True) -> Attempt:
-        """The first attempt of TODO ``shard`` starts on ``worker``; ``bucket`` is the ``_local`` set that
-        holds it, at ``key`` (its tier and holder). ``member``: a batch's later member (``take_own``), which
-        its hand-out may mark waiting next (``set_waiting``): its place in ``_started`` waits for that;
-        another is placed now (every hand-out's first member: no round through ``_started_dirty``). Unless
-        ``alone``, the holder's backlog and the emptied bucket are the caller's to settle (``_take_own``: once
-        for the batch)."""
-        s = self._shards[shard]
-        holder = s.holder
-        number = s.next_attempt
-        fetch_from = holder if holder is not None and holder != worker else None
-        a = _new_attempt(Attempt, (shard, number, worker, now, fetch_from, False))
-        s.next_attempt = number + 1
-        s.started += 1
-        s.attempt = a  # (a TODO shard has no live attempt)
-        self.changes += 1
-        s.status = _DOING
-        self._n_doing += 1
-        # ``_todo_discard(shard)`` with the bucket known (every hand-out's member pays it): out of TODO,
-        # its bucket and its holder's backlog size
-        self.n_todo -= 1
-        bucket.discard(shard)
-        if alone:
-            n = len(bucket)
-            self._resize(key[0], holder, n + 1, n)
-            if not n:
-                del self._local[key]
-        # ``_reindex`` for a TODO shard's first attempt (a TODO shard has no ``_running`` entry to drop):
-        # every hand-out starts one
-        k = s.started
-        s.run_key = (k, now)
-        self._n_entered += 1
-        s.entered = self._n_entered
-        if self._started_on:
-            if member:
-                self._started_dirty.add(shard)
-            else:
-                self._place_started(shard)
-        else:
-            bucket = self._running.get(k)
-            if bucket is None:
-                bucket = self._running[k] = {}
-            elif bucket and next(reversed(bucket.values())) > now:
-                self._unsorted.add(k)
-            bucket[shard] = now
-        return a
 
     def start_backup(self, shard: int, worker: str, now: float) -> Attempt:
         """A second attempt of a DOING shard on ``worker``; it copies the holder's data."""
@@ -714,8 +713,8 @@ class ShardQueue:
             self._flush_started()
             runs = [self._live_started(k) for k in sorted(self._started)
                     if fewer_started_than is None or k < fewer_started_than]
-            for _, _, shard in (runs[0] if len(runs) == 1 else _merge_by_start(runs)):
-                s = self._shards[shard]
+            for e in (runs[0] if len(runs) == 1 else _merge_by_start(runs)):
+                s = self._shards[e[2]]
                 if not s.more:
                     yield s.attempt
                 else:
@@ -836,12 +835,11 @@ class ShardQueue:
         if key is not None and (waiting is None or s.attempt is not waiting or s.more):  # (one live attempt waits at most)
             k, start, entered = key[0], key[1], s.entered
             if old is not None:
-                if old[0] == k and old[1][0] == start and old[1][1] == entered:
+                if old[0] == start and old[1] == entered and old[3] == k:
                     return
                 s.shown = None
                 self._unshow(old)
-            e = [start, entered, shard]
-            s.shown = (k, e)
+            e = s.shown = [start, entered, shard, k]
             started = self._started.get(k)
             if started is None:
                 self._started[k], self._started_head[k], self._started_stale[k] = [e], 0, 0
@@ -856,9 +854,9 @@ class ShardQueue:
             s.shown = None
             self._unshow(old)
 
-    def _unshow(self, shown: tuple[int, list]) -> None:
-        """The entry ``shown`` (bucket, entry) of ``_started`` goes stale."""
-        k, e = shown
+    def _unshow(self, e: list) -> None:
+        """The entry ``e`` of ``_started`` goes stale."""
+        k = e[3]
         e[2] = -1
         started = self._started[k]
         stale = self._started_stale[k] + 1
@@ -1142,7 +1140,7 @@ class ShardQueue:
         q = cls(len(snap["shards"]), reloadable=snap["reloadable"], max_failures=snap["max_failures"],
                 sharding=snap.get("sharding", "dynamic"), phases=snap.get("phases"))
         q.clock = q._attempts_clock = snap["clock"]
-        q.phase = snap.get("phase", 0)
+        q._activate(snap.get("phase", 0))
         todo = []
         for i, d in enumerate(snap["shards"]):
             s = q._shards[i]
@@ -1165,6 +1163,7 @@ class ShardQueue:
     def check(self) -> None:
         """Assert the invariants in the module docstring."""
         active = self.active
+        assert active == (range(self.n_shards) if self.phase is None else self.phase_ranges[self.phase])
         assert self._n_done == sum(1 for i in active if self._shards[i].status is _DONE)
         assert self._n_doing == len(self._doing())
         assert all(s.attempt is not None or not s.more for s in self._shards)
@@ -1177,17 +1176,17 @@ class ShardQueue:
         for k, bucket in self._running.items():
             assert k in self._unsorted or list(bucket.values()) == sorted(bucket.values()), k
         assert all(s.waiting is None or any(a is s.waiting for a in s.live()) for s in self._shards)
-        shown = {i: (k, (t, self._shards[i].entered, i)) for i, (k, t) in keys.items()
+        shown = {i: (t, self._shards[i].entered, i, k) for i, (k, t) in keys.items()
                  if any(a is not self._shards[i].waiting for a in self._shards[i].live())}
         self._flush_started()  # (the index as a read sees it)
-        started_key = {i: (s.shown[0], tuple(s.shown[1])) for i, s in enumerate(self._shards) if s.shown is not None}
+        started_key = {i: tuple(s.shown) for i, s in enumerate(self._shards) if s.shown is not None}
         assert started_key == (shown if self._started_on else {}) and (
             self._started_on or all(s.waiting is None for s in self._shards))
-        live = {k: sorted(list(e) for u, e in started_key.values() if u == k) for k, _ in started_key.values()}
+        live = {k: sorted(list(e) for e in started_key.values() if e[3] == k) for *_, k in started_key.values()}
         assert {k: list(self._live_started(k)) for k in self._started} == live
         for k, started in self._started.items():  # sorted, each entry once; the stale ones counted, none live before the head
             assert all(a <= b for a, b in zip(started, started[1:])) and len({id(e) for e in started}) == len(started), k
-            assert all(self._shards[e[2]].shown[1] is e for e in started if e[2] >= 0), k
+            assert all(self._shards[e[2]].shown is e and e[3] == k for e in started if e[2] >= 0), k
             assert self._started_stale[k] == len(started) - len(live[k]) == sum(e[2] < 0 for e in started), k
             assert all(e[2] < 0 for e in started[:self._started_head[k]]), k
         todo = {i for b in self._local.values() for i in b}

@@ -163,6 +163,9 @@ class ClockWindow:
     floor: int = 0
     #: the newest clock the driver allows to start (its stopping rule and ``max_clocks``)
     limit: int = 0
+    #: ``top``, kept as ``floor`` and ``limit`` change (``_bounds``): every hand-out, its members and every idle poll
+    #: compare with it
+    _top: int = field(default=0, repr=False, compare=False)
     #: raised by every loss that starts or extends a recovery, and when the recovery ends
     epoch: int = 0
     #: losses are being recovered: nothing starts, commits, applies or ends meanwhile
@@ -240,12 +243,17 @@ class ClockWindow:
         self._first_floor = self.floor
         self._n_todo_at = {self.floor + 1: self.n_shards}
         self._n_at = {self.floor + 1: self.n_shards}
+        self._bounds()
 
     # ------------------------------------------------------------ queries
     @property
     def top(self) -> int:
         """The newest clock a shard may start now."""
-        return min(self.floor + 1 + self.staleness, self.limit)
+        return self._top
+
+    def _bounds(self) -> None:
+        """``floor`` or ``limit`` changed: so may ``top``."""
+        self._top = min(self.floor + 1 + self.staleness, self.limit)
 
     def shard_clock(self, shard: int) -> int:
         return self._shards[shard].clock
@@ -280,9 +288,7 @@ class ClockWindow:
             clocks = self._clocks = sorted(self._n_todo_at)
         if self.rebuilding is not None:
             return clocks
-        top, limit = self.floor + 1 + self.staleness, self.limit  # (``top``, inline: every hand-out and idle poll asks)
-        if limit < top:
-            top = limit
+        top = self._top
         if not clocks or clocks[-1] <= top:  # (no list to filter)
             return clocks
         return clocks[:bisect.bisect_right(clocks, top)]  # (sorted: those up to ``top`` are a prefix)
@@ -294,7 +300,7 @@ class ClockWindow:
         if self.rebuilding is not None:
             return True
         oldest = min(self._n_todo_at)
-        return oldest <= self.floor + 1 + self.staleness and oldest <= self.limit  # (``<= top``)
+        return oldest <= self._top
 
     def n_startable(self) -> int:
         """How many shards ``startable_by_clock`` lists (without listing them: every idle poll's policy
@@ -303,10 +309,7 @@ class ClockWindow:
             return 0
         if self.rebuilding is not None:
             return sum(self._n_todo_at.values())
-        top, limit = self.floor + 1 + self.staleness, self.limit  # (``top``, inline)
-        if limit < top:
-            top = limit
-        n = 0
+        top, n = self._top, 0
         for clock, count in self._n_todo_at.items():
             if clock <= top:
                 n += count
@@ -356,9 +359,7 @@ class ClockWindow:
             if self.recovering or self.needs_rebuild:
                 for shard in shards[:1]:
                     self.start(shard)  # (it raises)
-            top = self.floor + 1 + self.staleness  # (``may_start``'s bound: ``top``, and ``limit``)
-            if self.limit < top:
-                top = self.limit
+            top = self._top  # (``may_start``'s bound)
         members, newest, read_floor = [], 0, 0
         finish_version, back = self.finish_version, 1 + self.staleness
         for shard in shards:
@@ -418,12 +419,14 @@ class ClockWindow:
     def allow(self, limit: int) -> list[Action]:
         """The driver allows clocks up to ``limit``."""
         self.limit = max(self.limit, limit)
+        self._bounds()
         return self._next()
 
     def stop(self, clock: int) -> None:
         """The fit ends after ``clock`` (a finished clock): no later clock starts or ends; updates
         of later clocks already applied stay in the model."""
         self.limit = max(clock, self.floor)
+        self._bounds()
         self._stopped = True
 
     def start(self, shard: int) -> int:
@@ -432,7 +435,7 @@ class ClockWindow:
         s = self._shards[shard]
         clock = s.clock
         if s.phase is not _TODO or self.recovering or self.needs_rebuild or (
-                (clock > self.floor + 1 + self.staleness or clock > self.limit) if self.rebuilding is None
+                clock > self._top if self.rebuilding is None
                 else shard not in self.rebuilding):  # (``may_start``, inline: every hand-out's member asks)
             raise ClockError(f"shard {shard} ({s.phase.value}, clock {clock}) may not start now")
         # ``_move(shard, clock, RUNNING)`` from TODO in the same clock: its count stays, and it is not moved back
@@ -640,6 +643,7 @@ class ClockWindow:
     def _finish(self, clock: int, status: ClockStatus) -> None:
         """Clock ``clock`` (= floor + 1) finished; what is kept of clocks before it goes."""
         self.floor = clock
+        self._bounds()
         self.finished[clock] = status
         self.finish_version[clock] = self.version
         for c in [c for c in self.finish_version if c < clock - self.staleness]:
@@ -700,7 +704,7 @@ class ClockWindow:
         # the oldest open clock wholly committed (its clock end waits for them); tested here, not in a
         # method of its own: every commit asks, and most wait
         if n_waiting and (n_waiting >= self.min_batch or not self._n_running
-                          or self._urgent and n_waiting >= max(1, self.min_batch // self.flush_share)
+                          or self._urgent and n_waiting >= self.min_batch // self.flush_share  # (n_waiting >= 1)
                           or n_at.get(t, 0) == n_committed_at.get(t, 0)):
             shards = self._shards
             waiting = [(i, shards[i].clock, shards[i].worker) for i in sorted(committed)
@@ -749,6 +753,7 @@ class ClockWindow:
     def check(self) -> None:
         """Assert the invariants in the module docstring."""
         assert self.floor <= max(self.limit, self.floor)
+        assert self._top == min(self.floor + 1 + self.staleness, self.limit)
         for i, s in enumerate(self._shards):
             assert s.clock > self.floor or s.clock == self.floor + 1, (i, s)
             assert s.clock <= self.floor + 2 + self.staleness, (i, s)  # started within the window
