@@ -7,6 +7,10 @@
 * ``other_busy()`` / ``busy_note()``: the processes outside this one's tree that used a core's tenth or
   more in a short window (another benchmark, a helper's tests): the timing scripts print them before they
   measure, and ``machine_info`` records them, so a figure taken beside them says so.
+* ``speed_probe()``: milliseconds of a fixed pure-Python loop (lower is faster). This VM's speed swings
+  from hour to hour (the simulator's ssp+backup at W = 4,096 read 18.4-19.7 us one night and 22.6-23.4 us
+  on the same code another), so ``machine_info`` records the probe beside every figure, and a figure
+  can be set against the phase it was taken in.
 * ``write_json(path, obj)``: NaN / inf become ``null`` (strict JSON), NumPy scalars and arrays plain numbers
   and lists, anything else its ``str``; prints ``json: PATH``.
 * ``log(t0, msg)``: ``[  12.3s] msg`` on stderr, seconds since ``t0`` (a ``time.perf_counter()``).
@@ -110,6 +114,26 @@ def warn_busy() -> list[dict[str, Any]]:
     return busy
 
 
+def _probe_work(n: int) -> int:
+    table: dict[int, int] = {}
+    total = 0
+    for i in range(n):
+        table[i & 1023] = i
+        total += table.get(i & 511, 0) & 7
+    return total
+
+
+def speed_probe(repeats: int = 7, n: int = 20_000) -> float:
+    """Milliseconds of a fixed pure-Python loop (dict writes and reads, integer arithmetic: what the
+    engine's pure core does), the median of ``repeats`` runs. Lower is faster."""
+    times = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        _probe_work(n)
+        times.append((time.perf_counter() - t) * 1e3)
+    return sorted(times)[len(times) // 2]
+
+
 def module_version(name: str) -> str:
     try:
         return __import__(name).__version__
@@ -149,6 +173,7 @@ def machine_info(versions: Iterable[str] = (), threadpools: bool = False) -> dic
     if load is not None:
         info["loadavg"] = load
     info["other_busy"] = other_busy() if _warned is None else _warned  # (what was busy as the measuring began)
+    info["speed_probe_ms"] = round(speed_probe(), 3)
     return info
 
 

@@ -32,3 +32,16 @@ def test_a_busy_process_outside_the_script_s_tree_is_named_and_its_own_children_
         child.kill()
         child.wait()
     assert busy_note([]) == ""
+
+
+def test_the_speed_probe_times_its_loop_and_every_machine_record_carries_it(monkeypatch):
+    """``speed_probe``: the median of its runs' milliseconds; ``machine_info`` records it beside every figure."""
+    from bench import common
+
+    ticks = iter([0.0, 0.004, 1.0, 1.002, 2.0, 2.009])  # runs of 4, 2 and 9 ms: the median is 4
+    monkeypatch.setattr(common.time, "perf_counter", lambda: next(ticks))
+    assert common.speed_probe(repeats=3, n=10) == pytest.approx(4.0)
+    monkeypatch.undo()
+    assert common._probe_work(2048) == common._probe_work(2048) > 0  # (fixed work: the same each time)
+    info = common.machine_info()
+    assert 0 < info["speed_probe_ms"] < 1000
