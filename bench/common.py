@@ -7,7 +7,9 @@
 * ``other_busy()`` / ``busy_note()``: the processes outside this one's tree that used a core's tenth or
   more in a short window (another benchmark, a helper's tests): the timing scripts print them before they
   measure, and ``machine_info`` records them, so a figure taken beside them says so.
-* ``speed_probe()``: milliseconds of a fixed pure-Python loop (lower is faster). This VM's speed swings
+* ``speed_probe()`` / ``walk_probe()``: milliseconds of a fixed pure-Python loop on a few cached objects,
+  and of a walk over many objects in a shuffled order, whose reads miss the caches as the simulator's
+  at W = 4,096 do (lower is faster). This VM's speed swings
   from hour to hour (the simulator's ssp+backup at W = 4,096 read 18.4-19.7 us one night and 22.6-23.4 us
   on the same code another), so ``machine_info`` records the probe beside every figure, and a figure
   can be set against the phase it was taken in.
@@ -123,15 +125,44 @@ def _probe_work(n: int) -> int:
     return total
 
 
-def speed_probe(repeats: int = 7, n: int = 20_000) -> float:
-    """Milliseconds of a fixed pure-Python loop (dict writes and reads, integer arithmetic: what the
-    engine's pure core does), the median of ``repeats`` runs. Lower is faster."""
+def _median_ms(work, repeats: int) -> float:
     times = []
     for _ in range(repeats):
         t = time.perf_counter()
-        _probe_work(n)
+        work()
         times.append((time.perf_counter() - t) * 1e3)
     return sorted(times)[len(times) // 2]
+
+
+def speed_probe(repeats: int = 7, n: int = 20_000) -> float:
+    """Milliseconds of a fixed pure-Python loop (dict writes and reads, integer arithmetic: what the
+    engine's pure core does) on objects that stay in the caches, the median of ``repeats`` runs."""
+    return _median_ms(lambda: _probe_work(n), repeats)
+
+
+class _Node:
+    __slots__ = ("value", "next")
+
+
+def walk_probe(repeats: int = 5, n: int = 200_000) -> float:
+    """Milliseconds of a walk over ``n`` small objects linked in a shuffled order (each read likely a
+    cache miss, as a decision's at W = 4,096), the median of ``repeats`` walks."""
+    import random
+
+    nodes = [_Node() for _ in range(n)]
+    order = list(range(n))
+    random.Random(0).shuffle(order)
+    for a, b in zip(order, order[1:] + order[:1]):
+        nodes[a].value, nodes[a].next = a, nodes[b]
+
+    def walk() -> int:
+        node, total = nodes[0], 0
+        for _ in range(n):
+            total += node.value
+            node = node.next
+        return total
+
+    return _median_ms(walk, repeats)
 
 
 def module_version(name: str) -> str:
@@ -174,6 +205,7 @@ def machine_info(versions: Iterable[str] = (), threadpools: bool = False) -> dic
         info["loadavg"] = load
     info["other_busy"] = other_busy() if _warned is None else _warned  # (what was busy as the measuring began)
     info["speed_probe_ms"] = round(speed_probe(), 3)
+    info["walk_probe_ms"] = round(walk_probe(), 3)
     return info
 
 

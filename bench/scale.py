@@ -158,8 +158,8 @@ def main(argv: list[str] | None = None) -> int:
     ok = all(r["exactly_once"] and r["starvation_ok"] for r in rows)
     print("exactly-once and no starvation at every W:", "yes" if ok else "NO")
     machine = machine_info()
-    print(f"this machine's speed probe: {machine['speed_probe_ms']:.2f} ms (bench.common.speed_probe: lower is "
-          f"faster; set a figure against the probe of the run it is compared with)")
+    print(f"this machine's speed probes: loop {machine['speed_probe_ms']:.2f} ms, walk {machine['walk_probe_ms']:.2f} ms "
+          "(bench.common: lower is faster; set a figure against the probes of the run it is compared with)")
     if args.json:
         write_json(args.json, {"machine": machine, "clocks": args.clocks, "rows": rows})
     if args.plot:

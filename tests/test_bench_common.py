@@ -43,5 +43,6 @@ def test_the_speed_probe_times_its_loop_and_every_machine_record_carries_it(monk
     assert common.speed_probe(repeats=3, n=10) == pytest.approx(4.0)
     monkeypatch.undo()
     assert common._probe_work(2048) == common._probe_work(2048) > 0  # (fixed work: the same each time)
+    assert common.walk_probe(repeats=1, n=1000) > 0
     info = common.machine_info()
-    assert 0 < info["speed_probe_ms"] < 1000
+    assert 0 < info["speed_probe_ms"] < 1000 and 0 < info["walk_probe_ms"] < 10_000
