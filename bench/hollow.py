@@ -933,7 +933,8 @@ def main(argv: list[str] | None = None) -> int:
     print(format_bounds(rows))
     for line in target_lines(rows):
         print(line)
-    print(f"loadavg after: {load}")
+    print(f"loadavg after: {load}; this machine's speed probes (bench.common, as the run began): loop "
+          f"{machine['speed_probe_ms']:.2f} ms, walk {machine['walk_probe_ms']:.2f} ms")
     plot(rows, args.plot)
     print(f"plot: {args.plot}")
     return 0
