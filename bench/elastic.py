@@ -146,7 +146,9 @@ def layout_of(coordinator) -> dict[str, Any] | None:
     """Where the running job's work lies now: live workers, and the largest rows, partitions and shards
     one worker owns or holds (read from another thread: a snapshot good enough to count); ``away``: the
     shards held by a worker other than the owner of their rows (``Churned``'s shard ``s`` steps on row ``s``
-    of each table; None for another model), which pull and push those rows over the network."""
+    of each table; None for another model), which pull and push those rows over the network; ``split``:
+    the row ranges whose partitions in tables laid out alike have more than one owner (0 in a fit that
+    placed them itself: the churn moves each partition on its own)."""
     job = next(iter(list(coordinator.jobs.values())), None)
     if job is None:
         return None
@@ -161,9 +163,16 @@ def layout_of(coordinator) -> dict[str, Any] | None:
     if seen is not None and seen.n_rows == job.queue.n_shards:  # (Churned: shard s steps on row s of each table)
         away = sum(job.queue.holder(s) != owners.get(("seen", seen.split(s, s + 1)[0][0]))
                    for s in range(job.queue.n_shards))
+    # the row ranges whose partitions of the tables laid out alike are owned by more than one worker: a step
+    # on those rows pulls from, and stages updates for, each of them
+    alike: dict[tuple[int, int], list[str]] = {}
+    for name, lay in job.pmap.layouts.items():
+        alike.setdefault((lay.n_rows, lay.n_parts), []).append(name)
+    split = sum(len({owners.get((t, p)) for t in names}) > 1
+                for (_, n_parts), names in alike.items() if len(names) > 1 for p in range(n_parts))
     return {"live": len(coordinator.scheduler.workers), "max_rows": max(rows.values()),
             "max_parts": max(Counter(owners.values()).values()), "max_shards": max(held.values()),
-            "owners": len(rows), "away": away}
+            "owners": len(rows), "away": away, "split": split}
 
 
 class ChurnDriver:

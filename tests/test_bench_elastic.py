@@ -262,7 +262,9 @@ def test_quick_churn_commits_every_shard_update_exactly_once_and_reports_its_fig
         s["shards"] * (s["clocks"] - s["skipped_clocks"])
     assert all(r["clock_records"] and len(r["clock_records"]) == 2 * r["clocks"] for r in d["references"].values())
     assert len(d["layouts"]) == len(d["ticks"])
-    assert all(0 <= lay["away"] <= s["shards"] for lay in d["layouts"] if lay)
+    assert all(0 <= lay["away"] <= s["shards"] and lay["split"] >= 0 for lay in d["layouts"] if lay)
+    # a fit that placed everything itself keeps each shard with its rows, and a row range's partitions together
+    assert all(r["layout"]["away"] == 0 and r["layout"]["split"] == 0 for r in d["references"].values())
 
 
 def test_pull_bound_phases_split_clocks_by_the_state_at_their_end_and_count_rows_served_per_clock():
