@@ -31,9 +31,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.common import load_average, log, machine_info, pyplot, warn_busy, write_json
+from bench.common import load_average, log, machine_info, pyplot, spawn_serving, warn_busy, write_json
 
-ROOT = Path(__file__).resolve().parents[1]
 STEP_S = 0.1
 #: a commit's fields as a hollow worker sends them, roughly (an answer carries a work item of this size)
 PAYLOAD = {"job_id": "j" * 32, "clock": 1, "run": 1, "commits": [{"shard": 0, "attempt": 1, "clock": 1,
@@ -112,9 +111,7 @@ async def _clients(address: str, n: int, threads: bool, step_s: float) -> None:
 
 
 def _spawn(*args: str) -> subprocess.Popen:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
-    return subprocess.Popen([sys.executable, "-m", "bench.barrier", "--serve", *args], cwd=ROOT, env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return spawn_serving("bench.barrier", *args)
 
 
 def measure(n_workers: int, procs: int, step_s: float = STEP_S, clocks: int = 12, warmup: int = 2,

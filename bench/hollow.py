@@ -75,7 +75,7 @@ import numpy as np
 
 import dscar
 from bench import barrier
-from bench.common import load_average, log, machine_info, pyplot, warn_busy, write_json
+from bench.common import load_average, log, machine_info, pyplot, spawn_serving, warn_busy, write_json
 from bench.overhead import install_counters, loop_cpu_s
 from bench.stragglers import SleepStep
 from dscar import faults
@@ -86,7 +86,6 @@ ROWS_PER_SHARD = 4
 TARGET_CLOCK_RATIO = 1.2  # clock time <= 1.2x the ideal (shards per worker x step)
 TARGET_OVERHEAD_RATIO = 0.5  # dscar's per-round overhead <= 0.5x plain Dask's
 HANG_INTERVALS, HANG_SLACK_S = 2, 2.0  # a hung worker found within 2 heartbeat intervals + 2 s
-ROOT = Path(__file__).resolve().parents[1]
 #: the Dask settings of every process of the harness: dscar's embedded-cluster settings (no
 #: profiler, a 200 ms tick) and its worker ttl, so the workers behave as dscar.Cluster's do
 DASK_CONFIG = {**dscar.api.cluster.EMBEDDED_CONFIG, "distributed.scheduler.worker-ttl": dscar.api.cluster.DEFAULT_WORKER_TTL}
@@ -237,11 +236,8 @@ def _spawn(*args: str, config: dict[str, Any] | None = None) -> subprocess.Popen
     """A harness process (``serve``); ``config``: Dask settings of its own beside ``DASK_CONFIG``."""
     import json
 
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
-           "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
-           CONFIG_ENV: json.dumps(config or {})}
-    return subprocess.Popen([sys.executable, "-m", "bench.hollow", "--serve", *args], cwd=ROOT, env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return spawn_serving("bench.hollow", *args, env={"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1",
+                                                      "MKL_NUM_THREADS": "1", CONFIG_ENV: json.dumps(config or {})})
 
 
 class HollowCluster:
