@@ -15,10 +15,11 @@ from dscar.algorithms.datasets import make_regression
 from dscar.algorithms.lasso import LassoCD
 from dscar.scheduler.coordinator import PLUGIN_NAME
 from dscar.core.elastic import (EVEN_MIN_GAIN, adaptive_target, even_plan, handoff_plan, handoff_targets, retirable, setting_up,
-                           shard_handoff_plan, ssp_leave_step, workers_wanted)
+                           shard_follow_plan, shard_handoff_plan, ssp_leave_step, unit_even_plan, unit_handoff_plan,
+                           workers_wanted)
 from dscar.errors import InvalidInputError
 from bench.worker_models import CHECK_KEYS, FANOUT_ROWS, ExactlyOnce, check_final
-from dscar.core.partitions import row_bounds
+from dscar.core.partitions import TableLayout, row_bounds, row_units, shard_homes
 
 
 # ------------------------------------------------------------------ pure
@@ -152,6 +153,69 @@ def test_a_fit_on_an_adaptive_cluster_grows_it_to_the_maximum_keeps_its_workers_
         wait_for(lambda: len(lc.scheduler.workers) == 2)  # adaptive shrinks it to its minimum after the fit
 
 
+def test_row_units_pair_the_same_row_ranges_of_tables_laid_out_alike_and_shard_homes_name_a_shard_s_rows():
+    lays = [TableLayout("seen", 6, 3), TableLayout("bad", 6, 3), TableLayout("w", 6, 2), TableLayout("f", 16, 3)]
+    units = row_units(lays)
+    assert units[("seen", 1)] == units[("bad", 1)] != units[("seen", 2)]
+    assert len({units[("w", 0)], units[("seen", 0)], units[("f", 0)]}) == 3  # other cuts: units of their own
+    # shard s of [s, s + 1) lives in the first data-row table's partition holding its middle row
+    assert shard_homes(lays, [(i, i + 1) for i in range(6)]) == {0: ("seen", 0), 1: ("seen", 0), 2: ("seen", 1),
+                                                                 3: ("seen", 1), 4: ("seen", 2), 5: ("seen", 2)}
+    assert shard_homes(lays, [(0, 3), (3, 7)]) == {}  # 7 data rows: no table of the data's rows
+
+
+def unit_case(data, n_units=4, tables="abc"):
+    """Partitions of ``tables`` (laid out alike: a unit per row range) and a singleton table, with owners among
+    a..d (some units split) and rows per partition."""
+    keys = [(t, p) for t in tables for p in range(n_units)] + [("solo", p) for p in range(2)]
+    units = {k: ("u", k[1]) if k[0] != "solo" else k for k in keys}
+    owners = {k: data.draw(st.sampled_from("abcd")) for k in keys}
+    rows = {k: data.draw(st.integers(1, 20)) for k in keys}
+    return keys, units, owners, rows
+
+
+@given(st.data())
+def test_a_unit_hand_off_moves_exactly_the_leavers_partitions_and_keeps_each_row_range_with_one_taker(data):
+    keys, units, owners, rows = unit_case(data)
+    leaving = set(data.draw(st.lists(st.sampled_from("abcd"), unique=True, min_size=1, max_size=3)))
+    staying = [w for w in "abcd" if w not in leaving]
+    plan = unit_handoff_plan(owners, rows, units, leaving, staying)
+    assert set(plan) == {k for k, w in owners.items() if w in leaving} and set(plan.values()) <= set(staying)
+    for u in set(units.values()):  # a row range's partitions of the leavers go to one stayer ...
+        members = [k for k in keys if units[k] == u]
+        assert len({plan[k] for k in members if k in plan}) <= 1
+        if len({owners[k] for k in members}) == 1:  # ... and one that had one owner keeps one
+            assert len({plan.get(k, owners[k]) for k in members}) == 1
+
+
+@given(st.data())
+def test_a_unit_even_plan_leaves_every_row_range_with_one_owner_and_nothing_to_do_after(data):
+    keys, units, owners, rows = unit_case(data)
+    workers = data.draw(st.lists(st.sampled_from("abcdx"), unique=True, min_size=1))
+    plan = unit_even_plan(owners, rows, units, workers)
+    after = {**owners, **plan}
+    assert set(plan.values()) <= set(workers) and all(owners[k] != w for k, w in plan.items())
+    for u in set(units.values()):
+        members = [k for k in keys if units[k] == u]
+        if all(owners[k] in workers for k in members):
+            assert len({after[k] for k in members}) == 1  # brought together (and moved whole)
+        else:
+            assert all(k not in plan for k in members)  # a partition owned outside the workers: left alone
+    assert unit_even_plan(after, rows, units, workers) == {}
+
+
+def test_shards_go_to_the_owner_of_their_rows_in_a_hand_off_and_after_a_switch():
+    homes = {0: ("seen", 0), 1: ("seen", 0), 2: ("seen", 1), 3: ("seen", 1)}
+    owners = {("seen", 0): "a", ("seen", 1): "b"}
+    holders = {0: "a", 1: "c", 2: "c", 3: "b"}
+    # c leaves: its shards go to their rows' owners, not to whoever holds the fewest
+    assert shard_handoff_plan(holders, {"c"}, ["a", "b"], homes, owners) == {1: "a", 2: "b"}
+    assert shard_handoff_plan(holders, {"c"}, ["a", "b"], homes, {**owners, ("seen", 1): "c"}) == {1: "a", 2: "b"}
+    # after a switch: every shard held by another member than its rows' owner follows them
+    assert shard_follow_plan(holders, homes, owners, {"a", "b", "c"}) == {1: "a", 2: "b"}
+    assert shard_follow_plan(holders, homes, owners, {"a", "b"}) == {}  # c is not a member (leaving, warming up)
+
+
 def test_a_shard_hand_off_spreads_the_leavers_shards_over_the_stayers():
     holders = {0: "a", 1: "a", 2: "b", 3: "c", 4: None}
     plan = shard_handoff_plan(holders, {"a"}, ["a", "b", "c"])
@@ -231,7 +295,7 @@ class SspRetireMidFit(RetiresAnOwner, ExactlyOnce):
 
 class UnevenRetireMidFit(RetiresAnOwner, ExactlyOnce):
     """``bench.worker_models.ExactlyOnce`` that retires, after ``at`` clocks, an owner whose hand-off leaves
-    the stayers unevenly loaded (``even_plan`` would move something): ``uneven`` is the layout it leaves."""
+    the stayers unevenly loaded (``unit_even_plan`` would move something): ``uneven`` is the layout it leaves."""
 
     def __init__(self, clocks: int, local_cluster=None, client=None, at: int = 0):
         super().__init__(clocks)
@@ -243,21 +307,21 @@ class UnevenRetireMidFit(RetiresAnOwner, ExactlyOnce):
 
     def _pick(self, job) -> str:
         rows = {(t, p): b - a for t, lay in job.pmap.layouts.items() for p, (a, b) in enumerate(lay.bounds)}
-        owners = sorted(set(job.pmap.owners.values()))
+        owners, units = sorted(set(job.pmap.owners.values())), row_units(job.pmap.layouts.values())
         for w in owners:
             stay = [v for v in owners if v != w]
-            after = {**job.pmap.owners, **handoff_plan(job.pmap.owners, rows, [w], stay)}
-            if even_plan(after, rows, stay):
+            after = {**job.pmap.owners, **unit_handoff_plan(job.pmap.owners, rows, units, [w], stay)}
+            if unit_even_plan(after, rows, units, stay):
                 self.uneven = loads_of(after, rows, stay)
                 return w
         raise AssertionError(f"no owner's hand-off leaves an uneven layout: {job.pmap.owners}")
 
 
 def test_a_hand_off_that_leaves_the_stayers_uneven_is_evened_out_at_a_later_boundary_with_every_update_once():
-    """The stayers take a leaver's partitions as they come (``handoff_plan``, at the boundary); what that
-    leaves uneven is copied in the background and switched at a later boundary (``even_plan``): the
-    largest owner ends with fewer rows, and every shard's update is applied once in every clock."""
-    clocks, n_shards = 8, 6
+    """The stayers take a leaver's partitions a row range at a time (``unit_handoff_plan``, at the boundary);
+    what that leaves uneven is copied in the background and switched at a later boundary (``unit_even_plan``):
+    the largest owner ends with fewer rows, and every shard's update is applied once in every clock."""
+    clocks, n_shards = 8, 8  # (8 shards on 3 workers: some owner's hand-off leaves an uneven layout)
     with LocalCluster(n_workers=3, threads_per_worker=1, processes=False, dashboard_address=":0") as lc:
         cl = dscar.connect(lc)
         coordinator = lc.scheduler.plugins[PLUGIN_NAME]
@@ -270,6 +334,15 @@ def test_a_hand_off_that_leaves_the_stayers_uneven_is_evened_out_at_a_later_boun
             final.update(job.pmap.owners)
 
         coordinator._switch_copies = recorded
+        follow, aligned = coordinator._follow_shards, []
+
+        async def followed(job):  # (after the hand-off and after the switch: is every shard with its rows' owner?)
+            n = await follow(job)
+            homes = coordinator._shard_homes[job.cfg.job_id]
+            aligned.append(all(job.queue.holder(s) == job.pmap.owners[h] for s, h in homes.items()))
+            return n
+
+        coordinator._follow_shards = followed
         res = dscar.fit(algo, {"x": np.arange(float(n_shards))}, cl, n_shards=n_shards, max_clocks=clocks,
                         progress=False)
         algo._thread.join(60)
@@ -277,6 +350,8 @@ def test_a_hand_off_that_leaves_the_stayers_uneven_is_evened_out_at_a_later_boun
         assert kinds.count("handoff") == 1 and "worker-left" in kinds
         taken = [e for e in res.events if e["kind"] == "partitions-taken-on"]
         assert len(taken) == 1 and taken[0]["failed"] == 0 and taken[0]["clock"] > 3
+        # the shards follow their rows: each is held by its rows' owner after the hand-off and after the switch
+        assert len(aligned) == 2 and all(aligned), aligned
         stay = sorted(algo.uneven)
         job_rows = {(t, p): b - a for t, n in (("seen", n_shards), ("bad", n_shards), ("steps", n_shards),
                                                 ("fanout", FANOUT_ROWS))

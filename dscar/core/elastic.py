@@ -73,24 +73,99 @@ def handoff_plan(owners: Mapping[tuple[str, int], str], rows: Mapping[tuple[str,
 
 
 def shard_handoff_plan(holders: Mapping[int, str | None], leaving: Iterable[str],
-                       staying: Iterable[str]) -> dict[int, str]:
-    """Where each shard held by the ``leaving`` workers goes (``holders``: shard -> holder): to the
-    ``staying`` worker holding the fewest shards at that point (ties by name). Empty when nobody stays."""
+                       staying: Iterable[str], homes: Mapping[int, tuple[str, int]] | None = None,
+                       owners: Mapping[tuple[str, int], str] | None = None) -> dict[int, str]:
+    """Where each shard held by the ``leaving`` workers goes (``holders``: shard -> holder): to the staying
+    owner of its home partition (``homes``, ``partitions.shard_homes``; ``owners``: the owners once the
+    partitions are handed off), so its steps keep their rows local; else to the ``staying`` worker holding
+    the fewest shards at that point (ties by name). Empty when nobody stays."""
     gone = set(leaving)
     stay = sorted(set(staying) - gone)
     if not stay:
         return {}
+    plan: dict[int, str] = {}
+    going = sorted(s for s, w in holders.items() if w in gone)
+    if homes and owners:
+        for shard in going:
+            w = owners.get(homes.get(shard))  # type: ignore[arg-type]
+            if w is not None and w not in gone and w in stay:
+                plan[shard] = w
     held = {w: 0 for w in stay}
-    for w in holders.values():
+    for s, w in holders.items():
+        w = plan.get(s, w)
         if w in held:
             held[w] += 1
     fewest = [(n, w) for w, n in held.items()]
     heapify(fewest)
-    plan: dict[int, str] = {}
-    for shard in sorted(s for s, w in holders.items() if w in gone):
+    for shard in going:
+        if shard in plan:
+            continue
         n, target = fewest[0]
         plan[shard] = target
         heapreplace(fewest, (n + 1, target))
+    return plan
+
+
+def _units(owners: Mapping[tuple[str, int], str], rows: Mapping[tuple[str, int], int],
+           units: Mapping[tuple[str, int], tuple[str, int]]):
+    """The partitions of each unit (``partitions.row_units``; a partition without one is a unit of its own),
+    each unit's owner (who owns most of its rows; ties by name) and its rows."""
+    members: dict[tuple[str, int], list[tuple[str, int]]] = {}
+    for k in sorted(owners):
+        members.setdefault(units.get(k, k), []).append(k)
+    unit_owner, unit_rows = {}, {}
+    for u, keys in members.items():
+        by: dict[str, int] = {}
+        for k in keys:
+            by[owners[k]] = by.get(owners[k], 0) + rows[k]
+        unit_owner[u] = min(by, key=lambda w: (-by[w], w))
+        unit_rows[u] = sum(by.values())
+    return members, unit_owner, unit_rows
+
+
+def unit_handoff_plan(owners: Mapping[tuple[str, int], str], rows: Mapping[tuple[str, int], int],
+                      units: Mapping[tuple[str, int], tuple[str, int]], leaving: Iterable[str],
+                      staying: Iterable[str]) -> dict[tuple[str, int], str]:
+    """``handoff_plan`` by units (``partitions.row_units``): the ``leaving`` workers' partitions go where the
+    rest of their unit is (its owner, when that one stays), and a unit the leavers own goes whole to one
+    stayer, so a row range's partitions keep one owner through a retirement (moved one by one, they end
+    on as many owners, and every step on those rows asks each of them). Empty when nobody stays."""
+    gone = set(leaving)
+    stay = set(staying) - gone
+    if not stay:
+        return {}
+    members, unit_owner, unit_rows = _units(owners, rows, units)
+    moving = {w for w in unit_owner.values() if w not in stay}
+    unit_plan = handoff_plan(unit_owner, unit_rows, moving, stay)
+    return {k: unit_plan.get(units.get(k, k), unit_owner[units.get(k, k)]) for k, w in owners.items() if w in gone}
+
+
+def unit_even_plan(owners: Mapping[tuple[str, int], str], rows: Mapping[tuple[str, int], int],
+                   units: Mapping[tuple[str, int], tuple[str, int]], workers: Iterable[str]) -> dict[tuple[str, int], str]:
+    """``even_plan`` by units (``partitions.row_units``): whole units move between the ``workers``, and a unit
+    whose partitions have several owners (a layout of before) is brought together on its owner. Units with
+    a partition owned outside ``workers`` stay as they are. Returns partition -> new owner."""
+    members_of, unit_owner, unit_rows = _units(owners, rows, units)
+    members = set(workers)
+    movable = {u: w for u, w in unit_owner.items() if all(owners[k] in members for k in members_of[u])}
+    unit_plan = even_plan(movable, unit_rows, members)
+    plan = {}
+    for u, w in movable.items():
+        target = unit_plan.get(u, w)
+        plan.update({k: target for k in members_of[u] if owners[k] != target})
+    return plan
+
+
+def shard_follow_plan(holders: Mapping[int, str | None], homes: Mapping[int, tuple[str, int]],
+                      owners: Mapping[tuple[str, int], str], workers: Container[str]) -> dict[int, str]:
+    """Shards to copy to the owner of their home partition (``partitions.shard_homes``) where another of the
+    ``workers`` holds them: after partitions moved (a join's, an even-out's), a shard held away from its
+    rows pulls and pushes them over the network every step, until something moves it back."""
+    plan = {}
+    for s, h in homes.items():
+        w, held = owners.get(h), holders.get(s)
+        if w is not None and held is not None and w != held and w in workers and held in workers:
+            plan[s] = w
     return plan
 
 

@@ -94,7 +94,7 @@ WORKER_RUN_WRITES = frozenset({"apply", "assign", "restore"})
 #: worker handlers a ``bundle`` may carry (several of one job's messages to one worker in one: a hand-off's
 #: copies from a leaver, a join's switch): the bundle's caller is checked once, as any ``Rule.JOB`` call,
 #: so it carries only ``Rule.JOB`` ones that neither install the job, nor write a run, nor wait for an apply
-BUNDLED_OPS = frozenset({"pull", "lend", "copy_shard", "forget_copy"})
+BUNDLED_OPS = frozenset({"pull", "lend", "copy_shard", "forget_copy", "drop_shard"})
 
 
 def run_known(run: object, known: int) -> bool:

@@ -66,6 +66,29 @@ def data_homes(layouts: Iterable[TableLayout], shard_bounds: list[tuple[int, int
     return homes
 
 
+def shard_homes(layouts: Iterable[TableLayout], shard_bounds: list[tuple[int, int]]) -> dict[int, tuple[str, int]]:
+    """The partition each shard's steps update locally: of the first table whose rows are the data's rows
+    (``data_homes``' tables), the one holding the shard's middle row. Empty when no table is. A shard held by
+    that partition's owner pulls and pushes those rows without a message (``elastic.shard_follow_plan``)."""
+    if not shard_bounds:
+        return {}
+    n_rows = shard_bounds[-1][1]
+    t = next((t for t in layouts if t.n_rows == n_rows), None)
+    if t is None:
+        return {}
+    ends = [b for _, b in t.bounds]
+    return {s: (t.name, bisect.bisect_right(ends, (a + b - 1) // 2)) for s, (a, b) in enumerate(shard_bounds)}
+
+
+def row_units(layouts: Iterable[TableLayout]) -> dict[tuple[str, int], tuple[str, int]]:
+    """The unit of every partition: partition ``p`` of every table laid out alike (as many rows, cut into as
+    many partitions: the same row ranges) is one unit, ``("<n_rows>/<n_parts>", p)``. A step that reads or
+    updates rows of one reads or updates the same rows of the others (LDA's tables of the data's rows, MF's
+    ``user`` and ``user_bias``, MLR's ``W`` and ``V``), so a unit with one owner answers them in one message
+    and applies them in one place: ``elastic``'s unit plans move units whole."""
+    return {(t.name, p): (f"{t.n_rows}/{t.n_parts}", p) for t in layouts for p in range(t.n_parts)}
+
+
 @dataclass(frozen=True)
 class TableLayout:
     name: str

@@ -53,8 +53,8 @@ from .. import heap
 from ..checkpoint import CheckpointConfig
 from ..comm import fast_fail_pool
 from ..core import active_set
-from ..core.elastic import (adaptive_target, even_plan, handoff_plan, handoff_targets, retirable, setting_up,
-                            shard_handoff_plan, workers_wanted)
+from ..core.elastic import (adaptive_target, handoff_targets, retirable, setting_up, shard_follow_plan,
+                            shard_handoff_plan, unit_even_plan, unit_handoff_plan, workers_wanted)
 from ..errors import JobFailedError, RefusedCallError
 from ..inflight import Inflight, resolve, timed_wait
 from ..core.job import ApplyPass, BeginClock, Checkpoint, JobConfig, JobState, Mirror, RestartWorker, StartRecovery
@@ -64,7 +64,7 @@ from ..core.losses import unreached_after_apply
 from ..core.membership import DEFAULT_LEASE_S, SCHEDULER_RULES, Lease, Rule, key_digest, refusal, same
 from ..core.monitor import ThroughputMonitor, step_seconds
 from ..core.protocol import IDLE, ClockEndOutcome, Commit, CommitAnswer, handler_name
-from ..core.partitions import PartitionMap, TableLayout, data_homes, placement_plan
+from ..core.partitions import PartitionMap, TableLayout, data_homes, placement_plan, row_units, shard_homes
 from ..core.shards import ShardQueue
 from ..core.wake import IDLE_RECHECK_S, MOVE_RECHECK_S, WaitLine, Woken, commit_wakes, owners, recheck_s
 from ..core.stall import StallWatch, workers_to_ask
@@ -261,6 +261,9 @@ class Coordinator(SchedulerPlugin):
         self._copies: dict[str, dict[tuple[str, int], tuple[str, str]]] = {}
         #: job -> partition -> (new owner, owner): being copied now (``_even_out``), then into ``_copies``
         self._moving: dict[str, dict[tuple[str, int], tuple[str, str]]] = {}
+        #: job -> shard -> the partition its steps update locally (``partitions.shard_homes``): hand-offs and
+        #: switches move a shard to that partition's owner (``elastic.shard_follow_plan``)
+        self._shard_homes: dict[str, dict[int, tuple[str, int]]] = {}
         #: the joiners' preparations and copies under way (kept referenced until done)
         self._preparations: set[asyncio.Future] = set()
         #: SSP jobs whose leavers are being drained and handed off (``_ssp_hand_off``)
@@ -418,7 +421,8 @@ class Coordinator(SchedulerPlugin):
 
     async def _hand_off(self, job: JobState, leaving: list[str], release: bool = True, standby: bool = False) -> None:
         """At a clock boundary (nothing staged, nothing running), the leaving workers' partitions and
-        shards are copied from them to the others (``elastic.handoff_plan``), then the owners and
+        shards are copied from them to the others (``elastic.unit_handoff_plan``, a row range's partitions
+        together, and ``shard_handoff_plan``, a shard to its rows' owner), then the owners and
         holders switch in one step and the leavers leave the job (``JobState.leave``): nothing to
         restore, no rework. A leaver lost meanwhile goes the loss's way: nothing of it is switched.
         ``standby``: the leavers stay in the cluster and the job, standing by (``_stand_by``)."""
@@ -432,8 +436,9 @@ class Coordinator(SchedulerPlugin):
                     fut.set_result(False)
             return
         rows = {(t, p): b - a for t, layout in job.pmap.layouts.items() for p, (a, b) in enumerate(layout.bounds)}
-        parts = handoff_plan(job.pmap.owners, rows, leaving, staying)
-        shards = shard_handoff_plan({s: job.queue.holder(s) for s in range(job.queue.n_shards)}, leaving, staying)
+        parts = unit_handoff_plan(job.pmap.owners, rows, row_units(job.pmap.layouts.values()), leaving, staying)
+        shards = shard_handoff_plan({s: job.queue.holder(s) for s in range(job.queue.n_shards)}, leaving, staying,
+                                    self._shard_homes.get(job.cfg.job_id), {**job.pmap.owners, **parts})
         sources = {k: job.pmap.owners[k] for k in parts}
         # one message to each taker (``adopt_all``): several at once to one worker would open a connection each
         takes: dict[str, tuple[list, list]] = {}
@@ -468,8 +473,9 @@ class Coordinator(SchedulerPlugin):
                                               and sources[k] == w])
             else:
                 self._do(job, job.leave(w, time.time()))
+        followed = await self._follow_shards(job)
         job.event(time.time(), "handoff", workers=sorted(leaving), partitions=sum(part_ok), shards=sum(shard_ok),
-                  failed=len(ok) - sum(ok), seconds=round(time.perf_counter() - t0, 4))
+                  failed=len(ok) - sum(ok), followed=followed, seconds=round(time.perf_counter() - t0, 4))
         self._background(self._even_out(job))  # (the stayers took its partitions as they came: even them out)
         if release:
             self._release_leavers(leaving)
@@ -509,7 +515,7 @@ class Coordinator(SchedulerPlugin):
 
     async def _even_out(self, job: JobState) -> None:
         """Copy, while clocks run, the partitions whose move lowers the largest owner's load among the
-        job's workers not warming up or leaving (``elastic.even_plan``, counting the copies made or under
+        job's workers not warming up or leaving (``elastic.unit_even_plan``: a row range's partitions together; counting the copies made or under
         way as moved): after a joiner's warm-up, a hand-off, a switch that left copies stale. Each is
         switched at the next clock boundary (``_switch_copies``). A copy that fails is not moved."""
         job_id = job.cfg.job_id
@@ -521,7 +527,8 @@ class Coordinator(SchedulerPlugin):
         members = [w for w in self._live(job) if w not in warming and w not in self._leaving]
         rows = {(t, p): b - a for t, layout in job.pmap.layouts.items() for p, (a, b) in enumerate(layout.bounds)}
         planned = {**job.pmap.owners, **{k: w for k, (w, _) in copies.items()}}
-        plan = {k: w for k, w in even_plan(planned, rows, members).items() if k not in copies}
+        plan = {k: w for k, w in unit_even_plan(planned, rows, row_units(job.pmap.layouts.values()), members).items()
+                if k not in copies}
         if not plan:
             return
         moves = [(k, w, job.pmap.owners[k]) for k, w in sorted(plan.items())]
@@ -565,6 +572,40 @@ class Coordinator(SchedulerPlugin):
         await asyncio.gather(*(self._rpc(w, "bundle", job_id=job.cfg.job_id, calls=c) for w, c in by_worker.items()),
                              return_exceptions=True)
 
+    async def _follow_shards(self, job: JobState) -> int:
+        """At a clock boundary (nothing running, nothing staged), once partitions changed owner: the shards
+        held away from the owner of their home partition (``elastic.shard_follow_plan``) are copied to it
+        (``adopt_all``, one message to each), change holder, and are dropped where they were, so their steps
+        read and update those rows locally. A copy that fails leaves its shard where it was. BSP and dynamic
+        sharding only (an SSP hand-off has no boundary; static shards stay with their worker); how many moved."""
+        job_id = job.cfg.job_id
+        homes = self._shard_homes.get(job_id)
+        if not homes or job.consistency != "bsp" or job.queue.sharding != "dynamic" or job.failed:
+            return 0
+        busy = self._preparing.get(job_id, set())
+        members = {w for w in self._live(job) if w not in self._leaving and w not in busy and w not in job.lost}
+        holders = {s: job.queue.holder(s) for s in homes}
+        plan = shard_follow_plan(holders, homes, job.pmap.owners, members)
+        if not plan:
+            return 0
+        takes: dict[str, list[int]] = {}
+        for s, w in sorted(plan.items()):
+            takes.setdefault(w, []).append(s)
+        takers = sorted(takes)
+        results = await asyncio.gather(*(
+            self._rpc(w, "adopt_all", job_id=job_id, parts=[], shards=[[s, holders[s]] for s in takes[w]])
+            for w in takers), return_exceptions=True)
+        moved = []
+        for w, r in zip(takers, results):
+            for j, s in enumerate(takes[w]):
+                src = holders[s]
+                if (copied(r) and copied(r["shards"][j]) and job.queue.holder(s) == src
+                        and src not in job.lost and w not in job.lost):
+                    job.queue.set_holder(s, w)
+                    moved.append((s, src))
+        await self._bundles(job, [(src, "drop_shard", {"shard": s}) for s, src in moved])
+        return len(moved)
+
     async def _switch_copies(self, job: JobState) -> None:
         """At a clock boundary, the partitions copied to new owners (``_even_out``) switch owner in one step:
         each new owner takes the rows changed since its copy (``adopt`` step "switch"), the owner map changes,
@@ -593,11 +634,13 @@ class Coordinator(SchedulerPlugin):
         await self._bundles(job,  # (an old owner lost meanwhile holds nothing)
                             [(src, "lend", {"table": k[0], "part": k[1], "step": "drop"}) for k, _, src, _ in switched]
                             + [(w, "forget_copy", {"table": k[0], "part": k[1]}) for k, w in stale])
+        followed = await self._follow_shards(job) if switched else 0
         if len(switched) < len(pending):
             self._background(self._even_out(job))  # copies went stale or failed (a loss, a hand-off): plan anew
         if switched:
             job.event(time.time(), "partitions-taken-on", workers=sorted({w for _, w, _, _ in switched}),
                       partitions=len(switched), moved=[list(k) for k, *_ in switched], failed=len(pending) - len(switched),
+                      shards_followed=followed,
                       rows_resent=sum(n for *_, n in switched), rows=sum(job.pmap.layouts[k[0]].bounds[k[1]][1]
                                                                         - job.pmap.layouts[k[0]].bounds[k[1]][0]
                                                                         for k, *_ in switched),
@@ -1008,7 +1051,9 @@ class Coordinator(SchedulerPlugin):
         plan = placement_plan([k for _, k in phases], workers)  # where the driver puts the data first
         homes = {}
         if shard_bounds and len(phases) == 1:  # tables of the data's rows start where their shards do
-            homes = data_homes(pmap.layouts.values(), [(int(a), int(b)) for a, b in shard_bounds], plan)
+            bounds = [(int(a), int(b)) for a, b in shard_bounds]
+            homes = data_homes(pmap.layouts.values(), bounds, plan)
+            self._shard_homes[job_id] = shard_homes(pmap.layouts.values(), bounds)
         pmap.assign(workers, homes)
         queue = ShardQueue(n_shards, reloadable=reloadable, max_failures=max_failures, sharding=sharding,
                            phases=[k for _, k in phases])
@@ -1235,6 +1280,7 @@ class Coordinator(SchedulerPlugin):
         self._preparing.pop(job_id, None)
         self._copies.pop(job_id, None)
         self._moving.pop(job_id, None)
+        self._shard_homes.pop(job_id, None)
         self._told_live.pop(job_id, None)
         if not self.jobs:  # no job holds a retirement back any more
             for fut in self._leaving.values():

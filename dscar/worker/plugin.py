@@ -161,7 +161,7 @@ class ParamServer(WorkerPlugin):
             "apply": self._h_apply,
             "assign": self._h_assign, "put_shard": self._h_put_shard, "copy_shard": self._h_copy_shard,
             "adopt": self._h_adopt, "adopt_all": self._h_adopt_all, "lend": self._h_lend, "bundle": self._h_bundle,
-            "forget_copy": self._h_forget_copy, "end_job": self._h_end_job, "first_read": self._h_first_read,
+            "forget_copy": self._h_forget_copy, "drop_shard": self._h_drop_shard, "end_job": self._h_end_job, "first_read": self._h_first_read,
             "clock_end_outcome": self._h_clock_end_outcome,
             # checkpoints, restores, memory copies, simulated losses
             "checkpoint": self._h_checkpoint, "restore": self._h_restore, "forget": self._h_forget,
@@ -488,6 +488,15 @@ class ParamServer(WorkerPlugin):
         with self._lock:
             dropped = sum(moving.pop(key, None) is not None for moving in (self._incoming, self._lent))
         return {"status": "OK", "dropped": dropped}
+
+    def _h_drop_shard(self, job_id: str, shard: int) -> dict:
+        """Drop the copy of a shard now held by another worker (``Coordinator._follow_shards`` copied it there
+        at a clock boundary): left here it would go stale, and an attempt here told to read the shard
+        afresh (its holder lost) would run from it."""
+        job = self.jobs.get(job_id)
+        if job is None:
+            return {"status": "missing"}
+        return {"status": "OK", "dropped": int(job.shards.drop(int(shard)))}
 
     async def _h_adopt_all(self, job_id: str, parts: list, shards: list | None = None, step: str = "whole") -> dict:
         """Copies to this worker: partitions ``[[table, part, source], ...]`` as ``adopt`` step ``step``,
