@@ -77,24 +77,27 @@ def shard_handoff_plan(holders: Mapping[int, str | None], leaving: Iterable[str]
                        owners: Mapping[tuple[str, int], str] | None = None) -> dict[int, str]:
     """Where each shard held by the ``leaving`` workers goes (``holders``: shard -> holder): to the staying
     owner of its home partition (``homes``, ``partitions.shard_homes``; ``owners``: the owners once the
-    partitions are handed off), so its steps keep their rows local; else to the ``staying`` worker holding
-    the fewest shards at that point (ties by name). Empty when nobody stays."""
+    partitions are handed off), so its steps keep their rows local, while that owner holds fewer than an
+    even share of the shards (a pass waits for its busiest worker: rows whole units leave uneven must not
+    make the shards uneven too); else to the ``staying`` worker holding the fewest shards at that point
+    (ties by name). Empty when nobody stays."""
     gone = set(leaving)
     stay = sorted(set(staying) - gone)
     if not stay:
         return {}
     plan: dict[int, str] = {}
     going = sorted(s for s, w in holders.items() if w in gone)
-    if homes and owners:
-        for shard in going:
-            w = owners.get(homes.get(shard))  # type: ignore[arg-type]
-            if w is not None and w not in gone and w in stay:
-                plan[shard] = w
     held = {w: 0 for w in stay}
-    for s, w in holders.items():
-        w = plan.get(s, w)
+    for w in holders.values():
         if w in held:
             held[w] += 1
+    if homes and owners:
+        share = -(-len(holders) // len(stay))
+        for shard in going:
+            w = owners.get(homes.get(shard))  # type: ignore[arg-type]
+            if w is not None and w in held and held[w] < share:
+                plan[shard] = w
+                held[w] += 1
     fewest = [(n, w) for w, n in held.items()]
     heapify(fewest)
     for shard in going:
@@ -157,15 +160,27 @@ def unit_even_plan(owners: Mapping[tuple[str, int], str], rows: Mapping[tuple[st
 
 
 def shard_follow_plan(holders: Mapping[int, str | None], homes: Mapping[int, tuple[str, int]],
-                      owners: Mapping[tuple[str, int], str], workers: Container[str]) -> dict[int, str]:
+                      owners: Mapping[tuple[str, int], str], workers: Iterable[str]) -> dict[int, str]:
     """Shards to copy to the owner of their home partition (``partitions.shard_homes``) where another of the
     ``workers`` holds them: after partitions moved (a join's, an even-out's), a shard held away from its
-    rows pulls and pushes them over the network every step, until something moves it back."""
+    rows pulls and pushes them over the network every step, until something moves it back. An owner takes
+    shards only up to an even share of them (a pass waits for its busiest worker; dynamic sharding would
+    move the excess away again in the next pass)."""
+    members = set(workers)
+    if not members:
+        return {}
+    share = -(-len(holders) // len(members))
+    held = dict.fromkeys(members, 0)
+    for w in holders.values():
+        if w in held:
+            held[w] += 1
     plan = {}
-    for s, h in homes.items():
-        w, held = owners.get(h), holders.get(s)
-        if w is not None and held is not None and w != held and w in workers and held in workers:
+    for s, h in sorted(homes.items()):
+        w, was = owners.get(h), holders.get(s)
+        if w is not None and was is not None and w != was and w in held and was in held and held[w] < share:
             plan[s] = w
+            held[w] += 1
+            held[was] -= 1
     return plan
 
 
