@@ -163,24 +163,24 @@ def shard_follow_plan(holders: Mapping[int, str | None], homes: Mapping[int, tup
                       owners: Mapping[tuple[str, int], str], workers: Iterable[str]) -> dict[int, str]:
     """Shards to copy to the owner of their home partition (``partitions.shard_homes``) where another of the
     ``workers`` holds them: after partitions moved (a join's, an even-out's), a shard held away from its
-    rows pulls and pushes them over the network every step, until something moves it back. An owner takes
-    shards only up to an even share of them (a pass waits for its busiest worker; dynamic sharding would
-    move the excess away again in the next pass)."""
+    rows pulls and pushes them over the network every step, until something moves it back. An owner holds
+    shards of its own rows only up to an even share of them (a pass waits for its busiest worker; dynamic
+    sharding would move the excess away again in the next pass); the others' shards it holds go to them."""
     members = set(workers)
     if not members:
         return {}
     share = -(-len(holders) // len(members))
-    held = dict.fromkeys(members, 0)
-    for w in holders.values():
-        if w in held:
-            held[w] += 1
+    mine = dict.fromkeys(members, 0)  # shards each member holds of its own rows: they stay
+    for s, h in homes.items():
+        w = holders.get(s)
+        if w in mine and owners.get(h) == w:
+            mine[w] += 1
     plan = {}
     for s, h in sorted(homes.items()):
         w, was = owners.get(h), holders.get(s)
-        if w is not None and was is not None and w != was and w in held and was in held and held[w] < share:
+        if w is not None and was is not None and w != was and w in mine and was in mine and mine[w] < share:
             plan[s] = w
-            held[w] += 1
-            held[was] -= 1
+            mine[w] += 1
     return plan
 
 
