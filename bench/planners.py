@@ -6,13 +6,17 @@ grant and commit of every job; its plan's moves are partition copies and switche
 The job is one partition of each of 4 tables a worker (``n_parts`` None: one per worker at the start)
 of 10,000 / 50 / 1 / 4 rows a partition, and 4 shards a worker:
 
-* ``join``: ``even_plan`` with one joiner owning nothing (all owners even: a joiner's whole partitions
+The planners are the coordinator's: by units (``partitions.row_units``: the same row range of tables laid
+out alike moves whole; here each table is cut its own way, so each partition is a unit of its own).
+
+* ``join``: ``unit_even_plan`` with one joiner owning nothing (all owners even: a joiner's whole partitions
   lower no largest load, so nothing should move);
-* ``doubled``: ``even_plan`` where one worker took a leaver's partitions (its load doubled), of 10-row
+* ``doubled``: ``unit_even_plan`` where one worker took a leaver's partitions (its load doubled), of 10-row
   partitions (3 moves take it from 80 to 50 rows) and of the rows above (none pays: two 10,000-row
   partitions must share an owner);
-* ``retire 1`` / ``retire half``: ``handoff_plan`` + ``shard_handoff_plan`` of one leaver and of half
-  the workers (an adaptive scale-down).
+* ``retire 1`` / ``retire half``: ``unit_handoff_plan`` + ``shard_handoff_plan`` of one leaver and of half
+  the workers (an adaptive scale-down), then ``shard_follow_plan`` (the shards of a table of the data's
+  rows, ``d``, to their rows' owners).
 
 Seconds are the median of ``--repeats`` calls (``time.perf_counter``), with the load average printed.
 
@@ -25,7 +29,8 @@ import statistics
 import time
 from typing import Any, Callable
 
-from dscar.core.elastic import even_plan, handoff_plan, shard_handoff_plan
+from dscar.core.elastic import shard_follow_plan, shard_handoff_plan, unit_even_plan, unit_handoff_plan
+from dscar.core.partitions import TableLayout, row_units, shard_homes
 
 from .common import load_average, machine_info, pyplot, write_json
 
@@ -35,28 +40,38 @@ SHARDS_PER_WORKER = 4
 CASES = ("join", "doubled", "retire 1", "retire half")
 
 
-def layout(W: int) -> tuple[list[str], dict, dict, dict]:
-    """Workers, partition owners, rows and shard holders of a job cut for ``W`` workers."""
+def layout(W: int) -> tuple[list[str], dict, dict, dict, dict, dict]:
+    """Workers, partition owners, rows, shard holders, units and shard homes of a job cut for ``W`` workers
+    (its data has as many rows as table ``d``: ``d`` is its table of the data's rows)."""
     members = [f"w{i:05d}" for i in range(W)]
     rows = {(t, p): n for t, n in TABLE_ROWS.items() for p in range(W)}
     owners = {(t, p): members[p] for t, p in rows}
-    holders = {s: members[s % W] for s in range(SHARDS_PER_WORKER * W)}
-    return members, owners, rows, holders
+    n_shards, n_rows = SHARDS_PER_WORKER * W, TABLE_ROWS["d"] * W
+    holders = {s: members[s // SHARDS_PER_WORKER] for s in range(n_shards)}
+    layouts = [TableLayout(t, n * W, W) for t, n in TABLE_ROWS.items()]
+    bounds = [(s * n_rows // n_shards, (s + 1) * n_rows // n_shards) for s in range(n_shards)]
+    return members, owners, rows, holders, row_units(layouts), shard_homes(layouts, bounds)
 
 
 def cases(W: int) -> dict[str, Callable[[], int]]:
     """Each case as a call that returns its plan's moves."""
-    members, owners, rows, holders = layout(W)
+    members, owners, rows, holders, units, homes = layout(W)
     doubled = {k: (members[1] if w == members[0] else w) for k, w in owners.items()}
     tens = dict.fromkeys(rows, 10)
     half = members[: W // 2]
 
     def retire(leaving: list[str]) -> int:
-        return len(handoff_plan(owners, rows, leaving, members)) + len(shard_handoff_plan(holders, leaving, members))
+        stay = [w for w in members if w not in leaving]
+        parts = unit_handoff_plan(owners, rows, units, leaving, stay)
+        after = {**owners, **parts}
+        shards = shard_handoff_plan(holders, leaving, stay, homes, after)
+        follow = shard_follow_plan({**holders, **shards}, homes, after, stay)
+        return len(parts) + len(shards) + len(follow)
 
     return {
-        "join": lambda: len(even_plan(owners, rows, members + ["joiner"])),
-        "doubled": lambda: len(even_plan(doubled, tens, members[1:])) + len(even_plan(doubled, rows, members[1:])),
+        "join": lambda: len(unit_even_plan(owners, rows, units, members + ["joiner"])),
+        "doubled": lambda: (len(unit_even_plan(doubled, tens, units, members[1:]))
+                            + len(unit_even_plan(doubled, rows, units, members[1:]))),
         "retire 1": lambda: retire(members[:1]),
         "retire half": lambda: retire(half),
     }

@@ -334,22 +334,28 @@ def test_a_hand_off_that_leaves_the_stayers_uneven_is_evened_out_at_a_later_boun
         final: dict = {}
         switch = coordinator._switch_copies
 
-        async def recorded(job):  # (the owner map as the last boundary leaves it: the job is dropped at its end)
-            await switch(job)
-            final.update(job.pmap.owners)
-
-        coordinator._switch_copies = recorded
         follow, aligned = coordinator._follow_shards, []
 
-        async def followed(job):  # (after the hand-off and after the switch: is every shard with its rows' owner,
-            n = await follow(job)  # or does that owner hold its even share of the shards already?)
-            homes = coordinator._shard_homes[job.cfg.job_id]
+        def check(job):  # (after the hand-off and after the switch: is every shard with its rows' owner, or does
+            homes = coordinator._shard_homes[job.cfg.job_id]  # that owner hold its even share of them already?)
             held = Counter(job.queue.holder(s) for s in homes)
             share = -(-len(homes) // len(held))
             aligned.append(all(job.queue.holder(s) == job.pmap.owners[h] or held[job.pmap.owners[h]] >= share
                                for s, h in homes.items()))
+
+        async def recorded(job):  # (the owner map as the last boundary leaves it: the job is dropped at its end)
+            pending = bool(coordinator._copies.get(job.cfg.job_id))
+            await switch(job)
+            final.update(job.pmap.owners)
+            if pending:
+                check(job)
+
+        async def followed(job):
+            n = await follow(job)
+            check(job)
             return n
 
+        coordinator._switch_copies = recorded
         coordinator._follow_shards = followed
         res = dscar.fit(algo, {"x": np.arange(float(n_shards))}, cl, n_shards=n_shards, max_clocks=clocks,
                         progress=False)

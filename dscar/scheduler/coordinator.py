@@ -515,9 +515,10 @@ class Coordinator(SchedulerPlugin):
 
     async def _even_out(self, job: JobState) -> None:
         """Copy, while clocks run, the partitions whose move lowers the largest owner's load among the
-        job's workers not warming up or leaving (``elastic.unit_even_plan``: a row range's partitions together; counting the copies made or under
-        way as moved): after a joiner's warm-up, a hand-off, a switch that left copies stale. Each is
-        switched at the next clock boundary (``_switch_copies``). A copy that fails is not moved."""
+        job's workers not warming up or leaving (``elastic.unit_even_plan``: a row range's partitions move
+        together; the copies made or under way count as moved): after a joiner's warm-up, a hand-off, a
+        switch that left copies stale. Each is switched at the next clock boundary (``_switch_copies``),
+        where the shards follow (``_follow_shards``). A copy that fails is not moved."""
         job_id = job.cfg.job_id
         if job.consistency != "bsp" or job.failed or job_id not in self.jobs:
             return
@@ -532,36 +533,45 @@ class Coordinator(SchedulerPlugin):
         if not plan:
             return
         moves = [(k, w, job.pmap.owners[k]) for k, w in sorted(plan.items())]
-        results = await self._adopt(job, moves, "copy")
+        results, _ = await self._adopt(job, moves, "copy")
         for (k, w, src), r in zip(moves, results):
             if copied(r) and job_id in self.jobs:
                 # (not into ``copies``: a boundary may have taken that dict while these copies ran)
                 self._copies.setdefault(job_id, {})[k] = (w, src)
 
-    async def _adopt(self, job: JobState, moves: list[tuple[tuple[str, int], str, str]], step: str) -> list:
-        """``adopt`` step ``step`` of each (partition, new owner, old owner) at its new owner, one message
-        to each (``adopt_all``); the answers (or errors) in order. The partitions count as moving
-        meanwhile, so an even-out plans around them."""
+    async def _adopt(self, job: JobState, moves: list[tuple[tuple[str, int], str, str]], step: str,
+                     shards: dict[int, tuple[str, str]] | None = None) -> tuple[list, dict[int, Any]]:
+        """``adopt`` step ``step`` of each (partition, new owner, old owner) at its new owner, and a copy of
+        each of ``shards`` (shard -> (new holder, holder)) at its new holder, one message to each
+        (``adopt_all``); the partitions' answers (or errors) in order, and the shards' by shard. The
+        partitions count as moving meanwhile, so an even-out plans around them."""
+        shards = shards or {}
         moving = self._moving.setdefault(job.cfg.job_id, {})
         moving.update({k: (w, src) for k, w, src in moves})
-        takes: dict[str, list[int]] = {}
+        takes: dict[str, tuple[list[int], list[int]]] = {}
         for i, (_, w, _) in enumerate(moves):
-            takes.setdefault(w, []).append(i)
+            takes.setdefault(w, ([], []))[0].append(i)
+        for s, (w, _) in sorted(shards.items()):
+            takes.setdefault(w, ([], []))[1].append(s)
         takers = sorted(takes)
         try:
             results = await asyncio.gather(*(
                 self._rpc(w, "adopt_all", job_id=job.cfg.job_id, step=step,
-                          parts=[[moves[i][0][0], moves[i][0][1], moves[i][2]] for i in takes[w]]) for w in takers),
+                          parts=[[moves[i][0][0], moves[i][0][1], moves[i][2]] for i in takes[w][0]],
+                          shards=[[s, shards[s][1]] for s in takes[w][1]]) for w in takers),
                 return_exceptions=True)
         finally:
             for k, _, _ in moves:
                 moving.pop(k, None)
         out: list = [None] * len(moves)
+        shard_out: dict[int, Any] = {}
         for w, r in zip(takers, results):
             answered = copied(r)
-            for j, i in enumerate(takes[w]):
+            for j, i in enumerate(takes[w][0]):
                 out[i] = r["parts"][j] if answered else r
-        return out
+            for j, s in enumerate(takes[w][1]):
+                shard_out[s] = r["shards"][j] if answered else r
+        return out, shard_out
 
     async def _bundles(self, job: JobState, calls: list[tuple[str, str, dict]]) -> None:
         """Messages ``(worker, op, kwargs)`` about ``job``: each worker's in one (``bundle``, in order), the
@@ -572,37 +582,40 @@ class Coordinator(SchedulerPlugin):
         await asyncio.gather(*(self._rpc(w, "bundle", job_id=job.cfg.job_id, calls=c) for w, c in by_worker.items()),
                              return_exceptions=True)
 
-    async def _follow_shards(self, job: JobState) -> int:
-        """At a clock boundary (nothing running, nothing staged), once partitions changed owner: the shards
-        held away from the owner of their home partition (``elastic.shard_follow_plan``) are copied to it
-        (``adopt_all``, one message to each), change holder, and are dropped where they were, so their steps
-        read and update those rows locally. A copy that fails leaves its shard where it was. BSP and dynamic
-        sharding only (an SSP hand-off has no boundary; static shards stay with their worker); how many moved."""
+    def _follow_plan(self, job: JobState, owners: dict[tuple[str, int], str]) -> dict[int, tuple[str, str]]:
+        """The shards held away from the owner of their home partition under ``owners`` (``elastic.shard_follow_plan``):
+        shard -> (that owner, its holder). BSP and dynamic sharding only (an SSP hand-off has no boundary;
+        static shards stay with their worker)."""
         job_id = job.cfg.job_id
         homes = self._shard_homes.get(job_id)
         if not homes or job.consistency != "bsp" or job.queue.sharding != "dynamic" or job.failed:
-            return 0
+            return {}
         busy = self._preparing.get(job_id, set())
         members = {w for w in self._live(job) if w not in self._leaving and w not in busy and w not in job.lost}
         holders = {s: job.queue.holder(s) for s in homes}
-        plan = shard_follow_plan(holders, homes, job.pmap.owners, members)
+        return {s: (w, holders[s]) for s, w in shard_follow_plan(holders, homes, owners, members).items()}
+
+    def _shards_taken(self, job: JobState, plan: dict[int, tuple[str, str]], answers: dict[int, Any]) -> list:
+        """The shards of ``plan`` copied to their new holder (``answers``, ``_adopt``'s) change holder, unless
+        one of the two was lost meanwhile; ``(shard, old holder)`` of each, whose copy there must go."""
+        moved = []
+        for s, (w, src) in sorted(plan.items()):
+            if copied(answers.get(s)) and job.queue.holder(s) == src and src not in job.lost and w not in job.lost:
+                job.queue.set_holder(s, w)
+                moved.append((s, src))
+        return moved
+
+    async def _follow_shards(self, job: JobState) -> int:
+        """At a clock boundary (nothing running, nothing staged), once partitions changed owner: the shards
+        held away from the owner of their home partition (``_follow_plan``) are copied to it, change
+        holder, and are dropped where they were (``drop_shard``: no stale copy is ever run), so their
+        steps read and update those rows locally. A copy that fails leaves its shard where it was. How
+        many moved."""
+        plan = self._follow_plan(job, job.pmap.owners)
         if not plan:
             return 0
-        takes: dict[str, list[int]] = {}
-        for s, w in sorted(plan.items()):
-            takes.setdefault(w, []).append(s)
-        takers = sorted(takes)
-        results = await asyncio.gather(*(
-            self._rpc(w, "adopt_all", job_id=job_id, parts=[], shards=[[s, holders[s]] for s in takes[w]])
-            for w in takers), return_exceptions=True)
-        moved = []
-        for w, r in zip(takers, results):
-            for j, s in enumerate(takes[w]):
-                src = holders[s]
-                if (copied(r) and copied(r["shards"][j]) and job.queue.holder(s) == src
-                        and src not in job.lost and w not in job.lost):
-                    job.queue.set_holder(s, w)
-                    moved.append((s, src))
+        _, answers = await self._adopt(job, [], "whole", plan)
+        moved = self._shards_taken(job, plan, answers)
         await self._bundles(job, [(src, "drop_shard", {"shard": s}) for s, src in moved])
         return len(moved)
 
@@ -619,7 +632,9 @@ class Coordinator(SchedulerPlugin):
         live = set(self._live(job))
         moves = sorted((k, w, src) for k, (w, src) in pending.items()
                        if job.pmap.owners.get(k) == src and w in live and src in live)
-        results = await self._adopt(job, moves, "switch")
+        # the shards follow their rows in the same messages (``_follow_shards``), as if every switch succeeds
+        follow = self._follow_plan(job, {**job.pmap.owners, **{k: w for k, w, _ in moves}})
+        results, shard_answers = await self._adopt(job, moves, "switch", follow)
         switched = []
         for (k, w, src), r in zip(moves, results):
             if copied(r) and src not in job.lost and w not in job.lost:
@@ -631,16 +646,17 @@ class Coordinator(SchedulerPlugin):
         done = {k for k, *_ in switched}
         stale = [(k, holder) for k, (new, old) in sorted(pending.items()) if k not in done
                  for holder in (new, old) if holder in self.scheduler.workers]
+        followed = self._shards_taken(job, follow, shard_answers)
         await self._bundles(job,  # (an old owner lost meanwhile holds nothing)
                             [(src, "lend", {"table": k[0], "part": k[1], "step": "drop"}) for k, _, src, _ in switched]
-                            + [(w, "forget_copy", {"table": k[0], "part": k[1]}) for k, w in stale])
-        followed = await self._follow_shards(job) if switched else 0
+                            + [(w, "forget_copy", {"table": k[0], "part": k[1]}) for k, w in stale]
+                            + [(src, "drop_shard", {"shard": s}) for s, src in followed])
         if len(switched) < len(pending):
             self._background(self._even_out(job))  # copies went stale or failed (a loss, a hand-off): plan anew
         if switched:
             job.event(time.time(), "partitions-taken-on", workers=sorted({w for _, w, _, _ in switched}),
                       partitions=len(switched), moved=[list(k) for k, *_ in switched], failed=len(pending) - len(switched),
-                      shards_followed=followed,
+                      shards_followed=len(followed),
                       rows_resent=sum(n for *_, n in switched), rows=sum(job.pmap.layouts[k[0]].bounds[k[1]][1]
                                                                         - job.pmap.layouts[k[0]].bounds[k[1]][0]
                                                                         for k, *_ in switched),
