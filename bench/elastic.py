@@ -67,13 +67,15 @@ nothing, and once it owns partitions.
 arriving mid-clock can take a larger part of what is left of it (the whole-shard bound shrinks), each
 shard costs the engine its own hand-out, commit and apply. The references run at S shards too, so
 goodput is against the same cut; the cost of the cut shows in the references' clock rates, compared
-across runs. ``--event-at random`` fires each event at a uniform point of a clock (as long as the
+across runs. ``--parts P`` cuts the model's tables of the shards' rows into P partitions (default:
+dscar's, one a worker at the start, so 3 partitions cannot be even, nor each held with its shards, on
+2 or 4 workers); the references use the same cut. ``--event-at random`` fires each event at a uniform point of a clock (as long as the
 last one) instead of right after a clock's end ("boundary", the default and the first timing): a
 real cluster's joins, retirements and crashes do not wait for dscar's clocks, and a bench whose
 joiners all land at one point of their clock measures that point only.
 
 Usage: ``python -m bench.elastic [--events N] [--kinds join,retire,kill] [--workers W] [--seed S]
-[--shards S] [--event-at boundary|random] [--quick] [--start-method forkserver|spawn] [--json PATH] [--plot PATH]``; ``python -m bench.elastic --pull-bound [--json PATH]``.
+[--shards S] [--parts P] [--event-at boundary|random] [--quick] [--start-method forkserver|spawn] [--json PATH] [--plot PATH]``; ``python -m bench.elastic --pull-bound [--json PATH]``.
 """
 from __future__ import annotations
 
@@ -338,7 +340,7 @@ def churn_fit(args, tmp: str, t0: float) -> dict[str, Any]:
 
     kinds = args.kinds.split(",")
     clocks = churn_clocks(args.events)
-    algo = Churned(clocks, work_s(args.shards))
+    algo = Churned(clocks, work_s(args.shards), args.parts)
     with LocalCluster(n_workers=args.workers, threads_per_worker=1, processes=True, dashboard_address=None) as lc:
         cl = dscar.connect(lc)
         cl.client.wait_for_workers(args.workers)
@@ -383,15 +385,15 @@ def clock_records(res) -> list[dict[str, Any]]:
 
 
 def reference_fit(n_workers: int, clocks: int, tmp: str, n_shards: int = N_SHARDS,
-                  columns: int | None = None) -> dict[str, Any]:
+                  columns: int | None = None, n_parts: int | None = None) -> dict[str, Any]:
     """A failure-free fit of ``clocks`` clocks on ``n_workers`` worker processes, ``n_shards`` shards: its
     clock rate (clocks 2.. over their seconds). ``columns``: the model's width, the churn fit's
     (``churn_clocks``; default ``clocks``): a shard's update and the clock end's check grow with it, and
     below ``apply_plan.INLINE_BYTES`` an update rides its commit, so a narrower reference is a faster
-    model, not the same fit without churn."""
+    model, not the same fit without churn. ``n_parts``: as the churn fit's (``--parts``)."""
     from distributed import LocalCluster
 
-    algo = Churned(columns or clocks, work_s(n_shards))
+    algo = Churned(columns or clocks, work_s(n_shards), n_parts)
     with LocalCluster(n_workers=n_workers, threads_per_worker=1, processes=True, dashboard_address=None) as lc:
         cl = dscar.connect(lc)
         cl.client.wait_for_workers(n_workers)
@@ -951,6 +953,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--shards", type=int, default=N_SHARDS,
                     help=f"shards of the fits (default {N_SHARDS}); a clock's step work stays {STEP_WORK_S:g} s, cut finer")
+    ap.add_argument("--parts", type=int, default=None,
+                    help="partitions of the model's tables of the shards' rows (default: dscar's, one a worker at the "
+                         "start); a count that 2, 3 and 4 divide (12) lets every worker count own an even, aligned share")
     ap.add_argument("--event-at", choices=EVENT_AT, default="boundary",
                     help="where in a clock events come: right after a clock's end (default, the first timing), "
                          "or at a uniform point of it (random)")
@@ -967,6 +972,8 @@ def main(argv: list[str] | None = None) -> int:
     bad = [k for k in args.kinds.split(",") if k not in KINDS]
     if args.shards < args.workers + 1:
         ap.error(f"--shards must be at least --workers + 1 ({args.workers + 1}): one shard a worker at the most live")
+    if args.parts is not None and not 1 <= args.parts <= args.shards:
+        ap.error(f"--parts must be between 1 and --shards ({args.shards}): a table of the shards' rows has {args.shards} rows")
     if bad or args.workers < 2:
         ap.error(f"unknown kinds {bad} (known: {', '.join(KINDS)})" if bad else "--workers must be at least 2")
     if args.events is None:
@@ -1007,12 +1014,12 @@ def run(args, t0: float) -> int:
         for n in counts:  # references before the churn fit and after it, in the reverse order (interleaved)
             log(t0, f"failure-free reference on {n} workers (before)")
             runs.append(reference_fit(n, ref_clocks, os.path.join(tmp, f"ref{n}a"), args.shards,
-                                     churn_clocks(args.events)))
+                                     churn_clocks(args.events), args.parts))
         churn = churn_fit(args, os.path.join(tmp, "churn"), t0)
         for n in reversed(counts):
             log(t0, f"failure-free reference on {n} workers (after)")
             runs.append(reference_fit(n, ref_clocks, os.path.join(tmp, f"ref{n}b"), args.shards,
-                                     churn_clocks(args.events)))
+                                     churn_clocks(args.events), args.parts))
     refs = merge_references(runs)
     s = summarize(churn, refs, args.shards)
     load = load_average()
@@ -1020,7 +1027,7 @@ def run(args, t0: float) -> int:
     print(f"load average {load}")
     if args.json:
         write_json(args.json, {"quick": args.quick, "kinds": args.kinds.split(","), "workers": args.workers,
-                               "seed": args.seed, "shards": args.shards, "event_at": args.event_at, "summary": s, "references": refs,
+                               "seed": args.seed, "shards": args.shards, "parts": args.parts, "event_at": args.event_at, "summary": s, "references": refs,
                                "driver_events": churn["driver"].events, "load_average": load, "machine": info,
                                # what the figures are computed from, to look again: clock ends, live-count samples
                                "ticks": churn["ticks"], "live": churn["driver"].live,

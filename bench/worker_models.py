@@ -74,15 +74,20 @@ class ExactlyOnce(Algorithm):
     #: updates in its columns were they applied before it reported
     clock_end_reads_only = True
 
-    def __init__(self, clocks: int, work_s: float = 0.0, marker: str | None = None, staleness: int = 0):
+    def __init__(self, clocks: int, work_s: float = 0.0, marker: str | None = None, staleness: int = 0,
+                 n_parts: int | None = None):
         self.clocks = clocks  #: columns 1..clocks (one per clock)
         self.work_s = work_s  #: seconds each shard step sleeps
         self.marker = marker  #: a file the first shard step creates (the chaos monkey waits for it)
         self.staleness = staleness  #: the run's SSP staleness (0: BSP): how far ahead columns may be
+        #: partitions of the tables of the shards' rows (``seen``, ``bad``, ``steps``); None: dscar's default
+        #: (one a worker at the start)
+        self.n_parts = n_parts
 
     def tables(self, meta):
-        n, cols = meta.n_shards, self.clocks + 1
-        return [TableSpec("seen", n, (cols,)), TableSpec("bad", n, (cols,)), TableSpec("steps", n),
+        n, cols, parts = meta.n_shards, self.clocks + 1, self.n_parts
+        return [TableSpec("seen", n, (cols,), n_parts=parts), TableSpec("bad", n, (cols,), n_parts=parts),
+                TableSpec("steps", n, n_parts=parts),
                 TableSpec("fanout", FANOUT_ROWS)]
 
     def rebuild_tables(self):
@@ -130,8 +135,8 @@ class Churned(ExactlyOnce):
 
     converged_on_workers = False  # (the churn driver's hook: it runs in the driver's process)
 
-    def __init__(self, clocks: int, work_s: float):
-        super().__init__(clocks, work_s)
+    def __init__(self, clocks: int, work_s: float, n_parts: int | None = None):
+        super().__init__(clocks, work_s, n_parts=n_parts)
         self.driver = None  #: the churn driver (bench.elastic.ChurnDriver), in the driver's process only
         self.ticks: list[tuple[float, int]] = []  #: (time, clocks in the history) at each clock's end
         self.coordinator = None  #: the in-process scheduler's dscar coordinator, read at each clock's end
