@@ -219,8 +219,8 @@ class _AtClockEnd(RowCounter):
 
     hook = None
 
-    def __init__(self, at: int):
-        super().__init__()
+    def __init__(self, at: int, n_parts: int | None = None):
+        super().__init__(n_parts)
         self.at = at
 
     def clock_end(self, ctx):
@@ -282,8 +282,9 @@ def test_a_worker_retired_at_a_boundary_the_coordinator_crosses_hands_off_with_n
 
 @pytest.mark.parametrize("model, boundaries", [(_AtClockEnd, (3,)), (_AtClockEndAhead, (3, 4))], ids=["folded", "ahead"])
 def test_a_joiner_s_copies_switch_at_a_boundary_the_coordinator_crosses(model, boundaries):
-    # one worker owns both tables whole: moving one to the joiner lowers the largest owner's load, so it
-    # moves (``even_plan``; from two equal owners of two partitions each, no move would)
+    # one worker owns both tables, cut in 2 (two row units, each a partition of ``count`` and one of ``seen``):
+    # moving a unit to the joiner lowers the largest owner's load, so it moves (``unit_even_plan``; from two
+    # equal owners of a unit each, or from one owner of one unit, no move would)
     with LocalCluster(n_workers=1, threads_per_worker=1, processes=False, dashboard_address=":0") as lc:
         cl = dscar.connect(lc)
         coordinator = lc.scheduler.plugins[PLUGIN_NAME]
@@ -296,7 +297,7 @@ def test_a_joiner_s_copies_switch_at_a_boundary_the_coordinator_crosses(model, b
 
         _AtClockEnd.hook = add_a_worker
         with scheduler_calls(cl.client) as calls:
-            res = dscar.fit(model(at=3), row_data(60), cl, n_shards=6, max_clocks=6, progress=False)
+            res = dscar.fit(model(at=3, n_parts=2), row_data(60), cl, n_shards=6, max_clocks=6, progress=False)
     (taken,) = [e for e in res.events if e["kind"] == "partitions-taken-on"]
     assert taken["partitions"] > 0 and taken["failed"] == 0
     assert taken["clock"] in boundaries, taken  # (as above)
@@ -318,7 +319,7 @@ class _AtClockEnds(RowCounter):
 
 
 def test_a_joiner_s_copy_whose_partition_is_handed_off_first_is_forgotten_where_it_was_kept():
-    # clock 3 ends: a worker joins and copies partitions of the one owner, which Dask then retires; at
+    # clock 3 ends: a worker joins and copies a row unit of the one owner (2 units), which Dask then retires; at
     # the boundary its hand-off gives them to the joiner whole, so the copies never switch: each is
     # forgotten on the joiner (and on the leaver), not kept as a partition's worth of memory to the job's end
     with LocalCluster(n_workers=1, threads_per_worker=1, processes=False, dashboard_address=":0") as lc:
@@ -340,7 +341,7 @@ def test_a_joiner_s_copy_whose_partition_is_handed_off_first_is_forgotten_where_
                          for w in lc.workers.values() if (ps := w.plugins.get("dscar-paramserver")) is not None})
 
         _AtClockEnds.hooks = {3: join_then_retire_the_owner, 5: look}
-        res = dscar.fit(_AtClockEnds(), row_data(60), cl, n_shards=6, max_clocks=6, progress=False)
+        res = dscar.fit(_AtClockEnds(n_parts=2), row_data(60), cl, n_shards=6, max_clocks=6, progress=False)
         threads[0].join(60)
     (handoff,) = [e for e in res.events if e["kind"] == "handoff"]
     assert handoff["workers"] == [owner] and handoff["partitions"] > 0
