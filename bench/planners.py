@@ -61,7 +61,8 @@ def cases(W: int) -> dict[str, Callable[[], int]]:
     half = members[: W // 2]
 
     def retire(leaving: list[str]) -> int:
-        stay = [w for w in members if w not in leaving]
+        gone = set(leaving)
+        stay = [w for w in members if w not in gone]
         parts = unit_handoff_plan(owners, rows, units, leaving, stay)
         after = {**owners, **parts}
         shards = shard_handoff_plan(holders, leaving, stay, homes, after)

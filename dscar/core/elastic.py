@@ -109,15 +109,23 @@ def shard_handoff_plan(holders: Mapping[int, str | None], leaving: Iterable[str]
     return plan
 
 
+def _all_alone(units: Mapping[tuple[str, int], tuple[str, int]]) -> bool:
+    """Whether every partition is a unit of its own (no two tables laid out alike)."""
+    return len(set(units.values())) == len(units)
+
+
 def _units(owners: Mapping[tuple[str, int], str], rows: Mapping[tuple[str, int], int],
            units: Mapping[tuple[str, int], tuple[str, int]]):
     """The partitions of each unit (``partitions.row_units``; a partition without one is a unit of its own),
     each unit's owner (who owns most of its rows; ties by name) and its rows."""
     members: dict[tuple[str, int], list[tuple[str, int]]] = {}
-    for k in sorted(owners):
+    for k in owners:
         members.setdefault(units.get(k, k), []).append(k)
     unit_owner, unit_rows = {}, {}
     for u, keys in members.items():
+        if len(keys) == 1:  # (a table cut its own way: most units of a large job's layout)
+            unit_owner[u], unit_rows[u] = owners[keys[0]], rows[keys[0]]
+            continue
         by: dict[str, int] = {}
         for k in keys:
             by[owners[k]] = by.get(owners[k], 0) + rows[k]
@@ -133,6 +141,8 @@ def unit_handoff_plan(owners: Mapping[tuple[str, int], str], rows: Mapping[tuple
     rest of their unit is (its owner, when that one stays), and a unit the leavers own goes whole to one
     stayer, so a row range's partitions keep one owner through a retirement (moved one by one, they end
     on as many owners, and every step on those rows asks each of them). Empty when nobody stays."""
+    if _all_alone(units):  # (no two tables laid out alike: the plain plan, without the units' bookkeeping)
+        return handoff_plan(owners, rows, leaving, staying)
     gone = set(leaving)
     stay = set(staying) - gone
     if not stay:
@@ -148,6 +158,8 @@ def unit_even_plan(owners: Mapping[tuple[str, int], str], rows: Mapping[tuple[st
     """``even_plan`` by units (``partitions.row_units``): whole units move between the ``workers``, and a unit
     whose partitions have several owners (a layout of before) is brought together on its owner. Units with
     a partition owned outside ``workers`` stay as they are. Returns partition -> new owner."""
+    if _all_alone(units):  # (no two tables laid out alike: the plain plan, without the units' bookkeeping)
+        return even_plan(owners, rows, workers)
     members_of, unit_owner, unit_rows = _units(owners, rows, units)
     members = set(workers)
     movable = {u: w for u, w in unit_owner.items() if all(owners[k] in members for k in members_of[u])}
