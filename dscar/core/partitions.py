@@ -83,8 +83,8 @@ def shard_homes(layouts: Iterable[TableLayout], shard_bounds: list[tuple[int, in
 def row_units(layouts: Iterable[TableLayout]) -> dict[tuple[str, int], tuple[str, int]]:
     """The unit of every partition: partition ``p`` of every table laid out alike (as many rows, cut into as
     many partitions: the same row ranges) is one unit, ``("<n_rows>/<n_parts>", p)``. A step that reads or
-    updates rows of one reads or updates the same rows of the others (LDA's tables of the data's rows, MF's
-    ``user`` and ``user_bias``, MLR's ``W`` and ``V``), so a unit with one owner answers them in one message
+    updates rows of one reads or updates the same rows of the others (a model's per-row weights and their
+    running statistics, or its tables of the data's rows), so a unit with one owner answers them in one message
     and applies them in one place: ``elastic``'s unit plans move units whole."""
     return {(t.name, p): (f"{t.n_rows}/{t.n_parts}", p) for t in layouts for p in range(t.n_parts)}
 
