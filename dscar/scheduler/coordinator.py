@@ -180,6 +180,8 @@ class Coordinator(SchedulerPlugin):
         self._events_heard = 0
         #: how many changes woke the waits
         self.wakes = 0
+        #: answers to a driver's long poll held back for its ``linger`` (``_h_wait``)
+        self.lingered = 0
         #: the workers whose long poll for work waits (``dscar.core.wake``): a change wakes those it may concern
         self._line = WaitLine()
         #: worker -> the future its waiting long poll waits on (resolved with its ``Woken``)
@@ -2139,6 +2141,7 @@ class Coordinator(SchedulerPlugin):
             if report is not None:
                 left = asked + linger - time.monotonic()
                 if left > 0 and report.get("next_begun"):
+                    self.lingered += 1
                     await asyncio.sleep(left)
                     continue  # (the answer then carries the events and checkpoints of the linger too)
                 return {**report, "publish": publish, "events": events, "more": self._reports_after(job, clock)}
