@@ -739,6 +739,10 @@ def summarize(churn: dict[str, Any], refs: dict[int, dict[str, Any]], n_shards: 
         "handoff_s_mean": round(statistics.mean(e["seconds"] for e in handoffs), 4) if handoffs else None,
         "handoff_s_max": max((e["seconds"] for e in handoffs), default=None),
         "handoff_failed_copies": sum(e.get("failed", 0) for e in handoffs),
+        # shards moved to their rows' owner: handed off by leavers, and stayers' that followed their rows
+        "shards_handed_off": sum(e.get("shards", 0) for e in handoffs),
+        "shards_followed": sum(e.get("followed", 0) for e in handoffs)
+        + sum(e.get("shards_followed", 0) for e in res.events if e["kind"] == "partitions-taken-on"),
         **rw, "rework_per_event": round((rw["skipped_clocks"] + rw["rolled_back_clocks"]) / max(1, n_events), 3),
         "losses": ev["worker-lost"], "left": ev["worker-left"], "joined": ev["worker-joined"],
         "recoveries": ev["recovery-started"], "partitions_taken_on": ev["partitions-taken-on"],
@@ -779,7 +783,8 @@ def format_table(s: dict[str, Any], refs: dict[int, dict[str, Any]]) -> str:
         ("clock rate", f"{s['clock_rate']} /s; failure-free at the same workers {s['expected_rate']} /s"),
         ("goodput", f"{100 * s['goodput']:.1f} %"),
         ("hand-offs", f"{s['handoffs']}, mean {s['handoff_s_mean']} s, max {s['handoff_s_max']} s, "
-                      f"failed copies {s['handoff_failed_copies']}"),
+                      f"failed copies {s['handoff_failed_copies']}; shards handed off {s['shards_handed_off']}, "
+                      f"shards that followed their rows {s['shards_followed']}"),
         ("rework", f"{s['skipped_clocks']} clocks cut short + {s['rolled_back_clocks']} rolled back = "
                    f"{s['rework_per_event']} per event"),
         ("losses / left / joined", f"{s['losses']} / {s['left']} / {s['joined']} (recoveries {s['recoveries']}, "

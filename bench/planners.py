@@ -14,9 +14,9 @@ out alike moves whole; here each table is cut its own way, so each partition is 
 * ``doubled``: ``unit_even_plan`` where one worker took a leaver's partitions (its load doubled), of 10-row
   partitions (3 moves take it from 80 to 50 rows) and of the rows above (none pays: two 10,000-row
   partitions must share an owner);
-* ``retire 1`` / ``retire half``: ``unit_handoff_plan`` + ``shard_handoff_plan`` of one leaver and of half
-  the workers (an adaptive scale-down), then ``shard_follow_plan`` (the shards of a table of the data's
-  rows, ``d``, to their rows' owners).
+* ``retire 1`` / ``retire half``: ``unit_handoff_plan`` + ``shard_plan`` of one leaver and of half the
+  workers (an adaptive scale-down): the leavers' shards and those that follow their rows (a table of the
+  data's rows, ``d``) to their rows' owners.
 
 Seconds are the median of ``--repeats`` calls (``time.perf_counter``), with the load average printed.
 
@@ -29,7 +29,7 @@ import statistics
 import time
 from typing import Any, Callable
 
-from dscar.core.elastic import shard_follow_plan, shard_handoff_plan, unit_even_plan, unit_handoff_plan
+from dscar.core.elastic import shard_plan, unit_even_plan, unit_handoff_plan
 from dscar.core.partitions import TableLayout, row_units, shard_homes
 
 from .common import load_average, machine_info, pyplot, write_json
@@ -65,9 +65,7 @@ def cases(W: int) -> dict[str, Callable[[], int]]:
         stay = [w for w in members if w not in gone]
         parts = unit_handoff_plan(owners, rows, units, leaving, stay)
         after = {**owners, **parts}
-        shards = shard_handoff_plan(holders, leaving, stay, homes, after)
-        follow = shard_follow_plan({**holders, **shards}, homes, after, stay)
-        return len(parts) + len(shards) + len(follow)
+        return len(parts) + len(shard_plan(holders, stay, leaving, homes, after))
 
     return {
         "join": lambda: len(unit_even_plan(owners, rows, units, members + ["joiner"])),

@@ -8,7 +8,7 @@ import dask
 import numpy as np
 import pytest
 from distributed import LocalCluster
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import dscar
@@ -16,7 +16,7 @@ from dscar.algorithms.datasets import make_regression
 from dscar.algorithms.lasso import LassoCD
 from dscar.scheduler.coordinator import PLUGIN_NAME
 from dscar.core.elastic import (EVEN_MIN_GAIN, adaptive_target, even_plan, handoff_plan, handoff_targets, retirable, setting_up,
-                           shard_follow_plan, shard_handoff_plan, ssp_leave_step, unit_even_plan, unit_handoff_plan,
+                           shard_plan, ssp_leave_step, unit_even_plan, unit_handoff_plan,
                            workers_wanted)
 from dscar.errors import InvalidInputError
 from bench.worker_models import CHECK_KEYS, FANOUT_ROWS, ExactlyOnce, check_final
@@ -210,22 +210,57 @@ def test_shards_go_to_the_owner_of_their_rows_in_a_hand_off_and_after_a_switch()
     owners = {("seen", 0): "a", ("seen", 1): "b"}
     holders = {0: "a", 1: "c", 2: "c", 3: "b"}
     # c leaves: its shards go to their rows' owners, not to whoever holds the fewest
-    assert shard_handoff_plan(holders, {"c"}, ["a", "b"], homes, owners) == {1: "a", 2: "b"}
-    assert shard_handoff_plan(holders, {"c"}, ["a", "b"], homes, {**owners, ("seen", 1): "c"}) == {1: "a", 2: "b"}
+    assert shard_plan(holders, ["a", "b"], {"c"}, homes, owners) == {1: "a", 2: "b"}
+    assert shard_plan(holders, ["a", "b"], {"c"}, homes, {**owners, ("seen", 1): "c"}) == {1: "a", 2: "b"}
     # after a switch: every shard held by another member than its rows' owner follows them
-    assert shard_follow_plan(holders, homes, owners, {"a", "b", "c"}) == {1: "a", 2: "b"}
-    assert shard_follow_plan(holders, homes, owners, {"a", "b"}) == {}  # c is not a member (leaving, warming up)
+    assert shard_plan(holders, {"a", "b", "c"}, (), homes, owners) == {1: "a", 2: "b"}
+    assert shard_plan(holders, {"a", "b"}, (), homes, owners) == {}  # c is not a member (leaving, warming up)
+    assert shard_plan(holders, {"a", "b", "c"}, (), homes, owners, follow=False) == {}
     # up to an even share: a owns every shard's rows, but takes 2 of 4 (the pass waits for its busiest worker)
     everything = {("seen", 0): "a", ("seen", 1): "a"}
-    assert shard_follow_plan({0: "a", 1: "c", 2: "c", 3: "b"}, homes, everything, {"a", "b", "c"}) == {1: "a"}
-    assert shard_handoff_plan({0: "a", 1: "c", 2: "c", 3: "b"}, {"c"}, ["a", "b"], homes, everything) == {1: "a", 2: "b"}
+    assert shard_plan({0: "a", 1: "c", 2: "c", 3: "b"}, {"a", "b", "c"}, (), homes, everything) == {1: "a"}
+    assert shard_plan({0: "a", 1: "c", 2: "c", 3: "b"}, ["a", "b"], {"c"}, homes, everything) == {1: "a", 2: "b"}
+    # a shard leaving a full owner makes room there for one of its own rows (b: 2 of 4, one of them a's)
+    swap = {0: "b", 1: "a", 2: "b", 3: "a"}
+    assert shard_plan(swap, ["a", "b"], (), homes, owners) == {0: "a", 3: "b"}
+    # a leaver's shard goes before a stayer's: a has room for one (of 3 shards on 2 workers: share 2)
+    three = {0: ("seen", 0), 1: ("seen", 0), 2: ("seen", 0)}
+    assert shard_plan({0: "a", 1: "b", 2: "c"}, ["a", "b"], {"c"}, three, owners) == {2: "a"}
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.data())
+def test_a_shard_plan_moves_each_shard_once_keeps_an_even_share_and_hands_off_every_leavers_shard(data):
+    workers = "abcde"
+    n = data.draw(st.integers(1, 24))
+    holders = {s: data.draw(st.sampled_from(workers + "-"), label=f"holder {s}") for s in range(n)}
+    holders = {s: (None if w == "-" else w) for s, w in holders.items()}
+    parts = data.draw(st.integers(1, 6))
+    homes = {s: ("seen", s * parts // n) for s in range(n)}
+    owners = {("seen", p): data.draw(st.sampled_from(workers), label=f"owner {p}") for p in range(parts)}
+    staying = data.draw(st.lists(st.sampled_from(workers), unique=True, min_size=1))
+    rest = [w for w in workers if w not in staying]
+    leaving = data.draw(st.lists(st.sampled_from(rest), unique=True) if rest else st.just([]))
+    plan = shard_plan(holders, staying, leaving, homes, owners)
+    after = {**holders, **plan}
+    assert set(plan.values()) <= set(staying) and all(holders[s] != w for s, w in plan.items())
+    assert not any(w in leaving for w in after.values())  # every leaver's shard handed off
+    share = -(-n // len(staying))
+    before, held = Counter(holders.values()), Counter(after.values())
+    for s, w in plan.items():  # to its rows' owner within an even share (or a swap: nobody's count changes)
+        if holders[s] in staying:  # (a stayer's moves only there)
+            assert w == owners[homes[s]] and held[w] <= max(share, before[w])
+        elif w == owners[homes[s]]:
+            assert held[w] <= max(share, before[w])
+    # nothing more to do: a second plan moves nothing
+    assert shard_plan(after, staying, (), homes, owners) == {}
 
 
 def test_a_shard_hand_off_spreads_the_leavers_shards_over_the_stayers():
     holders = {0: "a", 1: "a", 2: "b", 3: "c", 4: None}
-    plan = shard_handoff_plan(holders, {"a"}, ["a", "b", "c"])
+    plan = shard_plan(holders, ["a", "b", "c"], {"a"})
     assert sorted(plan) == [0, 1] and sorted(plan.values()) == ["b", "c"]
-    assert shard_handoff_plan(holders, {"a", "b", "c"}, ["a", "b", "c"]) == {}
+    assert shard_plan(holders, ["a", "b", "c"], {"a", "b", "c"}) == {}
 
 
 class RetiresAnOwner:
@@ -334,7 +369,7 @@ def test_a_hand_off_that_leaves_the_stayers_uneven_is_evened_out_at_a_later_boun
         final: dict = {}
         switch = coordinator._switch_copies
 
-        follow, aligned = coordinator._follow_shards, []
+        hand_off, aligned = coordinator._hand_off, []
 
         def check(job):  # (after the hand-off and after the switch: is every shard with its rows' owner, or does
             homes = coordinator._shard_homes[job.cfg.job_id]  # that owner hold its even share of them already?)
@@ -350,13 +385,12 @@ def test_a_hand_off_that_leaves_the_stayers_uneven_is_evened_out_at_a_later_boun
             if pending:
                 check(job)
 
-        async def followed(job):
-            n = await follow(job)
+        async def handed_off(job, *a, **kw):
+            await hand_off(job, *a, **kw)
             check(job)
-            return n
 
         coordinator._switch_copies = recorded
-        coordinator._follow_shards = followed
+        coordinator._hand_off = handed_off
         res = dscar.fit(algo, {"x": np.arange(float(n_shards))}, cl, n_shards=n_shards, max_clocks=clocks,
                         progress=False)
         algo._thread.join(60)

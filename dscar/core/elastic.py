@@ -22,6 +22,7 @@ once it is drained and the tables hold still (``ssp_leave_step``).
 from __future__ import annotations
 
 from bisect import bisect_left, insort
+from collections import deque
 from collections.abc import Container, Iterable, Mapping
 from heapq import heapify, heapreplace
 
@@ -72,41 +73,96 @@ def handoff_plan(owners: Mapping[tuple[str, int], str], rows: Mapping[tuple[str,
     return plan
 
 
-def shard_handoff_plan(holders: Mapping[int, str | None], leaving: Iterable[str],
-                       staying: Iterable[str], homes: Mapping[int, tuple[str, int]] | None = None,
-                       owners: Mapping[tuple[str, int], str] | None = None) -> dict[int, str]:
-    """Where each shard held by the ``leaving`` workers goes (``holders``: shard -> holder): to the staying
-    owner of its home partition (``homes``, ``partitions.shard_homes``; ``owners``: the owners once the
-    partitions are handed off), so its steps keep their rows local, while that owner holds fewer than an
-    even share of the shards (a pass waits for its busiest worker: rows whole units leave uneven must not
-    make the shards uneven too); else to the ``staying`` worker holding the fewest shards at that point
-    (ties by name). Empty when nobody stays."""
+def shard_plan(holders: Mapping[int, str | None], staying: Iterable[str], leaving: Iterable[str] = (),
+               homes: Mapping[int, tuple[str, int]] | None = None, owners: Mapping[tuple[str, int], str] | None = None,
+               follow: bool = True) -> dict[int, str]:
+    """Where shards go (``holders``: shard -> holder) when workers leave or partitions change owner: every shard
+    of the ``leaving`` workers, and (``follow``) each one a ``staying`` worker holds away from its rows, goes to
+    the staying owner of its home partition (``homes``, ``partitions.shard_homes``; ``owners``: the owners once
+    the partitions have moved), so its steps read and update those rows locally, while that owner holds fewer
+    than an even share of the shards (a pass waits for its busiest worker: rows that whole units leave uneven
+    must not make the shards uneven too). What a worker holds counts every shard it holds at that point of the
+    plan, so a shard that leaves it makes room for one of its own rows, and shards that wait for room at each
+    other's holders swap (``_rotations``). A leaver's shard that finds no room goes
+    to the staying worker holding the fewest (ties by name); a stayer's stays where it is. Shards held by
+    neither stay put. A leaver's shard goes before a stayer's (it must move anyway)."""
     gone = set(leaving)
-    stay = sorted(set(staying) - gone)
-    if not stay:
+    held = dict.fromkeys(sorted(set(staying) - gone), 0)
+    if not held:
         return {}
-    plan: dict[int, str] = {}
-    going = sorted(s for s, w in holders.items() if w in gone)
-    held = {w: 0 for w in stay}
     for w in holders.values():
         if w in held:
             held[w] += 1
+    share = -(-len(holders) // len(held))
+    going = sorted(s for s, w in holders.items() if w in gone)
+    plan: dict[int, str] = {}
     if homes and owners:
-        share = -(-len(holders) // len(stay))
-        for shard in going:
-            w = owners.get(homes.get(shard))  # type: ignore[arg-type]
-            if w is not None and w in held and held[w] < share:
-                plan[shard] = w
+        # shards waiting for room at their rows' owner, leavers' first; a departure reopens its holder's line
+        line: dict[str, deque[int]] = {}
+        strays = sorted(s for s, w in holders.items() if follow and w in held)
+        for s in going + strays:
+            w = owners.get(homes.get(s))  # type: ignore[arg-type]
+            if w in held and w != holders[s]:
+                line.setdefault(w, deque()).append(s)
+        todo = deque(line)
+        while todo:
+            w = todo.popleft()
+            waiting = line.get(w)
+            while waiting and held[w] < share:
+                s = waiting.popleft()
+                plan[s] = w
                 held[w] += 1
-    fewest = [(n, w) for w, n in held.items()]
+                was = holders[s]
+                if was in held:
+                    held[was] -= 1
+                    if line.get(was):
+                        todo.append(was)
+        plan.update(_rotations(line, holders, held))
+    fewest = [(held[w], w) for w in held]
     heapify(fewest)
-    for shard in going:
-        if shard in plan:
-            continue
-        n, target = fewest[0]
-        plan[shard] = target
-        heapreplace(fewest, (n + 1, target))
+    for s in going:
+        if s not in plan:
+            n, target = fewest[0]
+            plan[s] = target
+            heapreplace(fewest, (n + 1, target))
     return plan
+
+
+def _rotations(line: Mapping[str, Iterable[int]], holders: Mapping[int, str | None],
+               held: Container[str]) -> dict[int, str]:
+    """Of the shards still waiting for room at their rows' owner (``line``: owner -> shards), those that can
+    swap round a cycle of ``held``'s workers (a's shard waits for b while b's waits for a): moving a whole cycle
+    keeps every worker's count. Shard -> its rows' owner. A walk along the waiting shards (each followed once)
+    drops those that lead nowhere and takes each cycle it closes."""
+    target = {s: w for w, waiting in line.items() for s in waiting}
+    out: dict[str, list[int]] = {}
+    for s in sorted(target, reverse=True):
+        if holders[s] in held:
+            out.setdefault(holders[s], []).append(s)  # type: ignore[index]
+    moved: dict[int, str] = {}
+    for start in sorted(out):
+        path: list[int] = []  # the shards walked along, from ``start``
+        at: dict[str, int] = {}  # worker on the path -> the index in ``path`` of the shard it sends
+        x = start
+        while True:
+            if x in at:  # a cycle closed: its shards move
+                i = at[x]
+                for s in path[i:]:
+                    moved[s] = target[s]
+                    del at[holders[s]]  # type: ignore[arg-type]
+                del path[i:]
+            if out.get(x):
+                s = out[x].pop()
+                at[x] = len(path)
+                path.append(s)
+                x = target[s]
+                continue
+            if not path:
+                break
+            s = path.pop()  # (it leads nowhere: dropped)
+            x = holders[s]  # type: ignore[assignment]
+            del at[x]
+    return moved
 
 
 def _all_alone(units: Mapping[tuple[str, int], tuple[str, int]]) -> bool:
@@ -168,31 +224,6 @@ def unit_even_plan(owners: Mapping[tuple[str, int], str], rows: Mapping[tuple[st
     for u, w in movable.items():
         target = unit_plan.get(u, w)
         plan.update({k: target for k in members_of[u] if owners[k] != target})
-    return plan
-
-
-def shard_follow_plan(holders: Mapping[int, str | None], homes: Mapping[int, tuple[str, int]],
-                      owners: Mapping[tuple[str, int], str], workers: Iterable[str]) -> dict[int, str]:
-    """Shards to copy to the owner of their home partition (``partitions.shard_homes``) where another of the
-    ``workers`` holds them: after partitions moved (a join's, an even-out's), a shard held away from its
-    rows pulls and pushes them over the network every step, until something moves it back. An owner holds
-    shards of its own rows only up to an even share of them (a pass waits for its busiest worker; dynamic
-    sharding would move the excess away again in the next pass); the others' shards it holds go to them."""
-    members = set(workers)
-    if not members:
-        return {}
-    share = -(-len(holders) // len(members))
-    mine = dict.fromkeys(members, 0)  # shards each member holds of its own rows: they stay
-    for s, h in homes.items():
-        w = holders.get(s)
-        if w in mine and owners.get(h) == w:
-            mine[w] += 1
-    plan = {}
-    for s, h in sorted(homes.items()):
-        w, was = owners.get(h), holders.get(s)
-        if w is not None and was is not None and w != was and w in mine and was in mine and mine[w] < share:
-            plan[s] = w
-            mine[w] += 1
     return plan
 
 
@@ -308,7 +339,7 @@ def ssp_leave_step(leaver: str, running: Iterable[str], unapplied: Iterable[str]
     - "wait": nothing of it is in flight but an apply or a clock end is (not ``quiet``): the tables
       move;
     - "hand-off": its partitions (with the SSP updates they hold) and shards are copied to the others
-      and switched in one step (``handoff_plan``, ``shard_handoff_plan``), then it leaves, as under BSP.
+      and switched in one step (``handoff_plan``, ``shard_plan``), then it leaves, as under BSP.
 
     Each step's condition is checked in this order, so a leaver never hands off while an update of
     it could still be lost."""

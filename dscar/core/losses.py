@@ -100,9 +100,8 @@ class Losses:
     def plan(self, kinds: dict[str, str], live: list[str], full: bool, manifests: list[dict], n_shards: int,
              mirrors: dict, state_mirrors: dict) -> RecoveryPlan:
         """What to restore now for every unrecovered loss, onto the ``live`` workers."""
-        rows = {(t, p): b - a for t, l in self.pmap.layouts.items() for p, (a, b) in enumerate(l.bounds)}
         return plan_recovery(
-            owners=self.pmap.owners, kinds=kinds, rows=rows, lost=self.lost, live=live, full=full,
+            owners=self.pmap.owners, kinds=kinds, rows=self.pmap.rows, lost=self.lost, live=live, full=full,
             manifests=manifests, lost_shards=self.lost_shards, n_shards=n_shards, mirrors=mirrors,
             state_mirrors=state_mirrors)
 

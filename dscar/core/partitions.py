@@ -11,6 +11,7 @@ import bisect
 import heapq
 import os
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Iterable, Mapping
 
 
@@ -69,7 +70,7 @@ def data_homes(layouts: Iterable[TableLayout], shard_bounds: list[tuple[int, int
 def shard_homes(layouts: Iterable[TableLayout], shard_bounds: list[tuple[int, int]]) -> dict[int, tuple[str, int]]:
     """The partition each shard's steps update locally: of the first table whose rows are the data's rows
     (``data_homes``' tables), the one holding the shard's middle row. Empty when no table is. A shard held by
-    that partition's owner pulls and pushes those rows without a message (``elastic.shard_follow_plan``)."""
+    that partition's owner pulls and pushes those rows without a message (``elastic.shard_plan``)."""
     if not shard_bounds:
         return {}
     n_rows = shard_bounds[-1][1]
@@ -168,11 +169,20 @@ class PartitionMap:
                     self.owners[(t.name, part)] = w
                     heapq.heappush(heap, (n + b - a, w))
 
+    @cached_property
+    def rows(self) -> dict[tuple[str, int], int]:
+        """The rows of every partition (the layouts are fixed for the map's life)."""
+        return {(t, p): b - a for t, layout in self.layouts.items() for p, (a, b) in enumerate(layout.bounds)}
+
+    @cached_property
+    def units(self) -> dict[tuple[str, int], tuple[str, int]]:
+        """The row unit of every partition (``row_units``)."""
+        return row_units(self.layouts.values())
+
     def rows_by_worker(self) -> dict[str, int]:
         load: dict[str, int] = {}
-        for (t, p), w in self.owners.items():
-            a, b = self.layouts[t].bounds[p]
-            load[w] = load.get(w, 0) + b - a
+        for k, w in self.owners.items():
+            load[w] = load.get(w, 0) + self.rows[k]
         return load
 
     def least_loaded(self, candidates: list[str]) -> str:

@@ -53,8 +53,8 @@ from .. import heap
 from ..checkpoint import CheckpointConfig
 from ..comm import fast_fail_pool
 from ..core import active_set
-from ..core.elastic import (adaptive_target, handoff_targets, retirable, setting_up, shard_follow_plan,
-                            shard_handoff_plan, unit_even_plan, unit_handoff_plan, workers_wanted)
+from ..core.elastic import (adaptive_target, handoff_targets, retirable, setting_up, shard_plan, unit_even_plan,
+                            unit_handoff_plan, workers_wanted)
 from ..errors import JobFailedError, RefusedCallError
 from ..inflight import Inflight, resolve, timed_wait
 from ..core.job import ApplyPass, BeginClock, Checkpoint, JobConfig, JobState, Mirror, RestartWorker, StartRecovery
@@ -64,7 +64,7 @@ from ..core.losses import unreached_after_apply
 from ..core.membership import DEFAULT_LEASE_S, SCHEDULER_RULES, Lease, Rule, key_digest, refusal, same
 from ..core.monitor import ThroughputMonitor, step_seconds
 from ..core.protocol import IDLE, ClockEndOutcome, Commit, CommitAnswer, handler_name
-from ..core.partitions import PartitionMap, TableLayout, data_homes, placement_plan, row_units, shard_homes
+from ..core.partitions import PartitionMap, TableLayout, data_homes, placement_plan, shard_homes
 from ..core.shards import ShardQueue
 from ..core.wake import IDLE_RECHECK_S, MOVE_RECHECK_S, WaitLine, Woken, commit_wakes, owners, recheck_s
 from ..core.stall import StallWatch, workers_to_ask
@@ -264,7 +264,7 @@ class Coordinator(SchedulerPlugin):
         #: job -> partition -> (new owner, owner): being copied now (``_even_out``), then into ``_copies``
         self._moving: dict[str, dict[tuple[str, int], tuple[str, str]]] = {}
         #: job -> shard -> the partition its steps update locally (``partitions.shard_homes``): hand-offs and
-        #: switches move a shard to that partition's owner (``elastic.shard_follow_plan``)
+        #: switches move a shard to that partition's owner (``elastic.shard_plan``)
         self._shard_homes: dict[str, dict[int, tuple[str, int]]] = {}
         #: the joiners' preparations and copies under way (kept referenced until done)
         self._preparations: set[asyncio.Future] = set()
@@ -424,10 +424,11 @@ class Coordinator(SchedulerPlugin):
     async def _hand_off(self, job: JobState, leaving: list[str], release: bool = True, standby: bool = False) -> None:
         """At a clock boundary (nothing staged, nothing running), the leaving workers' partitions and
         shards are copied from them to the others (``elastic.unit_handoff_plan``, a row range's partitions
-        together, and ``shard_handoff_plan``, a shard to its rows' owner), then the owners and
-        holders switch in one step and the leavers leave the job (``JobState.leave``): nothing to
-        restore, no rework. A leaver lost meanwhile goes the loss's way: nothing of it is switched.
-        ``standby``: the leavers stay in the cluster and the job, standing by (``_stand_by``)."""
+        together, and ``shard_plan``, a shard to its rows' owner, with the stayers' shards that follow
+        their rows to a new owner), then the owners and holders switch in one step and the leavers leave
+        the job (``JobState.leave``): nothing to restore, no rework. A leaver lost meanwhile goes the loss's
+        way: nothing of it is switched. ``standby``: the leavers stay in the cluster and the job, standing
+        by (``_stand_by``)."""
         t0 = time.perf_counter()
         staying = [w for w in self._live(job) if w not in leaving]
         staying = handoff_targets(staying, self._setting_up(job))  # (a copy to one would wait, at the boundary)
@@ -437,47 +438,32 @@ class Coordinator(SchedulerPlugin):
                 if fut is not None and not fut.done():
                     fut.set_result(False)
             return
-        rows = {(t, p): b - a for t, layout in job.pmap.layouts.items() for p, (a, b) in enumerate(layout.bounds)}
-        parts = unit_handoff_plan(job.pmap.owners, rows, row_units(job.pmap.layouts.values()), leaving, staying)
-        shards = shard_handoff_plan({s: job.queue.holder(s) for s in range(job.queue.n_shards)}, leaving, staying,
-                                    self._shard_homes.get(job.cfg.job_id), {**job.pmap.owners, **parts})
-        sources = {k: job.pmap.owners[k] for k in parts}
-        # one message to each taker (``adopt_all``): several at once to one worker would open a connection each
-        takes: dict[str, tuple[list, list]] = {}
-        for k, w in sorted(parts.items()):
-            takes.setdefault(w, ([], []))[0].append(k)
-        for s, w in sorted(shards.items()):
-            takes.setdefault(w, ([], []))[1].append(s)
-        takers = sorted(takes)
-        results = await asyncio.gather(*(
-            self._rpc(w, "adopt_all", job_id=job.cfg.job_id, parts=[[t, p, sources[t, p]] for t, p in takes[w][0]],
-                      shards=[[s, job.queue.holder(s)] for s in takes[w][1]]) for w in takers), return_exceptions=True)
-        took_part, took_shard = {}, {}
-        for w, r in zip(takers, results):
-            answered = copied(r)
-            ks, ss = takes[w]
-            took_part.update(zip(ks, r["parts"] if answered else [r] * len(ks)))
-            took_shard.update(zip(ss, r["shards"] if answered else [r] * len(ss)))
-        part_ok = [copied(took_part[k]) for k in sorted(parts)]
-        shard_ok = [copied(took_shard[s]) for s in sorted(shards)]
-        ok = part_ok + shard_ok
-        for (k, w), done in zip(sorted(parts.items()), part_ok):
-            if done and sources[k] not in job.lost and w not in job.lost:
+        parts = unit_handoff_plan(job.pmap.owners, job.pmap.rows, job.pmap.units, leaving, staying)
+        moves = [(k, w, job.pmap.owners[k]) for k, w in sorted(parts.items())]
+        holders = {s: job.queue.holder(s) for s in range(job.queue.n_shards)}
+        shards = {s: (w, holders[s]) for s, w in shard_plan(holders, staying, leaving, self._shard_homes.get(
+            job.cfg.job_id), {**job.pmap.owners, **parts}, follow=self._shards_follow(job)).items()}
+        results, shard_answers = await self._adopt(job, moves, "whole", shards)
+        part_ok = [copied(r) for r in results]
+        for (k, w, src), done in zip(moves, part_ok):
+            if done and src not in job.lost and w not in job.lost:
                 job.pmap.owners[k] = w
-        for (s, w), done in zip(sorted(shards.items()), shard_ok):
-            if done and job.queue.holder(s) in leaving and job.queue.holder(s) not in job.lost and w not in job.lost:
-                job.queue.set_holder(s, w)
+        taken = self._shards_taken(job, shards, shard_answers)
+        gone = set(leaving)
+        followed = [(s, src) for s, src in taken if src not in gone]
         for w in leaving:
             if w in job.lost:
                 continue
             if standby:
-                await self._stand_by(job, w, [k for k, done in zip(sorted(parts), part_ok) if done and parts[k] != w
-                                              and sources[k] == w])
+                await self._stand_by(job, w, [k for (k, new, src), done in zip(moves, part_ok)
+                                              if done and new != w and src == w])
             else:
                 self._do(job, job.leave(w, time.time()))
-        followed = await self._follow_shards(job)
-        job.event(time.time(), "handoff", workers=sorted(leaving), partitions=sum(part_ok), shards=sum(shard_ok),
-                  failed=len(ok) - sum(ok), followed=followed, seconds=round(time.perf_counter() - t0, 4))
+        await self._bundles(job, [(src, "drop_shard", {"shard": s}) for s, src in followed])
+        failed = len(moves) - sum(part_ok) + len(shards) - len(taken)
+        job.event(time.time(), "handoff", workers=sorted(leaving), partitions=sum(part_ok),
+                  shards=len(taken) - len(followed), failed=failed, followed=len(followed),
+                  seconds=round(time.perf_counter() - t0, 4))
         self._background(self._even_out(job))  # (the stayers took its partitions as they came: even them out)
         if release:
             self._release_leavers(leaving)
@@ -520,17 +506,14 @@ class Coordinator(SchedulerPlugin):
         job's workers not warming up or leaving (``elastic.unit_even_plan``: a row range's partitions move
         together; the copies made or under way count as moved): after a joiner's warm-up, a hand-off, a
         switch that left copies stale. Each is switched at the next clock boundary (``_switch_copies``),
-        where the shards follow (``_follow_shards``). A copy that fails is not moved."""
+        where the shards follow (``_follow_plan``). A copy that fails is not moved."""
         job_id = job.cfg.job_id
         if job.consistency != "bsp" or job.failed or job_id not in self.jobs:
             return
         moving = self._moving.setdefault(job_id, {})
         copies = {**self._copies.get(job_id, {}), **moving}
-        warming = self._preparing.get(job_id, set())  # (each evens out once warm: ``_prepare_joiner``)
-        members = [w for w in self._live(job) if w not in warming and w not in self._leaving]
-        rows = {(t, p): b - a for t, layout in job.pmap.layouts.items() for p, (a, b) in enumerate(layout.bounds)}
         planned = {**job.pmap.owners, **{k: w for k, (w, _) in copies.items()}}
-        plan = {k: w for k, w in unit_even_plan(planned, rows, row_units(job.pmap.layouts.values()), members).items()
+        plan = {k: w for k, w in unit_even_plan(planned, job.pmap.rows, job.pmap.units, self._members(job)).items()
                 if k not in copies}
         if not plan:
             return
@@ -584,18 +567,25 @@ class Coordinator(SchedulerPlugin):
         await asyncio.gather(*(self._rpc(w, "bundle", job_id=job.cfg.job_id, calls=c) for w, c in by_worker.items()),
                              return_exceptions=True)
 
+    def _members(self, job: JobState) -> list[str]:
+        """The job's workers that may take partitions and shards now: live, not warming up (each evens out
+        once warm: ``_prepare_joiner``) and not leaving."""
+        warming = self._preparing.get(job.cfg.job_id, set())
+        return [w for w in self._live(job) if w not in warming and w not in self._leaving]
+
+    def _shards_follow(self, job: JobState) -> bool:
+        """Whether ``job``'s shards follow their rows to a new owner (``elastic.shard_plan``'s ``follow``): BSP
+        and dynamic sharding only (an SSP hand-off has no boundary; static shards stay with their worker)."""
+        return job.consistency == "bsp" and job.queue.sharding == "dynamic" and not job.failed
+
     def _follow_plan(self, job: JobState, owners: dict[tuple[str, int], str]) -> dict[int, tuple[str, str]]:
-        """The shards held away from the owner of their home partition under ``owners`` (``elastic.shard_follow_plan``):
-        shard -> (that owner, its holder). BSP and dynamic sharding only (an SSP hand-off has no boundary;
-        static shards stay with their worker)."""
-        job_id = job.cfg.job_id
-        homes = self._shard_homes.get(job_id)
-        if not homes or job.consistency != "bsp" or job.queue.sharding != "dynamic" or job.failed:
+        """The shards held away from the owner of their home partition under ``owners`` that go to it
+        (``elastic.shard_plan``): shard -> (that owner, its holder)."""
+        homes = self._shard_homes.get(job.cfg.job_id)
+        if not homes or not self._shards_follow(job):
             return {}
-        busy = self._preparing.get(job_id, set())
-        members = {w for w in self._live(job) if w not in self._leaving and w not in busy and w not in job.lost}
         holders = {s: job.queue.holder(s) for s in homes}
-        return {s: (w, holders[s]) for s, w in shard_follow_plan(holders, homes, owners, members).items()}
+        return {s: (w, holders[s]) for s, w in shard_plan(holders, self._members(job), (), homes, owners).items()}
 
     def _shards_taken(self, job: JobState, plan: dict[int, tuple[str, str]], answers: dict[int, Any]) -> list:
         """The shards of ``plan`` copied to their new holder (``answers``, ``_adopt``'s) change holder, unless
@@ -606,20 +596,6 @@ class Coordinator(SchedulerPlugin):
                 job.queue.set_holder(s, w)
                 moved.append((s, src))
         return moved
-
-    async def _follow_shards(self, job: JobState) -> int:
-        """At a clock boundary (nothing running, nothing staged), once partitions changed owner: the shards
-        held away from the owner of their home partition (``_follow_plan``) are copied to it, change
-        holder, and are dropped where they were (``drop_shard``: no stale copy is ever run), so their
-        steps read and update those rows locally. A copy that fails leaves its shard where it was. How
-        many moved."""
-        plan = self._follow_plan(job, job.pmap.owners)
-        if not plan:
-            return 0
-        _, answers = await self._adopt(job, [], "whole", plan)
-        moved = self._shards_taken(job, plan, answers)
-        await self._bundles(job, [(src, "drop_shard", {"shard": s}) for s, src in moved])
-        return len(moved)
 
     async def _switch_copies(self, job: JobState) -> None:
         """At a clock boundary, the partitions copied to new owners (``_even_out``) switch owner in one step:
@@ -634,7 +610,7 @@ class Coordinator(SchedulerPlugin):
         live = set(self._live(job))
         moves = sorted((k, w, src) for k, (w, src) in pending.items()
                        if job.pmap.owners.get(k) == src and w in live and src in live)
-        # the shards follow their rows in the same messages (``_follow_shards``), as if every switch succeeds
+        # the shards follow their rows in the same messages, as if every switch succeeds
         follow = self._follow_plan(job, {**job.pmap.owners, **{k: w for k, w, _ in moves}})
         results, shard_answers = await self._adopt(job, moves, "switch", follow)
         switched = []
@@ -659,9 +635,7 @@ class Coordinator(SchedulerPlugin):
             job.event(time.time(), "partitions-taken-on", workers=sorted({w for _, w, _, _ in switched}),
                       partitions=len(switched), moved=[list(k) for k, *_ in switched], failed=len(pending) - len(switched),
                       shards_followed=len(followed),
-                      rows_resent=sum(n for *_, n in switched), rows=sum(job.pmap.layouts[k[0]].bounds[k[1]][1]
-                                                                        - job.pmap.layouts[k[0]].bounds[k[1]][0]
-                                                                        for k, *_ in switched),
+                      rows_resent=sum(n for *_, n in switched), rows=sum(job.pmap.rows[k] for k, *_ in switched),
                       seconds=round(time.perf_counter() - t0, 4))
 
     # -------------------------------------------------------- active workers
@@ -692,12 +666,8 @@ class Coordinator(SchedulerPlugin):
             act.wanted = k
             self._wanted[job_id] = min(workers_wanted(job.cfg.n_shards), k)
             if k < len(live):
-                rows = {(t, p): b - a for t, layout in job.pmap.layouts.items()
-                        for p, (a, b) in enumerate(layout.bounds)}
-                load = {w: 0 for w in live}
-                for key, w in job.pmap.owners.items():
-                    if w in load:
-                        load[w] += rows[key]
+                owned = job.pmap.rows_by_worker()
+                load = {w: owned.get(w, 0) for w in live}
                 _, going = active_set.split(load, k)
                 await self._hand_off(job, going, release=False, standby=True)
                 return

@@ -490,9 +490,9 @@ class ParamServer(WorkerPlugin):
         return {"status": "OK", "dropped": dropped}
 
     def _h_drop_shard(self, job_id: str, shard: int) -> dict:
-        """Drop the copy of a shard now held by another worker (``Coordinator._follow_shards`` copied it there
-        at a clock boundary): left here it would go stale, and an attempt here told to read the shard
-        afresh (its holder lost) would run from it."""
+        """Drop the copy of a shard now held by another worker (``Coordinator._switch_copies`` or
+        ``_hand_off`` copied it there at a clock boundary): left here it would go stale, and an attempt
+        here told to read the shard afresh (its holder lost) would run from it."""
         job = self.jobs.get(job_id)
         if job is None:
             return {"status": "missing"}
