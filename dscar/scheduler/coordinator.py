@@ -546,8 +546,9 @@ class Coordinator(SchedulerPlugin):
                           shards=[[s, shards[s][1]] for s in takes[w][1]]) for w in takers),
                 return_exceptions=True)
         finally:
-            for k, _, _ in moves:
-                moving.pop(k, None)
+            for k, w, src in moves:
+                if moving.get(k) == (w, src):  # (not another move's of it under way: a hand-off's beside a copy)
+                    moving.pop(k)
         out: list = [None] * len(moves)
         shard_out: dict[int, Any] = {}
         for w, r in zip(takers, results):
