@@ -83,9 +83,9 @@ def shard_plan(holders: Mapping[int, str | None], staying: Iterable[str], leavin
     than an even share of the shards (a pass waits for its busiest worker: rows that whole units leave uneven
     must not make the shards uneven too). What a worker holds counts every shard it holds at that point of the
     plan, so a shard that leaves it makes room for one of its own rows, and shards that wait for room at each
-    other's holders swap (``_rotations``). A leaver's shard that finds no room goes
-    to the staying worker holding the fewest (ties by name); a stayer's stays where it is. Shards held by
-    neither stay put. A leaver's shard goes before a stayer's (it must move anyway)."""
+    other's holders swap (``_rotations``). A leaver's shard goes before a stayer's (it must move anyway); one
+    that finds no room goes to the staying worker holding the fewest (ties by name), and a stayer's that finds
+    none stays where it is. Shards held by neither stay put. Empty when nobody stays."""
     gone = set(leaving)
     held = dict.fromkeys(sorted(set(staying) - gone), 0)
     if not held:
