@@ -680,6 +680,57 @@ def test_an_owner_lost_between_its_partitions_copy_and_their_switch_goes_the_los
         assert check_final(res.params["seen"], clocks, True) == 0
 
 
+def test_a_joiner_lost_right_after_its_switch_gets_its_partitions_back_from_their_old_owners_memory(tmp_path):
+    """With the memory tier, an old owner keeps what a switch takes from it as the memory copy of that
+    clock: the new owner, lost before its own copy lands at its buddy (here at once, in the switch's
+    boundary), has its partitions restored from there, not from the disk's checkpoint 0, and no update
+    is lost (the ring may have put an old owner's copy on the joiner itself, gone with it)."""
+    from dscar.worker.mirror_store import part_key
+    from dscar.worker.plugin import PLUGIN_NAME as WORKER_PLUGIN
+
+    clocks = 8
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=False, dashboard_address=":0") as lc:
+        cl = dscar.connect(lc)
+        coordinator = lc.scheduler.plugins[PLUGIN_NAME]
+        algo = CountedGrowMidFit(clocks, lc, at=3)
+        kept: list[tuple] = []  # (partition, old owner, the clock of its kept copy, whether it equals the new owner's)
+        switch = coordinator.__class__._switch_copies
+
+        async def then_lose_the_joiner(self, job):
+            pending = dict(self._copies.get(job.cfg.job_id, {}))
+            await switch(self, job)
+            moved = {k: (w, src) for k, (w, src) in pending.items() if job.pmap.owners.get(k) == w}
+            if not moved:
+                return
+            plugins = {w.address: w.plugins[WORKER_PLUGIN] for w in lc.workers.values()}
+            for k, (w, src) in moved.items():
+                if job.cfg.kinds[k[0]] == "param":
+                    clock, values = plugins[src].jobs[job.cfg.job_id].mirrors.get(part_key(*k))
+                    kept.append((k, src, clock, np.array_equal(values, plugins[w].jobs[job.cfg.job_id].tables.parts[k])))
+            (joiner,) = {w for w, _ in moved.values()}
+            await self._h_simulate_loss(job.cfg.job_id, joiner)
+
+        coordinator.__class__._switch_copies = then_lose_the_joiner
+        try:
+            res = dscar.fit(algo, {"x": np.arange(6.0)}, cl, n_shards=6, max_clocks=clocks, progress=False,
+                            checkpoint=dscar.CheckpointConfig(str(tmp_path), policy="full", every=100, memory=True))
+        finally:
+            coordinator.__class__._switch_copies = switch
+    assert kept and all(clock == 4 and same for _, _, clock, same in kept), kept  # (the switch after clock 4)
+    (lost,) = [e["worker"] for e in res.events if e["kind"] == "worker-lost"]
+    (recovery,) = [e for e in res.events if e["kind"] == "recovery-started"]
+    restored = {(t, p) for t, p, _ in recovery["partitions"]}
+    param = {k for k, _, _, _ in kept}
+    assert param <= restored  # the joiner's param partitions came back ...
+    from_memory = {(t, p): (buddy, clock) for t, p, buddy, clock in recovery["from_memory"]}
+    assert all(k in from_memory and from_memory[k][1] == 4 for k in param), from_memory  # ... as of clock 4
+    assert lost not in {b for b, _ in from_memory.values()}
+    assert len(res.history) == clocks and not any(r.skipped for r in res.history)
+    for r in res.history:  # every shard's update applied once in every clock
+        assert all(r.metrics[k] == 0 for k in CHECK_KEYS), (r.clock, r.metrics)
+    assert check_final(res.params["seen"], clocks, True) == 0
+
+
 def test_a_workers_copies_take_one_message_to_each_source_the_sources_side_by_side():
     """``adopt_all``: each source is asked for all its copies in one ``bundle`` (on a clock boundary's
     path a message per copy costs a round trip each), the sources at once; a source that fails fails
@@ -729,6 +780,44 @@ def test_a_workers_copies_take_one_message_to_each_source_the_sources_side_by_si
     assert dict(sent)["a"] == [["lend", {"table": "w", "part": 0, "step": "changes"}], ["copy_shard", {"shard": 5}]]
     assert {"a", "b"} in together  # the two sources side by side
     assert ("j", "w", 2) in ps._incoming  # (a copy that did not switch stays until the coordinator forgets it)
+
+
+def test_an_old_owner_told_to_keep_what_it_drops_holds_it_as_the_memory_copy_of_that_clock():
+    """``lend`` step "drop" and ``drop_shard`` with ``keep``: the partition's values and the shard's state
+    (nothing for a shard without one) go into the memory tier's store, labelled with that clock, and
+    nothing is held as owned or as a shard any more; without ``keep`` nothing is kept."""
+    import types
+
+    from dscar.algorithm import TableSpec
+    from dscar.core.partitions import TableLayout
+    from dscar.worker.mirror_store import MirrorStore, part_key, shard_key
+    from dscar.worker.partition_store import PartitionStore
+    from dscar.worker.plugin import ParamServer
+    from dscar.worker.shard_store import ShardEntry, ShardStore
+
+    tables = PartitionStore({"w": TableSpec("w", 20, (2,))}, {"w": TableLayout("w", 20, 2)}, np)
+    for p in (0, 1):
+        tables.own("w", p, np.full((10, 2), float(p + 1)))
+    shards = ShardStore()
+    shards.put(3, ShardEntry({"x": np.zeros(2)}, {"z": np.arange(4)}))
+    shards.put(4, ShardEntry({"x": np.zeros(2)}))
+    shards.put(5, ShardEntry({"x": np.zeros(2)}, {"z": np.arange(2)}))
+    job = types.SimpleNamespace(id="j", layouts=tables.layouts, tables=tables, shards=shards, mirrors=MirrorStore())
+    ps = ParamServer()
+    ps.jobs, ps._lent = {"j": job}, {}
+    assert ps._h_lend("j", "w", 0, "drop", keep=7) == {"status": "OK", "kept": True}
+    assert ps._h_lend("j", "w", 1, "drop") == {"status": "OK", "kept": False}
+    assert ps._h_lend("j", "w", 1, "drop", keep=7)["kept"] is False  # (not held any more: nothing to keep)
+    assert not tables.parts
+    clock, values = job.mirrors.get(part_key("w", 0))
+    assert clock == 7 and np.array_equal(values, np.full((10, 2), 1.0))
+    assert job.mirrors.get(part_key("w", 1)) is None
+    assert ps._h_drop_shard("j", 3, keep=7) == {"status": "OK", "dropped": 1, "kept": True}
+    assert ps._h_drop_shard("j", 4, keep=7)["kept"] is False  # a shard with no state: nothing to copy
+    assert ps._h_drop_shard("j", 5) == {"status": "OK", "dropped": 1, "kept": False}
+    clock, state = job.mirrors.get(shard_key(3))
+    assert clock == 7 and np.array_equal(state["z"], np.arange(4)) and not shards.shards
+    assert job.mirrors.get(shard_key(4)) is None and job.mirrors.get(shard_key(5)) is None
 
 
 def test_a_bundle_runs_its_calls_in_order_each_answered_and_only_the_ops_it_may_carry():

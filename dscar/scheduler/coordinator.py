@@ -459,7 +459,7 @@ class Coordinator(SchedulerPlugin):
                                               if done and new != w and src == w])
             else:
                 self._do(job, job.leave(w, time.time()))
-        await self._bundles(job, [(src, "drop_shard", {"shard": s}) for s, src in followed])
+        await self._drop_moved(job, [], followed)
         failed = len(moves) - sum(part_ok) + len(shards) - len(taken)
         job.event(time.time(), "handoff", workers=sorted(leaving), partitions=sum(part_ok),
                   shards=len(taken) - len(followed), failed=failed, followed=len(followed),
@@ -559,14 +559,50 @@ class Coordinator(SchedulerPlugin):
                 shard_out[s] = r["shards"][j] if answered else r
         return out, shard_out
 
-    async def _bundles(self, job: JobState, calls: list[tuple[str, str, dict]]) -> None:
+    async def _bundles(self, job: JobState, calls: list[tuple[str, str, dict]]) -> list:
         """Messages ``(worker, op, kwargs)`` about ``job``: each worker's in one (``bundle``, in order), the
-        workers side by side; an answer that failed is its worker's business (a worker gone holds nothing)."""
-        by_worker: dict[str, list] = {}
-        for w, op, kw in calls:
-            by_worker.setdefault(w, []).append([op, kw])
-        await asyncio.gather(*(self._rpc(w, "bundle", job_id=job.cfg.job_id, calls=c) for w, c in by_worker.items()),
-                             return_exceptions=True)
+        workers side by side; their answers in order, each a dict or the error its worker's message raised
+        (a worker gone holds nothing)."""
+        by_worker: dict[str, list[int]] = {}
+        for i, (w, _, _) in enumerate(calls):
+            by_worker.setdefault(w, []).append(i)
+        results = await asyncio.gather(*(
+            self._rpc(w, "bundle", job_id=job.cfg.job_id, calls=[[calls[i][1], calls[i][2]] for i in ix])
+            for w, ix in by_worker.items()), return_exceptions=True)
+        out: list = [None] * len(calls)
+        for ix, r in zip(by_worker.values(), results):
+            got = r["answers"] if isinstance(r, dict) and r.get("status") == "OK" else [r] * len(ix)
+            for i, a in zip(ix, got):
+                out[i] = a
+        return out
+
+    def _keep_kwargs(self, job: JobState) -> dict:
+        """What a drop at a clock boundary adds so that the old owner or holder keeps what it drops as the
+        memory tier's copy (``keep``: the clock it holds): a switch leaves the freshest copy of a partition
+        on its new owner until that owner's own copy lands at its buddy, and a loss of the new owner then
+        would go back to the disk. Nothing without the memory tier."""
+        ck = job.cfg.checkpoint
+        return {"keep": int(job.clock)} if ck is not None and ck.memory else {}
+
+    async def _drop_moved(self, job: JobState, parts: list[tuple[tuple[str, int], str]],
+                          shards: list[tuple[int, str]], forget: list[tuple[tuple[str, int], str]] = ()) -> None:
+        """At a clock boundary, the old owners drop ``parts`` (``(partition, old owner)``) and the old holders
+        ``shards`` (``(shard, old holder)``), each keeping its param partitions and shard states as memory
+        copies where the memory tier is on (``_keep_kwargs``; recorded as any buddy's copy); ``forget``: copies
+        that will not switch (``forget_copy``). One message to each worker."""
+        keep = self._keep_kwargs(job)
+        kinds = job.cfg.kinds
+        calls = ([(src, "lend", {"table": k[0], "part": k[1], "step": "drop",
+                                 **(keep if kinds[k[0]] == "param" else {})}) for k, src in parts]
+                 + [(src, "drop_shard", {"shard": s, **keep}) for s, src in shards]
+                 + [(w, "forget_copy", {"table": k[0], "part": k[1]}) for k, w in forget])
+        answers = await self._bundles(job, calls)
+        if not keep:
+            return
+        for (src, op, kw), r in zip(calls, answers):
+            if isinstance(r, dict) and r.get("kept"):
+                job.mirrored(src, keep["keep"], [[kw["table"], kw["part"]]] if op == "lend" else [], time.time(),
+                             [kw["shard"]] if op == "drop_shard" else [])
 
     def _members(self, job: JobState) -> list[str]:
         """The job's workers that may take partitions and shards now: live, not warming up (each evens out
@@ -626,10 +662,7 @@ class Coordinator(SchedulerPlugin):
         stale = [(k, holder) for k, (new, old) in sorted(pending.items()) if k not in done
                  for holder in (new, old) if holder in self.scheduler.workers]
         followed = self._shards_taken(job, follow, shard_answers)
-        await self._bundles(job,  # (an old owner lost meanwhile holds nothing)
-                            [(src, "lend", {"table": k[0], "part": k[1], "step": "drop"}) for k, _, src, _ in switched]
-                            + [(w, "forget_copy", {"table": k[0], "part": k[1]}) for k, w in stale]
-                            + [(src, "drop_shard", {"shard": s}) for s, src in followed])
+        await self._drop_moved(job, [(k, src) for k, _, src, _ in switched], followed, stale)
         if len(switched) < len(pending):
             self._background(self._even_out(job))  # copies went stale or failed (a loss, a hand-off): plan anew
         if switched:

@@ -113,15 +113,18 @@ class PartitionStore:
             if checkpointed and self.specs[table].kind == "param":
                 self.saved[(table, int(part))] = to_host(arr).copy()
 
-    def disown(self, table: str, part: int) -> None:
-        """Hold partition ``(table, part)`` no more: it moved to another owner (a join's switch)."""
+    def disown(self, table: str, part: int) -> Any:
+        """Hold partition ``(table, part)`` no more: it moved to another owner (a join's switch). Its
+        values as they were (None: not held here), which nothing here touches again."""
         key = (table, int(part))
         with self.lock:
             self.version += 1
-            for held in (self.parts, self.saved, self.credit, self.debt, self.holds):
+            values = self.parts.pop(key, None)
+            for held in (self.saved, self.credit, self.debt, self.holds):
                 held.pop(key, None)
             for k in [k for k in self.sums if k[:2] == key]:
                 del self.sums[k]
+        return values
 
     def owned(self) -> dict[Part, Any]:
         """The partitions held now (a shallow copy: a pass updates those it started with)."""

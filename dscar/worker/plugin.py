@@ -448,20 +448,23 @@ class ParamServer(WorkerPlugin):
         await asyncio.to_thread(job.tables.own, table, part, r["data"], holds=r.get("holds", ()))
         return {"status": "OK"}
 
-    def _h_lend(self, job_id: str, table: str, part: int, step: str) -> dict:
+    def _h_lend(self, job_id: str, table: str, part: int, step: str, keep: int | None = None) -> dict:
         """The owner's side of a join's move (``adopt`` steps "copy" and "switch"). "copy": the
         partition's rows now, kept here as lent; "changes": the rows (local indices) that differ from
         what was lent and their values, the lent copy forgotten; "drop": the partition is the joiner's
         now (the coordinator switched its owner): this worker holds it no more, so no apply or
-        checkpoint here touches it again."""
+        checkpoint here touches it again. ``keep`` (a clock): its values stay here as the memory tier's
+        copy of it as of that clock (``kept``), until its new owner's own copy lands at a buddy."""
         job = self.jobs.get(job_id)
         if job is None:
             return {"status": "missing"}
         key = (job_id, table, int(part))
         if step == "drop":
             self._lent.pop(key, None)
-            job.tables.disown(table, int(part))
-            return {"status": "OK"}
+            values = job.tables.disown(table, int(part))
+            if keep is not None and values is not None:
+                job.mirrors.keep(part_key(table, part), keep, to_host(values))
+            return {"status": "OK", "kept": keep is not None and values is not None}
         b, e = job.layouts[table].bounds[part]
         with job.tables.lock:
             now = job.tables.host_rows(table, part, 0, e - b)
@@ -489,14 +492,19 @@ class ParamServer(WorkerPlugin):
             dropped = sum(moving.pop(key, None) is not None for moving in (self._incoming, self._lent))
         return {"status": "OK", "dropped": dropped}
 
-    def _h_drop_shard(self, job_id: str, shard: int) -> dict:
+    def _h_drop_shard(self, job_id: str, shard: int, keep: int | None = None) -> dict:
         """Drop the copy of a shard now held by another worker (``Coordinator._switch_copies`` or
         ``_hand_off`` copied it there at a clock boundary): left here it would go stale, and an attempt
-        here told to read the shard afresh (its holder lost) would run from it."""
+        here told to read the shard afresh (its holder lost) would run from it. ``keep`` (a clock): its
+        state stays here as the memory tier's copy of it as of that clock (``kept``)."""
         job = self.jobs.get(job_id)
         if job is None:
             return {"status": "missing"}
-        return {"status": "OK", "dropped": int(job.shards.drop(int(shard)))}
+        entry = job.shards.drop(int(shard))
+        kept = keep is not None and entry is not None and bool(entry.state)
+        if kept:
+            job.mirrors.keep(shard_key(shard), keep, {k: to_host(v) for k, v in entry.state.items()})
+        return {"status": "OK", "dropped": int(entry is not None), "kept": kept}
 
     async def _h_adopt_all(self, job_id: str, parts: list, shards: list | None = None, step: str = "whole") -> dict:
         """Copies to this worker: partitions ``[[table, part, source], ...]`` as ``adopt`` step ``step``,

@@ -54,10 +54,10 @@ class ShardStore:
         with self.lock:
             self.shards[int(shard)] = entry
 
-    def drop(self, shard: int) -> bool:
-        """Forget the shard held here (its holder is another worker now); whether it was held."""
+    def drop(self, shard: int) -> ShardEntry | None:
+        """Forget the shard held here (its holder is another worker now); what was held (None: nothing)."""
         with self.lock:
-            return self.shards.pop(int(shard), None) is not None
+            return self.shards.pop(int(shard), None)
 
     def get(self, shard: int) -> ShardEntry | None:
         """The shard held here (None: not held), e.g. for a peer to copy; it stays held."""
