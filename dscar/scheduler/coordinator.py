@@ -576,33 +576,27 @@ class Coordinator(SchedulerPlugin):
                 out[i] = a
         return out
 
-    def _keep_kwargs(self, job: JobState) -> dict:
-        """What a drop at a clock boundary adds so that the old owner or holder keeps what it drops as the
-        memory tier's copy (``keep``: the clock it holds): a switch leaves the freshest copy of a partition
-        on its new owner until that owner's own copy lands at its buddy, and a loss of the new owner then
-        would go back to the disk. Nothing without the memory tier."""
-        ck = job.cfg.checkpoint
-        return {"keep": int(job.clock)} if ck is not None and ck.memory else {}
-
     async def _drop_moved(self, job: JobState, parts: list[tuple[tuple[str, int], str]],
                           shards: list[tuple[int, str]], forget: list[tuple[tuple[str, int], str]] = ()) -> None:
         """At a clock boundary, the old owners drop ``parts`` (``(partition, old owner)``) and the old holders
-        ``shards`` (``(shard, old holder)``), each keeping its param partitions and shard states as memory
-        copies where the memory tier is on (``_keep_kwargs``; recorded as any buddy's copy); ``forget``: copies
-        that will not switch (``forget_copy``). One message to each worker."""
-        keep = self._keep_kwargs(job)
+        ``shards`` (``(shard, old holder)``); ``forget``: copies that will not switch (``forget_copy``). One
+        message to each worker. With the memory tier, each keeps what it drops of param partitions and shard
+        states as its memory copy of this clock (``keep``), recorded as any buddy's copy: a switch leaves the
+        freshest copy on the new owner until that owner's own copy lands at its buddy, and losing the new
+        owner meanwhile would go back to the disk."""
+        ck = job.cfg.checkpoint
+        keep = {"keep": int(job.clock)} if ck is not None and ck.memory else {}
         kinds = job.cfg.kinds
-        calls = ([(src, "lend", {"table": k[0], "part": k[1], "step": "drop",
-                                 **(keep if kinds[k[0]] == "param" else {})}) for k, src in parts]
+        calls = ([(src, "lend", {"table": t, "part": p, "step": "drop", **(keep if kinds[t] == "param" else {})})
+                  for (t, p), src in parts]
                  + [(src, "drop_shard", {"shard": s, **keep}) for s, src in shards]
-                 + [(w, "forget_copy", {"table": k[0], "part": k[1]}) for k, w in forget])
+                 + [(w, "forget_copy", {"table": t, "part": p}) for (t, p), w in forget])
+        # each drop's copy as ``JobState.mirrored`` takes it, (partitions, shards); the forgets, last, keep none
+        copies = [([[t, p]], []) for (t, p), _ in parts] + [([], [s]) for s, _ in shards]
         answers = await self._bundles(job, calls)
-        if not keep:
-            return
-        for (src, op, kw), r in zip(calls, answers):
+        for (src, _, _), (kept_parts, kept_shards), r in zip(calls, copies, answers):
             if isinstance(r, dict) and r.get("kept"):
-                job.mirrored(src, keep["keep"], [[kw["table"], kw["part"]]] if op == "lend" else [], time.time(),
-                             [kw["shard"]] if op == "drop_shard" else [])
+                job.mirrored(src, keep["keep"], kept_parts, time.time(), kept_shards)
 
     def _members(self, job: JobState) -> list[str]:
         """The job's workers that may take partitions and shards now: live, not warming up (each evens out

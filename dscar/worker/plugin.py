@@ -462,9 +462,10 @@ class ParamServer(WorkerPlugin):
         if step == "drop":
             self._lent.pop(key, None)
             values = job.tables.disown(table, int(part))
-            if keep is not None and values is not None:
+            kept = keep is not None and values is not None
+            if kept:
                 job.mirrors.keep(part_key(table, part), keep, to_host(values))
-            return {"status": "OK", "kept": keep is not None and values is not None}
+            return {"status": "OK", "kept": kept}
         b, e = job.layouts[table].bounds[part]
         with job.tables.lock:
             now = job.tables.host_rows(table, part, 0, e - b)
@@ -503,7 +504,7 @@ class ParamServer(WorkerPlugin):
         entry = job.shards.drop(int(shard))
         kept = keep is not None and entry is not None and bool(entry.state)
         if kept:
-            job.mirrors.keep(shard_key(shard), keep, {k: to_host(v) for k, v in entry.state.items()})
+            job.mirrors.keep(shard_key(shard), keep, entry.host_state())
         return {"status": "OK", "dropped": int(entry is not None), "kept": kept}
 
     async def _h_adopt_all(self, job_id: str, parts: list, shards: list | None = None, step: str = "whole") -> dict:

@@ -32,8 +32,11 @@ class ShardEntry:
     def movable(self) -> tuple[dict, dict]:
         """Host copies of what travels when the shard moves: its arrays (a cache a step keeps with
         its data, such as Lasso's Gram of the columns seen, stays behind and is rebuilt) and state."""
-        return ({k: to_host(v) for k, v in self.data.items() if is_array(v)},
-                {k: to_host(v) for k, v in self.state.items()})
+        return {k: to_host(v) for k, v in self.data.items() if is_array(v)}, self.host_state()
+
+    def host_state(self) -> dict:
+        """The state on the host (no copy where it is there already: a state is replaced, never written into)."""
+        return {k: to_host(v) for k, v in self.state.items()}
 
 
 class ShardStore:
