@@ -731,6 +731,77 @@ def test_a_joiner_lost_right_after_its_switch_gets_its_partitions_back_from_thei
     assert check_final(res.params["seen"], clocks, True) == 0
 
 
+class CopiesCheckedGrowMidFit(CountedGrowMidFit):
+    """``CountedGrowMidFit`` that, at its last clock (the job holds still until the driver ends it), waits
+    until every worker keeps just the memory copies the coordinator records for it (``mismatch``: what
+    differed when the wait gave up, None once it held)."""
+
+    def __init__(self, clocks: int, local_cluster=None, at: int = 0):
+        super().__init__(clocks, local_cluster, at)
+        self.mismatch: dict | None = {}
+
+    def __getstate__(self):
+        return {k: v for k, v in super().__getstate__().items() if k != "mismatch"}
+
+    def converged(self, history, tol) -> bool:
+        from dscar.worker.mirror_store import part_key, shard_key
+        from dscar.worker.plugin import PLUGIN_NAME as WORKER_PLUGIN
+
+        grow_mid_fit(self, history)
+        if len(history) != self.clocks:
+            return False
+        coordinator = self._cluster.scheduler.plugins[PLUGIN_NAME]
+        (job_id, job), = coordinator.jobs.items()
+
+        def differences() -> dict:
+            records = {**{part_key(*k): v for k, v in dict(job.mirrors).items()},
+                       **{shard_key(s): v for s, v in dict(job.state_mirrors).items()}}
+            out = {}
+            for w in self._cluster.workers.values():
+                held = w.plugins[WORKER_PLUGIN].jobs[job_id].mirrors.copies
+                kept = {k: c for k, (c, _) in dict(held).items()}
+                named = {k: c for k, (holder, c) in records.items() if holder == w.address}
+                if kept != named:
+                    out[w.address] = (kept, named)
+            return out
+
+        try:
+            wait_for(lambda: not differences(), limit_s=30)
+            self.mismatch = None
+        except AssertionError:
+            self.mismatch = differences()
+        return False
+
+
+def test_after_a_join_each_worker_keeps_only_the_memory_copies_the_coordinator_records_for_it(tmp_path):
+    """A join changes the ring (a worker's copies go to a new buddy) and the switch leaves old owners with
+    copies (their kept clock): the copies no record names any more are dropped where they are, so the
+    memory tier holds one copy of each partition, not one on every worker it ever reached."""
+    clocks = 8
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=False, dashboard_address=":0") as lc:
+        cl = dscar.connect(lc)
+        coordinator = lc.scheduler.plugins[PLUGIN_NAME]
+        drops: list[str] = []
+        drop = coordinator._drop_copies
+
+        async def noted(job, d):
+            drops.append(d.holder)
+            await drop(job, d)
+
+        coordinator._drop_copies = noted
+        algo = CopiesCheckedGrowMidFit(clocks, lc, at=3)
+        try:
+            res = dscar.fit(algo, {"x": np.arange(6.0)}, cl, n_shards=6, max_clocks=clocks, progress=False,
+                            checkpoint=dscar.CheckpointConfig(str(tmp_path), policy="full", every=100, memory=True))
+        finally:
+            del coordinator._drop_copies
+    assert [e for e in res.events if e["kind"] == "partitions-taken-on"]
+    assert drops  # (the join left copies no record named)
+    assert algo.mismatch is None, algo.mismatch
+    for r in res.history:  # every shard's update applied once in every clock
+        assert all(r.metrics[k] == 0 for k in CHECK_KEYS), (r.clock, r.metrics)
+
+
 def test_a_workers_copies_take_one_message_to_each_source_the_sources_side_by_side():
     """``adopt_all``: each source is asked for all its copies in one ``bundle`` (on a clock boundary's
     path a message per copy costs a round trip each), the sources at once; a source that fails fails

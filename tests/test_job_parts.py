@@ -14,7 +14,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from dscar.checkpoint import CheckpointConfig
-from dscar.core.checkpoint_plan import Checkpoint, CheckpointPlanner, Mirror
+from dscar.core.checkpoint_plan import Checkpoint, CheckpointPlanner, DropCopies, Mirror
 from dscar.core.events import EventLog
 from dscar.core.job import JobConfig, JobState
 from dscar.core.ledger import INITIAL_STATE, RecoveryPlan
@@ -173,11 +173,67 @@ def test_a_memory_copy_goes_round_the_live_workers_and_the_newest_report_wins():
     planner = _planner()
     [mirror] = planner.clock_finished(1, 0.1, ["c", "a", "b", "d"], {"d"}, 1.0)
     assert mirror == Mirror(1, {"a": "b", "b": "c", "c": "a"})  # every owner and holder, to the next live worker
-    planner.mirrored("b", 3, [("x", 0)], [0])
-    planner.mirrored("c", 2, [("x", 0)])  # a late, older copy changes nothing
+    assert planner.mirrored("b", 3, [("x", 0)], [0]) == []
+    # a late, older copy changes nothing, and goes where it is
+    assert planner.mirrored("c", 2, [("x", 0)]) == [DropCopies("c", parts=(("x", 0, 2),))]
     assert planner.mirrors == {("x", 0): ("b", 3)} and planner.state_mirrors == {0: ("b", 3)}
     planner.worker_lost("b", planned=False, now=2.0)
     assert planner.mirrors == {} and planner.state_mirrors == {}
+
+
+def test_a_memory_copy_recorded_elsewhere_leaves_the_old_holder_to_drop_its_own():
+    """The ring changed (or a switch's old owner kept the partition): the holder the record named drops its
+    copy, bounded by the clock it held (a newer one may have reached it since); the same holder's newer
+    copy drops nothing."""
+    planner = _planner()
+    planner.mirrored("b", 3, [("x", 0), ("x", 1)], [0])
+    assert planner.mirrored("b", 4, [("x", 0)], [0]) == []  # (the same holder: its store keeps the newest)
+    assert planner.mirrored("c", 4, [("x", 0), ("x", 1)], [0]) == [
+        DropCopies("b", parts=(("x", 0, 4), ("x", 1, 3)), shards=((0, 4),))]
+    assert planner.mirrors == {("x", 0): ("c", 4), ("x", 1): ("c", 4)} and planner.state_mirrors == {0: ("c", 4)}
+
+
+#: what reaches a holder: (holder, key, clock); keys are ("x", part) partitions or shard numbers. Each
+#: holder gets a key's copy of a clock once (one owner sends it at that clock's end, or keeps it at a switch)
+_COPIES = st.lists(st.tuples(st.sampled_from("abcd"), st.sampled_from([("x", 0), ("x", 1), 0, 1]),
+                             st.integers(0, 4)), min_size=1, max_size=24, unique=True)
+
+
+@settings(max_examples=300, deadline=None)
+@given(copies=_COPIES, data=st.data())
+def test_whatever_order_the_reports_and_drops_come_in_each_holder_ends_with_just_the_copies_recorded_for_it(copies, data):
+    """Memory copies reach holders in any order (each holder keeps the newest of a key,
+    ``MirrorStore.keep``); their reports reach the planner in any order, and each drop it asks for reaches
+    its holder at any later point (``MirrorStore.discard``, bounded by clock). Once all have arrived, every
+    holder holds exactly the copies the records name for it, of the recorded clock: one copy of each key."""
+    from dscar.worker.mirror_store import MirrorStore, part_key, shard_key
+
+    def skey(key):  # (the store's key of a partition or a shard)
+        return part_key(*key) if isinstance(key, tuple) else shard_key(key)
+
+    planner = _planner()
+    stores = {w: MirrorStore() for w in "abcd"}
+    reports = data.draw(st.permutations(range(len(copies))))
+    pending: list[tuple] = []  # (holder, store key, clock) of drops sent, not yet arrived
+    arrived = 0  # copies reach their holders in order; their reports go in the drawn order, each after its copy
+    for i in reports:
+        while arrived <= i:
+            w, key, clock = copies[arrived]
+            stores[w].keep(skey(key), clock, None)
+            arrived += 1
+        w, key, clock = copies[i]
+        drops = planner.mirrored(w, clock, [key] if isinstance(key, tuple) else [], [] if isinstance(key, tuple) else [key])
+        pending += [(d.holder, part_key(t, p), c) for d in drops for t, p, c in d.parts]
+        pending += [(d.holder, shard_key(s), c) for d in drops for s, c in d.shards]
+        while pending and data.draw(st.booleans()):
+            w, key, clock = pending.pop(data.draw(st.integers(0, len(pending) - 1)))
+            stores[w].discard(key, clock)
+    for w, key, clock in pending:
+        stores[w].discard(key, clock)
+    records = {**planner.mirrors, **planner.state_mirrors}
+    for w, store in stores.items():
+        assert {k: c for k, (c, _) in store.copies.items()} == {
+            skey(k): c for k, (holder, c) in records.items() if holder == w}, w
 
 
 def test_without_a_store_nothing_is_ever_due_and_reports_change_nothing():

@@ -178,8 +178,11 @@ def test_memory_copies_keep_the_newest_and_go_with_a_crash():
     clock, values = mirrors.get(["part", "v", 3])
     assert clock == 5 and values.tolist() == [1.0, 1.0]
     assert mirrors.get(shard_key(3))[1]["z"].tolist() == [0, 1]  # a shard's state: not a partition's
+    assert not mirrors.discard(part_key("v", 3), 4)  # a newer copy than the one to drop: kept
+    assert mirrors.discard(["part", "v", 3], 5) and mirrors.get(part_key("v", 3)) is None
+    assert not mirrors.discard(part_key("v", 3), 5)  # (nothing left to drop)
     mirrors.clear()
-    assert mirrors.get(part_key("v", 3)) is None
+    assert mirrors.get(shard_key(3)) is None
 
 
 def _runner_with_steps(during=None, moved=()):

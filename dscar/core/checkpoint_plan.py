@@ -14,7 +14,10 @@ Invariants:
 - a checkpoint's cost is recorded once, when both its stall and its longest write are known, and
   never for a version that failed or was abandoned;
 - ``mirrors`` / ``state_mirrors`` name only live buddies, and for each key the newest clock
-  reported (a late, older copy's report changes nothing).
+  reported (a late, older copy's report changes nothing);
+- a copy no record names any more is dropped where it is (``DropCopies``): each worker holds only the
+  copies recovery may read, so the memory tier keeps one copy of the model however the ring and the
+  owners change.
 """
 from __future__ import annotations
 
@@ -42,6 +45,18 @@ class Mirror:
 
     clock: int
     buddies: dict[str, str]
+
+
+@dataclass(frozen=True)
+class DropCopies:
+    """The memory tier: ``holder`` drops its copies no record names any more (a copy as new or newer is
+    recorded elsewhere): each partition's (``parts``: ``(table, part, clock)``) and shard state's
+    (``shards``: ``(shard, clock)``) if the copy it holds is of that clock or older (a newer one has
+    reached it since, and its report is on its way)."""
+
+    holder: str
+    parts: tuple[tuple[str, int, int], ...] = ()
+    shards: tuple[tuple[int, int], ...] = ()
 
 
 class CheckpointPlanner:
@@ -149,11 +164,23 @@ class CheckpointPlanner:
         return [Mirror(clock, {w: live[(live.index(w) + 1) % len(live)] for w in senders})]
 
     # ---------------------------------------------------------------- reports
-    def mirrored(self, buddy: str, clock: int, parts: list, shards: list = ()) -> None:
-        """``buddy`` holds the memory copies of ``parts`` and of the states of ``shards`` as of ``clock``."""
-        for where, key in [(self.mirrors, (t, int(p))) for t, p in parts] + [(self.state_mirrors, int(s)) for s in shards]:
-            if key not in where or where[key][1] <= clock:  # a late, older copy's report changes nothing
+    def mirrored(self, buddy: str, clock: int, parts: list, shards: list = ()) -> list[DropCopies]:
+        """``buddy`` holds the memory copies of ``parts`` and of the states of ``shards`` as of ``clock``;
+        the copies that no record names now go where they are: the older holder's when the newest clock
+        wins, ``buddy``'s own when its report came late, after a copy as new elsewhere."""
+        stale: dict[str, tuple[list, list]] = {}
+        keys = [(self.mirrors, (t, int(p)), 0) for t, p in parts] + [(self.state_mirrors, int(s), 1) for s in shards]
+        for where, key, kind in keys:
+            old = where.get(key)
+            if old is None or old[1] <= clock:  # (the newest clock wins; of two as new, the later report)
                 where[key] = (buddy, int(clock))
+                drop = old if old is not None and old[0] != buddy else None
+            else:  # a late, older copy's report: the record stays
+                drop = (buddy, int(clock)) if old[0] != buddy else None
+            if drop is not None:
+                stale.setdefault(drop[0], ([], []))[kind].append(
+                    (*key, drop[1]) if kind == 0 else (key, drop[1]))
+        return [DropCopies(w, tuple(ps), tuple(ss)) for w, (ps, ss) in stale.items()]
 
     def checkpoint_snapshotted(self, version: int, stall_s: float, unsaved_sq: dict[str, float], now: float) -> None:
         """Every writer of ``version`` has its snapshot: it stalled the job ``stall_s`` seconds, and

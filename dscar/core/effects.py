@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .checkpoint_plan import Checkpoint, Mirror
+from .checkpoint_plan import Checkpoint, DropCopies, Mirror
 
 
 @dataclass(frozen=True)
@@ -62,4 +62,4 @@ class BeginClock:
     ahead: bool = False
 
 
-Effect = ApplyPass | StartRecovery | Checkpoint | Mirror | RestartWorker | BeginClock
+Effect = ApplyPass | StartRecovery | Checkpoint | Mirror | DropCopies | RestartWorker | BeginClock

@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from .checkpoint_plan import Checkpoint, CheckpointPlanner, Mirror
+from .checkpoint_plan import Checkpoint, CheckpointPlanner, DropCopies, Mirror
 from .dispatch import Dispatch
 from .clock import ClockMachine
 from .effects import ApplyPass, BeginClock, Effect, RestartWorker, StartRecovery
@@ -34,7 +34,7 @@ from .shards import ShardQueue
 from .ssp import ClockWindow
 from .tally import ClockTally
 
-__all__ = ["ApplyPass", "BeginClock", "Checkpoint", "Effect", "JobConfig", "JobState", "Mirror", "RestartWorker", "StartRecovery"]
+__all__ = ["ApplyPass", "BeginClock", "Checkpoint", "DropCopies", "Effect", "JobConfig", "JobState", "Mirror", "RestartWorker", "StartRecovery"]
 
 @dataclass
 class JobConfig:
@@ -300,10 +300,12 @@ class JobState:
                                                          self.schedule.cut)
 
     # ----------------------------------------------------------- checkpoints
-    def mirrored(self, buddy: str, clock: int, parts: list, now: float, shards: list = ()) -> None:
-        """``buddy`` holds the memory copies of ``parts`` and of the states of ``shards`` as of ``clock``."""
-        if buddy not in self.lost:
-            self.checkpoints.mirrored(buddy, clock, parts, shards)
+    def mirrored(self, buddy: str, clock: int, parts: list, now: float, shards: list = ()) -> list[Effect]:
+        """``buddy`` holds the memory copies of ``parts`` and of the states of ``shards`` as of ``clock``:
+        the copies no record names any more to drop (``CheckpointPlanner.mirrored``), none of a lost worker's."""
+        if buddy in self.lost:
+            return []
+        return [d for d in self.checkpoints.mirrored(buddy, clock, parts, shards) if d.holder not in self.lost]
 
     def checkpoint_snapshotted(self, version: int, stall_s: float, unsaved_sq: dict[str, float], now: float) -> None:
         """Every writer of ``version`` has its snapshot (``CheckpointPlanner.checkpoint_snapshotted``)."""

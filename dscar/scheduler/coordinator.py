@@ -57,7 +57,8 @@ from ..core.elastic import (adaptive_target, handoff_targets, retirable, setting
                             unit_handoff_plan, workers_wanted)
 from ..errors import JobFailedError, RefusedCallError
 from ..inflight import Inflight, resolve, timed_wait
-from ..core.job import ApplyPass, BeginClock, Checkpoint, JobConfig, JobState, Mirror, RestartWorker, StartRecovery
+from ..core.job import (ApplyPass, BeginClock, Checkpoint, DropCopies, JobConfig, JobState, Mirror, RestartWorker,
+                        StartRecovery)
 from ..core.clock import Stage
 from ..core.liveness import PROBE_TIMEOUT_S, SWEEP_S, silence_limit, to_probe
 from ..core.losses import unreached_after_apply
@@ -594,9 +595,12 @@ class Coordinator(SchedulerPlugin):
         # each drop's copy as ``JobState.mirrored`` takes it, (partitions, shards); the forgets, last, keep none
         copies = [([[t, p]], []) for (t, p), _ in parts] + [([], [s]) for s, _ in shards]
         answers = await self._bundles(job, calls)
+        drops = []
         for (src, _, _), (kept_parts, kept_shards), r in zip(calls, copies, answers):
             if isinstance(r, dict) and r.get("kept"):
-                job.mirrored(src, keep["keep"], kept_parts, time.time(), kept_shards)
+                drops += job.mirrored(src, keep["keep"], kept_parts, time.time(), kept_shards)
+        if drops:
+            self._do(job, drops, polls=False)
 
     def _members(self, job: JobState) -> list[str]:
         """The job's workers that may take partitions and shards now: live, not warming up (each evens out
@@ -928,6 +932,8 @@ class Coordinator(SchedulerPlugin):
                 asyncio.ensure_future(self._checkpoint(job, e))
             elif isinstance(e, Mirror):
                 asyncio.ensure_future(self._mirror(job, e))
+            elif isinstance(e, DropCopies):
+                self._background(self._drop_copies(job, e))
             elif isinstance(e, RestartWorker):
                 pass  # carried out in begin_clock, where nothing is staged
             elif isinstance(e, BeginClock):
@@ -1917,10 +1923,21 @@ class Coordinator(SchedulerPlugin):
                 logger.info("dscar: memory copy of %s's partitions at clock %s failed: %r", w, m.clock, r)
         self._wake()
 
+    async def _drop_copies(self, job: JobState, d: DropCopies) -> None:
+        """The memory copies ``d.holder`` keeps that no record names any more go (one message; a holder
+        gone holds nothing)."""
+        try:
+            await self._rpc(d.holder, "drop_copies", job_id=job.cfg.job_id, parts=[list(k) for k in d.parts],
+                            shards=[list(k) for k in d.shards])
+        except Exception as e:  # noqa: BLE001 - gone, or the job ended there: its copies went with it
+            logger.info("dscar: dropping stale memory copies on %s failed: %r", d.holder, e)
+
     def _h_mirrored(self, job_id: str, worker: str, buddy: str, clock: int, parts: list, shards: list = ()) -> dict:
         job = self.jobs.get(job_id)
         if job is not None:
-            job.mirrored(buddy, clock, parts, time.time(), shards)
+            drops = job.mirrored(buddy, clock, parts, time.time(), shards)
+            if drops:
+                self._do(job, drops, polls=False)
         return {"status": "OK"}
 
     def _h_ckpt_written(self, job_id: str, version: int, worker: str, files: list, error: str | None = None,

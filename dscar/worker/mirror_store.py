@@ -33,6 +33,16 @@ class MirrorStore:
             if old is None or old[0] <= clock:
                 self.copies[key] = (int(clock), value)
 
+    def discard(self, key, clock: int) -> bool:
+        """Drop the copy of ``key`` if it is of ``clock`` or older (a newer one came since); whether it went."""
+        with self.lock:
+            key = tuple(key)
+            old = self.copies.get(key)
+            if old is None or old[0] > clock:
+                return False
+            del self.copies[key]
+            return True
+
     def get(self, key) -> tuple[int, Any] | None:
         with self.lock:
             return self.copies.get(tuple(key))

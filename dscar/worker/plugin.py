@@ -166,7 +166,7 @@ class ParamServer(WorkerPlugin):
             # checkpoints, restores, memory copies, simulated losses
             "checkpoint": self._h_checkpoint, "restore": self._h_restore, "forget": self._h_forget,
             "perturbation": self._h_perturbation, "mirror": self._h_mirror, "keep_mirror": self._h_keep_mirror,
-            "get_mirror": self._h_get_mirror,
+            "get_mirror": self._h_get_mirror, "drop_copies": self._h_drop_copies,
             # the shard runner's batch (``protocol``): members given back unstarted
             "release": self._h_release,
             # liveness, peers, keys
@@ -1240,6 +1240,15 @@ class ParamServer(WorkerPlugin):
         for key, value in copies:
             job.mirrors.keep(key, clock, value)
         return {"status": "OK"}
+
+    def _h_drop_copies(self, job_id: str, parts: list = (), shards: list = ()) -> dict:
+        """The memory copies kept here that no record names any more (``checkpoint_plan.DropCopies``): each
+        partition's (``[table, part, clock]``) and shard state's (``[shard, clock]``) of that clock or older."""
+        job = self.jobs.get(job_id)
+        if job is None:
+            return {"status": "OK", "dropped": 0}
+        keys = [(part_key(t, p), c) for t, p, c in parts] + [(shard_key(s), c) for s, c in shards]
+        return {"status": "OK", "dropped": sum(job.mirrors.discard(k, int(c)) for k, c in keys)}
 
     def _h_get_mirror(self, job_id: str, key: list) -> dict:
         """A memory copy kept here (``mirror_store.part_key`` / ``shard_key``), for a recovery."""
