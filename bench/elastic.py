@@ -103,7 +103,7 @@ import dscar  # noqa: E402
 
 # what the workers unpickle: in a module of their own, so a joiner does not import this harness
 from bench.worker_models import (CHECK_KEYS, PB_COLS, PB_PARTS, PB_ROWS, PB_SHARDS, Churned,  # noqa: E402,F401
-                                 PullBound, SlowServing, check_final)
+                                 PullBound, SlowServing, check_final, copies_held)
 from bench.common import load_average, log, machine_info, pyplot, warn_busy, write_json  # noqa: E402
 
 KINDS = ("join", "retire", "kill")
@@ -368,7 +368,8 @@ def churn_fit(args, tmp: str, t0: float) -> dict[str, Any]:
         t2 = time.time()
         for t in threads:
             t.join(SETTLE_S)
-    return {"res": res, "driver": driver, "start": t1, "end": t2, "ticks": algo.ticks, "layouts": algo.layouts}
+    return {"res": res, "driver": driver, "start": t1, "end": t2, "ticks": algo.ticks, "layouts": algo.layouts,
+            "copies": algo.copies}
 
 
 def clock_records(res) -> list[dict[str, Any]]:
@@ -710,6 +711,20 @@ def rework(res) -> dict[str, int]:
     return {"skipped_clocks": skipped, "rolled_back_clocks": rolled}
 
 
+def memory_copies(coordinator, client) -> dict[str, Any] | None:
+    """The memory tier's copies the workers keep for the running job against the keys the coordinator
+    records a copy of (one copy each once the reports of the last clock's copies are in; a worker that
+    kept every copy it ever got would hold one per ring it sat in and per switch it gave up); None
+    without a job or a memory tier."""
+    job = next(iter(list(coordinator.jobs.values())), None)
+    if job is None or job.cfg.checkpoint is None or not job.cfg.checkpoint.memory:
+        return None
+    held = client.run(copies_held)
+    per_worker = {w: h.get(job.cfg.job_id, 0) for w, h in held.items()}
+    return {"held": sum(per_worker.values()), "recorded": len(job.mirrors) + len(job.state_mirrors),
+            "max_per_worker": max(per_worker.values(), default=0), "workers": len(per_worker)}
+
+
 def summarize(churn: dict[str, Any], refs: dict[int, dict[str, Any]], n_shards: int = N_SHARDS) -> dict[str, Any]:
     res, driver = churn["res"], churn["driver"]
     ticks = churn["ticks"]
@@ -747,6 +762,7 @@ def summarize(churn: dict[str, Any], refs: dict[int, dict[str, Any]], n_shards: 
         "losses": ev["worker-lost"], "left": ev["worker-left"], "joined": ev["worker-joined"],
         "recoveries": ev["recovery-started"], "partitions_taken_on": ev["partitions-taken-on"],
         "audit": audit(res, res.n_clocks),
+        "memory_copies": churn.get("copies"),
         # seen's sum: one per shard per clock applied; the reference's per clock times this fit's clocks
         "final_objective": final, "reference_objective": ref_per_clock * res.n_clocks,
         "fit_events": dict(ev),
@@ -792,6 +808,9 @@ def format_table(s: dict[str, Any], refs: dict[int, dict[str, Any]]) -> str:
         ("exactly-once audit", f"lost {a['lost']}, applied twice {a['applied_twice']}, all breaches {a['violations']} "
                                f"over {a['checked_clocks']} checked clocks"),
         ("final objective", f"{s['final_objective']:g} (failure-free {s['reference_objective']:g})"),
+        ("memory copies at end", "none taken" if not (m := s.get("memory_copies")) else
+         f"{m['held']} held by {m['workers']} workers (at most {m['max_per_worker']} on one) for {m['recorded']} "
+         f"partitions and shard states recorded"),
         ("references", ", ".join(f"{n} workers {r['rate']:.3f} clocks/s (before/after {r['rates'][0]:.3f}/"
                                  f"{r['rates'][-1]:.3f})" for n, r in sorted(refs.items()))),
         ("joins", f"warm-up mean {s['joiner_warm_up_s_mean']} s, partitions switched (joins, evening out) "

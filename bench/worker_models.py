@@ -141,9 +141,12 @@ class Churned(ExactlyOnce):
         self.ticks: list[tuple[float, int]] = []  #: (time, clocks in the history) at each clock's end
         self.coordinator = None  #: the in-process scheduler's dscar coordinator, read at each clock's end
         self.layouts: list[dict[str, Any] | None] = []  #: ``layout_of`` at each clock's end (as ``ticks``)
+        #: ``bench.elastic.memory_copies`` at the last clock's end (None: no memory tier, or not reached)
+        self.copies: dict[str, Any] | None = None
 
     def __getstate__(self):
-        return {k: v for k, v in self.__dict__.items() if k not in ("driver", "ticks", "coordinator", "layouts")}
+        return {k: v for k, v in self.__dict__.items()
+                if k not in ("driver", "ticks", "coordinator", "layouts", "copies")}
 
     def converged(self, history, tol):
         self.ticks.append((time.time(), len(history)))
@@ -154,7 +157,20 @@ class Churned(ExactlyOnce):
         if self.driver is None:
             return False
         self.driver.tick(len(history))
-        return self.driver.done_at is not None and len(history) >= self.driver.done_at + 2
+        last = (self.driver.done_at is not None and len(history) >= self.driver.done_at + 2) or len(history) >= self.clocks
+        if last and self.coordinator is not None:
+            from bench.elastic import memory_copies
+
+            self.copies = memory_copies(self.coordinator, self.driver.client)
+        return last
+
+
+def copies_held(dask_worker) -> dict[str, int]:
+    """Job -> the memory tier's copies this worker keeps for it (``bench.elastic.memory_copies``)."""
+    from dscar.worker.plugin import PLUGIN_NAME
+
+    plugin = dask_worker.plugins.get(PLUGIN_NAME)
+    return {} if plugin is None else {j: len(job.mirrors.copies) for j, job in list(plugin.jobs.items())}
 
 
 #: in partitions that split evenly over 2 and over 3 owners
