@@ -39,15 +39,17 @@ dask.config.update_defaults({"dscar": {"active-workers": "all"}})
 BLAS_ENV_PREFIXES = ("OPENBLAS", "OMP_", "MKL_")
 
 
-def spawn_serving(module: str, *args: str, env: dict[str, str] | None = None) -> "subprocess.Popen":
+def spawn_serving(module: str, *args: str, env: dict[str, str] | None = None,
+                  stdin: int | None = None) -> "subprocess.Popen":
     """``python -m <module> --serve ARGS`` from the repository root, this checkout first on its path, output
-    dropped: a harness process of ``bench.hollow`` or ``bench.barrier``; ``env``: variables of its own."""
+    dropped: a harness process of ``bench.hollow`` or ``bench.barrier``; ``env``: variables of its own;
+    ``stdin``: as ``subprocess.Popen`` takes it (``PIPE``: the harness writes to it)."""
     import subprocess
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[1]
     full = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")]), **(env or {})}
-    return subprocess.Popen([sys.executable, "-m", module, "--serve", *args], cwd=root, env=full,
+    return subprocess.Popen([sys.executable, "-m", module, "--serve", *args], cwd=root, env=full, stdin=stdin,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 

@@ -58,6 +58,13 @@ imports (about 1 s of CPU on this machine before it registers, more as it sets u
 clocks would pay on these 2 shared cores, which on a real cluster they do not: a joiner starts on a
 machine of its own. ``--start-method spawn`` starts them as Dask does by default.
 
+``--hollow W`` runs the churn on W hollow workers instead (``hollow_churn``; ``bench.hollow``: the real plugins,
+steps that sleep ``HOLLOW_STEP_S``, ``HOLLOW_SHARDS_PER_WORKER`` shards a worker, many workers a process, the
+scheduler in a process of its own), for the control plane under churn at a larger W (``HollowChurnDriver``):
+the same figures, but for the layout and the memory copies (read from the coordinator, which runs in
+another process), and references at W - 1, W and W + 1 on the same cluster (one-worker processes
+retired and started between them), once each.
+
 ``--pull-bound`` measures a join instead (``pull_bound``): a model whose steps are pulls (``PullBound``)
 on 2 worker processes whose pull serving is sleep-floored (``SlowServing``), a third added mid-fit;
 time per clock and rows served per clock by each owner before the join, while the joiner owns
@@ -75,7 +82,7 @@ real cluster's joins, retirements and crashes do not wait for dscar's clocks, an
 joiners all land at one point of their clock measures that point only.
 
 Usage: ``python -m bench.elastic [--events N] [--kinds join,retire,kill] [--workers W] [--seed S]
-[--shards S] [--parts P] [--event-at boundary|random] [--quick] [--start-method forkserver|spawn] [--json PATH] [--plot PATH]``; ``python -m bench.elastic --pull-bound [--json PATH]``.
+[--shards S] [--parts P] [--event-at boundary|random] [--quick] [--start-method forkserver|spawn] [--hollow W] [--json PATH] [--plot PATH]``; ``python -m bench.elastic --pull-bound [--json PATH]``.
 """
 from __future__ import annotations
 
@@ -115,6 +122,8 @@ WORK_S = 0.15
 STEP_WORK_S = N_SHARDS * WORK_S
 EVENT_AT = ("boundary", "random")
 SETTLE_S = 60.0  #: longest wait for an event to settle (a worker gone or arrived)
+#: the churn on hollow workers (``--hollow W``): each shard step sleeps as ``bench.hollow``'s, shards a worker at W
+HOLLOW_STEP_S, HOLLOW_SHARDS_PER_WORKER = 0.1, 4
 #: the statuses of a worker that Dask is retiring or closing (not counted live: ``ChurnDriver.working``)
 STOPPING = frozenset({Status.closing_gracefully, Status.closing, Status.closed})
 
@@ -281,28 +290,94 @@ class ChurnDriver:
                 before = self.workers()  # (a join on its way may have arrived: live counts only grow meanwhile)
             rec: dict[str, Any] = {"kind": kind, "clock": self.clock, "at": time.time(), "workers_before": len(before)}
             t0 = time.monotonic()
-            if kind == "join":
-                # a spec of a name never used (scale() may reuse a retired worker's name, not yet forgotten)
-                self.lc.worker_spec[f"joined-{len(self.events)}"] = copy.deepcopy(self.lc.new_spec)
-                self.lc.scale(len(self.lc.worker_spec))
-                rec["settled"] = True  # not waited for: clocks run while the process starts (it joins when up)
-            elif kind == "retire":
-                w = self.rng.choice(before)
-                rec["worker"] = w
-                name = self.lc.scheduler.workers[w].name
-                self.client.retire_workers(workers=[w])  # held until the clock boundary, then handed off
-                rec["settled"] = self._wait_until(lambda: w not in self.lc.scheduler.workers)
-                self.lc.worker_spec.pop(name, None)  # or the next scale() would start it again
-            else:
-                pids = self.client.run(os.getpid)
-                w = self.rng.choice(sorted(pids))
-                rec["worker"] = w
-                os.kill(pids[w], signal.SIGKILL)
-                # settled once the Nanny's new process has joined
-                rec["settled"] = self._wait_until(lambda: w not in self.lc.scheduler.workers
-                                                  and len(self.lc.scheduler.workers) >= len(before))
+            {"join": self.join, "retire": self.retire, "kill": self.kill}[kind](rec, before)
             rec["settle_s"] = round(time.monotonic() - t0, 3)
             self.events.append(rec)
+
+    def join(self, rec: dict[str, Any], before: list[str]) -> None:
+        """A worker process more: not waited for (clocks run while it starts; it joins when up)."""
+        # a spec of a name never used (scale() may reuse a retired worker's name, not yet forgotten)
+        self.lc.worker_spec[f"joined-{len(self.events)}"] = copy.deepcopy(self.lc.new_spec)
+        self.lc.scale(len(self.lc.worker_spec))
+        rec["settled"] = True
+
+    def retire(self, rec: dict[str, Any], before: list[str]) -> None:
+        """``retire_workers`` of a random worker (held until the clock boundary, then handed off); settled once gone."""
+        w = self.rng.choice(before)
+        rec["worker"] = w
+        name = self.lc.scheduler.workers[w].name
+        self.client.retire_workers(workers=[w])
+        rec["settled"] = self._wait_until(lambda: w not in self.lc.scheduler.workers)
+        self.lc.worker_spec.pop(name, None)  # or the next scale() would start it again
+
+    def kill(self, rec: dict[str, Any], before: list[str]) -> None:
+        """SIGKILL of a random worker process; settled once the Nanny's new process has joined."""
+        pids = self.client.run(os.getpid)
+        w = self.rng.choice(sorted(pids))
+        rec["worker"] = w
+        os.kill(pids[w], signal.SIGKILL)
+        rec["settled"] = self._wait_until(lambda: w not in self.lc.scheduler.workers
+                                          and len(self.lc.scheduler.workers) >= len(before))
+
+
+class HollowChurnDriver(ChurnDriver):
+    """``ChurnDriver`` on hollow workers (``bench.hollow.HollowCluster``: the scheduler in a process of its own,
+    many workers to a process): a join lets a process of one worker join, one standing by, imported, since the
+    cluster started (``HollowCluster.stand_by``; a fresh interpreter once they are used up), and waits for it;
+    a retirement retires any worker, one of a shared process too (its ``Worker``
+    closes, the others stay); a kill SIGKILLs a one-worker process (nothing restarts it: joins keep the count),
+    and where none is left the event is a retirement. The scheduler is asked for the workers (``worker_statuses``)."""
+
+    #: seconds between live-count samples (each one a message to the scheduler)
+    SAMPLE_S = 0.1
+
+    def __init__(self, hc, kinds: list[str], events: int, workers: int, seed: int, event_at: str = "boundary"):
+        super().__init__(None, hc.client, kinds, events, workers, seed, event_at)
+        self.hc = hc
+
+    def _statuses(self) -> dict[str, str]:
+        from bench.hollow import worker_statuses
+
+        return self.client.run_on_scheduler(worker_statuses)
+
+    def workers(self) -> list[str]:
+        return sorted(self._statuses())
+
+    def n_members(self) -> int:
+        return len(self._statuses())  # (a join is waited for: none is on its way)
+
+    def working(self) -> int:
+        return sum(st not in {s.name for s in STOPPING} for st in self._statuses().values())
+
+    def sample(self) -> None:
+        while not self.stop.wait(self.SAMPLE_S):
+            self.live.append((time.time(), self.working()))
+
+    def choose(self, n_live: int, n_members: int | None = None) -> str | None:
+        kind = super().choose(n_live, n_members)
+        return "retire" if kind == "kill" and not self.hc.solos else kind
+
+    def join(self, rec: dict[str, Any], before: list[str]) -> None:
+        rec["worker"] = self.hc._add_solos(1)[0]
+        rec["settled"] = True
+
+    def retire(self, rec: dict[str, Any], before: list[str]) -> None:
+        w = self.rng.choice(before)
+        rec["worker"] = w
+        self.client.retire_workers(workers=[w])
+        rec["settled"] = self._wait_until(lambda: w not in self._statuses())
+        for name in [n for n, a in self.hc.solos.items() if a == w]:  # (its process ends with its one worker)
+            self.hc.solos.pop(name)
+            self.hc._end(self.hc.processes.pop(name))
+
+    def kill(self, rec: dict[str, Any], before: list[str]) -> None:
+        name = self.rng.choice(sorted(self.hc.solos))
+        w = self.hc.solos.pop(name)
+        rec["worker"] = w
+        proc = self.hc.processes.pop(name)
+        proc.kill()
+        proc.wait(10)
+        rec["settled"] = self._wait_until(lambda: w not in self._statuses())
 
 
 def audit(res, clocks: int) -> dict[str, int]:
@@ -346,30 +421,88 @@ def churn_fit(args, tmp: str, t0: float) -> dict[str, Any]:
         cl.client.wait_for_workers(args.workers)
         algo.coordinator = coordinator_of(lc)
         driver = ChurnDriver(lc, cl.client, kinds, args.events, args.workers, args.seed, args.event_at)
-        algo.driver = driver
-        threads = [threading.Thread(target=driver.run, daemon=True), threading.Thread(target=driver.sample, daemon=True)]
-        for t in threads:
-            t.start()
         log(t0, f"churn fit: {args.events} events of {kinds} on {args.workers} workers, {args.shards} shards, "
                 f"events at the clock's {args.event_at}")
-        t1 = time.time()
-        try:
-            res = dscar.fit(algo, {"x": np.arange(float(args.shards))}, cl, n_shards=args.shards, max_clocks=clocks,
-                            checkpoint=checkpoint_config(tmp), progress=False)
-        except Exception:
-            log(t0, "the churn fit failed after these events: " + "; ".join(
-                f"{e['kind']} {e.get('worker', '')} at clock {e['clock']} ({e['workers_before']} before)"
-                for e in driver.events) + f"; live now {driver.workers()}")
-            raise
-        finally:
-            driver.stop.set()
-            with driver.changed:
-                driver.changed.notify_all()
-        t2 = time.time()
-        for t in threads:
-            t.join(SETTLE_S)
+        return driven_fit(algo, driver, lambda: dscar.fit(
+            algo, {"x": np.arange(float(args.shards))}, cl, n_shards=args.shards, max_clocks=clocks,
+            checkpoint=checkpoint_config(tmp), progress=False), t0)
+
+
+def driven_fit(algo: Churned, driver: ChurnDriver, fit, t0: float) -> dict[str, Any]:
+    """``fit()`` with ``driver``'s threads beside it (its events, its live-count samples), stopped after it;
+    the churn's record (what ``summarize`` takes)."""
+    algo.driver = driver
+    threads = [threading.Thread(target=driver.run, daemon=True), threading.Thread(target=driver.sample, daemon=True)]
+    for t in threads:
+        t.start()
+    t1 = time.time()
+    try:
+        res = fit()
+    except Exception:
+        log(t0, "the churn fit failed after these events: " + "; ".join(
+            f"{e['kind']} {e.get('worker', '')} at clock {e['clock']} ({e['workers_before']} before)"
+            for e in driver.events) + f"; live now {driver.workers()}")
+        raise
+    finally:
+        driver.stop.set()
+        with driver.changed:
+            driver.changed.notify_all()
+    t2 = time.time()
+    for t in threads:
+        t.join(SETTLE_S)
     return {"res": res, "driver": driver, "start": t1, "end": t2, "ticks": algo.ticks, "layouts": algo.layouts,
             "copies": algo.copies}
+
+
+def hollow_fit(hc, algo: Churned, n_shards: int, clocks: int, tmp: str) -> Any:
+    """A fit of ``algo`` on the hollow workers, with the churn fit's checkpoints."""
+    return dscar.fit(algo, {"x": np.arange(float(n_shards))}, hc.cluster, n_shards=n_shards, max_clocks=clocks,
+                     checkpoint=checkpoint_config(tmp), progress=False)
+
+
+def hollow_reference(hc, n_shards: int, step_s: float, clocks: int, columns: int, n_parts: int | None,
+                     tmp: str) -> dict[str, Any]:
+    """``reference_fit`` on the hollow workers there are now."""
+    algo = Churned(columns, step_s, n_parts)
+    res = hollow_fit(hc, algo, n_shards, clocks, tmp)
+    ticks = algo.ticks
+    return {"workers": len(hc.worker_names()), "clocks": res.n_clocks, "columns": columns,
+            "rate": (len(ticks) - 1) / (ticks[-1][0] - ticks[0][0]),
+            "objective": float(np.sum(res.params["seen"])),
+            "per_clock_objective": float(np.sum(res.params["seen"])) / max(1, res.n_clocks), "layout": None,
+            "clock_records": clock_records(res)}
+
+
+def hollow_churn(args, tmp: str, t0: float) -> tuple[dict[str, Any], dict[int, dict[str, Any]], int, float]:
+    """The churn on ``args.hollow`` hollow workers (``bench.hollow``: steps that sleep ``HOLLOW_STEP_S``, the
+    real plugins, many workers a process): failure-free references at W, W - 1 and W + 1 on the same
+    cluster (a one-worker process retired, then two started), then the churn fit from W. The churn, the
+    references, their shard count (``--shards``, default ``HOLLOW_SHARDS_PER_WORKER`` a worker) and step time."""
+    from bench.hollow import HollowCluster
+
+    w = args.hollow
+    n_shards = args.shards
+    clocks, columns = (6 if args.quick else 12), churn_clocks(args.events)
+    solo = 2 + max(1, args.events // 4)  # (kills take one each; joins bring more)
+    kinds = args.kinds.split(",")
+    with HollowCluster(w, max(2, min(8, w // 32)), solo=solo) as hc:
+        hc.stand_by(2 + args.events // 2)  # (the joiners, up and imported: ``HollowCluster.stand_by``)
+        hc.register()
+        runs = []
+        for step, n in (("as started", w), ("one retired", w - 1), ("two started", w + 1)):
+            if step == "one retired":
+                HollowChurnDriver(hc, kinds, 0, w, args.seed).retire({}, sorted(hc.solos.values())[:1])
+            elif step == "two started":
+                hc._add_solos(2)
+            log(t0, f"failure-free reference on {n} hollow workers")
+            runs.append(hollow_reference(hc, n_shards, HOLLOW_STEP_S, clocks, columns, args.parts,
+                                         os.path.join(tmp, f"ref{n}")))
+        HollowChurnDriver(hc, kinds, 0, w, args.seed).retire({}, sorted(hc.solos.values())[:1])
+        algo = Churned(columns, HOLLOW_STEP_S, args.parts)
+        driver = HollowChurnDriver(hc, kinds, args.events, w, args.seed, args.event_at)
+        log(t0, f"churn fit: {args.events} events of {kinds} on {w} hollow workers, {n_shards} shards")
+        churn = driven_fit(algo, driver, lambda: hollow_fit(hc, algo, n_shards, columns, os.path.join(tmp, "churn")), t0)
+    return churn, merge_references(runs), n_shards, HOLLOW_STEP_S
 
 
 def clock_records(res) -> list[dict[str, Any]]:
@@ -725,7 +858,10 @@ def memory_copies(coordinator, client) -> dict[str, Any] | None:
             "max_per_worker": max(per_worker.values(), default=0), "workers": len(per_worker)}
 
 
-def summarize(churn: dict[str, Any], refs: dict[int, dict[str, Any]], n_shards: int = N_SHARDS) -> dict[str, Any]:
+def summarize(churn: dict[str, Any], refs: dict[int, dict[str, Any]], n_shards: int = N_SHARDS,
+              step_s: float | None = None) -> dict[str, Any]:
+    """The figures of the module docstring. ``step_s``: a shard step's seconds (default ``work_s(n_shards)``)."""
+    step_s = work_s(n_shards) if step_s is None else step_s
     res, driver = churn["res"], churn["driver"]
     ticks = churn["ticks"]
     live, dated = dated_live(driver.live, res.events)
@@ -744,7 +880,7 @@ def summarize(churn: dict[str, Any], refs: dict[int, dict[str, Any]], n_shards: 
     ref_per_clock = statistics.mean(r["per_clock_objective"] for r in refs.values())
     return {
         "events": n_events, "event_kinds": dict(Counter(e["kind"] for e in driver.events)),
-        "shards": n_shards, "step_s": round(work_s(n_shards), 5),
+        "shards": n_shards, "step_s": round(step_s, 5),
         "unsettled_events": sum(not e["settled"] for e in driver.events), "driver_error": driver.error,
         "clocks": res.n_clocks, "useful_clocks": useful + 1, "fit_s": round(churn["end"] - churn["start"], 2),
         "mean_workers": round(mean_workers, 3), "seconds_at_workers": {n: round(s, 2) for n, s in sorted(seconds_at.items())},
@@ -775,7 +911,7 @@ def summarize(churn: dict[str, Any], refs: dict[int, dict[str, Any]], n_shards: 
         "lost_by_distance": lost_by_distance(ticks, live, driver.events, res.events,
                                              {n: r["rate"] for n, r in refs.items()}),
         "join_granularity": join_granularity(ticks, live, driver.events, res.events,
-                                             {n: r["rate"] for n, r in refs.items()}, n_shards, work_s(n_shards)),
+                                             {n: r["rate"] for n, r in refs.items()}, n_shards, step_s),
         "losses_by_cause": losses_by_cause(res.events, driver.events),
         "layout": layout_vs_reference(ticks, live, churn.get("layouts", []),
                                       {n: r.get("layout") for n, r in refs.items()},
@@ -808,7 +944,8 @@ def format_table(s: dict[str, Any], refs: dict[int, dict[str, Any]]) -> str:
         ("exactly-once audit", f"lost {a['lost']}, applied twice {a['applied_twice']}, all breaches {a['violations']} "
                                f"over {a['checked_clocks']} checked clocks"),
         ("final objective", f"{s['final_objective']:g} (failure-free {s['reference_objective']:g})"),
-        ("memory copies at end", "none taken" if not (m := s.get("memory_copies")) else
+        ("memory copies at end", "not read (hollow workers: the scheduler runs in a process of its own)"
+         if not (m := s.get("memory_copies")) else
          f"{m['held']} held by {m['workers']} workers (at most {m['max_per_worker']} on one) for {m['recorded']} "
          f"partitions and shard states recorded"),
         ("references", ", ".join(f"{n} workers {r['rate']:.3f} clocks/s (before/after {r['rates'][0]:.3f}/"
@@ -836,7 +973,7 @@ def format_table(s: dict[str, Any], refs: dict[int, dict[str, Any]]) -> str:
                                     f"{c['kills_without_loss']}, removed by dscar {c['removed_by_dscar']}; "
                                     f"untraced {c['untraced']}"))
     lay = s["layout"]
-    rows.append(("layout vs reference", "; ".join(
+    rows.append(("layout vs reference", "not read (hollow workers)" if not lay["per_count"] else "; ".join(
         f"{n} workers: top owner {r['max_rows']} rows (reference {r['reference_max_rows']}), above it in {r['above']} "
         f"of {r['clocks']} clocks, top holder {r['max_shards']} shards (reference {r['reference_max_shards']})"
         for n, r in lay["per_count"].items())))
@@ -975,8 +1112,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--kinds", default="join,retire,kill", help="comma-separated event kinds: join, retire, kill")
     ap.add_argument("--workers", type=int, default=3, help="live workers at the start (kept within +-1)")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--shards", type=int, default=N_SHARDS,
-                    help=f"shards of the fits (default {N_SHARDS}); a clock's step work stays {STEP_WORK_S:g} s, cut finer")
+    ap.add_argument("--shards", type=int, default=None,
+                    help=f"shards of the fits (default {N_SHARDS}; with --hollow, {HOLLOW_SHARDS_PER_WORKER} a worker); a "
+                         f"clock's step work stays {STEP_WORK_S:g} s, cut finer (with --hollow each step sleeps {HOLLOW_STEP_S:g} s)")
     ap.add_argument("--parts", type=int, default=None,
                     help="partitions of the model's tables of the shards' rows (default: dscar's, one a worker at the "
                          "start); a count that 2, 3 and 4 divide (12) lets every worker count own an even, aligned share")
@@ -988,11 +1126,24 @@ def main(argv: list[str] | None = None) -> int:
                     help="how worker processes start (default forkserver, as dscar's embedded cluster; spawn: Dask's default)")
     ap.add_argument("--json", metavar="PATH")
     ap.add_argument("--plot", metavar="PATH", default="elastic.png")
+    ap.add_argument("--hollow", type=int, metavar="W", default=None,
+                    help="instead of worker processes: W hollow workers (bench.hollow: the real plugins, steps that "
+                         f"sleep {HOLLOW_STEP_S:g} s, many workers a process), {HOLLOW_SHARDS_PER_WORKER} shards a worker "
+                         "unless --shards; references on the same cluster at W - 1, W and W + 1")
     ap.add_argument("--pull-bound", action="store_true",
                     help="instead: a model whose pulls dominate on 2 workers, a third joining mid-fit "
                          "(time per clock and rows served per owner before the join, after it, and once it owns partitions)")
     args = ap.parse_args(argv)
     warn_busy()
+    args.shards_given = args.shards is not None
+    if args.hollow is not None:
+        if args.hollow < 4:
+            ap.error("--hollow must be at least 4 workers")
+        args.workers = args.hollow
+        if not args.shards_given:
+            args.shards = HOLLOW_SHARDS_PER_WORKER * args.hollow
+    elif not args.shards_given:
+        args.shards = N_SHARDS
     bad = [k for k in args.kinds.split(",") if k not in KINDS]
     if args.shards < args.workers + 1:
         ap.error(f"--shards must be at least --workers + 1 ({args.workers + 1}): one shard a worker at the most live")
@@ -1031,6 +1182,10 @@ def run(args, t0: float) -> int:
             write_json(args.json, {"pull_bound": r, "load_average": load_average(), "machine": machine_info()})
         return 0
     info = machine_info(threadpools=True)
+    if args.hollow is not None:
+        with tempfile.TemporaryDirectory(prefix="dscar-elastic-") as tmp:
+            churn, refs, n_shards, step_s = hollow_churn(args, tmp, t0)
+        return report(args, churn, refs, n_shards, step_s, info)
     with tempfile.TemporaryDirectory(prefix="dscar-elastic-") as tmp:  # (the fits' checkpoints)
         counts = [max(1, args.workers - 1), args.workers, args.workers + 1]
         ref_clocks = 12 if args.quick else 20
@@ -1044,14 +1199,19 @@ def run(args, t0: float) -> int:
             log(t0, f"failure-free reference on {n} workers (after)")
             runs.append(reference_fit(n, ref_clocks, os.path.join(tmp, f"ref{n}b"), args.shards,
                                      churn_clocks(args.events), args.parts))
-    refs = merge_references(runs)
-    s = summarize(churn, refs, args.shards)
+    return report(args, churn, merge_references(runs), args.shards, work_s(args.shards), info)
+
+
+def report(args, churn: dict[str, Any], refs: dict[int, dict[str, Any]], n_shards: int, step_s: float,
+           info: dict[str, Any]) -> int:
+    """Print the table, write the JSON and the plot."""
+    s = summarize(churn, refs, n_shards, step_s)
     load = load_average()
     print(format_table(s, refs))
     print(f"load average {load}")
     if args.json:
         write_json(args.json, {"quick": args.quick, "kinds": args.kinds.split(","), "workers": args.workers,
-                               "seed": args.seed, "shards": args.shards, "parts": args.parts, "event_at": args.event_at, "summary": s, "references": refs,
+                               "hollow": args.hollow, "seed": args.seed, "shards": n_shards, "parts": args.parts, "event_at": args.event_at, "summary": s, "references": refs,
                                "driver_events": churn["driver"].events, "load_average": load, "machine": info,
                                # what the figures are computed from, to look again: clock ends, live-count samples
                                "ticks": churn["ticks"], "live": churn["driver"].live,

@@ -133,6 +133,11 @@ def sched_cpu_s(dask_scheduler=None) -> float:
     return loop_cpu_s()
 
 
+def worker_statuses(dask_scheduler=None) -> dict[str, str]:
+    """Each worker the scheduler knows -> its status's name (``bench.elastic``'s churn on hollow workers)."""
+    return {a: ws.status.name for a, ws in list(dask_scheduler.workers.items())}
+
+
 # --------------------------------------------------------------------------- the processes
 async def _serve_scheduler(address_file: str) -> None:
     from distributed import Scheduler
@@ -198,15 +203,21 @@ async def _serve_workers(address: str, n: int, prefix: str) -> None:
 
 #: the environment variable that carries a harness's own Dask settings (JSON) to its processes
 CONFIG_ENV = "DSCAR_HOLLOW_CONFIG"
+#: the environment variable that holds a worker process's workers back until a line comes on its stdin
+GATE_ENV = "DSCAR_HOLLOW_GATE"
 #: the environment variable that names the folder each harness process writes its profile to (``--profile``)
 PROFILE_ENV = "DSCAR_HOLLOW_PROFILE"
 
 
 def serve(role: str, *args: str) -> None:
-    """A harness process: ``scheduler ADDRESS_FILE`` or ``workers ADDRESS N PREFIX``."""
+    """A harness process: ``scheduler ADDRESS_FILE`` or ``workers ADDRESS N PREFIX``; with ``GATE_ENV`` set, its
+    workers start once a line comes on its stdin (``HollowCluster.stand_by``: imported, not yet joined)."""
     import json
 
     import dask
+
+    if os.environ.get(GATE_ENV):
+        sys.stdin.readline()
 
     profile_dir = os.environ.get(PROFILE_ENV)
     profiler = None
@@ -232,12 +243,15 @@ def _exit_on_term(signum, frame) -> None:
     raise SystemExit(0)  # (the default action would end the process before its profile is written)
 
 
-def _spawn(*args: str, config: dict[str, Any] | None = None) -> subprocess.Popen:
-    """A harness process (``serve``); ``config``: Dask settings of its own beside ``DASK_CONFIG``."""
+def _spawn(*args: str, config: dict[str, Any] | None = None, gated: bool = False) -> subprocess.Popen:
+    """A harness process (``serve``); ``config``: Dask settings of its own beside ``DASK_CONFIG``; ``gated``: its
+    workers start once a line is written to its stdin."""
     import json
 
     return spawn_serving("bench.hollow", *args, env={"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1",
-                                                      "MKL_NUM_THREADS": "1", CONFIG_ENV: json.dumps(config or {})})
+                                                      "MKL_NUM_THREADS": "1", CONFIG_ENV: json.dumps(config or {}),
+                                                      **({GATE_ENV: "1"} if gated else {})},
+                         stdin=subprocess.PIPE if gated else None)
 
 
 class HollowCluster:
@@ -256,6 +270,8 @@ class HollowCluster:
         self.processes: dict[str, subprocess.Popen] = {}
         #: each one-worker process (its name in ``processes``) -> its worker's address
         self.solos: dict[str, str] = {}
+        #: one-worker processes held before their worker starts (``stand_by``), next first
+        self.standby: list[str] = []
         self.client = None
         self.cluster: dscar.Cluster | None = None
         self._solo = 0
@@ -296,10 +312,27 @@ class HollowCluster:
     def worker_names(self) -> dict[str, str]:
         return {a: str(w.get("name")) for a, w in worker_info(self.client).items()}
 
+    def stand_by(self, k: int) -> None:
+        """``k`` one-worker processes started and held before their worker starts (``GATE_ENV``): a later
+        ``_add_solos`` lets them join, as a machine already up and imported joins a real cluster, without
+        an interpreter's start (some 2 s of CPU here) on the cores the running workers share."""
+        for _ in range(k):
+            self._solo += 1
+            name = f"solo{self._solo}"
+            self.standby.append(name)
+            self.processes[name] = _spawn("workers", self.address, "1", name, gated=True)
+
     def _add_solos(self, k: int, timeout: float = 120.0) -> list[str]:
-        """``k`` processes of one worker each; their workers' addresses once they have all joined."""
+        """``k`` processes of one worker each (standing by ones first: ``stand_by``); their workers'
+        addresses once they have all joined."""
         names = []
         for _ in range(k):
+            if self.standby:
+                names.append(self.standby.pop(0))
+                proc = self.processes[names[-1]]
+                proc.stdin.write(b"go\n")
+                proc.stdin.close()
+                continue
             self._solo += 1
             names.append(f"solo{self._solo}")
             self.processes[names[-1]] = _spawn("workers", self.address, "1", names[-1])

@@ -270,6 +270,26 @@ def test_quick_churn_commits_every_shard_update_exactly_once_and_reports_its_fig
     assert all(r["layout"]["away"] == 0 and r["layout"]["split"] == 0 for r in d["references"].values())
 
 
+@pytest.mark.timeout(600)
+def test_churn_on_hollow_workers_commits_every_shard_update_exactly_once(quick_bench):
+    """``--hollow W``: the same churn on hollow workers (the real plugins, sleeping steps, many workers a
+    process; a kill ends a one-worker process, a join starts one), references on the same cluster."""
+    stdout, d, png = quick_bench("elastic", "--hollow", "6")
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    s = d["summary"]
+    assert d["hollow"] == 6 and s["events"] == 4 and s["driver_error"] is None and s["unsettled_events"] == 0
+    assert set(s["event_kinds"]) == set(elastic.KINDS)
+    assert s["shards"] == elastic.HOLLOW_SHARDS_PER_WORKER * 6 and s["step_s"] == elastic.HOLLOW_STEP_S
+    a = s["audit"]
+    assert a["lost"] == 0 and a["applied_twice"] == 0 and a["violations"] == 0, a
+    assert a["checked_clocks"] == s["clocks"] - s["skipped_clocks"] > 0
+    assert set(map(int, d["references"])) == {5, 6, 7}
+    assert s["handoffs"] == s["event_kinds"]["retire"] and s["losses"] >= s["event_kinds"]["kill"] >= 1
+    assert s["joined"] >= s["event_kinds"]["join"] and s["recoveries"] >= 1
+    assert 0 < s["final_objective"] <= s["reference_objective"] and 0 < s["goodput"]
+    assert "exactly-once audit" in stdout and "goodput" in stdout
+
+
 def test_pull_bound_phases_split_clocks_by_the_state_at_their_end_and_count_rows_served_per_clock():
     # (time, clocks, workers, owners) at each clock's end
     ticks = [(0.0, 1, 2, 2), (1.0, 2, 2, 2), (2.0, 3, 2, 2), (3.0, 4, 3, 2), (4.5, 5, 3, 2), (6.0, 6, 3, 3),
