@@ -52,6 +52,10 @@ logger = logging.getLogger("dscar.worker.runner")  # under dscar.worker: one nam
 
 #: tables of at most this many bytes are read whole, all of them in one message per owner
 SMALL_TABLE_BYTES = 1 << 20
+#: a shard step reads the small tables whole while they have at most this many owners besides its worker;
+#: past that it reads the rows it asks for, from their owners, as a large table's: every worker asking every
+#: owner each clock is W^2 messages a clock (63 a worker at W = 64, 4,032 in all: ``bench.elastic --hollow``)
+WHOLE_READ_OWNERS = 8
 
 #: seconds a work item of a clock that began with the previous clock's last apply waits for that apply here
 #: before its attempts fail (the coordinator sends it at once, and again to a worker it could not reach)
@@ -82,6 +86,9 @@ class Job:
     owners_token: str | None = None
     #: the rows pulled here, shared by the attempts run here while they serve their reads
     pull_cache: PullCache = field(default_factory=PullCache)
+    #: ``(owners, whether a step reads the small tables whole)`` for the owners map it was decided on
+    #: (``ShardRunner.reads_small_whole``; the map is replaced, never changed in place)
+    small_whole: tuple[dict, bool] | None = None
     #: stale-synchronous clocks: reduction tables are read per clock
     ssp: bool = False
     #: an attempt whose staged updates hold at most this many bytes sends them with its commit
@@ -709,6 +716,15 @@ class ShardRunner:
         spec = job.specs[table]
         return spec.n_rows * int(np.prod(spec.trailing)) * np.dtype(spec.dtype).itemsize <= SMALL_TABLE_BYTES
 
+    def reads_small_whole(self, job: Job) -> bool:
+        """Whether a shard step's pull of a small table reads every small table whole (one message per
+        owner, once a pass): while their owners other than this worker are at most ``WHOLE_READ_OWNERS``."""
+        owners = job.owners
+        if job.small_whole is None or job.small_whole[0] is not owners:
+            others = {w for (t, _), w in owners.items() if self.is_small(job, t)} - {self.host.address}
+            job.small_whole = (owners, len(others) <= WHOLE_READ_OWNERS)
+        return job.small_whole[1]
+
     def read_small_tables(self, job: Job, clock: int | None = None, own: PullCache | None = None,
                           race: list | None = None, after: int | None = None,
                           replies: dict[str, dict] | None = None, settled: int | None = None) -> dict[str, Any]:
@@ -1033,8 +1049,8 @@ class ShardStep:
         cache = self._job.pull_cache
         own = cache if self._job.ssp else None  # its written-back updates: the fetched rows must hold them
         t0, c0 = time.perf_counter(), time.thread_time()
-        if self._server.is_small(self._job, table):  # every small table at once, then slices of it
-            small = cache.get(SMALL)
+        if self._server.is_small(self._job, table) and self._server.reads_small_whole(self._job):
+            small = cache.get(SMALL)  # every small table at once, then slices of it
             if small is None or (sums is not None and small[0] != sums):
                 small = (self._sums, self._server.read_small_tables(self._job, self._sums, own, self._race,
                                                                     settled=self._settled))
