@@ -126,6 +126,7 @@ SETTLE_S = 60.0  #: longest wait for an event to settle (a worker gone or arrive
 HOLLOW_STEP_S, HOLLOW_SHARDS_PER_WORKER = 0.1, 4
 #: the statuses of a worker that Dask is retiring or closing (not counted live: ``ChurnDriver.working``)
 STOPPING = frozenset({Status.closing_gracefully, Status.closing, Status.closed})
+STOPPING_NAMES = frozenset(st.name for st in STOPPING)  #: as ``bench.hollow.worker_statuses`` names them
 
 
 def work_s(n_shards: int) -> float:
@@ -257,8 +258,11 @@ class ChurnDriver:
         until its process has closed (some 0.02-0.05 s here), time the references would credit it."""
         return sum(ws.status not in STOPPING for ws in list(self.lc.scheduler.workers.values()))
 
+    #: seconds between live-count samples
+    SAMPLE_S = 0.05
+
     def sample(self) -> None:
-        while not self.stop.wait(0.05):
+        while not self.stop.wait(self.SAMPLE_S):
             self.live.append((time.time(), self.working()))
 
     def run(self) -> None:
@@ -328,8 +332,7 @@ class HollowChurnDriver(ChurnDriver):
     closes, the others stay); a kill SIGKILLs a one-worker process (nothing restarts it: joins keep the count),
     and where none is left the event is a retirement. The scheduler is asked for the workers (``worker_statuses``)."""
 
-    #: seconds between live-count samples (each one a message to the scheduler)
-    SAMPLE_S = 0.1
+    SAMPLE_S = 0.1  # (each sample is a message to the scheduler)
 
     def __init__(self, hc, kinds: list[str], events: int, workers: int, seed: int, event_at: str = "boundary"):
         super().__init__(None, hc.client, kinds, events, workers, seed, event_at)
@@ -347,28 +350,19 @@ class HollowChurnDriver(ChurnDriver):
         return len(self._statuses())  # (a join is waited for: none is on its way)
 
     def working(self) -> int:
-        return sum(st not in {s.name for s in STOPPING} for st in self._statuses().values())
-
-    def sample(self) -> None:
-        while not self.stop.wait(self.SAMPLE_S):
-            self.live.append((time.time(), self.working()))
+        return sum(st not in STOPPING_NAMES for st in self._statuses().values())
 
     def choose(self, n_live: int, n_members: int | None = None) -> str | None:
         kind = super().choose(n_live, n_members)
         return "retire" if kind == "kill" and not self.hc.solos else kind
 
     def join(self, rec: dict[str, Any], before: list[str]) -> None:
-        rec["worker"] = self.hc._add_solos(1)[0]
+        rec["worker"] = self.hc.add_solos(1)[0]
         rec["settled"] = True
 
     def retire(self, rec: dict[str, Any], before: list[str]) -> None:
-        w = self.rng.choice(before)
-        rec["worker"] = w
-        self.client.retire_workers(workers=[w])
-        rec["settled"] = self._wait_until(lambda: w not in self._statuses())
-        for name in [n for n, a in self.hc.solos.items() if a == w]:  # (its process ends with its one worker)
-            self.hc.solos.pop(name)
-            self.hc._end(self.hc.processes.pop(name))
+        rec["worker"] = w = self.rng.choice(before)
+        rec["settled"] = self.hc.retire(w, SETTLE_S)
 
     def kill(self, rec: dict[str, Any], before: list[str]) -> None:
         name = self.rng.choice(sorted(self.hc.solos))
@@ -464,24 +458,17 @@ def hollow_reference(hc, n_shards: int, step_s: float, clocks: int, columns: int
                      tmp: str) -> dict[str, Any]:
     """``reference_fit`` on the hollow workers there are now."""
     algo = Churned(columns, step_s, n_parts)
-    res = hollow_fit(hc, algo, n_shards, clocks, tmp)
-    ticks = algo.ticks
-    return {"workers": len(hc.worker_names()), "clocks": res.n_clocks, "columns": columns,
-            "rate": (len(ticks) - 1) / (ticks[-1][0] - ticks[0][0]),
-            "objective": float(np.sum(res.params["seen"])),
-            "per_clock_objective": float(np.sum(res.params["seen"])) / max(1, res.n_clocks), "layout": None,
-            "clock_records": clock_records(res)}
+    return reference_record(algo, hollow_fit(hc, algo, n_shards, clocks, tmp), len(hc.worker_names()))
 
 
-def hollow_churn(args, tmp: str, t0: float) -> tuple[dict[str, Any], dict[int, dict[str, Any]], int, float]:
+def hollow_churn(args, tmp: str, t0: float) -> tuple[dict[str, Any], dict[int, dict[str, Any]]]:
     """The churn on ``args.hollow`` hollow workers (``bench.hollow``: steps that sleep ``HOLLOW_STEP_S``, the
     real plugins, many workers a process): failure-free references at W, W - 1 and W + 1 on the same
-    cluster (a one-worker process retired, then two started), then the churn fit from W. The churn, the
-    references, their shard count (``--shards``, default ``HOLLOW_SHARDS_PER_WORKER`` a worker) and step time."""
+    cluster (a one-worker process retired, then two started), then the churn fit from W. The churn and the
+    references."""
     from bench.hollow import HollowCluster
 
-    w = args.hollow
-    n_shards = args.shards
+    w, n_shards = args.hollow, args.shards
     clocks, columns = (6 if args.quick else 12), churn_clocks(args.events)
     solo = 2 + max(1, args.events // 4)  # (kills take one each; joins bring more)
     kinds = args.kinds.split(",")
@@ -491,18 +478,18 @@ def hollow_churn(args, tmp: str, t0: float) -> tuple[dict[str, Any], dict[int, d
         runs = []
         for step, n in (("as started", w), ("one retired", w - 1), ("two started", w + 1)):
             if step == "one retired":
-                HollowChurnDriver(hc, kinds, 0, w, args.seed).retire({}, sorted(hc.solos.values())[:1])
+                hc.retire(sorted(hc.solos.values())[0])
             elif step == "two started":
-                hc._add_solos(2)
+                hc.add_solos(2)
             log(t0, f"failure-free reference on {n} hollow workers")
             runs.append(hollow_reference(hc, n_shards, HOLLOW_STEP_S, clocks, columns, args.parts,
                                          os.path.join(tmp, f"ref{n}")))
-        HollowChurnDriver(hc, kinds, 0, w, args.seed).retire({}, sorted(hc.solos.values())[:1])
+        hc.retire(sorted(hc.solos.values())[0])
         algo = Churned(columns, HOLLOW_STEP_S, args.parts)
         driver = HollowChurnDriver(hc, kinds, args.events, w, args.seed, args.event_at)
         log(t0, f"churn fit: {args.events} events of {kinds} on {w} hollow workers, {n_shards} shards")
         churn = driven_fit(algo, driver, lambda: hollow_fit(hc, algo, n_shards, columns, os.path.join(tmp, "churn")), t0)
-    return churn, merge_references(runs), n_shards, HOLLOW_STEP_S
+    return churn, merge_references(runs)
 
 
 def clock_records(res) -> list[dict[str, Any]]:
@@ -534,6 +521,11 @@ def reference_fit(n_workers: int, clocks: int, tmp: str, n_shards: int = N_SHARD
         algo.coordinator = coordinator_of(lc)
         res = dscar.fit(algo, {"x": np.arange(float(n_shards))}, cl, n_shards=n_shards, max_clocks=clocks,
                         checkpoint=checkpoint_config(tmp), progress=False)
+    return reference_record(algo, res, n_workers)
+
+
+def reference_record(algo: Churned, res, n_workers: int) -> dict[str, Any]:
+    """A failure-free fit's figures: its clock rate (clocks 2.. over their seconds), objective, last layout."""
     ticks = algo.ticks
     rate = (len(ticks) - 1) / (ticks[-1][0] - ticks[0][0])  # from the first clock's end: no set-up
     last = next((lay for lay in reversed(algo.layouts) if lay is not None), None)
@@ -1135,15 +1127,12 @@ def main(argv: list[str] | None = None) -> int:
                          "(time per clock and rows served per owner before the join, after it, and once it owns partitions)")
     args = ap.parse_args(argv)
     warn_busy()
-    args.shards_given = args.shards is not None
     if args.hollow is not None:
         if args.hollow < 4:
             ap.error("--hollow must be at least 4 workers")
         args.workers = args.hollow
-        if not args.shards_given:
-            args.shards = HOLLOW_SHARDS_PER_WORKER * args.hollow
-    elif not args.shards_given:
-        args.shards = N_SHARDS
+    if args.shards is None:
+        args.shards = N_SHARDS if args.hollow is None else HOLLOW_SHARDS_PER_WORKER * args.hollow
     bad = [k for k in args.kinds.split(",") if k not in KINDS]
     if args.shards < args.workers + 1:
         ap.error(f"--shards must be at least --workers + 1 ({args.workers + 1}): one shard a worker at the most live")
@@ -1184,8 +1173,8 @@ def run(args, t0: float) -> int:
     info = machine_info(threadpools=True)
     if args.hollow is not None:
         with tempfile.TemporaryDirectory(prefix="dscar-elastic-") as tmp:
-            churn, refs, n_shards, step_s = hollow_churn(args, tmp, t0)
-        return report(args, churn, refs, n_shards, step_s, info)
+            churn, refs = hollow_churn(args, tmp, t0)
+        return report(args, churn, refs, HOLLOW_STEP_S, info)
     with tempfile.TemporaryDirectory(prefix="dscar-elastic-") as tmp:  # (the fits' checkpoints)
         counts = [max(1, args.workers - 1), args.workers, args.workers + 1]
         ref_clocks = 12 if args.quick else 20
@@ -1199,19 +1188,18 @@ def run(args, t0: float) -> int:
             log(t0, f"failure-free reference on {n} workers (after)")
             runs.append(reference_fit(n, ref_clocks, os.path.join(tmp, f"ref{n}b"), args.shards,
                                      churn_clocks(args.events), args.parts))
-    return report(args, churn, merge_references(runs), args.shards, work_s(args.shards), info)
+    return report(args, churn, merge_references(runs), work_s(args.shards), info)
 
 
-def report(args, churn: dict[str, Any], refs: dict[int, dict[str, Any]], n_shards: int, step_s: float,
-           info: dict[str, Any]) -> int:
-    """Print the table, write the JSON and the plot."""
-    s = summarize(churn, refs, n_shards, step_s)
+def report(args, churn: dict[str, Any], refs: dict[int, dict[str, Any]], step_s: float, info: dict[str, Any]) -> int:
+    """Print the table (a shard step of ``step_s`` seconds), write the JSON and the plot."""
+    s = summarize(churn, refs, args.shards, step_s)
     load = load_average()
     print(format_table(s, refs))
     print(f"load average {load}")
     if args.json:
         write_json(args.json, {"quick": args.quick, "kinds": args.kinds.split(","), "workers": args.workers,
-                               "hollow": args.hollow, "seed": args.seed, "shards": n_shards, "parts": args.parts, "event_at": args.event_at, "summary": s, "references": refs,
+                               "hollow": args.hollow, "seed": args.seed, "shards": args.shards, "parts": args.parts, "event_at": args.event_at, "summary": s, "references": refs,
                                "driver_events": churn["driver"].events, "load_average": load, "machine": info,
                                # what the figures are computed from, to look again: clock ends, live-count samples
                                "ticks": churn["ticks"], "live": churn["driver"].live,

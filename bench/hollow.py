@@ -294,7 +294,7 @@ class HollowCluster:
             with dask.config.set(DASK_CONFIG):
                 self.client = Client(self.address, set_as_default=False, timeout=timeout)
             self.client.wait_for_workers(shared, timeout=timeout)
-            self._add_solos(int(solo), timeout)
+            self.add_solos(int(solo), timeout)
         except BaseException:
             self.close()
             raise
@@ -314,7 +314,7 @@ class HollowCluster:
 
     def stand_by(self, k: int) -> None:
         """``k`` one-worker processes started and held before their worker starts (``GATE_ENV``): a later
-        ``_add_solos`` lets them join, as a machine already up and imported joins a real cluster, without
+        ``add_solos`` lets them join, as a machine already up and imported joins a real cluster, without
         an interpreter's start (some 2 s of CPU here) on the cores the running workers share."""
         for _ in range(k):
             self._solo += 1
@@ -322,7 +322,7 @@ class HollowCluster:
             self.standby.append(name)
             self.processes[name] = _spawn("workers", self.address, "1", name, gated=True)
 
-    def _add_solos(self, k: int, timeout: float = 120.0) -> list[str]:
+    def add_solos(self, k: int, timeout: float = 120.0) -> list[str]:
         """``k`` processes of one worker each (standing by ones first: ``stand_by``); their workers'
         addresses once they have all joined."""
         names = []
@@ -347,6 +347,18 @@ class HollowCluster:
                 raise RuntimeError(f"worker process(es) {missing} did not join")
             time.sleep(0.2)
 
+    def retire(self, worker: str, timeout: float = 60.0) -> bool:
+        """``retire_workers`` of ``worker`` (one of a shared process closes alone; a one-worker process ends with
+        it); whether it was gone from the scheduler within ``timeout``."""
+        self.client.retire_workers(workers=[worker])
+        deadline = time.monotonic() + timeout
+        while worker in self.client.run_on_scheduler(worker_statuses) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        for name in [n for n, a in self.solos.items() if a == worker]:
+            self.solos.pop(name)
+            self._end(self.processes.pop(name))
+        return worker not in self.client.run_on_scheduler(worker_statuses)
+
     def replace_solos(self, addresses: list[str] | None = None, timeout: float = 120.0) -> list[str]:
         """End the one-worker processes whose workers are ``addresses`` (default: all; hung, dead or
         not), wait until the scheduler has forgotten those workers, and start as many new ones; their
@@ -359,7 +371,7 @@ class HollowCluster:
         while (any(n.rsplit("-", 1)[0] in names for n in self.worker_names().values())
                and time.monotonic() < deadline):
             time.sleep(0.2)
-        return self._add_solos(len(names), timeout)
+        return self.add_solos(len(names), timeout)
 
     def replace_solo(self, timeout: float = 120.0) -> str:
         """``replace_solos`` for a cluster of one one-worker process: its new worker."""

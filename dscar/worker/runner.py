@@ -716,12 +716,16 @@ class ShardRunner:
         spec = job.specs[table]
         return spec.n_rows * int(np.prod(spec.trailing)) * np.dtype(spec.dtype).itemsize <= SMALL_TABLE_BYTES
 
+    def small_parts(self, job: Job) -> list[tuple[str, int]]:
+        """Every partition of every small table (``is_small``), table by table."""
+        return [(t, p) for t in job.specs if self.is_small(job, t) for p in range(job.layouts[t].n_parts)]
+
     def reads_small_whole(self, job: Job) -> bool:
         """Whether a shard step's pull of a small table reads every small table whole (one message per
         owner, once a pass): while their owners other than this worker are at most ``WHOLE_READ_OWNERS``."""
         owners = job.owners
         if job.small_whole is None or job.small_whole[0] is not owners:
-            others = {w for (t, _), w in owners.items() if self.is_small(job, t)} - {self.host.address}
+            others = set(by_owner(owners, self.small_parts(job))) - {self.host.address}
             job.small_whole = (owners, len(others) <= WHOLE_READ_OWNERS)
         return job.small_whole[1]
 
@@ -734,7 +738,7 @@ class ShardRunner:
         ``own``, ``race`` and ``after`` as for ``read_rows``; ``replies``: each other owner's answer
         to a clock end's first read (``clock_end_reads``), already fetched."""
         small = [t for t in job.specs if self.is_small(job, t)]
-        remote = by_owner(job.owners, [(t, p) for t in small for p in range(job.layouts[t].n_parts)])
+        remote = by_owner(job.owners, self.small_parts(job))
         mine = None if own is None else own.mine()
         pieces: dict[tuple[str, int], Any] = {}
         held: dict[tuple[str, int], list] = {}
@@ -802,8 +806,7 @@ class ShardRunner:
         message each, so the clock end's reads cost one round trip, not two. ``reader``: the worker
         reading (None: this one), as another owner works out what it will be asked."""
         summed = [t for t in job.algorithm.clock_end_summaries() if t in job.specs]
-        small = [(t, p) for t in job.specs if self.is_small(job, t) for p in range(job.layouts[t].n_parts)]
-        parts = by_owner(owners, small)
+        parts = by_owner(owners, self.small_parts(job))
         sums = by_owner(owners, [(t, p) for t in summed for p in range(job.layouts[t].n_parts)])
         calls = []
         me = self.host.address if reader is None else reader
