@@ -133,6 +133,38 @@ def test_a_lost_buddy_s_planned_copy_falls_back_to_the_file_or_the_initial_state
     assert losses.restore_state == {0: {"path": "s0"}, 1: INITIAL_STATE, 2: {"memory": "c"}}
 
 
+def test_a_kept_pass_s_states_recorded_older_come_from_the_buddy_that_holds_them_as_of_its_base():
+    """A sender lost after its buddy kept its copy, before it reported it: the record is a clock old, and
+    the buddies asked say which clocks they hold (``states_held``); a newer copy replaces the plan's, an
+    older or equal one changes nothing, and the pass is kept only once every state is as of the base."""
+    losses = _losses(rebuild=True)
+    assert losses.states_behind() == []  # (no pass kept: nothing to ask)
+    losses.keep(5)
+    losses.restore_state = {0: {"memory": "b", "clock": 4, "file": {"path": "s0"}}, 1: {"memory": "c", "clock": 5},
+                            2: {"memory": "b", "clock": 4}, 3: INITIAL_STATE}
+    assert losses.states_behind() == [0, 2]
+    losses.states_held("b", {0: 4, 2: 3})  # what the records said already: nothing changes
+    losses.states_held("d", {0: 5})
+    assert losses.restore_state[0] == {"memory": "d", "clock": 5, "file": {"path": "s0"}}
+    assert losses.states_behind() == [2]
+    losses.states_held("c", {2: 5})
+    assert losses.states_behind() == [] and losses.restore_state[1] == {"memory": "c", "clock": 5}
+
+
+def test_the_states_to_confirm_are_asked_of_the_recorded_buddies_and_where_a_lost_sender_s_copy_went():
+    job = _job_with_store()
+    job.checkpoints.sent_to.update({"a": "b", "b": "c", "c": "a"})
+    job.losses.keep(2)
+    job.restore_state.update({0: {"memory": "a", "clock": 1}, 1: {"memory": "c", "clock": 2}})
+    job.lost.add("b")
+    job.unrecovered.add("b")
+    assert job.states_to_confirm() == {"a": [0], "c": [0]}  # (b's copy went to c; b itself is lost)
+    job.states_held("a", {0: 1}, 1.0)
+    job.states_held("c", {0: 2}, 1.0)
+    assert job.states_to_confirm() == {} and job.losses.exact()
+    assert [(e["kind"], e["buddy"], e["shards"], e["clock"]) for e in job.events] == [("state-copies-found", "c", [0], 2)]
+
+
 def test_a_recovery_is_needed_until_no_partition_is_owned_by_a_lost_worker():
     losses = _losses(rebuild=True)
     owner = losses.pmap.owners[("x", 0)]

@@ -653,3 +653,36 @@ def test_a_loss_whose_partitions_come_back_from_memory_keeps_the_pass(tmp_path):
     assert "pass-kept" in kinds and "rebuild-started" not in kinds and "clock-restarted" not in kinds, kinds
     assert not [e for e in res.events if e["kind"] == "shard-failed" and not e["late"]]
     np.testing.assert_array_equal(res.params["seen"], np.full(n_shards, float(clocks)))
+
+
+def test_a_kept_pass_goes_on_when_the_buddy_holds_copies_whose_report_never_came(tmp_path, monkeypatch):
+    """A sender reports its memory copy once its buddy has kept it (``dscar_mirrored``); a sender lost in
+    between leaves the record a clock older than the copy. The recovery asks each buddy which shard states
+    it holds (``Losses.states_held``) and keeps the pass, as it would with the reports in: here no report
+    comes from the clock before the loss on, and the lost worker's shard states are recorded a clock old."""
+    from distributed.protocol import to_serialize
+
+    from dscar.worker.plugin import ParamServer
+
+    n_shards, clocks, loss = 8, 9, 6
+    sent = ParamServer._send_mirror
+
+    async def kept_unreported(self, job_id, clock, buddy, copies):
+        if clock < loss - 1:
+            return await sent(self, job_id, clock, buddy, copies)
+        await self._apeer(buddy, "keep_mirror", job_id=job_id, clock=clock,
+                          copies=[[list(k), to_serialize(v)] for k, v in copies])
+
+    monkeypatch.setattr(ParamServer, "_send_mirror", kept_unreported)
+    cfg = CheckpointConfig(str(tmp_path), policy="full", every=100, memory=True)
+    with dscar.Cluster(n_workers=3, processes=False) as cl:
+        res = dscar.fit(ShardClock(), row_data(4 * n_shards), cl, n_shards=n_shards, max_clocks=clocks,
+                        checkpoint=cfg, faults=[faults.lose(1, loss)])
+    kinds = [e["kind"] for e in res.events]
+    lost = [e for e in res.events if e["kind"] == "worker-lost"]
+    assert lost and lost[0]["requeued"], lost  # (the lost worker held shards: their states came back)
+    assert "pass-kept" in kinds and "rebuild-started" not in kinds and "clock-restarted" not in kinds, kinds
+    found = [s for e in res.events if e["kind"] == "state-copies-found" for s in e["shards"]]
+    [started] = [e for e in res.events if e["kind"] == "recovery-started"]
+    assert started["states_from_memory"] and sorted(found) == sorted(started["shard_states"]), (found, started)
+    np.testing.assert_array_equal(res.params["seen"], np.full(n_shards, float(clocks)))

@@ -96,6 +96,9 @@ class CheckpointPlanner:
         self.mirrors: dict[tuple[str, int], tuple[str, int]] = {}
         #: shard -> (buddy, clock) of the newest memory copy of its state (memory tier)
         self.state_mirrors: dict[int, tuple[str, int]] = {}
+        #: sender -> the buddy its newest memory copy was asked to go to (its report may never come: the
+        #: sender lost after the buddy kept it; ``JobState.states_to_confirm``)
+        self.sent_to: dict[str, str] = {}
 
     # ------------------------------------------------------------- clock ends
     def start_interval(self, now: float) -> None:
@@ -161,7 +164,9 @@ class CheckpointPlanner:
         if len(live) < 2 or not senders:
             return []
         self.snapshotting.add("mirror")
-        return [Mirror(clock, {w: live[(live.index(w) + 1) % len(live)] for w in senders})]
+        buddies = {w: live[(live.index(w) + 1) % len(live)] for w in senders}
+        self.sent_to.update(buddies)
+        return [Mirror(clock, buddies)]
 
     # ---------------------------------------------------------------- reports
     def mirrored(self, buddy: str, clock: int, parts: list, shards: list = ()) -> list[DropCopies]:

@@ -372,6 +372,24 @@ class JobState:
         """``target`` owns ``key`` now (``Losses.restored``)."""
         self.losses.restored(key, target, version, now, memory_clock, self.clock)
 
+    def states_to_confirm(self) -> dict[str, list[int]]:
+        """Buddy -> the shard states to ask it about (``Losses.states_behind``): those a kept pass needs whose
+        recorded copy is older, asked of the live buddies the records name and of those the unrecovered lost
+        workers' newest copies went to (``CheckpointPlanner.sent_to``), none of a lost worker."""
+        behind = self.losses.states_behind()
+        if not behind:
+            return {}
+        asked = {self.restore_state[s]["memory"] for s in behind}
+        asked |= {self.checkpoints.sent_to[w] for w in self.unrecovered if w in self.checkpoints.sent_to}
+        return {b: behind for b in sorted(asked - self.lost)}
+
+    def states_held(self, buddy: str, clocks: dict[int, int], now: float) -> None:
+        """``buddy`` answered which clocks of those shard states it holds (``Losses.states_held``); the
+        ``state-copies-found`` event names the states it holds newer than recorded."""
+        newer = self.losses.states_held(buddy, clocks)
+        if newer:
+            self.event(now, "state-copies-found", buddy=buddy, shards=newer, clock=max(int(clocks[s]) for s in newer))
+
     def recovery_planned(self, plan: RecoveryPlan, now: float) -> set[str]:
         """The plan is about to be carried out: record which losses it covers; returns them."""
         return self.losses.planned(plan)

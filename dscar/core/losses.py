@@ -16,6 +16,7 @@ Invariants:
 - a kept pass (``keep``) goes on only if every partition restored and every shard state still to
   restore since it began is a memory copy as of its ``base`` clock, of a partition not restored
   otherwise since that clock (``exact``): then what the pass reads is what it read before the loss.
+  A state's copy is the newest a buddy holds (``states_held``), not only the newest reported.
 """
 from __future__ import annotations
 
@@ -85,6 +86,27 @@ class Losses:
         base, self.base = self.base, None
         return base is not None and self.copies_exact and all(
             "memory" in e and int(e.get("clock", -1)) == base for e in self.restore_state.values())
+
+    def states_behind(self) -> list[int]:
+        """The shards whose states a kept pass must restore as of ``base`` but whose memory copy is recorded as
+        older. A newer copy may be kept all the same: a sender reports its copy once its buddy has kept it
+        (``dscar_mirrored``), and a sender lost in between leaves the record a clock old. The coordinator asks
+        the buddies which clocks they hold (``JobState.states_to_confirm``, ``states_held``) before ``exact``."""
+        if self.base is None:
+            return []
+        return sorted(s for s, e in self.restore_state.items()
+                      if isinstance(e, dict) and "memory" in e and int(e.get("clock", -1)) < self.base)
+
+    def states_held(self, buddy: str, clocks: dict[int, int]) -> list[int]:
+        """``buddy`` holds memory copies of the shard states ``clocks`` names as of those clocks: a state
+        whose planned copy is older comes from ``buddy`` (the file stays its fallback). Returns those shards."""
+        newer = []
+        for s, c in clocks.items():
+            e = self.restore_state.get(int(s))
+            if isinstance(e, dict) and "memory" in e and int(c) > int(e.get("clock", -1)):
+                self.restore_state[int(s)] = {**e, "memory": buddy, "clock": int(c)}
+                newer.append(int(s))
+        return sorted(newer)
 
     def needs_restore(self, worker: str, owned: bool, held: list[int]) -> bool:
         """``worker`` was lost owning partitions (``owned``) and holding the states of ``held``:

@@ -1983,6 +1983,7 @@ class Coordinator(SchedulerPlugin):
                     break
                 plan, covered = job.start_recovery_round(live, time.time())
                 await self._restore(job, plan.restores, plan.manifests, plan.from_memory)
+                await self._confirm_states(job)
                 effects = job.end_recovery_round(plan, covered, time.time(), time.perf_counter() - t0, first_event)
                 if not job.recovering:
                     self._do(job, effects)
@@ -2053,6 +2054,23 @@ class Coordinator(SchedulerPlugin):
             job.fail(time.time(), f"partition {table}/{part}: no readable checkpoint, not even the initial values")
 
         await asyncio.gather(*(one(k, w) for k, w in sorted(restores.items())))
+
+    async def _confirm_states(self, job: JobState) -> None:
+        """Ask the buddies which clocks they hold of the shard states a kept pass needs whose record is older
+        (``JobState.states_to_confirm``: a sender lost after its buddy kept a copy, before it reported it);
+        one message a buddy asked, only then. A buddy that does not answer leaves the plan as it is: the
+        pass is not kept."""
+        behind = job.states_to_confirm()
+        if not behind:
+            return
+        buddies = sorted(behind)
+        answers = await asyncio.gather(*(self._rpc(b, "mirror_clocks", timeout=PROBE_TIMEOUT_S, job_id=job.cfg.job_id,
+                                                   shards=behind[b]) for b in buddies), return_exceptions=True)
+        for b, r in zip(buddies, answers):
+            if isinstance(r, Exception) or r.get("status") != "OK":
+                logger.info("dscar: %s did not say which shard states it holds: %r", b, r)
+                continue
+            job.states_held(b, {int(s): int(c) for s, c in r["clocks"]}, time.time())
 
     async def _perturbation(self, job: JobState, key: tuple[str, int], previous: str | None, target: str) -> None:
         """A ``partition-perturbation`` event, ``||restored - lost||`` and ``||lost||`` of a restored

@@ -167,6 +167,7 @@ class ParamServer(WorkerPlugin):
             "checkpoint": self._h_checkpoint, "restore": self._h_restore, "forget": self._h_forget,
             "perturbation": self._h_perturbation, "mirror": self._h_mirror, "keep_mirror": self._h_keep_mirror,
             "get_mirror": self._h_get_mirror, "drop_copies": self._h_drop_copies,
+            "mirror_clocks": self._h_mirror_clocks,
             # the shard runner's batch (``protocol``): members given back unstarted
             "release": self._h_release,
             # liveness, peers, keys
@@ -1249,6 +1250,15 @@ class ParamServer(WorkerPlugin):
             return {"status": "OK", "dropped": 0}
         keys = [(part_key(t, p), c) for t, p, c in parts] + [(shard_key(s), c) for s, c in shards]
         return {"status": "OK", "dropped": sum(job.mirrors.discard(k, int(c)) for k, c in keys)}
+
+    def _h_mirror_clocks(self, job_id: str, shards: list) -> dict:
+        """The clocks of the shard states' memory copies kept here, ``[[shard, clock], ...]`` (a recovery
+        asks before it decides whether a kept pass goes on: ``Losses.states_held``)."""
+        job = self.jobs.get(job_id)
+        if job is None:
+            return {"status": "missing"}
+        got = [(int(s), job.mirrors.get(shard_key(s))) for s in shards]
+        return {"status": "OK", "clocks": [[s, held[0]] for s, held in got if held is not None]}
 
     def _h_get_mirror(self, job_id: str, key: list) -> dict:
         """A memory copy kept here (``mirror_store.part_key`` / ``shard_key``), for a recovery."""
