@@ -19,11 +19,13 @@ For each W (default 16, 32, 64, 128), on a ``bench.hollow.HollowCluster`` of W w
   a fit of ``--clocks`` clocks less a fit of 2, per steady clock, divided by W, by handler
   (``scheduler:<op>``, ``worker:<op>``).
 
-A kind is **flat** when its count per clock per worker at the largest W is at most
-``FLAT_RATIO`` x its count at the smallest W, plus ``FLAT_SLACK``. The slack is for a kind of a few
-messages a clock, whose share per worker is noisy. A kind that is not flat grows with W, so it is
-O(W^2) a clock: the table marks it GROWS and the exit status is 1. Every fit's clocks are checked for
-exactly-once too (``ExactlyOnce``'s violations, and ``check_final`` on the final table).
+A kind **grows** when its count per clock per worker rises, from the smallest W to the largest, by more
+than ``GROW_SLOPE`` (0.1) for each worker added. A message a worker sends to every other worker rises by 1
+for each: it is O(W^2) a clock, and the table marks it GROWS (exit status 1). A kind bounded per worker
+stays "flat", even when a loaded machine raises it (a shard moved off a slow worker, a backup, the memory
+copies those moves drop: none at W = 16 here, under 1 a worker a clock at W = 128, where the clock is 4-5x
+the step on 2 cores). Every fit's clocks are checked for exactly-once too (``ExactlyOnce``'s violations,
+and ``check_final`` on the final table).
 
 Usage: ``python -m bench.fanout [--quick] [--workers 16,32,64,128] [--clocks N] [--step S] [--json PATH]
 [--plot PATH]``. ``--quick``: W = 12 and 24 (both past ``WHOLE_READ_OWNERS``), few clocks (the test).
@@ -48,7 +50,8 @@ from bench.worker_models import ExactlyOnce, check_final
 
 SHARDS_PER_WORKER = 4
 SHORT_CLOCKS = 2  #: the fit whose messages are taken off the long one's: setup, the first clocks, the end
-FLAT_RATIO, FLAT_SLACK = 1.5, 0.5  #: flat: at the largest W <= FLAT_RATIO x at the smallest W + FLAT_SLACK
+#: grows: its count a clock a worker rises by more than this for each worker added (all-to-all: by 1)
+GROW_SLOPE = 0.1
 VARIANTS = ("no checkpoint", "checkpoint+memory")
 
 
@@ -107,8 +110,9 @@ def growth(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         kinds = sorted(set(lo["per_clock_per_worker"]) | set(hi["per_clock_per_worker"]))
         for k in kinds:
             a, b = lo["per_clock_per_worker"].get(k, 0.0), hi["per_clock_per_worker"].get(k, 0.0)
+            slope = (b - a) / (hi["workers"] - lo["workers"])
             out.append({"variant": variant, "kind": k, "w_lo": lo["workers"], "w_hi": hi["workers"],
-                        "at_lo": a, "at_hi": b, "flat": b <= FLAT_RATIO * a + FLAT_SLACK})
+                        "at_lo": a, "at_hi": b, "per_worker_added": round(slope, 4), "flat": slope <= GROW_SLOPE})
     return out
 
 
@@ -124,9 +128,10 @@ def format_rows(rows: list[dict[str, Any]], top: int = 6) -> str:
 
 
 def format_growth(g: list[dict[str, Any]]) -> str:
-    lines = [f"{'variant':<18} {'kind':<32} {'at W lo':>8} {'at W hi':>8}  flat?"]
+    lines = [f"{'variant':<18} {'kind':<32} {'at W lo':>8} {'at W hi':>8} {'/W added':>8}  flat?"]
     for r in g:
-        lines.append(f"{r['variant']:<18} {r['kind']:<32} {r['at_lo']:>8.3f} {r['at_hi']:>8.3f}  "
+        lines.append(f"{r['variant']:<18} {r['kind']:<32} {r['at_lo']:>8.3f} {r['at_hi']:>8.3f} "
+                     f"{r['per_worker_added']:>8.4f}  "
                      + ("flat" if r["flat"] else f"GROWS (W {r['w_lo']} -> {r['w_hi']})"))
     return "\n".join(lines)
 
@@ -178,7 +183,7 @@ def main(argv: list[str] | None = None) -> int:
     print(format_growth(g))
     grows = [r for r in g if not r["flat"]]
     breaches = sum(r["violations"] for r in rows)
-    print(f"messages a clock per worker flat in W (<= {FLAT_RATIO}x + {FLAT_SLACK}): "
+    print(f"messages a clock per worker flat in W (each kind rises by <= {GROW_SLOPE} a worker added): "
           + ("yes" if not grows else f"NO ({len(grows)} kinds grow)"))
     print(f"exactly-once breaches: {breaches}; load average {load_average()}")
     if args.json:

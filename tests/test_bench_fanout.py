@@ -9,13 +9,17 @@ def _row(w: int, variant: str, per: dict[str, float]) -> dict:
     return {"workers": w, "variant": variant, "per_clock_per_worker": per}
 
 
-def test_a_kind_that_grows_with_w_is_flagged_and_one_that_falls_or_stays_is_not():
-    rows = [_row(12, "no checkpoint", {"worker:dscar_pull_many": 11.0, "scheduler:dscar_commit": 1.0, "worker:dscar_pull": 2.0}),
-            _row(24, "no checkpoint", {"worker:dscar_pull_many": 23.0, "scheduler:dscar_commit": 1.1, "worker:dscar_apply": 0.4})]
+def test_a_kind_that_grows_with_w_is_flagged_and_one_bounded_per_worker_is_not():
+    rows = [_row(12, "no checkpoint", {"worker:dscar_pull_many": 11.0, "scheduler:dscar_commit": 1.0,
+                                       "worker:dscar_pull": 2.0, "worker:dscar_release": 0.3}),
+            _row(24, "no checkpoint", {"worker:dscar_pull_many": 23.0, "scheduler:dscar_commit": 1.1,
+                                       "worker:dscar_copy_shard": 0.8, "worker:dscar_release": 1.6})]
     g = {r["kind"]: r for r in fanout.growth(rows)}
     assert not g["worker:dscar_pull_many"]["flat"]  # W - 1 a worker a clock: O(W^2) a clock
+    assert g["worker:dscar_pull_many"]["per_worker_added"] == 1.0
     assert g["scheduler:dscar_commit"]["flat"] and g["worker:dscar_pull"]["flat"]  # the same, or fewer
-    assert g["worker:dscar_apply"]["flat"]  # a kind new at the larger W, under the slack
+    assert g["worker:dscar_copy_shard"]["flat"]  # new at the larger W, bounded per worker
+    assert not g["worker:dscar_release"]["flat"]  # +1.3 over 12 workers added: more than 0.1 a worker
     assert (g["worker:dscar_pull_many"]["at_lo"], g["worker:dscar_pull_many"]["at_hi"]) == (11.0, 23.0)
 
 
