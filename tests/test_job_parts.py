@@ -133,22 +133,39 @@ def test_a_lost_buddy_s_planned_copy_falls_back_to_the_file_or_the_initial_state
     assert losses.restore_state == {0: {"path": "s0"}, 1: INITIAL_STATE, 2: {"memory": "c"}}
 
 
-def test_a_kept_pass_s_states_recorded_older_come_from_the_buddy_that_holds_them_as_of_its_base():
+def test_a_kept_pass_s_states_recorded_older_come_from_the_buddy_that_keeps_them_as_of_its_base():
     """A sender lost after its buddy kept its copy, before it reported it: the record is a clock old, and
-    the buddies asked say which clocks they hold (``states_held``); a newer copy replaces the plan's, an
-    older or equal one changes nothing, and the pass is kept only once every state is as of the base."""
+    the buddies asked say which clocks they keep (``states_kept``); a copy as of the base replaces the
+    plan's, an older, equal or newer one changes nothing, nor does a lost buddy's, and the pass is kept
+    only once every state is as of the base."""
     losses = _losses(rebuild=True)
-    assert losses.states_behind() == []  # (no pass kept: nothing to ask)
+    assert losses.states_behind() == [] and losses.states_kept("d", {0: 5}) == []  # (no pass kept)
     losses.keep(5)
     losses.restore_state = {0: {"memory": "b", "clock": 4, "file": {"path": "s0"}}, 1: {"memory": "c", "clock": 5},
-                            2: {"memory": "b", "clock": 4}, 3: INITIAL_STATE}
+                            2: {"memory": "b", "clock": 4}}
     assert losses.states_behind() == [0, 2]
-    losses.states_held("b", {0: 4, 2: 3})  # what the records said already: nothing changes
-    losses.states_held("d", {0: 5})
+    assert losses.states_kept("b", {0: 4, 2: 3}) == []  # what the records said already: nothing changes
+    assert losses.states_kept("e", {0: 6}) == []  # newer than the pass's start: not what it read
+    losses.lost.add("f")
+    assert losses.states_kept("f", {0: 5}) == []  # a lost buddy's memory is gone
+    assert losses.states_kept("d", {0: 5}) == [0]
     assert losses.restore_state[0] == {"memory": "d", "clock": 5, "file": {"path": "s0"}}
     assert losses.states_behind() == [2]
-    losses.states_held("c", {2: 5})
-    assert losses.states_behind() == [] and losses.restore_state[1] == {"memory": "c", "clock": 5}
+    assert losses.states_kept("c", {2: 5}) == [2]
+    assert losses.states_behind() == [] and losses.exact()
+
+
+@pytest.mark.parametrize("why", ["a partition came back inexact", "a state comes from a file", "one from none"])
+def test_no_buddy_is_asked_when_the_pass_cannot_be_kept_whatever_it_answers(why):
+    losses = _losses(rebuild=True)
+    losses.keep(5)
+    losses.restore_state = {0: {"memory": "b", "clock": 4}, 1: {"memory": "c", "clock": 5}}
+    assert losses.states_behind() == [0]
+    if why == "a partition came back inexact":
+        losses.restored(("x", 0), "a", 3, 1.0)  # from checkpoint version 3
+    else:
+        losses.restore_state[1] = {"path": "s1"} if why == "a state comes from a file" else INITIAL_STATE
+    assert losses.states_behind() == []
 
 
 def test_the_states_to_confirm_are_asked_of_the_recorded_buddies_and_where_a_lost_sender_s_copy_went():
@@ -156,13 +173,25 @@ def test_the_states_to_confirm_are_asked_of_the_recorded_buddies_and_where_a_los
     job.checkpoints.sent_to.update({"a": "b", "b": "c", "c": "a"})
     job.losses.keep(2)
     job.restore_state.update({0: {"memory": "a", "clock": 1}, 1: {"memory": "c", "clock": 2}})
+    job.state_mirrors.update({0: ("a", 1), 1: ("c", 2)})
     job.lost.add("b")
     job.unrecovered.add("b")
     assert job.states_to_confirm() == {"a": [0], "c": [0]}  # (b's copy went to c; b itself is lost)
-    job.states_held("a", {0: 1}, 1.0)
-    job.states_held("c", {0: 2}, 1.0)
+    assert job.states_kept("a", {0: 1}, 1.0) == []
+    # the copy found is recorded as a report would be: the copy the record named before is dropped
+    assert job.states_kept("c", {0: 2}, 1.0) == [DropCopies("a", shards=((0, 1),))]
+    assert job.state_mirrors[0] == ("c", 2)
     assert job.states_to_confirm() == {} and job.losses.exact()
     assert [(e["kind"], e["buddy"], e["shards"], e["clock"]) for e in job.events] == [("state-copies-found", "c", [0], 2)]
+
+
+def test_a_memory_copy_s_buddy_is_remembered_per_sender_until_the_next_copy():
+    planner = _planner()
+    planner.clock_finished(1, 0.1, ["a", "b", "c"], set(), 1.0)
+    assert planner.sent_to == {"a": "b", "b": "c", "c": "a"}
+    planner.worker_lost("b", planned=False, now=2.0)
+    planner.clock_finished(2, 0.1, ["a", "b", "c"], {"b"}, 2.0)
+    assert planner.sent_to == {"a": "c", "b": "c", "c": "a"}  # (b's stays: what its recovery asks about)
 
 
 def test_a_recovery_is_needed_until_no_partition_is_owned_by_a_lost_worker():

@@ -658,7 +658,7 @@ def test_a_loss_whose_partitions_come_back_from_memory_keeps_the_pass(tmp_path):
 def test_a_kept_pass_goes_on_when_the_buddy_holds_copies_whose_report_never_came(tmp_path, monkeypatch):
     """A sender reports its memory copy once its buddy has kept it (``dscar_mirrored``); a sender lost in
     between leaves the record a clock older than the copy. The recovery asks each buddy which shard states
-    it holds (``Losses.states_held``) and keeps the pass, as it would with the reports in: here no report
+    it keeps (``Losses.states_kept``) and keeps the pass, as it would with the reports in: here no report
     comes from the clock before the loss on, and the lost worker's shard states are recorded a clock old."""
     from distributed.protocol import to_serialize
 

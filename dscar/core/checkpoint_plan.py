@@ -97,7 +97,9 @@ class CheckpointPlanner:
         #: shard -> (buddy, clock) of the newest memory copy of its state (memory tier)
         self.state_mirrors: dict[int, tuple[str, int]] = {}
         #: sender -> the buddy its newest memory copy was asked to go to (its report may never come: the
-        #: sender lost after the buddy kept it; ``JobState.states_to_confirm``)
+        #: sender lost after the buddy kept it; ``JobState.states_to_confirm``). A lost sender's entry stays:
+        #: it is what a recovery asks about, and a worker lost comes back under a new address
+        #: (a few entries a loss, never read again once recovered)
         self.sent_to: dict[str, str] = {}
 
     # ------------------------------------------------------------- clock ends

@@ -383,12 +383,18 @@ class JobState:
         asked |= {self.checkpoints.sent_to[w] for w in self.unrecovered if w in self.checkpoints.sent_to}
         return {b: behind for b in sorted(asked - self.lost)}
 
-    def states_held(self, buddy: str, clocks: dict[int, int], now: float) -> None:
-        """``buddy`` answered which clocks of those shard states it holds (``Losses.states_held``); the
-        ``state-copies-found`` event names the states it holds newer than recorded."""
-        newer = self.losses.states_held(buddy, clocks)
-        if newer:
-            self.event(now, "state-copies-found", buddy=buddy, shards=newer, clock=max(int(clocks[s]) for s in newer))
+    def states_kept(self, buddy: str, clocks: dict[int, int], now: float) -> list[Effect]:
+        """``buddy`` answered which clocks of those shard states it keeps (``Losses.states_kept``): the
+        ``state-copies-found`` event names those that change the plan, and they are recorded as any reported
+        copy is (``mirrored``: the drops of the copies the records named before)."""
+        newer = self.losses.states_kept(buddy, clocks)
+        if not newer:
+            return []
+        self.event(now, "state-copies-found", buddy=buddy, shards=newer, clock=max(int(clocks[s]) for s in newer))
+        effects: list[Effect] = []
+        for c in sorted({int(clocks[s]) for s in newer}):
+            effects += self.mirrored(buddy, c, [], now, [s for s in newer if int(clocks[s]) == c])
+        return effects
 
     def recovery_planned(self, plan: RecoveryPlan, now: float) -> set[str]:
         """The plan is about to be carried out: record which losses it covers; returns them."""

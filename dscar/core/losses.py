@@ -16,7 +16,7 @@ Invariants:
 - a kept pass (``keep``) goes on only if every partition restored and every shard state still to
   restore since it began is a memory copy as of its ``base`` clock, of a partition not restored
   otherwise since that clock (``exact``): then what the pass reads is what it read before the loss.
-  A state's copy is the newest a buddy holds (``states_held``), not only the newest reported.
+  A shard state's copy is the one a buddy keeps (``states_kept``), reported or not.
 """
 from __future__ import annotations
 
@@ -89,21 +89,28 @@ class Losses:
 
     def states_behind(self) -> list[int]:
         """The shards whose states a kept pass must restore as of ``base`` but whose memory copy is recorded as
-        older. A newer copy may be kept all the same: a sender reports its copy once its buddy has kept it
-        (``dscar_mirrored``), and a sender lost in between leaves the record a clock old. The coordinator asks
-        the buddies which clocks they hold (``JobState.states_to_confirm``, ``states_held``) before ``exact``."""
-        if self.base is None:
+        older. A copy as of ``base`` may be kept all the same: a sender reports its copy once its buddy has kept
+        it (``dscar_mirrored``), and a sender lost in between leaves the record a clock old. The coordinator asks
+        the buddies which clocks they keep (``JobState.states_to_confirm``, ``states_kept``) before ``exact``.
+        None when the pass cannot be kept whatever they answer (a restore was not an exact copy, a state comes
+        from a file or from none): the questions would cost messages, and a hung buddy its timeout."""
+        entries = self.restore_state
+        if self.base is None or not self.copies_exact or not all(
+                isinstance(e, dict) and "memory" in e for e in entries.values()):
             return []
-        return sorted(s for s, e in self.restore_state.items()
-                      if isinstance(e, dict) and "memory" in e and int(e.get("clock", -1)) < self.base)
+        return sorted(s for s, e in entries.items() if int(e.get("clock", -1)) < self.base)
 
-    def states_held(self, buddy: str, clocks: dict[int, int]) -> list[int]:
-        """``buddy`` holds memory copies of the shard states ``clocks`` names as of those clocks: a state
-        whose planned copy is older comes from ``buddy`` (the file stays its fallback). Returns those shards."""
+    def states_kept(self, buddy: str, clocks: dict[int, int]) -> list[int]:
+        """``buddy`` keeps memory copies of the shard states ``clocks`` names, as of those clocks: a state
+        whose planned copy is older than the kept pass's ``base`` comes from ``buddy``'s when that one is no
+        newer than ``base`` (the file stays its fallback). Nothing from a lost buddy (its memory is gone:
+        ``forget_memory``). Returns the shards whose copy changed."""
+        if self.base is None or buddy in self.lost:
+            return []
         newer = []
         for s, c in clocks.items():
             e = self.restore_state.get(int(s))
-            if isinstance(e, dict) and "memory" in e and int(c) > int(e.get("clock", -1)):
+            if isinstance(e, dict) and "memory" in e and int(e.get("clock", -1)) < int(c) <= self.base:
                 self.restore_state[int(s)] = {**e, "memory": buddy, "clock": int(c)}
                 newer.append(int(s))
         return sorted(newer)

@@ -2056,7 +2056,7 @@ class Coordinator(SchedulerPlugin):
         await asyncio.gather(*(one(k, w) for k, w in sorted(restores.items())))
 
     async def _confirm_states(self, job: JobState) -> None:
-        """Ask the buddies which clocks they hold of the shard states a kept pass needs whose record is older
+        """Ask the buddies which clocks they keep of the shard states a kept pass needs whose record is older
         (``JobState.states_to_confirm``: a sender lost after its buddy kept a copy, before it reported it);
         one message a buddy asked, only then. A buddy that does not answer leaves the plan as it is: the
         pass is not kept."""
@@ -2068,9 +2068,11 @@ class Coordinator(SchedulerPlugin):
                                                    shards=behind[b]) for b in buddies), return_exceptions=True)
         for b, r in zip(buddies, answers):
             if isinstance(r, Exception) or r.get("status") != "OK":
-                logger.info("dscar: %s did not say which shard states it holds: %r", b, r)
+                logger.info("dscar: %s did not say which shard states it keeps: %r", b, r)
                 continue
-            job.states_held(b, {int(s): int(c) for s, c in r["clocks"]}, time.time())
+            drops = job.states_kept(b, {int(s): int(c) for s, c in r["clocks"]}, time.time())
+            if drops:
+                self._do(job, drops, polls=False)
 
     async def _perturbation(self, job: JobState, key: tuple[str, int], previous: str | None, target: str) -> None:
         """A ``partition-perturbation`` event, ``||restored - lost||`` and ``||lost||`` of a restored

@@ -1253,7 +1253,7 @@ class ParamServer(WorkerPlugin):
 
     def _h_mirror_clocks(self, job_id: str, shards: list) -> dict:
         """The clocks of the shard states' memory copies kept here, ``[[shard, clock], ...]`` (a recovery
-        asks before it decides whether a kept pass goes on: ``Losses.states_held``)."""
+        asks before it decides whether a kept pass goes on: ``Losses.states_kept``)."""
         job = self.jobs.get(job_id)
         if job is None:
             return {"status": "missing"}
