@@ -67,7 +67,8 @@ def test_partitions_of_the_datas_rows_start_on_the_workers_of_their_shards():
 
 
 def _assign_by_scan(layouts, workers, homes):
-    """``PartitionMap.assign`` as it was: each partition to the least-loaded worker by a scan."""
+    """``PartitionMap.assign`` by a scan: each row unit's partitions without a home together to the
+    least-loaded worker, the units in the order of their first table."""
     load = {w: 0 for w in sorted(workers)}
     homes = {k: w for k, w in homes.items() if w in load}
     owners = {}
@@ -76,12 +77,16 @@ def _assign_by_scan(layouts, workers, homes):
             if (t.name, part) in homes:
                 owners[(t.name, part)] = homes[(t.name, part)]
                 load[homes[(t.name, part)]] += b - a
+    units = {}
     for t in layouts:
         for part, (a, b) in enumerate(t.bounds):
             if (t.name, part) not in homes:
-                w = min(load, key=lambda w: (load[w], w))
-                owners[(t.name, part)] = w
-                load[w] += b - a
+                units.setdefault((t.n_rows, t.n_parts, part), []).append(((t.name, part), b - a))
+    for members in units.values():
+        w = min(load, key=lambda w: (load[w], w))
+        for k, rows in members:
+            owners[k] = w
+            load[w] += rows
     return owners
 
 
@@ -97,6 +102,27 @@ def test_assign_gives_each_partition_to_the_worker_a_scan_would(tables, workers,
     pm = PartitionMap(layouts)
     pm.assign(workers, homes)
     assert dict(pm.owners) == _assign_by_scan(layouts, workers, homes)
+
+
+@settings(max_examples=200, deadline=None)
+@given(tables=st.lists(st.tuples(st.integers(1, 60), st.integers(1, 8)), min_size=1, max_size=5),
+       workers=st.lists(st.sampled_from(["a", "b", "c", "d"]), min_size=1, unique=True))
+def test_a_fit_starts_with_each_row_unit_on_one_owner_and_the_rows_balanced_within_a_unit(tables, workers):
+    """Tables laid out alike (as many rows and partitions) share their row ranges' owners, whatever the cut
+    (rows not a multiple of the partitions included), and no worker owns more than the least loaded one plus
+    the largest unit's rows."""
+    layouts = [TableLayout(f"t{i}", max(rows, parts), parts) for i, (rows, parts) in enumerate(tables)]
+    pm = PartitionMap(layouts)
+    pm.assign(workers)
+    by_unit = {}
+    for k, u in pm.units.items():
+        by_unit.setdefault(u, set()).add(pm.owners[k])
+    assert all(len(owners) == 1 for owners in by_unit.values())
+    unit_rows = {}
+    for k, u in pm.units.items():
+        unit_rows[u] = unit_rows.get(u, 0) + pm.rows[k]
+    load = {w: 0 for w in workers} | pm.rows_by_worker()
+    assert max(load.values()) - min(load.values()) <= max(unit_rows.values())
 
 
 def test_an_item_carries_the_owners_map_only_where_its_worker_holds_another():

@@ -147,27 +147,33 @@ class PartitionMap:
         self._epoch = os.urandom(4).hex()
 
     def assign(self, workers: list[str], homes: Mapping[tuple[str, int], str] | None = None) -> None:
-        """Give every partition an owner: ``homes`` (``data_homes``) first, then the others
-        greedily to the worker holding fewest rows."""
+        """Give every partition an owner: ``homes`` (``data_homes``) first, then each row unit's other
+        partitions (``units``: the same rows of tables laid out alike) together, to the worker holding fewest
+        rows, the units in the order of their first table. A step that reads or updates rows of a unit asks
+        one owner, as after a hand-off or an even-out (``elastic``'s unit plans); table by table, a cut whose
+        partitions differ by a row (rows not a multiple of the parts) put each table's partition ``p`` on
+        another worker."""
         if not workers:
             raise ValueError("no workers to own partitions")
         load = {w: 0 for w in sorted(workers)}
         homes = {k: w for k, w in (homes or {}).items() if w in load}
-        for t in self.layouts.values():
-            for part, (a, b) in enumerate(t.bounds):
-                if (t.name, part) in homes:
-                    self.owners[(t.name, part)] = homes[(t.name, part)]
-                    load[homes[(t.name, part)]] += b - a
+        for k, w in homes.items():
+            if k in self.rows:
+                self.owners[k] = w
+                load[w] += self.rows[k]
+        units: dict[tuple[str, int], list[tuple[str, int]]] = {}
+        for k, u in self.units.items():  # (in table order, then part order: a unit at its first table's place)
+            if k not in homes:
+                units.setdefault(u, []).append(k)
         # the least-loaded worker (ties: the first name) from a heap: a scan of the workers per
-        # partition was O(W^2) at the start of a fit (4,096 workers: 16.8 million key calls)
+        # unit was O(W^2) at the start of a fit (4,096 workers: 16.8 million key calls)
         heap = [(n, w) for w, n in load.items()]
         heapq.heapify(heap)
-        for t in self.layouts.values():
-            for part, (a, b) in enumerate(t.bounds):
-                if (t.name, part) not in homes:
-                    n, w = heapq.heappop(heap)
-                    self.owners[(t.name, part)] = w
-                    heapq.heappush(heap, (n + b - a, w))
+        for members in units.values():
+            n, w = heapq.heappop(heap)
+            for k in members:
+                self.owners[k] = w
+            heapq.heappush(heap, (n + sum(self.rows[k] for k in members), w))
 
     @cached_property
     def rows(self) -> dict[tuple[str, int], int]:
