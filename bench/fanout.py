@@ -29,7 +29,7 @@ pulls, the memory copies the moves drop (none at W = 16 here, under 1 a worker a
 clock is 4-5x the step on 2 cores: slopes 0.2-0.3). The + 1 keeps counts under one message a clock from
 reading as growth; a kind of one message to W / 64 of the others (2 a clock at W = 128) reads 0.42, under
 the line, until a wider range of W shows it. Every fit's clocks are checked for exactly-once too
-(``ExactlyOnce``'s violations, and ``check_final`` on the final table).
+(``bench.elastic.audit``: ``ExactlyOnce``'s check of every clock, and ``check_final`` on the final table).
 
 Usage: ``python -m bench.fanout [--quick] [--workers 16,32,64,128] [--clocks N] [--step S] [--json PATH]
 [--plot PATH]``. ``--quick``: W = 12, 24 and 48 (all past ``WHOLE_READ_OWNERS``), few clocks (the test).
@@ -49,9 +49,9 @@ import numpy as np
 
 import dscar
 from bench.common import load_average, log, machine_info, pyplot, warn_busy, write_json
-from bench.elastic import checkpoint_config
+from bench.elastic import audit, checkpoint_config
 from bench.hollow import HollowCluster, count_messages, message_counts
-from bench.worker_models import ExactlyOnce, check_final
+from bench.worker_models import ExactlyOnce
 
 SHARDS_PER_WORKER = 4
 SHORT_CLOCKS = 2  #: the fit whose messages are taken off the long one's: setup, the first clocks, the end
@@ -73,11 +73,10 @@ def fit(hc: HollowCluster, clocks: int, step_s: float, ckpt_dir: str | None) -> 
 
 
 def violations(res: dscar.FitResult) -> int:
-    """Exactly-once breaches: each clock's check, and the final table's."""
-    checked = [r for r in res.history if "violations" in r.metrics]
-    last = res.history[-1]
-    return int(sum(r.metrics["violations"] for r in checked)
-               + check_final(res.params["seen"], last.clock, "violations" in last.metrics)) + (not checked)
+    """Exactly-once breaches (``bench.elastic.audit``: each clock's check and the final table's); a fit
+    whose clocks none checked counts one."""
+    a = audit(res, len(res.history))
+    return a["violations"] + (a["checked_clocks"] == 0)
 
 
 def measure(w: int, procs: int, clocks: int, step_s: float, t0: float) -> list[dict[str, Any]]:

@@ -312,13 +312,17 @@ class HollowCluster:
     def worker_names(self) -> dict[str, str]:
         return {a: str(w.get("name")) for a, w in worker_info(self.client).items()}
 
+    def _new_solo_name(self) -> str:
+        """The name of the next one-worker process (``solo1``, ``solo2``, ...)."""
+        self._solo += 1
+        return f"solo{self._solo}"
+
     def stand_by(self, k: int) -> None:
         """``k`` one-worker processes started and held before their worker starts (``GATE_ENV``): a later
         ``add_solos`` lets them join, as a machine already up and imported joins a real cluster, without
         an interpreter's start (some 2 s of CPU here) on the cores the running workers share."""
         for _ in range(k):
-            self._solo += 1
-            name = f"solo{self._solo}"
+            name = self._new_solo_name()
             self.standby.append(name)
             self.processes[name] = _spawn("workers", self.address, "1", name, gated=True)
 
@@ -333,8 +337,7 @@ class HollowCluster:
                 proc.stdin.write(b"go\n")
                 proc.stdin.close()
                 continue
-            self._solo += 1
-            names.append(f"solo{self._solo}")
+            names.append(self._new_solo_name())
             self.processes[names[-1]] = _spawn("workers", self.address, "1", names[-1])
         deadline = time.monotonic() + timeout
         while True:
