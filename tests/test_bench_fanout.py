@@ -43,8 +43,9 @@ def test_quick_run_counts_every_kind_at_both_w_and_finds_none_growing(quick_run)
         (w, v) for w in (12, 24, 48) for v in sorted(fanout.VARIANTS)]
     for r in d["rows"]:
         per = r["per_clock_per_worker"]
-        # every worker commits its shards and the owners are applied to: the counts are of a real run
-        assert per["scheduler:dscar_commit"] >= 1 and per["worker:dscar_apply"] >= 1, per
+        # every worker commits its shards (a commit message may carry several of a batch's attempts: fewer
+        # messages than shards on a loaded machine) and the owners are applied to: the counts are of a real run
+        assert 0 < per["scheduler:dscar_commit"] <= fanout.SHARDS_PER_WORKER and per["worker:dscar_apply"] >= 1, per
         assert r["violations"] == 0 and r["lost"] == 0, r
         assert per.get("worker:dscar_pull_many", 0) < 2, per  # a step reads rows, not every owner's tables
     assert d["flat"] is True and d["violations"] == 0
