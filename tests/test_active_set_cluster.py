@@ -138,7 +138,7 @@ class RetiresTheStandby(LassoCD):
     def converged(self, history, tol) -> bool:
         if len(history) == self._at:
             coordinator = self._cluster.scheduler.plugins[PLUGIN_NAME]
-            (standby,) = next(iter(coordinator._active.values())).standby
+            (standby,) = next(iter(coordinator.elastic.active.values())).standby
             self.retired.append(standby)
             thread = threading.Thread(target=self._client.retire_workers, kwargs={"workers": [standby]})
             thread.start()

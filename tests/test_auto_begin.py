@@ -274,7 +274,7 @@ def test_a_worker_retired_at_a_boundary_the_coordinator_crosses_hands_off_with_n
             retired.append(worker)
             threads.append(threading.Thread(target=cl.client.retire_workers, kwargs={"workers": [worker]}))
             threads[0].start()
-            _wait_for(lambda: worker in coordinator._leaving)
+            _wait_for(lambda: worker in coordinator.elastic.leaving)
 
         _AtClockEnd.hook = retire_an_owner
         with scheduler_calls(cl.client) as calls:
@@ -303,7 +303,7 @@ def test_a_joiner_s_copies_switch_at_a_boundary_the_coordinator_crosses(model, b
             job_id = next(iter(coordinator.jobs))
             before = set(lc.scheduler.workers)
             lc.scale(len(before) + 1)
-            _wait_for(lambda: any(w not in before for w, _ in coordinator._copies.get(job_id, {}).values()))
+            _wait_for(lambda: any(w not in before for w, _ in coordinator.elastic.copies.get(job_id, {}).values()))
 
         _AtClockEnd.hook = add_a_worker
         with scheduler_calls(cl.client) as calls:
@@ -341,10 +341,10 @@ def test_a_joiner_s_copy_whose_partition_is_handed_off_first_is_forgotten_where_
         def join_then_retire_the_owner() -> None:
             job_id = next(iter(coordinator.jobs))
             lc.scale(2)
-            _wait_for(lambda: coordinator._copies.get(job_id))
+            _wait_for(lambda: coordinator.elastic.copies.get(job_id))
             threads.append(threading.Thread(target=cl.client.retire_workers, kwargs={"workers": [owner]}))
             threads[0].start()
-            _wait_for(lambda: owner in coordinator._leaving)
+            _wait_for(lambda: owner in coordinator.elastic.leaving)
 
         def look() -> None:  # two clocks later, on the workers there
             kept.update({w.address: sorted(k for m in (ps._incoming, ps._lent) for k in m)

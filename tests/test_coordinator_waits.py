@@ -11,6 +11,7 @@ import pytest
 from dscar.core.events import EventLog
 from dscar.core.wake import WaitLine, Woken
 from dscar.scheduler.coordinator import Coordinator
+from dscar.scheduler.elastic import Elastic
 
 pytestmark = pytest.mark.pure
 
@@ -25,7 +26,7 @@ def _bare() -> Coordinator:
     c._events_heard = 0
     c._line = WaitLine()
     c._polls = {}
-    c._active = {}  # (no job: nobody stands by)
+    c.elastic = Elastic(c)  # (no job: nobody stands by)
     c._ticker = asyncio.get_running_loop().create_future()  # (a ticker "runs": none is started)
     return c
 

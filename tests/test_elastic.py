@@ -15,6 +15,7 @@ import dscar
 from dscar.algorithms.datasets import make_regression
 from dscar.algorithms.lasso import LassoCD
 from dscar.scheduler.coordinator import PLUGIN_NAME
+from dscar.scheduler.elastic import Elastic
 from dscar.core.elastic import (EVEN_MIN_GAIN, adaptive_target, even_plan, handoff_plan, handoff_targets, retirable, setting_up,
                            shard_plan, ssp_leave_step, unit_even_plan, unit_handoff_plan,
                            workers_wanted)
@@ -290,7 +291,7 @@ class RetiresAnOwner:
             self.retired.append(worker)
             self._thread = threading.Thread(target=self._client.retire_workers, kwargs={"workers": [worker]})
             self._thread.start()
-            wait_for(lambda: worker in coordinator._leaving or worker in job.lost)  # asked (or handed off already)
+            wait_for(lambda: worker in coordinator.elastic.leaving or worker in job.lost)  # asked (or handed off already)
         return False
 
 
@@ -367,19 +368,19 @@ def test_a_hand_off_that_leaves_the_stayers_uneven_is_evened_out_at_a_later_boun
         coordinator = lc.scheduler.plugins[PLUGIN_NAME]
         algo = UnevenRetireMidFit(clocks, lc, cl.client, at=3)
         final: dict = {}
-        switch = coordinator._switch_copies
+        switch = coordinator.elastic.switch_copies
 
-        hand_off, aligned = coordinator._hand_off, []
+        hand_off, aligned = coordinator.elastic.hand_off, []
 
         def check(job):  # (after the hand-off and after the switch: is every shard with its rows' owner, or does
-            homes = coordinator._shard_homes[job.cfg.job_id]  # that owner hold its even share of them already?)
+            homes = coordinator.elastic.shard_homes[job.cfg.job_id]  # that owner hold its even share of them already?)
             held = Counter(job.queue.holder(s) for s in homes)
             share = -(-len(homes) // len(held))
             aligned.append(all(job.queue.holder(s) == job.pmap.owners[h] or held[job.pmap.owners[h]] >= share
                                for s, h in homes.items()))
 
         async def recorded(job):  # (the owner map as the last boundary leaves it: the job is dropped at its end)
-            pending = bool(coordinator._copies.get(job.cfg.job_id))
+            pending = bool(coordinator.elastic.copies.get(job.cfg.job_id))
             await switch(job)
             final.update(job.pmap.owners)
             if pending:
@@ -389,8 +390,8 @@ def test_a_hand_off_that_leaves_the_stayers_uneven_is_evened_out_at_a_later_boun
             await hand_off(job, *a, **kw)
             check(job)
 
-        coordinator._switch_copies = recorded
-        coordinator._hand_off = handed_off
+        coordinator.elastic.switch_copies = recorded
+        coordinator.elastic.hand_off = handed_off
         res = dscar.fit(algo, {"x": np.arange(float(n_shards))}, cl, n_shards=n_shards, max_clocks=clocks,
                         progress=False)
         algo._thread.join(60)
@@ -538,7 +539,7 @@ def grow_mid_fit(algo, history) -> None:
     before it (as they do when the copy runs beside a clock); count the pulls the new worker serves."""
     coordinator = algo._cluster.scheduler.plugins[PLUGIN_NAME]
     if len(history) == algo._at + 1:
-        del coordinator._switch_copies  # the next boundary switches
+        del coordinator.elastic.switch_copies  # the next boundary switches
     if len(history) != algo._at:
         return
     job_id = next(iter(coordinator.jobs))
@@ -546,11 +547,11 @@ def grow_mid_fit(algo, history) -> None:
     async def not_yet(job):
         pass
 
-    coordinator._switch_copies = not_yet
+    coordinator.elastic.switch_copies = not_yet
     before = set(algo._cluster.scheduler.workers)
     algo._cluster.scale(len(before) + 1)
-    wait_for(lambda: any(w not in before for w, _ in coordinator._copies.get(job_id, {}).values()))
-    new = next(w for w, _ in coordinator._copies[job_id].values() if w not in before)
+    wait_for(lambda: any(w not in before for w, _ in coordinator.elastic.copies.get(job_id, {}).values()))
+    new = next(w for w, _ in coordinator.elastic.copies[job_id].values() if w not in before)
     worker = next(w for w in algo._cluster.workers.values() if w.address == new)
     for op in ("pull", "pull_many"):
         handler = worker.handlers[f"dscar_{op}"]
@@ -653,20 +654,20 @@ def test_an_owner_lost_between_its_partitions_copy_and_their_switch_goes_the_los
         coordinator = lc.scheduler.plugins[PLUGIN_NAME]
         algo = CountedGrowMidFit(clocks, lc, at=3)
         sources: list[set] = []
-        switch = coordinator._switch_copies
+        switch = coordinator.elastic.switch_copies
 
         async def noted(job):  # (the sources of the copies each boundary switches)
-            sources.append({src for _, src in coordinator._copies.get(job.cfg.job_id, {}).values()})
+            sources.append({src for _, src in coordinator.elastic.copies.get(job.cfg.job_id, {}).values()})
             await switch(job)
 
-        grow = coordinator.__class__._switch_copies
-        coordinator.__class__._switch_copies = lambda self, job: noted(job)
+        grow = Elastic.switch_copies
+        Elastic.switch_copies = lambda self, job: noted(job)
         try:
             res = dscar.fit(algo, {"x": np.arange(6.0)}, cl, n_shards=6, max_clocks=clocks, progress=False,
                             checkpoint=dscar.CheckpointConfig(str(tmp_path), policy="full", every=1),
                             faults=[dscar.faults.lose(0, 4)])
         finally:
-            coordinator.__class__._switch_copies = grow
+            Elastic.switch_copies = grow
         lost = [e["worker"] for e in res.events if e["kind"] == "worker-lost"]
         assert lost == [res.workers[0]] and any(lost[0] in s for s in sources)  # it was the source of copies
         kinds = [e["kind"] for e in res.events]
@@ -694,10 +695,10 @@ def test_a_joiner_lost_right_after_its_switch_gets_its_partitions_back_from_thei
         coordinator = lc.scheduler.plugins[PLUGIN_NAME]
         algo = CountedGrowMidFit(clocks, lc, at=3)
         kept: list[tuple] = []  # (partition, old owner, the clock of its kept copy, whether it equals the new owner's)
-        switch = coordinator.__class__._switch_copies
+        switch = Elastic.switch_copies
 
         async def then_lose_the_joiner(self, job):
-            pending = dict(self._copies.get(job.cfg.job_id, {}))
+            pending = dict(self.copies.get(job.cfg.job_id, {}))
             await switch(self, job)
             moved = {k: (w, src) for k, (w, src) in pending.items() if job.pmap.owners.get(k) == w}
             if not moved:
@@ -708,14 +709,14 @@ def test_a_joiner_lost_right_after_its_switch_gets_its_partitions_back_from_thei
                     clock, values = plugins[src].jobs[job.cfg.job_id].mirrors.get(part_key(*k))
                     kept.append((k, src, clock, np.array_equal(values, plugins[w].jobs[job.cfg.job_id].tables.parts[k])))
             (joiner,) = {w for w, _ in moved.values()}
-            await self._h_simulate_loss(job.cfg.job_id, joiner)
+            await self.coordinator._h_simulate_loss(job.cfg.job_id, joiner)
 
-        coordinator.__class__._switch_copies = then_lose_the_joiner
+        Elastic.switch_copies = then_lose_the_joiner
         try:
             res = dscar.fit(algo, {"x": np.arange(6.0)}, cl, n_shards=6, max_clocks=clocks, progress=False,
                             checkpoint=dscar.CheckpointConfig(str(tmp_path), policy="full", every=100, memory=True))
         finally:
-            coordinator.__class__._switch_copies = switch
+            Elastic.switch_copies = switch
     assert kept and all(clock == 4 and same for _, _, clock, same in kept), kept  # (the switch after clock 4)
     (lost,) = [e["worker"] for e in res.events if e["kind"] == "worker-lost"]
     (recovery,) = [e for e in res.events if e["kind"] == "recovery-started"]

@@ -71,7 +71,7 @@ class GrowOnce(ExactlyOnce):
                 leaver = sorted(set(job.pmap.owners.values()))[0]
                 self.thread = threading.Thread(target=self.client.retire_workers, kwargs={"workers": [leaver]})
                 self.thread.start()
-                wait_for(lambda: leaver in coordinator._leaving or leaver in job.lost)
+                wait_for(lambda: leaver in coordinator.elastic.leaving or leaver in job.lost)
         if any(e["kind"] == "worker-removed" for e in job.events):
             return True  # (the failure this test looks for: no need to go on)
         if self.first and self.working_at is None:

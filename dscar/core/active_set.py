@@ -26,7 +26,7 @@ The rule (``choose``):
   shared with the scheduler), and a change is made once, never undone by noise;
 * the count a fit starts with (``initial_count``) comes from the data's size at the cheapest
   measured step rate (``shard_count.STEP_S_PER_MIB``), so it errs toward fewer workers; the first
-  clock's measurement then corrects it, once (the coordinator: ``Coordinator._resize``).
+  clock's measurement then corrects it, once (the coordinator: ``Elastic.resize``).
   A default shard count is chosen for the count a fit starts on (``driver.active_start``), so such a
   fit grows only as far as its shards allow (``ActiveSet.ceiling``); an explicit ``n_shards`` lets it
   grow to one worker a shard.

@@ -9,8 +9,8 @@ coordinator (``dscar.scheduler.coordinator``) answers Dask's two questions with 
   shard to run adds nothing; or fewer, by the user's ``dscar.core.elastic-workers``), which the
   coordinator puts under Dask's own ``adaptive_target`` (``adaptive_target``): adaptive grows the
   cluster toward its ``maximum`` while a fit runs and shrinks it once the fit has ended;
-- ``retirable``: the candidates Dask may retire as idle (``valid_workers_downscaling``): none of a
-  running job's workers.
+- ``retirable``: the candidates Dask may retire as idle (Dask's ``valid_workers_downscaling``,
+  ``Elastic.may_retire``): none of a running job's workers.
 
 Joins, hand-offs and losses leave the partitions unevenly owned; ``even_plan`` says which move so
 the largest owner holds fewer rows (copied while clocks run, switched at a clock boundary).

@@ -30,6 +30,10 @@ Shard steps run on the worker's own thread, so heartbeats flow while kernels run
 A job whose workers all answer while it stops moving on for ``dscar.core.stall-timeout``
 seconds (default 60) is reported once: a ``job-stalled`` event with its state and the
 innermost frames of the runner threads holding it (``dscar.core.stall``, ``dscar_stack``).
+
+Membership: workers Dask retires hand off at a clock boundary, joiners take partitions copied while clocks
+run, standby workers rejoin as a job needs them; the coordinator's ``elastic`` part does it
+(``dscar.scheduler.elastic``), at the boundaries ``_begin`` reaches.
 """
 from __future__ import annotations
 
@@ -52,23 +56,21 @@ from ..core.apply_plan import (DIRECT_PER_WORKER, FANIN, ApplyPlan, apply_receiv
 from .. import heap
 from ..checkpoint import CheckpointConfig
 from ..comm import fast_fail_pool
-from ..core import active_set
-from ..core.elastic import (adaptive_target, handoff_targets, retirable, setting_up, shard_plan, unit_even_plan,
-                            unit_handoff_plan, workers_wanted)
+from ..core.elastic import setting_up, workers_wanted
 from ..errors import JobFailedError, RefusedCallError
 from ..inflight import Inflight, resolve, timed_wait
 from ..core.job import (ApplyPass, BeginClock, Checkpoint, DropCopies, JobConfig, JobState, Mirror, RestartWorker,
                         StartRecovery)
-from ..core.clock import Stage
 from ..core.liveness import PROBE_TIMEOUT_S, SWEEP_S, silence_limit, to_probe
 from ..core.losses import unreached_after_apply
 from ..core.membership import DEFAULT_LEASE_S, SCHEDULER_RULES, Lease, Rule, key_digest, refusal, same
-from ..core.monitor import ThroughputMonitor, step_seconds
+from ..core.monitor import ThroughputMonitor
 from ..core.protocol import IDLE, ClockEndOutcome, Commit, CommitAnswer, handler_name
 from ..core.partitions import PartitionMap, TableLayout, data_homes, placement_plan, shard_homes
 from ..core.shards import ShardQueue
 from ..core.wake import IDLE_RECHECK_S, MOVE_RECHECK_S, WaitLine, Woken, commit_wakes, owners, recheck_s
 from ..core.stall import StallWatch, workers_to_ask
+from .elastic import Elastic
 
 logger = logging.getLogger("dscar.coordinator")
 
@@ -79,8 +81,6 @@ APPLY_TRIES = 3  # a pass is sent at most this often while the workers that coul
 #: tornado reads a message over more than one turn (its frames' header, then its frames), and the messages
 #: read meanwhile are handled first (one turn let a stall's backlog through in 1 of 5 trials, 3 in none of 4)
 TAIL_LOOK_TURNS = 3
-#: seconds a joining worker may take to install a job and load its kernels before it is handed work anyway
-WARM_UP_TIMEOUT_S = 60.0
 #: seconds after it joins the cluster that a worker which has not registered its key yet is not probed as hung:
 #: its event loop is busy setting up its plugins (dscar's imports, ~1 s of CPU, several seconds on a loaded
 #: machine), so it cannot answer a probe; a joiner or a restarted worker removed then was a healthy one lost
@@ -112,17 +112,6 @@ def lease_timeout() -> float:
     """Seconds a job lives after its driver's last renewal (``dscar.lease-timeout``): a job whose
     driver died ends within about twice this (``Coordinator._watch_leases``)."""
     return float(dask.config.get("dscar.lease-timeout", DEFAULT_LEASE_S))
-
-
-def copied(answer: object) -> bool:
-    """Whether a copy's answer (``adopt_all``'s, or the error its message raised) says it was made."""
-    return isinstance(answer, dict) and answer.get("status") == "OK"
-
-
-def handoff_timeout() -> float:
-    """Seconds a retirement of a job's worker is held for its hand-off (``dscar.handoff-timeout``):
-    the job must reach a clock boundary first; past this, Dask retires it and it is a loss."""
-    return float(dask.config.get("dscar.handoff-timeout", 60.0))
 
 
 def stall_timeout() -> float:
@@ -250,32 +239,11 @@ class Coordinator(SchedulerPlugin):
         self._generation = 0
         #: addresses removed while a job ran: a worker joining at one of them is announced to the others
         self._removed: set[str] = set()
-        #: job -> how many workers it can use (``elastic.workers_wanted``): what adaptive scaling is told
-        self._wanted: dict[str, int] = {}
-        #: Dask's own handlers that the coordinator wraps (``_wrap_dask``), to put back at close
-        self._dask_handlers: dict[str, Any] = {}
-        #: worker Dask is retiring -> done once it has handed off (or been given up): the retirement waits on it
-        self._leaving: dict[str, asyncio.Future] = {}
-        #: job -> workers that joined while it ran and are being prepared (the job installed, the
-        #: kernels loaded, partitions copied in the background): no work is handed to them meanwhile
-        self._preparing: dict[str, set[str]] = {}
-        #: job -> partition -> (joiner, owner): copied to the joiner in the background, switched at the
-        #: next clock boundary (``_switch_copies``)
-        self._copies: dict[str, dict[tuple[str, int], tuple[str, str]]] = {}
-        #: job -> partition -> (new owner, owner): being copied now (``_even_out``), then into ``_copies``
-        self._moving: dict[str, dict[tuple[str, int], tuple[str, str]]] = {}
-        #: job -> shard -> the partition its steps update locally (``partitions.shard_homes``): hand-offs and
-        #: switches move a shard to that partition's owner (``elastic.shard_plan``)
-        self._shard_homes: dict[str, dict[int, tuple[str, int]]] = {}
-        #: the joiners' preparations and copies under way (kept referenced until done)
-        self._preparations: set[asyncio.Future] = set()
-        #: SSP jobs whose leavers are being drained and handed off (``_ssp_hand_off``)
-        self._ssp_leaving: set[str] = set()
-        #: SSP jobs handing a leaver's partitions off right now: no work is handed out meanwhile
-        self._switching: set[str] = set()
-        #: job -> how many of its workers are active, and which stand by (``dscar.core.active_set``)
-        self._active: dict[str, active_set.ActiveSet] = {}
-        self._wrap_dask(scheduler)
+        #: coroutines run beside the clock loop (``_background``), kept referenced until done
+        self._tasks: set[asyncio.Future] = set()
+        #: hand-offs, joiners, even-outs, switches and standby workers (``dscar.scheduler.elastic``)
+        self.elastic = Elastic(self)
+        self.elastic.wrap_dask(scheduler)
 
     def handlers(self) -> dict[str, Callable]:
         """The coordinator's handlers by op (Dask's name: ``protocol.handler_name``); each one's
@@ -297,459 +265,16 @@ class Coordinator(SchedulerPlugin):
         }
 
     async def close(self) -> None:
-        self.scheduler.handlers.update(self._dask_handlers)
+        self.scheduler.handlers.update(self.elastic.dask_handlers)
         if self._watch is not None:
             self._watch.cancel()
         if self._lease_watch is not None:
             self._lease_watch.cancel()
         await self._pool.close()
 
-    # ------------------------------------------------------ elastic clusters
-    def _wrap_dask(self, scheduler) -> None:
-        """Put the running jobs into Dask's adaptive target (``elastic.adaptive_target``): Dask's
-        own target counts Dask tasks only, and dscar runs none. (``valid_workers_downscaling`` below
-        keeps the jobs' workers from being retired as idle.)"""
-        original = scheduler.handlers["adaptive_target"]
-        if getattr(original, "dscar_wrapped", False):  # (a plugin registered again: wrap once)
-            original = original.dscar_original
-        self._dask_handlers["adaptive_target"] = original
-
-        def target(target_duration=None) -> int:
-            return adaptive_target(original(target_duration=target_duration), self._wanted.values())
-
-        target.dscar_wrapped, target.dscar_original = True, original
-        scheduler.handlers["adaptive_target"] = target
-
-        retire = scheduler.handlers["retire_workers"]
-        if getattr(retire, "dscar_wrapped", False):
-            retire = retire.dscar_original
-        self._dask_handlers["retire_workers"] = retire
-
-        async def retire_workers(workers=None, *, names=None, **kw):
-            if workers is not None or names is not None:
-                await self._hand_off_first(self._addresses(workers, names))
-            return await retire(workers=workers, names=names, **kw)
-
-        retire_workers.dscar_wrapped, retire_workers.dscar_original = True, retire
-        scheduler.handlers["retire_workers"] = retire_workers
-
-    def _addresses(self, workers: list | None, names: list | None) -> list[str]:
-        """The addresses of the workers a ``retire_workers`` call names (by address or by name)."""
-        if workers is not None:
-            return [w for w in workers if w in self.scheduler.workers]
-        wanted = {str(n) for n in names or ()}
-        return [w for w, ws in self.scheduler.workers.items() if str(ws.name) in wanted]
-
-    async def _hand_off_first(self, workers: list[str]) -> None:
-        """Hold Dask's retirement of a running job's ``workers`` until they have handed off their
-        partitions and shards (``_hand_off``), at most ``handoff_timeout()``: Dask itself would close
-        them at once (its ``RetireWorker`` policy waits only for Dask keys, and dscar holds none).
-        Under BSP the hand-off waits for the job's next clock boundary; under SSP clocks overlap and
-        there is none, so the leavers are drained first (``_ssp_hand_off``)."""
-        waits = []
-        for job_id, job in self.jobs.items():
-            if job.failed:
-                continue
-            for w in set(workers) & self._standby(job_id):  # (nothing to hand off: its removal is a leave)
-                job.left.add(w)
-            for w in set(workers) & set(self._live(job)):
-                if w not in self._leaving:
-                    self._leaving[w] = asyncio.get_running_loop().create_future()
-                    job.event(time.time(), "worker-leaving", worker=w)
-                waits.append(self._leaving[w])
-                if job.consistency == "ssp" and job_id not in self._ssp_leaving:
-                    self._ssp_leaving.add(job_id)
-                    self._background(self._ssp_hand_off(job_id))
-        if not waits:
-            return
-        self._wake()
-        _, late = await asyncio.wait(waits, timeout=handoff_timeout())
-        for w in workers:
-            fut = self._leaving.get(w)
-            if fut is not None and fut in late:
-                self._leaving.pop(w)
-                for job in self.jobs.values():
-                    job.event(time.time(), "handoff-timeout", worker=w, timeout=handoff_timeout())
-
-    async def _ssp_hand_off(self, job_id: str) -> None:
-        """Retire an SSP job's leavers with no rework, each by the steps of ``SspSchedule.leave_step``:
-        it is handed no work (``_item_for``) until nothing runs on it or copies from it, its committed
-        updates are applied at once, then no batch or clock end starts (``SspSchedule.pause``) until
-        those under way are done; once the tables hold still, hand-outs stop too (``_switching``) for
-        as long as its partitions and shards are copied and switched (``_hand_off``), which is short."""
-        try:
-            while True:
-                job = self.jobs.get(job_id)
-                if job is None or job.failed:
-                    return
-                leaving = [w for w in self._live(job) if w in self._leaving]
-                if not leaving:
-                    return
-                if job.recovering or not job.schedule.handing_out:
-                    await self._wait_change(1.0)
-                    continue
-                steps = {w: job.schedule.leave_step(w) for w in leaving}
-                if {"drain", "flush"} & set(steps.values()):
-                    if job.schedule.window.paused:  # (a leaver that came later is not drained yet)
-                        self._do(job, job.schedule.resume(time.time()))
-                    if "flush" in steps.values():
-                        self._do(job, job.schedule.flush_now(time.time()))
-                else:
-                    job.schedule.pause()  # (the batch or clock end under way finishes: then it is quiet)
-                ready = [w for w, step in steps.items() if step == "hand-off"]
-                if ready:
-                    job.schedule.pause()
-                    self._switching.add(job_id)
-                    # attempts handed out before the switch read by the old owner map: Dask closes the
-                    # leavers only once they are done (a pull from a closed leaver would fail the attempt)
-                    before = {(a.shard, a.attempt) for a in job.queue.running()}
-                    try:
-                        await self._hand_off(job, ready, release=False)
-                    finally:
-                        self._switching.discard(job_id)
-                        self._do(job, job.schedule.resume(time.time()))
-                        self._wake(everyone=True)  # (the polls turned away while it switched)
-                    deadline = time.monotonic() + handoff_timeout()
-                    while (job_id in self.jobs and time.monotonic() < deadline
-                           and any((a.shard, a.attempt) in before for a in job.queue.running())):
-                        await self._wait_change(0.5)
-                    self._release_leavers(ready)
-                    continue
-                await self._wait_change(0.5)
-        finally:
-            self._ssp_leaving.discard(job_id)
-            job = self.jobs.get(job_id)
-            if job is not None and job.consistency == "ssp" and job.schedule.window.paused:
-                self._do(job, job.schedule.resume(time.time()))
-
-    async def _hand_off(self, job: JobState, leaving: list[str], release: bool = True, standby: bool = False) -> None:
-        """At a clock boundary (nothing staged, nothing running), the leaving workers' partitions and
-        shards are copied from them to the others (``elastic.unit_handoff_plan``, a row range's partitions
-        together, and ``shard_plan``, a shard to its rows' owner, with the stayers' shards that follow
-        their rows to a new owner), then the owners and holders switch in one step and the leavers leave
-        the job (``JobState.leave``): nothing to restore, no rework. A leaver lost meanwhile goes the loss's
-        way: nothing of it is switched. ``standby``: the leavers stay in the cluster and the job, standing
-        by (``_stand_by``)."""
-        t0 = time.perf_counter()
-        staying = [w for w in self._live(job) if w not in leaving]
-        staying = handoff_targets(staying, self._setting_up(job))  # (a copy to one would wait, at the boundary)
-        if not staying:  # nobody to hand off to: the retirement goes on, and is a loss
-            for w in leaving:
-                fut = self._leaving.pop(w, None)
-                if fut is not None and not fut.done():
-                    fut.set_result(False)
-            return
-        parts = unit_handoff_plan(job.pmap.owners, job.pmap.rows, job.pmap.units, leaving, staying)
-        moves = [(k, w, job.pmap.owners[k]) for k, w in sorted(parts.items())]
-        holders = {s: job.queue.holder(s) for s in range(job.queue.n_shards)}
-        shards = {s: (w, holders[s]) for s, w in shard_plan(holders, staying, leaving, self._shard_homes.get(
-            job.cfg.job_id), {**job.pmap.owners, **parts}, follow=self._shards_follow(job)).items()}
-        results, shard_answers = await self._adopt(job, moves, "whole", shards)
-        part_ok = [copied(r) for r in results]
-        for (k, w, src), done in zip(moves, part_ok):
-            if done and src not in job.lost and w not in job.lost:
-                job.pmap.owners[k] = w
-        taken = self._shards_taken(job, shards, shard_answers)
-        gone = set(leaving)
-        followed = [(s, src) for s, src in taken if src not in gone]
-        for w in leaving:
-            if w in job.lost:
-                continue
-            if standby:
-                await self._stand_by(job, w, [k for (k, new, src), done in zip(moves, part_ok)
-                                              if done and new != w and src == w])
-            else:
-                self._do(job, job.leave(w, time.time()))
-        await self._drop_moved(job, [], followed)
-        failed = len(moves) - sum(part_ok) + len(shards) - len(taken)
-        job.event(time.time(), "handoff", workers=sorted(leaving), partitions=sum(part_ok),
-                  shards=len(taken) - len(followed), failed=failed, followed=len(followed),
-                  seconds=round(time.perf_counter() - t0, 4))
-        self._background(self._even_out(job))  # (the stayers took its partitions as they came: even them out)
-        if release:
-            self._release_leavers(leaving)
-
-    def _release_leavers(self, leaving: list[str]) -> None:
-        """Dask's retirement of ``leaving`` goes on: they have handed off."""
-        for w in leaving:
-            fut = self._leaving.pop(w, None)
-            if fut is not None and not fut.done():
-                fut.set_result(True)
-
-    def _background(self, coro) -> None:
-        """Run ``coro`` beside the clock loop (kept referenced until done)."""
-        task = asyncio.ensure_future(coro)
-        self._preparations.add(task)
-        task.add_done_callback(self._preparations.discard)
-
-    async def _prepare_joiner(self, job_id: str, worker: str) -> None:
-        """A worker joined mid-fit: it installs the job and loads the kernels (``warm_up``) before it
-        is handed work, so its first shard does not hold the clock's barrier; then, under BSP, the
-        partitions that even the load are copied to it while clocks run (``_even_out``)."""
-        t0 = time.perf_counter()
-        preparing = self._preparing.setdefault(job_id, set())
-        preparing.add(worker)
-        try:
-            await self._rpc(worker, "warm_up", timeout=WARM_UP_TIMEOUT_S, job_id=job_id)
-        except Exception as e:  # noqa: BLE001 - gone (its loss is handled as any), or slow: it works unwarmed
-            logger.info("dscar: joiner %s did not warm up for job %s: %r", worker, job_id, e)
-        finally:
-            preparing.discard(worker)
-            self._wake(everyone=True)
-        job = self.jobs.get(job_id)
-        if job is None or job.failed or worker not in self._live(job):
-            return
-        job.event(time.time(), "worker-ready", worker=worker, seconds=round(time.perf_counter() - t0, 4))
-        await self._even_out(job)
-
-    async def _even_out(self, job: JobState) -> None:
-        """Copy, while clocks run, the partitions whose move lowers the largest owner's load among the
-        job's workers not warming up or leaving (``elastic.unit_even_plan``: a row range's partitions move
-        together; the copies made or under way count as moved): after a joiner's warm-up, a hand-off, a
-        switch that left copies stale. Each is switched at the next clock boundary (``_switch_copies``),
-        where the shards follow (``_follow_plan``). A copy that fails is not moved."""
-        job_id = job.cfg.job_id
-        if job.consistency != "bsp" or job.failed or job_id not in self.jobs:
-            return
-        moving = self._moving.setdefault(job_id, {})
-        copies = {**self._copies.get(job_id, {}), **moving}
-        planned = {**job.pmap.owners, **{k: w for k, (w, _) in copies.items()}}
-        plan = {k: w for k, w in unit_even_plan(planned, job.pmap.rows, job.pmap.units, self._members(job)).items()
-                if k not in copies}
-        if not plan:
-            return
-        moves = [(k, w, job.pmap.owners[k]) for k, w in sorted(plan.items())]
-        results, _ = await self._adopt(job, moves, "copy")
-        for (k, w, src), r in zip(moves, results):
-            if copied(r) and job_id in self.jobs:
-                # (not into ``copies``: a boundary may have taken that dict while these copies ran)
-                self._copies.setdefault(job_id, {})[k] = (w, src)
-
-    async def _adopt(self, job: JobState, moves: list[tuple[tuple[str, int], str, str]], step: str,
-                     shards: dict[int, tuple[str, str]] | None = None) -> tuple[list, dict[int, Any]]:
-        """``adopt`` step ``step`` of each (partition, new owner, old owner) at its new owner, and a copy of
-        each of ``shards`` (shard -> (new holder, holder)) at its new holder, one message to each
-        (``adopt_all``); the partitions' answers (or errors) in order, and the shards' by shard. The
-        partitions count as moving meanwhile, so an even-out plans around them."""
-        shards = shards or {}
-        moving = self._moving.setdefault(job.cfg.job_id, {})
-        moving.update({k: (w, src) for k, w, src in moves})
-        takes: dict[str, tuple[list[int], list[int]]] = {}
-        for i, (_, w, _) in enumerate(moves):
-            takes.setdefault(w, ([], []))[0].append(i)
-        for s, (w, _) in sorted(shards.items()):
-            takes.setdefault(w, ([], []))[1].append(s)
-        takers = sorted(takes)
-        try:
-            results = await asyncio.gather(*(
-                self._rpc(w, "adopt_all", job_id=job.cfg.job_id, step=step,
-                          parts=[[moves[i][0][0], moves[i][0][1], moves[i][2]] for i in takes[w][0]],
-                          shards=[[s, shards[s][1]] for s in takes[w][1]]) for w in takers),
-                return_exceptions=True)
-        finally:
-            for k, w, src in moves:
-                if moving.get(k) == (w, src):  # (not another move's of it under way: a hand-off's beside a copy)
-                    moving.pop(k)
-        out: list = [None] * len(moves)
-        shard_out: dict[int, Any] = {}
-        for w, r in zip(takers, results):
-            answered = copied(r)
-            for j, i in enumerate(takes[w][0]):
-                out[i] = r["parts"][j] if answered else r
-            for j, s in enumerate(takes[w][1]):
-                shard_out[s] = r["shards"][j] if answered else r
-        return out, shard_out
-
-    async def _bundles(self, job: JobState, calls: list[tuple[str, str, dict]]) -> list:
-        """Messages ``(worker, op, kwargs)`` about ``job``: each worker's in one (``bundle``, in order), the
-        workers side by side; their answers in order, each a dict or the error its worker's message raised
-        (a worker gone holds nothing)."""
-        by_worker: dict[str, list[int]] = {}
-        for i, (w, _, _) in enumerate(calls):
-            by_worker.setdefault(w, []).append(i)
-        results = await asyncio.gather(*(
-            self._rpc(w, "bundle", job_id=job.cfg.job_id, calls=[[calls[i][1], calls[i][2]] for i in ix])
-            for w, ix in by_worker.items()), return_exceptions=True)
-        out: list = [None] * len(calls)
-        for ix, r in zip(by_worker.values(), results):
-            got = r["answers"] if isinstance(r, dict) and r.get("status") == "OK" else [r] * len(ix)
-            for i, a in zip(ix, got):
-                out[i] = a
-        return out
-
-    async def _drop_moved(self, job: JobState, parts: list[tuple[tuple[str, int], str]],
-                          shards: list[tuple[int, str]], forget: list[tuple[tuple[str, int], str]] = ()) -> None:
-        """At a clock boundary, the old owners drop ``parts`` (``(partition, old owner)``) and the old holders
-        ``shards`` (``(shard, old holder)``); ``forget``: copies that will not switch (``forget_copy``). One
-        message to each worker. With the memory tier, each keeps what it drops of param partitions and shard
-        states as its memory copy of this clock (``keep``), recorded as any buddy's copy: a switch leaves the
-        freshest copy on the new owner until that owner's own copy lands at its buddy, and losing the new
-        owner meanwhile would go back to the disk."""
-        ck = job.cfg.checkpoint
-        keep = {"keep": int(job.clock)} if ck is not None and ck.memory else {}
-        kinds = job.cfg.kinds
-        calls = ([(src, "lend", {"table": t, "part": p, "step": "drop", **(keep if kinds[t] == "param" else {})})
-                  for (t, p), src in parts]
-                 + [(src, "drop_shard", {"shard": s, **keep}) for s, src in shards]
-                 + [(w, "forget_copy", {"table": t, "part": p}) for (t, p), w in forget])
-        # each drop's copy as ``JobState.mirrored`` takes it, (partitions, shards); the forgets, last, keep none
-        copies = [([[t, p]], []) for (t, p), _ in parts] + [([], [s]) for s, _ in shards]
-        answers = await self._bundles(job, calls)
-        drops = []
-        for (src, _, _), (kept_parts, kept_shards), r in zip(calls, copies, answers):
-            if isinstance(r, dict) and r.get("kept"):
-                drops += job.mirrored(src, keep["keep"], kept_parts, time.time(), kept_shards)
-        if drops:
-            self._do(job, drops, polls=False)
-
-    def _members(self, job: JobState) -> list[str]:
-        """The job's workers that may take partitions and shards now: live, not warming up (each evens out
-        once warm: ``_prepare_joiner``) and not leaving."""
-        warming = self._preparing.get(job.cfg.job_id, set())
-        return [w for w in self._live(job) if w not in warming and w not in self._leaving]
-
-    def _shards_follow(self, job: JobState) -> bool:
-        """Whether ``job``'s shards follow their rows to a new owner (``elastic.shard_plan``'s ``follow``): BSP
-        and dynamic sharding only (an SSP hand-off has no boundary; static shards stay with their worker)."""
-        return job.consistency == "bsp" and job.queue.sharding == "dynamic" and not job.failed
-
-    def _follow_plan(self, job: JobState, owners: dict[tuple[str, int], str]) -> dict[int, tuple[str, str]]:
-        """The shards held away from the owner of their home partition under ``owners`` that go to it
-        (``elastic.shard_plan``): shard -> (that owner, its holder)."""
-        homes = self._shard_homes.get(job.cfg.job_id)
-        if not homes or not self._shards_follow(job):
-            return {}
-        holders = {s: job.queue.holder(s) for s in homes}
-        return {s: (w, holders[s]) for s, w in shard_plan(holders, self._members(job), (), homes, owners).items()}
-
-    def _shards_taken(self, job: JobState, plan: dict[int, tuple[str, str]], answers: dict[int, Any]) -> list:
-        """The shards of ``plan`` copied to their new holder (``answers``, ``_adopt``'s) change holder, unless
-        one of the two was lost meanwhile; ``(shard, old holder)`` of each, whose copy there must go."""
-        moved = []
-        for s, (w, src) in sorted(plan.items()):
-            if copied(answers.get(s)) and job.queue.holder(s) == src and src not in job.lost and w not in job.lost:
-                job.queue.set_holder(s, w)
-                moved.append((s, src))
-        return moved
-
-    async def _switch_copies(self, job: JobState) -> None:
-        """At a clock boundary, the partitions copied to new owners (``_even_out``) switch owner in one step:
-        each new owner takes the rows changed since its copy (``adopt`` step "switch"), the owner map changes,
-        and the old owners drop them. A copy whose joiner or owner is gone, or whose partition moved meanwhile
-        (a loss, a hand-off), is not switched, and is forgotten where it is kept; one that fails stays with
-        its owner."""
-        pending = self._copies.pop(job.cfg.job_id, {})
-        if not pending:
-            return
-        t0 = time.perf_counter()
-        live = set(self._live(job))
-        moves = sorted((k, w, src) for k, (w, src) in pending.items()
-                       if job.pmap.owners.get(k) == src and w in live and src in live)
-        # the shards follow their rows in the same messages, as if every switch succeeds
-        follow = self._follow_plan(job, {**job.pmap.owners, **{k: w for k, w, _ in moves}})
-        results, shard_answers = await self._adopt(job, moves, "switch", follow)
-        switched = []
-        for (k, w, src), r in zip(moves, results):
-            if copied(r) and src not in job.lost and w not in job.lost:
-                job.pmap.owners[k] = w
-                switched.append((k, w, src, int(r.get("rows_resent", 0))))
-        # a copy that did not switch is forgotten where it is kept (the new owner's, the old owner's lent
-        # one: a leaver too, whose retirement Dask may yet cancel), before a new plan may copy the same
-        # partition there again; a worker gone holds nothing
-        done = {k for k, *_ in switched}
-        stale = [(k, holder) for k, (new, old) in sorted(pending.items()) if k not in done
-                 for holder in (new, old) if holder in self.scheduler.workers]
-        followed = self._shards_taken(job, follow, shard_answers)
-        await self._drop_moved(job, [(k, src) for k, _, src, _ in switched], followed, stale)
-        if len(switched) < len(pending):
-            self._background(self._even_out(job))  # copies went stale or failed (a loss, a hand-off): plan anew
-        if switched:
-            job.event(time.time(), "partitions-taken-on", workers=sorted({w for _, w, _, _ in switched}),
-                      partitions=len(switched), moved=[list(k) for k, *_ in switched], failed=len(pending) - len(switched),
-                      shards_followed=len(followed),
-                      rows_resent=sum(n for *_, n in switched), rows=sum(job.pmap.rows[k] for k, *_ in switched),
-                      seconds=round(time.perf_counter() - t0, 4))
-
-    # -------------------------------------------------------- active workers
-    async def _resize(self, job: JobState) -> None:
-        """At a clock boundary: once, after the first measured clock, the active count is decided from
-        that clock's costs (``active_set.choose``), and workers stand by (``_hand_off`` to the others)
-        or rejoin; at every boundary, standby workers rejoin while fewer than decided are active (a
-        retirement took one). A fit that lost a worker before a clock was measured keeps its starting
-        count (a recovery's time would count as the clock's)."""
-        job_id = job.cfg.job_id
-        act = self._active[job_id]
-        if act.mode != "auto":
-            return
-        live = self._live(job)
-        if (not act.decided and job.clock >= 1 and job.machine.stage is Stage.DONE and not job.lost
-                and job.shards_done):
-            act.decided = True
-            clock_s = time.time() - job.tally.clock_t0
-            step_work_s = sum(step_seconds(t) for t in job.timings.values())
-            parallel_s, per_worker_s = active_set.measured_costs(step_work_s, clock_s, len(live))
-            ceiling = min(len(live) + len(act.standby), act.ceiling)
-            k = active_set.choose(parallel_s, per_worker_s, len(live), act.floor, ceiling)
-            lo, hi = active_set.bounds(act.floor, ceiling)
-            job.event(time.time(), "active-workers", active=k, measured_on=len(live), reason="measured",
-                      parallel_s=round(parallel_s, 5), per_worker_s=round(per_worker_s, 5),
-                      predicted_s={n: round(active_set.predicted_clock_s(parallel_s, per_worker_s, n), 5)
-                                   for n in range(lo, hi + 1)})
-            act.wanted = k
-            self._wanted[job_id] = min(workers_wanted(job.cfg.n_shards), k)
-            if k < len(live):
-                owned = job.pmap.rows_by_worker()
-                load = {w: owned.get(w, 0) for w in live}
-                _, going = active_set.split(load, k)
-                await self._hand_off(job, going, release=False, standby=True)
-                return
-            self._refill(job, "grow")
-            return
-        self._refill(job, "retirement")
-
-    async def _stand_by(self, job: JobState, worker: str, handed: list[tuple[str, int]]) -> None:
-        """``worker`` handed its partitions and shards off (``_hand_off``): it stands by, owning nothing
-        and running nothing, in the cluster and known to the job; it drops the ``handed`` partitions it
-        still holds (no apply or checkpoint there touches them again). One that still owns or holds
-        something (a copy failed) stays active."""
-        job_id = job.cfg.job_id
-        if job.pmap.owned_by(worker) or job.queue.held_by(worker):
-            job.event(time.time(), "standby-refused", worker=worker, reason="its hand-off did not complete")
-            return
-        self._active[job_id].standby.add(worker)
-        self._told_live.pop(job_id, None)
-        job.monitor.forget(worker)
-        job.dispatch.forget(worker)
-        job.checkpoints.worker_lost(worker, planned=True, now=time.time())  # (its memory copies serve no restore)
-        await asyncio.gather(*(self._rpc(worker, "lend", job_id=job_id, table=t, part=p, step="drop")
-                               for t, p in handed), return_exceptions=True)
-        job.event(time.time(), "worker-standby", worker=worker, partitions=len(handed))
-
-    def _refill(self, job: JobState, why: str) -> None:
-        """Standby workers rejoin, through the join path (``_prepare_joiner``), while fewer than the
-        decided count are active: they take shards at once, partitions copied in the background (or
-        restored onto them by a recovery)."""
-        job_id = job.cfg.job_id
-        a = self._active.get(job_id)
-        if a is None or a.mode != "auto" or not a.standby or job.failed:
-            return
-        live = [w for w in self._live(job) if w in self.scheduler.workers]
-        back = active_set.rejoiners(a.standby, len(live), a.wanted or 0)
-        if not back:
-            return
-        a.standby.difference_update(back)
-        self._told_live.pop(job_id, None)
-        job.event(time.time(), "active-workers", active=len(live) + len(back), rejoined=back, reason=why)
-        for w in back:
-            self._background(self._prepare_joiner(job_id, w))
-        self._wake_polls([Woken(w, None) for w in back])  # (their polls wait out of the line)
-
     def valid_workers_downscaling(self, scheduler, workers: list) -> list:
-        """Dask may retire as idle no worker of a running job (``elastic.retirable``): to Dask they
-        look idle, since dscar runs no Dask tasks."""
-        in_use = {w for job in self.jobs.values() if not job.failed for w in self._live(job)}
-        keep = set(retirable([ws.address for ws in workers], in_use))
-        return [ws for ws in workers if ws.address in keep]
+        """Dask's hook: it may retire as idle no worker of a running job (``Elastic.may_retire``)."""
+        return self.elastic.may_retire(workers)
 
     # ----------------------------------------------------------- callers
     def _guarded(self, op: str, handler):
@@ -852,7 +377,7 @@ class Coordinator(SchedulerPlugin):
         fut = self._polls.get(worker)
         if fut is None or fut.done():
             fut = self._polls[worker] = loop.create_future()
-        if not self._standing_by(worker):  # (a standby worker waits out of the line: ``_refill`` wakes it)
+        if not self.elastic.standing_by(worker):  # (a standby worker waits out of the line: ``Elastic.refill`` wakes it)
             self._line.wait(worker)
         if self._ticker is None:
             self._ticker = asyncio.ensure_future(self._tick())
@@ -903,19 +428,39 @@ class Coordinator(SchedulerPlugin):
         finally:
             (self._driver_waits if driver else self._change_waits).discard(fut)
 
+    def _background(self, coro) -> None:
+        """Run ``coro`` beside the clock loop (kept referenced until done)."""
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _bundles(self, job: JobState, calls: list[tuple[str, str, dict]]) -> list:
+        """Messages ``(worker, op, kwargs)`` about ``job``: each worker's in one (``bundle``, in order), the
+        workers side by side; their answers in order, each a dict or the error its worker's message raised
+        (a worker gone holds nothing)."""
+        by_worker: dict[str, list[int]] = {}
+        for i, (w, _, _) in enumerate(calls):
+            by_worker.setdefault(w, []).append(i)
+        results = await asyncio.gather(*(
+            self._rpc(w, "bundle", job_id=job.cfg.job_id, calls=[[calls[i][1], calls[i][2]] for i in ix])
+            for w, ix in by_worker.items()), return_exceptions=True)
+        out: list = [None] * len(calls)
+        for ix, r in zip(by_worker.values(), results):
+            got = r["answers"] if isinstance(r, dict) and r.get("status") == "OK" else [r] * len(ix)
+            for i, a in zip(ix, got):
+                out[i] = a
+        return out
+
+    def _live_changed(self, job_id: str) -> None:
+        """The job's active workers changed without a loss or a join (a worker stands by or rejoins): the
+        next poll tells the job again (``_item_for``)."""
+        self._told_live.pop(job_id, None)
+
     def _live(self, job: JobState) -> list[str]:
         """The job's active workers: the scheduler's, less those the job lost and those standing by."""
         live = job.live(list(self.scheduler.workers))
-        standby = self._standby(job.cfg.job_id)
+        standby = self.elastic.standby(job.cfg.job_id)
         return [w for w in live if w not in standby] if standby else live
-
-    def _standing_by(self, worker: str) -> bool:
-        """``worker`` stands by for a running job: no change but its rejoining concerns its poll."""
-        return any(worker in a.standby for a in self._active.values())
-
-    def _standby(self, job_id: str) -> set[str]:
-        a = self._active.get(job_id)
-        return a.standby if a is not None else set()
 
     def _do(self, job: JobState, effects: list, polls: bool = True) -> None:
         """Carry out what ``job`` decided; ``polls``: its change may concern the waiting polls and the
@@ -1060,22 +605,16 @@ class Coordinator(SchedulerPlugin):
         if not workers:
             return {"status": "no-workers"}
         everyone = workers
-        active = self._active[job_id] = active_set.ActiveSet(active_set.mode(active_workers), int(active_floor))
-        if active.mode == "auto" and (consistency == "ssp" or sharding != "dynamic"):
-            active.mode = "all"  # (SSP has no clock boundary to hand off at; static shards cannot move to a joiner)
         phases = [(str(n), int(k)) for n, k in phases] if phases else [("", n_shards)]
-        if active.mode == "auto":  # (never more active workers than a data phase has shards)
-            active.ceiling = min(len(workers), *(k for _, k in phases))
-            active.wanted = active_set.initial_count(data_bytes, active.floor, active.ceiling)
-            workers, standby = workers[:active.wanted], workers[active.wanted:]
-            active.standby.update(standby)
+        workers = self.elastic.start_job(job_id, workers, consistency, sharding, [k for _, k in phases], active_workers,
+                                         active_floor, data_bytes, workers_wanted(n_shards, elastic_workers))
         pmap = PartitionMap(TableLayout(t[0], int(t[1]), int(t[2])) for t in tables)
         plan = placement_plan([k for _, k in phases], workers)  # where the driver puts the data first
         homes = {}
         if shard_bounds and len(phases) == 1:  # tables of the data's rows start where their shards do
             bounds = [(int(a), int(b)) for a, b in shard_bounds]
             homes = data_homes(pmap.layouts.values(), bounds, plan)
-            self._shard_homes[job_id] = shard_homes(pmap.layouts.values(), bounds)
+            self.elastic.shard_homes[job_id] = shard_homes(pmap.layouts.values(), bounds)
         pmap.assign(workers, homes)
         queue = ShardQueue(n_shards, reloadable=reloadable, max_failures=max_failures, sharding=sharding,
                            phases=[k for _, k in phases])
@@ -1091,9 +630,6 @@ class Coordinator(SchedulerPlugin):
             job.schedule.fold_clock_end = bool(dask.config.get("dscar.fold-clock-end", True))
             job.schedule.auto_begin = bool(dask.config.get("dscar.auto-begin", True))
         self._models[job_id] = model or job_id.rsplit("-", 1)[0]
-        self._wanted[job_id] = workers_wanted(n_shards, elastic_workers)
-        if active.mode == "auto":
-            self._wanted[job_id] = min(self._wanted[job_id], active.wanted)
         self.jobs[job_id] = job
         self._specs[job_id] = spec
         self._tokens[job_id] = token
@@ -1103,7 +639,7 @@ class Coordinator(SchedulerPlugin):
                   policies=[p.name for p in job.policies], consistency=consistency,
                   **({"staleness": int(staleness)} if consistency == "ssp" else {}),
                   checkpoint=None if cfg.checkpoint is None else f"{cfg.checkpoint.policy}/{cfg.checkpoint.recovery}")
-        if active.mode == "auto":
+        if (active := self.elastic.active[job_id]).mode == "auto":
             job.event(time.time(), "active-workers", active=len(workers), standby=sorted(active.standby),
                       reason="data size", data_bytes=data_bytes)
         if self._watch is None:
@@ -1198,20 +734,20 @@ class Coordinator(SchedulerPlugin):
             return failed
         # a boundary that moves partitions waits for one where no clock end runs ahead (``_auto_begin`` waits for it)
         moves = job.consistency == "bsp" and not job.clock_end_ahead
-        leaving = [w for w in self._live(job) if w in self._leaving]
+        leaving = [w for w in self._live(job) if w in self.elastic.leaving]
         if leaving and moves:  # a clock boundary: Dask is retiring these
-            await self._hand_off(job, leaving)
+            await self.elastic.hand_off(job, leaving)
             job, failed = await self._recovered(job_id)  # (a leaver that still owned something)
             if failed:
                 return failed
-        if moves and self._copies.get(job_id):  # a boundary: copies to joiners switch owner
-            await self._switch_copies(job)
+        if moves and self.elastic.copies.get(job_id):  # a boundary: copies to joiners switch owner
+            await self.elastic.switch_copies(job)
             while job.recovering and not job.failed:  # (a loss while they switched: the clock begins after it)
                 await self._wait_change(1.0)
             if job.failed:
                 return {"status": "failed", "error": job.error}
-        if moves and job_id in self._active:  # a boundary: the active count may change
-            await self._resize(job)
+        if moves and job_id in self.elastic.active:  # a boundary: the active count may change
+            await self.elastic.resize(job)
             job, failed = await self._recovered(job_id)
             if failed:
                 return failed
@@ -1233,7 +769,7 @@ class Coordinator(SchedulerPlugin):
         of copies, the active workers' count): then once that clock end reported (its report keeps itself)."""
         job_id = job.cfg.job_id
         while self.jobs.get(job_id) is job and not job.failed and (
-                job.schedule.ending is not None and self._boundary_work(job) if ahead else not job.report_ready):
+                job.schedule.ending is not None and self.elastic.boundary_work(job) if ahead else not job.report_ready):
             await self._wait_change(1.0)
         if self.jobs.get(job_id) is not job or job.failed or job.schedule.clock != clock - 1:
             return
@@ -1247,14 +783,6 @@ class Coordinator(SchedulerPlugin):
             logger.exception("dscar: beginning clock %d of job %s failed", clock, job_id)
             job.fail(time.time(), f"beginning clock {clock} failed: {e!r}")
             self._wake()
-
-    def _boundary_work(self, job: JobState) -> bool:
-        """Whether beginning the next clock moves partitions (``_begin``: a retiring worker's hand-off, a
-        joiner's copies switched, the active workers' count decided), which no clock end may read meanwhile."""
-        job_id = job.cfg.job_id
-        active = self._active.get(job_id)
-        return (any(w in self._leaving for w in self._live(job)) or bool(self._copies.get(job_id))
-                or (active is not None and active.mode == "auto" and not active.decided))
 
     def _h_event(self, job_id: str, clock: int, kind: str, worker: str, info: dict | None = None) -> dict:
         """A worker reports something that happened to it (an injected fault, ...)."""
@@ -1297,18 +825,8 @@ class Coordinator(SchedulerPlugin):
         self._copying.pop(job_id, None)
         self._inline.pop(job_id, None)
         self._applying.pop(job_id, None)
-        self._wanted.pop(job_id, None)
-        self._active.pop(job_id, None)
-        self._preparing.pop(job_id, None)
-        self._copies.pop(job_id, None)
-        self._moving.pop(job_id, None)
-        self._shard_homes.pop(job_id, None)
         self._told_live.pop(job_id, None)
-        if not self.jobs:  # no job holds a retirement back any more
-            for fut in self._leaving.values():
-                if not fut.done():
-                    fut.set_result(False)
-            self._leaving.clear()
+        self.elastic.forget(job_id)
         if job is not None:  # the dashboard's last look at it (its snapshots are rate-limited)
             self._ended = job.snapshot(set(self.scheduler.workers), time.time())
         self._wake()
@@ -1386,10 +904,8 @@ class Coordinator(SchedulerPlugin):
     def _item_for(self, worker: str) -> dict | None:
         now = time.time()
         for job_id, job in self.jobs.items():
-            if worker in self._preparing.get(job_id, ()) or worker in self._standby(job_id):
-                continue  # a joiner warming up: work handed to it now would hold the clock's barrier; standby: none
-            if job.consistency == "ssp" and (worker in self._leaving or job_id in self._switching):
-                continue  # a leaver drains; while one hands off, the shards and tables hold still
+            if self.elastic.holds_back(job_id, job, worker):
+                continue
             told = (self._generation, len(job.lost))  # (a job's lost workers only grow)
             if self._told_live.get(job_id) != told:
                 job.workers = self._live(job)
@@ -1459,8 +975,7 @@ class Coordinator(SchedulerPlugin):
         """Nothing to hand ``worker``: ask the worker with the most batch members not started yet
         to give some back (``JobState.releasable``), then hand ``worker`` one of them."""
         for job_id, job in list(self.jobs.items()):
-            if worker in self._preparing.get(job_id, ()) or worker in self._standby(job_id) or (
-                    job.consistency == "ssp" and (worker in self._leaving or job_id in self._switching)):
+            if self.elastic.holds_back(job_id, job, worker):
                 continue
             ask = job.releasable(worker)
             if ask is None:
@@ -1691,7 +1206,7 @@ class Coordinator(SchedulerPlugin):
         if folded in targets:  # (the others' applies gate the clock end's first read: they go first)
             targets = [w for w in targets if w != folded] + [folded]
         begun = []  # the next clock may begin with this apply (``JobState.applying``)
-        if attempt == 0 and folded is not None and e.clock_end.get("ahead") and not self._boundary_work(job):
+        if attempt == 0 and folded is not None and e.clock_end.get("ahead") and not self.elastic.boundary_work(job):
             begun = job.applying(e.run_id, time.time())
             if begun:
                 self._with_apply[job.cfg.job_id] = (int(e.run_id), frozenset(targets))
@@ -1795,7 +1310,7 @@ class Coordinator(SchedulerPlugin):
         for runs in (moved, copying):
             for r in [r for r in runs if r < e.run_id]:
                 del runs[r]
-        keep = {folded} | {w for w, _ in self._copies.get(job.cfg.job_id, {}).values()}
+        keep = {folded} | {w for w, _ in self.elastic.copies.get(job.cfg.job_id, {}).values()}
         return apply_receivers(targets, job.pmap.owners.values(), plan, keep, shards_moved, involved)
 
     async def _ahead_outcome(self, job: JobState, e: ApplyPass) -> None:
@@ -2096,12 +1611,12 @@ class Coordinator(SchedulerPlugin):
         self._generation += 1
         self._inflight.cancel(worker, self._generation)
         for job_id, job in list(self.jobs.items()):
-            standby = self._standby(job_id)
+            standby = self.elastic.standby(job_id)
             was_standing_by = worker in standby
             standby.discard(worker)
             effects = job.lose(worker, time.time())
             if not was_standing_by:
-                self._refill(job, "loss")  # (before the recovery plans: a standby worker can take what it restores)
+                self.elastic.refill(job, "loss")  # (before the recovery plans: a standby worker can take what it restores)
             self._do(job, effects)
         if self.jobs:  # messages to it on the other workers fail over now, not at their deadline
             self._removed.add(worker)
@@ -2133,7 +1648,7 @@ class Coordinator(SchedulerPlugin):
             asyncio.ensure_future(self._tell_peers("peer_joined", worker, self._generation))
         for job_id, job in self.jobs.items():
             job.event(time.time(), "worker-joined", worker=worker)
-            self._background(self._prepare_joiner(job_id, worker))
+            self._background(self.elastic.prepare_joiner(job_id, worker))
         self._wake()
 
     # -------------------------------------------------------- driver side

@@ -485,7 +485,7 @@ class ParamServer(WorkerPlugin):
                 "holds": holds}
 
     def _h_forget_copy(self, job_id: str, table: str, part: int) -> dict:
-        """Forget a join's copy of a partition that will not switch (``Coordinator._switch_copies``: the
+        """Forget a join's copy of a partition that will not switch (``Elastic.switch_copies``: the
         partition moved meanwhile, or its new or old owner left): the copy kept here for it, as its new
         owner (``adopt`` step "copy") or as its old owner (``lend`` step "copy"), which would otherwise
         stay until the job ends, a partition's worth of memory each."""
@@ -495,8 +495,8 @@ class ParamServer(WorkerPlugin):
         return {"status": "OK", "dropped": dropped}
 
     def _h_drop_shard(self, job_id: str, shard: int, keep: int | None = None) -> dict:
-        """Drop the copy of a shard now held by another worker (``Coordinator._switch_copies`` or
-        ``_hand_off`` copied it there at a clock boundary): left here it would go stale, and an attempt
+        """Drop the copy of a shard now held by another worker (``Elastic.switch_copies`` or
+        ``hand_off`` copied it there at a clock boundary): left here it would go stale, and an attempt
         here told to read the shard afresh (its holder lost) would run from it. ``keep`` (a clock): its
         state stays here as the memory tier's copy of it as of that clock (``kept``)."""
         job = self.jobs.get(job_id)
