@@ -681,7 +681,15 @@ def test_an_owner_lost_between_its_partitions_copy_and_their_switch_goes_the_los
         assert check_final(res.params["seen"], clocks, True) == 0
 
 
-def test_a_joiner_lost_right_after_its_switch_gets_its_partitions_back_from_their_old_owners_memory(tmp_path):
+def memory_tier_fit(algo, cl, clocks: int, tmp_path) -> dscar.FitResult:
+    """A fit of ``algo`` (``ExactlyOnce``'s) on 6 shards with the memory tier, and disk checkpoints every 100
+    clocks: a partition restored from the disk comes back as of clock 0."""
+    return dscar.fit(algo, {"x": np.arange(6.0)}, cl, n_shards=6, max_clocks=clocks, progress=False,
+                     checkpoint=dscar.CheckpointConfig(str(tmp_path), policy="full", every=100, memory=True))
+
+
+def test_a_joiner_lost_right_after_its_switch_gets_its_partitions_back_from_their_old_owners_memory(tmp_path,
+                                                                                                   monkeypatch):
     """With the memory tier, an old owner keeps what a switch takes from it as the memory copy of that
     clock: the new owner, lost before its own copy lands at its buddy (here at once, in the switch's
     boundary), has its partitions restored from there, not from the disk's checkpoint 0, and no update
@@ -711,12 +719,8 @@ def test_a_joiner_lost_right_after_its_switch_gets_its_partitions_back_from_thei
             (joiner,) = {w for w, _ in moved.values()}
             await self.coordinator._h_simulate_loss(job.cfg.job_id, joiner)
 
-        Elastic.switch_copies = then_lose_the_joiner
-        try:
-            res = dscar.fit(algo, {"x": np.arange(6.0)}, cl, n_shards=6, max_clocks=clocks, progress=False,
-                            checkpoint=dscar.CheckpointConfig(str(tmp_path), policy="full", every=100, memory=True))
-        finally:
-            Elastic.switch_copies = switch
+        monkeypatch.setattr(Elastic, "switch_copies", then_lose_the_joiner)
+        res = memory_tier_fit(algo, cl, clocks, tmp_path)
     assert kept and all(clock == 4 and same for _, _, clock, same in kept), kept  # (the switch after clock 4)
     (lost,) = [e["worker"] for e in res.events if e["kind"] == "worker-lost"]
     (recovery,) = [e for e in res.events if e["kind"] == "recovery-started"]
@@ -726,6 +730,56 @@ def test_a_joiner_lost_right_after_its_switch_gets_its_partitions_back_from_thei
     from_memory = {(t, p): (buddy, clock) for t, p, buddy, clock in recovery["from_memory"]}
     assert all(k in from_memory and from_memory[k][1] == 4 for k in param), from_memory  # ... as of clock 4
     assert lost not in {b for b, _ in from_memory.values()}
+    assert len(res.history) == clocks and not any(r.skipped for r in res.history)
+    for r in res.history:  # every shard's update applied once in every clock
+        assert all(r.metrics[k] == 0 for k in CHECK_KEYS), (r.clock, r.metrics)
+    assert check_final(res.params["seen"], clocks, True) == 0
+
+
+class CountedRetireMidFit(RetiresAnOwner, ExactlyOnce):
+    """``bench.worker_models.ExactlyOnce`` that retires a partition owner after ``at`` clocks (``RetiresAnOwner``)."""
+
+    def __init__(self, clocks: int, local_cluster=None, client=None, at: int = 0):
+        super().__init__(clocks)
+        self._retire_at(local_cluster, client, at)
+
+
+def test_a_worker_lost_right_after_a_hand_off_gets_its_partitions_back_from_the_copies_its_leaving_buddy_passed_on(
+        tmp_path, monkeypatch):
+    """With the memory tier, a leaver keeps the memory copies of its predecessor in the ring (it is that
+    worker's buddy); a hand-off passes them on to the predecessor's buddy among the stayers
+    (``handed_copies``, beside the next clock; the leaver's retirement goes on once they landed), so the
+    predecessor, lost then, has its partitions restored from there as of the hand-off's clock, not from the
+    disk's checkpoint 0, and no update is lost."""
+    clocks = 8
+    with LocalCluster(n_workers=3, threads_per_worker=1, processes=False, dashboard_address=":0") as lc:
+        cl = dscar.connect(lc)
+        algo = CountedRetireMidFit(clocks, lc, cl.client, at=3)
+        lost: list[str] = []
+        hand_off = Elastic.hand_off
+
+        async def then_lose_the_predecessor(self, job, leaving, *a, **kw):
+            ring = sorted(self.coordinator._live(job))
+            (leaver,) = leaving
+            retired = self.leaving[leaver]  # (done once the leaver's copies landed: the next clock runs meanwhile)
+            await hand_off(self, job, leaving, *a, **kw)
+            await retired
+            predecessor = ring[ring.index(leaver) - 1]
+            if job.pmap.owned_by(predecessor):
+                lost.append(predecessor)
+                await self.coordinator._h_simulate_loss(job.cfg.job_id, predecessor)
+
+        monkeypatch.setattr(Elastic, "hand_off", then_lose_the_predecessor)
+        res = memory_tier_fit(algo, cl, clocks, tmp_path)
+        algo._thread.join(60)
+    (handoff,) = [e for e in res.events if e["kind"] == "handoff"]
+    assert handoff["workers"] == algo.retired and handoff["copies_passed"] > 0
+    assert lost and [e["worker"] for e in res.events if e["kind"] == "worker-lost"] == lost
+    (recovery,) = [e for e in res.events if e["kind"] == "recovery-started"]
+    param = {(t, p) for t, p, _ in recovery["partitions"] if t in ("seen", "bad")}
+    from_memory = {(t, p): (buddy, clock) for t, p, buddy, clock in recovery["from_memory"]}
+    assert param and all(k in from_memory and from_memory[k][1] == handoff["clock"] for k in param), (param, from_memory)
+    assert not {b for b, _ in from_memory.values()} & {lost[0], *algo.retired}
     assert len(res.history) == clocks and not any(r.skipped for r in res.history)
     for r in res.history:  # every shard's update applied once in every clock
         assert all(r.metrics[k] == 0 for k in CHECK_KEYS), (r.clock, r.metrics)

@@ -254,6 +254,31 @@ def test_a_memory_copy_recorded_elsewhere_leaves_the_old_holder_to_drop_its_own(
     assert planner.mirrors == {("x", 0): ("c", 4), ("x", 1): ("c", 4)} and planner.state_mirrors == {0: ("c", 4)}
 
 
+def test_a_hand_off_passes_a_leaver_s_copies_and_its_takers_own_ones_to_the_owners_buddies_among_the_stayers():
+    """Owners after the hand-off: a owns x0 and x2, c owns x1 and x3; shard 0 held by a, 1 by c. b leaves. Its
+    copies of x0 and shard 0 (a's: b was a's buddy) go to a's buddy among the stayers a, c, d: c; the copy of
+    x1 that c keeps (c took x1 from b, whose buddy it was) goes to c's buddy, d; those on d and the copy of
+    x2 on c stay (d is x3's owner's buddy: nothing to do; c is not x2's owner)."""
+    pmap = PartitionMap([TableLayout("x", 8, 4)])
+    pmap.assign(["a", "b", "c", "d"])
+    pmap.owners.update({("x", 0): "a", ("x", 1): "c", ("x", 2): "a", ("x", 3): "c"})
+    queue = ShardQueue(2, reloadable=True)
+    queue.set_holder(0, "a")
+    queue.set_holder(1, "c")
+    ckpt = CheckpointConfig("memory://m", policy="full", every=2, memory=True)
+    planner = CheckpointPlanner(JobConfig("j", 2, {"x": "param"}, [], [""], ckpt), pmap, queue, EventLog(lambda: 1))
+    planner.mirrored("b", 3, [("x", 0)], [0])
+    planner.mirrored("c", 3, [("x", 1), ("x", 2)], [1])  # (c now holds shard 1 and owns x1: those two move)
+    planner.mirrored("d", 3, [("x", 3)])
+    assert planner.handed_copies({"b"}, ["a", "c", "d"]) == {
+        "b": {"c": ([("x", 0)], [0])},
+        "c": {"d": ([("x", 1)], [1])},
+    }
+    assert planner.handed_copies({"b"}, ["c"]) == {}  # one worker stays: it has no buddy
+    pmap.owners[("x", 0)] = "b"  # (x0's hand-off failed: it goes the loss's way, its copy stays; shard 0's moves)
+    assert planner.handed_copies({"b"}, ["a", "c", "d"]) == {"b": {"c": ([], [0])}, "c": {"d": ([("x", 1)], [1])}}
+
+
 #: what reaches a holder: (holder, key, clock); keys are ("x", part) partitions or shard numbers. Each
 #: holder gets a key's copy of a clock once (one owner sends it at that clock's end, or keeps it at a switch)
 _COPIES = st.lists(st.tuples(st.sampled_from("abcd"), st.sampled_from([("x", 0), ("x", 1), 0, 1]),

@@ -17,12 +17,13 @@ Invariants:
   reported (a late, older copy's report changes nothing);
 - a copy no record names any more is dropped where it is (``DropCopies``): each worker holds only the
   copies recovery may read, so the memory tier keeps one copy of the model however the ring and the
-  owners change.
+  owners change; a hand-off passes the copies a leaver keeps, and those its takers now own, on to the
+  stayers' ring (``handed_copies``).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Collection
 
 from ..checkpoint import state_shards
 from .events import EventLog
@@ -241,6 +242,28 @@ class CheckpointPlanner:
         m = None if self.ledger is None else self.ledger.mark_published(version)
         if m is not None:
             self.log.add(now, "checkpoint-published", version=version, bytes=m["bytes"], clock=m["clock"])
+
+    def handed_copies(self, leaving: Collection[str], staying: list[str]) -> dict[str, dict[str, tuple[list, list]]]:
+        """At a hand-off, once owners and holders switched and before the leavers go: the memory copies that
+        would go with a leaver (those it keeps for others), or now sit on the owner of their partition (the
+        holder of their shard: it took them from a leaver whose buddy it was), and where each goes instead:
+        ``holder -> new holder -> (parts, shards)``. The new holder is the owner's (holder's) buddy in the ring
+        of the workers ``staying`` (``_start_mirror``'s: its next copy goes there too). A key whose owner is not
+        staying (its hand-off failed: the loss's way) stays where it is. Without this a loss in the clock after
+        a hand-off restored those partitions from the disk."""
+        ring = sorted(staying)
+        if len(ring) < 2:
+            return {}
+        buddy = {w: ring[(i + 1) % len(ring)] for i, w in enumerate(ring)}
+        gone = set(leaving)
+        out: dict[str, dict[str, tuple[list, list]]] = {}
+        records = [(holder, self.pmap.owners.get(key), 0, key) for key, (holder, _) in sorted(self.mirrors.items())]
+        records += [(holder, self.queue.holder(s), 1, s) for s, (holder, _) in sorted(self.state_mirrors.items())]
+        for holder, owner, kind, key in records:
+            to = buddy.get(owner)
+            if to is not None and to != holder and (holder in gone or holder == owner):
+                out.setdefault(holder, {}).setdefault(to, ([], []))[kind].append(key)
+        return out
 
     # ----------------------------------------------------------------- losses
     def worker_lost(self, worker: str, planned: bool, now: float) -> None:

@@ -428,11 +428,12 @@ class Coordinator(SchedulerPlugin):
         finally:
             (self._driver_waits if driver else self._change_waits).discard(fut)
 
-    def _background(self, coro) -> None:
-        """Run ``coro`` beside the clock loop (kept referenced until done)."""
+    def _background(self, coro) -> asyncio.Future:
+        """Run ``coro`` beside the clock loop (kept referenced until done); its task."""
         task = asyncio.ensure_future(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        return task
 
     async def _bundles(self, job: JobState, calls: list[tuple[str, str, dict]]) -> list:
         """Messages ``(worker, op, kwargs)`` about ``job``: each worker's in one (``bundle``, in order), the

@@ -63,7 +63,7 @@ class Host(Protocol):
     def _wait_change(self, timeout: float, driver: bool = False) -> Awaitable[bool]: ...
     def _rpc(self, worker: str, op: str, timeout: float = ..., **kw) -> Awaitable[Any]: ...
     def _bundles(self, job: JobState, calls: list[tuple[str, str, dict]]) -> Awaitable[list]: ...
-    def _background(self, coro: Coroutine) -> None: ...
+    def _background(self, coro: Coroutine) -> asyncio.Future: ...
 
 
 class Elastic:
@@ -89,6 +89,9 @@ class Elastic:
         #: job -> shard -> the partition its steps update locally (``partitions.shard_homes``): hand-offs and
         #: switches move a shard to that partition's owner (``elastic.shard_plan``)
         self.shard_homes: dict[str, dict[int, tuple[str, int]]] = {}
+        #: leaver -> the sending on of the memory copies it keeps for others (``pass_copies``), while under
+        #: way: its retirement goes on once it is done (``release_leavers``)
+        self.passing: dict[str, asyncio.Future] = {}
         #: SSP jobs whose leavers are being drained and handed off (``_ssp_hand_off``)
         self.ssp_leaving: set[str] = set()
         #: SSP jobs handing a leaver's partitions off right now: no work is handed out meanwhile
@@ -101,6 +104,7 @@ class Elastic:
         for d in (self.wanted, self.active, self.preparing, self.copies, self.moving, self.shard_homes):
             d.pop(job_id, None)
         if not self.coordinator.jobs:
+            self.passing.clear()
             for fut in self.leaving.values():
                 if not fut.done():
                     fut.set_result(False)
@@ -308,6 +312,7 @@ class Elastic:
         taken = self.shards_taken(job, shards, shard_answers)
         gone = set(leaving)
         followed = [(s, src) for s, src in taken if src not in gone]
+        passes = job.checkpoints.handed_copies(gone, staying)  # (before the leavers' records go with them)
         for w in leaving:
             if w in job.lost:
                 continue
@@ -317,21 +322,41 @@ class Elastic:
             else:
                 self.coordinator._do(job, job.leave(w, time.time()))
         await self.drop_moved(job, [], followed)
+        if passes:  # (beside the next clock, not before it: each leaver is released once they landed)
+            passing = self.coordinator._background(self.pass_copies(job, passes))
+            self.passing.update({w: passing for w in leaving})
         failed = len(moves) - sum(part_ok) + len(shards) - len(taken)
         job.event(time.time(), "handoff", workers=sorted(leaving), partitions=sum(part_ok),
                   shards=len(taken) - len(followed), failed=failed, followed=len(followed),
+                  copies_passed=sum(len(ps) + len(ss) for dests in passes.values() for ps, ss in dests.values()),
                   seconds=round(time.perf_counter() - t0, 4))
         # (the stayers took its partitions as they came: even them out)
         self.coordinator._background(self.even_out(job))
         if release:
             self.release_leavers(leaving)
 
+    async def pass_copies(self, job: JobState, passes: dict[str, dict[str, tuple[list, list]]]) -> None:
+        """The memory copies of ``passes`` (``CheckpointPlanner.handed_copies``: holder -> new holder -> (parts,
+        shards)) sent on by their holders, one message to each (``pass_copies``), side by side; each lands
+        recorded as any memory copy (``dscar_mirrored``, before its holder answers). A holder that cannot
+        send them leaves those partitions to the disk, as before."""
+        await asyncio.gather(*(
+            self.coordinator._rpc(holder, "pass_copies", job_id=job.cfg.job_id,
+                                  to=[[dest, [list(k) for k in parts], list(shards)]
+                                      for dest, (parts, shards) in sorted(dests.items())])
+            for holder, dests in sorted(passes.items())), return_exceptions=True)
+
     def release_leavers(self, leaving: list[str]) -> None:
-        """Dask's retirement of ``leaving`` goes on: they have handed off."""
+        """Dask's retirement of ``leaving`` goes on: they have handed off (each once the memory copies it
+        passes on have landed: ``passing``)."""
         for w in leaving:
-            fut = self.leaving.pop(w, None)
-            if fut is not None and not fut.done():
+            fut, passing = self.leaving.pop(w, None), self.passing.pop(w, None)
+            if fut is None or fut.done():
+                continue
+            if passing is None or passing.done():
                 fut.set_result(True)
+            else:
+                passing.add_done_callback(lambda _, fut=fut: fut.done() or fut.set_result(True))
 
     # ------------------------------------------------------------ joining
     async def prepare_joiner(self, job_id: str, worker: str) -> None:

@@ -167,7 +167,7 @@ class ParamServer(WorkerPlugin):
             "checkpoint": self._h_checkpoint, "restore": self._h_restore, "forget": self._h_forget,
             "perturbation": self._h_perturbation, "mirror": self._h_mirror, "keep_mirror": self._h_keep_mirror,
             "get_mirror": self._h_get_mirror, "drop_copies": self._h_drop_copies,
-            "mirror_clocks": self._h_mirror_clocks,
+            "mirror_clocks": self._h_mirror_clocks, "pass_copies": self._h_pass_copies,
             # the shard runner's batch (``protocol``): members given back unstarted
             "release": self._h_release,
             # liveness, peers, keys
@@ -1233,6 +1233,24 @@ class ParamServer(WorkerPlugin):
                 shards=[k[1] for k, _ in copies if k[0] == "shard"])
         except Exception as e:  # the buddy is gone: the coordinator keeps the older copy's record
             logger.info("dscar: memory copy to %s failed: %r", buddy, e)
+
+    async def _h_pass_copies(self, job_id: str, to: list) -> dict:
+        """Send memory copies kept here on to other workers (a hand-off: this worker leaves, or now owns what
+        it kept a copy of: ``CheckpointPlanner.handed_copies``). ``to``: ``[[worker, parts, shards], ...]``
+        (``parts`` as ``[table, part]``). Each goes as a memory copy of the clock it holds, reported as any
+        (``_send_mirror``); answered once every one is kept there or failed."""
+        job = self.jobs.get(job_id)
+        if job is None:
+            return {"status": "missing"}
+        sends = []
+        for dest, parts, shards in to:
+            by_clock: dict[int, list] = {}
+            for key in [part_key(t, p) for t, p in parts] + [shard_key(s) for s in shards]:
+                if (held := job.mirrors.get(key)) is not None:
+                    by_clock.setdefault(held[0], []).append((key, held[1]))
+            sends += [self._send_mirror(job_id, clock, dest, copies) for clock, copies in sorted(by_clock.items())]
+        await asyncio.gather(*sends)
+        return {"status": "OK", "sent": len(sends)}
 
     def _h_keep_mirror(self, job_id: str, clock: int, copies: list) -> dict:
         job = self.jobs.get(job_id)  # (not installed here: the job ended, or this worker joined it late)
