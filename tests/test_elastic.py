@@ -773,7 +773,7 @@ def test_a_worker_lost_right_after_a_hand_off_gets_its_partitions_back_from_the_
         res = memory_tier_fit(algo, cl, clocks, tmp_path)
         algo._thread.join(60)
     (handoff,) = [e for e in res.events if e["kind"] == "handoff"]
-    assert handoff["workers"] == algo.retired and handoff["copies_passed"] > 0
+    assert handoff["workers"] == algo.retired and handoff["copies_to_pass"] > 0
     assert lost and [e["worker"] for e in res.events if e["kind"] == "worker-lost"] == lost
     (recovery,) = [e for e in res.events if e["kind"] == "recovery-started"]
     param = {(t, p) for t, p, _ in recovery["partitions"] if t in ("seen", "bad")}

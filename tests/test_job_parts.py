@@ -279,6 +279,21 @@ def test_a_hand_off_passes_a_leaver_s_copies_and_its_takers_own_ones_to_the_owne
     assert planner.handed_copies({"b"}, ["a", "c", "d"]) == {"b": {"c": ([], [0])}, "c": {"d": ([("x", 1)], [1])}}
 
 
+def test_of_two_copies_as_new_the_one_away_from_its_owner_stays_recorded():
+    """A leaver's copy of its partition, late to the buddy that took the partition at the hand-off, reports
+    after the copy that taker passed on: the record stays with the passed copy, and the late one goes."""
+    planner = _planner()
+    owner = planner.pmap.owners[("x", 0)]
+    planner.mirrored("d", 3, [("x", 0)])  # (the passed copy)
+    assert planner.mirrored(owner, 3, [("x", 0)]) == [DropCopies(owner, parts=(("x", 0, 3),))]
+    assert planner.mirrors[("x", 0)] == ("d", 3)
+    holder = planner.queue.holder(0)
+    planner.mirrored("d", 3, [], [0])
+    assert planner.mirrored(holder, 3, [], [0]) == [DropCopies(holder, shards=((0, 3),))]
+    assert planner.mirrored(owner, 4, [("x", 0)]) == [DropCopies("d", parts=(("x", 0, 3),))]  # (a newer one wins)
+    assert planner.mirrors[("x", 0)] == (owner, 4)
+
+
 #: what reaches a holder: (holder, key, clock); keys are ("x", part) partitions or shard numbers. Each
 #: holder gets a key's copy of a clock once (one owner sends it at that clock's end, or keeps it at a switch)
 _COPIES = st.lists(st.tuples(st.sampled_from("abcd"), st.sampled_from([("x", 0), ("x", 1), 0, 1]),

@@ -175,12 +175,17 @@ class CheckpointPlanner:
     def mirrored(self, buddy: str, clock: int, parts: list, shards: list = ()) -> list[DropCopies]:
         """``buddy`` holds the memory copies of ``parts`` and of the states of ``shards`` as of ``clock``;
         the copies that no record names now go where they are: the older holder's when the newest clock
-        wins, ``buddy``'s own when its report came late, after a copy as new elsewhere."""
+        wins, ``buddy``'s own when its report came late, after a copy as new elsewhere. Of two as new, the
+        later report wins, unless its buddy is the key's own owner (holder) and the other is not: a copy
+        there goes with what it copies (a hand-off passed the other on from there: ``handed_copies``)."""
         stale: dict[str, tuple[list, list]] = {}
         keys = [(self.mirrors, (t, int(p)), 0) for t, p in parts] + [(self.state_mirrors, int(s), 1) for s in shards]
         for where, key, kind in keys:
             old = where.get(key)
-            if old is None or old[1] <= clock:  # (the newest clock wins; of two as new, the later report)
+            if old is not None and old[1] == clock and old[0] != buddy and buddy == (
+                    self.pmap.owners.get(key) if kind == 0 else self.queue.holder(key)):
+                drop = (buddy, int(clock))
+            elif old is None or old[1] <= clock:  # (the newest clock wins; of two as new, the later report)
                 where[key] = (buddy, int(clock))
                 drop = old if old is not None and old[0] != buddy else None
             else:  # a late, older copy's report: the record stays

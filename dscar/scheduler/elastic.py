@@ -312,7 +312,8 @@ class Elastic:
         taken = self.shards_taken(job, shards, shard_answers)
         gone = set(leaving)
         followed = [(s, src) for s, src in taken if src not in gone]
-        passes = job.checkpoints.handed_copies(gone, staying)  # (before the leavers' records go with them)
+        # (before the leavers' records go with them; the ring of the next clock's copies, ``_start_mirror``'s)
+        passes = job.checkpoints.handed_copies(gone, [w for w in self.coordinator._live(job) if w not in gone])
         for w in leaving:
             if w in job.lost:
                 continue
@@ -324,11 +325,12 @@ class Elastic:
         await self.drop_moved(job, [], followed)
         if passes:  # (beside the next clock, not before it: each leaver is released once they landed)
             passing = self.coordinator._background(self.pass_copies(job, passes))
-            self.passing.update({w: passing for w in leaving})
+            if not standby:
+                self.passing.update({w: passing for w in leaving})
         failed = len(moves) - sum(part_ok) + len(shards) - len(taken)
         job.event(time.time(), "handoff", workers=sorted(leaving), partitions=sum(part_ok),
                   shards=len(taken) - len(followed), failed=failed, followed=len(followed),
-                  copies_passed=sum(len(ps) + len(ss) for dests in passes.values() for ps, ss in dests.values()),
+                  copies_to_pass=sum(len(ps) + len(ss) for dests in passes.values() for ps, ss in dests.values()),
                   seconds=round(time.perf_counter() - t0, 4))
         # (the stayers took its partitions as they came: even them out)
         self.coordinator._background(self.even_out(job))
@@ -348,15 +350,18 @@ class Elastic:
 
     def release_leavers(self, leaving: list[str]) -> None:
         """Dask's retirement of ``leaving`` goes on: they have handed off (each once the memory copies it
-        passes on have landed: ``passing``)."""
+        passes on have landed: ``passing``; a retirement that times out meanwhile is a ``handoff-timeout``)."""
         for w in leaving:
-            fut, passing = self.leaving.pop(w, None), self.passing.pop(w, None)
-            if fut is None or fut.done():
-                continue
+            passing = self.passing.pop(w, None)
             if passing is None or passing.done():
-                fut.set_result(True)
+                self._release(w)
             else:
-                passing.add_done_callback(lambda _, fut=fut: fut.done() or fut.set_result(True))
+                passing.add_done_callback(lambda _, w=w: self._release(w))
+
+    def _release(self, worker: str) -> None:
+        fut = self.leaving.pop(worker, None)
+        if fut is not None and not fut.done():
+            fut.set_result(True)
 
     # ------------------------------------------------------------ joining
     async def prepare_joiner(self, job_id: str, worker: str) -> None:

@@ -1221,36 +1221,44 @@ class ParamServer(WorkerPlugin):
         asyncio.ensure_future(self._send_mirror(job_id, clock, buddy, copies))
         return {"status": "OK"}
 
-    async def _send_mirror(self, job_id: str, clock: int, buddy: str, copies: list) -> None:
+    async def _send_mirror(self, job_id: str, clock: int, buddy: str, copies: list) -> bool:
+        """``copies`` (``[(key, value), ...]`` as of ``clock``) kept at ``buddy``, then reported; whether both
+        were done."""
         try:
             r = await self._apeer(buddy, "keep_mirror", job_id=job_id, clock=clock,
                                   copies=[[list(k), to_serialize(v)] for k, v in copies])
             if r.get("status") != "OK":
-                return  # the job ended, or the buddy has not joined it yet: no copy there
+                return False  # the job ended, or the buddy has not joined it yet: no copy there
             await self._acall(
                 "mirrored", job_id=job_id, worker=self.address, buddy=buddy, clock=clock,
                 parts=[[k[1], k[2]] for k, _ in copies if k[0] == "part"],
                 shards=[k[1] for k, _ in copies if k[0] == "shard"])
+            return True
         except Exception as e:  # the buddy is gone: the coordinator keeps the older copy's record
             logger.info("dscar: memory copy to %s failed: %r", buddy, e)
+            return False
 
     async def _h_pass_copies(self, job_id: str, to: list) -> dict:
         """Send memory copies kept here on to other workers (a hand-off: this worker leaves, or now owns what
         it kept a copy of: ``CheckpointPlanner.handed_copies``). ``to``: ``[[worker, parts, shards], ...]``
         (``parts`` as ``[table, part]``). Each goes as a memory copy of the clock it holds, reported as any
-        (``_send_mirror``); answered once every one is kept there or failed."""
+        (``_send_mirror``), and leaves this worker once reported (a worker standing by stays, and its records
+        went: nothing else would drop them); answered once every one is kept there or failed."""
         job = self.jobs.get(job_id)
         if job is None:
             return {"status": "missing"}
-        sends = []
+        sends: list[tuple[int, list]] = []
         for dest, parts, shards in to:
             by_clock: dict[int, list] = {}
             for key in [part_key(t, p) for t, p in parts] + [shard_key(s) for s in shards]:
                 if (held := job.mirrors.get(key)) is not None:
                     by_clock.setdefault(held[0], []).append((key, held[1]))
-            sends += [self._send_mirror(job_id, clock, dest, copies) for clock, copies in sorted(by_clock.items())]
-        await asyncio.gather(*sends)
-        return {"status": "OK", "sent": len(sends)}
+            sends += [(dest, clock, copies) for clock, copies in sorted(by_clock.items())]
+        sent = await asyncio.gather(*(self._send_mirror(job_id, clock, dest, copies) for dest, clock, copies in sends))
+        for (_, clock, copies), ok in zip(sends, sent):
+            for key, _ in copies if ok else ():
+                job.mirrors.discard(key, clock)
+        return {"status": "OK", "sent": sum(len(copies) for (_, _, copies), ok in zip(sends, sent) if ok)}
 
     def _h_keep_mirror(self, job_id: str, clock: int, copies: list) -> dict:
         job = self.jobs.get(job_id)  # (not installed here: the job ended, or this worker joined it late)
