@@ -33,6 +33,12 @@ from .partitions import PartitionMap
 from .shards import ShardQueue
 
 
+def ring_buddies(workers: Collection[str]) -> dict[str, str]:
+    """Each worker's buddy in the memory tier's ring: the next worker in address order (none for one worker)."""
+    ring = sorted(workers)
+    return {w: ring[(i + 1) % len(ring)] for i, w in enumerate(ring)} if len(ring) > 1 else {}
+
+
 @dataclass(frozen=True)
 class Checkpoint:
     version: int
@@ -161,13 +167,14 @@ class CheckpointPlanner:
     def _start_mirror(self, clock: int, workers: list[str], lost: set[str]) -> list[Mirror]:
         """Every param owner and shard holder copies its partitions and shard states to the next
         live worker (a ring in address order)."""
-        live = [w for w in sorted(workers) if w not in lost]
+        live = [w for w in workers if w not in lost]
         owners = {w for (t, _), w in self.pmap.owners.items() if self.cfg.kinds[t] == "param"}
-        senders = [w for w in live if w in owners or self.queue.held_by(w)]
+        senders = [w for w in sorted(live) if w in owners or self.queue.held_by(w)]
         if len(live) < 2 or not senders:
             return []
         self.snapshotting.add("mirror")
-        buddies = {w: live[(live.index(w) + 1) % len(live)] for w in senders}
+        ring = ring_buddies(live)
+        buddies = {w: ring[w] for w in senders}
         self.sent_to.update(buddies)
         return [Mirror(clock, buddies)]
 
@@ -182,8 +189,7 @@ class CheckpointPlanner:
         keys = [(self.mirrors, (t, int(p)), 0) for t, p in parts] + [(self.state_mirrors, int(s), 1) for s in shards]
         for where, key, kind in keys:
             old = where.get(key)
-            if old is not None and old[1] == clock and old[0] != buddy and buddy == (
-                    self.pmap.owners.get(key) if kind == 0 else self.queue.holder(key)):
+            if old is not None and old[1] == clock and old[0] != buddy and buddy == self._owner(kind, key):
                 drop = (buddy, int(clock))
             elif old is None or old[1] <= clock:  # (the newest clock wins; of two as new, the later report)
                 where[key] = (buddy, int(clock))
@@ -248,6 +254,10 @@ class CheckpointPlanner:
         if m is not None:
             self.log.add(now, "checkpoint-published", version=version, bytes=m["bytes"], clock=m["clock"])
 
+    def _owner(self, kind: int, key) -> str | None:
+        """Where what a memory copy copies lives: a param partition's owner (``kind`` 0), a shard's holder (1)."""
+        return self.pmap.owners.get(key) if kind == 0 else self.queue.holder(key)
+
     def handed_copies(self, leaving: Collection[str], staying: list[str]) -> dict[str, dict[str, tuple[list, list]]]:
         """At a hand-off, once owners and holders switched and before the leavers go: the memory copies that
         would go with a leaver (those it keeps for others), or now sit on the owner of their partition (the
@@ -256,15 +266,13 @@ class CheckpointPlanner:
         of the workers ``staying`` (``_start_mirror``'s: its next copy goes there too). A key whose owner is not
         staying (its hand-off failed: the loss's way) stays where it is. Without this a loss in the clock after
         a hand-off restored those partitions from the disk."""
-        ring = sorted(staying)
-        if len(ring) < 2:
-            return {}
-        buddy = {w: ring[(i + 1) % len(ring)] for i, w in enumerate(ring)}
+        buddy = ring_buddies(staying)
         gone = set(leaving)
         out: dict[str, dict[str, tuple[list, list]]] = {}
-        records = [(holder, self.pmap.owners.get(key), 0, key) for key, (holder, _) in sorted(self.mirrors.items())]
-        records += [(holder, self.queue.holder(s), 1, s) for s, (holder, _) in sorted(self.state_mirrors.items())]
-        for holder, owner, kind, key in records:
+        records = [(holder, 0, key) for key, (holder, _) in sorted(self.mirrors.items())]
+        records += [(holder, 1, s) for s, (holder, _) in sorted(self.state_mirrors.items())]
+        for holder, kind, key in records:
+            owner = self._owner(kind, key)
             to = buddy.get(owner)
             if to is not None and to != holder and (holder in gone or holder == owner):
                 out.setdefault(holder, {}).setdefault(to, ([], []))[kind].append(key)

@@ -608,7 +608,7 @@ class Coordinator(SchedulerPlugin):
         everyone = workers
         phases = [(str(n), int(k)) for n, k in phases] if phases else [("", n_shards)]
         workers = self.elastic.start_job(job_id, workers, consistency, sharding, [k for _, k in phases], active_workers,
-                                         active_floor, data_bytes, workers_wanted(n_shards, elastic_workers))
+                                         active_floor, data_bytes)
         pmap = PartitionMap(TableLayout(t[0], int(t[1]), int(t[2])) for t in tables)
         plan = placement_plan([k for _, k in phases], workers)  # where the driver puts the data first
         homes = {}
@@ -631,6 +631,7 @@ class Coordinator(SchedulerPlugin):
             job.schedule.fold_clock_end = bool(dask.config.get("dscar.fold-clock-end", True))
             job.schedule.auto_begin = bool(dask.config.get("dscar.auto-begin", True))
         self._models[job_id] = model or job_id.rsplit("-", 1)[0]
+        self.elastic.job_started(job_id, workers_wanted(n_shards, elastic_workers))
         self.jobs[job_id] = job
         self._specs[job_id] = spec
         self._tokens[job_id] = token

@@ -111,11 +111,10 @@ class Elastic:
             self.leaving.clear()
 
     def start_job(self, job_id: str, workers: list[str], consistency: str, sharding: str, phase_shards: list[int],
-                  active_workers: str, active_floor: int, data_bytes: int | None, wanted: int) -> list[str]:
+                  active_workers: str, active_floor: int, data_bytes: int | None) -> list[str]:
         """A new job on ``workers``: which of them are active (``active_workers="auto"``: as many as the data's
         size asks, ``active_set.initial_count``, never more than a data phase has shards; the others stand
-        by) and how many workers it can use (``wanted``, less with standby workers: what adaptive scaling is
-        told). The active workers, in order."""
+        by). The active workers, in order."""
         active = self.active[job_id] = active_set.ActiveSet(active_set.mode(active_workers), int(active_floor))
         if active.mode == "auto" and (consistency == "ssp" or sharding != "dynamic"):
             active.mode = "all"  # (SSP has no clock boundary to hand off at; static shards cannot move to a joiner)
@@ -124,9 +123,13 @@ class Elastic:
             active.wanted = active_set.initial_count(data_bytes, active.floor, active.ceiling)
             workers, standby = workers[:active.wanted], workers[active.wanted:]
             active.standby.update(standby)
-            wanted = min(wanted, active.wanted)
-        self.wanted[job_id] = wanted
         return workers
+
+    def job_started(self, job_id: str, wanted: int) -> None:
+        """The job exists: adaptive scaling is told how many workers it can use (``wanted``; no more than
+        ``start_job`` made active, with standby workers)."""
+        active = self.active[job_id]
+        self.wanted[job_id] = min(wanted, active.wanted) if active.mode == "auto" else wanted
 
     # ------------------------------------------------------------ what the coordinator asks
     def standby(self, job_id: str) -> set[str]:
